@@ -1,0 +1,281 @@
+"""The one event schema of torchscope.
+
+Every record that flows capture -> session file / wire -> server -> browser is one of the
+events below: a JSON object whose ``kind`` names its type.  The capture writer builds them,
+the session-file reader and the server validate them against these definitions (the server
+through ``pydantic.TypeAdapter`` over these very TypedDicts), the doctor reads them and the
+tests check them.  ``frontend/schema.js`` mirrors the field names; ``tests`` keep the two in
+step.  Standard library only: this module is imported inside the training process.
+
+Conventions
+- Columnar where a record repeats per parameter: ``StepEvent.grads`` holds arrays aligned
+  with ``SessionEvent.params`` (index i is parameter i), so a step of a 1,000-parameter
+  model stays a few kB.
+- Ids inside a ``GraphEvent`` (op ids, tensor ids, node ids) are small integers local to
+  that event.
+- Times are seconds since the epoch (``t``) or durations in microseconds (``*_us``).
+- Bytes are plain ints.  Optional fields may be absent; readers must not assume them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict, Union
+
+# Major changes break readers (they refuse a newer major with a clear message); minor
+# changes only add optional fields.
+SCHEMA_VERSION: tuple[int, int] = (1, 0)
+
+# Bounds that keep a hostile or runaway file/payload from exhausting memory.
+MAX_FRAME_BYTES = 64 * 1024 * 1024  # compressed payload of one frame
+MAX_FRAME_EVENTS = 1_000_000
+MAX_EVENT_BYTES = 256 * 1024 * 1024  # decompressed payload of one frame
+
+EventKind = Literal["session", "step", "graph", "log", "end"]
+
+
+# ----------------------------------------------------------------------------- session
+class ModuleInfo(TypedDict, total=False):
+    path: str  # dotted path as in model.named_modules(); "" is the root module
+    type: str  # class name, e.g. "Linear"
+    n_params: int  # parameters directly owned (not recursive)
+    training: bool
+
+
+class ParamInfo(TypedDict, total=False):
+    name: str  # qualified name as in model.named_parameters(), e.g. "encoder.0.weight"
+    module: str  # dotted path of the owning module
+    shape: list[int]
+    dtype: str  # "float32"
+    device: str  # "cpu", "cuda:0"
+    requires_grad: bool
+    numel: int
+    nbytes: int
+
+
+class SessionEvent(TypedDict, total=False):
+    kind: Literal["session"]
+    schema: list[int]  # SCHEMA_VERSION
+    session_id: str  # shared by all ranks of one distributed run
+    name: str
+    started_at: float
+    pid: int
+    host: str
+    rank: int
+    world_size: int
+    mode: Literal["default", "full", "light"]
+    torch_version: str
+    device: str  # device of the model's first parameter
+    argv: list[str]
+    script: str  # path of the user's script, when known
+    model: str  # class name of the watched model
+    modules: list[ModuleInfo]
+    params: list[ParamInfo]
+    optimizer: str  # class name, when an optimizer is watched
+    settings: dict[str, object]  # capture settings in force (sample_every, ...)
+
+
+# ----------------------------------------------------------------------------- step
+class GradStats(TypedDict, total=False):
+    """Columnar gradient statistics; every list is aligned with SessionEvent.params."""
+
+    norm: list[float | None]  # L2 norm of .grad, None where .grad is None
+    max_abs: list[float | None]
+    mean: list[float | None]
+    std: list[float | None]
+    zero_frac: list[float | None]  # fraction of exact zeros
+    nan: list[int]  # count of NaN entries (0 where .grad is None)
+    inf: list[int]
+    none: list[int]  # indices of trainable parameters whose .grad is None at optimizer step
+    pre_nonzero: list[int]  # indices whose .grad was already non-zero before this step's first backward (P5)
+
+
+class MemoryStats(TypedDict, total=False):
+    """Bytes by category at the step boundary (after optimizer.step)."""
+
+    params: int
+    grads: int
+    optimizer: int  # optimizer state tensors (exp_avg, momentum buffers, ...)
+    saved: int  # activations saved for backward (peak during the step)
+    temporaries: int
+    other: int
+    live: int  # all live storages the capture knows of
+    peak: int  # peak live bytes during the step
+    device: dict[str, int]  # CUDA allocator view: allocated, reserved, active, inactive, peak, num_alloc_retries...
+
+
+class ActivationGrad(TypedDict, total=False):
+    module: str
+    norm: float
+    max_abs: float
+    zero_frac: float
+    nan: int
+    inf: int
+
+
+class StepEvent(TypedDict, total=False):
+    kind: Literal["step"]
+    step: int  # 0-based optimizer step index
+    rank: int
+    t: float  # wall time at the end of the step
+    duration_us: int  # from the previous step boundary (or watch start) to this one
+    forward_us: int
+    backward_us: int
+    micro_batches: int  # backward() calls in this step (gradient accumulation count)
+    loss: float | None  # value of the tensor backward() was called on (last micro-batch)
+    losses: list[float]  # every micro-batch loss
+    graph_signature: str  # cheap hash of the step's graph structure (M1)
+    graph_captured: bool  # a GraphEvent exists for this step
+    grads: GradStats
+    activation_grads: list[ActivationGrad]  # sampled module-output gradient stats
+    memory: MemoryStats
+    lr: list[float]  # per param group
+    zero_grad: int  # optimizer.zero_grad()/model.zero_grad() calls since the previous step
+    zero_grad_set_to_none: bool
+    modes: dict[str, bool]  # module path -> training flag, only modules that differ from the root
+    training: bool  # root module's mode
+    scaler: dict[str, float | bool]  # GradScaler: scale, skipped (bool), growth_tracker
+    autocast: bool  # an autocast region was active during forward
+    copies: dict[str, int]  # host<->device copies: count, bytes (P12)
+    graphs_alive: int  # autograd nodes from earlier steps still reachable at this boundary (P7)
+    no_backward_forwards: int  # forwards that built a graph that no backward consumed (P6)
+    backward_errors: list[str]  # e.g. "Trying to backward through the graph a second time" (P10)
+    hooks: dict[str, int]  # module path -> bytes retained by user forward hooks (P13)
+    events: list[dict[str, object]]  # other in-process facts the doctor judges (free form, 'what' key)
+
+
+# ----------------------------------------------------------------------------- graph
+class TensorMeta(TypedDict, total=False):
+    id: int
+    shape: list[int]
+    dtype: str
+    device: str
+    requires_grad: bool
+    is_leaf: bool
+    stride: list[int]
+    storage: int  # storage identity (stable within the event); views share it
+    offset: int  # storage offset
+    version: int  # tensor._version
+    nbytes: int  # bytes of the storage
+    param: str  # qualified parameter name, when the tensor is a parameter
+    grad_fn: int  # node id of its grad_fn, when it has one
+
+
+class OpRecord(TypedDict, total=False):
+    id: int
+    name: str  # "aten::addmm", or a torch-level name for function-mode capture
+    module: str  # dotted module path the op ran in ("" = root)
+    call: int  # which call of that module (0-based) within the step, to tell repeats apart
+    phase: Literal["forward", "backward", "optimizer", "other"]
+    micro: int  # micro-batch index within the step
+    inputs: list[int]  # tensor ids
+    outputs: list[int]  # tensor ids
+    grad_mode: bool  # torch.is_grad_enabled() when it ran
+    inference_mode: bool
+    inplace: bool
+    src: str  # "file.py:123" of the top user frame
+    dur_us: float
+    alloc: int  # bytes of storages newly allocated by this op
+    free: int  # bytes of storages freed during this op
+    live: int  # live bytes after the op
+    grad_fn: int  # node id created by this op
+    flags: list[str]  # e.g. "breaks_graph" (numpy/.item()), "new_leaf", "copy_h2d", "non_differentiable", "nan"
+
+
+class SavedTensor(TypedDict, total=False):
+    name: str  # e.g. "_saved_self"
+    shape: list[int]
+    dtype: str
+    nbytes: int
+    storage: int
+
+
+class NodeRecord(TypedDict, total=False):
+    id: int
+    name: str  # grad_fn class name: "AddmmBackward0", "AccumulateGrad"
+    param: str  # for AccumulateGrad: the parameter's qualified name
+    module: str  # module path of the forward op that created it
+    op: int  # OpRecord.id of that forward op
+    saved: list[SavedTensor]
+    saved_bytes: int
+    order: int  # position in backward execution (0 = first run), absent if never run
+    dur_us: float
+    micro: int
+    higher_order: bool  # created by a create_graph=True backward
+
+
+class GraphEvent(TypedDict, total=False):
+    kind: Literal["graph"]
+    step: int
+    rank: int
+    micro: int  # micro-batch the autograd graph belongs to
+    complete: bool  # False when ops were shed under back-pressure
+    shed_ops: int
+    ops: list[OpRecord]
+    tensors: list[TensorMeta]
+    nodes: list[NodeRecord]
+    edges: list[list[int]]  # [from_node, to_node, input_nr]: to_node is in from_node.next_functions
+    root: int  # node id of the loss's grad_fn
+    retained: bool  # retain_graph=True on this backward
+    memory_timeline: list[list[int]]  # [op_id, live_bytes] through forward and backward
+
+
+# ----------------------------------------------------------------------------- log / end
+class LogEvent(TypedDict, total=False):
+    kind: Literal["log"]
+    t: float
+    level: Literal["info", "warning", "error"]
+    message: str
+    step: int
+
+
+class EndEvent(TypedDict, total=False):
+    kind: Literal["end"]
+    t: float
+    status: Literal["finished", "error"]
+    steps: int
+    shed_ops: int  # per-op detail dropped under back-pressure over the whole run
+    message: str
+
+
+# ----------------------------------------------------------------------------- findings
+class FindingTarget(TypedDict, total=False):
+    step: int
+    rank: int
+    node: int  # NodeRecord.id in that step's GraphEvent
+    op: int  # OpRecord.id in that step's GraphEvent
+    module: str
+    param: str
+
+
+class Finding(TypedDict, total=False):
+    """A diagnosis of the doctor (not an event: derived from events, never written by capture)."""
+
+    code: str  # "P1" ... "P15", stable (see PITFALLS.md)
+    severity: Literal["error", "warning", "info"]
+    title: str  # short name of the pitfall
+    message: str  # one line a newcomer understands
+    fix: str  # short how-to-fix
+    steps: list[int]  # every step it was true on
+    since: int  # first step; "since step 3, every step" when steps are contiguous to the end
+    rank: int
+    targets: list[FindingTarget]  # what the dashboard highlights
+    modules: list[str]
+    params: list[str]
+    src: str  # "file.py:123" of the user's code, when known
+    view: Literal["graph", "memory", "gradients"]
+    data: dict[str, object]  # figures behind it (norm history, bytes per step, ...)
+
+
+Event = Union[SessionEvent, StepEvent, GraphEvent, LogEvent, EndEvent]
+
+# The session status the server and reader derive: a file without an EndEvent whose writer
+# is gone "ended unexpectedly"; never "running" forever.
+SessionStatus = Literal["running", "finished", "error", "ended unexpectedly"]
+
+EVENT_TYPES: dict[str, type] = {
+    "session": SessionEvent,
+    "step": StepEvent,
+    "graph": GraphEvent,
+    "log": LogEvent,
+    "end": EndEvent,
+}
