@@ -112,6 +112,21 @@ class ActivationGrad(TypedDict, total=False):
     inf: int
 
 
+class ForwardInfo(TypedDict, total=False):
+    """One call of the watched model's root forward since the previous step boundary (P6, P11)."""
+
+    micro: int
+    grad_mode: bool  # torch.is_grad_enabled() during the call
+    inference_mode: bool
+    training: bool  # root module's .training
+    eval_modules: list[str]  # modules in eval mode (when the root is training)
+    train_modules: list[str]  # dropout / batch-norm modules in train mode (when grad mode is off)
+    built_graph: bool  # its output had a grad_fn
+    backward: bool  # a backward() later ran through its graph
+    saved_bytes: int  # bytes saved for backward by its graph
+    src: str  # user's call site "file.py:123"
+
+
 class StepEvent(TypedDict, total=False):
     kind: Literal["step"]
     step: int  # 0-based optimizer step index
@@ -138,6 +153,10 @@ class StepEvent(TypedDict, total=False):
     copies: dict[str, int]  # host<->device copies: count, bytes (P12)
     graphs_alive: int  # autograd nodes from earlier steps still reachable at this boundary (P7)
     no_backward_forwards: int  # forwards that built a graph that no backward consumed (P6)
+    forwards: list[ForwardInfo]  # each root-module forward since the previous step boundary
+    backward_roots: list[str]  # grad_fn class of each backward() root, e.g. "DivBackward0" (P15)
+    backward_src: list[str]  # user's call site of each backward()
+    step_src: str  # user's call site of optimizer.step()
     backward_errors: list[str]  # e.g. "Trying to backward through the graph a second time" (P10)
     hooks: dict[str, int]  # module path -> bytes retained by user forward hooks (P13)
     events: list[dict[str, object]]  # other in-process facts the doctor judges (free form, 'what' key)
