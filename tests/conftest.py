@@ -1,0 +1,97 @@
+"""Fixtures shared by every test tier: free ports, a real `torchscope serve`, real scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+ARTIFACTS = REPO / "test-artifacts"  # screenshots and logs the test run leaves for people
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_json(url: str, timeout: float = 5.0) -> object:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+class ServerProc:
+    """A real `torchscope serve` in a subprocess on a free port, restartable on the same data dir."""
+
+    def __init__(self, data: Path, port: int | None = None, extra: list[str] | None = None) -> None:
+        self.data = data
+        self.port = port or free_port()
+        self.extra = extra or []
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = data / f"server-{self.port}.log"
+
+    def start(self, timeout: float = 30.0) -> ServerProc:
+        cmd = [sys.executable, "-m", "torchscope.server.cli", "serve", "--port", str(self.port),
+               "--data", str(self.data), "--quiet", *self.extra]
+        self.data.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early: {self.log.read_text()[-2000:]}")
+            try:
+                http_json(self.url + "/api/health", timeout=1.0)
+                return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"server did not answer in {timeout}s: {self.log.read_text()[-2000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.proc = None
+
+    def restart(self) -> ServerProc:
+        self.stop()
+        return self.start()
+
+    def get(self, path: str) -> object:
+        return http_json(self.url + path)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProc]:
+    srv = ServerProc(tmp_path / "server-data").start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def run_script(script: Path | str, *args: str, env: dict[str, str] | None = None,
+               timeout: float = 180.0, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a real training script in a subprocess; raise with its output if it fails."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    res = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                         timeout=timeout, env=full_env, cwd=cwd)
+    if res.returncode != 0:
+        raise AssertionError(f"{script} exited {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return res
