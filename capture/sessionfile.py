@@ -43,6 +43,7 @@ NO_STEP = -1
 
 # Frame flags.
 FLAG_GRAPH = 1  # the frame holds a GraphEvent (kept in frames of their own for random access)
+_KNOWN_FLAGS = FLAG_GRAPH  # other bits are reserved: 0 in every 1.x file
 
 
 class SessionFileError(ValueError):
@@ -102,6 +103,12 @@ def parse_frame_header(data: bytes, offset: int = 0) -> FrameInfo:
         raise SessionFileError("bad frame tag")
     if length > MAX_FRAME_BYTES or n > MAX_FRAME_EVENTS:
         raise SessionFileError("frame exceeds the size limits")
+    if flags & ~_KNOWN_FLAGS:
+        raise SessionFileError("frame has unknown flags")
+    # the header is outside the CRC, and index() trusts it: cheap sanity on the step range
+    # (a graph frame holds one graph, so one step)
+    if lo > hi or lo < NO_STEP or (lo == NO_STEP) != (hi == NO_STEP) or (flags & FLAG_GRAPH and not lo == hi >= 0):
+        raise SessionFileError("frame header has an impossible step range")
     return FrameInfo(seq, offset, length, n, flags, lo, hi)
 
 
@@ -126,19 +133,26 @@ def decode_payload(info: FrameInfo, payload: bytes, header: bytes | None = None)
         raise SessionFileError("frame payload is not valid compressed data") from exc
     if d.unconsumed_tail:
         raise SessionFileError("frame payload exceeds the size limits")
+    if not d.eof:
+        raise SessionFileError("frame payload is cut short")
     events: list[dict[str, Any]] = []
     for line in body.splitlines():
         if not line:
             continue
         try:
             ev = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
             raise SessionFileError("frame holds a record that is not JSON") from exc
         if not isinstance(ev, dict) or not isinstance(ev.get("kind"), str):
             raise SessionFileError("frame holds a record without a kind")
         events.append(ev)
     if len(events) != info.n_events:
         raise SessionFileError("frame event count mismatch")
+    # the header is outside the CRC: check that its step range and flags (which random
+    # access trusts) say what the payload holds
+    graph = any(e["kind"] == "graph" for e in events)
+    if _step_range(events) != (info.step_lo, info.step_hi) or bool(info.flags & FLAG_GRAPH) != graph:
+        raise SessionFileError("frame header does not match its records")
     return events
 
 
@@ -157,9 +171,16 @@ class SessionFileWriter:
     def append(self, events: list[dict[str, Any]]) -> FrameInfo:
         frame = encode_frame(self.seq, events)
         offset = self._f.tell()
-        self._f.write(frame)
-        # flush to the OS so a SIGKILL of this process loses nothing already appended
-        self._f.flush()
+        try:
+            self._f.write(frame)
+            # flush to the OS so a SIGKILL of this process loses nothing already appended
+            self._f.flush()
+        except OSError:
+            # a full disk: cut the partial frame off so the file stays a clean frame chain
+            # (later frames after a half frame would read as corruption)
+            self._f.seek(offset)
+            self._f.truncate(offset)
+            raise
         info = parse_frame_header(frame, offset)
         self.frames.append(info)
         self.seq += 1
@@ -183,18 +204,15 @@ class SessionFileWriter:
 def index(path: str | os.PathLike[str]) -> tuple[tuple[int, int], list[FrameInfo]]:
     """Walk frame headers only; return the format version and every whole frame.
 
-    A torn or corrupt tail (a killed writer) ends the list silently: what came before it is
-    the readable session.  CRCs are checked when a frame is read, not here.
+    A torn tail (what a killed writer leaves: a frame cut short by the end of the file, a
+    last frame failing its CRC, or zero bytes left by a crashed file system) ends the list
+    silently: what came before it is the readable session.  Anything else that breaks the
+    chain (a bad frame header or an out-of-order seq with real data after it) is corruption
+    and raises ``SessionFileError``.  CRCs of earlier frames are checked when a frame is
+    read, not here, so indexing costs one small read per frame.
     """
     name = os.path.basename(os.fspath(path))
-    try:
-        f = open(path, "rb")  # noqa: SIM115
-    except FileNotFoundError:
-        raise SessionFileError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise SessionFileError(f"{path} is a directory, not a session file") from None
-    except OSError as exc:
-        raise SessionFileError(f"{path}: cannot read ({exc.strerror})") from None
+    f = _open(path)
     with f:
         version = check_file_header(f.read(HEADER_SIZE), name)
         size = os.fstat(f.fileno()).st_size
@@ -202,27 +220,85 @@ def index(path: str | os.PathLike[str]) -> tuple[tuple[int, int], list[FrameInfo
         offset = HEADER_SIZE
         while offset + FRAME_HEADER_SIZE <= size:
             f.seek(offset)
+            head = f.read(FRAME_HEADER_SIZE)
             try:
-                info = parse_frame_header(f.read(FRAME_HEADER_SIZE), offset)
-            except SessionFileError:
-                break
+                info = parse_frame_header(head, offset)
+                if info.seq != len(frames):
+                    raise SessionFileError(f"frame {len(frames)} is out of sequence")
+            except SessionFileError as exc:
+                if _zeros_to_end(f, offset):
+                    break
+                raise SessionFileError(f"{name} is corrupt at byte {offset}: {exc}") from None
             if offset + FRAME_HEADER_SIZE + info.length > size:
-                break
+                if _later_frame(f, offset + FRAME_HEADER_SIZE, info.seq + 1):
+                    # a whole later frame follows, so this is no torn tail: the length lies
+                    raise SessionFileError(f"{name} is corrupt at byte {offset}: bad frame length")
+                break  # the writer was killed inside this frame
             frames.append(info)
             offset += FRAME_HEADER_SIZE + info.length
+        if frames and not _crc_ok(f, frames[-1]):
+            frames.pop()  # a last frame whose bytes never all reached the disk
     return version, frames
 
 
+def _open(path: str | os.PathLike[str]) -> BinaryIO:
+    try:
+        # unbuffered: index() reads 40-byte headers between seeks, and a buffered reader
+        # would pull 8 kB per header, i.e. most of a file of small frames
+        return open(path, "rb", buffering=0)  # noqa: SIM115 - the caller closes it
+    except FileNotFoundError:
+        raise SessionFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise SessionFileError(f"{path} is a directory, not a session file") from None
+    except OSError as exc:
+        raise SessionFileError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _zeros_to_end(f: BinaryIO, offset: int) -> bool:
+    f.seek(offset)
+    while chunk := f.read(1 << 20):
+        if chunk.strip(b"\0"):
+            return False
+    return True
+
+
+def _later_frame(f: BinaryIO, start: int, seq: int) -> bool:
+    """Is there a whole, CRC-valid frame numbered ``seq`` after ``start``?  Only asked when a
+    frame claims to run past the end of the file, so a torn tail costs one read of itself."""
+    f.seek(start)
+    rest = f.read()
+    pos = rest.find(FRAME_TAG)
+    while pos >= 0:
+        try:
+            info = parse_frame_header(rest[pos : pos + FRAME_HEADER_SIZE])
+        except SessionFileError:
+            info = None
+        if info is not None and info.seq == seq and pos + FRAME_HEADER_SIZE + info.length <= len(rest):
+            payload = rest[pos + FRAME_HEADER_SIZE : pos + FRAME_HEADER_SIZE + info.length]
+            if zlib.crc32(payload) == _FRAME.unpack(rest[pos : pos + FRAME_HEADER_SIZE])[2]:
+                return True
+        pos = rest.find(FRAME_TAG, pos + 1)
+    return False
+
+
+def _crc_ok(f: BinaryIO, info: FrameInfo) -> bool:
+    f.seek(info.offset)
+    raw = f.read(FRAME_HEADER_SIZE + info.length)
+    return zlib.crc32(raw[FRAME_HEADER_SIZE:]) == _FRAME.unpack(raw[:FRAME_HEADER_SIZE])[2]
+
+
 def read_frames(path: str | os.PathLike[str], frames: Iterable[FrameInfo]) -> Iterator[list[dict[str, Any]]]:
-    """Decode the given frames; a frame failing its CRC ends the iteration (torn tail)."""
-    with open(path, "rb") as f:
+    """Decode the given frames (from ``index``); a frame that fails its CRC or does not
+    decode raises ``SessionFileError`` naming its offset (``index`` already dropped a torn tail)."""
+    name = os.path.basename(os.fspath(path))
+    with _open(path) as f:
         for info in frames:
             f.seek(info.offset)
             raw = f.read(FRAME_HEADER_SIZE + info.length)
             try:
                 yield decode_payload(info, raw[FRAME_HEADER_SIZE:], raw)
-            except SessionFileError:
-                return
+            except SessionFileError as exc:
+                raise SessionFileError(f"{name} is corrupt at byte {info.offset}: {exc}") from None
 
 
 def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
@@ -235,7 +311,7 @@ def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 def raw_frames(path: str | os.PathLike[str]) -> Iterator[bytes]:
     """Every whole frame's raw bytes (header + payload) — what an import sends to the store."""
     _, frames = index(path)
-    with open(path, "rb") as f:
+    with _open(path) as f:
         for info in frames:
             f.seek(info.offset)
             yield f.read(FRAME_HEADER_SIZE + info.length)

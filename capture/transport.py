@@ -9,19 +9,30 @@ keeps writing; when it comes back the server says which frame it expects next
 
 Back-pressure: step-level events are essential and never dropped; per-op detail (graph
 events) is shed first when too many are pending, and the count is reported in the end event.
+Memory stays bounded while the server is away because frames are re-read from the file, never
+kept in memory.  When nothing was sent for ``_HEARTBEAT_S`` the thread asks the server for its
+``next`` seq, so the server can tell a quiet run from a dead one.
+
+Shutdown: on ``close`` the thread writes the last events, closes the file (complete from now
+on), and only then tries a last bounded send; ``close`` returns within its timeout whatever the
+server does.  A forked child (DataLoader worker) inherits the object but not the thread: every
+entry point checks the pid, so a child never writes the file nor opens a connection.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
+import weakref
 from collections import deque
 from typing import Any
 
@@ -32,10 +43,44 @@ log = logging.getLogger("torchscope")
 DEFAULT_SERVER = "http://127.0.0.1:6150"
 _MAX_PENDING_GRAPHS = 16  # graph events waiting for the writer before new ones are shed
 _MAX_POST_BYTES = 8 * 1024 * 1024
+_MAX_PENDING_OPS = 2_000_000  # ops held by those pending graph events
 _HTTP_TIMEOUT = 2.0
+_HEARTBEAT_S = 5.0
+_FINAL_SEND_S = 3.0  # how long close() may spend sending the tail to the server
+_NET_ERRORS = (OSError, ValueError, TypeError, http.client.HTTPException)
+
+
+class _Connection(http.client.HTTPConnection):
+    """Plain HTTP whose socket is stored on the object *before* it connects, so a fork in
+    the middle of a connect still finds (and closes) the child's copy."""
+
+    def connect(self) -> None:
+        family, kind, proto, _, addr = socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)[0]
+        self.sock = socket.socket(family, kind, proto)
+        self.sock.settimeout(self.timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.connect(addr)
+
+
+# Every Transport of this process, so a forked child can drop the inherited sockets.
+_live: weakref.WeakSet[Transport] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A DataLoader worker (or any fork) inherits the parent's kept-alive connection; close
+    the child's copy of the socket at once, so a child never holds a connection.  Closing a
+    copy sends nothing: the parent's socket stays open and in use."""
+    for tr in list(_live):
+        tr._forked_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Transport:
+    """Owns the session file and the connection of one rank.  ``emit`` from the training
+    thread; everything else happens on the daemon thread."""
+
     def __init__(
         self,
         path: str,
@@ -53,47 +98,89 @@ class Transport:
         self.autostart = autostart
         self.flush_interval = flush_interval
         self.writer = SessionFileWriter(path)
-        self.shed = 0
+        self.path = self.writer.path
+        self.shed = 0  # ops of graph events dropped under back-pressure
+        self.shed_graphs = 0
         self.sent_seq = 0  # next frame seq the server is known to expect
         self.server_ok: bool | None = None
+        self.heartbeats = 0
+        self._pid = os.getpid()
         self._queue: deque[dict[str, Any]] = deque()
+        self._emitted = 0  # events accepted by emit (training thread only)
+        self._written = 0  # events written to the file (daemon thread only)
         self._pending_graphs = 0
-        self._lock = threading.Lock()  # guards _pending_graphs only
+        self._pending_ops = 0
+        self._lock = threading.Lock()  # guards the pending-graph counters
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._file_closed = threading.Event()
+        self._closed = False
         self._backoff_until = 0.0
         self._backoff = 0.5
+        self._last_contact = time.monotonic()
         self._autostarted = False
-        self._warned = False
+        self._warned: set[str] = set()
+        self._http: http.client.HTTPConnection | None = None
+        _live.add(self)
         self._thread = threading.Thread(target=self._run, name="torchscope-transport", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ training thread side
     def emit(self, event: dict[str, Any]) -> None:
         """Queue one event; O(1), never blocks, never raises."""
+        if self._closed or os.getpid() != self._pid:
+            return
         if event.get("kind") == "graph":
+            ops = event.get("ops")
+            n_ops = len(ops) if isinstance(ops, list) else 0
             with self._lock:
-                if self._pending_graphs >= _MAX_PENDING_GRAPHS:
-                    self.shed += len(event.get("ops", ()))
+                if self._pending_graphs >= _MAX_PENDING_GRAPHS or self._pending_ops + n_ops > _MAX_PENDING_OPS:
+                    self.shed += n_ops
+                    self.shed_graphs += 1
                     return
                 self._pending_graphs += 1
+                self._pending_ops += n_ops
+        self._emitted += 1
         self._queue.append(event)
 
-    def flush(self, timeout: float = 5.0) -> None:
-        """Ask the thread to write (and send) now; wait until the queue is written."""
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Ask the thread to write now; wait until everything emitted so far is in the file.
+        Returns False if that did not happen within ``timeout``."""
+        if os.getpid() != self._pid or self._closed:
+            return self._file_closed.is_set()
+        target = self._emitted
         deadline = time.monotonic() + timeout
         self._wake.set()
-        while self._queue and time.monotonic() < deadline:
-            time.sleep(0.01)
+        while self._written < target:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                return False
+            time.sleep(0.005)
+        return True
 
     def close(self, end_event: dict[str, Any] | None = None, timeout: float = 5.0) -> None:
+        """Write the remaining events (and ``end_event``) and close the file, then give the
+        server at most the rest of ``timeout``.  Idempotent; returns within ``timeout``."""
+        if self._closed or os.getpid() != self._pid:
+            return
         if end_event is not None:
             end_event.setdefault("shed_ops", self.shed)
             self._queue.append(end_event)
+        self._closed = True
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout)
-        self.writer.close()
+        deadline = time.monotonic() + timeout
+        # the thread closes the file before its last send, so waiting for that is enough for
+        # a complete file; the send gets whatever time is left
+        self._file_closed.wait(timeout)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _forked_child(self) -> None:
+        http_conn, self._http = self._http, None
+        if http_conn is not None and http_conn.sock is not None:
+            # detach + os.close, not sock.close(): a response being read holds a makefile()
+            # reference that would defer close() forever in this child
+            with contextlib.suppress(OSError):
+                os.close(http_conn.sock.detach())
 
     # ------------------------------------------------------------------ background thread
     def _run(self) -> None:
@@ -101,10 +188,17 @@ class Transport:
             stopping = self._stop.is_set()
             try:
                 self._write_pending()
+            except Exception as exc:  # a full disk must not kill the thread: keep sending
+                self._warn_once("write", f"torchscope: cannot write {self.path} ({exc}); recording incomplete")
+            if stopping:
+                with contextlib.suppress(OSError):  # fsync on a full disk: the bytes are written
+                    self.writer.close()
+                self._file_closed.set()
+            try:
                 if self.server:
                     self._send_pending(final=stopping)
             except Exception as exc:  # never let the thread die silently; keep the file going
-                self._warn_once(f"torchscope: transport error ({exc!r}); recording continues")
+                self._warn_once("send", f"torchscope: transport error ({exc!r}); recording continues")
             if stopping:
                 return
             self._wake.wait(self.flush_interval)
@@ -114,18 +208,29 @@ class Transport:
         batch: list[dict[str, Any]] = []
         while self._queue:
             ev = self._queue.popleft()
-            if ev.get("kind") == "graph":
-                # graph events get frames of their own so readers can seek to them by step
-                if batch:
-                    self.writer.append(batch)
-                    batch = []
-                self.writer.append([ev])
+            if ev.get("kind") != "graph":
+                batch.append(ev)
+                continue
+            # graph events get frames of their own so readers can seek to them by step
+            if batch:
+                self._append(batch)
+                batch = []
+            ops = ev.get("ops")
+            try:
+                self._append([ev])
+            finally:
                 with self._lock:
                     self._pending_graphs -= 1
-            else:
-                batch.append(ev)
+                    self._pending_ops -= len(ops) if isinstance(ops, list) else 0
         if batch:
-            self.writer.append(batch)
+            self._append(batch)
+
+    def _append(self, events: list[dict[str, Any]]) -> None:
+        try:
+            self.writer.append(events)
+        finally:
+            # counted even when the write failed: flush() waits for the attempt, not success
+            self._written += len(events)
 
     # ------------------------------------------------------------------ wire
     def _headers(self) -> dict[str, str]:
@@ -134,47 +239,95 @@ class Transport:
             h["Authorization"] = f"Bearer {self.token}"
         return h
 
-    def _url(self, tail: str) -> str:
-        return f"{self.server}/api/ingest/{self.session_id}/{self.rank}{tail}"
+    def _path(self, tail: str) -> str:
+        base = urllib.parse.urlsplit(self.server or "").path.rstrip("/")
+        return f"{base}/api/ingest/{self.session_id}/{self.rank}{tail}"
 
-    def _request(self, url: str, data: bytes | None = None) -> dict[str, Any]:
-        req = urllib.request.Request(url, data=data, headers=self._headers(), method="POST" if data else "GET")
-        try:
-            with urllib.request.urlopen(req, timeout=_HTTP_TIMEOUT) as resp:
-                return dict(json.loads(resp.read() or b"{}"))
-        except urllib.error.HTTPError as exc:
-            if exc.code == 409:  # the server expects another seq: it says which
-                return dict(json.loads(exc.read() or b"{}"))
-            raise
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._http is None:
+            u = urllib.parse.urlsplit(self.server or "")
+            cls = http.client.HTTPSConnection if u.scheme == "https" else _Connection
+            self._http = cls(u.hostname or "127.0.0.1", u.port, timeout=_HTTP_TIMEOUT)
+        return self._http
+
+    def _drop_connection(self) -> None:
+        if self._http is not None:
+            with contextlib.suppress(Exception):
+                self._http.close()
+            self._http = None
+
+    def _request(self, tail: str, data: bytes | None = None) -> dict[str, Any]:
+        """One request on the kept-alive connection.  A reused connection the server has
+        closed meanwhile (its keep-alive timeout) gets one retry on a fresh one."""
+        for attempt in (0, 1):
+            reused = self._http is not None
+            conn = self._connection()
+            try:
+                conn.request("POST" if data else "GET", self._path(tail), body=data, headers=self._headers())
+                resp = conn.getresponse()
+                body = resp.read()
+                break
+            except (OSError, http.client.HTTPException):
+                self._drop_connection()
+                if not reused or attempt:
+                    raise
+        if resp.will_close:
+            self._drop_connection()
+        if resp.status != 409 and not 200 <= resp.status < 300:  # 409: the server says which seq it expects
+            detail = body[:300].decode("utf-8", "replace").strip()
+            raise ValueError(f"HTTP {resp.status} {detail}")
+        self._last_contact = time.monotonic()
+        return dict(json.loads(body or b"{}"))
 
     def _send_pending(self, final: bool) -> None:
-        if time.monotonic() < self._backoff_until and not final:
+        now = time.monotonic()
+        if now < self._backoff_until and not final:
             return
         frames = self.writer.frames
+        if self.server_ok is True and self.sent_seq >= len(frames) and now - self._last_contact < _HEARTBEAT_S:
+            return  # nothing to send and the server heard from us recently
         try:
-            if self.server_ok is not True:
-                self.sent_seq = int(self._request(self._url("/next")).get("next_seq", 0))
-            deadline = time.monotonic() + (3.0 if final else 1.0)
+            if self.server_ok is not True or self.sent_seq >= len(frames):
+                # (re)connect, or the idle heartbeat: the server says where it stands
+                self.sent_seq = self._next_seq(len(frames))
+                if self.server_ok is True:
+                    self.heartbeats += 1
+            deadline = time.monotonic() + (_FINAL_SEND_S if final else 1.0)
             while self.sent_seq < len(frames) and time.monotonic() < deadline:
+                if self._stop.is_set() and not final:
+                    break  # close() is waiting: write and close the file first
                 chunk = self._chunk(frames, self.sent_seq)
-                reply = self._request(self._url(""), chunk)
+                reply = self._request("", chunk)
                 self.sent_seq = int(reply.get("next_seq", self.sent_seq))
             self.server_ok = True
             self._backoff = 0.5
-        except (OSError, ValueError) as exc:
+        except _NET_ERRORS as exc:
             self.server_ok = False
             self._maybe_autostart()
             self._backoff_until = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, 10.0)
             self._warn_once(
+                "server",
                 f"torchscope: server {self.server} not reachable ({exc.__class__.__name__}); "
-                f"training continues, recording to {self.writer.path}"
+                f"training continues, recording to {self.path}",
             )
+
+    def _next_seq(self, have: int) -> int:
+        seq = int(self._request("/next").get("next_seq", 0))
+        if seq > have:
+            # the server holds more frames under this id than this run wrote: another run
+            # reused the session id; say so once instead of silently sending nothing
+            self._warn_once(
+                "seq",
+                f"torchscope: server already has session {self.session_id} rank {self.rank} "
+                f"with {seq} frames; this run's frames may not show there",
+            )
+        return seq
 
     def _chunk(self, frames: list[FrameInfo], start: int) -> bytes:
         out: list[bytes] = []
         size = 0
-        with open(self.writer.path, "rb") as f:
+        with open(self.path, "rb") as f:
             for info in frames[start:]:
                 n = FRAME_HEADER_SIZE + info.length
                 if out and size + n > _MAX_POST_BYTES:
@@ -202,10 +355,11 @@ class Transport:
             )
             self._backoff = 0.25
         except OSError as exc:
-            self._warn_once(f"torchscope: could not start a server ({exc}); recording to the file only")
+            self._warn_once("autostart", f"torchscope: could not start a server ({exc}); recording to the file only")
 
-    def _warn_once(self, message: str) -> None:
-        if not self._warned:
-            self._warned = True
+    def _warn_once(self, key: str, message: str) -> None:
+        """One line per kind of trouble, on stderr (the user's console) and the logger."""
+        if key not in self._warned:
+            self._warned.add(key)
             print(message, file=sys.stderr)
             log.warning(message)

@@ -1,0 +1,264 @@
+"""The ``torchscope`` command: serve, open, demo, info, doctor.
+
+Imports are lazy (FastAPI/uvicorn only under ``serve``) so ``torchscope --help`` is fast.
+Every bad input ends in one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+DESCRIPTION = "torchscope: see your PyTorch training live — graph, gradients and memory of every step."
+EPILOG = """examples:
+  torchscope serve                 dashboard at http://127.0.0.1:6150
+  torchscope open run.tscope       import a session file and open it in the browser
+  torchscope demo                  run a small CPU training with capture and watch it
+  torchscope info run.tscope       one-screen summary of a session file
+  torchscope doctor run.tscope     list the pitfalls found in a session file"""
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit code ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # one line, not a usage dump: "torchscope serve: invalid port 'abc' ... (see --help)"
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: give a number from 1 to 65535") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {port}: give a number from 1 to 65535")
+    return port
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .config import DEFAULT_HOST, DEFAULT_PORT
+
+    p = _Parser(prog="torchscope", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    s = sub.add_parser("serve", help="run the dashboard server", description=(
+        "Run the dashboard server. It stores sessions in SQLite under --data and binds to "
+        "127.0.0.1 unless --host says otherwise; bound to any other address it requires a token "
+        "(generated and printed in the URL, or --token / $TORCHSCOPE_TOKEN)."))
+    s.add_argument("--host", default=DEFAULT_HOST, help="address to bind (default %(default)s)")
+    s.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port (default %(default)s)")
+    s.add_argument("--data", metavar="DIR", help="data directory (default $TORCHSCOPE_DATA or ~/.torchscope)")
+    s.add_argument("--token", help="require this token for ingest and viewing (default $TORCHSCOPE_TOKEN)")
+    s.add_argument("--db", metavar="URL", help="store URL; only sqlite:///PATH today (default $TORCHSCOPE_DB "
+                                               "or DIR/torchscope.db)")
+    s.add_argument("--quiet", action="store_true", help="print nothing but errors")
+
+    o = sub.add_parser("open", help="import a session file into the server and open it in the browser")
+    o.add_argument("file", help="a .tscope session file")
+    o.add_argument("--port", type=_port, default=DEFAULT_PORT, help="server port (default %(default)s); "
+                   "a server is started in the background when none answers")
+    o.add_argument("--data", metavar="DIR", help="data directory of a server started here")
+    o.add_argument("--no-browser", action="store_true", help="print the URL only")
+
+    d = sub.add_parser("demo", help="run a small CPU training with capture and show it live")
+    d.add_argument("--port", type=_port, default=DEFAULT_PORT, help="server port (default %(default)s)")
+    d.add_argument("--steps", type=int, default=200, help="training steps (default %(default)s)")
+    d.add_argument("--data", metavar="DIR", help="data directory of a server started here")
+    d.add_argument("--no-browser", action="store_true", help="print the URL only")
+
+    i = sub.add_parser("info", help="summarize a session file")
+    i.add_argument("file", help="a .tscope session file")
+
+    dr = sub.add_parser("doctor", help="diagnose a session file (pitfalls P1-P15)")
+    dr.add_argument("file", help="a .tscope session file")
+    dr.add_argument("--json", action="store_true", help="findings as JSON")
+    dr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a doctor setting")
+    return p
+
+
+# ---------------------------------------------------------------------- serve
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind before uvicorn so "port in use" is one clear line (and no race with it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise CliError(f"port {port} is in use; choose another with --port", 2) from None
+        raise CliError(f"cannot bind {host}:{port} ({exc.strerror})", 2) from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .config import ConfigError, Settings, default_data_dir
+
+    settings = Settings(data_dir=Path(args.data).expanduser() if args.data else default_data_dir(),
+                        host=args.host, port=args.port, token=args.token, db_url=args.db)
+    try:
+        settings.db_path  # noqa: B018 - validates the --db URL before anything starts
+    except ConfigError as exc:
+        raise CliError(str(exc), 2) from None
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot create the data directory {settings.data_dir} ({exc.strerror})", 2) from None
+    sock = _bind(args.host, args.port)
+    import uvicorn
+
+    from .app import create_app
+
+    app = create_app(settings)
+    if not args.quiet:
+        url = settings.base_url() + "/" + (f"?token={settings.token}" if settings.token else "")
+        print(f"torchscope dashboard: {url}  (data: {settings.data_dir})", flush=True)
+    config = uvicorn.Config(app, log_level="warning" if args.quiet else "info", access_log=False,
+                            timeout_graceful_shutdown=3)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+# ---------------------------------------------------------------------- files
+def _check_file(path_text: str) -> Path:
+    """A readable session file, or a one-line CliError naming what is wrong with it."""
+    from torchscope.sessionfile import SessionFileError, index
+
+    path = Path(path_text)
+    try:
+        _, frames = index(path)
+    except SessionFileError as exc:
+        raise CliError(str(exc)) from None
+    if not frames:
+        raise CliError(f"{path.name} holds no complete frame (truncated or corrupt)")
+    return path
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .fileinfo import summarize
+
+    path = _check_file(args.file)
+    for key, value in summarize(path).items():
+        print(f"{key + ':':<16}{value}")
+    return 0
+
+
+def cmd_open(args: argparse.Namespace) -> int:
+    from .client import ClientError, ensure_server, upload
+
+    path = _check_file(args.file)
+    try:
+        base = ensure_server(args.port, args.data)
+        res = upload(base, path, os.environ.get("TORCHSCOPE_TOKEN"))
+    except ClientError as exc:
+        raise CliError(str(exc)) from None
+    url = base + res["url"]
+    print(url, flush=True)
+    if not args.no_browser:
+        import webbrowser
+
+        webbrowser.open(url)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import subprocess
+    import time
+
+    from .client import ClientError, ensure_server
+
+    if args.steps < 1:
+        raise CliError("--steps must be at least 1", 2)
+    try:
+        base = ensure_server(args.port, args.data)
+    except ClientError as exc:
+        raise CliError(str(exc)) from None
+    known = {s["id"] for s in _sessions(base)}
+    proc = subprocess.Popen([sys.executable, "-m", "torchscope.demo_train", "--server", base,
+                             "--steps", str(args.steps)])
+    url = None
+    deadline = time.monotonic() + 60
+    while url is None and time.monotonic() < deadline and proc.poll() is None:
+        new = [s["id"] for s in _sessions(base) if s["id"] not in known]
+        if new:
+            url = f"{base}/sessions/{new[0]}"
+        else:
+            time.sleep(0.2)
+    print(url or base + "/", flush=True)
+    if not args.no_browser:
+        import webbrowser
+
+        webbrowser.open(url or base + "/")
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        return 130
+
+
+def _sessions(base: str) -> list[dict[str, object]]:
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(base + "/api/sessions", timeout=5) as resp:
+            data = json.loads(resp.read())
+    except (OSError, ValueError):
+        return []
+    return data if isinstance(data, list) else []
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    path = _check_file(args.file)
+    overrides: dict[str, str] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--set {item!r}: expected KEY=VALUE", 2)
+        overrides[key.strip()] = value.strip()
+    try:
+        from torchscope.doctor.cli import run
+    except ImportError as exc:
+        raise CliError(f"the doctor is not available in this install ({exc})") from None
+    return int(run(str(path), args.json, overrides))
+
+
+COMMANDS = {"serve": cmd_serve, "open": cmd_open, "demo": cmd_demo, "info": cmd_info, "doctor": cmd_doctor}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except CliError as exc:
+        print(f"torchscope: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The autograd graph of a backward root: structural signature, node records, backward hooks.
+
+The walk follows ``grad_fn.next_functions`` from each root, as PyTorch's engine will.  Node
+objects are held only for the duration of the walk (and, on captured steps, until the
+backward returns and its hooks are removed); nothing outlives the step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .schema import NodeRecord, SavedTensor
+
+_saved_attrs: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_names(node: Any) -> tuple[str, ...]:
+    cls = type(node)
+    names = _saved_attrs.get(cls)
+    if names is None:
+        names = tuple(a for a in dir(node) if a.startswith("_saved_"))
+        _saved_attrs[cls] = names
+    return names
+
+
+class AutogradWalk:
+    """One walk of the graph below ``roots`` (in node discovery order, roots first)."""
+
+    def __init__(self, roots: list[Any]) -> None:
+        self.index: dict[Any, int] = {}
+        self.nodes: list[Any] = []
+        self.edges: list[list[int]] = []
+        for r in roots:
+            if r is not None and r not in self.index:
+                self.index[r] = len(self.nodes)
+                self.nodes.append(r)
+        stack = list(self.nodes)
+        index, nodes, edges = self.index, self.nodes, self.edges
+        while stack:
+            n = stack.pop()
+            i = index[n]
+            for child, input_nr in n.next_functions:
+                if child is None:
+                    continue
+                j = index.get(child)
+                if j is None:
+                    j = index[child] = len(nodes)
+                    nodes.append(child)
+                    stack.append(child)
+                edges.append([i, j, input_nr])
+
+    def saved(self, param_ptrs: set[int]) -> tuple[dict[int, int], list[str]]:
+        """Storages saved for backward (data pointer -> bytes, parameters excluded) and the
+        nodes whose saved tensors can no longer be read (freed, or modified in place: P8/P10)."""
+        out: dict[int, int] = {}
+        broken: list[str] = []
+        for n in self.nodes:
+            for attr in _saved_names(n):
+                try:
+                    v = getattr(n, attr)
+                except Exception as exc:
+                    broken.append(f"{type(n).__name__}.{attr}: {str(exc).splitlines()[0][:200]}")
+                    continue
+                for t in v if isinstance(v, (tuple, list)) else (v,):
+                    if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                        st = t.untyped_storage()
+                        ptr = st.data_ptr()
+                        if ptr not in param_ptrs:
+                            out[ptr] = st.nbytes()
+        return out, broken
+
+    def signature(self) -> str:
+        """Hash of node classes and edges: changes exactly when the graph's structure does."""
+        h = hashlib.blake2b(digest_size=8)
+        h.update("|".join(type(n).__name__ for n in self.nodes).encode())
+        h.update(",".join(f"{a}>{b}:{c}" for a, b, c in self.edges).encode())
+        return h.hexdigest()
+
+    def records(
+        self, param_names: dict[int, str], op_modules: dict[int, str], micro: int, sid: Callable[[int], int]
+    ) -> list[NodeRecord]:
+        """Full node records: class, parameter of AccumulateGrad, saved tensors (bytes only), forward op."""
+        out: list[NodeRecord] = []
+        for i, n in enumerate(self.nodes):
+            rec: NodeRecord = {"id": i, "name": type(n).__name__, "micro": micro}
+            var = getattr(n, "variable", None)
+            if isinstance(var, torch.Tensor):
+                name = param_names.get(id(var))
+                if name is not None:
+                    rec["param"] = name
+            meta = n.metadata
+            op = meta.get("torchscope_op")
+            if op is not None:
+                rec["op"] = op
+                rec["module"] = op_modules.get(op, "")
+            saved = _saved_tensors(n, sid)
+            if saved:
+                rec["saved"] = saved
+                seen: set[int] = set()
+                total = 0
+                for s in saved:
+                    if s["storage"] not in seen:
+                        seen.add(s["storage"])
+                        total += s["nbytes"]
+                rec["saved_bytes"] = total
+            out.append(rec)
+        return out
+
+
+def _saved_tensors(node: Any, sid: Callable[[int], int]) -> list[SavedTensor]:
+    out: list[SavedTensor] = []
+    for attr in _saved_names(node):
+        try:
+            v = getattr(node, attr)
+        except Exception:  # freed by an earlier backward, or not readable: bytes unknown
+            continue
+        vals = v if isinstance(v, (tuple, list)) else (v,)
+        for t in vals:
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                st = t.untyped_storage()
+                out.append(
+                    {
+                        "name": attr,
+                        "shape": list(t.shape),
+                        "dtype": str(t.dtype).removeprefix("torch."),
+                        "nbytes": st.nbytes(),
+                        "storage": sid(st.data_ptr()),
+                    }
+                )
+    return out
+
+
+class BackwardTimer:
+    """Order and duration of each node during one backward, via Node pre/post hooks."""
+
+    def __init__(self, nodes: list[Any]) -> None:
+        self.order: dict[int, int] = {}
+        self.dur_us: dict[int, float] = {}
+        self._start: dict[int, float] = {}
+        self._handles: list[Any] = []
+        for i, n in enumerate(nodes):
+            try:
+                self._handles.append(n.register_prehook(self._pre(i)))
+                self._handles.append(n.register_hook(self._post(i)))
+            except Exception:
+                continue
+
+    def _pre(self, i: int) -> Any:
+        def hook(grad_outputs: Any) -> None:
+            self.order.setdefault(i, len(self.order))
+            self._start[i] = time.perf_counter()
+
+        return hook
+
+    def _post(self, i: int) -> Any:
+        def hook(grad_inputs: Any, grad_outputs: Any) -> None:
+            t0 = self._start.get(i)
+            if t0 is not None:
+                self.dur_us[i] = (time.perf_counter() - t0) * 1e6
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()

@@ -1,0 +1,69 @@
+"""The one torch-function mode the capture keeps on the stack while it watches.
+
+It sees the few torch-level calls whose facts only exist at that level, and passes every
+other call straight through (one dict lookup):
+
+- ``Tensor.backward`` / ``torch.autograd.backward``: the step's backward roots, losses and
+  call sites; the call runs unchanged inside ``try``: an exception is recorded (P8, P10)
+  and then re-raised to the user exactly as it was.
+- ``Tensor.to`` / ``.cuda`` / ``.cpu``: a call that returns its input was a no-op (P12);
+  one that changes device is a copy, with its bytes.
+- ``.item()`` / ``.tolist()`` / ``.numpy()`` / ``detach()`` / ``.data`` on a tensor that
+  requires grad: where a graph is cut (P1), noted on captured steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ._srcloc import _is_internal
+
+if TYPE_CHECKING:
+    from .watch import Watch
+
+_T = torch.Tensor
+_BACKWARD = {_T.backward: "tensor", torch.autograd.backward: "autograd"}
+_MOVES = {_T.to: "to", _T.cuda: "cuda", _T.cpu: "cpu"}
+_BREAKS = {
+    _T.item: "torch::Tensor.item",
+    _T.tolist: "torch::Tensor.tolist",
+    _T.numpy: "torch::Tensor.numpy",
+    _T.detach: "torch::Tensor.detach",
+    _T.__array__: "torch::Tensor.__array__",
+}
+_DATA_GET = _T.data.__get__  # type: ignore[attr-defined]
+_HANDLED: dict[Any, str] = {**_BACKWARD, **_MOVES, **dict.fromkeys(_BREAKS, "break")}
+
+
+class Interposer(TorchFunctionMode):
+    def __init__(self, watch: Watch) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        kind = _HANDLED.get(func)
+        if kind is None:
+            if func == _DATA_GET and self.watch._capturing_ops and _from_user():
+                self.watch._safe("breaks", self.watch._on_break, "torch::Tensor.data", args[0])
+            return func(*args, **kwargs)
+        if kind == "tensor" or kind == "autograd":
+            return self.watch._run_backward(func, kind, args, kwargs)
+        if kind == "break":
+            if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad and _from_user():
+                self.watch._safe("breaks", self.watch._on_break, _BREAKS[func], args[0])
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if args and isinstance(args[0], torch.Tensor) and _from_user():
+            self.watch._safe("copies", self.watch._on_move, args[0], out)
+        return out
+
+
+def _from_user() -> bool:
+    """True when the call came straight from user code, not from inside torch (optimizers,
+    functional helpers and ``Module.to`` call ``.to()``/``.item()`` themselves)."""
+    return not _is_internal(sys._getframe(2).f_code.co_filename)

@@ -1,0 +1,278 @@
+"""Forward (and, in full mode, backward) ops of a captured step, at the aten level.
+
+A ``TorchDispatchMode`` sees every op after autograd, with real tensors.  For each op it
+records the module it ran in, tensor metadata, the user's source line, its duration and a
+storage ledger: a storage first seen as an op output is an allocation; its free is noticed
+by a weakref callback on the tensors that share it.  Autograd attaches ``grad_fn`` only after
+the op returns, so the link op -> node is made lazily at the next op (and at the end) by
+stamping the node's ``metadata``; the graph walk reads the stamp back.  No tensor is held
+strongly: the tensor table keeps weak references only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ._srcloc import user_src
+from .schema import OpRecord, TensorMeta
+
+_op_names: dict[Any, tuple[str, bool]] = {}
+
+
+def _op_info(func: Any) -> tuple[str, bool]:
+    """('aten::addmm', is_inplace) for an OpOverload, cached."""
+    info = _op_names.get(func)
+    if info is None:
+        schema = func._schema
+        mutates = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        info = (schema.name, mutates)
+        _op_names[func] = info
+    return info
+
+
+class StorageIds:
+    """Small integer ids for storages (by data pointer), stable within one graph event."""
+
+    def __init__(self) -> None:
+        self.ids: dict[int, int] = {}
+
+    def __call__(self, ptr: int) -> int:
+        i = self.ids.get(ptr)
+        if i is None:
+            i = self.ids[ptr] = len(self.ids)
+        return i
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records ops while entered.  Fields follow ``schema.OpRecord`` / ``schema.TensorMeta``."""
+
+    def __init__(
+        self,
+        module_of: Callable[[], tuple[str, int, bool]],
+        param_names: dict[int, str],
+        baseline_live: int,
+        check_nan: bool,
+        max_ops: int,
+        sid: StorageIds,
+    ) -> None:
+        super().__init__()
+        self.module_of = module_of
+        self.param_names = param_names
+        self.check_nan = check_nan
+        self.max_ops = max_ops
+        self.sid = sid
+        self.ops: list[OpRecord] = []
+        self.tensors: list[TensorMeta] = []
+        self.timeline: list[list[int]] = []
+        self.shed = 0
+        self.phase = "forward"
+        self.micro = 0
+        self.live = baseline_live
+        self.saved_storages: set[int] = set()  # data pointers saved for backward (inplace_saved)
+        self._tid: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        self._storage_refs: dict[int, int] = {}  # data ptr -> live tensors we know share it
+        self._storage_bytes: dict[int, int] = {}
+        self._weak: list[weakref.ref[torch.Tensor]] = []
+        self._freed = 0
+        self._pending: list[tuple[int, weakref.ref[torch.Tensor]]] = []
+        self.nan_seen = False
+        self.paused = False  # the capture's own ops (activation-grad stats) are not the user's
+        self.failed: str | None = None
+
+    # ------------------------------------------------------------------ dispatch
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.failed is not None or self.paused:
+            return func(*args, **kwargs)
+        t0 = time.perf_counter()
+        out = func(*args, **kwargs)
+        dur = (time.perf_counter() - t0) * 1e6
+        try:
+            self._record(func, args, kwargs, out, dur)
+        except Exception as exc:  # capture must never break the user's op
+            self.failed = repr(exc)
+        return out
+
+    def _record(self, func: Any, args: Any, kwargs: Any, out: Any, dur: float) -> None:
+        self._link_pending()
+        if len(self.ops) >= self.max_ops:
+            self.shed += 1
+            return
+        name, inplace = _op_info(func)
+        module, call, inside = self.module_of()
+        in_t = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        out_t = [a for a in tree_flatten(out)[0] if isinstance(a, torch.Tensor)]
+        op_id = len(self.ops)
+        inputs = [self._tensor(t) for t in in_t]
+        alloc = 0
+        for t in out_t:
+            alloc += self._ledger(t)
+        outputs = [self._tensor(t) for t in out_t]
+        freed, self._freed = self._freed, 0
+        self.live += alloc - freed
+        flags: list[str] = []
+        grad_mode = torch.is_grad_enabled()
+        if not inside:
+            flags.append("outside_model")
+        if inplace:
+            flags.append("inplace")
+            for t in in_t:
+                if t.layout == torch.strided and t.untyped_storage().data_ptr() in self.saved_storages:
+                    flags.append("inplace_saved")
+                    break
+        if (
+            grad_mode
+            and out_t
+            and any(t.requires_grad for t in in_t)
+            and not any(t.is_floating_point() or t.is_complex() for t in out_t)
+        ):
+            flags.append("non_differentiable")
+        if self.check_nan:
+            for t in out_t:
+                if (t.is_floating_point() or t.is_complex()) and t.numel() and not bool(torch.isfinite(t).all()):
+                    flags.append("nan")
+                    self.nan_seen = True
+                    break
+        rec: OpRecord = {
+            "id": op_id,
+            "name": name,
+            "module": module,
+            "call": call,
+            "phase": self.phase,  # type: ignore[typeddict-item]
+            "micro": self.micro,
+            "inputs": inputs,
+            "outputs": outputs,
+            "grad_mode": grad_mode,
+            "inference_mode": torch.is_inference_mode_enabled(),
+            "inplace": inplace,
+            "src": user_src(2),
+            "dur_us": round(dur, 2),
+            "alloc": alloc,
+            "free": freed,
+            "live": self.live,
+        }
+        if flags:
+            rec["flags"] = flags
+        self.ops.append(rec)
+        self.timeline.append([op_id, self.live])
+        if grad_mode and self.phase == "forward":
+            for t in out_t:
+                self._pending.append((op_id, weakref.ref(t)))
+
+    def add_marker(self, name: str, t: torch.Tensor, flags: list[str]) -> None:
+        """A torch-level event seen by the function mode (``.item()``, ``detach()``...) as an op."""
+        if len(self.ops) >= self.max_ops:
+            self.shed += 1
+            return
+        module, call, inside = self.module_of()
+        rec: OpRecord = {
+            "id": len(self.ops),
+            "name": name,
+            "module": module,
+            "call": call,
+            "phase": self.phase,  # type: ignore[typeddict-item]
+            "micro": self.micro,
+            "inputs": [self._tensor(t)],
+            "outputs": [],
+            "grad_mode": torch.is_grad_enabled(),
+            "inplace": False,
+            "src": user_src(2),
+            "dur_us": 0.0,
+            "alloc": 0,
+            "free": 0,
+            "live": self.live,
+            "flags": flags if inside else [*flags, "outside_model"],
+        }
+        self.ops.append(rec)
+
+    # ------------------------------------------------------------------ tensors and storages
+    def _tensor(self, t: torch.Tensor) -> int:
+        entry = self._tid.get(id(t))
+        if entry is not None and entry[0]() is t:
+            return entry[1]
+        tid = len(self.tensors)
+        meta: TensorMeta = {
+            "id": tid,
+            "shape": list(t.shape),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "device": str(t.device),
+            "requires_grad": t.requires_grad,
+            "is_leaf": t.is_leaf,
+        }
+        if t.layout == torch.strided:
+            st = t.untyped_storage()
+            meta["stride"] = list(t.stride())
+            meta["storage"] = self.sid(st.data_ptr())
+            meta["offset"] = int(t.storage_offset())
+            meta["nbytes"] = st.nbytes()
+        with contextlib.suppress(Exception):  # tensors without a version counter (inference)
+            meta["version"] = int(t._version)
+        pname = self.param_names.get(id(t))
+        if pname is not None:
+            meta["param"] = pname
+        self.tensors.append(meta)
+        self._tid[id(t)] = (weakref.ref(t), tid)
+        return tid
+
+    def _ledger(self, t: torch.Tensor) -> int:
+        """Bytes newly allocated if ``t``'s storage is new; track its lifetime by weakref."""
+        if t.layout != torch.strided:
+            return 0
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        n = self._storage_refs.get(ptr)
+        new = 0
+        if n is None:
+            nbytes = st.nbytes()
+            self._storage_bytes[ptr] = nbytes
+            self._storage_refs[ptr] = 0
+            new = nbytes
+        elif id(t) in self._tid and self._tid[id(t)][0]() is t:
+            return 0  # an in-place op returns its input: nothing new
+        self._storage_refs[ptr] += 1
+        self._weak.append(weakref.ref(t, self._on_free(ptr)))
+        return new
+
+    def _on_free(self, ptr: int) -> Callable[[Any], None]:
+        def cb(_: Any) -> None:
+            n = self._storage_refs.get(ptr, 0) - 1
+            if n <= 0:
+                self._storage_refs.pop(ptr, None)
+                self._freed += self._storage_bytes.pop(ptr, 0)
+            else:
+                self._storage_refs[ptr] = n
+
+        return cb
+
+    def _link_pending(self) -> None:
+        """Stamp each earlier op's output grad_fn with the op id (autograd has set it by now)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        for op_id, ref in pending:
+            t = ref()
+            if t is None:
+                continue
+            fn = t.grad_fn
+            if fn is not None:
+                meta: dict[str, Any] = fn.metadata  # type: ignore[assignment]
+                if "torchscope_op" not in meta:
+                    meta["torchscope_op"] = op_id
+                tid = self._tid.get(id(t))
+                if tid is not None:
+                    meta.setdefault("torchscope_tensors", []).append(tid[1])
+
+    def finish(self) -> None:
+        """Link the last ops and stop watching frees (later frees are not this step's)."""
+        self._link_pending()
+        self._weak.clear()
+        self._tid.clear()
+

@@ -1,0 +1,822 @@
+"""``torchscope.watch(model, optimizer)``: the capture's one entry point.
+
+Hooks, all removable, none patching torch:
+- the root module's forward pre/post hooks (``always_call``): each forward's facts (P6, P11)
+  and, on captured steps, the op recorder and per-module hooks for module paths;
+- ``optimizer.register_step_post_hook``: the step boundary (or ``Watch.step()`` without an
+  optimizer).  With a ``GradScaler`` that skips ``optimizer.step()`` the boundary is found
+  at the next forward: ``scaler.update()`` changed its scale tensor (version counter, no
+  sync) while a backward had run and no optimizer step followed -> the step closes as skipped;
+- one ``TorchFunctionMode`` (``_interpose``) for backward calls, device moves and graph breaks.
+
+Every hook body runs through ``_safe``: an exception inside capture is logged once and turns
+that part of the capture off; the user's loop never sees it.  Tensors are reached through
+weak references; graph nodes are held only during a backward call.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import math
+import os
+import socket
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import _cuda
+from ._autograd import AutogradWalk, BackwardTimer
+from ._grads import grad_stats, nonzero_grads
+from ._hooks import retained_bytes
+from ._interpose import Interposer
+from ._memory import optimizer_tensors, storages
+from ._ops import OpRecorder, StorageIds
+from ._srcloc import user_src
+from .distributed import RankInfo, rank_info, rank_path, session_id
+from .schema import (
+    SCHEMA_VERSION,
+    ActivationGrad,
+    ForwardInfo,
+    GraphEvent,
+    MemoryStats,
+    ModuleInfo,
+    ParamInfo,
+    StepEvent,
+)
+
+log = logging.getLogger("torchscope")
+
+MODES = ("default", "full", "light")
+_MAX_OPS = 50_000  # per captured step; the rest is counted as shed
+_MODE_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+
+
+class _Sentinel:
+    """Lives in a backward root's ``metadata``: dies with the node, so a live weak reference
+    at a later step boundary means that step's graph is still reachable (P7)."""
+
+    __slots__ = ("step", "nodes", "__weakref__")
+
+    def __init__(self, step: int, nodes: int) -> None:
+        self.step, self.nodes = step, nodes
+
+
+class _StepState:
+    """What the capture gathers between two step boundaries."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.started = False
+        self.capture = False
+        self.check_nan = False
+        self.forwards: list[ForwardInfo] = []
+        self.node_hooks: list[Any] = []
+        self.forward_us = 0.0
+        self.backward_us = 0.0
+        self.micro = 0
+        self.losses: list[torch.Tensor] = []
+        self.roots: list[str] = []
+        self.backward_src: list[str] = []
+        self.backward_errors: list[str] = []
+        self.zero_grad = 0
+        self.set_to_none = False
+        self.pre_nonzero: list[int] = []
+        self.copies = 0
+        self.copy_bytes = 0
+        self.noop_to = 0
+        self.breaks: list[dict[str, object]] = []
+        self.events: list[dict[str, object]] = []
+        self.saved: dict[int, int] = {}
+        self.sigs: list[str] = []
+        self.scale_version: int | None = None
+        self.recorder: OpRecorder | None = None
+        self.sid = StorageIds()
+        self.module_hooks: list[Any] = []
+        self.module_stack: list[tuple[str, int]] = []
+        self.module_calls: dict[str, int] = {}
+        self.graph: GraphEvent | None = None
+        self.timer: BackwardTimer | None = None
+        self.walk: AutogradWalk | None = None
+        self.retained = False
+        self.autocast = False
+        self.act_grads: dict[str, torch.Tensor] = {}  # module path -> [norm, max_abs, zeros, nan, inf, numel]
+
+
+def _first_tensor(x: Any) -> torch.Tensor | None:
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (list, tuple)):
+        for v in x:
+            t = _first_tensor(v)
+            if t is not None:
+                return t
+    if isinstance(x, dict):
+        for v in x.values():
+            t = _first_tensor(v)
+            if t is not None:
+                return t
+    return getattr(x, "logits", None) if isinstance(getattr(x, "logits", None), torch.Tensor) else None
+
+
+def _default_record(name: str) -> str:
+    return os.path.join("torchscope-runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.tscope")
+
+
+class Watch:
+    """Handle returned by :func:`watch`; a context manager.  See ``docs/capture.md``."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        server: str | None = "auto",
+        record: str | os.PathLike[str] | None = None,
+        name: str | None = None,
+        mode: str = "default",
+        scaler: Any = None,
+        sample_every: int = 50,
+        token: str | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"torchscope: mode must be one of {', '.join(MODES)}, not {mode!r}")
+        self.url: str | None = None
+        self.path: str | None = None
+        self.session_id: str | None = None
+        self._active = False
+        self._capturing_ops = False
+        self._closed = False
+        if torch.utils.data.get_worker_info() is not None:
+            return  # a DataLoader worker: the main process is the one being watched
+        self.mode = mode
+        self.sample_every = max(int(sample_every), 1)
+        self.name = name or type(model).__name__.lower()
+        self._rank: RankInfo = rank_info()
+        self.session_id = session_id(self.name, self._rank)
+        base = os.fspath(record) if record is not None else _default_record(self.name)
+        self.path = rank_path(base, self._rank)
+        autostart = server == "auto"
+        if server == "auto":
+            server = os.environ.get("TORCHSCOPE_SERVER") or "http://127.0.0.1:6150"
+        self._server = server.rstrip("/") if server else None
+        token = token or os.environ.get("TORCHSCOPE_TOKEN")
+        if self._server:
+            self.url = f"{self._server}/sessions/{self.session_id}"
+            if token:
+                self.url += f"?token={token}"
+        self._model = weakref.ref(model)
+        self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
+        self._scaler = scaler
+        self._disabled: set[str] = set()
+        named = list(model.named_parameters())
+        self._params = [weakref.ref(p) for _, p in named]
+        self._param_names = {id(p): n for n, p in named}
+        self._param_ptrs = set(storages(p for _, p in named))
+        self._modules = [(path, weakref.ref(m)) for path, m in model.named_modules()]
+        self._step = 0
+        self._last_sig: str | None = None
+        self._capture_next = False
+        self._nan_armed = False
+        self._sentinels: list[weakref.ref[_Sentinel]] = []
+        self._depth = 0
+        self._started_at = time.time()
+        self._s = _StepState(time.perf_counter())
+
+        from .transport import Transport  # H3's writer/sender thread
+
+        self._transport = Transport(self.path, self.session_id, self._rank.rank, self._server, token, autostart)
+        self._transport.emit(self._session_event(model, optimizer))
+        self._handles: list[Any] = [
+            model.register_forward_pre_hook(self._fwd_pre),
+            model.register_forward_hook(self._fwd_post, always_call=True),
+        ]
+        if optimizer is not None:
+            self._handles.append(optimizer.register_step_post_hook(self._opt_post))
+        self._interposer = Interposer(self)
+        self._interposer.__enter__()
+        self._active = True
+        atexit.register(self.close)
+        where = f" → {self.url}" if self.url else ""
+        print(f"torchscope: watching {type(model).__name__}{where}  (recording to {self.path})", file=sys.stderr)
+
+    # ------------------------------------------------------------------ public
+    def step(self) -> None:
+        """Mark a step boundary (only needed without an optimizer; harmless with one)."""
+        if self._active and self._s.started:
+            self._safe("step", self._close_step, False)
+
+    def close(self) -> None:
+        """End the session: flush the last step, write the end event.  Idempotent."""
+        if self._closed or not self._active:
+            self._closed = True
+            return
+        self._closed = True
+        try:
+            if self._s.micro > 0:
+                self._safe("step", self._close_step, self._scale_changed())
+            for h in self._handles:
+                h.remove()
+            self._active = False
+            self._pop_interposer()
+            self._transport.close({"kind": "end", "t": time.time(), "status": "finished", "steps": self._step})
+        except Exception as exc:  # closing must not raise into an atexit or a with-block
+            log.warning("torchscope: close failed: %r", exc)
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ safety
+    def _safe(self, part: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if part in self._disabled or not self._active:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self._disabled.add(part)
+            msg = f"torchscope: capture of {part} turned off after an internal error: {exc!r}"
+            log.warning(msg)
+            with contextlib.suppress(Exception):
+                self._transport.emit(
+                    {"kind": "log", "t": time.time(), "level": "error", "message": msg, "step": self._step}
+                )
+            return None
+
+    def _pop_interposer(self) -> None:
+        stack_len = torch._C._len_torch_function_stack()
+        if stack_len and torch._C._get_function_stack_at(stack_len - 1) is self._interposer:
+            self._interposer.__exit__(None, None, None)
+        # otherwise a user mode sits above ours; ours stays inert (``_active`` is False)
+
+    # ------------------------------------------------------------------ session
+    def _session_event(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+        owner = {}
+        modules: list[ModuleInfo] = []
+        for path, m in model.named_modules():
+            own = list(m.named_parameters(recurse=False))
+            for pname, _ in own:
+                owner[f"{path}.{pname}" if path else pname] = path
+            modules.append({"path": path, "type": type(m).__name__, "n_params": len(own), "training": m.training})
+        params: list[ParamInfo] = []
+        for n, p in model.named_parameters():
+            params.append(
+                {
+                    "name": n,
+                    "module": owner.get(n, ""),
+                    "shape": list(p.shape),
+                    "dtype": str(p.dtype).removeprefix("torch."),
+                    "device": str(p.device),
+                    "requires_grad": p.requires_grad,
+                    "numel": p.numel(),
+                    "nbytes": p.numel() * p.element_size(),
+                }
+            )
+        first = next(iter(model.parameters()), None)
+        ev: dict[str, Any] = {
+            "kind": "session",
+            "schema": list(SCHEMA_VERSION),
+            "session_id": self.session_id,
+            "name": self.name,
+            "started_at": self._started_at,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "rank": self._rank.rank,
+            "world_size": self._rank.world_size,
+            "mode": self.mode,
+            "torch_version": torch.__version__,
+            "device": str(first.device) if first is not None else "cpu",
+            "argv": list(sys.argv),
+            "script": os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else "",
+            "model": type(model).__name__,
+            "modules": modules,
+            "params": params,
+            "settings": {"sample_every": self.sample_every, "mode": self.mode, "max_ops": _MAX_OPS},
+        }
+        if optimizer is not None:
+            ev["optimizer"] = type(optimizer).__name__
+        return ev
+
+    # ------------------------------------------------------------------ forward
+    def _fwd_pre(self, module: nn.Module, args: Any) -> None:
+        self._safe("forward", self._on_forward_pre, module)
+
+    def _fwd_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._safe("forward", self._on_forward_post, module, output)
+
+    def _scale_changed(self) -> bool:
+        scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
+        if not isinstance(scale, torch.Tensor) or self._s.scale_version is None:
+            return False
+        return bool(scale._version != self._s.scale_version)
+
+    def _on_forward_pre(self, module: nn.Module) -> None:
+        self._depth += 1
+        if self._depth > 1:
+            return  # the root called itself: one forward
+        s = self._s
+        if s.micro > 0 and self._scale_changed():
+            self._close_step(True)  # GradScaler.update() ran without optimizer.step(): skipped
+            s = self._s
+        if not s.started:
+            self._start_step(s)
+        grad_mode = torch.is_grad_enabled()
+        fwd: ForwardInfo = {
+            "micro": len(s.forwards),
+            "grad_mode": grad_mode,
+            "inference_mode": torch.is_inference_mode_enabled(),
+            "training": module.training,
+            "built_graph": False,
+            "backward": False,
+            "src": user_src(),
+        }
+        mods = [(p, m) for p, r in self._modules if (m := r()) is not None]
+        if module.training:
+            fwd["eval_modules"] = [p for p, m in mods if not m.training]
+        if not grad_mode:
+            fwd["train_modules"] = [p for p, m in mods if m.training and isinstance(m, _MODE_SENSITIVE)]
+        s.forwards.append(fwd)
+        if not s.autocast:
+            s.autocast = _autocast_on()
+        if s.capture and "ops" not in self._disabled:
+            self._start_recorder(s, module)
+        s.fwd_t0 = time.perf_counter()  # type: ignore[attr-defined]
+
+    def _on_forward_post(self, module: nn.Module, output: Any) -> None:
+        self._depth -= 1
+        if self._depth > 0:
+            return
+        s = self._s
+        s.forward_us += (time.perf_counter() - getattr(s, "fwd_t0", time.perf_counter())) * 1e6
+        if s.module_stack:
+            s.module_stack.clear()
+        fwd = s.forwards[-1] if s.forwards else None
+        t = _first_tensor(output)
+        if fwd is None or t is None or t.grad_fn is None:
+            return
+        fwd["built_graph"] = True
+        if s.capture:
+            self._safe("activation_grads", self._watch_activation, "", t)
+        fn = t.grad_fn
+
+        def consumed(grad_outputs: Any, fwd: ForwardInfo = fwd) -> None:
+            fwd["backward"] = True
+
+        s.node_hooks.append(fn.register_prehook(consumed))
+        if not module.training or not torch.is_grad_enabled():
+            # a graph built in eval mode may never be consumed (P6): size it now, while it exists
+            saved, _ = AutogradWalk([fn]).saved(self._param_ptrs)
+            fwd["saved_bytes"] = sum(saved.values())
+
+    def _start_step(self, s: _StepState) -> None:
+        s.started = True
+        step = self._step
+        if self.mode == "full":
+            s.capture = True
+        elif self.mode == "default":
+            s.capture = step == 0 or step % self.sample_every == 0 or self._capture_next
+        else:
+            s.capture = False
+        s.check_nan = self._nan_armed and s.capture
+        self._capture_next = False
+        self._snapshot_scale(s)
+
+    def _snapshot_scale(self, s: _StepState) -> None:
+        scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
+        s.scale_version = scale._version if isinstance(scale, torch.Tensor) else None
+
+    # ------------------------------------------------------------------ op capture
+    def _start_recorder(self, s: _StepState, root: nn.Module) -> None:
+        if s.recorder is None:
+            s.recorder = OpRecorder(
+                self._module_of, self._param_names, self._live_bytes(), s.check_nan, _MAX_OPS, s.sid
+            )
+            for path, ref in self._modules:
+                m = ref()
+                if m is None or m is root:
+                    continue
+                s.module_hooks.append(m.register_forward_pre_hook(self._mod_pre(path)))
+                s.module_hooks.append(m.register_forward_hook(self._mod_post, always_call=True))
+        s.recorder.micro = len(s.forwards) - 1
+        s.module_stack.append(("", s.module_calls.get("", 0)))
+        s.module_calls[""] = s.module_calls.get("", 0) + 1
+        if not self._capturing_ops:
+            s.recorder.phase = "forward"
+            s.recorder.__enter__()
+            self._capturing_ops = True
+
+    def _stop_recorder(self) -> None:
+        s = self._s
+        if self._capturing_ops and s.recorder is not None:
+            self._capturing_ops = False
+            s.recorder.__exit__(None, None, None)
+            s.recorder._link_pending()
+            if s.recorder.failed:
+                self._safe("ops", _raise, f"op recorder: {s.recorder.failed}")
+
+    def _mod_pre(self, path: str) -> Callable[[nn.Module, Any], None]:
+        def hook(m: nn.Module, args: Any) -> None:
+            s = self._s
+            n = s.module_calls.get(path, 0)
+            s.module_calls[path] = n + 1
+            s.module_stack.append((path, n))
+
+        return hook
+
+    def _mod_post(self, m: nn.Module, args: Any, out: Any) -> None:
+        st = self._s.module_stack
+        if len(st) > 1:
+            path = st.pop()[0]
+            self._safe("activation_grads", self._watch_activation, path, out)
+
+    def _watch_activation(self, path: str, out: Any) -> None:
+        """On captured steps: statistics of the gradient flowing into this module's output."""
+        s = self._s
+        t = _first_tensor(out)
+        if t is None or not t.requires_grad or path in s.act_grads or not t.is_floating_point():
+            return
+        s.act_grads[path] = torch.empty(0)
+
+        def hook(g: torch.Tensor, s: _StepState = s) -> None:
+            rec = s.recorder
+            if rec is not None:
+                rec.paused = True
+            try:
+                with torch.no_grad():
+                    gf = g.detach().float()
+                    s.act_grads[path] = torch.stack(
+                        [
+                            torch.linalg.vector_norm(gf),
+                            gf.abs().max() if gf.numel() else gf.new_zeros(()),
+                            (gf == 0).sum().float(),
+                            torch.isnan(gf).sum().float(),
+                            torch.isinf(gf).sum().float(),
+                            gf.new_tensor(float(gf.numel())),
+                        ]
+                    )
+            except Exception:
+                pass
+            finally:
+                if rec is not None:
+                    rec.paused = False
+
+        t.register_hook(hook)
+
+    def _module_of(self) -> tuple[str, int, bool]:
+        st = self._s.module_stack
+        if st:
+            return st[-1][0], st[-1][1], True
+        return "", 0, False
+
+    def _on_break(self, name: str, t: torch.Tensor) -> None:
+        s = self._s
+        if s.recorder is not None and self._capturing_ops:
+            s.recorder.add_marker(name, t, ["breaks_graph"])
+
+    def _on_move(self, inp: torch.Tensor, out: Any) -> None:
+        s = self._s
+        if out is inp:
+            s.noop_to += 1
+        elif isinstance(out, torch.Tensor) and out.device != inp.device:
+            s.copies += 1
+            s.copy_bytes += out.numel() * out.element_size()
+
+    # ------------------------------------------------------------------ backward
+    def _run_backward(self, func: Any, kind: str, args: Any, kwargs: dict[str, Any]) -> Any:
+        if not self._active:
+            return func(*args, **kwargs)
+        self._safe("backward", self._before_backward, kind, args, kwargs)
+        t0 = time.perf_counter()
+        try:
+            return func(*args, **kwargs)
+        except BaseException as exc:
+            self._safe("backward", self._backward_failed, exc)
+            raise  # the user's own exception, unchanged
+        finally:
+            self._safe("backward", self._after_backward, t0)
+
+    def _before_backward(self, kind: str, args: Any, kwargs: dict[str, Any]) -> None:
+        s = self._s
+        self._stop_recorder()
+        if not s.started:
+            self._start_step(s)
+        if s.scale_version is None:
+            self._snapshot_scale(s)  # GradScaler creates its scale lazily, in its first scale()
+        if kind == "tensor":
+            roots = [args[0]]
+            retain = kwargs.get("retain_graph", args[2] if len(args) > 2 else None)
+            create = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
+        else:
+            r = args[0] if args else kwargs.get("tensors")
+            roots = [r] if isinstance(r, torch.Tensor) else list(r or [])
+            retain = kwargs.get("retain_graph", args[2] if len(args) > 2 else None)
+            create = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
+        params = [r() for r in self._params]
+        if s.micro == 0:
+            s.pre_nonzero, all_none, all_zero = nonzero_grads(params)
+            s.zero_grad = 1 if (all_zero or all_none) else 0
+            s.set_to_none = all_none
+        elif all(p is None or p.grad is None for p in params):
+            s.zero_grad += 1  # grads were reset between micro-batches
+        fns = []
+        for t in roots:
+            if not isinstance(t, torch.Tensor):
+                continue
+            fn = t.grad_fn
+            s.roots.append(type(fn).__name__ if fn is not None else "None")
+            if t.numel() == 1 and len(s.losses) < 1024:
+                with torch.no_grad():
+                    s.losses.append(t.detach().clone())
+            fns.append(fn)
+        s.backward_src.append(user_src())
+        walk = AutogradWalk(fns)
+        sig = walk.signature()
+        s.sigs.append(sig)
+        saved, broken = walk.saved(self._param_ptrs)
+        s.saved.update(saved)
+        for b in broken:
+            s.events.append({"what": "saved_unreadable", "node": b, "micro": s.micro})
+        for fn in fns:
+            if fn is not None:
+                sentinel = _Sentinel(self._step, len(walk.nodes))
+                fn.metadata["torchscope_sentinel"] = sentinel  # type: ignore[index]
+                self._sentinels.append(weakref.ref(sentinel))
+        if retain:
+            s.retained = True
+        if create:
+            s.events.append({"what": "create_graph", "micro": s.micro})
+        s.saved_now = sum(saved.values())  # type: ignore[attr-defined]
+        if s.capture and s.graph is None and "graph" not in self._disabled:
+            rec = s.recorder
+            op_modules = {o["id"]: o.get("module", "") for o in rec.ops} if rec is not None else {}
+            nodes = walk.records(self._param_names, op_modules, s.micro, s.sid)
+            if rec is not None:
+                for i, n in enumerate(walk.nodes):
+                    for tid in n.metadata.get("torchscope_tensors", ()):
+                        if tid < len(rec.tensors):
+                            rec.tensors[tid]["grad_fn"] = i
+            s.graph = {
+                "kind": "graph",
+                "step": self._step,
+                "rank": self._rank.rank,
+                "micro": s.micro,
+                "nodes": nodes,
+                "edges": walk.edges,
+                "root": 0,
+                "retained": bool(retain),
+            }
+            s.timer = BackwardTimer(walk.nodes)
+            s.walk = walk  # nodes stay alive until this backward returns (hooks removed then)
+        if self.mode == "full" and s.recorder is not None:
+            s.recorder.phase = "backward"
+            s.recorder.__enter__()
+            self._capturing_ops = True
+        s.micro += 1
+
+    def _backward_failed(self, exc: BaseException) -> None:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        self._s.backward_errors.append(msg[:500])
+
+    def _after_backward(self, t0: float) -> None:
+        s = self._s
+        s.backward_us += (time.perf_counter() - t0) * 1e6
+        self._stop_recorder()
+        if s.recorder is not None:
+            s.recorder.phase = "forward"
+        if s.timer is not None:
+            s.timer.remove()
+            if s.graph is not None:
+                for rec in s.graph["nodes"]:
+                    i = rec["id"]
+                    if i in s.timer.order:
+                        rec["order"] = s.timer.order[i]
+                    if i in s.timer.dur_us:
+                        rec["dur_us"] = round(s.timer.dur_us[i], 2)
+            s.timer = None
+        s.walk = None
+        for fwd in s.forwards:
+            if fwd.get("backward") and "saved_bytes" not in fwd:
+                fwd["saved_bytes"] = getattr(s, "saved_now", 0)
+
+    # ------------------------------------------------------------------ step boundary
+    def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._safe("step", self._close_step, False)
+
+    def _live_bytes(self) -> int:
+        params = [p for r in self._params if (p := r()) is not None]
+        grads = [p.grad for p in params if p.grad is not None]
+        opt = self._optimizer() if self._optimizer is not None else None
+        return sum({**storages(params), **storages(grads), **storages(optimizer_tensors(opt))}.values())
+
+    def _close_step(self, skipped: bool) -> None:
+        s = self._s
+        step_src = user_src()
+        self._stop_recorder()
+        for h in s.node_hooks:
+            h.remove()
+        for h in s.module_hooks:
+            h.remove()
+        params: list[torch.Tensor | None] = [r() for r in self._params]
+        opt = self._optimizer() if self._optimizer is not None else None
+        scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
+        extra = list(s.losses)
+        if isinstance(scale, torch.Tensor):
+            extra.append(scale)
+        stats, values = grad_stats(params, extra)
+        losses = values[: len(s.losses)]
+        stats["pre_nonzero"] = s.pre_nonzero
+        now = time.perf_counter()
+        ev: StepEvent = {
+            "kind": "step",
+            "step": self._step,
+            "rank": self._rank.rank,
+            "t": time.time(),
+            "duration_us": int((now - s.t0) * 1e6),
+            "forward_us": int(s.forward_us),
+            "backward_us": int(s.backward_us),
+            "micro_batches": s.micro,
+            "loss": losses[-1] if losses else None,
+            "losses": losses,
+            "grads": stats,
+            "zero_grad": s.zero_grad,
+            "zero_grad_set_to_none": s.set_to_none,
+            "forwards": s.forwards,
+            "no_backward_forwards": sum(1 for f in s.forwards if f.get("built_graph") and not f.get("backward")),
+            "backward_roots": s.roots,
+            "backward_src": s.backward_src,
+            "step_src": step_src,
+            "backward_errors": s.backward_errors,
+            "copies": {"count": s.copies, "bytes": s.copy_bytes},
+            "graph_captured": s.graph is not None,
+        }
+        ev["memory"] = self._memory(params, opt, s)
+        ev["graphs_alive"] = self._graphs_alive()
+        model = self._model()
+        if model is not None:
+            ev["training"] = model.training
+            ev["modes"] = {p: m.training for p, r in self._modules if (m := r()) is not None and m.training != model.training}
+            ev["hooks"] = self._hook_bytes()
+        if opt is not None:
+            ev["lr"] = [float(g.get("lr", 0.0)) for g in opt.param_groups]
+        if self._scaler is not None:
+            sc: dict[str, float | bool] = {"skipped": bool(skipped)}
+            if isinstance(scale, torch.Tensor):
+                sc["scale"] = values[len(s.losses)]
+            ev["scaler"] = sc
+        ev["autocast"] = s.autocast
+        acts = self._activation_grads(s)
+        if acts:
+            ev["activation_grads"] = acts
+        events = list(s.events)
+        if s.noop_to:
+            events.append({"what": "noop_to", "count": s.noop_to})
+        if events:
+            ev["events"] = events
+        sig = "+".join(dict.fromkeys(s.sigs)) if s.sigs else ""
+        ev["graph_signature"] = sig
+        if sig and self._last_sig is not None and sig != self._last_sig and s.graph is None:
+            self._capture_next = True  # the structure changed: capture the next step in full
+        if sig:
+            self._last_sig = sig
+        nonfinite = any(not math.isfinite(x) for x in losses) or any(stats["nan"]) or any(stats["inf"])
+        self._nan_armed = bool(nonfinite)
+        if nonfinite and s.graph is None and self.mode != "light":
+            self._capture_next = True
+        self._transport.emit(dict(ev))
+        if s.graph is not None:
+            self._transport.emit(dict(self._graph_event(s)))
+        self._step += 1
+        self._s = _StepState(time.perf_counter())
+
+    def _hook_bytes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for path, ref in self._modules:
+            m = ref()
+            if m is None or not m._forward_hooks:
+                continue
+            user = [h for h in m._forward_hooks.values() if getattr(h, "__self__", None) is not self]
+            if user:
+                out[path] = retained_bytes(user)
+        return out
+
+    def _activation_grads(self, s: _StepState) -> list[ActivationGrad]:
+        items = [(p, v) for p, v in s.act_grads.items() if v.numel() == 6]
+        if not items:
+            return []
+        rows = torch.stack([v.to(items[0][1].device) for _, v in items]).tolist()
+        out: list[ActivationGrad] = []
+        for (path, _), (norm, mx, zeros, nan, inf, numel) in zip(items, rows, strict=True):
+            out.append(
+                {
+                    "module": path,
+                    "norm": norm,
+                    "max_abs": mx,
+                    "zero_frac": zeros / numel if numel else 0.0,
+                    "nan": int(nan),
+                    "inf": int(inf),
+                }
+            )
+        return out
+
+    def _graph_event(self, s: _StepState) -> GraphEvent:
+        g = s.graph
+        assert g is not None
+        rec = s.recorder
+        if rec is not None:
+            rec.finish()
+            g["ops"] = rec.ops
+            g["tensors"] = rec.tensors
+            g["memory_timeline"] = rec.timeline
+            g["shed_ops"] = rec.shed
+            g["complete"] = rec.shed == 0 and rec.failed is None
+        else:
+            g["ops"], g["tensors"], g["complete"] = [], [], False
+        return g
+
+    def _memory(self, params: list[torch.Tensor | None], opt: Any, s: _StepState) -> MemoryStats:
+        live_params = [p for p in params if p is not None]
+        p_st = storages(live_params)
+        g_st = storages(p.grad for p in live_params if p.grad is not None)
+        o_st = storages(optimizer_tensors(opt))
+        live = {**p_st, **g_st, **o_st}
+        saved = sum(s.saved.values())
+        mem: MemoryStats = {
+            "params": sum(p_st.values()),
+            "grads": sum(g_st.values()),
+            "optimizer": sum(o_st.values()),
+            "saved": saved,
+            "live": sum(live.values()),
+            "peak": sum(live.values()) + saved,
+        }
+        first = live_params[0] if live_params else None
+        if first is not None:
+            dev = _cuda.device_memory(first.device)
+            if dev is not None:
+                mem["device"] = dev
+        return mem
+
+    def _graphs_alive(self) -> int:
+        alive = 0
+        keep: list[weakref.ref[_Sentinel]] = []
+        for ref in self._sentinels:
+            sent = ref()
+            if sent is None:
+                continue
+            keep.append(ref)
+            if sent.step < self._step:
+                alive += sent.nodes
+        self._sentinels = keep
+        return alive
+
+
+def _autocast_on() -> bool:
+    for dev in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(dev):
+                return True
+        except (TypeError, RuntimeError):
+            continue
+    return False
+
+
+def _raise(message: str) -> None:
+    raise RuntimeError(message)
+
+
+def watch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    server: str | None = "auto",
+    record: str | os.PathLike[str] | None = None,
+    name: str | None = None,
+    mode: str = "default",
+    scaler: Any = None,
+    sample_every: int = 50,
+    token: str | None = None,
+) -> Watch:
+    """Watch ``model`` (and ``optimizer``) for the rest of the run; returns the :class:`Watch`.
+
+    ``server``: "auto" ($TORCHSCOPE_SERVER or http://127.0.0.1:6150, started if needed), a URL,
+    or None (record to the file only).  ``mode``: "default" | "full" | "light".
+    """
+    return Watch(
+        model,
+        optimizer,
+        server=server,
+        record=record,
+        name=name,
+        mode=mode,
+        scaler=scaler,
+        sample_every=sample_every,
+        token=token,
+    )

@@ -1,0 +1,95 @@
+"""`torchscope doctor FILE [--json] [--set k=v]`: findings of a session file, exit 1 on an error-level one."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+
+from torchscope.schema import Finding
+
+from .engine import diagnose
+from .finding import describe_steps
+from .settings import Settings
+
+_MARK = {"error": "ERROR", "warning": "WARN ", "info": "INFO "}
+
+
+def _where(finding: Finding) -> str:
+    parts: list[str] = []
+    for t in finding.get("targets", [])[:6]:
+        bits = [f"{k}={t[k]}" for k in ("param", "module", "node", "op") if k in t]  # type: ignore[literal-required]
+        if bits:
+            parts.append(" ".join(bits))
+    return "; ".join(parts)
+
+
+def format_finding(finding: Finding, last_step: int) -> str:
+    lines = [f"{_MARK.get(finding.get('severity', 'info'), 'INFO ')} {finding.get('code')} "
+             f"{finding.get('title', '')}",
+             f"    {finding.get('message', '')}"]
+    steps = finding.get("steps", [])
+    if steps:
+        lines.append(f"    steps: {describe_steps(steps, last_step)}")
+    where = _where(finding)
+    if where:
+        lines.append(f"    where: {where}")
+    if finding.get("src"):
+        lines.append(f"    source: {finding['src']}")
+    lines.append(f"    fix: {finding.get('fix', '')}")
+    return "\n".join(lines)
+
+
+def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = None) -> int:
+    """Print the findings of the session file at `path`; 1 if any is an error, 0 if none, 2 on bad input."""
+    # Imported here: the codec pulls zlib/struct only, but keeping the doctor's import light matters in the server.
+    from torchscope.sessionfile import SessionFileError, iter_events
+
+    try:
+        settings = Settings.from_overrides(overrides)
+    except ValueError as exc:
+        print(f"torchscope doctor: {exc}", file=sys.stderr)
+        return 2
+    last_step = -1
+    events = []
+    try:
+        for ev in iter_events(path):
+            events.append(ev)
+            if ev.get("kind") == "step" and isinstance(ev.get("step"), int):
+                last_step = max(last_step, ev["step"])
+    except (SessionFileError, OSError, ValueError) as exc:
+        print(f"torchscope doctor: {exc}", file=sys.stderr)
+        return 2
+    findings = diagnose(events, settings)
+    if as_json:
+        print(json.dumps(findings, indent=2))
+    elif not findings:
+        print(f"{path}: no problems found ({last_step + 1} steps).")
+    else:
+        errors = sum(1 for f in findings if f.get("severity") == "error")
+        print(f"{path}: {len(findings)} finding(s), {errors} error(s), {last_step + 1} steps\n")
+        print("\n\n".join(format_finding(f, last_step) for f in findings))
+    return 1 if any(f.get("severity") == "error" for f in findings) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (`python -m torchscope.doctor.cli FILE`); `torchscope doctor` wires `run` the same way."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="torchscope doctor", description=__doc__)
+    parser.add_argument("file")
+    parser.add_argument("--json", action="store_true", help="print findings as JSON")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a threshold")
+    args = parser.parse_args(argv)
+    overrides: dict[str, str] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"torchscope doctor: --set needs KEY=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        overrides[key.strip()] = value
+    return run(args.file, as_json=args.json, overrides=overrides)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Walking one captured GraphEvent: op dataflow (tensor ids) and the autograd node graph.
+
+Both P1 (where a parameter's path breaks) and P9 (where differentiability ends) need to know
+which forward ops feed which; both use these helpers so the walk exists once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from .run import as_dict, as_int, as_list
+
+BREAK_FLAGS = frozenset({"breaks_graph", "new_leaf", "non_differentiable"})
+
+
+def ops(graph: dict[str, Any]) -> list[dict[str, Any]]:
+    """Ops in execution order (ids are assigned in order; sort to be safe)."""
+    return sorted((o for o in as_list(graph.get("ops")) if isinstance(o, dict)), key=lambda o: as_int(o.get("id")))
+
+
+def flags(op: dict[str, Any]) -> set[str]:
+    return {str(f) for f in as_list(op.get("flags"))}
+
+
+def param_tensor_ids(graph: dict[str, Any], param: str) -> set[int]:
+    return {as_int(t.get("id"), -1) for t in as_list(graph.get("tensors"))
+            if isinstance(t, dict) and t.get("param") == param}
+
+
+def consumers(graph_ops: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """tensor id -> ops that read it."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for op in graph_ops:
+        for t in as_list(op.get("inputs")):
+            out.setdefault(as_int(t, -1), []).append(op)
+    return out
+
+
+def producers(graph_ops: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """tensor id -> the op that wrote it (the last writer wins: in-place ops re-produce a tensor)."""
+    out: dict[int, dict[str, Any]] = {}
+    for op in graph_ops:
+        for t in as_list(op.get("outputs")):
+            out[as_int(t, -1)] = op
+    return out
+
+
+def downstream(graph_ops: list[dict[str, Any]], start: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`start` and every op fed (transitively) by their outputs, in execution order."""
+    readers = consumers(graph_ops)
+    seen: dict[int, dict[str, Any]] = {}
+    queue = deque(start)
+    while queue:
+        op = queue.popleft()
+        oid = as_int(op.get("id"), -1)
+        if oid in seen:
+            continue
+        seen[oid] = op
+        for t in as_list(op.get("outputs")):
+            for reader in readers.get(as_int(t, -1), []):
+                if as_int(reader.get("id"), -1) > oid:  # dataflow runs forward in time
+                    queue.append(reader)
+    return [seen[k] for k in sorted(seen)]
+
+
+def upstream(graph_ops: list[dict[str, Any]], op: dict[str, Any]) -> list[dict[str, Any]]:
+    """`op` and every op whose outputs (transitively) fed it, in execution order."""
+    writers = producers(graph_ops)
+    seen: dict[int, dict[str, Any]] = {}
+    queue = deque([op])
+    while queue:
+        cur = queue.popleft()
+        cid = as_int(cur.get("id"), -1)
+        if cid in seen:
+            continue
+        seen[cid] = cur
+        for t in as_list(cur.get("inputs")):
+            writer = writers.get(as_int(t, -1))
+            if writer is not None and as_int(writer.get("id"), -1) < cid:
+                queue.append(writer)
+    return [seen[k] for k in sorted(seen)]
+
+
+def node_by_id(graph: dict[str, Any], node_id: int) -> dict[str, Any]:
+    for n in as_list(graph.get("nodes")):
+        if isinstance(n, dict) and as_int(n.get("id"), -1) == node_id:
+            return n
+    return {}
+
+
+def loss_op(graph: dict[str, Any]) -> dict[str, Any]:
+    """The forward op that produced the loss (the op of the root grad_fn node), or {}."""
+    if "root" not in graph:
+        return {}
+    root = node_by_id(graph, as_int(graph.get("root"), -1))
+    if "op" not in root:
+        return {}
+    op_id = as_int(root.get("op"), -1)
+    for op in as_list(graph.get("ops")):
+        if isinstance(op, dict) and as_int(op.get("id"), -1) == op_id:
+            return op
+    return {}
+
+
+def reachable_nodes(graph: dict[str, Any]) -> set[int]:
+    """Autograd nodes reachable from the root through next_functions edges."""
+    if "root" not in graph:
+        return set()
+    children: dict[int, list[int]] = {}
+    for edge in as_list(graph.get("edges")):
+        if isinstance(edge, list) and len(edge) >= 2:
+            children.setdefault(as_int(edge[0], -1), []).append(as_int(edge[1], -1))
+    seen: set[int] = set()
+    queue = deque([as_int(graph.get("root"), -1)])
+    while queue:
+        n = queue.popleft()
+        if n in seen:
+            continue
+        seen.add(n)
+        queue.extend(children.get(n, []))
+    return seen
+
+
+def accumulate_node(graph: dict[str, Any], param: str) -> dict[str, Any]:
+    for n in as_list(graph.get("nodes")):
+        if isinstance(n, dict) and n.get("name") == "AccumulateGrad" and n.get("param") == param:
+            return n
+    return {}
+
+
+def target_of_op(step: int, rank: int, op: dict[str, Any]) -> dict[str, Any]:
+    target: dict[str, Any] = {"step": step, "rank": rank, "op": as_int(op.get("id"), -1)}
+    if "grad_fn" in op:
+        target["node"] = as_int(op.get("grad_fn"), -1)
+    if op.get("module") is not None:
+        target["module"] = str(op.get("module"))
+    return target
+
+
+def op_label(op: dict[str, Any]) -> str:
+    name = str(op.get("name", "op"))
+    module = as_dict(op).get("module")
+    return f"{name} in {module!r}" if module else name

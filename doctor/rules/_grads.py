@@ -1,0 +1,52 @@
+"""Per-parameter gradient columns of the step events, shared by the gradient rules (P2, P3, P4)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..run import Run, as_dict, as_float, as_list
+
+# Gradients of these modules are sparse by design (only looked-up rows get one): never "dead".
+SPARSE_GRAD_TYPES = frozenset({"Embedding", "EmbeddingBag"})
+
+
+def column(ev: dict[str, Any], name: str) -> list[Any]:
+    return as_list(as_dict(ev.get("grads")).get(name))
+
+
+def value(col: list[Any], index: int) -> float | None:
+    return as_float(col[index]) if 0 <= index < len(col) else None
+
+
+def total_norm(ev: dict[str, Any]) -> float | None:
+    """L2 norm over all parameters' gradients, None when no finite gradient was recorded."""
+    norms = [v for v in (as_float(x) for x in column(ev, "norm")) if v is not None]
+    if not norms or not all(math.isfinite(v) for v in norms):
+        return None
+    return math.sqrt(sum(v * v for v in norms))
+
+
+def sparse_by_design(run: Run, index: int) -> bool:
+    return run.module_type(run.param_module(index)) in SPARSE_GRAD_TYPES
+
+
+def numel(run: Run, index: int) -> int:
+    params = run.params
+    if 0 <= index < len(params):
+        n = params[index].get("numel")
+        if isinstance(n, int) and n > 0:
+            return n
+        shape = params[index].get("shape")
+        if isinstance(shape, list) and shape:
+            return max(1, math.prod(int(s) for s in shape if isinstance(s, int)))
+    return 1
+
+
+def is_matrix(run: Run, index: int) -> bool:
+    """Weights (2+ dims) carry the layer-by-layer signal; biases and norms' scales don't."""
+    params = run.params
+    if 0 <= index < len(params):
+        shape = params[index].get("shape")
+        return isinstance(shape, list) and len(shape) >= 2
+    return True

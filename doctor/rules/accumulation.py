@@ -1,0 +1,43 @@
+"""P15: gradient accumulation over k micro-batches without dividing each loss by k."""
+
+from __future__ import annotations
+
+from torchscope.schema import Finding, FindingTarget
+
+from ..finding import describe_steps, make
+from ..run import Run, as_dict, as_int, as_list
+from ..settings import Settings
+from ._grads import total_norm
+
+# The loss handed to backward() ends in one of these when it was scaled (loss / k, loss * (1 / k)).
+_SCALED_ROOTS = ("DivBackward", "MulBackward")
+
+FIX = "Divide each micro-batch loss by the accumulation count before backward(): (loss / accum_steps).backward()."
+
+
+def check(run: Run, settings: Settings) -> list[Finding]:
+    steps: list[int] = []
+    counts: list[int] = []
+    roots_seen: set[str] = set()
+    srcs: list[str] = []
+    for step, ev in run.step_events():
+        # A backward that raised (P8/P10) accumulated nothing: don't count it as a micro-batch.
+        k = as_int(ev.get("micro_batches")) - len(as_list(ev.get("backward_errors")))
+        roots = [str(r) for r in as_list(ev.get("backward_roots"))]
+        if k <= 1 or not roots or as_dict(ev.get("scaler")):
+            continue  # GradScaler's own multiply hides whether the loss was divided: don't guess
+        if not any(r.startswith(_SCALED_ROOTS) for r in roots):
+            steps.append(step)
+            counts.append(k)
+            roots_seen.update(roots)
+            srcs += [str(s) for s in as_list(ev.get("backward_src"))[:1]]
+    if not steps:
+        return []
+    k = max(counts)
+    message = (f"Gradients of {k} micro-batches were summed without dividing the loss by {k} "
+               f"({describe_steps(steps, run.last_step)}): each optimizer step is {k}x larger than intended.")
+    return [make("P15", "warning", message, FIX, steps, rank=run.rank,
+                 targets=[FindingTarget(step=steps[0], rank=run.rank)], src=srcs[0] if srcs else None,
+                 view="gradients",
+                 data={"micro_batches": counts, "backward_roots": sorted(roots_seen),
+                       "norm": [total_norm(ev) for _, ev in run.step_events()]})]

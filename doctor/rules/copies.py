@@ -1,0 +1,70 @@
+"""P12: redundant copies every step: data sent to a device (or dtype) and back, or copied over and over.
+
+On a GPU the capture counts host<->device copies; on a CPU there are none, and what it can see
+is the conversions themselves: `.to()`/`.cpu()` calls that return the same tensor (no-ops) and
+dtype/device round trips (copy there, copy back) within one step, and repeated copies: a
+conversion (`.to()`, `.float()`, `.cuda()`) of the same source storage it already converted
+in an earlier step, i.e. work that could have been done once before the loop.
+"""
+
+from __future__ import annotations
+
+from torchscope.schema import Finding, FindingTarget
+
+from ..finding import describe_steps, fmt_bytes, make
+from ..run import Run, as_dict, as_int, as_list
+from ..settings import Settings
+
+FIX = ("Move the model and constant tensors to the device once, before the loop; keep tensors on the device "
+       "between ops (no .cpu()/.numpy() round trips, no dtype back-and-forth); move each batch once.")
+
+
+def _events(ev: dict[str, object], what: str) -> list[dict[str, object]]:
+    return [as_dict(e) for e in as_list(ev.get("events")) if as_dict(e).get("what") == what]
+
+
+def check(run: Run, settings: Settings) -> list[Finding]:
+    copy_steps: list[int] = []
+    trip_steps: list[int] = []
+    repeat_steps: list[int] = []
+    noop_steps: list[int] = []
+    per_step: list[int] = []
+    bytes_moved: list[int] = []
+    srcs: list[str] = []
+    for step, ev in run.step_events():
+        copies = as_dict(ev.get("copies"))
+        count = as_int(copies.get("count"))
+        trips = _events(ev, "round_trip")
+        repeats = _events(ev, "repeat_copy")
+        noops = _events(ev, "noop_to")
+        noop_count = sum(max(1, as_int(e.get("count"), 1)) for e in noops)
+        per_step.append(count)
+        bytes_moved.append(as_int(copies.get("bytes")) + sum(as_int(e.get("bytes")) for e in trips + repeats))
+        if count > settings.copies_per_step:
+            copy_steps.append(step)
+        if trips:
+            trip_steps.append(step)
+        if repeats:
+            repeat_steps.append(step)
+        if noop_count > settings.copies_per_step:
+            noop_steps.append(step)
+        srcs += [str(e["src"]) for e in repeats + trips + noops if e.get("src")]
+    need = max(1, min(settings.min_steps, len(run.steps)))
+    src = srcs[0] if srcs else None
+    data = {"copies": per_step, "bytes": bytes_moved}
+    findings: list[Finding] = []
+    for steps, severity, text in (
+        (copy_steps, "warning", f"{max(per_step, default=0)} device copies per step"),
+        (repeat_steps, "warning", "the same data converted/copied again every step"),
+        (trip_steps, "warning", "tensors copied to another device/dtype and back within each step"),
+        (noop_steps, "info", ".to()/.cpu() called many times per step on tensors already there"),
+    ):
+        if len(steps) < need:
+            continue
+        moved = max(bytes_moved, default=0)
+        message = (f"Redundant copies: {text} ({describe_steps(steps, run.last_step)}"
+                   f"{', ' + fmt_bytes(moved) + ' moved per step' if moved else ''}).")
+        findings.append(make("P12", severity, message, FIX, steps, rank=run.rank,  # type: ignore[arg-type]
+                             targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="memory",
+                             data=data))
+    return findings

@@ -1,0 +1,64 @@
+"""P2: dead branch: gradient reaches a parameter (or a module's output) but is (almost) all zeros."""
+
+from __future__ import annotations
+
+from torchscope.schema import Finding, FindingTarget
+
+from ..finding import describe_steps, make
+from ..run import Run, as_dict, as_float, as_list
+from ..settings import Settings
+from ._grads import column, sparse_by_design, value
+
+FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large negative bias: try LeakyReLU/"
+       "GELU or re-initialise), a gate multiplied by 0, a mask that is always off, or a branch whose output "
+       "the loss ignores.")
+
+
+def _dead_params(run: Run, settings: Settings) -> dict[int, list[int]]:
+    dead: dict[int, list[int]] = {}
+    for step, ev in run.step_events():
+        zf, norms = column(ev, "zero_frac"), column(ev, "norm")
+        flagged = []
+        for i in range(len(zf)):
+            frac, norm = value(zf, i), value(norms, i)
+            if frac is None or norm is None or sparse_by_design(run, i):
+                continue
+            if frac >= settings.dead_zero_frac:
+                flagged.append(i)
+        observed = sum(1 for i in range(len(zf)) if value(zf, i) is not None)
+        if flagged and len(flagged) < observed:  # every gradient zero: not a branch (see P5)
+            for i in flagged:
+                dead.setdefault(i, []).append(step)
+    return dead
+
+
+def _dead_activations(run: Run, settings: Settings) -> dict[str, list[int]]:
+    dead: dict[str, list[int]] = {}
+    for step, ev in run.step_events():
+        for act in as_list(ev.get("activation_grads")):
+            act = as_dict(act)
+            frac = as_float(act.get("zero_frac"))
+            if frac is not None and frac >= settings.dead_zero_frac and act.get("module") is not None:
+                dead.setdefault(str(act["module"]), []).append(step)
+    return dead
+
+
+def check(run: Run, settings: Settings) -> list[Finding]:
+    need = max(1, min(settings.min_steps, len(run.steps)))
+    params = {i: s for i, s in _dead_params(run, settings).items() if len(s) >= need}
+    acts = {m: s for m, s in _dead_activations(run, settings).items() if len(s) >= need}
+    if not params and not acts:
+        return []
+    modules = sorted({run.param_module(i) for i in params} | set(acts))
+    names = [run.param_name(i) for i in sorted(params)]
+    steps = sorted({s for v in [*params.values(), *acts.values()] for s in v})
+    shown = ", ".join(repr(m) if m else "the root module" for m in modules[:4]) + (" ..." if len(modules) > 4 else "")
+    message = (f"Gradient reaching {shown} is {settings.dead_zero_frac:.0%}+ exact zeros "
+               f"({describe_steps(steps, run.last_step)}): this branch is dead and does not learn.")
+    targets = [FindingTarget(step=steps[0], rank=run.rank, module=m) for m in modules]
+    targets += [FindingTarget(step=params[i][0], rank=run.rank, param=run.param_name(i),
+                              module=run.param_module(i)) for i in sorted(params)]
+    zero_frac = {run.param_name(i): [value(column(ev, "zero_frac"), i) for _, ev in run.step_events()]
+                 for i in sorted(params)}
+    return [make("P2", "warning", message, FIX, steps, rank=run.rank, targets=targets, modules=modules,
+                 params=names, view="gradients", data={"zero_frac": zero_frac, "activations": acts})]

@@ -1,0 +1,100 @@
+"""P8 (in-place op modified a tensor saved for backward) and P10 (backward through a freed graph).
+
+Both usually surface as a RuntimeError from backward(); the capture records its message.  P8
+also has a silent form the capture flags on the op ("inplace_saved": e.g. a `.data` write).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from torchscope.schema import Finding, FindingTarget
+
+from .. import graph as g
+from ..finding import describe_steps, make
+from ..run import Run, as_dict, as_int, as_list, errors
+from ..settings import Settings
+
+INPLACE_TEXT = "modified by an inplace operation"
+FREED_TEXT = "backward through the graph a second time"
+
+FIX_P8 = ("Use the out-of-place form (x = x + 1, torch.relu(x) instead of x.relu_()/ReLU(inplace=True)) on "
+          "tensors that backward still needs, or .clone() before modifying; never write through .data.")
+FIX_P10 = ("Call backward() once per graph: sum the losses first (loss = a + b; loss.backward()), detach "
+           "state carried between batches (hidden = hidden.detach()), or pass retain_graph=True only if you "
+           "really must backward twice.")
+
+_NODE_IN_MESSAGE = re.compile(r"output \d+ of (\w+)")
+
+
+def _node_named(run: Run, step: int, name: str) -> tuple[int, dict[str, Any]]:
+    for gstep in [step, *sorted(run.graphs)]:
+        for graph in run.graphs_of(gstep):
+            for node in as_list(graph.get("nodes")):
+                node_name = str(as_dict(node).get("name", ""))
+                # Torch names the forward op ("Sigmoid") or the node ("SigmoidBackward0") in its message.
+                if node_name == name or node_name.startswith(f"{name}Backward"):
+                    return gstep, node
+    return -1, {}
+
+
+def check_inplace(run: Run, settings: Settings) -> list[Finding]:
+    findings: list[Finding] = []
+    crashes = [e for e in errors(run) if INPLACE_TEXT in e.message]
+    if crashes:
+        first = crashes[0]
+        targets = [FindingTarget(step=first.step, rank=run.rank)]
+        match = _NODE_IN_MESSAGE.search(first.message)
+        node_name = match.group(1) if match else ""
+        gstep, node = _node_named(run, first.step, node_name) if node_name else (-1, {})
+        if node:
+            targets = [FindingTarget(step=gstep, rank=run.rank, node=as_int(node.get("id")),
+                                     module=str(node.get("module", "")))]
+        if node:
+            node_name = str(node.get("name", node_name))
+        needed = f" that {node_name} needed for backward" if node_name else " that backward needed"
+        message = (f"backward() failed: an in-place op changed a tensor{needed} "
+                   f"({describe_steps(sorted({e.step for e in crashes}), run.last_step)}).")
+        findings.append(make("P8", "error", message, FIX_P8, [e.step for e in crashes], rank=run.rank,
+                             targets=targets, modules=[str(node.get("module"))] if node.get("module") else [],
+                             src=first.src or None, data={"error": first.message[:500]}))
+    silent: dict[tuple[str, str], tuple[list[int], int, dict[str, Any]]] = {}
+    for step, graph in run.all_graphs():
+        for op in g.ops(graph):
+            if "inplace_saved" in g.flags(op):
+                key = (str(op.get("name", "")), str(op.get("src", "")))
+                steps, fstep, first_op = silent.get(key, ([], step, op))
+                silent[key] = ([*steps, step], fstep, first_op)
+    for (name, src), (steps, fstep, op) in silent.items():
+        if crashes and fstep in {e.step for e in crashes}:
+            continue  # the same event, already reported with the error
+        message = (f"{g.op_label(op)} wrote in place into a tensor saved for backward: the gradient is computed "
+                   f"from the new values ({describe_steps(steps, run.last_step)}).")
+        findings.append(make("P8", "error", message, FIX_P8, steps, rank=run.rank,
+                             targets=[FindingTarget(**g.target_of_op(fstep, run.rank, op))],  # type: ignore[typeddict-item]
+                             modules=[str(op.get("module"))] if op.get("module") else [], src=src or None,
+                             data={"op": name}))
+    return findings
+
+
+def check_double_backward(run: Run, settings: Settings) -> list[Finding]:
+    crashes = [e for e in errors(run) if FREED_TEXT in e.message]
+    if not crashes:
+        return []
+    first = crashes[0]
+    # The first backward that freed the graph ran at the same step (two backward calls) or the step before
+    # (state carried across batches, e.g. an RNN hidden state that was never detached).
+    earlier = [s for s, _ in run.step_events() if s < first.step]
+    prev = earlier[-1] if earlier else first.step
+    prev_src = next((str(as_list(ev.get("backward_src"))[0]) for s, ev in run.step_events()
+                     if s == prev and as_list(ev.get("backward_src"))), "")
+    freed_by = f" (first freed by the backward at {prev_src})" if prev_src else ""
+    message = (f"backward() ran through a graph whose saved tensors were already freed by an earlier backward"
+               f"{freed_by} ({describe_steps(sorted({e.step for e in crashes}), run.last_step)}).")
+    targets = [FindingTarget(step=first.step, rank=run.rank)]
+    graphs = run.graphs_of(prev)
+    if graphs and "root" in graphs[0]:
+        targets.append(FindingTarget(step=prev, rank=run.rank, node=as_int(graphs[0].get("root"))))
+    return [make("P10", "error", message, FIX_P10, [e.step for e in crashes], rank=run.rank, targets=targets,
+                 src=first.src or None, data={"error": first.message[:500], "freed_by": prev_src})]

@@ -1,0 +1,139 @@
+"""P1 (a parameter's path to the loss is cut) and P9 (a non-differentiable op on the loss path).
+
+Both walk the op dataflow of a captured step: P1 forward from the ops that read the
+parameter to the first op where gradient cannot pass, P9 backward from the loss to the first
+op that cannot be differentiated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchscope.schema import Finding, FindingTarget
+
+from .. import graph as g
+from ..finding import describe_steps, make
+from ..run import Run, as_dict, as_int, as_list, errors, trainable
+from ..settings import Settings
+
+_CUT_FIX = ("Keep the path differentiable: don't call .detach()/.data/.item()/.numpy()/.tolist() on tensors the "
+            "loss depends on, and don't run the training forward under torch.no_grad(); if the parameter is "
+            "meant to stay fixed, set requires_grad_(False).")
+
+
+def _forward_ops(graph: dict[str, Any]) -> list[dict[str, Any]]:
+    return [op for op in g.ops(graph) if op.get("phase", "forward") == "forward"]
+
+
+def _is_cut(op: dict[str, Any]) -> bool:
+    return op.get("grad_mode") is False or op.get("inference_mode") is True or bool(g.flags(op) & g.BREAK_FLAGS)
+
+
+def break_op(graph: dict[str, Any], param: str) -> tuple[dict[str, Any], bool]:
+    """(op, used): the first op after which `param`'s dataflow carries no gradient; used=False if never read."""
+    fwd = _forward_ops(graph)
+    ids = g.param_tensor_ids(graph, param)
+    readers = [op for op in fwd if ids & {as_int(t, -1) for t in as_list(op.get("inputs"))}]
+    if not readers:
+        return {}, False
+    flow = g.downstream(fwd, readers)
+    cut = [op for op in flow if _is_cut(op)]
+    # With no flagged op, the path ends where the dataflow stops: point at its last op.
+    return (cut[0] if cut else flow[-1]), True
+
+
+def _none_steps(run: Run) -> dict[int, list[int]]:
+    """param index -> steps on which its .grad was None at optimizer.step()."""
+    n_trainable = trainable(run)
+    failed = {e.step for e in errors(run)}
+    out: dict[int, list[int]] = {}
+    for step, ev in run.step_events():
+        none = sorted({as_int(i, -1) for i in as_list(as_dict(ev.get("grads")).get("none"))} - {-1})
+        if not none or as_int(ev.get("micro_batches"), 1) == 0 or step in failed:
+            continue  # no backward ran (or it raised): P8/P10 explain it, not a cut path
+        if n_trainable and len(none) >= n_trainable and as_int(ev.get("zero_grad")) > 0:
+            continue  # every grad cleared after backward: misplaced zero_grad (P5)
+        for i in none:
+            out.setdefault(i, []).append(step)
+    return out
+
+
+def _graph_near(run: Run, steps: list[int]) -> tuple[int, dict[str, Any]]:
+    for step in steps:
+        graphs = run.graphs_of(step)
+        if graphs:
+            return step, graphs[0]
+    for step, graph in run.all_graphs():
+        return step, graph
+    return -1, {}
+
+
+def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
+    """P1: trainable parameters whose .grad is still None at optimizer.step()."""
+    groups: dict[tuple[str, int, bool], list[int]] = {}  # (break op label, op id, used) -> param indices
+    steps_of = _none_steps(run)
+    where: dict[tuple[str, int, bool], tuple[int, dict[str, Any]]] = {}
+    for index, steps in steps_of.items():
+        gstep, graph = _graph_near(run, steps)
+        op, used = break_op(graph, run.param_name(index)) if graph else ({}, True)
+        key = (g.op_label(op) if op else "", as_int(op.get("id"), -1) if op else -1, used)
+        groups.setdefault(key, []).append(index)
+        where[key] = (gstep, op)
+    findings: list[Finding] = []
+    for key, indices in groups.items():
+        label, _, used = key
+        gstep, op = where[key]
+        names = [run.param_name(i) for i in indices]
+        modules = sorted({run.param_module(i) for i in indices})
+        steps = sorted({s for i in indices for s in steps_of[i]})
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        if not used:
+            message = f"{shown} never received a gradient ({describe_steps(steps, run.last_step)}): the forward never used it."
+        elif op:
+            why = ("it ran under torch.no_grad()" if op.get("grad_mode") is False
+                   else "gradient cannot flow through it")
+            message = (f"{shown} never received a gradient ({describe_steps(steps, run.last_step)}): "
+                       f"its path to the loss breaks at {label} ({why}).")
+        else:
+            message = f"{shown} never received a gradient ({describe_steps(steps, run.last_step)}): its path to the loss is cut."
+        targets: list[FindingTarget] = [FindingTarget(step=steps[0], rank=run.rank, param=n, module=run.param_module(i))
+                                        for n, i in zip(names, indices, strict=True)]
+        if op:
+            targets.insert(0, FindingTarget(**g.target_of_op(gstep, run.rank, op)))  # type: ignore[typeddict-item]
+        findings.append(make("P1", "error", message, _CUT_FIX, steps, rank=run.rank, targets=targets,
+                             modules=modules, params=names, src=str(op.get("src", "")) if op else None,
+                             data={"break_op": label, "graph_step": gstep}))
+    return findings
+
+
+def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
+    """P9: an op that cannot be differentiated (argmax, comparison, integer cast) feeds the loss."""
+    hits: dict[tuple[str, str, str], tuple[list[int], dict[str, Any], int]] = {}
+    for step, graph in run.all_graphs():
+        fwd = _forward_ops(graph)
+        loss = g.loss_op(graph)
+        if not loss:
+            continue
+        for op in g.upstream(fwd, loss):
+            if "non_differentiable" in g.flags(op):
+                key = (str(op.get("name", "")), str(op.get("module", "")), str(op.get("src", "")))
+                steps, first, fstep = hits.get(key, ([], op, step))
+                hits[key] = ([*steps, step], first, fstep)
+                break  # the first one in execution order is where differentiability ends
+    findings: list[Finding] = []
+    fix = ("Use a differentiable surrogate on the loss path (softmax/sigmoid probabilities instead of argmax or "
+           "thresholds, float math instead of integer casts); compute accuracy-like metrics outside the loss.")
+    for (name, module, src), (steps, op, fstep) in hits.items():
+        where = f" in {module!r}" if module else ""
+        message = (f"{name}{where} is not differentiable but the loss depends on it: gradient silently stops there "
+                   f"({describe_steps(steps, run.last_step)}).")
+        findings.append(make("P9", "error", message, fix, steps, rank=run.rank,
+                             targets=[FindingTarget(**g.target_of_op(fstep, run.rank, op))],  # type: ignore[typeddict-item]
+                             modules=[module] if module else [], src=src or None, data={"op": name}))
+    no_fn = [e for e in errors(run) if "does not require grad and does not have a grad_fn" in e.message]
+    if no_fn:
+        findings.append(make("P9", "error", "backward() was called on a loss with no grad_fn: nothing it was computed "
+                             "from is differentiable (a non-differentiable op or no_grad cut it).", fix,
+                             [e.step for e in no_fn], rank=run.rank, src=no_fn[0].src or None,
+                             targets=[FindingTarget(step=no_fn[0].step, rank=run.rank)]))
+    return findings

@@ -1,0 +1,81 @@
+"""P7 (autograd graphs of old steps kept alive) and P13 (forward hooks hoarding activations).
+
+Both are memory that grows step after step; P13's bytes are attributed to hooks by the
+capture, so P7 judges the memory growth that the hooks do not explain.
+"""
+
+from __future__ import annotations
+
+from torchscope.schema import Finding, FindingTarget
+
+from ..finding import contiguous_runs, describe_steps, fmt_bytes, make
+from ..run import Run, as_dict, as_int
+from ..settings import Settings
+
+FIX_P7 = ("Don't keep tensors that carry a graph across steps: accumulate `loss.item()` (not `loss`), store "
+          "`out.detach()`, detach recurrent state between batches, and drop retain_graph=True unless needed.")
+FIX_P13 = ("Store `output.detach()` (or `.cpu()` copies of what you need) in the hook, keep only the latest "
+           "value instead of appending every call, and remove the hook (handle.remove()) when done.")
+
+
+def _growing(values: list[tuple[int, int]], min_delta: int, need: int) -> list[int]:
+    """Steps of the longest streak where the value rose by >= min_delta each step (streak of >= need rises)."""
+    rising = [s for (_, a), (s, b) in zip(values, values[1:], strict=False) if b - a >= min_delta and b > 0]
+    best = max(contiguous_runs(rising), key=len, default=[])
+    return best if len(best) >= need else []
+
+
+def _hook_bytes(ev: dict[str, object]) -> int:
+    return sum(as_int(v) for v in as_dict(ev.get("hooks")).values())
+
+
+def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
+    alive = [(s, as_int(ev.get("graphs_alive"))) for s, ev in run.step_events() if "graphs_alive" in ev]
+    alive_steps = [s for s, n in alive if n > 0]
+    grows = len(alive_steps) >= settings.min_steps and alive[-1][1] > next(n for _, n in alive if n > 0)
+    # Memory growth the hooks don't account for (P13 reports theirs).
+    live = [(s, as_int(as_dict(ev.get("memory")).get("live")) - _hook_bytes(ev))
+            for s, ev in run.step_events() if "live" in as_dict(ev.get("memory"))]
+    mem_steps = _growing(live, settings.memory_growth_bytes, settings.growth_steps)
+    known = bool(alive)  # the capture counts old nodes; without it, memory growth is the only clue
+    if not grows and not (mem_steps and (not known or any(n > 0 for _, n in alive))):
+        # Memory growth with no old graph alive is some other hoard (caches, lists of numbers).
+        return []
+    steps = alive_steps if grows else mem_steps
+    per_step = (live[-1][1] - live[0][1]) / max(1, live[-1][0] - live[0][0]) if len(live) >= 2 else 0.0
+    growth = f", live memory +{fmt_bytes(per_step)} per step" if per_step > 0 else ""
+    if known:
+        message = (f"Autograd graphs of earlier steps are still alive ({alive[-1][1]} nodes at step {alive[-1][0]}"
+                   f"{growth}, {describe_steps(steps, run.last_step)}): something keeps a tensor with a grad_fn "
+                   "across steps.")
+    else:
+        message = (f"Live memory at step boundaries grows every step (+{fmt_bytes(per_step)} per step, "
+                   f"{describe_steps(steps, run.last_step)}): something keeps tensors (often their graphs) across steps.")
+    return [make("P7", "warning", message, FIX_P7, steps, rank=run.rank,
+                 targets=[FindingTarget(step=steps[0], rank=run.rank)], view="memory",
+                 data={"graphs_alive": [n for _, n in alive], "live": [b for _, b in live],
+                       "steps": [s for s, _ in live], "growth_per_step": per_step})]
+
+
+def check_hooks(run: Run, settings: Settings) -> list[Finding]:
+    per_module: dict[str, list[tuple[int, int]]] = {}
+    for step, ev in run.step_events():
+        for module, held in as_dict(ev.get("hooks")).items():
+            per_module.setdefault(str(module), []).append((step, as_int(held)))
+    findings: list[Finding] = []
+    for module, series in per_module.items():
+        grow = _growing(series, 1, settings.growth_steps)
+        big = [s for s, b in series if b >= settings.hook_bytes]
+        steps = grow or big
+        if not steps:
+            continue
+        last = series[-1][1]
+        where = repr(module) if module else "the root module"
+        how = "grow every step" if grow else "stay large"
+        message = (f"Forward hooks on {where} keep {fmt_bytes(last)} of activations alive and {how} "
+                   f"({describe_steps(steps, run.last_step)}).")
+        findings.append(make("P13", "warning", message, FIX_P13, steps, rank=run.rank,
+                             targets=[FindingTarget(step=steps[0], rank=run.rank, module=module)],
+                             modules=[module], view="memory",
+                             data={"bytes": [b for _, b in series], "steps": [s for s, _ in series]}))
+    return findings

@@ -1,0 +1,41 @@
+"""P6: a forward built an autograd graph (and held its saved tensors) that no backward consumed."""
+
+from __future__ import annotations
+
+from torchscope.schema import Finding, FindingTarget
+
+from ..finding import describe_steps, fmt_bytes, make
+from ..run import Run, as_dict, as_int, as_list
+from ..settings import Settings
+
+FIX = ("Wrap evaluation/inference in `with torch.no_grad():` (or torch.inference_mode()) and call model.eval(); "
+       "then no graph is built and no activations are kept.")
+
+
+def check(run: Run, settings: Settings) -> list[Finding]:
+    steps: list[int] = []
+    count = 0
+    held = 0
+    srcs: list[str] = []
+    in_eval = False
+    for step, ev in run.step_events():
+        forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
+        unused = [f for f in forwards if f.get("built_graph") is True and f.get("backward") is False]
+        n = len(unused) if forwards else as_int(ev.get("no_backward_forwards"))
+        if n <= 0:
+            continue
+        steps.append(step)
+        count += n
+        held = max(held, sum(as_int(f.get("saved_bytes")) for f in unused))
+        srcs += [str(f["src"]) for f in unused if f.get("src")]
+        in_eval = in_eval or any(f.get("training") is False for f in unused)
+    if not steps:
+        return []
+    what = "evaluation in eval mode" if in_eval else "forward passes"
+    held_txt = f", holding up to {fmt_bytes(held)} of saved activations" if held else ""
+    message = (f"{count} {what} built an autograd graph that no backward() used "
+               f"({describe_steps(steps, run.last_step)}){held_txt}: torch.no_grad() is missing.")
+    return [make("P6", "warning", message, FIX, steps, rank=run.rank,
+                 targets=[FindingTarget(step=steps[0], rank=run.rank, module="")], modules=[""],
+                 src=srcs[0] if srcs else None, view="memory",
+                 data={"forwards": count, "saved_bytes": held, "src": sorted(set(srcs))})]

@@ -1,0 +1,61 @@
+"""P5: zero_grad() missing (gradients pile up across steps) or misplaced (cleared before step used them)."""
+
+from __future__ import annotations
+
+from torchscope.schema import Finding, FindingTarget
+
+from ..finding import describe_steps, make
+from ..run import Run, as_dict, as_float, as_int, as_list, trainable
+from ..settings import Settings
+
+FIX_MISSING = ("Call optimizer.zero_grad() once per optimizer step, before the forward/backward of that step "
+               "(with accumulation: after optimizer.step(), not after every backward).")
+FIX_MISPLACED = "Call optimizer.zero_grad() before loss.backward() (or after optimizer.step()), never between them."
+
+
+def _missing(run: Run) -> list[Finding]:
+    hits: dict[int, list[int]] = {}
+    for step, ev in run.step_events():
+        for i in as_list(as_dict(ev.get("grads")).get("pre_nonzero")):
+            hits.setdefault(as_int(i, -1), []).append(step)
+    hits.pop(-1, None)
+    if not hits:
+        return []
+    steps = sorted({s for v in hits.values() for s in v})
+    names = [run.param_name(i) for i in sorted(hits)]
+    message = (f"Gradients were already non-zero before backward ({describe_steps(steps, run.last_step)}): "
+               f"zero_grad() is missing, so each step adds onto the old gradients of {len(names)} parameter(s).")
+    targets = [FindingTarget(step=hits[i][0], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
+               for i in sorted(hits)]
+    zero_calls = [as_int(ev.get("zero_grad")) for _, ev in run.step_events()]
+    src = next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
+    return [make("P5", "error", message, FIX_MISSING, steps, rank=run.rank, targets=targets,
+                 modules=sorted({run.param_module(i) for i in hits}), params=names, src=src, view="gradients",
+                 data={"zero_grad_calls": zero_calls})]
+
+
+def _misplaced(run: Run) -> list[Finding]:
+    n = trainable(run)
+    steps: list[int] = []
+    for step, ev in run.step_events():
+        if as_int(ev.get("micro_batches")) <= 0 or as_int(ev.get("zero_grad")) <= 0 or not n:
+            continue
+        if as_dict(ev.get("scaler")) or as_list(ev.get("backward_errors")):
+            continue  # a skipped AMP step or a failed backward also leaves gradients empty
+        grads = as_dict(ev.get("grads"))
+        none = {as_int(i, -1) for i in as_list(grads.get("none"))}
+        norms = [as_float(v) for v in as_list(grads.get("norm"))]
+        all_zero = len(norms) >= n and all(v is None or v == 0.0 for v in norms)
+        if len(none) >= n or all_zero:
+            steps.append(step)
+    if len(steps) < 2:  # one empty step is an accident of the loop's edge; every step is the pattern
+        return []
+    message = (f"Every gradient was empty at optimizer.step() although backward() ran "
+               f"({describe_steps(steps, run.last_step)}): zero_grad() is called between backward() and step().")
+    src = next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
+    return [make("P5", "error", message, FIX_MISPLACED, steps, rank=run.rank,
+                 targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients")]
+
+
+def check(run: Run, settings: Settings) -> list[Finding]:
+    return _missing(run) + _misplaced(run)

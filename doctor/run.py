@@ -1,0 +1,141 @@
+"""The facts of one rank of a run, gathered once from the event stream for every rule to read.
+
+Rules never see raw events: they ask a `Run` for its steps in order, the captured graph of a
+step, a parameter's name and module.  Every accessor tolerates absent fields (a capture that
+records less, an older file): a missing fact means no finding, never an exception.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def as_list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def as_dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def as_int(value: object, default: int = 0) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else default
+
+
+def as_float(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass
+class Run:
+    """Session header, step events (sorted by step), graphs by step, and the logs of one rank."""
+
+    rank: int = 0
+    session: dict[str, Any] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    graphs: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    logs: list[dict[str, Any]] = field(default_factory=list)
+    end: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ parameters
+    @property
+    def params(self) -> list[dict[str, Any]]:
+        return [p for p in as_list(self.session.get("params")) if isinstance(p, dict)]
+
+    def param_name(self, index: int) -> str:
+        params = self.params
+        if 0 <= index < len(params):
+            return str(params[index].get("name", f"param[{index}]"))
+        return f"param[{index}]"
+
+    def param_module(self, index: int) -> str:
+        params = self.params
+        if 0 <= index < len(params):
+            name = str(params[index].get("name", ""))
+            return str(params[index].get("module", name.rpartition(".")[0]))
+        return ""
+
+    def module_type(self, path: str) -> str:
+        for mod in as_list(self.session.get("modules")):
+            if isinstance(mod, dict) and mod.get("path") == path:
+                return str(mod.get("type", ""))
+        return ""
+
+    # ------------------------------------------------------------------ steps and graphs
+    def step_events(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        for ev in self.steps:
+            yield as_int(ev.get("step"), -1), ev
+
+    @property
+    def last_step(self) -> int:
+        return as_int(self.steps[-1].get("step"), -1) if self.steps else -1
+
+    def graphs_of(self, step: int) -> list[dict[str, Any]]:
+        return self.graphs.get(step, [])
+
+    def all_graphs(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        for step in sorted(self.graphs):
+            for g in self.graphs[step]:
+                yield step, g
+
+
+def split_by_rank(events: Iterable[dict[str, Any]]) -> list[Run]:
+    """Group a (possibly multi-rank, possibly unordered) event stream into one `Run` per rank."""
+    runs: dict[int, Run] = {}
+    for ev in events:
+        if not isinstance(ev, dict):
+            continue
+        rank = as_int(ev.get("rank"), 0)
+        run = runs.setdefault(rank, Run(rank=rank))
+        kind = ev.get("kind")
+        if kind == "session":
+            run.session = ev
+        elif kind == "step":
+            run.steps.append(ev)
+        elif kind == "graph":
+            run.graphs.setdefault(as_int(ev.get("step"), -1), []).append(ev)
+        elif kind == "log":
+            run.logs.append(ev)
+        elif kind == "end":
+            run.end = ev
+    for run in runs.values():
+        run.steps.sort(key=lambda e: as_int(e.get("step"), -1))
+    return [runs[r] for r in sorted(runs)]
+
+
+@dataclass(frozen=True)
+class RunError:
+    """An exception the user's script hit in backward (from a step event, a log or the end event)."""
+
+    step: int
+    message: str
+    src: str
+
+
+def errors(run: Run) -> list[RunError]:
+    out: list[RunError] = []
+    for step, ev in run.step_events():
+        srcs = [str(s) for s in as_list(ev.get("backward_src"))]
+        for msg in as_list(ev.get("backward_errors")):
+            out.append(RunError(step, str(msg), srcs[-1] if srcs else ""))
+    for log in run.logs:
+        if log.get("level") == "error" and log.get("message"):
+            out.append(RunError(as_int(log.get("step"), run.last_step + 1), str(log["message"]), ""))
+    if run.end.get("status") == "error" and run.end.get("message"):
+        out.append(RunError(as_int(run.end.get("steps"), run.last_step + 1), str(run.end["message"]), ""))
+    return out
+
+
+def trainable(run: Run) -> int:
+    """How many parameters require grad (from the session header, else from the grad stats' width)."""
+    params = run.params
+    if params:
+        return sum(1 for p in params if p.get("requires_grad", True))
+    for _, ev in run.step_events():
+        norms = as_list(as_dict(ev.get("grads")).get("norm"))
+        if norms:
+            return len(norms)
+    return 0

@@ -1,0 +1,66 @@
+"""Thresholds of the doctor: one registry, each with its default and the reason for it.
+
+Every threshold is a field of `Settings`; `SETTING_HELP` documents each one (docs/doctor.md
+is written from it and a test checks that none is undocumented).  A session can override
+any of them with strings (`torchscope doctor FILE --set explode_factor=1e4`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Settings:
+    min_steps: int = 3
+    dead_zero_frac: float = 0.99
+    explode_factor: float = 1e3
+    vanish_factor: float = 1e4
+    layer_ratio: float = 1e4
+    memory_growth_bytes: int = 256 * 1024
+    growth_steps: int = 4
+    hook_bytes: int = 64 * 1024 * 1024
+    copies_per_step: int = 8
+    scaler_skip_steps: int = 3
+    min_scale: float = 1.0
+
+    @classmethod
+    def from_overrides(cls, overrides: Mapping[str, object] | None) -> Settings:
+        """Defaults with `overrides` (name -> number or string) applied; ValueError on a bad name or value."""
+        known = {f.name: f.default for f in fields(cls)}
+        values: dict[str, int | float] = {}
+        for key, raw in (overrides or {}).items():
+            if key not in known:
+                raise ValueError(f"unknown doctor setting {key!r} (known: {', '.join(sorted(known))})")
+            values[key] = _convert(key, raw, type(known[key]))
+        return cls(**values)  # type: ignore[arg-type]
+
+
+# Why each default is what it is; the CLI's --set and docs/doctor.md use these names.
+SETTING_HELP: dict[str, str] = {
+    "min_steps": "steps a condition must hold (P2 dead, P6/P11 repeats, P7 alive graphs) before it is reported; "
+                 "also the warm-up steps P3 takes as its baseline",
+    "dead_zero_frac": "P2: fraction of exact zeros in a parameter's gradient from which it counts as dead",
+    "explode_factor": "P3: total gradient norm this many times above the smallest norm of earlier steps = exploding",
+    "vanish_factor": "P3: total gradient norm this many times below the largest norm of earlier steps = vanishing",
+    "layer_ratio": "P3: per-element gradient size (norm/sqrt(numel)) of the largest weight over the smallest, "
+                   "within one step, from which gradients vanish/explode layer by layer",
+    "memory_growth_bytes": "P7: live bytes at step boundaries must grow by at least this much per step",
+    "growth_steps": "P7/P13: consecutive steps of growth before memory growth is reported",
+    "hook_bytes": "P13: bytes held by a module's forward hooks that are reported even when they do not grow",
+    "copies_per_step": "P12: host<->device copies per step above which they are reported as redundant",
+    "scaler_skip_steps": "P14: consecutive optimizer steps the GradScaler skipped (inf/NaN), or skipped steps making up 10% or more of the run, before it is reported (isolated skips are the scaler calibrating)",
+    "min_scale": "P14: a GradScaler scale below this has collapsed",
+}
+
+
+def _convert(name: str, raw: object, kind: type) -> int | float:
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return kind(raw)  # type: ignore[no-any-return]
+    text = str(raw).strip()
+    try:
+        # int settings accept "1e6" too: people write byte sizes that way.
+        return int(float(text)) if kind is int else float(text)
+    except ValueError:
+        raise ValueError(f"doctor setting {name!r} needs a number, got {text!r}") from None

@@ -1,0 +1,50 @@
+// REST + SSE client for the endpoints of docs/architecture.md.  The token comes from the
+// HTML shell (<body data-token>) and goes as a Bearer header on fetch and ?token= on
+// EventSource (which cannot send headers).
+const token = () => document.body.dataset.token || "";
+
+export class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+export async function api(path, opts = {}) {
+  const headers = { ...(opts.headers || {}) };
+  if (token()) headers.Authorization = `Bearer ${token()}`;
+  let resp;
+  try {
+    resp = await fetch(path, { ...opts, headers });
+  } catch (e) {
+    throw new ApiError(0, "The torchscope server is unreachable. Is `torchscope serve` still running?");
+  }
+  if (!resp.ok) {
+    let detail = resp.statusText;
+    try { const j = await resp.json(); detail = typeof j.detail === "string" ? j.detail : JSON.stringify(j.detail ?? j); } catch { /* not JSON */ }
+    throw new ApiError(resp.status, `${resp.status}: ${detail}`);
+  }
+  const type = resp.headers.get("content-type") || "";
+  return type.includes("json") ? resp.json() : resp;
+}
+
+export const sessionPath = (id) => `/api/sessions/${encodeURIComponent(id)}`;
+
+export function rankQuery(rank) { return rank === undefined || rank === null ? "" : `rank=${rank}`; }
+
+// Every step event of a rank, page by page (the server caps one answer at 10,000 steps).
+export async function allSteps(id, rank) {
+  const res = [];
+  for (let offset = 0; ; offset += 10000) {
+    const page = await api(`${sessionPath(id)}/steps?rank=${rank}&limit=10000&offset=${offset}`);
+    res.push(...page);
+    if (page.length < 10000) return res;
+  }
+}
+
+// One EventSource per page; listeners filter by session.  Reconnects are done by the browser.
+export function live(onEvent, onState = () => {}) {
+  const url = "/api/live" + (token() ? `?token=${encodeURIComponent(token())}` : "");
+  const es = new EventSource(url);
+  es.onmessage = (m) => { try { onEvent(JSON.parse(m.data)); } catch { /* ignore malformed */ } };
+  es.onopen = () => onState(true);
+  es.onerror = () => onState(false);
+  return es;
+}

@@ -1,0 +1,147 @@
+// The session dashboard (/sessions/{id}): header, view tabs, URL state (deep links), live
+// updates, theme.  Views are created lazily and kept, so switching back keeps zoom,
+// selection and expanded groups.
+import { h, clear } from "./dom.js";
+import { api, sessionPath, live, ApiError } from "./api.js";
+import { GraphView } from "./graph/view.js";
+import { MemoryView } from "./memory.js";
+import { GradientsView } from "./gradients.js";
+import { RanksView } from "./ranks.js";
+import { DiagnosticsView } from "./diagnostics.js";
+import { initTheme } from "./theme.js";
+
+const VIEWS = { graph: ["Graph", GraphView], memory: ["Memory", MemoryView], gradients: ["Gradients", GradientsView],
+  ranks: ["Ranks", RanksView], diagnostics: ["Doctor", DiagnosticsView] };
+
+class App {
+  constructor() {
+    this.id = document.body.dataset.sessionId;
+    const q = new URLSearchParams(location.search);
+    this.state = { view: q.get("view") || "graph", step: q.has("step") ? +q.get("step") : undefined,
+      node: normalizeNode(q.get("node")), overlay: q.get("overlay") || undefined };
+    this.rank = q.has("rank") ? +q.get("rank") : undefined;
+    this.views = {};
+    this.main = document.getElementById("main");
+    this.tabs = document.getElementById("tabs");
+    this.title = document.getElementById("session-title");
+    this.statusEl = document.getElementById("session-status");
+    this.conn = document.getElementById("conn");
+  }
+
+  async start() {
+    initTheme();
+    for (const [v, [label]] of Object.entries(VIEWS)) {
+      this.tabs.append(h("button", { role: "tab", "data-view": v, onclick: () => this.go(v) }, label, v === "diagnostics" ? h("span", { class: "count", id: "finding-count" }) : null));
+    }
+    try {
+      this.summary = await api(sessionPath(this.id));
+    } catch (e) {
+      return this.fatal(e instanceof ApiError && e.status === 404 ? `Session ${this.id} does not exist on this server.` : e.message);
+    }
+    this.meta = this.summary.meta || {};
+    this.moduleType = new Map((this.meta.modules || []).map((m) => [m.path, m.type]));
+    this.paramDtype = new Map((this.meta.params || []).map((p) => [p.name, p.dtype]));
+    this.renderHeader();
+    if (!this.summary.steps && !(this.summary.graphs > 0)) this.main.before(h("div", { class: "notice", id: "empty-note" }, "This session has no steps yet. It fills in live as the script runs."));
+    live((ev) => this.onLive(ev), (ok) => { this.conn.textContent = ok ? "● live" : "○ disconnected"; this.conn.className = ok ? "ok" : "bad"; });
+    await this.go(this.state.view, {}, true);
+    new DiagnosticsView(h("div"), this).load().catch(() => {}); // badge count on the tab
+    window.addEventListener("popstate", () => location.reload());
+  }
+
+  renderHeader() {
+    const s = this.summary;
+    this.title.textContent = s.name || s.id;
+    this.statusEl.textContent = s.status || "";
+    this.statusEl.className = `badge status-${(s.status || "").replace(/ /g, "-")}`;
+    document.title = `${s.name || s.id} · torchscope`;
+    const sub = document.getElementById("session-sub");
+    sub.textContent = [this.meta.model, this.meta.device, `${s.steps ?? 0} steps`, (s.ranks || []).length > 1 ? `${s.ranks.length} ranks` : null].filter(Boolean).join(" · ");
+  }
+
+  fatal(msg) {
+    clear(this.main).append(h("div", { class: "notice error", id: "fatal" }, msg));
+  }
+
+  setState(patch) {
+    Object.assign(this.state, patch);
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(this.state)) if (v !== undefined && v !== null && v !== "") q.set(k, v);
+    if (this.rank !== undefined) q.set("rank", this.rank);
+    history.replaceState(null, "", `${location.pathname}?${q}`);
+  }
+
+  async go(view, patch = {}, first = false) {
+    if (!VIEWS[view]) view = "graph";
+    this.setState({ view, ...patch });
+    for (const b of this.tabs.children) b.setAttribute("aria-selected", String(b.dataset.view === view));
+    for (const [k, v] of Object.entries(this.views)) v.el.hidden = k !== view;
+    let v = this.views[view];
+    if (!v) {
+      const el = h("section", { class: `view view-${view}`, "data-view": view });
+      this.main.append(el);
+      v = this.views[view] = { el, obj: new VIEWS[view][1](el, this) };
+      try { await v.obj.load(); } catch (e) { el.prepend(h("div", { class: "notice error" }, e.message)); }
+      if (view === "graph" && first && this.state.overlay) v.obj.setOverlay(this.state.overlay);
+    } else if (patch.step !== undefined && v.obj.showStep) {
+      await v.obj.showStep(patch.step);
+    } else if (patch.step !== undefined && v.obj.loadTimeline) {
+      await v.obj.loadTimeline(patch.step);
+    }
+    return v.obj;
+  }
+
+  async openNode(step, key) {
+    const g = await this.go("graph");
+    if (g.step !== step) await g.showStep(step);
+    await g.select(key, true);
+  }
+
+  async openTargets(step, targets) {
+    const g = await this.go("graph");
+    if (step !== undefined && g.step !== step && g.captured.includes(step)) await g.showStep(step);
+    await g.highlightTargets(targets);
+  }
+
+  async openModule(step, module) { return this.openTargets(step, [{ module }]); }
+
+  setFindingCount(n, error) {
+    const c = document.getElementById("finding-count");
+    if (c) { c.textContent = n ? String(n) : ""; c.className = `count ${error ? "err" : n ? "warn" : ""}`; }
+  }
+
+  onLive(ev) {
+    if (ev.session !== this.id) return;
+    if (this.rank !== undefined && ev.rank !== undefined && ev.rank !== this.rank) return;
+    if (ev.kind === "deleted") return this.fatal("This session was deleted.");
+    if (ev.kind === "step" || ev.kind === "end" || ev.kind === "session") {
+      document.getElementById("empty-note")?.remove();
+      clearTimeout(this.sumT);
+      this.sumT = setTimeout(async () => { this.summary = await api(sessionPath(this.id)); this.meta = this.summary.meta || this.meta; this.renderHeader(); }, 300);
+    }
+    if (ev.kind === "graph" && this.views.graph) this.views.graph.obj.onCapturedStep(ev.step);
+    for (const [k, v] of Object.entries(this.views)) if (k !== "graph" && v.obj.onStep && (ev.kind === "step" || ev.kind === "finding")) v.obj.onStep(ev);
+  }
+
+  debug() {
+    return { view: this.state.view, url: location.href, graph: this.views.graph?.obj.debug(), memory: this.views.memory?.obj.debug(),
+      gradients: this.views.gradients?.obj.debug?.() };
+  }
+}
+
+// "?node=12" means grad_fn node 12 (FindingTarget.node); "o12"/"n12"/"g:..." are explicit.
+function normalizeNode(v) {
+  if (!v) return null;
+  return /^\d+$/.test(v) ? "n" + v : v;
+}
+
+const app = new App();
+window.__torchscope = {
+  app,
+  state: () => app.debug(),
+  select: (key) => app.views.graph?.obj.select(key, true),
+  expand: async (path, phase = "forward") => { const g = app.views.graph.obj; const i = g.model.gIndex.get(`${phase}:${path}`); if (i === undefined) throw new Error("no group " + path); if (!g.expandedKeys.has(`${phase}:${path}`)) await g.toggleGroup(i); },
+  expandAll: () => app.views.graph.obj.expandAll(),
+  showStep: (s) => app.views.graph.obj.showStep(s),
+  ready: app.start(),
+};

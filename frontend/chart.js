@@ -1,0 +1,132 @@
+// A small canvas line chart for long series: each series is reduced to one min/max pair per
+// pixel column (linear in the number of points), so 100,000 steps draw in a few ms.
+import { h, clear, fmtNum } from "./dom.js";
+import { SERIES } from "./colors.js";
+
+export class LineChart {
+  // opts: {title, fmt(y), onClick(index), height}
+  constructor(parent, opts = {}) {
+    this.opts = opts;
+    this.root = h("div", { class: "chart" });
+    this.head = h("div", { class: "chart-head" }, h("span", { class: "chart-title" }, opts.title || ""));
+    this.legend = h("span", { class: "chart-legend" });
+    this.head.append(this.legend);
+    this.canvas = h("canvas", { height: opts.height || 220 });
+    this.tip = h("div", { class: "chart-tip", hidden: true });
+    this.root.append(this.head, h("div", { class: "chart-body" }, this.canvas, this.tip));
+    parent.append(this.root);
+    this.canvas.addEventListener("mousemove", (e) => this.hover(e));
+    this.canvas.addEventListener("mouseleave", () => { this.tip.hidden = true; });
+    this.canvas.addEventListener("click", (e) => { const i = this.indexAt(e.offsetX); if (i >= 0 && this.opts.onClick) this.opts.onClick(i); });
+    new ResizeObserver(() => this.draw()).observe(this.root);
+    this.markers = [];
+  }
+
+  // x: number[]; series: [{name, y: number[] (null = gap), color?}]
+  setData(x, series, markers = []) {
+    this.x = x; this.series = series.filter((s) => s.y && s.y.some((v) => v !== null && v !== undefined));
+    this.markers = markers;
+    clear(this.legend);
+    this.series.forEach((s, k) => {
+      s.color = s.color || SERIES[k % SERIES.length];
+      this.legend.append(h("span", { class: "swatch", style: `background:${s.color}` }), h("span", {}, s.name));
+    });
+    return this.draw();
+  }
+
+  draw() {
+    const t0 = performance.now();
+    const c = this.canvas, dpr = window.devicePixelRatio || 1;
+    const W = Math.max(100, this.root.clientWidth), H = this.opts.height || 220;
+    c.width = W * dpr; c.height = H * dpr; c.style.width = W + "px"; c.style.height = H + "px";
+    const ctx = c.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    const css = getComputedStyle(document.documentElement);
+    ctx.fillStyle = css.getPropertyValue("--panel").trim(); ctx.fillRect(0, 0, W, H);
+    if (!this.x || !this.x.length || !this.series.length) {
+      ctx.fillStyle = css.getPropertyValue("--muted").trim(); ctx.font = "13px system-ui";
+      ctx.fillText("No data yet", 12, 24);
+      return 0;
+    }
+    const L = 64, R = 10, T = 8, B = 22;
+    const pw = W - L - R, ph = H - T - B;
+    const n = this.x.length;
+    const xmin = this.x[0], xmax = this.x[n - 1] === xmin ? xmin + 1 : this.x[n - 1];
+    let ymin = Infinity, ymax = -Infinity;
+    for (const s of this.series) for (const v of s.y) if (v !== null && Number.isFinite(v)) { if (v < ymin) ymin = v; if (v > ymax) ymax = v; }
+    if (ymin === Infinity) { ymin = 0; ymax = 1; }
+    if (ymin > 0 && ymin < ymax * 0.5) ymin = 0;
+    if (ymax === ymin) ymax = ymin + 1;
+    this.geom = { L, pw, xmin, xmax };
+    const X = (v) => L + ((v - xmin) / (xmax - xmin)) * pw;
+    const Y = (v) => T + ph - ((v - ymin) / (ymax - ymin)) * ph;
+    // axes
+    ctx.strokeStyle = css.getPropertyValue("--border").trim(); ctx.fillStyle = css.getPropertyValue("--muted").trim();
+    ctx.font = "11px system-ui"; ctx.lineWidth = 1;
+    const fmt = this.opts.fmt || fmtNum;
+    for (let k = 0; k <= 4; k++) {
+      const v = ymin + ((ymax - ymin) * k) / 4, y = Y(v);
+      ctx.beginPath(); ctx.moveTo(L, y); ctx.lineTo(W - R, y); ctx.stroke();
+      ctx.fillText(fmt(v), 4, y + 4, L - 8);
+    }
+    const span = xmax - xmin, raw = span / 6, mag = 10 ** Math.floor(Math.log10(Math.max(raw, 1)));
+    const tick = Math.max(1, [1, 2, 5, 10].map((m) => m * mag).find((t) => t >= raw) || mag * 10);
+    for (let v = Math.ceil(xmin / tick) * tick; v <= xmax; v += tick) ctx.fillText(String(v), X(v) - 8, H - 6);
+    // series, decimated to min/max per pixel column
+    const cols = Math.max(1, Math.floor(pw));
+    for (const s of this.series) {
+      ctx.strokeStyle = s.color; ctx.lineWidth = 1.5; ctx.beginPath();
+      if (n <= cols * 2) {
+        let pen = false;
+        for (let i = 0; i < n; i++) {
+          const v = s.y[i];
+          if (v === null || v === undefined || !Number.isFinite(v)) { pen = false; continue; }
+          if (pen) ctx.lineTo(X(this.x[i]), Y(v)); else ctx.moveTo(X(this.x[i]), Y(v));
+          pen = true;
+        }
+      } else {
+        const mn = new Float64Array(cols).fill(Infinity), mx = new Float64Array(cols).fill(-Infinity);
+        const scale = (cols - 1) / (xmax - xmin);
+        for (let i = 0; i < n; i++) {
+          const v = s.y[i];
+          if (v === null || v === undefined || !Number.isFinite(v)) continue;
+          const col = Math.round((this.x[i] - xmin) * scale);
+          if (v < mn[col]) mn[col] = v;
+          if (v > mx[col]) mx[col] = v;
+        }
+        for (let col = 0; col < cols; col++) {
+          if (mn[col] === Infinity) continue;
+          ctx.moveTo(L + col, Y(mn[col])); ctx.lineTo(L + col, Y(mx[col]) - 0.5);
+        }
+      }
+      ctx.stroke();
+    }
+    for (const m of this.markers) { // NaN/Inf and other point markers
+      ctx.fillStyle = m.color || "#b91c1c";
+      ctx.beginPath(); ctx.arc(X(m.x), T + 6, 4, 0, 2 * Math.PI); ctx.fill();
+    }
+    this.lastDrawMs = performance.now() - t0;
+    return this.lastDrawMs;
+  }
+
+  indexAt(px) {
+    if (!this.geom || !this.x) return -1;
+    const { L, pw, xmin, xmax } = this.geom;
+    const xv = xmin + ((px - L) / pw) * (xmax - xmin);
+    let lo = 0, hi = this.x.length - 1; // binary search: x is sorted
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (this.x[mid] < xv) lo = mid + 1; else hi = mid; }
+    if (lo > 0 && Math.abs(this.x[lo - 1] - xv) < Math.abs(this.x[lo] - xv)) lo--;
+    return lo;
+  }
+
+  hover(e) {
+    const i = this.indexAt(e.offsetX);
+    if (i < 0) return;
+    const fmt = this.opts.fmt || fmtNum;
+    clear(this.tip).append(h("b", {}, `${this.opts.xLabel || "step"} ${this.x[i]}`),
+      ...this.series.map((s) => h("div", {}, `${s.name}: ${fmt(s.y[i])}`)));
+    this.tip.hidden = false;
+    this.tip.style.left = Math.min(e.offsetX + 12, this.root.clientWidth - 180) + "px";
+    this.tip.style.top = "10px";
+  }
+}

@@ -1,0 +1,28 @@
+// Colour scales and the overlay legend shared by the graph and the charts.
+const RAMP = ["#313695", "#4575b4", "#74add1", "#abd9e9", "#fee090", "#fdae61", "#f46d43", "#d73027", "#a50026"];
+export const SERIES = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777", "#4b5563"];
+const CATS = ["#60a5fa", "#f59e0b", "#34d399", "#f472b6", "#a78bfa", "#f87171", "#22d3ee", "#facc15"];
+
+export function ramp(t) {
+  if (!Number.isFinite(t)) return "#7f1d1d";
+  const x = Math.min(1, Math.max(0, t)) * (RAMP.length - 1);
+  return RAMP[Math.round(x)];
+}
+
+// A log scale over the positive values; returns colour(v) and legend stops.
+export function logScale(values) {
+  let lo = Infinity, hi = -Infinity;
+  for (const v of values) if (v > 0 && Number.isFinite(v)) { if (v < lo) lo = v; if (v > hi) hi = v; }
+  if (lo === Infinity) { lo = 1; hi = 1; }
+  const a = Math.log10(lo), b = Math.log10(hi);
+  const color = (v) => (v === undefined || v === null ? null : !Number.isFinite(v) ? ramp(NaN) : v <= 0 ? RAMP[0] : ramp(b > a ? (Math.log10(v) - a) / (b - a) : 0.5));
+  return { color, lo, hi };
+}
+
+export function categorical(keys) {
+  const m = new Map();
+  for (const k of keys) if (k !== undefined && k !== null && !m.has(k)) m.set(k, CATS[m.size % CATS.length]);
+  return m;
+}
+
+export const RAMP_COLORS = RAMP;

@@ -1,0 +1,48 @@
+// Diagnostics panel: the doctor's findings (GET /diagnostics); a click opens the graph at
+// the finding's step with its targets highlighted, or the memory / gradients view.
+import { h, clear } from "./dom.js";
+import { api, sessionPath, rankQuery } from "./api.js";
+
+function stepsText(f) {
+  const s = f.steps || [];
+  if (!s.length) return "";
+  if (s.length > 2 && s[s.length - 1] - s[0] === s.length - 1) return `steps ${s[0]}–${s[s.length - 1]}`;
+  return `step${s.length > 1 ? "s" : ""} ${s.slice(0, 8).join(", ")}${s.length > 8 ? "…" : ""}`;
+}
+
+export class DiagnosticsView {
+  constructor(root, app) {
+    this.app = app;
+    this.list = h("div", { class: "findings", "data-testid": "findings" });
+    root.append(h("h2", {}, "Doctor"), this.list);
+    this.findings = [];
+  }
+
+  async load() {
+    this.findings = await api(`${sessionPath(this.app.id)}/diagnostics?${rankQuery(this.app.rank)}`);
+    clear(this.list);
+    this.app.setFindingCount(this.findings.length, this.findings.some((f) => f.severity === "error"));
+    if (!this.findings.length) { this.list.append(h("p", { class: "muted" }, "No pitfall found in this session.")); return; }
+    for (const f of this.findings) {
+      this.list.append(h("button", { class: `finding ${f.severity}`, "data-code": f.code, onclick: () => this.open(f) },
+        h("div", { class: "finding-head" }, h("span", { class: `badge ${f.severity === "error" ? "err" : f.severity === "warning" ? "warn" : ""}` }, f.code),
+          h("b", {}, f.title || ""), h("span", { class: "muted" }, stepsText(f))),
+        h("div", {}, f.message || ""),
+        f.fix ? h("div", { class: "fix" }, "Fix: ", f.fix) : null,
+        f.src ? h("code", {}, f.src) : null,
+        (f.params || []).length ? h("div", { class: "muted" }, "parameters: ", f.params.join(", ")) : null,
+        (f.modules || []).length ? h("div", { class: "muted" }, "modules: ", f.modules.join(", ")) : null));
+    }
+  }
+
+  open(f) {
+    const targets = f.targets || [];
+    const step = targets.find((t) => t.step !== undefined)?.step ?? f.since ?? (f.steps || [])[0];
+    if (f.view === "memory") return this.app.go("memory", { step });
+    if (f.view === "gradients") return this.app.go("gradients", { step });
+    const tg = targets.length ? targets : [...(f.params || []).map((param) => ({ param })), ...(f.modules || []).map((module) => ({ module }))];
+    return this.app.openTargets(step, tg);
+  }
+
+  onStep() { clearTimeout(this.t); this.t = setTimeout(() => this.load().catch(() => {}), 1500); }
+}

@@ -1,0 +1,60 @@
+// The one way the dashboard builds DOM: data always goes in as text (textContent), never
+// as markup, so a module named "<script>" renders as those characters.
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "class") el.className = v;
+    else if (k === "dataset") Object.assign(el.dataset, v);
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+export function clear(el) {
+  while (el.firstChild) el.firstChild.remove();
+  return el;
+}
+
+export function fmtBytes(n) {
+  if (n === undefined || n === null) return "–";
+  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  let x = Math.abs(n);
+  while (x >= 1024 && i < u.length - 1) { x /= 1024; i++; }
+  return `${n < 0 ? "-" : ""}${x.toFixed(i ? 1 : 0)} ${u[i]}`;
+}
+
+export function fmtNum(x) {
+  if (x === undefined || x === null) return "–";
+  if (typeof x !== "number") return String(x);
+  if (!Number.isFinite(x)) return String(x);
+  if (x === 0) return "0";
+  const a = Math.abs(x);
+  return a >= 1e4 || a < 1e-3 ? x.toExponential(2) : x.toPrecision(4);
+}
+
+export function fmtUs(us) {
+  if (us === undefined || us === null) return "–";
+  return us >= 1e6 ? `${(us / 1e6).toFixed(2)} s` : us >= 1e3 ? `${(us / 1e3).toFixed(1)} ms` : `${us.toFixed(0)} µs`;
+}
+
+export function fmtTime(t) {
+  return t ? new Date(t * 1000).toLocaleString() : "–";
+}
+
+export function shape(s) {
+  return Array.isArray(s) ? `[${s.join(", ")}]` : "–";
+}
+
+// Show a spinner only for things that take longer than 200 ms (issue 6).
+export async function withLoading(el, promise, label = "Loading…") {
+  const timer = setTimeout(() => el.classList.add("loading"), 200);
+  el.dataset.loadingLabel = label;
+  try { return await promise; } finally { clearTimeout(timer); el.classList.remove("loading"); }
+}

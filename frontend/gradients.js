@@ -1,0 +1,106 @@
+// Gradients view: module x step heat map of gradient norms (per-parameter norms from /grads
+// combined per module as sqrt(sum of squares)), NaN/Inf markers, lines for chosen
+// parameters, and the parameters that got no gradient.
+import { h, clear, fmtNum } from "./dom.js";
+import { api, sessionPath, rankQuery } from "./api.js";
+import { LineChart } from "./chart.js";
+import { logScale, RAMP_COLORS } from "./colors.js";
+
+export class GradientsView {
+  constructor(root, app) {
+    this.app = app;
+    this.root = root;
+    this.heat = h("canvas", { class: "heat", "data-testid": "heatmap" });
+    this.heatInfo = h("div", { class: "muted" });
+    this.pick = h("select", { multiple: true, size: 6, "aria-label": "parameters to plot", "data-testid": "param-pick", onchange: () => this.drawLines() });
+    this.noGrad = h("div", { class: "nograd", "data-testid": "no-grad" });
+    root.append(h("h2", {}, "Gradient norm per module and step"), h("div", { class: "heat-wrap" }, this.heat), this.heatInfo,
+      h("h2", {}, "Chosen parameters"), this.pick);
+    this.lines = new LineChart(root, { title: "‖grad‖ per step (red dots: NaN/Inf)" });
+    root.append(h("h2", {}, "Parameters without a gradient"), this.noGrad);
+    this.heat.addEventListener("click", (e) => this.onHeatClick(e));
+  }
+
+  async load() {
+    const g = await api(`${sessionPath(this.app.id)}/grads?${rankQuery(this.app.rank)}`);
+    this.g = g;
+    const modOf = new Map((this.app.meta?.params || []).map((p) => [p.name, p.module ?? p.name.split(".").slice(0, -1).join(".")]));
+    this.modules = [...new Set(g.params.map((p) => modOf.get(p) ?? p.split(".").slice(0, -1).join(".")))];
+    const mIndex = new Map(this.modules.map((m, i) => [m, i]));
+    this.paramModule = g.params.map((p) => mIndex.get(modOf.get(p) ?? p.split(".").slice(0, -1).join(".")));
+    clear(this.pick).append(...g.params.map((p, i) => h("option", { value: i, selected: i < 3 }, p)));
+    this.drawHeat();
+    this.drawLines();
+    this.drawNoGrad();
+  }
+
+  drawHeat() {
+    const { g } = this;
+    const S = g.steps.length, M = this.modules.length;
+    const sq = new Float64Array(S * M), bad = new Uint8Array(S * M), has = new Uint8Array(S * M);
+    for (let s = 0; s < S; s++) {
+      const row = g.norm[s] || [];
+      for (let p = 0; p < row.length; p++) {
+        const m = this.paramModule[p], v = row[p];
+        if (v === null || v === undefined) continue;
+        has[s * M + m] = 1;
+        if (!Number.isFinite(v) || (g.nan?.[s]?.[p] || 0) > 0 || (g.inf?.[s]?.[p] || 0) > 0) bad[s * M + m] = 1;
+        else sq[s * M + m] += v * v;
+      }
+    }
+    const vals = [];
+    for (let i = 0; i < S * M; i++) if (has[i]) vals.push(Math.sqrt(sq[i]));
+    const scale = logScale(vals);
+    const cellW = Math.max(2, Math.min(24, Math.floor(900 / Math.max(S, 1)))), cellH = 16, L = 180;
+    const W = L + cellW * S + 10, H = cellH * M + 24;
+    const dpr = window.devicePixelRatio || 1;
+    const c = this.heat;
+    c.width = W * dpr; c.height = H * dpr; c.style.width = W + "px"; c.style.height = H + "px";
+    const ctx = c.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    const css = getComputedStyle(document.documentElement);
+    ctx.fillStyle = css.getPropertyValue("--panel").trim(); ctx.fillRect(0, 0, W, H);
+    ctx.font = "11px system-ui"; ctx.fillStyle = css.getPropertyValue("--text").trim();
+    for (let m = 0; m < M; m++) ctx.fillText(this.modules[m] || "(root)", 4, m * cellH + 12, L - 8);
+    for (let s = 0; s < S; s++) {
+      for (let m = 0; m < M; m++) {
+        const i = s * M + m;
+        ctx.fillStyle = bad[i] ? "#7f1d1d" : has[i] ? scale.color(Math.sqrt(sq[i])) : css.getPropertyValue("--node-none").trim();
+        ctx.fillRect(L + s * cellW, m * cellH, cellW - (cellW > 3 ? 1 : 0), cellH - 1);
+        if (bad[i]) { ctx.fillStyle = "#fff"; ctx.fillText("!", L + s * cellW + cellW / 2 - 2, m * cellH + 12); }
+      }
+    }
+    ctx.fillStyle = css.getPropertyValue("--muted").trim();
+    for (let s = 0; s < S; s += Math.ceil(S / 10)) ctx.fillText(String(g.steps[s]), L + s * cellW, H - 6);
+    this.heatGeom = { L, cellW, cellH, S, M };
+    clear(this.heatInfo).append(`‖grad‖ ${fmtNum(scale.lo)} `, h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP_COLORS.join(",")})` }),
+      ` ${fmtNum(scale.hi)} (log) · dark red "!" = NaN/Inf · grey = no gradient · click a cell to open that step's graph`);
+  }
+
+  onHeatClick(e) {
+    const { L, cellW, cellH, S, M } = this.heatGeom || {};
+    const s = Math.floor((e.offsetX - L) / cellW), m = Math.floor(e.offsetY / cellH);
+    if (s >= 0 && s < S && m >= 0 && m < M) this.app.openModule(this.g.steps[s], this.modules[m]);
+  }
+
+  drawLines() {
+    const { g } = this;
+    if (!g) return;
+    const chosen = [...this.pick.selectedOptions].map((o) => +o.value);
+    const markers = [];
+    g.steps.forEach((st, s) => chosen.forEach((p) => { if ((g.nan?.[s]?.[p] || 0) + (g.inf?.[s]?.[p] || 0) > 0) markers.push({ x: st }); }));
+    this.lines.setData(g.steps, chosen.map((p) => ({ name: g.params[p], y: g.steps.map((_, s) => (g.norm[s] || [])[p] ?? null) })), markers);
+  }
+
+  drawNoGrad() {
+    const { g } = this;
+    const count = new Map();
+    (g.none || []).forEach((list) => (list || []).forEach((p) => { const name = typeof p === "number" ? g.params[p] : p; count.set(name, (count.get(name) || 0) + 1); }));
+    clear(this.noGrad);
+    if (!count.size) { this.noGrad.append(h("p", { class: "muted" }, "Every trainable parameter received a gradient at every step.")); return; }
+    this.noGrad.append(h("ul", {}, [...count.entries()].map(([p, n]) => h("li", {}, h("code", {}, p), ` — .grad is None at ${n} of ${g.steps.length} steps`))));
+  }
+
+  onStep() { clearTimeout(this.t); this.t = setTimeout(() => this.load(), 800); }
+  debug() { return { modules: this.modules || [], steps: this.g?.steps?.length || 0, noGrad: this.noGrad.textContent }; }
+}

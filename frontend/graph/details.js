@@ -1,0 +1,87 @@
+// The node details panel: everything the capture recorded about one op, grad_fn node or
+// module group, in PyTorch's words.  Text only (h() never parses markup).
+import { h, clear, fmtBytes, fmtNum, fmtUs, shape } from "../dom.js";
+
+function row(k, v) { return h("tr", {}, h("th", {}, k), h("td", {}, v ?? "–")); }
+
+function tensorTable(model, ids, title) {
+  if (!ids || !ids.length) return null;
+  const firstOfStorage = new Map();
+  for (const t of model.ev.tensors || []) if (t.storage !== undefined && !firstOfStorage.has(t.storage)) firstOfStorage.set(t.storage, t.id);
+  const rows = ids.map((id) => {
+    const t = model.tensors.get(id) || { id };
+    const base = firstOfStorage.get(t.storage);
+    const view = base !== undefined && base !== t.id ? `view of storage #${t.storage} (tensor ${base}), offset ${t.offset ?? 0}` : t.storage !== undefined ? `storage #${t.storage}` : "–";
+    return h("tr", { class: "tensor" },
+      h("td", {}, String(t.id)), h("td", { class: "shape" }, shape(t.shape)), h("td", {}, t.dtype || "–"),
+      h("td", {}, shape(t.stride)), h("td", {}, view, t.param ? h("div", { class: "param" }, `parameter ${t.param}`) : null));
+  });
+  return h("div", {}, h("h4", {}, title),
+    h("table", { class: "tensors" }, h("tr", {}, ...["id", "shape", "dtype", "stride", "storage"].map((x) => h("th", {}, x))), rows));
+}
+
+export function renderDetails(panel, model, key, ctx) {
+  clear(panel);
+  if (!key) { panel.append(h("p", { class: "muted" }, "Click a node to see its details. Double-click a module to expand it.")); return; }
+  if (key.startsWith("g:")) return groupDetails(panel, model, key, ctx);
+  const l = model.byKey.get(key);
+  if (!l) { panel.append(h("p", { class: "muted" }, `Node ${key} is not in this step's graph.`)); return; }
+  const r = l.rec;
+  const link = (k, text) => h("a", { href: "#", class: "nodelink", onclick: (e) => { e.preventDefault(); ctx.select(k); } }, text);
+  panel.append(h("h3", { class: "details-title" }, l.kind === "op" ? r.name : r.name),
+    h("div", { class: "muted" }, l.kind === "op" ? `forward op #${r.id} · ${r.phase || "forward"}` : `grad_fn node #${r.id}`));
+  const t = h("table", { class: "kv" });
+  t.append(row("module", l.module || "(root)"));
+  if (l.kind === "op") {
+    t.append(row("call", r.call), row("micro-batch", r.micro), row("grad mode", r.grad_mode === undefined ? "–" : String(r.grad_mode)),
+      row("in-place", r.inplace ? "yes" : "no"), row("duration", fmtUs(r.dur_us)), row("allocated", fmtBytes(r.alloc)),
+      row("freed", fmtBytes(r.free)), row("live after", fmtBytes(r.live)), row("source", r.src));
+    if (r.flags && r.flags.length) t.append(row("flags", r.flags.join(", ")));
+    if (r.grad_fn !== undefined && model.byKey.has("n" + r.grad_fn)) t.append(h("tr", {}, h("th", {}, "grad_fn"), h("td", {}, link("n" + r.grad_fn, model.byKey.get("n" + r.grad_fn).label))));
+    panel.append(...[t, tensorTable(model, r.inputs, "inputs"), tensorTable(model, r.outputs, "outputs")].filter(Boolean));
+  } else {
+    if (r.param) t.append(row("parameter", r.param));
+    if (r.op !== undefined && model.byKey.has("o" + r.op)) t.append(h("tr", {}, h("th", {}, "created by"), h("td", {}, link("o" + r.op, model.byKey.get("o" + r.op).label))));
+    t.append(row("backward order", r.order), row("duration", fmtUs(r.dur_us)), row("saved bytes", fmtBytes(r.saved_bytes)));
+    panel.append(t);
+    if (r.saved && r.saved.length) {
+      panel.append(h("h4", {}, "saved tensors"), h("table", { class: "tensors" },
+        h("tr", {}, h("th", {}, "name"), h("th", {}, "shape"), h("th", {}, "dtype"), h("th", {}, "bytes")),
+        r.saved.map((s) => h("tr", {}, h("td", {}, s.name), h("td", { class: "shape" }, shape(s.shape)), h("td", {}, s.dtype), h("td", {}, fmtBytes(s.nbytes))))));
+    }
+    if (r.param && ctx.gradStats) {
+      const gs = ctx.gradStats(r.param);
+      if (gs) {
+        const g = h("table", { class: "kv" });
+        for (const [k, v] of Object.entries(gs)) g.append(row(k, typeof v === "number" ? fmtNum(v) : String(v)));
+        panel.append(h("h4", {}, "gradient (.grad) at this step"), g);
+      }
+    }
+    const succ = []; // next_functions
+    for (const [from, to] of model.ev.edges || []) if ("n" + from === key && model.byKey.has("n" + to)) succ.push("n" + to);
+    if (succ.length) panel.append(h("h4", {}, "next_functions"), h("ul", { class: "links" }, succ.map((k) => h("li", {}, link(k, model.byKey.get(k).label)))));
+  }
+  panel.append(h("div", { class: "actions" },
+    h("button", { onclick: () => ctx.togglePath(key), "data-testid": "path-to-loss" }, "Path to loss")));
+}
+
+function groupDetails(panel, model, key, ctx) {
+  const g = model.gIndex.get(key.slice(2));
+  const G = model.groups[g];
+  let ops = 0, dur = 0, alloc = 0, saved = 0;
+  for (const l of model.leaves) {
+    let x = l.group;
+    while (x > 0 && x !== g) x = model.groups[x].parent;
+    if (x !== g) continue;
+    ops++; dur += l.rec.dur_us || 0; alloc += (l.kind === "op" ? l.rec.alloc : 0) || 0; saved += l.rec.saved_bytes || 0;
+  }
+  const mtype = ctx.moduleType?.get(G.path);
+  panel.append(h("h3", { class: "details-title" }, G.path), h("div", { class: "muted" }, `module group · ${G.phase}`));
+  const t = h("table", { class: "kv" });
+  t.append(row("module type", mtype), row(G.phase === "backward" ? "grad_fn nodes" : "ops", ops), row("time", fmtUs(dur)),
+    row("allocated", fmtBytes(alloc)), row("saved for backward", fmtBytes(saved)));
+  const params = (ctx.params || []).filter((p) => p.module === G.path || (p.module || "").startsWith(G.path + "."));
+  if (params.length) t.append(row("parameters", params.length));
+  panel.append(t, h("div", { class: "actions" },
+    h("button", { onclick: () => ctx.toggleGroup(g), "data-testid": "toggle-group" }, ctx.isExpanded(g) ? "Collapse" : "Expand")));
+}

@@ -1,0 +1,159 @@
+// Linear-time layered layout of a module-grouped computation graph, one group at a time.
+//
+// Execution order is a topological order for free, so a layer is the longest path from a
+// source computed in one pass over the edges sorted by target (no cycle breaking, no
+// crossing minimisation iterations).  Each expanded group is laid out on its own, its
+// children being its direct ops/nodes and its child groups (a collapsed group is a box, an
+// expanded one a frame whose size is its own layout's).  Expanding a group therefore lays
+// out that group and re-stacks its ancestors' levels only; every other group's layout is
+// reused from the cache.  Pure functions: runs in layout_worker.js, and in tests.
+export const SIZE = { leafW: 150, leafH: 34, groupW: 176, groupH: 38, xGap: 14, yGap: 26, pad: 10, header: 20 };
+
+// Children ids: a leaf is its index (>= 0), a group g is -1 - g.
+export function prepare({ leafGroup, leafPos, groupParent, groupPos, edges }) {
+  const nG = groupParent.length;
+  const children = Array.from({ length: nG }, () => []);
+  for (let g = 1; g < nG; g++) children[groupParent[g]].push(-1 - g);
+  for (let i = 0; i < leafGroup.length; i++) children[leafGroup[i]].push(i);
+  const posOf = (c) => (c >= 0 ? leafPos[c] : groupPos[-1 - c]);
+  const local = new Int32Array(leafGroup.length + nG); // leaf i at i, group g at nLeaves + g
+  const nL = leafGroup.length;
+  for (let g = 0; g < nG; g++) {
+    children[g].sort((a, b) => posOf(a) - posOf(b));
+    children[g].forEach((c, k) => { local[c >= 0 ? c : nL + (-1 - c)] = k; });
+  }
+  // Ancestor chains are short (module depth), so lifting every edge to the level of its
+  // lowest common group is O(E * depth).
+  const depth = new Int32Array(nG);
+  for (let g = 1; g < nG; g++) depth[g] = depth[groupParent[g]] + 1;
+  const levelEdges = Array.from({ length: nG }, () => []);
+  for (let e = 0; e < edges.length; e += 2) {
+    let a = edges[e], b = edges[e + 1];
+    let ga = leafGroup[a], gb = leafGroup[b];
+    let ca = a, cb = b; // child of the current group on each side
+    while (depth[ga] > depth[gb]) { ca = -1 - ga; ga = groupParent[ga]; }
+    while (depth[gb] > depth[ga]) { cb = -1 - gb; gb = groupParent[gb]; }
+    while (ga !== gb) { ca = -1 - ga; ga = groupParent[ga]; cb = -1 - gb; gb = groupParent[gb]; }
+    if (ca === cb) continue;
+    const la = local[ca >= 0 ? ca : nL + (-1 - ca)], lb = local[cb >= 0 ? cb : nL + (-1 - cb)];
+    if (la < lb) levelEdges[ga].push(la, lb); // edges against execution order don't rank
+  }
+  for (let g = 0; g < nG; g++) {
+    const le = levelEdges[g];
+    const idx = Array.from({ length: le.length / 2 }, (_, k) => k).sort((x, y) => le[2 * x + 1] - le[2 * y + 1]);
+    const sorted = new Int32Array(le.length);
+    idx.forEach((k, j) => { sorted[2 * j] = le[2 * k]; sorted[2 * j + 1] = le[2 * k + 1]; });
+    levelEdges[g] = sorted;
+  }
+  return { nL, nG, children, levelEdges, groupParent };
+}
+
+// Lay out the children of one expanded group given each child's size.
+function layoutGroup(prep, g, sizeOf) {
+  const ch = prep.children[g];
+  const n = ch.length;
+  const layer = new Int32Array(n);
+  const le = prep.levelEdges[g];
+  for (let e = 0; e < le.length; e += 2) {
+    const v = layer[le[e]] + 1;
+    if (v > layer[le[e + 1]]) layer[le[e + 1]] = v;
+  }
+  // Sources (an op fed only by inputs and parameters) sit just above their first consumer
+  // rather than all in the top layer; isolated children sit beside their predecessor in
+  // execution order.  Both keep the graph narrow.  Still one pass over the edges.
+  const hasIn = new Uint8Array(n), firstUse = new Int32Array(n).fill(-1);
+  for (let e = 0; e < le.length; e += 2) {
+    hasIn[le[e + 1]] = 1;
+    const a = le[e], L = layer[le[e + 1]] - 1;
+    if (firstUse[a] < 0 || L < firstUse[a]) firstUse[a] = L;
+  }
+  for (let k = 0; k < n; k++) {
+    if (hasIn[k]) continue;
+    if (firstUse[k] >= 0) layer[k] = firstUse[k];
+    else if (k > 0) layer[k] = layer[k - 1];
+  }
+  let nLayers = 0;
+  for (let k = 0; k < n; k++) if (layer[k] + 1 > nLayers) nLayers = layer[k] + 1;
+  const lw = new Float64Array(nLayers), lh = new Float64Array(nLayers);
+  const w = new Float64Array(n), h = new Float64Array(n);
+  for (let k = 0; k < n; k++) {
+    const [cw, chh] = sizeOf(ch[k]);
+    w[k] = cw; h[k] = chh;
+    const L = layer[k];
+    lw[L] += cw + (lw[L] > 0 ? SIZE.xGap : 0);
+    if (chh > lh[L]) lh[L] = chh;
+  }
+  const ly = new Float64Array(nLayers);
+  let y = 0, maxW = 0;
+  for (let L = 0; L < nLayers; L++) { ly[L] = y; y += lh[L] + SIZE.yGap; if (lw[L] > maxW) maxW = lw[L]; }
+  const cursor = new Float64Array(nLayers);
+  for (let L = 0; L < nLayers; L++) cursor[L] = (maxW - lw[L]) / 2; // centre each layer
+  const rel = new Float64Array(2 * n);
+  for (let k = 0; k < n; k++) {
+    const L = layer[k];
+    rel[2 * k] = cursor[L];
+    rel[2 * k + 1] = ly[L] + (lh[L] - h[k]) / 2;
+    cursor[L] += w[k] + SIZE.xGap;
+  }
+  return { rel, w: Math.max(maxW, 0), h: Math.max(y - SIZE.yGap, 0) };
+}
+
+export class Layouter {
+  constructor(input) {
+    this.prep = prepare(input);
+    this.cache = new Map(); // group -> {rel, w, h}
+    this.expanded = new Set([0]);
+  }
+
+  // Groups whose expansion changed, and their ancestors, lose their cached layout.
+  setExpanded(list) {
+    const next = new Set([0, ...list]);
+    const touched = [];
+    for (const g of next) if (!this.expanded.has(g)) touched.push(g);
+    for (const g of this.expanded) if (!next.has(g)) touched.push(g);
+    for (let g of touched) for (; g >= 0; g = this.prep.groupParent[g]) this.cache.delete(g);
+    this.expanded = next;
+    return touched.length;
+  }
+
+  size(c) {
+    if (c >= 0) return [SIZE.leafW, SIZE.leafH];
+    const g = -1 - c;
+    if (!this.expanded.has(g)) return [SIZE.groupW, SIZE.groupH];
+    const l = this.group(g);
+    return [Math.max(l.w, SIZE.groupW) + 2 * SIZE.pad, l.h + SIZE.header + 2 * SIZE.pad];
+  }
+
+  group(g) {
+    let l = this.cache.get(g);
+    if (!l) { l = layoutGroup(this.prep, g, (c) => this.size(c)); this.cache.set(g, l); }
+    return l;
+  }
+
+  // Absolute boxes of everything visible.  leaf: x,y,w,h (NaN when hidden);
+  // group: x,y,w,h,state (0 hidden, 1 collapsed box, 2 expanded frame).
+  place() {
+    const { nL, nG, children } = this.prep;
+    const leafBox = new Float32Array(4 * nL).fill(NaN);
+    const groupBox = new Float32Array(5 * nG);
+    const root = this.group(0);
+    const stack = [[0, 0, 0]];
+    while (stack.length) {
+      const [g, ox, oy] = stack.pop();
+      const l = this.group(g);
+      const ch = children[g];
+      const inner = g === 0 ? 0 : 1;
+      const bx = ox + inner * SIZE.pad, by = oy + inner * (SIZE.header + SIZE.pad);
+      for (let k = 0; k < ch.length; k++) {
+        const c = ch[k];
+        const x = bx + l.rel[2 * k], y = by + l.rel[2 * k + 1];
+        const [w, h] = this.size(c);
+        if (c >= 0) { leafBox.set([x, y, w, h], 4 * c); continue; }
+        const cg = -1 - c;
+        groupBox.set([x, y, w, h, this.expanded.has(cg) ? 2 : 1], 5 * cg);
+        if (this.expanded.has(cg)) stack.push([cg, x, y]);
+      }
+    }
+    return { leafBox, groupBox, width: root.w, height: root.h };
+  }
+}

@@ -1,0 +1,178 @@
+// Canvas 2D renderer for the graph: one canvas, no DOM element per node, so 10,000+ nodes
+// pan and zoom smoothly.  Draws only what intersects the viewport; below a zoom threshold
+// nodes become plain rectangles without text (level of detail).  Edges are cached as one
+// Path2D per kind in world coordinates and rebuilt only when the layout changes.
+const TEXT_MIN_SCALE = 0.45;
+
+// Cut a label to a width with an ellipsis; computed once per item (world units don't zoom).
+function fit(ctx, s, width) {
+  if (ctx.measureText(s).width <= width) return s;
+  let lo = 0, hi = s.length;
+  while (lo < hi) { const mid = (lo + hi + 1) >> 1; if (ctx.measureText(s.slice(0, mid) + "…").width <= width) lo = mid; else hi = mid - 1; }
+  return s.slice(0, lo) + "…";
+}
+
+export class GraphCanvas {
+  constructor(canvas, { onSelect, onDblClick }) {
+    this.canvas = canvas;
+    this.ctx = canvas.getContext("2d");
+    this.scene = null;
+    this.scale = 1; this.tx = 20; this.ty = 20;
+    this.onSelect = onSelect; this.onDblClick = onDblClick;
+    this.frames = 0;
+    this.pending = false;
+    this._bind();
+    new ResizeObserver(() => this.resize()).observe(canvas.parentElement);
+    this.resize();
+  }
+
+  _bind() {
+    const c = this.canvas;
+    let drag = null;
+    c.addEventListener("pointerdown", (e) => { drag = { x: e.clientX, y: e.clientY, moved: false }; c.setPointerCapture(e.pointerId); });
+    c.addEventListener("pointermove", (e) => {
+      if (!drag) return;
+      const dx = e.clientX - drag.x, dy = e.clientY - drag.y;
+      if (Math.abs(dx) + Math.abs(dy) > 2) drag.moved = true;
+      if (drag.moved) { this.tx += dx; this.ty += dy; drag.x = e.clientX; drag.y = e.clientY; this.requestDraw(); }
+    });
+    c.addEventListener("pointerup", (e) => {
+      if (drag && !drag.moved) {
+        const hit = this.hit(e.offsetX, e.offsetY);
+        this.onSelect(hit);
+      }
+      drag = null;
+    });
+    c.addEventListener("dblclick", (e) => this.onDblClick(this.hit(e.offsetX, e.offsetY)));
+    c.addEventListener("wheel", (e) => {
+      e.preventDefault();
+      this.zoomAt(e.offsetX, e.offsetY, Math.exp(-e.deltaY * 0.0015));
+    }, { passive: false });
+  }
+
+  zoomAt(px, py, f) {
+    const s = Math.min(4, Math.max(0.01, this.scale * f));
+    const k = s / this.scale;
+    this.tx = px - (px - this.tx) * k; this.ty = py - (py - this.ty) * k; this.scale = s;
+    this.requestDraw();
+  }
+
+  resize() {
+    const r = this.canvas.parentElement.getBoundingClientRect();
+    const dpr = window.devicePixelRatio || 1;
+    this.w = Math.max(1, r.width); this.h = Math.max(1, r.height);
+    this.canvas.width = Math.round(this.w * dpr); this.canvas.height = Math.round(this.h * dpr);
+    this.canvas.style.width = this.w + "px"; this.canvas.style.height = this.h + "px";
+    this.dpr = dpr;
+    this.requestDraw();
+  }
+
+  setScene(scene) { this.scene = scene; this.requestDraw(); }
+
+  fit() {
+    if (!this.scene) return;
+    const { width, height } = this.scene;
+    const s = Math.min(1, (this.w - 40) / Math.max(width, 1), (this.h - 40) / Math.max(height, 1));
+    this.scale = Math.max(s, 0.01);
+    this.tx = (this.w - width * this.scale) / 2; this.ty = 20;
+    this.requestDraw();
+  }
+
+  centerOn(box, minScale = 0.8) {
+    if (this.scale < minScale) this.scale = minScale;
+    this.tx = this.w / 2 - (box[0] + box[2] / 2) * this.scale;
+    this.ty = this.h / 2 - (box[1] + box[3] / 2) * this.scale;
+    this.requestDraw();
+  }
+
+  requestDraw() {
+    if (this.pending) return;
+    this.pending = true;
+    requestAnimationFrame(() => { this.pending = false; this.draw(); });
+  }
+
+  hit(px, py) {
+    if (!this.scene) return null;
+    const x = (px - this.tx) / this.scale, y = (py - this.ty) / this.scale;
+    const inside = (b) => x >= b[0] && x <= b[0] + b[2] && y >= b[1] && y <= b[1] + b[3];
+    for (const it of this.scene.items) if (inside(it.box)) return it;
+    let best = null; // the innermost expanded frame under the pointer
+    for (const f of this.scene.frames) if (inside(f.box) && (!best || f.depth > best.depth)) best = f;
+    return best;
+  }
+
+  draw() {
+    this.frames++;
+    const ctx = this.ctx, sc = this.scene, th = this.theme();
+    ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
+    ctx.fillStyle = th.bg; ctx.fillRect(0, 0, this.w, this.h);
+    if (!sc) return;
+    ctx.setTransform(this.dpr * this.scale, 0, 0, this.dpr * this.scale, this.dpr * this.tx, this.dpr * this.ty);
+    const x0 = -this.tx / this.scale, y0 = -this.ty / this.scale;
+    const x1 = x0 + this.w / this.scale, y1 = y0 + this.h / this.scale;
+    const vis = (b) => b[0] < x1 && b[0] + b[2] > x0 && b[1] < y1 && b[1] + b[3] > y0;
+    const text = this.scale >= TEXT_MIN_SCALE;
+    const lw = 1 / this.scale;
+
+    for (const f of sc.frames) {
+      if (!vis(f.box)) continue;
+      ctx.fillStyle = f.phase === "backward" ? th.frameBwd : th.frameFwd;
+      ctx.strokeStyle = th.frameLine; ctx.lineWidth = lw;
+      ctx.fillRect(f.box[0], f.box[1], f.box[2], f.box[3]);
+      ctx.strokeRect(f.box[0], f.box[1], f.box[2], f.box[3]);
+      if (text) {
+        ctx.fillStyle = th.muted; ctx.font = "11px system-ui, sans-serif";
+        if (f.fitTitle === undefined) f.fitTitle = fit(ctx, f.title, f.box[2] - 12);
+        ctx.fillText(f.fitTitle, f.box[0] + 6, f.box[1] + 14);
+      }
+    }
+    ctx.lineWidth = Math.max(lw, 1);
+    for (const ep of sc.edgePaths) {
+      if (ep.y1 < y0 || ep.y0 > y1) continue;
+      ctx.strokeStyle = th.edge[ep.type];
+      ctx.stroke(ep.path);
+    }
+    ctx.strokeStyle = th.edge[2]; ctx.setLineDash([6 / this.scale, 4 / this.scale]); // dashes in screen pixels
+    ctx.stroke(sc.linkPath);
+    ctx.setLineDash([]);
+    if (sc.hiPath) { ctx.strokeStyle = th.hiEdge; ctx.lineWidth = Math.max(2.5 * lw, 2.5); ctx.stroke(sc.hiPath); }
+
+    ctx.font = "12px system-ui, sans-serif";
+    const dim = sc.dimOthers;
+    for (const it of sc.items) {
+      const b = it.box;
+      if (!vis(b)) continue;
+      ctx.globalAlpha = dim && !it.hi ? 0.25 : 1;
+      ctx.fillStyle = it.color || th.node;
+      ctx.fillRect(b[0], b[1], b[2], b[3]);
+      if (it.group !== undefined) { ctx.strokeStyle = th.groupLine; ctx.lineWidth = 2 * lw; ctx.strokeRect(b[0], b[1], b[2], b[3]); }
+      if (it.cut) { ctx.strokeStyle = th.cut; ctx.lineWidth = 3 * lw; ctx.strokeRect(b[0] - 2, b[1] - 2, b[2] + 4, b[3] + 4); }
+      if (it.hi) { ctx.strokeStyle = th.hi; ctx.lineWidth = 2.5 * lw; ctx.strokeRect(b[0] - 1, b[1] - 1, b[2] + 2, b[3] + 2); }
+      if (it.key === sc.selected) { ctx.strokeStyle = th.sel; ctx.lineWidth = Math.max(3 * lw, 3); ctx.strokeRect(b[0] - 3, b[1] - 3, b[2] + 6, b[3] + 6); }
+      if (text) {
+        ctx.fillStyle = th.text;
+        if (it.fitLabel === undefined) it.fitLabel = fit(ctx, it.label, b[2] - 10);
+        ctx.fillText(it.fitLabel, b[0] + 5, b[1] + 14);
+        ctx.fillStyle = th.sub; ctx.font = "10px system-ui, sans-serif";
+        if (it.fitSub === undefined) it.fitSub = fit(ctx, it.sub, b[2] - 10);
+        ctx.fillText(it.fitSub, b[0] + 5, b[1] + 28);
+        ctx.font = "12px system-ui, sans-serif";
+      }
+    }
+    ctx.globalAlpha = 1;
+  }
+
+  theme() {
+    const css = getComputedStyle(document.documentElement);
+    const v = (n) => css.getPropertyValue(n).trim();
+    if (!this._th || this._thKey !== document.documentElement.dataset.theme) {
+      this._thKey = document.documentElement.dataset.theme;
+      this._th = {
+        bg: v("--graph-bg"), node: v("--node"), text: v("--node-text"), sub: v("--node-sub"), muted: v("--muted"),
+        frameFwd: v("--frame-fwd"), frameBwd: v("--frame-bwd"), frameLine: v("--frame-line"), groupLine: v("--group-line"),
+        edge: [v("--edge-data"), v("--edge-grad"), v("--edge-link")], hi: v("--hi"), hiEdge: v("--hi"), sel: v("--sel"), cut: v("--cut"),
+      };
+    }
+    return this._th;
+  }
+}

@@ -1,0 +1,171 @@
+// Builds what the renderer draws from the model, a layout and the view state (overlay,
+// highlight, selection).  Cheap: linear in the visible items and the edges.
+import { representatives } from "./model.js";
+import { logScale, categorical } from "../colors.js";
+
+const PHASE_COLORS = { forward: "--op-fwd", backward: "--op-bwd", optimizer: "--op-opt", other: "--op-opt" };
+
+export function leafSub(model, l) {
+  if (l.kind === "op") {
+    const t = model.tensors.get((l.rec.outputs || [])[0]);
+    return `${t ? "[" + (t.shape || []).join(", ") + "] · " : ""}${l.module || "(root)"}`;
+  }
+  if (l.rec.param) return l.rec.param;
+  const op = l.rec.op !== undefined ? model.byKey.get("o" + l.rec.op) : null;
+  const t = op ? model.tensors.get((op.rec.outputs || [])[0]) : null;
+  return `${t ? "[" + (t.shape || []).join(", ") + "] · " : ""}${l.module || "(root)"}`;
+}
+
+// Per-leaf numeric (or categorical) value for an overlay.
+export function overlayValues(model, overlay, ctx) {
+  const { leaves, tensors } = model;
+  const vals = new Array(leaves.length).fill(undefined);
+  if (overlay === "time") leaves.forEach((l, i) => { vals[i] = l.rec.dur_us; });
+  else if (overlay === "memory") leaves.forEach((l, i) => { vals[i] = l.kind === "op" ? l.rec.alloc : l.rec.saved_bytes; });
+  else if (overlay === "dtype") {
+    leaves.forEach((l, i) => {
+      if (l.kind === "op") vals[i] = tensors.get((l.rec.outputs || [])[0])?.dtype;
+      else vals[i] = (l.rec.saved || [])[0]?.dtype ?? ctx.paramDtype?.get(l.rec.param);
+    });
+  } else if (overlay === "grad" && ctx.paramNorm) {
+    leaves.forEach((l, i) => {
+      if (l.kind === "node" && l.rec.param) vals[i] = ctx.paramNorm.get(l.rec.param);
+    });
+  } else if (overlay === "diff" && ctx.diff) {
+    leaves.forEach((l, i) => { vals[i] = ctx.diff.get(l.key) || "same"; });
+  }
+  return vals;
+}
+
+const EDGE_CHUNK = 256;
+
+function addSeg(p, [ax, ay, bx, by]) {
+  p.moveTo(ax, ay);
+  if (by > ay) p.bezierCurveTo(ax, (ay + by) / 2, bx, (ay + by) / 2, bx, by); else p.lineTo(bx, by);
+}
+
+const CATEGORICAL = new Set(["dtype", "diff"]);
+const DIFF_COLORS = new Map([["added", "#16a34a"], ["changed", "#d97706"], ["same", "#9ca3af"]]);
+
+export function buildScene(model, layout, st) {
+  const { leaves, groups, edges } = model;
+  const { rep } = representatives(model, st.expandedIdx);
+  const css = getComputedStyle(document.documentElement);
+  const cv = (n) => css.getPropertyValue(n).trim();
+
+  // overlay colours, aggregated over collapsed groups (sum for time/memory, max for norms)
+  const vals = overlayValues(model, st.overlay, st.ctx);
+  let colorOf = null, legend = null;
+  const agg = new Map();
+  if (st.overlay !== "phase") {
+    if (CATEGORICAL.has(st.overlay)) {
+      const cats = st.overlay === "diff" ? DIFF_COLORS : categorical(vals);
+      colorOf = (v) => (v === undefined ? null : cats.get(v) || null);
+      legend = { kind: "cats", entries: [...cats.entries()] };
+      leaves.forEach((l, i) => { const r = rep[i]; if (r < 0 && vals[i] !== undefined && vals[i] !== "same") agg.set(r, vals[i]); });
+    } else {
+      leaves.forEach((l, i) => {
+        const r = rep[i], v = vals[i];
+        if (r >= 0 || v === undefined || v === null) return;
+        const prev = agg.get(r) ?? 0;
+        agg.set(r, st.overlay === "grad" ? Math.max(prev, v) : prev + v);
+      });
+      const scale = logScale([...vals.filter((v) => typeof v === "number"), ...agg.values()]);
+      colorOf = scale.color;
+      legend = { kind: "ramp", overlay: st.overlay, lo: scale.lo, hi: scale.hi };
+    }
+  }
+
+  const hi = st.highlight; // Set of leaf keys, or null
+  const cutKeys = st.cut || new Set();
+  const items = [], byKey = new Map();
+  const groupHi = new Set(), groupCut = new Set();
+  leaves.forEach((l, i) => {
+    const r = rep[i];
+    if (r < 0) { if (hi && hi.has(l.key)) groupHi.add(r); if (cutKeys.has(l.key)) groupCut.add(r); return; }
+    const b = layout.leafBox;
+    const box = [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]];
+    const phaseVar = l.kind === "node" && l.rec.name === "AccumulateGrad" ? "--op-acc" : PHASE_COLORS[l.phase] || "--op-fwd";
+    const color = colorOf ? colorOf(vals[i]) || cv("--node-none") : cv(phaseVar);
+    const it = { key: l.key, leaf: i, box, label: l.label, sub: leafSub(model, l), color,
+                 hi: !!(hi && hi.has(l.key)), cut: cutKeys.has(l.key) };
+    items.push(it); byKey.set(l.key, it);
+  });
+  const frames = [];
+  for (let g = 1; g < groups.length; g++) {
+    const gb = layout.groupBox, s = gb[5 * g + 4];
+    if (!s) continue;
+    const G = groups[g];
+    const box = [gb[5 * g], gb[5 * g + 1], gb[5 * g + 2], gb[5 * g + 3]];
+    const mtype = st.ctx.moduleType?.get(G.path);
+    if (s === 2) { frames.push({ key: "g:" + G.key, group: g, box, depth: G.depth, phase: G.phase, title: `${G.path}${mtype ? " (" + mtype + ")" : ""} · ${G.phase}` }); continue; }
+    const r = -1 - g;
+    const v = agg.get(r);
+    const color = colorOf ? (v !== undefined ? (CATEGORICAL.has(st.overlay) ? colorOf(v) : colorOf(v)) : cv("--node-none"))
+      : cv(G.phase === "backward" ? "--group-bwd" : "--group-fwd");
+    const it = { key: "g:" + G.key, group: g, box, label: `${G.label}${mtype ? ": " + mtype : ""}`,
+                 sub: `${G.path} · ${G.phase} · ${G.count}`, color, hi: groupHi.has(r), cut: groupCut.has(r) };
+    items.push(it); byKey.set(it.key, it);
+  }
+
+  // edges between visible representatives, deduplicated, one Path2D per edge type
+  const boxOf = (r) => {
+    if (r >= 0) { const b = layout.leafBox; return [b[4 * r], b[4 * r + 1], b[4 * r + 2], b[4 * r + 3]]; }
+    const g = -1 - r, gb = layout.groupBox; return [gb[5 * g], gb[5 * g + 1], gb[5 * g + 2], gb[5 * g + 3]];
+  };
+  // Edges go into chunks of consecutive (by top y) edges, each a Path2D with its vertical
+  // extent, so drawing skips chunks outside the viewport: a 10,000-node graph is tall.
+  // Links from a forward op to the grad_fn it created span the whole graph; they steer the
+  // layout but are drawn only for the selected node (a dashed line that long costs seconds
+  // of rasterising).
+  const segs = [];
+  const links = [];
+  const hiSegs = [];
+  const seen = new Set();
+  const N = leaves.length + groups.length + 1;
+  const sel = st.selected;
+  for (const [a, b, type] of edges) {
+    const ra = rep[a], rb = rep[b];
+    if (ra === rb) continue;
+    const k = (ra + groups.length) * N + (rb + groups.length);
+    if (seen.has(k)) continue;
+    seen.add(k);
+    const A = boxOf(ra), B = boxOf(rb);
+    const seg = [A[0] + A[2] / 2, A[1] + A[3], B[0] + B[2] / 2, B[1], type];
+    if (type === 2) { if (sel && (leaves[a].key === sel || leaves[b].key === sel)) links.push(seg); continue; }
+    if (hi && hi.has(leaves[a].key) && hi.has(leaves[b].key)) hiSegs.push(seg); else segs.push(seg);
+  }
+  segs.sort((p, q) => Math.min(p[1], p[3]) - Math.min(q[1], q[3]));
+  const edgePaths = [];
+  for (let i = 0; i < segs.length; i += EDGE_CHUNK) {
+    const chunk = segs.slice(i, i + EDGE_CHUNK);
+    const paths = [new Path2D(), new Path2D()];
+    let y0 = Infinity, y1 = -Infinity;
+    for (const sg of chunk) { addSeg(paths[sg[4]], sg); y0 = Math.min(y0, sg[1], sg[3]); y1 = Math.max(y1, sg[1], sg[3]); }
+    edgePaths.push({ path: paths[0], type: 0, y0, y1 }, { path: paths[1], type: 1, y0, y1 });
+  }
+  const linkPath = new Path2D();
+  links.forEach((sg) => addSeg(linkPath, sg));
+  let hiPath = null;
+  if (hiSegs.length) { hiPath = new Path2D(); hiSegs.forEach((sg) => addSeg(hiPath, sg)); }
+  return { items, byKey, frames, edgePaths, linkPath, hiPath,
+           width: layout.width, height: layout.height, selected: st.selected, dimOthers: !!(hi && hi.size), legend };
+}
+
+// Leaves on the way from a leaf to the loss: forward dataflow descendants for an op,
+// autograd ancestors (towards the loss's grad_fn) for a grad_fn node.
+export function pathToLoss(model, key) {
+  const start = model.byKey.get(key);
+  if (!start) return new Set();
+  const n = model.leaves.length;
+  const adj = Array.from({ length: n }, () => []);
+  const forwardWalk = start.kind === "op";
+  for (const [a, b, type] of model.edges) {
+    if (forwardWalk && type === 0) adj[a].push(b);
+    if (!forwardWalk && type === 1) adj[b].push(a);
+  }
+  const seen = new Set([start.index]);
+  const stack = [start.index];
+  while (stack.length) for (const x of adj[stack.pop()]) if (!seen.has(x)) { seen.add(x); stack.push(x); }
+  return new Set([...seen].map((i) => model.leaves[i].key));
+}

@@ -1,0 +1,352 @@
+// The Graph view: step scrubber, overlays, search, module expansion, details panel, diff.
+// Layout runs in a Web Worker; the main thread only builds the scene and draws.
+import { h, clear, fmtNum, fmtBytes, fmtUs, withLoading } from "../dom.js";
+import { api, sessionPath, rankQuery } from "../api.js";
+import { buildModel, ancestors } from "./model.js";
+import { buildScene, pathToLoss, leafSub } from "./scene.js";
+import { GraphCanvas } from "./render.js";
+import { renderDetails } from "./details.js";
+import { RAMP_COLORS } from "../colors.js";
+
+const CANCEL_MS = 300;
+const OVERLAYS = [["phase", "phase (forward / backward)"], ["grad", "gradient norm"], ["memory", "memory allocated / saved"], ["time", "time"], ["dtype", "dtype"], ["diff", "diff vs another step"]];
+
+export class GraphView {
+  constructor(root, app) {
+    this.app = app;
+    this.root = root;
+    this.captured = [];
+    this.model = null;
+    this.layout = null;
+    this.expandedKeys = new Set(); // group keys, kept across steps so expansion survives
+    this.selected = app.state.node || null;
+    this.overlay = "phase";
+    this.highlight = null;
+    this.cut = new Set();
+    this.reqId = 0;
+    this.startWorker();
+    this.waiters = [];
+    this.build();
+  }
+
+  startWorker() {
+    this.worker = new Worker(new URL("./layout_worker.js", import.meta.url), { type: "module" });
+    this.worker.onmessage = (m) => { this.inFlight = null; this.onLayout(m.data); };
+    if (this.workerInput) this.worker.postMessage({ type: "init", input: this.workerInput });
+  }
+
+  build() {
+    this.stepSel = h("input", { type: "range", min: 0, max: 0, value: 0, "aria-label": "captured step", "data-testid": "step-range",
+                                oninput: () => this.showStep(this.captured[+this.stepSel.value]) });
+    this.stepLabel = h("span", { class: "step-label", "data-testid": "step-label" }, "–");
+    this.overlaySel = h("select", { "aria-label": "overlay", "data-testid": "overlay", onchange: () => this.setOverlay(this.overlaySel.value) },
+      OVERLAYS.map(([v, t]) => h("option", { value: v }, t)));
+    this.diffSel = h("select", { "aria-label": "diff against step", hidden: true, onchange: () => this.loadDiff() });
+    this.search = h("input", { type: "search", placeholder: "Search name, module, shape  ( / )", "aria-label": "search", "data-testid": "search",
+                               onkeydown: (e) => { if (e.key === "Enter") { e.preventDefault(); this.searchNext(e.shiftKey ? -1 : 1); } } });
+    this.searchInfo = h("span", { class: "muted" });
+    this.cutInfo = h("span", { class: "cut-info" });
+    const btn = (label, fn, title, testid) => h("button", { onclick: fn, title, "data-testid": testid }, label);
+    this.toolbar = h("div", { class: "toolbar" },
+      btn("◀", () => this.stepBy(-1), "previous captured step ( [ )"), this.stepSel, btn("▶", () => this.stepBy(1), "next captured step ( ] )"), this.stepLabel,
+      h("label", {}, "colour ", this.overlaySel), this.diffSel, this.search, this.searchInfo,
+      btn("Expand all", () => this.expandAll(), "expand every module", "expand-all"), btn("Collapse", () => this.collapseAll(), "collapse to top-level modules"),
+      btn("Fit", () => this.canvas.fit(), "fit to screen (f)"), this.cutInfo);
+    this.canvasEl = h("canvas", { tabindex: 0, "aria-label": "computation graph; n / p: next / previous node, Enter: expand, Backspace: collapse" });
+    this.legend = h("div", { class: "legend", "data-testid": "legend" });
+    this.status = h("div", { class: "graph-status" });
+    this.stage = h("div", { class: "stage" }, this.canvasEl, this.legend, this.status);
+    this.details = h("aside", { class: "details", "data-testid": "details" });
+    this.root.append(this.toolbar, h("div", { class: "graph-body" }, this.stage, this.details));
+    this.canvas = new GraphCanvas(this.canvasEl, {
+      onSelect: (it) => this.select(it ? it.key : null),
+      onDblClick: (it) => { if (it && it.group !== undefined) this.toggleGroup(it.group); },
+    });
+    this.canvasEl.addEventListener("keydown", (e) => this.onKey(e));
+    renderDetails(this.details, null, null, this.ctx());
+  }
+
+  ctx() {
+    const app = this.app;
+    return {
+      select: (k) => this.select(k, true), togglePath: (k) => this.togglePath(k), toggleGroup: (g) => this.toggleGroup(g),
+      isExpanded: (g) => this.model && this.expandedKeys.has(this.model.groups[g].key),
+      moduleType: app.moduleType, params: app.meta?.params || [], paramNorm: this.paramNorm, paramDtype: app.paramDtype,
+      diff: this.diff, gradStats: (p) => this.gradStats(p),
+    };
+  }
+
+  async load() {
+    this.captured = (await api(`${sessionPath(this.app.id)}/graphs?${rankQuery(this.app.rank)}`)).map((g) => g.step);
+    this.captured = [...new Set(this.captured)].sort((a, b) => a - b);
+    clear(this.diffSel).append(...this.captured.map((s) => h("option", { value: s }, `diff vs step ${s}`)));
+    this.stepSel.max = Math.max(0, this.captured.length - 1);
+    if (!this.captured.length) { this.status.textContent = "No graph captured yet in this session. It appears when a captured step ends."; return; }
+    const want = this.app.state.step;
+    const step = want !== undefined && this.captured.includes(want) ? want : this.captured[0];
+    await this.showStep(step);
+  }
+
+  async showStep(step) {
+    if (step === undefined) return;
+    this.step = step;
+    this.stepSel.value = this.captured.indexOf(step);
+    this.stepLabel.textContent = `step ${step} (${this.captured.indexOf(step) + 1}/${this.captured.length} captured)`;
+    this.app.setState({ step });
+    const ev = await withLoading(this.stage, api(`${sessionPath(this.app.id)}/graph?step=${step}${this.app.rank !== undefined ? "&rank=" + this.app.rank : ""}`), "Loading graph…");
+    if (this.step !== step) return; // scrubbed on meanwhile
+    const steps = await api(`${sessionPath(this.app.id)}/steps?start=${step}&end=${step}&${rankQuery(this.app.rank)}`).catch(() => []);
+    this.stepEvent = (steps || []).find((s) => s.step === step) || null;
+    this.t0 = performance.now(); // data arrived: first paint is measured from here
+    this.computeStepFacts();
+    this.model = buildModel(ev);
+    const m = this.model;
+    this.workerInput = {
+      leafGroup: Int32Array.from(m.leaves, (l) => l.group), leafPos: Int32Array.from(m.leaves, (l) => l.pos),
+      groupParent: Int32Array.from(m.groups, (g) => g.parent), groupPos: Float64Array.from(m.groups, (g) => (Number.isFinite(g.pos) ? g.pos : -1)),
+      edges: Int32Array.from(m.edges.flatMap((e) => [e[0], e[1]])),
+    };
+    this.worker.postMessage({ type: "init", input: this.workerInput });
+    this.status.textContent = ev.complete === false ? `Partial graph: ${ev.shed_ops || "some"} ops were dropped under back-pressure.` : "";
+    if (this.overlay === "diff") await this.loadDiff(false);
+    await this.relayout(true);
+    if (this.selected && !this.model.byKey.has(this.selected) && !this.selected.startsWith("g:")) this.selected = null;
+    if (this.selected) await this.select(this.selected, true);
+  }
+
+  computeStepFacts() {
+    const params = this.app.meta?.params || [];
+    const g = this.stepEvent?.grads || {};
+    this.paramNorm = new Map();
+    (g.norm || []).forEach((v, i) => { if (params[i] && v !== null) this.paramNorm.set(params[i].name, v); });
+    const none = (g.none || []).map((i) => params[i]?.name).filter(Boolean);
+    this.noGrad = none;
+    clear(this.cutInfo);
+    if (none.length) this.cutInfo.append(h("button", { class: "badge err", "data-testid": "cut-params", title: none.join("\n"), onclick: () => this.showCut() }, `${none.length} param(s) got no gradient`));
+  }
+
+  gradStats(param) {
+    const params = this.app.meta?.params || [];
+    const i = params.findIndex((p) => p.name === param);
+    const g = this.stepEvent?.grads;
+    if (i < 0 || !g) return null;
+    const res = {};
+    for (const k of ["norm", "max_abs", "mean", "std", "zero_frac", "nan", "inf"]) if (g[k]) res[k] = g[k][i];
+    return res;
+  }
+
+  showCut() {
+    const keys = new Set();
+    for (const p of this.noGrad || []) for (const k of this.model.paramOps.get(p) || []) keys.add(k);
+    this.cut = keys;
+    this.highlight = keys;
+    this.redraw();
+  }
+
+  relayout(fit = false) {
+    const m = this.model;
+    const expanded = [...this.expandedKeys].map((k) => m.gIndex.get(k)).filter((g) => g !== undefined);
+    this.expandedIdx = new Set(expanded);
+    // A layout still running after CANCEL_MS when a newer one is asked for is cancelled: the
+    // worker is replaced (it cannot be interrupted mid-computation) and re-initialised.
+    if (this.inFlight && performance.now() - this.inFlight > CANCEL_MS) { this.worker.terminate(); this.startWorker(); }
+    const id = ++this.reqId;
+    this.inFlight = this.inFlight || performance.now();
+    this.worker.postMessage({ type: "layout", id, expanded });
+    return new Promise((resolve) => this.waiters.push({ id, resolve, fit }));
+  }
+
+  onLayout(res) {
+    if (res.id !== this.reqId) return; // superseded by a newer request
+    this.layout = res;
+    this.lastLayoutMs = res.ms;
+    this.redraw();
+    const waiters = this.waiters.filter((w) => w.id <= res.id);
+    this.waiters = this.waiters.filter((w) => w.id > res.id);
+    if (waiters.some((w) => w.fit) && !this.fitted) { this.canvas.fit(); this.fitted = true; }
+    if (this.firstPaintMs === undefined) { this.firstPaintMs = null; requestAnimationFrame(() => { this.firstPaintMs = performance.now() - this.t0; }); }
+    waiters.forEach((w) => w.resolve());
+  }
+
+  redraw() {
+    if (!this.model || !this.layout) return;
+    const ctx = this.ctx();
+    this.scene = buildScene(this.model, this.layout, { expandedIdx: this.expandedIdx, overlay: this.overlay, ctx,
+      highlight: this.highlight, cut: this.cut, selected: this.selectedVisibleKey() });
+    this.canvas.setScene(this.scene);
+    this.drawLegend();
+  }
+
+  selectedVisibleKey() {
+    if (!this.selected || !this.model) return null;
+    const l = this.model.byKey.get(this.selected);
+    if (!l) return this.selected;
+    const hidden = ancestors(this.model, l.group).filter((g) => !this.expandedIdx.has(g));
+    return hidden.length ? "g:" + this.model.groups[hidden[hidden.length - 1]].key : this.selected;
+  }
+
+  drawLegend() {
+    clear(this.legend);
+    const lg = this.scene.legend;
+    if (!lg) {
+      for (const [name, v] of [["forward op", "--op-fwd"], ["grad_fn node", "--op-bwd"], ["AccumulateGrad", "--op-acc"], ["module (collapsed)", "--group-fwd"]]) {
+        this.legend.append(h("span", { class: "swatch", style: `background:var(${v})` }), h("span", {}, name));
+      }
+    } else if (lg.kind === "cats") {
+      for (const [k, c] of lg.entries) this.legend.append(h("span", { class: "swatch", style: `background:${c}` }), h("span", {}, k));
+    } else {
+      const fmt = lg.overlay === "memory" ? fmtBytes : lg.overlay === "time" ? fmtUs : fmtNum;
+      this.legend.append(h("span", {}, `${lg.overlay === "grad" ? "‖grad‖" : lg.overlay} ${fmt(lg.lo)}`),
+        h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP_COLORS.join(",")})` }), h("span", {}, `${fmt(lg.hi)} (log)`));
+    }
+    if (this.diffSummary && this.overlay === "diff") this.legend.append(h("span", { class: "muted" }, this.diffSummary));
+  }
+
+  setOverlay(v) {
+    this.overlay = v;
+    this.overlaySel.value = v;
+    this.diffSel.hidden = v !== "diff";
+    this.app.setState({ overlay: v === "phase" ? undefined : v });
+    if (v === "diff") this.loadDiff(); else this.redraw();
+  }
+
+  async loadDiff(redraw = true) {
+    const other = +this.diffSel.value;
+    if (Number.isNaN(other) || !this.model) return;
+    const ev = await api(`${sessionPath(this.app.id)}/graph?step=${other}${this.app.rank !== undefined ? "&rank=" + this.app.rank : ""}`);
+    const om = buildModel(ev);
+    const sig = (m, l) => `${l.phase}|${l.module}|${l.label}`;
+    const full = (m, l) => `${sig(m, l)}|${leafSub(m, l)}`;
+    const count = (m, f) => { const c = new Map(); for (const l of m.leaves) { const k = f(m, l); c.set(k, (c.get(k) || 0) + 1); } return c; };
+    const of = count(om, full), os = count(om, sig);
+    const diff = new Map();
+    let added = 0, changed = 0;
+    for (const l of this.model.leaves) {
+      const f = full(this.model, l), s = sig(this.model, l);
+      if (of.get(f) > 0) { of.set(f, of.get(f) - 1); os.set(s, os.get(s) - 1); continue; }
+      if (os.get(s) > 0) { os.set(s, os.get(s) - 1); diff.set(l.key, "changed"); changed++; } else { diff.set(l.key, "added"); added++; }
+    }
+    const removed = [...os.values()].reduce((a, b) => a + Math.max(b, 0), 0);
+    this.diff = diff;
+    this.diffSummary = `vs step ${other}: ${added} added, ${changed} changed, ${removed} removed`;
+    if (redraw) this.redraw();
+  }
+
+  async toggleGroup(g) {
+    const key = this.model.groups[g].key;
+    if (this.expandedKeys.has(key)) this.expandedKeys.delete(key); else this.expandedKeys.add(key);
+    await this.relayout();
+    if (this.selected && this.selected.startsWith("g:")) renderDetails(this.details, this.model, this.selected, this.ctx());
+  }
+
+  async expandAll() { for (const g of this.model.groups) if (g.key) this.expandedKeys.add(g.key); await this.relayout(); }
+  async collapseAll() { this.expandedKeys.clear(); await this.relayout(); this.canvas.fit(); }
+
+  // Select a leaf or group; hidden leaves get their module groups expanded first.
+  async select(key, center = false) {
+    this.selected = key;
+    this.app.setState({ node: key || undefined });
+    if (key && this.model) {
+      const l = this.model.byKey.get(key);
+      if (l) {
+        const need = ancestors(this.model, l.group).filter((g) => !this.expandedKeys.has(this.model.groups[g].key));
+        if (need.length) { need.forEach((g) => this.expandedKeys.add(this.model.groups[g].key)); await this.relayout(); }
+      }
+    }
+    if (this.highlight && !this.keepHighlight) { this.highlight = null; }
+    this.keepHighlight = false;
+    this.redraw();
+    renderDetails(this.details, this.model, key, this.ctx());
+    if (center && key && this.scene) { const it = this.scene.byKey.get(this.selectedVisibleKey()); if (it) this.canvas.centerOn(it.box); }
+  }
+
+  togglePath(key) {
+    this.highlight = this.highlight && this.highlight.has(key) ? null : pathToLoss(this.model, key);
+    this.redraw();
+  }
+
+  // Highlight a finding's targets (diagnostics panel).
+  async highlightTargets(targets) {
+    const keys = new Set();
+    for (const t of targets) {
+      if (t.node !== undefined) keys.add("n" + t.node);
+      if (t.op !== undefined) keys.add("o" + t.op);
+      if (t.param) { const k = this.model.nodeOfParam.get(t.param); if (k) keys.add(k); for (const o of this.model.paramOps.get(t.param) || []) keys.add(o); }
+      if (t.module !== undefined && t.node === undefined && t.op === undefined && !t.param) {
+        for (const l of this.model.leaves) if (l.module === t.module || l.module.startsWith(t.module + ".")) keys.add(l.key);
+      }
+    }
+    const first = [...keys].find((k) => this.model.byKey.has(k));
+    this.keepHighlight = true;
+    this.highlight = keys;
+    if (first) await this.select(first, true); else this.redraw();
+  }
+
+  stepBy(d) {
+    const i = this.captured.indexOf(this.step) + d;
+    if (i >= 0 && i < this.captured.length) this.showStep(this.captured[i]);
+  }
+
+  matches() {
+    const q = this.search.value.trim().toLowerCase();
+    if (!q || !this.model) return [];
+    const type = this.app.moduleType;
+    return this.model.leaves.filter((l) => `${l.label} ${l.rec.name} ${l.module} ${type?.get(l.module) || ""} ${leafSub(this.model, l)}`.toLowerCase().includes(q));
+  }
+
+  searchNext(dir) {
+    const ms = this.matches();
+    this.searchInfo.textContent = ms.length ? "" : "no match";
+    if (!ms.length) return;
+    const cur = ms.findIndex((l) => l.key === this.selected);
+    const next = ms[(cur + dir + ms.length) % ms.length];
+    this.searchInfo.textContent = `${ms.indexOf(next) + 1}/${ms.length}`;
+    this.select(next.key, true);
+  }
+
+  onKey(e) {
+    if (!this.scene) return;
+    const items = this.scene.items;
+    if (e.key === "n" || e.key === "p") { // next/previous visible node in execution order
+      const order = items.filter((it) => it.leaf !== undefined).sort((a, b) => a.leaf - b.leaf);
+      const i = order.findIndex((it) => it.key === this.selected);
+      const next = order[(i + (e.key === "n" ? 1 : -1) + order.length) % order.length];
+      if (next) this.select(next.key, true);
+    } else if (e.key === "Enter") {
+      const it = this.scene.byKey.get(this.selected);
+      if (it && it.group !== undefined) this.toggleGroup(it.group);
+    } else if (e.key === "Backspace") {
+      const l = this.model.byKey.get(this.selected);
+      const g = l ? l.group : this.selected?.startsWith("g:") ? this.model.groups[this.model.gIndex.get(this.selected.slice(2))].parent : 0;
+      if (g > 0) { this.expandedKeys.delete(this.model.groups[g].key); this.select("g:" + this.model.groups[g].key); this.relayout(); }
+    } else if (e.key === "f") this.canvas.fit();
+    else if (e.key === "[" || e.key === "]") this.stepBy(e.key === "]" ? 1 : -1);
+    else if (e.key === "Escape") { this.highlight = null; this.select(null); }
+    else if (e.key === "+" || e.key === "-") this.canvas.zoomAt(this.canvas.w / 2, this.canvas.h / 2, e.key === "+" ? 1.25 : 0.8);
+    else return;
+    e.preventDefault();
+  }
+
+  // Live: a newly captured step joins the scrubber; the current view stays as it is.
+  onCapturedStep(step) {
+    if (this.captured.includes(step)) return;
+    this.captured.push(step);
+    this.captured.sort((a, b) => a - b);
+    this.stepSel.max = this.captured.length - 1;
+    this.stepSel.value = this.captured.indexOf(this.step);
+    this.diffSel.append(h("option", { value: step }, `diff vs step ${step}`));
+    if (this.step === undefined) this.showStep(step);
+    else this.stepLabel.textContent = `step ${this.step} (${this.captured.indexOf(this.step) + 1}/${this.captured.length} captured)`;
+  }
+
+  // For tests and the benchmark (the canvas cannot be queried otherwise).
+  debug() {
+    return {
+      step: this.step, captured: this.captured.slice(), selected: this.selected, overlay: this.overlay,
+      layoutMs: this.lastLayoutMs, firstPaintMs: this.firstPaintMs,
+      nodes: (this.scene?.items || []).map((it) => ({ key: it.key, label: it.label, sub: it.sub, group: it.group !== undefined, hi: it.hi, cut: it.cut, color: it.color })),
+      frames: (this.scene?.frames || []).map((f) => f.title),
+      expanded: [...this.expandedKeys], leaves: this.model?.leaves.length || 0,
+    };
+  }
+}

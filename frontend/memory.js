@@ -1,0 +1,79 @@
+// Memory view: per-step bytes by category over the run (from /memory, columnar), and the
+// in-step timeline of live bytes op by op (GraphEvent.memory_timeline); click -> the op.
+import { h, clear, fmtBytes, shape } from "./dom.js";
+import { api, sessionPath, rankQuery } from "./api.js";
+import { LineChart } from "./chart.js";
+
+const CATEGORIES = [["live", "live"], ["peak", "peak"], ["allocated", "allocated"], ["reserved", "reserved"], ["params", "parameters"],
+  ["grads", "gradients"], ["optimizer", "optimizer state"], ["saved", "saved activations"]];
+
+export class MemoryView {
+  constructor(root, app) {
+    this.app = app;
+    this.root = root;
+    this.info = h("p", { class: "muted" });
+    this.stepSel = h("select", { "aria-label": "step for the in-step timeline", "data-testid": "memory-step", onchange: () => this.loadTimeline(+this.stepSel.value) });
+    root.append(h("h2", {}, "Memory per step"), this.info);
+    this.perStep = new LineChart(root, { title: "bytes at each step boundary (allocated / reserved come from the CUDA allocator)", fmt: fmtBytes,
+      onClick: (i) => { const s = this.series.step[i]; if (this.captured.includes(s)) { this.stepSel.value = s; this.loadTimeline(s); } } });
+    root.append(h("h2", {}, "Inside a step: live bytes op by op ", this.stepSel));
+    this.timeline = new LineChart(root, { title: "live bytes through forward and backward — click a point to open the op in the graph", fmt: fmtBytes, xLabel: "op",
+      onClick: (i) => this.openOp(i) });
+    this.top = h("div", { class: "top-allocs" });
+    root.append(this.top);
+  }
+
+  async load() {
+    this.series = await api(`${sessionPath(this.app.id)}/memory?${rankQuery(this.app.rank)}`);
+    const s = this.series;
+    this.info.textContent = s.step && s.step.length ? `${s.step.length} steps` : "No steps recorded yet.";
+    this.drawPerStep();
+    this.captured = (await api(`${sessionPath(this.app.id)}/graphs?${rankQuery(this.app.rank)}`)).map((g) => g.step);
+    clear(this.stepSel).append(...this.captured.map((st) => h("option", { value: st }, `step ${st}`)));
+    const want = this.captured.includes(this.app.state.step) ? this.app.state.step : this.captured[0];
+    if (want !== undefined) { this.stepSel.value = want; await this.loadTimeline(want); }
+  }
+
+  drawPerStep() {
+    const s = this.series;
+    return this.perStep.setData(s.step || [], CATEGORIES.map(([k, name]) => ({ name, y: s[k] || [] })));
+  }
+
+  async loadTimeline(step) {
+    this.app.setState({ step });
+    const ev = await api(`${sessionPath(this.app.id)}/graph?step=${step}${this.app.rank !== undefined ? "&rank=" + this.app.rank : ""}`);
+    this.graph = ev;
+    const tl = ev.memory_timeline && ev.memory_timeline.length ? ev.memory_timeline : (ev.ops || []).filter((o) => o.live !== undefined).map((o) => [o.id, o.live]);
+    this.tl = tl;
+    this.timeline.setData(tl.map((_, i) => i), [{ name: `live bytes, step ${step}`, y: tl.map((p) => p[1]) }]);
+    this.drawTop(ev, tl);
+  }
+
+  // The largest allocations made up to the peak: what was holding memory at that point.
+  drawTop(ev, tl) {
+    clear(this.top);
+    if (!tl.length) return;
+    let peakI = 0;
+    tl.forEach((p, i) => { if (p[1] > tl[peakI][1]) peakI = i; });
+    const upTo = new Set(tl.slice(0, peakI + 1).map((p) => p[0]));
+    const tensors = new Map((ev.tensors || []).map((t) => [t.id, t]));
+    const ops = (ev.ops || []).filter((o) => upTo.has(o.id) && o.alloc > 0).sort((a, b) => b.alloc - a.alloc).slice(0, 10);
+    this.top.append(h("h3", {}, `Peak ${fmtBytes(tl[peakI][1])} after op #${tl[peakI][0]} — largest allocations before it`),
+      h("table", { class: "tensors" }, h("tr", {}, ...["bytes", "op", "module", "output shape", ""].map((x) => h("th", {}, x))),
+        ops.map((o) => h("tr", {}, h("td", {}, fmtBytes(o.alloc)), h("td", {}, o.name), h("td", {}, o.module || "(root)"),
+          h("td", {}, shape(tensors.get((o.outputs || [])[0])?.shape)),
+          h("td", {}, h("a", { href: "#", onclick: (e) => { e.preventDefault(); this.app.openNode(this.graph.step, "o" + o.id); } }, "show in graph"))))));
+  }
+
+  openOp(i) {
+    const p = this.tl && this.tl[i];
+    if (p) this.app.openNode(this.graph.step, "o" + p[0]);
+  }
+
+  onStep() { // live: append without touching the timeline the user is reading
+    clearTimeout(this.t);
+    this.t = setTimeout(async () => { this.series = await api(`${sessionPath(this.app.id)}/memory?${rankQuery(this.app.rank)}`); this.drawPerStep(); }, 500);
+  }
+
+  debug() { return { steps: this.series?.step?.length || 0, timeline: this.tl?.length || 0, drawMs: this.perStep.lastDrawMs }; }
+}

@@ -1,0 +1,19 @@
+// Field names the dashboard reads, per event kind; mirrors capture/schema.py.
+// tests/browser/test_dashboard_schema.py parses this file as text and checks every name
+// here exists in the Python TypedDict of the same kind, so a rename there fails a test.
+export const FIELDS = {
+  session: ["kind", "session_id", "name", "started_at", "rank", "world_size", "model", "modules", "params", "torch_version", "device", "script"],
+  ModuleInfo: ["path", "type", "n_params", "training"],
+  ParamInfo: ["name", "module", "shape", "dtype", "numel", "nbytes", "requires_grad"],
+  step: ["kind", "step", "rank", "t", "duration_us", "forward_us", "backward_us", "loss", "graph_captured", "graph_signature", "grads", "memory"],
+  GradStats: ["norm", "max_abs", "nan", "inf", "none"],
+  MemoryStats: ["params", "grads", "optimizer", "saved", "temporaries", "live", "peak", "device"],
+  graph: ["kind", "step", "rank", "micro", "complete", "shed_ops", "ops", "tensors", "nodes", "edges", "root", "memory_timeline"],
+  OpRecord: ["id", "name", "module", "call", "phase", "inputs", "outputs", "inplace", "src", "dur_us", "alloc", "free", "live", "grad_fn", "flags"],
+  TensorMeta: ["id", "shape", "dtype", "device", "requires_grad", "is_leaf", "stride", "storage", "offset", "nbytes", "param", "grad_fn"],
+  NodeRecord: ["id", "name", "param", "module", "op", "saved", "saved_bytes", "order", "dur_us"],
+  SavedTensor: ["name", "shape", "dtype", "nbytes"],
+  end: ["kind", "status", "steps", "message"],
+  Finding: ["code", "severity", "title", "message", "fix", "steps", "since", "rank", "targets", "modules", "params", "src", "view"],
+  FindingTarget: ["step", "rank", "node", "op", "module", "param"],
+};

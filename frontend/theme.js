@@ -1,0 +1,13 @@
+// Light / dark theme: follows the system unless the user picked one (kept in localStorage).
+export function initTheme() {
+  const saved = localStorage.getItem("torchscope-theme");
+  const dark = saved ? saved === "dark" : window.matchMedia("(prefers-color-scheme: dark)").matches;
+  document.documentElement.dataset.theme = dark ? "dark" : "light";
+  const btn = document.getElementById("theme");
+  if (btn) btn.addEventListener("click", () => {
+    const next = document.documentElement.dataset.theme === "dark" ? "light" : "dark";
+    document.documentElement.dataset.theme = next;
+    localStorage.setItem("torchscope-theme", next);
+    window.dispatchEvent(new Event("resize"));
+  });
+}

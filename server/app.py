@@ -1,0 +1,80 @@
+"""The FastAPI application: store, live hub, routers, static dashboard, security."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from .config import Settings, version
+from .diagnostics import diagnostics
+from .live import LiveHub
+from .routes_ingest import router as ingest_router
+from .routes_pages import router as pages_router
+from .routes_sessions import router as sessions_router
+from .security import SecurityMiddleware
+from .store import Store
+
+log = logging.getLogger("torchscope.server")
+
+
+def _frontend_dir() -> Path:
+    import torchscope.frontend
+
+    return Path(torchscope.frontend.__file__).resolve().parent
+
+
+def create_app(settings: Settings | None = None) -> Any:
+    """The ASGI app (FastAPI wrapped in the security middleware); ``.fastapi`` is the inner app."""
+    settings = settings or Settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        pool = ThreadPoolExecutor(1, thread_name_prefix="torchscope-doctor")
+
+        def schedule_diagnostics(session_id: str, rank: int) -> None:
+            """Run the doctor in the background once a run ended or was imported, so the
+            sessions list shows its error/warning counts without anyone asking."""
+
+            def job() -> None:
+                try:
+                    findings, fresh = diagnostics(app.state.store, session_id, rank)
+                except Exception:
+                    log.exception("torchscope: diagnostics of %s failed", session_id)
+                    return
+                if fresh:
+                    loop.call_soon_threadsafe(app.state.hub.publish, {
+                        "session": session_id, "rank": rank, "kind": "finding", "count": len(findings)})
+
+            pool.submit(job)
+
+        app.state.schedule_diagnostics = schedule_diagnostics
+        try:
+            yield
+        finally:
+            app.state.hub.close()
+            pool.shutdown(wait=False, cancel_futures=True)
+            app.state.store.close()
+
+    app = FastAPI(title="torchscope", version=version(), lifespan=lifespan,
+                  description="Live view of PyTorch training runs: sessions, steps, graphs, memory, gradients.")
+    app.state.settings = settings
+    app.state.store = Store(settings.db_path)
+    app.state.hub = LiveHub()
+    app.state.schedule_diagnostics = lambda session_id, rank: None  # replaced at startup
+    app.include_router(pages_router)
+    app.include_router(ingest_router)
+    app.include_router(sessions_router)
+    app.mount("/static", StaticFiles(directory=_frontend_dir()), name="static")
+    wrapped = SecurityMiddleware(app, settings.allowed_hosts, settings.token)
+    wrapped.fastapi = app  # type: ignore[attr-defined]
+    return wrapped

@@ -1,0 +1,100 @@
+"""What the CLI needs from a server: find one on a port, start one in the background,
+upload a session file.  Standard library only (urllib), so the CLI stays light."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+class ClientError(RuntimeError):
+    """One line for the user."""
+
+
+def health(base: str, timeout: float = 1.0) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(base + "/api/health", timeout=timeout) as resp:
+            data = json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("ok") is True else None
+
+
+def ensure_server(port: int, data: str | None = None, timeout: float = 30.0) -> str:
+    """The URL of a torchscope server on 127.0.0.1:port, started in its own process session
+    (so it outlives this command and the user can keep browsing) when none answers."""
+    base = f"http://127.0.0.1:{port}"
+    if health(base):
+        return base
+    cmd = [sys.executable, "-m", "torchscope.server.cli", "serve", "--port", str(port), "--quiet"]
+    if data:
+        cmd += ["--data", data]
+    log_dir = Path(data).expanduser() if data else Path(os.environ.get("TORCHSCOPE_DATA", "~/.torchscope")).expanduser()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "server.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if health(base):
+            return base
+        if proc.poll() is not None:
+            raise ClientError(f"could not start a server on port {port} (see {log_dir / 'server.log'}); "
+                              "choose another with --port")
+        time.sleep(0.1)
+    raise ClientError(f"the server on port {port} did not answer within {timeout:.0f}s")
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    width = 30
+    filled = int(width * done / total) if total else width
+    sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done >> 20}/{total >> 20} MiB")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def upload(base: str, path: Path, token: str | None = None) -> dict[str, Any]:
+    """POST the file to /api/sessions/import as multipart; a progress bar for big files."""
+    boundary = uuid.uuid4().hex
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{path.name}\"\r\n"
+            "Content-Type: application/octet-stream\r\n\r\n").encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+    size = path.stat().st_size
+    show = size > 16 * 1024 * 1024 and sys.stderr.isatty()
+
+    def body() -> Iterator[bytes]:
+        yield head
+        sent = 0
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                sent += len(chunk)
+                if show:
+                    _progress(sent, size, "importing")
+                yield chunk
+        yield tail
+
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}",
+               "Content-Length": str(len(head) + size + len(tail))}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(base + "/api/sessions/import", data=body(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            return dict(json.loads(resp.read()))
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read()).get("detail", exc.reason)
+        except ValueError:
+            detail = exc.reason
+        raise ClientError(f"the server refused {path.name}: {detail}") from None
+    except OSError as exc:
+        raise ClientError(f"could not reach the server at {base} ({exc})") from None

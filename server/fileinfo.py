@@ -1,0 +1,59 @@
+"""``torchscope info``: a one-screen summary of a session file, read with the codec only."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from torchscope.sessionfile import iter_events
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def summarize(path: Path) -> dict[str, Any]:
+    session: dict[str, Any] = {}
+    end: dict[str, Any] | None = None
+    steps: set[int] = set()
+    ranks: set[int] = set()
+    graphs = 0
+    t_first = t_last = None
+    for ev in iter_events(path):
+        kind = ev.get("kind")
+        if kind == "session" and not session:
+            session = ev
+            if isinstance(ev.get("rank"), int):
+                ranks.add(ev["rank"])
+        elif kind == "step":
+            if isinstance(ev.get("step"), int):
+                steps.add(ev["step"])
+            if isinstance(ev.get("rank"), int):
+                ranks.add(ev["rank"])
+            t = ev.get("t")
+            if isinstance(t, (int, float)):
+                t_first = t if t_first is None else min(t_first, t)
+                t_last = t if t_last is None else max(t_last, t)
+        elif kind == "graph":
+            graphs += 1
+        elif kind == "end":
+            end = ev
+    started = session.get("started_at")
+    finished = end.get("t") if end else None
+    begin = started if isinstance(started, (int, float)) else t_first
+    stop = finished if isinstance(finished, (int, float)) else t_last
+    return {
+        "name": session.get("name", path.stem),
+        "model": session.get("model", "?"),
+        "steps": len(steps),
+        "ranks": ", ".join(map(str, sorted(ranks))) or "0",
+        "status": (end.get("status", "finished") if end else "ended unexpectedly"),
+        "graphs captured": graphs,
+        "size": _size(os.path.getsize(path)),
+        "duration": f"{stop - begin:.1f} s" if begin is not None and stop is not None else "?",
+    }

@@ -1,0 +1,127 @@
+"""Frames in: split a body of concatenated frames, decode each with the one codec
+(``torchscope.sessionfile``) and validate every event against the one schema
+(``torchscope.schema``, through pydantic ``TypeAdapter``).  Anything wrong is a
+``BadFrames`` whose message is one line for a 400 or the CLI."""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, Union
+
+import typing_extensions
+from pydantic import Field, TypeAdapter, ValidationError
+from torchscope import schema
+from torchscope.sessionfile import (
+    FRAME_HEADER_SIZE,
+    HEADER_SIZE,
+    FrameInfo,
+    SessionFileError,
+    check_file_header,
+    decode_frame,
+    parse_frame_header,
+)
+
+
+class BadFrames(ValueError):
+    """Frames that cannot be stored; the message is one line."""
+
+
+_converted: dict[type, Any] = {}
+
+
+def _pydantic_type(tp: Any) -> Any:
+    """The same type with every ``typing.TypedDict`` of the schema rebuilt as a
+    ``typing_extensions.TypedDict``: pydantic needs those on Python < 3.12, while the schema
+    module stays standard-library only (it is imported inside the training process)."""
+    if typing_extensions.is_typeddict(tp):
+        if tp not in _converted:
+            hints = typing.get_type_hints(tp)
+            fields = {k: _pydantic_type(v) for k, v in hints.items()}
+            _converted[tp] = typing_extensions.TypedDict(tp.__name__, fields, total=False)  # type: ignore[operator]
+        return _converted[tp]
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is None or not args or origin is typing.Literal:
+        return tp
+    new = tuple(_pydantic_type(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return Union.__getitem__(new)
+    return origin[new]
+
+
+_EVENT_UNION: Any = Union.__getitem__(tuple(_pydantic_type(t) for t in schema.EVENT_TYPES.values()))
+_EVENT: TypeAdapter[Any] = TypeAdapter(Annotated[_EVENT_UNION, Field(discriminator="kind")])
+
+
+@dataclass(frozen=True)
+class Frame:
+    raw: bytes  # exactly as received: export writes these bytes back
+    info: FrameInfo
+    events: list[dict[str, Any]]
+
+
+def validate_event(ev: dict[str, Any]) -> None:
+    """Raise BadFrames unless ``ev`` is one of the schema's events.  Kinds this version does
+    not know (a newer minor version) are kept raw and not interpreted."""
+    if ev.get("kind") not in schema.EVENT_TYPES:
+        return
+    try:
+        _EVENT.validate_python(ev, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"][1:]) or "event"
+        raise BadFrames(f"invalid {ev.get('kind')} event: {where}: {err['msg']}") from None
+
+
+def split_frames(body: bytes) -> list[Frame]:
+    """Every frame of a body; all or nothing (a bad frame rejects the body)."""
+    frames: list[Frame] = []
+    offset = 0
+    while offset < len(body):
+        try:
+            info = parse_frame_header(body[offset : offset + FRAME_HEADER_SIZE], offset)
+            end = offset + FRAME_HEADER_SIZE + info.length
+            if end > len(body):
+                raise SessionFileError("truncated frame")
+            raw = body[offset:end]
+            _, events = decode_frame(raw)
+        except SessionFileError as exc:
+            raise BadFrames(f"frame {len(frames)} (byte {offset}): {exc}") from None
+        for ev in events:
+            validate_event(ev)
+        frames.append(Frame(raw, info, events))
+        offset = end
+    return frames
+
+
+def split_file(data: bytes, name: str = "file") -> tuple[tuple[int, int], list[Frame]]:
+    """A whole ``.tscope`` file: header then frames.  A torn tail (a killed writer) is
+    dropped as the file reader does; a file with no readable frame is refused."""
+    try:
+        version = check_file_header(data[:HEADER_SIZE], name)
+    except SessionFileError as exc:
+        raise BadFrames(str(exc)) from None
+    frames: list[Frame] = []
+    offset = HEADER_SIZE
+    while offset + FRAME_HEADER_SIZE <= len(data):
+        try:
+            info = parse_frame_header(data[offset : offset + FRAME_HEADER_SIZE], offset)
+            end = offset + FRAME_HEADER_SIZE + info.length
+            if end > len(data):
+                break
+            raw = data[offset:end]
+            _, events = decode_frame(raw)
+        except SessionFileError:
+            break  # torn or corrupt tail: what came before is the readable session
+        for ev in events:
+            validate_event(ev)
+        frames.append(Frame(raw, info, events))
+        offset = end
+    if not frames:
+        raise BadFrames(f"{name} holds no complete frame (truncated or corrupt)")
+    for i, f in enumerate(frames):
+        if f.info.seq != i:
+            raise BadFrames(f"{name}: frame {i} has sequence number {f.info.seq}")
+    return version, frames

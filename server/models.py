@@ -1,0 +1,78 @@
+"""Pydantic models of the REST API's wire contract (what OpenAPI at /docs shows).
+
+Events themselves (StepEvent, GraphEvent, ...) are the TypedDicts of ``torchscope.schema``;
+they are served as stored, not re-modelled here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Status = Literal["running", "finished", "error", "ended unexpectedly"]
+
+
+class Health(BaseModel):
+    ok: bool
+    version: str
+
+
+class NextSeq(BaseModel):
+    next_seq: int
+
+
+class SessionSummary(BaseModel):
+    id: str
+    name: str
+    status: Status
+    steps: int = Field(description="steps recorded (the most of any rank)")
+    ranks: list[int]
+    started_at: float | None
+    updated_at: float
+    tags: list[str]
+    model: str | None
+    errors: int = Field(description="doctor findings of severity error (last computed)")
+    warnings: int
+
+
+class RankInfo(BaseModel):
+    rank: int
+    status: Status
+    steps: int
+    graphs: int
+    frames: int
+    events: int
+    bytes: int
+    last_seen: float
+
+
+class SessionDetail(SessionSummary):
+    meta: dict[str, Any] | None = Field(description="rank 0's session event")
+    rank_info: list[RankInfo]
+
+
+class SessionPatch(BaseModel):
+    model_config = {"extra": "forbid"}
+    name: str | None = Field(None, min_length=1, max_length=200)
+    tags: list[Any] | None = Field(None, max_length=50)
+
+
+class GraphIndexEntry(BaseModel):
+    step: int
+    micro: int
+    ops: int
+    nodes: int
+    signature: str | None
+
+
+class ImportResult(BaseModel):
+    id: str
+    url: str
+    frames: int
+    new_frames: int
+    rank: int
+
+
+class Deleted(BaseModel):
+    deleted: str

@@ -1,0 +1,58 @@
+"""Health, the live SSE channel, and the HTML shell (templates from the dashboard team)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+
+from .config import TOKEN_COOKIE, version
+from .deps import HubDep, SessionId, SettingsDep
+from .models import Health
+
+router = APIRouter()
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+_env: Any = None
+
+
+def _render(name: str, request: Request, token: str | None, **context: Any) -> Response:
+    global _env
+    if not (TEMPLATES / name).is_file():
+        # the dashboard's templates ship with the package; a checkout without them still answers
+        return HTMLResponse(f"<!doctype html><title>torchscope</title><p>torchscope {version()}: the dashboard "
+                            f"template {name} is not installed. The API is at <a href='/docs'>/docs</a>.</p>",
+                            status_code=503)
+    if _env is None:
+        import jinja2
+
+        _env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True)
+    html = _env.get_template(name).render(token=token or "", version=version(), **context)
+    resp = HTMLResponse(html)
+    if token and request.query_params.get("token") == token:
+        # the browser keeps the token so the page's own API calls and SSE carry it
+        resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+    return resp
+
+
+@router.get("/api/health", response_model=Health, tags=["server"])
+def health() -> Health:
+    return Health(ok=True, version=version())
+
+
+@router.get("/api/live", tags=["server"], response_class=StreamingResponse,
+            response_description='Server-Sent Events: data: {"session", "rank", "kind", "step"}')
+def live(hub: HubDep) -> StreamingResponse:
+    return StreamingResponse(hub.stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+def index(request: Request, settings: SettingsDep) -> Response:
+    return _render("index.html", request, settings.token)
+
+
+@router.get("/sessions/{session_id}", response_class=HTMLResponse, include_in_schema=False)
+def session_page(session_id: SessionId, request: Request, settings: SettingsDep) -> Response:
+    return _render("session.html", request, settings.token, session_id=session_id)

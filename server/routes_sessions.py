@@ -1,0 +1,195 @@
+"""REST API over stored sessions (docs/architecture.md): one short function per endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request, UploadFile
+from fastapi.responses import Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from torchscope.sessionfile import decode_frame, file_header
+
+from .deps import SESSION_ID_PATTERN, HubDep, SessionId, StoreDep, require_session
+from .diagnostics import diagnostics as run_diagnostics
+from .frames import BadFrames, Frame, split_file
+from .graphview import filter_graph
+from .live import ingest_messages
+from .models import Deleted, GraphIndexEntry, ImportResult, SessionDetail, SessionPatch, SessionSummary
+from .store import NotFound, api_json
+
+router = APIRouter(prefix="/api", tags=["sessions"])
+
+RankQ = Annotated[int, Query(ge=0, le=65535)]
+StepQ = Annotated[int | None, Query(ge=0, le=2**62)]
+JSON = "application/json"
+
+# Series of a finished session never change: cache them by the frame count they were built
+# on, so reopening a 100,000-step run does not rebuild its columns.
+_series_cache: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
+_SERIES_CACHE_SIZE = 32
+
+
+def _cached(key: tuple[Any, ...], build: Any) -> bytes:
+    if key in _series_cache:
+        _series_cache.move_to_end(key)
+        return _series_cache[key]
+    value: bytes = build()
+    _series_cache[key] = value
+    if len(_series_cache) > _SERIES_CACHE_SIZE:
+        _series_cache.popitem(last=False)
+    return value
+
+
+@router.get("/sessions", response_model=list[SessionSummary])
+def list_sessions(store: StoreDep) -> list[dict[str, Any]]:
+    return store.sessions()
+
+
+@router.get("/sessions/{session_id}", response_model=SessionDetail)
+def get_session(session_id: SessionId, store: StoreDep) -> dict[str, Any]:
+    try:
+        return store.session(session_id)
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+@router.patch("/sessions/{session_id}", response_model=SessionDetail)
+async def patch_session(session_id: SessionId, patch: SessionPatch, store: StoreDep) -> dict[str, Any]:
+    tags = None if patch.tags is None else [str(t)[:100] for t in patch.tags]
+    if not await asyncio.wrap_future(store.update(session_id, patch.name, tags)):
+        raise HTTPException(404, f"no session {session_id!r}")
+    return store.session(session_id)
+
+
+@router.delete("/sessions/{session_id}", response_model=Deleted)
+async def delete_session(session_id: SessionId, store: StoreDep, hub: HubDep) -> Deleted:
+    if not await asyncio.wrap_future(store.delete(session_id)):
+        raise HTTPException(404, f"no session {session_id!r}")
+    _series_cache.clear()
+    hub.publish({"session": session_id, "kind": "deleted"})
+    return Deleted(deleted=session_id)
+
+
+@router.get("/sessions/{session_id}/steps", response_description="a list of StepEvent (torchscope.schema)")
+def steps(session_id: SessionId, store: StoreDep, rank: RankQ = 0, start: StepQ = None, end: StepQ = None,
+          limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+          offset: Annotated[int, Query(ge=0, le=2**40)] = 0) -> Response:
+    require_session(store, session_id)
+    return Response(store.steps_json(session_id, rank, start, end, limit, offset), media_type=JSON)
+
+
+@router.get("/sessions/{session_id}/graphs", response_model=list[GraphIndexEntry])
+def graphs(session_id: SessionId, store: StoreDep, rank: RankQ = 0) -> list[dict[str, Any]]:
+    require_session(store, session_id)
+    return store.graphs(session_id, rank)
+
+
+@router.get("/sessions/{session_id}/graph", response_description="the GraphEvent (torchscope.schema)")
+def graph(session_id: SessionId, store: StoreDep, step: Annotated[int, Query(ge=0, le=2**62)],
+          rank: RankQ = 0, micro: Annotated[int | None, Query(ge=0, le=2**31)] = None,
+          module: Annotated[str | None, Query(max_length=500, description="module path prefix")] = None,
+          op: Annotated[list[str] | None, Query(max_length=50, description="op kinds, e.g. addmm")] = None,
+          ) -> Response:
+    require_session(store, session_id)
+    raw = store.graph_frame(session_id, rank, step, micro)
+    if raw is None:
+        captured = sorted({g["step"] for g in store.graphs(session_id, rank)})
+        shown = ", ".join(map(str, captured[:20])) + (" ..." if len(captured) > 20 else "")
+        raise HTTPException(404, f"no graph captured at step {step} (rank {rank}); captured steps: {shown or 'none'}")
+    events = decode_frame(raw)[1]
+    ev = next((e for e in events if e.get("kind") == "graph" and e.get("step") == step
+               and (micro is None or e.get("micro", 0) == micro)), None)
+    if ev is None:  # the index points at a frame: it holds the event, unless the store is damaged
+        raise HTTPException(404, f"no graph captured at step {step}")
+    return Response(api_json(filter_graph(ev, module, op)), media_type=JSON)
+
+
+@router.get("/sessions/{session_id}/memory",
+            response_description="columns step, t, live, peak, params, grads, optimizer, saved, ... (torchscope.series)")
+def memory(session_id: SessionId, store: StoreDep, rank: RankQ = 0) -> Response:
+    from torchscope.series import memory_series
+
+    require_session(store, session_id)
+    key = ("memory", session_id, rank, store.frame_count(session_id, rank))
+    return Response(_cached(key, lambda: api_json(memory_series(store.step_parts(session_id, rank, "memory")))),
+                    media_type=JSON)
+
+
+@router.get("/sessions/{session_id}/grads",
+            response_description="params, steps and per-step columns aligned with params (torchscope.series)")
+def grads(session_id: SessionId, store: StoreDep, rank: RankQ = 0, start: StepQ = None, end: StepQ = None) -> Response:
+    from torchscope.series import grad_series
+
+    require_session(store, session_id)
+    meta = store.rank_meta(session_id, rank) or {}
+    params = [p for p in meta.get("params", []) if isinstance(p, dict)]
+    key = ("grads", session_id, rank, store.frame_count(session_id, rank), start, end)
+    return Response(_cached(key, lambda: api_json(
+        grad_series(store.step_parts(session_id, rank, "grads", start, end), params))), media_type=JSON)
+
+
+@router.get("/sessions/{session_id}/diagnostics", response_description="a list of Finding (torchscope.schema)")
+async def diagnostics(session_id: SessionId, store: StoreDep, hub: HubDep, rank: RankQ = 0) -> Response:
+    require_session(store, session_id)
+    findings, fresh = await run_in_threadpool(run_diagnostics, store, session_id, rank)
+    if fresh:
+        hub.publish({"session": session_id, "rank": rank, "kind": "finding", "count": len(findings)})
+    return Response(api_json(findings), media_type=JSON)
+
+
+@router.get("/sessions/{session_id}/export", response_class=StreamingResponse,
+            response_description="the .tscope session file of one rank")
+def export(session_id: SessionId, store: StoreDep, rank: RankQ = 0) -> StreamingResponse:
+    try:
+        version = store.file_version(session_id, rank)
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+
+    def body() -> Iterator[bytes]:
+        yield file_header(version)
+        yield from store.frames(session_id, rank)
+
+    suffix = "" if rank == 0 else f".rank{rank}"
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in session_id)
+    return StreamingResponse(body(), media_type="application/octet-stream",
+                             headers={"Content-Disposition": f'attachment; filename="{safe}{suffix}.tscope"'})
+
+
+def _identity(frames: list[Frame], fallback: str) -> tuple[str, int]:
+    """Session id and rank of a file: from its session event (the capture writes it first)."""
+    for f in frames[:4]:
+        for ev in f.events:
+            if ev.get("kind") == "session":
+                sid = ev.get("session_id")
+                rank = ev.get("rank", 0)
+                return (sid if isinstance(sid, str) and sid else fallback), (rank if isinstance(rank, int) else 0)
+    return fallback, 0
+
+
+@router.post("/sessions/import", response_model=ImportResult,
+             responses={400: {"description": "not a readable session file"}})
+async def import_session(file: UploadFile, request: Request, store: StoreDep, hub: HubDep,
+                         ) -> ImportResult:
+    data = await file.read()
+    name = (file.filename or "file").rsplit("/", 1)[-1][:200]
+    try:
+        version, frames = await run_in_threadpool(split_file, data, name)
+    except BadFrames as exc:
+        raise HTTPException(400, str(exc)) from None
+    fallback = "import-" + hashlib.sha256(frames[0].raw).hexdigest()[:16]
+    session_id, rank = _identity(frames, fallback)
+    if not re.match(SESSION_ID_PATTERN, session_id) or not 0 <= rank <= 65535:
+        session_id, rank = fallback, 0
+    before = store.frame_count(session_id, rank)
+    res = await asyncio.wrap_future(store.ingest(session_id, rank, frames, imported=True, version=version))
+    for msg in ingest_messages(session_id, rank, [f.events for f in res.stored]):
+        hub.publish(msg)
+    if res.stored:
+        request.app.state.schedule_diagnostics(session_id, rank)
+    return ImportResult(id=session_id, url=f"/sessions/{session_id}", frames=res.next_seq,
+                        new_frames=res.next_seq - before, rank=rank)

@@ -1,0 +1,122 @@
+"""Who may talk to the server: a pure ASGI middleware (so SSE streams pass untouched).
+
+- Host header check against DNS rebinding: a page on evil.example whose name re-resolves
+  to 127.0.0.1 still sends ``Host: evil.example``; only the bound address and the loopback
+  names are served.  (With a token required the token is the guard, so any Host is fine:
+  behind Docker or a LAN the name the client uses is not known in advance.)
+- Token: when set, every request but /api/health needs it as ``Authorization: Bearer``,
+  ``?token=``, or the cookie set when a page was opened with ``?token=``.
+- Body size limits per route family; CORS stays closed (no CORS headers are ever sent).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Awaitable, Callable, MutableMapping
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import parse_qs
+
+from .config import MAX_IMPORT_BYTES, MAX_INGEST_BYTES, MAX_OTHER_BYTES, TOKEN_COOKIE
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN_PATHS = ("/api/health",)
+
+
+def body_limit(path: str) -> int:
+    if path.startswith("/api/ingest/"):
+        return MAX_INGEST_BYTES
+    if path == "/api/sessions/import":
+        return MAX_IMPORT_BYTES
+    return MAX_OTHER_BYTES
+
+
+def host_name(host_header: str) -> str:
+    """``[::1]:6150`` -> ``::1``; ``localhost:6150`` -> ``localhost``."""
+    if host_header.startswith("["):
+        return host_header[1:].split("]", 1)[0]
+    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
+
+
+async def _reply(send: Send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class SecurityMiddleware:
+    def __init__(self, app: ASGIApp, allowed_hosts: set[str], token: str | None) -> None:
+        self.app = app
+        self.allowed_hosts = allowed_hosts
+        self.token = token
+
+    def _token_of(self, scope: Scope, headers: dict[bytes, bytes]) -> str | None:
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if "token" in query:
+            return query["token"][0]
+        cookie = SimpleCookie()
+        try:
+            cookie.load(headers.get(b"cookie", b"").decode("latin-1"))
+        except Exception:  # a malformed cookie header is just no cookie
+            return None
+        morsel = cookie.get(TOKEN_COOKIE)
+        return morsel.value if morsel else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers", []))
+        path: str = scope.get("path", "")
+        if self.token is None:
+            host = host_name(headers.get(b"host", b"").decode("latin-1"))
+            if host not in self.allowed_hosts:
+                await _reply(send, 400, f"Host {host!r} is not served here (DNS rebinding protection)")
+                return
+        elif path not in OPEN_PATHS:
+            given = self._token_of(scope, headers)
+            if given is None or not secrets.compare_digest(given.encode(), self.token.encode()):
+                await _reply(send, 401, "this torchscope server needs its token (open the URL it printed)")
+                return
+        limit = body_limit(path)
+        length = headers.get(b"content-length")
+        if length is not None:
+            try:
+                too_big = int(length) > limit
+            except ValueError:
+                await _reply(send, 400, "bad Content-Length")
+                return
+            if too_big:
+                await _reply(send, 413, f"request body over the {limit} byte limit")
+                return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            msg = await receive()
+            if msg["type"] == "http.request":
+                received += len(msg.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit)
+            return msg
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except BodyTooLarge as exc:
+            await _reply(send, 413, f"request body over the {exc.limit} byte limit")
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit

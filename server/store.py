@@ -1,0 +1,488 @@
+"""All SQL lives here.  SQLite in WAL mode: ONE writer thread owns the only write
+connection and is fed by a queue (as Datasette's database.py does), so writes never race
+and batches of ingest commit together; readers use their own connection per thread.
+
+Tables
+- ``sessions``: one row per session id (name, tags, model, times; rank 0's session event).
+- ``ranks``: per (session, rank): next expected frame seq, last contact, end status.
+- ``frames``: raw frames exactly as received, keyed (session, rank, seq): export is the file.
+- ``steps``: derived, one row per StepEvent with the scalar columns of
+  ``torchscope.series.step_summary`` plus the event JSON and its memory/grads parts.
+- ``graphs``: the graph index (session, rank, step, micro) -> frame seq, so ``/graph``
+  decodes exactly one frame.
+- ``diagnostics``: doctor findings cached by the frame count they were computed on.
+
+A PostgreSQL store would be a second implementation of this class's methods; nothing
+outside this module writes SQL.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pydantic_core
+from torchscope.series import step_summary
+
+from .frames import Frame
+
+T = TypeVar("T")
+
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    tags TEXT NOT NULL DEFAULT '[]',
+    model TEXT,
+    started_at REAL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    meta TEXT
+);
+CREATE TABLE IF NOT EXISTS ranks (
+    session_id TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    next_seq INTEGER NOT NULL DEFAULT 0,
+    last_seen REAL NOT NULL,
+    end_status TEXT,
+    steps INTEGER NOT NULL DEFAULT 0,
+    graphs INTEGER NOT NULL DEFAULT 0,
+    events INTEGER NOT NULL DEFAULT 0,
+    bytes INTEGER NOT NULL DEFAULT 0,
+    version_major INTEGER NOT NULL DEFAULT 1,
+    version_minor INTEGER NOT NULL DEFAULT 0,
+    meta TEXT,
+    PRIMARY KEY (session_id, rank)
+);
+CREATE TABLE IF NOT EXISTS frames (
+    session_id TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (session_id, rank, seq)
+);
+CREATE TABLE IF NOT EXISTS steps (
+    session_id TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    t REAL, duration_us INTEGER, forward_us INTEGER, backward_us INTEGER, loss REAL,
+    live INTEGER, peak INTEGER, allocated INTEGER, reserved INTEGER, grad_norm REAL,
+    graph_signature TEXT,
+    event TEXT NOT NULL,
+    memory TEXT,
+    grads TEXT,
+    PRIMARY KEY (session_id, rank, step)
+);
+CREATE TABLE IF NOT EXISTS graphs (
+    session_id TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    micro INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    ops INTEGER NOT NULL,
+    nodes INTEGER NOT NULL,
+    PRIMARY KEY (session_id, rank, step, micro)
+);
+CREATE TABLE IF NOT EXISTS diagnostics (
+    session_id TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    frames INTEGER NOT NULL,
+    findings TEXT NOT NULL,
+    errors INTEGER NOT NULL,
+    warnings INTEGER NOT NULL,
+    PRIMARY KEY (session_id, rank)
+);
+"""
+
+_STEP_COLS = ("t", "duration_us", "forward_us", "backward_us", "loss", "live", "peak", "allocated",
+              "reserved", "grad_norm", "graph_signature")
+
+
+class NotFound(LookupError):
+    pass
+
+
+@dataclass
+class IngestResult:
+    next_seq: int
+    stored: list[Frame] = field(default_factory=list)
+    gap: bool = False  # a frame's seq was beyond next_seq: the client must rewind
+    created: bool = False  # first frames of this session
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def api_json(obj: Any) -> bytes:
+    """JSON for browsers: NaN/Infinity (real in a diverging run) become the strings
+    "NaN"/"Infinity"/"-Infinity", which JSON.parse accepts and the dashboard can show."""
+    return pydantic_core.to_json(obj, inf_nan_mode="strings")
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._jobs: queue.Queue[tuple[Callable[[sqlite3.Connection], Any], Future[Any]] | None] = queue.Queue()
+        wconn = self._connect()
+        wconn.execute("PRAGMA journal_mode=WAL")
+        wconn.executescript(SCHEMA_SQL)
+        wconn.commit()
+        self._writer = threading.Thread(target=self._write_loop, args=(wconn,), name="torchscope-store",
+                                         daemon=True)
+        self._writer.start()
+
+    # ------------------------------------------------------------------ connections
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes
+        conn.execute("PRAGMA foreign_keys=OFF")
+        return conn
+
+    def _read(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            conn.execute("PRAGMA query_only=ON")
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._writer.join(10)
+
+    # ------------------------------------------------------------------ the writer thread
+    def write(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
+        fut: Future[T] = Future()
+        self._jobs.put((fn, fut))
+        return fut
+
+    def _write_loop(self, conn: sqlite3.Connection) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                conn.close()
+                return
+            batch = [job]
+            # Commit whatever is already queued in one transaction: ingest from many ranks
+            # costs one fsync-free WAL commit per batch, not per request.
+            while len(batch) < 64:
+                try:
+                    nxt = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._jobs.put(None)
+                    break
+                batch.append(nxt)
+            results: list[tuple[Future[Any], Any, BaseException | None]] = []
+            conn.execute("BEGIN IMMEDIATE")
+            for fn, fut in batch:
+                conn.execute("SAVEPOINT job")
+                try:
+                    results.append((fut, fn(conn), None))
+                    conn.execute("RELEASE job")
+                except BaseException as exc:  # the job's own error goes to its caller
+                    conn.execute("ROLLBACK TO job")
+                    conn.execute("RELEASE job")
+                    results.append((fut, None, exc))
+            conn.execute("COMMIT")
+            for fut, res, err in results:
+                if err is not None:
+                    fut.set_exception(err)
+                else:
+                    fut.set_result(res)
+
+    # ------------------------------------------------------------------ writes
+    def ingest(self, session_id: str, rank: int, frames: list[Frame], *, imported: bool = False,
+               version: tuple[int, int] | None = None) -> Future[IngestResult]:
+        return self.write(lambda c: _ingest(c, session_id, rank, frames, imported, version))
+
+    def touch(self, session_id: str, rank: int) -> Future[int]:
+        """The transport's heartbeat: record contact, answer the next expected seq."""
+
+        def fn(c: sqlite3.Connection) -> int:
+            now = time.time()
+            row = c.execute("SELECT next_seq FROM ranks WHERE session_id=? AND rank=?",
+                            (session_id, rank)).fetchone()
+            if row is None:
+                return 0
+            c.execute("UPDATE ranks SET last_seen=? WHERE session_id=? AND rank=?", (now, session_id, rank))
+            c.execute("UPDATE sessions SET updated_at=? WHERE id=?", (now, session_id))
+            return int(row[0])
+
+        return self.write(fn)
+
+    def update(self, session_id: str, name: str | None, tags: list[str] | None) -> Future[bool]:
+        def fn(c: sqlite3.Connection) -> bool:
+            if c.execute("SELECT 1 FROM sessions WHERE id=?", (session_id,)).fetchone() is None:
+                return False
+            if name is not None:
+                c.execute("UPDATE sessions SET name=? WHERE id=?", (name, session_id))
+            if tags is not None:
+                c.execute("UPDATE sessions SET tags=? WHERE id=?", (_dumps(tags), session_id))
+            return True
+
+        return self.write(fn)
+
+    def delete(self, session_id: str) -> Future[bool]:
+        def fn(c: sqlite3.Connection) -> bool:
+            found = c.execute("DELETE FROM sessions WHERE id=?", (session_id,)).rowcount > 0
+            for table in ("ranks", "frames", "steps", "graphs", "diagnostics"):
+                c.execute(f"DELETE FROM {table} WHERE session_id=?", (session_id,))  # noqa: S608
+            return found
+
+        return self.write(fn)
+
+    def put_diagnostics(self, session_id: str, rank: int, frames: int, findings: list[dict[str, Any]]) -> Future[None]:
+        errors = sum(1 for f in findings if f.get("severity") == "error")
+        warnings = sum(1 for f in findings if f.get("severity") == "warning")
+
+        def fn(c: sqlite3.Connection) -> None:
+            if c.execute("SELECT 1 FROM sessions WHERE id=?", (session_id,)).fetchone() is None:
+                return
+            c.execute("INSERT OR REPLACE INTO diagnostics VALUES (?,?,?,?,?,?)",
+                      (session_id, rank, frames, _dumps(findings), errors, warnings))
+
+        return self.write(fn)
+
+    # ------------------------------------------------------------------ reads
+    def sessions(self) -> list[dict[str, Any]]:
+        rows = self._read().execute(
+            """SELECT s.id, s.name, s.tags, s.model, s.started_at, s.created_at, s.updated_at,
+                      (SELECT COALESCE(MAX(steps), 0) FROM ranks r WHERE r.session_id = s.id),
+                      (SELECT COALESCE(SUM(errors), 0) FROM diagnostics d WHERE d.session_id = s.id),
+                      (SELECT COALESCE(SUM(warnings), 0) FROM diagnostics d WHERE d.session_id = s.id)
+               FROM sessions s ORDER BY s.created_at DESC"""
+        ).fetchall()
+        ranks = self._all_ranks()
+        return [_session_row(r, ranks.get(r[0], [])) for r in rows]
+
+    def _all_ranks(self, session_id: str | None = None) -> dict[str, list[dict[str, Any]]]:
+        sql = "SELECT session_id, rank, last_seen, end_status, steps, graphs, next_seq, events, bytes FROM ranks"
+        args: tuple[Any, ...] = ()
+        if session_id is not None:
+            sql += " WHERE session_id=?"
+            args = (session_id,)
+        out: dict[str, list[dict[str, Any]]] = {}
+        for sid, rank, last_seen, end_status, steps, graphs, frames, events, nbytes in self._read().execute(
+                sql + " ORDER BY rank", args):
+            out.setdefault(sid, []).append({
+                "rank": rank, "last_seen": last_seen, "end_status": end_status, "steps": steps,
+                "graphs": graphs, "frames": frames, "events": events, "bytes": nbytes,
+                "status": rank_status(end_status, last_seen),
+            })
+        return out
+
+    def session(self, session_id: str) -> dict[str, Any]:
+        row = self._read().execute(
+            """SELECT s.id, s.name, s.tags, s.model, s.started_at, s.created_at, s.updated_at,
+                      (SELECT COALESCE(MAX(steps), 0) FROM ranks r WHERE r.session_id = s.id),
+                      (SELECT COALESCE(SUM(errors), 0) FROM diagnostics d WHERE d.session_id = s.id),
+                      (SELECT COALESCE(SUM(warnings), 0) FROM diagnostics d WHERE d.session_id = s.id),
+                      s.meta
+               FROM sessions s WHERE s.id=?""", (session_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no session {session_id!r}")
+        ranks = self._all_ranks(session_id).get(session_id, [])
+        out = _session_row(row[:10], ranks)
+        out["meta"] = json.loads(row[10]) if row[10] else None
+        out["rank_info"] = ranks
+        return out
+
+    def exists(self, session_id: str) -> bool:
+        return self._read().execute("SELECT 1 FROM sessions WHERE id=?", (session_id,)).fetchone() is not None
+
+    def rank_meta(self, session_id: str, rank: int) -> dict[str, Any] | None:
+        row = self._read().execute("SELECT meta FROM ranks WHERE session_id=? AND rank=?",
+                                   (session_id, rank)).fetchone()
+        return json.loads(row[0]) if row and row[0] else None
+
+    def frame_count(self, session_id: str, rank: int) -> int:
+        row = self._read().execute("SELECT next_seq FROM ranks WHERE session_id=? AND rank=?",
+                                   (session_id, rank)).fetchone()
+        return int(row[0]) if row else 0
+
+    def file_version(self, session_id: str, rank: int) -> tuple[int, int]:
+        row = self._read().execute("SELECT version_major, version_minor FROM ranks WHERE session_id=? AND rank=?",
+                                   (session_id, rank)).fetchone()
+        if row is None:
+            raise NotFound(f"session {session_id!r} has no rank {rank}")
+        return int(row[0]), int(row[1])
+
+    def steps_json(self, session_id: str, rank: int, start: int | None, end: int | None,
+                   limit: int, offset: int) -> str:
+        """StepEvents as one JSON array, concatenated from the stored texts (no re-encoding)."""
+        rows = self._read().execute(
+            "SELECT event FROM steps WHERE session_id=? AND rank=? AND step>=? AND step<=? "
+            "ORDER BY step LIMIT ? OFFSET ?",
+            (session_id, rank, -1 if start is None else start, 2**62 if end is None else end, limit, offset),
+        ).fetchall()
+        return "[" + ",".join(r[0] for r in rows) + "]"
+
+    def step_parts(self, session_id: str, rank: int, column: str, start: int | None = None,
+                   end: int | None = None) -> list[dict[str, Any]]:
+        """Minimal step dicts ``{step, t, <column>}`` for the series functions."""
+        assert column in ("memory", "grads")
+        rows = self._read().execute(
+            f"SELECT step, t, {column} FROM steps WHERE session_id=? AND rank=? AND step>=? AND step<=? "  # noqa: S608
+            "ORDER BY step",
+            (session_id, rank, -1 if start is None else start, 2**62 if end is None else end),
+        ).fetchall()
+        return [{"step": s, "t": t, column: json.loads(v) if v else None} for s, t, v in rows]
+
+    def graphs(self, session_id: str, rank: int) -> list[dict[str, Any]]:
+        rows = self._read().execute(
+            """SELECT g.step, g.micro, g.ops, g.nodes, s.graph_signature FROM graphs g
+               LEFT JOIN steps s ON s.session_id=g.session_id AND s.rank=g.rank AND s.step=g.step
+               WHERE g.session_id=? AND g.rank=? ORDER BY g.step, g.micro""",
+            (session_id, rank)).fetchall()
+        return [{"step": r[0], "micro": r[1], "ops": r[2], "nodes": r[3], "signature": r[4]} for r in rows]
+
+    def graph_frame(self, session_id: str, rank: int, step: int, micro: int | None) -> bytes | None:
+        sql = ("SELECT f.data FROM graphs g JOIN frames f ON f.session_id=g.session_id AND f.rank=g.rank "
+               "AND f.seq=g.seq WHERE g.session_id=? AND g.rank=? AND g.step=?")
+        args: list[Any] = [session_id, rank, step]
+        if micro is not None:
+            sql += " AND g.micro=?"
+            args.append(micro)
+        row = self._read().execute(sql + " ORDER BY g.micro DESC LIMIT 1", args).fetchone()
+        return bytes(row[0]) if row else None
+
+    def frames(self, session_id: str, rank: int) -> Iterator[bytes]:
+        """Raw frames in seq order, read in pages so a huge session never sits in memory."""
+        conn = self._read()
+        seq = 0
+        while True:
+            rows = conn.execute("SELECT seq, data FROM frames WHERE session_id=? AND rank=? AND seq>=? "
+                                "ORDER BY seq LIMIT 256", (session_id, rank, seq)).fetchall()
+            if not rows:
+                return
+            for s, data in rows:
+                yield bytes(data)
+                seq = s + 1
+
+    def diagnostics(self, session_id: str, rank: int) -> tuple[int, list[dict[str, Any]]] | None:
+        row = self._read().execute("SELECT frames, findings FROM diagnostics WHERE session_id=? AND rank=?",
+                                   (session_id, rank)).fetchone()
+        return (int(row[0]), json.loads(row[1])) if row else None
+
+
+# ---------------------------------------------------------------------- status
+def rank_status(end_status: str | None, last_seen: float, now: float | None = None) -> str:
+    from .config import RUNNING_TIMEOUT_S
+
+    if end_status in ("finished", "error"):
+        return end_status
+    if (now or time.time()) - last_seen < RUNNING_TIMEOUT_S:
+        return "running"
+    return "ended unexpectedly"
+
+
+def session_status(rank_statuses: list[str]) -> str:
+    """Running while any rank runs; then the worst outcome of any rank."""
+    for status in ("running", "error", "ended unexpectedly", "finished"):
+        if status in rank_statuses:
+            return status
+    return "ended unexpectedly"  # a session with no rank rows has no writer
+
+
+def _session_row(r: tuple[Any, ...], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": r[0], "name": r[1] or r[0], "tags": json.loads(r[2]), "model": r[3],
+        "started_at": r[4], "created_at": r[5], "updated_at": r[6], "steps": r[7],
+        "errors": r[8], "warnings": r[9],
+        "ranks": [x["rank"] for x in ranks],
+        "status": session_status([x["status"] for x in ranks]),
+    }
+
+
+# ---------------------------------------------------------------------- ingest (writer thread)
+def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Frame], imported: bool,
+            version: tuple[int, int] | None) -> IngestResult:
+    now = time.time()
+    row = c.execute("SELECT next_seq FROM ranks WHERE session_id=? AND rank=?", (session_id, rank)).fetchone()
+    created = False
+    if row is None:
+        # An imported file's writer is gone: without an end event it "ended unexpectedly" at once.
+        major, minor = version or (1, 0)
+        c.execute("INSERT INTO ranks (session_id, rank, last_seen, version_major, version_minor) "
+                  "VALUES (?,?,?,?,?)", (session_id, rank, 0.0 if imported else now, major, minor))
+        created = c.execute("INSERT OR IGNORE INTO sessions (id, created_at, updated_at) VALUES (?,?,?)",
+                            (session_id, now, now)).rowcount > 0
+        next_seq = 0
+    else:
+        next_seq = int(row[0])
+    res = IngestResult(next_seq, created=created)
+    steps = graphs = events = nbytes = 0
+    for f in frames:
+        if f.info.seq < next_seq:
+            continue  # a resend of a frame we have
+        if f.info.seq > next_seq:
+            res.gap = True
+            break
+        c.execute("INSERT INTO frames VALUES (?,?,?,?)", (session_id, rank, next_seq, f.raw))
+        for ev in f.events:
+            kind = ev.get("kind")
+            if kind == "step":
+                steps += _put_step(c, session_id, rank, ev)
+            elif kind == "graph":
+                graphs += _put_graph(c, session_id, rank, next_seq, ev)
+            elif kind == "session":
+                _put_session_event(c, session_id, rank, ev)
+            elif kind == "end":
+                c.execute("UPDATE ranks SET end_status=? WHERE session_id=? AND rank=?",
+                          (ev.get("status", "finished"), session_id, rank))
+        events += len(f.events)
+        nbytes += len(f.raw)
+        next_seq += 1
+        res.stored.append(f)
+    res.next_seq = next_seq
+    c.execute("UPDATE ranks SET next_seq=?, steps=steps+?, graphs=graphs+?, events=events+?, bytes=bytes+?"
+              + ("" if imported else ", last_seen=?") + " WHERE session_id=? AND rank=?",
+              (next_seq, steps, graphs, events, nbytes, *(() if imported else (now,)), session_id, rank))
+    c.execute("UPDATE sessions SET updated_at=? WHERE id=?", (now, session_id))
+    return res
+
+
+def _put_step(c: sqlite3.Connection, session_id: str, rank: int, ev: dict[str, Any]) -> int:
+    summary = step_summary(ev)
+    if summary["step"] is None:
+        return 0
+    mem = ev.get("memory")
+    grads = ev.get("grads")
+    cur = c.execute(
+        f"INSERT OR REPLACE INTO steps (session_id, rank, step, {', '.join(_STEP_COLS)}, event, memory, grads) "  # noqa: S608
+        f"VALUES (?,?,?,{','.join('?' * len(_STEP_COLS))},?,?,?)",
+        (session_id, rank, summary["step"], *(summary[k] for k in _STEP_COLS), api_json(ev).decode(),
+         _dumps(mem) if mem is not None else None, _dumps(grads) if grads is not None else None))
+    return 1 if cur.rowcount > 0 else 0
+
+
+def _put_graph(c: sqlite3.Connection, session_id: str, rank: int, seq: int, ev: dict[str, Any]) -> int:
+    step = ev.get("step")
+    if not isinstance(step, int):
+        return 0
+    c.execute("INSERT OR REPLACE INTO graphs VALUES (?,?,?,?,?,?,?)",
+              (session_id, rank, step, int(ev.get("micro", 0)), seq, len(ev.get("ops", ())),
+               len(ev.get("nodes", ()))))
+    return 1
+
+
+def _put_session_event(c: sqlite3.Connection, session_id: str, rank: int, ev: dict[str, Any]) -> None:
+    text = _dumps(ev)
+    c.execute("UPDATE ranks SET meta=? WHERE session_id=? AND rank=?", (text, session_id, rank))
+    if rank == 0 or c.execute("SELECT meta FROM sessions WHERE id=?", (session_id,)).fetchone()[0] is None:
+        # rank 0's session event describes the run; a user's rename is kept (COALESCE)
+        c.execute("UPDATE sessions SET meta=?, name=COALESCE(name, ?), model=?, started_at=? WHERE id=?",
+                  (text, ev.get("name"), ev.get("model"), ev.get("started_at"), session_id))

@@ -1,0 +1,70 @@
+"""A small real training run for the dashboard's browser tests: nested modules (so groups can
+be expanded), a module with a hostile name, and an optional pause per step (live tests).
+
+    python dashboard_train.py --server URL --record PATH --steps N [--sleep S] [--name NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torchscope
+from torch import nn
+
+HOSTILE = "<img src=x onerror=alert(1)><script>alert(2)</script>"
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, d)
+        self.blocks = nn.ModuleList([Block(d), Block(d)])
+        self.add_module(HOSTILE, nn.Linear(d, d))  # names are data: must render as text
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for b in self.blocks:
+            h = b(h)
+        h = getattr(self, HOSTILE)(h)
+        return self.head(h)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--server", default=None)
+    ap.add_argument("--record", required=True)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--name", default="dashboard-test")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = torchscope.watch(model, opt, server=args.server, record=args.record, name=args.name, sample_every=2)
+    for _ in range(args.steps):
+        x, y = torch.randn(4, 8), torch.randn(4, 1)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        if args.sleep:
+            time.sleep(args.sleep)
+    w.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,374 @@
+"""The dashboard in a real headless Chromium against a real `torchscope serve`, with sessions
+recorded by real training scripts (torchscope.watch in a subprocess).
+
+One server, one browser and a few recorded sessions are shared by the module (browser tests
+are the slow tier).  Screenshots of each view go to test-artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ARTIFACTS, EXAMPLES, ServerProc, http_json
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+
+HERE = Path(__file__).resolve().parent
+TRAIN = HERE / "dashboard_train.py"
+SHOTS = ARTIFACTS / "screenshots"
+HOSTILE = "<img src=x onerror=alert(1)><script>alert(2)</script>"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
+
+
+def sessions(srv: ServerProc) -> list[dict[str, Any]]:
+    return srv.get("/api/sessions")  # type: ignore[return-value]
+
+
+def session_named(srv: ServerProc, name: str) -> dict[str, Any]:
+    return next(s for s in sessions(srv) if s["name"] == name)
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    s = ServerProc(tmp_path_factory.mktemp("dash-server")).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Three real runs streamed to the server, plus a file-only run to import."""
+    d = tmp_path_factory.mktemp("runs")
+    procs = [
+        [str(TRAIN), "--server", srv.url, "--record", str(d / "net.tscope"), "--steps", "5", "--name", "net <b>bold</b>"],
+        [str(EXAMPLES / "mlp.py"), "--server", srv.url, "--record", str(d / "mlp.tscope"), "--steps", "4"],
+        [str(EXAMPLES / "pitfalls" / "p01_no_grad_detach.py"), "--server", srv.url, "--record", str(d / "p01.tscope")],
+        [str(TRAIN), "--record", str(d / "import-a.tscope"), "--steps", "2", "--name", "imported-a"],
+        [str(TRAIN), "--record", str(d / "import-b.tscope"), "--steps", "2", "--name", "imported-b"],
+    ]
+    # side by side: each is mostly `import torch`
+    running = [subprocess.Popen([sys.executable, *p], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for p in procs]
+    for p, args in zip(running, procs, strict=True):
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, f"{args}: {out[-3000:]}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(sessions(srv)) < 3:
+        time.sleep(0.2)
+    return {"dir": d, "net": session_named(srv, "net <b>bold</b>"), "mlp": session_named(srv, "sequential"),
+            "p01": session_named(srv, "net")}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_sync.sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    pg = ctx.new_page()
+    pg.errors = []  # type: ignore[attr-defined]
+    pg.dialogs = []  # type: ignore[attr-defined]
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    try:
+        yield pg
+    finally:
+        assert pg.errors == [], f"JavaScript errors: {pg.errors}"
+        assert pg.dialogs == [], f"unexpected dialogs (injected script ran?): {pg.dialogs}"
+        ctx.close()
+
+
+def open_dash(page: Any, srv: ServerProc, sid: str, query: str = "") -> dict[str, Any]:
+    page.goto(f"{srv.url}/sessions/{sid}{query}")
+    page.wait_for_function("window.__torchscope && window.__torchscope.ready")
+    page.evaluate("window.__torchscope.ready")
+    return state(page)
+
+
+def state(page: Any) -> dict[str, Any]:
+    return page.evaluate("window.__torchscope.state()")  # type: ignore[no-any-return]
+
+
+def wait_graph(page: Any) -> dict[str, Any]:
+    page.wait_for_function("(() => { const g = window.__torchscope.state().graph; return g && g.nodes.length > 0; })()")
+    return state(page)["graph"]
+
+
+def shot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.wait_for_timeout(150)  # one animation frame for the canvas
+    page.screenshot(path=str(SHOTS / f"{name}.png"))
+
+
+# ----------------------------------------------------------------------------- sessions page
+def test_sessions_page_lists_runs_and_names_are_text(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    page.goto(srv.url + "/")
+    page.wait_for_selector("a.session-link")
+    links = page.locator("a.session-link").all_inner_texts()
+    assert "net <b>bold</b>" in links and "sequential" in links and "net" in links
+    assert page.locator("main b").count() == 0  # the <b> in the name stayed text
+    row = page.locator(f"tr[data-id='{runs['p01']['id']}']")
+    assert "error" in row.inner_text()  # the doctor's P1 error badge
+    assert row.locator(".badge.status-finished").inner_text() == "finished"
+    shot(page, "sessions")
+
+
+def test_import_by_file_picker_and_by_drop(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    page.goto(srv.url + "/")
+    page.wait_for_selector("a.session-link")
+    before = len(sessions(srv))
+    page.set_input_files("[data-testid=file-input]", str(runs["dir"] / "import-a.tscope"))
+    page.wait_for_selector("a.session-link:text-is('imported-a')")
+    data = (runs["dir"] / "import-b.tscope").read_bytes()
+    page.evaluate("""(bytes) => {
+        const dt = new DataTransfer();
+        dt.items.add(new File([new Uint8Array(bytes)], "import-b.tscope"));
+        document.body.dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
+    }""", list(data))
+    page.wait_for_selector("a.session-link:text-is('imported-b')")
+    assert len(sessions(srv)) == before + 2
+
+
+# ----------------------------------------------------------------------------- graph
+def test_graph_collapsed_then_expand_and_read_shapes(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    sid = runs["net"]["id"]
+    open_dash(page, srv, sid)
+    g = wait_graph(page)
+    keys = {n["key"] for n in g["nodes"]}
+    # collapsed by default to the top-level modules, forward and backward
+    assert {"g:forward:embed", "g:forward:blocks", "g:forward:head", "g:backward:blocks"} <= keys
+    assert not any(n["key"].startswith("g:forward:blocks.") for n in g["nodes"])
+    shot(page, "graph-collapsed")
+
+    page.evaluate("window.__torchscope.expand('blocks')")
+    page.evaluate("window.__torchscope.expand('blocks.0')")
+    g = state(page)["graph"]
+    keys = {n["key"] for n in g["nodes"]}
+    assert {"g:forward:blocks.0.norm", "g:forward:blocks.0.mlp", "g:forward:blocks.1"} <= keys
+    assert "g:forward:blocks" not in keys  # now a frame, not a box
+
+    # select the first Linear's addmm and read its shapes in the details panel
+    graph = http_json(f"{srv.url}/api/sessions/{sid}/graph?step={g['step']}")
+    addmm = next(o for o in graph["ops"] if o["name"] == "aten::addmm" and o["module"] == "blocks.0.mlp.0")
+    out_shape = next(t["shape"] for t in graph["tensors"] if t["id"] == addmm["outputs"][0])
+    page.evaluate(f"window.__torchscope.select('o{addmm['id']}')")
+    details = page.locator("[data-testid=details]")
+    details.locator("h3").wait_for()
+    assert details.locator("h3").inner_text() == "aten::addmm"
+    assert "blocks.0.mlp.0" in details.inner_text()
+    shapes = details.locator("td.shape").all_inner_texts()
+    assert "[" + ", ".join(map(str, out_shape)) + "]" in shapes
+    g = state(page)["graph"]
+    assert g["selected"] == f"o{addmm['id']}"
+    assert "forward:blocks.0.mlp" in g["expanded"]  # selecting a hidden op expanded its module
+    assert f"node=o{addmm['id']}" in state(page)["url"]
+    shot(page, "graph-expanded-details")
+
+
+def test_graph_nodes_match_the_captured_graph(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    sid = runs["mlp"]["id"]
+    open_dash(page, srv, sid)
+    wait_graph(page)
+    page.evaluate("window.__torchscope.expandAll()")
+    g = state(page)["graph"]
+    graph = http_json(f"{srv.url}/api/sessions/{sid}/graph?step={g['step']}")
+    drawn = {n["key"] for n in g["nodes"] if not n["group"]}
+    assert drawn == {f"o{o['id']}" for o in graph["ops"]} | {f"n{n['id']}" for n in graph["nodes"]}
+    labels = {n["label"] for n in g["nodes"]}
+    assert {"addmm", "AddmmBackward0", "AccumulateGrad"} <= labels
+    subs = " ".join(n["sub"] for n in g["nodes"])
+    assert "[64, 64]" in subs  # shapes on the nodes
+
+
+def test_overlays_recolour_with_legend(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    open_dash(page, srv, runs["net"]["id"])
+    wait_graph(page)
+    page.evaluate("window.__torchscope.expandAll()")
+    before = {n["key"]: n["color"] for n in state(page)["graph"]["nodes"]}
+    for overlay, legend_word in [("time", "time"), ("memory", "memory"), ("grad", "‖grad‖"), ("dtype", "float32")]:
+        page.select_option("[data-testid=overlay]", overlay)
+        page.wait_for_function(f"window.__torchscope.state().graph.overlay === '{overlay}'")
+        assert legend_word in page.locator("[data-testid=legend]").inner_text()
+        after = {n["key"]: n["color"] for n in state(page)["graph"]["nodes"]}
+        assert after != before, overlay
+        if overlay == "grad":  # AccumulateGrad nodes carry the parameter's gradient norm
+            acc = [n for n in state(page)["graph"]["nodes"] if n["label"] == "AccumulateGrad"]
+            assert acc and len({n["color"] for n in acc}) > 1
+            shot(page, "graph-overlay-grad")
+    assert "overlay=dtype" in state(page)["url"]
+
+
+def test_step_scrubber_and_search_and_keyboard(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    sid = runs["net"]["id"]
+    captured = sorted({g["step"] for g in http_json(f"{srv.url}/api/sessions/{sid}/graphs")})
+    assert len(captured) >= 2  # sample_every=2 over 5 steps
+    open_dash(page, srv, sid)
+    wait_graph(page)
+    page.evaluate("window.__torchscope.expand('blocks')")
+    page.click("button[title^='next captured step']")
+    page.wait_for_function(f"window.__torchscope.state().graph.step === {captured[1]}")
+    g = state(page)["graph"]
+    assert "forward:blocks" in g["expanded"]  # expansion survives the step change
+    assert f"step={captured[1]}" in state(page)["url"]
+    page.fill("[data-testid=search]", "layer_norm")
+    page.press("[data-testid=search]", "Enter")
+    page.wait_for_function("(window.__torchscope.state().graph.selected || '').startsWith('o')")
+    assert "layer_norm" in page.locator("[data-testid=details] h3").inner_text()
+    page.focus("canvas[aria-label^='computation graph']")
+    first = state(page)["graph"]["selected"]
+    page.keyboard.press("n")
+    page.wait_for_function(f"window.__torchscope.state().graph.selected !== '{first}'")
+
+
+def test_diff_of_two_steps(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    open_dash(page, srv, runs["net"]["id"], "?overlay=diff")
+    wait_graph(page)
+    page.wait_for_function("document.querySelector('[data-testid=legend]').innerText.includes('added')")
+    # the same model every step: nothing added or removed
+    assert "0 added, 0 changed, 0 removed" in page.locator("[data-testid=legend]").inner_text()
+
+
+def test_deep_link_opens_view_step_and_node(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    sid = runs["mlp"]["id"]
+    open_dash(page, srv, sid, "?view=graph&step=0&node=o1")
+    page.wait_for_function("window.__torchscope.state().graph && window.__torchscope.state().graph.selected === 'o1'")
+    page.locator("[data-testid=details] h3").wait_for()
+    assert page.locator("[data-testid=details] h3").inner_text().startswith("aten::")
+
+
+# ----------------------------------------------------------------------------- memory, gradients, ranks
+def test_memory_view_and_click_through_to_the_op(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    sid = runs["mlp"]["id"]
+    open_dash(page, srv, sid, "?view=memory")
+    page.wait_for_function("(() => { const m = window.__torchscope.state().memory; return m && m.timeline > 0; })()")
+    m = state(page)["memory"]
+    assert m["steps"] == 4
+    assert "largest allocations" in page.locator(".top-allocs").inner_text()
+    shot(page, "memory")
+    canvases = page.locator(".view-memory .chart canvas")
+    box = canvases.nth(1).bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.5)
+    page.wait_for_function("window.__torchscope.state().view === 'graph' && (window.__torchscope.state().graph?.selected || '').startsWith('o')")
+    assert page.locator("[data-testid=details] h3").inner_text().startswith("aten::")
+
+
+def test_gradients_and_ranks_views(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    open_dash(page, srv, runs["p01"]["id"], "?view=gradients")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.steps > 0; })()")
+    g = state(page)["gradients"]
+    assert "encoder.0" in g["modules"] and "head" in g["modules"]
+    assert "encoder.0.weight" in g["noGrad"]  # P1: the detached encoder never gets .grad
+    shot(page, "gradients")
+    page.click("button[data-view=ranks]")
+    page.wait_for_selector(".view-ranks .chart-legend span:text-is('rank 0')")
+    shot(page, "ranks")
+
+
+# ----------------------------------------------------------------------------- doctor
+def test_diagnostics_click_highlights_the_cut(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    sid = runs["p01"]["id"]
+    findings = http_json(f"{srv.url}/api/sessions/{sid}/diagnostics")
+    p1 = next(f for f in findings if f["code"] == "P1")
+    open_dash(page, srv, sid, "?view=diagnostics")
+    page.wait_for_selector("button.finding[data-code=P1]")
+    assert p1["message"] in page.locator("button.finding[data-code=P1]").inner_text()
+    shot(page, "doctor")
+    page.click("button.finding[data-code=P1]")
+    page.wait_for_function("window.__torchscope.state().view === 'graph' && window.__torchscope.state().graph.nodes.some(n => n.hi)")
+    g = state(page)["graph"]
+    hi = {n["key"] for n in g["nodes"] if n["hi"]}
+    op_targets = {f"o{t['op']}" for t in p1["targets"] if "op" in t}
+    assert op_targets and op_targets <= hi  # the op where the path breaks
+    assert any(k.startswith("g:forward:encoder") or k.startswith("o") for k in hi - op_targets)  # the cut parameters' uses
+    assert "param(s) got no gradient" in page.locator("[data-testid=cut-params]").inner_text()
+    shot(page, "doctor-highlight")
+
+
+# ----------------------------------------------------------------------------- hostile names, live
+def test_hostile_module_names_render_as_text(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    open_dash(page, srv, runs["net"]["id"])
+    g = wait_graph(page)
+    assert any(n["label"].startswith(HOSTILE) for n in g["nodes"])
+    page.evaluate(f"window.__torchscope.select({json.dumps('g:forward:' + HOSTILE)})")
+    details = page.locator("[data-testid=details]")
+    assert details.locator("h3").inner_text() == HOSTILE
+    assert page.locator("img").count() == 0 and page.locator("body script").count() == 0
+    assert page.locator("#session-title").inner_text() == "net <b>bold</b>"
+    page.click("button[data-view=gradients]")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.steps > 0; })()")
+    assert HOSTILE in state(page)["gradients"]["modules"]
+    shot(page, "hostile-names")
+
+
+def test_live_run_adds_steps_without_losing_the_view(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, str(TRAIN), "--server", srv.url, "--record", str(tmp_path / "live.tscope"),
+                             "--steps", "40", "--sleep", "0.25", "--name", "live-run"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        sess = None
+        while time.monotonic() < deadline and sess is None:
+            sess = next((s for s in sessions(srv) if s["name"] == "live-run" and s["steps"] >= 1), None)
+            time.sleep(0.2)
+        assert sess is not None, "the live session never appeared"
+        open_dash(page, srv, sess["id"])
+        wait_graph(page)
+        page.evaluate("window.__torchscope.expand('blocks')")
+        page.evaluate("window.__torchscope.select('g:forward:blocks.1')")
+        zoom = page.evaluate("(() => { const c = window.__torchscope.app.views.graph.obj.canvas; c.zoomAt(300, 300, 1.5); return [c.scale, c.tx, c.ty]; })()")
+        captured0 = len(state(page)["graph"]["captured"])
+        sub0 = page.locator("#session-sub").inner_text()
+        page.wait_for_function(f"window.__torchscope.state().graph.captured.length > {captured0}", timeout=60_000)
+        page.wait_for_function(f"document.querySelector('#session-sub').innerText !== {json.dumps(sub0)}", timeout=30_000)
+        g = state(page)["graph"]
+        assert g["selected"] == "g:forward:blocks.1" and "forward:blocks" in g["expanded"]
+        assert page.evaluate("(() => { const c = window.__torchscope.app.views.graph.obj.canvas; return [c.scale, c.tx, c.ty]; })()") == zoom
+        shot(page, "live")
+    finally:
+        proc.wait(timeout=120)
+    assert proc.returncode == 0
+
+
+def test_dark_theme_and_unknown_session(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    open_dash(page, srv, runs["net"]["id"])
+    wait_graph(page)
+    page.click("#theme")
+    assert page.evaluate("document.documentElement.dataset.theme") in ("dark", "light")
+    if page.evaluate("document.documentElement.dataset.theme") != "dark":
+        page.click("#theme")
+    assert page.evaluate("document.documentElement.dataset.theme") == "dark"
+    shot(page, "graph-dark")
+    page.goto(f"{srv.url}/sessions/does-not-exist")
+    page.wait_for_selector("#fatal")
+    assert "does not exist" in page.locator("#fatal").inner_text()
+
+
+def test_server_unreachable_says_so(browser: Any, tmp_path: Path) -> None:
+    s = ServerProc(tmp_path / "gone").start()
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    pg = ctx.new_page()
+    try:
+        pg.goto(s.url + "/")
+        pg.wait_for_selector("#empty")
+        s.stop()
+        pg.evaluate("window.__torchscope.refresh()")
+        pg.wait_for_selector("#note.error")
+        assert "unreachable" in pg.locator("#note").inner_text()
+    finally:
+        s.stop()
+        ctx.close()

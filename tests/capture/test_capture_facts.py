@@ -1,0 +1,235 @@
+"""The in-process facts the doctor judges (PITFALLS.md P1-P15), each on a small reproducer,
+and their absence on a clean loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import torchscope
+from torchscope.sessionfile import iter_events
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 2))
+
+
+def _steps(path: Path) -> list[dict[str, Any]]:
+    return [e for e in iter_events(path) if e["kind"] == "step"]
+
+
+def _run(tmp_path: Path, body: Any, steps: int = 3, **kw: Any) -> list[dict[str, Any]]:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, **kw):
+        state: dict[str, Any] = {}
+        for i in range(steps):
+            body(model, opt, i, state)
+    return _steps(path)
+
+
+def _clean(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def test_clean_loop_has_no_pitfall_facts(tmp_path: Path) -> None:
+    for st in _steps_of(tmp_path, _clean):
+        assert st["micro_batches"] == 1 and st["zero_grad"] == 1
+        assert st["grads"]["pre_nonzero"] == [] and st["grads"]["none"] == []
+        assert st["no_backward_forwards"] == 0 and st["graphs_alive"] == 0
+        assert st["backward_errors"] == [] and st["hooks"] == {} and st["modes"] == {}
+        assert st["forwards"][0]["built_graph"] and st["forwards"][0]["backward"]
+        assert st["forwards"][0]["eval_modules"] == []
+        assert "events" not in st
+        assert st["backward_roots"] == ["MeanBackward0"]
+        assert st["backward_src"][0].startswith("test_capture_facts.py:")
+        assert st["step_src"].startswith("test_capture_facts.py:")
+        assert st["copies"] == {"count": 0, "bytes": 0}
+        assert st["memory"]["saved"] > 0 and st["lr"] == [0.01]
+
+
+def _steps_of(tmp_path: Path, body: Any, **kw: Any) -> list[dict[str, Any]]:
+    return _run(tmp_path, body, **kw)
+
+
+def test_p5_missing_zero_grad(tmp_path: Path) -> None:
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()  # no zero_grad: gradients pile up
+        opt.step()
+
+    steps = _steps_of(tmp_path, body)
+    assert steps[0]["grads"]["pre_nonzero"] == []
+    for st in steps[1:]:
+        assert st["zero_grad"] == 0
+        assert st["grads"]["pre_nonzero"] == [0, 1, 2, 3]
+
+
+def test_p15_accumulation_counts_micro_batches(tmp_path: Path) -> None:
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        opt.zero_grad()
+        for _ in range(4):
+            loss = model(torch.randn(4, 8)).pow(2).sum()  # not divided by 4
+            loss.backward()
+        opt.step()
+
+    for st in _steps_of(tmp_path, body):
+        assert st["micro_batches"] == 4 and len(st["losses"]) == 4
+        assert st["backward_roots"] == ["SumBackward0"] * 4
+        assert st["zero_grad"] == 1 and st["grads"]["pre_nonzero"] == []
+        assert len(st["forwards"]) == 4 and all(f["backward"] for f in st["forwards"])
+
+
+def test_p6_eval_forward_builds_unused_graph(tmp_path: Path) -> None:
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        _clean(model, opt, i, state)
+        model.eval()
+        model(torch.randn(64, 8))  # evaluation without no_grad
+        model.train()
+
+    steps = _steps_of(tmp_path, body)
+    # the eval forward happens after the step boundary: it belongs to the next step
+    for st in steps[1:]:
+        ev = [f for f in st["forwards"] if not f["training"]]
+        assert len(ev) == 1 and ev[0]["built_graph"] and not ev[0]["backward"]
+        assert ev[0]["saved_bytes"] > 0
+        assert st["no_backward_forwards"] == 1
+
+
+def test_p11_module_left_in_eval(tmp_path: Path) -> None:
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        model[2].eval()  # dropout left in eval while training
+        _clean(model, opt, i, state)
+
+    for st in _steps_of(tmp_path, body):
+        assert st["forwards"][0]["eval_modules"] == ["2"]
+        assert st["modes"] == {"2": False} and st["training"] is True
+
+
+def test_p11_dropout_in_train_mode_under_no_grad(tmp_path: Path) -> None:
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        _clean(model, opt, i, state)
+        with torch.no_grad():
+            model(torch.randn(4, 8))  # "evaluation" with dropout still in train mode
+
+    st = _steps_of(tmp_path, body)[1]
+    nog = [f for f in st["forwards"] if not f["grad_mode"]]
+    assert nog and nog[0]["train_modules"] == ["2"] and not nog[0]["built_graph"]
+
+
+def test_p7_graph_kept_alive(tmp_path: Path) -> None:
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        state["total"] = state.get("total", 0) + loss  # keeps every step's graph
+
+    steps = _run(tmp_path, body, steps=4)
+    alive = [st["graphs_alive"] for st in steps]
+    assert alive[0] == 0 and alive[1] > 0 and alive[1] < alive[2] < alive[3]
+
+
+def test_p10_and_p8_backward_errors(tmp_path: Path) -> None:
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        h = model(torch.randn(4, 8))
+        y = torch.sigmoid(h)
+        y.add_(1.0)  # modifies a tensor sigmoid saved for backward
+        opt.zero_grad()
+        try:
+            y.sum().backward()
+        except RuntimeError as exc:
+            state.setdefault("errors", []).append(str(exc))
+        opt.step()
+
+    steps = _steps_of(tmp_path, body)
+    for st in steps:
+        assert any("modified by an inplace operation" in m for m in st["backward_errors"])
+        assert any(e["what"] == "saved_unreadable" and "SigmoidBackward0" in e["node"] for e in st["events"])
+
+
+def test_p12_noop_to(tmp_path: Path) -> None:
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        x = torch.randn(4, 8).to("cpu")  # already there
+        loss = model(x.to(torch.float32)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    for st in _steps_of(tmp_path, body):
+        assert {"what": "noop_to", "count": 2} in st["events"]
+
+
+def test_p13_hook_keeps_activations(tmp_path: Path) -> None:
+    kept: list[torch.Tensor] = []
+    model = _mlp()
+    model[1].register_forward_hook(lambda m, i, o: kept.append(o))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "hooks.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(3):
+            _clean(model, opt, i, {})
+    held = [st["hooks"]["1"] for st in _steps(path)]
+    assert held == [4 * 16 * 4 * (i + 1) for i in range(3)]
+
+
+def test_p1_and_p9_graph_breaks_on_captured_steps(tmp_path: Path) -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "breaks.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        out = model(torch.randn(4, 8))
+        scale = out.sum().item()  # a round trip through Python: cut from the graph
+        idx = out.argmax(dim=1)  # not differentiable
+        loss = (out * scale).mean() + idx.float().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    g = next(e for e in iter_events(path) if e["kind"] == "graph")
+    names_flags = [(o["name"], o.get("flags", [])) for o in g["ops"]]
+    assert ("torch::Tensor.item", ["breaks_graph", "outside_model"]) in names_flags
+    assert any(n == "aten::argmax" and "non_differentiable" in f for n, f in names_flags)
+
+
+def test_p14_grad_scaler_skipped_step(tmp_path: Path) -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    path = tmp_path / "amp.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, scaler=scaler):
+        for i in range(4):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            if i == 1:
+                loss = loss * float("inf")  # overflow: the scaler skips optimizer.step()
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    steps = _steps(path)
+    assert len(steps) == 4
+    assert [st["scaler"]["skipped"] for st in steps] == [False, True, False, False]
+    assert steps[0]["scaler"]["scale"] == 1024.0 and steps[2]["scaler"]["scale"] == 512.0
+
+
+def test_dataloader_worker_captures_nothing(tmp_path: Path) -> None:
+    """Inside a worker process ``watch`` is inert (the main process is the one recording)."""
+
+    class DS(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int) -> int:
+            w = torchscope.watch(nn.Linear(2, 2), server=None, record=str(tmp_path / f"worker{i}.tscope"))
+            return int(w.session_id is None)
+
+    loader = torch.utils.data.DataLoader(DS(), num_workers=1)
+    assert [int(b) for b in loader] == [1, 1]
+    assert not list(tmp_path.glob("worker*.tscope"))

@@ -1,0 +1,218 @@
+"""What the capture records equals what plain PyTorch says, computed independently here."""
+
+from __future__ import annotations
+
+import collections
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from capture_models import Looped, make
+from torch import nn
+
+import torchscope
+from torchscope.sessionfile import iter_events
+
+
+def independent_walk(loss: torch.Tensor, names: dict[int, str]) -> tuple[collections.Counter, collections.Counter]:
+    """Node classes and labelled edges below loss.grad_fn (breadth first, by our own hand)."""
+
+    def label(n: Any) -> str:
+        v = getattr(n, "variable", None)
+        return f"{type(n).__name__}[{names[id(v)]}]" if v is not None else type(n).__name__
+
+    seen = {loss.grad_fn: 0}
+    queue = [loss.grad_fn]
+    nodes: collections.Counter = collections.Counter()
+    edges: collections.Counter = collections.Counter()
+    while queue:
+        n = queue.pop(0)
+        nodes[label(n)] += 1
+        for child, nr in n.next_functions:
+            if child is None:
+                continue
+            edges[(label(n), label(child), nr)] += 1
+            if child not in seen:
+                seen[child] = len(seen)
+                queue.append(child)
+    return nodes, edges
+
+
+def recorded_walk(g: dict[str, Any]) -> tuple[collections.Counter, collections.Counter]:
+    def label(rec: dict[str, Any]) -> str:
+        return f"{rec['name']}[{rec['param']}]" if "param" in rec else rec["name"]
+
+    by_id = {n["id"]: n for n in g["nodes"]}
+    nodes = collections.Counter(label(n) for n in g["nodes"])
+    edges = collections.Counter((label(by_id[a]), label(by_id[b]), nr) for a, b, nr in g["edges"])
+    return nodes, edges
+
+
+@pytest.mark.parametrize("kind", ["zoo", "cnn", "transformer", "mlp"])
+def test_graph_grads_and_memory_match_pytorch(kind: str, tmp_path: Path) -> None:
+    model, batch = make(kind)
+    names = {id(p): n for n, p in model.named_parameters()}
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    path = tmp_path / f"{kind}.tscope"
+    expected: list[dict[str, Any]] = []
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for i in range(3):
+            x, y = batch(i)
+            out = model(x)
+            loss = nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y)
+            nodes, edges = independent_walk(loss, names)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            grads = [p.grad for p in model.parameters()]
+            storages: dict[int, int] = {}
+            for t in [*model.parameters(), *(g for g in grads if g is not None)]:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            for st in opt.state.values():
+                for v in st.values():
+                    if torch.is_tensor(v) and v.numel() > 1:
+                        storages[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
+            expected.append(
+                {
+                    "nodes": nodes,
+                    "edges": edges,
+                    "loss": loss.item(),
+                    "grads": [None if g is None else g.clone() for g in grads],
+                    "live": sum(storages.values()),
+                    "params": sum(p.numel() * p.element_size() for p in model.parameters()),
+                }
+            )
+    events = list(iter_events(path))
+    session = events[0]
+    assert [p["name"] for p in session["params"]] == list(names.values())
+    steps = [e for e in events if e["kind"] == "step"]
+    graphs = {e["step"]: e for e in events if e["kind"] == "graph"}
+    assert len(steps) == 3 and sorted(graphs) == [0, 1, 2]
+    for st, exp in zip(steps, expected, strict=True):
+        g = graphs[st["step"]]
+        nodes, edges = recorded_walk(g)
+        assert nodes == exp["nodes"]
+        assert edges == exp["edges"]
+        assert st["loss"] == pytest.approx(exp["loss"], rel=1e-6)
+        gs = st["grads"]
+        for i, grad in enumerate(exp["grads"]):
+            if grad is None:
+                assert gs["norm"][i] is None and i in gs["none"]
+                continue
+            assert gs["norm"][i] == pytest.approx(grad.norm().item(), rel=1e-5)
+            assert gs["max_abs"][i] == pytest.approx(grad.abs().max().item(), rel=1e-6)
+            scale = grad.abs().max().item()
+            assert gs["mean"][i] == pytest.approx(grad.double().mean().item(), rel=1e-4, abs=1e-6 * scale)
+            if grad.numel() > 1:
+                assert gs["std"][i] == pytest.approx(grad.double().std().item(), rel=1e-3, abs=1e-6 * scale)
+            assert gs["zero_frac"][i] == pytest.approx((grad == 0).double().mean().item(), abs=1e-6)
+            assert gs["nan"][i] == 0 and gs["inf"][i] == 0
+        assert st["memory"]["live"] == exp["live"]
+        assert st["memory"]["params"] == exp["params"]
+        # every recorded forward op names a module that exists (or the root, for the loss)
+        paths = {m["path"] for m in session["modules"]}
+        assert {o["module"] for o in g["ops"]} <= paths
+        # each AccumulateGrad is linked to its parameter, each other node to a forward op
+        linked = [n for n in g["nodes"] if n["name"] not in ("AccumulateGrad",) and "op" in n]
+        assert len(linked) >= len([n for n in g["nodes"] if n["name"] != "AccumulateGrad"]) * 0.8
+        assert sorted(n["order"] for n in g["nodes"] if "order" in n) == list(range(len([n for n in g["nodes"] if "order" in n])))
+
+
+def test_zoo_graph_details(tmp_path: Path) -> None:
+    """The custom Function, in-place op, detach and no_grad island show where expected."""
+    model, batch = make("zoo")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "zoo.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        x, y = batch(0)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    events = list(iter_events(path))
+    g = next(e for e in events if e["kind"] == "graph")
+    st = next(e for e in events if e["kind"] == "step")
+    names = {n["name"] for n in g["nodes"]}
+    assert "SquareBackward" in names  # custom autograd.Function
+    params = [p["name"] for p in events[0]["params"]]
+    assert {params[i] for i in st["grads"]["none"]} == {"unused.weight", "unused.bias"}  # cut by detach()
+    shared = [n for n in g["nodes"] if n.get("param") == "shared.weight"]
+    assert len(shared) == 1  # one AccumulateGrad for a parameter used twice ...
+    sid = shared[0]["id"]
+    assert sum(1 for a, b, _ in g["edges"] if b == sid) == 2  # ... fed by both uses
+    ops = g["ops"]
+    assert any(o["inplace"] and o["name"] == "aten::relu_" and o["module"] == "" for o in ops)
+    assert any(not o["grad_mode"] for o in ops)  # the no_grad island
+    assert any("breaks_graph" in o.get("flags", ()) and o["name"] == "torch::Tensor.detach" for o in ops)
+    calls = sorted(o["call"] for o in ops if o["module"] == "shared" and o["name"] == "aten::addmm")
+    assert calls == [0, 1]  # the two calls of one module are told apart
+    tensors = g["tensors"]
+    views = [t for t in tensors if t["shape"] == [6, 4, 4]]
+    assert views and all("storage" in t for t in views)
+
+
+def test_signature_changes_exactly_with_structure(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Looped()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    lengths = [2, 2, 3, 3, 2, 5, 5, 5]
+    path = tmp_path / "loop.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for n in lengths:
+            model.n = n
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    sigs = [e["graph_signature"] for e in iter_events(path) if e["kind"] == "step"]
+    for i in range(len(lengths)):
+        for j in range(len(lengths)):
+            assert (sigs[i] == sigs[j]) == (lengths[i] == lengths[j]), (i, j)
+
+
+def test_default_mode_captures_on_change_and_schedule(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Looped()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    lengths = [2, 2, 2, 3, 3, 3, 3, 3, 3, 3]
+    path = tmp_path / "sched.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, sample_every=8):
+        for n in lengths:
+            model.n = n
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    events = list(iter_events(path))
+    captured = [e["step"] for e in events if e["kind"] == "graph"]
+    # step 0 (first), step 4 (the one after the change at step 3), step 8 (schedule)
+    assert captured == [0, 4, 8]
+    flags = [e["graph_captured"] for e in events if e["kind"] == "step"]
+    assert [i for i, f in enumerate(flags) if f] == captured
+
+
+def test_nan_in_loss_arms_checked_capture(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "nan.tscope"
+    with torchscope.watch(model, server=None, record=path, sample_every=100) as w:  # explicit steps
+        for i in range(4):
+            x = torch.randn(3, 4)
+            if i >= 1:
+                x[0, 0] = float("nan")
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            if torch.isfinite(loss):  # the user skips bad batches: parameters stay finite
+                opt.step()
+            w.step()
+    events = list(iter_events(path))
+    steps = [e for e in events if e["kind"] == "step"]
+    assert math.isnan(steps[1]["loss"]) and steps[1]["grads"]["nan"][0] > 0
+    assert [e["step"] for e in events if e["kind"] == "graph"] == [0, 2]
+    g = next(e for e in events if e["kind"] == "graph" and e["step"] == 2)
+    flagged = [o for o in g["ops"] if "nan" in o.get("flags", ())]
+    assert flagged and flagged[0]["name"] == "aten::addmm"  # the first op that produced it

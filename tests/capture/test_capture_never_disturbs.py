@@ -1,0 +1,104 @@
+"""Capture changes nothing: bit-for-bit identical training, RNG untouched, no error escapes,
+no tensor kept alive."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+from capture_models import make, train
+from torch import nn
+
+import torchscope
+from torchscope.sessionfile import iter_events
+
+
+@pytest.mark.parametrize("kind", ["mlp", "zoo", "cnn", "transformer"])
+@pytest.mark.parametrize("mode", ["default", "full", "light"])
+def test_bit_identical_training(kind: str, mode: str, tmp_path: Path) -> None:
+    plain = train(kind, 4)
+    watched = train(kind, 4, {"server": None, "record": tmp_path / "r.tscope", "mode": mode, "sample_every": 2})
+    assert plain["losses"] == watched["losses"]
+    for a, b in zip(plain["params"], watched["params"], strict=True):
+        assert torch.equal(a, b)
+    for ga, gb in zip(plain["grads"], watched["grads"], strict=True):
+        for a, b in zip(ga, gb, strict=True):
+            assert (a is None and b is None) or torch.equal(a, b)
+    assert torch.equal(plain["rng"], watched["rng"])  # capture consumed no random numbers
+    kinds = [e["kind"] for e in iter_events(tmp_path / "r.tscope")]
+    assert kinds[0] == "session" and kinds[-1] == "end" and kinds.count("step") == 4
+    expected_graphs = {"full": 4, "default": 2, "light": 0}[mode]
+    assert kinds.count("graph") == expected_graphs
+
+
+def test_no_tensor_or_graph_kept_alive(tmp_path: Path) -> None:
+    model, batch = make("zoo")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = torchscope.watch(model, opt, server=None, record=tmp_path / "a.tscope", mode="full")
+    refs = []
+    for i in range(3):
+        x, y = batch(i)
+        out = model(x)
+        loss = nn.functional.cross_entropy(out, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        refs += [weakref.ref(out), weakref.ref(loss), weakref.ref(x)]
+    del out, loss, x, y
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+    w.close()
+    mref = weakref.ref(model)
+    del model, opt
+    gc.collect()
+    assert mref() is None  # the watch does not keep the model alive either
+
+
+class _OddOptimizer(torch.optim.Optimizer):
+    """A user optimizer whose param group carries an lr the capture cannot read as a float."""
+
+    def __init__(self, params: object) -> None:
+        super().__init__(params, {"lr": "0.1 (per layer)"})
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-0.1)
+
+
+def test_capture_error_never_reaches_the_user(tmp_path: Path) -> None:
+    model, batch = make("mlp")
+    opt = _OddOptimizer(model.parameters())
+    path = tmp_path / "odd.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(3):
+            x, y = batch(i)
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()  # the capture's step hook fails inside; training must go on
+    events = list(iter_events(path))
+    logs = [e for e in events if e["kind"] == "log"]
+    assert len(logs) == 1 and "turned off" in logs[0]["message"]
+    assert events[-1]["kind"] == "end"
+
+
+def test_user_backward_error_is_reraised_unchanged_and_recorded(tmp_path: Path) -> None:
+    model, batch = make("mlp")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "twice.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        x, y = batch(0)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            loss.backward()
+        opt.step()
+    step = next(e for e in iter_events(path) if e["kind"] == "step")
+    assert step["micro_batches"] == 2
+    assert any("second time" in m for m in step["backward_errors"])

@@ -1,0 +1,56 @@
+"""A real 2-rank gloo run under torchrun streams to one real server: one session holding
+ranks 0 and 1, each rank's file complete, and DataLoader workers never connect."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ServerProc, free_port
+from torchscope.session import load
+from torchscope.sessionfile import index
+
+SCRIPT = Path(__file__).with_name("train_dist_gloo.py")
+STEPS = 24
+
+
+def test_dist_two_ranks_one_session(tmp_path: Path, server: ServerProc) -> None:
+    record = tmp_path / "dist.tscope"
+    out = tmp_path / "workers"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "--master_port", str(free_port()), str(SCRIPT), str(record), server.url, str(out)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "RANK 0 DONE" in res.stdout and "RANK 1 DONE" in res.stdout
+
+    files = {0: record, 1: tmp_path / "dist.rank1.tscope"}
+    sessions = {r: load(p) for r, p in files.items()}
+    for r, s in sessions.items():
+        assert s.rank == r and s.world_size == 2
+        assert s.status == "finished"
+        assert [e["step"] for e in s.steps] == list(range(STEPS))
+    sid = sessions[0].session_id
+    assert sessions[1].session_id == sid  # one distributed run, one session
+
+    listed = [s for s in server.get("/api/sessions") if isinstance(s, dict)]  # type: ignore[union-attr]
+    assert [s["id"] for s in listed] == [sid], listed
+    detail = server.get(f"/api/sessions/{sid}")
+    assert isinstance(detail, dict)
+    assert detail["ranks"] == [0, 1] and detail["status"] == "finished"
+    per_rank = {ri["rank"]: ri for ri in detail["rank_info"]}
+    for r, path in files.items():
+        # the server holds exactly the frames of each rank's file
+        assert per_rank[r]["frames"] == len(index(path)[1])
+        assert per_rank[r]["steps"] == STEPS
+        steps = server.get(f"/api/sessions/{sid}/steps?rank={r}&limit=1000")
+        assert isinstance(steps, list) and [s["step"] for s in steps] == list(range(STEPS))
+        assert all(s.get("rank", r) == r for s in steps)
+
+    workers = [json.loads(p.read_text()) for p in out.glob("worker-*.json")]
+    assert len(workers) == 4, workers  # 2 workers per rank produced items and checked
+    assert all(w["max_sockets"] == 0 for w in workers), workers

@@ -1,0 +1,340 @@
+"""Each rule on hand-written event lists: fires on the fact, stays silent without it, never raises."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import pytest
+from doctor_events import clean_run, codes, grads, session, step
+
+from torchscope.doctor import SETTING_HELP, Settings, diagnose
+from torchscope.doctor.finding import describe_steps
+from torchscope.doctor.rules import RULES
+
+
+def only(findings: list[Any], code: str) -> dict[str, Any]:
+    hits = [f for f in findings if f["code"] == code]
+    assert len(hits) == 1, f"expected one {code}, got {[(f['code'], f['message']) for f in findings]}"
+    return hits[0]
+
+
+# ---------------------------------------------------------------- engine, settings, wording
+def test_clean_run_has_no_findings() -> None:
+    assert diagnose(clean_run()) == []
+
+
+def test_every_pitfall_has_a_rule_and_every_setting_is_documented() -> None:
+    assert [c for c, _ in RULES] == [f"P{i}" for i in range(1, 16)]
+    assert {f.name for f in dataclasses.fields(Settings)} == set(SETTING_HELP)
+
+
+def test_settings_overrides_parse_strings_and_reject_unknown() -> None:
+    s = Settings.from_overrides({"explode_factor": "1e4", "min_steps": "5", "memory_growth_bytes": "1e6"})
+    assert (s.explode_factor, s.min_steps, s.memory_growth_bytes) == (1e4, 5, 1_000_000)
+    assert Settings.from_overrides(None) == Settings()
+    with pytest.raises(ValueError, match="unknown doctor setting 'nope'"):
+        Settings.from_overrides({"nope": "1"})
+    with pytest.raises(ValueError, match="needs a number"):
+        Settings.from_overrides({"min_steps": "many"})
+
+
+def test_describe_steps() -> None:
+    assert describe_steps([3], 9) == "at step 3"
+    assert describe_steps([3, 4, 5, 6, 7, 8, 9], 9) == "since step 3, every step"
+    assert describe_steps([3, 4, 5], 9) == "steps 3-5"
+    assert describe_steps([1, 3, 9], 9) == "on 3 steps (1, 3, 9)"
+
+
+@pytest.mark.parametrize("junk", [
+    [{"kind": "step"}],
+    [{"kind": "step", "step": "x", "grads": "nope", "forwards": [1, None], "memory": []}],
+    [session(), {"kind": "step", "step": 0, "grads": {"none": ["a", None], "pre_nonzero": [None], "norm": ["x"]}}],
+    [session(), {"kind": "graph", "step": 0, "ops": [{"id": "z", "inputs": None, "flags": "nan"}], "root": 9,
+                 "nodes": [None, {"id": 1}], "edges": [[1], "x"]}],
+    [{"kind": "log", "level": "error"}, {"kind": "end", "status": "error", "message": None}, {"x": 1}, 7],
+    [session(), step(0, scaler={"scale": "big", "skipped": "yes"}, hooks={"a": "b"}, events=[1, {"what": None}])],
+])
+def test_malformed_events_never_raise(junk: list[Any]) -> None:
+    for _, rule in RULES:  # the rules themselves, not only diagnose's safety net
+        from torchscope.doctor.run import split_by_rank
+        for run in split_by_rank(junk):
+            assert isinstance(rule(run, Settings()), list)
+
+
+def test_findings_carry_rank_and_sort_errors_first() -> None:
+    events = [session(), *[step(i, grads=grads(pre_nonzero=[0] if i else [])) for i in range(4)],
+              {**session(), "rank": 1}, *[{**step(i, forwards=[{"built_graph": True, "backward": False}]), "rank": 1}
+                                          for i in range(2)]]
+    found = diagnose(events)
+    assert [(f["code"], f["rank"]) for f in found] == [("P5", 0), ("P6", 1)]
+
+
+# ---------------------------------------------------------------- P1 cut path, P9 non-differentiable
+def _detach_graph(s: int) -> dict[str, Any]:
+    return {"kind": "graph", "step": s, "rank": 0, "root": 0,
+            "tensors": [{"id": 0, "param": "enc.weight"}, {"id": 1}, {"id": 2}, {"id": 3},
+                        {"id": 4, "param": "head.weight"}, {"id": 5}, {"id": 6}, {"id": 7, "param": "enc.bias"}],
+            "ops": [{"id": 0, "name": "aten::addmm", "module": "enc", "inputs": [7, 1, 0], "outputs": [2],
+                     "grad_mode": True, "phase": "forward", "src": "net.py:10"},
+                    {"id": 1, "name": "torch::Tensor.detach", "module": "", "inputs": [2], "outputs": [],
+                     "grad_mode": True, "flags": ["breaks_graph"], "phase": "forward", "src": "net.py:11"},
+                    {"id": 2, "name": "aten::detach", "module": "", "inputs": [2], "outputs": [3], "grad_mode": True},
+                    {"id": 3, "name": "aten::addmm", "module": "head", "inputs": [3, 4], "outputs": [5],
+                     "grad_mode": True, "grad_fn": 1},
+                    {"id": 4, "name": "aten::mse_loss", "module": "", "inputs": [5], "outputs": [6],
+                     "grad_mode": True, "grad_fn": 0}],
+            "nodes": [{"id": 0, "name": "MseLossBackward0", "op": 4}, {"id": 1, "name": "AddmmBackward0", "op": 3},
+                      {"id": 2, "name": "AccumulateGrad", "param": "head.weight"}],
+            "edges": [[0, 1, 0], [1, 2, 0]]}
+
+
+def test_p1_points_at_the_parameter_and_the_op_where_its_path_breaks() -> None:
+    events = [session(), *[step(i, grads=grads(none=[0, 1], norm=[None, None, 1.0, 1.0])) for i in range(5)],
+              _detach_graph(0)]
+    f = only(diagnose(events), "P1")
+    assert f["severity"] == "error" and f["steps"] == [0, 1, 2, 3, 4] and f["since"] == 0
+    assert f["params"] == ["enc.weight", "enc.bias"] and f["modules"] == ["enc"]
+    assert f["targets"][0] == {"step": 0, "rank": 0, "op": 1, "module": ""}
+    assert {"param": "enc.weight", "module": "enc"}.items() <= f["targets"][1].items()
+    assert "torch::Tensor.detach" in f["message"] and f["src"] == "net.py:11"
+    assert "since step 0, every step" in f["message"]
+
+
+def test_p1_no_grad_forward_points_at_the_op_run_without_grad() -> None:
+    g = _detach_graph(0)
+    g["ops"] = [g["ops"][0] | {"grad_mode": False}, *g["ops"][2:]]
+    f = only(diagnose([session(), step(0, grads=grads(none=[0, 1])), g]), "P1")
+    assert f["targets"][0]["op"] == 0 and "torch.no_grad()" in f["message"]
+
+
+def test_p1_silent_when_backward_failed_or_grads_present() -> None:
+    failed = step(0, grads=grads(none=[0, 1, 2, 3]), backward_errors=["Trying to backward through the graph a "
+                                                                        "second time"])
+    assert "P1" not in codes(diagnose([session(), failed]))
+    assert "P1" not in codes(diagnose([session(), step(0), _detach_graph(0)]))
+
+
+def _threshold_graph(s: int, metric_only: bool = False) -> dict[str, Any]:
+    ops = [{"id": 0, "name": "aten::addmm", "module": "pos", "inputs": [0, 1], "outputs": [2], "grad_mode": True,
+            "grad_fn": 3},
+           {"id": 1, "name": "aten::gt", "module": "", "inputs": [2], "outputs": [3], "grad_mode": True,
+            "flags": ["non_differentiable"], "src": "train.py:30"},
+           {"id": 2, "name": "aten::_to_copy", "module": "", "inputs": [3], "outputs": [4], "grad_mode": True},
+           {"id": 3, "name": "aten::mse_loss", "module": "", "inputs": [4, 9], "outputs": [5], "grad_mode": True},
+           {"id": 4, "name": "aten::mse_loss", "module": "", "inputs": [2, 9], "outputs": [6], "grad_mode": True,
+            "grad_fn": 1},
+           {"id": 5, "name": "aten::add", "module": "", "inputs": [6] if metric_only else [5, 6], "outputs": [7],
+            "grad_mode": True, "grad_fn": 0}]
+    return {"kind": "graph", "step": s, "rank": 0, "root": 0, "ops": ops,
+            "nodes": [{"id": 0, "name": "AddBackward0", "op": 5}, {"id": 1, "name": "MseLossBackward0", "op": 4}],
+            "edges": [[0, 1, 0]]}
+
+
+def test_p9_points_at_the_first_non_differentiable_op_feeding_the_loss() -> None:
+    f = only(diagnose([session(), step(0), step(1), _threshold_graph(0), _threshold_graph(1)]), "P9")
+    assert f["severity"] == "error" and f["steps"] == [0, 1]
+    assert f["targets"] == [{"step": 0, "rank": 0, "op": 1, "module": ""}] and f["src"] == "train.py:30"
+    assert "aten::gt" in f["message"]
+
+
+def test_p9_silent_for_a_metric_that_does_not_feed_the_loss() -> None:
+    assert "P9" not in codes(diagnose([session(), step(0), _threshold_graph(0, metric_only=True)]))
+
+
+def test_p9_loss_without_grad_fn_error() -> None:
+    ev = step(0, backward_errors=["element 0 of tensors does not require grad and does not have a grad_fn"])
+    assert "P9" in codes(diagnose([session(), ev]))
+
+
+# ---------------------------------------------------------------- P2 dead, P3 norms, P4 NaN
+def test_p2_dead_branch_names_its_modules() -> None:
+    dead = grads(zero_frac=[1.0, 1.0, 0.1, 0.0], norm=[0.0, 0.0, 1.0, 1.0])
+    f = only(diagnose([session(), *[step(i, grads=dead) for i in range(4)]]), "P2")
+    assert f["modules"] == ["enc"] and f["params"] == ["enc.weight", "enc.bias"] and f["severity"] == "warning"
+    assert f["view"] == "gradients" and f["steps"] == [0, 1, 2, 3]
+
+
+def test_p2_silent_for_embeddings_short_blips_and_all_zero_steps() -> None:
+    emb = session(modules=[("", "Net"), ("enc", "Embedding"), ("head", "Linear")])
+    sparse = grads(zero_frac=[0.995, 1.0, 0.0, 0.0])
+    assert "P2" not in codes(diagnose([emb, *[step(i, grads=sparse) for i in range(4)]]))
+    blip = [step(i, grads=grads(zero_frac=[1.0, 0, 0, 0]) if i == 2 else grads()) for i in range(6)]
+    assert "P2" not in codes(diagnose([session(), *blip]))
+    everything = grads(zero_frac=[1.0] * 4, norm=[0.0] * 4)
+    assert "P2" not in codes(diagnose([session(), *[step(i, grads=everything) for i in range(4)]]))
+
+
+def test_p3_exploding_norm_over_steps() -> None:
+    norms = [1.0, 1.2, 0.9, 1.1, 50.0, 4000.0, 3e5]
+    events = [session(), *[step(i, grads=grads(norm=n)) for i, n in enumerate(norms)]]
+    f = only(diagnose(events), "P3")
+    assert f["steps"] == [5, 6] and "exploded" in f["message"] and f["data"]["norm"][-1] == pytest.approx(6e5)
+
+
+def test_p3_vanishing_layer_by_layer() -> None:
+    params = [(f"l{i}.weight", f"l{i}", [32, 32]) for i in range(4)]
+    mods = [("", "Net"), *[(f"l{i}", "Linear") for i in range(4)]]
+    per_layer = grads(n=4, norm=[1e-9, 1e-6, 1e-3, 1.0])
+    f = only(diagnose([session(params, mods), *[step(i, grads=per_layer) for i in range(3)]]), "P3")
+    assert f["params"] == ["l0.weight", "l3.weight"] and f["targets"][0]["param"] == "l0.weight"
+    healthy = grads(n=4, norm=[0.2, 0.5, 1.0, 3.0])
+    assert diagnose([session(params, mods), *[step(i, grads=healthy) for i in range(3)]]) == []
+
+
+def test_p3_thresholds_are_settings() -> None:
+    norms = [1.0, 1.0, 1.0, 1.0, 200.0]
+    events = [session(), *[step(i, grads=grads(norm=n)) for i, n in enumerate(norms)]]
+    assert "P3" not in codes(diagnose(events))
+    assert "P3" in codes(diagnose(events, Settings.from_overrides({"explode_factor": "100"})))
+
+
+def test_p4_points_at_the_first_op_that_produced_nan() -> None:
+    g = {"kind": "graph", "step": 2, "rank": 0,
+         "ops": [{"id": 0, "name": "aten::std", "module": "norm"},
+                 {"id": 1, "name": "aten::div", "module": "norm", "flags": ["nan"], "grad_fn": 4, "src": "m.py:9"},
+                 {"id": 2, "name": "aten::addmm", "module": "head", "flags": ["nan"]}]}
+    bad = grads(nan=[32, 8, 8, 1])
+    events = [session(), step(0), step(1), step(2, loss=math.nan, losses=[math.nan], grads=bad), g]
+    f = only(diagnose(events), "P4")
+    assert f["steps"] == [2] and f["targets"][0] == {"step": 2, "rank": 0, "op": 1, "node": 4, "module": "norm"}
+    assert f["src"] == "m.py:9" and "aten::div" in f["message"] and f["severity"] == "error"
+
+
+def test_p4_silent_on_scaler_skipped_steps_with_finite_loss() -> None:
+    ev = step(0, grads=grads(inf=[3, 0, 0, 0]), scaler={"scale": 32768.0, "skipped": True})
+    assert "P4" not in codes(diagnose([session(), ev, step(1, scaler={"scale": 32768.0, "skipped": False})]))
+
+
+# ---------------------------------------------------------------- P5 zero_grad, P6 unused graph, P7 alive
+def test_p5_missing_zero_grad_deduplicated_since_step_1() -> None:
+    events = [session(), step(0, zero_grad=0), *[step(i, zero_grad=0, grads=grads(pre_nonzero=[0, 1, 2, 3]))
+                                                 for i in range(1, 7)]]
+    f = only(diagnose(events), "P5")
+    assert f["steps"] == [1, 2, 3, 4, 5, 6] and "since step 1, every step" in f["message"]
+    assert f["params"] == ["enc.weight", "enc.bias", "head.weight", "head.bias"] and f["severity"] == "error"
+
+
+def test_p5_zero_grad_between_backward_and_step() -> None:
+    events = [session(), *[step(i, grads=grads(none=[0, 1, 2, 3], norm=[None] * 4)) for i in range(3)]]
+    found = diagnose(events)
+    assert codes(found) == ["P5"] and "between backward() and step()" in found[0]["message"]
+
+
+def test_p6_evaluation_graph_nobody_used() -> None:
+    unused = {"micro": 1, "grad_mode": True, "training": False, "built_graph": True, "backward": False,
+              "saved_bytes": 40960, "src": "train.py:40"}
+    events = [session(), step(0), *[step(i, forwards=[*step(i)["forwards"], unused]) for i in (1, 3)], step(2)]
+    f = only(diagnose(events), "P6")
+    assert f["steps"] == [1, 3] and f["src"] == "train.py:40" and f["view"] == "memory"
+    assert "40.0 KiB" in f["message"] and "eval mode" in f["message"]
+    used = {**unused, "backward": True}
+    assert "P6" not in codes(diagnose([session(), step(0, forwards=[used])]))
+
+
+def test_p7_graphs_alive_growing() -> None:
+    events = [session(), *[step(i, graphs_alive=10 * i, memory={"live": 1_000_000 + 1000 * i}) for i in range(6)]]
+    f = only(diagnose(events), "P7")
+    assert f["steps"] == [1, 2, 3, 4, 5] and f["view"] == "memory" and "50 nodes" in f["message"]
+
+
+def test_p7_silent_for_constant_or_no_alive_graphs() -> None:
+    steady = [session(), *[step(i, graphs_alive=12) for i in range(6)]]
+    assert "P7" not in codes(diagnose(steady))
+    optimizer_state = [session(), *[step(i, memory={"live": 10_000_000 if i else 5_000_000}) for i in range(6)]]
+    assert "P7" not in codes(diagnose(optimizer_state))
+
+
+# ---------------------------------------------------------------- P8 in-place, P10 double backward
+INPLACE_MSG = ("one of the variables needed for gradient computation has been modified by an inplace operation: "
+               "[torch.FloatTensor [32, 32]], which is output 0 of Sigmoid, is at version 1; expected version 0")
+
+
+def test_p8_error_points_at_the_backward_node_that_needed_the_value() -> None:
+    g = {"kind": "graph", "step": 0, "rank": 0, "root": 0,
+         "nodes": [{"id": 0, "name": "MseLossBackward0"}, {"id": 3, "name": "SigmoidBackward0", "module": "act"}]}
+    events = [session(), step(0), g, step(1), step(2, backward_errors=[INPLACE_MSG], micro_batches=2)]
+    f = only(diagnose(events), "P8")
+    assert f["steps"] == [2] and f["targets"] == [{"step": 0, "rank": 0, "node": 3, "module": "act"}]
+    assert "SigmoidBackward0" in f["message"]
+    assert "P15" not in codes(diagnose(events))  # the failed backward is not a micro-batch
+
+
+def test_p8_silent_form_flagged_op() -> None:
+    g = {"kind": "graph", "step": 1, "rank": 0,
+         "ops": [{"id": 5, "name": "aten::mul_", "module": "block", "flags": ["inplace", "inplace_saved"],
+                  "src": "m.py:3"}]}
+    f = only(diagnose([session(), step(0), step(1), g]), "P8")
+    assert f["targets"][0]["op"] == 5 and f["src"] == "m.py:3"
+
+
+def test_p10_double_backward() -> None:
+    msg = "Trying to backward through the graph a second time (or directly access saved tensors after they have"
+    events = [session(), step(0, backward_src=["rnn.py:40"]), step(1, backward_errors=[msg]), step(2),
+              step(3, backward_errors=[msg])]
+    f = only(diagnose(events), "P10")
+    assert f["steps"] == [1, 3] and f["severity"] == "error" and "rnn.py:40" in f["message"]
+
+
+# ---------------------------------------------------------------- P11 modes
+MODES = [("", "Net"), ("enc", "Linear"), ("drop", "Dropout"), ("bn", "BatchNorm1d"), ("head", "Linear")]
+
+
+def test_p11_training_in_eval_mode() -> None:
+    eval_fwd = [{"grad_mode": True, "training": False, "built_graph": True, "backward": True, "src": "t.py:5"}]
+    events = [session(modules=MODES), step(0), step(1), *[step(i, forwards=eval_fwd) for i in range(2, 5)]]
+    f = only(diagnose(events), "P11")
+    assert f["steps"] == [2, 3, 4] and f["modules"] == [""] and "since step 2" in f["message"]
+
+
+def test_p11_evaluating_with_dropout_in_train_mode_and_frozen_bn() -> None:
+    fwd = [{"grad_mode": False, "training": True, "train_modules": ["drop", "bn"], "built_graph": False},
+           {"grad_mode": True, "training": True, "eval_modules": ["bn", "enc"], "built_graph": True, "backward": True}]
+    found = [f for f in diagnose([session(modules=MODES), step(0, forwards=fwd)]) if f["code"] == "P11"]
+    assert sorted(f["data"]["mode"] for f in found) == ["eval", "train"]
+    by_mode = {f["data"]["mode"]: f for f in found}
+    assert by_mode["train"]["modules"] == ["bn", "drop"] and by_mode["eval"]["modules"] == ["bn"]
+
+
+def test_p11_silent_without_mode_sensitive_modules() -> None:
+    eval_fwd = [{"grad_mode": True, "training": False, "built_graph": True, "backward": True}]
+    assert diagnose([session(), *[step(i, forwards=eval_fwd) for i in range(3)]]) == []
+
+
+# ---------------------------------------------------------------- P12 copies, P13 hooks, P14 AMP, P15 accumulation
+def test_p12_repeated_copies() -> None:
+    rep = [{"what": "repeat_copy", "count": 2, "bytes": 139264, "src": "train.py:12"}]
+    f = only(diagnose([session(), *[step(i, events=rep) for i in range(4)]]), "P12")
+    assert f["steps"] == [0, 1, 2, 3] and f["src"] == "train.py:12" and "136.0 KiB" in f["message"]
+    batch_moves = [{"what": "noop_to", "count": 2}]
+    assert diagnose([session(), *[step(i, events=batch_moves, copies={"count": 2, "bytes": 4096})
+                                  for i in range(4)]]) == []
+
+
+def test_p13_hook_bytes_growing() -> None:
+    events = [session(), *[step(i, hooks={"enc": 131072 * (i + 1)}) for i in range(6)]]
+    f = only(diagnose(events), "P13")
+    assert f["modules"] == ["enc"] and f["targets"][0]["module"] == "enc" and f["view"] == "memory"
+    steady = [session(), *[step(i, hooks={"enc": 131072}) for i in range(6)]]
+    assert "P13" not in codes(diagnose(steady))
+
+
+def test_p14_scaler_skipping_every_step() -> None:
+    events = [session(), *[step(i, scaler={"scale": 65536.0 / 2 ** (i + 1), "skipped": True}) for i in range(6)]]
+    f = only(diagnose(events), "P14")
+    assert f["steps"] == [0, 1, 2, 3, 4, 5] and f["data"]["scale"][-1] == 1024.0
+
+
+def test_p14_silent_for_calibration_skips() -> None:
+    events = [session(), *[step(i, scaler={"scale": 65536.0 if i < 2 else 32768.0, "skipped": i == 2})
+                           for i in range(40)]]
+    assert diagnose(events) == []
+
+
+def test_p15_accumulation_without_division() -> None:
+    events = [session(), *[step(i, micro_batches=4, backward_roots=["MseLossBackward0"] * 4) for i in range(3)]]
+    f = only(diagnose(events), "P15")
+    assert f["steps"] == [0, 1, 2] and f["data"]["micro_batches"] == [4, 4, 4] and "by 4" in f["message"]
+    divided = [session(), *[step(i, micro_batches=4, backward_roots=["DivBackward0"] * 4) for i in range(3)]]
+    assert diagnose(divided) == []

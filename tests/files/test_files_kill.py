@@ -1,0 +1,99 @@
+"""SIGKILL a real training process at random moments: the session file still opens, holds
+every step that completed at least one second before the kill, and says "ended unexpectedly";
+a run that ends normally says "finished"."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torchscope
+from torchscope.session import load
+
+SCRIPT = Path(__file__).with_name("train_files_kill.py")
+MODES = ["transport", "watch"]
+
+
+def _need(mode: str) -> None:
+    if mode == "watch" and not hasattr(torchscope, "watch"):
+        pytest.skip("torchscope.watch is not there yet (capture engine)")
+
+
+class _Reader(threading.Thread):
+    """Collects (monotonic arrival time, step) of each STEP line the script prints."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        super().__init__(daemon=True)
+        self.proc = proc
+        self.seen: list[tuple[float, int]] = []
+        self.first = threading.Event()
+
+    def run(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("STEP "):
+                self.seen.append((time.monotonic(), int(line.split()[1])))
+                self.first.set()
+
+
+def _start(record: Path, mode: str, steps: int = 1_000_000) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, str(SCRIPT), str(record), mode, str(steps)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_files_sigkill_keeps_steps_older_than_one_second(tmp_path: Path, mode: str) -> None:
+    _need(mode)
+    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
+    for attempt in range(2):
+        record = tmp_path / f"killed{attempt}.tscope"
+        proc = _start(record, mode)
+        reader = _Reader(proc)
+        reader.start()
+        try:
+            assert reader.first.wait(60), proc.stderr.read() if proc.stderr else ""
+            time.sleep(rng.uniform(1.2, 3.0))  # a random moment, at least a second into training
+            kill_at = time.monotonic()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        reader.join(5)
+        must_have = [s for t, s in reader.seen if t <= kill_at - 1.0]
+        assert must_have, "the run should have completed steps more than a second before the kill"
+
+        session = load(record)
+        recorded = {s["step"] for s in session.steps}
+        missing = sorted(set(must_have) - recorded)
+        assert not missing, f"attempt {attempt}: steps lost although completed >= 1 s before the kill: {missing[:10]}"
+        # nothing invented: every recorded step really ran
+        assert recorded <= {s for _, s in reader.seen} | {max(recorded)}
+        assert session.status == "ended unexpectedly"
+        assert session.end is None
+        assert session.session_id and session.meta["kind"] == "session"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_files_normal_end_is_finished(tmp_path: Path, mode: str) -> None:
+    _need(mode)
+    record = tmp_path / "done.tscope"
+    proc = _start(record, mode, steps=40)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "DONE" in out
+    session = load(record)
+    assert session.status == "finished"
+    assert [s["step"] for s in session.steps] == list(range(40))
+    assert session.end is not None and session.end.get("shed_ops", 0) == 0
+    losses = [s["loss"] for s in session.steps]
+    assert all(isinstance(v, float) for v in losses) and losses[-1] < losses[0]

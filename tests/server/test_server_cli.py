@@ -1,0 +1,103 @@
+"""The `torchscope` CLI as a user runs it: real subprocesses, real files, real ports."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ServerProc
+from server_helpers import run_frames, write_file
+from torchscope.sessionfile import file_header
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torchscope.server.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def one_line_error(res: subprocess.CompletedProcess[str]) -> str:
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("bad")
+    good = b"".join(run_frames("cli", steps=3))
+    files = {
+        "missing": d / "missing.tscope",
+        "empty": d / "empty.tscope",
+        "truncated": d / "truncated.tscope",
+        "foreign": d / "notes.txt",
+        "future": d / "future.tscope",
+        "directory": d,
+    }
+    files["empty"].write_bytes(b"")
+    files["truncated"].write_bytes(file_header() + good[:25])
+    files["foreign"].write_text("just some notes\n")
+    files["future"].write_bytes(file_header((7, 1)) + good)
+    return files
+
+
+NEEDLES = {"missing": "no such file", "empty": "empty", "truncated": "no complete frame",
+           "foreign": "not a torchscope session file", "future": "newer torchscope", "directory": "directory"}
+
+
+# every kind of bad file through `info`; `open` and `doctor` share its check, so two each
+@pytest.mark.parametrize("command, kind", [*[("info", k) for k in NEEDLES], ("open", "missing"),
+                                           ("open", "truncated"), ("doctor", "foreign"), ("doctor", "future")])
+def test_bad_files_one_line_nonzero(bad_files: dict[str, Path], command: str, kind: str) -> None:
+    extra = ["--no-browser", "--port", "1"] if command == "open" else []
+    line = one_line_error(cli(command, str(bad_files[kind]), *extra))
+    assert NEEDLES[kind] in line
+
+
+def test_info_summarizes(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "run.tscope", run_frames("cli-info", steps=7, graph_steps=(0, 5)))
+    res = cli("info", str(path))
+    assert res.returncode == 0, res.stderr
+    fields = dict(line.split(":", 1) for line in res.stdout.splitlines())
+    assert fields["name"].strip() == "run" and fields["model"].strip() == "MLP"
+    assert fields["steps"].strip() == "7" and fields["graphs captured"].strip() == "2"
+    assert fields["status"].strip() == "finished" and fields["ranks"].strip() == "0"
+
+
+def test_port_in_use_names_the_port() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        res = cli("serve", "--port", str(port), "--data", "/tmp/torchscope-unused")
+    line = one_line_error(res)
+    assert res.returncode == 2 and str(port) in line and "--port" in line
+
+
+@pytest.mark.parametrize("args", [["serve", "--port", "0"], ["serve", "--port", "http"], ["frobnicate"],
+                                  ["serve", "--db", "postgresql://db/x", "--port", "1"]])
+def test_bad_arguments(args: list[str]) -> None:
+    one_line_error(cli(*args))
+
+
+def test_open_imports_into_a_running_server(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "run.tscope", run_frames("cli-open", steps=4))
+    srv = ServerProc(tmp_path / "data").start()
+    try:
+        res = cli("open", str(path), "--port", str(srv.port), "--no-browser")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == f"{srv.url}/sessions/cli-open"
+        assert srv.get("/api/sessions/cli-open")["steps"] == 4  # type: ignore[index]
+    finally:
+        srv.stop()
+
+
+def test_help_lists_commands() -> None:
+    res = cli("--help")
+    assert res.returncode == 0
+    for command in ("serve", "open", "demo", "info", "doctor"):
+        assert command in res.stdout

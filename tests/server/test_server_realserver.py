@@ -1,0 +1,116 @@
+"""Real-server tier: `torchscope serve` in a subprocess, a real training script streaming to it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from conftest import ServerProc, http_json
+from torchscope.sessionfile import iter_events, raw_frames
+
+HERE = Path(__file__).resolve().parent
+
+
+def _wait_for(cond, timeout: float = 30.0, every: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return True
+        except OSError:
+            pass
+        time.sleep(every)
+    return False
+
+
+def test_server_killed_and_restarted_twice_ends_with_every_event(tmp_path: Path) -> None:
+    srv = ServerProc(tmp_path / "data").start()
+    record = tmp_path / "run.tscope"
+    stop = tmp_path / "stop"
+    proc = subprocess.Popen([sys.executable, str(HERE / "server_stream_train.py"), str(record), srv.url, "kr1",
+                             "20", "0.05", str(stop)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert _wait_for(lambda: any(s["id"] == "kr1" for s in srv.get("/api/sessions")))  # type: ignore[union-attr]
+        for _ in range(2):
+            time.sleep(1.0)
+            srv.stop()  # SIGTERM mid-run: the store must stay consistent
+            time.sleep(1.0)  # training goes on, writing the file
+            srv.start()
+        time.sleep(1.0)  # the run goes on live after the second restart, then ends normally
+        stop.touch()
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    try:
+        n_frames = len(list(raw_frames(record)))
+        file_events = list(iter_events(record))
+        assert _wait_for(lambda: srv.get("/api/sessions/kr1")["rank_info"][0]["frames"] == n_frames)  # type: ignore[index]
+        detail = srv.get("/api/sessions/kr1")
+        assert isinstance(detail, dict)
+        assert detail["status"] == "finished"
+        steps = sum(1 for e in file_events if e["kind"] == "step")
+        assert steps >= 20 and detail["steps"] == steps
+        assert detail["rank_info"][0]["events"] == len(file_events)
+        graphs = srv.get("/api/sessions/kr1/graphs")
+        assert [g["step"] for g in graphs] == list(range(0, steps, 10))  # type: ignore[union-attr]
+        with urllib.request.urlopen(srv.url + "/api/sessions/kr1/export", timeout=10) as resp:
+            assert resp.read() == record.read_bytes()  # the server holds the file, byte for byte
+        # the gradient norms the server serves are the ones the script computed
+        file_norms = [e["grads"]["norm"] for e in file_events if e["kind"] == "step"]
+        assert srv.get(f"/api/sessions/kr1/grads?end={steps}")["norm"] == file_norms  # type: ignore[index]
+    finally:
+        srv.stop()
+
+
+def test_live_channel_pushes_within_a_second(tmp_path: Path) -> None:
+    srv = ServerProc(tmp_path / "data").start()
+    try:
+        resp = urllib.request.urlopen(srv.url + "/api/live", timeout=10)
+        assert resp.readline().startswith(b": connected")
+        from server_helpers import run_frames
+
+        frames = run_frames("live1", steps=3, graph_steps=(1,))
+        t0 = time.monotonic()
+        req = urllib.request.Request(srv.url + "/api/ingest/live1/0", data=b"".join(frames), method="POST")
+        urllib.request.urlopen(req, timeout=10).read()
+        kinds = []
+        while "end" not in kinds:
+            line = resp.readline().strip()
+            if line.startswith(b"data: "):
+                msg = json.loads(line[6:])
+                assert msg["session"] == "live1" and msg["rank"] == 0
+                kinds.append(msg["kind"])
+        # the 1 s target is measured in benchmarks/bench_server.py; here only "pushed, not polled"
+        assert time.monotonic() - t0 < 5.0
+        assert kinds[0] == "session" and "graph" in kinds and kinds[-1] == "end" and "step" in kinds
+        resp.close()
+        assert http_json(srv.url + "/api/health")["ok"] is True  # type: ignore[index]
+    finally:
+        srv.stop()
+
+
+def test_status_of_a_silent_writer_is_not_running_forever(tmp_path: Path) -> None:
+    """A writer that stopped without an end event: running while heard from, then not."""
+    from server_helpers import run_frames
+
+    srv = ServerProc(tmp_path / "data").start()
+    try:
+        req = urllib.request.Request(srv.url + "/api/ingest/quiet/0",
+                                     data=b"".join(run_frames("quiet", steps=2, end=False)), method="POST")
+        urllib.request.urlopen(req, timeout=10).read()
+        assert srv.get("/api/sessions/quiet")["status"] == "running"  # type: ignore[index]
+        # make the last contact old by rewriting it in the real SQLite file, then ask again
+        import sqlite3
+
+        with sqlite3.connect(tmp_path / "data" / "torchscope.db") as db:
+            db.execute("UPDATE ranks SET last_seen = last_seen - 31")
+        assert srv.get("/api/sessions/quiet")["status"] == "ended unexpectedly"  # type: ignore[index]
+    finally:
+        srv.stop()
