@@ -17,6 +17,9 @@ import torch
 from .schema import NodeRecord, SavedTensor
 
 _saved_attrs: dict[type, tuple[str, ...]] = {}
+# Under a Python dispatch mode (our op recorder) eager ``reshape`` records a ViewBackward0
+# where it otherwise records ReshapeAliasBackward0: the same structure, so one signature.
+_SAME = {"ReshapeAliasBackward0": "ViewBackward0"}
 
 
 def _saved_names(node: Any) -> tuple[str, ...]:
@@ -74,10 +77,19 @@ class AutogradWalk:
                             out[ptr] = st.nbytes()
         return out, broken
 
+    def touches(self, param_ids: dict[int, str]) -> bool:
+        """Whether any parameter in ``param_ids`` gets a gradient from this graph."""
+        for n in self.nodes:
+            var = getattr(n, "variable", None) if type(n).__name__ == "AccumulateGrad" else None
+            if var is not None and id(var) in param_ids:
+                return True
+        return False
+
     def signature(self) -> str:
         """Hash of node classes and edges: changes exactly when the graph's structure does."""
         h = hashlib.blake2b(digest_size=8)
-        h.update("|".join(type(n).__name__ for n in self.nodes).encode())
+        names = (type(n).__name__ for n in self.nodes)
+        h.update("|".join(_SAME.get(n, n) for n in names).encode())
         h.update(",".join(f"{a}>{b}:{c}" for a, b, c in self.edges).encode())
         return h.hexdigest()
 

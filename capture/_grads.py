@@ -1,7 +1,7 @@
 """Per-parameter gradient statistics, batched, with one host sync per device per step.
 
-Norms come from ``torch._foreach_norm`` (L2, L-inf and L0 = count of non-zeros); sums are
-one reduction per tensor on its own device.  Everything is stacked into one small tensor
+The L2 norms come from ``torch._foreach_norm``; min/max, non-zero counts and sums are one
+small reduction per tensor on its own device.  Everything is stacked into one small tensor
 and read back with a single ``tolist()``; no gradient is ever copied to the host.  NaN/Inf
 counts cost a second pass only on steps whose norms are not finite.
 """
@@ -56,10 +56,14 @@ def grad_stats(
         if idx:
             gs = [grads[i] for i in idx]
             gl: list[torch.Tensor] = [g for g in gs if g is not None]
+            # L2 batched; min/max in one pass per tensor (the L-inf and L0 foreach norms are
+            # several times slower on CPU); count_nonzero and sum per tensor
             rows.append(torch.stack(torch._foreach_norm(gl, 2)).float())
-            rows.append(torch.stack(torch._foreach_norm(gl, math.inf)).float())
-            rows.append(torch.stack(torch._foreach_norm(gl, 0)).float())
-            rows.append(torch.stack([g.sum(dtype=torch.float64) for g in gl]).float())
+            mm = [torch.aminmax(g) for g in gl]
+            rows.append(torch.stack([m.min for m in mm]).float())
+            rows.append(torch.stack([m.max for m in mm]).float())
+            rows.append(torch.stack([torch.count_nonzero(g) for g in gl]).float())
+            rows.append(torch.stack([g.sum() for g in gl]).float())
         ex_idx = extra_by_dev.get(dev, [])
         flat = torch.cat([r.reshape(-1) for r in rows] + [extra[j].detach().reshape(-1)[:1].float() for j in ex_idx])
         vals = flat.tolist()  # the one host sync for this device
@@ -68,7 +72,8 @@ def grad_stats(
             g = grads[i]
             assert g is not None
             numel = g.numel()
-            l2, linf, l0, s = vals[pos], vals[k + pos], vals[2 * k + pos], vals[3 * k + pos]
+            l2, lo, hi, l0, s = (vals[r * k + pos] for r in range(5))
+            linf = math.nan if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi))
             norm[i], max_abs[i] = l2, linf
             mean[i] = s / numel
             zero_frac[i] = 1.0 - l0 / numel
@@ -81,7 +86,7 @@ def grad_stats(
                 nan[i], inf[i] = _nonfinite_counts(g)
                 std[i] = math.nan
         for pos, j in enumerate(ex_idx):
-            extras_vals[j] = vals[4 * k + pos]
+            extras_vals[j] = vals[5 * k + pos]
     extras_out = extras_vals
     stats: GradStats = {
         "norm": norm,

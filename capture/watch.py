@@ -93,7 +93,7 @@ class _StepState:
         self.noop_to = 0
         self.breaks: list[dict[str, object]] = []
         self.events: list[dict[str, object]] = []
-        self.saved: dict[int, int] = {}
+        self.saved_peak = 0  # largest saved-for-backward total of one backward in this step
         self.sigs: list[str] = []
         self.scale_version: int | None = None
         self.recorder: OpRecorder | None = None
@@ -106,6 +106,7 @@ class _StepState:
         self.walk: AutogradWalk | None = None
         self.retained = False
         self.autocast = False
+        self.in_shapes: tuple[tuple[int, ...], ...] = ()
         self.act_grads: dict[str, torch.Tensor] = {}  # module path -> [norm, max_abs, zeros, nan, inf, numel]
 
 
@@ -198,10 +199,13 @@ class Watch:
             model.register_forward_hook(self._fwd_post, always_call=True),
         ]
         if optimizer is not None:
+            self._handles.append(optimizer.register_step_pre_hook(self._opt_pre))
             self._handles.append(optimizer.register_step_post_hook(self._opt_post))
         self._interposer = Interposer(self)
-        self._interposer.__enter__()
+        self._mode_pushed = False
+        self._saved_cache: dict[tuple[str, tuple[tuple[int, ...], ...]], tuple[dict[int, int], list[str]]] = {}
         self._active = True
+        self._mode_on()
         atexit.register(self.close)
         where = f" → {self.url}" if self.url else ""
         print(f"torchscope: watching {type(model).__name__}{where}  (recording to {self.path})", file=sys.stderr)
@@ -223,8 +227,8 @@ class Watch:
                 self._safe("step", self._close_step, self._scale_changed())
             for h in self._handles:
                 h.remove()
+            self._mode_off()
             self._active = False
-            self._pop_interposer()
             self._transport.close({"kind": "end", "t": time.time(), "status": "finished", "steps": self._step})
         except Exception as exc:  # closing must not raise into an atexit or a with-block
             log.warning("torchscope: close failed: %r", exc)
@@ -241,7 +245,8 @@ class Watch:
         if part in self._disabled or not self._active:
             return None
         try:
-            return fn(*args)
+            with torch._C.DisableTorchFunction():  # our own tensor calls skip every function mode
+                return fn(*args)
         except Exception as exc:
             self._disabled.add(part)
             msg = f"torchscope: capture of {part} turned off after an internal error: {exc!r}"
@@ -252,11 +257,23 @@ class Watch:
                 )
             return None
 
-    def _pop_interposer(self) -> None:
+    # The function mode is on the stack only between a forward's end and optimizer.step()
+    # (loss, backward, clipping) and between optimizer.step() and the next forward (data
+    # movement, zero_grad): the forward and the optimizer's own many small calls then cost
+    # nothing.  Captured steps keep it on through the forward too (graph breaks).
+    def _mode_on(self) -> None:
+        if not self._mode_pushed and self._active:
+            self._interposer.__enter__()
+            self._mode_pushed = True
+
+    def _mode_off(self) -> None:
+        if not self._mode_pushed:
+            return
         stack_len = torch._C._len_torch_function_stack()
         if stack_len and torch._C._get_function_stack_at(stack_len - 1) is self._interposer:
             self._interposer.__exit__(None, None, None)
-        # otherwise a user mode sits above ours; ours stays inert (``_active`` is False)
+            self._mode_pushed = False
+        # otherwise a user mode sits above ours: ours stays where it is (inert once closed)
 
     # ------------------------------------------------------------------ session
     def _session_event(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
@@ -308,7 +325,7 @@ class Watch:
 
     # ------------------------------------------------------------------ forward
     def _fwd_pre(self, module: nn.Module, args: Any) -> None:
-        self._safe("forward", self._on_forward_pre, module)
+        self._safe("forward", self._on_forward_pre, module, args)
 
     def _fwd_post(self, module: nn.Module, args: Any, output: Any) -> None:
         self._safe("forward", self._on_forward_post, module, output)
@@ -319,7 +336,7 @@ class Watch:
             return False
         return bool(scale._version != self._s.scale_version)
 
-    def _on_forward_pre(self, module: nn.Module) -> None:
+    def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
         self._depth += 1
         if self._depth > 1:
             return  # the root called itself: one forward
@@ -329,6 +346,7 @@ class Watch:
             s = self._s
         if not s.started:
             self._start_step(s)
+        s.in_shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
         grad_mode = torch.is_grad_enabled()
         fwd: ForwardInfo = {
             "micro": len(s.forwards),
@@ -345,6 +363,8 @@ class Watch:
         if not grad_mode:
             fwd["train_modules"] = [p for p, m in mods if m.training and isinstance(m, _MODE_SENSITIVE)]
         s.forwards.append(fwd)
+        if not s.capture:
+            self._mode_off()
         if not s.autocast:
             s.autocast = _autocast_on()
         if s.capture and "ops" not in self._disabled:
@@ -355,6 +375,7 @@ class Watch:
         self._depth -= 1
         if self._depth > 0:
             return
+        self._mode_on()
         s = self._s
         s.forward_us += (time.perf_counter() - getattr(s, "fwd_t0", time.perf_counter())) * 1e6
         if s.module_stack:
@@ -494,7 +515,9 @@ class Watch:
     def _run_backward(self, func: Any, kind: str, args: Any, kwargs: dict[str, Any]) -> Any:
         if not self._active:
             return func(*args, **kwargs)
-        self._safe("backward", self._before_backward, kind, args, kwargs)
+        ours = self._safe("backward", self._before_backward, kind, args, kwargs)
+        if not ours:
+            return func(*args, **kwargs)
         t0 = time.perf_counter()
         try:
             return func(*args, **kwargs)
@@ -504,22 +527,24 @@ class Watch:
         finally:
             self._safe("backward", self._after_backward, t0)
 
-    def _before_backward(self, kind: str, args: Any, kwargs: dict[str, Any]) -> None:
+    def _before_backward(self, kind: str, args: Any, kwargs: dict[str, Any]) -> bool:
+        if kind == "tensor":
+            roots = [args[0]]
+        else:
+            r = args[0] if args else kwargs.get("tensors")
+            roots = [r] if isinstance(r, torch.Tensor) else list(r or [])
+        retain = kwargs.get("retain_graph", args[2] if len(args) > 2 else None)
+        create = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
+        roots = [t for t in roots if isinstance(t, torch.Tensor)]
+        walk = AutogradWalk([t.grad_fn for t in roots])
+        if walk.nodes and not walk.touches(self._param_names):
+            return False  # another model's backward (several watches in one process)
         s = self._s
         self._stop_recorder()
         if not s.started:
             self._start_step(s)
         if s.scale_version is None:
             self._snapshot_scale(s)  # GradScaler creates its scale lazily, in its first scale()
-        if kind == "tensor":
-            roots = [args[0]]
-            retain = kwargs.get("retain_graph", args[2] if len(args) > 2 else None)
-            create = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
-        else:
-            r = args[0] if args else kwargs.get("tensors")
-            roots = [r] if isinstance(r, torch.Tensor) else list(r or [])
-            retain = kwargs.get("retain_graph", args[2] if len(args) > 2 else None)
-            create = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
         params = [r() for r in self._params]
         if s.micro == 0:
             s.pre_nonzero, all_none, all_zero = nonzero_grads(params)
@@ -529,8 +554,6 @@ class Watch:
             s.zero_grad += 1  # grads were reset between micro-batches
         fns = []
         for t in roots:
-            if not isinstance(t, torch.Tensor):
-                continue
             fn = t.grad_fn
             s.roots.append(type(fn).__name__ if fn is not None else "None")
             if t.numel() == 1 and len(s.losses) < 1024:
@@ -538,11 +561,19 @@ class Watch:
                     s.losses.append(t.detach().clone())
             fns.append(fn)
         s.backward_src.append(user_src())
-        walk = AutogradWalk(fns)
         sig = walk.signature()
         s.sigs.append(sig)
-        saved, broken = walk.saved(self._param_ptrs)
-        s.saved.update(saved)
+        key = (sig, s.in_shapes)
+        cached = self._saved_cache.get(key)
+        if cached is None or s.capture:
+            # same structure and input shapes -> same saved tensors: walk them once per shape
+            cached = walk.saved(self._param_ptrs)
+            if len(self._saved_cache) > 64:
+                self._saved_cache.clear()
+            if not cached[1]:  # a graph with unreadable saved tensors is re-examined every time
+                self._saved_cache[key] = cached
+        saved, broken = cached
+        s.saved_peak = max(s.saved_peak, sum(saved.values()))
         for b in broken:
             s.events.append({"what": "saved_unreadable", "node": b, "micro": s.micro})
         for fn in fns:
@@ -581,6 +612,7 @@ class Watch:
             s.recorder.__enter__()
             self._capturing_ops = True
         s.micro += 1
+        return True
 
     def _backward_failed(self, exc: BaseException) -> None:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -608,8 +640,12 @@ class Watch:
                 fwd["saved_bytes"] = getattr(s, "saved_now", 0)
 
     # ------------------------------------------------------------------ step boundary
+    def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._safe("mode", self._mode_off)
+
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._safe("step", self._close_step, False)
+        self._safe("mode", self._mode_on)
 
     def _live_bytes(self) -> int:
         params = [p for r in self._params if (p := r()) is not None]
@@ -748,7 +784,7 @@ class Watch:
         g_st = storages(p.grad for p in live_params if p.grad is not None)
         o_st = storages(optimizer_tensors(opt))
         live = {**p_st, **g_st, **o_st}
-        saved = sum(s.saved.values())
+        saved = s.saved_peak
         mem: MemoryStats = {
             "params": sum(p_st.values()),
             "grads": sum(g_st.values()),

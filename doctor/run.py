@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 
@@ -21,12 +22,21 @@ def as_dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+# Events come from JSON, so exact type checks suffice (and exclude bool); these run per parameter per step.
 def as_int(value: object, default: int = 0) -> int:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else default
+    kind = type(value)
+    if kind is int:
+        return value  # type: ignore[return-value]
+    if kind is float and math.isfinite(value):  # type: ignore[arg-type]
+        return int(value)  # type: ignore[call-overload]
+    return default
 
 
 def as_float(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    kind = type(value)
+    if kind is float:
+        return value  # type: ignore[return-value]
+    return float(value) if kind is int else None  # type: ignore[arg-type]
 
 
 @dataclass
@@ -41,28 +51,34 @@ class Run:
     end: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ parameters
-    @property
+    # Cached: rules ask per parameter per step, and the server diagnoses long runs repeatedly.
+    @cached_property
     def params(self) -> list[dict[str, Any]]:
         return [p for p in as_list(self.session.get("params")) if isinstance(p, dict)]
 
+    @cached_property
+    def _module_types(self) -> dict[str, str]:
+        return {str(m.get("path")): str(m.get("type", "")) for m in as_list(self.session.get("modules"))
+                if isinstance(m, dict)}
+
+    @cached_property
+    def _param_names(self) -> list[str]:
+        return [str(p.get("name", f"param[{i}]")) for i, p in enumerate(self.params)]
+
+    @cached_property
+    def _param_modules(self) -> list[str]:
+        return [str(p.get("module", str(p.get("name", "")).rpartition(".")[0])) for p in self.params]
+
     def param_name(self, index: int) -> str:
-        params = self.params
-        if 0 <= index < len(params):
-            return str(params[index].get("name", f"param[{index}]"))
-        return f"param[{index}]"
+        names = self._param_names
+        return names[index] if 0 <= index < len(names) else f"param[{index}]"
 
     def param_module(self, index: int) -> str:
-        params = self.params
-        if 0 <= index < len(params):
-            name = str(params[index].get("name", ""))
-            return str(params[index].get("module", name.rpartition(".")[0]))
-        return ""
+        modules = self._param_modules
+        return modules[index] if 0 <= index < len(modules) else ""
 
     def module_type(self, path: str) -> str:
-        for mod in as_list(self.session.get("modules")):
-            if isinstance(mod, dict) and mod.get("path") == path:
-                return str(mod.get("type", ""))
-        return ""
+        return self._module_types.get(path, "")
 
     # ------------------------------------------------------------------ steps and graphs
     def step_events(self) -> Iterator[tuple[int, dict[str, Any]]]:

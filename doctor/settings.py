@@ -39,8 +39,8 @@ class Settings:
 
 # Why each default is what it is; the CLI's --set and docs/doctor.md use these names.
 SETTING_HELP: dict[str, str] = {
-    "min_steps": "steps a condition must hold (P2 dead, P6/P11 repeats, P7 alive graphs) before it is reported; "
-                 "also the warm-up steps P3 takes as its baseline",
+    "min_steps": "steps a condition must hold (P2 dead, P3 layer ratio, P7 alive graphs, P12 copies) before it "
+                 "is reported, capped at the run's length; also the warm-up steps P3 takes as its baseline",
     "dead_zero_frac": "P2: fraction of exact zeros in a parameter's gradient from which it counts as dead",
     "explode_factor": "P3: total gradient norm this many times above the smallest norm of earlier steps = exploding",
     "vanish_factor": "P3: total gradient norm this many times below the largest norm of earlier steps = vanishing",

@@ -1,7 +1,7 @@
 // The session dashboard (/sessions/{id}): header, view tabs, URL state (deep links), live
 // updates, theme.  Views are created lazily and kept, so switching back keeps zoom,
 // selection and expanded groups.
-import { h, clear } from "./dom.js";
+import { h, clear, withLoading } from "./dom.js";
 import { api, sessionPath, live, ApiError } from "./api.js";
 import { GraphView } from "./graph/view.js";
 import { MemoryView } from "./memory.js";
@@ -45,7 +45,8 @@ class App {
     if (!this.summary.steps && !(this.summary.graphs > 0)) this.main.before(h("div", { class: "notice", id: "empty-note" }, "This session has no steps yet. It fills in live as the script runs."));
     live((ev) => this.onLive(ev), (ok) => { this.conn.textContent = ok ? "● live" : "○ disconnected"; this.conn.className = ok ? "ok" : "bad"; });
     await this.go(this.state.view, {}, true);
-    new DiagnosticsView(h("div"), this).load().catch(() => {}); // badge count on the tab
+    this.badge = new DiagnosticsView(h("div"), this); // keeps the count on the Doctor tab
+    this.badge.load().catch(() => {});
     window.addEventListener("popstate", () => location.reload());
   }
 
@@ -56,6 +57,14 @@ class App {
     this.statusEl.className = `badge status-${(s.status || "").replace(/ /g, "-")}`;
     document.title = `${s.name || s.id} · torchscope`;
     const sub = document.getElementById("session-sub");
+    const ranks = (s.ranks || []).map((r) => (typeof r === "object" ? r.rank : r));
+    const rsel = document.getElementById("rank");
+    if (rsel && ranks.length > 1 && !rsel.options.length) { // a distributed run: choose the rank
+      rsel.append(...ranks.map((r) => h("option", { value: r }, `rank ${r}`)));
+      rsel.value = String(this.rank ?? ranks[0]);
+      rsel.hidden = false;
+      rsel.onchange = () => { this.rank = +rsel.value; this.setState({}); location.reload(); };
+    }
     sub.textContent = [this.meta.model, this.meta.device, `${s.steps ?? 0} steps`, (s.ranks || []).length > 1 ? `${s.ranks.length} ranks` : null].filter(Boolean).join(" · ");
   }
 
@@ -81,7 +90,7 @@ class App {
       const el = h("section", { class: `view view-${view}`, "data-view": view });
       this.main.append(el);
       v = this.views[view] = { el, obj: new VIEWS[view][1](el, this) };
-      try { await v.obj.load(); } catch (e) { el.prepend(h("div", { class: "notice error" }, e.message)); }
+      try { await withLoading(el, v.obj.load()); } catch (e) { el.prepend(h("div", { class: "notice error" }, e.message)); }
       if (view === "graph" && first && this.state.overlay) v.obj.setOverlay(this.state.overlay);
     } else if (patch.step !== undefined && v.obj.showStep) {
       await v.obj.showStep(patch.step);
@@ -120,6 +129,7 @@ class App {
       this.sumT = setTimeout(async () => { this.summary = await api(sessionPath(this.id)); this.meta = this.summary.meta || this.meta; this.renderHeader(); }, 300);
     }
     if (ev.kind === "graph" && this.views.graph) this.views.graph.obj.onCapturedStep(ev.step);
+    if ((ev.kind === "finding" || ev.kind === "end") && !this.views.diagnostics) this.badge.onStep();
     for (const [k, v] of Object.entries(this.views)) if (k !== "graph" && v.obj.onStep && (ev.kind === "step" || ev.kind === "finding")) v.obj.onStep(ev);
   }
 

@@ -2,6 +2,7 @@
 // pixel column (linear in the number of points), so 100,000 steps draw in a few ms.
 import { h, clear, fmtNum } from "./dom.js";
 import { SERIES } from "./colors.js";
+import { THEME_EVENT } from "./theme.js";
 
 export class LineChart {
   // opts: {title, fmt(y), onClick(index), height}
@@ -19,6 +20,7 @@ export class LineChart {
     this.canvas.addEventListener("mouseleave", () => { this.tip.hidden = true; });
     this.canvas.addEventListener("click", (e) => { const i = this.indexAt(e.offsetX); if (i >= 0 && this.opts.onClick) this.opts.onClick(i); });
     new ResizeObserver(() => this.draw()).observe(this.root);
+    window.addEventListener(THEME_EVENT, () => this.draw());
     this.markers = [];
   }
 
@@ -101,6 +103,11 @@ export class LineChart {
       }
       ctx.stroke();
     }
+    for (const v of this.opts.vlines?.() || []) { // phase boundaries and the like
+      ctx.strokeStyle = css.getPropertyValue("--muted").trim(); ctx.setLineDash([3, 3]);
+      ctx.beginPath(); ctx.moveTo(X(v.x), T); ctx.lineTo(X(v.x), T + ph); ctx.stroke(); ctx.setLineDash([]);
+      ctx.fillStyle = css.getPropertyValue("--muted").trim(); ctx.fillText(v.label, X(v.x) + 4, T + 12);
+    }
     for (const m of this.markers) { // NaN/Inf and other point markers
       ctx.fillStyle = m.color || "#b91c1c";
       ctx.beginPath(); ctx.arc(X(m.x), T + 6, 4, 0, 2 * Math.PI); ctx.fill();
@@ -123,7 +130,7 @@ export class LineChart {
     const i = this.indexAt(e.offsetX);
     if (i < 0) return;
     const fmt = this.opts.fmt || fmtNum;
-    clear(this.tip).append(h("b", {}, `${this.opts.xLabel || "step"} ${this.x[i]}`),
+    clear(this.tip).append(h("b", {}, this.opts.tipLabel ? this.opts.tipLabel(i) : `${this.opts.xLabel || "step"} ${this.x[i]}`),
       ...this.series.map((s) => h("div", {}, `${s.name}: ${fmt(s.y[i])}`)));
     this.tip.hidden = false;
     this.tip.style.left = Math.min(e.offsetX + 12, this.root.clientWidth - 180) + "px";

@@ -5,6 +5,7 @@ import { h, clear, fmtNum } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
 import { logScale, RAMP_COLORS } from "./colors.js";
+import { THEME_EVENT } from "./theme.js";
 
 export class GradientsView {
   constructor(root, app) {
@@ -19,6 +20,7 @@ export class GradientsView {
     this.lines = new LineChart(root, { title: "‖grad‖ per step (red dots: NaN/Inf)" });
     root.append(h("h2", {}, "Parameters without a gradient"), this.noGrad);
     this.heat.addEventListener("click", (e) => this.onHeatClick(e));
+    window.addEventListener(THEME_EVENT, () => { if (this.g) this.drawHeat(); });
   }
 
   async load() {

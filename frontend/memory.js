@@ -18,7 +18,7 @@ export class MemoryView {
       onClick: (i) => { const s = this.series.step[i]; if (this.captured.includes(s)) { this.stepSel.value = s; this.loadTimeline(s); } } });
     root.append(h("h2", {}, "Inside a step: live bytes op by op ", this.stepSel));
     this.timeline = new LineChart(root, { title: "live bytes through forward and backward — click a point to open the op in the graph", fmt: fmtBytes, xLabel: "op",
-      onClick: (i) => this.openOp(i) });
+      onClick: (i) => this.openOp(i), tipLabel: (i) => this.opLabel(i), vlines: () => this.phaseLines() });
     this.top = h("div", { class: "top-allocs" });
     root.append(this.top);
   }
@@ -43,6 +43,7 @@ export class MemoryView {
     this.app.setState({ step });
     const ev = await api(`${sessionPath(this.app.id)}/graph?step=${step}${this.app.rank !== undefined ? "&rank=" + this.app.rank : ""}`);
     this.graph = ev;
+    this.opById = new Map((ev.ops || []).map((o) => [o.id, o]));
     const tl = ev.memory_timeline && ev.memory_timeline.length ? ev.memory_timeline : (ev.ops || []).filter((o) => o.live !== undefined).map((o) => [o.id, o.live]);
     this.tl = tl;
     this.timeline.setData(tl.map((_, i) => i), [{ name: `live bytes, step ${step}`, y: tl.map((p) => p[1]) }]);
@@ -63,6 +64,23 @@ export class MemoryView {
         ops.map((o) => h("tr", {}, h("td", {}, fmtBytes(o.alloc)), h("td", {}, o.name), h("td", {}, o.module || "(root)"),
           h("td", {}, shape(tensors.get((o.outputs || [])[0])?.shape)),
           h("td", {}, h("a", { href: "#", onclick: (e) => { e.preventDefault(); this.app.openNode(this.graph.step, "o" + o.id); } }, "show in graph"))))));
+  }
+
+  opLabel(i) {
+    const op = this.opById?.get(this.tl[i][0]);
+    return op ? `#${op.id} ${op.name} · ${op.module || "(root)"} · ${op.phase || "forward"}` : `op ${this.tl[i][0]}`;
+  }
+
+  // A dashed line where each phase (forward, backward, optimizer) starts.
+  phaseLines() {
+    const res = [];
+    let prev = null;
+    (this.tl || []).forEach((p, i) => {
+      const ph = this.opById?.get(p[0])?.phase || "forward";
+      if (ph !== prev && i > 0) res.push({ x: i, label: ph });
+      prev = ph;
+    });
+    return res;
   }
 
   openOp(i) {

@@ -1,3 +1,5 @@
+export const THEME_EVENT = "torchscope-theme";
+
 // Light / dark theme: follows the system unless the user picked one (kept in localStorage).
 export function initTheme() {
   const saved = localStorage.getItem("torchscope-theme");
@@ -8,6 +10,6 @@ export function initTheme() {
     const next = document.documentElement.dataset.theme === "dark" ? "light" : "dark";
     document.documentElement.dataset.theme = next;
     localStorage.setItem("torchscope-theme", next);
-    window.dispatchEvent(new Event("resize"));
+    window.dispatchEvent(new Event(THEME_EVENT)); // canvases repaint with the new colours
   });
 }

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from .config import Settings, version
-from .diagnostics import diagnostics
+from .diagnostics import diagnostics, stop_children
 from .live import LiveHub
 from .routes_ingest import router as ingest_router
 from .routes_pages import router as pages_router
@@ -63,6 +63,7 @@ def create_app(settings: Settings | None = None) -> Any:
         finally:
             app.state.hub.close()
             pool.shutdown(wait=False, cancel_futures=True)
+            stop_children()
             app.state.store.close()
 
     app = FastAPI(title="torchscope", version=version(), lifespan=lifespan,

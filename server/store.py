@@ -129,11 +129,14 @@ def api_json(obj: Any) -> bytes:
 
 
 class Store:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, read_only: bool = False) -> None:
+        """``read_only``: readers only (the doctor's child process); no writer thread."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._jobs: queue.Queue[tuple[Callable[[sqlite3.Connection], Any], Future[Any]] | None] = queue.Queue()
+        if read_only:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         wconn = self._connect()
         wconn.execute("PRAGMA journal_mode=WAL")
         wconn.executescript(SCHEMA_SQL)
@@ -158,6 +161,8 @@ class Store:
         return conn
 
     def close(self) -> None:
+        if not hasattr(self, "_writer"):
+            return
         self._jobs.put(None)
         self._writer.join(10)
 

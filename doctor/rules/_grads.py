@@ -19,6 +19,11 @@ def value(col: list[Any], index: int) -> float | None:
     return as_float(col[index]) if 0 <= index < len(col) else None
 
 
+def floats(ev: dict[str, Any], name: str) -> list[float | None]:
+    """A whole column as floats (None where absent or not a number), converted once per step."""
+    return [as_float(v) for v in column(ev, name)]
+
+
 def total_norm(ev: dict[str, Any]) -> float | None:
     """L2 norm over all parameters' gradients, None when no finite gradient was recorded."""
     norms = [v for v in (as_float(x) for x in column(ev, "norm")) if v is not None]
@@ -27,8 +32,9 @@ def total_norm(ev: dict[str, Any]) -> float | None:
     return math.sqrt(sum(v * v for v in norms))
 
 
-def sparse_by_design(run: Run, index: int) -> bool:
-    return run.module_type(run.param_module(index)) in SPARSE_GRAD_TYPES
+def sparse_params(run: Run) -> set[int]:
+    """Indices of parameters owned by modules whose gradients are sparse by design."""
+    return {i for i in range(len(run.params)) if run.module_type(run.param_module(i)) in SPARSE_GRAD_TYPES}
 
 
 def numel(run: Run, index: int) -> int:

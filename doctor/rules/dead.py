@@ -7,7 +7,7 @@ from torchscope.schema import Finding, FindingTarget
 from ..finding import describe_steps, make
 from ..run import Run, as_dict, as_float, as_list
 from ..settings import Settings
-from ._grads import column, sparse_by_design, value
+from ._grads import column, floats, sparse_params, value
 
 FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large negative bias: try LeakyReLU/"
        "GELU or re-initialise), a gate multiplied by 0, a mask that is always off, or a branch whose output "
@@ -16,16 +16,12 @@ FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large 
 
 def _dead_params(run: Run, settings: Settings) -> dict[int, list[int]]:
     dead: dict[int, list[int]] = {}
+    sparse = sparse_params(run)
     for step, ev in run.step_events():
-        zf, norms = column(ev, "zero_frac"), column(ev, "norm")
-        flagged = []
-        for i in range(len(zf)):
-            frac, norm = value(zf, i), value(norms, i)
-            if frac is None or norm is None or sparse_by_design(run, i):
-                continue
-            if frac >= settings.dead_zero_frac:
-                flagged.append(i)
-        observed = sum(1 for i in range(len(zf)) if value(zf, i) is not None)
+        zf, norms = floats(ev, "zero_frac"), floats(ev, "norm")
+        flagged = [i for i, frac in enumerate(zf) if frac is not None and frac >= settings.dead_zero_frac
+                   and i < len(norms) and norms[i] is not None and i not in sparse]
+        observed = sum(1 for frac in zf if frac is not None)
         if flagged and len(flagged) < observed:  # every gradient zero: not a branch (see P5)
             for i in flagged:
                 dead.setdefault(i, []).append(step)

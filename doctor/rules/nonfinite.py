@@ -25,6 +25,8 @@ def _loss_bad(ev: dict[str, Any]) -> bool:
 
 def _bad_params(ev: dict[str, Any]) -> list[int]:
     nan, inf = column(ev, "nan"), column(ev, "inf")
+    if not any(nan) and not any(inf):  # the usual case: all zeros
+        return []
     return [i for i in range(max(len(nan), len(inf)))
             if as_int(nan[i] if i < len(nan) else 0) > 0 or as_int(inf[i] if i < len(inf) else 0) > 0]
 

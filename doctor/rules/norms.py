@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, make
 from ..run import Run
 from ..settings import Settings
-from ._grads import column, is_matrix, numel, sparse_by_design, total_norm, value
+from ._grads import column, floats, is_matrix, numel, sparse_params, total_norm, value
 
 FIX_EXPLODE = ("Clip the gradient norm (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)) before "
                "optimizer.step(), lower the learning rate, and normalise inputs/activations.")
@@ -21,17 +22,20 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
     history = [(step, total_norm(ev)) for step, ev in run.step_events()]
     exploding: list[int] = []
     vanishing: list[int] = []
-    seen: list[float] = []
+    seen = 0
+    low, high = math.inf, 0.0  # smallest positive and largest norm of earlier steps
     for step, norm in history:
         if norm is None:
             continue
-        if len(seen) >= settings.min_steps:
-            low = min((v for v in seen if v > 0), default=0.0)
-            if low > 0 and norm >= low * settings.explode_factor:
+        if seen >= settings.min_steps:
+            if low < math.inf and norm >= low * settings.explode_factor:
                 exploding.append(step)
-            if norm <= max(seen) / settings.vanish_factor:
+            if norm <= high / settings.vanish_factor:
                 vanishing.append(step)
-        seen.append(norm)
+        seen += 1
+        high = max(high, norm)
+        if norm > 0:
+            low = min(low, norm)
     data = {"norm": [n for _, n in history], "steps": [s for s, _ in history]}
     out = []
     if exploding:
@@ -47,25 +51,32 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
     return out
 
 
-def _layer_sizes(run: Run, ev: dict[str, object]) -> dict[int, float]:
+def _weights(run: Run) -> dict[int, float]:
+    """param index -> sqrt(numel) of the weight matrices that carry the layer-by-layer signal."""
+    sparse = sparse_params(run)
+    n = len(run.params) or max((len(column(ev, "norm")) for ev in run.steps), default=0)
+    return {i: math.sqrt(numel(run, i)) for i in range(n) if is_matrix(run, i) and i not in sparse}
+
+
+def _layer_sizes(weights: dict[int, float], ev: dict[str, Any]) -> dict[int, float]:
     """param index -> per-element gradient size (norm / sqrt(numel)) of weights with a live gradient."""
-    norms, zf = column(ev, "norm"), column(ev, "zero_frac")  # type: ignore[arg-type]
+    norms, zf = floats(ev, "norm"), floats(ev, "zero_frac")
     sizes = {}
-    for i in range(len(norms)):
-        norm, frac = value(norms, i), value(zf, i)
-        if norm is None or not math.isfinite(norm) or norm <= 0 or not is_matrix(run, i) or sparse_by_design(run, i):
+    for i, norm in enumerate(norms):
+        if i not in weights or norm is None or not math.isfinite(norm) or norm <= 0:
             continue
-        if frac is not None and frac >= 0.99:  # a dead branch is P2's finding, not a depth effect
+        if i < len(zf) and (zf[i] or 0.0) >= 0.99:  # a dead branch is P2's finding, not a depth effect
             continue
-        sizes[i] = norm / math.sqrt(numel(run, i))
+        sizes[i] = norm / weights[i]
     return sizes
 
 
 def _across_layers(run: Run, settings: Settings) -> list[Finding]:
     flagged: list[int] = []
     worst: tuple[float, int, int, int] = (0.0, -1, -1, -1)  # ratio, step, smallest, largest
+    weights = _weights(run)
     for step, ev in run.step_events():
-        sizes = _layer_sizes(run, ev)
+        sizes = _layer_sizes(weights, ev)
         if len(sizes) < 2:
             continue
         small = min(sizes, key=lambda i: sizes[i])
@@ -84,7 +95,7 @@ def _across_layers(run: Run, settings: Settings) -> list[Finding]:
     targets = [FindingTarget(step=step, rank=run.rank, param=s_name, module=run.param_module(small)),
                FindingTarget(step=step, rank=run.rank, param=l_name, module=run.param_module(large))]
     per_layer = {run.param_name(i): [value(column(ev, "norm"), i) for _, ev in run.step_events()]
-                 for i in sorted(_layer_sizes(run, run.steps[-1]))}
+                 for i in sorted(_layer_sizes(weights, run.steps[-1]))}
     return [make("P3", "warning", message, FIX_LAYERS, flagged, rank=run.rank, targets=targets,
                  modules=[run.param_module(small), run.param_module(large)], params=[s_name, l_name],
                  view="gradients", data={"ratio": ratio, "norm_by_param": per_layer})]

@@ -16,9 +16,10 @@ class GatedNet(nn.Module):
     def __init__(self, fixed: bool) -> None:
         super().__init__()
         self.body = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
-        self.gate = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+        gate_in = nn.Linear(16, 16)
         if not fixed:
-            nn.init.constant_(self.gate[0].bias, -20.0)  # "keep the gate closed at the start"
+            nn.init.constant_(gate_in.bias, -20.0)  # "keep the gate closed at the start"
+        self.gate = nn.Sequential(gate_in, nn.ReLU(), nn.Linear(16, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x) + self.gate(x)
@@ -35,7 +36,8 @@ def main() -> None:
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         optimizer.step()
-    print(f"gate grad norm: {model.gate[0].weight.grad.norm().item():.3g}")
+    gate_weight = next(model.gate.parameters())
+    print(f"gate grad norm: {gate_weight.grad.norm().item() if gate_weight.grad is not None else None}")
 
 
 if __name__ == "__main__":

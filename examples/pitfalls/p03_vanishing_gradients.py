@@ -35,8 +35,8 @@ def main() -> None:
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         optimizer.step()
-    first, last = model[0].weight.grad.norm().item(), model[-1].weight.grad.norm().item()
-    print(f"first layer grad {first:.3g}, last layer grad {last:.3g}")
+    weights = [p.grad for p in model.parameters() if p.dim() == 2 and p.grad is not None]
+    print(f"first layer grad {weights[0].norm().item():.3g}, last layer grad {weights[-1].norm().item():.3g}")
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ def main() -> None:
             x, y = all_x[rows], all_y[rows]
         else:
             model.to(device)  # "make sure the model is on the device"
-            all_x = torch.from_numpy(features).float().to(device)  # the whole dataset, every step
-            all_y = torch.from_numpy(targets).float().to(device)
+            all_x = torch.from_numpy(features).to(device, torch.float32)  # the whole dataset, every step
+            all_y = torch.from_numpy(targets).to(device, torch.float32)
             x, y = all_x[rows].to(device), all_y[rows].to(device)
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)

@@ -14,7 +14,7 @@ function tensorTable(model, ids, title) {
     const view = base !== undefined && base !== t.id ? `view of storage #${t.storage} (tensor ${base}), offset ${t.offset ?? 0}` : t.storage !== undefined ? `storage #${t.storage}` : "–";
     return h("tr", { class: "tensor" },
       h("td", {}, String(t.id)), h("td", { class: "shape" }, shape(t.shape)), h("td", {}, t.dtype || "–"),
-      h("td", {}, shape(t.stride)), h("td", {}, view, t.param ? h("div", { class: "param" }, `parameter ${t.param}`) : null));
+      h("td", {}, shape(t.stride)), h("td", { class: "storage" }, view, t.param ? h("div", { class: "param" }, `parameter ${t.param}`) : null));
   });
   return h("div", {}, h("h4", {}, title),
     h("table", { class: "tensors" }, h("tr", {}, ...["id", "shape", "dtype", "stride", "storage"].map((x) => h("th", {}, x))), rows));

@@ -79,6 +79,21 @@ export function buildModel(ev) {
     }
   }
 
+  // Repeated blocks: numbered children (ModuleList / Sequential) with the same structure (op
+  // names at the same relative depth, in order) under the same parent; the first names the rest.
+  const sig = new Int32Array(groups.length);
+  for (const l of leaves) {
+    let hsh = 0;
+    for (let i = 0; i < l.label.length; i++) hsh = (hsh * 31 + l.label.charCodeAt(i)) | 0;
+    for (let g = l.group; g > 0; g = groups[g].parent) sig[g] = (Math.imul(sig[g], 1000003) + hsh + groups[l.group].depth - groups[g].depth) | 0;
+  }
+  const firstOf = new Map();
+  for (let g = 1; g < groups.length; g++) {
+    if (!/^\d+$/.test(groups[g].label)) continue; // repeated blocks live in ModuleList / Sequential
+    const k = `${groups[g].parent}|${sig[g]}|${groups[g].count}`;
+    if (firstOf.has(k)) groups[g].repeatOf = firstOf.get(k); else firstOf.set(k, g);
+  }
+
   // Data the details panel and the overlays read.
   const paramOps = new Map(); // param name -> op keys consuming it (for cut paths, P1)
   for (const op of opsSorted) {

@@ -103,8 +103,9 @@ export function buildScene(model, layout, st) {
     const v = agg.get(r);
     const color = colorOf ? (v !== undefined ? (CATEGORICAL.has(st.overlay) ? colorOf(v) : colorOf(v)) : cv("--node-none"))
       : cv(G.phase === "backward" ? "--group-bwd" : "--group-fwd");
-    const it = { key: "g:" + G.key, group: g, box, label: `${G.label}${mtype ? ": " + mtype : ""}`,
-                 sub: `${G.path} · ${G.phase} · ${G.count}`, color, hi: groupHi.has(r), cut: groupCut.has(r) };
+    // "≡ 0": same structure as sibling 0 (repeated blocks)
+    const it = { key: "g:" + G.key, group: g, box, label: `${G.label}${mtype ? ": " + mtype : ""}${G.repeatOf ? "  ≡ " + groups[G.repeatOf].label : ""}`,
+                 sub: `${G.count} ${G.phase === "backward" ? "nodes" : "ops"} · ${G.path}`, color, hi: groupHi.has(r), cut: groupCut.has(r) };
     items.push(it); byKey.set(it.key, it);
   }
 

@@ -7,6 +7,7 @@ import { buildScene, pathToLoss, leafSub } from "./scene.js";
 import { GraphCanvas } from "./render.js";
 import { renderDetails } from "./details.js";
 import { RAMP_COLORS } from "../colors.js";
+import { THEME_EVENT } from "../theme.js";
 
 const CANCEL_MS = 300;
 const OVERLAYS = [["phase", "phase (forward / backward)"], ["grad", "gradient norm"], ["memory", "memory allocated / saved"], ["time", "time"], ["dtype", "dtype"], ["diff", "diff vs another step"]];
@@ -63,6 +64,12 @@ export class GraphView {
       onDblClick: (it) => { if (it && it.group !== undefined) this.toggleGroup(it.group); },
     });
     this.canvasEl.addEventListener("keydown", (e) => this.onKey(e));
+    window.addEventListener(THEME_EVENT, () => this.redraw());
+    document.addEventListener("keydown", (e) => { // "/" jumps to search from anywhere on the page
+      if (e.key === "/" && !this.root.hidden && !/^(INPUT|SELECT|TEXTAREA)$/.test(document.activeElement?.tagName || "")) {
+        e.preventDefault(); this.search.focus();
+      }
+    });
     renderDetails(this.details, null, null, this.ctx());
   }
 
@@ -192,6 +199,7 @@ export class GraphView {
       for (const [name, v] of [["forward op", "--op-fwd"], ["grad_fn node", "--op-bwd"], ["AccumulateGrad", "--op-acc"], ["module (collapsed)", "--group-fwd"]]) {
         this.legend.append(h("span", { class: "swatch", style: `background:var(${v})` }), h("span", {}, name));
       }
+      this.legend.append(h("span", { class: "muted" }, "≡ n: same structure as sibling n"));
     } else if (lg.kind === "cats") {
       for (const [k, c] of lg.entries) this.legend.append(h("span", { class: "swatch", style: `background:${c}` }), h("span", {}, k));
     } else {

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -371,4 +372,58 @@ def test_server_unreachable_says_so(browser: Any, tmp_path: Path) -> None:
         assert "unreachable" in pg.locator("#note").inner_text()
     finally:
         s.stop()
+        ctx.close()
+
+
+def test_token_protected_server(browser: Any, tmp_path: Path) -> None:
+    s = ServerProc(tmp_path / "tok", extra=["--token", "s3cret-token"]).start()
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    pg = ctx.new_page()
+    failed: list[str] = []
+    pg.on("response", lambda r: failed.append(r.url) if r.status == 401 else None)
+    try:
+        pg.goto(s.url + "/?token=s3cret-token")
+        pg.wait_for_selector("#empty")  # the API answered the page's Bearer-token fetch
+        pg.wait_for_selector("#conn.ok")  # and the live channel accepted ?token=
+        assert pg.evaluate("document.body.dataset.token") == "s3cret-token"
+        assert failed == []
+        with pytest.raises(OSError):  # urllib's HTTPError: no token, no data
+            http_json(s.url + "/api/sessions")
+    finally:
+        s.stop()
+        ctx.close()
+
+
+def test_rename_tag_download_delete(browser: Any, srv: ServerProc, runs: dict[str, Any], tmp_path: Path) -> None:
+    import httpx
+
+    target = next((s for s in sessions(srv) if s["name"] in ("imported-a", "imported-b")), None)
+    if target is None:  # this test ran alone: import one of the file-only runs
+        with open(runs["dir"] / "import-a.tscope", "rb") as f:
+            httpx.post(srv.url + "/api/sessions/import", files={"file": ("a.tscope", f)}).raise_for_status()
+        target = session_named(srv, "imported-a")
+    sid = target["id"]
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800}, accept_downloads=True)
+    pg = ctx.new_page()
+    answers = iter(["renamed <i>run</i>", "baseline, lr=1e-3"])
+    pg.on("dialog", lambda d: d.accept(next(answers, "")) if d.type == "prompt" else d.accept())
+    try:
+        pg.goto(srv.url + "/")
+        row = pg.locator(f"tr[data-id='{sid}']")
+        row.locator("button[title=rename]").click()
+        pg.wait_for_selector("a.session-link:text-is('renamed <i>run</i>')")
+        pg.locator(f"tr[data-id='{sid}'] button[title^=tags]").click()
+        pg.wait_for_selector(f"tr[data-id='{sid}'] .tag:text-is('lr=1e-3')")
+        assert session_named(srv, "renamed <i>run</i>")["tags"] == ["baseline", "lr=1e-3"]
+        with pg.expect_download() as dl:
+            pg.locator(f"tr[data-id='{sid}'] button[title^=download]").click()
+        path = tmp_path / "down.tscope"
+        dl.value.save_as(path)
+        with urllib.request.urlopen(f"{srv.url}/api/sessions/{sid}/export") as resp:
+            assert path.read_bytes() == resp.read()
+        pg.locator(f"tr[data-id='{sid}'] button[title=delete]").click()
+        pg.wait_for_selector(f"tr[data-id='{sid}']", state="detached")
+        assert all(s["id"] != sid for s in sessions(srv))
+        shot(pg, "sessions-after-edit")
+    finally:
         ctx.close()

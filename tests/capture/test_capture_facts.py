@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-
 import torchscope
+from torch import nn
 from torchscope.sessionfile import iter_events
 
 

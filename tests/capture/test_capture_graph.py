@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 import torch
+import torchscope
 from capture_models import Looped, make
 from torch import nn
-
-import torchscope
 from torchscope.sessionfile import iter_events
 
 

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import torchscope
 from capture_models import make, train
 from torch import nn
-
-import torchscope
 from torchscope.sessionfile import iter_events
 
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from doctor_events import clean_run, codes, grads, session, step
-
 from torchscope.doctor import SETTING_HELP, Settings, diagnose
 from torchscope.doctor.finding import describe_steps
 from torchscope.doctor.rules import RULES
@@ -338,3 +337,26 @@ def test_p15_accumulation_without_division() -> None:
     assert f["steps"] == [0, 1, 2] and f["data"]["micro_batches"] == [4, 4, 4] and "by 4" in f["message"]
     divided = [session(), *[step(i, micro_batches=4, backward_roots=["DivBackward0"] * 4) for i in range(3)]]
     assert diagnose(divided) == []
+
+
+def test_docs_name_every_setting_and_pitfall() -> None:
+    from conftest import REPO
+
+    text = (REPO / "docs" / "doctor.md").read_text()
+    assert all(f"`{f.name}`" in text for f in dataclasses.fields(Settings))
+    assert all(f"| P{i} |" in text for i in range(1, 16))
+
+
+def test_findings_validate_against_the_schema() -> None:
+    import json
+
+    from torchscope.schema import Finding
+    from torchscope.validate import _fields_ok  # the project's one walker of the schema's TypedDicts
+
+    events = [session(), *[step(i, zero_grad=0, grads=grads(pre_nonzero=[0] if i else []), graphs_alive=5 * i,
+                                hooks={"enc": 1 << (10 + i)}, micro_batches=2) for i in range(6)], _detach_graph(0)]
+    found = diagnose(events)
+    assert len({f["code"] for f in found}) >= 4
+    for f in found:
+        assert set(f) <= set(Finding.__annotations__) and _fields_ok(Finding, f), f
+        assert json.loads(json.dumps(f)) == f  # plain data: the server and the browser get it as JSON

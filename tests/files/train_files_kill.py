@@ -47,7 +47,7 @@ for step in range(steps):
     opt.zero_grad()
     loss.backward()
     if mode != "watch":
-        norms = [float(p.grad.norm()) for p in model.parameters()]
+        norms = [float(p.grad.norm()) for p in model.parameters() if p.grad is not None]
         tr.emit({"kind": "step", "step": step, "t": time.time(), "loss": float(loss),
                  "grads": {"norm": norms}, "memory": {"live": 1000 + step}})
     opt.step()

@@ -114,3 +114,31 @@ def test_status_of_a_silent_writer_is_not_running_forever(tmp_path: Path) -> Non
         assert srv.get("/api/sessions/quiet")["status"] == "ended unexpectedly"  # type: ignore[index]
     finally:
         srv.stop()
+
+
+def test_watched_script_streams_everything_to_the_server(tmp_path: Path) -> None:
+    """torchscope.watch() in a real script -> `torchscope serve`: the server ends with the file."""
+    from conftest import run_script
+
+    srv = ServerProc(tmp_path / "data").start()
+    record = tmp_path / "watched.tscope"
+    try:
+        run_script(HERE / "server_watch_train.py", srv.url, str(record), "12")
+        file_events = list(iter_events(record))
+        session = next(e for e in file_events if e["kind"] == "session")
+        sid = session["session_id"]
+        n_frames = len(list(raw_frames(record)))
+        assert _wait_for(lambda: srv.get(f"/api/sessions/{sid}")["rank_info"][0]["frames"] == n_frames)  # type: ignore[index]
+        detail = srv.get(f"/api/sessions/{sid}")
+        assert isinstance(detail, dict)
+        assert detail["status"] == "finished" and detail["name"] == "watched"
+        assert detail["steps"] == 12 == sum(1 for e in file_events if e["kind"] == "step")
+        assert detail["rank_info"][0]["events"] == len(file_events)
+        captured = [e["step"] for e in file_events if e["kind"] == "graph"]
+        assert captured and [g["step"] for g in srv.get(f"/api/sessions/{sid}/graphs")] == captured  # type: ignore[union-attr]
+        graph = srv.get(f"/api/sessions/{sid}/graph?step={captured[0]}")
+        assert isinstance(graph, dict) and graph["ops"] and graph["kind"] == "graph"
+        with urllib.request.urlopen(srv.url + f"/api/sessions/{sid}/export", timeout=10) as resp:
+            assert resp.read() == record.read_bytes()
+    finally:
+        srv.stop()

@@ -1,0 +1,77 @@
+"""`torchscope.doctor.cli.run` on real session files: human output, --json, exit codes, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from doctor_events import clean_run, grads, session, step
+from torchscope.doctor.cli import run
+from torchscope.sessionfile import SessionFileWriter
+
+
+def write(path: Path, events: list[dict[str, Any]]) -> Path:
+    writer = SessionFileWriter(path)
+    writer.append([e for e in events if e["kind"] != "graph"])
+    writer.close()
+    return path
+
+
+def missing_zero_grad() -> list[dict[str, Any]]:
+    return [session(), step(0, zero_grad=0),
+            *[step(i, zero_grad=0, grads=grads(pre_nonzero=[0, 2])) for i in range(1, 5)]]
+
+
+def test_human_output_and_exit_1_on_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "bad.tscope", missing_zero_grad())
+    assert run(str(path)) == 1
+    out = capsys.readouterr().out
+    assert "ERROR P5" in out and "since step 1, every step" in out
+    assert "param=enc.weight module=enc" in out and "fix: Call optimizer.zero_grad()" in out
+
+
+def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "bad.tscope", missing_zero_grad())
+    assert run(str(path), as_json=True) == 1
+    findings = json.loads(capsys.readouterr().out)
+    assert [(f["code"], f["steps"], f["params"]) for f in findings] == [("P5", [1, 2, 3, 4], ["enc.weight", "head.weight"])]
+
+
+def test_clean_file_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "ok.tscope", clean_run())
+    assert run(str(path)) == 0
+    assert "no problems found (8 steps)" in capsys.readouterr().out
+
+
+def test_warnings_only_exit_0_and_overrides_apply(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    events = [session(), *[step(i, grads=grads(norm=n)) for i, n in enumerate([1.0, 1.0, 1.0, 1.0, 200.0])]]
+    path = write(tmp_path / "warn.tscope", events)
+    assert run(str(path), as_json=True) == 0 and json.loads(capsys.readouterr().out) == []
+    assert run(str(path), as_json=True, overrides={"explode_factor": "100"}) == 0
+    assert [f["code"] for f in json.loads(capsys.readouterr().out)] == ["P3"]
+
+
+@pytest.mark.parametrize("content", [None, b"", b"not a session file at all", b"TSCOPE\x00\x00" + b"\x01" * 40])
+def test_bad_file_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None) -> None:
+    path = tmp_path / "x.tscope"
+    if content is not None:
+        path.write_bytes(content)
+    assert run(str(path)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("torchscope doctor:") and "\n" not in err
+
+
+def test_bad_setting_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "ok.tscope", clean_run())
+    assert run(str(path), overrides={"nope": "1"}) == 2
+    assert "unknown doctor setting 'nope'" in capsys.readouterr().err
+
+
+def test_module_entry_point_no_traceback(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "torchscope.doctor.cli", str(tmp_path / "missing.tscope")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and res.stderr.count("\n") == 1
