@@ -8,6 +8,7 @@ backward returns and its hooks are removed); nothing outlives the step.
 from __future__ import annotations
 
 import hashlib
+from array import array
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,12 @@ _saved_attrs: dict[type, tuple[str, ...]] = {}
 # Under a Python dispatch mode (our op recorder) eager ``reshape`` records a ViewBackward0
 # where it otherwise records ReshapeAliasBackward0: the same structure, so one signature.
 _SAME = {"ReshapeAliasBackward0": "ViewBackward0"}
+_names: dict[type, str] = {}
+
+
+def _name_of(cls: type) -> str:
+    name = _names[cls] = _SAME.get(cls.__name__, cls.__name__)
+    return name
 
 
 def _saved_names(node: Any) -> tuple[str, ...]:
@@ -88,9 +95,9 @@ class AutogradWalk:
     def signature(self) -> str:
         """Hash of node classes and edges: changes exactly when the graph's structure does."""
         h = hashlib.blake2b(digest_size=8)
-        names = (type(n).__name__ for n in self.nodes)
-        h.update("|".join(_SAME.get(n, n) for n in names).encode())
-        h.update(",".join(f"{a}>{b}:{c}" for a, b, c in self.edges).encode())
+        names = _names
+        h.update("|".join([names.get(type(n)) or _name_of(type(n)) for n in self.nodes]).encode())
+        h.update(array("q", [x for e in self.edges for x in e]).tobytes())
         return h.hexdigest()
 
     def records(

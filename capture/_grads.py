@@ -58,12 +58,15 @@ def grad_stats(
             gl: list[torch.Tensor] = [g for g in gs if g is not None]
             # L2 batched; min/max in one pass per tensor (the L-inf and L0 foreach norms are
             # several times slower on CPU); count_nonzero and sum per tensor
-            rows.append(torch.stack(torch._foreach_norm(gl, 2)).float())
             mm = [torch.aminmax(g) for g in gl]
-            rows.append(torch.stack([m.min for m in mm]).float())
-            rows.append(torch.stack([m.max for m in mm]).float())
-            rows.append(torch.stack([torch.count_nonzero(g) for g in gl]).float())
-            rows.append(torch.stack([g.sum() for g in gl]).float())
+            parts: list[torch.Tensor] = [
+                *torch._foreach_norm(gl, 2),
+                *(m.min for m in mm),
+                *(m.max for m in mm),
+                *(torch.count_nonzero(g) for g in gl),
+                *(g.sum() for g in gl),
+            ]
+            rows.append(torch.stack([p.float() if p.dtype != torch.float32 else p for p in parts]))
         ex_idx = extra_by_dev.get(dev, [])
         flat = torch.cat([r.reshape(-1) for r in rows] + [extra[j].detach().reshape(-1)[:1].float() for j in ex_idx])
         vals = flat.tolist()  # the one host sync for this device

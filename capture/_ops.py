@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from ._srcloc import user_src
 from .schema import OpRecord, TensorMeta
@@ -108,8 +107,8 @@ class OpRecorder(TorchDispatchMode):
             return
         name, inplace = _op_info(func)
         module, call, inside = self.module_of()
-        in_t = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
-        out_t = [a for a in tree_flatten(out)[0] if isinstance(a, torch.Tensor)]
+        in_t = _tensors(args, kwargs.values())
+        out_t = _tensors(out if isinstance(out, (tuple, list)) else (out,), ())
         op_id = len(self.ops)
         inputs = [self._tensor(t) for t in in_t]
         alloc = 0
@@ -202,8 +201,8 @@ class OpRecorder(TorchDispatchMode):
         meta: TensorMeta = {
             "id": tid,
             "shape": list(t.shape),
-            "dtype": str(t.dtype).removeprefix("torch."),
-            "device": str(t.device),
+            "dtype": _dtype_name(t.dtype),
+            "device": _device_name(t.device),
             "requires_grad": t.requires_grad,
             "is_leaf": t.is_leaf,
         }
@@ -276,3 +275,33 @@ class OpRecorder(TorchDispatchMode):
         self._weak.clear()
         self._tid.clear()
 
+
+
+def _tensors(args: Any, more: Any) -> list[torch.Tensor]:
+    """Tensors among op arguments (aten arguments nest at most one list deep): faster than pytree."""
+    out: list[torch.Tensor] = []
+    for group in (args, more):
+        for a in group:
+            if isinstance(a, torch.Tensor):
+                out.append(a)
+            elif isinstance(a, (list, tuple)):
+                out.extend(x for x in a if isinstance(x, torch.Tensor))
+    return out
+
+
+_dtype_names: dict[torch.dtype, str] = {}
+_device_names: dict[torch.device, str] = {}
+
+
+def _dtype_name(d: torch.dtype) -> str:
+    n = _dtype_names.get(d)
+    if n is None:
+        n = _dtype_names[d] = str(d).removeprefix("torch.")
+    return n
+
+
+def _device_name(d: torch.device) -> str:
+    n = _device_names.get(d)
+    if n is None:
+        n = _device_names[d] = str(d)
+    return n

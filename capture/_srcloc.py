@@ -15,24 +15,27 @@ _SKIP_DIRS = (
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
     os.path.dirname(os.path.abspath(__file__)) + os.sep,
 )
-_verdict: dict[str, bool] = {}
+_base: dict[str, str | None] = {}  # filename -> basename for user files, None for internal ones
+
+
+def _user_base(filename: str) -> str | None:
+    b = _base.get(filename, "")
+    if b == "":
+        internal = os.path.abspath(filename).startswith(_SKIP_DIRS) or filename.startswith("<frozen")
+        b = _base[filename] = None if internal else os.path.basename(filename)
+    return b
 
 
 def _is_internal(filename: str) -> bool:
-    v = _verdict.get(filename)
-    if v is None:
-        absname = os.path.abspath(filename)
-        v = absname.startswith(_SKIP_DIRS) or filename.startswith("<frozen")
-        _verdict[filename] = v
-    return v
+    return _user_base(filename) is None
 
 
 def user_src(depth: int = 1) -> str:
     """``basename:line`` of the innermost frame that is neither torch nor torchscope."""
     f = sys._getframe(depth)
     while f is not None:
-        code = f.f_code
-        if not _is_internal(code.co_filename):
-            return f"{os.path.basename(code.co_filename)}:{f.f_lineno}"
+        b = _user_base(f.f_code.co_filename)
+        if b is not None:
+            return f"{b}:{f.f_lineno}"
         f = f.f_back  # type: ignore[assignment]
     return ""

@@ -18,7 +18,9 @@ frames whose step range it needs.  zlib is in the standard library, which the ca
 is limited to.
 
 Data only: payloads are JSON, never pickle; lengths and counts are bounded by the limits in
-``schema``; a frame that fails its CRC or bound ends the readable part of the file.
+``schema``.  A damaged *last* frame is a torn tail and is dropped; damage anywhere else (CRC,
+bounds, sequence, a header that disagrees with its payload) raises ``SessionFileError`` naming
+the byte offset, rather than silently cutting the session short.  See docs/session-format.md.
 """
 
 from __future__ import annotations
@@ -266,7 +268,9 @@ def _later_frame(f: BinaryIO, start: int, seq: int) -> bool:
     """Is there a whole, CRC-valid frame numbered ``seq`` after ``start``?  Only asked when a
     frame claims to run past the end of the file, so a torn tail costs one read of itself."""
     f.seek(start)
-    rest = f.read()
+    # the next frame starts where this one really ends, at most one maximal frame away, and
+    # itself spans at most one more: a bounded read even for a huge corrupt file
+    rest = f.read(2 * (FRAME_HEADER_SIZE + MAX_FRAME_BYTES))
     pos = rest.find(FRAME_TAG)
     while pos >= 0:
         try:

@@ -50,28 +50,36 @@ _FINAL_SEND_S = 3.0  # how long close() may spend sending the tail to the server
 _NET_ERRORS = (OSError, ValueError, TypeError, http.client.HTTPException)
 
 
+# Every socket the transport opened and that may still be open (a socket whose close() is
+# deferred by a response still holding it counts too).  A forked child closes its copies.
+_sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+
+
 class _Connection(http.client.HTTPConnection):
-    """Plain HTTP whose socket is stored on the object *before* it connects, so a fork in
-    the middle of a connect still finds (and closes) the child's copy."""
+    """Plain HTTP whose socket is registered in ``_sockets`` *before* it connects, so a fork
+    at any point of a request still finds (and closes) the child's copy."""
 
     def connect(self) -> None:
         family, kind, proto, _, addr = socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)[0]
-        self.sock = socket.socket(family, kind, proto)
-        self.sock.settimeout(self.timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.connect(addr)
-
-
-# Every Transport of this process, so a forked child can drop the inherited sockets.
-_live: weakref.WeakSet[Transport] = weakref.WeakSet()
+        sock = socket.socket(family, kind, proto)
+        _sockets.add(sock)
+        self.sock = sock
+        sock.settimeout(self.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.connect(addr)
 
 
 def _after_fork_in_child() -> None:
-    """A DataLoader worker (or any fork) inherits the parent's kept-alive connection; close
-    the child's copy of the socket at once, so a child never holds a connection.  Closing a
-    copy sends nothing: the parent's socket stays open and in use."""
-    for tr in list(_live):
-        tr._forked_child()
+    """A DataLoader worker (or any fork) inherits the parent's sockets; close the child's
+    copies at once, so a child never holds a connection to the server.  Closing a copy sends
+    nothing: the parent's socket stays open and in use.  detach + os.close, not close(): a
+    response being read holds a makefile() reference that would defer close() forever."""
+    for sock in list(_sockets):
+        with contextlib.suppress(OSError):
+            fd = sock.detach()
+            if fd >= 0:
+                os.close(fd)
+    _sockets.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -121,7 +129,6 @@ class Transport:
         self._autostarted = False
         self._warned: set[str] = set()
         self._http: http.client.HTTPConnection | None = None
-        _live.add(self)
         self._thread = threading.Thread(target=self._run, name="torchscope-transport", daemon=True)
         self._thread.start()
 
@@ -163,7 +170,9 @@ class Transport:
         if self._closed or os.getpid() != self._pid:
             return
         if end_event is not None:
-            end_event.setdefault("shed_ops", self.shed)
+            # ops the capture itself dropped (its own count, if any) plus those shed here
+            prior = end_event.get("shed_ops")
+            end_event["shed_ops"] = (prior if isinstance(prior, int) else 0) + self.shed
             self._queue.append(end_event)
         self._closed = True
         self._stop.set()
@@ -173,14 +182,6 @@ class Transport:
         # a complete file; the send gets whatever time is left
         self._file_closed.wait(timeout)
         self._thread.join(max(0.0, deadline - time.monotonic()))
-
-    def _forked_child(self) -> None:
-        http_conn, self._http = self._http, None
-        if http_conn is not None and http_conn.sock is not None:
-            # detach + os.close, not sock.close(): a response being read holds a makefile()
-            # reference that would defer close() forever in this child
-            with contextlib.suppress(OSError):
-                os.close(http_conn.sock.detach())
 
     # ------------------------------------------------------------------ background thread
     def _run(self) -> None:

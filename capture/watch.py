@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _cuda
 from ._autograd import AutogradWalk, BackwardTimer
@@ -472,7 +473,7 @@ class Watch:
             if rec is not None:
                 rec.paused = True
             try:
-                with torch.no_grad():
+                with torch.no_grad(), _disable_current_modes():  # our own ops: no recorder in the way
                     gf = g.detach().float()
                     s.act_grads[path] = torch.stack(
                         [

@@ -18,7 +18,8 @@ _MARK = {"error": "ERROR", "warning": "WARN ", "info": "INFO "}
 def _where(finding: Finding) -> str:
     parts: list[str] = []
     for t in finding.get("targets", [])[:6]:
-        bits = [f"{k}={t[k]}" for k in ("param", "module", "node", "op") if k in t]  # type: ignore[literal-required]
+        bits = [f"{k}={t[k] if t[k] != '' else '(root)'}" for k in ("param", "module", "node", "op")  # type: ignore[literal-required]
+                if k in t]
         if bits:
             parts.append(" ".join(bits))
     return "; ".join(parts)

@@ -16,6 +16,7 @@ class Settings:
     min_steps: int = 3
     dead_zero_frac: float = 0.99
     explode_factor: float = 1e3
+    explode_min_norm: float = 1.0
     vanish_factor: float = 1e4
     layer_ratio: float = 1e4
     memory_growth_bytes: int = 256 * 1024
@@ -42,8 +43,10 @@ SETTING_HELP: dict[str, str] = {
     "min_steps": "steps a condition must hold (P2 dead, P3 layer ratio, P7 alive graphs, P12 copies) before it "
                  "is reported, capped at the run's length; also the warm-up steps P3 takes as its baseline",
     "dead_zero_frac": "P2: fraction of exact zeros in a parameter's gradient from which it counts as dead",
-    "explode_factor": "P3: total gradient norm this many times above the smallest norm of earlier steps = exploding",
-    "vanish_factor": "P3: total gradient norm this many times below the largest norm of earlier steps = vanishing",
+    "explode_factor": "P3: total gradient norm this many times above the median of all earlier steps = exploding",
+    "explode_min_norm": "P3: an exploding norm must also be at least this large (a converged run's tiny norms bounce)",
+    "vanish_factor": "P3: total gradient norm this many times below the largest earlier norm, while the loss stayed "
+                     "within 100x of its value then, = vanishing (a loss going to zero is convergence)",
     "layer_ratio": "P3: per-element gradient size (norm/sqrt(numel)) of the largest weight over the smallest, "
                    "within one step, from which gradients vanish/explode layer by layer",
     "memory_growth_bytes": "P7: live bytes at step boundaries must grow by at least this much per step",

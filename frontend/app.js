@@ -18,7 +18,7 @@ class App {
     this.id = document.body.dataset.sessionId;
     const q = new URLSearchParams(location.search);
     this.state = { view: q.get("view") || "graph", step: q.has("step") ? +q.get("step") : undefined,
-      node: normalizeNode(q.get("node")), overlay: q.get("overlay") || undefined };
+      node: normalizeNode(q.get("node")), overlay: q.get("overlay") || undefined, layout: q.get("layout") || undefined };
     this.rank = q.has("rank") ? +q.get("rank") : undefined;
     this.views = {};
     this.main = document.getElementById("main");

@@ -27,7 +27,7 @@ export function fmtBytes(n) {
   let i = 0;
   let x = Math.abs(n);
   while (x >= 1024 && i < u.length - 1) { x /= 1024; i++; }
-  return `${n < 0 ? "-" : ""}${x.toFixed(i ? 1 : 0)} ${u[i]}`;
+  return `${n < 0 ? "-" : ""}${x.toFixed(i ? (x < 10 ? 2 : 1) : 0)} ${u[i]}`;
 }
 
 export function fmtNum(x) {

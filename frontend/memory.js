@@ -3,6 +3,7 @@
 import { h, clear, fmtBytes, shape } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
+import { nearest } from "./graph/view.js";
 
 const CATEGORIES = [["live", "live"], ["peak", "peak"], ["allocated", "allocated"], ["reserved", "reserved"], ["params", "parameters"],
   ["grads", "gradients"], ["optimizer", "optimizer state"], ["saved", "saved activations"]];
@@ -15,6 +16,7 @@ export class MemoryView {
     this.stepSel = h("select", { "aria-label": "step for the in-step timeline", "data-testid": "memory-step", onchange: () => this.loadTimeline(+this.stepSel.value) });
     root.append(h("h2", {}, "Memory per step"), this.info);
     this.perStep = new LineChart(root, { title: "bytes at each step boundary (allocated / reserved come from the CUDA allocator)", fmt: fmtBytes,
+      vlines: () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []),
       onClick: (i) => { const s = this.series.step[i]; if (this.captured.includes(s)) { this.stepSel.value = s; this.loadTimeline(s); } } });
     root.append(h("h2", {}, "Inside a step: live bytes op by op ", this.stepSel));
     this.timeline = new LineChart(root, { title: "live bytes through forward and backward — click a point to open the op in the graph", fmt: fmtBytes, xLabel: "op",
@@ -30,8 +32,8 @@ export class MemoryView {
     this.drawPerStep();
     this.captured = (await api(`${sessionPath(this.app.id)}/graphs?${rankQuery(this.app.rank)}`)).map((g) => g.step);
     clear(this.stepSel).append(...this.captured.map((st) => h("option", { value: st }, `step ${st}`)));
-    const want = this.captured.includes(this.app.state.step) ? this.app.state.step : this.captured[0];
-    if (want !== undefined) { this.stepSel.value = want; await this.loadTimeline(want); }
+    const want = this.app.state.step ?? this.captured[0];
+    if (want !== undefined) await this.loadTimeline(want);
   }
 
   drawPerStep() {
@@ -40,6 +42,11 @@ export class MemoryView {
   }
 
   async loadTimeline(step) {
+    this.focus = step; // the step asked for (a finding's, a click's), marked on the per-step chart
+    this.perStep.draw();
+    if (!this.captured?.length) return;
+    if (!this.captured.includes(step)) step = nearest(this.captured, step);
+    this.stepSel.value = step;
     this.app.setState({ step });
     const ev = await api(`${sessionPath(this.app.id)}/graph?step=${step}${this.app.rank !== undefined ? "&rank=" + this.app.rank : ""}`);
     this.graph = ev;

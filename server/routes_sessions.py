@@ -112,12 +112,9 @@ def graph(session_id: SessionId, store: StoreDep, step: Annotated[int, Query(ge=
 @router.get("/sessions/{session_id}/memory",
             response_description="columns step, t, live, peak, params, grads, optimizer, saved, ... (torchscope.series)")
 def memory(session_id: SessionId, store: StoreDep, rank: RankQ = 0) -> Response:
-    from torchscope.series import memory_series
-
     require_session(store, session_id)
-    key = ("memory", session_id, rank, store.frame_count(session_id, rank))
-    return Response(_cached(key, lambda: api_json(memory_series(store.step_parts(session_id, rank, "memory")))),
-                    media_type=JSON)
+    # the columns were computed per step by torchscope.series.memory_series at ingest
+    return Response(api_json(store.memory_columns(session_id, rank)), media_type=JSON)
 
 
 @router.get("/sessions/{session_id}/grads",

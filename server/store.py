@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pydantic_core
-from torchscope.series import step_summary
+from torchscope.series import memory_series, step_summary
 
 from .frames import Frame
 
@@ -76,6 +76,7 @@ CREATE TABLE IF NOT EXISTS steps (
     t REAL, duration_us INTEGER, forward_us INTEGER, backward_us INTEGER, loss REAL,
     live INTEGER, peak INTEGER, allocated INTEGER, reserved INTEGER, grad_norm REAL,
     graph_signature TEXT,
+    -- m_<key> columns of MEMORY_KEYS are added by _add_missing_columns
     event TEXT NOT NULL,
     memory TEXT,
     grads TEXT,
@@ -104,6 +105,10 @@ CREATE TABLE IF NOT EXISTS diagnostics (
 
 _STEP_COLS = ("t", "duration_us", "forward_us", "backward_us", "loss", "live", "peak", "allocated",
               "reserved", "grad_norm", "graph_signature")
+# The /memory columns, named as torchscope.series.memory_series names them; each step row keeps
+# its value of every one (m_<name>), so the whole series is one index scan, no JSON decoding.
+MEMORY_KEYS = tuple(k for k in memory_series([]) if k not in ("step", "t"))
+_MEMORY_COLS = tuple(f"m_{k}" for k in MEMORY_KEYS)
 
 
 class NotFound(LookupError):
@@ -140,6 +145,7 @@ class Store:
         wconn = self._connect()
         wconn.execute("PRAGMA journal_mode=WAL")
         wconn.executescript(SCHEMA_SQL)
+        _add_missing_columns(wconn)
         wconn.commit()
         self._writer = threading.Thread(target=self._write_loop, args=(wconn,), name="torchscope-store",
                                          daemon=True)
@@ -335,6 +341,15 @@ class Store:
         ).fetchall()
         return "[" + ",".join(r[0] for r in rows) + "]"
 
+    def memory_columns(self, session_id: str, rank: int) -> dict[str, list[Any]]:
+        """The memory series straight from the per-step columns (see MEMORY_KEYS)."""
+        rows = self._read().execute(
+            f"SELECT step, t, {', '.join(_MEMORY_COLS)} FROM steps WHERE session_id=? AND rank=? "  # noqa: S608
+            "ORDER BY step", (session_id, rank)).fetchall()
+        names = ("step", "t", *MEMORY_KEYS)
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in names]
+        return {name: list(col) for name, col in zip(names, columns, strict=True)}
+
     def step_parts(self, session_id: str, rank: int, column: str, start: int | None = None,
                    end: int | None = None) -> list[dict[str, Any]]:
         """Minimal step dicts ``{step, t, <column>}`` for the series functions."""
@@ -460,17 +475,33 @@ def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Fram
     return res
 
 
+_INSERT_STEP = (
+    f"INSERT OR REPLACE INTO steps (session_id, rank, step, {', '.join(_STEP_COLS)}, "
+    f"{', '.join(_MEMORY_COLS)}, event, memory, grads) "
+    f"VALUES (?,?,?,{','.join('?' * (len(_STEP_COLS) + len(_MEMORY_COLS)))},?,?,?)")
+
+
+def _add_missing_columns(c: sqlite3.Connection) -> None:
+    """Stores made by an earlier build lack newer step columns: add them (no data lost)."""
+    have = {row[1] for row in c.execute("PRAGMA table_info(steps)")}
+    for col in _MEMORY_COLS:
+        if col not in have:
+            c.execute(f"ALTER TABLE steps ADD COLUMN {col} INTEGER")
+
+
+def _raw_json(obj: Any) -> str | None:
+    # NaN stays a NaN literal here: these parts are read back by json.loads, not browsers
+    return None if obj is None else pydantic_core.to_json(obj, inf_nan_mode="constants").decode()
+
+
 def _put_step(c: sqlite3.Connection, session_id: str, rank: int, ev: dict[str, Any]) -> int:
     summary = step_summary(ev)
     if summary["step"] is None:
         return 0
-    mem = ev.get("memory")
-    grads = ev.get("grads")
-    cur = c.execute(
-        f"INSERT OR REPLACE INTO steps (session_id, rank, step, {', '.join(_STEP_COLS)}, event, memory, grads) "  # noqa: S608
-        f"VALUES (?,?,?,{','.join('?' * len(_STEP_COLS))},?,?,?)",
-        (session_id, rank, summary["step"], *(summary[k] for k in _STEP_COLS), api_json(ev).decode(),
-         _dumps(mem) if mem is not None else None, _dumps(grads) if grads is not None else None))
+    mem = memory_series([ev])
+    cur = c.execute(_INSERT_STEP, (
+        session_id, rank, summary["step"], *(summary[k] for k in _STEP_COLS), *(mem[k][0] for k in MEMORY_KEYS),
+        api_json(ev).decode(), _raw_json(ev.get("memory")), _raw_json(ev.get("grads"))))
     return 1 if cur.rowcount > 0 else 0
 
 

@@ -42,6 +42,7 @@ def _node_named(run: Run, step: int, name: str) -> tuple[int, dict[str, Any]]:
 def check_inplace(run: Run, settings: Settings) -> list[Finding]:
     findings: list[Finding] = []
     crashes = [e for e in errors(run) if INPLACE_TEXT in e.message]
+    crash_steps = sorted({e.step for e in crashes})
     if crashes:
         first = crashes[0]
         targets = [FindingTarget(step=first.step, rank=run.rank)]
@@ -49,16 +50,23 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
         node_name = match.group(1) if match else ""
         gstep, node = _node_named(run, first.step, node_name) if node_name else (-1, {})
         if node:
+            node_name = str(node.get("name", node_name))
             targets = [FindingTarget(step=gstep, rank=run.rank, node=as_int(node.get("id")),
                                      module=str(node.get("module", "")))]
-        if node:
-            node_name = str(node.get("name", node_name))
+        # The in-place op itself, when a failing step's graph was captured (the capture flags it).
+        culprit = next(((s, op) for s in crash_steps for graph in run.graphs_of(s) for op in g.ops(graph)
+                        if "inplace_saved" in g.flags(op)), None)
+        where = ""
+        if culprit:
+            targets.insert(0, FindingTarget(**g.target_of_op(culprit[0], run.rank, culprit[1])))  # type: ignore[typeddict-item]
+            where = f" ({g.op_label(culprit[1])})"
         needed = f" that {node_name} needed for backward" if node_name else " that backward needed"
-        message = (f"backward() failed: an in-place op changed a tensor{needed} "
-                   f"({describe_steps(sorted({e.step for e in crashes}), run.last_step)}).")
-        findings.append(make("P8", "error", message, FIX_P8, [e.step for e in crashes], rank=run.rank,
+        message = (f"backward() failed: an in-place op{where} changed a tensor{needed} "
+                   f"({describe_steps(crash_steps, run.last_step)}).")
+        src = str(culprit[1].get("src", "")) if culprit else first.src
+        findings.append(make("P8", "error", message, FIX_P8, crash_steps, rank=run.rank,
                              targets=targets, modules=[str(node.get("module"))] if node.get("module") else [],
-                             src=first.src or None, data={"error": first.message[:500]}))
+                             src=src or None, data={"error": first.message[:500]}))
     silent: dict[tuple[str, str], tuple[list[int], int, dict[str, Any]]] = {}
     for step, graph in run.all_graphs():
         for op in g.ops(graph):
@@ -67,7 +75,7 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
                 steps, fstep, first_op = silent.get(key, ([], step, op))
                 silent[key] = ([*steps, step], fstep, first_op)
     for (name, src), (steps, fstep, op) in silent.items():
-        if crashes and fstep in {e.step for e in crashes}:
+        if fstep in crash_steps:
             continue  # the same event, already reported with the error
         message = (f"{g.op_label(op)} wrote in place into a tensor saved for backward: the gradient is computed "
                    f"from the new values ({describe_steps(steps, run.last_step)}).")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import bisect
 import math
+import statistics
 from typing import Any
 
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, make
-from ..run import Run
+from ..run import Run, as_float
 from ..settings import Settings
 from ._grads import column, floats, is_matrix, numel, sparse_params, total_norm, value
 
@@ -18,34 +20,47 @@ FIX_LAYERS = ("Keep signal size constant through depth: use ReLU/GELU instead of
               "init (kaiming/xavier), normalisation layers (LayerNorm/BatchNorm) or residual connections.")
 
 
+def _loss(ev: dict[str, Any]) -> float | None:
+    loss = as_float(ev.get("loss"))
+    return loss if loss is not None and math.isfinite(loss) else None
+
+
 def _over_time(run: Run, settings: Settings) -> list[Finding]:
-    history = [(step, total_norm(ev)) for step, ev in run.step_events()]
+    """Step by step.  Exploding: far above the median of all earlier steps (a robust baseline: a
+    converged run's norms hover near zero and bounce back up on a hard batch).  Vanishing: far below the largest norm
+    while the loss did not fall with it (a loss going to zero takes its gradient along: that is
+    convergence, not a pitfall)."""
+    history = [(step, total_norm(ev), _loss(ev)) for step, ev in run.step_events()]
     exploding: list[int] = []
     vanishing: list[int] = []
+    earlier: list[float] = []  # sorted, for the median
     seen = 0
-    low, high = math.inf, 0.0  # smallest positive and largest norm of earlier steps
-    for step, norm in history:
+    peak, peak_loss = 0.0, None  # largest norm so far and the loss at that step
+    for step, norm, loss in history:
         if norm is None:
             continue
         if seen >= settings.min_steps:
-            if low < math.inf and norm >= low * settings.explode_factor:
+            base = statistics.median(earlier)
+            if base > 0 and norm >= base * settings.explode_factor and norm >= settings.explode_min_norm:
                 exploding.append(step)
-            if norm <= high / settings.vanish_factor:
+            stalled = loss is not None and peak_loss is not None and loss > 0 and loss >= peak_loss / 100
+            if stalled and norm <= peak / settings.vanish_factor:
                 vanishing.append(step)
         seen += 1
-        high = max(high, norm)
-        if norm > 0:
-            low = min(low, norm)
-    data = {"norm": [n for _, n in history], "steps": [s for s, _ in history]}
+        bisect.insort(earlier, norm)
+        if norm > peak:
+            peak, peak_loss = norm, loss
+    data = {"norm": [n for _, n, _ in history], "steps": [s for s, _, _ in history]}
     out = []
     if exploding:
         out.append(make("P3", "warning",
-                        f"The gradient norm exploded: over {settings.explode_factor:g}x its earlier level "
+                        f"The gradient norm exploded: over {settings.explode_factor:g}x its usual level "
                         f"({describe_steps(exploding, run.last_step)}).", FIX_EXPLODE, exploding, rank=run.rank,
                         targets=[FindingTarget(step=exploding[0], rank=run.rank)], view="gradients", data=data))
     if vanishing:
         out.append(make("P3", "warning",
-                        f"The gradient norm vanished: below 1/{settings.vanish_factor:g} of its earlier level "
+                        f"The gradient norm vanished: below 1/{settings.vanish_factor:g} of its earlier level while the loss "
+                        f"stayed high "
                         f"({describe_steps(vanishing, run.last_step)}).", FIX_LAYERS, vanishing, rank=run.rank,
                         targets=[FindingTarget(step=vanishing[0], rank=run.rank)], view="gradients", data=data))
     return out

@@ -45,7 +45,9 @@ def _misplaced(run: Run) -> list[Finding]:
         grads = as_dict(ev.get("grads"))
         none = {as_int(i, -1) for i in as_list(grads.get("none"))}
         norms = [as_float(v) for v in as_list(grads.get("norm"))]
-        all_zero = len(norms) >= n and all(v is None or v == 0.0 for v in norms)
+        # A loss of exactly 0 (a fitted batch, satisfied margins) has all-zero gradients for real.
+        loss_zero = as_float(ev.get("loss")) == 0.0
+        all_zero = len(norms) >= n and all(v is None or v == 0.0 for v in norms) and not loss_zero
         if len(none) >= n or all_zero:
             steps.append(step)
     if len(steps) < 2:  # one empty step is an accident of the loop's edge; every step is the pattern

@@ -3,8 +3,8 @@
 The loop calls `model.to(device)` "to be sure", converts the whole float64 dataset to a
 float32 tensor on the device every step, and only then picks the batch. On a GPU each of
 these is a host->device copy; on a CPU (this example's default) `.to(device)` returns the
-same tensor and only the dtype conversion really copies: what torchscope can show here is the
-number of conversions and the bytes converted per step.
+same tensor and only the dtype conversion really copies: what torchscope can show here is
+that the same source tensor is converted again every step, and the bytes it costs.
 The fix: move the model and convert the data once, before the loop.
 """
 
@@ -22,18 +22,19 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     torchscope.watch(model, optimizer, server=args.server, record=args.record)
     rng = np.random.default_rng(0)
-    features, targets = rng.standard_normal((2048, 16)), rng.standard_normal((2048, 1))
+    # The dataset, loaded once as float64 (what numpy/pandas hand over).
+    features = torch.from_numpy(rng.standard_normal((2048, 16)))
+    targets = torch.from_numpy(rng.standard_normal((2048, 1)))
     if args.fixed:
-        all_x = torch.tensor(features, dtype=torch.float32, device=device)
-        all_y = torch.tensor(targets, dtype=torch.float32, device=device)
+        all_x, all_y = features.to(device, torch.float32), targets.to(device, torch.float32)
     for step in range(args.steps):
         rows = slice(32 * step, 32 * (step + 1))
         if args.fixed:
             x, y = all_x[rows], all_y[rows]
         else:
             model.to(device)  # "make sure the model is on the device"
-            all_x = torch.from_numpy(features).to(device, torch.float32)  # the whole dataset, every step
-            all_y = torch.from_numpy(targets).to(device, torch.float32)
+            all_x = features.to(device, torch.float32)  # the whole dataset, every step
+            all_y = targets.to(device, torch.float32)
             x, y = all_x[rows].to(device), all_y[rows].to(device)
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)

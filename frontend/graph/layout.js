@@ -10,7 +10,7 @@
 export const SIZE = { leafW: 150, leafH: 34, groupW: 176, groupH: 38, xGap: 14, yGap: 26, pad: 10, header: 20 };
 
 // Children ids: a leaf is its index (>= 0), a group g is -1 - g.
-export function prepare({ leafGroup, leafPos, groupParent, groupPos, edges }) {
+export function prepare({ leafGroup, leafPos, groupParent, groupPos, edges, leafBackward, groupBackward }) {
   const nG = groupParent.length;
   const children = Array.from({ length: nG }, () => []);
   for (let g = 1; g < nG; g++) children[groupParent[g]].push(-1 - g);
@@ -45,16 +45,17 @@ export function prepare({ leafGroup, leafPos, groupParent, groupPos, edges }) {
     idx.forEach((k, j) => { sorted[2 * j] = le[2 * k]; sorted[2 * j + 1] = le[2 * k + 1]; });
     levelEdges[g] = sorted;
   }
-  return { nL, nG, children, levelEdges, groupParent };
+  return { nL, nG, children, levelEdges, groupParent,
+           leafBackward: leafBackward || new Uint8Array(nL), groupBackward: groupBackward || new Uint8Array(nG) };
 }
 
-// Lay out the children of one expanded group given each child's size.
-function layoutGroup(prep, g, sizeOf) {
-  const ch = prep.children[g];
+// Layered placement of the children k with member[k] set, using only the level's edges
+// between members; reverse = the layers go bottom-up (backward, side by side).
+function layered(ch, le, member, sizeOf, reverse) {
   const n = ch.length;
   const layer = new Int32Array(n);
-  const le = prep.levelEdges[g];
   for (let e = 0; e < le.length; e += 2) {
+    if (!member[le[e]] || !member[le[e + 1]]) continue;
     const v = layer[le[e]] + 1;
     if (v > layer[le[e + 1]]) layer[le[e + 1]] = v;
   }
@@ -63,20 +64,24 @@ function layoutGroup(prep, g, sizeOf) {
   // execution order.  Both keep the graph narrow.  Still one pass over the edges.
   const hasIn = new Uint8Array(n), firstUse = new Int32Array(n).fill(-1);
   for (let e = 0; e < le.length; e += 2) {
-    hasIn[le[e + 1]] = 1;
-    const a = le[e], L = layer[le[e + 1]] - 1;
+    const a = le[e], b = le[e + 1];
+    if (!member[a] || !member[b]) continue;
+    hasIn[b] = 1;
+    const L = layer[b] - 1;
     if (firstUse[a] < 0 || L < firstUse[a]) firstUse[a] = L;
   }
+  let prev = -1;
   for (let k = 0; k < n; k++) {
-    if (hasIn[k]) continue;
-    if (firstUse[k] >= 0) layer[k] = firstUse[k];
-    else if (k > 0) layer[k] = layer[k - 1];
+    if (!member[k]) continue;
+    if (!hasIn[k]) { if (firstUse[k] >= 0) layer[k] = firstUse[k]; else if (prev >= 0) layer[k] = layer[prev]; }
+    prev = k;
   }
   let nLayers = 0;
-  for (let k = 0; k < n; k++) if (layer[k] + 1 > nLayers) nLayers = layer[k] + 1;
+  for (let k = 0; k < n; k++) if (member[k] && layer[k] + 1 > nLayers) nLayers = layer[k] + 1;
   const lw = new Float64Array(nLayers), lh = new Float64Array(nLayers);
   const w = new Float64Array(n), h = new Float64Array(n);
   for (let k = 0; k < n; k++) {
+    if (!member[k]) continue;
     const [cw, chh] = sizeOf(ch[k]);
     w[k] = cw; h[k] = chh;
     const L = layer[k];
@@ -86,16 +91,47 @@ function layoutGroup(prep, g, sizeOf) {
   const ly = new Float64Array(nLayers);
   let y = 0, maxW = 0;
   for (let L = 0; L < nLayers; L++) { ly[L] = y; y += lh[L] + SIZE.yGap; if (lw[L] > maxW) maxW = lw[L]; }
+  const total = Math.max(y - SIZE.yGap, 0);
+  if (reverse) for (let L = 0; L < nLayers; L++) ly[L] = total - ly[L] - lh[L];
   const cursor = new Float64Array(nLayers);
   for (let L = 0; L < nLayers; L++) cursor[L] = (maxW - lw[L]) / 2; // centre each layer
   const rel = new Float64Array(2 * n);
   for (let k = 0; k < n; k++) {
+    if (!member[k]) continue;
     const L = layer[k];
     rel[2 * k] = cursor[L];
     rel[2 * k + 1] = ly[L] + (lh[L] - h[k]) / 2;
     cursor[L] += w[k] + SIZE.xGap;
   }
-  return { rel, w: Math.max(maxW, 0), h: Math.max(y - SIZE.yGap, 0) };
+  return { rel, w: Math.max(maxW, 0), h: total };
+}
+
+// Lay out the children of one expanded group given each child's size.  One DAG: every
+// child in one layered column.  Side by side: at the root, forward (and optimizer) on the
+// left flowing down, backward on the right flowing up, bottoms aligned, so a grad_fn sits
+// across from the forward op that created it; inside backward groups layers go up too.
+function layoutGroup(prep, g, sizeOf, sideBySide) {
+  const ch = prep.children[g];
+  const le = prep.levelEdges[g];
+  const n = ch.length;
+  const all = new Uint8Array(n).fill(1);
+  if (!sideBySide) return layered(ch, le, all, sizeOf, false);
+  if (g !== 0) return layered(ch, le, all, sizeOf, prep.groupBackward[g] === 1);
+  const isB = new Uint8Array(n), isF = new Uint8Array(n);
+  for (let k = 0; k < n; k++) {
+    const c = ch[k];
+    isB[k] = c >= 0 ? prep.leafBackward[c] : prep.groupBackward[-1 - c];
+    isF[k] = 1 - isB[k];
+  }
+  const F = layered(ch, le, isF, sizeOf, false), B = layered(ch, le, isB, sizeOf, true);
+  const H = Math.max(F.h, B.h), gap = 4 * SIZE.xGap;
+  const rel = new Float64Array(2 * n);
+  for (let k = 0; k < n; k++) {
+    const src = isB[k] ? B : F;
+    rel[2 * k] = src.rel[2 * k] + (isB[k] ? F.w + gap : 0);
+    rel[2 * k + 1] = src.rel[2 * k + 1] + H - src.h;
+  }
+  return { rel, w: F.w + gap + B.w, h: H };
 }
 
 export class Layouter {
@@ -103,6 +139,12 @@ export class Layouter {
     this.prep = prepare(input);
     this.cache = new Map(); // group -> {rel, w, h}
     this.expanded = new Set([0]);
+    this.sideBySide = false;
+  }
+
+  // Switching between one DAG and side by side changes every group's layout.
+  setSideBySide(on) {
+    if (on !== this.sideBySide) { this.sideBySide = on; this.cache.clear(); }
   }
 
   // Groups whose expansion changed, and their ancestors, lose their cached layout.
@@ -126,7 +168,7 @@ export class Layouter {
 
   group(g) {
     let l = this.cache.get(g);
-    if (!l) { l = layoutGroup(this.prep, g, (c) => this.size(c)); this.cache.set(g, l); }
+    if (!l) { l = layoutGroup(this.prep, g, (c) => this.size(c), this.sideBySide); this.cache.set(g, l); }
     return l;
   }
 

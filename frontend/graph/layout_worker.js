@@ -11,6 +11,7 @@ self.onmessage = (msg) => {
   }
   if (m.type === "layout" && layouter) {
     const t0 = performance.now();
+    layouter.setSideBySide(!!m.sideBySide);
     layouter.setExpanded(m.expanded);
     const res = layouter.place();
     res.ms = performance.now() - t0;

@@ -4,6 +4,17 @@
 // Path2D per kind in world coordinates and rebuilt only when the layout changes.
 const TEXT_MIN_SCALE = 0.45;
 
+function batchByColour(items, dim) {
+  const m = new Map();
+  for (const it of items) {
+    const key = `${it.color || ""}|${dim && !it.hi ? 0.25 : 1}`;
+    let p = m.get(key);
+    if (!p) { p = new Path2D(); m.set(key, p); }
+    p.rect(it.box[0], it.box[1], it.box[2], it.box[3]);
+  }
+  return m;
+}
+
 // Cut a label to a width with an ellipsis; computed once per item (world units don't zoom).
 function fit(ctx, s, width) {
   if (ctx.measureText(s).width <= width) return s;
@@ -139,12 +150,20 @@ export class GraphCanvas {
 
     ctx.font = "12px system-ui, sans-serif";
     const dim = sc.dimOthers;
+    if (!text) { // zoomed out: one filled path per colour, built once per scene
+      if (!sc.batches) sc.batches = batchByColour(sc.items, dim);
+      for (const [key, path] of sc.batches) {
+        const [color, alpha] = key.split("|");
+        ctx.globalAlpha = +alpha; ctx.fillStyle = color || th.node; ctx.fill(path);
+      }
+      ctx.globalAlpha = 1;
+    }
     for (const it of sc.items) {
       const b = it.box;
+      if (!text && !it.hi && !it.cut && it.key !== sc.selected && it.group === undefined) continue;
       if (!vis(b)) continue;
       ctx.globalAlpha = dim && !it.hi ? 0.25 : 1;
-      ctx.fillStyle = it.color || th.node;
-      ctx.fillRect(b[0], b[1], b[2], b[3]);
+      if (text) { ctx.fillStyle = it.color || th.node; ctx.fillRect(b[0], b[1], b[2], b[3]); }
       if (it.group !== undefined) { ctx.strokeStyle = th.groupLine; ctx.lineWidth = 2 * lw; ctx.strokeRect(b[0], b[1], b[2], b[3]); }
       if (it.cut) { ctx.strokeStyle = th.cut; ctx.lineWidth = 3 * lw; ctx.strokeRect(b[0] - 2, b[1] - 2, b[2] + 4, b[3] + 4); }
       if (it.hi) { ctx.strokeStyle = th.hi; ctx.lineWidth = 2.5 * lw; ctx.strokeRect(b[0] - 1, b[1] - 1, b[2] + 2, b[3] + 2); }

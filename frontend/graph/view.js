@@ -10,6 +10,13 @@ import { RAMP_COLORS } from "../colors.js";
 import { THEME_EVENT } from "../theme.js";
 
 const CANCEL_MS = 300;
+
+// The captured step closest to `step` (the last one at or before it, else the first).
+export function nearest(captured, step) {
+  let best = captured[0];
+  for (const s of captured) if (s <= step) best = s;
+  return best;
+}
 const OVERLAYS = [["phase", "phase (forward / backward)"], ["grad", "gradient norm"], ["memory", "memory allocated / saved"], ["time", "time"], ["dtype", "dtype"], ["diff", "diff vs another step"]];
 
 export class GraphView {
@@ -21,6 +28,7 @@ export class GraphView {
     this.layout = null;
     this.expandedKeys = new Set(); // group keys, kept across steps so expansion survives
     this.selected = app.state.node || null;
+    this.sideBySide = app.state.layout !== "dag"; // side by side unless the URL asks for one DAG
     this.overlay = "phase";
     this.highlight = null;
     this.cut = new Set();
@@ -52,6 +60,8 @@ export class GraphView {
       btn("◀", () => this.stepBy(-1), "previous captured step ( [ )"), this.stepSel, btn("▶", () => this.stepBy(1), "next captured step ( ] )"), this.stepLabel,
       h("label", {}, "colour ", this.overlaySel), this.diffSel, this.search, this.searchInfo,
       btn("Expand all", () => this.expandAll(), "expand every module", "expand-all"), btn("Collapse", () => this.collapseAll(), "collapse to top-level modules"),
+      h("label", { title: "forward on the left flowing down, backward on the right flowing up" },
+        h("input", { type: "checkbox", checked: this.sideBySide || undefined, "data-testid": "side-by-side", onchange: (e) => this.setSideBySide(e.target.checked) }), " side by side"),
       btn("Fit", () => this.canvas.fit(), "fit to screen (f)"), this.cutInfo);
     this.canvasEl = h("canvas", { tabindex: 0, "aria-label": "computation graph; n / p: next / previous node, Enter: expand, Backspace: collapse" });
     this.legend = h("div", { class: "legend", "data-testid": "legend" });
@@ -95,7 +105,9 @@ export class GraphView {
   }
 
   async showStep(step) {
-    if (step === undefined) return;
+    if (step === undefined || !this.captured.length) return;
+    if (!this.captured.includes(step)) step = nearest(this.captured, step); // e.g. a finding's step that has no graph
+
     this.step = step;
     this.stepSel.value = this.captured.indexOf(step);
     this.stepLabel.textContent = `step ${step} (${this.captured.indexOf(step) + 1}/${this.captured.length} captured)`;
@@ -112,6 +124,8 @@ export class GraphView {
       leafGroup: Int32Array.from(m.leaves, (l) => l.group), leafPos: Int32Array.from(m.leaves, (l) => l.pos),
       groupParent: Int32Array.from(m.groups, (g) => g.parent), groupPos: Float64Array.from(m.groups, (g) => (Number.isFinite(g.pos) ? g.pos : -1)),
       edges: Int32Array.from(m.edges.flatMap((e) => [e[0], e[1]])),
+      leafBackward: Uint8Array.from(m.leaves, (l) => (l.phase === "backward" ? 1 : 0)),
+      groupBackward: Uint8Array.from(m.groups, (g) => (g.phase === "backward" ? 1 : 0)),
     };
     this.worker.postMessage({ type: "init", input: this.workerInput });
     this.status.textContent = ev.complete === false ? `Partial graph: ${ev.shed_ops || "some"} ops were dropped under back-pressure.` : "";
@@ -159,7 +173,7 @@ export class GraphView {
     if (this.inFlight && performance.now() - this.inFlight > CANCEL_MS) { this.worker.terminate(); this.startWorker(); }
     const id = ++this.reqId;
     this.inFlight = this.inFlight || performance.now();
-    this.worker.postMessage({ type: "layout", id, expanded });
+    this.worker.postMessage({ type: "layout", id, expanded, sideBySide: this.sideBySide });
     return new Promise((resolve) => this.waiters.push({ id, resolve, fit }));
   }
 
@@ -210,6 +224,12 @@ export class GraphView {
     if (this.diffSummary && this.overlay === "diff") this.legend.append(h("span", { class: "muted" }, this.diffSummary));
   }
 
+  async setSideBySide(on) {
+    this.sideBySide = on;
+    this.app.setState({ layout: on ? undefined : "dag" });
+    if (this.model) { await this.relayout(); this.canvas.fit(); }
+  }
+
   setOverlay(v) {
     this.overlay = v;
     this.overlaySel.value = v;
@@ -240,14 +260,28 @@ export class GraphView {
     if (redraw) this.redraw();
   }
 
+  // The box of a group (collapsed item or expanded frame) in the current scene.
+  groupBox(g) {
+    const key = "g:" + this.model.groups[g].key;
+    const it = this.scene?.byKey.get(key) || this.scene?.frames.find((f) => f.key === key);
+    return it ? it.box : null;
+  }
+
   async toggleGroup(g) {
     const key = this.model.groups[g].key;
+    const before = this.groupBox(g);
     if (this.expandedKeys.has(key)) this.expandedKeys.delete(key); else this.expandedKeys.add(key);
     await this.relayout();
+    const after = this.groupBox(g);
+    if (before && after) { // keep the group where the user was looking: expanding moves nothing under the pointer
+      const c = this.canvas;
+      c.tx += (before[0] - after[0]) * c.scale; c.ty += (before[1] - after[1]) * c.scale;
+      c.requestDraw();
+    }
     if (this.selected && this.selected.startsWith("g:")) renderDetails(this.details, this.model, this.selected, this.ctx());
   }
 
-  async expandAll() { for (const g of this.model.groups) if (g.key) this.expandedKeys.add(g.key); await this.relayout(); }
+  async expandAll() { for (const g of this.model.groups) if (g.key) this.expandedKeys.add(g.key); await this.relayout(); this.canvas.fit(); }
   async collapseAll() { this.expandedKeys.clear(); await this.relayout(); this.canvas.fit(); }
 
   // Select a leaf or group; hidden leaves get their module groups expanded first.
@@ -351,7 +385,7 @@ export class GraphView {
   debug() {
     return {
       step: this.step, captured: this.captured.slice(), selected: this.selected, overlay: this.overlay,
-      layoutMs: this.lastLayoutMs, firstPaintMs: this.firstPaintMs,
+      layoutMs: this.lastLayoutMs, firstPaintMs: this.firstPaintMs, sideBySide: this.sideBySide,
       nodes: (this.scene?.items || []).map((it) => ({ key: it.key, label: it.label, sub: it.sub, group: it.group !== undefined, hi: it.hi, cut: it.cut, color: it.color })),
       frames: (this.scene?.frames || []).map((f) => f.title),
       expanded: [...this.expandedKeys], leaves: this.model?.leaves.length || 0,

@@ -427,3 +427,24 @@ def test_rename_tag_download_delete(browser: Any, srv: ServerProc, runs: dict[st
         shot(pg, "sessions-after-edit")
     finally:
         ctx.close()
+
+
+def test_ranks_view_shows_each_rank(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    """Two ranks of one session sent by the real transport (a torchrun job is the distributed
+    tier's business; here only the view is under test)."""
+    from torchscope.transport import Transport
+
+    sid = f"ranks-{int(time.time() * 1000)}"
+    for r in (0, 1):
+        t = Transport(str(tmp_path / f"r{r}.tscope"), sid, rank=r, server=srv.url)
+        t.emit({"kind": "session", "schema": [1, 0], "session_id": sid, "name": "two ranks", "started_at": time.time(),
+                "rank": r, "world_size": 2, "model": "Net", "modules": [], "params": []})
+        for s in range(20):
+            t.emit({"kind": "step", "step": s, "rank": r, "t": time.time(), "duration_us": 10_000 + 5_000 * r,
+                    "memory": {"live": 1_000_000 * (r + 1), "peak": 2_000_000 * (r + 1)}})
+        t.close({"kind": "end", "t": time.time(), "status": "finished", "steps": 20})
+    open_dash(page, srv, sid, "?view=ranks")
+    page.wait_for_selector(".view-ranks .chart-legend span:text-is('rank 1')")
+    assert page.locator(".view-ranks .chart-legend span:text-is('rank 0')").count() == 2  # time and memory charts
+    assert page.locator("#rank").is_visible()  # a rank picker for the other views
+    assert "2 ranks" in page.locator("#session-sub").inner_text()

@@ -76,8 +76,27 @@ CHECK = """async () => {
   const chain = new Set(); for (let g = victim; g >= 0; g = groupParent[g]) chain.add(g);
   let recomputed = 0, reused = 0;
   for (const [g, lay] of before) { if (chain.has(g) || g === victim) continue; if (L.cache.get(g) === lay) reused++; else recomputed++; }
+  // 5. side by side: backward groups (here: the subtree of group 1) flow upward, to the right
+  const groupBackward = new Uint8Array(nG);
+  for (let g = 1; g < nG; g++) groupBackward[g] = g === 1 || groupBackward[groupParent[g]] ? 1 : 0;
+  const leafBackward = Uint8Array.from(leafGroup, (g) => groupBackward[g]);
+  const S = new Layouter({ leafGroup, leafPos, groupParent, groupPos, edges, leafBackward, groupBackward });
+  S.setSideBySide(true); S.setExpanded(all);
+  const sres = S.place();
+  const sbox = (i) => Array.from(sres.leafBox.slice(4 * i, 4 * i + 4));
+  let wrongWay = 0, checkedB = 0, checkedF = 0;
+  for (let k = 0; k < edges.length; k += 2) {
+    const a = edges[k], b = edges[k + 1];
+    if (leafGroup[a] !== leafGroup[b]) continue;
+    if (leafBackward[a]) { checkedB++; if (!(sbox(b)[1] < sbox(a)[1])) wrongWay++; }
+    else { checkedF++; if (!(sbox(b)[1] > sbox(a)[1])) wrongWay++; }
+  }
+  const g1 = sres.groupBox.slice(5, 9);
+  let rightOf = 0;
+  for (let g = 2; g < nG; g++) if (groupParent[g] === 0 && !groupBackward[g] && sres.groupBox[5 * g] + sres.groupBox[5 * g + 2] <= g1[0]) rightOf++;
   const hidden = Array.from({ length: nL }, (_, i) => i).filter((i) => Number.isNaN(res.leafBox[4 * i]));
-  return { up, sameGroup, overlaps, outside, recomputed, reused, ms, hiddenWhenAllExpanded: hidden.length, nL };
+  return { up, sameGroup, overlaps, outside, recomputed, reused, ms, hiddenWhenAllExpanded: hidden.length, nL,
+           wrongWay, checkedB, checkedF, rightOf, forwardTop: groupParent.filter((p, g) => g > 1 && p === 0 && !groupBackward[g]).length };
 }"""
 
 
@@ -105,4 +124,6 @@ def test_layout_promises_on_a_random_nested_graph(static_server: ServerProc) -> 
     assert r["outside"] == 0, r
     assert r["hiddenWhenAllExpanded"] == 0
     assert r["reused"] > 0 and r["recomputed"] == 0, r
+    assert r["checkedB"] > 100 and r["checkedF"] > 100 and r["wrongWay"] == 0, r  # side by side
+    assert r["rightOf"] == r["forwardTop"] > 0, r  # the backward column is right of every forward group
     print(f"layout of {r['nL']} leaves in 60 nested groups: {r['ms']:.1f} ms")

@@ -13,6 +13,7 @@ import torchscope
 from capture_models import make, train
 from torch import nn
 from torchscope.sessionfile import iter_events
+from torchscope.validate import validate_event
 
 
 @pytest.mark.parametrize("kind", ["mlp", "zoo", "cnn", "transformer"])
@@ -27,7 +28,10 @@ def test_bit_identical_training(kind: str, mode: str, tmp_path: Path) -> None:
         for a, b in zip(ga, gb, strict=True):
             assert (a is None and b is None) or torch.equal(a, b)
     assert torch.equal(plain["rng"], watched["rng"])  # capture consumed no random numbers
-    kinds = [e["kind"] for e in iter_events(tmp_path / "r.tscope")]
+    events = list(iter_events(tmp_path / "r.tscope"))
+    for e in events:
+        validate_event(e)  # every record matches schema.py
+    kinds = [e["kind"] for e in events]
     assert kinds[0] == "session" and kinds[-1] == "end" and kinds.count("step") == 4
     expected_graphs = {"full": 4, "default": 2, "light": 0}[mode]
     assert kinds.count("graph") == expected_graphs

@@ -33,7 +33,8 @@ CLEAN = [PITFALLS / "clean_accumulation.py", PITFALLS / "clean_amp.py",
 
 def record(script: Path, out: Path, *extra: str) -> list[dict[str, Any]]:
     """Run `script` with --record `out` (plus `extra`) and return its events."""
-    run_script(script, "--record", str(out), "--steps", STEPS, *extra, timeout=240)
+    # --server none: never let an example auto-start a server from a test.
+    run_script(script, "--record", str(out), "--server", "none", "--steps", STEPS, *extra, timeout=240)
     return list(iter_events(out))
 
 

@@ -360,3 +360,27 @@ def test_findings_validate_against_the_schema() -> None:
     for f in found:
         assert set(f) <= set(Finding.__annotations__) and _fields_ok(Finding, f), f
         assert json.loads(json.dumps(f)) == f  # plain data: the server and the browser get it as JSON
+
+
+def test_p8_error_also_points_at_the_inplace_op_when_its_step_was_captured() -> None:
+    g0 = {"kind": "graph", "step": 0, "rank": 0, "nodes": [{"id": 3, "name": "SigmoidBackward0", "module": ""}]}
+    g2 = {"kind": "graph", "step": 2, "rank": 0,
+          "ops": [{"id": 9, "name": "aten::index_put_", "module": "", "flags": ["inplace", "inplace_saved"],
+                   "src": "net.py:33"}]}
+    events = [session(), step(0), g0, step(1), step(2, backward_errors=[INPLACE_MSG]), g2]
+    found = diagnose(events)
+    assert codes(found) == ["P8"]  # the flagged op is the same event as the error: one finding
+    f = found[0]
+    assert f["targets"][0] == {"step": 2, "rank": 0, "op": 9, "module": ""} and f["targets"][1]["node"] == 3
+    assert f["src"] == "net.py:33" and "aten::index_put_" in f["message"]
+
+
+def test_p3_convergence_is_not_vanishing_but_a_stalled_loss_is() -> None:
+    # A run fitting its batch: loss and gradient fall together by 1e8, and the tiny norms bounce.
+    norms = [14.0, 26.0, 9.0, 12.0, 1.3, 0.19, 0.0009, 1.3, 0.0007, 0.0001, 1e-7, 0.0105, 2.5, 0.0, 0.36]
+    losses = [2.5, 5.3, 1.8, 2.6, 0.02, 0.002, 1e-5, 0.02, 1e-5, 6e-7, 1e-9, 1e-4, 0.2, 0.0, 0.005]
+    converging = [session(), *[step(i, grads=grads(norm=n), loss=lo) for i, (n, lo) in enumerate(zip(norms, losses, strict=True))]]
+    assert diagnose(converging) == []  # step 13: loss exactly 0, gradients exactly 0: not P5 either
+    stalled = [session(), *[step(i, grads=grads(norm=10.0 ** -i), loss=2.0) for i in range(8)]]
+    f = only(diagnose(stalled), "P3")
+    assert "vanished" in f["message"] and f["steps"] == [4, 5, 6, 7]

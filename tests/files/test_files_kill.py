@@ -14,16 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torchscope
 from torchscope.session import load
 
 SCRIPT = Path(__file__).with_name("train_files_kill.py")
 MODES = ["transport", "watch"]
-
-
-def _need(mode: str) -> None:
-    if mode == "watch" and not hasattr(torchscope, "watch"):
-        pytest.skip("torchscope.watch is not there yet (capture engine)")
 
 
 class _Reader(threading.Thread):
@@ -51,9 +45,8 @@ def _start(record: Path, mode: str, steps: int = 1_000_000) -> subprocess.Popen[
 
 @pytest.mark.parametrize("mode", MODES)
 def test_files_sigkill_keeps_steps_older_than_one_second(tmp_path: Path, mode: str) -> None:
-    _need(mode)
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
-    for attempt in range(2):
+    for attempt in range(2 if mode == "watch" else 1):
         record = tmp_path / f"killed{attempt}.tscope"
         proc = _start(record, mode)
         reader = _Reader(proc)
@@ -83,11 +76,10 @@ def test_files_sigkill_keeps_steps_older_than_one_second(tmp_path: Path, mode: s
         assert session.session_id and session.meta["kind"] == "session"
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_files_normal_end_is_finished(tmp_path: Path, mode: str) -> None:
-    _need(mode)
+def test_files_normal_end_is_finished(tmp_path: Path) -> None:
+    """(The transport-only path's normal end is covered by test_files_transport.py.)"""
     record = tmp_path / "done.tscope"
-    proc = _start(record, mode, steps=40)
+    proc = _start(record, "watch", steps=40)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
     assert "DONE" in out

@@ -130,3 +130,44 @@ def test_files_step_and_memory_skip_graph_frames(big: Path) -> None:
     print(f"step(11999): {n_step:,} bytes; memory(): {n_mem:,} of {size:,} bytes")
     assert len(mem["step"]) == N_STEPS
     assert n_mem <= size - graph_bytes + 4096  # not one graph payload was read
+
+
+def test_files_load_diagnostics_of_a_real_run(tmp_path: Path) -> None:
+    """A real pitfall script recorded to a file: load().diagnostics() runs the doctor on it."""
+    from conftest import EXAMPLES, run_script
+    from torchscope.doctor import diagnose
+
+    record = tmp_path / "p5.tscope"
+    run_script(EXAMPLES / "pitfalls" / "p05_missing_zero_grad.py", "--record", str(record),
+               cwd=EXAMPLES / "pitfalls")
+    s = load(record)
+    findings = s.diagnostics()
+    assert findings == diagnose(list(s.events()))
+    assert "P5" in {f["code"] for f in findings}
+    assert s.status == "finished" and len(s.steps) == 8
+
+
+def test_files_status_running_only_while_the_writer_lives(tmp_path: Path) -> None:
+    import os
+    import socket
+    import time
+
+    from torchscope.transport import Transport
+
+    meta = {"kind": "session", "session_id": "live", "name": "live", "host": socket.gethostname(),
+            "started_at": time.time()}
+    alive = tmp_path / "alive.tscope"
+    tr = Transport(str(alive), "live")
+    tr.emit({**meta, "pid": os.getpid()})
+    tr.emit({"kind": "step", "step": 0})
+    assert tr.flush()
+    assert load(alive).status == "running"  # this very process writes it
+    tr.close({"kind": "end", "t": time.time(), "status": "finished", "steps": 1})
+    assert load(alive).status == "finished"
+
+    # a pid that exists but started long after the session did (pid reuse) is not the writer
+    reused = tmp_path / "reused.tscope"
+    w = SessionFileWriter(reused)
+    w.append([{**meta, "pid": os.getpid(), "started_at": time.time() - 86_400 * 365}])
+    w.close()
+    assert load(reused).status == "ended unexpectedly"

@@ -115,6 +115,10 @@ def test_graph_by_step_and_filters(client: TestClient) -> None:
 def test_memory_and_grads_series(client: TestClient) -> None:
     post(client, "s7", run_frames("s7", steps=4))
     mem = client.get("/api/sessions/s7/memory").json()
+    # the same columns torchscope.load() builds from the file, via the one series module
+    from torchscope.series import memory_series
+
+    assert mem == memory_series([step_event(s) for s in range(4)])
     assert mem["step"] == [0, 1, 2, 3] and mem["live"] == [1000, 1001, 1002, 1003]
     assert mem["peak"] == [2000, 2001, 2002, 2003]
     grads = client.get("/api/sessions/s7/grads?start=1&end=2").json()
