@@ -8,8 +8,8 @@ backward returns and its hooks are removed); nothing outlives the step.
 from __future__ import annotations
 
 import hashlib
-from array import array
 import time
+from array import array
 from collections.abc import Callable
 from typing import Any
 

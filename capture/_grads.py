@@ -1,7 +1,8 @@
 """Per-parameter gradient statistics, batched, with one host sync per device per step.
 
-The L2 norms come from ``torch._foreach_norm``; min/max, non-zero counts and sums are one
-small reduction per tensor on its own device.  Everything is stacked into one small tensor
+The L2 norms come from ``torch._foreach_norm``; min/max, non-zero counts and sums (the "full"
+statistics, not taken every step: see ``watch``) are one small reduction per tensor on its
+own device.  Everything is stacked into one small tensor
 and read back with a single ``tolist()``; no gradient is ever copied to the host.  NaN/Inf
 counts cost a second pass only on steps whose norms are not finite.
 """
@@ -21,9 +22,11 @@ def _nonfinite_counts(g: torch.Tensor) -> tuple[int, int]:
 
 
 def grad_stats(
-    params: Sequence[torch.Tensor | None], extra: Sequence[torch.Tensor] = ()
+    params: Sequence[torch.Tensor | None], extra: Sequence[torch.Tensor] = (), full: bool = True
 ) -> tuple[GradStats, list[float]]:
-    """Stats of ``p.grad`` for every parameter (None where absent) and ``extra`` scalars read in the same sync."""
+    """Stats of ``p.grad`` for every parameter (None where absent) and ``extra`` scalars read in
+    the same sync.  ``full=False``: norms, NaN/Inf counts and ``none`` only (one pass over the
+    gradients instead of four); the other columns are then absent from the result."""
     n = len(params)
     norm: list[float | None] = [None] * n
     max_abs: list[float | None] = [None] * n
@@ -45,63 +48,49 @@ def grad_stats(
             continue
         grads[i] = g
         groups.setdefault(g.device, []).append(i)
-    extras_out: list[float] = []
     extra_by_dev: dict[torch.device, list[int]] = {}
     for j, e in enumerate(extra):
         extra_by_dev.setdefault(e.device, []).append(j)
     extras_vals: list[float] = [math.nan] * len(extra)
+    n_rows = 5 if full else 1
     for dev in set(groups) | set(extra_by_dev):
         idx = groups.get(dev, [])
-        rows: list[torch.Tensor] = []
-        if idx:
-            gs = [grads[i] for i in idx]
-            gl: list[torch.Tensor] = [g for g in gs if g is not None]
-            # L2 batched; min/max in one pass per tensor (the L-inf and L0 foreach norms are
-            # several times slower on CPU); count_nonzero and sum per tensor
+        gl: list[torch.Tensor] = [g for g in (grads[i] for i in idx) if g is not None]
+        parts: list[torch.Tensor] = list(torch._foreach_norm(gl, 2)) if gl else []
+        if full and gl:
+            # min/max in one pass per tensor (the L-inf and L0 foreach norms are several times
+            # slower on CPU); count_nonzero and sum per tensor
             mm = [torch.aminmax(g) for g in gl]
-            parts: list[torch.Tensor] = [
-                *torch._foreach_norm(gl, 2),
-                *(m.min for m in mm),
-                *(m.max for m in mm),
-                *(torch.count_nonzero(g) for g in gl),
-                *(g.sum() for g in gl),
-            ]
-            rows.append(torch.stack([p.float() if p.dtype != torch.float32 else p for p in parts]))
+            parts += [m.min for m in mm] + [m.max for m in mm]
+            parts += [torch.count_nonzero(g) for g in gl] + [g.sum() for g in gl]
         ex_idx = extra_by_dev.get(dev, [])
-        flat = torch.cat([r.reshape(-1) for r in rows] + [extra[j].detach().reshape(-1)[:1].float() for j in ex_idx])
-        vals = flat.tolist()  # the one host sync for this device
+        parts += [extra[j].detach().reshape(-1)[:1].squeeze(0) for j in ex_idx]
+        vals = torch.stack([x.float() if x.dtype != torch.float32 else x for x in parts]).tolist()  # the one sync
         k = len(idx)
         for pos, i in enumerate(idx):
             g = grads[i]
             assert g is not None
-            numel = g.numel()
-            l2, lo, hi, l0, s = (vals[r * k + pos] for r in range(5))
-            linf = math.nan if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi))
-            norm[i], max_abs[i] = l2, linf
-            mean[i] = s / numel
-            zero_frac[i] = 1.0 - l0 / numel
-            if numel > 1 and math.isfinite(l2):
-                var = max(l2 * l2 - s * s / numel, 0.0) / (numel - 1)
-                std[i] = math.sqrt(var)
-            elif numel <= 1:
-                std[i] = math.nan if numel == 1 else None
-            if not (math.isfinite(l2) and math.isfinite(linf)):
+            l2 = vals[pos]
+            norm[i] = l2
+            if full:
+                numel = g.numel()
+                lo, hi, l0, s = (vals[r * k + pos] for r in range(1, 5))
+                max_abs[i] = math.nan if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi))
+                mean[i] = s / numel
+                zero_frac[i] = 1.0 - l0 / numel
+                if numel > 1 and math.isfinite(l2):
+                    std[i] = math.sqrt(max(l2 * l2 - s * s / numel, 0.0) / (numel - 1))
+                elif numel == 1:
+                    std[i] = math.nan
+            if not math.isfinite(l2):
                 nan[i], inf[i] = _nonfinite_counts(g)
                 std[i] = math.nan
         for pos, j in enumerate(ex_idx):
-            extras_vals[j] = vals[5 * k + pos]
-    extras_out = extras_vals
-    stats: GradStats = {
-        "norm": norm,
-        "max_abs": max_abs,
-        "mean": mean,
-        "std": std,
-        "zero_frac": zero_frac,
-        "nan": nan,
-        "inf": inf,
-        "none": none,
-    }
-    return stats, extras_out
+            extras_vals[j] = vals[n_rows * k + pos]
+    stats: GradStats = {"norm": norm, "nan": nan, "inf": inf, "none": none}
+    if full:
+        stats.update({"max_abs": max_abs, "mean": mean, "std": std, "zero_frac": zero_frac})
+    return stats, extras_vals
 
 
 def nonzero_grads(params: Sequence[torch.Tensor | None]) -> tuple[list[int], bool, bool]:

@@ -56,6 +56,10 @@ log = logging.getLogger("torchscope")
 
 MODES = ("default", "full", "light")
 _MAX_OPS = 50_000  # per captured step; the rest is counted as shed
+# Full gradient statistics (max |g|, mean, std, zero fraction: three more passes over every
+# gradient) every this many steps, on captured steps, every step in full mode, and after a
+# non-finite gradient; the other steps record norms, NaN/Inf counts and missing grads only.
+GRAD_STATS_EVERY = 10
 _MODE_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 
 
@@ -318,7 +322,12 @@ class Watch:
             "model": type(model).__name__,
             "modules": modules,
             "params": params,
-            "settings": {"sample_every": self.sample_every, "mode": self.mode, "max_ops": _MAX_OPS},
+            "settings": {
+                "sample_every": self.sample_every,
+                "mode": self.mode,
+                "max_ops": _MAX_OPS,
+                "grad_stats_every": GRAD_STATS_EVERY,
+            },
         }
         if optimizer is not None:
             ev["optimizer"] = type(optimizer).__name__
@@ -668,7 +677,10 @@ class Watch:
         extra = list(s.losses)
         if isinstance(scale, torch.Tensor):
             extra.append(scale)
-        stats, values = grad_stats(params, extra)
+        full_stats = (
+            self.mode == "full" or s.capture or self._step % GRAD_STATS_EVERY == 0 or self._nan_armed
+        )
+        stats, values = grad_stats(params, extra, full=full_stats)
         losses = values[: len(s.losses)]
         stats["pre_nonzero"] = s.pre_nonzero
         now = time.perf_counter()

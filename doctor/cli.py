@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 
@@ -89,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"torchscope doctor: --set needs KEY=VALUE, got {item!r}", file=sys.stderr)
             return 2
         overrides[key.strip()] = value
-    return run(args.file, as_json=args.json, overrides=overrides)
+    try:
+        return run(args.file, as_json=args.json, overrides=overrides)
+    except BrokenPipeError:  # `... | head`: the reader left, nothing is wrong
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
+        return 0
 
 
 if __name__ == "__main__":

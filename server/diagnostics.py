@@ -25,6 +25,8 @@ log = logging.getLogger("torchscope.server")
 DOCTOR_TIMEOUT_S = 600
 _children: set[subprocess.Popen[bytes]] = set()
 _children_lock = threading.Lock()
+# One doctor at a time: on 2 cores, parallel doctors would starve the API they serve.
+_doctor_lock = threading.Lock()
 
 
 def _diagnose(events: Iterator[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -80,19 +82,34 @@ def _run_child(db: Path, session_id: str, rank: int) -> list[dict[str, Any]]:
 
 def diagnostics(store: Store, session_id: str, rank: int) -> tuple[list[dict[str, Any]], bool]:
     """Findings for one rank, and whether they were freshly computed (a finding event is due)."""
-    frames = store.frame_count(session_id, rank)
-    cached = store.diagnostics(session_id, rank)
-    if cached is not None and cached[0] == frames:
-        return cached[1], False
-    findings = _run_child(store.path, session_id, rank)
-    store.put_diagnostics(session_id, rank, frames, findings).result()
-    return findings, True
+    if not _doctor_lock.acquire(blocking=False):
+        # a doctor is running: answer with what we have rather than queueing requests
+        # (each would hold a server thread); the "finding" live event announces the update
+        stale = store.diagnostics(session_id, rank)
+        if stale is not None:
+            return stale[1], False
+        _doctor_lock.acquire()
+    try:
+        # checked under the lock: a request that waited for a doctor run of the same
+        # frames gets its result instead of starting another
+        frames = store.frame_count(session_id, rank)
+        cached = store.diagnostics(session_id, rank)
+        if cached is not None and cached[0] == frames:
+            return cached[1], False
+        findings = _run_child(store.path, session_id, rank)
+        store.put_diagnostics(session_id, rank, frames, findings).result()
+        return findings, True
+    finally:
+        _doctor_lock.release()
 
 
 def _child_main(argv: list[str]) -> int:
     """Child process: read one rank's frames from the store, print the findings as JSON."""
+    import os
+
     import pydantic_core
 
+    os.nice(10)  # the server's requests come first
     db, session_id, rank = Path(argv[0]), argv[1], int(argv[2])
     store = Store(db, read_only=True)
     findings = _diagnose(stored_events(store, session_id, rank))

@@ -18,7 +18,12 @@ def _dead_params(run: Run, settings: Settings) -> dict[int, list[int]]:
     dead: dict[int, list[int]] = {}
     sparse = sparse_params(run)
     for step, ev in run.step_events():
-        zf, norms = floats(ev, "zero_frac"), floats(ev, "norm")
+        norms = floats(ev, "norm")
+        # zero_frac may be sampled every few steps; meanwhile a norm of exactly 0 says "all zeros"
+        # (and a non-zero norm, conservatively, "not dead").
+        sampled = floats(ev, "zero_frac")
+        zf = [sampled[i] if i < len(sampled) and sampled[i] is not None
+              else None if n is None else 1.0 if n == 0.0 else 0.0 for i, n in enumerate(norms)]
         flagged = [i for i, frac in enumerate(zf) if frac is not None and frac >= settings.dead_zero_frac
                    and i < len(norms) and norms[i] is not None and i not in sparse]
         observed = sum(1 for frac in zf if frac is not None)

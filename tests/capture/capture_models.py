@@ -98,11 +98,10 @@ def make(kind: str) -> tuple[nn.Module, Any]:
     if kind == "cnn":
         return SmallCNN(), lambda i: (torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,)))
     if kind == "transformer":
-        m = TinyTransformer()
-        return m, lambda i: (torch.randint(0, 50, (2, 6)), torch.randint(0, 50, (2 * 6,)))
+        return TinyTransformer(), lambda i: (torch.randint(0, 50, (2, 6)), torch.randint(0, 50, (2 * 6,)))
     if kind == "mlp":
-        m = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
-        return m, lambda i: (torch.randn(5, 8), torch.randint(0, 3, (5,)))
+        mlp = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
+        return mlp, lambda i: (torch.randn(5, 8), torch.randint(0, 3, (5,)))
     raise ValueError(kind)
 
 

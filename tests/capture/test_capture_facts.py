@@ -12,7 +12,7 @@ from torch import nn
 from torchscope.sessionfile import iter_events
 
 
-def _mlp() -> nn.Module:
+def _mlp() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 2))
 
@@ -104,7 +104,7 @@ def test_p6_eval_forward_builds_unused_graph(tmp_path: Path) -> None:
 
 
 def test_p11_module_left_in_eval(tmp_path: Path) -> None:
-    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+    def body(model: nn.Sequential, opt: Any, i: int, state: dict[str, Any]) -> None:
         model[2].eval()  # dropout left in eval while training
         _clean(model, opt, i, state)
 

@@ -22,8 +22,9 @@ def independent_walk(loss: torch.Tensor, names: dict[int, str]) -> tuple[collect
         v = getattr(n, "variable", None)
         return f"{type(n).__name__}[{names[id(v)]}]" if v is not None else type(n).__name__
 
+    assert loss.grad_fn is not None
     seen = {loss.grad_fn: 0}
-    queue = [loss.grad_fn]
+    queue: list[Any] = [loss.grad_fn]
     nodes: collections.Counter = collections.Counter()
     edges: collections.Counter = collections.Counter()
     while queue:
@@ -215,3 +216,27 @@ def test_nan_in_loss_arms_checked_capture(tmp_path: Path) -> None:
     g = next(e for e in events if e["kind"] == "graph" and e["step"] == 2)
     flagged = [o for o in g["ops"] if "nan" in o.get("flags", ())]
     assert flagged and flagged[0]["name"] == "aten::addmm"  # the first op that produced it
+
+
+def test_full_grad_statistics_schedule(tmp_path: Path) -> None:
+    """Norms every step; max/mean/std/zero fraction on step 0, every GRAD_STATS_EVERY steps and captured steps."""
+    from torchscope.watch import GRAD_STATS_EVERY
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "sched.tscope"
+    norms: list[list[float]] = []
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for _ in range(GRAD_STATS_EVERY + 1):
+            loss = model(torch.randn(5, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            norms.append([p.grad.norm().item() for p in model.parameters()])  # type: ignore[union-attr]
+            opt.step()
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    full = [i for i, st in enumerate(steps) if "zero_frac" in st["grads"]]
+    assert full == [0, GRAD_STATS_EVERY]
+    for st, expected in zip(steps, norms, strict=True):
+        assert st["grads"]["norm"] == pytest.approx(expected, rel=1e-5)
+        assert st["grads"]["nan"] == [0] * 4 and st["grads"]["none"] == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -63,11 +64,11 @@ def test_no_tensor_or_graph_kept_alive(tmp_path: Path) -> None:
 class _OddOptimizer(torch.optim.Optimizer):
     """A user optimizer whose param group carries an lr the capture cannot read as a float."""
 
-    def __init__(self, params: object) -> None:
+    def __init__(self, params: Any) -> None:
         super().__init__(params, {"lr": "0.1 (per layer)"})
 
     @torch.no_grad()
-    def step(self, closure: object = None) -> None:
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
         for g in self.param_groups:
             for p in g["params"]:
                 if p.grad is not None:

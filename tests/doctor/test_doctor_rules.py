@@ -384,3 +384,11 @@ def test_p3_convergence_is_not_vanishing_but_a_stalled_loss_is() -> None:
     stalled = [session(), *[step(i, grads=grads(norm=10.0 ** -i), loss=2.0) for i in range(8)]]
     f = only(diagnose(stalled), "P3")
     assert "vanished" in f["message"] and f["steps"] == [4, 5, 6, 7]
+
+
+def test_p2_between_zero_frac_samples_a_zero_norm_counts_as_dead() -> None:
+    sampled = grads(zero_frac=[1.0, 1.0, 0.1, 0.0], norm=[0.0, 0.0, 1.0, 1.0])
+    between = grads(norm=[0.0, 0.0, 1.0, 1.0])
+    del between["zero_frac"]
+    f = only(diagnose([session(), *[step(i, grads=sampled if i % 10 == 0 else between) for i in range(12)]]), "P2")
+    assert f["steps"] == list(range(12)) and f["modules"] == ["enc"]
