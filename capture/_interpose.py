@@ -6,8 +6,10 @@ other call straight through (one dict lookup):
 - ``Tensor.backward`` / ``torch.autograd.backward``: the step's backward roots, losses and
   call sites; the call runs unchanged inside ``try``: an exception is recorded (P8, P10)
   and then re-raised to the user exactly as it was.
-- ``Tensor.to`` / ``.cuda`` / ``.cpu``: a call that returns its input was a no-op (P12);
-  one that changes device is a copy, with its bytes.
+- ``Tensor.to`` / ``.cuda`` / ``.cpu`` / ``.float()``...: a call that returns its input was a
+  no-op (P12); one that changes device is a copy, with its bytes; a conversion of a storage
+  already converted in an earlier step is a repeat, one that undoes a conversion of the same
+  step a round trip.
 - ``.item()`` / ``.tolist()`` / ``.numpy()`` / ``detach()`` / ``.data`` on a tensor that
   requires grad: where a graph is cut (P1), noted on captured steps.
 """
@@ -27,7 +29,16 @@ if TYPE_CHECKING:
 
 _T = torch.Tensor
 _BACKWARD = {_T.backward: "tensor", torch.autograd.backward: "autograd"}
-_MOVES = {_T.to: "to", _T.cuda: "cuda", _T.cpu: "cpu"}
+_MOVES = {
+    _T.to: "to",
+    _T.cuda: "cuda",
+    _T.cpu: "cpu",
+    _T.float: "float",
+    _T.double: "double",
+    _T.half: "half",
+    _T.bfloat16: "bfloat16",
+    _T.type: "type",
+}
 _BREAKS = {
     _T.item: "torch::Tensor.item",
     _T.tolist: "torch::Tensor.tolist",

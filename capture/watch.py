@@ -96,6 +96,8 @@ class _StepState:
         self.copies = 0
         self.copy_bytes = 0
         self.noop_to = 0
+        self.moves: dict[tuple[str, str], list[int]] = {}  # (what, src) -> [count, bytes]
+        self.conversions: dict[int, tuple[torch.dtype, torch.device]] = {}  # output storage -> source dtype/device
         self.breaks: list[dict[str, object]] = []
         self.events: list[dict[str, object]] = []
         self.saved_peak = 0  # largest saved-for-backward total of one backward in this step
@@ -191,6 +193,8 @@ class Watch:
         self._capture_next = False
         self._nan_armed = False
         self._sentinels: list[weakref.ref[_Sentinel]] = []
+        # (tensor id, target dtype, target device) of conversions -> (weak tensor, last step): P12 repeats
+        self._converted: dict[tuple[int, torch.dtype, torch.device], tuple[weakref.ref[torch.Tensor], int]] = {}
         self._depth = 0
         self._started_at = time.time()
         self._s = _StepState(time.perf_counter())
@@ -517,9 +521,29 @@ class Watch:
         s = self._s
         if out is inp:
             s.noop_to += 1
-        elif isinstance(out, torch.Tensor) and out.device != inp.device:
+            return
+        if not isinstance(out, torch.Tensor) or out.layout != torch.strided or inp.layout != torch.strided:
+            return
+        nbytes = out.numel() * out.element_size()
+        if out.device != inp.device:
             s.copies += 1
-            s.copy_bytes += out.numel() * out.element_size()
+            s.copy_bytes += nbytes
+        src_ptr = inp.untyped_storage().data_ptr()
+        src = user_src()
+        origin = s.conversions.get(src_ptr)
+        if origin is not None and origin == (out.dtype, out.device):
+            _bump(s.moves, ("round_trip", src), nbytes)  # converted there and back within the step
+        # the same tensor object converted again in a later step: work that belongs before the loop.
+        # Keyed by the object (held weakly), not its address, which a new batch may reuse.
+        key = (id(inp), out.dtype, out.device)
+        seen = self._converted.get(key)
+        if seen is not None and seen[0]() is inp and seen[1] < self._step:
+            _bump(s.moves, ("repeat_copy", src), nbytes)
+        self._converted[key] = (weakref.ref(inp), self._step)
+        if len(self._converted) > 4096:  # bounded: forget the oldest conversions
+            for k in list(self._converted)[:2048]:
+                del self._converted[k]
+        s.conversions[out.untyped_storage().data_ptr()] = (inp.dtype, inp.device)
 
     # ------------------------------------------------------------------ backward
     def _run_backward(self, func: Any, kind: str, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -728,6 +752,8 @@ class Watch:
         events = list(s.events)
         if s.noop_to:
             events.append({"what": "noop_to", "count": s.noop_to})
+        for (what, src), (count, nbytes) in s.moves.items():
+            events.append({"what": what, "count": count, "bytes": nbytes, "src": src})
         if events:
             ev["events"] = events
         sig = "+".join(dict.fromkeys(s.sigs)) if s.sigs else ""
@@ -825,6 +851,12 @@ class Watch:
                 alive += sent.nodes
         self._sentinels = keep
         return alive
+
+
+def _bump(table: dict[tuple[str, str], list[int]], key: tuple[str, str], nbytes: int) -> None:
+    entry = table.setdefault(key, [0, 0])
+    entry[0] += 1
+    entry[1] += nbytes
 
 
 def _autocast_on() -> bool:

@@ -232,3 +232,25 @@ def test_dataloader_worker_captures_nothing(tmp_path: Path) -> None:
     loader = torch.utils.data.DataLoader(DS(), num_workers=1)
     assert [int(b) for b in loader] == [1, 1]
     assert not list(tmp_path.glob("worker*.tscope"))
+
+
+def test_p12_repeated_conversion_and_round_trip(tmp_path: Path) -> None:
+    data = torch.randn(64, 8, dtype=torch.float64)  # e.g. what numpy hands over
+
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        x = data.to(torch.float32)[4 * i : 4 * (i + 1)]  # the whole dataset converted every step
+        x = x.double().float()  # there and back
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    steps = _steps_of(tmp_path, body)
+    for i, st in enumerate(steps):
+        whats = {e["what"]: e for e in st.get("events", [])}
+        assert ("repeat_copy" in whats) == (i > 0)
+        if i > 0:
+            assert whats["repeat_copy"]["bytes"] == 64 * 8 * 4
+            assert whats["repeat_copy"]["src"].startswith("test_capture_facts.py:")
+        # float64 data -> float32 -> .double() (back: 4*8*8 bytes) -> .float() (back: 4*8*4 bytes)
+        assert (whats["round_trip"]["count"], whats["round_trip"]["bytes"]) == (2, 4 * 8 * 8 + 4 * 8 * 4)
