@@ -47,6 +47,9 @@ _BREAKS = {
     _T.__array__: "torch::Tensor.__array__",
 }
 _DATA_GET = _T.data.__get__  # type: ignore[attr-defined]
+# Gradient clipping computes its norm with one of these, from torch/nn/utils/clip_grad.py (P14)
+_CLIP_NORMS = {torch._foreach_norm, torch.linalg.vector_norm}
+_CLIP_FILE = "clip_grad.py"
 _HANDLED: dict[Any, str] = {**_BACKWARD, **_MOVES, **dict.fromkeys(_BREAKS, "break")}
 
 
@@ -59,6 +62,8 @@ class Interposer(TorchFunctionMode):
         kwargs = kwargs or {}
         kind = _HANDLED.get(func)
         if kind is None:
+            if func in _CLIP_NORMS and self.watch._scaler is not None and _caller_file().endswith(_CLIP_FILE):
+                self.watch._safe("amp", self.watch._on_clip)
             if func == _DATA_GET and self.watch._capturing_ops and _from_user():
                 self.watch._safe("breaks", self.watch._on_break, "torch::Tensor.data", args[0])
             return func(*args, **kwargs)
@@ -78,3 +83,7 @@ def _from_user() -> bool:
     """True when the call came straight from user code, not from inside torch (optimizers,
     functional helpers and ``Module.to`` call ``.to()``/``.item()`` themselves)."""
     return not _is_internal(sys._getframe(2).f_code.co_filename)
+
+
+def _caller_file() -> str:
+    return sys._getframe(2).f_code.co_filename

@@ -96,6 +96,7 @@ class _StepState:
         self.copies = 0
         self.copy_bytes = 0
         self.noop_to = 0
+        self.clip_flagged = False
         self.moves: dict[tuple[str, str], list[int]] = {}  # (what, src) -> [count, bytes]
         self.conversions: dict[int, tuple[torch.dtype, torch.device]] = {}  # output storage -> source dtype/device
         self.breaks: list[dict[str, object]] = []
@@ -516,6 +517,21 @@ class Watch:
         s = self._s
         if s.recorder is not None and self._capturing_ops:
             s.recorder.add_marker(name, t, ["breaks_graph"])
+
+    def _on_clip(self) -> None:
+        """Gradients clipped while the GradScaler has not unscaled them: the threshold is
+        compared with scaled gradients (P14)."""
+        s = self._s
+        opt = self._optimizer() if self._optimizer is not None else None
+        states = getattr(self._scaler, "_per_optimizer_states", None)
+        if opt is None or not isinstance(states, dict) or not getattr(self._scaler, "_enabled", True):
+            return
+        entry = states.get(id(opt))  # absent until unscale_()/step() touch it in this step
+        stage = entry.get("stage", 0) if isinstance(entry, dict) else 0
+        # OptState.READY (0): neither unscale_() nor step() ran for this optimizer in this step
+        if int(getattr(stage, "value", stage)) == 0 and not s.clip_flagged:
+            s.clip_flagged = True
+            s.events.append({"what": "clip_before_unscale", "src": user_src()})
 
     def _on_move(self, inp: torch.Tensor, out: Any) -> None:
         s = self._s

@@ -115,7 +115,7 @@ def memory(session_id: SessionId, store: StoreDep, rank: RankQ = 0) -> Response:
     require_session(store, session_id)
     # the columns were computed per step by torchscope.series.memory_series at ingest
     key = ("memory", session_id, rank, store.frame_count(session_id, rank))
-    return Response(_cached(key, lambda: api_json(store.memory_columns(session_id, rank))), media_type=JSON)
+    return Response(_cached(key, lambda: store.memory_json(session_id, rank)), media_type=JSON)
 
 
 @router.get("/sessions/{session_id}/grads",

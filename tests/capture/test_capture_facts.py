@@ -254,3 +254,23 @@ def test_p12_repeated_conversion_and_round_trip(tmp_path: Path) -> None:
             assert whats["repeat_copy"]["src"].startswith("test_capture_facts.py:")
         # float64 data -> float32 -> .double() (back: 4*8*8 bytes) -> .float() (back: 4*8*4 bytes)
         assert (whats["round_trip"]["count"], whats["round_trip"]["bytes"]) == (2, 4 * 8 * 8 + 4 * 8 * 4)
+
+
+def test_p14_clip_before_unscale(tmp_path: Path) -> None:
+    for unscale_first in (False, True):
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu")
+        path = tmp_path / f"clip{unscale_first}.tscope"
+        with torchscope.watch(model, opt, server=None, record=path, scaler=scaler):
+            for _ in range(3):
+                loss = model(torch.randn(4, 8)).pow(2).mean()
+                opt.zero_grad()
+                scaler.scale(loss).backward()
+                if unscale_first:
+                    scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                scaler.step(opt)
+                scaler.update()
+        flagged = [any(e["what"] == "clip_before_unscale" for e in st.get("events", [])) for st in _steps(path)]
+        assert flagged == [not unscale_first] * 3
