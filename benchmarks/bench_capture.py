@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torchscope
 from torch import nn
+
+import torchscope
 
 CONFIGS = ("plain", "light", "default", "full", "profiler")
 

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from conftest import ServerProc  # noqa: E402
+
 from torchscope.sessionfile import encode_frame, file_header  # noqa: E402
 
 CLIENT = r'''

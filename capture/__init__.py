@@ -3,17 +3,29 @@
     import torchscope
     torchscope.watch(model, optimizer)
 
-``import torchscope`` stays light (torch + standard library; no web stack).
+``import torchscope`` stays light: torch is imported only when ``watch`` is first touched, so
+the server, the CLI and the doctor (which import ``torchscope.schema`` and friends) never pay
+for torch, and the training process never pays for the web stack.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .watch import Watch, watch
+if TYPE_CHECKING:
+    from ._watch import Watch, watch
 
 __version__ = "0.1.0"
 __all__ = ["Watch", "__version__", "load", "watch"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("watch", "Watch"):
+        from . import _watch
+
+        globals().update(watch=_watch.watch, Watch=_watch.Watch)  # later lookups skip __getattr__
+        return globals()[name]
+    raise AttributeError(f"module 'torchscope' has no attribute {name!r}")
 
 
 def load(path: str) -> Any:

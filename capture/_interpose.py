@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 from ._srcloc import _is_internal
 
 if TYPE_CHECKING:
-    from .watch import Watch
+    from ._watch import Watch
 
 _T = torch.Tensor
 _BACKWARD = {_T.backward: "tensor", torch.autograd.backward: "autograd"}

@@ -11,8 +11,9 @@ import argparse
 import time
 
 import torch
-import torchscope
 from torch import nn
+
+import torchscope
 
 
 class TinyLM(nn.Module):

@@ -19,7 +19,7 @@ Conventions
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict, Union
+from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
@@ -285,7 +285,7 @@ class Finding(TypedDict, total=False):
     data: dict[str, object]  # figures behind it (norm history, bytes per step, ...)
 
 
-Event = Union[SessionEvent, StepEvent, GraphEvent, LogEvent, EndEvent]
+Event = SessionEvent | StepEvent | GraphEvent | LogEvent | EndEvent
 
 # The session status the server and reader derive: a file without an EndEvent whose writer
 # is gone "ended unexpectedly"; never "running" forever.

@@ -3,8 +3,9 @@
 import argparse
 
 import torch
-import torchscope
 from torch import nn
+
+import torchscope
 
 
 def make_model() -> nn.Module:

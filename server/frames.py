@@ -12,6 +12,7 @@ from typing import Annotated, Any, Union
 
 import typing_extensions
 from pydantic import Field, TypeAdapter, ValidationError
+
 from torchscope import schema
 from torchscope.sessionfile import (
     FRAME_HEADER_SIZE,

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+
 from torchscope.sessionfile import decode_frame, file_header
 
 from .deps import SESSION_ID_PATTERN, HubDep, SessionId, StoreDep, require_session

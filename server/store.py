@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pydantic_core
+
 from torchscope.series import memory_series, step_summary
 
 from .frames import Frame

@@ -5,9 +5,10 @@ validation in eval mode under no_grad and back to train mode, gradient clipping.
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 ACCUM_STEPS = 4
 

@@ -5,9 +5,10 @@ must stay silent: an occasional skipped step while the scaler calibrates is norm
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 
 def main() -> None:

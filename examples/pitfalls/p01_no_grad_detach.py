@@ -6,9 +6,10 @@ The fix: keep the path differentiable (freeze on purpose with `requires_grad_(Fa
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 
 class Net(nn.Module):

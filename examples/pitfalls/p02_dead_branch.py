@@ -7,9 +7,10 @@ The fix: a bias near 0 (or LeakyReLU/GELU), so the gate can open.
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 
 class GatedNet(nn.Module):

@@ -6,9 +6,10 @@ The fix: ReLU/GELU with kaiming init, normalisation or residual connections.
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 DEPTH = 12
 

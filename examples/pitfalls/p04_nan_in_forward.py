@@ -6,9 +6,10 @@ The fix: add an eps to the denominator (or use nn.LayerNorm, which does).
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 
 class RowNorm(nn.Module):

@@ -6,9 +6,10 @@ The fix: `optimizer.zero_grad()` once per step, before backward.
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 
 def main() -> None:

@@ -8,9 +8,10 @@ The fix: `with torch.no_grad():` (or `torch.inference_mode()`) around evaluation
 import contextlib
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 
 def main() -> None:

@@ -6,9 +6,10 @@ The fix: accumulate a number: `total_loss += loss.item()`.
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 
 def main() -> None:

@@ -7,9 +7,10 @@ The fix: the out-of-place form (`h = h * mask`), or clone before writing.
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 
 class Net(nn.Module):

@@ -7,9 +7,10 @@ The fix: a differentiable surrogate: binary cross-entropy on the logit.
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 
 class TwoHeads(nn.Module):

@@ -7,9 +7,10 @@ The fix: `hidden = hidden.detach()` between batches (truncated backprop through 
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 
 class CharRNN(nn.Module):

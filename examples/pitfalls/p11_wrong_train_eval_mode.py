@@ -6,9 +6,10 @@ The fix: call model.train() after evaluating (best: at the top of every training
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 
 def main() -> None:

@@ -10,9 +10,10 @@ The fix: move the model and convert the data once, before the loop.
 
 import numpy as np
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 
 def main() -> None:

@@ -8,9 +8,10 @@ The fix: normalise the inputs; unscale_ before clipping.
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 
 def main() -> None:

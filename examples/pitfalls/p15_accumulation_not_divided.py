@@ -6,9 +6,10 @@ The fix: `(loss / accum_steps).backward()`.
 """
 
 import torch
-import torchscope
 from _common import parse_args
 from torch import nn
+
+import torchscope
 
 ACCUM_STEPS = 4
 

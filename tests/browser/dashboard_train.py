@@ -10,8 +10,9 @@ import argparse
 import time
 
 import torch
-import torchscope
 from torch import nn
+
+import torchscope
 
 HOSTILE = "<img src=x onerror=alert(1)><script>alert(2)</script>"
 

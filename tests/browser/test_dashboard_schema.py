@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from torchscope import schema
 
 SCHEMA_JS = Path(__file__).resolve().parents[2] / "frontend" / "schema.js"

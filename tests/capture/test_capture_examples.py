@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, REPO, ServerProc, free_port, http_json, run_script
+
 from torchscope.sessionfile import iter_events
 
 

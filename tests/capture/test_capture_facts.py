@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torchscope
 from torch import nn
+
+import torchscope
 from torchscope.sessionfile import iter_events
 
 

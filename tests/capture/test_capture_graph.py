@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 import torch
-import torchscope
 from capture_models import Looped, make
 from torch import nn
+
+import torchscope
 from torchscope.sessionfile import iter_events
 
 
@@ -220,7 +221,7 @@ def test_nan_in_loss_arms_checked_capture(tmp_path: Path) -> None:
 
 def test_full_grad_statistics_schedule(tmp_path: Path) -> None:
     """Norms every step; max/mean/std/zero fraction on step 0, every GRAD_STATS_EVERY steps and captured steps."""
-    from torchscope.watch import GRAD_STATS_EVERY
+    from torchscope._watch import GRAD_STATS_EVERY
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 import torch
-import torchscope
 from capture_models import make, train
 from torch import nn
+
+import torchscope
 from torchscope.sessionfile import iter_events
 from torchscope.validate import validate_event
 

@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torchscope
 from conftest import REPO
 from torch import nn
+
+import torchscope
 from torchscope._schemadoc import render
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from conftest import ServerProc, free_port
+
 from torchscope.session import load
 from torchscope.sessionfile import index
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torchscope
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+import torchscope
 
 record, server, outdir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 STEPS = 24

@@ -13,6 +13,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import EXAMPLES, run_script  # noqa: E402
+
 from torchscope.doctor import diagnose  # noqa: E402
 from torchscope.sessionfile import iter_events  # noqa: E402
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from doctor_events import clean_run, grads, session, step
+
 from torchscope.doctor.cli import run
 from torchscope.sessionfile import SessionFileWriter
 

@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torchscope
 from conftest import ServerProc, http_json, run_script
 from doctor_runs import reproducer
+
+import torchscope
 from torchscope.doctor import diagnose
 from torchscope.sessionfile import iter_events
 

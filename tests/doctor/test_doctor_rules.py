@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from doctor_events import clean_run, codes, grads, session, step
+
 from torchscope.doctor import SETTING_HELP, Settings, diagnose
 from torchscope.doctor.finding import describe_steps
 from torchscope.doctor.rules import RULES

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from torchscope.schema import MAX_EVENT_BYTES
 from torchscope.session import load
 from torchscope.sessionfile import (

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from torchscope.session import load
 
 SCRIPT = Path(__file__).with_name("train_files_kill.py")

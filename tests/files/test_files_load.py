@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from torchscope.session import Session, load
 from torchscope.sessionfile import FLAG_GRAPH, FRAME_HEADER_SIZE, HEADER_SIZE, SessionFileWriter, index
 
@@ -135,6 +136,7 @@ def test_files_step_and_memory_skip_graph_frames(big: Path) -> None:
 def test_files_load_diagnostics_of_a_real_run(tmp_path: Path) -> None:
     """A real pitfall script recorded to a file: load().diagnostics() runs the doctor on it."""
     from conftest import EXAMPLES, run_script
+
     from torchscope.doctor import diagnose
 
     record = tmp_path / "p5.tscope"

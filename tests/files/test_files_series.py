@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from torchscope.series import grad_series, memory_series, step_summary, total_grad_norm
 
 PARAMS = [{"name": "a.weight", "module": "a"}, {"name": "a.bias", "module": "a"}, {"name": "b.weight", "module": "b"}]

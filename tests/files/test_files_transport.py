@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import ServerProc, free_port, http_json
+
 from torchscope.session import load
 from torchscope.sessionfile import index
 from torchscope.transport import Transport

@@ -16,6 +16,7 @@ import sys
 import time
 
 import torch
+
 import torchscope
 
 record, mode = sys.argv[1], sys.argv[2]

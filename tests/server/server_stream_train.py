@@ -14,6 +14,7 @@ import sys
 import time
 
 import torch
+
 from torchscope.transport import Transport
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import torch
+
 import torchscope
 
 

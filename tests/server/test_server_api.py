@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from server_helpers import graph_event, run_frames, session_event, step_event, write_file
+
 from torchscope.server.app import create_app
 from torchscope.server.config import Settings
 from torchscope.sessionfile import encode_frame, file_header

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import ServerProc
 from server_helpers import run_frames, write_file
+
 from torchscope.sessionfile import file_header
 
 

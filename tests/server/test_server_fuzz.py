@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_helpers import run_frames
+
 from torchscope.server.app import create_app
 from torchscope.server.config import Settings
 

@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from conftest import ServerProc, http_json
+
 from torchscope.sessionfile import iter_events, raw_frames
 
 HERE = Path(__file__).resolve().parent
