@@ -143,7 +143,8 @@ def main() -> None:
             "GET /graph?step=N&module=m1": base + f"/graph?step={args.steps // 2}&module=m1",
             "GET /memory (all steps)": base + "/memory",
             "GET /grads?start=&end= (1000 steps)": base + "/grads?start=50000&end=50999",
-            "GET /grads (all steps)": base + "/grads",
+            "GET /grads (no range: sampled to max_steps=1000)": base + "/grads",
+            "GET /grads?max_steps=100000 (every step)": base + "/grads?max_steps=100000",
             "GET /export (whole file)": base + "/export",
         }
         for label, url in endpoints.items():

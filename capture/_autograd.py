@@ -22,6 +22,8 @@ _saved_attrs: dict[type, tuple[str, ...]] = {}
 # where it otherwise records ReshapeAliasBackward0: the same structure, so one signature.
 _SAME = {"ReshapeAliasBackward0": "ViewBackward0"}
 _names: dict[type, str] = {}
+# (node classes, flat edges) -> signature; class objects compare by identity, digests use names
+_sig_cache: dict[tuple[tuple[type, ...], tuple[int, ...]], str] = {}
 
 
 def _name_of(cls: type) -> str:
@@ -44,16 +46,17 @@ class AutogradWalk:
     def __init__(self, roots: list[Any]) -> None:
         self.index: dict[Any, int] = {}
         self.nodes: list[Any] = []
-        self.edges: list[list[int]] = []
+        # edges flat as (from, to, input_nr) triples: one list extend per edge instead of a
+        # small list per edge; ``edges`` builds the nested form only for captured steps
+        self.flat: list[int] = []
         for r in roots:
             if r is not None and r not in self.index:
                 self.index[r] = len(self.nodes)
                 self.nodes.append(r)
-        stack = list(self.nodes)
-        index, nodes, edges = self.index, self.nodes, self.edges
+        stack = list(enumerate(self.nodes))
+        index, nodes, flat = self.index, self.nodes, self.flat
         while stack:
-            n = stack.pop()
-            i = index[n]
+            i, n = stack.pop()
             for child, input_nr in n.next_functions:
                 if child is None:
                     continue
@@ -61,8 +64,13 @@ class AutogradWalk:
                 if j is None:
                     j = index[child] = len(nodes)
                     nodes.append(child)
-                    stack.append(child)
-                edges.append([i, j, input_nr])
+                    stack.append((j, child))
+                flat += (i, j, input_nr)
+
+    @property
+    def edges(self) -> list[list[int]]:
+        f = self.flat
+        return [[f[k], f[k + 1], f[k + 2]] for k in range(0, len(f), 3)]
 
     def saved(self, param_ptrs: set[int]) -> tuple[dict[int, int], list[str]]:
         """Storages saved for backward (data pointer -> bytes, parameters excluded) and the
@@ -93,12 +101,21 @@ class AutogradWalk:
         return False
 
     def signature(self) -> str:
-        """Hash of node classes and edges: changes exactly when the graph's structure does."""
-        h = hashlib.blake2b(digest_size=8)
-        names = _names
-        h.update("|".join([names.get(type(n)) or _name_of(type(n)) for n in self.nodes]).encode())
-        h.update(array("q", [x for e in self.edges for x in e]).tobytes())
-        return h.hexdigest()
+        """Hash of node classes and edges: changes exactly when the graph's structure does.
+
+        A steady loop builds the same structure every step: the (classes, edges) tuple is
+        hashed and compared in C, and the stable digest is computed once per structure."""
+        key = (tuple(map(type, self.nodes)), tuple(self.flat))
+        sig = _sig_cache.get(key)
+        if sig is None:
+            h = hashlib.blake2b(digest_size=8)
+            h.update("|".join([_names.get(t) or _name_of(t) for t in key[0]]).encode())
+            h.update(array("q", self.flat).tobytes())
+            sig = h.hexdigest()
+            if len(_sig_cache) >= 8:  # a key is as big as its graph: keep few (a loop has few shapes)
+                _sig_cache.clear()
+            _sig_cache[key] = sig
+        return sig
 
     def records(
         self, param_names: dict[int, str], op_modules: dict[int, str], micro: int, sid: Callable[[int], int]
@@ -112,6 +129,7 @@ class AutogradWalk:
                 name = param_names.get(id(var))
                 if name is not None:
                     rec["param"] = name
+                    rec["module"] = name.rpartition(".")[0]  # the parameter's owning module
             meta = n.metadata
             op = meta.get("torchscope_op")
             if op is not None:

@@ -9,6 +9,7 @@ added by ``_cuda``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,9 +29,33 @@ def storages(tensors: Iterable[Any]) -> dict[int, int]:
 def optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
     if optimizer is None:
         return []
-    out: list[torch.Tensor] = []
-    for state in optimizer.state.values():
-        for v in state.values():
-            if isinstance(v, torch.Tensor) and v.numel() > 1:  # skip scalar step counters
-                out.append(v)
-    return out
+    # skip scalar step counters
+    return [v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor) and v.numel() > 1]
+
+
+class StorageSizes:
+    """``storages()`` that remembers each tensor's storage: parameters and optimizer state are
+    the same objects every step, so a boundary then costs a lookup and a ``data_ptr()`` per
+    tensor instead of a storage object.  An entry is reused only while it names the same live
+    tensor with the same data pointer (``p.data = ...`` or ``set_()`` is noticed); the
+    tensors are held weakly."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[weakref.ref[torch.Tensor], int, int, int]] = {}
+
+    def __call__(self, tensors: Iterable[Any]) -> dict[int, int]:
+        out: dict[int, int] = {}
+        known = self._known
+        for t in tensors:
+            e = known.get(id(t))
+            if e is not None and e[0]() is t and e[1] == t.data_ptr():  # type: ignore[union-attr]
+                out[e[2]] = e[3]
+                continue
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                st = t.untyped_storage()
+                ptr, nbytes = st.data_ptr(), st.nbytes()
+                known[id(t)] = (weakref.ref(t), t.data_ptr(), ptr, nbytes)
+                out[ptr] = nbytes
+        if len(known) > 8192:  # tensors replaced over a long run: drop dead entries
+            self._known = {k: e for k, e in known.items() if e[0]() is not None}
+        return out

@@ -11,7 +11,6 @@ strongly: the tensor table keeps weak references only.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import weakref
 from collections.abc import Callable
@@ -20,19 +19,22 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._srcloc import user_src
+from ._srcloc import op_src, user_src
 from .schema import OpRecord, TensorMeta
 
-_op_names: dict[Any, tuple[str, bool]] = {}
+_op_names: dict[Any, tuple[str, bool, bool]] = {}
+# Not the user's computation: ``record_function`` markers (optimizer.zero_grad/step wrap
+# themselves in one) would show up as ops with no tensors
+_SKIP_PREFIXES = ("profiler::",)
 
 
-def _op_info(func: Any) -> tuple[str, bool]:
-    """('aten::addmm', is_inplace) for an OpOverload, cached."""
+def _op_info(func: Any) -> tuple[str, bool, bool]:
+    """('aten::addmm', is_inplace, skip) for an OpOverload, cached."""
     info = _op_names.get(func)
     if info is None:
         schema = func._schema
         mutates = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-        info = (schema.name, mutates)
+        info = (schema.name, mutates, schema.name.startswith(_SKIP_PREFIXES))
         _op_names[func] = info
     return info
 
@@ -55,7 +57,7 @@ class OpRecorder(TorchDispatchMode):
 
     def __init__(
         self,
-        module_of: Callable[[], tuple[str, int, bool]],
+        module_of: Callable[[], tuple[str, int, bool, str]],
         param_names: dict[int, str],
         baseline_live: int,
         check_nan: bool,
@@ -70,18 +72,26 @@ class OpRecorder(TorchDispatchMode):
         self.sid = sid
         self.ops: list[OpRecord] = []
         self.tensors: list[TensorMeta] = []
-        self.timeline: list[list[int]] = []
+        self.timeline: list[list[int]] = []  # built by finish() from _timeline_ops
+        # Every container made per op is garbage-collector work for the whole process (a
+        # captured transformer step makes thousands): the hot path below keeps parallel
+        # lists/dicts of ints instead of a tuple, closure or small list per tensor.
+        self._timeline_ops: list[int] = []
         self.shed = 0
         self.phase = "forward"
         self.micro = 0
         self.live = baseline_live
         self.saved_storages: set[int] = set()  # data pointers saved for backward (inplace_saved)
-        self._tid: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        self._tid: dict[int, int] = {}  # id(tensor) -> tensor table index, while _tref[id] is it
+        self._tref: dict[int, weakref.ref[torch.Tensor]] = {}
         self._storage_refs: dict[int, int] = {}  # data ptr -> live tensors we know share it
         self._storage_bytes: dict[int, int] = {}
-        self._weak: list[weakref.ref[torch.Tensor]] = []
+        self._weak: list[weakref.ref[torch.Tensor]] = []  # keeps the ledger's weakrefs (and callbacks) alive
+        self._weak_ptr: dict[int, int] = {}  # id(weakref) -> storage data ptr
+        self._on_free = self._freed_ref  # one bound method for every ledger weakref
         self._freed = 0
-        self._pending: list[tuple[int, weakref.ref[torch.Tensor]]] = []
+        self._pending_ops: list[int] = []  # (op id, output) pairs whose grad_fn is not set yet
+        self._pending_refs: list[weakref.ref[torch.Tensor]] = []
         self.nan_seen = False
         self.paused = False  # the capture's own ops (activation-grad stats) are not the user's
         self.failed: str | None = None
@@ -89,26 +99,28 @@ class OpRecorder(TorchDispatchMode):
     # ------------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if self.failed is not None or self.paused:
+        info = _op_names.get(func) or _op_info(func)
+        if self.failed is not None or self.paused or info[2]:
             return func(*args, **kwargs)
         t0 = time.perf_counter()
         out = func(*args, **kwargs)
         dur = (time.perf_counter() - t0) * 1e6
         try:
-            self._record(func, args, kwargs, out, dur)
+            self._record(info, args, kwargs, out, dur)
         except Exception as exc:  # capture must never break the user's op
             self.failed = repr(exc)
         return out
 
-    def _record(self, func: Any, args: Any, kwargs: Any, out: Any, dur: float) -> None:
-        self._link_pending()
+    def _record(self, info: tuple[str, bool, bool], args: Any, kwargs: Any, out: Any, dur: float) -> None:
+        if self._pending_ops:
+            self._link_pending()
         if len(self.ops) >= self.max_ops:
             self.shed += 1
             return
-        name, inplace = _op_info(func)
-        module, call, inside = self.module_of()
-        in_t = _tensors(args, kwargs.values())
-        out_t = _tensors(out if isinstance(out, (tuple, list)) else (out,), ())
+        name, inplace, _ = info
+        module, call, inside, module_src = self.module_of()
+        in_t = _tensors(args, kwargs.values() if kwargs else ())
+        out_t = [out] if isinstance(out, torch.Tensor) else _tensors(out if isinstance(out, (tuple, list)) else (), ())
         op_id = len(self.ops)
         inputs = [self._tensor(t) for t in in_t]
         alloc = 0
@@ -152,7 +164,7 @@ class OpRecorder(TorchDispatchMode):
             "grad_mode": grad_mode,
             "inference_mode": torch.is_inference_mode_enabled(),
             "inplace": inplace,
-            "src": user_src(2),
+            "src": op_src(module_src),
             "dur_us": round(dur, 2),
             "alloc": alloc,
             "free": freed,
@@ -161,17 +173,18 @@ class OpRecorder(TorchDispatchMode):
         if flags:
             rec["flags"] = flags
         self.ops.append(rec)
-        self.timeline.append([op_id, self.live])
+        self._timeline_ops.append(op_id)
         if grad_mode and self.phase == "forward":
             for t in out_t:
-                self._pending.append((op_id, weakref.ref(t)))
+                self._pending_ops.append(op_id)
+                self._pending_refs.append(weakref.ref(t))  # the same object as _tref's: no new one
 
     def add_marker(self, name: str, t: torch.Tensor, flags: list[str]) -> None:
         """A torch-level event seen by the function mode (``.item()``, ``detach()``...) as an op."""
         if len(self.ops) >= self.max_ops:
             self.shed += 1
             return
-        module, call, inside = self.module_of()
+        module, call, inside, _ = self.module_of()
         rec: OpRecord = {
             "id": len(self.ops),
             "name": name,
@@ -194,15 +207,16 @@ class OpRecorder(TorchDispatchMode):
 
     # ------------------------------------------------------------------ tensors and storages
     def _tensor(self, t: torch.Tensor) -> int:
-        entry = self._tid.get(id(t))
-        if entry is not None and entry[0]() is t:
-            return entry[1]
+        key = id(t)
+        ref = self._tref.get(key)
+        if ref is not None and ref() is t:
+            return self._tid[key]
         tid = len(self.tensors)
         meta: TensorMeta = {
             "id": tid,
             "shape": list(t.shape),
-            "dtype": _dtype_name(t.dtype),
-            "device": _device_name(t.device),
+            "dtype": _dtype_names.get(t.dtype) or _dtype_name(t.dtype),
+            "device": _device_names.get(t.device) or _device_name(t.device),
             "requires_grad": t.requires_grad,
             "is_leaf": t.is_leaf,
         }
@@ -212,13 +226,16 @@ class OpRecorder(TorchDispatchMode):
             meta["storage"] = self.sid(st.data_ptr())
             meta["offset"] = int(t.storage_offset())
             meta["nbytes"] = st.nbytes()
-        with contextlib.suppress(Exception):  # tensors without a version counter (inference)
+        try:  # noqa: SIM105 -- free when nothing is raised, unlike contextlib.suppress (hot path)
             meta["version"] = int(t._version)
+        except Exception:  # tensors without a version counter (inference)
+            pass
         pname = self.param_names.get(id(t))
         if pname is not None:
             meta["param"] = pname
         self.tensors.append(meta)
-        self._tid[id(t)] = (weakref.ref(t), tid)
+        self._tid[key] = tid
+        self._tref[key] = weakref.ref(t)
         return tid
 
     def _ledger(self, t: torch.Tensor) -> int:
@@ -234,29 +251,35 @@ class OpRecorder(TorchDispatchMode):
             self._storage_bytes[ptr] = nbytes
             self._storage_refs[ptr] = 0
             new = nbytes
-        elif id(t) in self._tid and self._tid[id(t)][0]() is t:
-            return 0  # an in-place op returns its input: nothing new
+        else:
+            ref = self._tref.get(id(t))
+            if ref is not None and ref() is t:
+                return 0  # an in-place op returns its input: nothing new
         self._storage_refs[ptr] += 1
-        self._weak.append(weakref.ref(t, self._on_free(ptr)))
+        wr = weakref.ref(t, self._on_free)
+        self._weak.append(wr)
+        self._weak_ptr[id(wr)] = ptr
         return new
 
-    def _on_free(self, ptr: int) -> Callable[[Any], None]:
-        def cb(_: Any) -> None:
-            n = self._storage_refs.get(ptr, 0) - 1
-            if n <= 0:
-                self._storage_refs.pop(ptr, None)
-                self._freed += self._storage_bytes.pop(ptr, 0)
-            else:
-                self._storage_refs[ptr] = n
-
-        return cb
+    def _freed_ref(self, wr: Any) -> None:
+        """A tensor the ledger watched died: its storage is freed with the last of them."""
+        ptr = self._weak_ptr.pop(id(wr), None)
+        if ptr is None:
+            return
+        n = self._storage_refs.get(ptr, 0) - 1
+        if n <= 0:
+            self._storage_refs.pop(ptr, None)
+            self._freed += self._storage_bytes.pop(ptr, 0)
+        else:
+            self._storage_refs[ptr] = n
 
     def _link_pending(self) -> None:
         """Stamp each earlier op's output grad_fn with the op id (autograd has set it by now)."""
-        if not self._pending:
+        if not self._pending_ops:
             return
-        pending, self._pending = self._pending, []
-        for op_id, ref in pending:
+        ops, refs = self._pending_ops, self._pending_refs
+        self._pending_ops, self._pending_refs = [], []
+        for op_id, ref in zip(ops, refs, strict=True):
             t = ref()
             if t is None:
                 continue
@@ -267,25 +290,32 @@ class OpRecorder(TorchDispatchMode):
                     meta["torchscope_op"] = op_id
                 tid = self._tid.get(id(t))
                 if tid is not None:
-                    meta.setdefault("torchscope_tensors", []).append(tid[1])
+                    meta.setdefault("torchscope_tensors", []).append(tid)
 
     def finish(self) -> None:
         """Link the last ops and stop watching frees (later frees are not this step's)."""
         self._link_pending()
         self._weak.clear()
+        self._weak_ptr.clear()
         self._tid.clear()
+        self._tref.clear()
+        ops = self.ops
+        self.timeline = [[i, ops[i]["live"]] for i in self._timeline_ops]
 
 
 
 def _tensors(args: Any, more: Any) -> list[torch.Tensor]:
     """Tensors among op arguments (aten arguments nest at most one list deep): faster than pytree."""
     out: list[torch.Tensor] = []
+    tensor = torch.Tensor
     for group in (args, more):
         for a in group:
-            if isinstance(a, torch.Tensor):
+            if isinstance(a, tensor):
                 out.append(a)
-            elif isinstance(a, (list, tuple)):
-                out.extend(x for x in a if isinstance(x, torch.Tensor))
+            elif type(a) is list or type(a) is tuple:
+                for x in a:
+                    if isinstance(x, tensor):
+                        out.append(x)
     return out
 
 

@@ -37,9 +37,9 @@ from ._autograd import AutogradWalk, BackwardTimer
 from ._grads import grad_stats, nonzero_grads
 from ._hooks import retained_bytes
 from ._interpose import Interposer
-from ._memory import optimizer_tensors, storages
+from ._memory import StorageSizes, optimizer_tensors, storages
 from ._ops import OpRecorder, StorageIds
-from ._srcloc import user_src
+from ._srcloc import _is_internal, user_src
 from .distributed import RankInfo, rank_info, rank_path, session_id
 from .schema import (
     SCHEMA_VERSION,
@@ -61,6 +61,9 @@ _MAX_OPS = 50_000  # per captured step; the rest is counted as shed
 # non-finite gradient; the other steps record norms, NaN/Inf counts and missing grads only.
 GRAD_STATS_EVERY = 10
 _MODE_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+# activation-gradient slot whose hook has not run yet; made once at import, so the capture
+# adds no aten::empty op of its own to a captured step
+_NO_STATS = torch.empty(0)
 
 
 class _Sentinel:
@@ -107,7 +110,9 @@ class _StepState:
         self.recorder: OpRecorder | None = None
         self.sid = StorageIds()
         self.module_hooks: list[Any] = []
-        self.module_stack: list[tuple[str, int]] = []
+        # (module path, call index, call site when the module is torch's own: ops inside it then
+        # need no stack walk, see _srcloc.op_src; '' for the user's modules)
+        self.module_stack: list[tuple[str, int, str]] = []
         self.module_calls: dict[str, int] = {}
         self.graph: GraphEvent | None = None
         self.timer: BackwardTimer | None = None
@@ -188,6 +193,7 @@ class Watch:
         self._params = [weakref.ref(p) for _, p in named]
         self._param_names = {id(p): n for n, p in named}
         self._param_ptrs = set(storages(p for _, p in named))
+        self._sizes = StorageSizes()
         self._modules = [(path, weakref.ref(m)) for path, m in model.named_modules()]
         self._step = 0
         self._last_sig: str | None = None
@@ -440,10 +446,10 @@ class Watch:
                 m = ref()
                 if m is None or m is root:
                     continue
-                s.module_hooks.append(m.register_forward_pre_hook(self._mod_pre(path)))
+                s.module_hooks.append(m.register_forward_pre_hook(self._mod_pre(path, _torch_module(m))))
                 s.module_hooks.append(m.register_forward_hook(self._mod_post, always_call=True))
         s.recorder.micro = len(s.forwards) - 1
-        s.module_stack.append(("", s.module_calls.get("", 0)))
+        s.module_stack.append(("", s.module_calls.get("", 0), ""))
         s.module_calls[""] = s.module_calls.get("", 0) + 1
         if not self._capturing_ops:
             s.recorder.phase = "forward"
@@ -459,12 +465,12 @@ class Watch:
             if s.recorder.failed:
                 self._safe("ops", _raise, f"op recorder: {s.recorder.failed}")
 
-    def _mod_pre(self, path: str) -> Callable[[nn.Module, Any], None]:
+    def _mod_pre(self, path: str, torch_module: bool) -> Callable[[nn.Module, Any], None]:
         def hook(m: nn.Module, args: Any) -> None:
             s = self._s
             n = s.module_calls.get(path, 0)
             s.module_calls[path] = n + 1
-            s.module_stack.append((path, n))
+            s.module_stack.append((path, n, user_src() if torch_module else ""))
 
         return hook
 
@@ -480,7 +486,7 @@ class Watch:
         t = _first_tensor(out)
         if t is None or not t.requires_grad or path in s.act_grads or not t.is_floating_point():
             return
-        s.act_grads[path] = torch.empty(0)
+        s.act_grads[path] = _NO_STATS  # a shared placeholder: no tensor op inside the recorded step
 
         def hook(g: torch.Tensor, s: _StepState = s) -> None:
             rec = s.recorder
@@ -489,14 +495,23 @@ class Watch:
             try:
                 with torch.no_grad(), _disable_current_modes():  # our own ops: no recorder in the way
                     gf = g.detach().float()
+                    numel = gf.numel()
+                    if numel:
+                        # one pass each, no temporaries: max |g| from (min, max), zeros from
+                        # the non-zero count (NaN propagates through aminmax, as through abs().max())
+                        lo, hi = torch.aminmax(gf)
+                        mx = torch.maximum(lo.abs(), hi)
+                        zeros = numel - torch.count_nonzero(gf)
+                    else:
+                        mx = zeros = gf.new_zeros(())
                     s.act_grads[path] = torch.stack(
                         [
                             torch.linalg.vector_norm(gf),
-                            gf.abs().max() if gf.numel() else gf.new_zeros(()),
-                            (gf == 0).sum().float(),
+                            mx,
+                            zeros.float(),
                             torch.isnan(gf).sum().float(),
                             torch.isinf(gf).sum().float(),
-                            gf.new_tensor(float(gf.numel())),
+                            gf.new_tensor(float(numel)),
                         ]
                     )
             except Exception:
@@ -507,11 +522,11 @@ class Watch:
 
         t.register_hook(hook)
 
-    def _module_of(self) -> tuple[str, int, bool]:
+    def _module_of(self) -> tuple[str, int, bool, str]:
         st = self._s.module_stack
         if st:
-            return st[-1][0], st[-1][1], True
-        return "", 0, False
+            return st[-1][0], st[-1][1], True, st[-1][2]
+        return "", 0, False, ""
 
     def _on_break(self, name: str, t: torch.Tensor) -> None:
         s = self._s
@@ -701,7 +716,8 @@ class Watch:
         params = [p for r in self._params if (p := r()) is not None]
         grads = [p.grad for p in params if p.grad is not None]
         opt = self._optimizer() if self._optimizer is not None else None
-        return sum({**storages(params), **storages(grads), **storages(optimizer_tensors(opt))}.values())
+        sizes = self._sizes
+        return sum({**sizes(params), **storages(grads), **sizes(optimizer_tensors(opt))}.values())
 
     def _close_step(self, skipped: bool) -> None:
         s = self._s
@@ -835,9 +851,11 @@ class Watch:
 
     def _memory(self, params: list[torch.Tensor | None], opt: Any, s: _StepState) -> MemoryStats:
         live_params = [p for p in params if p is not None]
-        p_st = storages(live_params)
+        sizes = self._sizes
+        p_st = sizes(live_params)
+        # gradients set to None come back as new tensors each step: nothing to remember
         g_st = storages(p.grad for p in live_params if p.grad is not None)
-        o_st = storages(optimizer_tensors(opt))
+        o_st = sizes(optimizer_tensors(opt))
         live = {**p_st, **g_st, **o_st}
         saved = s.saved_peak
         mem: MemoryStats = {
@@ -873,6 +891,12 @@ def _bump(table: dict[tuple[str, str], list[int]], key: tuple[str, str], nbytes:
     entry = table.setdefault(key, [0, 0])
     entry[0] += 1
     entry[1] += nbytes
+
+
+def _torch_module(m: nn.Module) -> bool:
+    """Whether ``m``'s forward is torch's own code (nn.Linear...), not the user's."""
+    code = getattr(type(m).forward, "__code__", None)
+    return code is not None and _is_internal(code.co_filename)
 
 
 def _autocast_on() -> bool:

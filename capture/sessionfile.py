@@ -122,6 +122,26 @@ def decode_frame(data: bytes) -> tuple[FrameInfo, list[dict[str, Any]]]:
 
 
 def decode_payload(info: FrameInfo, payload: bytes, header: bytes | None = None) -> list[dict[str, Any]]:
+    body = decompress_payload(info, payload, header)
+    events: list[dict[str, Any]] = []
+    for line in body.splitlines():
+        if not line:
+            continue
+        try:
+            ev = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
+            raise SessionFileError("frame holds a record that is not JSON") from exc
+        if not isinstance(ev, dict) or not isinstance(ev.get("kind"), str):
+            raise SessionFileError("frame holds a record without a kind")
+        events.append(ev)
+    check_records(info, events)
+    return events
+
+
+def decompress_payload(info: FrameInfo, payload: bytes, header: bytes | None = None) -> bytes:
+    """A frame's JSON-lines body, checked (length, CRC when ``header`` is given) and
+    decompressed within the size limits; for readers that parse the lines their own way (the
+    server validates each line straight from JSON).  Follow with ``check_records``."""
     if len(payload) != info.length:
         raise SessionFileError("truncated frame")
     if header is not None:
@@ -137,25 +157,17 @@ def decode_payload(info: FrameInfo, payload: bytes, header: bytes | None = None)
         raise SessionFileError("frame payload exceeds the size limits")
     if not d.eof:
         raise SessionFileError("frame payload is cut short")
-    events: list[dict[str, Any]] = []
-    for line in body.splitlines():
-        if not line:
-            continue
-        try:
-            ev = json.loads(line)
-        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
-            raise SessionFileError("frame holds a record that is not JSON") from exc
-        if not isinstance(ev, dict) or not isinstance(ev.get("kind"), str):
-            raise SessionFileError("frame holds a record without a kind")
-        events.append(ev)
+    return body
+
+
+def check_records(info: FrameInfo, events: list[dict[str, Any]]) -> None:
+    """The header is outside the CRC: check that its event count, step range and flags (which
+    random access trusts) say what the decoded records hold."""
     if len(events) != info.n_events:
         raise SessionFileError("frame event count mismatch")
-    # the header is outside the CRC: check that its step range and flags (which random
-    # access trusts) say what the payload holds
     graph = any(e["kind"] == "graph" for e in events)
     if _step_range(events) != (info.step_lo, info.step_hi) or bool(info.flags & FLAG_GRAPH) != graph:
         raise SessionFileError("frame header does not match its records")
-    return events
 
 
 class SessionFileWriter:

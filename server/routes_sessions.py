@@ -33,6 +33,9 @@ JSON = "application/json"
 # on, so reopening a 100,000-step run does not rebuild its columns.
 _series_cache: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
 _SERIES_CACHE_SIZE = 32
+# /grads without a range on a 100,000-step run would decode every step's gradient columns
+# (seconds, tens of MB): by default it samples this many steps evenly over the range
+GRADS_MAX_STEPS = 1000
 
 
 def _cached(key: tuple[Any, ...], build: Any) -> bytes:
@@ -120,16 +123,24 @@ def memory(session_id: SessionId, store: StoreDep, rank: RankQ = 0) -> Response:
 
 
 @router.get("/sessions/{session_id}/grads",
-            response_description="params, steps and per-step columns aligned with params (torchscope.series)")
-def grads(session_id: SessionId, store: StoreDep, rank: RankQ = 0, start: StepQ = None, end: StepQ = None) -> Response:
+            response_description="params, steps and per-step columns aligned with params (torchscope.series); "
+                                 "total_steps in the range and the stride sampled")
+def grads(session_id: SessionId, store: StoreDep, rank: RankQ = 0, start: StepQ = None, end: StepQ = None,
+          max_steps: Annotated[int, Query(ge=1, le=100_000, description=(
+              "at most this many steps, evenly spaced over the range (every stride-th step); "
+              "ask a narrower start/end for every step"))] = GRADS_MAX_STEPS) -> Response:
     from torchscope.series import grad_series
 
     require_session(store, session_id)
     meta = store.rank_meta(session_id, rank) or {}
     params = [p for p in meta.get("params", []) if isinstance(p, dict)]
-    key = ("grads", session_id, rank, store.frame_count(session_id, rank), start, end)
-    return Response(_cached(key, lambda: api_json(
-        grad_series(store.step_parts(session_id, rank, "grads", start, end), params))), media_type=JSON)
+
+    def build() -> bytes:
+        parts, total, stride = store.step_parts(session_id, rank, "grads", start, end, max_steps)
+        return api_json({**grad_series(parts, params), "total_steps": total, "stride": stride})
+
+    key = ("grads", session_id, rank, store.frame_count(session_id, rank), start, end, max_steps)
+    return Response(_cached(key, build), media_type=JSON)
 
 
 @router.get("/sessions/{session_id}/diagnostics", response_description="a list of Finding (torchscope.schema)")

@@ -18,7 +18,9 @@ outside this module writes SQL.
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import queue
 import sqlite3
 import threading
@@ -92,6 +94,13 @@ CREATE TABLE IF NOT EXISTS graphs (
     ops INTEGER NOT NULL,
     nodes INTEGER NOT NULL,
     PRIMARY KEY (session_id, rank, step, micro)
+);
+CREATE TABLE IF NOT EXISTS memory_chunks (
+    session_id TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    seq INTEGER NOT NULL,  -- last frame of the ingest batch the chunk was built from
+    cols TEXT NOT NULL,  -- JSON array: per /memory column, that batch's values as JSON text sans brackets
+    PRIMARY KEY (session_id, rank, seq)
 );
 CREATE TABLE IF NOT EXISTS diagnostics (
     session_id TEXT NOT NULL,
@@ -272,7 +281,7 @@ class Store:
     def delete(self, session_id: str) -> Future[bool]:
         def fn(c: sqlite3.Connection) -> bool:
             found = c.execute("DELETE FROM sessions WHERE id=?", (session_id,)).rowcount > 0
-            for table in ("ranks", "frames", "steps", "graphs", "diagnostics"):
+            for table in ("ranks", "frames", "steps", "graphs", "memory_chunks", "diagnostics"):
                 c.execute(f"DELETE FROM {table} WHERE session_id=?", (session_id,))  # noqa: S608
             return found
 
@@ -365,26 +374,49 @@ class Store:
         return "[" + ",".join(r[0] for r in rows) + "]"
 
     def memory_json(self, session_id: str, rank: int) -> bytes:
-        """The memory series as JSON, built by SQLite itself (json_group_array over the
-        per-step columns, see MEMORY_KEYS): no Python object per step, so 100k steps stay fast."""
+        """The memory series as JSON.  Normally the concatenation of the column texts each
+        ingest batch stored (``memory_chunks``): a few hundred rows for 100k steps, no value
+        touched.  A rank whose steps did not arrive in increasing order (or one stored by an
+        earlier build) is built by SQLite (json_group_array over the per-step columns)."""
+        conn = self._read()
         names = ("step", "t", *MEMORY_KEYS)
-        cols = ("step", "t", *_MEMORY_COLS)
-        aggregates = ", ".join(f"json_group_array({c})" for c in cols)
-        row = self._read().execute(
+        flag = conn.execute("SELECT mem_chunks FROM ranks WHERE session_id=? AND rank=?",
+                            (session_id, rank)).fetchone()
+        if flag and flag[0]:
+            chunks = [json.loads(r[0]) for r in conn.execute(
+                "SELECT cols FROM memory_chunks WHERE session_id=? AND rank=? ORDER BY seq", (session_id, rank))]
+            return ("{" + ",".join(f'"{n}":[' + ",".join(ch[i] for ch in chunks) + "]"
+                                   for i, n in enumerate(names)) + "}").encode()
+        # an infinite t would come out as SQLite's bare Inf, which is not JSON: null it
+        cols = ("step", "CASE WHEN abs(t) <= 1.7976931348623157e308 THEN t END AS t", *_MEMORY_COLS)
+        aggregates = ", ".join(f"json_group_array({c})" for c in ("step", "t", *_MEMORY_COLS))
+        row = conn.execute(
             f"SELECT {aggregates} FROM (SELECT {', '.join(cols)} FROM steps "  # noqa: S608
             "WHERE session_id=? AND rank=? ORDER BY step)", (session_id, rank)).fetchone()
         return ("{" + ",".join(f'"{n}":{v}' for n, v in zip(names, row, strict=True)) + "}").encode()
 
     def step_parts(self, session_id: str, rank: int, column: str, start: int | None = None,
-                   end: int | None = None) -> list[dict[str, Any]]:
-        """Minimal step dicts ``{step, t, <column>}`` for the series functions."""
+                   end: int | None = None, max_steps: int | None = None) -> tuple[list[dict[str, Any]], int, int]:
+        """Minimal step dicts ``{step, t, <column>}`` for the series functions, with the number
+        of steps in the range and the stride taken: at most ``max_steps`` evenly spaced steps
+        (every stride-th one), so a 100,000-step run never decodes 100,000 JSON parts at once."""
         assert column in ("memory", "grads")
-        rows = self._read().execute(
-            f"SELECT step, t, {column} FROM steps WHERE session_id=? AND rank=? AND step>=? AND step<=? "  # noqa: S608
-            "ORDER BY step",
-            (session_id, rank, -1 if start is None else start, 2**62 if end is None else end),
-        ).fetchall()
-        return [{"step": s, "t": t, column: json.loads(v) if v else None} for s, t, v in rows]
+        conn = self._read()
+        bounds: tuple[Any, ...] = (session_id, rank, -1 if start is None else start, 2**62 if end is None else end)
+        where = "WHERE session_id=? AND rank=? AND step>=? AND step<=?"
+        # the step numbers alone come from the primary-key index, without touching the rows
+        numbers = [r[0] for r in conn.execute(f"SELECT step FROM steps {where} ORDER BY step", bounds)]  # noqa: S608
+        stride = 1 if max_steps is None or len(numbers) <= max_steps else -(-len(numbers) // max_steps)
+        args: tuple[Any, ...] = bounds
+        if stride == 1:
+            sql = f"SELECT step, t, {column} FROM steps {where} ORDER BY step"  # noqa: S608
+        else:
+            sql = (f"SELECT step, t, {column} FROM steps WHERE session_id=? AND rank=? "  # noqa: S608
+                   "AND step IN (SELECT value FROM json_each(?)) ORDER BY step")
+            args = (session_id, rank, _dumps(numbers[::stride]))
+        rows = conn.execute(sql, args).fetchall()
+        parts = [{"step": s, "t": t, column: json.loads(v) if v else None} for s, t, v in rows]
+        return parts, len(numbers), stride
 
     def graphs(self, session_id: str, rank: int) -> list[dict[str, Any]]:
         rows = self._read().execute(
@@ -456,20 +488,25 @@ def _session_row(r: tuple[Any, ...], ranks: list[dict[str, Any]]) -> dict[str, A
 def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Frame], imported: bool,
             version: tuple[int, int] | None) -> IngestResult:
     now = time.time()
-    row = c.execute("SELECT next_seq FROM ranks WHERE session_id=? AND rank=?", (session_id, rank)).fetchone()
+    row = c.execute("SELECT next_seq, mem_chunks FROM ranks WHERE session_id=? AND rank=?",
+                    (session_id, rank)).fetchone()
     created = False
     if row is None:
         # An imported file's writer is gone: without an end event it "ended unexpectedly" at once.
         major, minor = version or (1, 0)
-        c.execute("INSERT INTO ranks (session_id, rank, last_seen, version_major, version_minor) "
-                  "VALUES (?,?,?,?,?)", (session_id, rank, 0.0 if imported else now, major, minor))
+        c.execute("INSERT INTO ranks (session_id, rank, last_seen, version_major, version_minor, mem_chunks) "
+                  "VALUES (?,?,?,?,?,1)", (session_id, rank, 0.0 if imported else now, major, minor))
         created = c.execute("INSERT OR IGNORE INTO sessions (id, created_at, updated_at) VALUES (?,?,?)",
                             (session_id, now, now)).rowcount > 0
         next_seq = 0
     else:
         next_seq = int(row[0])
+    chunked = row is None or bool(row[1])
+    last_step = c.execute("SELECT MAX(step) FROM steps WHERE session_id=? AND rank=?",
+                          (session_id, rank)).fetchone()[0] if chunked else None
     res = IngestResult(next_seq, created=created)
     steps = graphs = events = nbytes = 0
+    mem_rows: list[tuple[Any, ...]] = []
     for f in frames:
         if f.info.seq < next_seq:
             continue  # a resend of a frame we have
@@ -480,7 +517,7 @@ def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Fram
         for ev in f.events:
             kind = ev.get("kind")
             if kind == "step":
-                steps += _put_step(c, session_id, rank, ev)
+                steps += _put_step(c, session_id, rank, ev, mem_rows)
             elif kind == "graph":
                 graphs += _put_graph(c, session_id, rank, next_seq, ev)
             elif kind == "session":
@@ -493,6 +530,8 @@ def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Fram
         next_seq += 1
         res.stored.append(f)
     res.next_seq = next_seq
+    if chunked and mem_rows:
+        _put_memory_chunk(c, session_id, rank, next_seq - 1, last_step, mem_rows)
     c.execute("UPDATE ranks SET next_seq=?, steps=steps+?, graphs=graphs+?, events=events+?, bytes=bytes+?"
               + ("" if imported else ", last_seen=?") + " WHERE session_id=? AND rank=?",
               (next_seq, steps, graphs, events, nbytes, *(() if imported else (now,)), session_id, rank))
@@ -512,6 +551,9 @@ def _add_missing_columns(c: sqlite3.Connection) -> None:
     for col in _MEMORY_COLS:
         if col not in have:
             c.execute(f"ALTER TABLE steps ADD COLUMN {col} INTEGER")
+    if "mem_chunks" not in {row[1] for row in c.execute("PRAGMA table_info(ranks)")}:
+        # 0: ranks stored before memory_chunks existed have none; /memory builds them by SQL
+        c.execute("ALTER TABLE ranks ADD COLUMN mem_chunks INTEGER NOT NULL DEFAULT 0")
 
 
 def _raw_json(obj: Any) -> str | None:
@@ -519,15 +561,40 @@ def _raw_json(obj: Any) -> str | None:
     return None if obj is None else pydantic_core.to_json(obj, inf_nan_mode="constants").decode()
 
 
-def _put_step(c: sqlite3.Connection, session_id: str, rank: int, ev: dict[str, Any]) -> int:
+def _put_step(c: sqlite3.Connection, session_id: str, rank: int, ev: dict[str, Any],
+              mem_rows: list[tuple[Any, ...]]) -> int:
     summary = step_summary(ev)
     if summary["step"] is None:
         return 0
     mem = memory_series([ev])
+    values = tuple(mem[k][0] for k in MEMORY_KEYS)
     cur = c.execute(_INSERT_STEP, (
-        session_id, rank, summary["step"], *(summary[k] for k in _STEP_COLS), *(mem[k][0] for k in MEMORY_KEYS),
+        session_id, rank, summary["step"], *(summary[k] for k in _STEP_COLS), *values,
         api_json(ev).decode(), _raw_json(ev.get("memory")), _raw_json(ev.get("grads"))))
+    mem_rows.append((summary["step"], summary["t"], *values))
     return 1 if cur.rowcount > 0 else 0
+
+
+def _json_value(v: Any) -> str:
+    # as api_json writes it: non-finite floats become strings JSON.parse accepts
+    if v is None:
+        return "null"
+    if isinstance(v, float) and not math.isfinite(v):
+        return '"NaN"' if math.isnan(v) else ('"Infinity"' if v > 0 else '"-Infinity"')
+    return repr(v)
+
+
+def _put_memory_chunk(c: sqlite3.Connection, session_id: str, rank: int, seq: int, last_step: int | None,
+                      rows: list[tuple[Any, ...]]) -> None:
+    """Store this batch's /memory columns as ready JSON text, so /memory on a long run joins a
+    few hundred texts instead of reading 100,000 rows.  Valid only while steps arrive in
+    increasing order (the capture's order): otherwise the rank falls back to the SQL build."""
+    numbers = [r[0] for r in rows]
+    if (last_step is not None and numbers[0] <= last_step) or any(a >= b for a, b in itertools.pairwise(numbers)):
+        c.execute("UPDATE ranks SET mem_chunks=0 WHERE session_id=? AND rank=?", (session_id, rank))
+        return
+    cols = [",".join(_json_value(r[i]) for r in rows) for i in range(len(rows[0]))]
+    c.execute("INSERT OR REPLACE INTO memory_chunks VALUES (?,?,?,?)", (session_id, rank, seq, _dumps(cols)))
 
 
 def _put_graph(c: sqlite3.Connection, session_id: str, rank: int, seq: int, ev: dict[str, Any]) -> int:
