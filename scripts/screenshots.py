@@ -54,9 +54,10 @@ def main() -> None:
                 subprocess.run([sys.executable, str(script), "--server", url,
                                 "--record", f"{tmp}/{script.stem}.tscope", *extra], check=True)
             time.sleep(1.0)
-            sessions = {s["name"]: s["id"] for s in _get(url + "/api/sessions")}  # type: ignore[union-attr]
-            lm = next(i for n, i in sessions.items() if "p01" not in n and "detach" not in n)
-            p1 = next(i for n, i in sessions.items() if i != lm)
+            listed = _get(url + "/api/sessions")
+            assert isinstance(listed, list)
+            lm = next(s["id"] for s in listed if s["model"] == "TinyLM")  # examples/transformer.py
+            p1 = next(s["id"] for s in listed if s["id"] != lm)
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
                 page = browser.new_page(viewport={"width": 1280, "height": 800})
@@ -67,8 +68,11 @@ def main() -> None:
                     page.goto(f"{url}/sessions/{lm}?view={view}")
                     page.wait_for_function("window.__torchscope && window.__torchscope.ready")
                     if view == "graph":
+                        page.wait_for_function("(() => { const g = window.__torchscope.state().graph;"
+                                               " return g && g.nodes.length > 0; })()")
                         page.evaluate("window.__torchscope.expand('blocks')")
-                        page.evaluate("window.__torchscope.expand('blocks.0')")
+                        page.evaluate("window.__torchscope.expand('blocks.layers')")
+                        page.evaluate("window.__torchscope.expand('blocks.layers.0')")
                     page.wait_for_timeout(2000)
                     page.screenshot(path=str(OUT / f"{name}.png"))
                 page.goto(f"{url}/sessions/{p1}?view=diagnostics")
