@@ -39,6 +39,9 @@ from typing import Any
 from .sessionfile import FRAME_HEADER_SIZE, FrameInfo, SessionFileWriter
 
 log = logging.getLogger("torchscope")
+# A library's logger stays silent unless the user configures logging: the one-line messages
+# below already go to stderr, and Python's last-resort handler would print them twice.
+log.addHandler(logging.NullHandler())
 
 DEFAULT_SERVER = "http://127.0.0.1:6150"
 _MAX_PENDING_GRAPHS = 16  # graph events waiting for the writer before new ones are shed
@@ -47,6 +50,7 @@ _MAX_PENDING_OPS = 2_000_000  # ops held by those pending graph events
 _HTTP_TIMEOUT = 2.0
 _HEARTBEAT_S = 5.0
 _FINAL_SEND_S = 3.0  # how long close() may spend sending the tail to the server
+_AUTOSTART_GRACE_S = 30.0  # how long a server started by this run may take to answer before we warn
 _NET_ERRORS = (OSError, ValueError, TypeError, http.client.HTTPException)
 
 
@@ -127,6 +131,7 @@ class Transport:
         self._backoff = 0.5
         self._last_contact = time.monotonic()
         self._autostarted = False
+        self._autostarted_at: float | None = None
         self._warned: set[str] = set()
         self._http: http.client.HTTPConnection | None = None
         self._thread = threading.Thread(target=self._run, name="torchscope-transport", daemon=True)
@@ -304,9 +309,11 @@ class Transport:
             self._backoff = 0.5
         except _NET_ERRORS as exc:
             self.server_ok = False
-            self._maybe_autostart()
+            started_now = self._maybe_autostart()
             self._backoff_until = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, 10.0)
+            if started_now or self._autostart_grace():
+                return  # a server we just started is still booting: no alarm yet
             self._warn_once(
                 "server",
                 f"torchscope: server {self.server} not reachable ({exc.__class__.__name__}); "
@@ -338,10 +345,16 @@ class Transport:
                 size += n
         return b"".join(out)
 
-    def _maybe_autostart(self) -> None:
-        """Start `torchscope serve` in its own process session, once; it outlives the script."""
+    def _autostart_grace(self) -> bool:
+        """True while a server started by this run may still be booting (imports take seconds)."""
+        return self._autostarted_at is not None and time.monotonic() - self._autostarted_at < _AUTOSTART_GRACE_S
+
+    def _maybe_autostart(self) -> bool:
+        """Start `torchscope serve` in its own process session, once; it outlives the script.
+
+        Returns True when it started one now."""
         if not self.autostart or self._autostarted or not self.server:
-            return
+            return False
         self._autostarted = True
         port = self.server.rsplit(":", 1)[-1].split("/")[0]
         cmd = [sys.executable, "-m", "torchscope.server.cli", "serve", "--port", port, "--quiet"]
@@ -355,8 +368,13 @@ class Transport:
                 env={**os.environ, "TORCHSCOPE_AUTOSTARTED": "1"},
             )
             self._backoff = 0.25
+            self._autostarted_at = time.monotonic()
+            print(f"torchscope: no server answered at {self.server}; started one in the background "
+                  f"(it keeps running after this script)", file=sys.stderr)
+            return True
         except OSError as exc:
             self._warn_once("autostart", f"torchscope: could not start a server ({exc}); recording to the file only")
+            return False
 
     def _warn_once(self, key: str, message: str) -> None:
         """One line per kind of trouble, on stderr (the user's console) and the logger."""
