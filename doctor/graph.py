@@ -7,7 +7,7 @@ which forward ops feed which; both use these helpers so the walk exists once.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .run import as_dict, as_int, as_list
@@ -47,40 +47,41 @@ def producers(graph_ops: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return out
 
 
-def downstream(graph_ops: list[dict[str, Any]], start: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`start` and every op fed (transitively) by their outputs, in execution order."""
-    readers = consumers(graph_ops)
+def _walk(start: Iterable[dict[str, Any]],
+          neighbours: Callable[[dict[str, Any], int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """`start` and every op reachable through `neighbours(op)`, in execution order."""
     seen: dict[int, dict[str, Any]] = {}
     queue = deque(start)
     while queue:
         op = queue.popleft()
         oid = as_int(op.get("id"), -1)
-        if oid in seen:
-            continue
-        seen[oid] = op
-        for t in as_list(op.get("outputs")):
-            for reader in readers.get(as_int(t, -1), []):
-                if as_int(reader.get("id"), -1) > oid:  # dataflow runs forward in time
-                    queue.append(reader)
+        if oid not in seen:
+            seen[oid] = op
+            queue.extend(neighbours(op, oid))
     return [seen[k] for k in sorted(seen)]
+
+
+def downstream(graph_ops: list[dict[str, Any]], start: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`start` and every op fed (transitively) by their outputs, in execution order."""
+    readers = consumers(graph_ops)
+
+    def fed(op: dict[str, Any], oid: int) -> list[dict[str, Any]]:
+        # dataflow runs forward in time
+        return [r for t in as_list(op.get("outputs")) for r in readers.get(as_int(t, -1), [])
+                if as_int(r.get("id"), -1) > oid]
+
+    return _walk(start, fed)
 
 
 def upstream(graph_ops: list[dict[str, Any]], op: dict[str, Any]) -> list[dict[str, Any]]:
     """`op` and every op whose outputs (transitively) fed it, in execution order."""
     writers = producers(graph_ops)
-    seen: dict[int, dict[str, Any]] = {}
-    queue = deque([op])
-    while queue:
-        cur = queue.popleft()
-        cid = as_int(cur.get("id"), -1)
-        if cid in seen:
-            continue
-        seen[cid] = cur
-        for t in as_list(cur.get("inputs")):
-            writer = writers.get(as_int(t, -1))
-            if writer is not None and as_int(writer.get("id"), -1) < cid:
-                queue.append(writer)
-    return [seen[k] for k in sorted(seen)]
+
+    def feeding(cur: dict[str, Any], cid: int) -> list[dict[str, Any]]:
+        found = (writers.get(as_int(t, -1)) for t in as_list(cur.get("inputs")))
+        return [w for w in found if w is not None and as_int(w.get("id"), -1) < cid]
+
+    return _walk([op], feeding)
 
 
 def node_by_id(graph: dict[str, Any], node_id: int) -> dict[str, Any]:
