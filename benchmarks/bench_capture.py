@@ -89,7 +89,9 @@ def run_chunk(config: str, state: dict[str, Any], steps: int, out: Path) -> tupl
     return times, time.thread_time() - t_all - sum(times)
 
 
-def bench(kind: str, steps: int, chunk: int, sample_every: int, out: Path) -> dict[str, float]:
+def bench(
+    kind: str, steps: int, chunk: int, sample_every: int, out: Path, configs: tuple[str, ...] = CONFIGS
+) -> dict[str, float]:
     """Per-step ms for each configuration, robust to load: medians of interleaved chunks.
 
     Default mode captures the first step of each chunk (a fresh watch); its per-step cost is
@@ -98,30 +100,33 @@ def bench(kind: str, steps: int, chunk: int, sample_every: int, out: Path) -> di
     (post-processing) cost is spread over the steps of its chunk, as a user would pay it.
     """
     states = {}
-    for config in CONFIGS:
+    for config in configs:
         model, batch = make(kind)
         states[config] = {"model": model, "batch": batch, "opt": torch.optim.Adam(model.parameters(), lr=1e-3)}
         run_chunk("plain", states[config], 3, out)  # warm-up
-    per_step: dict[str, list[float]] = {c: [] for c in CONFIGS}
-    first: dict[str, list[float]] = {c: [] for c in CONFIGS}
-    overhead: dict[str, float] = {c: 0.0 for c in CONFIGS}
+    per_step: dict[str, list[float]] = {c: [] for c in configs}
+    first: dict[str, list[float]] = {c: [] for c in configs}
+    overhead: dict[str, float] = {c: 0.0 for c in configs}
     done = 0
     while done < steps:
         n = min(chunk, steps - done)
-        for config in CONFIGS:
+        for config in configs:
             times, extra = run_chunk(config, states[config], n, out)
             first[config].append(times[0])
             per_step[config] += times[1:]
             overhead[config] += extra
         done += n
     med = {c: statistics.median(v) for c, v in per_step.items()}
-    result = {c: med[c] * 1e3 for c in CONFIGS}
-    n_cap = math.ceil(steps / sample_every)
-    cap = statistics.median(first["default"])
-    result["default"] = (n_cap * cap + (steps - n_cap) * med["default"]) / steps * 1e3
-    result["full"] = statistics.median(per_step["full"] + first["full"]) * 1e3
-    result["profiler"] = (med["profiler"] + overhead["profiler"] / steps) * 1e3
-    result["captured_step"] = cap * 1e3
+    result = {c: med[c] * 1e3 for c in configs}
+    if "default" in configs:
+        n_cap = math.ceil(steps / sample_every)
+        cap = statistics.median(first["default"])
+        result["default"] = (n_cap * cap + (steps - n_cap) * med["default"]) / steps * 1e3
+        result["captured_step"] = cap * 1e3
+    if "full" in configs:
+        result["full"] = statistics.median(per_step["full"] + first["full"]) * 1e3
+    if "profiler" in configs:
+        result["profiler"] = (med["profiler"] + overhead["profiler"] / steps) * 1e3
     return result
 
 
@@ -144,6 +149,7 @@ def main() -> None:
     ap.add_argument("--sample-every", type=int, default=50, help="default mode's sample_every")
     ap.add_argument("--quick", action="store_true", help="40 steps per configuration")
     ap.add_argument("--models", default="transformer,cnn,mlp")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="a subset to compare, e.g. plain,light")
     args = ap.parse_args()
     if args.quick:
         args.steps = 40
@@ -153,19 +159,21 @@ def main() -> None:
         f"default mode sample_every={args.sample_every}, 1 thread, CPU time of the training thread\n"
     )
     print(f"import torchscope + torchscope.watch after import torch: {import_cost() * 1e3:.0f} ms (target < 300 ms)\n")
-    print("| model | plain ms/step | light | default | full | profiler | profiler ÷ full | captured step |")
-    print("|---|---|---|---|---|---|---|---|")
+    configs = tuple(c for c in CONFIGS if c in args.configs.split(",") or c == "plain")
+    cols = [c for c in configs if c != "plain"]
+    both = "full" in configs and "profiler" in configs
+    head = ["model", "plain ms/step", *cols] + (["profiler ÷ full"] if both else [])
+    head += ["captured step"] if "default" in configs else []
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.models.split(","):
-            r = bench(kind, args.steps, args.chunk, args.sample_every, Path(tmp))
+            r = bench(kind, args.steps, args.chunk, args.sample_every, Path(tmp), configs)
             base = r["plain"]
-            print(
-                f"| {kind} | {base:.2f} | {r['light'] / base:.2f}× | {r['default'] / base:.2f}× | "
-                f"{r['full'] / base:.2f}× | {r['profiler'] / base:.2f}× | {r['profiler'] / r['full']:.2f}× | "
-                f"{r['captured_step'] / base:.1f}× |",
-                flush=True,
-            )
-
+            row = [kind, f"{base:.2f}", *(f"{r[c] / base:.2f}×" for c in cols)]
+            row += [f"{r['profiler'] / r['full']:.2f}×"] if both else []
+            row += [f"{r['captured_step'] / base:.1f}×"] if "default" in configs else []
+            print("| " + " | ".join(row) + " |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -92,13 +92,29 @@ class AutogradWalk:
                             out[ptr] = st.nbytes()
         return out, broken
 
-    def touches(self, param_ids: dict[int, str]) -> bool:
-        """Whether any parameter in ``param_ids`` gets a gradient from this graph."""
-        for n in self.nodes:
+    def touching_node(self, param_ids: dict[int, str], hint: int = -1) -> int:
+        """Index of an ``AccumulateGrad`` node of a parameter in ``param_ids``, or -1: whether
+        this graph gives that model gradients.  ``hint`` (the answer for an earlier graph of
+        the same structure) is checked first, so a steady loop costs one lookup, while a
+        same-shaped graph of another model (two copies of one architecture) is still told apart."""
+        if 0 <= hint < len(self.nodes) and id(getattr(self.nodes[hint], "variable", None)) in param_ids:
+            return hint
+        for i, n in enumerate(self.nodes):
             var = getattr(n, "variable", None) if type(n).__name__ == "AccumulateGrad" else None
             if var is not None and id(var) in param_ids:
-                return True
-        return False
+                return i
+        return -1
+
+    def stamp_new(self, known: set[int]) -> int:
+        """Mark every node not in ``known`` (ids of the nodes that existed before a
+        ``create_graph=True`` pass) as made by that pass; the mark lives in the node's own
+        ``metadata``, so nothing here keeps a node alive.  Returns how many were marked."""
+        n_new = 0
+        for n in self.nodes:
+            if id(n) not in known:
+                n.metadata["torchscope_higher_order"] = True
+                n_new += 1
+        return n_new
 
     def signature(self) -> str:
         """Hash of node classes and edges: changes exactly when the graph's structure does.
@@ -131,6 +147,8 @@ class AutogradWalk:
                     rec["param"] = name
                     rec["module"] = name.rpartition(".")[0]  # the parameter's owning module
             meta = n.metadata
+            if meta.get("torchscope_higher_order"):
+                rec["higher_order"] = True
             op = meta.get("torchscope_op")
             if op is not None:
                 rec["op"] = op

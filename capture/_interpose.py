@@ -6,6 +6,8 @@ other call straight through (one dict lookup):
 - ``Tensor.backward`` / ``torch.autograd.backward``: the step's backward roots, losses and
   call sites; the call runs unchanged inside ``try``: an exception is recorded (P8, P10)
   and then re-raised to the user exactly as it was.
+- ``torch.autograd.grad(..., create_graph=True)``: the nodes that pass builds are marked
+  higher-order (gradient penalties, meta-learning).
 - ``Tensor.to`` / ``.cuda`` / ``.cpu`` / ``.float()``...: a call that returns its input was a
   no-op (P12); one that changes device is a copy, with its bytes; a conversion of a storage
   already converted in an earlier step is a repeat, one that undoes a conversion of the same
@@ -50,7 +52,12 @@ _DATA_GET = _T.data.__get__  # type: ignore[attr-defined]
 # Gradient clipping computes its norm with one of these, from torch/nn/utils/clip_grad.py (P14)
 _CLIP_NORMS = {torch._foreach_norm, torch.linalg.vector_norm}
 _CLIP_FILE = "clip_grad.py"
-_HANDLED: dict[Any, str] = {**_BACKWARD, **_MOVES, **dict.fromkeys(_BREAKS, "break")}
+_HANDLED: dict[Any, str] = {
+    **_BACKWARD,
+    **_MOVES,
+    **dict.fromkeys(_BREAKS, "break"),
+    torch.autograd.grad: "grad",  # only its create_graph=True form matters (higher-order nodes)
+}
 
 
 class Interposer(TorchFunctionMode):
@@ -69,6 +76,8 @@ class Interposer(TorchFunctionMode):
             return func(*args, **kwargs)
         if kind == "tensor" or kind == "autograd":
             return self.watch._run_backward(func, kind, args, kwargs)
+        if kind == "grad":
+            return self.watch._run_grad(func, args, kwargs)
         if kind == "break":
             if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad and _from_user():
                 self.watch._safe("breaks", self.watch._on_break, _BREAKS[func], args[0])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -30,7 +31,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _cuda
 from ._autograd import AutogradWalk, BackwardTimer
@@ -64,6 +64,7 @@ _MODE_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNor
 # activation-gradient slot whose hook has not run yet; made once at import, so the capture
 # adds no aten::empty op of its own to a captured step
 _NO_STATS = torch.empty(0)
+_STATS_DTYPES = (torch.float32, torch.float64)
 
 
 class _Sentinel:
@@ -117,10 +118,12 @@ class _StepState:
         self.graph: GraphEvent | None = None
         self.timer: BackwardTimer | None = None
         self.walk: AutogradWalk | None = None
+        self.before_create: AutogradWalk | None = None  # the graph before a create_graph=True backward
         self.retained = False
         self.autocast = False
         self.in_shapes: tuple[tuple[int, ...], ...] = ()
-        self.act_grads: dict[str, torch.Tensor] = {}  # module path -> [norm, max_abs, zeros, nan, inf, numel]
+        self.act_grads: dict[str, torch.Tensor] = {}  # module path -> [norm, min, max, non-zeros, nan, inf]
+        self.act_numel: dict[str, int] = {}
 
 
 def _first_tensor(x: Any) -> torch.Tensor | None:
@@ -220,6 +223,10 @@ class Watch:
         self._interposer = Interposer(self)
         self._mode_pushed = False
         self._saved_cache: dict[tuple[str, tuple[tuple[int, ...], ...]], tuple[dict[int, int], list[str]]] = {}
+        self._mem_key: tuple[int, int, int] | None = None
+        self._mem_static: tuple[dict[int, int], dict[int, int]] = ({}, {})
+        self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
+        self._gc_paused = False
         self._active = True
         self._mode_on()
         atexit.register(self.close)
@@ -243,6 +250,7 @@ class Watch:
                 self._safe("step", self._close_step, self._scale_changed())
             for h in self._handles:
                 h.remove()
+            self._resume_gc()
             self._mode_off()
             self._active = False
             self._transport.close({"kind": "end", "t": time.time(), "status": "finished", "steps": self._step})
@@ -439,6 +447,12 @@ class Watch:
     # ------------------------------------------------------------------ op capture
     def _start_recorder(self, s: _StepState, root: nn.Module) -> None:
         if s.recorder is None:
+            # A captured step makes a few small records per op; the cyclic collector would
+            # run (and promote them towards costly full collections) every few hundred ops.
+            # It is paused until the step's end: garbage of one step waits, none is kept.
+            if gc.isenabled():
+                gc.disable()
+                self._gc_paused = True
             s.recorder = OpRecorder(
                 self._module_of, self._param_names, self._live_bytes(), s.check_nan, _MAX_OPS, s.sid
             )
@@ -487,38 +501,27 @@ class Watch:
         if t is None or not t.requires_grad or path in s.act_grads or not t.is_floating_point():
             return
         s.act_grads[path] = _NO_STATS  # a shared placeholder: no tensor op inside the recorded step
+        s.act_numel[path] = t.numel()
 
         def hook(g: torch.Tensor, s: _StepState = s) -> None:
-            rec = s.recorder
-            if rec is not None:
-                rec.paused = True
+            # Runs for every module output in a captured step's backward, so: no Python mode
+            # sees these ops (both C guards are cheap; a tensor subclass that needs its mode
+            # fails here and is skipped), and as few passes as possible -- norm, min/max,
+            # non-zeros; NaN/Inf are counted only on steps armed by an earlier non-finite one.
             try:
-                with torch.no_grad(), _disable_current_modes():  # our own ops: no recorder in the way
-                    gf = g.detach().float()
-                    numel = gf.numel()
-                    if numel:
-                        # one pass each, no temporaries: max |g| from (min, max), zeros from
-                        # the non-zero count (NaN propagates through aminmax, as through abs().max())
-                        lo, hi = torch.aminmax(gf)
-                        mx = torch.maximum(lo.abs(), hi)
-                        zeros = numel - torch.count_nonzero(gf)
-                    else:
-                        mx = zeros = gf.new_zeros(())
-                    s.act_grads[path] = torch.stack(
-                        [
-                            torch.linalg.vector_norm(gf),
-                            mx,
-                            zeros.float(),
-                            torch.isnan(gf).sum().float(),
-                            torch.isinf(gf).sum().float(),
-                            gf.new_tensor(float(numel)),
-                        ]
-                    )
+                with torch.no_grad(), torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+                    gf = g.detach()
+                    if not gf.numel():
+                        return
+                    if gf.dtype not in _STATS_DTYPES:
+                        gf = gf.float()
+                    lo, hi = torch.aminmax(gf)
+                    parts = [torch.linalg.vector_norm(gf), lo, hi, torch.count_nonzero(gf).to(gf.dtype)]
+                    if s.check_nan:
+                        parts += [torch.isnan(gf).sum().to(gf.dtype), torch.isinf(gf).sum().to(gf.dtype)]
+                    s.act_grads[path] = torch.stack(parts)
             except Exception:
                 pass
-            finally:
-                if rec is not None:
-                    rec.paused = False
 
         t.register_hook(hook)
 
@@ -592,6 +595,18 @@ class Watch:
         finally:
             self._safe("backward", self._after_backward, t0)
 
+    def _run_grad(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """``torch.autograd.grad``: with ``create_graph=True`` the nodes it builds are marked."""
+        create = kwargs.get("create_graph", args[4] if len(args) > 4 else False)
+        if not create or not self._active:
+            return func(*args, **kwargs)
+        outputs = args[0] if args else kwargs.get("outputs")
+        before = self._safe("higher_order", _walk_of, outputs)  # held: node ids stay valid
+        out = func(*args, **kwargs)
+        if before is not None:
+            self._safe("higher_order", _stamp_higher_order, before, out)
+        return out
+
     def _before_backward(self, kind: str, args: Any, kwargs: dict[str, Any]) -> bool:
         if kind == "tensor":
             roots = [args[0]]
@@ -602,8 +617,14 @@ class Watch:
         create = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
         roots = [t for t in roots if isinstance(t, torch.Tensor)]
         walk = AutogradWalk([t.grad_fn for t in roots])
-        if walk.nodes and not walk.touches(self._param_names):
-            return False  # another model's backward (several watches in one process)
+        sig = walk.signature()
+        if walk.nodes:
+            hit = walk.touching_node(self._param_names, self._touches.get(sig, -1))
+            if hit < 0:
+                return False  # another model's backward (several watches in one process)
+            if len(self._touches) > 64:
+                self._touches.clear()
+            self._touches[sig] = hit
         s = self._s
         self._stop_recorder()
         if not s.started:
@@ -626,7 +647,6 @@ class Watch:
                     s.losses.append(t.detach().clone())
             fns.append(fn)
         s.backward_src.append(user_src())
-        sig = walk.signature()
         s.sigs.append(sig)
         key = (sig, s.in_shapes)
         cached = self._saved_cache.get(key)
@@ -650,6 +670,7 @@ class Watch:
             s.retained = True
         if create:
             s.events.append({"what": "create_graph", "micro": s.micro})
+            s.before_create = walk  # held until the pass returns, so node ids stay valid
         s.saved_now = sum(saved.values())  # type: ignore[attr-defined]
         if s.capture and s.graph is None and "graph" not in self._disabled:
             rec = s.recorder
@@ -700,6 +721,10 @@ class Watch:
                         rec["dur_us"] = round(s.timer.dur_us[i], 2)
             s.timer = None
         s.walk = None
+        if s.before_create is not None:  # a create_graph=True backward: the gradients' graphs are new
+            params = [r() for r in self._params]
+            _stamp_higher_order(s.before_create, [p.grad for p in params if p is not None and p.grad is not None])
+            s.before_create = None
         for fwd in s.forwards:
             if fwd.get("backward") and "saved_bytes" not in fwd:
                 fwd["saved_bytes"] = getattr(s, "saved_now", 0)
@@ -803,6 +828,12 @@ class Watch:
             self._transport.emit(dict(self._graph_event(s)))
         self._step += 1
         self._s = _StepState(time.perf_counter())
+        self._resume_gc()
+
+    def _resume_gc(self) -> None:
+        if self._gc_paused:
+            self._gc_paused = False
+            gc.enable()
 
     def _hook_bytes(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -816,22 +847,29 @@ class Watch:
         return out
 
     def _activation_grads(self, s: _StepState) -> list[ActivationGrad]:
-        items = [(p, v) for p, v in s.act_grads.items() if v.numel() == 6]
+        items = [(p, v) for p, v in s.act_grads.items() if v.numel() >= 4]
         if not items:
             return []
-        rows = torch.stack([v.to(items[0][1].device) for _, v in items]).tolist()
+        dev = items[0][1].device
+        rows = torch.cat([v.to(dev, torch.float64) for _, v in items]).tolist()
         out: list[ActivationGrad] = []
-        for (path, _), (norm, mx, zeros, nan, inf, numel) in zip(items, rows, strict=True):
-            out.append(
-                {
-                    "module": path,
-                    "norm": norm,
-                    "max_abs": mx,
-                    "zero_frac": zeros / numel if numel else 0.0,
-                    "nan": int(nan),
-                    "inf": int(inf),
-                }
-            )
+        k = 0
+        for path, v in items:
+            norm, lo, hi, nonzero = rows[k : k + 4]
+            numel = s.act_numel.get(path, 0)
+            a: ActivationGrad = {
+                "module": path,
+                "norm": norm,
+                # NaN propagates through aminmax, as it would through abs().max()
+                "max_abs": math.nan if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi)),
+                "zero_frac": 1.0 - nonzero / numel if numel else 0.0,
+            }
+            if v.numel() == 6:
+                a["nan"], a["inf"] = int(rows[k + 4]), int(rows[k + 5])
+            elif math.isfinite(norm):  # a finite norm: no NaN or Inf anywhere in the gradient
+                a["nan"] = a["inf"] = 0
+            k += v.numel()
+            out.append(a)
         return out
 
     def _graph_event(self, s: _StepState) -> GraphEvent:
@@ -851,26 +889,45 @@ class Watch:
 
     def _memory(self, params: list[torch.Tensor | None], opt: Any, s: _StepState) -> MemoryStats:
         live_params = [p for p in params if p is not None]
-        sizes = self._sizes
-        p_st = sizes(live_params)
+        # Parameters and optimizer state keep their storages from step to step: re-read them
+        # when a parameter's data pointer (``p.data = ...``) or the count of state tensors
+        # (lazily created state, a new param group) changes, and every GRAD_STATS_EVERY steps
+        # (state replaced by ``load_state_dict``), not at every boundary.
+        state = opt.state if opt is not None else {}
+        key = (sum(p.data_ptr() for p in live_params), len(state), sum(map(len, state.values())))
+        if self._mem_key == key and self._step % GRAD_STATS_EVERY:
+            p_st, o_st = self._mem_static
+        else:
+            p_st, o_st = self._sizes(live_params), self._sizes(optimizer_tensors(opt))
+            self._mem_key, self._mem_static = key, (p_st, o_st)
         # gradients set to None come back as new tensors each step: nothing to remember
         g_st = storages(p.grad for p in live_params if p.grad is not None)
-        o_st = sizes(optimizer_tensors(opt))
-        live = {**p_st, **g_st, **o_st}
+        live = sum({**p_st, **g_st, **o_st}.values())
         saved = s.saved_peak
         mem: MemoryStats = {
             "params": sum(p_st.values()),
             "grads": sum(g_st.values()),
             "optimizer": sum(o_st.values()),
             "saved": saved,
-            "live": sum(live.values()),
-            "peak": sum(live.values()) + saved,
+            "live": live,
+            "peak": live + saved,  # an estimate, replaced by the ledger's peak on captured steps
         }
+        rec = s.recorder
+        if rec is not None and rec.ops:
+            # the op ledger saw every allocation of the recorded phases: its highest point is
+            # the measured peak, and what it holds beyond state and saved activations at that
+            # point are the step's temporaries (outputs not saved for backward, workspaces)
+            top = max(rec.ops, key=lambda o: o["live"])
+            mem["peak"] = max(mem["peak"], top["live"])
+            mem["temporaries"] = max(top["live"] - rec.baseline - saved, 0)
         first = live_params[0] if live_params else None
         if first is not None:
             dev = _cuda.device_memory(first.device)
             if dev is not None:
                 mem["device"] = dev
+                # allocator bytes no storage the capture can name accounts for (other
+                # models, caches, tensors the user keeps): "other"
+                mem["other"] = max(dev.get("allocated", 0) - live, 0)
         return mem
 
     def _graphs_alive(self) -> int:
@@ -885,6 +942,17 @@ class Watch:
                 alive += sent.nodes
         self._sentinels = keep
         return alive
+
+
+def _walk_of(outputs: Any) -> AutogradWalk:
+    roots = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs or [])
+    return AutogradWalk([t.grad_fn for t in roots if isinstance(t, torch.Tensor)])
+
+
+def _stamp_higher_order(before: AutogradWalk, tensors: Any) -> None:
+    """Mark the nodes reachable from ``tensors`` that were not in ``before`` (a walk held alive
+    across the create_graph pass, so its node ids are still those objects')."""
+    _walk_of(list(tensors or ())).stamp_new({id(n) for n in before.nodes})
 
 
 def _bump(table: dict[tuple[str, str], list[int]], key: tuple[str, str], nbytes: int) -> None:

@@ -6,7 +6,8 @@ import { LineChart } from "./chart.js";
 import { nearest } from "./graph/view.js";
 
 const CATEGORIES = [["live", "live"], ["peak", "peak"], ["allocated", "allocated"], ["reserved", "reserved"], ["params", "parameters"],
-  ["grads", "gradients"], ["optimizer", "optimizer state"], ["saved", "saved activations"]];
+  ["grads", "gradients"], ["optimizer", "optimizer state"], ["saved", "saved activations"],
+  ["temporaries", "temporaries (captured steps)"], ["other", "other (CUDA allocator)"]];
 
 export class MemoryView {
   constructor(root, app) {
@@ -38,7 +39,9 @@ export class MemoryView {
 
   drawPerStep() {
     const s = this.series;
-    return this.perStep.setData(s.step || [], CATEGORIES.map(([k, name]) => ({ name, y: s[k] || [] })));
+    // a category with no value anywhere (no CUDA, no captured step) is left out of the legend
+    const shown = CATEGORIES.filter(([k]) => (s[k] || []).some((v) => v !== null && v !== undefined));
+    return this.perStep.setData(s.step || [], shown.map(([k, name]) => ({ name, y: s[k] || [] })));
   }
 
   async loadTimeline(step) {
