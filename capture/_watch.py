@@ -102,7 +102,9 @@ class _StepState:
         self.noop_to = 0
         self.clip_flagged = False
         self.moves: dict[tuple[str, str], list[int]] = {}  # (what, src) -> [count, bytes]
-        self.conversions: dict[int, tuple[torch.dtype, torch.device]] = {}  # output storage -> source dtype/device
+        self.conversions: dict[
+            int, tuple[torch.dtype, torch.device]
+        ] = {}  # output storage -> source dtype/device
         self.breaks: list[dict[str, object]] = []
         self.events: list[dict[str, object]] = []
         self.saved_peak = 0  # largest saved-for-backward total of one backward in this step
@@ -161,6 +163,7 @@ class Watch:
         scaler: Any = None,
         sample_every: int = 50,
         token: str | None = None,
+        cuda_history: int | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"torchscope: mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -204,14 +207,18 @@ class Watch:
         self._nan_armed = False
         self._sentinels: list[weakref.ref[_Sentinel]] = []
         # (tensor id, target dtype, target device) of conversions -> (weak tensor, last step): P12 repeats
-        self._converted: dict[tuple[int, torch.dtype, torch.device], tuple[weakref.ref[torch.Tensor], int]] = {}
+        self._converted: dict[
+            tuple[int, torch.dtype, torch.device], tuple[weakref.ref[torch.Tensor], int]
+        ] = {}
         self._depth = 0
         self._started_at = time.time()
         self._s = _StepState(time.perf_counter())
 
         from .transport import Transport  # H3's writer/sender thread
 
-        self._transport = Transport(self.path, self.session_id, self._rank.rank, self._server, token, autostart)
+        self._transport = Transport(
+            self.path, self.session_id, self._rank.rank, self._server, token, autostart
+        )
         self._transport.emit(self._session_event(model, optimizer))
         self._handles: list[Any] = [
             model.register_forward_pre_hook(self._fwd_pre),
@@ -220,9 +227,19 @@ class Watch:
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._opt_pre))
             self._handles.append(optimizer.register_step_post_hook(self._opt_post))
+        first = next(iter(model.parameters()), None)
+        self._history = (
+            _cuda.AllocatorHistory(
+                first.device if first is not None else torch.device("cpu"), int(cuda_history or 0)
+            )
+            if cuda_history
+            else None
+        )
         self._interposer = Interposer(self)
         self._mode_pushed = False
-        self._saved_cache: dict[tuple[str, tuple[tuple[int, ...], ...]], tuple[dict[int, int], list[str]]] = {}
+        self._saved_cache: dict[
+            tuple[str, tuple[tuple[int, ...], ...]], tuple[dict[int, int], list[str]]
+        ] = {}
         self._mem_key: tuple[int, int, int] | None = None
         self._mem_static: tuple[dict[int, int], dict[int, int]] = ({}, {})
         self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
@@ -231,7 +248,9 @@ class Watch:
         self._mode_on()
         atexit.register(self.close)
         where = f" → {self.url}" if self.url else ""
-        print(f"torchscope: watching {type(model).__name__}{where}  (recording to {self.path})", file=sys.stderr)
+        print(
+            f"torchscope: watching {type(model).__name__}{where}  (recording to {self.path})", file=sys.stderr
+        )
 
     # ------------------------------------------------------------------ public
     def step(self) -> None:
@@ -252,8 +271,13 @@ class Watch:
                 h.remove()
             self._resume_gc()
             self._mode_off()
+            if self._history is not None and self.path is not None:
+                for p in self._safe("cuda_history", self._history.write, self.path) or ():
+                    print(f"torchscope: CUDA allocator history in {p}", file=sys.stderr)
             self._active = False
-            self._transport.close({"kind": "end", "t": time.time(), "status": "finished", "steps": self._step})
+            self._transport.close(
+                {"kind": "end", "t": time.time(), "status": "finished", "steps": self._step}
+            )
         except Exception as exc:  # closing must not raise into an atexit or a with-block
             log.warning("torchscope: close failed: %r", exc)
         atexit.unregister(self.close)
@@ -307,7 +331,9 @@ class Watch:
             own = list(m.named_parameters(recurse=False))
             for pname, _ in own:
                 owner[f"{path}.{pname}" if path else pname] = path
-            modules.append({"path": path, "type": type(m).__name__, "n_params": len(own), "training": m.training})
+            modules.append(
+                {"path": path, "type": type(m).__name__, "n_params": len(own), "training": m.training}
+            )
         params: list[ParamInfo] = []
         for n, p in model.named_parameters():
             params.append(
@@ -430,6 +456,8 @@ class Watch:
     def _start_step(self, s: _StepState) -> None:
         s.started = True
         step = self._step
+        if self._history is not None:
+            self._safe("cuda_history", self._history.label, f"step {step}")
         if self.mode == "full":
             s.capture = True
         elif self.mode == "default":
@@ -485,6 +513,8 @@ class Watch:
             n = s.module_calls.get(path, 0)
             s.module_calls[path] = n + 1
             s.module_stack.append((path, n, user_src() if torch_module else ""))
+            if self._history is not None:
+                self._history.label(f"step {self._step} {path}")
 
         return hook
 
@@ -492,6 +522,8 @@ class Watch:
         st = self._s.module_stack
         if len(st) > 1:
             path = st.pop()[0]
+            if self._history is not None:
+                self._history.label(f"step {self._step} {st[-1][0]}")  # back in the caller's module
             self._safe("activation_grads", self._watch_activation, path, out)
 
     def _watch_activation(self, path: str, out: Any) -> None:
@@ -723,7 +755,9 @@ class Watch:
         s.walk = None
         if s.before_create is not None:  # a create_graph=True backward: the gradients' graphs are new
             params = [r() for r in self._params]
-            _stamp_higher_order(s.before_create, [p.grad for p in params if p is not None and p.grad is not None])
+            _stamp_higher_order(
+                s.before_create, [p.grad for p in params if p is not None and p.grad is not None]
+            )
             s.before_create = None
         for fwd in s.forwards:
             if fwd.get("backward") and "saved_bytes" not in fwd:
@@ -758,9 +792,7 @@ class Watch:
         extra = list(s.losses)
         if isinstance(scale, torch.Tensor):
             extra.append(scale)
-        full_stats = (
-            self.mode == "full" or s.capture or self._step % GRAD_STATS_EVERY == 0 or self._nan_armed
-        )
+        full_stats = self.mode == "full" or s.capture or self._step % GRAD_STATS_EVERY == 0 or self._nan_armed
         stats, values = grad_stats(params, extra, full=full_stats)
         losses = values[: len(s.losses)]
         stats["pre_nonzero"] = s.pre_nonzero
@@ -780,7 +812,9 @@ class Watch:
             "zero_grad": s.zero_grad,
             "zero_grad_set_to_none": s.set_to_none,
             "forwards": s.forwards,
-            "no_backward_forwards": sum(1 for f in s.forwards if f.get("built_graph") and not f.get("backward")),
+            "no_backward_forwards": sum(
+                1 for f in s.forwards if f.get("built_graph") and not f.get("backward")
+            ),
             "backward_roots": s.roots,
             "backward_src": s.backward_src,
             "step_src": step_src,
@@ -793,7 +827,11 @@ class Watch:
         model = self._model()
         if model is not None:
             ev["training"] = model.training
-            ev["modes"] = {p: m.training for p, r in self._modules if (m := r()) is not None and m.training != model.training}
+            ev["modes"] = {
+                p: m.training
+                for p, r in self._modules
+                if (m := r()) is not None and m.training != model.training
+            }
             ev["hooks"] = self._hook_bytes()
         if opt is not None:
             ev["lr"] = [float(g.get("lr", 0.0)) for g in opt.param_groups]
@@ -992,11 +1030,15 @@ def watch(
     scaler: Any = None,
     sample_every: int = 50,
     token: str | None = None,
+    cuda_history: int | None = None,
 ) -> Watch:
     """Watch ``model`` (and ``optimizer``) for the rest of the run; returns the :class:`Watch`.
 
     ``server``: "auto" ($TORCHSCOPE_SERVER or http://127.0.0.1:6150, started if needed), a URL,
     or None (record to the file only).  ``mode``: "default" | "full" | "light".
+    ``cuda_history``: on CUDA, also keep the allocator's history (up to this many entries),
+    labelled by step and module, written next to the session file at the end in PyTorch's own
+    snapshot schema (JSON, and its memory viewer as HTML).
     """
     return Watch(
         model,
@@ -1008,4 +1050,5 @@ def watch(
         scaler=scaler,
         sample_every=sample_every,
         token=token,
+        cuda_history=cuda_history,
     )
