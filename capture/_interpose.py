@@ -52,6 +52,7 @@ _DATA_GET = _T.data.__get__  # type: ignore[attr-defined]
 # Gradient clipping computes its norm with one of these, from torch/nn/utils/clip_grad.py (P14)
 _CLIP_NORMS = {torch._foreach_norm, torch.linalg.vector_norm}
 _CLIP_FILE = "clip_grad.py"
+_compiling = torch.compiler.is_compiling
 _HANDLED: dict[Any, str] = {
     **_BACKWARD,
     **_MOVES,
@@ -68,11 +69,15 @@ class Interposer(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         kind = _HANDLED.get(func)
+        # ``_compiling()``: Dynamo is tracing through the mode; nothing of ours goes into its graph
         if kind is None:
-            if func in _CLIP_NORMS and self.watch._scaler is not None and _caller_file().endswith(_CLIP_FILE):
+            clip = func in _CLIP_NORMS and self.watch._scaler is not None and not _compiling()
+            if clip and _caller_file().endswith(_CLIP_FILE):
                 self.watch._safe("amp", self.watch._on_clip)
-            if func == _DATA_GET and self.watch._capturing_ops and _from_user():
+            if func == _DATA_GET and self.watch._capturing_ops and not _compiling() and _from_user():
                 self.watch._safe("breaks", self.watch._on_break, "torch::Tensor.data", args[0])
+            return func(*args, **kwargs)
+        if _compiling():
             return func(*args, **kwargs)
         if kind == "tensor" or kind == "autograd":
             return self.watch._run_backward(func, kind, args, kwargs)

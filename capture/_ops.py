@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._srcloc import op_src, user_src
@@ -99,30 +98,19 @@ class OpRecorder(TorchDispatchMode):
         self.failed: str | None = None
 
     # ------------------------------------------------------------------ dispatch
-    # TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo, two
-    # Python layers per op (about a third of a bare mode's cost).  We keep Dynamo out of our
-    # frames ourselves with the one C call that wrapper makes, ``set_eval_frame(None)``.
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False
-
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        prior = _set_eval_frame(None)
+        kwargs = kwargs or {}
+        info = _op_names.get(func) or _op_info(func)
+        if self.failed is not None or self.paused or info[2]:
+            return func(*args, **kwargs)
+        t0 = time.perf_counter()
+        out = func(*args, **kwargs)
+        dur = (time.perf_counter() - t0) * 1e6
         try:
-            kwargs = kwargs or {}
-            info = _op_names.get(func) or _op_info(func)
-            if self.failed is not None or self.paused or info[2]:
-                return func(*args, **kwargs)
-            t0 = time.perf_counter()
-            out = func(*args, **kwargs)
-            dur = (time.perf_counter() - t0) * 1e6
-            try:
-                self._record(info, args, kwargs, out, dur)
-            except Exception as exc:  # capture must never break the user's op
-                self.failed = repr(exc)
-            return out
-        finally:
-            _set_eval_frame(prior)
+            self._record(info, args, kwargs, out, dur)
+        except Exception as exc:  # capture must never break the user's op
+            self.failed = repr(exc)
+        return out
 
     def _record(self, info: tuple[str, bool, bool], args: Any, kwargs: Any, out: Any, dur: float) -> None:
         if self._pending_ops:

@@ -379,11 +379,16 @@ class Watch:
         return ev
 
     # ------------------------------------------------------------------ forward
+    # Under torch.compile, Dynamo traces module hooks into the compiled graph; ours then do
+    # nothing (a constant branch, no graph break), so a compiled forward runs exactly as
+    # compiled and shows up in the autograd graph as its one CompiledFunctionBackward node.
     def _fwd_pre(self, module: nn.Module, args: Any) -> None:
-        self._safe("forward", self._on_forward_pre, module, args)
+        if not _compiling():
+            self._safe("forward", self._on_forward_pre, module, args)
 
     def _fwd_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        self._safe("forward", self._on_forward_post, module, output)
+        if not _compiling():
+            self._safe("forward", self._on_forward_post, module, output)
 
     def _scale_changed(self) -> bool:
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
@@ -509,6 +514,8 @@ class Watch:
 
     def _mod_pre(self, path: str, torch_module: bool) -> Callable[[nn.Module, Any], None]:
         def hook(m: nn.Module, args: Any) -> None:
+            if _compiling():
+                return
             s = self._s
             n = s.module_calls.get(path, 0)
             s.module_calls[path] = n + 1
@@ -519,6 +526,8 @@ class Watch:
         return hook
 
     def _mod_post(self, m: nn.Module, args: Any, out: Any) -> None:
+        if _compiling():
+            return
         st = self._s.module_stack
         if len(st) > 1:
             path = st.pop()[0]
@@ -980,6 +989,9 @@ class Watch:
                 alive += sent.nodes
         self._sentinels = keep
         return alive
+
+
+_compiling = torch.compiler.is_compiling
 
 
 def _walk_of(outputs: Any) -> AutogradWalk:

@@ -1,0 +1,60 @@
+"""Under torch.compile: training is unchanged, the compiled region is one opaque node, and
+Dynamo never traces into the capture (no graph breaks of ours in the user's model).
+
+``backend="aot_eager"`` compiles through Dynamo and AOTAutograd (the parts that meet our
+hooks and modes) without needing a C compiler on the test machine.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import torchscope
+from torchscope.sessionfile import iter_events
+
+
+def _run(mode: str | None, path: Path) -> list[float]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = torchscope.watch(model, opt, server=None, record=path, mode=mode) if mode else None
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(4):
+        opt.zero_grad()
+        loss = compiled(torch.randn(4, 8, generator=gen)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    if w is not None:
+        w.close()
+    return losses + [float(p.detach().double().sum()) for p in model.parameters()]
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_compiled_model_is_watched_without_graph_breaks(tmp_path: Path, mode: str) -> None:
+    plain = _run(None, tmp_path / "plain.tscope")
+    path = tmp_path / f"{mode}.tscope"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        watched = _run(mode, path)
+    assert watched == plain  # bit-for-bit
+    dynamo = [str(w.message) for w in caught if "Dynamo" in str(w.message) or "graph break" in str(w.message)]
+    assert dynamo == []
+    events = list(iter_events(path))
+    steps = [e for e in events if e["kind"] == "step"]
+    assert len(steps) == 4
+    assert [s["loss"] for s in steps] == pytest.approx(plain[:4], rel=1e-6)
+    graphs = [e for e in events if e["kind"] == "graph"]
+    assert graphs
+    names = [n["name"] for n in graphs[0]["nodes"]]
+    assert names.count("CompiledFunctionBackward") == 1
+    assert names.count("AccumulateGrad") == 4
+    assert not [e for e in events if e["kind"] == "log" and e.get("level") == "error"]
