@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import random
 import statistics
 import subprocess
 import sys
@@ -67,7 +68,9 @@ def configured(config: str, model: nn.Module, opt: torch.optim.Optimizer, out: P
         with torch.profiler.profile(record_shapes=True, profile_memory=True):
             yield
     else:
-        with torchscope.watch(model, opt, server=None, record=out / f"{config}-{time.monotonic_ns()}.tscope", mode=config):
+        with torchscope.watch(
+            model, opt, server=None, record=out / f"{config}-{time.monotonic_ns()}.tscope", mode=config
+        ):
             yield
 
 
@@ -94,24 +97,29 @@ def bench(
 ) -> dict[str, float]:
     """Per-step ms for each configuration, robust to load: medians of interleaved chunks.
 
-    Default mode captures the first step of each chunk (a fresh watch); its per-step cost is
-    combined as it would be over ``steps`` steps with ``sample_every``: captured steps at the
-    captured-step median, the others at the uncaptured median.  The profiler's exit
-    (post-processing) cost is spread over the steps of its chunk, as a user would pay it.
+    Every configuration trains the *same* model and optimizer (one set of tensors in memory:
+    separate copies measured up to ±25% apart on this shared machine with nothing watched),
+    in chunks whose order is shuffled every round, so drift in the machine's speed falls on
+    all of them alike.  Default mode captures the first step of each chunk (a fresh watch);
+    its per-step cost is combined as it would be over ``steps`` steps with ``sample_every``:
+    captured steps at the captured-step median, the others at the uncaptured median.  The
+    profiler's exit (post-processing) cost is spread over the steps of its chunk, as a user
+    would pay it.
     """
-    states = {}
-    for config in configs:
-        model, batch = make(kind)
-        states[config] = {"model": model, "batch": batch, "opt": torch.optim.Adam(model.parameters(), lr=1e-3)}
-        run_chunk("plain", states[config], 3, out)  # warm-up
+    model, batch = make(kind)
+    state = {"model": model, "batch": batch, "opt": torch.optim.Adam(model.parameters(), lr=1e-3)}
+    run_chunk("plain", state, 3, out)  # warm-up
     per_step: dict[str, list[float]] = {c: [] for c in configs}
     first: dict[str, list[float]] = {c: [] for c in configs}
     overhead: dict[str, float] = {c: 0.0 for c in configs}
+    order = list(configs)
+    rng = random.Random(0)
     done = 0
     while done < steps:
         n = min(chunk, steps - done)
-        for config in configs:
-            times, extra = run_chunk(config, states[config], n, out)
+        rng.shuffle(order)
+        for config in order:
+            times, extra = run_chunk(config, state, n, out)
             first[config].append(times[0])
             per_step[config] += times[1:]
             overhead[config] += extra
@@ -158,7 +166,9 @@ def main() -> None:
         f"torch {torch.__version__}, {args.steps} steps per configuration in chunks of {args.chunk}, "
         f"default mode sample_every={args.sample_every}, 1 thread, CPU time of the training thread\n"
     )
-    print(f"import torchscope + torchscope.watch after import torch: {import_cost() * 1e3:.0f} ms (target < 300 ms)\n")
+    print(
+        f"import torchscope + torchscope.watch after import torch: {import_cost() * 1e3:.0f} ms (target < 300 ms)\n"
+    )
     configs = tuple(c for c in CONFIGS if c in args.configs.split(",") or c == "plain")
     cols = [c for c in configs if c != "plain"]
     both = "full" in configs and "profiler" in configs
@@ -174,6 +184,7 @@ def main() -> None:
             row += [f"{r['profiler'] / r['full']:.2f}×"] if both else []
             row += [f"{r['captured_step'] / base:.1f}×"] if "default" in configs else []
             print("| " + " | ".join(row) + " |", flush=True)
+
 
 if __name__ == "__main__":
     main()
