@@ -1,14 +1,18 @@
 """Frames in: split a body of concatenated frames, decode each with the one codec
 (``torchscope.sessionfile``) and validate every event against the one schema
-(``torchscope.schema``, through pydantic ``TypeAdapter``).  Anything wrong is a
-``BadFrames`` whose message is one line for a 400 or the CLI."""
+(``torchscope.schema``, through pydantic ``TypeAdapter``; graph events first through the
+non-building check of ``graphcheck``).  Anything wrong is a ``BadFrames`` whose message is one
+line for a 400 or the CLI."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Union
 
 import typing_extensions
@@ -16,15 +20,18 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from torchscope import schema
 from torchscope.sessionfile import (
+    FLAG_GRAPH,
     FRAME_HEADER_SIZE,
-    HEADER_SIZE,
     FrameInfo,
     SessionFileError,
-    check_file_header,
     check_records,
     decompress_payload,
+    index,
     parse_frame_header,
+    raw_frames,
 )
+
+from . import graphcheck
 
 
 class BadFrames(ValueError):
@@ -71,6 +78,8 @@ _EVENT: TypeAdapter[Any] = TypeAdapter(Annotated[_EVENT_UNION, Field(discriminat
 class Frame:
     raw: bytes  # exactly as received: export writes these bytes back
     info: FrameInfo
+    # every event as validated, except graph events: their ``graphcheck.summary`` (kind, step,
+    # micro, n_ops, n_nodes), as the server reads a graph back from its raw frame
     events: list[dict[str, Any]]
 
 
@@ -107,9 +116,17 @@ def _parse_line(line: bytes) -> dict[str, Any]:
     return ev
 
 
+def _event(line: bytes, graph_frame: bool) -> dict[str, Any]:
+    if graph_frame and (fast := graphcheck.fast_summary(line)) is not None:
+        return fast
+    ev = _parse_line(line)
+    return graphcheck.summary(ev) if ev["kind"] == "graph" else ev
+
+
 def _decode(raw: bytes, info: FrameInfo) -> list[dict[str, Any]]:
     body = decompress_payload(info, raw[FRAME_HEADER_SIZE:], raw)
-    events = [_parse_line(line) for line in body.splitlines() if line]
+    graph_frame = bool(info.flags & FLAG_GRAPH)  # the header's word, checked by check_records
+    events = [_event(line, graph_frame) for line in body.splitlines() if line]
     check_records(info, events)
     return events
 
@@ -133,30 +150,26 @@ def split_frames(body: bytes) -> list[Frame]:
     return frames
 
 
-def split_file(data: bytes, name: str = "file") -> tuple[tuple[int, int], list[Frame]]:
-    """A whole ``.tscope`` file: header then frames.  A torn tail (a killed writer) is
-    dropped as the file reader does; a file with no readable frame is refused."""
+def file_index(path: Path) -> tuple[tuple[int, int], list[FrameInfo]]:
+    """Format version and whole frames of a ``.tscope`` file on disk (``sessionfile.index``:
+    headers only; a torn tail is dropped as the reader drops it); a file with no readable
+    frame is refused."""
     try:
-        version = check_file_header(data[:HEADER_SIZE], name)
+        version, infos = index(path)
     except SessionFileError as exc:
         raise BadFrames(str(exc)) from None
-    frames: list[Frame] = []
-    offset = HEADER_SIZE
-    while offset + FRAME_HEADER_SIZE <= len(data):
+    if not infos:
+        raise BadFrames(f"{path.name} holds no complete frame (truncated or corrupt)")
+    return version, infos
+
+
+def file_frames(path: Path, infos: list[FrameInfo], start: int = 0) -> Iterator[Frame]:
+    """The frames of ``file_index`` from the ``start``-th on, read from disk one at a time,
+    each event validated; a bad one (past the torn tail ``index`` drops) is corruption, as for
+    the reader."""
+    for info, raw in itertools.islice(zip(infos, raw_frames(path), strict=True), start, None):
         try:
-            info = parse_frame_header(data[offset : offset + FRAME_HEADER_SIZE], offset)
-            end = offset + FRAME_HEADER_SIZE + info.length
-            if end > len(data):
-                break
-            raw = data[offset:end]
             events = _decode(raw, info)
-        except SessionFileError:
-            break  # torn or corrupt tail: what came before is the readable session
-        frames.append(Frame(raw, info, events))
-        offset = end
-    if not frames:
-        raise BadFrames(f"{name} holds no complete frame (truncated or corrupt)")
-    for i, f in enumerate(frames):
-        if f.info.seq != i:
-            raise BadFrames(f"{name}: frame {i} has sequence number {f.info.seq}")
-    return version, frames
+        except SessionFileError as exc:
+            raise BadFrames(f"{path.name} is corrupt at byte {info.offset}: {exc}") from None
+        yield Frame(raw, info, events)

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import pydantic_core
 
+from torchscope.schema import SCHEMA_VERSION
 from torchscope.series import memory_series, step_summary
 
 from .frames import Frame
@@ -493,7 +494,8 @@ def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Fram
     created = False
     if row is None:
         # An imported file's writer is gone: without an end event it "ended unexpectedly" at once.
-        major, minor = version or (1, 0)
+        # a live session's export header is the server's format version (docs/server.md)
+        major, minor = version or SCHEMA_VERSION
         c.execute("INSERT INTO ranks (session_id, rank, last_seen, version_major, version_minor, mem_chunks) "
                   "VALUES (?,?,?,?,?,1)", (session_id, rank, 0.0 if imported else now, major, minor))
         created = c.execute("INSERT OR IGNORE INTO sessions (id, created_at, updated_at) VALUES (?,?,?)",
@@ -601,9 +603,9 @@ def _put_graph(c: sqlite3.Connection, session_id: str, rank: int, seq: int, ev: 
     step = ev.get("step")
     if not isinstance(step, int):
         return 0
+    # ev is the frame's graph summary (frames.Frame): the counts, not the records
     c.execute("INSERT OR REPLACE INTO graphs VALUES (?,?,?,?,?,?,?)",
-              (session_id, rank, step, int(ev.get("micro", 0)), seq, len(ev.get("ops", ())),
-               len(ev.get("nodes", ()))))
+              (session_id, rank, step, int(ev.get("micro", 0)), seq, ev["n_ops"], ev["n_nodes"]))
     return 1
 
 
