@@ -2,11 +2,14 @@
 
 1. Bytes per recorded op and per step, from real captures: ``examples/mlp.py`` and
    ``examples/transformer.py`` run with ``torchscope.watch`` (file only) in ``default`` and
-   ``full`` mode; bytes are the frames' on-disk sizes (40-byte header + compressed payload).
+   ``full`` mode; bytes are the frames' on-disk sizes (40-byte header + compressed payload),
+   the series frames (format 1.1) counted apart.
 2. A 100,000-step session (synthetic schema events shaped like the MLP's, a 2,000-op graph
-   every 1,000 steps, 25 steps per frame as a 0.25 s flush at 100 steps/s holds): time to open
-   it, read step N, read a graph, build the memory and gradient series, and the bytes each read
-   (kernel count, /proc/self/io) against the file size.
+   every 1,000 steps, 25 steps per frame as a 0.25 s flush at 100 steps/s holds), written
+   twice: with series frames as the capture writes them (1.1), and without (as a 1.0 file,
+   which readers still read by decoding the step events).  Time to open it, read step N, read
+   a graph, build the memory and gradient series, and the bytes each read (kernel count,
+   /proc/self/io) against the file size.
 
     python benchmarks/bench_file.py            # full
     python benchmarks/bench_file.py --quick    # smaller runs, for a smoke test
@@ -24,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from torchscope.session import load
-from torchscope.sessionfile import FLAG_GRAPH, FRAME_HEADER_SIZE, SessionFileWriter, index
+from torchscope.sessionfile import FLAG_GRAPH, FLAG_SERIES, FRAME_HEADER_SIZE, SessionFileWriter, index
+from torchscope.transport import _SERIES_ROWS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,7 +54,7 @@ def _measure(fn: Callable[[], Any], repeat: int = 3) -> tuple[Any, float, int]:
 
 
 # ----------------------------------------------------------------------------- 1. real captures
-def real_sizes(steps: int, tmp: Path) -> list[tuple[str, str, int, int, int, float, float, float]]:
+def real_sizes(steps: int, tmp: Path) -> list[tuple[str, str, int, int, int, float, float, float, float]]:
     rows = []
     for example in ("mlp", "transformer"):
         for mode in ("default", "full"):
@@ -60,12 +64,13 @@ def real_sizes(steps: int, tmp: Path) -> list[tuple[str, str, int, int, int, flo
                            check=True, capture_output=True, timeout=900)
             _, frames = index(path)
             graph_bytes = sum(FRAME_HEADER_SIZE + f.length for f in frames if f.flags & FLAG_GRAPH)
-            other_bytes = sum(FRAME_HEADER_SIZE + f.length for f in frames if not f.flags & FLAG_GRAPH)
+            series_bytes = sum(FRAME_HEADER_SIZE + f.length for f in frames if f.flags & FLAG_SERIES)
+            other_bytes = sum(FRAME_HEADER_SIZE + f.length for f in frames if not f.flags & (FLAG_GRAPH | FLAG_SERIES))
             s = load(path)
             n_ops = sum(len(s.graph(n).get("ops", [])) for n in s.graph_steps)
             n_steps = len(s.steps)
-            rows.append((example, mode, n_steps, len(s.graph_steps), n_ops,
-                         graph_bytes / max(n_ops, 1), other_bytes / max(n_steps, 1), path.stat().st_size / 1024))
+            rows.append((example, mode, n_steps, len(s.graph_steps), n_ops, graph_bytes / max(n_ops, 1),
+                         other_bytes / max(n_steps, 1), series_bytes / max(n_steps, 1), path.stat().st_size / 1024))
     return rows
 
 
@@ -91,9 +96,14 @@ def _graph(s: int, ops: int) -> dict[str, Any]:
             "edges": [[i, i + 1, 0] for i in range(ops - 1)]}
 
 
-def big_session(path: Path, n_steps: int, per_frame: int = 25, graph_every: int = 1000, ops: int = 2000) -> float:
+def big_session(path: Path, n_steps: int, series: bool, per_frame: int = 25, graph_every: int = 1000,
+                ops: int = 2000) -> tuple[float, float]:
+    """Write the session as the transport does (one flush per ``per_frame`` steps; when
+    ``series``, series frames once ``_SERIES_ROWS`` steps wait for them, and at the end);
+    returns (total seconds, seconds spent writing series frames)."""
     n_params = 8
     t0 = time.perf_counter()
+    in_series = 0.0
     w = SessionFileWriter(path)
     w.append([{"kind": "session", "session_id": "bench", "name": "bench", "rank": 0, "world_size": 1,
                "params": [{"name": f"layers.{i}.weight", "module": f"layers.{i}"} for i in range(n_params)]}])
@@ -102,9 +112,17 @@ def big_session(path: Path, n_steps: int, per_frame: int = 25, graph_every: int 
         for s in range(lo, min(lo + per_frame, n_steps)):
             if s % graph_every == 0:
                 w.append([_graph(s, ops)])
+        if series and w.series_pending >= _SERIES_ROWS:
+            t1 = time.perf_counter()
+            w.append_series()
+            in_series += time.perf_counter() - t1
     w.append([{"kind": "end", "t": 1.8e9, "status": "finished", "steps": n_steps}])
+    if series:
+        t1 = time.perf_counter()
+        w.append_series()
+        in_series += time.perf_counter() - t1
     w.close(fsync=False)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, in_series
 
 
 def main() -> None:
@@ -117,35 +135,47 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         print(f"## Bytes on disk, real captures ({real_steps} steps, file only)\n")
-        print("| example | mode | steps | graphs | ops recorded | bytes / op | bytes / step (without graphs) | file KiB |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|")
-        for ex, mode, steps, graphs, ops, b_op, b_step, kib in real_sizes(real_steps, tmp):
-            print(f"| {ex} | {mode} | {steps} | {graphs} | {ops:,} | {b_op:.1f} | {b_step:.0f} | {kib:.0f} |")
+        print("| example | mode | steps | graphs | ops recorded | bytes / op | bytes / step (step frames) "
+              "| bytes / step (series frames) | file KiB |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for ex, mode, steps, graphs, ops, b_op, b_step, b_series, kib in real_sizes(real_steps, tmp):
+            print(f"| {ex} | {mode} | {steps} | {graphs} | {ops:,} | {b_op:.1f} | {b_step:.0f} | {b_series:.0f} "
+                  f"| {kib:.0f} |")
+        for series, label in ((True, "with series frames (1.1)"), (False, "without series frames (a 1.0 file)")):
+            big_file(tmp / f"big-{series}.tscope", n_steps, series, label)
 
-        path = tmp / "big.tscope"
-        wrote = big_session(path, n_steps)
-        size = path.stat().st_size
-        mid = n_steps // 2
-        graph_step = (mid // 1000) * 1000
-        rows: list[tuple[str, float, int]] = []
-        s, dt, nb = _measure(lambda: load(path))
-        rows.append(("open (`load()`: index + session record)", dt, nb))
-        _, dt, nb = _measure(lambda: load(path).step(mid))
-        rows.append((f"open + `step({mid})`", dt, nb))
-        _, dt, nb = _measure(lambda: load(path).graph(graph_step))
-        rows.append((f"open + `graph({graph_step})` (2,000 ops)", dt, nb))
-        _, dt, nb = _measure(lambda: load(path).memory(), repeat=2)
-        rows.append(("open + `memory()` (all steps)", dt, nb))
-        _, dt, nb = _measure(lambda: load(path).grads(), repeat=2)
-        rows.append(("open + `grads()` (all steps)", dt, nb))
-        frames = len(index(path)[1])
-        print(f"\n## A {n_steps:,}-step session: {size / 2**20:.1f} MiB, {frames:,} frames "
-              f"(written in {wrote:.1f} s, {size / n_steps:.0f} bytes/step incl. graphs)\n")
-        print("| operation | time (best) | bytes read | share of file |")
-        print("|---|---:|---:|---:|")
-        for label, dt, nb in rows:
-            print(f"| {label} | {dt * 1000:.1f} ms | {nb:,} | {nb / size:.1%} |")
-        print(f"\nsession: {s!r}")
+
+def big_file(path: Path, n_steps: int, series: bool, label: str) -> None:
+    wrote, in_series = big_session(path, n_steps, series)
+    size = path.stat().st_size
+    mid = n_steps // 2
+    graph_step = (mid // 1000) * 1000
+    rows: list[tuple[str, float, int]] = []
+    s, dt, nb = _measure(lambda: load(path))
+    rows.append(("open (`load()`: index + session record)", dt, nb))
+    _, dt, nb = _measure(lambda: load(path).step(mid))
+    rows.append((f"open + `step({mid})`", dt, nb))
+    _, dt, nb = _measure(lambda: load(path).graph(graph_step))
+    rows.append((f"open + `graph({graph_step})` (2,000 ops)", dt, nb))
+    slow = 1 if not series else 3  # decoding every step event takes seconds: fewer repeats
+    _, dt, nb = _measure(lambda: load(path).memory(), repeat=slow)
+    rows.append(("open + `memory()` (all steps)", dt, nb))
+    _, dt, nb = _measure(lambda: load(path).grads(), repeat=slow)
+    rows.append(("open + `grads()` (all steps)", dt, nb))
+    _, dt, nb = _measure(lambda: load(path).summary(), repeat=slow)
+    rows.append(("open + `summary()` (all steps)", dt, nb))
+    _, dt, nb = _measure(lambda: len(load(path)), repeat=slow)
+    rows.append(("open + `len()`", dt, nb))
+    _, frames = index(path)
+    series_bytes = sum(FRAME_HEADER_SIZE + f.length for f in frames if f.flags & FLAG_SERIES)
+    print(f"\n## A {n_steps:,}-step session {label}: {size / 2**20:.1f} MiB, {len(frames):,} frames, "
+          f"series frames {series_bytes / 2**20:.1f} MiB\n\n(written in {wrote:.1f} s, of which series frames "
+          f"{in_series:.1f} s = {in_series / n_steps * 1e6:.0f} µs/step; {size / n_steps:.0f} bytes/step incl. graphs)\n")
+    print("| operation | time (best) | bytes read | share of file |")
+    print("|---|---:|---:|---:|")
+    for label_, dt, nb in rows:
+        print(f"| {label_} | {dt * 1000:.1f} ms | {nb:,} | {nb / size:.1%} |")
+    print(f"\nsession: {s!r}")
 
 
 if __name__ == "__main__":

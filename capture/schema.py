@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 0)
+SCHEMA_VERSION: tuple[int, int] = (1, 1)
 
 # Bounds that keep a hostile or runaway file/payload from exhausting memory.
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # compressed payload of one frame
@@ -96,10 +96,10 @@ class MemoryStats(TypedDict, total=False):
     grads: int
     optimizer: int  # optimizer state tensors (exp_avg, momentum buffers, ...)
     saved: int  # activations saved for backward (peak during the step)
-    temporaries: int
-    other: int
+    temporaries: int  # captured steps: bytes at the ledger's peak beyond state and saved activations
+    other: int  # CUDA: allocator bytes that no named storage accounts for
     live: int  # all live storages the capture knows of
-    peak: int  # peak live bytes during the step
+    peak: int  # peak live bytes during the step (measured by the op ledger on captured steps)
     device: dict[str, int]  # CUDA allocator view: allocated, reserved, active, inactive, peak, num_alloc_retries...
 
 
@@ -108,7 +108,7 @@ class ActivationGrad(TypedDict, total=False):
     norm: float
     max_abs: float
     zero_frac: float
-    nan: int
+    nan: int  # counted on steps after a non-finite one; 0 when norm is finite; absent otherwise
     inf: int
 
 
@@ -254,6 +254,22 @@ class EndEvent(TypedDict, total=False):
     steps: int
     shed_ops: int  # per-op detail dropped under back-pressure over the whole run
     message: str
+
+
+# ----------------------------------------------------------------------------- series (1.1)
+class SeriesRecord(TypedDict, total=False):
+    """Columns of the step events written before it (format 1.1): derived data, not an event.
+
+    Alone in a frame flagged FLAG_SERIES (plus FLAG_SERIES_STEPS or FLAG_SERIES_GRADS naming
+    the part) whose step range is that of its rows.  Row i of every column belongs to the i-th
+    step event in the frames since the previous series record of the same part.  Column names
+    and types: capture/series.py PARTS and docs/session-format.md.  Readers of events skip it.
+    """
+
+    kind: Literal["series"]
+    part: Literal["memory", "steps", "grads"]  # memory_series columns / step_summary's others / gradient lists
+    rank: int  # rank of its step events (absent when they have none)
+    columns: dict[str, list[object]]  # column name -> one value per step event, in file order
 
 
 # ----------------------------------------------------------------------------- findings

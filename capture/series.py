@@ -1,4 +1,5 @@
-"""StepEvents -> columnar series: the one place both ``torchscope.load()`` and the server use.
+"""StepEvents -> columnar series: the one place ``torchscope.load()``, the server and the
+session file's ``series`` records use.
 
 A chart wants one array per quantity (``live[i]`` is the live bytes of ``step[i]``), while the
 file and the wire carry one record per step.  Turning one into the other lives here so that a
@@ -7,18 +8,76 @@ Standard library only (imported inside the training process's package).
 
 Every function takes plain dicts as they come out of ``json.loads`` and tolerates absent
 optional fields: an unknown value is ``None`` in the columns, never a guess.
+
+Since format 1.1 a session file also stores the columns themselves (``series`` records, see
+docs/session-format.md), so a whole-run series never needs the step events: ``columns(steps,
+part)`` is what the capture stores, ``check_columns`` what a reader checks, and
+``grads_from_columns`` / ``summary_from_columns`` turn stored columns into the series (the
+``memory`` part is the memory series itself).  ``memory_series`` and ``grad_series`` go
+through the same columns, so a series read from a file and one computed from its step events
+agree by construction.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 # MemoryStats keys copied as they are; "allocated"/"reserved" come from the CUDA allocator view.
 _MEMORY_KEYS = ("live", "peak", "params", "grads", "optimizer", "saved", "temporaries", "other")
 _DEVICE_KEYS = ("allocated", "reserved")
+_MEMORY_COLUMNS = (*_MEMORY_KEYS, *_DEVICE_KEYS)
 _GRAD_LISTS = ("norm", "max_abs", "nan", "inf", "zero_frac")
+_SUMMARY_KEYS = (
+    "step",
+    "rank",
+    "t",
+    "duration_us",
+    "forward_us",
+    "backward_us",
+    "micro_batches",
+    "loss",
+    "live",
+    "peak",
+    "allocated",
+    "reserved",
+    "grad_norm",
+    "grad_nan",
+    "grad_inf",
+    "grad_none",
+    "graph_captured",
+    "graph_signature",
+)
+# positions in ``_memory_values`` (step_summary runs per step in the server's ingest: no dicts)
+_LIVE, _PEAK, _ALLOCATED, _RESERVED = map(_MEMORY_COLUMNS.index, ("live", "peak", "allocated", "reserved"))
+
+# The parts of a series record, each stored in frames of its own so that a reader reads only
+# what it asks for (the memory series is small; the per-parameter gradient lists are the
+# bulk): the column names, in order.  Each part has ``step``, so each stands alone.
+PARTS: dict[str, tuple[str, ...]] = {
+    "memory": ("step", "t", *_MEMORY_COLUMNS),  # memory_series
+    # step_summary's other columns
+    "steps": tuple(k for k in _SUMMARY_KEYS if k not in _MEMORY_COLUMNS and k != "t"),
+    "grads": ("step", *_GRAD_LISTS, "none"),  # per step the step's lists, None where absent
+}
+
+_NONE: type = type(None)
+_INTS: frozenset[type] = frozenset({int, _NONE})
+_NUMBERS: frozenset[type] = frozenset({int, float, _NONE})
+_FLOAT = frozenset({float})
+# the JSON types a column may hold, checked when a series record is read back
+_COLUMN_TYPES: dict[str, frozenset[type]] = {
+    **dict.fromkeys((*PARTS["memory"], *PARTS["steps"]), _INTS),
+    "t": _NUMBERS,
+    "loss": _NUMBERS,
+    "grad_norm": _NUMBERS,
+    "graph_captured": frozenset({bool}),
+    "graph_signature": frozenset({str, _NONE}),
+}
+# the grads part's columns hold a list (or None) per step, with items of these types
+_ITEM_TYPES: dict[str, frozenset[type]] = {**dict.fromkeys(_GRAD_LISTS, _NUMBERS), "none": frozenset({int})}
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -36,18 +95,38 @@ def _as_mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _aligned(values: Any, n: int) -> list[Any]:
-    """A per-parameter list padded/cut to ``n`` entries (None where unknown)."""
+def _numbers(values: Any) -> list[Any] | None:
+    """A per-parameter list with every non-number as None; None when the step has no list."""
     if not isinstance(values, list):
+        return None
+    if set(map(type, values)) <= _NUMBERS:
+        return values  # the capture's own lists: one C pass to check, no copy
+    return [_num_or_none(v) for v in values]
+
+
+def _indices(values: Any) -> list[int] | None:
+    if not isinstance(values, list):
+        return None
+    return [i for i in values if _int_or_none(i) is not None]
+
+
+def _aligned(values: list[Any] | None, n: int) -> list[Any]:
+    """A list from ``_numbers`` padded/cut to ``n`` entries (None where unknown)."""
+    if values is None:
         return [None] * n
-    out = [_num_or_none(v) for v in values[:n]]
-    out.extend([None] * (n - len(out)))
-    return out
+    if len(values) == n:  # the usual case: one copy, no padding
+        return values.copy()
+    return values[:n] + [None] * (n - len(values))
 
 
 def total_grad_norm(norms: Iterable[Any]) -> float | None:
     """L2 norm over all parameters (what ``clip_grad_norm_`` reports); None when no grads."""
     total = 0.0
+    if type(norms) is list and norms and set(map(type, norms)) == _FLOAT:
+        # the usual list of floats (one C pass to check); the same sum, in the same order
+        for v in norms:
+            total += v * v
+        return math.sqrt(total)
     seen = False
     for v in norms:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -62,50 +141,16 @@ def _sum_ints(values: Any) -> int | None:
     return sum(v for v in values if isinstance(v, int) and not isinstance(v, bool))
 
 
-def memory_series(steps: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
-    """Columns ``step, t, live, peak, params, grads, optimizer, saved, temporaries, other,
-    allocated, reserved``; one entry per step event, in the order given."""
-    cols: dict[str, list[Any]] = {k: [] for k in ("step", "t", *_MEMORY_KEYS, *_DEVICE_KEYS)}
-    for ev in steps:
-        mem = _as_mapping(ev.get("memory"))
-        dev = _as_mapping(mem.get("device"))
-        cols["step"].append(_int_or_none(ev.get("step")))
-        cols["t"].append(_num_or_none(ev.get("t")))
-        for k in _MEMORY_KEYS:
-            cols[k].append(_int_or_none(mem.get(k)))
-        for k in _DEVICE_KEYS:
-            cols[k].append(_int_or_none(dev.get(k)))
-    return cols
-
-
-def grad_series(steps: Sequence[Mapping[str, Any]], params: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Per-step gradient statistics aligned with the session's parameter list.
-
-    Returns ``params`` (names), ``modules`` (owning module of each), ``steps``, and per step:
-    ``norm``, ``max_abs``, ``nan``, ``inf``, ``zero_frac`` (each a list aligned with
-    ``params``), ``none`` (indices whose ``.grad`` was None) and ``total_norm``.
-    """
-    names = [str(p.get("name", f"param{i}")) for i, p in enumerate(params)]
-    modules = [str(p.get("module", "")) for p in params]
-    n = len(names)
-    out: dict[str, Any] = {"params": names, "modules": modules, "steps": [], "none": [], "total_norm": []}
-    for k in _GRAD_LISTS:
-        out[k] = []
-    for ev in steps:
-        grads = _as_mapping(ev.get("grads"))
-        out["steps"].append(_int_or_none(ev.get("step")))
-        for k in _GRAD_LISTS:
-            out[k].append(_aligned(grads.get(k), n))
-        none = grads.get("none")
-        out["none"].append([i for i in none if _int_or_none(i) is not None] if isinstance(none, list) else [])
-        out["total_norm"].append(total_grad_norm(out["norm"][-1]))
-    return out
-
-
-def step_summary(ev: Mapping[str, Any]) -> dict[str, Any]:
-    """Scalar columns of one step (what a store keeps per row for fast charts and filters)."""
+# ----------------------------------------------------------------------------- one step event
+def _memory_values(ev: Mapping[str, Any]) -> tuple[int | None, ...]:
+    """The step's bytes in ``_MEMORY_COLUMNS`` order."""
     mem = _as_mapping(ev.get("memory"))
     dev = _as_mapping(mem.get("device"))
+    return (*map(_int_or_none, map(mem.get, _MEMORY_KEYS)), *map(_int_or_none, map(dev.get, _DEVICE_KEYS)))
+
+
+def _scalars(ev: Mapping[str, Any]) -> dict[str, Any]:
+    """``step_summary`` but the memory columns."""
     grads = _as_mapping(ev.get("grads"))
     none = grads.get("none")
     return {
@@ -117,10 +162,6 @@ def step_summary(ev: Mapping[str, Any]) -> dict[str, Any]:
         "backward_us": _int_or_none(ev.get("backward_us")),
         "micro_batches": _int_or_none(ev.get("micro_batches")),
         "loss": _num_or_none(ev.get("loss")),
-        "live": _int_or_none(mem.get("live")),
-        "peak": _int_or_none(mem.get("peak")),
-        "allocated": _int_or_none(dev.get("allocated")),
-        "reserved": _int_or_none(dev.get("reserved")),
         "grad_norm": total_grad_norm(norm if isinstance(norm := grads.get("norm"), list) else ()),
         "grad_nan": _sum_ints(grads.get("nan")),
         "grad_inf": _sum_ints(grads.get("inf")),
@@ -128,3 +169,123 @@ def step_summary(ev: Mapping[str, Any]) -> dict[str, Any]:
         "graph_captured": bool(ev.get("graph_captured", False)),
         "graph_signature": ev.get("graph_signature") if isinstance(ev.get("graph_signature"), str) else None,
     }
+
+
+def step_summary(ev: Mapping[str, Any]) -> dict[str, Any]:
+    """Scalar columns of one step (what a store keeps per row for fast charts and filters)."""
+    mem = _memory_values(ev)
+    return {
+        **_scalars(ev),
+        "live": mem[_LIVE],
+        "peak": mem[_PEAK],
+        "allocated": mem[_ALLOCATED],
+        "reserved": mem[_RESERVED],
+    }
+
+
+def _memory_row(ev: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (_int_or_none(ev.get("step")), _num_or_none(ev.get("t")), *_memory_values(ev))
+
+
+def _steps_row(ev: Mapping[str, Any]) -> tuple[Any, ...]:
+    scalars = _scalars(ev)
+    return tuple(scalars[k] for k in PARTS["steps"])
+
+
+def _grads_row(ev: Mapping[str, Any]) -> tuple[Any, ...]:
+    grads = _as_mapping(ev.get("grads"))
+    return (
+        _int_or_none(ev.get("step")),
+        *map(_numbers, map(grads.get, _GRAD_LISTS)),
+        _indices(grads.get("none")),
+    )
+
+
+_ROWS = {"memory": _memory_row, "steps": _steps_row, "grads": _grads_row}
+
+
+# ----------------------------------------------------------------------------- columns
+def columns(steps: Iterable[Mapping[str, Any]], part: str) -> dict[str, list[Any]]:
+    """The columns of one part (``PARTS``) over step events, in the order given: what a
+    ``series`` record stores."""
+    keys = PARTS[part]
+    rows = list(map(_ROWS[part], steps))
+    if not rows:
+        return {k: [] for k in keys}
+    return {k: list(col) for k, col in zip(keys, zip(*rows, strict=True), strict=True)}
+
+
+def concat(pieces: Sequence[Mapping[str, list[Any]]], part: str) -> dict[str, list[Any]]:
+    """The columns of consecutive runs of steps, joined."""
+    return {k: list(chain.from_iterable(p[k] for p in pieces)) for k in PARTS[part]}
+
+
+def check_columns(cols: Any, part: str) -> dict[str, list[Any]]:
+    """The columns of a ``series`` record read back from a file, checked: every column of
+    ``part`` present, all of one length, every value of its JSON type.  ``ValueError`` (one
+    line) otherwise.  Columns a newer minor version adds are dropped."""
+    if not isinstance(cols, dict):
+        raise ValueError(f"series record ({part}) has no columns")
+    rows = None
+    for k in PARTS[part]:
+        col = cols.get(k)
+        if type(col) is not list:
+            raise ValueError(f"series record ({part}) lacks the column {k!r}")
+        if rows is None:
+            rows = len(col)
+        elif len(col) != rows:
+            raise ValueError(f"series record ({part}): column {k!r} has {len(col)} rows, not {rows}")
+        if k in _ITEM_TYPES and part == "grads":
+            lists = [v for v in col if v is not None]
+            ok = (
+                set(map(type, lists)) <= {list}
+                and set(map(type, chain.from_iterable(lists))) <= _ITEM_TYPES[k]
+            )
+        else:
+            ok = set(map(type, col)) <= _COLUMN_TYPES[k]
+        if not ok:
+            raise ValueError(f"series record ({part}): column {k!r} holds a value of the wrong type")
+    return {k: cols[k] for k in PARTS[part]}
+
+
+def summary_from_columns(
+    memory: Mapping[str, list[Any]], steps: Mapping[str, list[Any]]
+) -> dict[str, list[Any]]:
+    """``step_summary`` of every step, as columns, from the ``memory`` and ``steps`` parts'
+    columns (rows of the same steps)."""
+    return {k: list(steps[k] if k in steps else memory[k]) for k in _SUMMARY_KEYS}
+
+
+def grads_from_columns(grads: Mapping[str, list[Any]], params: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``grad_series`` from the ``grads`` part's columns."""
+    names = [str(p.get("name", f"param{i}")) for i, p in enumerate(params)]
+    modules = [str(p.get("module", "")) for p in params]
+    n = len(names)
+    out: dict[str, Any] = {
+        "params": names,
+        "modules": modules,
+        "steps": list(grads["step"]),
+        "none": [list(v) if v is not None else [] for v in grads["none"]],
+        "total_norm": [],
+    }
+    for k in _GRAD_LISTS:
+        out[k] = [_aligned(v, n) for v in grads[k]]
+    out["total_norm"] = [total_grad_norm(v) for v in out["norm"]]
+    return out
+
+
+# ----------------------------------------------------------------------------- step events -> series
+def memory_series(steps: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Columns ``step, t, live, peak, params, grads, optimizer, saved, temporaries, other,
+    allocated, reserved``; one entry per step event, in the order given (the ``memory`` part)."""
+    return columns(steps, "memory")
+
+
+def grad_series(steps: Sequence[Mapping[str, Any]], params: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per-step gradient statistics aligned with the session's parameter list.
+
+    Returns ``params`` (names), ``modules`` (owning module of each), ``steps``, and per step:
+    ``norm``, ``max_abs``, ``nan``, ``inf``, ``zero_frac`` (each a list aligned with
+    ``params``), ``none`` (indices whose ``.grad`` was None) and ``total_norm``.
+    """
+    return grads_from_columns(columns(steps, "grads"), params)

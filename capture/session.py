@@ -3,8 +3,11 @@
 Opening walks the frame headers only (``sessionfile.index``) and decodes the first frame for
 the ``session`` record; everything else is decoded on demand.  Graph events live in frames of
 their own flagged ``FLAG_GRAPH`` with their step in the header, so ``graph(n)`` decodes one
-frame and ``steps``/``memory()``/``grads()`` decode every frame *except* the graphs, which
-are the bulk of a file.  Every record is validated (``validate.py``) as it is decoded.
+frame and ``steps`` decodes every frame *except* the graphs (the bulk of a file) and the
+series frames.  ``memory()``, ``grads()``, ``summary()`` and ``len()`` read the series frames
+(format 1.1, flagged ``FLAG_SERIES``) instead of the step events, plus the step events of any
+step frames after the last series frame (a killed writer's last flush, or a 1.0 file that has
+none).  Every record is validated (``validate.py``, ``series.check_columns``) as it is decoded.
 """
 
 from __future__ import annotations
@@ -16,7 +19,16 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import series
-from .sessionfile import FLAG_GRAPH, FrameInfo, SessionFileError, index, read_frames
+from .sessionfile import (
+    FLAG_GRAPH,
+    FLAG_SERIES,
+    NO_STEP,
+    FrameInfo,
+    SessionFileError,
+    index,
+    read_frames,
+    series_part,
+)
 from .validate import RecordError, validate_event
 
 if TYPE_CHECKING:
@@ -38,24 +50,67 @@ class Session:
         self.meta: SessionEvent = first[0]  # type: ignore[assignment]
         self._steps: list[StepEvent] | None = None
         self._tail: list[dict[str, Any]] | None = None  # log/end records (decoded with the steps)
+        self._columns: dict[str, dict[str, list[Any]]] = {}  # series part -> its columns, whole run
+        self._decoded: dict[int, list[dict[str, Any]]] = {}  # seq -> records of a plain frame
 
     # ------------------------------------------------------------------ decoding
     def _decode(self, frames: list[FrameInfo]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for events in read_frames(self.path, frames):
+        return [ev for records in self._decode_each(frames) for ev in records]
+
+    def _decode_each(self, frames: list[FrameInfo]) -> Iterator[list[dict[str, Any]]]:
+        """The records of each of these frames, validated; a series record comes back with
+        its columns checked."""
+        for info, events in zip(frames, read_frames(self.path, frames), strict=True):
+            out: list[dict[str, Any]] = []
             for ev in events:
+                if ev["kind"] == "series":  # check_records matched its part with the frame's flags
+                    try:
+                        ev["columns"] = series.check_columns(ev.get("columns"), ev["part"])
+                    except ValueError as exc:
+                        where = f"{self._name} is corrupt at byte {info.offset}"
+                        raise SessionFileError(f"{where}: {exc}") from None
+                    out.append(ev)
+                    continue
                 try:
                     out.append(validate_event(ev))
                 except RecordError as exc:
                     raise SessionFileError(f"{self._name}: {exc}") from None
-        return out
+            yield out
+
+    def _plain_records(self, frames: list[FrameInfo]) -> list[dict[str, Any]]:
+        """The records of these plain frames, each frame decoded once per Session (a 1.0 file's
+        series and ``steps`` share one decode)."""
+        todo = [f for f in frames if f.seq not in self._decoded]
+        for f, records in zip(todo, self._decode_each(todo), strict=True):
+            self._decoded[f.seq] = records
+        return [e for f in frames for e in self._decoded[f.seq]]
 
     def _load_records(self) -> None:
         if self._steps is not None:
             return
-        records = self._decode([f for f in self._frames if not f.flags & FLAG_GRAPH])
+        records = self._plain_records([f for f in self._frames if _plain(f)])
         self._steps = [e for e in records if e["kind"] == "step"]  # type: ignore[misc]
         self._tail = [e for e in records if e["kind"] in ("log", "end")]
+
+    def _series(self, part: str) -> dict[str, list[Any]]:
+        """The whole run's columns of one series part: the series frames of that part, then
+        the step events of the step frames after the last of them (none in a file closed
+        normally; all of them in a 1.0 file)."""
+        if part in self._columns:
+            return self._columns[part]
+        stored: list[FrameInfo] = []
+        after: list[FrameInfo] = []  # frames not covered by a series frame of this part yet
+        for f in self._frames:
+            if f.flags & FLAG_SERIES:
+                if series_part(f) == part:
+                    stored.append(f)
+                    after = []
+            elif _plain(f) and f.step_lo != NO_STEP:  # every step event has a step
+                after.append(f)
+        pieces = [r["columns"] for r in self._decode(stored)]
+        pieces.append(series.columns([e for e in self._plain_records(after) if e["kind"] == "step"], part))
+        self._columns[part] = series.concat(pieces, part)
+        return self._columns[part]
 
     # ------------------------------------------------------------------ identity
     @property
@@ -110,8 +165,7 @@ class Session:
         if self._steps is not None:
             pool: list[Any] = self._steps
         else:
-            frames = [f for f in self._frames if not f.flags & FLAG_GRAPH and f.step_lo <= n <= f.step_hi]
-            pool = self._decode(frames)
+            pool = self._decode([f for f in self._frames if _plain(f) and f.step_lo <= n <= f.step_hi])
         for ev in pool:
             if ev.get("kind") == "step" and ev.get("step") == n:
                 return ev  # type: ignore[no-any-return]
@@ -135,18 +189,24 @@ class Session:
         raise KeyError(f"no graph captured for {which}; captured steps: {captured}")
 
     # ------------------------------------------------------------------ series and doctor
+    # whole-run series come from the series frames: small, and no step event is decoded
     def memory(self) -> dict[str, list[Any]]:
         """Columnar memory series (see ``series.memory_series``)."""
-        return series.memory_series(self.steps)  # type: ignore[arg-type]
+        return {k: list(v) for k, v in self._series("memory").items()}
 
     def grads(self) -> dict[str, Any]:
-        """Columnar gradient statistics aligned with ``meta['params']``."""
-        return series.grad_series(self.steps, self.meta.get("params", []))  # type: ignore[arg-type]
+        """Columnar gradient statistics aligned with ``meta['params']`` (``series.grad_series``)."""
+        return series.grads_from_columns(self._series("grads"), self.meta.get("params", []))  # type: ignore[arg-type]
+
+    def summary(self) -> dict[str, list[Any]]:
+        """``series.step_summary`` of every step, as columns (step, loss, duration_us, ...)."""
+        return series.summary_from_columns(self._series("memory"), self._series("steps"))
 
     def events(self) -> Iterator[dict[str, Any]]:
-        """Every record in file order, graphs included (validated, decoded frame by frame)."""
+        """Every record in file order, graphs included (validated, decoded frame by frame).
+        Series frames are checked but not yielded: they are derived from the step events."""
         for frame in self._frames:
-            yield from self._decode([frame])
+            yield from (e for e in self._decode([frame]) if e["kind"] != "series")
 
     def diagnostics(self, settings: Any = None) -> list[Finding]:
         from .doctor import diagnose  # the doctor is optional for a reader; import on use
@@ -154,15 +214,21 @@ class Session:
         return list(diagnose(self.events(), settings))
 
     def __len__(self) -> int:
-        return len(self.steps)
+        """The number of step events (from the series frames: no step event is decoded)."""
+        return len(self._series("memory")["step"])
 
     def __repr__(self) -> str:
         graphs = len(self.graph_steps)
         rank = f" rank {self.rank}/{self.world_size}" if self.world_size > 1 else ""
         return (
             f"<torchscope.Session {self.name or self._name!r} id={self.session_id}{rank}: "
-            f"{len(self.steps)} steps, {graphs} captured graphs, {self.status}>"
+            f"{len(self)} steps, {graphs} captured graphs, {self.status}>"
         )
+
+
+def _plain(frame: FrameInfo) -> bool:
+    """A frame of step, log, end or session records (not a graph, not a series frame)."""
+    return not frame.flags & (FLAG_GRAPH | FLAG_SERIES)
 
 
 def _writer_alive(meta: dict[str, Any] | SessionEvent) -> bool:

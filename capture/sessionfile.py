@@ -8,14 +8,19 @@ Layout (all integers little-endian)::
               i64 step_lo i64 step_hi  payload[length]                (40-byte header)
     payload:= zlib( JSON lines, one event per line )
 
+Since format 1.1 the writer follows the step frames of each flush with one ``series`` frame
+per part of ``series.PARTS`` (flags ``FLAG_SERIES`` plus a bit naming the part): the columns
+``series.columns`` makes of the step events written since the previous series frame of that
+part, so whole-run series read those small frames instead of every step event.
+
 Why a frame stream and not SQLite as the file: the training process only ever appends, so a
 SIGKILL at any moment leaves every whole frame readable and at most a torn tail, which the
 reader drops (checked by length and CRC); there is no journal or WAL side-file to lose when
 the file is mailed to a colleague; and a frame is exactly what goes over the wire to the
 server, so there is one codec for both.  Random access comes from the 40-byte headers:
 ``index()`` walks headers only (seek past payloads), then a reader decompresses just the
-frames whose step range it needs.  zlib is in the standard library, which the capture side
-is limited to.
+frames whose step range it needs, or the series frames for a whole-run series.  zlib is in
+the standard library, which the capture side is limited to.
 
 Data only: payloads are JSON, never pickle; lengths and counts are bounded by the limits in
 ``schema``.  A damaged *last* frame is a torn tail and is dropped; damage anywhere else (CRC,
@@ -33,6 +38,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from . import series
 from .schema import MAX_EVENT_BYTES, MAX_FRAME_BYTES, MAX_FRAME_EVENTS, SCHEMA_VERSION
 
 MAGIC = b"\x89TSCOPE\n"
@@ -45,7 +51,17 @@ NO_STEP = -1
 
 # Frame flags.
 FLAG_GRAPH = 1  # the frame holds a GraphEvent (kept in frames of their own for random access)
-_KNOWN_FLAGS = FLAG_GRAPH  # other bits are reserved: 0 in every 1.x file
+FLAG_SERIES = 2  # the frame holds one series record (1.1): columns of the step events before it
+FLAG_SERIES_STEPS = 4  # with FLAG_SERIES: the record is the "steps" part
+FLAG_SERIES_GRADS = 8  # with FLAG_SERIES: the record is the "grads" part (neither: "memory")
+_KNOWN_FLAGS = FLAG_GRAPH | FLAG_SERIES | FLAG_SERIES_STEPS | FLAG_SERIES_GRADS  # others: 0 in every 1.x file
+# a series frame's flags name its part, so a reader picks the frames of one part by header
+SERIES_FLAGS = {
+    "memory": FLAG_SERIES,
+    "steps": FLAG_SERIES | FLAG_SERIES_STEPS,
+    "grads": FLAG_SERIES | FLAG_SERIES_GRADS,
+}
+_SERIES_BITS = FLAG_SERIES | FLAG_SERIES_STEPS | FLAG_SERIES_GRADS
 
 
 class SessionFileError(ValueError):
@@ -84,7 +100,29 @@ def check_file_header(data: bytes, name: str = "file") -> tuple[int, int]:
 
 def _step_range(events: list[dict[str, Any]]) -> tuple[int, int]:
     steps = [e["step"] for e in events if isinstance(e.get("step"), int)]
+    for e in events:  # a series record's steps are a column
+        cols = e.get("columns") if e.get("kind") == "series" else None
+        if isinstance(cols, dict) and isinstance(cols.get("step"), list):
+            steps.extend(s for s in cols["step"] if isinstance(s, int) and not isinstance(s, bool))
     return (min(steps), max(steps)) if steps else (NO_STEP, NO_STEP)
+
+
+def _flags(events: list[dict[str, Any]]) -> int:
+    flags = 0
+    for e in events:
+        kind = e.get("kind")
+        if kind == "graph":
+            flags |= FLAG_GRAPH
+        elif kind == "series":
+            # an unknown part gets flags no valid header has, so check_records rejects it
+            flags |= SERIES_FLAGS.get(str(e.get("part")), _SERIES_BITS)
+    return flags
+
+
+def series_part(info: FrameInfo) -> str | None:
+    """The series part a frame holds, from its header; None for other frames."""
+    bits = info.flags & _SERIES_BITS
+    return next((part for part, flags in SERIES_FLAGS.items() if flags == bits), None) if bits else None
 
 
 def encode_frame(seq: int, events: list[dict[str, Any]], level: int = 1) -> bytes:
@@ -92,9 +130,19 @@ def encode_frame(seq: int, events: list[dict[str, Any]], level: int = 1) -> byte
     body = "\n".join(json.dumps(e, separators=(",", ":"), allow_nan=True) for e in events).encode()
     payload = zlib.compress(body, level)
     lo, hi = _step_range(events)
-    flags = FLAG_GRAPH if any(e.get("kind") == "graph" for e in events) else 0
+    flags = _flags(events)
     header = _FRAME.pack(FRAME_TAG, len(payload), zlib.crc32(payload), seq, len(events), flags, lo, hi)
     return header + payload
+
+
+def series_record(steps: list[dict[str, Any]], part: str) -> dict[str, Any]:
+    """The ``series`` record (``schema.SeriesRecord``) of one part over these step events."""
+    rank = next((r for e in steps if isinstance(r := e.get("rank"), int) and not isinstance(r, bool)), None)
+    record: dict[str, Any] = {"kind": "series", "part": part}
+    if rank is not None:  # readers that group records by rank (the doctor) file it with its steps
+        record["rank"] = rank
+    record["columns"] = series.columns(steps, part)
+    return record
 
 
 def parse_frame_header(data: bytes, offset: int = 0) -> FrameInfo:
@@ -107,6 +155,10 @@ def parse_frame_header(data: bytes, offset: int = 0) -> FrameInfo:
         raise SessionFileError("frame exceeds the size limits")
     if flags & ~_KNOWN_FLAGS:
         raise SessionFileError("frame has unknown flags")
+    # a series frame holds exactly one record, of one part, and nothing else
+    series_bits = flags & _SERIES_BITS
+    if series_bits and (series_bits not in SERIES_FLAGS.values() or flags & FLAG_GRAPH or n != 1):
+        raise SessionFileError("frame header has impossible flags")
     # the header is outside the CRC, and index() trusts it: cheap sanity on the step range
     # (a graph frame holds one graph, so one step)
     if lo > hi or lo < NO_STEP or (lo == NO_STEP) != (hi == NO_STEP) or (flags & FLAG_GRAPH and not lo == hi >= 0):
@@ -162,11 +214,11 @@ def decompress_payload(info: FrameInfo, payload: bytes, header: bytes | None = N
 
 def check_records(info: FrameInfo, events: list[dict[str, Any]]) -> None:
     """The header is outside the CRC: check that its event count, step range and flags (which
-    random access trusts) say what the decoded records hold."""
+    random access trusts) say what the decoded records hold.  (The columns of a series record
+    are checked by the reader that reads them: ``series.check_columns``.)"""
     if len(events) != info.n_events:
         raise SessionFileError("frame event count mismatch")
-    graph = any(e["kind"] == "graph" for e in events)
-    if _step_range(events) != (info.step_lo, info.step_hi) or bool(info.flags & FLAG_GRAPH) != graph:
+    if _step_range(events) != (info.step_lo, info.step_hi) or _flags(events) != info.flags:
         raise SessionFileError("frame header does not match its records")
 
 
@@ -181,10 +233,13 @@ class SessionFileWriter:
         self._f.flush()
         self.seq = 0
         self.frames: list[FrameInfo] = []
+        # per series part: the step events appended since that part's last series frame
+        self._unseries: dict[str, list[dict[str, Any]]] = {part: [] for part in series.PARTS}
 
     def append(self, events: list[dict[str, Any]]) -> FrameInfo:
         frame = encode_frame(self.seq, events)
         offset = self._f.tell()
+        info = parse_frame_header(frame, offset)  # before writing: never put a bad frame on disk
         try:
             self._f.write(frame)
             # flush to the OS so a SIGKILL of this process loses nothing already appended
@@ -195,10 +250,28 @@ class SessionFileWriter:
             self._f.seek(offset)
             self._f.truncate(offset)
             raise
-        info = parse_frame_header(frame, offset)
         self.frames.append(info)
         self.seq += 1
+        if not info.flags & (FLAG_GRAPH | FLAG_SERIES) and info.step_lo != NO_STEP:
+            steps = [e for e in events if e.get("kind") == "step"]
+            for pending in self._unseries.values():
+                pending.extend(steps)
         return info
+
+    @property
+    def series_pending(self) -> int:
+        """Step events appended and not yet in a series frame (of every part)."""
+        return max(map(len, self._unseries.values()))
+
+    def append_series(self) -> None:
+        """Write the series frames of the step events appended since the last ones: one frame
+        per part of ``series.PARTS``, in that order.  A part whose frame fails to write (a full disk) keeps its
+        steps for the next call, so a series frame always covers exactly the step frames
+        between it and the previous series frame of its part."""
+        for part, pending in self._unseries.items():
+            if pending:
+                self.append([series_record(pending, part)])
+                pending.clear()
 
     def read_frame(self, info: FrameInfo) -> bytes:
         """The raw bytes of a frame already written (for resending over the wire)."""
@@ -318,9 +391,10 @@ def read_frames(path: str | os.PathLike[str], frames: Iterable[FrameInfo]) -> It
 
 
 def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Every readable event of a session file, in order."""
+    """Every readable event of a session file, in order.  Series frames (1.1) are skipped:
+    their records are derived from the step events, not events."""
     _, frames = index(path)
-    for events in read_frames(path, frames):
+    for events in read_frames(path, [f for f in frames if not f.flags & FLAG_SERIES]):
         yield from events
 
 

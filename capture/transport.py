@@ -1,8 +1,9 @@
 """Background transport: events -> session file -> server, never on the training thread.
 
 The training thread only calls ``emit`` (a deque append).  One daemon thread wakes every
-``flush_interval`` seconds, writes the pending events to the session file as frames, and
-then sends to the server every frame the server does not have yet, read back from the file.
+``flush_interval`` seconds, writes the pending events to the session file as frames (and,
+every few hundred steps, the series frames of those steps), and then sends to the server every
+frame the server does not have yet, read back from the file.
 The file is therefore the source of truth: when the server is down the thread backs off and
 keeps writing; when it comes back the server says which frame it expects next
 (``GET /api/ingest/{session}/{rank}/next``) and the gap is filled from the file.
@@ -52,6 +53,12 @@ _HEARTBEAT_S = 5.0
 _FINAL_SEND_S = 3.0  # how long close() may spend sending the tail to the server
 _AUTOSTART_GRACE_S = 30.0  # how long a server started by this run may take to answer before we warn
 _NET_ERRORS = (OSError, ValueError, TypeError, http.client.HTTPException)
+# Series frames (docs/session-format.md) are written once this many steps wait for them, or
+# when the oldest waited this long, or at close: each frame costs a header and its column
+# names, so a frame per 0.25 s flush would nearly double the bytes of the step frames, while
+# a reader decodes the steps not yet in a series frame itself (at most these few).
+_SERIES_ROWS = 256
+_SERIES_EVERY_S = 10.0
 
 
 # Every socket the transport opened and that may still be open (a socket whose close() is
@@ -130,6 +137,7 @@ class Transport:
         self._backoff_until = 0.0
         self._backoff = 0.5
         self._last_contact = time.monotonic()
+        self._series_since = time.monotonic()  # when the oldest step not in a series frame was written
         self._autostarted = False
         self._autostarted_at: float | None = None
         self._warned: set[str] = set()
@@ -193,7 +201,7 @@ class Transport:
         while True:
             stopping = self._stop.is_set()
             try:
-                self._write_pending()
+                self._write_pending(final=stopping)
             except Exception as exc:  # a full disk must not kill the thread: keep sending
                 self._warn_once("write", f"torchscope: cannot write {self.path} ({exc}); recording incomplete")
             if stopping:
@@ -210,7 +218,7 @@ class Transport:
             self._wake.wait(self.flush_interval)
             self._wake.clear()
 
-    def _write_pending(self) -> None:
+    def _write_pending(self, final: bool = False) -> None:
         batch: list[dict[str, Any]] = []
         while self._queue:
             ev = self._queue.popleft()
@@ -230,6 +238,18 @@ class Transport:
                     self._pending_ops -= len(ops) if isinstance(ops, list) else 0
         if batch:
             self._append(batch)
+        self._write_series(final)
+
+    def _write_series(self, final: bool) -> None:
+        """The whole-run series of the steps written so far (frames that spare readers the step
+        events), when enough steps wait for them (``_SERIES_ROWS``)."""
+        now = time.monotonic()
+        pending = self.writer.series_pending
+        if not pending:
+            self._series_since = now
+        elif final or pending >= _SERIES_ROWS or now - self._series_since >= _SERIES_EVERY_S:
+            self.writer.append_series()
+            self._series_since = now
 
     def _append(self, events: list[dict[str, Any]]) -> None:
         try:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from torchscope.series import grad_series, memory_series
 from torchscope.session import load
 
 SCRIPT = Path(__file__).with_name("train_files_kill.py")
@@ -74,6 +75,9 @@ def test_files_sigkill_keeps_steps_older_than_one_second(tmp_path: Path, mode: s
         assert recorded <= {s for _, s in reader.seen} | {max(recorded)}
         assert session.status == "ended unexpectedly"
         assert session.end is None
+        # whole-run series: from series frames where the writer got to them, else the steps
+        assert session.memory() == memory_series(session.steps)
+        assert session.grads() == grad_series(session.steps, session.meta["params"])
         assert session.session_id and session.meta["kind"] == "session"
 
 
