@@ -116,7 +116,8 @@ def _live_tensor_bytes() -> int:
     gc.collect()
     seen: dict[int, int] = {}
     for o in gc.get_objects():
-        if isinstance(o, torch.Tensor) and o.layout == torch.strided and o.device.type == "cpu":
+        # plain tensors only: other tests in the process may leave FakeTensors (torch.compile)
+        if type(o) in (torch.Tensor, nn.Parameter) and o.layout == torch.strided and o.device.type == "cpu":
             st = o.untyped_storage()
             seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())
