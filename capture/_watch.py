@@ -45,6 +45,7 @@ from .schema import (
     SCHEMA_VERSION,
     ActivationGrad,
     ForwardInfo,
+    GradStats,
     GraphEvent,
     MemoryStats,
     ModuleInfo,
@@ -120,6 +121,7 @@ class _StepState:
         self.graph: GraphEvent | None = None
         self.timer: BackwardTimer | None = None
         self.walk: AutogradWalk | None = None
+        self.stats: tuple[GradStats, list[float]] | None = None  # taken just before optimizer.step()
         self.before_create: AutogradWalk | None = None  # the graph before a create_graph=True backward
         self.retained = False
         self.autocast = False
@@ -775,6 +777,19 @@ class Watch:
     # ------------------------------------------------------------------ step boundary
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._safe("mode", self._mode_off)
+        if self._s.micro > 0:
+            # the gradients as backward left them, read while they are still in the CPU's
+            # caches: after optimizer.step() has streamed parameters and state through, the
+            # same reads cost several times more
+            self._s.stats = self._safe("grads", self._grad_stats, self._s, [r() for r in self._params])
+
+    def _grad_stats(self, s: _StepState, params: list[torch.Tensor | None]) -> tuple[GradStats, list[float]]:
+        scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
+        extra = list(s.losses)
+        if isinstance(scale, torch.Tensor):
+            extra.append(scale)
+        full = self.mode == "full" or s.capture or self._step % GRAD_STATS_EVERY == 0 or self._nan_armed
+        return grad_stats(params, extra, full=full)
 
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._safe("step", self._close_step, False)
@@ -798,11 +813,7 @@ class Watch:
         params: list[torch.Tensor | None] = [r() for r in self._params]
         opt = self._optimizer() if self._optimizer is not None else None
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
-        extra = list(s.losses)
-        if isinstance(scale, torch.Tensor):
-            extra.append(scale)
-        full_stats = self.mode == "full" or s.capture or self._step % GRAD_STATS_EVERY == 0 or self._nan_armed
-        stats, values = grad_stats(params, extra, full=full_stats)
+        stats, values = s.stats if s.stats is not None else self._grad_stats(s, params)
         losses = values[: len(s.losses)]
         stats["pre_nonzero"] = s.pre_nonzero
         now = time.perf_counter()
