@@ -140,12 +140,9 @@ class OpRecorder(TorchDispatchMode):
                 if t.layout == torch.strided and t.untyped_storage().data_ptr() in self.saved_storages:
                     flags.append("inplace_saved")
                     break
-        if (
-            grad_mode
-            and out_t
-            and any(t.requires_grad for t in in_t)
-            and not any(t.is_floating_point() or t.is_complex() for t in out_t)
-        ):
+        # autograd attaches a grad_fn to the outputs only if an input requires grad
+        differentiable = grad_mode and any(t.requires_grad for t in in_t)
+        if differentiable and out_t and not any(t.is_floating_point() or t.is_complex() for t in out_t):
             flags.append("non_differentiable")
         if self.check_nan:
             for t in out_t:
@@ -175,7 +172,7 @@ class OpRecorder(TorchDispatchMode):
             rec["flags"] = flags
         self.ops.append(rec)
         self._timeline_ops.append(op_id)
-        if grad_mode and self.phase == "forward":
+        if differentiable and self.phase == "forward":
             for t in out_t:
                 self._pending_ops.append(op_id)
                 self._pending_refs.append(weakref.ref(t))  # the same object as _tref's: no new one
