@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -95,3 +95,15 @@ def run_script(script: Path | str, *args: str, env: dict[str, str] | None = None
     if res.returncode != 0:
         raise AssertionError(f"{script} exited {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return res
+
+
+def one_line_error(read: Callable[[Path], object], path: Path) -> str:
+    """The message of the ``SessionFileError`` that ``read(path)`` raises, checked to be one
+    short line (what the CLI and the dashboard show)."""
+    from torchscope.sessionfile import SessionFileError
+
+    with pytest.raises(SessionFileError) as info:
+        read(path)
+    msg = str(info.value)
+    assert msg and "\n" not in msg and len(msg) < 300
+    return msg

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import one_line_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -56,11 +57,7 @@ def _read_all(path: Path) -> tuple[int, int]:
 
 
 def _one_line_error(path: Path) -> str:
-    with pytest.raises(SessionFileError) as info:
-        _read_all(path)
-    msg = str(info.value)
-    assert msg and "\n" not in msg and len(msg) < 300
-    return msg
+    return one_line_error(_read_all, path)
 
 
 def _raw_frame(payload: bytes, seq: int, n: int, flags: int = 0, lo: int = -1, hi: int = -1) -> bytes:

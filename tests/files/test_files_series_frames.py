@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ServerProc
+from conftest import ServerProc, one_line_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -296,11 +296,7 @@ def _read_everything(path: Path) -> None:
 
 
 def _one_line_error(path: Path) -> str:
-    with pytest.raises(SessionFileError) as info:
-        _read_everything(path)
-    msg = str(info.value)
-    assert msg and "\n" not in msg and len(msg) < 300
-    return msg
+    return one_line_error(_read_everything, path)
 
 
 def test_files_crafted_good_series_frame_reads(tmp_path: Path) -> None:

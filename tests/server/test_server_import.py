@@ -8,7 +8,6 @@ import json
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,15 +26,6 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         EXAMPLES / "mlp.py", "--steps", "25", "--server", "none", "--record", str(record), "--mode", "full"
     )
     return record
-
-
-@pytest.fixture
-def srv(tmp_path: Path) -> Iterator[ServerProc]:
-    server = ServerProc(tmp_path / "data").start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _post_raw(srv: ServerProc, body: bytes, content_type: str) -> tuple[int, dict[str, object]]:
@@ -62,18 +52,18 @@ def _upload_dirs(srv: ServerProc) -> list[Path]:
     return list((srv.data / "tmp").glob("*"))
 
 
-def test_real_run_imported_frame_by_frame_equals_the_file(srv: ServerProc, real_run: Path) -> None:
+def test_real_run_imported_frame_by_frame_equals_the_file(server: ServerProc, real_run: Path) -> None:
     _, frames = index(real_run)
     events = list(iter_events(real_run))
     steps = [e for e in events if e["kind"] == "step"]
     graphs = [e for e in events if e["kind"] == "graph"]
     assert len(frames) > 10 and len(steps) == 25 and graphs  # a multi-frame file
 
-    res = upload(srv.url, real_run)  # the CLI's client: the file streamed as multipart
+    res = upload(server.url, real_run)  # the CLI's client: the file streamed as multipart
     assert res["frames"] == res["new_frames"] == len(frames)
     sid = res["id"]
     assert sid == events[0]["session_id"] and res["rank"] == 0
-    detail = srv.get(f"/api/sessions/{sid}")
+    detail = server.get(f"/api/sessions/{sid}")
     assert isinstance(detail, dict)
     info = detail["rank_info"][0]
     assert detail["steps"] == info["steps"] == len(steps)
@@ -82,34 +72,34 @@ def test_real_run_imported_frame_by_frame_equals_the_file(srv: ServerProc, real_
     assert info["bytes"] == sum(40 + f.length for f in frames)
     assert info["graphs"] == len(graphs) == sum(1 for f in frames if f.flags & FLAG_GRAPH)
     assert detail["status"] == "finished"
-    listed = srv.get(f"/api/sessions/{sid}/graphs")
+    listed = server.get(f"/api/sessions/{sid}/graphs")
     assert isinstance(listed, list)
     assert [(g["step"], g["ops"], g["nodes"]) for g in listed] == [
         (g["step"], len(g["ops"]), len(g["nodes"])) for g in graphs
     ]
-    served = srv.get(f"/api/sessions/{sid}/steps?limit=10000")
+    served = server.get(f"/api/sessions/{sid}/steps?limit=10000")
     assert isinstance(served, list) and [s["step"] for s in served] == [s["step"] for s in steps]
-    with urllib.request.urlopen(srv.url + f"/api/sessions/{sid}/export", timeout=30) as resp:
+    with urllib.request.urlopen(server.url + f"/api/sessions/{sid}/export", timeout=30) as resp:
         assert resp.read() == real_run.read_bytes()
-    assert _upload_dirs(srv) == []  # the temporary upload is gone
+    assert _upload_dirs(server) == []  # the temporary upload is gone
 
-    again = upload(srv.url, real_run)
+    again = upload(server.url, real_run)
     assert again["frames"] == len(frames) and again["new_frames"] == 0
 
 
 def test_file_corrupt_in_the_middle_leaves_the_store_untouched(
-    srv: ServerProc, real_run: Path, tmp_path: Path
+    server: ServerProc, real_run: Path, tmp_path: Path
 ) -> None:
     _, frames = index(real_run)
     middle = frames[len(frames) // 2]
     data = bytearray(real_run.read_bytes())
     data[middle.offset + 40 + middle.length // 2] ^= 0xFF  # one payload byte: its CRC fails
-    before = srv.get("/api/sessions")
-    status, body = _post_raw(srv, *_multipart("broken run.tscope", bytes(data)))
+    before = server.get("/api/sessions")
+    status, body = _post_raw(server, *_multipart("broken run.tscope", bytes(data)))
     assert status == 400
     assert body["detail"] == f"broken run.tscope is corrupt at byte {middle.offset}: frame checksum mismatch"
-    assert srv.get("/api/sessions") == before
-    assert _upload_dirs(srv) == []
+    assert server.get("/api/sessions") == before
+    assert _upload_dirs(server) == []
 
 
 def _larger_than_a_batch(path: Path) -> Path:
@@ -130,7 +120,7 @@ def _larger_than_a_batch(path: Path) -> Path:
     return path
 
 
-def test_file_of_several_batches(srv: ServerProc, tmp_path: Path) -> None:
+def test_file_of_several_batches(server: ServerProc, tmp_path: Path) -> None:
     path = _larger_than_a_batch(tmp_path / "long.tscope")
     _, frames = index(path)
     # a frame of the second batch corrupt (not the last: that would be a torn tail): the first
@@ -139,19 +129,19 @@ def test_file_of_several_batches(srv: ServerProc, tmp_path: Path) -> None:
     assert bad.offset > IMPORT_BATCH_BYTES
     data = bytearray(path.read_bytes())
     data[bad.offset + 40 + bad.length // 2] ^= 0xFF
-    status, body = _post_raw(srv, *_multipart("long.tscope", bytes(data)))
+    status, body = _post_raw(server, *_multipart("long.tscope", bytes(data)))
     assert (
         status == 400
         and body["detail"] == f"long.tscope is corrupt at byte {bad.offset}: frame checksum mismatch"
     )
-    assert srv.get("/api/sessions") == []
+    assert server.get("/api/sessions") == []
 
-    res = upload(srv.url, path)
+    res = upload(server.url, path)
     assert res["frames"] == len(frames)
-    detail = srv.get("/api/sessions/two-batches")
+    detail = server.get("/api/sessions/two-batches")
     assert isinstance(detail, dict)
     assert detail["steps"] == 10 * (len(frames) - 1) and detail["rank_info"][0]["frames"] == len(frames)
-    with urllib.request.urlopen(srv.url + "/api/sessions/two-batches/export", timeout=30) as resp:
+    with urllib.request.urlopen(server.url + "/api/sessions/two-batches/export", timeout=30) as resp:
         assert resp.read() == path.read_bytes()
 
 
@@ -168,8 +158,8 @@ def test_file_of_several_batches(srv: ServerProc, tmp_path: Path) -> None:
         (*_multipart("../../etc/passwd", b""), "passwd is empty"),
     ],
 )
-def test_bad_uploads_answer_one_line(srv: ServerProc, body: bytes, content_type: str, needle: str) -> None:
-    status, answer = _post_raw(srv, body, content_type)
+def test_bad_uploads_answer_one_line(server: ServerProc, body: bytes, content_type: str, needle: str) -> None:
+    status, answer = _post_raw(server, body, content_type)
     assert status == 400 and needle in str(answer["detail"]) and "\n" not in str(answer["detail"])
-    assert _upload_dirs(srv) == []
-    assert srv.get("/api/sessions") == []
+    assert _upload_dirs(server) == []
+    assert server.get("/api/sessions") == []
