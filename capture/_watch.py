@@ -437,6 +437,7 @@ class Watch:
         self._depth -= 1
         if self._depth > 0:
             return
+        self._resume_gc()
         self._mode_on()
         s = self._s
         s.forward_us += (time.perf_counter() - getattr(s, "fwd_t0", time.perf_counter())) * 1e6
@@ -481,13 +482,8 @@ class Watch:
 
     # ------------------------------------------------------------------ op capture
     def _start_recorder(self, s: _StepState, root: nn.Module) -> None:
+        self._pause_gc()
         if s.recorder is None:
-            # A captured step makes a few small records per op; the cyclic collector would
-            # run (and promote them towards costly full collections) every few hundred ops.
-            # It is paused until the step's end: garbage of one step waits, none is kept.
-            if gc.isenabled():
-                gc.disable()
-                self._gc_paused = True
             s.recorder = OpRecorder(
                 self._module_of, self._param_names, self._live_bytes(), s.check_nan, _MAX_OPS, s.sid
             )
@@ -737,6 +733,7 @@ class Watch:
             s.timer = BackwardTimer(walk.nodes)
             s.walk = walk  # nodes stay alive until this backward returns (hooks removed then)
         if self.mode == "full" and s.recorder is not None:
+            self._pause_gc()
             s.recorder.phase = "backward"
             s.recorder.__enter__()
             self._capturing_ops = True
@@ -751,6 +748,7 @@ class Watch:
         s = self._s
         s.backward_us += (time.perf_counter() - t0) * 1e6
         self._stop_recorder()
+        self._resume_gc()
         if s.recorder is not None:
             s.recorder.phase = "forward"
         if s.timer is not None:
@@ -887,6 +885,15 @@ class Watch:
         self._step += 1
         self._s = _StepState(time.perf_counter())
         self._resume_gc()
+
+    # A captured pass makes a few small records per op; the cyclic collector would run (and
+    # promote them towards costly full collections) every few hundred ops.  It is paused for
+    # the length of one recorded forward or backward pass, no longer: garbage made meanwhile
+    # waits until the pass ends, and a loop that never steps (inference) is not affected.
+    def _pause_gc(self) -> None:
+        if not self._gc_paused and gc.isenabled():
+            gc.disable()
+            self._gc_paused = True
 
     def _resume_gc(self) -> None:
         if self._gc_paused:

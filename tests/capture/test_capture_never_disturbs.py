@@ -154,3 +154,24 @@ def test_tensor_memory_stays_within_the_plain_runs(mode: str, tmp_path: Path) ->
     # measured: 0 bytes; one kept activation of this model is 8 KiB (4x8x8x8 floats)
     assert max(margin) <= 1024, margin
     assert margin[-1] <= margin[2] + 1024, margin  # flat: nothing accumulates step after step
+
+
+def test_garbage_collector_is_back_after_every_pass(tmp_path: Path) -> None:
+    """The collector is paused only inside recorded passes: after each forward of an
+    inference loop that never steps, and after each training step, it runs again."""
+    model, batch = make("zoo")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert gc.isenabled()
+    with torchscope.watch(model, opt, server=None, record=tmp_path / "gc.tscope", mode="full"):
+        for i in range(3):  # training steps
+            x, y = batch(i)
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            assert gc.isenabled()
+            opt.step()
+            assert gc.isenabled()
+        for i in range(3):  # then evaluation forwards, no optimizer step ever again
+            model(batch(i)[0])
+            assert gc.isenabled()
+    assert gc.isenabled()
