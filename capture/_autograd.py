@@ -191,36 +191,41 @@ def _saved_tensors(node: Any, sid: Callable[[int], int]) -> list[SavedTensor]:
 
 
 class BackwardTimer:
-    """Order and duration of each node during one backward, via Node pre/post hooks."""
+    """Order and duration of each node during one backward, from one pre-hook per node.
+
+    The engine runs a device's nodes one after another, so a node's duration is the time
+    from its start to the next node's start (the last one's: to the backward's return):
+    one hook call per node instead of a pre- and a post-hook."""
 
     def __init__(self, nodes: list[Any]) -> None:
         self.order: dict[int, int] = {}
         self.dur_us: dict[int, float] = {}
-        self._start: dict[int, float] = {}
+        self._starts: list[tuple[int, float]] = []  # (node, start) in execution order
         self._handles: list[Any] = []
         for i, n in enumerate(nodes):
             try:
                 self._handles.append(n.register_prehook(self._pre(i)))
-                self._handles.append(n.register_hook(self._post(i)))
             except Exception:
                 continue
 
     def _pre(self, i: int) -> Any:
+        starts = self._starts
+
         def hook(grad_outputs: Any) -> None:
-            self.order.setdefault(i, len(self.order))
-            self._start[i] = time.perf_counter()
+            starts.append((i, time.perf_counter()))
 
         return hook
 
-    def _post(self, i: int) -> Any:
-        def hook(grad_inputs: Any, grad_outputs: Any) -> None:
-            t0 = self._start.get(i)
-            if t0 is not None:
-                self.dur_us[i] = (time.perf_counter() - t0) * 1e6
-
-        return hook
-
-    def remove(self) -> None:
+    def remove(self, end: float) -> None:
+        """Remove the hooks; ``end``: when the backward returned (the last node's end)."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        starts = self._starts
+        for k, (i, t0) in enumerate(starts):
+            if i in self.order:
+                continue  # a node runs once per backward; keep its first start all the same
+            self.order[i] = len(self.order)
+            t1 = starts[k + 1][1] if k + 1 < len(starts) else end
+            self.dur_us[i] = (t1 - t0) * 1e6
+        starts.clear()

@@ -746,13 +746,14 @@ class Watch:
 
     def _after_backward(self, t0: float) -> None:
         s = self._s
-        s.backward_us += (time.perf_counter() - t0) * 1e6
+        returned = time.perf_counter()
+        s.backward_us += (returned - t0) * 1e6
         self._stop_recorder()
         self._resume_gc()
         if s.recorder is not None:
             s.recorder.phase = "forward"
         if s.timer is not None:
-            s.timer.remove()
+            s.timer.remove(returned)
             if s.graph is not None:
                 for rec in s.graph["nodes"]:
                     i = rec["id"]

@@ -119,6 +119,10 @@ def test_graph_grads_and_memory_match_pytorch(kind: str, tmp_path: Path) -> None
         linked = [n for n in g["nodes"] if n["name"] not in ("AccumulateGrad",) and "op" in n]
         assert len(linked) >= len([n for n in g["nodes"] if n["name"] != "AccumulateGrad"]) * 0.8
         assert sorted(n["order"] for n in g["nodes"] if "order" in n) == list(range(len([n for n in g["nodes"] if "order" in n])))
+        # every node that ran has a duration; back to back, they add up to at most the backward
+        ran = [n for n in g["nodes"] if "order" in n]
+        assert ran and all(n["dur_us"] >= 0 for n in ran)
+        assert sum(n["dur_us"] for n in ran) <= st["backward_us"] + 1
 
 
 def test_zoo_graph_details(tmp_path: Path) -> None:
