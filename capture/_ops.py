@@ -125,9 +125,12 @@ class OpRecorder(TorchDispatchMode):
         op_id = len(self.ops)
         inputs = [self._tensor(t) for t in in_t]
         alloc = 0
+        outputs = []
         for t in out_t:
-            alloc += self._ledger(t)
-        outputs = [self._tensor(t) for t in out_t]
+            # one storage object per output serves the ledger and the tensor table
+            st = t.untyped_storage() if t.layout == torch.strided else None
+            alloc += self._ledger(t, st)
+            outputs.append(self._tensor(t, st))
         freed, self._freed = self._freed, 0
         self.live += alloc - freed
         flags: list[str] = []
@@ -204,7 +207,7 @@ class OpRecorder(TorchDispatchMode):
         self.ops.append(rec)
 
     # ------------------------------------------------------------------ tensors and storages
-    def _tensor(self, t: torch.Tensor) -> int:
+    def _tensor(self, t: torch.Tensor, st: Any = None) -> int:
         key = id(t)
         ref = self._tref.get(key)
         if ref is not None and ref() is t:
@@ -218,8 +221,8 @@ class OpRecorder(TorchDispatchMode):
             "requires_grad": t.requires_grad,
             "is_leaf": t.is_leaf,
         }
-        if t.layout == torch.strided:
-            st = t.untyped_storage()
+        if st is not None or t.layout == torch.strided:
+            st = st if st is not None else t.untyped_storage()
             meta["stride"] = list(t.stride())
             meta["storage"] = self.sid(st.data_ptr())
             meta["offset"] = int(t.storage_offset())
@@ -236,11 +239,11 @@ class OpRecorder(TorchDispatchMode):
         self._tref[key] = weakref.ref(t)
         return tid
 
-    def _ledger(self, t: torch.Tensor) -> int:
-        """Bytes newly allocated if ``t``'s storage is new; track its lifetime by weakref."""
-        if t.layout != torch.strided:
+    def _ledger(self, t: torch.Tensor, st: Any) -> int:
+        """Bytes newly allocated if ``t``'s storage ``st`` is new (None: not strided, no
+        storage); track its lifetime by weakref."""
+        if st is None:
             return 0
-        st = t.untyped_storage()
         ptr = st.data_ptr()
         n = self._storage_refs.get(ptr)
         new = 0
