@@ -80,10 +80,13 @@ export class LineChart {
       ctx.strokeStyle = s.color; ctx.lineWidth = 1.5; ctx.beginPath();
       if (n <= cols * 2) {
         let pen = false;
+        const gap = (j) => j < 0 || j >= n || s.y[j] === null || s.y[j] === undefined || !Number.isFinite(s.y[j]);
         for (let i = 0; i < n; i++) {
           const v = s.y[i];
-          if (v === null || v === undefined || !Number.isFinite(v)) { pen = false; continue; }
+          if (gap(i)) { pen = false; continue; }
           if (pen) ctx.lineTo(X(this.x[i]), Y(v)); else ctx.moveTo(X(this.x[i]), Y(v));
+          // a value between two gaps (e.g. only captured steps have it) is a dot, not nothing
+          if (!pen && gap(i + 1)) { ctx.moveTo(X(this.x[i]) + 2.5, Y(v)); ctx.arc(X(this.x[i]), Y(v), 2.5, 0, 2 * Math.PI); ctx.moveTo(X(this.x[i]), Y(v)); }
           pen = true;
         }
       } else {
