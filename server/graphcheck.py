@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import types
 import typing
 from typing import Any, Union
@@ -99,7 +100,13 @@ def _fields(td: Any) -> dict[str, bytes]:
 # The graph event, with the parts the summary needs captured (a repeated key captures its last
 # occurrence, which is also the one JSON readers keep).
 _SUMMARY_KEYS = ("step", "micro")
-_GRAPH = re.compile(_object(_fields(schema.GraphEvent), frozenset({"kind", *_SUMMARY_KEYS, "ops", "nodes"})))
+# Atomic groups and possessive repeats arrived in Python 3.11's ``re``; on 3.10 there is no
+# fast path and every graph event takes the pydantic path (slower ingest, same answers).
+_GRAPH = (
+    re.compile(_object(_fields(schema.GraphEvent), frozenset({"kind", *_SUMMARY_KEYS, "ops", "nodes"})))
+    if sys.version_info >= (3, 11)
+    else None
+)
 
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _FOLDED_LIST = re.compile(rb"\[o+\]")
@@ -132,6 +139,8 @@ def summary(ev: dict[str, Any]) -> dict[str, Any]:
 
 def fast_summary(line: bytes) -> dict[str, Any] | None:
     """The ``summary`` of a graph event line the regex accepts, else None (ask pydantic)."""
+    if _GRAPH is None:
+        return None
     m = _GRAPH.fullmatch(line)
     if m is None or m["kind"] is None:
         return None
