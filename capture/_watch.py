@@ -151,7 +151,15 @@ def _default_record(name: str) -> str:
 
 
 class Watch:
-    """Handle returned by :func:`watch`; a context manager.  See ``docs/capture.md``."""
+    """``torchscope.watch(model, optimizer=None, ...)``: watch ``model`` (and ``optimizer``) for
+    the rest of the run; the returned handle is also a context manager (``close()`` on exit).
+
+    ``server``: "auto" ($TORCHSCOPE_SERVER or http://127.0.0.1:6150, started if needed), a URL,
+    or None (record to the file only).  ``mode``: "default" | "full" | "light".
+    ``cuda_history``: on CUDA, also keep the allocator's history (up to this many entries),
+    labelled by step and module, written next to the session file at the end in PyTorch's own
+    snapshot schema (JSON, and its memory viewer as HTML).  See ``docs/capture.md``.
+    """
 
     def __init__(
         self,
@@ -1050,36 +1058,5 @@ def _raise(message: str) -> None:
     raise RuntimeError(message)
 
 
-def watch(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
-    *,
-    server: str | None = "auto",
-    record: str | os.PathLike[str] | None = None,
-    name: str | None = None,
-    mode: str = "default",
-    scaler: Any = None,
-    sample_every: int = 50,
-    token: str | None = None,
-    cuda_history: int | None = None,
-) -> Watch:
-    """Watch ``model`` (and ``optimizer``) for the rest of the run; returns the :class:`Watch`.
-
-    ``server``: "auto" ($TORCHSCOPE_SERVER or http://127.0.0.1:6150, started if needed), a URL,
-    or None (record to the file only).  ``mode``: "default" | "full" | "light".
-    ``cuda_history``: on CUDA, also keep the allocator's history (up to this many entries),
-    labelled by step and module, written next to the session file at the end in PyTorch's own
-    snapshot schema (JSON, and its memory viewer as HTML).
-    """
-    return Watch(
-        model,
-        optimizer,
-        server=server,
-        record=record,
-        name=name,
-        mode=mode,
-        scaler=scaler,
-        sample_every=sample_every,
-        token=token,
-        cuda_history=cuda_history,
-    )
+# ``torchscope.watch(model, optimizer, ...)`` is the class itself: one signature, one docstring.
+watch = Watch
