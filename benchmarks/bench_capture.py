@@ -8,6 +8,7 @@ skew the ratios.  See ``bench()`` for how default mode's sampled captures are co
 
     python benchmarks/bench_capture.py            # 200 steps per configuration
     python benchmarks/bench_capture.py --quick    # a smoke run
+    python benchmarks/bench_capture.py --device cuda   # on a GPU: wall time, synchronized per step
 """
 
 from __future__ import annotations
@@ -45,10 +46,32 @@ class Transformer(nn.Module):
         return self.head(self.enc(self.emb(x)))
 
 
+def clock() -> float:
+    """The training thread's CPU seconds; on CUDA, wall seconds once queued kernels finished."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+        return time.perf_counter()
+    return time.thread_time()
+
+
+DEVICE = torch.device("cpu")
+STREAM = False  # --stream: on CUDA, no synchronization between steps (throughput)
+
+
 def make(kind: str) -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
+    model, batch = _make(kind)
+    if DEVICE.type == "cpu":
+        return model, batch
+    return model.to(DEVICE), lambda: tuple(t.to(DEVICE) for t in batch())  # type: ignore[return-value]
+
+
+def _make(kind: str) -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
     torch.manual_seed(0)
     if kind == "transformer":
         return Transformer(), lambda: (torch.randint(0, 256, (8, 32)), torch.randint(0, 256, (8 * 32,)))
+    if kind == "transformer-large":  # a GPU-sized one, for --device cuda
+        big = Transformer(vocab=4096, d=512, heads=8, layers=6)
+        return big, lambda: (torch.randint(0, 4096, (16, 128)), torch.randint(0, 4096, (16 * 128,)))
     if kind == "cnn":
         m = nn.Sequential(
             nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
@@ -79,17 +102,21 @@ def run_chunk(config: str, state: dict[str, Any], steps: int, out: Path) -> tupl
     model, batch, opt = state["model"], state["batch"], state["opt"]
     data = [batch() for _ in range(steps)]
     times: list[float] = []
-    t_all = time.thread_time()
+    t_all = clock()
     with configured(config, model, opt, out):
-        for x, y in data:
-            t0 = time.thread_time()
+        for i, (x, y) in enumerate(data):
+            if not STREAM or i <= 1:
+                t0 = clock()
             logits = model(x)
             loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
-            times.append(time.thread_time() - t0)
-    return times, time.thread_time() - t_all - sum(times)
+            if not STREAM or i == 0:
+                times.append(clock() - t0)
+        if STREAM and len(data) > 1:  # steps after the first as one block: the GPU's queue stays full
+            times += [(clock() - t0) / (len(data) - 1)] * (len(data) - 1)
+    return times, clock() - t_all - sum(times)
 
 
 def bench(
@@ -138,6 +165,13 @@ def bench(
     return result
 
 
+def _timing() -> str:
+    if DEVICE.type != "cuda":
+        return "CPU time of the training thread"
+    how = "back to back (no sync between steps)" if STREAM else "synchronized per step"
+    return f"wall time {how} on {torch.cuda.get_device_name()}"
+
+
 def import_cost() -> float:
     """Seconds ``import torchscope`` plus loading ``watch`` (the package imports lazily) add on top
     of ``import torch`` (fresh interpreter, best of 3)."""
@@ -158,13 +192,21 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="40 steps per configuration")
     ap.add_argument("--models", default="transformer,cnn,mlp")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="a subset to compare, e.g. plain,light")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda on a machine with a GPU")
+    ap.add_argument(
+        "--stream", action="store_true", help="CUDA: time steps back to back, no sync between them"
+    )
     args = ap.parse_args()
+    global DEVICE, STREAM
+    DEVICE = torch.device(args.device)
+    STREAM = args.stream and DEVICE.type == "cuda"
     if args.quick:
         args.steps = 40
     torch.set_num_threads(1)
     print(
         f"torch {torch.__version__}, {args.steps} steps per configuration in chunks of {args.chunk}, "
-        f"default mode sample_every={args.sample_every}, 1 thread, CPU time of the training thread\n"
+        f"default mode sample_every={args.sample_every}, 1 thread, "
+        f"{_timing()}\n"
     )
     print(
         f"import torchscope + torchscope.watch after import torch: {import_cost() * 1e3:.0f} ms (target < 300 ms)\n"

@@ -2,26 +2,37 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+# paths into the allocator's nested stats (``memory_stats()`` names them "allocated_bytes.all.current"...)
 _FIELDS = {
-    "allocated": "allocated_bytes.all.current",
-    "reserved": "reserved_bytes.all.current",
-    "active": "active_bytes.all.current",
-    "inactive": "inactive_split_bytes.all.current",
-    "peak": "allocated_bytes.all.peak",
-    "num_allocs": "allocation.all.allocated",
-    "num_alloc_retries": "num_alloc_retries",
-    "num_ooms": "num_ooms",
+    "allocated": ("allocated_bytes", "all", "current"),
+    "reserved": ("reserved_bytes", "all", "current"),
+    "active": ("active_bytes", "all", "current"),
+    "inactive": ("inactive_split_bytes", "all", "current"),
+    "peak": ("allocated_bytes", "all", "peak"),
+    "num_allocs": ("allocation", "all", "allocated"),
+    "num_alloc_retries": ("num_alloc_retries",),
+    "num_ooms": ("num_ooms",),
 }
+
+
+def _get(stats: dict[str, Any], path: tuple[str, ...]) -> int:
+    v: Any = stats
+    for k in path:
+        v = v.get(k, 0) if isinstance(v, dict) else 0
+    return int(v)
 
 
 def device_memory(device: torch.device) -> dict[str, int] | None:
     """Allocator figures for ``device``; None off CUDA.  Resets the peak so it is per step."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    stats = torch.cuda.memory_stats(device)
-    out = {k: int(stats.get(src, 0)) for k, src in _FIELDS.items()}
+    # the nested form: ``memory_stats()`` flattens and sorts ~150 entries in Python every call
+    stats = torch.cuda.memory_stats_as_nested_dict(device)
+    out = {k: _get(stats, path) for k, path in _FIELDS.items()}
     torch.cuda.reset_peak_memory_stats(device)
     return out
 

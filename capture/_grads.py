@@ -1,4 +1,4 @@
-"""Per-parameter gradient statistics, batched, with one host sync per device per step.
+"""Per-parameter gradient statistics, batched: one host sync per device per step, none on CUDA.
 
 The L2 norms come from ``torch._foreach_norm``; min/max, non-zero counts and sums (the "full"
 statistics, not taken every step: see ``watch``) are one small reduction per tensor on its
@@ -26,61 +26,125 @@ def grad_stats(
 ) -> tuple[GradStats, list[float]]:
     """Stats of ``p.grad`` for every parameter (None where absent) and ``extra`` scalars read in
     the same sync.  ``full=False``: norms, NaN/Inf counts and ``none`` only (one pass over the
-    gradients instead of four); the other columns are then absent from the result.
+    gradients instead of four); the other columns are then absent from the result."""
+    return GradRead(params, extra, full, defer=False).result()
+
+
+class GradRead:
+    """One step's gradient statistics, launched where the gradients live.
 
     This runs at every step boundary, so the per-parameter Python work is kept small: one
     stack of all norms (no per-value dtype checks), per-device splitting only with several
-    devices, and NaN/Inf are counted only when the norms' sum is not finite."""
-    n = len(params)
-    norm: list[float | None] = [None] * n
-    nan = [0] * n
-    inf = [0] * n
-    none: list[int] = []
-    idx: list[int] = []
-    gl: list[torch.Tensor] = []
-    for i, p in enumerate(params):
-        g = None if p is None else p.grad
-        if g is None:
-            if p is not None and p.requires_grad:
-                none.append(i)
-        elif g.layout == torch.strided and g.numel():  # sparse and empty gradients have no stats here
-            idx.append(i)
-            gl.append(g)
-    extras_vals: list[float] = [math.nan] * len(extra)
-    cols: dict[str, list[float | None]] = {}
-    if full:
-        cols = {k: [None] * n for k in ("max_abs", "mean", "std", "zero_frac")}
-    devices = {g.device for g in gl} | {e.device for e in extra}
-    for dev in devices:
-        if len(devices) == 1:
-            pos_d, ex_d = list(range(len(gl))), list(range(len(extra)))
+    devices, and NaN/Inf are counted only when the norms' sum is not finite.
+
+    With ``defer`` and every tensor on one CUDA device, nothing waits: the stacked values are
+    copied to pinned host memory behind a CUDA event and ``result()`` reads them later (the
+    next step boundary; the event has completed by then).  No gradient is held meanwhile, so
+    a step whose norms are not finite reports NaN/Inf counts as lower bounds (1 for each
+    affected parameter); the watch then reads the following steps synchronously, exactly.
+    Elsewhere the values are read at once, in one ``tolist()`` per device."""
+
+    DEFER_ON: tuple[str, ...] = ("cuda",)  # device types read later (tests add "cpu" to run that path)
+
+    def __init__(
+        self, params: Sequence[torch.Tensor | None], extra: Sequence[torch.Tensor], full: bool, defer: bool
+    ) -> None:
+        self.n, self.full, self.n_extra = len(params), full, len(extra)
+        self.none: list[int] = []
+        self.idx: list[int] = []
+        gl: list[torch.Tensor] = []
+        for i, p in enumerate(params):
+            g = None if p is None else p.grad
+            if g is None:
+                if p is not None and p.requires_grad:
+                    self.none.append(i)
+            elif g.layout == torch.strided and g.numel():  # sparse and empty gradients have no stats here
+                self.idx.append(i)
+                gl.append(g)
+        self.numel = [g.numel() for g in gl]
+        devices = {g.device for g in gl} | {e.device for e in extra}
+        self.event: torch.cuda.Event | None = None
+        self._result: tuple[GradStats, list[float]] | None = None
+        dev = next(iter(devices)) if len(devices) == 1 else None
+        if defer and dev is not None and dev.type in self.DEFER_ON:
+            vals = _stack(gl, list(extra), full)
+            self.host = vals
+            if dev.type == "cuda":
+                self.host = torch.empty(vals.shape, dtype=vals.dtype, pin_memory=True)
+                self.host.copy_(vals, non_blocking=True)
+                self.event = torch.cuda.Event()
+                self.event.record()
         else:
-            pos_d = [k for k, g in enumerate(gl) if g.device == dev]
-            ex_d = [j for j, e in enumerate(extra) if e.device == dev]
-        vals = _read([gl[k] for k in pos_d], [extra[j] for j in ex_d], full)  # the one sync per device
+            self._result = self._read_now(gl, list(extra), devices)
+
+    @property
+    def deferred(self) -> bool:
+        return self._result is None
+
+    def result(self) -> tuple[GradStats, list[float]]:
+        if self._result is None:
+            if self.event is not None:
+                self.event.synchronize()  # long done by the next boundary; never waits in steady state
+            vals = self.host.tolist()
+            stats, extras = self._columns()
+            k_n = len(self.idx)
+            self._fill(stats, extras, list(range(k_n)), list(range(self.n_extra)), vals)
+            if not math.isfinite(math.fsum(vals[:k_n])):
+                for pos, i in enumerate(self.idx):  # lower bounds: the gradients are gone
+                    stats["nan"][i] = int(math.isnan(vals[pos]))
+                    stats["inf"][i] = int(math.isinf(vals[pos]))
+                    if self.full:
+                        stats["std"][i] = math.nan
+            self._result = stats, extras
+        return self._result
+
+    def _columns(self) -> tuple[GradStats, list[float]]:
+        n = self.n
+        stats: GradStats = {"norm": [None] * n, "nan": [0] * n, "inf": [0] * n, "none": self.none}
+        if self.full:
+            for k in ("max_abs", "mean", "std", "zero_frac"):
+                stats[k] = [None] * n  # type: ignore[literal-required]
+        return stats, [math.nan] * self.n_extra
+
+    def _fill(
+        self, stats: GradStats, extras: list[float], pos_d: list[int], ex_d: list[int], vals: list[float]
+    ) -> None:
         k_n = len(pos_d)
         for pos, k in enumerate(pos_d):
-            i = idx[k]
+            i = self.idx[k]
             l2 = vals[pos]
-            norm[i] = l2
-            if full:
-                _full_columns(cols, i, gl[k].numel(), l2, [vals[r * k_n + pos] for r in range(1, 5)])
+            stats["norm"][i] = l2
+            if self.full:
+                _full_columns(stats, i, self.numel[k], l2, [vals[r * k_n + pos] for r in range(1, 5)])  # type: ignore[arg-type]
         for pos, j in enumerate(ex_d):
-            extras_vals[j] = vals[(5 if full else 1) * k_n + pos]
-        if not math.isfinite(math.fsum(vals[:k_n])):
-            for pos, k in enumerate(pos_d):
-                if not math.isfinite(vals[pos]):
-                    nan[idx[k]], inf[idx[k]] = _nonfinite_counts(gl[k])
-                    if full:
-                        cols["std"][idx[k]] = math.nan
-    stats: GradStats = {"norm": norm, "nan": nan, "inf": inf, "none": none}
-    if full:
-        stats.update(cols)  # type: ignore[typeddict-item]
-    return stats, extras_vals
+            extras[j] = vals[(5 if self.full else 1) * k_n + pos]
+
+    def _read_now(
+        self, gl: list[torch.Tensor], extra: list[torch.Tensor], devices: set[torch.device]
+    ) -> tuple[GradStats, list[float]]:
+        stats, extras = self._columns()
+        for dev in devices:
+            if len(devices) == 1:
+                pos_d, ex_d = list(range(len(gl))), list(range(len(extra)))
+            else:
+                pos_d = [k for k, g in enumerate(gl) if g.device == dev]
+                ex_d = [j for j, e in enumerate(extra) if e.device == dev]
+            vals = _stack(
+                [gl[k] for k in pos_d], [extra[j] for j in ex_d], self.full
+            ).tolist()  # the one sync per device
+            self._fill(stats, extras, pos_d, ex_d, vals)
+            if not math.isfinite(math.fsum(vals[: len(pos_d)])):
+                for pos, k in enumerate(pos_d):
+                    if not math.isfinite(vals[pos]):
+                        i = self.idx[k]
+                        stats["nan"][i], stats["inf"][i] = _nonfinite_counts(gl[k])
+                        if self.full:
+                            stats["std"][i] = math.nan
+        return stats, extras
 
 
-def _read(gl: list[torch.Tensor], extra: list[torch.Tensor], full: bool) -> list[float]:
-    """Norms (and with ``full`` min, max, non-zero count, sum per tensor) then ``extra``, as floats."""
+def _stack(gl: list[torch.Tensor], extra: list[torch.Tensor], full: bool) -> torch.Tensor:
+    """Norms (and with ``full`` min, max, non-zero count, sum per tensor) then ``extra``, as one tensor."""
     parts: list[torch.Tensor] = list(torch._foreach_norm(gl, 2)) if gl else []
     if full and gl:
         # min/max in one pass per tensor (the L-inf and L0 foreach norms are several times
@@ -90,14 +154,16 @@ def _read(gl: list[torch.Tensor], extra: list[torch.Tensor], full: bool) -> list
         parts += [torch.count_nonzero(g) for g in gl] + [g.sum() for g in gl]
     parts += [e.detach().reshape(-1)[:1].squeeze(0) for e in extra]
     if not parts:
-        return []
+        return torch.empty(0)
     try:
-        return torch.stack(parts).tolist()  # type: ignore[no-any-return]
+        return torch.stack(parts)
     except RuntimeError:  # mixed dtypes (fp16 grads, integer counts): stack as float32
-        return torch.stack([x.float() for x in parts]).tolist()  # type: ignore[no-any-return]
+        return torch.stack([x.float() for x in parts])
 
 
-def _full_columns(cols: dict[str, list[float | None]], i: int, numel: int, l2: float, rest: list[float]) -> None:
+def _full_columns(
+    cols: dict[str, list[float | None]], i: int, numel: int, l2: float, rest: list[float]
+) -> None:
     lo, hi, l0, s = rest
     cols["max_abs"][i] = math.nan if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi))
     cols["mean"][i] = s / numel

@@ -34,7 +34,7 @@ from torch import nn
 
 from . import _cuda
 from ._autograd import AutogradWalk, BackwardTimer
-from ._grads import grad_stats, nonzero_grads
+from ._grads import GradRead, nonzero_grads
 from ._hooks import retained_bytes
 from ._interpose import Interposer
 from ._memory import StorageSizes, optimizer_tensors, storages
@@ -45,7 +45,6 @@ from .schema import (
     SCHEMA_VERSION,
     ActivationGrad,
     ForwardInfo,
-    GradStats,
     GraphEvent,
     MemoryStats,
     ModuleInfo,
@@ -121,7 +120,7 @@ class _StepState:
         self.graph: GraphEvent | None = None
         self.timer: BackwardTimer | None = None
         self.walk: AutogradWalk | None = None
-        self.stats: tuple[GradStats, list[float]] | None = None  # taken just before optimizer.step()
+        self.stats: GradRead | None = None  # launched just before optimizer.step()
         self.before_create: AutogradWalk | None = None  # the graph before a create_graph=True backward
         self.retained = False
         self.autocast = False
@@ -215,6 +214,8 @@ class Watch:
         self._last_sig: str | None = None
         self._capture_next = False
         self._nan_armed = False
+        # CUDA: a step event waiting for its gradient statistics (see _finish)
+        self._deferred: tuple[StepEvent, GradRead, int, bool, list[int], dict[str, Any] | None] | None = None
         self._sentinels: list[weakref.ref[_Sentinel]] = []
         # (tensor id, target dtype, target device) of conversions -> (weak tensor, last step): P12 repeats
         self._converted: dict[
@@ -277,6 +278,7 @@ class Watch:
         try:
             if self._s.micro > 0:
                 self._safe("step", self._close_step, self._scale_changed())
+            self._safe("step", self._finish_deferred)
             for h in self._handles:
                 h.remove()
             self._resume_gc()
@@ -676,6 +678,8 @@ class Watch:
         self._stop_recorder()
         if not s.started:
             self._start_step(s)
+        if walk.nodes and not any(f["built_graph"] and not f["backward"] for f in s.forwards):
+            self._compiled_forward(s, walk)
         if s.scale_version is None:
             self._snapshot_scale(s)  # GradScaler creates its scale lazily, in its first scale()
         params = [r() for r in self._params]
@@ -748,6 +752,25 @@ class Watch:
         s.micro += 1
         return True
 
+    def _compiled_forward(self, s: _StepState, walk: AutogradWalk) -> None:
+        """A backward through our parameters with no forward of ours pending: a forward compiled
+        by ``torch.compile`` (Dynamo traced our hooks away) shows up here, as the graph's
+        ``CompiledFunctionBackward`` node; it gets its ``forwards`` entry now."""
+        if not any(type(n).__name__ == "CompiledFunctionBackward" for n in walk.nodes):
+            return
+        model = self._model()
+        s.forwards.append(
+            {
+                "micro": len(s.forwards),
+                "grad_mode": True,
+                "inference_mode": False,
+                "training": bool(model is not None and model.training),
+                "built_graph": True,
+                "backward": True,
+                "compiled": True,
+            }
+        )
+
     def _backward_failed(self, exc: BaseException) -> None:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         self._s.backward_errors.append(msg[:500])
@@ -784,19 +807,22 @@ class Watch:
     # ------------------------------------------------------------------ step boundary
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._safe("mode", self._mode_off)
+        # the previous step's statistics first: a non-finite one makes this read exact
+        self._safe("step", self._finish_deferred)
         if self._s.micro > 0:
             # the gradients as backward left them, read while they are still in the CPU's
             # caches: after optimizer.step() has streamed parameters and state through, the
             # same reads cost several times more
             self._s.stats = self._safe("grads", self._grad_stats, self._s, [r() for r in self._params])
 
-    def _grad_stats(self, s: _StepState, params: list[torch.Tensor | None]) -> tuple[GradStats, list[float]]:
+    def _grad_stats(self, s: _StepState, params: list[torch.Tensor | None]) -> GradRead:
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
         extra = list(s.losses)
         if isinstance(scale, torch.Tensor):
             extra.append(scale)
         full = self.mode == "full" or s.capture or self._step % GRAD_STATS_EVERY == 0 or self._nan_armed
-        return grad_stats(params, extra, full=full)
+        # read later on CUDA (no host sync), except right after a non-finite step: exact counts
+        return GradRead(params, extra, full, defer=not self._nan_armed)
 
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._safe("step", self._close_step, False)
@@ -820,9 +846,7 @@ class Watch:
         params: list[torch.Tensor | None] = [r() for r in self._params]
         opt = self._optimizer() if self._optimizer is not None else None
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
-        stats, values = s.stats if s.stats is not None else self._grad_stats(s, params)
-        losses = values[: len(s.losses)]
-        stats["pre_nonzero"] = s.pre_nonzero
+        read = s.stats if s.stats is not None else self._grad_stats(s, params)
         now = time.perf_counter()
         ev: StepEvent = {
             "kind": "step",
@@ -833,9 +857,6 @@ class Watch:
             "forward_us": int(s.forward_us),
             "backward_us": int(s.backward_us),
             "micro_batches": s.micro,
-            "loss": losses[-1] if losses else None,
-            "losses": losses,
-            "grads": stats,
             "zero_grad": s.zero_grad,
             "zero_grad_set_to_none": s.set_to_none,
             "forwards": s.forwards,
@@ -863,10 +884,7 @@ class Watch:
         if opt is not None:
             ev["lr"] = [float(g.get("lr", 0.0)) for g in opt.param_groups]
         if self._scaler is not None:
-            sc: dict[str, float | bool] = {"skipped": bool(skipped)}
-            if isinstance(scale, torch.Tensor):
-                sc["scale"] = values[len(s.losses)]
-            ev["scaler"] = sc
+            ev["scaler"] = {"skipped": bool(skipped)}
         ev["autocast"] = s.autocast
         acts = self._activation_grads(s)
         if acts:
@@ -884,16 +902,49 @@ class Watch:
             self._capture_next = True  # the structure changed: capture the next step in full
         if sig:
             self._last_sig = sig
-        nonfinite = any(not math.isfinite(x) for x in losses) or any(stats["nan"]) or any(stats["inf"])
-        self._nan_armed = bool(nonfinite)
-        if nonfinite and s.graph is None and self.mode != "light":
-            self._capture_next = True
-        self._transport.emit(dict(ev))
-        if s.graph is not None:
-            self._transport.emit(dict(self._graph_event(s)))
+        graph = dict(self._graph_event(s)) if s.graph is not None else None
+        pending = (ev, read, len(s.losses), isinstance(scale, torch.Tensor), s.pre_nonzero, graph)
+        self._finish_deferred()  # the previous step's values, long on the host by now
+        if read.deferred:
+            self._deferred = pending
+        else:
+            self._finish(*pending)
         self._step += 1
         self._s = _StepState(time.perf_counter())
         self._resume_gc()
+
+    def _finish_deferred(self) -> None:
+        if self._deferred is not None:
+            pending, self._deferred = self._deferred, None
+            self._finish(*pending)
+
+    def _finish(
+        self,
+        ev: StepEvent,
+        read: GradRead,
+        n_losses: int,
+        has_scale: bool,
+        pre_nonzero: list[int],
+        graph: dict[str, Any] | None,
+    ) -> None:
+        """Complete a step event with its gradient statistics and losses, then emit it (and its
+        graph).  On CUDA this runs one step boundary later: a non-finite step arms the
+        capture of the step after the next."""
+        stats, values = read.result()
+        losses = values[:n_losses]
+        stats["pre_nonzero"] = pre_nonzero
+        ev["loss"] = losses[-1] if losses else None
+        ev["losses"] = losses
+        ev["grads"] = stats
+        if has_scale and "scaler" in ev:
+            ev["scaler"]["scale"] = values[n_losses]
+        nonfinite = any(not math.isfinite(x) for x in losses) or any(stats["nan"]) or any(stats["inf"])
+        self._nan_armed = bool(nonfinite)
+        if nonfinite and graph is None and self.mode != "light":
+            self._capture_next = True
+        self._transport.emit(dict(ev))
+        if graph is not None:
+            self._transport.emit(graph)
 
     # A captured pass makes a few small records per op; the cyclic collector would run (and
     # promote them towards costly full collections) every few hundred ops.  It is paused for

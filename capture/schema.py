@@ -125,6 +125,7 @@ class ForwardInfo(TypedDict, total=False):
     backward: bool  # a backward() later ran through its graph
     saved_bytes: int  # bytes saved for backward by its graph
     src: str  # user's call site "file.py:123"
+    compiled: bool  # seen only in the backward graph: a torch.compile'd forward (its hooks were traced away)
 
 
 class StepEvent(TypedDict, total=False):

@@ -6,7 +6,11 @@ Checks, on a small CNN on ``cuda``: losses and parameters bit-for-bit equal with
 capture (default and full modes); every step carries the allocator's figures
 (``memory.device``); ``cuda_history`` writes PyTorch's snapshot as JSON whose allocations are
 labelled by step (and module on captured steps) and the viewer page; AMP with a GradScaler
-records scale and skipped steps.  Prints one line per check.
+records scale and skipped steps; capture adds at most one host sync per uncaptured step
+(counted with ``torch.cuda.set_sync_debug_mode``); recorded tensors say ``cuda:0``; the
+ledger's live bytes at step boundaries against ``torch.cuda.memory_allocated``; under
+``torch.compile`` with inductor (Triton) training stays bit-identical.  Prints one line per
+check and the figures the note reports.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -59,7 +64,53 @@ def _train(
         losses.append(loss.item())
     if w is not None:
         w.close()
-    return losses + [float(p.double().sum()) for p in model.parameters()]
+    return losses + [float(p.detach().double().sum()) for p in model.parameters()]
+
+
+def _syncs(mode: str | None, path: Path, steps: int = 8) -> list[int]:
+    """Synchronizing CUDA calls per step in the training thread (the loop itself makes none)."""
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    w = torchscope.watch(model, opt, server=None, record=path, mode=mode) if mode else None
+    counts = []
+    for _ in range(steps):
+        x = torch.randn(16, 3, 16, 16, device="cuda", generator=g)
+        y = torch.randint(0, 10, (16,), device="cuda", generator=g)
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        counts.append(sum("synchroniz" in str(r.message) for r in rec))
+    if w is not None:
+        w.close()
+    return counts
+
+
+def _compiled(mode: str | None, path: Path) -> list[float]:
+    torch._dynamo.reset()
+    model = _model()
+    compiled = torch.compile(model)  # inductor: Triton kernels on CUDA
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    w = torchscope.watch(model, opt, server=None, record=path, mode=mode) if mode else None
+    losses = []
+    for _ in range(4):
+        x = torch.randn(16, 3, 16, 16, device="cuda", generator=g)
+        y = torch.randint(0, 10, (16,), device="cuda", generator=g)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(compiled(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    if w is not None:
+        w.close()
+    return losses + [float(p.detach().double().sum()) for p in model.parameters()]
 
 
 def main() -> int:
@@ -90,10 +141,41 @@ def main() -> int:
             check("allocations labelled by step", '"step 1' in text)
             check("allocations labelled by module", '"step 1 0' in text or '"step 1 3' in text)
         check("viewer page written", (d / "hist.tscope.cuda-memory.html").exists())
+        tensors = [
+            t for e in iter_events(d / "full.tscope") if e["kind"] == "graph" for t in e.get("tensors", [])
+        ]
+        check(
+            "recorded tensors on cuda:0", bool(tensors) and all(t.get("device") == "cuda:0" for t in tensors)
+        )
+        for s in steps[:3]:
+            m = s["memory"]
+            print(f"     step {s['step']}: ledger live {m.get('live')} B, other {m.get('other')} B, "
+                  f"allocator {m.get('device', {}).get('allocated')} B, peak {m.get('peak')} B")  # fmt: skip
+        for sm in (None, "light", "default"):
+            counts = _syncs(sm, d / f"sync-{sm}.tscope")
+            print(f"     syncs per step, {sm or 'plain'}: {counts}")
+            if sm:
+                check(f"{sm}: at most one host sync per uncaptured step", max(counts[1:]) <= 1)
         amp_plain = _train(None, d / "ap.tscope", amp=True)
         check("amp: bit-identical", _train("default", d / "amp.tscope", amp=True) == amp_plain)
         amp_steps = [e for e in iter_events(d / "amp.tscope") if e["kind"] == "step"]
         check("amp: scale recorded", all("scale" in s.get("scaler", {}) for s in amp_steps))
+        # inductor: each watched run against a plain one just before it, and plain against
+        # plain as the control (its kernels are chosen per compile)
+        try:
+            compiled_plain = _compiled(None, d / "cp.tscope")
+        except Exception as exc:  # no compiler toolchain: say so, it is not capture's failure
+            print(f"skip inductor: {type(exc).__name__}: {exc}"[:300])
+        else:
+            for mode in ("default", "full"):
+                watched = _compiled(mode, d / f"c{mode}.tscope")
+                diff = max(abs(a - b) for a, b in zip(watched, compiled_plain, strict=True))
+                check(f"inductor {mode}: bit-identical (max diff {diff:.3g})", watched == compiled_plain)
+                again = _compiled(None, d / "cp2.tscope")
+                print(
+                    f"     inductor control, plain vs plain: {'identical' if again == compiled_plain else 'differs'}"
+                )
+                compiled_plain = again
     return 0 if ok else 1
 
 

@@ -57,4 +57,9 @@ def test_compiled_model_is_watched_without_graph_breaks(tmp_path: Path, mode: st
     names = [n["name"] for n in graphs[0]["nodes"]]
     assert names.count("CompiledFunctionBackward") == 1
     assert names.count("AccumulateGrad") == 4
+    # the compiled forward never ran our hooks; the backward graph stands in for it
+    for st in steps:
+        (fwd,) = st["forwards"]
+        assert fwd["compiled"] is True and fwd["built_graph"] is True and fwd["backward"] is True
+        assert fwd["training"] is True and fwd["saved_bytes"] >= 0
     assert not [e for e in events if e["kind"] == "log" and e.get("level") == "error"]

@@ -1,0 +1,75 @@
+"""Gradient statistics read one boundary later (what the capture does on CUDA, so that no step
+waits for the GPU), run here on CPU by adding "cpu" to ``GradRead.DEFER_ON``: the events are
+the same as when read at once, in the same order, none lost at close; a step whose gradients
+first turn non-finite reports lower-bound NaN counts and the next step exact ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import torchscope
+from torchscope._grads import GradRead
+from torchscope.sessionfile import iter_events
+
+
+def _train(path: Path, mode: str) -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode, sample_every=4):
+        for _ in range(11):
+            loss = nn.functional.cross_entropy(model(torch.randn(8, 6)), torch.randint(0, 3, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return [e for e in iter_events(path) if e["kind"] in ("step", "graph")]
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_deferred_reads_give_the_same_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    now = _train(tmp_path / "now.tscope", mode)
+    monkeypatch.setattr(GradRead, "DEFER_ON", ("cuda", "cpu"))
+    later = _train(tmp_path / "later.tscope", mode)
+    assert [(e["kind"], e["step"]) for e in later] == [(e["kind"], e["step"]) for e in now]
+    steps_now = [e for e in now if e["kind"] == "step"]
+    steps_later = [e for e in later if e["kind"] == "step"]
+    assert [s["step"] for s in steps_later] == list(range(11))  # the last one too: close finishes it
+    for a, b in zip(steps_now, steps_later, strict=True):
+        assert b["loss"] == a["loss"] and b["losses"] == a["losses"]
+        assert b["grads"] == a["grads"]
+    if mode == "default":  # each graph follows its own step's event
+        kinds = [(e["kind"], e["step"]) for e in later]
+        for k, (kind, step) in enumerate(kinds):
+            if kind == "graph":
+                assert kinds[k - 1] == ("step", step)
+
+
+def test_deferred_nonfinite_counts_are_lower_bounds_then_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(GradRead, "DEFER_ON", ("cuda", "cpu"))
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "nan.tscope"
+    exact: list[list[int]] = []
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for i in range(5):
+            x = torch.randn(3, 4)
+            if i >= 2:
+                x[0, 0] = float("nan")
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            exact.append([int(torch.isnan(p.grad).sum()) for p in model.parameters()])  # type: ignore[arg-type]
+            opt.step()  # NaN parameters from here on: every later gradient is NaN throughout
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    assert [s["grads"]["nan"] for s in steps[:2]] == [[0, 0], [0, 0]]
+    first = steps[2]["grads"]["nan"]
+    assert exact[2][0] > 1 and first == [1 if n else 0 for n in exact[2]]  # lower bounds
+    assert exact[3] == [8, 2]
+    assert [s["grads"]["nan"] for s in steps[3:]] == exact[3:]  # exact again from the next step
