@@ -107,9 +107,9 @@ def run_chunk(config: str, state: dict[str, Any], steps: int, out: Path) -> tupl
         for i, (x, y) in enumerate(data):
             if not STREAM or i <= 1:
                 t0 = clock()
+            opt.zero_grad()  # the common loop: zero_grad, forward, loss, backward, step
             logits = model(x)
             loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y)
-            opt.zero_grad()
             loss.backward()
             opt.step()
             if not STREAM or i == 0:

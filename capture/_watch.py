@@ -60,6 +60,7 @@ _MAX_OPS = 50_000  # per captured step; the rest is counted as shed
 # gradient) every this many steps, on captured steps, every step in full mode, and after a
 # non-finite gradient; the other steps record norms, NaN/Inf counts and missing grads only.
 GRAD_STATS_EVERY = 10
+COPY_STEPS = 4  # steps counted for copies before sampling every GRAD_STATS_EVERY (see _counts_copies)
 _MODE_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 # activation-gradient slot whose hook has not run yet; made once at import, so the capture
 # adds no aten::empty op of its own to a captured step
@@ -99,6 +100,7 @@ class _StepState:
         self.pre_nonzero: list[int] = []
         self.copies = 0
         self.copy_bytes = 0
+        self.track_copies = True  # the mode watched the whole step for copies (see _opt_post)
         self.noop_to = 0
         self.clip_flagged = False
         self.moves: dict[tuple[str, str], list[int]] = {}  # (what, src) -> [count, bytes]
@@ -248,6 +250,7 @@ class Watch:
         )
         self._interposer = Interposer(self)
         self._mode_pushed = False
+        self._mode_always = False  # see _counts_copies
         self._saved_cache: dict[
             tuple[str, tuple[tuple[int, ...], ...]], tuple[dict[int, int], list[str]]
         ] = {}
@@ -318,9 +321,11 @@ class Watch:
             return None
 
     # The function mode is on the stack only between a forward's end and optimizer.step()
-    # (loss, backward, clipping) and between optimizer.step() and the next forward (data
-    # movement, zero_grad): the forward and the optimizer's own many small calls then cost
-    # nothing.  Captured steps keep it on through the forward too (graph breaks).
+    # (loss, backward, clipping) and, on the steps that count copies, between
+    # optimizer.step() and the next forward (data movement): the forward, the optimizer's own
+    # many small calls and, on the other steps, zero_grad (a Python-level call per
+    # parameter's ``.grad`` under any function mode: ~300 us a step on a 51-parameter model)
+    # then cost nothing.  Captured steps keep it on through the forward too (graph breaks).
     def _mode_on(self) -> None:
         if not self._mode_pushed and self._active:
             self._interposer.__enter__()
@@ -679,6 +684,9 @@ class Watch:
         if not s.started:
             self._start_step(s)
         if walk.nodes and not any(f["built_graph"] and not f["backward"] for f in s.forwards):
+            # no forward of the root module led here (compiled, or parts of the model called
+            # directly): only the function mode sees such a backward, so it stays on
+            self._mode_always = True
             self._compiled_forward(s, walk)
         if s.scale_version is None:
             self._snapshot_scale(s)  # GradScaler creates its scale lazily, in its first scale()
@@ -826,7 +834,19 @@ class Watch:
 
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._safe("step", self._close_step, False)
-        self._safe("mode", self._mode_on)
+        if self._counts_copies(self._step):
+            self._safe("mode", self._mode_on)
+        else:
+            self._s.track_copies = False
+
+    def _counts_copies(self, step: int) -> bool:
+        """Whether the next step is watched from optimizer.step() to its forward (host<->device
+        copies, P12): the first COPY_STEPS steps (a pitfall shows from the start), then every
+        GRAD_STATS_EVERY steps, captured steps, full mode, and every step of a loop whose
+        backward came without a forward of the root module (only the mode sees that backward)."""
+        if self.mode == "full" or self._mode_always or step < COPY_STEPS or step % GRAD_STATS_EVERY == 0:
+            return True
+        return self.mode == "default" and (step % self.sample_every == 0 or self._capture_next)
 
     def _live_bytes(self) -> int:
         params = [p for r in self._params if (p := r()) is not None]
@@ -867,9 +887,12 @@ class Watch:
             "backward_src": s.backward_src,
             "step_src": step_src,
             "backward_errors": s.backward_errors,
-            "copies": {"count": s.copies, "bytes": s.copy_bytes},
             "graph_captured": s.graph is not None,
         }
+        if s.track_copies:
+            ev["copies"] = {"count": s.copies, "bytes": s.copy_bytes}
+        elif s.micro == 0 and not s.forwards:
+            self._mode_always = True  # a backward we did not see: the mode stays on from now on
         ev["memory"] = self._memory(params, opt, s)
         ev["graphs_alive"] = self._graphs_alive()
         model = self._model()

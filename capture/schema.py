@@ -151,7 +151,7 @@ class StepEvent(TypedDict, total=False):
     training: bool  # root module's mode
     scaler: dict[str, float | bool]  # GradScaler: scale, skipped (bool), growth_tracker
     autocast: bool  # an autocast region was active during forward
-    copies: dict[str, int]  # host<->device copies: count, bytes (P12)
+    copies: dict[str, int]  # host<->device copies: count, bytes (P12); absent on steps not counted (see docs/capture.md)
     graphs_alive: int  # autograd nodes from earlier steps still reachable at this boundary (P7)
     no_backward_forwards: int  # forwards that built a graph that no backward consumed (P6)
     forwards: list[ForwardInfo]  # each root-module forward since the previous step boundary

@@ -52,7 +52,7 @@ def test_clean_loop_has_no_pitfall_facts(tmp_path: Path) -> None:
         assert st["backward_roots"] == ["MeanBackward0"]
         assert st["backward_src"][0].startswith("test_capture_facts.py:")
         assert st["step_src"].startswith("test_capture_facts.py:")
-        assert st["copies"] == {"count": 0, "bytes": 0}
+        assert st.get("copies", {"count": 0, "bytes": 0}) == {"count": 0, "bytes": 0}
         assert st["memory"]["saved"] > 0 and st["lr"] == [0.01]
 
 
@@ -164,8 +164,33 @@ def test_p12_noop_to(tmp_path: Path) -> None:
         loss.backward()
         opt.step()
 
-    for st in _steps_of(tmp_path, body):
+    for st in _steps_of(tmp_path, body, mode="full"):  # full mode: every step counts copies
         assert {"what": "noop_to", "count": 2} in st["events"]
+
+
+def test_copies_counted_on_sampled_steps(tmp_path: Path) -> None:
+    """Outside full mode, data movement before the forward is watched on the first COPY_STEPS
+    steps, then every GRAD_STATS_EVERY steps and on captured steps (the function mode is off in between: zero_grad's per-parameter
+    ``.grad`` accesses would each cost a Python call)."""
+    from torchscope._watch import COPY_STEPS, GRAD_STATS_EVERY
+
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        opt.zero_grad()
+        x = torch.randn(4, 8).to("cpu")  # already there
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    n = 2 * GRAD_STATS_EVERY + 1
+    for mode in ("light", "default"):
+        steps = _run(tmp_path / mode, body, steps=n, mode=mode, sample_every=7)
+        counted = [st["step"] for st in steps if "copies" in st]
+        expected = {*range(COPY_STEPS), GRAD_STATS_EVERY, 2 * GRAD_STATS_EVERY}
+        if mode == "default":
+            expected |= set(range(0, n, 7))
+        assert counted == sorted(expected)
+        noops = [st["step"] for st in steps if {"what": "noop_to", "count": 1} in st.get("events", [])]
+        assert noops == counted
+        assert all(st["loss"] is not None and st["micro_batches"] == 1 for st in steps)  # backward always seen
 
 
 def test_p13_hook_keeps_activations(tmp_path: Path) -> None:
@@ -246,7 +271,7 @@ def test_p12_repeated_conversion_and_round_trip(tmp_path: Path) -> None:
         loss.backward()
         opt.step()
 
-    steps = _steps_of(tmp_path, body)
+    steps = _steps_of(tmp_path, body, mode="full")
     for i, st in enumerate(steps):
         whats = {e["what"]: e for e in st.get("events", [])}
         assert ("repeat_copy" in whats) == (i > 0)
