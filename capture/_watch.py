@@ -27,7 +27,7 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -162,6 +162,8 @@ class Watch:
     snapshot schema (JSON, and its memory viewer as HTML).  See ``docs/capture.md``.
     """
 
+    _n_active: ClassVar[int] = 0  # watches running in this process (see _reuse_walk)
+
     def __init__(
         self,
         model: nn.Module,
@@ -251,6 +253,7 @@ class Watch:
         self._interposer = Interposer(self)
         self._mode_pushed = False
         self._mode_always = False  # see _counts_copies
+        self._walked: tuple[tuple[Any, ...], str, int] | None = None  # last walk: key, signature, nodes
         self._saved_cache: dict[
             tuple[str, tuple[tuple[int, ...], ...]], tuple[dict[int, int], list[str]]
         ] = {}
@@ -259,6 +262,7 @@ class Watch:
         self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
         self._gc_paused = False
         self._active = True
+        Watch._n_active += 1
         self._mode_on()
         atexit.register(self.close)
         where = f" → {self.url}" if self.url else ""
@@ -290,6 +294,7 @@ class Watch:
                 for p in self._safe("cuda_history", self._history.write, self.path) or ():
                     print(f"torchscope: CUDA allocator history in {p}", file=sys.stderr)
             self._active = False
+            Watch._n_active -= 1
             self._transport.close(
                 {"kind": "end", "t": time.time(), "status": "finished", "steps": self._step}
             )
@@ -434,11 +439,12 @@ class Watch:
             "backward": False,
             "src": user_src(),
         }
-        mods = [(p, m) for p, r in self._modules if (m := r()) is not None]
         if module.training:
-            fwd["eval_modules"] = [p for p, m in mods if not m.training]
+            fwd["eval_modules"] = [p for p, r in self._modules if (m := r()) is not None and not m.training]
         if not grad_mode:
-            fwd["train_modules"] = [p for p, m in mods if m.training and isinstance(m, _MODE_SENSITIVE)]
+            fwd["train_modules"] = [
+                p for p, r in self._modules if (m := r()) is not None and m.training and isinstance(m, _MODE_SENSITIVE)
+            ]
         s.forwards.append(fwd)
         if not s.capture:
             self._mode_off()
@@ -670,20 +676,27 @@ class Watch:
         retain = kwargs.get("retain_graph", args[2] if len(args) > 2 else None)
         create = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
         roots = [t for t in roots if isinstance(t, torch.Tensor)]
-        walk = AutogradWalk([t.grad_fn for t in roots])
-        sig = walk.signature()
-        if walk.nodes:
+        s = self._s
+        walk_key = (tuple(type(t.grad_fn) for t in roots), s.in_shapes, s.micro)
+        reuse = self._reuse_walk(s, walk_key, bool(create))
+        walk: AutogradWalk | None = None
+        if reuse is not None:
+            sig, n_nodes = reuse
+        else:
+            walk = AutogradWalk([t.grad_fn for t in roots])
+            sig, n_nodes = walk.signature(), len(walk.nodes)
+            self._walked = (walk_key, sig, n_nodes)
+        if walk is not None and walk.nodes:
             hit = walk.touching_node(self._param_names, self._touches.get(sig, -1))
             if hit < 0:
                 return False  # another model's backward (several watches in one process)
             if len(self._touches) > 64:
                 self._touches.clear()
             self._touches[sig] = hit
-        s = self._s
         self._stop_recorder()
         if not s.started:
             self._start_step(s)
-        if walk.nodes and not any(f["built_graph"] and not f["backward"] for f in s.forwards):
+        if walk is not None and walk.nodes and not any(f["built_graph"] and not f["backward"] for f in s.forwards):
             # no forward of the root module led here (compiled, or parts of the model called
             # directly): only the function mode sees such a backward, so it stays on
             self._mode_always = True
@@ -702,8 +715,7 @@ class Watch:
             fn = t.grad_fn
             s.roots.append(type(fn).__name__ if fn is not None else "None")
             if t.numel() == 1 and len(s.losses) < 1024:
-                with torch.no_grad():
-                    s.losses.append(t.detach().clone())
+                s.losses.append(t.detach())  # an alias, read with the gradients at the boundary
             fns.append(fn)
         s.backward_src.append(user_src())
         s.sigs.append(sig)
@@ -711,6 +723,7 @@ class Watch:
         cached = self._saved_cache.get(key)
         if cached is None or s.capture:
             # same structure and input shapes -> same saved tensors: walk them once per shape
+            assert walk is not None  # a reused walk requires its cached saved bytes
             cached = walk.saved(self._param_ptrs)
             if len(self._saved_cache) > 64:
                 self._saved_cache.clear()
@@ -722,7 +735,7 @@ class Watch:
             s.events.append({"what": "saved_unreadable", "node": b, "micro": s.micro})
         for fn in fns:
             if fn is not None:
-                sentinel = _Sentinel(self._step, len(walk.nodes))
+                sentinel = _Sentinel(self._step, n_nodes)
                 fn.metadata["torchscope_sentinel"] = sentinel  # type: ignore[index]
                 self._sentinels.append(weakref.ref(sentinel))
         if retain:
@@ -731,7 +744,7 @@ class Watch:
             s.events.append({"what": "create_graph", "micro": s.micro})
             s.before_create = walk  # held until the pass returns, so node ids stay valid
         s.saved_now = sum(saved.values())  # type: ignore[attr-defined]
-        if s.capture and s.graph is None and "graph" not in self._disabled:
+        if s.capture and walk is not None and s.graph is None and "graph" not in self._disabled:
             rec = s.recorder
             op_modules = {o["id"]: o.get("module", "") for o in rec.ops} if rec is not None else {}
             nodes = walk.records(self._param_names, op_modules, s.micro, s.sid)
@@ -759,6 +772,28 @@ class Watch:
             self._capturing_ops = True
         s.micro += 1
         return True
+
+    def _reuse_walk(self, s: _StepState, key: tuple[Any, ...], create: bool) -> tuple[str, int] | None:
+        """Light mode: (signature, node count) of the last walk when this backward's graph can
+        be taken to have its structure: same root classes, input shapes and micro-batch, a
+        root-module forward pending, one watch in the process, and its saved bytes known.  The
+        graph is walked anyway every GRAD_STATS_EVERY steps: a loop whose structure changes
+        with the same shapes is seen within that many steps.  (A walk is O(nodes) Python,
+        ~1 us a node: the largest per-step cost on deep models.)"""
+        w = self._walked
+        if (
+            self.mode != "light"
+            or w is None
+            or w[0] != key
+            or create
+            or s.capture
+            or Watch._n_active != 1
+            or self._step % GRAD_STATS_EVERY == 0
+            or (w[1], s.in_shapes) not in self._saved_cache
+            or not any(f["built_graph"] and not f["backward"] for f in s.forwards)
+        ):
+            return None
+        return w[1], w[2]
 
     def _compiled_forward(self, s: _StepState, walk: AutogradWalk) -> None:
         """A backward through our parameters with no forward of ours pending: a forward compiled

@@ -158,13 +158,14 @@ def test_zoo_graph_details(tmp_path: Path) -> None:
     assert views and all("storage" in t for t in views)
 
 
-def test_signature_changes_exactly_with_structure(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_signature_changes_exactly_with_structure(tmp_path: Path, mode: str) -> None:
     torch.manual_seed(0)
     model = Looped()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     lengths = [2, 2, 3, 3, 2, 5, 5, 5]
     path = tmp_path / "loop.tscope"
-    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode, sample_every=100):
         for n in lengths:
             model.n = n
             loss = model(torch.randn(4, 8)).pow(2).mean()
@@ -175,6 +176,32 @@ def test_signature_changes_exactly_with_structure(tmp_path: Path) -> None:
     for i in range(len(lengths)):
         for j in range(len(lengths)):
             assert (sigs[i] == sigs[j]) == (lengths[i] == lengths[j]), (i, j)
+
+
+def test_light_mode_walks_the_graph_every_few_steps(tmp_path: Path) -> None:
+    """Light mode re-walks the graph every GRAD_STATS_EVERY steps and whenever the input
+    shapes change; in between a step repeats the last walk's signature (deep graphs cost ~1 us
+    a node to walk)."""
+    from torchscope._watch import GRAD_STATS_EVERY
+
+    torch.manual_seed(0)
+    model = Looped()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # the loop's length changes at step 3 (same shapes: seen at the next walk, step 10); at
+    # step 13 with the batch size (seen at once); at step 16 alone again (seen at step 20)
+    plan = [(2, 4)] * 3 + [(3, 4)] * 10 + [(2, 6)] * 3 + [(3, 6)] * 5
+    path = tmp_path / "light.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for n, batch in plan:
+            model.n = n
+            loss = model(torch.randn(batch, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    sigs = [e["graph_signature"] for e in iter_events(path) if e["kind"] == "step"]
+    changes = [i for i in range(1, len(sigs)) if sigs[i] != sigs[i - 1]]
+    assert GRAD_STATS_EVERY == 10 and changes == [10, 13, 20]
+    assert sigs[13] == sigs[0] and sigs[20] == sigs[10]  # the signature is the structure, not shapes
 
 
 def test_default_mode_captures_on_change_and_schedule(tmp_path: Path) -> None:
