@@ -24,6 +24,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -251,7 +252,9 @@ class Watch:
             else None
         )
         self._interposer = Interposer(self)
-        self._mode_pushed = False
+        # the function-mode stack is per thread: so is whether ours is on it (a loop may run in
+        # another thread than the one that called watch())
+        self._tls = threading.local()
         self._mode_always = False  # see _counts_copies
         self._walked: tuple[tuple[Any, ...], str, int] | None = None  # last walk: key, signature, nodes
         self._saved_cache: dict[
@@ -332,17 +335,17 @@ class Watch:
     # parameter's ``.grad`` under any function mode: ~300 us a step on a 51-parameter model)
     # then cost nothing.  Captured steps keep it on through the forward too (graph breaks).
     def _mode_on(self) -> None:
-        if not self._mode_pushed and self._active:
+        if not getattr(self._tls, "pushed", False) and self._active:
             self._interposer.__enter__()
-            self._mode_pushed = True
+            self._tls.pushed = True
 
     def _mode_off(self) -> None:
-        if not self._mode_pushed:
+        if not getattr(self._tls, "pushed", False):
             return
         stack_len = torch._C._len_torch_function_stack()
         if stack_len and torch._C._get_function_stack_at(stack_len - 1) is self._interposer:
             self._interposer.__exit__(None, None, None)
-            self._mode_pushed = False
+            self._tls.pushed = False
         # otherwise a user mode sits above ours: ours stays where it is (inert once closed)
 
     # ------------------------------------------------------------------ session

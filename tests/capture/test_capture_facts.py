@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -300,3 +301,34 @@ def test_p14_clip_before_unscale(tmp_path: Path) -> None:
                 scaler.update()
         flagged = [any(e["what"] == "clip_before_unscale" for e in st.get("events", [])) for st in _steps(path)]
         assert flagged == [not unscale_first] * 3
+
+
+def test_loop_in_another_thread(tmp_path: Path) -> None:
+    """watch() in one thread, the training loop in another: backward, losses and copies are
+    still seen (the function mode is pushed on the thread that runs the loop)."""
+    import threading
+
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "thread.tscope"
+    losses: list[float] = []
+
+    def loop() -> None:
+        for _ in range(4):
+            opt.zero_grad()
+            loss = model(torch.randn(4, 8).to("cpu")).pow(2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        worker = threading.Thread(target=loop)
+        worker.start()
+        worker.join()
+    steps = _steps(path)
+    assert [s["loss"] for s in steps] == pytest.approx(losses, rel=1e-6)
+    assert [s["micro_batches"] for s in steps] == [1, 1, 1, 1]
+    assert steps[1]["backward_src"][0].startswith("test_capture_facts.py:")
+    # the worker's first step is watched from its forward on: its .to() comes from step 1 on
+    assert all({"what": "noop_to", "count": 1} in s["events"] for s in steps[1:])
