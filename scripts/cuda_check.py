@@ -36,9 +36,19 @@ def _model() -> nn.Module:
 
 
 def _train(
-    mode: str | None, path: Path, steps: int = 6, amp: bool = False, history: int | None = None
+    mode: str | None,
+    path: Path,
+    steps: int = 6,
+    amp: bool = False,
+    history: int | None = None,
+    compiled: bool = False,
 ) -> list[float]:
+    """Losses then parameter sums of a short run, watched in ``mode`` (None: not watched);
+    ``compiled``: the forward through ``torch.compile`` (inductor: Triton kernels on CUDA)."""
+    if compiled:
+        torch._dynamo.reset()
     model = _model()
+    net = torch.compile(model) if compiled else model
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cuda") if amp else None
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -53,7 +63,7 @@ def _train(
         y = torch.randint(0, 10, (16,), device="cuda", generator=g)
         opt.zero_grad()
         with torch.autocast("cuda", enabled=amp):
-            loss = nn.functional.cross_entropy(model(x), y)
+            loss = nn.functional.cross_entropy(net(x), y)
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -93,24 +103,7 @@ def _syncs(mode: str | None, path: Path, steps: int = 8) -> list[int]:
 
 
 def _compiled(mode: str | None, path: Path) -> list[float]:
-    torch._dynamo.reset()
-    model = _model()
-    compiled = torch.compile(model)  # inductor: Triton kernels on CUDA
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator(device="cuda").manual_seed(1)
-    w = torchscope.watch(model, opt, server=None, record=path, mode=mode) if mode else None
-    losses = []
-    for _ in range(4):
-        x = torch.randn(16, 3, 16, 16, device="cuda", generator=g)
-        y = torch.randint(0, 10, (16,), device="cuda", generator=g)
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(compiled(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    if w is not None:
-        w.close()
-    return losses + [float(p.detach().double().sum()) for p in model.parameters()]
+    return _train(mode, path, steps=4, compiled=True)
 
 
 def main() -> int:
