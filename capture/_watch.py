@@ -700,9 +700,11 @@ class Watch:
         if not s.started:
             self._start_step(s)
         if walk is not None and walk.nodes and not any(f["built_graph"] and not f["backward"] for f in s.forwards):
-            # no forward of the root module led here (compiled, or parts of the model called
-            # directly): only the function mode sees such a backward, so it stays on
-            self._mode_always = True
+            if not s.forwards:
+                # no forward of the root module this step (compiled, or parts of the model
+                # called directly): only the function mode sees such a backward, so it stays
+                # on (a second backward through one forward, retain_graph, is not that)
+                self._mode_always = True
             self._compiled_forward(s, walk)
         if s.scale_version is None:
             self._snapshot_scale(s)  # GradScaler creates its scale lazily, in its first scale()

@@ -153,22 +153,21 @@ def main() -> int:
         check("amp: bit-identical", _train("default", d / "amp.tscope", amp=True) == amp_plain)
         amp_steps = [e for e in iter_events(d / "amp.tscope") if e["kind"] == "step"]
         check("amp: scale recorded", all("scale" in s.get("scaler", {}) for s in amp_steps))
-        # inductor: each watched run against a plain one just before it, and plain against
-        # plain as the control (its kernels are chosen per compile)
+        # inductor: results can differ between compiles in one process (seen on an H200: a
+        # plain run 4.5e-8 from the process's first plain run), so each watched run must equal
+        # one of the plain runs compiled just before and just after it
         try:
-            compiled_plain = _compiled(None, d / "cp.tscope")
+            before = _compiled(None, d / "cp.tscope")
         except Exception as exc:  # no compiler toolchain: say so, it is not capture's failure
             print(f"skip inductor: {type(exc).__name__}: {exc}"[:300])
         else:
             for mode in ("default", "full"):
                 watched = _compiled(mode, d / f"c{mode}.tscope")
-                diff = max(abs(a - b) for a, b in zip(watched, compiled_plain, strict=True))
-                check(f"inductor {mode}: bit-identical (max diff {diff:.3g})", watched == compiled_plain)
-                again = _compiled(None, d / "cp2.tscope")
-                print(
-                    f"     inductor control, plain vs plain: {'identical' if again == compiled_plain else 'differs'}"
-                )
-                compiled_plain = again
+                after = _compiled(None, d / "cp2.tscope")
+                same = watched in (before, after)
+                print(f"     inductor control, plain vs plain: {'identical' if after == before else 'differs'}")
+                check(f"inductor {mode}: bit-identical to a neighbouring plain run", same)
+                before = after
     return 0 if ok else 1
 
 

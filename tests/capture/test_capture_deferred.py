@@ -73,3 +73,34 @@ def test_deferred_nonfinite_counts_are_lower_bounds_then_exact(
     assert exact[2][0] > 1 and first == [1 if n else 0 for n in exact[2]]  # lower bounds
     assert exact[3] == [8, 2]
     assert [s["grads"]["nan"] for s in steps[3:]] == exact[3:]  # exact again from the next step
+
+
+def _scaled(path: Path) -> list[dict[str, Any]]:
+    """A GradScaler loop and a loop without an optimizer (``Watch.step()`` boundaries)."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    with torchscope.watch(model, opt, server=None, record=path, mode="light", scaler=scaler):
+        for _ in range(5):
+            opt.zero_grad()
+            loss = model(torch.randn(4, 6)).pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    other = nn.Linear(6, 3)
+    with torchscope.watch(other, server=None, record=path.with_suffix(".manual.tscope"), mode="light") as w:
+        for _ in range(4):
+            other(torch.randn(4, 6)).sum().backward()
+            w.step()
+    return [e for p in (path, path.with_suffix(".manual.tscope")) for e in iter_events(p) if e["kind"] == "step"]
+
+
+def test_deferred_reads_with_a_scaler_and_manual_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    now = _scaled(tmp_path / "now.tscope")
+    monkeypatch.setattr(GradRead, "DEFER_ON", ("cuda", "cpu"))
+    later = _scaled(tmp_path / "later.tscope")
+    assert len(now) == len(later) == 9
+    for a, b in zip(now, later, strict=True):
+        assert (b["step"], b["loss"], b["grads"], b.get("scaler")) == (a["step"], a["loss"], a["grads"], a.get("scaler"))
+    assert [s["scaler"]["scale"] for s in later[:5]] == [256.0] * 5

@@ -332,3 +332,18 @@ def test_loop_in_another_thread(tmp_path: Path) -> None:
     assert steps[1]["backward_src"][0].startswith("test_capture_facts.py:")
     # the worker's first step is watched from its forward on: its .to() comes from step 1 on
     assert all({"what": "noop_to", "count": 1} in s["events"] for s in steps[1:])
+
+
+def test_two_backwards_through_one_forward_keep_the_mode_off_between_steps(tmp_path: Path) -> None:
+    """retain_graph=True with two losses is not mistaken for a backward with no forward: the
+    function mode still leaves zero_grad alone on the steps that do not count copies."""
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        opt.zero_grad()
+        out = model(torch.randn(4, 8))
+        out.pow(2).mean().backward(retain_graph=True)
+        out.abs().mean().backward()
+        opt.step()
+
+    steps = _steps_of(tmp_path, body, steps=8, mode="light")
+    assert [s["micro_batches"] for s in steps] == [2] * 8
+    assert [s["step"] for s in steps if "copies" in s] == [0, 1, 2, 3]
