@@ -59,15 +59,6 @@ STREAM = False  # --stream: on CUDA, no synchronization between steps (throughpu
 WARM_CAPTURE = 5  # the step of each chunk default mode captures besides its first
 
 
-def p10(v: list[float]) -> float:
-    """The 10th percentile: on a shared machine other jobs only ever add time, so a low
-    quantile of many steps is the step's own cost more reliably than the median."""
-    return sorted(v)[len(v) // 10]
-
-
-STAT: Callable[[list[float]], float] = statistics.median
-
-
 def make(kind: str) -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
     model, batch = _make(kind)
     if DEVICE.type == "cpu":
@@ -173,7 +164,7 @@ def bench(
             per_step[config] += times[1:]
             overhead[config] += extra
         done += n
-    med = {c: STAT(v) for c, v in per_step.items()}
+    med = {c: statistics.median(v) for c, v in per_step.items()}
     result = {c: med[c] * 1e3 for c in configs}
     if "default" in configs:
         # one watch over ``steps`` steps: its first step (a capture with everything cold),
@@ -185,7 +176,7 @@ def bench(
         result["captured_step"] = cap * 1e3
         result["first_step"] = cold * 1e3
     if "full" in configs:
-        result["full"] = STAT(per_step["full"] + first["full"]) * 1e3
+        result["full"] = statistics.median(per_step["full"] + first["full"]) * 1e3
     if "profiler" in configs:
         result["profiler"] = (med["profiler"] + overhead["profiler"] / steps) * 1e3
     return result
@@ -222,17 +213,15 @@ def main() -> None:
     ap.add_argument(
         "--stream", action="store_true", help="CUDA: time steps back to back, no sync between them"
     )
-    ap.add_argument("--stat", choices=("median", "p10"), default="median", help="per-step statistic compared")
     args = ap.parse_args()
-    global DEVICE, STREAM, STAT
+    global DEVICE, STREAM
     DEVICE = torch.device(args.device)
     STREAM = args.stream and DEVICE.type == "cuda"
-    STAT = p10 if args.stat == "p10" else statistics.median
     if args.quick:
         args.steps = 40
     torch.set_num_threads(1)
     print(
-        f"torch {torch.__version__}, {args.steps} steps per configuration in chunks of {args.chunk}, {args.stat} of steps, "
+        f"torch {torch.__version__}, {args.steps} steps per configuration in chunks of {args.chunk}, medians of steps, "
         f"default mode sample_every={args.sample_every}, 1 thread, "
         f"{_timing()}\n"
     )

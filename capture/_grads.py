@@ -61,7 +61,7 @@ class GradRead:
             elif g.layout == torch.strided and g.numel():  # sparse and empty gradients have no stats here
                 self.idx.append(i)
                 gl.append(g)
-        self.numel = [g.numel() for g in gl]
+        self.numel = [g.numel() for g in gl] if full else []  # for mean/std/zero_frac
         devices = {g.device for g in gl} | {e.device for e in extra}
         self.event: torch.cuda.Event | None = None
         self._result: tuple[GradStats, list[float]] | None = None
@@ -85,16 +85,9 @@ class GradRead:
         if self._result is None:
             if self.event is not None:
                 self.event.synchronize()  # long done by the next boundary; never waits in steady state
-            vals = self.host.tolist()
             stats, extras = self._columns()
             k_n = len(self.idx)
-            self._fill(stats, extras, list(range(k_n)), list(range(self.n_extra)), vals)
-            if not math.isfinite(math.fsum(vals[:k_n])):
-                for pos, i in enumerate(self.idx):  # lower bounds: the gradients are gone
-                    stats["nan"][i] = int(math.isnan(vals[pos]))
-                    stats["inf"][i] = int(math.isinf(vals[pos]))
-                    if self.full:
-                        stats["std"][i] = math.nan
+            self._fill(stats, extras, list(range(k_n)), list(range(self.n_extra)), self.host.tolist(), None)
             self._result = stats, extras
         return self._result
 
@@ -107,8 +100,17 @@ class GradRead:
         return stats, [math.nan] * self.n_extra
 
     def _fill(
-        self, stats: GradStats, extras: list[float], pos_d: list[int], ex_d: list[int], vals: list[float]
+        self,
+        stats: GradStats,
+        extras: list[float],
+        pos_d: list[int],
+        ex_d: list[int],
+        vals: list[float],
+        gl: list[torch.Tensor] | None,
     ) -> None:
+        """Columns of the gradients at ``pos_d`` (and extras at ``ex_d``) from their stacked
+        values.  NaN/Inf counts of non-finite gradients come from ``gl`` (a second pass) or,
+        read later when the gradients are gone (``gl`` None), as lower bounds: 1 each."""
         k_n = len(pos_d)
         for pos, k in enumerate(pos_d):
             i = self.idx[k]
@@ -118,6 +120,17 @@ class GradRead:
                 _full_columns(stats, i, self.numel[k], l2, [vals[r * k_n + pos] for r in range(1, 5)])  # type: ignore[arg-type]
         for pos, j in enumerate(ex_d):
             extras[j] = vals[(5 if self.full else 1) * k_n + pos]
+        if math.isfinite(math.fsum(vals[:k_n])):
+            return
+        for pos, k in enumerate(pos_d):
+            if not math.isfinite(vals[pos]):
+                i = self.idx[k]
+                if gl is not None:
+                    stats["nan"][i], stats["inf"][i] = _nonfinite_counts(gl[k])
+                else:
+                    stats["nan"][i], stats["inf"][i] = int(math.isnan(vals[pos])), int(math.isinf(vals[pos]))
+                if self.full:
+                    stats["std"][i] = math.nan
 
     def _read_now(
         self, gl: list[torch.Tensor], extra: list[torch.Tensor], devices: set[torch.device]
@@ -129,17 +142,8 @@ class GradRead:
             else:
                 pos_d = [k for k, g in enumerate(gl) if g.device == dev]
                 ex_d = [j for j, e in enumerate(extra) if e.device == dev]
-            vals = _stack(
-                [gl[k] for k in pos_d], [extra[j] for j in ex_d], self.full
-            ).tolist()  # the one sync per device
-            self._fill(stats, extras, pos_d, ex_d, vals)
-            if not math.isfinite(math.fsum(vals[: len(pos_d)])):
-                for pos, k in enumerate(pos_d):
-                    if not math.isfinite(vals[pos]):
-                        i = self.idx[k]
-                        stats["nan"][i], stats["inf"][i] = _nonfinite_counts(gl[k])
-                        if self.full:
-                            stats["std"][i] = math.nan
+            vals = _stack([gl[k] for k in pos_d], [extra[j] for j in ex_d], self.full)
+            self._fill(stats, extras, pos_d, ex_d, vals.tolist(), gl)  # the one sync per device
         return stats, extras
 
 

@@ -79,6 +79,11 @@ class _Sentinel:
         self.step, self.nodes = step, nodes
 
 
+def _forward_pending(s: _StepState) -> bool:
+    """A root-module forward of this step built a graph no backward has run through yet."""
+    return any(f["built_graph"] and not f["backward"] for f in s.forwards)
+
+
 class _StepState:
     """What the capture gathers between two step boundaries."""
 
@@ -680,15 +685,17 @@ class Watch:
         create = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
         roots = [t for t in roots if isinstance(t, torch.Tensor)]
         s = self._s
-        walk_key = (tuple(type(t.grad_fn) for t in roots), s.in_shapes, s.micro)
-        reuse = self._reuse_walk(s, walk_key, bool(create))
+        # light mode may reuse the last walk for a backward with this key (see _reuse_walk)
+        walk_key = (tuple(type(t.grad_fn) for t in roots), s.in_shapes, s.micro) if self.mode == "light" else None
+        reuse = self._reuse_walk(s, walk_key, bool(create)) if walk_key is not None else None
         walk: AutogradWalk | None = None
         if reuse is not None:
             sig, n_nodes = reuse
         else:
             walk = AutogradWalk([t.grad_fn for t in roots])
             sig, n_nodes = walk.signature(), len(walk.nodes)
-            self._walked = (walk_key, sig, n_nodes)
+            if walk_key is not None:
+                self._walked = (walk_key, sig, n_nodes)
         if walk is not None and walk.nodes:
             hit = walk.touching_node(self._param_names, self._touches.get(sig, -1))
             if hit < 0:
@@ -699,7 +706,7 @@ class Watch:
         self._stop_recorder()
         if not s.started:
             self._start_step(s)
-        if walk is not None and walk.nodes and not any(f["built_graph"] and not f["backward"] for f in s.forwards):
+        if walk is not None and walk.nodes and not _forward_pending(s):
             if not s.forwards:
                 # no forward of the root module this step (compiled, or parts of the model
                 # called directly): only the function mode sees such a backward, so it stays
@@ -787,15 +794,14 @@ class Watch:
         ~1 us a node: the largest per-step cost on deep models.)"""
         w = self._walked
         if (
-            self.mode != "light"
-            or w is None
+            w is None
             or w[0] != key
             or create
             or s.capture
             or Watch._n_active != 1
             or self._step % GRAD_STATS_EVERY == 0
             or (w[1], s.in_shapes) not in self._saved_cache
-            or not any(f["built_graph"] and not f["backward"] for f in s.forwards)
+            or not _forward_pending(s)
         ):
             return None
         return w[1], w[2]
@@ -999,7 +1005,7 @@ class Watch:
         ev["loss"] = losses[-1] if losses else None
         ev["losses"] = losses
         ev["grads"] = stats
-        if has_scale and "scaler" in ev:
+        if has_scale:  # the scaler's scale tensor was read after the losses
             ev["scaler"]["scale"] = values[n_losses]
         nonfinite = any(not math.isfinite(x) for x in losses) or any(stats["nan"]) or any(stats["inf"])
         self._nan_armed = bool(nonfinite)
