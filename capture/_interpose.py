@@ -69,6 +69,8 @@ class Interposer(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         kind = _HANDLED.get(func)
+        if self.watch._capturing_ops:
+            self.watch._safe("ops", self.watch._note_region)
         # ``_compiling()``: Dynamo is tracing through the mode; nothing of ours goes into its graph
         if kind is None:
             clip = func in _CLIP_NORMS and self.watch._scaler is not None and not _compiling()
@@ -87,7 +89,7 @@ class Interposer(TorchFunctionMode):
             if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad and _from_user():
                 self.watch._safe("breaks", self.watch._on_break, _BREAKS[func], args[0])
             return func(*args, **kwargs)
-        out = func(*args, **kwargs)
+        out = self.watch._run_cast(func, args, kwargs)
         if args and isinstance(args[0], torch.Tensor) and _from_user():
             self.watch._safe("copies", self.watch._on_move, args[0], out)
         return out

@@ -95,6 +95,14 @@ class OpRecorder(TorchDispatchMode):
         self._pending_refs: list[weakref.ref[torch.Tensor]] = []
         self.nan_seen = False
         self.paused = False  # the capture's own ops (activation-grad stats) are not the user's
+        # > 0 while the user's own cast (``.to()``, ``.half()``...) runs: its ``_to_copy`` is
+        # theirs; one made with this at 0 inside an autocast region is autocast's (M7)
+        self.explicit_casts = 0
+        # whether an autocast region is on, as the function mode saw it at the torch-level call
+        # this op came from: under dispatch, an autocast kernel has switched it off for the ops
+        # it redispatches (its casts among them), so it cannot be asked here
+        self.autocast = False
+        self.autocast_seen = False
         self.failed: str | None = None
 
     # ------------------------------------------------------------------ dispatch
@@ -147,6 +155,16 @@ class OpRecorder(TorchDispatchMode):
         differentiable = grad_mode and any(t.requires_grad for t in in_t)
         if differentiable and out_t and not any(t.is_floating_point() or t.is_complex() for t in out_t):
             flags.append("non_differentiable")
+        if self.autocast and self.phase == "forward":  # autocast does not apply to backward
+            flags.append("autocast")
+            self.autocast_seen = True
+            if (
+                name == "aten::_to_copy"
+                and not self.explicit_casts
+                and out_t
+                and out_t[0].dtype != in_t[0].dtype
+            ):
+                flags.append("autocast_cast")
         if self.check_nan:
             for t in out_t:
                 if (t.is_floating_point() or t.is_complex()) and t.numel() and not bool(torch.isfinite(t).all()):
@@ -303,6 +321,17 @@ class OpRecorder(TorchDispatchMode):
         ops = self.ops
         self.timeline = [[i, ops[i]["live"]] for i in self._timeline_ops]
 
+
+
+def autocast_on() -> bool:
+    """Whether an autocast region is on for the CPU or CUDA (at the torch-function level)."""
+    for dev in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(dev):
+                return True
+        except (TypeError, RuntimeError):
+            continue
+    return False
 
 
 def _tensors(args: Any, more: Any) -> list[torch.Tensor]:

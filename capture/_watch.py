@@ -39,7 +39,7 @@ from ._grads import GradRead, nonzero_grads
 from ._hooks import retained_bytes
 from ._interpose import Interposer
 from ._memory import StorageSizes, optimizer_tensors, storages
-from ._ops import OpRecorder, StorageIds
+from ._ops import OpRecorder, StorageIds, autocast_on
 from ._srcloc import _is_internal, user_src
 from .distributed import RankInfo, rank_info, rank_path, session_id
 from .schema import (
@@ -457,7 +457,7 @@ class Watch:
         if not s.capture:
             self._mode_off()
         if not s.autocast:
-            s.autocast = _autocast_on()
+            s.autocast = autocast_on()
         if s.capture and "ops" not in self._disabled:
             self._start_recorder(s, module)
         s.fwd_t0 = time.perf_counter()  # type: ignore[attr-defined]
@@ -619,6 +619,24 @@ class Watch:
             s.clip_flagged = True
             s.events.append({"what": "clip_before_unscale", "src": user_src()})
 
+    def _note_region(self) -> None:
+        """At each torch-level call of a recorded pass: whether its ops run under autocast."""
+        rec = self._s.recorder
+        if rec is not None:
+            rec.autocast = autocast_on()
+
+    def _run_cast(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """The user's own ``.to()`` / ``.half()``...: while a captured step records ops, the
+        ``_to_copy`` it makes is marked theirs, not autocast's."""
+        rec = self._s.recorder if self._capturing_ops else None
+        if rec is None:
+            return func(*args, **kwargs)
+        rec.explicit_casts += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            rec.explicit_casts -= 1
+
     def _on_move(self, inp: torch.Tensor, out: Any) -> None:
         s = self._s
         if out is inp:
@@ -760,6 +778,11 @@ class Watch:
             rec = s.recorder
             op_modules = {o["id"]: o.get("module", "") for o in rec.ops} if rec is not None else {}
             nodes = walk.records(self._param_names, op_modules, s.micro, s.sid)
+            casts = {o["id"] for o in rec.ops if "autocast_cast" in o.get("flags", ())} if rec is not None else set()
+            if casts:
+                for n in nodes:
+                    if n.get("op") in casts:
+                        n["autocast_cast"] = True
             if rec is not None:
                 for i, n in enumerate(walk.nodes):
                     for tid in n.metadata.get("torchscope_tensors", ()):
@@ -954,7 +977,8 @@ class Watch:
             ev["lr"] = [float(g.get("lr", 0.0)) for g in opt.param_groups]
         if self._scaler is not None:
             ev["scaler"] = {"skipped": bool(skipped)}
-        ev["autocast"] = s.autocast
+        # at the root forward's start; a region begun inside the forward shows on captured steps
+        ev["autocast"] = s.autocast or (s.recorder is not None and s.recorder.autocast_seen)
         acts = self._activation_grads(s)
         if acts:
             ev["activation_grads"] = acts
@@ -1162,16 +1186,6 @@ def _torch_module(m: nn.Module) -> bool:
     """Whether ``m``'s forward is torch's own code (nn.Linear...), not the user's."""
     code = getattr(type(m).forward, "__code__", None)
     return code is not None and _is_internal(code.co_filename)
-
-
-def _autocast_on() -> bool:
-    for dev in ("cpu", "cuda"):
-        try:
-            if torch.is_autocast_enabled(dev):
-                return True
-        except (TypeError, RuntimeError):
-            continue
-    return False
 
 
 def _raise(message: str) -> None:

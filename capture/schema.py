@@ -150,7 +150,7 @@ class StepEvent(TypedDict, total=False):
     modes: dict[str, bool]  # module path -> training flag, only modules that differ from the root
     training: bool  # root module's mode
     scaler: dict[str, float | bool]  # GradScaler: scale, skipped (bool), growth_tracker
-    autocast: bool  # an autocast region was active during forward
+    autocast: bool  # an autocast region was on at the forward's start (captured steps: anywhere in it)
     copies: dict[str, int]  # host<->device copies: count, bytes (P12); absent on steps not counted (see docs/capture.md)
     graphs_alive: int  # autograd nodes from earlier steps still reachable at this boundary (P7)
     no_backward_forwards: int  # forwards that built a graph that no backward consumed (P6)
@@ -198,7 +198,9 @@ class OpRecord(TypedDict, total=False):
     free: int  # bytes of storages freed during this op
     live: int  # live bytes after the op
     grad_fn: int  # node id created by this op
-    flags: list[str]  # e.g. "breaks_graph" (numpy/.item()), "new_leaf", "copy_h2d", "non_differentiable", "nan"
+    # e.g. "breaks_graph" (numpy/.item()), "new_leaf", "copy_h2d", "non_differentiable", "nan",
+    # "autocast" (ran inside an autocast region), "autocast_cast" (a dtype cast autocast inserted)
+    flags: list[str]
 
 
 class SavedTensor(TypedDict, total=False):
@@ -221,6 +223,7 @@ class NodeRecord(TypedDict, total=False):
     dur_us: float
     micro: int
     higher_order: bool  # created by a create_graph=True backward
+    autocast_cast: bool  # made by a cast autocast inserted (a ToCopyBackward0 of its dtype change)
 
 
 class GraphEvent(TypedDict, total=False):

@@ -44,6 +44,7 @@ export function renderDetails(panel, model, key, ctx) {
     if (r.op !== undefined && model.byKey.has("o" + r.op)) t.append(h("tr", {}, h("th", {}, "created by"), h("td", {}, link("o" + r.op, model.byKey.get("o" + r.op).label))));
     t.append(row("backward order", r.order), row("duration", fmtUs(r.dur_us)), row("saved bytes", fmtBytes(r.saved_bytes)));
     if (r.higher_order) t.append(row("higher-order", "built by a create_graph=True backward / autograd.grad"));
+    if (r.autocast_cast) t.append(row("autocast", "a dtype cast autocast inserted (its backward casts the gradient back)"));
     panel.append(t);
     if (r.saved && r.saved.length) {
       panel.append(h("h4", {}, "saved tensors"), h("table", { class: "tensors" },
