@@ -4,7 +4,10 @@ Reference models (issue 3) on CPU with one thread: a 4-layer transformer (d=64, 
 batch 8x32 tokens), a small CNN and an MLP.  Configurations run round-robin in short chunks
 (a fresh watch or profiler per chunk), every step is timed with the training thread's CPU
 time, and medians are compared, so load from other processes on a shared machine does not
-skew the ratios.  See ``bench()`` for how default mode's sampled captures are counted.
+skew the ratios.  Steps are costed by what the capture does on them and combined as one
+watch over the whole run would pay them (``bench()``).  The last column is the CPU the
+watch's writer thread spends per step (encoding and writing events), beside the training
+thread: it does not slow the loop while a core is free, but it is CPU the machine pays.
 
     python benchmarks/bench_capture.py            # 200 steps per configuration
     python benchmarks/bench_capture.py --quick    # a smoke run
@@ -15,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import random
 import statistics
 import subprocess
@@ -30,6 +32,7 @@ import torch
 from torch import nn
 
 import torchscope
+from torchscope._watch import COPY_STEPS, GRAD_STATS_EVERY
 
 CONFIGS = ("plain", "light", "default", "full", "profiler")
 
@@ -56,7 +59,7 @@ def clock() -> float:
 
 DEVICE = torch.device("cpu")
 STREAM = False  # --stream: on CUDA, no synchronization between steps (throughput)
-WARM_CAPTURE = 5  # the step of each chunk default mode captures besides its first
+CHUNK_CAPTURE = 15  # the step of each chunk (a fresh watch) default mode captures besides its first
 
 
 def make(kind: str) -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
@@ -85,33 +88,44 @@ def _make(kind: str) -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.
 
 
 @contextlib.contextmanager
-def configured(config: str, model: nn.Module, opt: torch.optim.Optimizer, out: Path) -> Iterator[None]:
+def configured(config: str, model: nn.Module, opt: torch.optim.Optimizer, out: Path) -> Iterator[Any]:
+    """Yields the watch (None for plain and the profiler)."""
     if config == "plain":
-        yield
+        yield None
     elif config == "profiler":
         with torch.profiler.profile(record_shapes=True, profile_memory=True):
-            yield
+            yield None
     else:
-        # default mode captures step 0 of each chunk (a fresh watch) and step WARM_CAPTURE, a
-        # capture as the ones every sample_every steps of a long run are
+        # default mode captures step 0 of each chunk (a fresh watch) and step CHUNK_CAPTURE, a
+        # warm capture as the ones every sample_every steps of a long run are
         with torchscope.watch(
             model,
             opt,
             server=None,
             record=out / f"{config}-{time.monotonic_ns()}.tscope",
             mode=config,
-            sample_every=WARM_CAPTURE,
-        ):
-            yield
+            sample_every=CHUNK_CAPTURE,
+        ) as w:
+            yield w
 
 
-def run_chunk(config: str, state: dict[str, Any], steps: int, out: Path) -> tuple[list[float], float]:
-    """Per-step CPU seconds of one chunk, and the CPU seconds of entering/leaving the configuration."""
+def writer_cpu(w: Any) -> float:
+    """CPU seconds the watch's writer thread (JSON, zlib, file) has used, once everything emitted
+    so far is written: work the training thread does not wait for, but a busy machine pays."""
+    t = w._transport  # the benchmark reads the private thread: no public API wants this number
+    t.flush(timeout=60.0)
+    return time.clock_gettime(time.pthread_getcpuclockid(t._thread.ident))
+
+
+def run_chunk(config: str, state: dict[str, Any], steps: int, out: Path) -> tuple[list[float], float, float]:
+    """Per-step CPU seconds of one chunk, the CPU seconds of entering/leaving the configuration,
+    and the writer thread's CPU seconds for the chunk."""
     model, batch, opt = state["model"], state["batch"], state["opt"]
     data = [batch() for _ in range(steps)]
     times: list[float] = []
+    writer = 0.0
     t_all = clock()
-    with configured(config, model, opt, out):
+    with configured(config, model, opt, out) as w:
         for i, (x, y) in enumerate(data):
             if not STREAM or i <= 1:
                 t0 = clock()
@@ -124,31 +138,53 @@ def run_chunk(config: str, state: dict[str, Any], steps: int, out: Path) -> tupl
                 times.append(clock() - t0)
         if STREAM and len(data) > 1:  # steps after the first as one block: the GPU's queue stays full
             times += [(clock() - t0) / (len(data) - 1)] * (len(data) - 1)
-    return times, clock() - t_all - sum(times)
+        if w is not None:
+            writer = writer_cpu(w)
+    return times, clock() - t_all - sum(times), writer
+
+
+def step_class(config: str, k: int, sample_every: int) -> str:
+    """What step ``k`` of one watch pays, by what the capture does on it (see ``_watch``): the
+    first step (everything cold, a capture in default/full), the first COPY_STEPS (host<->device
+    copies counted: the function mode stays on), every GRAD_STATS_EVERY-th (all gradient
+    columns, copies counted, light mode's graph walk), default mode's sampled captures, and the
+    steady steps in between."""
+    if config in ("plain", "profiler"):
+        return "steady"
+    if k == 0:
+        return "first"
+    if config == "full":
+        return "steady"
+    if config == "default" and k % sample_every == 0:
+        return "capture"
+    if k < COPY_STEPS:
+        return "early"
+    return "tenth" if k % GRAD_STATS_EVERY == 0 else "steady"
 
 
 def bench(
     kind: str, steps: int, chunk: int, sample_every: int, out: Path, configs: tuple[str, ...] = CONFIGS
 ) -> dict[str, float]:
-    """Per-step ms for each configuration, robust to load: medians of interleaved chunks.
+    """Per-step ms for each configuration as one watch over ``steps`` steps pays it, robust to load.
 
     Every configuration trains the *same* model and optimizer (one set of tensors in memory:
     separate copies measured up to ±25% apart on this shared machine with nothing watched),
     in chunks whose order is shuffled every round, so drift in the machine's speed falls on
-    all of them alike.  Default mode captures the first step of each chunk (a fresh watch,
-    everything cold) and step ``WARM_CAPTURE``; its per-step cost is combined as one watch
-    over ``steps`` steps with ``sample_every`` would pay it: one cold first step, the other
-    captures at the warm-capture median, the other steps at the uncaptured median.  The
-    profiler's exit (post-processing) cost is spread over the steps of its chunk, as a user
-    would pay it.
+    all of them alike.  Each chunk is a fresh watch, so its step ``i`` is a watch's step ``i``:
+    the steps are sorted into classes by what the capture does on them (``step_class``; default
+    mode samples step CHUNK_CAPTURE of each chunk, a warm capture), each class's cost is the
+    median of its steps, and a configuration's figure is the mean over steps 0..steps-1 of one
+    watch with ``sample_every`` -- each step at its class's median.  So the first step, the
+    early steps and the every-tenth steps count as often as in a real run of that length, not
+    once per chunk.  The profiler's exit (post-processing) cost is spread over the steps of its
+    chunk, as a user would pay it.
     """
     model, batch = make(kind)
     state = {"model": model, "batch": batch, "opt": torch.optim.Adam(model.parameters(), lr=1e-3)}
     run_chunk("plain", state, 3, out)  # warm-up
-    per_step: dict[str, list[float]] = {c: [] for c in configs}
-    first: dict[str, list[float]] = {c: [] for c in configs}
+    writer: dict[str, float] = {c: 0.0 for c in configs}
+    by_class: dict[str, dict[str, list[float]]] = {c: {} for c in configs}
     overhead: dict[str, float] = {c: 0.0 for c in configs}
-    warm: list[float] = []  # default mode's captures after the first step of a watch
     order = list(configs)
     rng = random.Random(0)
     done = 0
@@ -156,29 +192,34 @@ def bench(
         n = min(chunk, steps - done)
         rng.shuffle(order)
         for config in order:
-            times, extra = run_chunk(config, state, n, out)
-            first[config].append(times[0])
-            if config == "default" and len(times) > WARM_CAPTURE:
-                warm.append(times[WARM_CAPTURE])
-                times = times[:WARM_CAPTURE] + times[WARM_CAPTURE + 1 :]
-            per_step[config] += times[1:]
+            times, extra, wcpu = run_chunk(config, state, n, out)
+            writer[config] += wcpu
+            for i, t in enumerate(times):
+                cls = (
+                    "capture"
+                    if config == "default" and i == CHUNK_CAPTURE
+                    else step_class(config, i, CHUNK_CAPTURE)
+                )
+                by_class[config].setdefault(cls, []).append(t)
             overhead[config] += extra
         done += n
-    med = {c: statistics.median(v) for c, v in per_step.items()}
-    result = {c: med[c] * 1e3 for c in configs}
+    result: dict[str, float] = {}
+    for config in configs:
+        med = {cls: statistics.median(v) for cls, v in by_class[config].items()}
+        # a class a short chunk never reached is charged as a first step: never under-counted
+        cost = [
+            med.get(step_class(config, k, sample_every), med["first"] if "first" in med else med["steady"])
+            for k in range(steps)
+        ]
+        result[config] = sum(cost) / steps * 1e3
+    for config in configs:
+        result[f"{config}_writer"] = writer[config] / done * 1e3
     if "default" in configs:
-        # one watch over ``steps`` steps: its first step (a capture with everything cold),
-        # then a capture every ``sample_every`` steps, the other steps uncaptured
-        n_cap = math.ceil(steps / sample_every)
-        cold = statistics.median(first["default"])
-        cap = statistics.median(warm) if warm else cold
-        result["default"] = (cold + (n_cap - 1) * cap + (steps - n_cap) * med["default"]) / steps * 1e3
-        result["captured_step"] = cap * 1e3
-        result["first_step"] = cold * 1e3
-    if "full" in configs:
-        result["full"] = statistics.median(per_step["full"] + first["full"]) * 1e3
+        med = by_class["default"]
+        result["captured_step"] = statistics.median(med.get("capture") or med["first"]) * 1e3
+        result["first_step"] = statistics.median(med["first"]) * 1e3
     if "profiler" in configs:
-        result["profiler"] = (med["profiler"] + overhead["profiler"] / steps) * 1e3
+        result["profiler"] += overhead["profiler"] / steps * 1e3
     return result
 
 
@@ -204,7 +245,9 @@ def import_cost() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--chunk", type=int, default=10, help="steps per round-robin chunk")
+    ap.add_argument(
+        "--chunk", type=int, default=20, help="steps per round-robin chunk (one fresh watch each)"
+    )
     ap.add_argument("--sample-every", type=int, default=50, help="default mode's sample_every")
     ap.add_argument("--quick", action="store_true", help="40 steps per configuration")
     ap.add_argument("--models", default="transformer,cnn,mlp")
@@ -233,6 +276,8 @@ def main() -> None:
     both = "full" in configs and "profiler" in configs
     head = ["model", "plain ms/step", *cols] + (["profiler ÷ full"] if both else [])
     head += ["captured step", "first step"] if "default" in configs else []
+    watched = [c for c in cols if c != "profiler"]
+    head += [f"writer thread ({'/'.join(watched)})"] if watched else []
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     with tempfile.TemporaryDirectory() as tmp:
@@ -246,6 +291,7 @@ def main() -> None:
                 if "default" in configs
                 else []
             )
+            row += ["/".join(f"{r[f'{c}_writer'] / base:.2f}×" for c in watched)] if watched else []
             print("| " + " | ".join(row) + " |", flush=True)
 
 
