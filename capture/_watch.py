@@ -232,6 +232,10 @@ class Watch:
             tuple[int, torch.dtype, torch.device], tuple[weakref.ref[torch.Tensor], int]
         ] = {}
         self._depth = 0
+        # the thread running the training loop: watch()'s until a forward with grad, a backward
+        # or an optimizer step runs in another (see _other_thread)
+        self._owner = threading.get_ident()
+        self._rec_thread = 0  # the thread whose mode stack holds the op recorder
         self._started_at = time.time()
         self._s = _StepState(time.perf_counter())
 
@@ -413,12 +417,27 @@ class Watch:
     # nothing (a constant branch, no graph break), so a compiled forward runs exactly as
     # compiled and shows up in the autograd graph as its one CompiledFunctionBackward node.
     def _fwd_pre(self, module: nn.Module, args: Any) -> None:
-        if not _compiling():
-            self._safe("forward", self._on_forward_pre, module, args)
+        if _compiling():
+            return
+        if self._other_thread():
+            self._tls.skipped = getattr(self._tls, "skipped", 0) + 1
+            return
+        self._safe("forward", self._on_forward_pre, module, args)
 
     def _fwd_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if not _compiling():
-            self._safe("forward", self._on_forward_post, module, output)
+        if _compiling():
+            return
+        skipped = getattr(self._tls, "skipped", 0)
+        if skipped:
+            self._tls.skipped = skipped - 1
+            return
+        self._safe("forward", self._on_forward_post, module, output)
+
+    def _other_thread(self) -> bool:
+        """A root forward under no_grad in another thread than the training loop's -- an
+        evaluation or inference thread beside training -- is not part of the step: taken, its
+        calls would interleave with the loop's forward and break the step apart."""
+        return self._owner != threading.get_ident() and not torch.is_grad_enabled()
 
     def _scale_changed(self) -> bool:
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
@@ -430,6 +449,8 @@ class Watch:
         self._depth += 1
         if self._depth > 1:
             return  # the root called itself: one forward
+        if torch.is_grad_enabled():
+            self._owner = threading.get_ident()
         s = self._s
         if s.micro > 0 and self._scale_changed():
             self._close_step(True)  # GradScaler.update() ran without optimizer.step(): skipped
@@ -528,12 +549,18 @@ class Watch:
         if not self._capturing_ops:
             s.recorder.phase = "forward"
             s.recorder.__enter__()
+            self._rec_thread = threading.get_ident()
             self._capturing_ops = True
 
     def _stop_recorder(self) -> None:
         s = self._s
         if self._capturing_ops and s.recorder is not None:
             self._capturing_ops = False
+            if self._rec_thread != threading.get_ident():
+                # a forward in one thread, its backward in another: a mode can only leave
+                # the stack of the thread that entered it, so there it stays, passing ops through
+                s.recorder.paused = True
+                return
             s.recorder.__exit__(None, None, None)
             s.recorder._link_pending()
             if s.recorder.failed:
@@ -541,8 +568,8 @@ class Watch:
 
     def _mod_pre(self, path: str, torch_module: bool) -> Callable[[nn.Module, Any], None]:
         def hook(m: nn.Module, args: Any) -> None:
-            if _compiling():
-                return
+            if _compiling() or threading.get_ident() != self._owner:
+                return  # the recorded forward is the training thread's
             s = self._s
             n = s.module_calls.get(path, 0)
             s.module_calls[path] = n + 1
@@ -553,7 +580,7 @@ class Watch:
         return hook
 
     def _mod_post(self, m: nn.Module, args: Any, out: Any) -> None:
-        if _compiling():
+        if _compiling() or threading.get_ident() != self._owner:
             return
         st = self._s.module_stack
         if len(st) > 1:
@@ -721,6 +748,7 @@ class Watch:
             if len(self._touches) > 64:
                 self._touches.clear()
             self._touches[sig] = hit
+        self._owner = threading.get_ident()
         self._stop_recorder()
         if not s.started:
             self._start_step(s)
@@ -804,6 +832,7 @@ class Watch:
             self._pause_gc()
             s.recorder.phase = "backward"
             s.recorder.__enter__()
+            self._rec_thread = threading.get_ident()
             self._capturing_ops = True
         s.micro += 1
         return True
@@ -883,6 +912,7 @@ class Watch:
 
     # ------------------------------------------------------------------ step boundary
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._owner = threading.get_ident()
         self._safe("mode", self._mode_off)
         # the previous step's statistics first: a non-finite one makes this read exact
         self._safe("step", self._finish_deferred)

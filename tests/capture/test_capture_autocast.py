@@ -71,7 +71,11 @@ def test_autocast_region_and_casts(mode: str, tmp_path: Path) -> None:
         assert tensors[o["inputs"][0]]["dtype"] == "float32"
         assert tensors[o["outputs"][0]]["dtype"] == "bfloat16"
     # the user's own .to(torch.float32) is a _to_copy in the region, but not autocast's
-    user = [o for o, f in zip(fwd, flags, strict=True) if o["name"] == "aten::_to_copy" and "autocast_cast" not in f]
+    user = [
+        o
+        for o, f in zip(fwd, flags, strict=True)
+        if o["name"] == "aten::_to_copy" and "autocast_cast" not in f
+    ]
     assert len(user) == 1 and tensors[user[0]["outputs"][0]]["dtype"] == "float32"
     assert "autocast" in set(user[0].get("flags", ()))
     # the graph: weight and bias casts require grad (x does not) -> two ToCopyBackward0 nodes

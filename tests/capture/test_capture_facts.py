@@ -3,6 +3,7 @@ and their absence on a clean loop."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -332,6 +333,71 @@ def test_loop_in_another_thread(tmp_path: Path) -> None:
     assert steps[1]["backward_src"][0].startswith("test_capture_facts.py:")
     # the worker's first step is watched from its forward on: its .to() comes from step 1 on
     assert all({"what": "noop_to", "count": 1} in s["events"] for s in steps[1:])
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_evaluation_thread_beside_training(mode: str, tmp_path: Path) -> None:
+    """A thread running no_grad forwards of the watched model while the loop trains is not part
+    of the steps: every step keeps its one forward, backward and loss, and captured steps record
+    exactly the ops (and modules) of a run without that thread."""
+    import threading
+
+    def run(evaluate: bool) -> tuple[list[float], list[dict[str, Any]], list[dict[str, Any]]]:
+        torch.manual_seed(0)
+        # no dropout: the evaluator's forwards then draw no random numbers from the loop's generator
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        data = [torch.randn(4, 8) for _ in range(30)]
+        probe = torch.randn(16, 8)
+        stop = threading.Event()
+        evals = [0]
+
+        def evaluator() -> None:
+            while not stop.is_set():
+                with torch.no_grad():
+                    model(probe)
+                evals[0] += 1
+
+        path = tmp_path / f"{mode}-{evaluate}.tscope"
+        losses: list[float] = []
+        worker = threading.Thread(target=evaluator)
+        with torchscope.watch(model, opt, server=None, record=path, mode=mode, sample_every=10):
+            if evaluate:
+                worker.start()
+                while not evals[0]:  # the evaluator is running before the loop starts
+                    time.sleep(0.001)
+            for x in data:
+                opt.zero_grad()
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            stop.set()
+            if evaluate:
+                worker.join()
+        if evaluate:
+            assert evals[0] > 1
+        events = list(iter_events(path))
+        return losses, [e for e in events if e["kind"] == "step"], [e for e in events if e["kind"] == "graph"]
+
+    base_losses, base_steps, base_graphs = run(False)
+    losses, steps, graphs = run(True)
+    assert losses == base_losses
+    assert [s["loss"] for s in steps] == pytest.approx(losses, rel=1e-6)
+    assert [s["micro_batches"] for s in steps] == [1] * len(losses)
+    assert [len(s["forwards"]) for s in steps] == [1] * len(losses)
+    assert all(f["grad_mode"] for s in steps for f in s["forwards"])
+    # full mode: a writer that falls behind sheds graph events, so which steps have one can
+    # differ between the two runs; the steps both have must agree op for op
+    base_by_step = {b["step"]: b for b in base_graphs}
+    common = [g for g in graphs if g["step"] in base_by_step]
+    assert (mode == "light") == (not common)
+    assert mode == "light" or common[0]["step"] == 0
+    for g in common:
+        b = base_by_step[g["step"]]
+        assert [(o["name"], o["module"], o["phase"]) for o in g["ops"]] == [
+            (o["name"], o["module"], o["phase"]) for o in b["ops"]
+        ]
 
 
 def test_two_backwards_through_one_forward_keep_the_mode_off_between_steps(tmp_path: Path) -> None:
