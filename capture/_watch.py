@@ -246,7 +246,7 @@ class Watch:
         )
         self._transport.emit(self._session_event(model, optimizer))
         self._handles: list[Any] = [
-            model.register_forward_pre_hook(self._fwd_pre),
+            model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True),
             model.register_forward_hook(self._fwd_post, always_call=True),
         ]
         if optimizer is not None:
@@ -416,13 +416,13 @@ class Watch:
     # Under torch.compile, Dynamo traces module hooks into the compiled graph; ours then do
     # nothing (a constant branch, no graph break), so a compiled forward runs exactly as
     # compiled and shows up in the autograd graph as its one CompiledFunctionBackward node.
-    def _fwd_pre(self, module: nn.Module, args: Any) -> None:
+    def _fwd_pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         if _compiling():
             return
         if self._other_thread():
             self._tls.skipped = getattr(self._tls, "skipped", 0) + 1
             return
-        self._safe("forward", self._on_forward_pre, module, args)
+        self._safe("forward", self._on_forward_pre, module, args, kwargs)
 
     def _fwd_post(self, module: nn.Module, args: Any, output: Any) -> None:
         if _compiling():
@@ -445,7 +445,7 @@ class Watch:
             return False
         return bool(scale._version != self._s.scale_version)
 
-    def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
+    def _on_forward_pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         self._depth += 1
         if self._depth > 1:
             return  # the root called itself: one forward
@@ -457,7 +457,7 @@ class Watch:
             s = self._s
         if not s.started:
             self._start_step(s)
-        s.in_shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+        s.in_shapes = _input_shapes(args, kwargs)
         grad_mode = torch.is_grad_enabled()
         fwd: ForwardInfo = {
             "micro": len(s.forwards),
@@ -1193,6 +1193,21 @@ class Watch:
 
 
 _compiling = torch.compiler.is_compiling
+
+
+def _input_shapes(args: Any, kwargs: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+    """Shapes of the tensors a forward was called with -- positional, keyword (``model(**batch)``)
+    and one level inside a list, tuple or dict argument (``model(batch)``): the key under which
+    a graph's saved bytes are reused, so every input whose size changes them must be in it."""
+    out: list[tuple[int, ...]] = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(tuple(a.shape))
+        elif isinstance(a, (list, tuple, dict)):
+            for v in a.values() if isinstance(a, dict) else a:
+                if isinstance(v, torch.Tensor):
+                    out.append(tuple(v.shape))
+    return tuple(out)
 
 
 def _walk_of(outputs: Any) -> AutogradWalk:

@@ -413,3 +413,37 @@ def test_two_backwards_through_one_forward_keep_the_mode_off_between_steps(tmp_p
     steps = _steps_of(tmp_path, body, steps=8, mode="light")
     assert [s["micro_batches"] for s in steps] == [2] * 8
     assert [s["step"] for s in steps if "copies" in s] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+@pytest.mark.parametrize("call", ["positional", "keyword", "dict"])
+def test_saved_bytes_follow_the_batch_however_inputs_are_passed(mode: str, call: str, tmp_path: Path) -> None:
+    """Saved-for-backward bytes are reused between steps whose graph and inputs have the same
+    shapes; inputs passed by keyword (``model(**batch)``) or inside a dict count as inputs too,
+    or a batch of another size would report the first size's bytes."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(16, 64)
+            self.b = nn.Linear(64, 4)
+
+        def forward(self, x: Any = None) -> torch.Tensor:
+            x = x["x"] if isinstance(x, dict) else x
+            return self.b(torch.relu(self.a(x)))
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sizes = [8, 64, 8, 256, 32, 64]
+    path = tmp_path / "saved.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for n in sizes:
+            x = torch.randn(n, 16)
+            opt.zero_grad()
+            out = model(x) if call == "positional" else model(x=x) if call == "keyword" else model({"x": x})
+            out.pow(2).mean().backward()
+            opt.step()
+    # per sample, float32: the input (16) saved by a's addmm, relu's output (64, saved by relu
+    # and by b's addmm: one storage) and b's output (4, saved by pow)
+    assert [s["memory"]["saved"] for s in _steps(path)] == [n * (16 + 64 + 4) * 4 for n in sizes]
