@@ -1,7 +1,7 @@
 """A small real training run for the dashboard's browser tests: nested modules (so groups can
 be expanded), a module with a hostile name, and an optional pause per step (live tests).
 
-    python dashboard_train.py --server URL --record PATH --steps N [--sleep S] [--name NAME]
+    python dashboard_train.py --server URL --record PATH --steps N [--sleep S] [--name NAME] [--autocast]
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--name", default="dashboard-test")
+    ap.add_argument("--autocast", action="store_true", help="forward under CPU autocast (bfloat16)")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -59,7 +60,9 @@ def main() -> None:
     for _ in range(args.steps):
         x, y = torch.randn(4, 8), torch.randn(4, 1)
         opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+            out = model(x)
+        loss = nn.functional.mse_loss(out.float(), y)
         loss.backward()
         opt.step()
         if args.sleep:

@@ -53,6 +53,7 @@ def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         [str(TRAIN), "--server", srv.url, "--record", str(d / "net.tscope"), "--steps", "5", "--name", "net <b>bold</b>"],
         [str(EXAMPLES / "mlp.py"), "--server", srv.url, "--record", str(d / "mlp.tscope"), "--steps", "4"],
         [str(EXAMPLES / "pitfalls" / "p01_no_grad_detach.py"), "--server", srv.url, "--record", str(d / "p01.tscope")],
+        [str(TRAIN), "--server", srv.url, "--record", str(d / "amp.tscope"), "--steps", "2", "--name", "amp", "--autocast"],
         [str(TRAIN), "--record", str(d / "import-a.tscope"), "--steps", "2", "--name", "imported-a"],
         [str(TRAIN), "--record", str(d / "import-b.tscope"), "--steps", "2", "--name", "imported-b"],
     ]
@@ -62,10 +63,10 @@ def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         out, _ = p.communicate(timeout=240)
         assert p.returncode == 0, f"{args}: {out[-3000:]}"
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and len(sessions(srv)) < 3:
+    while time.monotonic() < deadline and len(sessions(srv)) < 4:
         time.sleep(0.2)
     return {"dir": d, "net": session_named(srv, "net <b>bold</b>"), "mlp": session_named(srv, "sequential"),
-            "p01": session_named(srv, "net")}
+            "p01": session_named(srv, "net"), "amp": session_named(srv, "amp")}
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +195,23 @@ def test_graph_nodes_match_the_captured_graph(page: Any, srv: ServerProc, runs: 
     assert {"addmm", "AddmmBackward0", "AccumulateGrad"} <= labels
     subs = " ".join(n["sub"] for n in g["nodes"])
     assert "[64, 64]" in subs  # shapes on the nodes
+
+
+def test_autocast_casts_are_labelled(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    """A forward under autocast: the casts autocast inserted are named so in the graph (M7)."""
+    sid = runs["amp"]["id"]
+    open_dash(page, srv, sid)
+    wait_graph(page)
+    page.evaluate("window.__torchscope.expandAll()")
+    g = state(page)["graph"]
+    graph = http_json(f"{srv.url}/api/sessions/{sid}/graph?step={g['step']}")
+    marked = {f"n{n['id']}" for n in graph["nodes"] if n.get("autocast_cast")}
+    casts = [n for n in g["nodes"] if n["label"] == "ToCopyBackward0 (autocast cast)"]
+    assert marked and {n["key"] for n in casts} == marked
+    page.evaluate(f"window.__torchscope.select({json.dumps(casts[0]['key'])})")
+    details = page.locator("[data-testid=details]")
+    assert "a dtype cast autocast inserted" in details.inner_text()
+    shot(page, "autocast-cast")
 
 
 def test_overlays_recolour_with_legend(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
