@@ -194,6 +194,16 @@ class Watch:
         self._closed = False
         if torch.utils.data.get_worker_info() is not None:
             return  # a DataLoader worker: the main process is the one being watched
+        prev = _watching.get(model)
+        if prev is not None and prev._active:
+            # a notebook cell run again, or watch() inside an epoch loop: one watch per model,
+            # not hooks stacking up and the same steps recorded twice
+            print(
+                f"torchscope: {type(model).__name__} is already watched (recording to {prev.path}); "
+                "closing that watch first",
+                file=sys.stderr,
+            )
+            prev.close()
         self.mode = mode
         self.sample_every = max(int(sample_every), 1)
         self.name = name or type(model).__name__.lower()
@@ -275,6 +285,7 @@ class Watch:
         self._gc_paused = False
         self._active = True
         Watch._n_active += 1
+        _watching[model] = self
         self._mode_on()
         atexit.register(self.close)
         where = f" → {self.url}" if self.url else ""
@@ -1193,6 +1204,8 @@ class Watch:
 
 
 _compiling = torch.compiler.is_compiling
+# the active watch of each model (weak keys: a watch never keeps its model alive)
+_watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
 
 
 def _input_shapes(args: Any, kwargs: dict[str, Any]) -> tuple[tuple[int, ...], ...]:

@@ -47,3 +47,38 @@ def test_close_twice_and_context_manager(tmp_path: Path) -> None:
         assert w.path == str(tmp_path / "y.tscope") and w.url is None and w.session_id
     w.close()  # harmless
     assert (tmp_path / "y.tscope").stat().st_size > 16
+
+
+def test_watching_a_watched_model_again_replaces_the_watch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A notebook cell run twice, or watch() called every epoch: the earlier watch is closed
+    (its file complete), the model keeps one set of hooks, the new watch records what follows."""
+    import torch
+
+    from torchscope.sessionfile import iter_events
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses: list[float] = []
+
+    def train(n: int) -> None:
+        for _ in range(n):
+            opt.zero_grad()
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+
+    first, second = tmp_path / "first.tscope", tmp_path / "second.tscope"
+    torchscope.watch(model, opt, server=None, record=first)
+    train(3)
+    w = torchscope.watch(model, opt, server=None, record=second)
+    assert f"already watched (recording to {first})" in capsys.readouterr().err
+    assert len(model._forward_hooks) == len(model._forward_pre_hooks) == 1
+    assert len(opt._optimizer_step_pre_hooks) == len(opt._optimizer_step_post_hooks) == 1
+    train(4)
+    w.close()
+    a, b = list(iter_events(first)), list(iter_events(second))
+    assert a[-1]["kind"] == "end" and a[-1]["steps"] == 3
+    assert [e["loss"] for e in a if e["kind"] == "step"] == pytest.approx(losses[:3], rel=1e-6)
+    assert [e["loss"] for e in b if e["kind"] == "step"] == pytest.approx(losses[3:], rel=1e-6)
