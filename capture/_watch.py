@@ -283,9 +283,11 @@ class Watch:
         self._mem_static: tuple[dict[int, int], dict[int, int]] = ({}, {})
         self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
         self._gc_paused = False
+        self._ended_by: tuple[str, str] | None = None  # (status, message) when the run raised
         self._active = True
         Watch._n_active += 1
         _watching[model] = self
+        _install_excepthook()
         self._mode_on()
         atexit.register(self.close)
         where = f" → {self.url}" if self.url else ""
@@ -318,9 +320,10 @@ class Watch:
                     print(f"torchscope: CUDA allocator history in {p}", file=sys.stderr)
             self._active = False
             Watch._n_active -= 1
-            self._transport.close(
-                {"kind": "end", "t": time.time(), "status": "finished", "steps": self._step}
-            )
+            end: dict[str, Any] = {"kind": "end", "t": time.time(), "status": "finished", "steps": self._step}
+            if self._ended_by is not None:
+                end["status"], end["message"] = self._ended_by
+            self._transport.close(end)
         except Exception as exc:  # closing must not raise into an atexit or a with-block
             log.warning("torchscope: close failed: %r", exc)
         atexit.unregister(self.close)
@@ -328,7 +331,9 @@ class Watch:
     def __enter__(self) -> Watch:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is not None and not self._closed:
+            self._ended_by = _ending(exc)
         self.close()
 
     # ------------------------------------------------------------------ safety
@@ -1206,6 +1211,34 @@ class Watch:
 _compiling = torch.compiler.is_compiling
 # the active watch of each model (weak keys: a watch never keeps its model alive)
 _watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
+
+
+def _ending(exc: BaseException) -> tuple[str, str]:
+    """(end status, message) for a run that stopped on ``exc``: an error, unless the user
+    stopped it (Ctrl-C) or the script exited cleanly."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    message = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, SystemExit) and exc.code in (None, 0)):
+        return "finished", f"interrupted ({message})"
+    return "error", message
+
+
+def _install_excepthook() -> None:
+    """An uncaught exception ends a script's run before atexit closes its watches: note it on
+    them first, so the session says "error" and why, then let the previous hook print it."""
+    prev = sys.excepthook
+    if getattr(prev, "_torchscope", False):
+        return
+
+    def hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+        with contextlib.suppress(Exception):
+            for w in list(_watching.values()):
+                if w._active and w._ended_by is None:
+                    w._ended_by = _ending(value)
+        prev(tp, value, tb)
+
+    hook._torchscope = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def _input_shapes(args: Any, kwargs: dict[str, Any]) -> tuple[tuple[int, ...], ...]:

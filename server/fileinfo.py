@@ -52,7 +52,11 @@ def summarize(path: Path) -> dict[str, Any]:
         "model": session.get("model", "?"),
         "steps": len(steps),
         "ranks": ", ".join(map(str, sorted(ranks))) or "0",
-        "status": (end.get("status", "finished") if end else "ended unexpectedly"),
+        "status": (
+            f"{end.get('status', 'finished')}" + (f" — {end['message']}" if end.get("message") else "")
+            if end
+            else "ended unexpectedly"
+        ),
         "graphs captured": graphs,
         "size": _size(os.path.getsize(path)),
         "duration": f"{stop - begin:.1f} s" if begin is not None and stop is not None else "?",

@@ -82,3 +82,60 @@ def test_watching_a_watched_model_again_replaces_the_watch(tmp_path: Path, capsy
     assert a[-1]["kind"] == "end" and a[-1]["steps"] == 3
     assert [e["loss"] for e in a if e["kind"] == "step"] == pytest.approx(losses[:3], rel=1e-6)
     assert [e["loss"] for e in b if e["kind"] == "step"] == pytest.approx(losses[3:], rel=1e-6)
+
+
+def _end(path: Path) -> dict[str, object]:
+    from torchscope.sessionfile import iter_events
+
+    return [e for e in iter_events(path) if e["kind"] == "end"][-1]
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "message"),
+    [
+        (RuntimeError("CUDA out of memory\nmore lines"), "error", "RuntimeError: CUDA out of memory"),
+        (KeyboardInterrupt(), "finished", "interrupted (KeyboardInterrupt)"),
+    ],
+)
+def test_a_run_that_raises_ends_with_its_reason(exc: BaseException, status: str, message: str, tmp_path: Path) -> None:
+    """The with-block's exception reaches the user unchanged; the session says how it ended."""
+    import torch
+
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "raised.tscope"
+    with pytest.raises(type(exc)) as caught, torchscope.watch(model, opt, server=None, record=path):
+        for i in range(3):
+            opt.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            if i == 1:
+                raise exc
+    assert caught.value is exc
+    end = _end(path)
+    assert (end["status"], end["message"], end["steps"]) == (status, message, 2)
+
+
+def test_an_uncaught_exception_in_a_script_ends_the_session_as_error(tmp_path: Path) -> None:
+    """No with-block: the exception is noted before atexit closes the watch; Python still prints
+    the traceback and exits 1; ``torchscope info`` says why the run ended."""
+    path = tmp_path / "crash.tscope"
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import torch, torchscope\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        f"torchscope.watch(model, opt, server=None, record={str(path)!r})\n"
+        "for i in range(3):\n"
+        "    opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()\n"
+        "raise ValueError('loss became NaN at step 3')\n"
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert "Traceback" in run.stderr and "ValueError: loss became NaN at step 3" in run.stderr
+    end = _end(path)
+    assert (end["status"], end["message"], end["steps"]) == ("error", "ValueError: loss became NaN at step 3", 3)
+    info = subprocess.run(
+        [sys.executable, "-m", "torchscope.server.cli", "info", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert info.returncode == 0 and "error — ValueError: loss became NaN at step 3" in info.stdout
