@@ -14,13 +14,14 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.nn.parameter import is_lazy  # a LazyModule's parameter before its first forward: no storage
 
 
 def storages(tensors: Iterable[Any]) -> dict[int, int]:
     """data pointer -> storage bytes for every strided tensor in ``tensors``."""
     out: dict[int, int] = {}
     for t in tensors:
-        if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided and not is_lazy(t):
             st = t.untyped_storage()
             out[st.data_ptr()] = st.nbytes()
     return out
@@ -51,7 +52,7 @@ class StorageSizes:
             if e is not None and e[0]() is t and e[1] == t.data_ptr():  # type: ignore[union-attr]
                 out[e[2]] = e[3]
                 continue
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided and not is_lazy(t):
                 st = t.untyped_storage()
                 ptr, nbytes = st.data_ptr(), st.nbytes()
                 known[id(t)] = (weakref.ref(t), t.data_ptr(), ptr, nbytes)

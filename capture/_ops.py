@@ -338,17 +338,20 @@ def _tensors(args: Any, more: Any) -> list[torch.Tensor]:
     """Tensors among op arguments (aten arguments nest at most one list deep): faster than pytree."""
     out: list[torch.Tensor] = []
     tensor = torch.Tensor
+    # a LazyModule's parameter being made (``materialize``) has no shape to record yet
     for group in (args, more):
         for a in group:
             if isinstance(a, tensor):
-                out.append(a)
+                if not isinstance(a, _LAZY):
+                    out.append(a)
             elif type(a) is list or type(a) is tuple:
                 for x in a:
-                    if isinstance(x, tensor):
+                    if isinstance(x, tensor) and not isinstance(x, _LAZY):
                         out.append(x)
     return out
 
 
+_LAZY = torch.nn.parameter.UninitializedTensorMixin  # type: ignore[attr-defined]
 _dtype_names: dict[torch.dtype, str] = {}
 _device_names: dict[torch.device, str] = {}
 

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from . import _cuda
 from ._autograd import AutogradWalk, BackwardTimer
@@ -227,7 +228,10 @@ class Watch:
         named = list(model.named_parameters())
         self._params = [weakref.ref(p) for _, p in named]
         self._param_names = {id(p): n for n, p in named}
-        self._param_ptrs = set(storages(p for _, p in named))
+        self._param_ptrs = set(storages(p for _, p in named))  # refreshed once lazy ones exist
+        # LazyLinear & co. make their parameters in the first forward: the session event (their
+        # shapes) waits for it
+        self._session_pending = any(is_lazy(p) for _, p in named)
         self._sizes = StorageSizes()
         self._modules = [(path, weakref.ref(m)) for path, m in model.named_modules()]
         self._step = 0
@@ -254,7 +258,8 @@ class Watch:
         self._transport = Transport(
             self.path, self.session_id, self._rank.rank, self._server, token, autostart
         )
-        self._transport.emit(self._session_event(model, optimizer))
+        if not self._session_pending:
+            self._transport.emit(self._session_event(model, optimizer))
         self._handles: list[Any] = [
             model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True),
             model.register_forward_hook(self._fwd_post, always_call=True),
@@ -308,6 +313,9 @@ class Watch:
             return
         self._closed = True
         try:
+            model = self._model()
+            if self._session_pending and model is not None:
+                self._safe("session", self._emit_session, model)
             if self._s.micro > 0:
                 self._safe("step", self._close_step, self._scale_changed())
             self._safe("step", self._finish_deferred)
@@ -374,6 +382,14 @@ class Watch:
         # otherwise a user mode sits above ours: ours stays where it is (inert once closed)
 
     # ------------------------------------------------------------------ session
+    def _emit_session(self, model: nn.Module) -> None:
+        """The session event of a model whose lazy parameters now exist (or of whatever exists
+        at close): first in the file, since no step can end before a forward."""
+        self._session_pending = False
+        self._param_ptrs = set(storages(p for _, p in model.named_parameters()))
+        opt = self._optimizer() if self._optimizer is not None else None
+        self._transport.emit(self._session_event(model, opt))
+
     def _session_event(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         owner = {}
         modules: list[ModuleInfo] = []
@@ -386,16 +402,17 @@ class Watch:
             )
         params: list[ParamInfo] = []
         for n, p in model.named_parameters():
+            lazy = is_lazy(p)  # still without a shape: closed before its first forward
             params.append(
                 {
                     "name": n,
                     "module": owner.get(n, ""),
-                    "shape": list(p.shape),
+                    "shape": [] if lazy else list(p.shape),
                     "dtype": str(p.dtype).removeprefix("torch."),
                     "device": str(p.device),
                     "requires_grad": p.requires_grad,
-                    "numel": p.numel(),
-                    "nbytes": p.numel() * p.element_size(),
+                    "numel": 0 if lazy else p.numel(),
+                    "nbytes": 0 if lazy else p.numel() * p.element_size(),
                 }
             )
         first = next(iter(model.parameters()), None)
@@ -503,6 +520,8 @@ class Watch:
         self._depth -= 1
         if self._depth > 0:
             return
+        if self._session_pending:
+            self._emit_session(module)
         self._resume_gc()
         self._mode_on()
         s = self._s

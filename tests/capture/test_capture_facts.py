@@ -447,3 +447,48 @@ def test_saved_bytes_follow_the_batch_however_inputs_are_passed(mode: str, call:
     # per sample, float32: the input (16) saved by a's addmm, relu's output (64, saved by relu
     # and by b's addmm: one storage) and b's output (4, saved by pow)
     assert [s["memory"]["saved"] for s in _steps(path)] == [n * (16 + 64 + 4) * 4 for n in sizes]
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_lazy_modules_watched_before_their_first_forward(mode: str, tmp_path: Path) -> None:
+    """``nn.LazyLinear`` has no parameter shapes until its first forward: watch() before it
+    neither raises nor turns any part of the capture off, the session event lists the shapes the
+    forward made, and training is unchanged."""
+
+    def run(watch: bool) -> tuple[list[float], Path]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.LazyLinear(16), nn.ReLU(), nn.LazyLinear(2))
+        data = [torch.randn(4, 8) for _ in range(6)]
+        path = tmp_path / f"lazy-{watch}.tscope"
+        w = torchscope.watch(model, server=None, record=path, mode=mode, sample_every=2) if watch else None
+        with torch.no_grad():
+            model(data[0])  # the dry run that makes the parameters
+        if w is not None:
+            w.step()  # the dry run is a step of its own, without backward
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for x in data:
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if w is not None:
+                w.step()
+        if w is not None:
+            w.close()
+        return losses, path
+
+    base, _ = run(False)
+    losses, path = run(True)
+    assert losses == base
+    events = list(iter_events(path))
+    assert events[0]["kind"] == "session"
+    assert [(p["name"], p["shape"]) for p in events[0]["params"]] == [
+        ("0.weight", [16, 8]), ("0.bias", [16]), ("2.weight", [2, 16]), ("2.bias", [2])
+    ]
+    assert not [e for e in events if e["kind"] == "log"]  # no part of the capture turned off
+    steps = [e for e in events if e["kind"] == "step"]
+    assert [s["loss"] for s in steps[1:]] == pytest.approx(losses, rel=1e-6)
+    if mode != "light":
+        assert any(e["kind"] == "graph" and e["ops"] for e in events)
