@@ -1258,6 +1258,17 @@ def _install_excepthook() -> None:
 
     hook._torchscope = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+    prev_thread = threading.excepthook
+
+    def thread_hook(args: Any) -> None:
+        # a loop run in a thread of its own: only the watches that thread trained end with it
+        with contextlib.suppress(Exception):
+            for w in list(_watching.values()):
+                if w._active and w._ended_by is None and args.thread is not None and args.thread.ident == w._owner:
+                    w._ended_by = _ending(args.exc_value)
+        prev_thread(args)
+
+    threading.excepthook = thread_hook
 
 
 def _input_shapes(args: Any, kwargs: dict[str, Any]) -> tuple[tuple[int, ...], ...]:

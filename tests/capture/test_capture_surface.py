@@ -139,3 +139,35 @@ def test_an_uncaught_exception_in_a_script_ends_the_session_as_error(tmp_path: P
         [sys.executable, "-m", "torchscope.server.cli", "info", str(path)], capture_output=True, text=True, timeout=120
     )
     assert info.returncode == 0 and "error — ValueError: loss became NaN at step 3" in info.stdout
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the point of the test
+def test_a_training_thread_that_dies_ends_the_session_as_error(tmp_path: Path) -> None:
+    """The loop in a thread of its own dies: its watch ends as error; an unrelated thread's
+    exception before that did not count."""
+    import threading
+
+    import torch
+
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "thread.tscope"
+    w = torchscope.watch(model, opt, server=None, record=path)
+
+    def bystander() -> None:
+        raise ValueError("an unrelated thread")
+
+    def loop() -> None:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        raise RuntimeError("the training thread died")
+
+    for target in (bystander, loop):
+        t = threading.Thread(target=target)
+        t.start()
+        t.join()
+    w.close()
+    end = _end(path)
+    assert (end["status"], end["message"], end["steps"]) == ("error", "RuntimeError: the training thread died", 3)
