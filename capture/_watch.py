@@ -200,14 +200,14 @@ class Watch:
             # a notebook cell run again, or watch() inside an epoch loop: one watch per model,
             # not hooks stacking up and the same steps recorded twice
             print(
-                f"torchscope: {type(model).__name__} is already watched (recording to {prev.path}); "
+                f"torchscope: {_class_name(model)} is already watched (recording to {prev.path}); "
                 "closing that watch first",
                 file=sys.stderr,
             )
             prev.close()
         self.mode = mode
         self.sample_every = max(int(sample_every), 1)
-        self.name = name or type(model).__name__.lower()
+        self.name = name or _class_name(model).lower()
         self._rank: RankInfo = rank_info()
         self.session_id = session_id(self.name, self._rank)
         base = os.fspath(record) if record is not None else _default_record(self.name)
@@ -260,10 +260,21 @@ class Watch:
         )
         if not self._session_pending:
             self._transport.emit(self._session_event(model, optimizer))
-        self._handles: list[Any] = [
-            model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True),
-            model.register_forward_hook(self._fwd_post, always_call=True),
-        ]
+        self._handles: list[Any] = []
+        scripted = isinstance(model, torch.jit.ScriptModule)
+        if scripted:
+            # TorchScript runs no Python module hooks: its forwards are not seen, its backward,
+            # gradients, memory and optimizer steps are (the function mode stays on for them)
+            print(
+                f"torchscope: {_class_name(model)} is a TorchScript module: its forward ops and "
+                "modules are not recorded, its backward, gradients and memory are",
+                file=sys.stderr,
+            )
+        else:
+            self._handles += [
+                model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True),
+                model.register_forward_hook(self._fwd_post, always_call=True),
+            ]
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._opt_pre))
             self._handles.append(optimizer.register_step_post_hook(self._opt_post))
@@ -279,7 +290,7 @@ class Watch:
         # the function-mode stack is per thread: so is whether ours is on it (a loop may run in
         # another thread than the one that called watch())
         self._tls = threading.local()
-        self._mode_always = False  # see _counts_copies
+        self._mode_always = scripted  # see _counts_copies
         self._walked: tuple[tuple[Any, ...], str, int] | None = None  # last walk: key, signature, nodes
         self._saved_cache: dict[
             tuple[str, tuple[tuple[int, ...], ...]], tuple[dict[int, int], list[str]]
@@ -297,7 +308,7 @@ class Watch:
         atexit.register(self.close)
         where = f" → {self.url}" if self.url else ""
         print(
-            f"torchscope: watching {type(model).__name__}{where}  (recording to {self.path})", file=sys.stderr
+            f"torchscope: watching {_class_name(model)}{where}  (recording to {self.path})", file=sys.stderr
         )
 
     # ------------------------------------------------------------------ public
@@ -431,7 +442,7 @@ class Watch:
             "device": str(first.device) if first is not None else "cpu",
             "argv": list(sys.argv),
             "script": os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else "",
-            "model": type(model).__name__,
+            "model": _class_name(model),
             "modules": modules,
             "params": params,
             "settings": {
@@ -1230,6 +1241,13 @@ class Watch:
 _compiling = torch.compiler.is_compiling
 # the active watch of each model (weak keys: a watch never keeps its model alive)
 _watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
+
+
+def _class_name(model: nn.Module) -> str:
+    """The model's class: a TorchScript module's original one, not ``RecursiveScriptModule``."""
+    if isinstance(model, torch.jit.ScriptModule):
+        return str(getattr(model, "original_name", "") or type(model).__name__)
+    return type(model).__name__
 
 
 def _ending(exc: BaseException) -> tuple[str, str]:

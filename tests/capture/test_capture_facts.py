@@ -492,3 +492,38 @@ def test_lazy_modules_watched_before_their_first_forward(mode: str, tmp_path: Pa
     assert [s["loss"] for s in steps[1:]] == pytest.approx(losses, rel=1e-6)
     if mode != "light":
         assert any(e["kind"] == "graph" and e["ops"] for e in events)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.script is deprecated, still in use
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_torchscript_model(mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``torch.jit.script(model)`` runs no Python module hooks (registering one raises): watch()
+    says what it cannot see instead of raising, and records backward, losses and gradients."""
+
+    def run(watch: bool) -> tuple[list[float], list[torch.Tensor], Path]:
+        torch.manual_seed(0)
+        model = torch.jit.script(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        path = tmp_path / f"script-{watch}.tscope"
+        w = torchscope.watch(model, opt, server=None, record=path, mode=mode) if watch else None
+        losses = []
+        for _ in range(4):
+            opt.zero_grad()
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        if w is not None:
+            w.close()
+        return losses, [p.grad.clone() for p in model.parameters()], path
+
+    base, base_grads, _ = run(False)
+    losses, grads, path = run(True)
+    assert "Sequential is a TorchScript module" in capsys.readouterr().err
+    assert losses == base and all(torch.equal(a, b) for a, b in zip(grads, base_grads, strict=True))
+    events = list(iter_events(path))
+    assert events[0]["model"] == "Sequential"
+    steps = [e for e in events if e["kind"] == "step"]
+    assert [s["loss"] for s in steps] == pytest.approx(losses, rel=1e-6)
+    assert steps[-1]["grads"]["norm"] == pytest.approx([g.norm().item() for g in grads], rel=1e-5)
+    assert not [e for e in events if e["kind"] == "log"]
