@@ -27,11 +27,19 @@ def storages(tensors: Iterable[Any]) -> dict[int, int]:
     return out
 
 
-def optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-    if optimizer is None:
+def optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:
+    """State tensors of ``optimizer`` (a torch optimizer, or a hand-rolled one with a dict of
+    dicts ``state``, or none), scalar step counters skipped."""
+    state = getattr(optimizer, "state", None)
+    if not isinstance(state, dict):
         return []
-    # skip scalar step counters
-    return [v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor) and v.numel() > 1]
+    return [
+        v
+        for st in state.values()
+        if isinstance(st, dict)
+        for v in st.values()
+        if isinstance(v, torch.Tensor) and v.numel() > 1
+    ]
 
 
 class StorageSizes:

@@ -222,7 +222,19 @@ class Watch:
             if token:
                 self.url += f"?token={token}"
         self._model = weakref.ref(model)
+        hookable = _hookable(optimizer)
+        if optimizer is not None and hookable is None:
+            print(
+                f"torchscope: {type(optimizer).__name__} has no step hooks (not a torch.optim.Optimizer): "
+                "a step ends when the parameters changed between a backward and the next forward "
+                "(or call .step() on the watch)",
+                file=sys.stderr,
+            )
+        # the optimizer whose hooks end steps: a wrapper's inner one (accelerate, Lightning)
+        optimizer = hookable or optimizer
         self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
+        self._auto_steps = optimizer is not None and hookable is None
+        self._param_version = -1  # sum of the parameters' versions after the last backward
         self._scaler = scaler
         self._disabled: set[str] = set()
         named = list(model.named_parameters())
@@ -275,9 +287,9 @@ class Watch:
                 model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True),
                 model.register_forward_hook(self._fwd_post, always_call=True),
             ]
-        if optimizer is not None:
-            self._handles.append(optimizer.register_step_pre_hook(self._opt_pre))
-            self._handles.append(optimizer.register_step_post_hook(self._opt_post))
+        if hookable is not None:
+            self._handles.append(hookable.register_step_pre_hook(self._opt_pre))
+            self._handles.append(hookable.register_step_post_hook(self._opt_post))
         first = next(iter(model.parameters()), None)
         self._history = (
             _cuda.AllocatorHistory(
@@ -498,6 +510,9 @@ class Watch:
         s = self._s
         if s.micro > 0 and self._scale_changed():
             self._close_step(True)  # GradScaler.update() ran without optimizer.step(): skipped
+            s = self._s
+        elif s.micro > 0 and self._auto_steps and self._versions() != self._param_version:
+            self._close_step(False)  # an optimizer without hooks updated the parameters
             s = self._s
         if not s.started:
             self._start_step(s)
@@ -927,8 +942,13 @@ class Watch:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         self._s.backward_errors.append(msg[:500])
 
+    def _versions(self) -> int:
+        return sum(p._version for r in self._params if (p := r()) is not None)
+
     def _after_backward(self, t0: float) -> None:
         s = self._s
+        if self._auto_steps:
+            self._param_version = self._versions()
         returned = time.perf_counter()
         s.backward_us += (returned - t0) * 1e6
         self._stop_recorder()
@@ -1050,7 +1070,9 @@ class Watch:
             }
             ev["hooks"] = self._hook_bytes()
         if opt is not None:
-            ev["lr"] = [float(g.get("lr", 0.0)) for g in opt.param_groups]
+            groups = getattr(opt, "param_groups", None)
+            if isinstance(groups, list):
+                ev["lr"] = [float(g.get("lr", 0.0)) for g in groups if isinstance(g, dict)]
         if self._scaler is not None:
             ev["scaler"] = {"skipped": bool(skipped)}
         # at the root forward's start; a region begun inside the forward shows on captured steps
@@ -1187,8 +1209,10 @@ class Watch:
         # when a parameter's data pointer (``p.data = ...``) or the count of state tensors
         # (lazily created state, a new param group) changes, and every GRAD_STATS_EVERY steps
         # (state replaced by ``load_state_dict``), not at every boundary.
-        state = opt.state if opt is not None else {}
-        key = (sum(p.data_ptr() for p in live_params), len(state), sum(map(len, state.values())))
+        state = getattr(opt, "state", None)
+        if not isinstance(state, dict):  # no optimizer, or a hand-rolled one without state
+            state = {}
+        key = (sum(p.data_ptr() for p in live_params), len(state), sum(len(v) for v in state.values() if isinstance(v, dict)))
         if self._mem_key == key and self._step % GRAD_STATS_EVERY:
             p_st, o_st = self._mem_static
         else:
@@ -1241,6 +1265,16 @@ class Watch:
 _compiling = torch.compiler.is_compiling
 # the active watch of each model (weak keys: a watch never keeps its model alive)
 _watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
+
+
+def _hookable(optimizer: Any) -> torch.optim.Optimizer | None:
+    """The torch optimizer whose step hooks mark step boundaries: ``optimizer`` itself, or the
+    one a wrapper holds (accelerate's ``.optimizer``, Lightning's ``._optimizer``); None for a
+    hand-rolled optimizer.  A subclass that never ran ``Optimizer.__init__`` has no hooks."""
+    for o in (optimizer, getattr(optimizer, "optimizer", None), getattr(optimizer, "_optimizer", None)):
+        if isinstance(o, torch.optim.Optimizer) and hasattr(o, "_optimizer_step_pre_hooks"):
+            return o
+    return None
 
 
 def _class_name(model: nn.Module) -> str:

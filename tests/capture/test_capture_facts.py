@@ -527,3 +527,65 @@ def test_torchscript_model(mode: str, tmp_path: Path, capsys: pytest.CaptureFixt
     assert [s["loss"] for s in steps] == pytest.approx(losses, rel=1e-6)
     assert steps[-1]["grads"]["norm"] == pytest.approx([g.norm().item() for g in grads], rel=1e-5)
     assert not [e for e in events if e["kind"] == "log"]
+
+
+class _HandRolled:
+    """An optimizer that is not a torch.optim.Optimizer: no step hooks."""
+
+    def __init__(self, params: Any, lr: float) -> None:
+        self.params = list(params)
+        self.param_groups = [{"lr": lr, "params": self.params}]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p in self.params:
+            p -= self.param_groups[0]["lr"] * p.grad
+
+
+class _Wrapper(torch.optim.Optimizer):
+    """Like accelerate's AcceleratedOptimizer: a subclass that never ran Optimizer.__init__ and
+    forwards to the optimizer it holds."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:  # noqa: D107 -- no super().__init__, on purpose
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self) -> Any:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        return self.optimizer.step(closure)
+
+
+@pytest.mark.parametrize("kind", ["hand-rolled", "wrapper"])
+def test_optimizers_without_hooks_of_their_own(kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """watch() used to raise AttributeError for both.  A wrapper's inner optimizer is hooked; a
+    hand-rolled one gets steps from the parameters changing between a backward and the next
+    forward, so accumulated micro-batches still make one step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt: Any = _HandRolled(model.parameters(), 0.1) if kind == "hand-rolled" else _Wrapper(
+        torch.optim.SGD(model.parameters(), lr=0.1)
+    )
+    path = tmp_path / "opt.tscope"
+    losses: list[float] = []
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(4):
+            opt.zero_grad()
+            for _ in range(2):  # two accumulated micro-batches per step
+                loss = model(torch.randn(4, 8)).pow(2).mean() / 2
+                loss.backward()
+                losses.append(loss.item())
+            opt.step()
+    assert ("has no step hooks" in capsys.readouterr().err) == (kind == "hand-rolled")
+    steps = _steps(path)
+    assert [s["micro_batches"] for s in steps] == [2, 2, 2, 2]
+    assert [x for s in steps for x in s["losses"]] == pytest.approx(losses, rel=1e-6)
+    assert all(s["lr"] == [0.1] for s in steps)
