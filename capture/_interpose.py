@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ._ops import autocast_on
 from ._srcloc import _is_internal
 
 if TYPE_CHECKING:
@@ -69,8 +70,10 @@ class Interposer(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         kind = _HANDLED.get(func)
-        if self.watch._capturing_ops:
-            self.watch._safe("ops", self.watch._note_region)
+        if self.watch._capturing_ops:  # inline: every torch-level call of a recorded pass
+            rec = self.watch._s.recorder
+            if rec is not None:
+                rec.autocast = autocast_on()
         # ``_compiling()``: Dynamo is tracing through the mode; nothing of ours goes into its graph
         if kind is None:
             clip = func in _CLIP_NORMS and self.watch._scaler is not None and not _compiling()

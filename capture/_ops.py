@@ -323,8 +323,7 @@ class OpRecorder(TorchDispatchMode):
 
 
 
-def autocast_on() -> bool:
-    """Whether an autocast region is on for the CPU or CUDA (at the torch-function level)."""
+def _autocast_on_any() -> bool:
     for dev in ("cpu", "cuda"):
         try:
             if torch.is_autocast_enabled(dev):
@@ -332,6 +331,22 @@ def autocast_on() -> bool:
         except (TypeError, RuntimeError):
             continue
     return False
+
+
+def _autocast_on_fast() -> bool:
+    return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
+
+
+try:  # asked at every torch-level call of a recorded pass: no loop, no try, where torch allows
+    _autocast_on_fast()
+    _autocast_on = _autocast_on_fast
+except (TypeError, RuntimeError):  # a torch without per-device autocast queries
+    _autocast_on = _autocast_on_any
+
+
+def autocast_on() -> bool:
+    """Whether an autocast region is on for the CPU or CUDA (at the torch-function level)."""
+    return _autocast_on()
 
 
 def _tensors(args: Any, more: Any) -> list[torch.Tensor]:

@@ -707,12 +707,6 @@ class Watch:
             s.clip_flagged = True
             s.events.append({"what": "clip_before_unscale", "src": user_src()})
 
-    def _note_region(self) -> None:
-        """At each torch-level call of a recorded pass: whether its ops run under autocast."""
-        rec = self._s.recorder
-        if rec is not None:
-            rec.autocast = autocast_on()
-
     def _run_cast(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """The user's own ``.to()`` / ``.half()``...: while a captured step records ops, the
         ``_to_copy`` it makes is marked theirs, not autocast's."""
