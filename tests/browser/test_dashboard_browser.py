@@ -182,13 +182,17 @@ def test_graph_collapsed_then_expand_and_read_shapes(page: Any, srv: ServerProc,
     shot(page, "graph-expanded-details")
 
 
-def test_graph_nodes_match_the_captured_graph(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
-    sid = runs["mlp"]["id"]
+def expanded_graph(page: Any, srv: ServerProc, sid: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The drawn graph with every module expanded, and the captured graph event of its step."""
     open_dash(page, srv, sid)
     wait_graph(page)
     page.evaluate("window.__torchscope.expandAll()")
     g = state(page)["graph"]
-    graph = http_json(f"{srv.url}/api/sessions/{sid}/graph?step={g['step']}")
+    return g, http_json(f"{srv.url}/api/sessions/{sid}/graph?step={g['step']}")
+
+
+def test_graph_nodes_match_the_captured_graph(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    g, graph = expanded_graph(page, srv, runs["mlp"]["id"])
     drawn = {n["key"] for n in g["nodes"] if not n["group"]}
     assert drawn == {f"o{o['id']}" for o in graph["ops"]} | {f"n{n['id']}" for n in graph["nodes"]}
     labels = {n["label"] for n in g["nodes"]}
@@ -199,12 +203,7 @@ def test_graph_nodes_match_the_captured_graph(page: Any, srv: ServerProc, runs: 
 
 def test_autocast_casts_are_labelled(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
     """A forward under autocast: the casts autocast inserted are named so in the graph (M7)."""
-    sid = runs["amp"]["id"]
-    open_dash(page, srv, sid)
-    wait_graph(page)
-    page.evaluate("window.__torchscope.expandAll()")
-    g = state(page)["graph"]
-    graph = http_json(f"{srv.url}/api/sessions/{sid}/graph?step={g['step']}")
+    g, graph = expanded_graph(page, srv, runs["amp"]["id"])
     marked = {f"n{n['id']}" for n in graph["nodes"] if n.get("autocast_cast")}
     casts = [n for n in g["nodes"] if n["label"] == "ToCopyBackward0 (autocast cast)"]
     assert marked and {n["key"] for n in casts} == marked

@@ -24,6 +24,15 @@ def _steps(path: Path) -> list[dict[str, Any]]:
     return [e for e in iter_events(path) if e["kind"] == "step"]
 
 
+def _train_step(model: nn.Module, opt: Any, x: torch.Tensor) -> float:
+    """zero_grad, forward, a squared-output loss, backward, step: the loss."""
+    opt.zero_grad()
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    return float(loss.item())
+
+
 def _run(tmp_path: Path, body: Any, steps: int = 3, **kw: Any) -> list[dict[str, Any]]:
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -366,12 +375,7 @@ def test_evaluation_thread_beside_training(mode: str, tmp_path: Path) -> None:
                 worker.start()
                 while not evals[0]:  # the evaluator is running before the loop starts
                     time.sleep(0.001)
-            for x in data:
-                opt.zero_grad()
-                loss = model(x).pow(2).mean()
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
+            losses += [_train_step(model, opt, x) for x in data]
             stop.set()
             if evaluate:
                 worker.join()
@@ -468,11 +472,7 @@ def test_lazy_modules_watched_before_their_first_forward(mode: str, tmp_path: Pa
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         losses = []
         for x in data:
-            opt.zero_grad()
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+            losses.append(_train_step(model, opt, x))
             if w is not None:
                 w.step()
         if w is not None:
@@ -506,13 +506,7 @@ def test_torchscript_model(mode: str, tmp_path: Path, capsys: pytest.CaptureFixt
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         path = tmp_path / f"script-{watch}.tscope"
         w = torchscope.watch(model, opt, server=None, record=path, mode=mode) if watch else None
-        losses = []
-        for _ in range(4):
-            opt.zero_grad()
-            loss = model(torch.randn(4, 8)).pow(2).mean()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        losses = [_train_step(model, opt, torch.randn(4, 8)) for _ in range(4)]
         if w is not None:
             w.close()
         return losses, [p.grad.clone() for p in model.parameters()], path
