@@ -58,6 +58,7 @@ log = logging.getLogger("torchscope")
 
 MODES = ("default", "full", "light")
 _MAX_OPS = 50_000  # per captured step; the rest is counted as shed
+_MAX_FORWARDS = 1024  # forwards (or backward passes) one step holds before it is closed anyway
 # Full gradient statistics (max |g|, mean, std, zero fraction: three more passes over every
 # gradient) every this many steps, on captured steps, every step in full mode, and after a
 # non-finite gradient; the other steps record norms, NaN/Inf counts and missing grads only.
@@ -339,7 +340,9 @@ class Watch:
             model = self._model()
             if self._session_pending and model is not None:
                 self._safe("session", self._emit_session, model)
-            if self._s.micro > 0:
+            # the open step: one with a backward, or, in a watch without optimizer (inference),
+            # one with forwards (a training loop's trailing evaluation is not a step of its own)
+            if self._s.micro > 0 or (self._s.forwards and self._optimizer is None):
                 self._safe("step", self._close_step, self._scale_changed())
             self._safe("step", self._finish_deferred)
             for h in self._handles:
@@ -513,6 +516,12 @@ class Watch:
             s = self._s
         elif s.micro > 0 and self._auto_steps and self._versions() != self._param_version:
             self._close_step(False)  # an optimizer without hooks updated the parameters
+            s = self._s
+        elif len(s.forwards) >= _MAX_FORWARDS or s.micro >= _MAX_FORWARDS:
+            # no step boundary for this long (an inference loop, a watch without optimizer and
+            # no step() calls): a step every _MAX_FORWARDS keeps the capture's memory bounded
+            # and the run live on the dashboard
+            self._close_step(False)
             s = self._s
         if not s.started:
             self._start_step(s)

@@ -583,3 +583,20 @@ def test_optimizers_without_hooks_of_their_own(kind: str, tmp_path: Path, capsys
     assert [s["micro_batches"] for s in steps] == [2, 2, 2, 2]
     assert [x for s in steps for x in s["losses"]] == pytest.approx(losses, rel=1e-6)
     assert all(s["lr"] == [0.1] for s in steps)
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_inference_loop_without_steps_stays_bounded(mode: str, tmp_path: Path) -> None:
+    """A watch with no optimizer and no step() calls (an inference script): the open step used
+    to hold every forward (and, captured, every op) forever; a step now closes every 1024
+    forwards, so the capture's memory is bounded and the run shows up step by step."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).eval()
+    x = torch.randn(4, 8)
+    path = tmp_path / "infer.tscope"
+    with torchscope.watch(model, server=None, record=path, mode=mode) as w, torch.no_grad():
+        for _ in range(2500):
+            model(x)
+            assert len(w._s.forwards) <= 1024
+    steps = _steps(path)
+    assert [len(s["forwards"]) for s in steps] == [1024, 1024, 452]
+    assert not any(f["grad_mode"] for s in steps for f in s["forwards"])
