@@ -323,30 +323,22 @@ class OpRecorder(TorchDispatchMode):
 
 
 
-def _autocast_on_any() -> bool:
-    for dev in ("cpu", "cuda"):
-        try:
-            if torch.is_autocast_enabled(dev):
-                return True
-        except (TypeError, RuntimeError):
-            continue
-    return False
-
-
 def _autocast_on_fast() -> bool:
+    """Whether an autocast region is on for the CPU or CUDA (at the torch-function level)."""
     return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
 
 
-try:  # asked at every torch-level call of a recorded pass: no loop, no try, where torch allows
+def _autocast_on_old() -> bool:
+    """The same on torch 2.3, which has no per-device query: CUDA's region and the CPU's."""
+    return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+
+
+# asked at every torch-level call of a recorded pass: one function chosen once, no loop, no try
+try:
     _autocast_on_fast()
-    _autocast_on = _autocast_on_fast
-except (TypeError, RuntimeError):  # a torch without per-device autocast queries
-    _autocast_on = _autocast_on_any
-
-
-def autocast_on() -> bool:
-    """Whether an autocast region is on for the CPU or CUDA (at the torch-function level)."""
-    return _autocast_on()
+    autocast_on = _autocast_on_fast
+except (TypeError, RuntimeError):
+    autocast_on = _autocast_on_old
 
 
 def _tensors(args: Any, more: Any) -> list[torch.Tensor]:

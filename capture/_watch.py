@@ -1297,6 +1297,14 @@ def _ending(exc: BaseException) -> tuple[str, str]:
     return "error", message
 
 
+def _note_ending(exc: BaseException, thread: int | None) -> None:
+    """Mark the active watches (those trained by ``thread``, if given) as ended by ``exc``."""
+    with contextlib.suppress(Exception):
+        for w in list(_watching.values()):
+            if w._active and w._ended_by is None and (thread is None or thread == w._owner):
+                w._ended_by = _ending(exc)
+
+
 def _install_excepthook() -> None:
     """An uncaught exception ends a script's run before atexit closes its watches: note it on
     them first, so the session says "error" and why, then let the previous hook print it."""
@@ -1305,10 +1313,7 @@ def _install_excepthook() -> None:
         return
 
     def hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
-        with contextlib.suppress(Exception):
-            for w in list(_watching.values()):
-                if w._active and w._ended_by is None:
-                    w._ended_by = _ending(value)
+        _note_ending(value, None)
         prev(tp, value, tb)
 
     hook._torchscope = True  # type: ignore[attr-defined]
@@ -1317,10 +1322,8 @@ def _install_excepthook() -> None:
 
     def thread_hook(args: Any) -> None:
         # a loop run in a thread of its own: only the watches that thread trained end with it
-        with contextlib.suppress(Exception):
-            for w in list(_watching.values()):
-                if w._active and w._ended_by is None and args.thread is not None and args.thread.ident == w._owner:
-                    w._ended_by = _ending(args.exc_value)
+        if args.thread is not None and args.exc_value is not None:
+            _note_ending(args.exc_value, args.thread.ident)
         prev_thread(args)
 
     threading.excepthook = thread_hook
