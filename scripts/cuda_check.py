@@ -16,9 +16,12 @@ check and the figures the note reports.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import tempfile
+import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -102,6 +105,107 @@ def _syncs(mode: str | None, path: Path, steps: int = 8) -> list[int]:
     return counts
 
 
+def _check_autocast_casts(path: Path, check: Callable[[str, bool], None]) -> None:
+    """CUDA autocast (float16): the casts it inserts are flagged and their nodes marked."""
+    g = next(e for e in iter_events(path) if e["kind"] == "graph" and e["step"] == 0)
+    tensors = {t["id"]: t for t in g["tensors"]}
+    fwd = [o for o in g["ops"] if o["phase"] == "forward"]
+    casts = [o for o in fwd if "autocast_cast" in o.get("flags", ())]
+    print(f"     autocast casts on step 0: {len(casts)} of {len(fwd)} forward ops")
+    check(
+        "amp: autocast casts flagged (float32 <-> float16 _to_copy)",
+        len(casts) >= 5
+        and all(
+            o["name"] == "aten::_to_copy"
+            and {tensors[o["inputs"][0]]["dtype"], tensors[o["outputs"][0]]["dtype"]}
+            == {"float32", "float16"}
+            for o in casts
+        ),
+    )
+    check(
+        "amp: ops in the region flagged",
+        all("autocast" in o.get("flags", ()) for o in fwd if o["module"] in ("0", "3")),
+    )
+    marked = [n for n in g["nodes"] if n.get("autocast_cast")]
+    check(
+        "amp: ToCopyBackward0 nodes of the casts marked",
+        bool(marked) and all(n["name"] == "ToCopyBackward0" for n in marked),
+    )
+
+
+def _check_grad_stats(path: Path, check: Callable[[str, bool], None]) -> None:
+    """Per-parameter gradient statistics of each step equal what .grad says, on the device."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    expected = []
+    with torchscope.watch(model, opt, server=None, record=path, mode="default"):
+        for _ in range(4):
+            x = torch.randn(16, 3, 16, 16, device="cuda", generator=g)
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            expected.append([(g.norm().item(), g.abs().max().item()) for g in grads])
+            opt.step()
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    # norm every step; max |g| on the steps that carry every column (step 0 here)
+    pairs = [
+        (a, e[i][k])
+        for s, e in zip(steps, expected, strict=True)
+        for k, col in enumerate(("norm", "max_abs"))
+        for i, a in enumerate(s["grads"].get(col) or [])
+    ]
+    close = (
+        len(steps) == len(expected)
+        and len(pairs) > 4 * 4
+        and all(a is not None and math.isclose(a, b, rel_tol=1e-5) for a, b in pairs)
+    )
+    check("gradient norm and max |g| equal .grad's, every step", close)
+
+
+def _check_eval_thread(d: Path, check: Callable[[str, bool], None]) -> None:
+    """A no_grad evaluation thread beside a watched CUDA loop: same losses, one pass a step."""
+
+    def run(watched: bool, path: Path) -> list[float]:
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        stop = threading.Event()
+
+        def evaluate() -> None:
+            x = torch.randn(4, 3, 16, 16, device="cuda")
+            while not stop.is_set():
+                with torch.no_grad():
+                    model(x)
+
+        w = torchscope.watch(model, opt, server=None, record=path, mode="default") if watched else None
+        t = threading.Thread(target=evaluate)
+        t.start()
+        losses = []
+        try:
+            for _ in range(20):
+                x = torch.randn(16, 3, 16, 16, device="cuda", generator=g)
+                opt.zero_grad()
+                loss = model(x).square().mean()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        finally:
+            stop.set()
+            t.join()
+            if w is not None:
+                w.close()
+        return losses
+
+    plain = run(False, d / "ev0.tscope")
+    check("eval thread: losses bit-identical", run(True, d / "ev.tscope") == plain)
+    steps = [e for e in iter_events(d / "ev.tscope") if e["kind"] == "step"]
+    check(
+        "eval thread: 20 steps, one forward each",
+        len(steps) == 20 and all(s.get("micro_batches", 1) == 1 for s in steps),
+    )
+
+
 def _compiled(mode: str | None, path: Path) -> list[float]:
     return _train(mode, path, steps=4, compiled=True)
 
@@ -120,7 +224,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         plain = _train(None, d / "plain.tscope")
-        for mode in ("default", "full"):
+        for mode in ("light", "default", "full"):
             check(f"{mode}: bit-identical", _train(mode, d / f"{mode}.tscope") == plain)
         steps = [e for e in iter_events(d / "full.tscope") if e["kind"] == "step"]
         check("allocator figures every step", all("device" in s["memory"] for s in steps))
@@ -153,6 +257,10 @@ def main() -> int:
         check("amp: bit-identical", _train("default", d / "amp.tscope", amp=True) == amp_plain)
         amp_steps = [e for e in iter_events(d / "amp.tscope") if e["kind"] == "step"]
         check("amp: scale recorded", all("scale" in s.get("scaler", {}) for s in amp_steps))
+        check("amp: full bit-identical", _train("full", d / "ampf.tscope", amp=True) == amp_plain)
+        _check_autocast_casts(d / "ampf.tscope", check)
+        _check_grad_stats(d / "gs.tscope", check)
+        _check_eval_thread(d, check)
         # inductor: results can differ between compiles in one process (seen on an H200: a
         # plain run 4.5e-8 from the process's first plain run), so each watched run must equal
         # one of the plain runs compiled just before and just after it
@@ -165,7 +273,9 @@ def main() -> int:
                 watched = _compiled(mode, d / f"c{mode}.tscope")
                 after = _compiled(None, d / "cp2.tscope")
                 same = watched in (before, after)
-                print(f"     inductor control, plain vs plain: {'identical' if after == before else 'differs'}")
+                print(
+                    f"     inductor control, plain vs plain: {'identical' if after == before else 'differs'}"
+                )
                 check(f"inductor {mode}: bit-identical to a neighbouring plain run", same)
                 before = after
     return 0 if ok else 1
