@@ -40,6 +40,7 @@ from ._grads import GradRead, nonzero_grads
 from ._hooks import retained_bytes
 from ._interpose import Interposer
 from ._memory import StorageSizes, optimizer_tensors, storages
+from ._modhook import ModuleHook
 from ._ops import OpRecorder, StorageIds, autocast_on
 from ._srcloc import _is_internal, user_src
 from .distributed import RankInfo, rank_info, rank_path, session_id
@@ -285,8 +286,8 @@ class Watch:
             )
         else:
             self._handles += [
-                model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True),
-                model.register_forward_hook(self._fwd_post, always_call=True),
+                model.register_forward_pre_hook(ModuleHook(self._fwd_pre), with_kwargs=True),
+                model.register_forward_hook(ModuleHook(self._fwd_post), always_call=True),
             ]
         if hookable is not None:
             self._handles.append(hookable.register_step_pre_hook(self._opt_pre))
@@ -345,6 +346,7 @@ class Watch:
             if self._s.micro > 0 or (self._s.forwards and self._optimizer is None):
                 self._safe("step", self._close_step, self._scale_changed())
             self._safe("step", self._finish_deferred)
+            self._safe("step", self._drop_open_step)
             for h in self._handles:
                 h.remove()
             self._resume_gc()
@@ -361,6 +363,17 @@ class Watch:
         except Exception as exc:  # closing must not raise into an atexit or a with-block
             log.warning("torchscope: close failed: %r", exc)
         atexit.unregister(self.close)
+
+    def _drop_open_step(self) -> None:
+        """What a step left unclosed at close (a forward without backward: a trailing
+        evaluation, an exception in the loss) still holds: the op recorder on the dispatch
+        stack, where it would see every later op of the process, and hooks on modules and
+        graph nodes."""
+        s = self._s
+        self._stop_recorder()
+        for h in s.node_hooks + s.module_hooks:
+            h.remove()
+        s.node_hooks, s.module_hooks = [], []
 
     def __enter__(self) -> Watch:
         return self
@@ -478,13 +491,15 @@ class Watch:
     def _fwd_pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         if _compiling():
             return
+        if module is not self._model():
+            return  # a shallow copy (copy.copy) shares the watched model's hook dicts
         if self._other_thread():
             self._tls.skipped = getattr(self._tls, "skipped", 0) + 1
             return
         self._safe("forward", self._on_forward_pre, module, args, kwargs)
 
     def _fwd_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if _compiling():
+        if _compiling() or module is not self._model():
             return
         skipped = getattr(self._tls, "skipped", 0)
         if skipped:
@@ -611,8 +626,9 @@ class Watch:
                 m = ref()
                 if m is None or m is root:
                     continue
-                s.module_hooks.append(m.register_forward_pre_hook(self._mod_pre(path, _torch_module(m))))
-                s.module_hooks.append(m.register_forward_hook(self._mod_post, always_call=True))
+                pre = ModuleHook(self._mod_pre(path, _torch_module(m)))
+                s.module_hooks.append(m.register_forward_pre_hook(pre))
+                s.module_hooks.append(m.register_forward_hook(ModuleHook(self._mod_post), always_call=True))
         s.recorder.micro = len(s.forwards) - 1
         s.module_stack.append(("", s.module_calls.get("", 0), ""))
         s.module_calls[""] = s.module_calls.get("", 0) + 1
@@ -1160,7 +1176,7 @@ class Watch:
             m = ref()
             if m is None or not m._forward_hooks:
                 continue
-            user = [h for h in m._forward_hooks.values() if getattr(h, "__self__", None) is not self]
+            user = [h for h in m._forward_hooks.values() if not isinstance(h, ModuleHook)]
             if user:
                 out[path] = retained_bytes(user)
         return out
