@@ -350,7 +350,7 @@ class Watch:
             for h in self._handles:
                 h.remove()
             self._resume_gc()
-            self._mode_off()
+            self._mode_remove()
             if self._history is not None and self.path is not None:
                 for p in self._safe("cuda_history", self._history.write, self.path) or ():
                     print(f"torchscope: CUDA allocator history in {p}", file=sys.stderr)
@@ -418,7 +418,22 @@ class Watch:
         if stack_len and torch._C._get_function_stack_at(stack_len - 1) is self._interposer:
             self._interposer.__exit__(None, None, None)
             self._tls.pushed = False
-        # otherwise a user mode sits above ours: ours stays where it is (inert once closed)
+        # otherwise a user mode (or another watch's) sits above ours: ours stays where it is
+
+    def _mode_remove(self) -> None:
+        """At close: our mode off this thread's stack wherever it sits.  Left below another
+        watch's or a user's mode, it would see every torch call of the process from then on
+        and keep this watch alive (two watches closed in the order they were opened: a GAN's)."""
+        if not getattr(self._tls, "pushed", False):
+            return
+        n = torch._C._len_torch_function_stack()
+        at = [i for i in range(n) if torch._C._get_function_stack_at(i) is self._interposer]
+        if at:
+            above = [torch._C._pop_torch_function_stack() for _ in range(n - 1 - at[0])]
+            torch._C._pop_torch_function_stack()
+            for mode in reversed(above):
+                torch._C._push_on_torch_function_stack(mode)
+        self._tls.pushed = False
 
     # ------------------------------------------------------------------ session
     def _emit_session(self, model: nn.Module) -> None:

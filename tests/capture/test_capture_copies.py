@@ -141,3 +141,46 @@ def test_torchscript_of_a_watched_model_says_what_to_do(tmp_path: Path) -> None:
         torch.jit.script(model)
     w.close()
     assert torch.equal(torch.jit.script(model)(x), model(x))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_watches_closed_in_opening_order_leave_no_mode(mode: str, tmp_path: Path) -> None:
+    """A GAN: generator and discriminator watched, closed in the order they were opened; and a
+    user's function mode entered above ours, still open at close."""
+    from torch.overrides import TorchFunctionMode
+
+    class UserMode(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            UserMode.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    gen, disc = nn.Linear(4, 8), nn.Linear(8, 1)
+    og, od = torch.optim.SGD(gen.parameters(), lr=0.1), torch.optim.SGD(disc.parameters(), lr=0.1)
+    function = torch._C._len_torch_function_stack()
+    wg = torchscope.watch(gen, og, server=None, record=tmp_path / "g.tscope", mode=mode)
+    wd = torchscope.watch(disc, od, server=None, record=tmp_path / "d.tscope", mode=mode)
+    for _ in range(3):
+        fake = gen(torch.randn(8, 4))
+        od.zero_grad()
+        disc(fake.detach()).mean().backward()
+        od.step()
+        og.zero_grad()
+        (-disc(fake).mean()).backward()
+        og.step()
+    user = UserMode()
+    user.__enter__()
+    gen(torch.randn(2, 4))
+    wg.close()
+    wd.close()
+    # ours are gone, the user's mode is still on top and leaves as it came
+    assert torch._C._len_torch_function_stack() == function + 1
+    assert torch._C._get_function_stack_at(function) is user
+    one = torch.ones(1)
+    before = UserMode.calls
+    torch.add(one, 1)
+    assert UserMode.calls == before + 1
+    user.__exit__(None, None, None)
+    assert torch._C._len_torch_function_stack() == function
