@@ -804,9 +804,16 @@ class Watch:
             self._safe("backward", self._after_backward, t0)
 
     def _run_grad(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        """``torch.autograd.grad``: with ``create_graph=True`` the nodes it builds are marked."""
+        """``torch.autograd.grad``: with ``create_graph=True`` the nodes it builds are marked;
+        without, a call for gradients of the watched parameters is a backward pass of the step
+        (a loop that computes its gradients so and assigns ``p.grad`` itself)."""
         create = kwargs.get("create_graph", args[4] if len(args) > 4 else False)
-        if not create or not self._active:
+        if not self._active:
+            return func(*args, **kwargs)
+        if not create:
+            inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
+            if self._safe("backward", self._of_params, inputs):
+                return self._run_backward(func, "grad", args, kwargs)
             return func(*args, **kwargs)
         outputs = args[0] if args else kwargs.get("outputs")
         before = self._safe("higher_order", _walk_of, outputs)  # held: node ids stay valid
@@ -815,14 +822,20 @@ class Watch:
             self._safe("higher_order", _stamp_higher_order, before, out)
         return out
 
+    def _of_params(self, inputs: Any) -> bool:
+        ts = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs or ())
+        ids = {id(p) for r in self._params if (p := r()) is not None}
+        return any(id(t) in ids for t in ts)
+
     def _before_backward(self, kind: str, args: Any, kwargs: dict[str, Any]) -> bool:
         if kind == "tensor":
             roots = [args[0]]
         else:
-            r = args[0] if args else kwargs.get("tensors")
+            r = args[0] if args else kwargs.get("outputs" if kind == "grad" else "tensors")
             roots = [r] if isinstance(r, torch.Tensor) else list(r or [])
-        retain = kwargs.get("retain_graph", args[2] if len(args) > 2 else None)
-        create = kwargs.get("create_graph", args[3] if len(args) > 3 else False)
+        at = 3 if kind == "grad" else 2  # torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph, ...)
+        retain = kwargs.get("retain_graph", args[at] if len(args) > at else None)
+        create = kwargs.get("create_graph", args[at + 1] if len(args) > at + 1 else False)
         roots = [t for t in roots if isinstance(t, torch.Tensor)]
         s = self._s
         # light mode may reuse the last walk for a backward with this key (see _reuse_walk)
@@ -857,7 +870,11 @@ class Watch:
         if s.scale_version is None:
             self._snapshot_scale(s)  # GradScaler creates its scale lazily, in its first scale()
         params = [r() for r in self._params]
-        if s.micro == 0:
+        if kind == "grad":
+            # the gradients are returned, not accumulated into .grad: what .grad holds now says
+            # nothing about zero_grad, and the doctor does not count this pass as accumulation
+            s.events.append({"what": "autograd_grad", "micro": s.micro})
+        elif s.micro == 0:
             s.pre_nonzero, all_none, all_zero = nonzero_grads(params)
             s.zero_grad = 1 if (all_zero or all_none) else 0
             s.set_to_none = all_none

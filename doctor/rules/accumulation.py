@@ -21,8 +21,10 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     roots_seen: set[str] = set()
     srcs: list[str] = []
     for step, ev in run.step_events():
-        # A backward that raised (P8/P10) accumulated nothing: don't count it as a micro-batch.
-        k = as_int(ev.get("micro_batches")) - len(as_list(ev.get("backward_errors")))
+        # A backward that raised (P8/P10) accumulated nothing, nor does torch.autograd.grad
+        # (it returns the gradients): don't count either as a micro-batch.
+        grad_calls = [e for e in as_list(ev.get("events")) if as_dict(e).get("what") == "autograd_grad"]
+        k = as_int(ev.get("micro_batches")) - len(as_list(ev.get("backward_errors"))) - len(grad_calls)
         roots = [str(r) for r in as_list(ev.get("backward_roots"))]
         if k <= 1 or not roots or as_dict(ev.get("scaler")):
             continue  # GradScaler's own multiply hides whether the loss was divided: don't guess
