@@ -504,8 +504,8 @@ class Watch:
     # nothing (a constant branch, no graph break), so a compiled forward runs exactly as
     # compiled and shows up in the autograd graph as its one CompiledFunctionBackward node.
     def _fwd_pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
-        if _compiling():
-            return
+        if _compiling() or _tracing():
+            return  # a forward torch.jit.trace runs is a trace, not a step
         if module is not self._model():
             return  # a shallow copy (copy.copy) shares the watched model's hook dicts
         if self._other_thread():
@@ -514,7 +514,7 @@ class Watch:
         self._safe("forward", self._on_forward_pre, module, args, kwargs)
 
     def _fwd_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if _compiling() or module is not self._model():
+        if _compiling() or _tracing() or module is not self._model():
             return
         skipped = getattr(self._tls, "skipped", 0)
         if skipped:
@@ -1314,6 +1314,7 @@ class Watch:
 
 
 _compiling = torch.compiler.is_compiling
+_tracing = torch.jit.is_tracing
 # the active watch of each model (weak keys: a watch never keeps its model alive)
 _watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
 

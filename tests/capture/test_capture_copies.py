@@ -184,3 +184,24 @@ def test_two_watches_closed_in_opening_order_leave_no_mode(mode: str, tmp_path: 
     assert UserMode.calls == before + 1
     user.__exit__(None, None, None)
     assert torch._C._len_torch_function_stack() == function
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_jit_trace_of_a_watched_model(mode: str, tmp_path: Path) -> None:
+    """torch.jit.trace runs the forward twice and compares the graphs: a forward under trace is
+    not a step's (in full mode the recording made the two traced graphs differ)."""
+    model = _model().eval()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "t.tscope"
+    x = torch.randn(2, 8)
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(2):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+            traced = torch.jit.trace(model, x)
+        assert torch.equal(traced(x), model(x))
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    # (the trace check's own eager run of the model is a forward that ran: it is counted)
+    assert len(steps) == 2 and all(s["micro_batches"] == 1 for s in steps)
+    assert all(sum(bool(f.get("backward")) for f in s["forwards"]) == 1 for s in steps)
