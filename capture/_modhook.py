@@ -11,20 +11,16 @@ torchscope is not installed, and a copy of a watched model is not watched.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 INERT: Callable[..., None] = (0).__init__  # type: ignore[misc]  # an int's object.__init__ ignores arguments
 
 
-class ModuleHook:
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-
-    def __call__(self, *args: Any) -> Any:
-        return self.fn(*args)
+class ModuleHook(functools.partial):  # type: ignore[type-arg]
+    """``ModuleHook(fn)`` calls ``fn`` (a ``partial`` without arguments: the call stays in C,
+    ~60 ns, where a Python ``__call__`` adds ~250 ns to every hook call)."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Callable[..., None]:
         return INERT

@@ -143,6 +143,21 @@ inline void put_ivalue(std::vector<int64_t>& o, const c10::IValue& v) {
   }
 }
 
+// [n, values...] from get() (fn.inputs() / fn.outputs()).  RecordFunction swallows callback
+// exceptions (it only logs a warning), so a throw here would leave a torn record that breaks
+// decoding of the whole buffer: truncate to the record's fixed words and mark n = -1 instead.
+template <class Get>
+void put_values(std::vector<int64_t>& o, size_t fixed_end, Get get) {
+  try {
+    const auto& vs = get();
+    o.push_back((int64_t)vs.size());
+    for (const auto& v : vs) put_ivalue(o, v);
+  } catch (...) {
+    o.resize(fixed_end);
+    o.push_back(-1);
+  }
+}
+
 // ENTER: [1, len, handle, name_id, overload_id, seq, tid, t_ns, module,
 //         scope, n_in, inputs...]
 std::unique_ptr<at::ObserverContext> onEnter(const at::RecordFunction& fn) {
@@ -160,17 +175,7 @@ std::unique_ptr<at::ObserverContext> onEnter(const at::RecordFunction& fn) {
   o.push_back(now_ns());
   o.push_back(t_module);
   o.push_back((int64_t)fn.scope());
-  try {
-    auto in = fn.inputs();
-    o.push_back((int64_t)in.size());
-    for (const auto& v : in) put_ivalue(o, v);
-  } catch (...) {
-    // RecordFunction swallows callback exceptions (it only logs a warning), so
-    // a throw here would leave a torn record that breaks decoding of the whole
-    // buffer.  Truncate instead and mark the record input-less (n_in = -1).
-    o.resize(start + 11);
-    o[start + 10] = -1;
-  }
+  put_values(o, start + 10, [&]() -> decltype(auto) { return fn.inputs(); });
   o[start + 1] = (int64_t)(o.size() - start);
   return nullptr;
 }
@@ -187,15 +192,7 @@ void onExit(const at::RecordFunction& fn, at::ObserverContext*) {
   o.push_back((int64_t)fn.handle());
   o.push_back((int64_t)fn.threadId());
   o.push_back(t);
-  try {
-    const auto& out = fn.outputs();
-    o.push_back((int64_t)out.size());
-    for (const auto& v : out) put_ivalue(o, v);
-  } catch (...) {
-    // same as onEnter: never leave a torn record; n_out = -1
-    o.resize(start + 6);
-    o[start + 5] = -1;
-  }
+  put_values(o, start + 5, [&]() -> decltype(auto) { return fn.outputs(); });
   o[start + 1] = (int64_t)(o.size() - start);
 }
 
