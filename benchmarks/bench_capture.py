@@ -11,6 +11,7 @@ thread: it does not slow the loop while a core is free, but it is CPU the machin
 
     python benchmarks/bench_capture.py            # 200 steps per configuration
     python benchmarks/bench_capture.py --quick    # a smoke run
+    python benchmarks/bench_capture.py --classes  # also each step class's median (see step_class)
     python benchmarks/bench_capture.py --device cuda   # on a GPU: wall time, synchronized per step
 """
 
@@ -212,6 +213,7 @@ def bench(
             for k in range(steps)
         ]
         result[config] = sum(cost) / steps * 1e3
+        result.update({f"{config}:{cls}": v * 1e3 for cls, v in med.items()})
     for config in configs:
         result[f"{config}_writer"] = writer[config] / done * 1e3
     if "default" in configs:
@@ -256,6 +258,7 @@ def main() -> None:
     ap.add_argument(
         "--stream", action="store_true", help="CUDA: time steps back to back, no sync between them"
     )
+    ap.add_argument("--classes", action="store_true", help="also print each step class's median (see step_class)")
     args = ap.parse_args()
     global DEVICE, STREAM
     DEVICE = torch.device(args.device)
@@ -293,6 +296,8 @@ def main() -> None:
             )
             row += ["/".join(f"{r[f'{c}_writer'] / base:.2f}×" for c in watched)] if watched else []
             print("| " + " | ".join(row) + " |", flush=True)
+            if args.classes:
+                print("  " + ", ".join(f"{k} {v / base:.2f}×" for k, v in r.items() if ":" in k), flush=True)
 
 
 if __name__ == "__main__":

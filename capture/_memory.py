@@ -27,6 +27,19 @@ def storages(tensors: Iterable[Any]) -> dict[int, int]:
     return out
 
 
+def grad_storages(params: Iterable[torch.Tensor]) -> dict[int, int]:
+    """``storages()`` of the parameters' ``.grad`` (run every step: a gradient is never a lazy
+    parameter, and nothing but a tensor or None is ever a ``.grad``)."""
+    out: dict[int, int] = {}
+    strided = torch.strided
+    for p in params:
+        g = p.grad
+        if g is not None and g.layout == strided:
+            st = g.untyped_storage()
+            out[st.data_ptr()] = st.nbytes()
+    return out
+
+
 def optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:
     """State tensors of ``optimizer`` (a torch optimizer, or a hand-rolled one with a dict of
     dicts ``state``, or none), scalar step counters skipped."""

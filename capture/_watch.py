@@ -3,8 +3,9 @@
 Hooks, all removable, none patching torch:
 - the root module's forward pre/post hooks (``always_call``): each forward's facts (P6, P11)
   and, on captured steps, the op recorder and per-module hooks for module paths;
-- ``optimizer.register_step_post_hook``: the step boundary (or ``Watch.step()`` without an
-  optimizer).  With a ``GradScaler`` that skips ``optimizer.step()`` the boundary is found
+- torch.optim's global step hooks: the watched optimizer's step is the step boundary (see
+  ``_any_opt_pre``: without one, the optimizer that steps the model's parameters is followed;
+  or ``Watch.step()``).  With a ``GradScaler`` that skips ``optimizer.step()`` the boundary is found
   at the next forward: ``scaler.update()`` changed its scale tensor (version counter, no
   sync) while a backward had run and no optimizer step followed -> the step closes as skipped;
 - one ``TorchFunctionMode`` (``_interpose``) for backward calls, device moves and graph breaks.
@@ -33,13 +34,14 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from . import _cuda
 from ._autograd import AutogradWalk, BackwardTimer
-from ._grads import GradRead, nonzero_grads
+from ._grads import GradRead, count_nonzero, nonzero_grads
 from ._hooks import retained_bytes
 from ._interpose import Interposer
-from ._memory import StorageSizes, optimizer_tensors, storages
+from ._memory import StorageSizes, grad_storages, optimizer_tensors, storages
 from ._modhook import ModuleHook
 from ._ops import OpRecorder, StorageIds, autocast_on
 from ._srcloc import _is_internal, user_src
@@ -106,6 +108,7 @@ class _StepState:
         self.backward_errors: list[str] = []
         self.zero_grad = 0
         self.set_to_none = False
+        self.accumulated = 0  # backward passes summed into .grad since its last reset
         self.pre_nonzero: list[int] = []
         self.copies = 0
         self.copy_bytes = 0
@@ -239,6 +242,8 @@ class Watch:
         self._param_version = -1  # sum of the parameters' versions after the last backward
         self._scaler = scaler
         self._disabled: set[str] = set()
+        self._direct_noted = isinstance(model, torch.jit.ScriptModule)  # told at watch() already
+        self._model_name = _class_name(model)
         named = list(model.named_parameters())
         self._params = [weakref.ref(p) for _, p in named]
         self._param_names = {id(p): n for n, p in named}
@@ -289,9 +294,17 @@ class Watch:
                 model.register_forward_pre_hook(ModuleHook(self._fwd_pre), with_kwargs=True),
                 model.register_forward_hook(ModuleHook(self._fwd_post), always_call=True),
             ]
-        if hookable is not None:
-            self._handles.append(hookable.register_step_pre_hook(self._opt_pre))
-            self._handles.append(hookable.register_step_post_hook(self._opt_post))
+        # Every torch optimizer's step passes through torch.optim's global step hooks: the
+        # watched optimizer's steps end steps; with watch(model) alone, the first optimizer that
+        # steps the model's parameters becomes the watched one, and one that replaces it mid-run
+        # (a second training phase) is followed from the step it takes over (_on_forward_pre)
+        self._stray: weakref.ref[torch.optim.Optimizer] | None = None
+        self._followed = False  # the watched optimizer was found, not given
+        self._manual = False  # the loop calls watch.step()
+        self._steps_ours: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
+        if not self._auto_steps:
+            self._handles.append(register_optimizer_step_pre_hook(self._any_opt_pre))
+            self._handles.append(register_optimizer_step_post_hook(self._any_opt_post))
         first = next(iter(model.parameters()), None)
         self._history = (
             _cuda.AllocatorHistory(
@@ -328,6 +341,12 @@ class Watch:
     # ------------------------------------------------------------------ public
     def step(self) -> None:
         """Mark a step boundary (only needed without an optimizer; harmless with one)."""
+        if not self._manual:
+            # the loop ends its steps itself: an optimizer followed since watch(model) is not
+            # (its step would close a second, empty step after this one)
+            self._manual = True
+            if self._followed:
+                self._optimizer, self._followed = None, False
         if self._active and self._s.started:
             self._safe("step", self._close_step, False)
 
@@ -547,6 +566,12 @@ class Watch:
         elif s.micro > 0 and self._auto_steps and self._versions() != self._param_version:
             self._close_step(False)  # an optimizer without hooks updated the parameters
             s = self._s
+        elif s.micro > 0 and (stray := self._stray() if self._stray is not None else None) is not None:
+            # only another optimizer stepped these parameters since the last backward: it has
+            # replaced the watched one (a new optimizer for a second phase of training)
+            self._adopt(stray)
+            self._close_step(False)
+            s = self._s
         elif len(s.forwards) >= _MAX_FORWARDS or s.micro >= _MAX_FORWARDS:
             # no step boundary for this long (an inference loop, a watch without optimizer and
             # no step() calls): a step every _MAX_FORWARDS keeps the capture's memory bounded
@@ -712,7 +737,7 @@ class Watch:
                     if gf.dtype not in _STATS_DTYPES:
                         gf = gf.float()
                     lo, hi = torch.aminmax(gf)
-                    parts = [torch.linalg.vector_norm(gf), lo, hi, torch.count_nonzero(gf).to(gf.dtype)]
+                    parts = [torch.linalg.vector_norm(gf), lo, hi, count_nonzero(gf).to(gf.dtype)]
                     if s.check_nan:
                         parts += [torch.isnan(gf).sum().to(gf.dtype), torch.isinf(gf).sum().to(gf.dtype)]
                     s.act_grads[path] = torch.stack(parts)
@@ -866,7 +891,8 @@ class Watch:
                 # called directly): only the function mode sees such a backward, so it stays
                 # on (a second backward through one forward, retain_graph, is not that)
                 self._mode_always = True
-            self._compiled_forward(s, walk)
+            if not self._compiled_forward(s, walk) and not s.forwards:
+                self._note_direct_calls()
         if s.scale_version is None:
             self._snapshot_scale(s)  # GradScaler creates its scale lazily, in its first scale()
         params = [r() for r in self._params]
@@ -878,8 +904,12 @@ class Watch:
             s.pre_nonzero, all_none, all_zero = nonzero_grads(params)
             s.zero_grad = 1 if (all_zero or all_none) else 0
             s.set_to_none = all_none
+            s.accumulated = 1
         elif all(p is None or p.grad is None for p in params):
-            s.zero_grad += 1  # grads were reset between micro-batches
+            s.zero_grad += 1  # grads were reset between micro-batches (an LBFGS closure does)
+            s.accumulated = 1
+        else:
+            s.accumulated += 1
         fns = []
         for t in roots:
             fn = t.grad_fn
@@ -970,12 +1000,12 @@ class Watch:
             return None
         return w[1], w[2]
 
-    def _compiled_forward(self, s: _StepState, walk: AutogradWalk) -> None:
+    def _compiled_forward(self, s: _StepState, walk: AutogradWalk) -> bool:
         """A backward through our parameters with no forward of ours pending: a forward compiled
         by ``torch.compile`` (Dynamo traced our hooks away) shows up here, as the graph's
-        ``CompiledFunctionBackward`` node; it gets its ``forwards`` entry now."""
+        ``CompiledFunctionBackward`` node; it gets its ``forwards`` entry now.  Whether it was one."""
         if not any(type(n).__name__ == "CompiledFunctionBackward" for n in walk.nodes):
-            return
+            return False
         model = self._model()
         s.forwards.append(
             {
@@ -988,10 +1018,28 @@ class Watch:
                 "compiled": True,
             }
         )
+        return True
+
+    def _note_direct_calls(self) -> None:
+        """Once: the model's parameters got gradients from a step without a call of the model
+        itself -- ``model.forward(x)``, ``model.encode(x)`` or its submodules called directly.
+        Module hooks only run in ``model(x)``, so those forwards are recorded without ops."""
+        if self._direct_noted:
+            return
+        self._direct_noted = True
+        msg = (
+            f"torchscope: a backward through {self._model_name}'s parameters came without a call of "
+            "the model itself: calling model.forward(x), another of its methods or its submodules "
+            "directly skips module hooks, so these steps are recorded without their forward ops "
+            "(call model(x))"
+        )
+        print(msg, file=sys.stderr)
+        self._transport.emit({"kind": "log", "t": time.time(), "level": "warning", "message": msg, "step": self._step})
 
     def _backward_failed(self, exc: BaseException) -> None:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         self._s.backward_errors.append(msg[:500])
+        self._s.accumulated = max(self._s.accumulated - 1, 0)  # it raised before accumulating
 
     def _versions(self) -> int:
         return sum(p._version for r in self._params if (p := r()) is not None)
@@ -1028,6 +1076,46 @@ class Watch:
                 fwd["saved_bytes"] = getattr(s, "saved_now", 0)
 
     # ------------------------------------------------------------------ step boundary
+    def _any_opt_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        watched = self._optimizer() if self._optimizer is not None else None
+        if optimizer is watched:
+            self._opt_pre(optimizer, args, kwargs)
+        elif self._active and self._safe("step", self._of_ours, optimizer):
+            if watched is None:  # watch(model): this optimizer's steps are the steps from now on
+                if self._manual:
+                    return  # ... unless the loop calls watch.step() itself
+                self._adopt(optimizer)
+                self._followed = True
+                self._opt_pre(optimizer, args, kwargs)
+            elif self._s.micro > 0:
+                # another optimizer of these parameters while the watched one has not stepped
+                # since the backward: a second optimizer of the same loop, or the watched one's
+                # replacement -- told apart at the next forward
+                self._stray = weakref.ref(optimizer)
+
+    def _any_opt_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._optimizer is not None and optimizer is self._optimizer():
+            self._opt_post(optimizer, args, kwargs)
+
+    def _of_ours(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` steps any of the watched parameters (asked once per optimizer)."""
+        ours = self._steps_ours.get(optimizer)
+        if ours is None:
+            ids = {id(p) for r in self._params if (p := r()) is not None}
+            groups = getattr(optimizer, "param_groups", None) or []
+            ours = any(id(p) in ids for g in groups if isinstance(g, dict) for p in g.get("params", ()))
+            self._steps_ours[optimizer] = ours
+        return ours
+
+    def _adopt(self, optimizer: torch.optim.Optimizer) -> None:
+        self._optimizer = weakref.ref(optimizer)
+        self._stray = None
+        self._mem_key = None  # its state is the optimizer state from now on
+        print(
+            f"torchscope: following {type(optimizer).__name__}: each of its steps is a step of {self.name}",
+            file=sys.stderr,
+        )
+
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._owner = threading.get_ident()
         self._safe("mode", self._mode_off)
@@ -1066,13 +1154,13 @@ class Watch:
 
     def _live_bytes(self) -> int:
         params = [p for r in self._params if (p := r()) is not None]
-        grads = [p.grad for p in params if p.grad is not None]
         opt = self._optimizer() if self._optimizer is not None else None
         sizes = self._sizes
-        return sum({**sizes(params), **storages(grads), **sizes(optimizer_tensors(opt))}.values())
+        return sum({**sizes(params), **grad_storages(params), **sizes(optimizer_tensors(opt))}.values())
 
     def _close_step(self, skipped: bool) -> None:
         s = self._s
+        self._stray = None  # the watched optimizer (or a boundary) ended the step after all
         step_src = user_src()
         self._stop_recorder()
         for h in s.node_hooks:
@@ -1093,6 +1181,7 @@ class Watch:
             "forward_us": int(s.forward_us),
             "backward_us": int(s.backward_us),
             "micro_batches": s.micro,
+            "accumulated": s.accumulated,
             "zero_grad": s.zero_grad,
             "zero_grad_set_to_none": s.set_to_none,
             "forwards": s.forwards,
@@ -1263,14 +1352,14 @@ class Watch:
         state = getattr(opt, "state", None)
         if not isinstance(state, dict):  # no optimizer, or a hand-rolled one without state
             state = {}
-        key = (sum(p.data_ptr() for p in live_params), len(state), sum(len(v) for v in state.values() if isinstance(v, dict)))
+        key = (sum(map(_data_ptr, live_params)), len(state), sum(len(v) for v in state.values() if isinstance(v, dict)))
         if self._mem_key == key and self._step % GRAD_STATS_EVERY:
             p_st, o_st = self._mem_static
         else:
             p_st, o_st = self._sizes(live_params), self._sizes(optimizer_tensors(opt))
             self._mem_key, self._mem_static = key, (p_st, o_st)
         # gradients set to None come back as new tensors each step: nothing to remember
-        g_st = storages(p.grad for p in live_params if p.grad is not None)
+        g_st = grad_storages(live_params)
         live = sum({**p_st, **g_st, **o_st}.values())
         saved = s.saved_peak
         mem: MemoryStats = {
@@ -1315,6 +1404,7 @@ class Watch:
 
 _compiling = torch.compiler.is_compiling
 _tracing = torch.jit.is_tracing
+_data_ptr = torch.Tensor.data_ptr
 # the active watch of each model (weak keys: a watch never keeps its model alive)
 _watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
 

@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 1)
+SCHEMA_VERSION: tuple[int, int] = (1, 2)  # 1.2: StepEvent.accumulated
 
 # Bounds that keep a hostile or runaway file/payload from exhausting memory.
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # compressed payload of one frame
@@ -137,6 +137,7 @@ class StepEvent(TypedDict, total=False):
     forward_us: int
     backward_us: int
     micro_batches: int  # backward() calls in this step (gradient accumulation count)
+    accumulated: int  # of those, the ones summed into .grad since its last reset (P15; LBFGS's closure resets it each pass)
     loss: float | None  # value of the tensor backward() was called on (last micro-batch)
     losses: list[float]  # every micro-batch loss
     graph_signature: str  # cheap hash of the step's graph structure (M1)

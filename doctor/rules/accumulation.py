@@ -25,6 +25,10 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         # (it returns the gradients): don't count either as a micro-batch.
         grad_calls = [e for e in as_list(ev.get("events")) if as_dict(e).get("what") == "autograd_grad"]
         k = as_int(ev.get("micro_batches")) - len(as_list(ev.get("backward_errors"))) - len(grad_calls)
+        if isinstance(ev.get("accumulated"), int):
+            # the passes summed into .grad since it was last reset: an optimizer that zeroes
+            # the gradients before each of its own backward passes (LBFGS) accumulates nothing
+            k = as_int(ev.get("accumulated"))
         roots = [str(r) for r in as_list(ev.get("backward_roots"))]
         if k <= 1 or not roots or as_dict(ev.get("scaler")):
             continue  # GradScaler's own multiply hides whether the loss was divided: don't guess

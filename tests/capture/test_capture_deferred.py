@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import torchscope
-from torchscope._grads import GradRead
+from torchscope._grads import GradRead, _elements_of, _stack
 from torchscope.sessionfile import iter_events
 
 
@@ -104,3 +104,39 @@ def test_deferred_reads_with_a_scaler_and_manual_steps(tmp_path: Path, monkeypat
     for a, b in zip(now, later, strict=True):
         assert (b["step"], b["loss"], b["grads"], b.get("scaler")) == (a["step"], a["loss"], a["grads"], a.get("scaler"))
     assert [s["scaler"]["scale"] for s in later[:5]] == [256.0] * 5
+
+
+@pytest.mark.parametrize("later", [False, True], ids=["read-now", "read-later"])
+def test_half_precision_gradient_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, later: bool) -> None:
+    """fp16 gradients of 90,000 values: the non-zero count and the sum are read exactly on both
+    paths (stacked with the fp16 norms, they were fp16 too: 90,000 is past fp16's largest value)."""
+    if later:
+        monkeypatch.setattr(GradRead, "DEFER_ON", ("cuda", "cpu"))
+    torch.manual_seed(0)
+    model = nn.Linear(300, 300).half()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    path = tmp_path / "half.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        opt.zero_grad()
+        model(torch.randn(4, 300).half()).pow(2).mean().backward()  # an fp16 loss too
+        g = model.weight.grad.double()  # type: ignore[union-attr]
+        opt.step()
+    grads = next(e for e in iter_events(path) if e["kind"] == "step")["grads"]  # step 0: every column
+    assert grads["zero_frac"][0] == pytest.approx(float((g == 0).double().mean()), abs=1e-6)
+    assert grads["mean"][0] == pytest.approx(float(g.mean()), rel=1e-3, abs=1e-9)
+    assert grads["norm"][0] == pytest.approx(float(g.norm()), rel=1e-3)
+
+
+def test_stacked_values_use_the_buffer_they_are_elements_of() -> None:
+    """``_stack`` takes the buffer a multi-tensor kernel returned its values in (CUDA's
+    ``_foreach_norm``) as is, and stacks anything else; the values are the same either way."""
+    buf = torch.arange(5.0)
+    views = [buf[i] for i in range(5)]
+    assert _elements_of(views) is not None and _elements_of(views).data_ptr() == buf.data_ptr()
+    assert _elements_of(views[1:]) is None  # not the whole buffer
+    assert _elements_of([buf[i] for i in (0, 2, 1, 3, 4)]) is None  # not in order
+    assert _elements_of([torch.tensor(float(i)) for i in range(5)]) is None  # separate tensors
+    rest = [torch.tensor(7), torch.tensor(0.5, dtype=torch.float16)]
+    for norms in (views, [torch.tensor(float(i)) for i in range(5)]):
+        out = _stack(norms, rest)
+        assert out.dtype == torch.float32 and out.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 7.0, 0.5]

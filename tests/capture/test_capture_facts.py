@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import torchscope
+from torchscope.doctor import diagnose
 from torchscope.sessionfile import iter_events
 
 
@@ -600,3 +601,62 @@ def test_inference_loop_without_steps_stays_bounded(mode: str, tmp_path: Path) -
     steps = _steps(path)
     assert [len(s["forwards"]) for s in steps] == [1024, 1024, 452]
     assert not any(f["grad_mode"] for s in steps for f in s["forwards"])
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_lbfgs_closure_is_not_accumulation(mode: str, tmp_path: Path) -> None:
+    """``optimizer.step(closure)`` with LBFGS runs the closure (zero_grad, forward, backward)
+    several times per step: the training is unchanged, every closure pass is a micro-batch of
+    the step, and only the last pass's gradients reach the step -- not a P15 accumulation."""
+
+    def train(path: Path | None) -> tuple[list[float], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
+        x, y = torch.randn(32, 4), torch.randn(32, 1)
+        w = torchscope.watch(model, opt, server=None, record=path, mode=mode) if path else None
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+
+        losses = [float(opt.step(closure).detach()) for _ in range(4)]  # type: ignore[union-attr]
+        if w is not None:
+            w.close()
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    plain, plain_params = train(None)
+    path = tmp_path / "lbfgs.tscope"
+    watched, watched_params = train(path)
+    assert watched == plain and all(torch.equal(a, b) for a, b in zip(plain_params, watched_params, strict=True))
+    steps = _steps(path)
+    assert len(steps) == 4
+    for st in steps:
+        assert st["micro_batches"] == len(st["forwards"]) > 1 and st["accumulated"] == 1
+        assert st["zero_grad"] == st["micro_batches"]  # every closure pass started from cleared grads
+    findings = diagnose(iter_events(path))
+    assert "P15" not in {f["code"] for f in findings}
+
+
+def test_model_forward_called_directly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``model.forward(x)`` skips module hooks: the steps are still recorded (losses, gradients,
+    the autograd graph), and the user is told once why their forward ops are missing."""
+    path = tmp_path / "run.tscope"
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torchscope.watch(model, opt, server=None, record=path, mode="default"):
+        for _ in range(4):
+            opt.zero_grad()
+            model.forward(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+    err = capsys.readouterr().err
+    assert err.count("without a call of the model itself") == 1 and "model.forward(x)" in err
+    events = list(iter_events(path))
+    steps = [e for e in events if e["kind"] == "step"]
+    assert [s["micro_batches"] for s in steps] == [1, 1, 1, 1] and all(s["loss"] is not None for s in steps)
+    graph = next(e for e in events if e["kind"] == "graph")
+    assert graph["nodes"] and not graph["ops"]
+    logs = [e for e in events if e["kind"] == "log" and "model.forward(x)" in e["message"]]
+    assert len(logs) == 1 and logs[0]["level"] == "warning"

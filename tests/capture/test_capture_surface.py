@@ -69,15 +69,22 @@ def test_watching_a_watched_model_again_replaces_the_watch(tmp_path: Path, capsy
             opt.step()
             losses.append(loss.item())
 
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+    def optimizer_hooks() -> tuple[int, int]:  # the watch's are torch.optim's global step hooks
+        return len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks)
+
+    before = optimizer_hooks()
     first, second = tmp_path / "first.tscope", tmp_path / "second.tscope"
     torchscope.watch(model, opt, server=None, record=first)
     train(3)
     w = torchscope.watch(model, opt, server=None, record=second)
     assert f"already watched (recording to {first})" in capsys.readouterr().err
     assert len(model._forward_hooks) == len(model._forward_pre_hooks) == 1
-    assert len(opt._optimizer_step_pre_hooks) == len(opt._optimizer_step_post_hooks) == 1
+    assert optimizer_hooks() == (before[0] + 1, before[1] + 1)
     train(4)
     w.close()
+    assert optimizer_hooks() == before
     a, b = list(iter_events(first)), list(iter_events(second))
     assert a[-1]["kind"] == "end" and a[-1]["steps"] == 3
     assert [e["loss"] for e in a if e["kind"] == "step"] == pytest.approx(losses[:3], rel=1e-6)
