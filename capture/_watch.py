@@ -319,6 +319,7 @@ class Watch:
         self._tls = threading.local()
         self._mode_always = scripted  # see _counts_copies
         self._walked: tuple[tuple[Any, ...], str, int] | None = None  # last walk: key, signature, nodes
+        self._last_seq = 0  # sequence number of the last backward root's grad_fn (_nodes_since)
         self._saved_cache: dict[
             tuple[str, tuple[tuple[int, ...], ...]], tuple[dict[int, int], list[str]]
         ] = {}
@@ -863,8 +864,12 @@ class Watch:
         create = kwargs.get("create_graph", args[at + 1] if len(args) > at + 1 else False)
         roots = [t for t in roots if isinstance(t, torch.Tensor)]
         s = self._s
-        # light mode may reuse the last walk for a backward with this key (see _reuse_walk)
-        walk_key = (tuple(type(t.grad_fn) for t in roots), s.in_shapes, s.micro) if self.mode == "light" else None
+        # light and default mode may reuse the last walk for a backward with this key (see _reuse_walk)
+        walk_key = (
+            (tuple(type(t.grad_fn) for t in roots), s.in_shapes, s.micro, self._nodes_since(roots))
+            if self.mode != "full"
+            else None
+        )
         reuse = self._reuse_walk(s, walk_key, bool(create)) if walk_key is not None else None
         walk: AutogradWalk | None = None
         if reuse is not None:
@@ -979,13 +984,23 @@ class Watch:
         s.micro += 1
         return True
 
+    def _nodes_since(self, roots: list[torch.Tensor]) -> int:
+        """Autograd nodes this thread made since the previous backward's root was made -- the
+        forward and loss of this micro-batch (from the roots' sequence numbers: one counter per
+        thread, one number per node made): a loop whose length or branches change changes it."""
+        fn = roots[0].grad_fn if roots else None
+        seq = fn._sequence_nr() if fn is not None else -1
+        since, self._last_seq = seq - self._last_seq, seq
+        return since
+
     def _reuse_walk(self, s: _StepState, key: tuple[Any, ...], create: bool) -> tuple[str, int] | None:
-        """Light mode: (signature, node count) of the last walk when this backward's graph can
-        be taken to have its structure: same root classes, input shapes and micro-batch, a
-        root-module forward pending, one watch in the process, and its saved bytes known.  The
-        graph is walked anyway every GRAD_STATS_EVERY steps: a loop whose structure changes
-        with the same shapes is seen within that many steps.  (A walk is O(nodes) Python,
-        ~1 us a node: the largest per-step cost on deep models.)"""
+        """(signature, node count) of the last walk when this backward's graph can be taken to
+        have its structure: same root classes, input shapes, micro-batch and number of nodes
+        made since the previous backward, a root-module forward pending, one watch in the
+        process, and its saved bytes known.  The graph is walked anyway every GRAD_STATS_EVERY
+        steps (and on captured steps): a change that keeps all of these -- one activation
+        function swapped for another -- is seen within that many steps.  (A walk is O(nodes)
+        Python, 1-1.5 us a node: on deep models the largest per-step cost.)"""
         w = self._walked
         if (
             w is None
@@ -1111,10 +1126,9 @@ class Watch:
         self._optimizer = weakref.ref(optimizer)
         self._stray = None
         self._mem_key = None  # its state is the optimizer state from now on
-        print(
-            f"torchscope: following {type(optimizer).__name__}: each of its steps is a step of {self.name}",
-            file=sys.stderr,
-        )
+        msg = f"torchscope: following {type(optimizer).__name__}: each of its steps is a step of {self.name}"
+        print(msg, file=sys.stderr)
+        self._transport.emit({"kind": "log", "t": time.time(), "level": "info", "message": msg, "step": self._step})
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._owner = threading.get_ident()

@@ -178,22 +178,40 @@ def test_signature_changes_exactly_with_structure(tmp_path: Path, mode: str) -> 
             assert (sigs[i] == sigs[j]) == (lengths[i] == lengths[j]), (i, j)
 
 
-def test_light_mode_walks_the_graph_every_few_steps(tmp_path: Path) -> None:
-    """Light mode re-walks the graph every GRAD_STATS_EVERY steps and whenever the input
-    shapes change; in between a step repeats the last walk's signature (deep graphs cost ~1 us
-    a node to walk)."""
+class _Swappable(nn.Module):
+    """A layer applied ``n`` times with a chosen activation: tanh and sigmoid make graphs of the
+    same number of nodes, so only a walk tells them apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.Linear(8, 8)
+        self.act: Any = torch.tanh
+        self.n = 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.n):
+            x = self.act(self.cell(x))
+        return x
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_walks_are_reused_while_nothing_says_the_graph_changed(tmp_path: Path, mode: str) -> None:
+    """Between walks, a step repeats the last walk's signature while its roots, input shapes
+    and number of autograd nodes made stay the same (deep graphs cost 1-1.5 us a node to
+    walk); the graph is walked anyway every GRAD_STATS_EVERY steps."""
     from torchscope._watch import GRAD_STATS_EVERY
 
     torch.manual_seed(0)
-    model = Looped()
+    model = _Swappable()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    # the loop's length changes at step 3 (same shapes: seen at the next walk, step 10); at
-    # step 13 with the batch size (seen at once); at step 16 alone again (seen at step 20)
-    plan = [(2, 4)] * 3 + [(3, 4)] * 10 + [(2, 6)] * 3 + [(3, 6)] * 5
-    path = tmp_path / "light.tscope"
-    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
-        for n, batch in plan:
-            model.n = n
+    # step 3: sigmoid for tanh, same node count (seen at the next walk, step 10); step 13: a
+    # longer loop (seen at once); step 16: tanh again (seen at step 20); step 21: a new batch size
+    plan = [(torch.tanh, 2, 4)] * 3 + [(torch.sigmoid, 2, 4)] * 10 + [(torch.sigmoid, 3, 4)] * 3
+    plan += [(torch.tanh, 3, 4)] * 5 + [(torch.tanh, 3, 6)] * 2
+    path = tmp_path / "reuse.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode, sample_every=1000):
+        for act, n, batch in plan:
+            model.act, model.n = act, n
             loss = model(torch.randn(batch, 8)).pow(2).mean()
             opt.zero_grad()
             loss.backward()
@@ -201,7 +219,8 @@ def test_light_mode_walks_the_graph_every_few_steps(tmp_path: Path) -> None:
     sigs = [e["graph_signature"] for e in iter_events(path) if e["kind"] == "step"]
     changes = [i for i in range(1, len(sigs)) if sigs[i] != sigs[i - 1]]
     assert GRAD_STATS_EVERY == 10 and changes == [10, 13, 20]
-    assert sigs[13] == sigs[0] and sigs[20] == sigs[10]  # the signature is the structure, not shapes
+    assert sigs[3] == sigs[0]  # a same-count swap repeats the last walk's signature until the next walk
+    assert sigs[22] == sigs[20]  # the signature is the structure, not shapes
 
 
 def test_default_mode_captures_on_change_and_schedule(tmp_path: Path) -> None:
