@@ -989,7 +989,8 @@ class Watch:
         forward and loss of this micro-batch (from the roots' sequence numbers: one counter per
         thread, one number per node made): a loop whose length or branches change changes it."""
         fn = roots[0].grad_fn if roots else None
-        seq = fn._sequence_nr() if fn is not None else -1
+        number = getattr(fn, "_sequence_nr", None)
+        seq = number() if callable(number) else -1
         since, self._last_seq = seq - self._last_seq, seq
         return since
 

@@ -16,12 +16,17 @@ FIX_MISPLACED = "Call optimizer.zero_grad() before loss.backward() (or after opt
 def _missing(run: Run) -> list[Finding]:
     hits: dict[int, list[int]] = {}
     for step, ev in run.step_events():
+        if as_int(ev.get("micro_batches")) > 1 and as_int(ev.get("zero_grad")) > 0:
+            # stale gradients at the first backward (zero_grad counts 0 there), cleared before a
+            # later one: the step used fresh ones (a GAN's discriminator gets the generator
+            # loss's gradients, then zero_grad() and its own backward)
+            continue
         for i in as_list(as_dict(ev.get("grads")).get("pre_nonzero")):
             hits.setdefault(as_int(i, -1), []).append(step)
     hits.pop(-1, None)
-    if not hits:
-        return []
     steps = sorted({s for v in hits.values() for s in v})
+    if not steps or steps == [run.last_step]:
+        return []  # the last step alone: a backward after the loop's last optimizer step, closed at the end
     names = [run.param_name(i) for i in sorted(hits)]
     message = (f"Gradients were already non-zero before backward ({describe_steps(steps, run.last_step)}): "
                f"zero_grad() is missing, so each step adds onto the old gradients of {len(names)} parameter(s).")

@@ -660,3 +660,29 @@ def test_model_forward_called_directly(tmp_path: Path, capsys: pytest.CaptureFix
     assert graph["nodes"] and not graph["ops"]
     logs = [e for e in events if e["kind"] == "log" and "model.forward(x)" in e["message"]]
     assert len(logs) == 1 and logs[0]["level"] == "warning"
+
+
+def test_gan_loop_is_not_missing_zero_grad(tmp_path: Path) -> None:
+    """The generator's loss flows through the discriminator: its gradients land on top of the
+    discriminator's last ones, which its zero_grad() clears before its own backward.  The
+    discriminator's steps start with stale gradients, but its optimizer never steps on them:
+    not P5."""
+    torch.manual_seed(0)
+    gen, disc = nn.Sequential(nn.Linear(4, 8)), nn.Sequential(nn.Linear(8, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1))
+    opt_g, opt_d = torch.optim.Adam(gen.parameters(), 1e-3), torch.optim.Adam(disc.parameters(), 1e-3)
+    bce = nn.BCEWithLogitsLoss()
+    path = tmp_path / "disc.tscope"
+    with torchscope.watch(disc, opt_d, server=None, record=path):
+        for _ in range(5):
+            fake = gen(torch.randn(16, 4))
+            opt_d.zero_grad()
+            loss_d = bce(disc(torch.randn(16, 8)), torch.ones(16, 1)) + bce(disc(fake.detach()), torch.zeros(16, 1))
+            loss_d.backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            bce(disc(fake), torch.ones(16, 1)).backward()
+            opt_g.step()
+    steps = _steps(path)
+    assert any(s["grads"]["pre_nonzero"] for s in steps)  # the stale gradients were seen ...
+    assert all(s["accumulated"] == 1 for s in steps[1:])  # ... and cleared before the step
+    assert "P5" not in {f["code"] for f in diagnose(iter_events(path))}
