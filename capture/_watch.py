@@ -640,6 +640,8 @@ class Watch:
     def _start_step(self, s: _StepState) -> None:
         s.started = True
         step = self._step
+        if step == 0:  # a model moved after watch() and before training: its storages are new
+            self._param_storages([p for r in self._params if (p := r()) is not None])
         if self._history is not None:
             self._safe("cuda_history", self._history.label, f"step {step}")
         if self.mode == "full":
@@ -1371,7 +1373,7 @@ class Watch:
         if self._mem_key == key and self._step % GRAD_STATS_EVERY:
             p_st, o_st = self._mem_static
         else:
-            p_st, o_st = self._sizes(live_params), self._sizes(optimizer_tensors(opt))
+            p_st, o_st = self._param_storages(live_params), self._sizes(optimizer_tensors(opt))
             self._mem_key, self._mem_static = key, (p_st, o_st)
         # gradients set to None come back as new tensors each step: nothing to remember
         g_st = grad_storages(live_params)
@@ -1402,6 +1404,16 @@ class Watch:
                 # models, caches, tensors the user keeps): "other"
                 mem["other"] = max(dev.get("allocated", 0) - live, 0)
         return mem
+
+    def _param_storages(self, live_params: list[torch.Tensor]) -> dict[int, int]:
+        """The parameters' storages (data pointer -> bytes).  When they are not the ones known
+        (``model.to(device)`` or ``.half()`` after ``watch()``, ``p.data = ...``), what a
+        backward saves is told from parameters by the new ones from now on."""
+        p_st = self._sizes(live_params)
+        if p_st.keys() != self._param_ptrs:
+            self._param_ptrs = set(p_st)
+            self._saved_cache.clear()
+        return p_st
 
     def _graphs_alive(self) -> int:
         alive = 0

@@ -686,3 +686,30 @@ def test_gan_loop_is_not_missing_zero_grad(tmp_path: Path) -> None:
     assert any(s["grads"]["pre_nonzero"] for s in steps)  # the stale gradients were seen ...
     assert all(s["accumulated"] == 1 for s in steps[1:])  # ... and cleared before the step
     assert "P5" not in {f["code"] for f in diagnose(iter_events(path))}
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_model_moved_after_watch(mode: str, tmp_path: Path) -> None:
+    """``watch(model)`` then ``model.to(device)`` (here ``.double()``: new storages for the same
+    parameters): what the backward saves is still told from the parameters -- the saved bytes
+    equal those of the model moved before ``watch()``."""
+
+    def saved(move_after: bool) -> list[int]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+        if not move_after:
+            model.double()
+        path = tmp_path / f"{move_after}.tscope"
+        with torchscope.watch(model, server=None, record=path, mode=mode):
+            if move_after:
+                model.double()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(3):
+                opt.zero_grad()
+                model(torch.randn(32, 64, dtype=torch.float64)).pow(2).mean().backward()
+                opt.step()
+        return [s["memory"]["saved"] for s in _steps(path)]
+
+    before = saved(False)
+    assert len(before) == 3 and before[0] > 0
+    assert saved(True) == before
