@@ -29,6 +29,11 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             # the passes summed into .grad since it was last reset: an optimizer that zeroes
             # the gradients before each of its own backward passes (LBFGS) accumulates nothing
             k = as_int(ev.get("accumulated"))
+        consumed = sum(1 for f in as_list(ev.get("forwards")) if as_dict(f).get("backward"))
+        if consumed:
+            # micro-batches are forwards: several losses backpropagated through one forward
+            # (multi-task, loss1.backward(retain_graph=True); loss2.backward()) are one batch
+            k = min(k, consumed)
         roots = [str(r) for r in as_list(ev.get("backward_roots"))]
         if k <= 1 or not roots or as_dict(ev.get("scaler")):
             continue  # GradScaler's own multiply hides whether the loss was divided: don't guess

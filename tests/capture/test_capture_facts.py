@@ -713,3 +713,21 @@ def test_model_moved_after_watch(mode: str, tmp_path: Path) -> None:
     before = saved(False)
     assert len(before) == 3 and before[0] > 0
     assert saved(True) == before
+
+
+def test_two_losses_through_one_forward_are_not_accumulation(tmp_path: Path) -> None:
+    """Multi-task training backpropagates each loss through one forward
+    (``loss1.backward(retain_graph=True); loss2.backward()``): the losses are summed, as
+    ``(loss1 + loss2).backward()`` would -- two backward passes, one micro-batch, not P15."""
+
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        opt.zero_grad()
+        out = model(torch.randn(4, 8))
+        out[:, 0].pow(2).mean().backward(retain_graph=True)
+        out[:, 1].abs().mean().backward()
+        opt.step()
+
+    path = tmp_path / "run.tscope"
+    steps = _run(tmp_path, body)
+    assert all(s["micro_batches"] == 2 and len(s["forwards"]) == 1 for s in steps)
+    assert "P15" not in {f["code"] for f in diagnose(iter_events(path))}

@@ -332,12 +332,25 @@ def test_p14_silent_for_calibration_skips() -> None:
     assert diagnose(events) == []
 
 
+def _forwards(n: int) -> list[dict[str, Any]]:
+    return [{"micro": k, "grad_mode": True, "training": True, "built_graph": True, "backward": True} for k in range(n)]
+
+
 def test_p15_accumulation_without_division() -> None:
-    events = [session(), *[step(i, micro_batches=4, backward_roots=["MseLossBackward0"] * 4) for i in range(3)]]
+    events = [session(), *[step(i, micro_batches=4, backward_roots=["MseLossBackward0"] * 4, forwards=_forwards(4))
+                           for i in range(3)]]
     f = only(diagnose(events), "P15")
     assert f["steps"] == [0, 1, 2] and f["data"]["micro_batches"] == [4, 4, 4] and "by 4" in f["message"]
-    divided = [session(), *[step(i, micro_batches=4, backward_roots=["DivBackward0"] * 4) for i in range(3)]]
+    divided = [session(), *[step(i, micro_batches=4, backward_roots=["DivBackward0"] * 4, forwards=_forwards(4))
+                            for i in range(3)]]
     assert diagnose(divided) == []
+    # two losses backpropagated through one forward (multi-task): one micro-batch
+    one_forward = [session(), *[step(i, micro_batches=2, backward_roots=["MseLossBackward0"] * 2) for i in range(3)]]
+    assert diagnose(one_forward) == []
+    # LBFGS: every closure pass clears .grad first, so only the last pass reaches the step
+    cleared = [session(), *[step(i, micro_batches=5, accumulated=1, forwards=_forwards(5),
+                                 backward_roots=["MseLossBackward0"] * 5) for i in range(3)]]
+    assert diagnose(cleared) == []
 
 
 def test_docs_name_every_setting_and_pitfall() -> None:
@@ -355,7 +368,8 @@ def test_findings_validate_against_the_schema() -> None:
     from torchscope.validate import _fields_ok  # the project's one walker of the schema's TypedDicts
 
     events = [session(), *[step(i, zero_grad=0, grads=grads(pre_nonzero=[0] if i else []), graphs_alive=5 * i,
-                                hooks={"enc": 1 << (10 + i)}, micro_batches=2) for i in range(6)], _detach_graph(0)]
+                                hooks={"enc": 1 << (10 + i)}, micro_batches=2, forwards=_forwards(2))
+                           for i in range(6)], _detach_graph(0)]
     found = diagnose(events)
     assert len({f["code"] for f in found}) >= 4
     for f in found:
