@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, make
@@ -25,6 +27,16 @@ def _has_sensitive(run: Run) -> bool:
     return not mods or any(str(m.get("type", "")).startswith(_MODE_SENSITIVE) for m in mods)
 
 
+def _frozen(run: Run, ev: dict[str, Any], module: str) -> bool:
+    """Whether ``module`` has parameters and none of them is trained at this step (frozen: no
+    gradient, and not a trainable parameter whose gradient is missing).  A frozen module put
+    in eval() while the rest trains is fine-tuning's deliberate freeze, not a forgotten mode."""
+    grads = as_dict(ev.get("grads"))
+    norms, missing = as_list(grads.get("norm")), {as_int(i, -1) for i in as_list(grads.get("none"))}
+    own = [i for i in range(len(run.params)) if run.param_module(i) == module]
+    return bool(own) and all(i < len(norms) and norms[i] is None and i not in missing for i in own)
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
     if not _has_sensitive(run):
         return []  # no dropout/batch-norm: train and eval compute the same thing
@@ -43,7 +55,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                 srcs.append(str(f.get("src", "")))
             elif trained:
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("eval_modules"))]):
-                    train_in_eval.setdefault(m, []).append(step)
+                    if not _frozen(run, ev, m):
+                        train_in_eval.setdefault(m, []).append(step)
             if evaluating:
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("train_modules"))]):
                     eval_in_train.setdefault(m, []).append(step)

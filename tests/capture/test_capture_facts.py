@@ -731,3 +731,25 @@ def test_two_losses_through_one_forward_are_not_accumulation(tmp_path: Path) -> 
     steps = _run(tmp_path, body)
     assert all(s["micro_batches"] == 2 and len(s["forwards"]) == 1 for s in steps)
     assert "P15" not in {f["code"] for f in diagnose(iter_events(path))}
+
+
+def test_frozen_batch_norm_in_eval_is_a_deliberate_freeze(tmp_path: Path) -> None:
+    """Fine-tuning freezes batch-norm: its parameters stop training and ``bn.eval()`` keeps its
+    statistics.  That is not P11; the same eval() on a batch-norm that still trains is."""
+
+    def run(freeze_params: bool) -> set[str]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+        if freeze_params:
+            model[1].requires_grad_(False)
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+        path = tmp_path / f"bn-{freeze_params}.tscope"
+        with torchscope.watch(model, opt, server=None, record=path):
+            for _ in range(4):
+                model.train()
+                model[1].eval()
+                _train_step(model, opt, torch.randn(8, 8))
+        return {f["code"] for f in diagnose(iter_events(path))}
+
+    assert "P11" not in run(freeze_params=True)
+    assert "P11" in run(freeze_params=False)
