@@ -27,13 +27,12 @@ def _has_sensitive(run: Run) -> bool:
     return not mods or any(str(m.get("type", "")).startswith(_MODE_SENSITIVE) for m in mods)
 
 
-def _frozen(run: Run, ev: dict[str, Any], module: str) -> bool:
-    """Whether ``module`` has parameters and none of them is trained at this step (frozen: no
-    gradient, and not a trainable parameter whose gradient is missing).  A frozen module put
+def _frozen(ev: dict[str, Any], own: list[int]) -> bool:
+    """Whether a module with the parameters ``own`` trains none of them at this step (frozen:
+    no gradient, and not a trainable parameter whose gradient is missing).  A frozen module put
     in eval() while the rest trains is fine-tuning's deliberate freeze, not a forgotten mode."""
     grads = as_dict(ev.get("grads"))
     norms, missing = as_list(grads.get("norm")), {as_int(i, -1) for i in as_list(grads.get("none"))}
-    own = [i for i in range(len(run.params)) if run.param_module(i) == module]
     return bool(own) and all(i < len(norms) and norms[i] is None and i not in missing for i in own)
 
 
@@ -41,6 +40,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     if not _has_sensitive(run):
         return []  # no dropout/batch-norm: train and eval compute the same thing
     train_in_eval: dict[str, list[int]] = {}  # module ("" = whole model) -> steps
+    owned: dict[str, list[int]] = {}  # module -> indices of its own parameters
+    for i in range(len(run.params)):
+        owned.setdefault(run.param_module(i), []).append(i)
     eval_in_train: dict[str, list[int]] = {}
     srcs: list[str] = []
     for step, ev in run.step_events():
@@ -55,7 +57,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                 srcs.append(str(f.get("src", "")))
             elif trained:
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("eval_modules"))]):
-                    if not _frozen(run, ev, m):
+                    if not _frozen(ev, owned.get(m, [])):
                         train_in_eval.setdefault(m, []).append(step)
             if evaluating:
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("train_modules"))]):
