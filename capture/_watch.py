@@ -62,6 +62,8 @@ log = logging.getLogger("torchscope")
 MODES = ("default", "full", "light")
 _MAX_OPS = 50_000  # per captured step; the rest is counted as shed
 _MAX_FORWARDS = 1024  # forwards (or backward passes) one step holds before it is closed anyway
+_STRUCTURE_TRIES = 3  # captured steps spent on catching one new graph structure (_follow_structure)
+_MAX_STRUCTURES = 64  # graph structures captured on change; beyond, only the schedule captures
 # Full gradient statistics (max |g|, mean, std, zero fraction: three more passes over every
 # gradient) every this many steps, on captured steps, every step in full mode, and after a
 # non-finite gradient; the other steps record norms, NaN/Inf counts and missing grads only.
@@ -256,6 +258,9 @@ class Watch:
         self._step = 0
         self._last_sig: str | None = None
         self._capture_next = False
+        self._structures: set[str] = set()  # graph signatures captured (see _follow_structure)
+        self._wanted: str | None = None  # a new structure not captured yet
+        self._tries = 0
         self._nan_armed = False
         # CUDA: a step event waiting for its gradient statistics (see _finish)
         self._deferred: tuple[StepEvent, GradRead, int, bool, list[int], dict[str, Any] | None] | None = None
@@ -1246,10 +1251,7 @@ class Watch:
             ev["events"] = events
         sig = "+".join(dict.fromkeys(s.sigs)) if s.sigs else ""
         ev["graph_signature"] = sig
-        if sig and self._last_sig is not None and sig != self._last_sig and s.graph is None:
-            self._capture_next = True  # the structure changed: capture the next step in full
-        if sig:
-            self._last_sig = sig
+        self._follow_structure(sig, s.graph is not None)
         graph = dict(self._graph_event(s)) if s.graph is not None else None
         pending = (ev, read, len(s.losses), isinstance(scale, torch.Tensor), s.pre_nonzero, graph)
         self._finish_deferred()  # the previous step's values, long on the host by now
@@ -1260,6 +1262,31 @@ class Watch:
         self._step += 1
         self._s = _StepState(time.perf_counter())
         self._resume_gc()
+
+    def _follow_structure(self, sig: str, captured: bool) -> None:
+        """Default mode captures a graph structure it has not captured yet: the step after one
+        appears is captured -- and, when that step's structure is another one (two structures
+        taking turns), the next, up to _STRUCTURE_TRIES steps.  A structure captured once is not
+        captured again for changing back, and after _MAX_STRUCTURES structures only the schedule
+        captures: a model whose graph changes every step (variable-length sequences) would
+        otherwise capture every other step, at several times a step's cost."""
+        if not sig:
+            return
+        if captured and len(self._structures) < _MAX_STRUCTURES:
+            self._structures.add(sig)
+        if self.mode != "default":
+            self._last_sig = sig
+            return
+        changed = not captured and self._last_sig is not None and sig != self._last_sig
+        if changed and sig not in self._structures and self._wanted is None and len(self._structures) < _MAX_STRUCTURES:
+            self._wanted, self._tries = sig, 0  # a new structure: capture until it is seen
+        self._last_sig = sig
+        if self._wanted is not None:
+            if self._wanted in self._structures or self._tries >= _STRUCTURE_TRIES:
+                self._wanted = None
+            else:
+                self._tries += 1
+                self._capture_next = True
 
     def _finish_deferred(self) -> None:
         if self._deferred is not None:

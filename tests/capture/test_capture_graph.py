@@ -244,6 +244,47 @@ def test_default_mode_captures_on_change_and_schedule(tmp_path: Path) -> None:
     assert [i for i, f in enumerate(flags) if f] == captured
 
 
+def _captures(tmp_path: Path, lengths: list[int]) -> tuple[list[int], dict[int, str], dict[int, int]]:
+    """Default mode (sample_every=1000) on Looped with these loop lengths: the captured steps,
+    each step's signature, and the loop length of each captured graph (from its tanh nodes)."""
+    torch.manual_seed(0)
+    model = Looped()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "structures.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, sample_every=1000):
+        for n in lengths:
+            model.n = n
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    events = list(iter_events(path))
+    sigs = {e["step"]: e["graph_signature"] for e in events if e["kind"] == "step"}
+    graphs = [e for e in events if e["kind"] == "graph"]
+    tanhs = {g["step"]: sum(1 for n in g["nodes"] if n["name"] == "TanhBackward0") for g in graphs}
+    return [g["step"] for g in graphs], sigs, tanhs
+
+
+def test_default_mode_catches_structures_taking_turns(tmp_path: Path) -> None:
+    """Two structures taking turns (2, 3, 2, 3, ...): the step after the first 3 is a 2, so
+    capturing "the next step" alone would capture 2 over and over and never 3.  Each new
+    structure is captured once, then nothing more."""
+    captured, _, tanhs = _captures(tmp_path, [2, 3] * 15)
+    assert captured == [0, 2, 3] and sorted(set(tanhs.values())) == [2, 3]
+
+
+def test_default_mode_bounds_captures_when_the_graph_changes_every_step(tmp_path: Path) -> None:
+    """Variable-length loops: a structure is captured the first time it can be, a structure
+    seen before is not captured again, so a graph that changes every step does not make
+    every other step a capture."""
+    rng = torch.Generator().manual_seed(0)
+    lengths = [int(n) for n in torch.randint(1, 5, (60,), generator=rng)]
+    captured, sigs, tanhs = _captures(tmp_path, lengths)
+    assert len(set(sigs.values())) == 4
+    assert set(tanhs.values()) == {1, 2, 3, 4}  # every structure shown ...
+    assert len(captured) <= 4 + 2 * 3  # ... at a bounded cost (each new one tried at most 3 times)
+
+
 def test_nan_in_loss_arms_checked_capture(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
