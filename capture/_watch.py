@@ -62,6 +62,9 @@ log = logging.getLogger("torchscope")
 MODES = ("default", "full", "light")
 _MAX_OPS = 50_000  # per captured step; the rest is counted as shed
 _MAX_FORWARDS = 1024  # forwards (or backward passes) one step holds before it is closed anyway
+# input shapes whose saved bytes are remembered per structure: dynamic padding makes a shape
+# per sequence length, and a shape not remembered costs a walk of the graph
+_SAVED_SHAPES = 1024
 _STRUCTURE_TRIES = 3  # captured steps spent on catching one new graph structure (_follow_structure)
 _MAX_STRUCTURES = 64  # graph structures captured on change; beyond, only the schedule captures
 # Full gradient statistics (max |g|, mean, std, zero fraction: three more passes over every
@@ -325,9 +328,8 @@ class Watch:
         self._mode_always = scripted  # see _counts_copies
         self._walked: tuple[tuple[Any, ...], str, int] | None = None  # last walk: key, signature, nodes
         self._last_seq = 0  # sequence number of the last backward root's grad_fn (_nodes_since)
-        self._saved_cache: dict[
-            tuple[str, tuple[tuple[int, ...], ...]], tuple[dict[int, int], list[str]]
-        ] = {}
+        # (signature, input shapes) -> bytes saved for backward, unreadable saved tensors
+        self._saved_cache: dict[tuple[str, tuple[tuple[int, ...], ...]], tuple[int, list[str]]] = {}
         self._mem_key: tuple[int, int, int] | None = None
         self._mem_static: tuple[dict[int, int], dict[int, int]] = ({}, {})
         self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
@@ -873,9 +875,7 @@ class Watch:
         s = self._s
         # light and default mode may reuse the last walk for a backward with this key (see _reuse_walk)
         walk_key = (
-            (tuple(type(t.grad_fn) for t in roots), s.in_shapes, s.micro, self._nodes_since(roots))
-            if self.mode != "full"
-            else None
+            (tuple(type(t.grad_fn) for t in roots), s.micro, self._nodes_since(roots)) if self.mode != "full" else None
         )
         reuse = self._reuse_walk(s, walk_key, bool(create)) if walk_key is not None else None
         walk: AutogradWalk | None = None
@@ -936,13 +936,14 @@ class Watch:
         if cached is None or s.capture:
             # same structure and input shapes -> same saved tensors: walk them once per shape
             assert walk is not None  # a reused walk requires its cached saved bytes
-            cached = walk.saved(self._param_ptrs)
-            if len(self._saved_cache) > 64:
+            by_storage, unreadable = walk.saved(self._param_ptrs)
+            cached = (sum(by_storage.values()), unreadable)
+            if len(self._saved_cache) >= _SAVED_SHAPES:
                 self._saved_cache.clear()
-            if not cached[1]:  # a graph with unreadable saved tensors is re-examined every time
+            if not unreadable:  # a graph with unreadable saved tensors is re-examined every time
                 self._saved_cache[key] = cached
         saved, broken = cached
-        s.saved_peak = max(s.saved_peak, sum(saved.values()))
+        s.saved_peak = max(s.saved_peak, saved)
         for b in broken:
             s.events.append({"what": "saved_unreadable", "node": b, "micro": s.micro})
         for fn in fns:
@@ -955,7 +956,7 @@ class Watch:
         if create:
             s.events.append({"what": "create_graph", "micro": s.micro})
             s.before_create = walk  # held until the pass returns, so node ids stay valid
-        s.saved_now = sum(saved.values())  # type: ignore[attr-defined]
+        s.saved_now = saved  # type: ignore[attr-defined]
         if s.capture and walk is not None and s.graph is None and "graph" not in self._disabled:
             rec = s.recorder
             op_modules = {o["id"]: o.get("module", "") for o in rec.ops} if rec is not None else {}
@@ -1003,12 +1004,13 @@ class Watch:
 
     def _reuse_walk(self, s: _StepState, key: tuple[Any, ...], create: bool) -> tuple[str, int] | None:
         """(signature, node count) of the last walk when this backward's graph can be taken to
-        have its structure: same root classes, input shapes, micro-batch and number of nodes
-        made since the previous backward, a root-module forward pending, one watch in the
-        process, and its saved bytes known.  The graph is walked anyway every GRAD_STATS_EVERY
-        steps (and on captured steps): a change that keeps all of these -- one activation
-        function swapped for another -- is seen within that many steps.  (A walk is O(nodes)
-        Python, 1-1.5 us a node: on deep models the largest per-step cost.)"""
+        have its structure: same root classes, micro-batch and number of nodes made since the
+        previous backward, a root-module forward pending, one watch in the process, and the
+        saved bytes of that structure at these input shapes known (a new shape -- dynamic
+        padding's next length -- is walked once).  The graph is walked anyway every
+        GRAD_STATS_EVERY steps (and on captured steps): a change that keeps all of these -- one
+        activation function swapped for another -- is seen within that many steps.  (A walk
+        is O(nodes) Python, 1-1.5 us a node: on deep models the largest per-step cost.)"""
         w = self._walked
         if (
             w is None
