@@ -158,21 +158,27 @@ def test_zoo_graph_details(tmp_path: Path) -> None:
     assert views and all("storage" in t for t in views)
 
 
-@pytest.mark.parametrize("mode", ["default", "full"])
-def test_signature_changes_exactly_with_structure(tmp_path: Path, mode: str) -> None:
+def _looped(tmp_path: Path, lengths: list[int], **watch_kw: Any) -> list[dict[str, Any]]:
+    """The events of a watched Looped model trained with these loop lengths, one per step."""
     torch.manual_seed(0)
     model = Looped()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    lengths = [2, 2, 3, 3, 2, 5, 5, 5]
     path = tmp_path / "loop.tscope"
-    with torchscope.watch(model, opt, server=None, record=path, mode=mode, sample_every=100):
+    with torchscope.watch(model, opt, server=None, record=path, **watch_kw):
         for n in lengths:
             model.n = n
             loss = model(torch.randn(4, 8)).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
-    sigs = [e["graph_signature"] for e in iter_events(path) if e["kind"] == "step"]
+    return list(iter_events(path))
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_signature_changes_exactly_with_structure(tmp_path: Path, mode: str) -> None:
+    lengths = [2, 2, 3, 3, 2, 5, 5, 5]
+    events = _looped(tmp_path, lengths, mode=mode, sample_every=100)
+    sigs = [e["graph_signature"] for e in events if e["kind"] == "step"]
     for i in range(len(lengths)):
         for j in range(len(lengths)):
             assert (sigs[i] == sigs[j]) == (lengths[i] == lengths[j]), (i, j)
@@ -224,19 +230,7 @@ def test_walks_are_reused_while_nothing_says_the_graph_changed(tmp_path: Path, m
 
 
 def test_default_mode_captures_on_change_and_schedule(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = Looped()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    lengths = [2, 2, 2, 3, 3, 3, 3, 3, 3, 3]
-    path = tmp_path / "sched.tscope"
-    with torchscope.watch(model, opt, server=None, record=path, sample_every=8):
-        for n in lengths:
-            model.n = n
-            loss = model(torch.randn(4, 8)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    events = list(iter_events(path))
+    events = _looped(tmp_path, [2, 2, 2, 3, 3, 3, 3, 3, 3, 3], sample_every=8)
     captured = [e["step"] for e in events if e["kind"] == "graph"]
     # step 0 (first), step 4 (the one after the change at step 3), step 8 (schedule)
     assert captured == [0, 4, 8]
@@ -247,18 +241,7 @@ def test_default_mode_captures_on_change_and_schedule(tmp_path: Path) -> None:
 def _captures(tmp_path: Path, lengths: list[int]) -> tuple[list[int], dict[int, str], dict[int, int]]:
     """Default mode (sample_every=1000) on Looped with these loop lengths: the captured steps,
     each step's signature, and the loop length of each captured graph (from its tanh nodes)."""
-    torch.manual_seed(0)
-    model = Looped()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    path = tmp_path / "structures.tscope"
-    with torchscope.watch(model, opt, server=None, record=path, sample_every=1000):
-        for n in lengths:
-            model.n = n
-            loss = model(torch.randn(4, 8)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    events = list(iter_events(path))
+    events = _looped(tmp_path, lengths, sample_every=1000)
     sigs = {e["step"]: e["graph_signature"] for e in events if e["kind"] == "step"}
     graphs = [e for e in events if e["kind"] == "graph"]
     tanhs = {g["step"]: sum(1 for n in g["nodes"] if n["name"] == "TanhBackward0") for g in graphs}
