@@ -858,6 +858,7 @@ class Watch:
         return out
 
     def _of_params(self, inputs: Any) -> bool:
+        """Whether ``inputs`` (a tensor or several) hold any of the watched parameters."""
         ts = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs or ())
         ids = {id(p) for r in self._params if (p := r()) is not None}
         return any(id(t) in ids for t in ts)
@@ -1126,15 +1127,13 @@ class Watch:
         """Whether ``optimizer`` steps any of the watched parameters (asked once per optimizer)."""
         ours = self._steps_ours.get(optimizer)
         if ours is None:
-            ids = {id(p) for r in self._params if (p := r()) is not None}
             groups = getattr(optimizer, "param_groups", None) or []
-            ours = any(id(p) in ids for g in groups if isinstance(g, dict) for p in g.get("params", ()))
+            ours = self._of_params([p for g in groups if isinstance(g, dict) for p in g.get("params", ())])
             self._steps_ours[optimizer] = ours
         return ours
 
     def _adopt(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizer = weakref.ref(optimizer)
-        self._stray = None
         self._mem_key = None  # its state is the optimizer state from now on
         msg = f"torchscope: following {type(optimizer).__name__}: each of its steps is a step of {self.name}"
         print(msg, file=sys.stderr)
@@ -1272,15 +1271,13 @@ class Watch:
         captured again for changing back, and after _MAX_STRUCTURES structures only the schedule
         captures: a model whose graph changes every step (variable-length sequences) would
         otherwise capture every other step, at several times a step's cost."""
-        if not sig:
+        if not sig or self.mode != "default":
             return
-        if captured and len(self._structures) < _MAX_STRUCTURES:
+        room = len(self._structures) < _MAX_STRUCTURES
+        if captured and room:
             self._structures.add(sig)
-        if self.mode != "default":
-            self._last_sig = sig
-            return
         changed = not captured and self._last_sig is not None and sig != self._last_sig
-        if changed and sig not in self._structures and self._wanted is None and len(self._structures) < _MAX_STRUCTURES:
+        if changed and room and sig not in self._structures and self._wanted is None:
             self._wanted, self._tries = sig, 0  # a new structure: capture until it is seen
         self._last_sig = sig
         if self._wanted is not None:
