@@ -40,6 +40,38 @@ def _saved_names(node: Any) -> tuple[str, ...]:
     return names
 
 
+def _held(node: Any, attr: str) -> list[torch.Tensor]:
+    """The tensors ``node`` holds for its saved field ``attr`` (``_saved_self``...).
+
+    A value saved under ``saved_tensors_hooks`` is read as packed, never unpacked: unpacking
+    runs the hook, and activation checkpointing's hook recomputes its whole segment (once per
+    read outside a backward) -- compute and memory the training did not ask for, and tensors
+    that are not held.  What is held is the packed value: nothing for a checkpoint, the CPU
+    copy for ``save_on_cpu``.  A plain saved tensor is read as usual, so one freed by a
+    backward or modified in place still raises (P8/P10)."""
+    raw = getattr(node, "_raw" + attr, None)  # the SavedTensor(s) themselves: reading them unpacks nothing
+    packed = _packed(raw) if raw is not None else None
+    if packed is not None:
+        return packed
+    v = getattr(node, attr)
+    return [t for t in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(t, torch.Tensor)]
+
+
+def _packed(raw: Any) -> list[torch.Tensor] | None:
+    """Tensors inside the packed values of ``raw`` (a SavedTensor or a list of them) when a
+    saved_tensors_hooks pair packed them; None when none did (or torch cannot tell)."""
+    saved = raw if isinstance(raw, (tuple, list)) else (raw,)
+    if not any(getattr(s, "unpack_hook", None) is not None for s in saved):
+        return None
+    out: list[torch.Tensor] = []
+    for s in saved:
+        data = s.data
+        for x in data if isinstance(data, (tuple, list)) else (data,):
+            if isinstance(x, torch.Tensor):
+                out.append(x)
+    return out
+
+
 class AutogradWalk:
     """One walk of the graph below ``roots`` (in node discovery order, roots first)."""
 
@@ -80,12 +112,12 @@ class AutogradWalk:
         for n in self.nodes:
             for attr in _saved_names(n):
                 try:
-                    v = getattr(n, attr)
+                    held = _held(n, attr)
                 except Exception as exc:
                     broken.append(f"{type(n).__name__}.{attr}: {str(exc).splitlines()[0][:200]}")
                     continue
-                for t in v if isinstance(v, (tuple, list)) else (v,):
-                    if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                for t in held:
+                    if t.layout == torch.strided:
                         st = t.untyped_storage()
                         ptr = st.data_ptr()
                         if ptr not in param_ptrs:
@@ -171,12 +203,11 @@ def _saved_tensors(node: Any, sid: Callable[[int], int]) -> list[SavedTensor]:
     out: list[SavedTensor] = []
     for attr in _saved_names(node):
         try:
-            v = getattr(node, attr)
+            held = _held(node, attr)
         except Exception:  # freed by an earlier backward, or not readable: bytes unknown
             continue
-        vals = v if isinstance(v, (tuple, list)) else (v,)
-        for t in vals:
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+        for t in held:
+            if t.layout == torch.strided:
                 st = t.untyped_storage()
                 out.append(
                     {
