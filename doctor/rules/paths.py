@@ -106,6 +106,48 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
     return findings
 
 
+# Ops that read integer or boolean tensors as positions, masks or class targets, not as
+# values: an argmax or a comparison feeding one of them routes or selects (mixture-of-experts
+# routing, masking, pseudo-labels), and that it passes no gradient is by design.  ``mul`` is
+# here for ``x * (x > 0)``, a mask.
+_SELECTORS = frozenset(f"aten::{n}" for n in (
+    "index", "index_put", "_index_put_impl", "index_select", "index_add", "index_copy", "index_fill", "gather",
+    "scatter", "scatter_add", "scatter_reduce", "masked_fill", "masked_scatter", "masked_select", "where",
+    "embedding", "embedding_bag", "_embedding_bag", "take", "take_along_dim", "nll_loss", "nll_loss_forward",
+    "nll_loss2d_forward", "cross_entropy_loss", "mul", "nonzero", "argwhere",
+))  # fmt: skip
+
+
+def _floating_tensors(graph: dict[str, Any]) -> dict[int, bool]:
+    """Tensor id -> whether its dtype is a floating (or complex) one, from the graph's table."""
+    out: dict[int, bool] = {}
+    for t in as_list(graph.get("tensors")):
+        if isinstance(t, dict) and isinstance(t.get("dtype"), str):
+            out[as_int(t.get("id"), -1)] = t["dtype"].startswith(("float", "bfloat", "complex"))
+    return out
+
+
+def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: set[int],
+                    floating: dict[int, bool]) -> bool:
+    """Whether the integer/boolean result of ``start`` reaches the loss as a value: some op on
+    the loss path turns it (or what was computed from it without leaving integers) into
+    floating point outside a selector -- ``(logit > 0).float()``, ``argmax(...) + x``.  A
+    tensor of unknown dtype counts as floating (a file without a tensor table)."""
+    derived = {as_int(t, -1) for t in as_list(start.get("outputs"))}
+    first = as_int(start.get("id"), -1)
+    for op in path:
+        oid = as_int(op.get("id"), -1)
+        if oid <= first or oid not in on_path or not derived & {as_int(t, -1) for t in as_list(op.get("inputs"))}:
+            continue
+        if str(op.get("name", "")).rstrip("_") in _SELECTORS:
+            continue
+        outs = [as_int(t, -1) for t in as_list(op.get("outputs"))]
+        if any(floating.get(t, True) for t in outs):
+            return True
+        derived.update(outs)
+    return False
+
+
 def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
     """P9: an op that cannot be differentiated (argmax, comparison, integer cast) feeds the loss."""
     hits: dict[tuple[str, str, str], tuple[list[int], dict[str, Any], int]] = {}
@@ -114,8 +156,11 @@ def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
         loss = g.loss_op(graph)
         if not loss:
             continue
-        for op in g.upstream(fwd, loss):
-            if "non_differentiable" in g.flags(op):
+        path = g.upstream(fwd, loss)
+        on_path = {as_int(op.get("id"), -1) for op in path}
+        floating = _floating_tensors(graph)
+        for op in path:
+            if "non_differentiable" in g.flags(op) and _feeds_as_value(path, op, on_path, floating):
                 key = (str(op.get("name", "")), str(op.get("module", "")), str(op.get("src", "")))
                 steps, first, fstep = hits.get(key, ([], op, step))
                 hits[key] = ([*steps, step], first, fstep)
