@@ -20,7 +20,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._srcloc import op_src, user_src
-from .schema import OpRecord, TensorMeta
 
 _op_names: dict[Any, tuple[str, bool, bool]] = {}
 # Not the user's computation: ``record_function`` markers (optimizer.zero_grad/step wrap
@@ -37,6 +36,12 @@ def _op_info(func: Any) -> tuple[str, bool, bool]:
         info = (schema.name, mutates, schema.name.startswith(_SKIP_PREFIXES))
         _op_names[func] = info
     return info
+
+
+_clock_ns = time.perf_counter_ns
+# An ``OpRecord`` / ``TensorMeta`` of the schema, holding tuples where the schema has lists:
+# the same JSON arrays once written (see OpRecorder.__init__ for why tuples)
+Record = dict[str, Any]
 
 
 class StorageIds:
@@ -70,13 +75,18 @@ class OpRecorder(TorchDispatchMode):
         self.check_nan = check_nan
         self.max_ops = max_ops
         self.sid = sid
-        self.ops: list[OpRecord] = []
-        self.tensors: list[TensorMeta] = []
-        self.timeline: list[list[int]] = []  # built by finish() from _timeline_ops
+        self.ops: list[Record] = []  # schema.OpRecord each
+        self.tensors: list[Record] = []  # schema.TensorMeta each
+        self.timeline: list[tuple[int, int]] = []  # built by finish() from _timeline_ops/_live
         # Every container made per op is garbage-collector work for the whole process (a
         # captured transformer step makes thousands): the hot path below keeps parallel
-        # lists/dicts of ints instead of a tuple, closure or small list per tensor.
+        # lists/dicts of ints instead of a tuple, closure or small list per tensor, and the
+        # records hold tuples where the schema has lists (the same JSON arrays): a tuple of
+        # ints leaves the collector's tracking at its first pass, a list never does, and the
+        # records outlive the step, so every tracked one would end up in the costly full
+        # collections (~100 ms each on a transformer's process, every ~7 captured steps).
         self._timeline_ops: list[int] = []
+        self._timeline_live: list[int] = []
         self.shed = 0
         self.phase = "forward"
         self.micro = 0
@@ -111,9 +121,9 @@ class OpRecorder(TorchDispatchMode):
         info = _op_names.get(func) or _op_info(func)
         if self.failed is not None or self.paused or info[2]:
             return func(*args, **kwargs)
-        t0 = time.perf_counter()
+        t0 = _clock_ns()
         out = func(*args, **kwargs)
-        dur = (time.perf_counter() - t0) * 1e6
+        dur = (_clock_ns() - t0) / 1000  # microseconds, at most 3 decimals: no round() per op
         try:
             self._record(info, args, kwargs, out, dur)
         except Exception as exc:  # capture must never break the user's op
@@ -131,7 +141,7 @@ class OpRecorder(TorchDispatchMode):
         in_t = _tensors(args, kwargs.values() if kwargs else ())
         out_t = [out] if isinstance(out, torch.Tensor) else _tensors(out if isinstance(out, (tuple, list)) else (), ())
         op_id = len(self.ops)
-        inputs = [self._tensor(t) for t in in_t]
+        inputs = tuple(map(self._tensor, in_t))
         alloc = 0
         outputs = []
         for t in out_t:
@@ -171,28 +181,29 @@ class OpRecorder(TorchDispatchMode):
                     flags.append("nan")
                     self.nan_seen = True
                     break
-        rec: OpRecord = {
+        rec: Record = {
             "id": op_id,
             "name": name,
             "module": module,
             "call": call,
-            "phase": self.phase,  # type: ignore[typeddict-item]
+            "phase": self.phase,
             "micro": self.micro,
             "inputs": inputs,
-            "outputs": outputs,
+            "outputs": tuple(outputs),
             "grad_mode": grad_mode,
             "inference_mode": torch.is_inference_mode_enabled(),
             "inplace": inplace,
             "src": op_src(module_src),
-            "dur_us": round(dur, 2),
+            "dur_us": dur,
             "alloc": alloc,
             "free": freed,
             "live": self.live,
         }
         if flags:
-            rec["flags"] = flags
+            rec["flags"] = tuple(flags)
         self.ops.append(rec)
         self._timeline_ops.append(op_id)
+        self._timeline_live.append(self.live)
         if differentiable and self.phase == "forward":
             for t in out_t:
                 self._pending_ops.append(op_id)
@@ -204,15 +215,15 @@ class OpRecorder(TorchDispatchMode):
             self.shed += 1
             return
         module, call, inside, _ = self.module_of()
-        rec: OpRecord = {
+        rec: Record = {
             "id": len(self.ops),
             "name": name,
             "module": module,
             "call": call,
-            "phase": self.phase,  # type: ignore[typeddict-item]
+            "phase": self.phase,
             "micro": self.micro,
-            "inputs": [self._tensor(t)],
-            "outputs": [],
+            "inputs": (self._tensor(t),),
+            "outputs": (),
             "grad_mode": torch.is_grad_enabled(),
             "inplace": False,
             "src": user_src(2),
@@ -220,7 +231,7 @@ class OpRecorder(TorchDispatchMode):
             "alloc": 0,
             "free": 0,
             "live": self.live,
-            "flags": flags if inside else [*flags, "outside_model"],
+            "flags": tuple(flags) if inside else (*flags, "outside_model"),
         }
         self.ops.append(rec)
 
@@ -231,9 +242,9 @@ class OpRecorder(TorchDispatchMode):
         if ref is not None and ref() is t:
             return self._tid[key]
         tid = len(self.tensors)
-        meta: TensorMeta = {
+        meta: Record = {
             "id": tid,
-            "shape": list(t.shape),
+            "shape": tuple(t.shape),  # torch.Size is a tuple subclass, which the collector keeps tracking
             "dtype": _dtype_names.get(t.dtype) or _dtype_name(t.dtype),
             "device": _device_names.get(t.device) or _device_name(t.device),
             "requires_grad": t.requires_grad,
@@ -241,7 +252,7 @@ class OpRecorder(TorchDispatchMode):
         }
         if st is not None or t.layout == torch.strided:
             st = st if st is not None else t.untyped_storage()
-            meta["stride"] = list(t.stride())
+            meta["stride"] = t.stride()
             meta["storage"] = self.sid(st.data_ptr())
             meta["offset"] = int(t.storage_offset())
             meta["nbytes"] = st.nbytes()
@@ -318,8 +329,7 @@ class OpRecorder(TorchDispatchMode):
         self._weak_ptr.clear()
         self._tid.clear()
         self._tref.clear()
-        ops = self.ops
-        self.timeline = [[i, ops[i]["live"]] for i in self._timeline_ops]
+        self.timeline = list(zip(self._timeline_ops, self._timeline_live, strict=True))
 
 
 

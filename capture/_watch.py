@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -53,8 +53,10 @@ from .schema import (
     GraphEvent,
     MemoryStats,
     ModuleInfo,
+    OpRecord,
     ParamInfo,
     StepEvent,
+    TensorMeta,
 )
 
 log = logging.getLogger("torchscope")
@@ -1377,9 +1379,10 @@ class Watch:
         rec = s.recorder
         if rec is not None:
             rec.finish()
-            g["ops"] = rec.ops
-            g["tensors"] = rec.tensors
-            g["memory_timeline"] = rec.timeline
+            # the recorder's records hold tuples where the schema has lists: JSON arrays alike
+            g["ops"] = cast("list[OpRecord]", rec.ops)
+            g["tensors"] = cast("list[TensorMeta]", rec.tensors)
+            g["memory_timeline"] = cast("list[list[int]]", rec.timeline)
             g["shed_ops"] = rec.shed
             g["complete"] = rec.shed == 0 and rec.failed is None
         else:
