@@ -3,6 +3,7 @@ and their absence on a clean loop."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,50 @@ def test_p1_and_p9_graph_breaks_on_captured_steps(tmp_path: Path) -> None:
     assert any(n == "aten::argmax" and "non_differentiable" in f for n, f in names_flags)
 
 
+@pytest.mark.parametrize("thresholded", [False, True])
+def test_p9_spares_routing_and_masks_but_not_a_thresholded_loss(thresholded: bool, tmp_path: Path) -> None:
+    """An argmax that routes tokens to experts and a comparison used as a mask feed the loss
+    only as positions and masks: no P9.  A loss term computed from ``(logit > 0).float()``
+    gets no gradient through the comparison: P9, at that comparison."""
+
+    class Routed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = nn.Linear(8, 2)
+            self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            scores = self.gate(x)
+            route = scores.argmax(-1)
+            weight = torch.softmax(scores, -1)
+            y = torch.zeros_like(x)
+            for k, expert in enumerate(self.experts):
+                sel = route == k
+                y[sel] = expert(x[sel]) * weight[sel, k : k + 1]
+            return self.head(y * (y > 0))
+
+    torch.manual_seed(0)
+    model = Routed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "routed.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for _ in range(2):
+            x, target = torch.randn(16, 8), torch.randn(16, 1)
+            opt.zero_grad()
+            out = model(x)
+            loss = nn.functional.mse_loss(out, target)
+            if thresholded:
+                loss = loss + nn.functional.mse_loss((out > 0).float(), (target > 0).float())
+            loss.backward()
+            opt.step()
+    p9 = [f for f in diagnose(iter_events(path)) if f["code"] == "P9"]
+    if thresholded:
+        assert len(p9) == 1 and p9[0]["data"]["op"] == "aten::gt" and p9[0]["steps"] == [0, 1]
+    else:
+        assert p9 == []
+
+
 def test_p14_grad_scaler_skipped_step(tmp_path: Path) -> None:
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -452,6 +497,53 @@ def test_saved_bytes_follow_the_batch_however_inputs_are_passed(mode: str, call:
     # per sample, float32: the input (16) saved by a's addmm, relu's output (64, saved by relu
     # and by b's addmm: one storage) and b's output (4, saved by pow)
     assert [s["memory"]["saved"] for s in _steps(path)] == [n * (16 + 64 + 4) * 4 for n in sizes]
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_activation_checkpointing_is_not_recomputed_by_the_capture(mode: str, tmp_path: Path) -> None:
+    """A segment under ``torch.utils.checkpoint`` (non-reentrant) saves nothing: its saved
+    tensors are packed by checkpoint's hooks, and reading one recomputes the segment.  The
+    capture runs the segment exactly as often as plain training (once forward, once in
+    backward) and counts as saved only what is held: what the layers outside it save."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(16, 64)
+            self.b = nn.Linear(64, 4)
+            self.runs = 0
+
+        def segment(self, x: torch.Tensor) -> torch.Tensor:
+            self.runs += 1
+            return torch.relu(self.a(x))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(checkpoint(self.segment, x, use_reentrant=False))
+
+    def train(watched: bool) -> tuple[Net, list[int]]:
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        path = tmp_path / f"ckpt-{watched}.tscope"
+        sizes = [8, 32, 8]
+        with contextlib.ExitStack() as stack:
+            if watched:
+                stack.enter_context(torchscope.watch(model, opt, server=None, record=path, mode=mode))
+            for n in sizes:
+                x = torch.randn(n, 16)
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                opt.step()
+        return model, [s["memory"]["saved"] for s in _steps(path)] if watched else sizes
+
+    plain, sizes = train(False)
+    model, saved = train(True)
+    assert model.runs == plain.runs == 2 * len(sizes)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters(), strict=True))
+    # per sample, float32: relu's output (64) saved by b's addmm, b's output (4) saved by pow;
+    # the segment's input and relu's output inside it are not held by the graph
+    assert saved == [n * (64 + 4) * 4 for n in sizes]
 
 
 @pytest.mark.parametrize("mode", ["light", "default", "full"])
