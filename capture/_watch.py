@@ -268,7 +268,7 @@ class Watch:
         self._tries = 0
         self._nan_armed = False
         # CUDA: a step event waiting for its gradient statistics (see _finish)
-        self._deferred: tuple[StepEvent, GradRead, int, bool, list[int], dict[str, Any] | None] | None = None
+        self._deferred: tuple[StepEvent, GradRead, int, bool, list[int], list[int], dict[str, Any] | None] | None = None
         self._sentinels: list[weakref.ref[_Sentinel]] = []
         # (tensor id, target dtype, target device) of conversions -> (weak tensor, last step): P12 repeats
         self._converted: dict[
@@ -334,6 +334,8 @@ class Watch:
         self._saved_cache: dict[tuple[str, tuple[tuple[int, ...], ...]], tuple[int, list[str]]] = {}
         self._mem_key: tuple[int, int, int] | None = None
         self._mem_static: tuple[dict[int, int], dict[int, int]] = ({}, {})
+        self._held_key: tuple[int, tuple[int, ...]] | None = None  # optimizer and group sizes (_not_stepped)
+        self._unheld: list[int] = []  # parameter indices that optimizer does not hold
         self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
         self._gc_paused = False
         self._ended_by: tuple[str, str] | None = None  # (status, message) when the run raised
@@ -1177,6 +1179,20 @@ class Watch:
             return True
         return self.mode == "default" and (step % self.sample_every == 0 or self._capture_next)
 
+    def _not_stepped(self, opt: torch.optim.Optimizer | None, params: list[torch.Tensor | None]) -> list[int]:
+        """Indices of parameters that require grad but that ``opt`` does not update (a linear
+        probe's backbone, run under no_grad): their missing gradient is by design.  The
+        optimizer's parameter set is read again only when its groups change."""
+        groups = getattr(opt, "param_groups", None) if opt is not None else None
+        if not groups:
+            return []
+        key = (id(opt), tuple(len(g["params"]) for g in groups))
+        if key != self._held_key:
+            held = {id(p) for g in groups for p in g["params"]}
+            self._held_key = key
+            self._unheld = [i for i, p in enumerate(params) if p is not None and id(p) not in held]
+        return [i for i in self._unheld if (p := params[i]) is not None and p.requires_grad]
+
     def _live_bytes(self) -> int:
         params = [p for r in self._params if (p := r()) is not None]
         opt = self._optimizer() if self._optimizer is not None else None
@@ -1196,6 +1212,7 @@ class Watch:
         opt = self._optimizer() if self._optimizer is not None else None
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
         read = s.stats if s.stats is not None else self._grad_stats(s, params)
+        not_stepped = self._safe("grads", self._not_stepped, opt, params) or []
         now = time.perf_counter()
         ev: StepEvent = {
             "kind": "step",
@@ -1256,7 +1273,7 @@ class Watch:
         ev["graph_signature"] = sig
         self._follow_structure(sig, s.graph is not None)
         graph = dict(self._graph_event(s)) if s.graph is not None else None
-        pending = (ev, read, len(s.losses), isinstance(scale, torch.Tensor), s.pre_nonzero, graph)
+        pending = (ev, read, len(s.losses), isinstance(scale, torch.Tensor), s.pre_nonzero, not_stepped, graph)
         self._finish_deferred()  # the previous step's values, long on the host by now
         if read.deferred:
             self._deferred = pending
@@ -1301,6 +1318,7 @@ class Watch:
         n_losses: int,
         has_scale: bool,
         pre_nonzero: list[int],
+        not_stepped: list[int],
         graph: dict[str, Any] | None,
     ) -> None:
         """Complete a step event with its gradient statistics and losses, then emit it (and its
@@ -1309,6 +1327,8 @@ class Watch:
         stats, values = read.result()
         losses = values[:n_losses]
         stats["pre_nonzero"] = pre_nonzero
+        if not_stepped:
+            stats["not_stepped"] = not_stepped
         ev["loss"] = losses[-1] if losses else None
         ev["losses"] = losses
         ev["grads"] = stats

@@ -237,6 +237,43 @@ def test_p1_and_p9_graph_breaks_on_captured_steps(tmp_path: Path) -> None:
     assert any(n == "aten::argmax" and "non_differentiable" in f for n, f in names_flags)
 
 
+@pytest.mark.parametrize("mode", ["light", "full"])
+@pytest.mark.parametrize("probe", [True, False])
+def test_p1_spares_a_backbone_the_optimizer_does_not_hold(mode: str, probe: bool, tmp_path: Path) -> None:
+    """A linear probe: the backbone runs under no_grad and the optimizer holds only the head.
+    The backbone's missing gradients are by design (``not_stepped``), not P1.  The same
+    forward with an optimizer over every parameter is P1: those parameters were meant to learn."""
+
+    class Probe(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+            self.head = nn.Linear(16, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                features = self.backbone(x)
+            return self.head(features)
+
+    torch.manual_seed(0)
+    model = Probe()
+    opt = torch.optim.SGD(model.head.parameters() if probe else model.parameters(), lr=0.01)
+    path = tmp_path / "probe.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+    grads = [st["grads"] for st in _steps(path)]
+    assert all(g["none"] == [0, 1] for g in grads)  # the backbone's weight and bias
+    assert all(g.get("not_stepped") == ([0, 1] if probe else None) for g in grads)
+    p1 = [f for f in diagnose(iter_events(path)) if f["code"] == "P1"]
+    if probe:
+        assert p1 == []
+    else:
+        assert p1 and {n for f in p1 for n in f["params"]} == {"backbone.0.weight", "backbone.0.bias"}
+
+
 @pytest.mark.parametrize("thresholded", [False, True])
 def test_p9_spares_routing_and_masks_but_not_a_thresholded_loss(thresholded: bool, tmp_path: Path) -> None:
     """An argmax that routes tokens to experts and a comparison used as a mask feed the loss
