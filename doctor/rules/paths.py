@@ -79,13 +79,21 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
     for index, steps in steps_of.items():
         gstep, graph = _graph_near(run, steps)
         op, used = break_op(graph, run.param_name(index)) if graph else ({}, True)
-        key = (g.op_label(op) if op else "", as_int(op.get("id"), -1) if op else -1, used)
+        if op and op.get("grad_mode") is False:
+            # one no_grad block cuts every parameter in it, each at its own first op: one
+            # finding per block (its source line), shown at its earliest op
+            key = ("no_grad", -1, used) if not op.get("src") else (f"no_grad {op['src']}", -1, used)
+            if key in where and as_int(where[key][1].get("id"), -1) <= as_int(op.get("id"), -1):
+                gstep, op = where[key]
+        else:
+            key = (g.op_label(op) if op else "", as_int(op.get("id"), -1) if op else -1, used)
         groups.setdefault(key, []).append(index)
         where[key] = (gstep, op)
     findings: list[Finding] = []
     for key, indices in groups.items():
-        label, _, used = key
+        _, _, used = key
         gstep, op = where[key]
+        label = g.op_label(op) if op else ""
         names = [run.param_name(i) for i in indices]
         modules = sorted({run.param_module(i) for i in indices})
         steps = sorted({s for i in indices for s in steps_of[i]})
