@@ -79,8 +79,11 @@ class Interposer(TorchFunctionMode):
             clip = func in _CLIP_NORMS and self.watch._scaler is not None and not _compiling()
             if clip and _caller_file().endswith(_CLIP_FILE):
                 self.watch._safe("amp", self.watch._on_clip)
-            if func == _DATA_GET and self.watch._capturing_ops and not _compiling() and _from_user():
-                self.watch._safe("breaks", self.watch._on_break, "torch::Tensor.data", args[0])
+            if func == _DATA_GET and not _compiling():
+                if self.watch._optimizer is None and args and id(args[0]) in self.watch._param_names:
+                    self.watch._param_data_taken = True  # a hand-written update (_updated_by_hand)
+                if self.watch._capturing_ops and _from_user():
+                    self.watch._safe("breaks", self.watch._on_break, "torch::Tensor.data", args[0])
             return func(*args, **kwargs)
         if _compiling():
             return func(*args, **kwargs)

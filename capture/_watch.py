@@ -247,6 +247,7 @@ class Watch:
         self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
         self._auto_steps = optimizer is not None and hookable is None
         self._param_version = -1  # sum of the parameters' versions after the last backward
+        self._param_data_taken = False  # a parameter's .data was taken since (_updated_by_hand)
         self._scaler = scaler
         self._disabled: set[str] = set()
         self._direct_noted = isinstance(model, torch.jit.ScriptModule)  # told at watch() already
@@ -575,8 +576,8 @@ class Watch:
         if s.micro > 0 and self._scale_changed():
             self._close_step(True)  # GradScaler.update() ran without optimizer.step(): skipped
             s = self._s
-        elif s.micro > 0 and self._auto_steps and self._versions() != self._param_version:
-            self._close_step(False)  # an optimizer without hooks updated the parameters
+        elif s.micro > 0 and self._updated_by_hand():
+            self._close_step(False)  # an optimizer without hooks (or the loop itself) updated the parameters
             s = self._s
         elif s.micro > 0 and (stray := self._stray() if self._stray is not None else None) is not None:
             # only another optimizer stepped these parameters since the last backward: it has
@@ -1074,10 +1075,28 @@ class Watch:
     def _versions(self) -> int:
         return sum(p._version for r in self._params if (p := r()) is not None)
 
+    def _unhooked(self) -> bool:
+        """No torch optimizer ends the steps: one without step hooks was given, or none was
+        given, none has stepped the parameters yet and the loop does not call ``watch.step()``
+        (a hand-written update: ``p -= lr * p.grad``, the tutorials' ``p.data.sub_(...)``)."""
+        return self._auto_steps or (self._optimizer is None and not self._manual)
+
+    def _updated_by_hand(self) -> bool:
+        """Whether the parameters changed since the last backward without a torch optimizer:
+        their version counters moved, or (``p.data`` has a version counter of its own) the
+        loop took a parameter's ``.data``.  Then the next forward starts a new step."""
+        if not self._unhooked():
+            return False
+        return self._param_data_taken or self._versions() != self._param_version
+
     def _after_backward(self, t0: float) -> None:
         s = self._s
-        if self._auto_steps:
+        if self._unhooked():
             self._param_version = self._versions()
+            self._param_data_taken = False
+            # no optimizer.step() to read the gradients at: read them as this backward left
+            # them (the step ends at the next forward, after the loop has used and cleared them)
+            s.stats = self._safe("grads", self._grad_stats, s, [r() for r in self._params])
         returned = time.perf_counter()
         s.backward_us += (returned - t0) * 1e6
         self._stop_recorder()

@@ -103,3 +103,76 @@ def test_manual_steps_are_not_doubled(tmp_path: Path) -> None:
                 if order == "after":
                     w.step()
         assert [s["micro_batches"] for s in _steps(path)] == [1] * 5, order
+
+
+class _Hookless:
+    """An optimizer that is not a ``torch.optim.Optimizer``: no step hooks to end steps."""
+
+    def __init__(self, params: Any, lr: float) -> None:
+        self.params, self.lr = list(params), lr
+
+    def step(self) -> None:
+        with torch.no_grad():
+            for p in self.params:
+                p -= self.lr * p.grad
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+
+def _update_by_hand(model: nn.Module, how: str) -> None:
+    if how == "no_grad":  # torch.no_grad(): p -= lr * p.grad, then clear the gradient
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+                p.grad.zero_()
+    else:  # the tutorials' p.data.sub_(...): .data has a version counter of its own
+        for p in model.parameters():
+            p.data.sub_(p.grad.data * 0.1)
+            p.grad = None
+
+
+@pytest.mark.parametrize("mode", ["light", "full"])
+@pytest.mark.parametrize("how", ["no_grad", "data", "accumulate", "hookless"])
+def test_updates_without_a_torch_optimizer_end_steps(mode: str, how: str, tmp_path: Path) -> None:
+    """A hand-written update (no optimizer at all) or an optimizer without step hooks: a step
+    ends at the next forward after the parameters changed, whether their version counters
+    moved or the loop went through ``.data``; gradient statistics are those the update used
+    (read after the backward, before the loop clears them), so clearing them is not a
+    misplaced zero_grad (P5) and the backwards of separate updates are not accumulation (P15)."""
+    from torchscope.doctor import diagnose
+
+    per_step = 2 if how == "accumulate" else 1
+    batches = _batches(4 * per_step)
+
+    def train(model: nn.Module, opt: Any) -> tuple[list[float], list[list[float]]]:
+        losses, norms = [], []
+        for k, (x, y) in enumerate(batches):
+            loss = nn.functional.mse_loss(model(x), y) / per_step
+            loss.backward()
+            losses.append(loss.item())
+            if (k + 1) % per_step:
+                continue
+            norms.append([p.grad.norm().item() for p in model.parameters()])
+            if opt is not None:
+                opt.step()
+                opt.zero_grad()
+            else:
+                _update_by_hand(model, "no_grad" if how == "accumulate" else how)
+        return losses, norms
+
+    plain = _model()
+    expected, expected_norms = train(plain, _Hookless(plain.parameters(), 0.1) if how == "hookless" else None)
+    model = _model()
+    opt = _Hookless(model.parameters(), 0.1) if how == "hookless" else None
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        losses, norms = train(model, opt)
+    assert losses == expected and norms == expected_norms
+    steps = _steps(path)
+    assert [s["micro_batches"] for s in steps] == [per_step] * 4
+    for st, expected_step in zip(steps, norms, strict=True):
+        assert st["grads"]["norm"] == pytest.approx(expected_step, rel=1e-5)
+    codes = {f["code"] for f in diagnose(iter_events(path))}
+    assert not codes & {"P5", "P15"}
