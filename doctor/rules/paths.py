@@ -19,6 +19,13 @@ from ..settings import Settings
 _CUT_FIX = ("Keep the path differentiable: don't call .detach()/.data/.item()/.numpy()/.tolist() on tensors the "
             "loss depends on, and don't run the training forward under torch.no_grad(); if the parameter is "
             "meant to stay fixed, set requires_grad_(False).")
+# A forward op run with grad mode off inside a forward that had it on: a no_grad block, or
+# reentrant activation checkpointing, which runs its function under no_grad and gives it
+# gradients only through inputs that require grad (frozen embeddings feeding it: none do).
+_NO_GRAD_FIX = ("Run these layers with grad enabled: remove the torch.no_grad() around them; under "
+                "torch.utils.checkpoint(..., use_reentrant=True) an input of the checkpointed function must require "
+                "grad -- pass use_reentrant=False (transformers: model.enable_input_require_grads()). If they are "
+                "meant to stay fixed, leave them out of the optimizer or set requires_grad_(False).")
 
 
 def _forward_ops(graph: dict[str, Any]) -> list[dict[str, Any]]:
@@ -111,7 +118,8 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
                                         for n, i in zip(names, indices, strict=True)]
         if op:
             targets.insert(0, FindingTarget(**g.target_of_op(gstep, run.rank, op)))  # type: ignore[typeddict-item]
-        findings.append(make("P1", "error", message, _CUT_FIX, steps, rank=run.rank, targets=targets,
+        fix = _NO_GRAD_FIX if op and op.get("grad_mode") is False else _CUT_FIX
+        findings.append(make("P1", "error", message, fix, steps, rank=run.rank, targets=targets,
                              modules=modules, params=names, src=str(op.get("src", "")) if op else None,
                              data={"break_op": label, "graph_step": gstep}))
     return findings

@@ -587,6 +587,37 @@ def test_activation_checkpointing_is_not_recomputed_by_the_capture(mode: str, tm
     assert saved == [n * (64 + 4) * 4 for n in sizes]
 
 
+def test_p1_reentrant_checkpoint_without_an_input_requiring_grad(tmp_path: Path) -> None:
+    """``checkpoint(..., use_reentrant=True)`` runs its function under no_grad and gives it
+    gradients only through inputs that require grad: fed the batch directly, the checkpointed
+    layers never learn.  P1 points at the first op run without grad and says how to fix it."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+            self.head = nn.Linear(16, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(checkpoint(self.block, x, use_reentrant=True))
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "reentrant.tscope"
+    with pytest.warns(UserWarning, match="requires_grad"), torchscope.watch(
+        model, opt, server=None, record=path, mode="full"
+    ):
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+    (p1,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P1"]
+    assert set(p1["params"]) == {"block.0.weight", "block.0.bias"} and p1["targets"][0]["module"] == "block.0"
+    assert "use_reentrant=False" in p1["fix"]
+
+
 @pytest.mark.parametrize("mode", ["light", "default", "full"])
 def test_lazy_modules_watched_before_their_first_forward(mode: str, tmp_path: Path) -> None:
     """``nn.LazyLinear`` has no parameter shapes until its first forward: watch() before it
