@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ._ops import has_storage
 from .schema import NodeRecord, SavedTensor
 
 _saved_attrs: dict[type, tuple[str, ...]] = {}
@@ -117,7 +118,7 @@ class AutogradWalk:
                     broken.append(f"{type(n).__name__}.{attr}: {str(exc).splitlines()[0][:200]}")
                     continue
                 for t in held:
-                    if t.layout == torch.strided:
+                    if has_storage(t):
                         st = t.untyped_storage()
                         ptr = st.data_ptr()
                         if ptr not in param_ptrs:
@@ -207,7 +208,7 @@ def _saved_tensors(node: Any, sid: Callable[[int], int]) -> list[SavedTensor]:
         except Exception:  # freed by an earlier backward, or not readable: bytes unknown
             continue
         for t in held:
-            if t.layout == torch.strided:
+            if has_storage(t):
                 st = t.untyped_storage()
                 out.append(
                     {

@@ -146,7 +146,7 @@ class OpRecorder(TorchDispatchMode):
         outputs = []
         for t in out_t:
             # one storage object per output serves the ledger and the tensor table
-            st = t.untyped_storage() if t.layout == torch.strided else None
+            st = t.untyped_storage() if has_storage(t) else None
             alloc += self._ledger(t, st)
             outputs.append(self._tensor(t, st))
         freed, self._freed = self._freed, 0
@@ -158,7 +158,7 @@ class OpRecorder(TorchDispatchMode):
         if inplace:
             flags.append("inplace")
             for t in in_t:
-                if t.layout == torch.strided and t.untyped_storage().data_ptr() in self.saved_storages:
+                if has_storage(t) and t.untyped_storage().data_ptr() in self.saved_storages:
                     flags.append("inplace_saved")
                     break
         # autograd attaches a grad_fn to the outputs only if an input requires grad
@@ -250,7 +250,7 @@ class OpRecorder(TorchDispatchMode):
             "requires_grad": t.requires_grad,
             "is_leaf": t.is_leaf,
         }
-        if st is not None or t.layout == torch.strided:
+        if st is not None or has_storage(t):
             st = st if st is not None else t.untyped_storage()
             meta["stride"] = t.stride()
             meta["storage"] = self.sid(st.data_ptr())
@@ -349,6 +349,12 @@ try:
     autocast_on = _autocast_on_fast
 except (TypeError, RuntimeError):
     autocast_on = _autocast_on_old
+
+
+def has_storage(t: torch.Tensor) -> bool:
+    """Strided with a real storage: not sparse, and not one of forward-mode AD's ZeroTensors
+    (``torch.func.jvp``'s zero tangents), whose storage raises when its address is read."""
+    return t.layout == torch.strided and not t._is_zerotensor()
 
 
 def _tensors(args: Any, more: Any) -> list[torch.Tensor]:

@@ -105,6 +105,7 @@ class _StepState:
         self.capture = False
         self.check_nan = False
         self.forwards: list[ForwardInfo] = []
+        self.transformed = 0  # forwards of the model inside a torch.func transform (not recorded)
         self.node_hooks: list[Any] = []
         self.forward_us = 0.0
         self.backward_us = 0.0
@@ -538,6 +539,13 @@ class Watch:
     def _fwd_pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         if _compiling() or _tracing():
             return  # a forward torch.jit.trace runs is a trace, not a step
+        if _transformed():
+            # inside torch.func's vmap/grad/jvp (per-sample gradients, forward-mode AD) the
+            # forward runs on functorch's wrapped tensors, which must not escape the transform
+            # into the step's records: it is counted, not recorded
+            if module is self._model():
+                self._s.transformed += 1
+            return
         if module is not self._model():
             return  # a shallow copy (copy.copy) shares the watched model's hook dicts
         if self._other_thread():
@@ -546,7 +554,7 @@ class Watch:
         self._safe("forward", self._on_forward_pre, module, args, kwargs)
 
     def _fwd_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if _compiling() or _tracing() or module is not self._model():
+        if _compiling() or _tracing() or _transformed() or module is not self._model():
             return
         skipped = getattr(self._tls, "skipped", 0)
         if skipped:
@@ -709,7 +717,7 @@ class Watch:
 
     def _mod_pre(self, path: str, torch_module: bool) -> Callable[[nn.Module, Any], None]:
         def hook(m: nn.Module, args: Any) -> None:
-            if _compiling() or threading.get_ident() != self._owner:
+            if _compiling() or _transformed() or threading.get_ident() != self._owner:
                 return  # the recorded forward is the training thread's
             s = self._s
             n = s.module_calls.get(path, 0)
@@ -721,7 +729,7 @@ class Watch:
         return hook
 
     def _mod_post(self, m: nn.Module, args: Any, out: Any) -> None:
-        if _compiling() or threading.get_ident() != self._owner:
+        if _compiling() or _transformed() or threading.get_ident() != self._owner:
             return
         st = self._s.module_stack
         if len(st) > 1:
@@ -909,7 +917,7 @@ class Watch:
                 # called directly): only the function mode sees such a backward, so it stays
                 # on (a second backward through one forward, retain_graph, is not that)
                 self._mode_always = True
-            if not self._compiled_forward(s, walk) and not s.forwards:
+            if not self._compiled_forward(s, walk) and not s.forwards and not s.transformed:
                 self._note_direct_calls()
         if s.scale_version is None:
             self._snapshot_scale(s)  # GradScaler creates its scale lazily, in its first scale()
@@ -1499,6 +1507,13 @@ class Watch:
 
 _compiling = torch.compiler.is_compiling
 _tracing = torch.jit.is_tracing
+_functorch_level = getattr(torch._C._functorch, "maybe_current_level", lambda: None)
+
+
+def _transformed() -> bool:
+    """Inside a torch.func transform (vmap, grad, jvp...)."""
+    return _functorch_level() is not None
+
 _data_ptr = torch.Tensor.data_ptr
 # the active watch of each model (weak keys: a watch never keeps its model alive)
 _watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
