@@ -162,6 +162,9 @@ def _parts(
     norms: list[torch.Tensor] = list(torch._foreach_norm(gl, 2)) if gl else []
     rest: list[torch.Tensor] = []
     if full and gl:
+        # complex gradients by their magnitudes |g| (no order, no real mean): the norm is the
+        # same, max |g| and the zero fraction mean what they say, mean and std are of |g|
+        gl = [g.abs() if g.is_complex() else g for g in gl]
         # min/max in one pass per tensor (the L-inf and L0 foreach norms are several times
         # slower on CPU); non-zero count and sum per tensor
         mm = [torch.aminmax(g) for g in gl]

@@ -1238,7 +1238,9 @@ class Watch:
         params: list[torch.Tensor | None] = [r() for r in self._params]
         opt = self._optimizer() if self._optimizer is not None else None
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
-        read = s.stats if s.stats is not None else self._grad_stats(s, params)
+        read = s.stats if s.stats is not None else self._safe("grads", self._grad_stats, s, params)
+        if read is None:  # gradient statistics failed (and are off): the step keeps its losses
+            read = self._grad_stats(s, [])
         not_stepped = self._safe("grads", self._not_stepped, opt, params) or []
         now = time.perf_counter()
         ev: StepEvent = {

@@ -76,7 +76,8 @@ class SessionEvent(TypedDict, total=False):
 
 # ----------------------------------------------------------------------------- step
 class GradStats(TypedDict, total=False):
-    """Columnar gradient statistics; every list is aligned with SessionEvent.params."""
+    """Columnar gradient statistics; every list is aligned with SessionEvent.params.  Of a
+    complex gradient, max_abs, mean and std are those of its magnitudes |g|."""
 
     norm: list[float | None]  # L2 norm of .grad, None where .grad is None
     max_abs: list[float | None]

@@ -315,3 +315,44 @@ def test_full_grad_statistics_schedule(tmp_path: Path) -> None:
     for st, expected in zip(steps, norms, strict=True):
         assert st["grads"]["norm"] == pytest.approx(expected, rel=1e-5)
         assert st["grads"]["nan"] == [0] * 4 and st["grads"]["none"] == []
+
+
+@pytest.mark.parametrize("mode", ["light", "full"])
+def test_complex_parameters_get_statistics_of_their_magnitudes(mode: str, tmp_path: Path) -> None:
+    """A complex parameter (spectral layers, signal models): its gradient has a norm but no
+    order and no real mean, so the full columns are of |g|.  One complex parameter used to turn
+    gradient capture off and lose every step (aminmax has no complex kernel)."""
+
+    class Spectral(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 8, dtype=torch.cfloat))
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head((x.to(torch.cfloat) @ self.w).abs())
+
+    torch.manual_seed(0)
+    model = Spectral()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    path = tmp_path / "complex.tscope"
+    grads: list[torch.Tensor] = []
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            grads.append(model.w.grad.clone())
+            opt.step()
+    events = list(iter_events(path))
+    assert not [e for e in events if e["kind"] == "log"]
+    steps = [e for e in events if e["kind"] == "step"]
+    assert len(steps) == 3
+    for st, g in zip(steps, grads, strict=True):
+        gs = st["grads"]
+        assert gs["norm"][0] == pytest.approx(g.norm().item(), rel=1e-5)
+        if mode == "full":  # every step has the full columns
+            mag = g.abs().double()
+            assert gs["max_abs"][0] == pytest.approx(mag.max().item(), rel=1e-6)
+            assert gs["mean"][0] == pytest.approx(mag.mean().item(), rel=1e-5)
+            assert gs["std"][0] == pytest.approx(mag.std().item(), rel=1e-3)
+            assert gs["zero_frac"][0] == pytest.approx((g == 0).double().mean().item(), abs=1e-6)
