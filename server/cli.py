@@ -155,8 +155,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     from .fileinfo import summarize
 
     path = _check_file(args.file)
-    for key, value in summarize(path).items():
-        print(f"{key + ':':<16}{value}")
+    info = summarize(path)
+    width = max(map(len, info)) + 2  # the longest label, its colon and a space
+    for key, value in info.items():
+        print(f"{key + ':':<{width}}{value}")
     return 0
 
 

@@ -64,6 +64,7 @@ def test_info_summarizes(tmp_path: Path) -> None:
     res = cli("info", str(path))
     assert res.returncode == 0, res.stderr
     fields = dict(line.split(":", 1) for line in res.stdout.splitlines())
+    assert all(v.startswith(" ") for v in fields.values())  # a space after every label's colon
     assert fields["name"].strip() == "run" and fields["model"].strip() == "MLP"
     assert fields["steps"].strip() == "7" and fields["graphs captured"].strip() == "2"
     assert fields["status"].strip() == "finished" and fields["ranks"].strip() == "0"
