@@ -1136,6 +1136,8 @@ class Watch:
     def _any_opt_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         watched = self._optimizer() if self._optimizer is not None else None
         if optimizer is watched:
+            if optimizer not in self._steps_ours:  # once: does it train parameters added since watch()?
+                self._safe("step", self._of_ours, optimizer)
             self._opt_pre(optimizer, args, kwargs)
         elif self._active and self._safe("step", self._of_ours, optimizer):
             if watched is None:  # watch(model): this optimizer's steps are the steps from now on
@@ -1159,9 +1161,33 @@ class Watch:
         ours = self._steps_ours.get(optimizer)
         if ours is None:
             groups = getattr(optimizer, "param_groups", None) or []
-            ours = self._of_params([p for g in groups if isinstance(g, dict) for p in g.get("params", ())])
+            stepped = [p for g in groups if isinstance(g, dict) for p in g.get("params", ())]
+            new = self._of_new_params(optimizer, stepped)  # told even when old ones come with them
+            ours = self._of_params(stepped) or new
             self._steps_ours[optimizer] = ours
         return ours
+
+    def _of_new_params(self, optimizer: torch.optim.Optimizer, stepped: list[Any]) -> bool:
+        """Whether ``stepped`` holds parameters the model gained after ``watch()`` (adapters such
+        as LoRA added to a frozen model): that optimizer trains the model, so its steps are the
+        steps; the new parameters are not in the gradient statistics (their columns follow the
+        session's parameter list), which the user is told once."""
+        model = self._model()
+        if model is None:
+            return False
+        new = {id(p): n for n, p in model.named_parameters() if id(p) not in self._param_names}
+        names = [new[id(p)] for p in stepped if id(p) in new]
+        if not names:
+            return False
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        msg = (
+            f"torchscope: {type(optimizer).__name__} trains parameters {self._model_name} gained after "
+            f"watch() ({shown}): its steps are the steps, but those parameters are not in the gradient "
+            "statistics; call torchscope.watch() after adding them"
+        )
+        print(msg, file=sys.stderr)
+        self._transport.emit({"kind": "log", "t": time.time(), "level": "warning", "message": msg, "step": self._step})
+        return True
 
     def _adopt(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizer = weakref.ref(optimizer)

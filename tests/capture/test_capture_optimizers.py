@@ -176,3 +176,59 @@ def test_updates_without_a_torch_optimizer_end_steps(mode: str, how: str, tmp_pa
         assert st["grads"]["norm"] == pytest.approx(expected_step, rel=1e-5)
     codes = {f["code"] for f in diagnose(iter_events(path))}
     assert not codes & {"P5", "P15"}
+
+
+class _LoRA(nn.Module):
+    """A frozen linear layer plus a trainable low-rank update, as PEFT injects them."""
+
+    def __init__(self, base: nn.Linear, rank: int = 2) -> None:
+        super().__init__()
+        self.base = base
+        self.A = nn.Linear(base.in_features, rank, bias=False)
+        self.B = nn.Linear(rank, base.out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.B(self.A(x))
+
+
+@pytest.mark.parametrize("when", ["watch_model_then_add", "watch_with_optimizer_then_add", "add_then_watch"])
+def test_adapters_added_after_watch(when: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Adapters added to a frozen model after ``watch()``: the optimizer that trains them ends
+    the steps (it holds none of the parameters known at watch time -- before, ``watch(model)``
+    never followed it and the run was one step), and the user is told once that their
+    gradients are not in the statistics.  Watched after adding them: no notice."""
+    model = _model()
+    path = tmp_path / "run.tscope"
+
+    def add_adapters() -> torch.optim.Optimizer:
+        model.requires_grad_(False)
+        model[0] = _LoRA(model[0])  # type: ignore[arg-type]
+        return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+
+    if when == "add_then_watch":
+        opt = add_adapters()
+        watch = torchscope.watch(model, server=None, record=path)
+    elif when == "watch_with_optimizer_then_add":
+        # the watched optimizer gets the adapters as a new param group
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        watch = torchscope.watch(model, opt, server=None, record=path)
+        model.requires_grad_(False)
+        model[0] = _LoRA(model[0])  # type: ignore[arg-type]
+        opt.add_param_group({"params": [p for p in model.parameters() if p.requires_grad]})
+    else:
+        watch = torchscope.watch(model, server=None, record=path)
+        opt = add_adapters()
+    with watch:
+        for x, y in _batches(5):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    err = capsys.readouterr().err
+    steps = _steps(path)
+    assert [s["step"] for s in steps] == [0, 1, 2, 3, 4]
+    told = [e for e in iter_events(path) if e["kind"] == "log" and "after watch()" in e["message"]]
+    if when == "add_then_watch":
+        assert not told and "after watch()" not in err
+    else:
+        assert len(told) == 1 and err.count("after watch()") == 1
+        assert "0.A.weight" in told[0]["message"] and told[0]["level"] == "warning"
