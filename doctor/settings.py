@@ -47,8 +47,9 @@ SETTING_HELP: dict[str, str] = {
     "explode_min_norm": "P3: an exploding norm must also be at least this large (a converged run's tiny norms bounce)",
     "vanish_factor": "P3: total gradient norm this many times below the largest earlier norm, while the loss stayed "
                      "within 100x of its value then, = vanishing (a loss going to zero is convergence)",
-    "layer_ratio": "P3: per-element gradient size (norm/sqrt(numel)) of the largest weight over the smallest, "
-                   "within one step, from which gradients vanish/explode layer by layer",
+    "layer_ratio": "P3: per-element gradient size (norm/sqrt(numel)) at the model's output end over its input "
+                   "end (medians of the last and first quarter of its weights), within one step, from which "
+                   "gradients vanish layer by layer",
     "memory_growth_bytes": "P7: live bytes at step boundaries must grow by at least this much per step",
     "growth_steps": "P7/P13: consecutive steps of growth before memory growth is reported",
     "hook_bytes": "P13: bytes held by a module's forward hooks that are reported even when they do not grow",

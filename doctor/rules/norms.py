@@ -86,17 +86,35 @@ def _layer_sizes(weights: dict[int, float], ev: dict[str, Any]) -> dict[int, flo
     return sizes
 
 
+def _depth_ratio(sizes: dict[int, float]) -> tuple[float, int, int]:
+    """(ratio, first, last): how much larger the per-element gradient sizes are at the output
+    end of the model than at its input end, and the first and last weight.  In parameter order
+    (the order modules are built in: the forward's for nearly every model) each weight stands
+    for the largest size among it and the next ones (up to 3), and the ratio is the median of
+    the last quarter over the median of the first.
+
+    Not the smallest weight against the largest: some weights carry small gradients by design
+    at every depth -- a transformer's attention query and key weights get theirs only through
+    the attention scores, 1e-5 of a fresh BERT classifier's, while the value weight beside them
+    is of the usual size -- whereas vanishing gradients shrink whole layers, more the further
+    they are from the loss."""
+    order = sorted(sizes)
+    vals = [sizes[i] for i in order]
+    q = max(1, len(vals) // 4)
+    w = min(3, q)  # a window no wider than a quarter: a short model keeps its resolution
+    env = [max(vals[k : k + w]) for k in range(len(vals))]
+    return statistics.median(env[-q:]) / statistics.median(env[:q]), order[0], order[-1]
+
+
 def _across_layers(run: Run, settings: Settings) -> list[Finding]:
     flagged: list[int] = []
-    worst: tuple[float, int, int, int] = (0.0, -1, -1, -1)  # ratio, step, smallest, largest
+    worst: tuple[float, int, int, int] = (0.0, -1, -1, -1)  # ratio, step, input-end weight, output-end weight
     weights = _weights(run)
     for step, ev in run.step_events():
         sizes = _layer_sizes(weights, ev)
         if len(sizes) < 2:
             continue
-        small = min(sizes, key=lambda i: sizes[i])
-        large = max(sizes, key=lambda i: sizes[i])
-        ratio = sizes[large] / sizes[small]
+        ratio, small, large = _depth_ratio(sizes)
         if ratio >= settings.layer_ratio:
             flagged.append(step)
             if ratio > worst[0]:

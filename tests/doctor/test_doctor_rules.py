@@ -183,6 +183,22 @@ def test_p3_vanishing_layer_by_layer() -> None:
     assert diagnose([session(params, mods), *[step(i, grads=healthy) for i in range(3)]]) == []
 
 
+def test_p3_attention_query_and_key_weights_are_not_vanishing() -> None:
+    """A fresh transformer: each block's attention query and key weights get gradients 1e-5 the
+    size of the others' (they only act through the attention scores), at every depth.  Not
+    P3 -- whereas the same sizes shrinking block by block from the loss back are."""
+    kinds = ["query", "key", "value", "out", "ffn_in", "ffn_out"]
+    params = [(f"b{b}.{k}.weight", f"b{b}.{k}", [16, 16]) for b in range(3) for k in kinds]
+    params.append(("head.weight", "head", [16, 16]))
+    mods = [("", "Net"), *[(m, "Linear") for _, m, _ in params]]
+    per_block = [1e-5, 1e-5, 1.0, 1.0, 1.0, 1.0]
+    flat = grads(n=len(params), norm=[*per_block * 3, 1.0])
+    assert "P3" not in codes(diagnose([session(params, mods), *[step(i, grads=flat) for i in range(3)]]))
+    shrinking = grads(n=len(params), norm=[*(v * 1e-3 ** (2 - b) for b in range(3) for v in per_block), 1.0])
+    f = only(diagnose([session(params, mods), *[step(i, grads=shrinking) for i in range(3)]]), "P3")
+    assert f["params"] == ["b0.query.weight", "head.weight"]
+
+
 def test_p3_thresholds_are_settings() -> None:
     norms = [1.0, 1.0, 1.0, 1.0, 200.0]
     events = [session(), *[step(i, grads=grads(norm=n)) for i, n in enumerate(norms)]]
