@@ -33,10 +33,14 @@ def _name_of(cls: type) -> str:
 
 
 def _saved_names(node: Any) -> tuple[str, ...]:
+    """The fields a node class saves for backward: ``_saved_self``... of built-in nodes, and
+    ``saved_tensors`` of a custom ``autograd.Function``'s (what ``ctx.save_for_backward`` got)."""
     cls = type(node)
     names = _saved_attrs.get(cls)
     if names is None:
         names = tuple(a for a in dir(node) if a.startswith("_saved_"))
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            names += ("saved_tensors",)
         _saved_attrs[cls] = names
     return names
 
@@ -50,7 +54,8 @@ def _held(node: Any, attr: str) -> list[torch.Tensor]:
     that are not held.  What is held is the packed value: nothing for a checkpoint, the CPU
     copy for ``save_on_cpu``.  A plain saved tensor is read as usual, so one freed by a
     backward or modified in place still raises (P8/P10)."""
-    raw = getattr(node, "_raw" + attr, None)  # the SavedTensor(s) themselves: reading them unpacks nothing
+    # the SavedTensor(s) themselves (``_raw_saved_self``, ``_raw_saved_tensors``): reading them unpacks nothing
+    raw = getattr(node, "_raw_saved_" + attr.removeprefix("_saved_").removeprefix("saved_"), None)
     packed = _packed(raw) if raw is not None else None
     if packed is not None:
         return packed

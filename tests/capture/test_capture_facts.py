@@ -540,6 +540,51 @@ def test_saved_bytes_follow_the_batch_however_inputs_are_passed(mode: str, call:
     assert [s["memory"]["saved"] for s in _steps(path)] == [n * (16 + 64 + 4) * 4 for n in sizes]
 
 
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+@pytest.mark.parametrize("mode", ["light", "full"])
+def test_saved_bytes_of_a_custom_autograd_function(mode: str, tmp_path: Path) -> None:
+    """What ``ctx.save_for_backward`` keeps counts as saved like a built-in op's saved tensors
+    (it was left out: a custom Function's node has ``saved_tensors``, not ``_saved_*``)."""
+
+    class Net(nn.Module):
+        def __init__(self, custom: bool) -> None:
+            super().__init__()
+            self.a = nn.Linear(16, 64)
+            self.b = nn.Linear(64, 4)
+            self.custom = custom
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x)
+            return self.b(_Square.apply(h) if self.custom else h * h)
+
+    def saved(custom: bool) -> list[int]:
+        torch.manual_seed(0)
+        model = Net(custom)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        path = tmp_path / f"custom-{custom}.tscope"
+        with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+            for n in (8, 32):
+                opt.zero_grad()
+                model(torch.randn(n, 16)).pow(2).mean().backward()
+                opt.step()
+        return [st["memory"]["saved"] for st in _steps(path)]
+
+    # per sample, float32: the input (16, by a's addmm), h (64, by the square), h*h (64, by
+    # b's addmm) and b's output (4, by pow)
+    assert saved(True) == saved(False) == [n * (16 + 64 + 64 + 4) * 4 for n in (8, 32)]
+
+
 @pytest.mark.parametrize("mode", ["light", "default", "full"])
 def test_activation_checkpointing_is_not_recomputed_by_the_capture(mode: str, tmp_path: Path) -> None:
     """A segment under ``torch.utils.checkpoint`` (non-reentrant) saves nothing: its saved
