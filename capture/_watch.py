@@ -82,13 +82,13 @@ _STATS_DTYPES = (torch.float32, torch.float64)
 
 
 class _Sentinel:
-    """Lives in a backward root's ``metadata``: dies with the node, so a live weak reference
-    at a later step boundary means that step's graph is still reachable (P7)."""
+    """Lives in a backward root's (or a forward output's) ``metadata``: dies with the node, so
+    a live weak reference at a later step boundary means that step's graph is still reachable (P7)."""
 
-    __slots__ = ("step", "nodes", "__weakref__")
+    __slots__ = ("step", "nodes", "output", "__weakref__")
 
-    def __init__(self, step: int, nodes: int) -> None:
-        self.step, self.nodes = step, nodes
+    def __init__(self, step: int, nodes: int, output: bool = False) -> None:
+        self.step, self.nodes, self.output = step, nodes, output
 
 
 def _forward_pending(s: _StepState) -> bool:
@@ -107,6 +107,7 @@ class _StepState:
         self.forwards: list[ForwardInfo] = []
         self.transformed = 0  # forwards of the model inside a torch.func transform (not recorded)
         self.node_hooks: list[Any] = []
+        self.out_sentinels: list[weakref.ref[_Sentinel]] = []  # of this step's forward outputs
         self.forward_us = 0.0
         self.backward_us = 0.0
         self.micro = 0
@@ -652,6 +653,14 @@ class Watch:
             fwd["backward"] = True
 
         s.node_hooks.append(fn.register_prehook(consumed))
+        # the output's graph node outliving the next step boundary means something keeps the
+        # output (a list of predictions for metrics): its graph is alive (P7).  The backward's
+        # root sentinel does not see that: the loss derived from the output is gone by then.
+        out = _Sentinel(self._step, 1, output=True)
+        fn.metadata["torchscope_out_sentinel"] = out  # type: ignore[index]
+        ref = weakref.ref(out)
+        self._sentinels.append(ref)
+        s.out_sentinels.append(ref)
         if not module.training or not torch.is_grad_enabled():
             # a graph built in eval mode may never be consumed (P6): size it now, while it exists
             saved, _ = AutogradWalk([fn]).saved(self._param_ptrs)
@@ -960,8 +969,12 @@ class Watch:
         s.saved_peak = max(s.saved_peak, saved)
         for b in broken:
             s.events.append({"what": "saved_unreadable", "node": b, "micro": s.micro})
+        for ref in s.out_sentinels:  # the forward outputs' graphs: about this size
+            if (out := ref()) is not None and out.nodes == 1:
+                out.nodes = n_nodes
         for fn in fns:
             if fn is not None:
+                fn.metadata.pop("torchscope_out_sentinel", None)  # the output is the loss: one sentinel
                 sentinel = _Sentinel(self._step, n_nodes)
                 fn.metadata["torchscope_sentinel"] = sentinel  # type: ignore[index]
                 self._sentinels.append(weakref.ref(sentinel))
@@ -1520,7 +1533,11 @@ class Watch:
         return p_st
 
     def _graphs_alive(self) -> int:
-        alive = 0
+        """Autograd nodes of earlier steps' graphs still reachable: per step, its backward
+        roots' graphs, or (none alive) its forward outputs' -- a root's graph holds the
+        output's, which is not counted twice."""
+        roots: dict[int, int] = {}
+        outputs: dict[int, int] = {}
         keep: list[weakref.ref[_Sentinel]] = []
         for ref in self._sentinels:
             sent = ref()
@@ -1528,9 +1545,10 @@ class Watch:
                 continue
             keep.append(ref)
             if sent.step < self._step:
-                alive += sent.nodes
+                per = outputs if sent.output else roots
+                per[sent.step] = per.get(sent.step, 0) + sent.nodes
         self._sentinels = keep
-        return alive
+        return sum(roots.values()) + sum(n for step, n in outputs.items() if step not in roots)
 
 
 _compiling = torch.compiler.is_compiling

@@ -151,6 +151,31 @@ def test_p7_graph_kept_alive(tmp_path: Path) -> None:
     assert alive[0] == 0 and alive[1] > 0 and alive[1] < alive[2] < alive[3]
 
 
+@pytest.mark.parametrize("detach", [True, False])
+def test_p7_outputs_kept_for_metrics(detach: bool, tmp_path: Path) -> None:
+    """Predictions appended to a list for metrics keep each step's graph alive unless
+    detached (the loss made from them is gone, so only the output's node tells).  The loop's
+    own variables, alive across one boundary until the next iteration rebinds them, are not."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "preds.tscope"
+    preds = []
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(4):
+            out = model(torch.randn(4, 8))
+            loss = out.pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            preds.append(out.detach() if detach else out)
+    alive = [st["graphs_alive"] for st in _steps(path)]
+    p7 = [f for f in diagnose(iter_events(path)) if f["code"] == "P7"]
+    if detach:
+        assert alive == [0, 0, 0, 0] and p7 == []
+    else:
+        assert alive[0] == 0 and 0 < alive[1] < alive[2] < alive[3] and len(p7) == 1
+
+
 def test_p10_and_p8_backward_errors(tmp_path: Path) -> None:
     def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
         h = model(torch.randn(4, 8))
