@@ -168,6 +168,21 @@ def _first_tensor(x: Any) -> torch.Tensor | None:
     return getattr(x, "logits", None) if isinstance(getattr(x, "logits", None), torch.Tensor) else None
 
 
+def _output_nodes(x: Any, limit: int = 8) -> list[Any]:
+    """The distinct ``grad_fn`` nodes of the tensors a forward returned, top level only (a
+    tensor, or the items of a tuple, list or dict -- a ``ModelOutput``'s loss and logits), at
+    most ``limit``."""
+    items = x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else (x,)
+    nodes: list[Any] = []
+    for v in items:
+        fn = v.grad_fn if isinstance(v, torch.Tensor) else None
+        if fn is not None and all(fn is not n for n in nodes):
+            nodes.append(fn)
+            if len(nodes) >= limit:
+                break
+    return nodes
+
+
 def _default_record(name: str) -> str:
     return os.path.join("torchscope-runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.tscope")
 
@@ -653,14 +668,16 @@ class Watch:
             fwd["backward"] = True
 
         s.node_hooks.append(fn.register_prehook(consumed))
-        # the output's graph node outliving the next step boundary means something keeps the
-        # output (a list of predictions for metrics): its graph is alive (P7).  The backward's
-        # root sentinel does not see that: the loss derived from the output is gone by then.
-        out = _Sentinel(self._step, 1, output=True)
-        fn.metadata["torchscope_out_sentinel"] = out  # type: ignore[index]
-        ref = weakref.ref(out)
-        self._sentinels.append(ref)
-        s.out_sentinels.append(ref)
+        # an output's graph node outliving the next step boundary means something keeps the
+        # output (a list of predictions, or of a ModelOutput's logits, for metrics): its graph
+        # is alive (P7).  The backward's root sentinel does not see that: the loss derived
+        # from the output is gone by then.
+        for node in _output_nodes(output):
+            out = _Sentinel(self._step, 1, output=True)
+            node.metadata["torchscope_out_sentinel"] = out
+            ref = weakref.ref(out)
+            self._sentinels.append(ref)
+            s.out_sentinels.append(ref)
         if not module.training or not torch.is_grad_enabled():
             # a graph built in eval mode may never be consumed (P6): size it now, while it exists
             saved, _ = AutogradWalk([fn]).saved(self._param_ptrs)
@@ -1544,9 +1561,10 @@ class Watch:
             if sent is None:
                 continue
             keep.append(ref)
-            if sent.step < self._step:
-                per = outputs if sent.output else roots
-                per[sent.step] = per.get(sent.step, 0) + sent.nodes
+            if sent.step < self._step and sent.output:  # outputs share one graph: the largest
+                outputs[sent.step] = max(outputs.get(sent.step, 0), sent.nodes)
+            elif sent.step < self._step:
+                roots[sent.step] = roots.get(sent.step, 0) + sent.nodes
         self._sentinels = keep
         return sum(roots.values()) + sum(n for step, n in outputs.items() if step not in roots)
 

@@ -176,6 +176,35 @@ def test_p7_outputs_kept_for_metrics(detach: bool, tmp_path: Path) -> None:
         assert alive[0] == 0 and 0 < alive[1] < alive[2] < alive[3] and len(p7) == 1
 
 
+def test_p7_logits_of_a_model_that_returns_its_loss(tmp_path: Path) -> None:
+    """A model returning ``{"loss": ..., "logits": ...}`` (a transformers ``ModelOutput``):
+    keeping the logits keeps the graph; the loss is the backward's root and the logits node
+    is another output of the same forward."""
+
+    class Classifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = _mlp()
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            logits = self.body(x)
+            return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+    model = Classifier()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "logits.tscope"
+    kept = []
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(4):
+            out = model(torch.randn(4, 8), torch.randint(0, 2, (4,)))
+            opt.zero_grad()
+            out["loss"].backward()
+            opt.step()
+            kept.append(out["logits"])
+    alive = [st["graphs_alive"] for st in _steps(path)]
+    assert alive[0] == 0 and 0 < alive[1] < alive[2] < alive[3]
+
+
 def test_p10_and_p8_backward_errors(tmp_path: Path) -> None:
     def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
         h = model(torch.randn(4, 8))
