@@ -84,7 +84,7 @@ class OpRecorder(TorchDispatchMode):
         # records hold tuples where the schema has lists (the same JSON arrays): a tuple of
         # ints leaves the collector's tracking at its first pass, a list never does, and the
         # records outlive the step, so every tracked one would end up in the costly full
-        # collections (~100 ms each on a transformer's process, every ~7 captured steps).
+        # collections (~100 ms each on a transformer's process, every 10-20 captured steps).
         self._timeline_ops: list[int] = []
         self._timeline_live: list[int] = []
         self.shed = 0
