@@ -108,6 +108,8 @@ class _StepState:
         self.transformed = 0  # forwards of the model inside a torch.func transform (not recorded)
         self.node_hooks: list[Any] = []
         self.out_sentinels: list[weakref.ref[_Sentinel]] = []  # of this step's forward outputs
+        self.asked: set[int] | None = None  # parameters backward(inputs=...) asked for (_note_inputs)
+        self.unrestricted = False  # a backward of this step asked for every gradient
         self.forward_us = 0.0
         self.backward_us = 0.0
         self.micro = 0
@@ -934,6 +936,9 @@ class Watch:
                 self._touches.clear()
             self._touches[sig] = hit
         self._owner = threading.get_ident()
+        if kind != "grad":  # Tensor.backward(gradient, retain_graph, create_graph, inputs); autograd.backward(..., grad_variables, inputs)
+            at = 4 if kind == "tensor" else 5
+            self._note_inputs(s, kwargs.get("inputs", args[at] if len(args) > at else None))
         self._stop_recorder()
         if not s.started:
             self._start_step(s)
@@ -1262,6 +1267,27 @@ class Watch:
             return True
         return self.mode == "default" and (step % self.sample_every == 0 or self._capture_next)
 
+    def _note_inputs(self, s: _StepState, inputs: Any) -> None:
+        """``backward(inputs=...)`` accumulates into those tensors only: which of the watched
+        parameters this step's backwards asked for (None once one asked for all)."""
+        if inputs is None:
+            s.asked = None
+            s.unrestricted = True
+            return
+        if s.unrestricted:
+            return
+        ts = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+        index = {id(p): i for i, r in enumerate(self._params) if (p := r()) is not None}
+        s.asked = (s.asked or set()) | {index[id(t)] for t in ts if id(t) in index}
+
+    def _not_trained(self, opt: torch.optim.Optimizer | None, params: list[torch.Tensor | None], s: _StepState) -> list[int]:
+        """``_not_stepped`` and the parameters every backward(inputs=...) of the step left out."""
+        out = self._not_stepped(opt, params)
+        if s.asked is not None:
+            left = [i for i, p in enumerate(params) if p is not None and p.requires_grad and i not in s.asked]
+            out = sorted(set(out) | set(left))
+        return out
+
     def _not_stepped(self, opt: torch.optim.Optimizer | None, params: list[torch.Tensor | None]) -> list[int]:
         """Indices of parameters that require grad but that ``opt`` does not update (a linear
         probe's backbone, run under no_grad): their missing gradient is by design.  The
@@ -1297,7 +1323,7 @@ class Watch:
         read = s.stats if s.stats is not None else self._safe("grads", self._grad_stats, s, params)
         if read is None:  # gradient statistics failed (and are off): the step keeps its losses
             read = self._grad_stats(s, [])
-        not_stepped = self._safe("grads", self._not_stepped, opt, params) or []
+        not_trained = self._safe("grads", self._not_trained, opt, params, s) or []
         now = time.perf_counter()
         ev: StepEvent = {
             "kind": "step",
@@ -1358,7 +1384,7 @@ class Watch:
         ev["graph_signature"] = sig
         self._follow_structure(sig, s.graph is not None)
         graph = dict(self._graph_event(s)) if s.graph is not None else None
-        pending = (ev, read, len(s.losses), isinstance(scale, torch.Tensor), s.pre_nonzero, not_stepped, graph)
+        pending = (ev, read, len(s.losses), isinstance(scale, torch.Tensor), s.pre_nonzero, not_trained, graph)
         self._finish_deferred()  # the previous step's values, long on the host by now
         if read.deferred:
             self._deferred = pending
@@ -1403,7 +1429,7 @@ class Watch:
         n_losses: int,
         has_scale: bool,
         pre_nonzero: list[int],
-        not_stepped: list[int],
+        not_trained: list[int],
         graph: dict[str, Any] | None,
     ) -> None:
         """Complete a step event with its gradient statistics and losses, then emit it (and its
@@ -1412,8 +1438,8 @@ class Watch:
         stats, values = read.result()
         losses = values[:n_losses]
         stats["pre_nonzero"] = pre_nonzero
-        if not_stepped:
-            stats["not_stepped"] = not_stepped
+        if not_trained:
+            stats["not_trained"] = not_trained
         ev["loss"] = losses[-1] if losses else None
         ev["losses"] = losses
         ev["grads"] = stats

@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 3)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_stepped
+SCHEMA_VERSION: tuple[int, int] = (1, 3)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained
 
 # Bounds that keep a hostile or runaway file/payload from exhausting memory.
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # compressed payload of one frame
@@ -88,7 +88,7 @@ class GradStats(TypedDict, total=False):
     inf: list[int]
     none: list[int]  # indices of trainable parameters whose .grad is None at optimizer step
     pre_nonzero: list[int]  # indices whose .grad was already non-zero before this step's first backward (P5)
-    not_stepped: list[int]  # indices that require grad but are in none of the stepping optimizer's param groups (a part run under no_grad on purpose: not P1)
+    not_trained: list[int]  # indices that require grad but were not trained this step: in none of the stepping optimizer's param groups (a part run under no_grad on purpose), or left out of every backward(inputs=...): not P1
 
 
 class MemoryStats(TypedDict, total=False):

@@ -58,7 +58,7 @@ def _none_steps(run: Run) -> dict[int, list[int]]:
         grads = as_dict(ev.get("grads"))
         # a parameter no optimizer updates (a backbone run under no_grad) needs no gradient
         none = sorted({as_int(i, -1) for i in as_list(grads.get("none"))}
-                      - {as_int(i, -1) for i in as_list(grads.get("not_stepped"))} - {-1})
+                      - {as_int(i, -1) for i in as_list(grads.get("not_trained"))} - {-1})
         if not none or as_int(ev.get("micro_batches"), 1) == 0 or step in failed:
             continue  # no backward ran (or it raised): P8/P10 explain it, not a cut path
         if n_trainable and len(none) >= n_trainable and as_int(ev.get("zero_grad")) > 0:

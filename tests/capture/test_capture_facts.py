@@ -295,7 +295,7 @@ def test_p1_and_p9_graph_breaks_on_captured_steps(tmp_path: Path) -> None:
 @pytest.mark.parametrize("probe", [True, False])
 def test_p1_spares_a_backbone_the_optimizer_does_not_hold(mode: str, probe: bool, tmp_path: Path) -> None:
     """A linear probe: the backbone runs under no_grad and the optimizer holds only the head.
-    The backbone's missing gradients are by design (``not_stepped``), not P1.  The same
+    The backbone's missing gradients are by design (``not_trained``), not P1.  The same
     forward with an optimizer over every parameter is P1 (one finding for the no_grad block):
     those parameters were meant to learn."""
 
@@ -321,7 +321,7 @@ def test_p1_spares_a_backbone_the_optimizer_does_not_hold(mode: str, probe: bool
             opt.step()
     grads = [st["grads"] for st in _steps(path)]
     assert all(g["none"] == [0, 1] for g in grads)  # the backbone's weight and bias
-    assert all(g.get("not_stepped") == ([0, 1] if probe else None) for g in grads)
+    assert all(g.get("not_trained") == ([0, 1] if probe else None) for g in grads)
     p1 = [f for f in diagnose(iter_events(path)) if f["code"] == "P1"]
     if probe:
         assert p1 == []
@@ -330,6 +330,30 @@ def test_p1_spares_a_backbone_the_optimizer_does_not_hold(mode: str, probe: bool
         assert len(p1) == 1 and set(p1[0]["params"]) == {"backbone.0.weight", "backbone.0.bias"}
         if mode == "full":  # a captured graph shows where the path breaks
             assert "torch.no_grad()" in p1[0]["message"] and p1[0]["targets"][0]["module"] == "backbone.0"
+
+
+@pytest.mark.parametrize("mode", ["light", "full"])
+@pytest.mark.parametrize("call", ["tensor", "autograd"])
+def test_p1_spares_parameters_left_out_of_backward_inputs(mode: str, call: str, tmp_path: Path) -> None:
+    """``backward(inputs=...)`` accumulates into the given tensors only (alternating updates
+    of two parts): the others get no gradient by design (``not_trained``), not P1."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "inputs.tscope"
+    parts = [list(model[0].parameters()), list(model[3].parameters())]
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for i in range(4):
+            opt.zero_grad()
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            if call == "tensor":
+                loss.backward(inputs=parts[i % 2])
+            else:
+                torch.autograd.backward(loss, inputs=parts[i % 2])
+            opt.step()
+    grads = [st["grads"] for st in _steps(path)]
+    assert [g["none"] for g in grads] == [[2, 3], [0, 1], [2, 3], [0, 1]]
+    assert [g["not_trained"] for g in grads] == [[2, 3], [0, 1], [2, 3], [0, 1]]
+    assert [f for f in diagnose(iter_events(path)) if f["code"] == "P1"] == []
 
 
 @pytest.mark.parametrize("thresholded", [False, True])
