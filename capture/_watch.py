@@ -1604,6 +1604,7 @@ def _transformed() -> bool:
     """Inside a torch.func transform (vmap, grad, jvp...)."""
     return _functorch_level() is not None
 
+
 _data_ptr = torch.Tensor.data_ptr
 # the active watch of each model (weak keys: a watch never keeps its model alive)
 _watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
