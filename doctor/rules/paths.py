@@ -69,12 +69,13 @@ def _none_steps(run: Run) -> dict[int, list[int]]:
 
 
 def _graph_near(run: Run, steps: list[int]) -> tuple[int, dict[str, Any]]:
+    """A captured graph of one of ``steps`` (where the parameter got no gradient), or none: a
+    graph of another step, where it may well have got one, would name a break that is not
+    there (a mixture-of-experts expert idle at step 1 'breaking' at the loss of step 0)."""
     for step in steps:
         graphs = run.graphs_of(step)
         if graphs:
             return step, graphs[0]
-    for step, graph in run.all_graphs():
-        return step, graph
     return -1, {}
 
 

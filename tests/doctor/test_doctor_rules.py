@@ -102,6 +102,17 @@ def test_p1_points_at_the_parameter_and_the_op_where_its_path_breaks() -> None:
     assert "since step 0, every step" in f["message"]
 
 
+def test_p1_reads_no_break_from_a_step_where_the_parameter_had_a_gradient() -> None:
+    """The only captured graph is step 0's, where enc got its gradient; enc got none at step 3
+    (an idle expert): the finding says its path was cut, and names no op of step 0."""
+    g = _detach_graph(0)
+    g["ops"] = [op for op in g["ops"] if op["id"] not in (1, 2)]
+    g["ops"][1] = g["ops"][1] | {"inputs": [2, 4]}  # head reads enc's output: nothing cut
+    events = [session(), step(0), step(1), step(2), step(3, grads=grads(none=[0, 1], norm=[None, None, 1.0, 1.0])), g]
+    f = only(diagnose(events), "P1")
+    assert f["steps"] == [3] and "its path to the loss is cut" in f["message"] and "aten::" not in f["message"]
+
+
 def test_p1_no_grad_forward_points_at_the_op_run_without_grad() -> None:
     g = _detach_graph(0)
     g["ops"] = [g["ops"][0] | {"grad_mode": False}, *g["ops"][2:]]
