@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from capture_models import Square
 from torch import nn
 
 import torchscope
@@ -151,58 +152,47 @@ def test_p7_graph_kept_alive(tmp_path: Path) -> None:
     assert alive[0] == 0 and alive[1] > 0 and alive[1] < alive[2] < alive[3]
 
 
-@pytest.mark.parametrize("detach", [True, False])
-def test_p7_outputs_kept_for_metrics(detach: bool, tmp_path: Path) -> None:
+class _Classifier(nn.Module):
+    """Returns ``{"loss": ..., "logits": ...}``, as a transformers ``ModelOutput``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _mlp()
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.body(x)
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+@pytest.mark.parametrize("kept", ["detached", "output", "logits"])
+def test_p7_outputs_kept_for_metrics(kept: str, tmp_path: Path) -> None:
     """Predictions appended to a list for metrics keep each step's graph alive unless
-    detached (the loss made from them is gone, so only the output's node tells).  The loop's
-    own variables, alive across one boundary until the next iteration rebinds them, are not."""
-    model = _mlp()
+    detached: the loss made from them is gone, so only the output's node tells -- also for
+    a model that returns its loss with its logits (the loss is the backward's root, the
+    logits another output).  The loop's own variables, alive across one boundary until the
+    next iteration rebinds them, are not."""
+    model = _Classifier() if kept == "logits" else _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     path = tmp_path / "preds.tscope"
     preds = []
     with torchscope.watch(model, opt, server=None, record=path):
         for _ in range(4):
-            out = model(torch.randn(4, 8))
-            loss = out.pow(2).mean()
+            if kept == "logits":
+                out = model(torch.randn(4, 8), torch.randint(0, 2, (4,)))
+                loss, held = out["loss"], out["logits"]
+            else:
+                out = model(torch.randn(4, 8))
+                loss, held = out.pow(2).mean(), out.detach() if kept == "detached" else out
             opt.zero_grad()
             loss.backward()
             opt.step()
-            preds.append(out.detach() if detach else out)
+            preds.append(held)
     alive = [st["graphs_alive"] for st in _steps(path)]
     p7 = [f for f in diagnose(iter_events(path)) if f["code"] == "P7"]
-    if detach:
+    if kept == "detached":
         assert alive == [0, 0, 0, 0] and p7 == []
     else:
         assert alive[0] == 0 and 0 < alive[1] < alive[2] < alive[3] and len(p7) == 1
-
-
-def test_p7_logits_of_a_model_that_returns_its_loss(tmp_path: Path) -> None:
-    """A model returning ``{"loss": ..., "logits": ...}`` (a transformers ``ModelOutput``):
-    keeping the logits keeps the graph; the loss is the backward's root and the logits node
-    is another output of the same forward."""
-
-    class Classifier(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body = _mlp()
-
-        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-            logits = self.body(x)
-            return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
-
-    model = Classifier()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    path = tmp_path / "logits.tscope"
-    kept = []
-    with torchscope.watch(model, opt, server=None, record=path):
-        for _ in range(4):
-            out = model(torch.randn(4, 8), torch.randint(0, 2, (4,)))
-            opt.zero_grad()
-            out["loss"].backward()
-            opt.step()
-            kept.append(out["logits"])
-    alive = [st["graphs_alive"] for st in _steps(path)]
-    assert alive[0] == 0 and 0 < alive[1] < alive[2] < alive[3]
 
 
 def test_p10_and_p8_backward_errors(tmp_path: Path) -> None:
@@ -291,6 +281,21 @@ def test_p1_and_p9_graph_breaks_on_captured_steps(tmp_path: Path) -> None:
     assert any(n == "aten::argmax" and "non_differentiable" in f for n, f in names_flags)
 
 
+class _BlockHead(nn.Module):
+    """A Linear+ReLU block and a linear head; ``through(block, x)`` runs the block (under
+    no_grad, checkpointed...)."""
+
+    def __init__(self, through: Any) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.block = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.head = nn.Linear(16, 2)
+        self.through = through
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.through(self.block, x))  # type: ignore[no-any-return]
+
+
 @pytest.mark.parametrize("mode", ["light", "full"])
 @pytest.mark.parametrize("probe", [True, False])
 def test_p1_spares_a_backbone_the_optimizer_does_not_hold(mode: str, probe: bool, tmp_path: Path) -> None:
@@ -299,19 +304,11 @@ def test_p1_spares_a_backbone_the_optimizer_does_not_hold(mode: str, probe: bool
     forward with an optimizer over every parameter is P1 (one finding for the no_grad block):
     those parameters were meant to learn."""
 
-    class Probe(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.backbone = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
-            self.head = nn.Linear(16, 2)
+    def frozen(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return block(x)  # type: ignore[no-any-return]
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            with torch.no_grad():
-                features = self.backbone(x)
-            return self.head(features)
-
-    torch.manual_seed(0)
-    model = Probe()
+    model = _BlockHead(frozen)
     opt = torch.optim.SGD(model.head.parameters() if probe else model.parameters(), lr=0.01)
     path = tmp_path / "probe.tscope"
     with torchscope.watch(model, opt, server=None, record=path, mode=mode):
@@ -320,16 +317,16 @@ def test_p1_spares_a_backbone_the_optimizer_does_not_hold(mode: str, probe: bool
             model(torch.randn(4, 8)).pow(2).mean().backward()
             opt.step()
     grads = [st["grads"] for st in _steps(path)]
-    assert all(g["none"] == [0, 1] for g in grads)  # the backbone's weight and bias
+    assert all(g["none"] == [0, 1] for g in grads)  # the block's weight and bias
     assert all(g.get("not_trained") == ([0, 1] if probe else None) for g in grads)
     p1 = [f for f in diagnose(iter_events(path)) if f["code"] == "P1"]
     if probe:
         assert p1 == []
     else:
         # one finding for the no_grad block, though weight and bias are cut at different ops
-        assert len(p1) == 1 and set(p1[0]["params"]) == {"backbone.0.weight", "backbone.0.bias"}
+        assert len(p1) == 1 and set(p1[0]["params"]) == {"block.0.weight", "block.0.bias"}
         if mode == "full":  # a captured graph shows where the path breaks
-            assert "torch.no_grad()" in p1[0]["message"] and p1[0]["targets"][0]["module"] == "backbone.0"
+            assert "torch.no_grad()" in p1[0]["message"] and p1[0]["targets"][0]["module"] == "block.0"
 
 
 @pytest.mark.parametrize("mode", ["light", "full"])
@@ -618,18 +615,6 @@ def test_saved_bytes_follow_the_batch_however_inputs_are_passed(mode: str, call:
     assert [s["memory"]["saved"] for s in _steps(path)] == [n * (16 + 64 + 4) * 4 for n in sizes]
 
 
-class _Square(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        return 2 * x * g
-
-
 @pytest.mark.parametrize("mode", ["light", "full"])
 def test_saved_bytes_of_a_custom_autograd_function(mode: str, tmp_path: Path) -> None:
     """What ``ctx.save_for_backward`` keeps counts as saved like a built-in op's saved tensors
@@ -644,7 +629,7 @@ def test_saved_bytes_of_a_custom_autograd_function(mode: str, tmp_path: Path) ->
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             h = self.a(x)
-            return self.b(_Square.apply(h) if self.custom else h * h)
+            return self.b(Square.apply(h) if self.custom else h * h)
 
     def saved(custom: bool) -> list[int]:
         torch.manual_seed(0)
@@ -716,17 +701,7 @@ def test_p1_reentrant_checkpoint_without_an_input_requiring_grad(tmp_path: Path)
     layers never learn.  P1 points at the first op run without grad and says how to fix it."""
     from torch.utils.checkpoint import checkpoint
 
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.block = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
-            self.head = nn.Linear(16, 2)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.head(checkpoint(self.block, x, use_reentrant=True))
-
-    torch.manual_seed(0)
-    model = Net()
+    model = _BlockHead(lambda block, x: checkpoint(block, x, use_reentrant=True))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     path = tmp_path / "reentrant.tscope"
     with pytest.warns(UserWarning, match="requires_grad"), torchscope.watch(
