@@ -1406,7 +1406,10 @@ class Watch:
         room = len(self._structures) < _MAX_STRUCTURES
         if captured and room:
             self._structures.add(sig)
-        changed = not captured and self._last_sig is not None and sig != self._last_sig
+        # the first structure is new too while none is captured: a run whose step 0 had no
+        # backward (an optimizer.step() before the loop) would wait sample_every steps
+        first = self._last_sig is None and not self._structures
+        changed = not captured and sig != self._last_sig and (self._last_sig is not None or first)
         if changed and room and sig not in self._structures and self._wanted is None:
             self._wanted, self._tries = sig, 0  # a new structure: capture until it is seen
         self._last_sig = sig

@@ -356,3 +356,22 @@ def test_complex_parameters_get_statistics_of_their_magnitudes(mode: str, tmp_pa
             assert gs["mean"][0] == pytest.approx(mag.mean().item(), rel=1e-5)
             assert gs["std"][0] == pytest.approx(mag.std().item(), rel=1e-3)
             assert gs["zero_frac"][0] == pytest.approx((g == 0).double().mean().item(), abs=1e-6)
+
+
+def test_default_mode_captures_a_graph_when_step_0_had_no_backward(tmp_path: Path) -> None:
+    """Step 0 is default mode's first capture; a run whose step 0 has no backward (an
+    ``optimizer.step()`` before the loop) gets its first graph two steps later, not after
+    ``sample_every`` steps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "late.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="default", sample_every=50):
+        opt.step()  # nothing to apply yet: a step without forward or backward
+        for _ in range(5):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+    events = list(iter_events(path))
+    assert [e["step"] for e in events if e["kind"] == "step"] == [0, 1, 2, 3, 4, 5]
+    assert [e["step"] for e in events if e["kind"] == "graph"] == [2]
