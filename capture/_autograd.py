@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -61,6 +61,18 @@ def _held(node: Any, attr: str) -> list[torch.Tensor]:
         return packed
     v = getattr(node, attr)
     return [t for t in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(t, torch.Tensor)]
+
+
+def _saved_of(node: Any) -> Iterator[tuple[str, list[torch.Tensor] | Exception]]:
+    """Each saved field of ``node`` with its tensors that have a storage, or the exception
+    reading it raised (freed by a backward, modified in place)."""
+    for attr in _saved_names(node):
+        try:
+            held = _held(node, attr)
+        except Exception as exc:
+            yield attr, exc
+            continue
+        yield attr, [t for t in held if has_storage(t)]
 
 
 def _packed(raw: Any) -> list[torch.Tensor] | None:
@@ -116,18 +128,15 @@ class AutogradWalk:
         out: dict[int, int] = {}
         broken: list[str] = []
         for n in self.nodes:
-            for attr in _saved_names(n):
-                try:
-                    held = _held(n, attr)
-                except Exception as exc:
-                    broken.append(f"{type(n).__name__}.{attr}: {str(exc).splitlines()[0][:200]}")
+            for attr, held in _saved_of(n):
+                if isinstance(held, Exception):
+                    broken.append(f"{type(n).__name__}.{attr}: {str(held).splitlines()[0][:200]}")
                     continue
                 for t in held:
-                    if has_storage(t):
-                        st = t.untyped_storage()
-                        ptr = st.data_ptr()
-                        if ptr not in param_ptrs:
-                            out[ptr] = st.nbytes()
+                    st = t.untyped_storage()
+                    ptr = st.data_ptr()
+                    if ptr not in param_ptrs:
+                        out[ptr] = st.nbytes()
         return out, broken
 
     def touching_node(self, param_ids: dict[int, str], hint: int = -1) -> int:
@@ -207,23 +216,20 @@ class AutogradWalk:
 
 def _saved_tensors(node: Any, sid: Callable[[int], int]) -> list[SavedTensor]:
     out: list[SavedTensor] = []
-    for attr in _saved_names(node):
-        try:
-            held = _held(node, attr)
-        except Exception:  # freed by an earlier backward, or not readable: bytes unknown
+    for attr, held in _saved_of(node):
+        if isinstance(held, Exception):  # freed by an earlier backward, or not readable: bytes unknown
             continue
         for t in held:
-            if has_storage(t):
-                st = t.untyped_storage()
-                out.append(
-                    {
-                        "name": attr,
-                        "shape": list(t.shape),
-                        "dtype": str(t.dtype).removeprefix("torch."),
-                        "nbytes": st.nbytes(),
-                        "storage": sid(st.data_ptr()),
-                    }
-                )
+            st = t.untyped_storage()
+            out.append(
+                {
+                    "name": attr,
+                    "shape": list(t.shape),
+                    "dtype": str(t.dtype).removeprefix("torch."),
+                    "nbytes": st.nbytes(),
+                    "storage": sid(st.data_ptr()),
+                }
+            )
     return out
 
 

@@ -90,7 +90,7 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
         if op and op.get("grad_mode") is False:
             # one no_grad block cuts every parameter in it, each at its own first op: one
             # finding per block (its source line), shown at its earliest op
-            key = ("no_grad", -1, used) if not op.get("src") else (f"no_grad {op['src']}", -1, used)
+            key = (f"no_grad {op.get('src', '')}", -1, used)
             if key in where and as_int(where[key][1].get("id"), -1) <= as_int(op.get("id"), -1):
                 gstep, op = where[key]
         else:
