@@ -12,7 +12,7 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from .. import graph as g
-from ..finding import describe_steps, make
+from ..finding import Severity, describe_steps, make
 from ..run import Run, as_dict, as_int, as_list, errors, trainable
 from ..settings import Settings
 
@@ -49,23 +49,30 @@ def break_op(graph: dict[str, Any], param: str) -> tuple[dict[str, Any], bool]:
     return (cut[0] if cut else flow[-1]), True
 
 
-def _none_steps(run: Run) -> dict[int, list[int]]:
-    """param index -> steps on which its .grad was None at optimizer.step()."""
+def _none_steps(run: Run) -> tuple[dict[int, list[int]], dict[int, int]]:
+    """(param index -> steps on which its .grad was None at optimizer.step(), param index ->
+    how many steps with a backward it did get a gradient on)."""
     n_trainable = trainable(run)
     failed = {e.step for e in errors(run)}
     out: dict[int, list[int]] = {}
+    got: dict[int, int] = {}
     for step, ev in run.step_events():
+        if as_int(ev.get("micro_batches"), 1) == 0 or step in failed:
+            continue  # no backward ran (or it raised): P8/P10 explain it, not a cut path
         grads = as_dict(ev.get("grads"))
+        for i, v in enumerate(as_list(grads.get("norm"))):
+            if v is not None:
+                got[i] = got.get(i, 0) + 1
         # a parameter no optimizer updates (a backbone run under no_grad) needs no gradient
         none = sorted({as_int(i, -1) for i in as_list(grads.get("none"))}
                       - {as_int(i, -1) for i in as_list(grads.get("not_trained"))} - {-1})
-        if not none or as_int(ev.get("micro_batches"), 1) == 0 or step in failed:
-            continue  # no backward ran (or it raised): P8/P10 explain it, not a cut path
+        if not none:
+            continue
         if n_trainable and len(none) >= n_trainable and as_int(ev.get("zero_grad")) > 0:
             continue  # every grad cleared after backward: misplaced zero_grad (P5)
         for i in none:
             out.setdefault(i, []).append(step)
-    return out
+    return out, got
 
 
 def _graph_near(run: Run, steps: list[int]) -> tuple[int, dict[str, Any]]:
@@ -81,49 +88,83 @@ def _graph_near(run: Run, steps: list[int]) -> tuple[int, dict[str, Any]]:
 
 def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
     """P1: trainable parameters whose .grad is still None at optimizer.step()."""
-    groups: dict[tuple[str, int, bool], list[int]] = {}  # (break op label, op id, used) -> param indices
-    steps_of = _none_steps(run)
-    where: dict[tuple[str, int, bool], tuple[int, dict[str, Any]]] = {}
+    # (break op label, op id, used, whether it got a gradient on other steps) -> param indices
+    groups: dict[tuple[str, int, bool, bool], list[int]] = {}
+    steps_of, got = _none_steps(run)
+    where: dict[tuple[str, int, bool, bool], tuple[int, dict[str, Any]]] = {}
     for index, steps in steps_of.items():
         gstep, graph = _graph_near(run, steps)
         op, used = break_op(graph, run.param_name(index)) if graph else ({}, True)
+        sometimes = got.get(index, 0) > 0
         if op and op.get("grad_mode") is False:
             # one no_grad block cuts every parameter in it, each at its own first op: one
             # finding per block (its source line), shown at its earliest op
-            key = (f"no_grad {op.get('src', '')}", -1, used)
+            key = (f"no_grad {op.get('src', '')}", -1, used, sometimes)
             if key in where and as_int(where[key][1].get("id"), -1) <= as_int(op.get("id"), -1):
                 gstep, op = where[key]
         else:
-            key = (g.op_label(op) if op else "", as_int(op.get("id"), -1) if op else -1, used)
+            key = (g.op_label(op) if op else "", as_int(op.get("id"), -1) if op else -1, used, sometimes)
         groups.setdefault(key, []).append(index)
         where[key] = (gstep, op)
     findings: list[Finding] = []
     for key, indices in groups.items():
-        _, _, used = key
         gstep, op = where[key]
-        label = g.op_label(op) if op else ""
         names = [run.param_name(i) for i in indices]
-        modules = sorted({run.param_module(i) for i in indices})
         steps = sorted({s for i in indices for s in steps_of[i]})
-        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        if not used:
-            message = f"{shown} never received a gradient ({describe_steps(steps, run.last_step)}): the forward never used it."
-        elif op:
-            why = ("it ran under torch.no_grad()" if op.get("grad_mode") is False
-                   else "gradient cannot flow through it")
-            message = (f"{shown} never received a gradient ({describe_steps(steps, run.last_step)}): "
-                       f"its path to the loss breaks at {label} ({why}).")
-        else:
-            message = f"{shown} never received a gradient ({describe_steps(steps, run.last_step)}): its path to the loss is cut."
+        severity, message, fix = _cut_text(run, key, names, steps, op,
+                                           [len(steps_of[i]) for i in indices], [got.get(i, 0) for i in indices])
         targets: list[FindingTarget] = [FindingTarget(step=steps[0], rank=run.rank, param=n, module=run.param_module(i))
                                         for n, i in zip(names, indices, strict=True)]
         if op:
             targets.insert(0, FindingTarget(**g.target_of_op(gstep, run.rank, op)))  # type: ignore[typeddict-item]
-        fix = _NO_GRAD_FIX if op and op.get("grad_mode") is False else _CUT_FIX
-        findings.append(make("P1", "error", message, fix, steps, rank=run.rank, targets=targets,
-                             modules=modules, params=names, src=str(op.get("src", "")) if op else None,
-                             data={"break_op": label, "graph_step": gstep}))
+        findings.append(make("P1", severity, message, fix, steps, rank=run.rank, targets=targets,
+                             modules=sorted({run.param_module(i) for i in indices}), params=names,
+                             src=str(op.get("src", "")) if op else None,
+                             data={"break_op": g.op_label(op) if op else "", "graph_step": gstep}))
     return findings
+
+
+_VARYING = ("a path that changes from step to step (layer drop, early exit, a mixture-of-experts expert no "
+            "token was routed to)")
+_VARYING_FIX = ("Nothing to fix if the model picks its path per step: the optimizer skips a parameter whose .grad "
+                "is None (no update, momentum or weight decay for it that step). If these layers should run on "
+                "every step, check the condition that skips them; a rarely routed expert may want a "
+                "load-balancing loss.")
+
+
+def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], steps: list[int],
+              op: dict[str, Any], missed: list[int], got: list[int]) -> tuple[Severity, str, str]:
+    """Severity, message and fix of one P1 group.  A parameter that got a gradient on other
+    steps is not cut for good: left out of the forward on some steps it is a path chosen per
+    step (info); with no captured graph of such a step, that or a cut (warning)."""
+    _, _, used, sometimes = key
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    when = describe_steps(steps, run.last_step)
+    fix = _NO_GRAD_FIX if op and op.get("grad_mode") is False else _CUT_FIX
+    if sometimes:
+        lo, hi, total = min(missed), max(missed), max(m + n for m, n in zip(missed, got, strict=True))
+        each = f"{lo}" if lo == hi else f"{lo}-{hi}"
+        at = ", ".join(str(x) for x in steps[:6]) + (", ..." if len(steps) > 6 else "")
+        head = (f"{shown} got no gradient on {each} of {total} steps{' each' if len(names) > 1 else ''} "
+                f"(step{'s' if len(steps) > 1 else ''} {at}) and one on the others")
+        if not used:
+            return "info", f"{head}: the forward did not use {_them(names)} on those steps -- {_VARYING}.", _VARYING_FIX
+        if not op:
+            return ("warning", f"{head}: {_VARYING}, or a path to the loss cut on those steps only; a captured "
+                    "graph of such a step tells which (mode='default' captures steps whose graph structure is new).",
+                    fix)
+    else:
+        head = f"{shown} never received a gradient ({when})"
+    if not used:
+        return "error", f"{head}: the forward never used {_them(names)}.", fix
+    if op:
+        why = "it ran under torch.no_grad()" if op.get("grad_mode") is False else "gradient cannot flow through it"
+        return "error", f"{head}: its path to the loss breaks at {g.op_label(op)} ({why}).", fix
+    return "error", f"{head}: its path to the loss is cut.", fix
+
+
+def _them(names: list[str]) -> str:
+    return "it" if len(names) == 1 else "them"
 
 
 # Ops that read integer or boolean tensors as positions, masks or class targets, not as

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torchscope.schema import Finding, FindingTarget
 
-from ..finding import describe_steps, fmt_bytes, make
+from ..finding import Severity, describe_steps, fmt_bytes, make
 from ..run import Run, as_dict, as_int, as_list
 from ..settings import Settings
 
@@ -33,9 +33,19 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         return []
     what = "evaluation in eval mode" if in_eval else "forward passes"
     held_txt = f", holding up to {fmt_bytes(held)} of saved activations" if held else ""
-    message = (f"{count} {what} built an autograd graph that no backward() used "
-               f"({describe_steps(steps, run.last_step)}){held_txt}: torch.no_grad() is missing.")
-    return [make("P6", "warning", message, FIX, steps, rank=run.rank,
+    severity: Severity = "warning"
+    if count == 1 and not in_eval:
+        # once, in training mode: as likely a batch the loop skipped before backward (a
+        # non-finite loss) as a forward for metrics -- said, not warned about
+        severity = "info"
+        message = (f"1 forward pass built an autograd graph that no backward() used "
+                   f"({describe_steps(steps, run.last_step)}){held_txt}. A batch skipped before backward (a "
+                   "non-finite loss) does this and is harmless; an evaluation or a forward for metrics wants "
+                   "torch.no_grad().")
+    else:
+        message = (f"{count} {what} built an autograd graph that no backward() used "
+                   f"({describe_steps(steps, run.last_step)}){held_txt}: torch.no_grad() is missing.")
+    return [make("P6", severity, message, FIX, steps, rank=run.rank,
                  targets=[FindingTarget(step=steps[0], rank=run.rank, module="")], modules=[""],
                  src=srcs[0] if srcs else None, view="memory",
                  data={"forwards": count, "saved_bytes": held, "src": sorted(set(srcs))})]

@@ -110,7 +110,31 @@ def test_p1_reads_no_break_from_a_step_where_the_parameter_had_a_gradient() -> N
     g["ops"][1] = g["ops"][1] | {"inputs": [2, 4]}  # head reads enc's output: nothing cut
     events = [session(), step(0), step(1), step(2), step(3, grads=grads(none=[0, 1], norm=[None, None, 1.0, 1.0])), g]
     f = only(diagnose(events), "P1")
-    assert f["steps"] == [3] and "its path to the loss is cut" in f["message"] and "aten::" not in f["message"]
+    assert f["steps"] == [3] and f["severity"] == "warning" and "aten::" not in f["message"]
+    assert "got no gradient on 1 of 4 steps each (step 3) and one on the others" in f["message"]
+    assert "never received" not in f["message"]
+
+
+def _layer_drop_events(cut: bool) -> list[dict[str, Any]]:
+    """enc gets a gradient on steps 0 and 2; on steps 1 and 3 (graph captured at 1) the forward
+    skips it (``cut`` False: head reads the input directly) or detaches its output (``cut``)."""
+    g = _detach_graph(1)
+    if not cut:
+        g["ops"] = [op | {"inputs": [1, 4]} if op["id"] == 3 else op for op in g["ops"] if op["id"] in (3, 4)]
+    none = grads(none=[0, 1], norm=[None, None, 1.0, 1.0])
+    return [session(), step(0), step(1, grads=none), step(2), step(3, grads=none), g]
+
+
+def test_p1_a_parameter_the_forward_uses_on_some_steps_only_is_a_path_chosen_per_step() -> None:
+    """Layer drop, early exit, an idle expert: no gradient on the steps whose forward did not
+    use the parameter, one on the others -- by design (info), not 'never received'."""
+    f = only(diagnose(_layer_drop_events(cut=False)), "P1")
+    assert f["severity"] == "info" and f["steps"] == [1, 3] and f["params"] == ["enc.weight", "enc.bias"]
+    assert "got no gradient on 2 of 4 steps each (steps 1, 3) and one on the others" in f["message"]
+    assert "did not use them on those steps" in f["message"] and "never" not in f["message"]
+    cut = only(diagnose(_layer_drop_events(cut=True)), "P1")  # used on those steps but cut there: a bug
+    assert cut["severity"] == "error" and "breaks at torch::Tensor.detach" in cut["message"]
+    assert "got no gradient on 2 of 4 steps each" in cut["message"]
 
 
 def test_p1_no_grad_forward_points_at_the_op_run_without_grad() -> None:
@@ -258,6 +282,18 @@ def test_p6_evaluation_graph_nobody_used() -> None:
     assert "40.0 KiB" in f["message"] and "eval mode" in f["message"]
     used = {**unused, "backward": True}
     assert "P6" not in codes(diagnose([session(), step(0, forwards=[used])]))
+
+
+def test_p6_one_training_forward_without_backward_is_told_not_warned() -> None:
+    """A loop that skips a batch before backward (``if torch.isfinite(loss): loss.backward()``)
+    leaves one training-mode forward unused: harmless, so info, and no 'torch.no_grad() is missing'."""
+    skipped = {"micro": 1, "grad_mode": True, "training": True, "built_graph": True, "backward": False}
+    events = [session(), step(0), step(1, forwards=[skipped, *step(1)["forwards"]]), step(2), step(3)]
+    f = only(diagnose(events), "P6")
+    assert f["severity"] == "info" and f["steps"] == [1]
+    assert "skipped before backward" in f["message"] and "is missing" not in f["message"]
+    twice = [session(), *[step(i, forwards=[skipped, *step(i)["forwards"]]) for i in (0, 1)]]
+    assert only(diagnose(twice), "P6")["severity"] == "warning"
 
 
 def test_p7_graphs_alive_growing() -> None:
