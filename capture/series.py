@@ -60,8 +60,11 @@ PARTS: dict[str, tuple[str, ...]] = {
     "memory": ("step", "t", *_MEMORY_COLUMNS),  # memory_series
     # step_summary's other columns
     "steps": tuple(k for k in _SUMMARY_KEYS if k not in _MEMORY_COLUMNS and k != "t"),
-    "grads": ("step", *_GRAD_LISTS, "none"),  # per step the step's lists, None where absent
+    # per step the step's lists, None where absent
+    "grads": ("step", *_GRAD_LISTS, "none", "not_trained"),
 }
+# columns added to a part after format 1.1: a record written before them reads as None per row
+_LATER: frozenset[str] = frozenset({"not_trained"})
 
 _NONE: type = type(None)
 _INTS: frozenset[type] = frozenset({int, _NONE})
@@ -77,7 +80,10 @@ _COLUMN_TYPES: dict[str, frozenset[type]] = {
     "graph_signature": frozenset({str, _NONE}),
 }
 # the grads part's columns hold a list (or None) per step, with items of these types
-_ITEM_TYPES: dict[str, frozenset[type]] = {**dict.fromkeys(_GRAD_LISTS, _NUMBERS), "none": frozenset({int})}
+_ITEM_TYPES: dict[str, frozenset[type]] = {
+    **dict.fromkeys(_GRAD_LISTS, _NUMBERS),
+    **dict.fromkeys(("none", "not_trained"), frozenset({int})),
+}
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -198,6 +204,7 @@ def _grads_row(ev: Mapping[str, Any]) -> tuple[Any, ...]:
         _int_or_none(ev.get("step")),
         *map(_numbers, map(grads.get, _GRAD_LISTS)),
         _indices(grads.get("none")),
+        _indices(grads.get("not_trained")),
     )
 
 
@@ -223,9 +230,13 @@ def concat(pieces: Sequence[Mapping[str, list[Any]]], part: str) -> dict[str, li
 def check_columns(cols: Any, part: str) -> dict[str, list[Any]]:
     """The columns of a ``series`` record read back from a file, checked: every column of
     ``part`` present, all of one length, every value of its JSON type.  ``ValueError`` (one
-    line) otherwise.  Columns a newer minor version adds are dropped."""
+    line) otherwise.  Columns a newer minor version adds are dropped; ``_LATER`` columns an
+    older writer did not write are None in every row."""
     if not isinstance(cols, dict):
         raise ValueError(f"series record ({part}) has no columns")
+    if any(k in _LATER and k not in cols for k in PARTS[part]):
+        n = len(step) if type(step := cols.get("step")) is list else 0
+        cols = {**cols, **{k: [None] * n for k in PARTS[part] if k in _LATER and k not in cols}}
     rows = None
     for k in PARTS[part]:
         col = cols.get(k)
@@ -266,6 +277,8 @@ def grads_from_columns(grads: Mapping[str, list[Any]], params: Sequence[Mapping[
         "modules": modules,
         "steps": list(grads["step"]),
         "none": [list(v) if v is not None else [] for v in grads["none"]],
+        # parameters not trained that step (no optimizer group holds them): no gradient by design
+        "not_trained": [list(v) if v is not None else [] for v in grads["not_trained"]],
         "total_norm": [],
     }
     for k in _GRAD_LISTS:
@@ -286,6 +299,7 @@ def grad_series(steps: Sequence[Mapping[str, Any]], params: Sequence[Mapping[str
 
     Returns ``params`` (names), ``modules`` (owning module of each), ``steps``, and per step:
     ``norm``, ``max_abs``, ``nan``, ``inf``, ``zero_frac`` (each a list aligned with
-    ``params``), ``none`` (indices whose ``.grad`` was None) and ``total_norm``.
+    ``params``), ``none`` (indices whose ``.grad`` was None), ``not_trained`` (those of them no
+    optimizer trains, or every ``backward(inputs=...)`` left out) and ``total_norm``.
     """
     return grads_from_columns(columns(steps, "grads"), params)

@@ -96,13 +96,29 @@ export class GradientsView {
 
   drawNoGrad() {
     const { g } = this;
-    const count = new Map();
-    (g.none || []).forEach((list) => (list || []).forEach((p) => { const name = typeof p === "number" ? g.params[p] : p; count.set(name, (count.get(name) || 0) + 1); }));
+    const name = (p) => (typeof p === "number" ? g.params[p] : p);
+    const count = new Map(), notTrained = new Map();
+    // a parameter no optimizer trains that step (a frozen backbone left out of the param
+    // groups) has no gradient by design: listed apart, not as a missing gradient
+    (g.none || []).forEach((list, s) => {
+      const skip = new Set((g.not_trained?.[s] || []).map(name));
+      (list || []).forEach((p) => { const n = name(p); const m = skip.has(n) ? notTrained : count; m.set(n, (m.get(n) || 0) + 1); });
+    });
     clear(this.noGrad);
-    if (!count.size) { this.noGrad.append(h("p", { class: "muted" }, "Every trainable parameter received a gradient at every step.")); return; }
-    this.noGrad.append(h("ul", {}, [...count.entries()].map(([p, n]) => h("li", {}, h("code", {}, p), ` — .grad is None at ${n} of ${g.steps.length} steps`))));
+    const item = ([p, n]) => h("li", {}, h("code", {}, p), ` — .grad is None at ${n} of ${g.steps.length} steps`);
+    if (!count.size) this.noGrad.append(h("p", { class: "muted" }, "Every trained parameter received a gradient at every step."));
+    else this.noGrad.append(h("ul", {}, [...count.entries()].map(item)));
+    if (notTrained.size) {
+      this.noGrad.append(h("p", { class: "muted", "data-testid": "not-trained" },
+        `Not trained — in no optimizer param group (or left out of backward(inputs=...)), so no gradient by design: ${notTrained.size} parameter(s)`),
+        h("ul", { class: "muted" }, [...notTrained.entries()].map(item)));
+    }
   }
 
   onStep() { clearTimeout(this.t); this.t = setTimeout(() => this.load(), 800); }
-  debug() { return { modules: this.modules || [], steps: this.g?.steps?.length || 0, noGrad: this.noGrad.textContent }; }
+  debug() {
+    const notTrained = this.noGrad.querySelector("[data-testid=not-trained]");
+    return { modules: this.modules || [], steps: this.g?.steps?.length || 0, noGrad: this.noGrad.textContent,
+      notTrained: notTrained ? notTrained.nextElementSibling.textContent : "" };
+  }
 }

@@ -140,10 +140,13 @@ export class GraphView {
     const g = this.stepEvent?.grads || {};
     this.paramNorm = new Map();
     (g.norm || []).forEach((v, i) => { if (params[i] && v !== null) this.paramNorm.set(params[i].name, v); });
-    const none = (g.none || []).map((i) => params[i]?.name).filter(Boolean);
+    const notTrained = new Set(g.not_trained || []);  // no gradient by design: no optimizer trains them
+    const none = (g.none || []).filter((i) => !notTrained.has(i)).map((i) => params[i]?.name).filter(Boolean);
+    const idle = [...notTrained].map((i) => params[i]?.name).filter(Boolean);
     this.noGrad = none;
     clear(this.cutInfo);
     if (none.length) this.cutInfo.append(h("button", { class: "badge err", "data-testid": "cut-params", title: none.join("\n"), onclick: () => this.showCut() }, `${none.length} param(s) got no gradient`));
+    if (idle.length) this.cutInfo.append(h("span", { class: "badge", "data-testid": "not-trained", title: idle.join("\n") }, `${idle.length} param(s) not trained (in no optimizer group)`));
   }
 
   gradStats(param) {

@@ -1,12 +1,16 @@
 """A small real training run for the dashboard's browser tests: nested modules (so groups can
 be expanded), a module with a hostile name, and an optional pause per step (live tests).
 
-    python dashboard_train.py --server URL --record PATH --steps N [--sleep S] [--name NAME] [--autocast]
+    python dashboard_train.py --server URL --record PATH --steps N [--sleep S] [--name NAME] [--autocast] [--probe]
+
+``--probe``: a linear probe -- ``embed`` runs under no_grad and the optimizer leaves it out, so
+its parameters get no gradient by design (``not_trained``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -34,9 +38,11 @@ class Net(nn.Module):
         self.blocks = nn.ModuleList([Block(d), Block(d)])
         self.add_module(HOSTILE, nn.Linear(d, d))  # names are data: must render as text
         self.head = nn.Linear(d, 1)
+        self.probe = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x)
+        with torch.no_grad() if self.probe else contextlib.nullcontext():
+            h = self.embed(x)
         for b in self.blocks:
             h = b(h)
         h = getattr(self, HOSTILE)(h)
@@ -51,11 +57,14 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--name", default="dashboard-test")
     ap.add_argument("--autocast", action="store_true", help="forward under CPU autocast (bfloat16)")
+    ap.add_argument("--probe", action="store_true", help="embed frozen by the loop: no_grad, not in the optimizer")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model.probe = args.probe
+    trained = [p for n, p in model.named_parameters() if not (args.probe and n.startswith("embed."))]
+    opt = torch.optim.SGD(trained, lr=0.01)
     w = torchscope.watch(model, opt, server=args.server, record=args.record, name=args.name, sample_every=2)
     for _ in range(args.steps):
         x, y = torch.randn(4, 8), torch.randn(4, 1)

@@ -56,6 +56,8 @@ def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         [str(TRAIN), "--server", srv.url, "--record", str(d / "amp.tscope"), "--steps", "2", "--name", "amp", "--autocast"],
         [str(TRAIN), "--record", str(d / "import-a.tscope"), "--steps", "2", "--name", "imported-a"],
         [str(TRAIN), "--record", str(d / "import-b.tscope"), "--steps", "2", "--name", "imported-b"],
+        [str(TRAIN), "--server", srv.url, "--record", str(d / "probe.tscope"), "--steps", "3", "--name", "probe",
+         "--probe"],
     ]
     # side by side: each is mostly `import torch`
     running = [subprocess.Popen([sys.executable, *p], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for p in procs]
@@ -63,10 +65,10 @@ def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         out, _ = p.communicate(timeout=240)
         assert p.returncode == 0, f"{args}: {out[-3000:]}"
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and len(sessions(srv)) < 4:
+    while time.monotonic() < deadline and len(sessions(srv)) < 5:
         time.sleep(0.2)
     return {"dir": d, "net": session_named(srv, "net <b>bold</b>"), "mlp": session_named(srv, "sequential"),
-            "p01": session_named(srv, "net"), "amp": session_named(srv, "amp")}
+            "p01": session_named(srv, "net"), "amp": session_named(srv, "amp"), "probe": session_named(srv, "probe")}
 
 
 @pytest.fixture(scope="module")
@@ -295,6 +297,25 @@ def test_gradients_and_ranks_views(page: Any, srv: ServerProc, runs: dict[str, A
     page.click("button[data-view=ranks]")
     page.wait_for_selector(".view-ranks .chart-legend span:text-is('rank 0')")
     shot(page, "ranks")
+
+
+def test_parameters_no_optimizer_trains_are_shown_apart(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    """A linear probe's frozen layer (no_grad, in no param group) has no gradient by design:
+    the gradients view lists it as not trained, not as missing, and the graph marks it so."""
+    sid = runs["probe"]["id"]
+    g = http_json(f"{srv.url}/api/sessions/{sid}/grads")
+    embed = [g["params"].index("embed.weight"), g["params"].index("embed.bias")]
+    assert all(sorted(nt) == embed for nt in g["not_trained"]) and all(sorted(n) == embed for n in g["none"])
+    open_dash(page, srv, sid, "?view=gradients")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.steps > 0; })()")
+    st = state(page)["gradients"]
+    assert "Every trained parameter received a gradient" in st["noGrad"]
+    assert "embed.weight" in st["notTrained"] and "embed.bias" in st["notTrained"]
+    open_dash(page, srv, sid, "?view=graph&step=0")
+    page.wait_for_selector("[data-testid=not-trained]")
+    assert "2 param(s) not trained" in page.locator("[data-testid=not-trained]").inner_text()
+    assert page.locator("[data-testid=cut-params]").count() == 0
+    assert "P1" not in {f["code"] for f in http_json(f"{srv.url}/api/sessions/{sid}/diagnostics")}
 
 
 # ----------------------------------------------------------------------------- doctor

@@ -407,3 +407,18 @@ def test_files_random_series_columns_never_crash(tmp_path: Path, columns: Any, p
         _read_everything(path)
     except SessionFileError as exc:
         assert "\n" not in str(exc)
+
+
+def test_grads_part_carries_not_trained_and_reads_records_written_before_it() -> None:
+    """``not_trained`` (parameters no optimizer trains: no gradient by design) is a grads column
+    added after format 1.1: written and read back, and absent in an older record, where every
+    step reads as none not trained instead of the record being refused."""
+    steps = [{"kind": "step", "step": i, "grads": {"norm": [None, 1.0], "none": [0], "not_trained": [0]}}
+             for i in range(2)]
+    cols = series.columns(steps, "grads")
+    assert cols["not_trained"] == [[0], [0]]
+    params = [{"name": "frozen.weight"}, {"name": "head.weight"}]
+    assert series.grads_from_columns(series.check_columns(cols, "grads"), params)["not_trained"] == [[0], [0]]
+    older = {k: v for k, v in cols.items() if k != "not_trained"}
+    read = series.grads_from_columns(series.check_columns(older, "grads"), params)
+    assert read["not_trained"] == [[], []] and read["none"] == [[0], [0]]
