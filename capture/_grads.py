@@ -143,12 +143,14 @@ class GradRead:
             else:
                 pos_d = [k for k, g in enumerate(gl) if g.device == dev]
                 ex_d = [j for j, e in enumerate(extra) if e.device == dev]
-            norms, rest = _parts([gl[k] for k in pos_d], [extra[j] for j in ex_d], self.full)
             if dev.type == "cpu":
                 # on the CPU a value is read where it lies: one .item() per value is several
-                # times cheaper than stacking them first (a dispatched view per value)
-                vals = [x.item() for x in norms] + [x.item() for x in rest]
+                # times cheaper than stacking them first (a dispatched view per value); the
+                # extras (losses, the scaler's scale) hold one value each: read as they are
+                norms, rest = _parts([gl[k] for k in pos_d], [], self.full)
+                vals = [x.item() for x in norms] + [x.item() for x in rest] + [extra[j].item() for j in ex_d]
             else:
+                norms, rest = _parts([gl[k] for k in pos_d], [extra[j] for j in ex_d], self.full)
                 vals = _stack(norms, rest).tolist()  # the one sync per device
             self._fill(stats, extras, pos_d, ex_d, vals, gl)
         return stats, extras

@@ -1233,9 +1233,11 @@ class Watch:
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._owner = threading.get_ident()
-        self._safe("mode", self._mode_off)
-        # the previous step's statistics first: a non-finite one makes this read exact
-        self._safe("step", self._finish_deferred)
+        if getattr(self._tls, "pushed", False):
+            self._safe("mode", self._mode_off)
+        if self._deferred is not None:
+            # the previous step's statistics first: a non-finite one makes this read exact
+            self._safe("step", self._finish_deferred)
         if self._s.micro > 0:
             # the gradients as backward left them, read while they are still in the CPU's
             # caches: after optimizer.step() has streamed parameters and state through, the
