@@ -13,6 +13,7 @@ thread: it does not slow the loop while a core is free, but it is CPU the machin
     python benchmarks/bench_capture.py --quick    # a smoke run
     python benchmarks/bench_capture.py --classes  # also each step class's median (see step_class)
     python benchmarks/bench_capture.py --device cuda   # on a GPU: wall time, synchronized per step
+    python benchmarks/bench_capture.py --models deep-mlp  # 302 small parameters: per-parameter costs
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def _make(kind: str) -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.
     if kind == "transformer-large":  # a GPU-sized one, for --device cuda
         big = Transformer(vocab=4096, d=512, heads=8, layers=6)
         return big, lambda: (torch.randint(0, 4096, (16, 128)), torch.randint(0, 4096, (16 * 128,)))
+    if kind == "deep-mlp":  # per-parameter costs: 302 small parameters, 301 modules
+        deep = nn.Sequential(*[m for _ in range(150) for m in (nn.Linear(64, 64), nn.ReLU())], nn.Linear(64, 10))
+        return deep, lambda: (torch.randn(16, 64), torch.randint(0, 10, (16,)))
     if kind == "cnn":
         m = nn.Sequential(
             nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),

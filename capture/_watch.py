@@ -353,7 +353,11 @@ class Watch:
         # (signature, input shapes) -> bytes saved for backward, unreadable saved tensors
         self._saved_cache: dict[tuple[str, tuple[tuple[int, ...], ...]], tuple[int, list[str]]] = {}
         self._mem_key: tuple[int, int, int] | None = None
-        self._mem_static: tuple[dict[int, int], dict[int, int]] = ({}, {})
+        self._modes_key: tuple[bool, int] | None = None  # see _module_modes
+        self._modes: list[tuple[str, bool, bool]] = []
+        self._hooked: list[tuple[str, weakref.ref[nn.Module]]] | None = None  # modules with forward hooks
+        # parameters' and optimizer state's storages, their union and its bytes (see _memory)
+        self._mem_static: tuple[dict[int, int], dict[int, int], dict[int, int], int] = ({}, {}, {}, 0)
         self._held_key: tuple[int, tuple[int, ...]] | None = None  # optimizer and group sizes (_not_stepped)
         self._unheld: list[int] = []  # parameter indices that optimizer does not hold
         self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
@@ -631,11 +635,9 @@ class Watch:
             "src": user_src(),
         }
         if module.training:
-            fwd["eval_modules"] = [p for p, r in self._modules if (m := r()) is not None and not m.training]
+            fwd["eval_modules"] = [p for p, training, _ in self._module_modes(module) if not training]
         if not grad_mode:
-            fwd["train_modules"] = [
-                p for p, r in self._modules if (m := r()) is not None and m.training and isinstance(m, _MODE_SENSITIVE)
-            ]
+            fwd["train_modules"] = [p for p, training, sensitive in self._module_modes(module) if training and sensitive]
         s.forwards.append(fwd)
         if not s.capture:
             self._mode_off()
@@ -1358,11 +1360,7 @@ class Watch:
         model = self._model()
         if model is not None:
             ev["training"] = model.training
-            ev["modes"] = {
-                p: m.training
-                for p, r in self._modules
-                if (m := r()) is not None and m.training != model.training
-            }
+            ev["modes"] = {p: training for p, training, _ in self._module_modes(model) if training != model.training}
             ev["hooks"] = self._hook_bytes()
         if opt is not None:
             groups = getattr(opt, "param_groups", None)
@@ -1472,9 +1470,24 @@ class Watch:
             self._gc_paused = False
             gc.enable()
 
+    # A model of hundreds of modules would pay a scan of all of them at every forward and step
+    # boundary (~1 us a module): the modules' train/eval flags and which modules carry user
+    # forward hooks are read again when the root's mode changed and every GRAD_STATS_EVERY
+    # steps, so a submodule's own .train()/.eval() or a new hook is seen within that many steps.
+    def _module_modes(self, model: nn.Module) -> list[tuple[str, bool, bool]]:
+        """(path, training, mode-sensitive: dropout or batch norm) of every module."""
+        key = (model.training, self._step // GRAD_STATS_EVERY)
+        if key != self._modes_key:
+            self._modes_key = key
+            self._modes = [(p, m.training, isinstance(m, _MODE_SENSITIVE)) for p, r in self._modules if (m := r()) is not None]
+        return self._modes
+
     def _hook_bytes(self) -> dict[str, int]:
+        """Bytes kept by user forward hooks, per module that has any (P13)."""
+        if self._hooked is None or self._step % GRAD_STATS_EVERY == 0:
+            self._hooked = [(p, r) for p, r in self._modules if (m := r()) is not None and m._forward_hooks]
         out: dict[str, int] = {}
-        for path, ref in self._modules:
+        for path, ref in self._hooked:
             m = ref()
             if m is None or not m._forward_hooks:
                 continue
@@ -1536,17 +1549,21 @@ class Watch:
             state = {}
         key = (sum(map(_data_ptr, live_params)), len(state), sum(len(v) for v in state.values() if isinstance(v, dict)))
         if self._mem_key == key and self._step % GRAD_STATS_EVERY:
-            p_st, o_st = self._mem_static
+            p_st, o_st, static, static_live = self._mem_static
         else:
             p_st, o_st = self._param_storages(live_params), self._sizes(optimizer_tensors(opt))
-            self._mem_key, self._mem_static = key, (p_st, o_st)
+            static = {**p_st, **o_st}  # their union and its bytes, kept with them
+            static_live = sum(static.values())
+            self._mem_key, self._mem_static = key, (p_st, o_st, static, static_live)
         # gradients set to None come back as new tensors each step: nothing to remember
         g_st = grad_storages(live_params)
-        live = sum({**p_st, **g_st, **o_st}.values())
+        g_bytes = sum(g_st.values())
+        # a gradient sharing a parameter's or the state's storage counts once
+        live = static_live + g_bytes - sum(v for ptr, v in g_st.items() if ptr in static)
         saved = s.saved_peak
         mem: MemoryStats = {
             "params": sum(p_st.values()),
-            "grads": sum(g_st.values()),
+            "grads": g_bytes,
             "optimizer": sum(o_st.values()),
             "saved": saved,
             "live": live,

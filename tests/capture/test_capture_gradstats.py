@@ -1,0 +1,65 @@
+"""Gradient statistics of many parameters at once equal what plain PyTorch computes from each
+``.grad``: the CPU path stacks gradients of one shape (a model of hundreds of small
+parameters would otherwise pay one dispatched op per parameter and column) and must give
+the same columns as one reduction per gradient -- zeros, NaN and Inf, low precision and
+complex gradients included."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torchscope._grads import _GROUP_NUMEL, grad_stats
+
+
+def _param(g: torch.Tensor) -> torch.Tensor:
+    p = torch.nn.Parameter(torch.zeros_like(g))
+    p.grad = g
+    return p
+
+
+def _expected(g: torch.Tensor) -> dict[str, float]:
+    m = (g.abs() if g.is_complex() else g).double()
+    return {
+        "norm": m.norm().item(),
+        "max_abs": m.abs().max().item(),
+        "mean": m.mean().item(),
+        "std": m.std().item() if m.numel() > 1 else math.nan,
+        "zero_frac": (m == 0).double().mean().item(),
+    }
+
+
+def _params() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    out = []
+    for _ in range(12):  # one shape, a group: a third of the values zero (dead ReLUs)
+        g = torch.randn(16, 8)
+        g[g > 0.4] = 0
+        out.append(g)
+    out[3][0, 0] = float("nan")
+    out[5][1, 1] = float("inf")
+    out += [torch.randn(16, 8, dtype=torch.bfloat16) for _ in range(3)]
+    out += [torch.randn(4, 4, dtype=torch.complex64) for _ in range(2)]
+    out += [torch.randn(8), torch.zeros(8), torch.randn(3, 5)]  # one vector group, a singleton
+    out.append(torch.randn(_GROUP_NUMEL + 1))  # too large to stack: its own reductions
+    return [_param(g) for g in out]
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_stats_of_many_parameters_equal_each_gradients_own(full: bool) -> None:
+    params = _params()
+    stats, _ = grad_stats(params, full=full)
+    for i, p in enumerate(params):
+        assert p.grad is not None
+        exp = _expected(p.grad)
+        cols = ["norm", "max_abs", "mean", "std", "zero_frac"] if full else ["norm"]
+        for k in cols:
+            got = stats[k][i]  # type: ignore[literal-required]
+            if math.isnan(exp[k]):  # a NaN gradient's norm, max and mean; an Inf one's std
+                assert math.isnan(got), (i, k, got)
+            else:
+                assert got == pytest.approx(exp[k], rel=2e-3, abs=1e-6), (i, k)
+        g = p.grad.abs() if p.grad.is_complex() else p.grad
+        assert stats["nan"][i] == int(torch.isnan(g).sum()) and stats["inf"][i] == int(torch.isinf(g).sum())
