@@ -159,7 +159,7 @@ def _parts(
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The norms of ``gl``, then (with ``full``) min, max, non-zero count and sum per tensor
     and the one value of each ``extra`` tensor: the values ``_fill`` reads, in its order."""
-    norms: list[torch.Tensor] = list(torch._foreach_norm(gl, 2)) if gl else []
+    norms: list[torch.Tensor] = _norms(gl) if gl else []
     rest: list[torch.Tensor] = []
     if full and gl:
         # complex gradients by their magnitudes |g| (no order, no real mean): the norm is the
@@ -182,6 +182,7 @@ def _parts(
 # less than the ops it saves) and reduced along dim 1: a few ops per shape.  Large gradients
 # keep one op each (their reduction outweighs the dispatch, and a stack would copy them).
 _GROUP_NUMEL = 1 << 16  # gradients up to this many elements are stacked with their shape
+_GROUP_MIN = 4  # ... when at least this many share it (a stack and its reductions cost ~10 ops)
 _GROUP_BYTES = 8 << 20  # at most this much copied per stack
 
 
@@ -200,7 +201,7 @@ def _cpu_values(gl: list[torch.Tensor], full: bool) -> list[float]:
         else:
             single.append(k)
     for (shape, dtype), ks in groups.items():
-        if len(ks) == 1:
+        if len(ks) < _GROUP_MIN:
             single.extend(ks)
             continue
         per = max(1, _GROUP_BYTES // max(1, shape.numel() * dtype.itemsize))
@@ -240,6 +241,22 @@ def _stacked_columns(st: torch.Tensor, full: bool) -> list[list[float]]:
         out += [st.amin(1), st.amax(1), st.sign().abs().sum(1, dtype=wide), st.sum(1, dtype=wide)]
     f64 = torch.float64
     return torch.stack([t if t.dtype == f64 else t.to(f64) for t in out]).tolist()
+
+
+def _norms(gl: list[torch.Tensor]) -> list[torch.Tensor]:
+    """L2 norms of ``gl``; those of fp16/bf16 gradients in float32 (in their own dtype a norm
+    keeps 3 significant digits)."""
+    low = [k for k, g in enumerate(gl) if g.dtype in _LOW]
+    if not low:
+        return list(torch._foreach_norm(gl, 2))
+    if len(low) == len(gl):
+        return list(torch._foreach_norm(gl, 2, dtype=torch.float32))
+    out: list[torch.Tensor] = list(gl)  # each replaced by its norm
+    high = [k for k, g in enumerate(gl) if g.dtype not in _LOW]
+    for ks, dtype in ((high, None), (low, torch.float32)):
+        for k, n in zip(ks, torch._foreach_norm([gl[k] for k in ks], 2, dtype=dtype), strict=True):
+            out[k] = n
+    return out
 
 
 def _stack(norms: list[torch.Tensor], rest: list[torch.Tensor]) -> torch.Tensor:
