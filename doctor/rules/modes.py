@@ -13,7 +13,9 @@ from ..settings import Settings
 # Only these behave differently in train and eval mode; elsewhere the mode changes nothing.
 _MODE_SENSITIVE = ("Dropout", "BatchNorm", "InstanceNorm", "SyncBatchNorm", "AlphaDropout", "LazyBatchNorm")
 
-FIX_TRAIN = "Call model.train() at the start of every training epoch/step (after each evaluation)."
+FIX_TRAIN = ("Call model.train() at the start of every training epoch/step (after each evaluation). Batch-norm "
+             "statistics frozen on purpose (fine-tuning with small batches) are fine: freeze its affine parameters "
+             "too (requires_grad_(False)) and this is not reported.")
 FIX_EVAL = "Call model.eval() before evaluating (and model.train() afterwards), inside torch.no_grad()."
 
 
@@ -34,6 +36,21 @@ def _frozen(ev: dict[str, Any], own: list[int]) -> bool:
     grads = as_dict(ev.get("grads"))
     norms, missing = as_list(grads.get("norm")), {as_int(i, -1) for i in as_list(grads.get("none"))}
     return bool(own) and all(i < len(norms) and norms[i] is None and i not in missing for i in own)
+
+
+def _named(mods: list[str]) -> str:
+    return ", ".join(repr(m) for m in mods[:4]) + (f" and {len(mods) - 4} more" if len(mods) > 4 else "")
+
+
+def _effects(run: Run, mods: list[str]) -> str:
+    """What eval mode changes in ``mods``: dropout off, batch-norm statistics frozen (both for
+    the whole model or modules of unknown type)."""
+    types = [run.module_type(m) for m in mods]
+    known = "" not in mods and all(types)
+    dropout = not known or any("Dropout" in t for t in types)
+    norm = not known or any("Norm" in t for t in types)
+    parts = (["dropout is off"] if dropout else []) + (["batch-norm statistics are frozen"] if norm else [])
+    return " and ".join(parts) or "dropout is off and batch-norm statistics are frozen"
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
@@ -68,16 +85,16 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     if train_in_eval:
         steps = sorted({s for v in train_in_eval.values() for s in v})
         mods = sorted(train_in_eval)
-        who = "the model is" if "" in mods else f"{', '.join(repr(m) for m in mods[:4])} are"
-        message = (f"Training while {who} in eval mode ({describe_steps(steps, run.last_step)}): dropout is off and "
-                   "batch-norm statistics are frozen, so the model trains differently than intended.")
+        who = "the model is" if "" in mods else f"{_named(mods)} {'is' if len(mods) == 1 else 'are'}"
+        message = (f"Training while {who} in eval mode ({describe_steps(steps, run.last_step)}): "
+                   f"{_effects(run, mods)}, so the model trains differently than intended.")
         findings.append(make("P11", "warning", message, FIX_TRAIN, steps, rank=run.rank,
                              targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in mods],
                              modules=mods, src=src, data={"mode": "eval", "steps_by_module": train_in_eval}))
     if eval_in_train:
         steps = sorted({s for v in eval_in_train.values() for s in v})
         mods = sorted(eval_in_train)
-        message = (f"Evaluating with {', '.join(repr(m) for m in mods[:4])} in train mode "
+        message = (f"Evaluating with {_named(mods)} in train mode "
                    f"({describe_steps(steps, run.last_step)}): dropout randomises and batch-norm updates its "
                    "statistics during evaluation.")
         findings.append(make("P11", "warning", message, FIX_EVAL, steps, rank=run.rank,

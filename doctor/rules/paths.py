@@ -160,7 +160,9 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
     if op:
         why = "it ran under torch.no_grad()" if op.get("grad_mode") is False else "gradient cannot flow through it"
         return "error", f"{head}: its path to the loss breaks at {g.op_label(op)} ({why}).", fix
-    return "error", f"{head}: its path to the loss is cut.", fix
+    # no captured graph of such a step (mode='light'): both causes are possible
+    return ("error", f"{head}: the forward never uses {_them(names)}, or the path to the loss is cut; a captured graph "
+            "tells which (mode='default' captures the first step).", fix)
 
 
 def _them(names: list[str]) -> str:

@@ -148,6 +148,9 @@ def test_p1_silent_when_backward_failed_or_grads_present() -> None:
     failed = step(0, grads=grads(none=[0, 1, 2, 3]), backward_errors=["Trying to backward through the graph a "
                                                                         "second time"])
     assert "P1" not in codes(diagnose([session(), failed]))
+    # no graph (mode='light'): an unused parameter and a cut path look alike, and both are named
+    light = only(diagnose([session(), *[step(i, grads=grads(none=[0, 1], norm=[None, None, 1.0, 1.0])) for i in range(3)]]), "P1")
+    assert "never received a gradient" in light["message"] and "never uses them, or the path to the loss is cut" in light["message"]
     assert "P1" not in codes(diagnose([session(), step(0), _detach_graph(0)]))
 
 
@@ -358,6 +361,9 @@ def test_p11_evaluating_with_dropout_in_train_mode_and_frozen_bn() -> None:
     assert sorted(f["data"]["mode"] for f in found) == ["eval", "train"]
     by_mode = {f["data"]["mode"]: f for f in found}
     assert by_mode["train"]["modules"] == ["bn", "drop"] and by_mode["eval"]["modules"] == ["bn"]
+    # one batch-norm module left in eval: what that changes, said of it alone
+    assert "Training while 'bn' is in eval mode" in by_mode["eval"]["message"]
+    assert "batch-norm statistics are frozen" in by_mode["eval"]["message"] and "dropout" not in by_mode["eval"]["message"]
 
 
 def test_p11_silent_without_mode_sensitive_modules() -> None:
