@@ -186,34 +186,40 @@ _GROUP_MIN = 4  # ... when at least this many share it (a stack and its reductio
 _GROUP_BYTES = 8 << 20  # at most this much copied per stack
 
 
+def _by_shape(gl: list[torch.Tensor]) -> tuple[list[list[int]], list[int]]:
+    """Positions in ``gl`` to stack (at least _GROUP_MIN small gradients of one shape and
+    dtype, in chunks of at most _GROUP_BYTES) and those to reduce one by one, in order."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    single: list[int] = []
+    for k, g in enumerate(gl):
+        if g.numel() <= _GROUP_NUMEL:
+            groups.setdefault((g.shape, g.dtype), []).append(k)
+        else:
+            single.append(k)
+    stacks: list[list[int]] = []
+    for (shape, dtype), ks in groups.items():
+        if len(ks) < _GROUP_MIN:
+            single.extend(ks)
+            continue
+        per = max(1, _GROUP_BYTES // max(1, shape.numel() * dtype.itemsize))
+        stacks += [ks[at : at + per] for at in range(0, len(ks), per)]
+    return stacks, sorted(single)
+
+
 def _cpu_values(gl: list[torch.Tensor], full: bool) -> list[float]:
     """``_parts`` of CPU gradients as the list of values ``_fill`` reads (norms, then with
     ``full`` min, max, non-zero count and sum per gradient)."""
     k_n = len(gl)
     cols = 5 if full else 1
     vals: list[float] = [0.0] * (cols * k_n)
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    single: list[int] = []
-    for k, g in enumerate(gl):
-        n = g.numel()
-        if n <= _GROUP_NUMEL:
-            groups.setdefault((g.shape, g.dtype), []).append(k)
-        else:
-            single.append(k)
-    for (shape, dtype), ks in groups.items():
-        if len(ks) < _GROUP_MIN:
-            single.extend(ks)
-            continue
-        per = max(1, _GROUP_BYTES // max(1, shape.numel() * dtype.itemsize))
-        for at in range(0, len(ks), per):
-            chunk = ks[at : at + per]
-            rows = _stacked_columns(torch.stack([gl[k] for k in chunk]), full)
-            for r in range(cols):
-                row = rows[r]
-                for j, k in enumerate(chunk):
-                    vals[r * k_n + k] = row[j]
+    stacks, single = _by_shape(gl)
+    for chunk in stacks:
+        rows = _stacked_columns(torch.stack([gl[k] for k in chunk]), full)
+        for r in range(cols):
+            row = rows[r]
+            for j, k in enumerate(chunk):
+                vals[r * k_n + k] = row[j]
     if single:
-        single.sort()
         norms, rest = _parts([gl[k] for k in single], [], full)
         got = [x.item() for x in norms] + [x.item() for x in rest]
         m = len(single)
@@ -333,8 +339,31 @@ def nonzero_grads(params: Sequence[torch.Tensor | None]) -> tuple[list[int], boo
     for k, g in enumerate(gl):
         by_dev.setdefault(g.device, []).append(k)
     nonzero: list[int] = []
-    for ks in by_dev.values():
-        norms = torch.stack(torch._foreach_norm([gl[k] for k in ks], math.inf)).tolist()
-        nonzero.extend(present[k] for k, v in zip(ks, norms, strict=True) if v != 0.0)
+    for dev, ks in by_dev.items():
+        on = [gl[k] for k in ks]
+        if dev.type == "cpu":  # a zero_grad(set_to_none=False) loop pays this every step
+            flags = _cpu_nonzero(on)
+        else:
+            flags = [v != 0.0 for v in torch.stack(torch._foreach_norm(on, math.inf)).tolist()]
+        nonzero.extend(present[k] for k, f in zip(ks, flags, strict=True) if f)
     nonzero.sort()
     return nonzero, False, not nonzero
+
+
+def _cpu_nonzero(gl: list[torch.Tensor]) -> list[bool]:
+    """Whether each CPU gradient holds a non-zero (NaN counts): same-shape gradients stacked
+    (``_by_shape``; the L-inf norm is one dispatched op per tensor and slow on the CPU), a
+    stack non-zero where its max or min is."""
+    out = [False] * len(gl)
+    stacks, single = _by_shape(gl)
+    for chunk in stacks:
+        st = torch.stack([gl[k] for k in chunk]).flatten(1)
+        if st.is_complex():
+            st = st.abs()
+        hi, lo = st.amax(1).tolist(), st.amin(1).tolist()
+        for j, k in enumerate(chunk):
+            out[k] = hi[j] != 0.0 or lo[j] != 0.0  # NaN != 0
+    if single:
+        for k, v in zip(single, torch.stack(torch._foreach_norm([gl[k] for k in single], math.inf)).tolist(), strict=True):
+            out[k] = v != 0.0
+    return out

@@ -63,3 +63,23 @@ def test_stats_of_many_parameters_equal_each_gradients_own(full: bool) -> None:
                 assert got == pytest.approx(exp[k], rel=2e-3, abs=1e-6), (i, k)
         g = p.grad.abs() if p.grad.is_complex() else p.grad
         assert stats["nan"][i] == int(torch.isnan(g).sum()) and stats["inf"][i] == int(torch.isinf(g).sum())
+
+
+def test_which_gradients_hold_a_nonzero_before_backward() -> None:
+    """``nonzero_grads`` (P5: a .grad not reset before backward) on many parameters: the
+    stacked same-shape path and the one-by-one path name exactly the gradients that hold a
+    non-zero -- a NaN counts, a value as small as 1e-30 does too."""
+    from torchscope._grads import nonzero_grads
+
+    grads = [torch.zeros(4, 4) for _ in range(10)] + [torch.zeros(_GROUP_NUMEL + 1)]
+    grads += [torch.zeros(2, dtype=torch.complex64) for _ in range(4)]
+    grads[2][1, 1] = -3.0
+    grads[5][0, 0] = float("nan")
+    grads[7][3, 3] = 1e-30
+    grads[10][5] = 1.0
+    grads[12][0] = 1j
+    params: list[torch.Tensor | None] = [_param(g) for g in grads]
+    expected = [i for i, g in enumerate(grads) if bool((g != 0).any())]
+    assert expected == [2, 5, 7, 10, 12]
+    assert nonzero_grads(params + [None]) == (expected, False, False)
+    assert nonzero_grads([_param(torch.zeros(3)) for _ in range(5)]) == ([], False, True)
