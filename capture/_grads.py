@@ -114,12 +114,15 @@ class GradRead:
         values.  NaN/Inf counts of non-finite gradients come from ``gl`` (a second pass) or,
         read later when the gradients are gone (``gl`` None), as lower bounds: 1 each."""
         k_n = len(pos_d)
+        norm, idx = stats["norm"], self.idx
         for pos, k in enumerate(pos_d):
-            i = self.idx[k]
-            l2 = vals[pos]
-            stats["norm"][i] = l2
-            if self.full:
-                _full_columns(stats, i, self.numel[k], l2, [vals[r * k_n + pos] for r in range(1, 5)])  # type: ignore[arg-type]
+            norm[idx[k]] = vals[pos]
+        if self.full:
+            # the columns of every gradient at once: min, max, non-zero count and sum follow the norms
+            cols = (stats["max_abs"], stats["mean"], stats["std"], stats["zero_frac"])  # type: ignore[typeddict-item]
+            for pos, k in enumerate(pos_d):
+                _full_columns(cols, idx[k], self.numel[k], vals[pos], vals[k_n + pos], vals[2 * k_n + pos],
+                              vals[3 * k_n + pos], vals[4 * k_n + pos])
         for pos, j in enumerate(ex_d):
             extras[j] = vals[(5 if self.full else 1) * k_n + pos]
         if math.isfinite(math.fsum(vals[:k_n])):
@@ -244,7 +247,9 @@ def _stacked_columns(st: torch.Tensor, full: bool) -> list[list[float]]:
     if full:
         # amin/amax (one pass each) and |sign| summed for the count: several times faster on
         # the CPU than aminmax and bool-sum along a dimension
-        out += [st.amin(1), st.amax(1), st.sign().abs().sum(1, dtype=wide), st.sum(1, dtype=wide)]
+        out += [st.amin(1), st.amax(1), st.sum(1, dtype=wide)]
+        # the stack is ours: |sign| in place (no two more buffers of its size) for the count
+        out.insert(3, st.sign_().abs_().sum(1, dtype=wide))
     f64 = torch.float64
     return torch.stack([t if t.dtype == f64 else t.to(f64) for t in out]).tolist()
 
@@ -309,16 +314,18 @@ def _elements_of(ts: list[torch.Tensor]) -> torch.Tensor | None:
 
 
 def _full_columns(
-    cols: dict[str, list[float | None]], i: int, numel: int, l2: float, rest: list[float]
+    cols: tuple[list[float | None], ...], i: int, numel: int, l2: float, lo: float, hi: float, l0: float, s: float
 ) -> None:
-    lo, hi, l0, s = rest
-    cols["max_abs"][i] = math.nan if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi))
-    cols["mean"][i] = s / numel
-    cols["zero_frac"][i] = 1.0 - l0 / numel
+    """max |g|, mean, std and zero fraction of gradient ``i`` into ``cols`` (those columns, in
+    that order) from its norm, min, max, non-zero count and sum."""
+    max_abs, mean, std, zero_frac = cols
+    max_abs[i] = math.nan if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi))
+    mean[i] = s / numel
+    zero_frac[i] = 1.0 - l0 / numel
     if numel > 1 and math.isfinite(l2):
-        cols["std"][i] = math.sqrt(max(l2 * l2 - s * s / numel, 0.0) / (numel - 1))
+        std[i] = math.sqrt(max(l2 * l2 - s * s / numel, 0.0) / (numel - 1))
     elif numel == 1:
-        cols["std"][i] = math.nan
+        std[i] = math.nan
 
 
 def nonzero_grads(params: Sequence[torch.Tensor | None]) -> tuple[list[int], bool, bool]:
