@@ -191,11 +191,13 @@ _GROUP_BYTES = 8 << 20  # at most this much copied per stack
 
 def _by_shape(gl: list[torch.Tensor]) -> tuple[list[list[int]], list[int]]:
     """Positions in ``gl`` to stack (at least _GROUP_MIN small gradients of one shape and
-    dtype, in chunks of at most _GROUP_BYTES) and those to reduce one by one, in order."""
+    dtype, in chunks of at most _GROUP_BYTES) and those to reduce one by one, in order.
+    Tensor subclasses (a DTensor's shards) are reduced one by one, as they always were."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     single: list[int] = []
+    plain = torch.Tensor
     for k, g in enumerate(gl):
-        if g.numel() <= _GROUP_NUMEL:
+        if type(g) is plain and g.numel() <= _GROUP_NUMEL:
             groups.setdefault((g.shape, g.dtype), []).append(k)
         else:
             single.append(k)
