@@ -53,7 +53,10 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     modules = sorted({run.param_module(i) for i in params} | set(acts))
     names = [run.param_name(i) for i in sorted(params)]
     steps = sorted({s for v in [*params.values(), *acts.values()] for s in v})
-    shown = ", ".join(repr(m) if m else "the root module" for m in modules[:4]) + (" ..." if len(modules) > 4 else "")
+    # the parameters themselves, not their modules: a layer after a dead one gets zero weight
+    # gradients (its input is all zeros) while its bias still learns
+    what = [*names, *(f"the output of {m!r}" if m else "the root module's output" for m in sorted(acts))]
+    shown = ", ".join(what[:4]) + (f" and {len(what) - 4} more" if len(what) > 4 else "")
     message = (f"Gradient reaching {shown} is {settings.dead_zero_frac:.0%}+ exact zeros "
                f"({describe_steps(steps, run.last_step)}): this branch is dead and does not learn.")
     targets = [FindingTarget(step=steps[0], rank=run.rank, module=m) for m in modules]

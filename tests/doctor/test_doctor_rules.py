@@ -190,6 +190,7 @@ def test_p9_loss_without_grad_fn_error() -> None:
 def test_p2_dead_branch_names_its_modules() -> None:
     dead = grads(zero_frac=[1.0, 1.0, 0.1, 0.0], norm=[0.0, 0.0, 1.0, 1.0])
     f = only(diagnose([session(), *[step(i, grads=dead) for i in range(4)]]), "P2")
+    assert f["message"].startswith("Gradient reaching enc.weight, enc.bias is 99%+ exact zeros")
     assert f["modules"] == ["enc"] and f["params"] == ["enc.weight", "enc.bias"] and f["severity"] == "warning"
     assert f["view"] == "gradients" and f["steps"] == [0, 1, 2, 3]
 
