@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ._ops import has_storage
+from ._memory import storage_parts
 from .schema import NodeRecord, SavedTensor
 
 _saved_attrs: dict[type, tuple[str, ...]] = {}
@@ -72,7 +72,8 @@ def _saved_of(node: Any) -> Iterator[tuple[str, list[torch.Tensor] | Exception]]
         except Exception as exc:
             yield attr, exc
             continue
-        yield attr, [t for t in held if has_storage(t)]
+        # strided, with storage_parts() to read (a DTensor's is its local shard's)
+        yield attr, [t for t in held if t.layout == torch.strided]
 
 
 def _packed(raw: Any) -> list[torch.Tensor] | None:
@@ -133,10 +134,9 @@ class AutogradWalk:
                     broken.append(f"{type(n).__name__}.{attr}: {str(held).splitlines()[0][:200]}")
                     continue
                 for t in held:
-                    st = t.untyped_storage()
-                    ptr = st.data_ptr()
-                    if ptr not in param_ptrs:
-                        out[ptr] = st.nbytes()
+                    for ptr, nbytes in storage_parts(t):
+                        if ptr not in param_ptrs:
+                            out[ptr] = nbytes
         return out, broken
 
     def touching_node(self, param_ids: dict[int, str], hint: int = -1) -> int:
@@ -220,14 +220,14 @@ def _saved_tensors(node: Any, sid: Callable[[int], int]) -> list[SavedTensor]:
         if isinstance(held, Exception):  # freed by an earlier backward, or not readable: bytes unknown
             continue
         for t in held:
-            st = t.untyped_storage()
+            parts = storage_parts(t)  # one storage; a DTensor's is its local shard's
             out.append(
                 {
                     "name": attr,
                     "shape": list(t.shape),
                     "dtype": str(t.dtype).removeprefix("torch."),
-                    "nbytes": st.nbytes(),
-                    "storage": sid(st.data_ptr()),
+                    "nbytes": sum(n for _, n in parts),
+                    "storage": sid(parts[0][0] if parts else 0),
                 }
             )
     return out

@@ -62,7 +62,7 @@ class GradRead:
                     self.none.append(i)
             elif g.layout == torch.strided and g.numel():  # sparse and empty gradients have no stats here
                 self.idx.append(i)
-                gl.append(g)
+                gl.append(g if type(g) is _TENSOR else local(g))
         self.numel = [g.numel() for g in gl] if full else []  # for mean/std/zero_frac
         devices = {g.device for g in gl} | {e.device for e in extra}
         self.event: torch.cuda.Event | None = None
@@ -149,7 +149,7 @@ class GradRead:
                 ex_d = [j for j, e in enumerate(extra) if e.device == dev]
             if dev.type == "cpu":
                 # the extras (losses, the scaler's scale) hold one value each: read as they are
-                vals = _cpu_values([gl[k] for k in pos_d], self.full) + [extra[j].item() for j in ex_d]
+                vals = _cpu_values([gl[k] for k in pos_d], self.full) + [local(extra[j]).item() for j in ex_d]
             else:
                 norms, rest = _parts([gl[k] for k in pos_d], [extra[j] for j in ex_d], self.full)
                 vals = _stack(norms, rest).tolist()  # the one sync per device
@@ -174,7 +174,7 @@ def _parts(
         rest += [m.min for m in mm] + [m.max for m in mm]
         rest += [count_nonzero(g) for g in gl]
         rest += [g.sum(dtype=torch.float32) if g.dtype in _LOW else g.sum() for g in gl]  # no fp16 overflow
-    rest += [e.detach().reshape(-1)[0] for e in extra]
+    rest += [local(e).detach().reshape(-1)[0] for e in extra]
     return norms, rest
 
 
@@ -254,6 +254,17 @@ def _stacked_columns(st: torch.Tensor, full: bool) -> list[list[float]]:
         out.insert(3, st.sign_().abs_().sum(1, dtype=wide))
     f64 = torch.float64
     return torch.stack([t if t.dtype == f64 else t.to(f64) for t in out]).tolist()
+
+
+_TENSOR = torch.Tensor
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """What this process holds of ``t``: a DTensor's local shard (``to_local()``), else ``t``.
+    Statistics of a sharded gradient are its rank's shard's -- reading the whole tensor would be
+    a collective inside the user's step, which a rank whose capture differs would hang."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
 
 
 def _norms(gl: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -341,7 +352,7 @@ def nonzero_grads(params: Sequence[torch.Tensor | None]) -> tuple[list[int], boo
         g = None if p is None else p.grad
         if g is not None and not g.is_sparse and g.numel() > 0:
             present.append(i)
-            gl.append(g)
+            gl.append(g if type(g) is _TENSOR else local(g))
     if not gl:
         return [], True, True
     by_dev: dict[torch.device, list[int]] = {}

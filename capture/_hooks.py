@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ._memory import storage_parts
+
 _MAX_ITEMS = 20_000
 _MAX_DEPTH = 3
 
@@ -49,8 +51,7 @@ def retained_bytes(hooks: Iterable[Any]) -> int:
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
             if obj.layout == torch.strided:
-                st = obj.untyped_storage()
-                found[st.data_ptr()] = st.nbytes()
+                found.update(storage_parts(obj))
             continue
         if depth >= _MAX_DEPTH:
             continue

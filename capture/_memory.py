@@ -15,6 +15,26 @@ from typing import Any
 
 import torch
 from torch.nn.parameter import is_lazy  # a LazyModule's parameter before its first forward: no storage
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # tensor types whose storage is their own
+
+
+def storage_parts(t: torch.Tensor) -> list[tuple[int, int]]:
+    """(data pointer, bytes) of each storage holding ``t``'s data: its own; for a wrapper
+    subclass, which has none (a DTensor, a float8 or NF4 tensor: reading its storage raises),
+    its inner tensors' (``__tensor_flatten__``: a DTensor's local shard); none when those
+    cannot be named either."""
+    try:
+        st = t.untyped_storage()
+        return [(st.data_ptr(), st.nbytes())]
+    except (RuntimeError, NotImplementedError):
+        pass
+    if not is_traceable_wrapper_subclass(t):
+        return []
+    names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+    inner = [getattr(t, n, None) for n in names]
+    return [part for x in inner if isinstance(x, torch.Tensor) for part in storage_parts(x)]
 
 
 def storages(tensors: Iterable[Any]) -> dict[int, int]:
@@ -22,8 +42,7 @@ def storages(tensors: Iterable[Any]) -> dict[int, int]:
     out: dict[int, int] = {}
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.layout == torch.strided and not is_lazy(t):
-            st = t.untyped_storage()
-            out[st.data_ptr()] = st.nbytes()
+            out.update(storage_parts(t))
     return out
 
 
@@ -35,8 +54,11 @@ def grad_storages(params: Iterable[torch.Tensor]) -> dict[int, int]:
     for p in params:
         g = p.grad
         if g is not None and g.layout == strided:
-            st = g.untyped_storage()
-            out[st.data_ptr()] = st.nbytes()
+            try:  # free when nothing is raised: the usual gradient, read in place
+                st = g.untyped_storage()
+                out[st.data_ptr()] = st.nbytes()
+            except RuntimeError:  # a wrapper subclass (a DTensor's gradient)
+                out.update(storage_parts(g))
     return out
 
 
@@ -74,10 +96,11 @@ class StorageSizes:
                 out[e[2]] = e[3]
                 continue
             if isinstance(t, torch.Tensor) and t.layout == torch.strided and not is_lazy(t):
-                st = t.untyped_storage()
-                ptr, nbytes = st.data_ptr(), st.nbytes()
-                known[id(t)] = (weakref.ref(t), t.data_ptr(), ptr, nbytes)
-                out[ptr] = nbytes
+                parts = storage_parts(t)
+                if len(parts) == 1 and type(t) in _PLAIN:  # remembered: its data_ptr() can be read
+                    ptr, nbytes = parts[0]
+                    known[id(t)] = (weakref.ref(t), t.data_ptr(), ptr, nbytes)
+                out.update(parts)
         if len(known) > 8192:  # tensors replaced over a long run: drop dead entries
             self._known = {k: e for k, e in known.items() if e[0]() is not None}
         return out

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
+from ._memory import _PLAIN, storage_parts
 from ._srcloc import op_src, user_src
 
 _op_names: dict[Any, tuple[str, bool, bool]] = {}
@@ -177,6 +178,10 @@ class OpRecorder(TorchDispatchMode):
                 flags.append("autocast_cast")
         if self.check_nan:
             for t in out_t:
+                # a wrapper subclass's outputs are checked as its plain inner ops' (a DTensor's
+                # check of its own could need a collective)
+                if type(t) not in _PLAIN:
+                    continue
                 if (t.is_floating_point() or t.is_complex()) and t.numel() and not bool(torch.isfinite(t).all()):
                     flags.append("nan")
                     self.nan_seen = True
@@ -352,9 +357,12 @@ except (TypeError, RuntimeError):
 
 
 def has_storage(t: torch.Tensor) -> bool:
-    """Strided with a real storage: not sparse, and not one of forward-mode AD's ZeroTensors
-    (``torch.func.jvp``'s zero tangents), whose storage raises when its address is read."""
-    return t.layout == torch.strided and not t._is_zerotensor()
+    """Strided with a real storage of its own: not sparse, not one of forward-mode AD's
+    ZeroTensors (``torch.func.jvp``'s zero tangents) and not a wrapper subclass (a DTensor),
+    whose storages raise when their address is read."""
+    if t.layout != torch.strided or t._is_zerotensor():
+        return False
+    return type(t) in _PLAIN or bool(storage_parts(t)) and not is_traceable_wrapper_subclass(t)
 
 
 def _tensors(args: Any, more: Any) -> list[torch.Tensor]:

@@ -41,7 +41,7 @@ from ._autograd import AutogradWalk, BackwardTimer
 from ._grads import GradRead, count_nonzero, nonzero_grads
 from ._hooks import retained_bytes
 from ._interpose import Interposer
-from ._memory import StorageSizes, grad_storages, optimizer_tensors, storages
+from ._memory import StorageSizes, grad_storages, optimizer_tensors, storage_parts, storages
 from ._modhook import ModuleHook
 from ._ops import OpRecorder, StorageIds, autocast_on
 from ._srcloc import _is_internal, user_src
@@ -848,7 +848,7 @@ class Watch:
         if out.device != inp.device:
             s.copies += 1
             s.copy_bytes += nbytes
-        src_ptr = inp.untyped_storage().data_ptr()
+        src_ptr = _first_storage(inp)
         src = user_src()
         origin = s.conversions.get(src_ptr)
         if origin is not None and origin == (out.dtype, out.device):
@@ -863,7 +863,7 @@ class Watch:
         if len(self._converted) > 4096:  # bounded: forget the oldest conversions
             for k in list(self._converted)[:2048]:
                 del self._converted[k]
-        s.conversions[out.untyped_storage().data_ptr()] = (inp.dtype, inp.device)
+        s.conversions[_first_storage(out)] = (inp.dtype, inp.device)
 
     # ------------------------------------------------------------------ backward
     def _run_backward(self, func: Any, kind: str, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -1547,7 +1547,7 @@ class Watch:
         state = getattr(opt, "state", None)
         if not isinstance(state, dict):  # no optimizer, or a hand-rolled one without state
             state = {}
-        key = (sum(map(_data_ptr, live_params)), len(state), sum(len(v) for v in state.values() if isinstance(v, dict)))
+        key = (_ptr_sum(live_params), len(state), sum(len(v) for v in state.values() if isinstance(v, dict)))
         if self._mem_key == key and self._step % GRAD_STATS_EVERY:
             p_st, o_st, static, static_live = self._mem_static
         else:
@@ -1628,6 +1628,20 @@ def _transformed() -> bool:
 
 
 _data_ptr = torch.Tensor.data_ptr
+
+
+def _ptr_sum(tensors: list[torch.Tensor]) -> int:
+    """Sum of the tensors' data pointers: changes when one gets new data (``p.data = ...``)."""
+    try:
+        return sum(map(_data_ptr, tensors))
+    except RuntimeError:  # a wrapper subclass (DTensor) has no data pointer: its shards' then
+        return sum(ptr for t in tensors for ptr, _ in storage_parts(t))
+
+
+def _first_storage(t: torch.Tensor) -> int:
+    """The data pointer of ``t``'s (first) storage; 0 when it has none that can be read."""
+    parts = storage_parts(t)
+    return parts[0][0] if parts else 0
 # the active watch of each model (weak keys: a watch never keeps its model alive)
 _watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
 

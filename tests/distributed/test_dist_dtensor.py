@@ -1,0 +1,43 @@
+"""Tensor parallel with DTensor parameters, 2 real gloo ranks under torchrun: ``watch()``
+neither raises (a DTensor has no storage of its own to read) nor changes a number, and each
+rank records its steps with the gradient statistics and parameter bytes of its own shards --
+read locally, never through a collective inside the user's step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+
+from torchscope.session import load
+
+SCRIPT = Path(__file__).with_name("train_dtensor.py")
+STEPS = 6
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_dtensor_model_is_watched_per_rank_shard(tmp_path: Path, mode: str) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "--master_port", str(free_port()), str(SCRIPT), str(tmp_path), mode]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "RANK 0 DONE" in res.stdout and "RANK 1 DONE" in res.stdout
+    for rank, name in ((0, "dtensor.tscope"), (1, "dtensor.rank1.tscope")):
+        facts = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert facts["same"], "the watched run's parameters differ from the plain run's"
+        s = load(tmp_path / name)
+        assert s.rank == rank and s.world_size == 2 and s.status == "finished"
+        assert [e["step"] for e in s.steps] == list(range(STEPS))
+        assert [level for level in (log.get("level") for log in s.logs) if level in ("error", "warning")] == []
+        for ev, norms in zip(s.steps, facts["norms"], strict=True):
+            assert ev["loss"] is not None and ev["grads"]["none"] == []
+            assert ev["grads"]["norm"] == pytest.approx(norms, rel=1e-5)  # this rank's shards
+            assert ev["memory"]["params"] == facts["local_bytes"]
+        if mode == "default":
+            assert s.graph_steps and s.graph_steps[0] == 0

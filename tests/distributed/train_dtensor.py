@@ -1,0 +1,77 @@
+"""A model whose parameters are DTensors (tensor parallel: weights sharded across ranks), trained
+plain and then watched in one mode, under torchrun with gloo.  Writes, per rank, JSON with
+whether the watched run's parameters equal the plain run's bit for bit and the local shards'
+gradient norms and bytes the test compares with the recording.
+
+    torchrun --nproc_per_node 2 train_dtensor.py OUT_DIR MODE
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+
+import torchscope
+
+STEPS = 6
+
+
+def model(mesh: object) -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def shard(name: str, mod: nn.Module, mesh: object) -> None:
+        for n, p in list(mod.named_parameters(recurse=False)):
+            placement = Shard(0) if p.dim() == 2 else Replicate()  # weights split by rows across ranks
+            mod.register_parameter(n, nn.Parameter(distribute_tensor(p.detach(), mesh, [placement])))
+
+    return distribute_module(m, mesh, shard)  # type: ignore[arg-type]
+
+
+def train(mesh: object, record: Path | None, mode: str) -> tuple[nn.Module, list[list[float]]]:
+    m = model(mesh)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    torch.manual_seed(1)
+    data = [torch.randn(4, 8) for _ in range(STEPS)]
+    w = torchscope.watch(m, opt, server=None, record=record, mode=mode) if record else None
+    norms = []
+    for x in data:
+        opt.zero_grad()
+        out = m(distribute_tensor(x, mesh, [Replicate()]))  # type: ignore[arg-type]
+        loss = out.full_tensor().pow(2).mean()
+        loss.backward()
+        norms.append([float(p.grad.to_local().norm()) for p in m.parameters()])  # type: ignore[union-attr]
+        opt.step()
+    if w is not None:
+        w.close()
+    return m, norms
+
+
+def main() -> None:
+    out, mode = Path(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    plain, _ = train(mesh, None, mode)
+    watched, norms = train(mesh, out / "dtensor.tscope", mode)
+    same = all(
+        torch.equal(a.full_tensor(), b.full_tensor())  # type: ignore[operator]
+        for a, b in zip(plain.parameters(), watched.parameters(), strict=True)
+    )
+    params = list(watched.parameters())
+    assert all(isinstance(p, DTensor) for p in params)
+    local_bytes = sum(p.to_local().untyped_storage().nbytes() for p in params)  # type: ignore[attr-defined]
+    (out / f"rank{rank}.json").write_text(json.dumps({"same": same, "norms": norms, "local_bytes": local_bytes}))
+    print(f"RANK {rank} DONE", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
