@@ -249,7 +249,8 @@ class OpRecorder(TorchDispatchMode):
         tid = len(self.tensors)
         meta: Record = {
             "id": tid,
-            "shape": tuple(t.shape),  # torch.Size is a tuple subclass, which the collector keeps tracking
+            # torch.Size is a tuple subclass, which the collector keeps tracking
+            "shape": tuple(t.shape) if t.layout == _STRIDED else _loose_shape(t),
             "dtype": _dtype_names.get(t.dtype) or _dtype_name(t.dtype),
             "device": _device_names.get(t.device) or _device_name(t.device),
             "requires_grad": t.requires_grad,
@@ -354,6 +355,15 @@ try:
     autocast_on = _autocast_on_fast
 except (TypeError, RuntimeError):
     autocast_on = _autocast_on_old
+
+
+_STRIDED = torch.strided
+
+
+def _loose_shape(t: torch.Tensor) -> tuple[int, ...]:
+    """The shape of a sparse or nested tensor, its ragged dimensions (a jagged nested tensor's
+    symbolic sequence lengths, which JSON cannot hold) as -1."""
+    return tuple(d if type(d) is int else -1 for d in t.shape)
 
 
 def has_storage(t: torch.Tensor) -> bool:

@@ -169,7 +169,7 @@ class StepEvent(TypedDict, total=False):
 # ----------------------------------------------------------------------------- graph
 class TensorMeta(TypedDict, total=False):
     id: int
-    shape: list[int]
+    shape: list[int]  # -1 for a ragged dimension (a jagged nested tensor's sequence lengths)
     dtype: str
     device: str
     requires_grad: bool

@@ -253,7 +253,17 @@ class Transport:
 
     def _append(self, events: list[dict[str, Any]]) -> None:
         try:
-            self.writer.append(events)
+            try:
+                self.writer.append(events)
+            except (TypeError, ValueError):
+                # an event JSON cannot hold (a value the capture did not foresee): that event is
+                # dropped and said once, the others of its frame are written
+                good = [e for e in events if _encodable(e)]
+                bad = sorted({str(e.get("kind")) for e in events if not _encodable(e)})
+                self._warn_once("encode", f"torchscope: dropped {', '.join(bad)} events that JSON cannot hold; "
+                                          "recording continues")
+                if good:
+                    self.writer.append(good)
         finally:
             # counted even when the write failed: flush() waits for the attempt, not success
             self._written += len(events)
@@ -402,3 +412,11 @@ class Transport:
             self._warned.add(key)
             print(message, file=sys.stderr)
             log.warning(message)
+
+
+def _encodable(event: dict[str, Any]) -> bool:
+    try:
+        json.dumps(event, allow_nan=True)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -209,3 +209,19 @@ def test_files_server_killed_and_restarted_twice_ends_with_every_frame(tmp_path:
             proc.kill()
             proc.wait(10)
         server.stop()
+
+
+def test_an_event_json_cannot_hold_is_dropped_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A value the capture did not foresee (here an object JSON cannot encode) costs that event
+    only: the other events written in the same frame survive, and the user is told once."""
+    path = tmp_path / "odd.tscope"
+    tr = Transport(str(path), "odd", rank=0, server=None, flush_interval=60)
+    tr.emit(_session("odd"))
+    _steps(tr, 0, 3)
+    tr.emit({"kind": "step", "step": 3, "t": time.time(), "loss": object()})
+    _steps(tr, 4, 6)
+    tr.close({"kind": "end", "status": "finished", "steps": 6})
+    s = load(path)
+    assert [e["step"] for e in s.steps] == [0, 1, 2, 4, 5] and s.status == "finished"
+    err = capsys.readouterr().err
+    assert err.count("dropped step events that JSON cannot hold") == 1
