@@ -91,6 +91,15 @@ class _Sentinel:
         self.step, self.nodes, self.output = step, nodes, output
 
 
+def _through_outputs(walk: AutogradWalk, s: _StepState) -> bool:
+    """Whether ``walk`` passes through an output of this step's forwards of the model.  A
+    model whose parameters are stand-ins during the forward -- FSDP2 gathers each layer's shards
+    into a full parameter for it, and the backward accumulates into those -- has no
+    ``AccumulateGrad`` of the watched parameters in its graph, yet the backward is its own."""
+    outs = {id(o) for r in s.out_sentinels if (o := r()) is not None}
+    return bool(outs) and any(id(n.metadata.get("torchscope_out_sentinel")) in outs for n in walk.nodes)
+
+
 def _forward_pending(s: _StepState) -> bool:
     """A root-module forward of this step built a graph no backward has run through yet."""
     return any(f["built_graph"] and not f["backward"] for f in s.forwards)
@@ -932,7 +941,7 @@ class Watch:
                 self._walked = (walk_key, sig, n_nodes)
         if walk is not None and walk.nodes:
             hit = walk.touching_node(self._param_names, self._touches.get(sig, -1))
-            if hit < 0:
+            if hit < 0 and not _through_outputs(walk, s):
                 return False  # another model's backward (several watches in one process)
             if len(self._touches) > 64:
                 self._touches.clear()

@@ -1,7 +1,8 @@
-"""Tensor parallel with DTensor parameters, 2 real gloo ranks under torchrun: ``watch()``
-neither raises (a DTensor has no storage of its own to read) nor changes a number, and each
-rank records its steps with the gradient statistics and parameter bytes of its own shards --
-read locally, never through a collective inside the user's step."""
+"""DTensor parameters -- tensor parallel, and FSDP2's ``fully_shard`` -- on 2 real gloo ranks
+under torchrun: ``watch()`` neither raises (a DTensor has no storage of its own to read) nor
+changes a number, each rank records every step's backward (under FSDP2 the graph accumulates
+into gathered stand-ins of the parameters) and the gradient statistics and parameter bytes of
+its own shards -- read locally, never through a collective inside the user's step."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ SCRIPT = Path(__file__).with_name("train_dtensor.py")
 STEPS = 6
 
 
-@pytest.mark.parametrize("mode", ["light", "default"])
-def test_dtensor_model_is_watched_per_rank_shard(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(("layout", "mode"), [("tp", "light"), ("tp", "default"), ("fsdp2", "default")])
+def test_dtensor_model_is_watched_per_rank_shard(tmp_path: Path, layout: str, mode: str) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "--master_port", str(free_port()), str(SCRIPT), str(tmp_path), mode]
+           "--master_port", str(free_port()), str(SCRIPT), str(tmp_path), mode, layout]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -36,7 +37,7 @@ def test_dtensor_model_is_watched_per_rank_shard(tmp_path: Path, mode: str) -> N
         assert [e["step"] for e in s.steps] == list(range(STEPS))
         assert [level for level in (log.get("level") for log in s.logs) if level in ("error", "warning")] == []
         for ev, norms in zip(s.steps, facts["norms"], strict=True):
-            assert ev["loss"] is not None and ev["grads"]["none"] == []
+            assert ev["loss"] is not None and ev["micro_batches"] == 1 and ev["grads"]["none"] == []
             assert ev["grads"]["norm"] == pytest.approx(norms, rel=1e-5)  # this rank's shards
             assert ev["memory"]["params"] == facts["local_bytes"]
         if mode == "default":

@@ -1,9 +1,10 @@
-"""A model whose parameters are DTensors (tensor parallel: weights sharded across ranks), trained
-plain and then watched in one mode, under torchrun with gloo.  Writes, per rank, JSON with
-whether the watched run's parameters equal the plain run's bit for bit and the local shards'
-gradient norms and bytes the test compares with the recording.
+"""A model whose parameters are DTensors -- tensor parallel (weights sharded by rows across
+ranks) or FSDP2 (``fully_shard``: every parameter sharded, gathered for each layer's forward
+and backward) -- trained plain and then watched in one mode, under torchrun with gloo.
+Writes, per rank, JSON with whether the watched run's parameters equal the plain run's bit for
+bit and the local shards' gradient norms and bytes the test compares with the recording.
 
-    torchrun --nproc_per_node 2 train_dtensor.py OUT_DIR MODE
+    torchrun --nproc_per_node 2 train_dtensor.py OUT_DIR MODE tp|fsdp2
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 
 import torchscope
@@ -23,9 +25,13 @@ import torchscope
 STEPS = 6
 
 
-def model(mesh: object) -> nn.Module:
+def model(mesh: object, layout: str) -> nn.Module:
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    if layout == "fsdp2":
+        for layer in (m[0], m[2]):
+            fully_shard(layer, mesh=mesh)  # type: ignore[arg-type]
+        return fully_shard(m, mesh=mesh)  # type: ignore[arg-type, return-value]
 
     def shard(name: str, mod: nn.Module, mesh: object) -> None:
         for n, p in list(mod.named_parameters(recurse=False)):
@@ -35,8 +41,8 @@ def model(mesh: object) -> nn.Module:
     return distribute_module(m, mesh, shard)  # type: ignore[arg-type]
 
 
-def train(mesh: object, record: Path | None, mode: str) -> tuple[nn.Module, list[list[float]]]:
-    m = model(mesh)
+def train(mesh: object, record: Path | None, mode: str, layout: str) -> tuple[nn.Module, list[list[float]]]:
+    m = model(mesh, layout)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     torch.manual_seed(1)
     data = [torch.randn(4, 8) for _ in range(STEPS)]
@@ -44,8 +50,10 @@ def train(mesh: object, record: Path | None, mode: str) -> tuple[nn.Module, list
     norms = []
     for x in data:
         opt.zero_grad()
-        out = m(distribute_tensor(x, mesh, [Replicate()]))  # type: ignore[arg-type]
-        loss = out.full_tensor().pow(2).mean()
+        if layout == "fsdp2":  # each rank its own batch, as data parallel does
+            loss = m(x + dist.get_rank()).pow(2).mean()
+        else:
+            loss = m(distribute_tensor(x, mesh, [Replicate()])).full_tensor().pow(2).mean()  # type: ignore[arg-type]
         loss.backward()
         norms.append([float(p.grad.to_local().norm()) for p in m.parameters()])  # type: ignore[union-attr]
         opt.step()
@@ -55,12 +63,12 @@ def train(mesh: object, record: Path | None, mode: str) -> tuple[nn.Module, list
 
 
 def main() -> None:
-    out, mode = Path(sys.argv[1]), sys.argv[2]
+    out, mode, layout = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    plain, _ = train(mesh, None, mode)
-    watched, norms = train(mesh, out / "dtensor.tscope", mode)
+    plain, _ = train(mesh, None, mode, layout)
+    watched, norms = train(mesh, out / "dtensor.tscope", mode, layout)
     same = all(
         torch.equal(a.full_tensor(), b.full_tensor())  # type: ignore[operator]
         for a, b in zip(plain.parameters(), watched.parameters(), strict=True)
