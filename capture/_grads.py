@@ -184,6 +184,7 @@ def _parts(
 # Gradients of one shape and dtype are stacked instead (a copy, which for small tensors costs
 # less than the ops it saves) and reduced along dim 1: a few ops per shape.  Large gradients
 # keep one op each (their reduction outweighs the dispatch, and a stack would copy them).
+_TENSOR = torch.Tensor
 _GROUP_NUMEL = 1 << 16  # gradients up to this many elements are stacked with their shape
 _GROUP_MIN = 4  # ... when at least this many share it (a stack and its reductions cost ~10 ops)
 _GROUP_BYTES = 8 << 20  # at most this much copied per stack
@@ -195,9 +196,8 @@ def _by_shape(gl: list[torch.Tensor]) -> tuple[list[list[int]], list[int]]:
     Tensor subclasses (a DTensor's shards) are reduced one by one, as they always were."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     single: list[int] = []
-    plain = torch.Tensor
     for k, g in enumerate(gl):
-        if type(g) is plain and g.numel() <= _GROUP_NUMEL:
+        if type(g) is _TENSOR and g.numel() <= _GROUP_NUMEL:
             groups.setdefault((g.shape, g.dtype), []).append(k)
         else:
             single.append(k)
@@ -219,7 +219,7 @@ def _cpu_values(gl: list[torch.Tensor], full: bool) -> list[float]:
     vals: list[float] = [0.0] * (cols * k_n)
     stacks, single = _by_shape(gl)
     for chunk in stacks:
-        rows = _stacked_columns(torch.stack([gl[k] for k in chunk]), full)
+        rows = _stacked_columns(_rows(gl, chunk), full)
         for r in range(cols):
             row = rows[r]
             for j, k in enumerate(chunk):
@@ -238,12 +238,16 @@ def _cpu_values(gl: list[torch.Tensor], full: bool) -> list[float]:
     return vals
 
 
+def _rows(gl: list[torch.Tensor], chunk: list[int]) -> torch.Tensor:
+    """The gradients at ``chunk`` (one shape) stacked, one flattened gradient per row -- of |g|
+    for complex gradients, as ``_parts``.  A copy: its caller may overwrite it."""
+    st = torch.stack([gl[k] for k in chunk]).flatten(1)
+    return st.abs() if st.is_complex() else st
+
+
 def _stacked_columns(st: torch.Tensor, full: bool) -> list[list[float]]:
-    """Per row of ``st`` (gradients of one shape stacked): the L2 norm, then with ``full`` the
-    min, max, non-zero count and sum -- of |g| for complex gradients, as ``_parts``."""
-    st = st.flatten(1)
-    if st.is_complex():
-        st = st.abs()
+    """Per row of ``st`` (``_rows``): the L2 norm, then with ``full`` the min, max, non-zero
+    count and sum."""
     wide = torch.float32 if st.dtype in _LOW else None  # no fp16 overflow in sums and counts
     out = [torch.linalg.vector_norm(st, dim=1, dtype=wide)]
     if full:
@@ -254,9 +258,6 @@ def _stacked_columns(st: torch.Tensor, full: bool) -> list[list[float]]:
         out.insert(3, st.sign_().abs_().sum(1, dtype=wide))
     f64 = torch.float64
     return torch.stack([t if t.dtype == f64 else t.to(f64) for t in out]).tolist()
-
-
-_TENSOR = torch.Tensor
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -377,9 +378,7 @@ def _cpu_nonzero(gl: list[torch.Tensor]) -> list[bool]:
     out = [False] * len(gl)
     stacks, single = _by_shape(gl)
     for chunk in stacks:
-        st = torch.stack([gl[k] for k in chunk]).flatten(1)
-        if st.is_complex():
-            st = st.abs()
+        st = _rows(gl, chunk)
         hi, lo = st.amax(1).tolist(), st.amin(1).tolist()
         for j, k in enumerate(chunk):
             out[k] = hi[j] != 0.0 or lo[j] != 0.0  # NaN != 0

@@ -1482,7 +1482,8 @@ class Watch:
     # A model of hundreds of modules would pay a scan of all of them at every forward and step
     # boundary (~1 us a module): the modules' train/eval flags and which modules carry user
     # forward hooks are read again when the root's mode changed and every GRAD_STATS_EVERY
-    # steps, so a submodule's own .train()/.eval() or a new hook is seen within that many steps.
+    # steps, so a submodule switched to training or evaluation on its own, or a new hook, is
+    # seen within that many steps.
     def _module_modes(self, model: nn.Module) -> list[tuple[str, bool, bool]]:
         """(path, training, mode-sensitive: dropout or batch norm) of every module."""
         key = (model.training, self._step // GRAD_STATS_EVERY)
