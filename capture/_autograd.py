@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -91,6 +91,9 @@ def _packed(raw: Any) -> list[torch.Tensor] | None:
     return out
 
 
+_higher_order_marked = False  # whether any node was ever marked by stamp_new
+
+
 class AutogradWalk:
     """One walk of the graph below ``roots`` (in node discovery order, roots first)."""
 
@@ -100,6 +103,9 @@ class AutogradWalk:
         # edges flat as (from, to, input_nr) triples: one list extend per edge instead of a
         # small list per edge; ``edges`` builds the nested form only for captured steps
         self.flat: list[int] = []
+        # each node's saved fields, read once by saved(keep=True) for records() in one captured
+        # backward; never kept past it (the tensors would outlive the backward that frees them)
+        self._fields: list[list[tuple[str, list[torch.Tensor] | Exception]]] | None = None
         for r in roots:
             if r is not None and r not in self.index:
                 self.index[r] = len(self.nodes)
@@ -123,13 +129,17 @@ class AutogradWalk:
         f = self.flat
         return [[f[k], f[k + 1], f[k + 2]] for k in range(0, len(f), 3)]
 
-    def saved(self, param_ptrs: set[int]) -> tuple[dict[int, int], list[str]]:
+    def saved(self, param_ptrs: set[int], keep: bool = False) -> tuple[dict[int, int], list[str]]:
         """Storages saved for backward (data pointer -> bytes, parameters excluded) and the
-        nodes whose saved tensors can no longer be read (freed, or modified in place: P8/P10)."""
+        nodes whose saved tensors can no longer be read (freed, or modified in place: P8/P10).
+        ``keep``: hold what was read for the ``records()`` call that follows (which drops it)."""
         out: dict[int, int] = {}
         broken: list[str] = []
-        for n in self.nodes:
-            for attr, held in _saved_of(n):
+        fields = [list(_saved_of(n)) for n in self.nodes]
+        if keep:
+            self._fields = fields
+        for n, node_fields in zip(self.nodes, fields, strict=True):
+            for attr, held in node_fields:
                 if isinstance(held, Exception):
                     broken.append(f"{type(n).__name__}.{attr}: {str(held).splitlines()[0][:200]}")
                     continue
@@ -138,6 +148,9 @@ class AutogradWalk:
                         if ptr not in param_ptrs:
                             out[ptr] = nbytes
         return out, broken
+
+    def forget_saved(self) -> None:
+        self._fields = None
 
     def touching_node(self, param_ids: dict[int, str], hint: int = -1) -> int:
         """Index of an ``AccumulateGrad`` node of a parameter in ``param_ids``, or -1: whether
@@ -156,11 +169,13 @@ class AutogradWalk:
         """Mark every node not in ``known`` (ids of the nodes that existed before a
         ``create_graph=True`` pass) as made by that pass; the mark lives in the node's own
         ``metadata``, so nothing here keeps a node alive.  Returns how many were marked."""
+        global _higher_order_marked
         n_new = 0
         for n in self.nodes:
             if id(n) not in known:
                 n.metadata["torchscope_higher_order"] = True
                 n_new += 1
+        _higher_order_marked = _higher_order_marked or n_new > 0
         return n_new
 
     def signature(self) -> str:
@@ -181,10 +196,19 @@ class AutogradWalk:
         return sig
 
     def records(
-        self, param_names: dict[int, str], op_modules: dict[int, str], micro: int, sid: Callable[[int], int]
+        self,
+        param_names: dict[int, str],
+        op_modules: dict[int, str],
+        micro: int,
+        sid: Callable[[int], int],
+        ops: dict[int, int],
     ) -> list[NodeRecord]:
-        """Full node records: class, parameter of AccumulateGrad, saved tensors (bytes only), forward op."""
+        """Full node records: class, parameter of AccumulateGrad, saved tensors (bytes only),
+        forward op (``ops``: node index -> the op that made it, from the op recorder)."""
         out: list[NodeRecord] = []
+        fields, self._fields = self._fields, None
+        # a node's metadata dict is made on first read: read only once a create_graph pass marked some
+        marked = _higher_order_marked
         for i, n in enumerate(self.nodes):
             rec: NodeRecord = {"id": i, "name": type(n).__name__, "micro": micro}
             var = getattr(n, "variable", None)
@@ -193,14 +217,13 @@ class AutogradWalk:
                 if name is not None:
                     rec["param"] = name
                     rec["module"] = name.rpartition(".")[0]  # the parameter's owning module
-            meta = n.metadata
-            if meta.get("torchscope_higher_order"):
+            if marked and n.metadata.get("torchscope_higher_order"):
                 rec["higher_order"] = True
-            op = meta.get("torchscope_op")
+            op = ops.get(i)
             if op is not None:
                 rec["op"] = op
                 rec["module"] = op_modules.get(op, "")
-            saved = _saved_tensors(n, sid)
+            saved = _saved_tensors(fields[i] if fields is not None else _saved_of(n), sid)
             if saved:
                 rec["saved"] = saved
                 seen: set[int] = set()
@@ -214,9 +237,11 @@ class AutogradWalk:
         return out
 
 
-def _saved_tensors(node: Any, sid: Callable[[int], int]) -> list[SavedTensor]:
+def _saved_tensors(
+    fields: Iterable[tuple[str, list[torch.Tensor] | Exception]], sid: Callable[[int], int]
+) -> list[SavedTensor]:
     out: list[SavedTensor] = []
-    for attr, held in _saved_of(node):
+    for attr, held in fields:
         if isinstance(held, Exception):  # freed by an earlier backward, or not readable: bytes unknown
             continue
         for t in held:
@@ -240,12 +265,14 @@ class BackwardTimer:
     from its start to the next node's start (the last one's: to the backward's return):
     one hook call per node instead of a pre- and a post-hook."""
 
-    def __init__(self, nodes: list[Any]) -> None:
+    def __init__(self, nodes: list[Any], timed_elsewhere: set[int] | frozenset[int] = frozenset()) -> None:
         self.order: dict[int, int] = {}
         self.dur_us: dict[int, float] = {}
         self._starts: list[tuple[int, float]] = []  # (node, start) in execution order
         self._handles: list[Any] = []
         for i, n in enumerate(nodes):
+            if i in timed_elsewhere:
+                continue  # the native recorder times it (see remove)
             try:
                 self._handles.append(n.register_prehook(self._pre(i)))
             except Exception:
@@ -259,16 +286,21 @@ class BackwardTimer:
 
         return hook
 
-    def remove(self, end: float) -> None:
-        """Remove the hooks; ``end``: when the backward returned (the last node's end)."""
+    def remove(self, end: float, timed: list[tuple[int, float, float]] = ()) -> None:  # type: ignore[assignment]
+        """Remove the hooks; ``end``: when the backward returned (the last node's end);
+        ``timed``: (node, start, end) of the nodes timed elsewhere, on the same clock."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        exact = {i: t1 - t0 for i, t0, t1 in timed}
         starts = self._starts
+        if timed:
+            starts += [(i, t0) for i, t0, _ in timed]
+            starts.sort(key=lambda s: s[1])
         for k, (i, t0) in enumerate(starts):
             if i in self.order:
                 continue  # a node runs once per backward; keep its first start all the same
             self.order[i] = len(self.order)
             t1 = starts[k + 1][1] if k + 1 < len(starts) else end
-            self.dur_us[i] = (t1 - t0) * 1e6
+            self.dur_us[i] = exact.get(i, t1 - t0) * 1e6
         starts.clear()

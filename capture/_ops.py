@@ -328,6 +328,21 @@ class OpRecorder(TorchDispatchMode):
                 if tid is not None:
                     meta.setdefault("torchscope_tensors", []).append(tid)
 
+    def node_links(self, nodes: list[Any]) -> tuple[dict[int, int], dict[int, list[int]]]:
+        """For each graph node (by index) the op that made it and that op's output tensors,
+        from the stamps ``_link_pending`` left in the nodes' metadata."""
+        ops: dict[int, int] = {}
+        tensors: dict[int, list[int]] = {}
+        for i, n in enumerate(nodes):
+            meta = n.metadata
+            op = meta.get("torchscope_op")
+            if op is not None:
+                ops[i] = op
+            tids = meta.get("torchscope_tensors")
+            if tids:
+                tensors[i] = tids
+        return ops, tensors
+
     def finish(self) -> None:
         """Link the last ops and stop watching frees (later frees are not this step's)."""
         self._link_pending()

@@ -36,13 +36,14 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from . import _cuda
+from . import _cuda, _native
 from ._autograd import AutogradWalk, BackwardTimer
 from ._grads import GradRead, count_nonzero, nonzero_grads
 from ._hooks import retained_bytes
 from ._interpose import Interposer
 from ._memory import StorageSizes, grad_storages, optimizer_tensors, storage_parts, storages
 from ._modhook import ModuleHook
+from ._native import NativeRecorder
 from ._ops import OpRecorder, StorageIds, autocast_on
 from ._srcloc import _is_internal, user_src
 from .distributed import RankInfo, rank_info, rank_path, session_id
@@ -144,7 +145,7 @@ class _StepState:
         self.saved_peak = 0  # largest saved-for-backward total of one backward in this step
         self.sigs: list[str] = []
         self.scale_version: int | None = None
-        self.recorder: OpRecorder | None = None
+        self.recorder: OpRecorder | NativeRecorder | None = None
         self.sid = StorageIds()
         self.module_hooks: list[Any] = []
         # (module path, call index, call site when the module is torch's own: ops inside it then
@@ -153,6 +154,7 @@ class _StepState:
         self.module_calls: dict[str, int] = {}
         self.graph: GraphEvent | None = None
         self.timer: BackwardTimer | None = None
+        self.timed: dict[int, int] = {}  # grad_fn sequence number -> node, for the native recorder's node times
         self.walk: AutogradWalk | None = None
         self.stats: GradRead | None = None  # launched just before optimizer.step()
         self.before_create: AutogradWalk | None = None  # the graph before a create_graph=True backward
@@ -246,6 +248,8 @@ class Watch:
             )
             prev.close()
         self.mode = mode
+        if mode == "full":
+            _native.get()  # loads the C++ op recorder, or starts building it in the background
         self.sample_every = max(int(sample_every), 1)
         self.name = name or _class_name(model).lower()
         self._rank: RankInfo = rank_info()
@@ -415,6 +419,7 @@ class Watch:
                 h.remove()
             self._resume_gc()
             self._mode_remove()
+            _native.release(id(self))
             if self._history is not None and self.path is not None:
                 for p in self._safe("cuda_history", self._history.write, self.path) or ():
                     print(f"torchscope: CUDA allocator history in {p}", file=sys.stderr)
@@ -668,6 +673,7 @@ class Watch:
         s.forward_us += (time.perf_counter() - getattr(s, "fwd_t0", time.perf_counter())) * 1e6
         if s.module_stack:
             s.module_stack.clear()
+            self._module_changed()
         fwd = s.forwards[-1] if s.forwards else None
         t = _first_tensor(output)
         if fwd is None or t is None or t.grad_fn is None:
@@ -719,11 +725,8 @@ class Watch:
 
     # ------------------------------------------------------------------ op capture
     def _start_recorder(self, s: _StepState, root: nn.Module) -> None:
-        self._pause_gc()
         if s.recorder is None:
-            s.recorder = OpRecorder(
-                self._module_of, self._param_names, self._live_bytes(), s.check_nan, _MAX_OPS, s.sid
-            )
+            s.recorder = self._new_recorder(s)
             for path, ref in self._modules:
                 m = ref()
                 if m is None or m is root:
@@ -731,6 +734,8 @@ class Watch:
                 pre = ModuleHook(self._mod_pre(path, _torch_module(m)))
                 s.module_hooks.append(m.register_forward_pre_hook(pre))
                 s.module_hooks.append(m.register_forward_hook(ModuleHook(self._mod_post), always_call=True))
+        if not isinstance(s.recorder, NativeRecorder):  # which makes no Python object per op
+            self._pause_gc()
         s.recorder.micro = len(s.forwards) - 1
         s.module_stack.append(("", s.module_calls.get("", 0), ""))
         s.module_calls[""] = s.module_calls.get("", 0) + 1
@@ -739,6 +744,24 @@ class Watch:
             s.recorder.__enter__()
             self._rec_thread = threading.get_ident()
             self._capturing_ops = True
+        else:
+            self._module_changed()
+
+    def _new_recorder(self, s: _StepState) -> OpRecorder | NativeRecorder:
+        """The C++ observer records once it is built (see _native: full mode builds it, and
+        default mode's captured steps use a build that exists), else a Python dispatch mode."""
+        live = self._live_bytes()
+        ext = _native.claim(id(self))
+        if ext is not None:
+            cdata = {p._cdata: self._param_names[id(p)] for r in self._params if (p := r()) is not None and id(p) in self._param_names}
+            return NativeRecorder(ext, self._module_of, cdata, live, s.check_nan, _MAX_OPS, s.sid)
+        return OpRecorder(self._module_of, self._param_names, live, s.check_nan, _MAX_OPS, s.sid)
+
+    def _module_changed(self) -> None:
+        """The native recorder learns the module the next ops run in (the Python one asks)."""
+        rec = self._s.recorder
+        if self._capturing_ops and isinstance(rec, NativeRecorder):
+            rec.sync()
 
     def _stop_recorder(self) -> None:
         s = self._s
@@ -762,6 +785,7 @@ class Watch:
             n = s.module_calls.get(path, 0)
             s.module_calls[path] = n + 1
             s.module_stack.append((path, n, user_src() if torch_module else ""))
+            self._module_changed()
             if self._history is not None:
                 self._history.label(f"step {self._step} {path}")
 
@@ -773,6 +797,7 @@ class Watch:
         st = self._s.module_stack
         if len(st) > 1:
             path = st.pop()[0]
+            self._module_changed()
             if self._history is not None:
                 self._history.label(f"step {self._step} {st[-1][0]}")  # back in the caller's module
             self._safe("activation_grads", self._watch_activation, path, out)
@@ -791,6 +816,7 @@ class Watch:
             # sees these ops (both C guards are cheap; a tensor subclass that needs its mode
             # fails here and is skipped), and as few passes as possible -- norm, min/max,
             # non-zeros; NaN/Inf are counted only on steps armed by an earlier non-finite one.
+            _native.pause_thread(True)
             try:
                 with torch.no_grad(), torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
                     gf = g.detach()
@@ -805,6 +831,8 @@ class Watch:
                     s.act_grads[path] = torch.stack(parts)
             except Exception:
                 pass
+            finally:
+                _native.pause_thread(False)
 
         t.register_hook(hook)
 
@@ -992,7 +1020,8 @@ class Watch:
         if cached is None or s.capture:
             # same structure and input shapes -> same saved tensors: walk them once per shape
             assert walk is not None  # a reused walk requires its cached saved bytes
-            by_storage, unreadable = walk.saved(self._param_ptrs)
+            records_next = s.capture and s.graph is None and "graph" not in self._disabled
+            by_storage, unreadable = walk.saved(self._param_ptrs, keep=records_next)
             cached = (sum(by_storage.values()), unreadable)
             if len(self._saved_cache) >= _SAVED_SHAPES:
                 self._saved_cache.clear()
@@ -1019,16 +1048,17 @@ class Watch:
         s.saved_now = saved  # type: ignore[attr-defined]
         if s.capture and walk is not None and s.graph is None and "graph" not in self._disabled:
             rec = s.recorder
+            ops_of, tids_of = rec.node_links(walk.nodes) if rec is not None else ({}, {})
             op_modules = {o["id"]: o.get("module", "") for o in rec.ops} if rec is not None else {}
-            nodes = walk.records(self._param_names, op_modules, s.micro, s.sid)
+            nodes = walk.records(self._param_names, op_modules, s.micro, s.sid, ops_of)
             casts = {o["id"] for o in rec.ops if "autocast_cast" in o.get("flags", ())} if rec is not None else set()
             if casts:
                 for n in nodes:
                     if n.get("op") in casts:
                         n["autocast_cast"] = True
             if rec is not None:
-                for i, n in enumerate(walk.nodes):
-                    for tid in n.metadata.get("torchscope_tensors", ()):
+                for i, tids in tids_of.items():
+                    for tid in tids:
                         if tid < len(rec.tensors):
                             rec.tensors[tid]["grad_fn"] = i
             s.graph = {
@@ -1041,10 +1071,16 @@ class Watch:
                 "root": 0,
                 "retained": bool(retain),
             }
-            s.timer = BackwardTimer(walk.nodes)
+            # full mode's native recorder times the nodes that have a sequence number of their own
+            native = isinstance(rec, NativeRecorder) and self.mode == "full"
+            s.timed = rec.timed_nodes(walk.nodes) if isinstance(rec, NativeRecorder) and native else {}
+            s.timer = BackwardTimer(walk.nodes, set(s.timed.values()))
             s.walk = walk  # nodes stay alive until this backward returns (hooks removed then)
+        if walk is not None:
+            walk.forget_saved()  # what saved(keep=True) read, if records() did not take it
         if self.mode == "full" and s.recorder is not None:
-            self._pause_gc()
+            if not isinstance(s.recorder, NativeRecorder):
+                self._pause_gc()
             s.recorder.phase = "backward"
             s.recorder.__enter__()
             self._rec_thread = threading.get_ident()
@@ -1145,6 +1181,7 @@ class Watch:
 
     def _after_backward(self, t0: float) -> None:
         s = self._s
+        self._stop_recorder()  # before the statistics below: their ops are not the user's
         if self._unhooked():
             self._param_version = self._versions()
             self._param_data_taken = False
@@ -1158,7 +1195,14 @@ class Watch:
         if s.recorder is not None:
             s.recorder.phase = "forward"
         if s.timer is not None:
-            s.timer.remove(returned)
+            timed: list[tuple[int, float, float]] = []
+            if isinstance(s.recorder, NativeRecorder):
+                for seq, t0, t1 in s.recorder.node_times:
+                    i = s.timed.get(seq)
+                    if i is not None:
+                        timed.append((i, t0 / 1e9, t1 / 1e9))  # the clock of time.perf_counter
+                s.recorder.node_times.clear()
+            s.timer.remove(returned, timed)
             if s.graph is not None:
                 for rec in s.graph["nodes"]:
                     i = rec["id"]
@@ -1544,6 +1588,7 @@ class Watch:
             g["memory_timeline"] = cast("list[list[int]]", rec.timeline)
             g["shed_ops"] = rec.shed
             g["complete"] = rec.shed == 0 and rec.failed is None
+            g["recorder"] = "native" if isinstance(rec, NativeRecorder) else "python"
         else:
             g["ops"], g["tensors"], g["complete"] = [], [], False
         return g

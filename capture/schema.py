@@ -243,6 +243,9 @@ class GraphEvent(TypedDict, total=False):
     root: int  # node id of the loss's grad_fn
     retained: bool  # retain_graph=True on this backward
     memory_timeline: list[list[int]]  # [op_id, live_bytes] through forward and backward
+    # which recorder saw the ops: "native" (full mode's C++ observer: no aten::detach that
+    # autograd redispatches, allocations by storage lifetime) or "python" (a dispatch mode)
+    recorder: Literal["native", "python"]
 
 
 # ----------------------------------------------------------------------------- log / end

@@ -8,12 +8,19 @@ PY=${PYTHON:-python3}
 $PY -m pip install -q "torch==2.13.0"
 $PY -m pip install -q -e ".[test]"
 
-# Debian's chromium drives the browser tier (Playwright uses it via executable_path).
-if [ ! -x /usr/bin/chromium ]; then
+# Debian's chromium drives the browser tier (Playwright uses it via executable_path); g++ and
+# ninja build full mode's C++ op recorder (capture/native/), which the capture tests run.
+PKGS=""
+[ -x /usr/bin/chromium ] || PKGS="chromium fonts-dejavu-core"
+command -v g++ >/dev/null || PKGS="$PKGS g++"
+command -v ninja >/dev/null || PKGS="$PKGS ninja-build"
+if [ -n "$PKGS" ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium fonts-dejavu-core >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $PKGS >/dev/null
 fi
+# one build per torch version (~30 s), before the tests that load it in subprocesses
+$PY -m torchscope._native
 
 $PY -m ruff check .
 $PY -m mypy

@@ -1,0 +1,309 @@
+"""The C++ op observer of ``full`` mode (``native/recorder.cpp``): build, load, and a recorder
+with the Python ``OpRecorder``'s interface.
+
+A Python dispatch mode costs 1.6-1.9x a small-op step before recording anything; this observer
+records every op at ~1-2 us (see docs/capture.md).  It is compiled on the user's machine with
+``torch.utils.cpp_extension`` -- once per torch and Python version, ~45 s, into
+``$TORCHSCOPE_NATIVE_BUILD`` or ``~/.cache/torchscope/native/<version>`` -- in a background
+thread the first time ``full`` mode runs, so training never waits for the compiler: until it is
+loaded (or where there is no compiler, or ``TORCHSCOPE_NATIVE=0``) the Python recorder records.
+``python -m torchscope._native`` builds it ahead of time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from ._srcloc import _user_base, user_src
+
+log = logging.getLogger("torchscope")
+
+SOURCE = Path(__file__).resolve().parent / "native" / "recorder.cpp"
+NAME = "torchscope_native_recorder"
+_lock = threading.Lock()
+_ext: ModuleType | None = None
+_error: str | None = None
+_building: threading.Thread | None = None
+_claimed_by = 0  # id of the Watch whose recorder holds the extension's (process-wide) state
+
+
+def build_dir() -> Path:
+    root = os.environ.get("TORCHSCOPE_NATIVE_BUILD") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "torchscope", "native"
+    )
+    # an extension is valid only for the libtorch it was compiled against
+    tag = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}".replace("+", "_")
+    return Path(root) / tag
+
+
+def enabled() -> bool:
+    return os.environ.get("TORCHSCOPE_NATIVE", "1") != "0"
+
+
+def _tools_missing() -> str | None:
+    if shutil.which(os.environ.get("CXX", "c++")) is None and shutil.which("g++") is None:
+        return "no C++ compiler (install g++)"
+    try:
+        from torch.utils.cpp_extension import verify_ninja_availability
+
+        verify_ninja_availability()
+    except RuntimeError:
+        return "no ninja (apt-get install ninja-build, or pip install ninja)"
+    return None
+
+
+def _build() -> None:
+    global _ext, _error
+    try:
+        missing = _tools_missing()
+        if missing is not None:
+            raise RuntimeError(missing)
+        from torch.utils.cpp_extension import load
+
+        out = build_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        ext = load(
+            name=NAME,
+            sources=[str(SOURCE)],
+            build_directory=str(out),
+            # -DNDEBUG is required, not an optimisation: ATen/record_function.h declares a member
+            # only under #ifndef NDEBUG, and cpp_extension does not define it, so without it this
+            # file's at::RecordFunction would not be the release libtorch's
+            extra_cflags=["-O2", "-DNDEBUG"],
+            verbose=False,
+        )
+        ext.configure(_user_base)
+        log.debug("torchscope: native op recorder loaded in %.1f s", time.perf_counter() - t0)
+        _ext = ext
+    except Exception as exc:  # no compiler, a failed build: the Python recorder records
+        _error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        log.info("torchscope: full mode records ops in Python (native recorder: %s)", _error)
+
+
+def _built() -> bool:
+    return any(build_dir().glob(f"{NAME}*.so")) or any(build_dir().glob(f"{NAME}*.pyd"))
+
+
+def get(block: bool = False) -> ModuleType | None:
+    """The loaded extension, or None while it builds (in the background unless ``block``), where
+    it cannot be built, or where ``TORCHSCOPE_NATIVE=0``."""
+    global _building
+    if _ext is not None or _error is not None or not enabled():
+        return _ext
+    with _lock:
+        if _ext is None and _error is None:
+            if block or _built():  # a cached build loads in a fraction of a second
+                if _building is not None:
+                    _building.join()
+                else:
+                    _build()
+            elif _building is None:
+                _building = threading.Thread(target=_build, name="torchscope-native-build", daemon=True)
+                _building.start()
+    return _ext
+
+
+def loaded() -> ModuleType | None:
+    return _ext
+
+
+def pause_thread(on: bool) -> None:
+    """The capture's own ops on this thread (statistics in a gradient hook) are not recorded."""
+    if _ext is not None:
+        _ext.pause_thread(on)
+
+
+def claim(owner: int) -> ModuleType | None:
+    """The extension for ``owner``'s recorder; None when another watch's recorder holds it."""
+    global _claimed_by
+    ext = _ext
+    if ext is None or _claimed_by not in (0, owner) or not enabled():
+        return None
+    _claimed_by = owner
+    return ext
+
+
+def release(owner: int) -> None:
+    global _claimed_by
+    if _claimed_by == owner:
+        if _ext is not None:
+            _ext.stop()
+        _claimed_by = 0
+
+
+class NativeRecorder:
+    """``OpRecorder``'s interface over the extension: ``ops`` and ``tensors`` fill at the end of
+    each recorded phase (``__exit__``), with the same records."""
+
+    def __init__(
+        self,
+        ext: ModuleType,
+        module_of: Callable[[], tuple[str, int, bool, str]],
+        param_cdata: dict[int, str],
+        baseline_live: int,
+        check_nan: bool,
+        max_ops: int,
+        sid: Any,
+    ) -> None:
+        self.ext = ext
+        self.module_of = module_of
+        self.sid = sid
+        self.ops: list[dict[str, Any]] = []
+        self.tensors: list[dict[str, Any]] = []
+        self.timeline: list[tuple[int, int]] = []
+        self.shed = 0
+        self.phase = "forward"
+        self.micro = 0
+        self.live = baseline_live
+        self.baseline = baseline_live
+        self.saved_storages: set[int] = set()
+        self.nan_seen = False
+        self.autocast = False
+        self.autocast_seen = False
+        self.failed: str | None = None
+        self.links: dict[int, tuple[int, list[int]]] = {}  # grad_fn sequence number -> (op, tensors)
+        self.node_times: list[tuple[int, int, int]] = []  # (sequence number, start ns, end ns) of nodes run
+        self._contexts: dict[tuple[str, int, bool, str, bool], int] = {}
+        self._explicit = 0
+        self._paused = False
+        ext.reset(baseline_live, check_nan, max_ops, param_cdata)
+
+    # the Python recorder's plain attributes, passed on to the extension
+    @property
+    def explicit_casts(self) -> int:
+        return self._explicit
+
+    @explicit_casts.setter
+    def explicit_casts(self, n: int) -> None:
+        self._explicit = n
+        self.ext.set_explicit(n)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @paused.setter
+    def paused(self, on: bool) -> None:
+        self._paused = on
+        self.ext.set_paused(on)
+
+    def sync(self) -> None:
+        """Tell the extension the module, phase and micro-batch the next ops run in.  Runs in
+        module hooks, inside the user's forward: never raises (the recorder fails instead)."""
+        try:
+            self._sync()
+        except Exception as exc:
+            self.failed = self.failed or repr(exc)
+
+    def _sync(self) -> None:
+        backward = self.phase == "backward"
+        if backward:
+            # the engine's ops: no module; their line is a custom Function's backward's, or
+            # else the backward call's (the frames' walk stops there)
+            key = ("", 0, False, user_src(), True)
+        else:
+            module, call, inside, module_src = self.module_of()
+            # inside a torch module the user's line is the one that called it; elsewhere the
+            # op's own caller, read per op
+            key = (module, call, inside, module_src, not module_src)
+        ctx = self._contexts.get(key)
+        if ctx is None:
+            ctx = self._contexts[key] = self.ext.context(*key)
+        self.ext.set_state(ctx, 1 if backward else 0, self.micro)
+
+    def __enter__(self) -> NativeRecorder:
+        self.sync()
+        self.ext.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ext.stop()
+        self._drain()
+
+    def _drain(self) -> None:
+        links, timeline, nodes, self.shed, self.live, nan, autocast, failed = self.ext.drain(
+            self.ops, self.tensors, self.sid.ids
+        )
+        for seq, op, tids in links:
+            self.links[seq] = (op, tids)
+        self.node_times += nodes
+        self.timeline.extend(timeline)
+        self.nan_seen = self.nan_seen or nan
+        self.autocast_seen = self.autocast_seen or autocast
+        if failed and self.failed is None:
+            self.failed = failed
+
+    def _link_pending(self) -> None:
+        self._drain()
+
+    def node_links(self, nodes: list[Any]) -> tuple[dict[int, int], dict[int, list[int]]]:
+        """For each graph node (by index) the op that made it and that op's output tensors: a
+        node's sequence number is the one the op's record saw it get."""
+        ops: dict[int, int] = {}
+        tensors: dict[int, list[int]] = {}
+        links = self.links
+        for i, n in enumerate(nodes):
+            hit = links.get(_seq(n))
+            if hit is not None:
+                ops[i], tensors[i] = hit
+        return ops, tensors
+
+    def timed_nodes(self, nodes: list[Any]) -> dict[int, int]:
+        """Sequence number -> node index for the nodes whose runs the extension times: those
+        with a sequence number of their own (not AccumulateGrad's shared one)."""
+        by_seq: dict[int, int] = {}
+        dup: set[int] = set()
+        for i, n in enumerate(nodes):
+            seq = _seq(n)
+            if seq < 0:
+                continue
+            if seq in by_seq:
+                dup.add(seq)
+            by_seq[seq] = i
+        for seq in dup:
+            del by_seq[seq]
+        return by_seq
+
+    def add_marker(self, name: str, t: torch.Tensor, flags: list[str]) -> None:
+        self.sync()
+        try:
+            self.ext.marker(name, t, tuple(flags), user_src(2))
+        except Exception as exc:
+            self.failed = self.failed or repr(exc)
+
+    def finish(self) -> None:
+        self._drain()
+        self.ext.finish()
+
+
+_NO_SEQ = 2**64 - 1  # AccumulateGrad's (and other nodes' made outside a forward op)
+
+
+def _seq(node: Any) -> int:
+    """A node's sequence number, -1 where it has none (the extension's int64 view of the same)."""
+    try:
+        seq = int(node._sequence_nr())
+    except (AttributeError, RuntimeError):
+        return -1
+    return -1 if seq == _NO_SEQ else seq
+
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    mod = get(block=True)
+    if mod is None:
+        print(f"torchscope: native recorder not available: {_error or 'TORCHSCOPE_NATIVE=0'}", file=sys.stderr)
+        raise SystemExit(1)
+    print(f"torchscope: native recorder ready in {time.perf_counter() - t0:.1f} s ({build_dir()})")

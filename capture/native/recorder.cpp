@@ -1,0 +1,874 @@
+// The op stream of `full` mode from C++: a RecordFunction observer (see capture/_native.py).
+//
+// Why C++: a Python TorchDispatchMode costs ~18 us of C++ <-> Python transition per aten op
+// before it records anything (1.6-1.9x a transformer step), and recording an op in Python
+// another ~40 us.  This observer records the same facts -- the op, its module, its tensors,
+// their storages, the step's allocations and frees -- at ~1-2 us an op, and builds the very
+// records (`schema.OpRecord`, `schema.TensorMeta`) the Python recorder builds, once per phase.
+//
+// Which records: RecordFunction fires at every Dispatcher::call, so it sees composite ops and
+// their decompositions and kernels' internal calls.  Kept are the ops a dispatch mode sees:
+// the outermost op of a nesting that is not CompositeImplicitAutograd; its children are
+// kernel internals.  The module, phase and source-line context is set from Python (module
+// hooks) as a small integer; the source line of an op outside a torch module is read from the
+// Python frames of the calling thread, with the GIL taken for that moment only.
+//
+// Nothing here keeps a tensor alive: tensors and storages are held by weak references, which
+// keep the C++ object's memory (so its address is not reused while we compare it) and never
+// its data.  Must be compiled with -DNDEBUG: record_function.h has an #ifndef NDEBUG member.
+#include <Python.h>
+#include <frameobject.h>
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// ------------------------------------------------------------------ op facts, cached
+struct OpInfo {
+  PyObject* name = nullptr;  // interned "aten::addmm" (owned, never freed: few hundred)
+  bool composite = false;    // CompositeImplicitAutograd: its decomposition is recorded instead
+  bool inplace = false;      // writes one of its arguments
+  bool skip = false;         // not the user's computation (profiler:: markers) or not an op
+  bool to_copy = false;      // aten::_to_copy: a cast autocast may have made
+};
+
+struct PairHash {
+  size_t operator()(const std::pair<const void*, const void*>& p) const noexcept {
+    return std::hash<const void*>()(p.first) * 31u ^ std::hash<const void*>()(p.second);
+  }
+};
+
+std::mutex g_info_mu;
+std::unordered_map<std::pair<const void*, const void*>, OpInfo, PairHash> g_info;
+
+OpInfo make_info(const at::RecordFunction& fn) {
+  OpInfo info;
+  auto opname = fn.operator_name();
+  if (!opname) {
+    info.skip = true;  // a record by name only, not a dispatcher op
+    return info;
+  }
+  const std::string& name = opname->name;
+  info.skip = name.rfind("profiler::", 0) == 0;
+  info.to_copy = name == "aten::_to_copy";
+  auto handle = c10::Dispatcher::singleton().findOp(*opname);
+  if (handle) {
+    info.composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    for (const auto& arg : handle->schema().arguments()) {
+      if (arg.alias_info() && arg.alias_info()->isWrite()) {
+        info.inplace = true;
+        break;
+      }
+    }
+  }
+  PyGILState_STATE g = PyGILState_Ensure();
+  info.name = PyUnicode_InternFromString(name.c_str());
+  PyGILState_Release(g);
+  return info;
+}
+
+// the name and overload strings of a schema-based record live as long as the operator
+const OpInfo& op_info(const at::RecordFunction& fn) {
+  std::pair<const void*, const void*> key{fn.name(), fn.overload_name()};
+  {
+    std::lock_guard<std::mutex> g(g_info_mu);
+    auto it = g_info.find(key);
+    if (it != g_info.end()) return it->second;
+  }
+  OpInfo info = make_info(fn);  // takes the GIL: never while holding g_info_mu
+  std::lock_guard<std::mutex> g(g_info_mu);
+  if (g_info.size() > 100000) g_info.clear();  // records by name only could grow it
+  return g_info.emplace(key, info).first->second;
+}
+
+// ------------------------------------------------------------------ the step's records
+struct TensorRec {
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype = at::kFloat;
+  c10::Device device{c10::kCPU};
+  bool requires_grad = false, is_leaf = true, strided = false, has_version = false;
+  int64_t ptr = 0, offset = 0, nbytes = 0, version = 0;
+  PyObject* param = nullptr;  // borrowed from g_params
+};
+
+enum Flag : uint32_t {
+  F_OUTSIDE = 1,
+  F_INPLACE = 2,
+  F_NONDIFF = 4,
+  F_AUTOCAST = 8,
+  F_AUTOCAST_CAST = 16,
+  F_NAN = 32,
+};
+
+struct OpRec {
+  PyObject* name = nullptr;  // borrowed from OpInfo (or owned by g_marker_objs)
+  int64_t ctx = -1;
+  int phase = 0;
+  int64_t micro = 0;
+  size_t in_begin = 0, in_end = 0, out_begin = 0, out_end = 0;  // into g_io
+  bool grad_mode = false, inference_mode = false, inplace = false, marker = false, to_copy = false;
+  PyObject* src = nullptr;  // borrowed from g_srcs; null: the context's
+  int64_t t0 = 0, dur_ns = 0;
+  int64_t alloc = 0, free = 0, live = 0;
+  uint32_t flags = 0;
+  PyObject* marker_flags = nullptr;  // owned tuple of str, markers only
+  bool done = false;
+};
+
+struct Context {
+  py::object module, src;
+  int64_t call = 0;
+  bool inside = false, walk = false;
+};
+
+struct TensorKey {
+  c10::weak_intrusive_ptr<c10::TensorImpl> ref;
+  int64_t tid;
+};
+
+struct StorageRec {
+  c10::weak_intrusive_ptr<c10::StorageImpl> ref;
+  int64_t bytes;
+};
+
+struct NodeTime {  // one autograd node's run in a recorded backward
+  int64_t seq, t0, t1;
+};
+
+struct SeqLink {
+  int64_t op;
+  std::vector<int64_t> tids;
+};
+
+std::mutex g_mu;  // the records below; never held while taking the GIL
+std::vector<OpRec> g_ops;
+std::vector<int64_t> g_io;
+std::vector<TensorRec> g_tensors;
+std::unordered_map<c10::TensorImpl*, TensorKey> g_tids;
+std::vector<StorageRec> g_storages;
+std::unordered_map<c10::StorageImpl*, size_t> g_storage_index;  // -> g_storages
+std::unordered_map<uint64_t, SeqLink> g_seq;
+// objects holding Python references are never destroyed: at exit the interpreter is gone first
+std::vector<Context>& g_ctx = *new std::vector<Context>();  // written under the GIL and g_mu
+size_t g_ops_sent = 0, g_tensors_sent = 0, g_seq_sent = 0;
+std::vector<uint64_t> g_seq_order;
+std::vector<NodeTime> g_nodes;
+size_t g_nodes_sent = 0;
+int64_t g_live = 0, g_freed = 0, g_shed = 0, g_max_ops = 0;
+std::string g_failed;
+bool g_check_nan = false, g_nan_seen = false, g_autocast_seen = false;
+
+// set from Python between ops, read by callbacks (the owner thread's, or the engine's during backward)
+std::atomic<int64_t> g_cur_ctx{-1};
+std::atomic<int> g_phase{0};
+std::atomic<int64_t> g_micro{0};
+std::atomic<int64_t> g_explicit{0};
+std::atomic<bool> g_on{false};
+std::atomic<bool> g_paused{false};
+std::thread::id g_owner;
+at::CallbackHandle g_handle = 0;
+
+std::unordered_map<c10::TensorImpl*, py::object>& g_params = *new std::unordered_map<c10::TensorImpl*, py::object>();  // parameter TensorImpl -> name
+
+// per thread: kept ancestors (kernel internals are not recorded), nesting depth, whether the
+// outermost record ran under autocast (an autocast kernel's own casts run with it excluded)
+thread_local int t_inside = 0;
+thread_local int t_depth = 0;
+thread_local bool t_autocast = false;
+thread_local bool t_paused = false;
+
+// source lines: code object -> the user's basename (or None for torch's and ours)
+py::object& g_user_base = *new py::object();  // Python callable filename -> basename | None
+std::unordered_map<PyObject*, py::object>& g_code_base = *new std::unordered_map<PyObject*, py::object>();  // holds the code objects
+std::unordered_map<std::string, PyObject*> g_srcs;      // "file.py:12" -> owned str
+
+struct Ctx : public at::ObserverContext {
+  int kind = 0;  // 1 composite (depth only), 2 kept, 3 an autograd node
+  int64_t op = -1;
+  bool outer = false;
+};
+
+bool autocast_now() {
+  return at::autocast::is_autocast_enabled(at::kCPU) || at::autocast::is_autocast_enabled(at::kCUDA);
+}
+
+// "file.py:12" of the innermost user frame; called with nothing locked
+PyObject* walk_src() {
+  PyGILState_STATE g = PyGILState_Ensure();
+  PyObject* out = nullptr;
+  try {
+    PyFrameObject* f = PyEval_GetFrame();  // borrowed
+    Py_XINCREF(f);
+    while (f != nullptr) {
+      PyCodeObject* code = PyFrame_GetCode(f);  // new reference
+      auto it = g_code_base.find(reinterpret_cast<PyObject*>(code));
+      if (it == g_code_base.end()) {
+        py::object fname = py::reinterpret_borrow<py::object>(code->co_filename);
+        py::object base = g_user_base(fname);
+        it = g_code_base.emplace(reinterpret_cast<PyObject*>(code), base).first;
+        Py_INCREF(code);  // the key stays valid: the map holds the code object
+      }
+      Py_DECREF(code);
+      if (!it->second.is_none()) {
+        std::string key = py::cast<std::string>(it->second) + ":" + std::to_string(PyFrame_GetLineNumber(f));
+        auto s = g_srcs.find(key);
+        if (s == g_srcs.end()) s = g_srcs.emplace(key, PyUnicode_FromString(key.c_str())).first;
+        out = s->second;
+        Py_DECREF(f);
+        break;
+      }
+      PyFrameObject* back = PyFrame_GetBack(f);  // new reference
+      Py_DECREF(f);
+      f = back;
+    }
+  } catch (...) {
+    PyErr_Clear();
+    out = nullptr;
+  }
+  PyGILState_Release(g);
+  return out;
+}
+
+// strided with sizes and strides of its own: not sparse, nested, symbolic or a Python subclass
+// (whose sizes() may call into Python)
+bool is_plain(const at::Tensor& t) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return impl->layout() == c10::kStrided && !impl->is_nested() && !impl->is_python_dispatch() &&
+         !impl->has_symbolic_sizes_strides() && !t._is_zerotensor();
+}
+
+// The shapes of an op's other tensors, ragged dimensions (a jagged nested tensor's symbolic
+// sequence lengths) as -1.  Read before g_mu is taken: a subclass's sizes may run Python, and
+// ops, which this thread then does not record.
+using Shapes = std::vector<std::pair<c10::TensorImpl*, std::vector<int64_t>>>;
+
+std::vector<int64_t> loose_shape(const at::Tensor& t) {
+  std::vector<int64_t> out;
+  bool was = t_paused;
+  t_paused = true;
+  try {
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    for (const c10::SymInt& d : impl->sym_sizes()) {
+      auto v = d.maybe_as_int();
+      out.push_back(v ? *v : -1);
+    }
+  } catch (...) {
+    out.clear();  // a C++ nested tensor has no sizes
+  }
+  t_paused = was;
+  return out;
+}
+
+// the tensor table index of `t`, recording its metadata at first sight (g_mu held)
+int64_t tensor_id(const at::Tensor& t, const Shapes* shapes = nullptr) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  auto it = g_tids.find(impl);
+  if (it != g_tids.end()) {
+    if (!it->second.ref.expired()) return it->second.tid;
+    g_tids.erase(it);
+  }
+  TensorRec r;
+  r.dtype = impl->dtype().toScalarType();
+  r.device = impl->device();
+  r.requires_grad = t.requires_grad();
+  r.is_leaf = t.is_leaf();
+  if (!is_plain(t)) {
+    if (shapes != nullptr)
+      for (const auto& s : *shapes)
+        if (s.first == impl) r.sizes = s.second;
+  } else {
+    auto sz = impl->sizes();
+    r.sizes.assign(sz.begin(), sz.end());
+    if (impl->has_storage() && impl->storage().unsafeGetStorageImpl() != nullptr) {
+      auto st = impl->strides();
+      r.strides.assign(st.begin(), st.end());
+      c10::StorageImpl* si = impl->storage().unsafeGetStorageImpl();
+      r.strided = true;
+      r.ptr = reinterpret_cast<int64_t>(si->data_ptr().get());
+      r.nbytes = static_cast<int64_t>(si->nbytes());
+      r.offset = impl->storage_offset();
+    }
+  }
+  const auto& vc = impl->version_counter();
+  if (vc.enabled()) {
+    r.has_version = true;
+    r.version = static_cast<int64_t>(vc.current_version());
+  }
+  auto p = g_params.find(impl);
+  if (p != g_params.end()) r.param = p->second.ptr();
+  int64_t tid = static_cast<int64_t>(g_tensors.size());
+  g_tensors.push_back(std::move(r));
+  g_tids.emplace(impl, TensorKey{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), tid});
+  return tid;
+}
+
+// tensors among an op's arguments; a Python number passed as one (`h * 2`) is not a tensor
+// of the user's, and a dispatch mode does not see it as one
+template <class F>
+void each_tensor(const c10::ArrayRef<const c10::IValue>& vs, F f) {
+  for (const auto& v : vs) {
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number()) f(t);
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec())
+        if (t.defined()) f(t);
+    } else if (v.isList()) {
+      for (const auto& e : v.toListRef())
+        if (e.isTensor() && e.toTensor().defined()) f(e.toTensor());
+    }
+  }
+}
+
+// A composite op called on a tensor subclass (a jagged nested tensor's linear) is the user's
+// op: the subclass implements it on its inner tensors, whose ops are kernel internals here.
+bool subclass_input(const c10::ArrayRef<const c10::IValue>& vs) {
+  bool found = false;
+  each_tensor(vs, [&](const at::Tensor& t) { found = found || t.unsafeGetTensorImpl()->is_python_dispatch(); });
+  return found;
+}
+
+Shapes loose_shapes(const c10::ArrayRef<const c10::IValue>& vs) {
+  Shapes out;
+  each_tensor(vs, [&](const at::Tensor& t) {
+    if (!is_plain(t)) out.emplace_back(t.unsafeGetTensorImpl(), loose_shape(t));
+  });
+  return out;
+}
+
+// storages the ledger watched that died since the last op: their bytes are freed (g_mu held)
+void collect_frees() {
+  for (size_t i = 0; i < g_storages.size();) {
+    if (g_storages[i].ref.expired()) {
+      g_freed += g_storages[i].bytes;
+      g_storage_index.erase(g_storages[i].ref._unsafe_get_target());
+      if (i + 1 != g_storages.size()) {
+        g_storages[i] = std::move(g_storages.back());
+        g_storage_index[g_storages[i].ref._unsafe_get_target()] = i;
+      }
+      g_storages.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  if (t_paused || t_inside > 0 || !g_on.load(std::memory_order_relaxed) ||
+      g_paused.load(std::memory_order_relaxed))
+    return nullptr;
+  if (g_phase.load(std::memory_order_relaxed) == 0 && std::this_thread::get_id() != g_owner)
+    return nullptr;  // a forward op of another thread: not the recorded step's
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    // a node's start and end: the backward's order and per-node durations, without a Python
+    // hook per node (its sequence number names it; AccumulateGrad's, all the same, does not)
+    if (g_phase.load(std::memory_order_relaxed) != 1) return nullptr;
+    auto ctx = std::make_unique<Ctx>();
+    ctx->kind = 3;
+    std::lock_guard<std::mutex> g(g_mu);
+    ctx->op = static_cast<int64_t>(g_nodes.size());
+    g_nodes.push_back(NodeTime{fn.seqNr(), now_ns(), 0});
+    return ctx;
+  }
+  const OpInfo& info = op_info(fn);
+  if (info.skip) return nullptr;
+  auto ctx = std::make_unique<Ctx>();
+  if (t_depth == 0) {
+    t_autocast = autocast_now();
+    ctx->outer = true;
+  }
+  ++t_depth;
+  if (info.composite && !subclass_input(fn.inputs())) {
+    ctx->kind = 1;
+    return ctx;
+  }
+  ctx->kind = 2;
+  ++t_inside;
+  int phase = g_phase.load(std::memory_order_relaxed);
+  int64_t cur = g_cur_ctx.load(std::memory_order_relaxed);
+  PyObject* src = nullptr;
+  if (std::this_thread::get_id() == g_owner) {
+    bool walk = true;
+    {
+      std::lock_guard<std::mutex> g(g_mu);
+      if (cur >= 0 && static_cast<size_t>(cur) < g_ctx.size()) walk = g_ctx[cur].walk;
+    }
+    if (walk) src = walk_src();
+  }
+  Shapes shapes = loose_shapes(fn.inputs());
+  std::lock_guard<std::mutex> g(g_mu);
+  try {
+    if (g_max_ops > 0 && static_cast<int64_t>(g_ops.size()) >= g_max_ops) {
+      ++g_shed;
+      return ctx;  // kind 2 without an op: children stay unrecorded, nothing is kept
+    }
+    OpRec r;
+    r.name = info.name;
+    r.ctx = cur;
+    r.phase = phase;
+    r.micro = g_micro.load(std::memory_order_relaxed);
+    r.grad_mode = c10::GradMode::is_enabled();
+    r.inference_mode = c10::InferenceMode::is_enabled();
+    r.inplace = info.inplace;
+    r.src = src;
+    r.in_begin = g_io.size();
+    bool needs_grad = false;
+    each_tensor(fn.inputs(), [&](const at::Tensor& t) {
+      g_io.push_back(tensor_id(t, &shapes));
+      needs_grad = needs_grad || t.requires_grad();
+    });
+    r.in_end = g_io.size();
+    if (r.grad_mode && needs_grad) r.flags |= F_NONDIFF;  // cleared if an output is differentiable
+    if (t_autocast && phase == 0) {
+      r.flags |= F_AUTOCAST;
+      g_autocast_seen = true;
+    }
+    r.to_copy = info.to_copy;
+    r.t0 = now_ns();
+    ctx->op = static_cast<int64_t>(g_ops.size());
+    g_ops.push_back(r);
+  } catch (const std::exception& e) {
+    if (g_failed.empty()) g_failed = e.what();
+  }
+  return ctx;
+}
+
+void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
+  if (base == nullptr) return;
+  auto* ctx = static_cast<Ctx*>(base);
+  if (ctx->kind == 3) {
+    int64_t t1 = now_ns();
+    std::lock_guard<std::mutex> g(g_mu);
+    if (static_cast<size_t>(ctx->op) < g_nodes.size()) g_nodes[ctx->op].t1 = t1;
+    return;
+  }
+  --t_depth;
+  if (ctx->kind == 1) return;
+  --t_inside;
+  if (ctx->op < 0) return;
+  int64_t t1 = now_ns();
+  bool nan = false;
+  if (g_check_nan) {
+    // the capture's own ops: not recorded, not differentiated
+    t_paused = true;
+    try {
+      at::NoGradGuard no_grad;
+      for (const auto& v : fn.outputs()) {
+        if (!v.isTensor()) continue;
+        const at::Tensor& t = v.toTensor();
+        if (!t.defined() || t.unsafeGetTensorImpl()->is_python_dispatch() || t.numel() == 0) continue;
+        if (!(t.is_floating_point() || t.is_complex())) continue;
+        if (!at::isfinite(t).all().item<bool>()) {
+          nan = true;
+          break;
+        }
+      }
+    } catch (...) {
+    }
+    t_paused = false;
+  }
+  const auto& outs = fn.outputs();
+  Shapes shapes = loose_shapes(c10::ArrayRef<const c10::IValue>(outs.data(), outs.size()));
+  std::lock_guard<std::mutex> g(g_mu);
+  try {
+    OpRec& r = g_ops[ctx->op];
+    r.dur_ns = t1 - r.t0;
+    collect_frees();
+    r.out_begin = g_io.size();
+    int64_t alloc = 0;
+    bool any_float = false, any_out = false;
+    each_tensor(c10::ArrayRef<const c10::IValue>(outs.data(), outs.size()), [&](const at::Tensor& t) {
+      any_out = true;
+      c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+      auto known_t = g_tids.find(impl);
+      bool seen = known_t != g_tids.end() && !known_t->second.ref.expired();
+      int64_t tid = tensor_id(t, &shapes);
+      g_io.push_back(tid);
+      any_float = any_float || t.is_floating_point() || t.is_complex();
+      const TensorRec& tr = g_tensors[tid];
+      if (tr.strided && !seen) {
+        c10::StorageImpl* si = impl->storage().unsafeGetStorageImpl();
+        bool known = g_storage_index.count(si) > 0;
+        // a view or an in-place result shares an input's storage: nothing was allocated
+        for (size_t k = r.in_begin; k < r.in_end && !known; ++k) known = g_tensors[g_io[k]].ptr == tr.ptr && tr.ptr != 0;
+        if (!known) {
+          alloc += tr.nbytes;
+          g_storage_index[si] = g_storages.size();
+          g_storages.push_back(StorageRec{impl->storage().getWeakStorageImpl(), tr.nbytes});
+        }
+      }
+      // autograd has set the output's grad_fn by now (the record wraps the autograd kernel)
+      if (r.phase == 0 && r.grad_mode) {
+        const auto& node = t.grad_fn();
+        if (node) {
+          uint64_t seq = node->sequence_nr();
+          auto s = g_seq.find(seq);
+          if (s == g_seq.end()) {
+            s = g_seq.emplace(seq, SeqLink{ctx->op, {}}).first;
+            g_seq_order.push_back(seq);
+          }
+          s->second.tids.push_back(tid);
+        }
+      }
+    });
+    r.out_end = g_io.size();
+    if ((r.flags & F_NONDIFF) && (!any_out || any_float)) r.flags &= ~F_NONDIFF;
+    // autocast's own cast: a _to_copy made with no user cast running that changes the dtype
+    if (r.to_copy && (r.flags & F_AUTOCAST) && g_explicit.load() == 0 && r.in_end > r.in_begin &&
+        r.out_end > r.out_begin && g_tensors[g_io[r.out_begin]].dtype != g_tensors[g_io[r.in_begin]].dtype)
+      r.flags |= F_AUTOCAST_CAST;
+    if (nan) {
+      r.flags |= F_NAN;
+      g_nan_seen = true;
+    }
+    g_live += alloc - g_freed;
+    r.alloc = alloc;
+    r.free = g_freed;
+    g_freed = 0;
+    r.live = g_live;
+    r.done = true;
+  } catch (const std::exception& e) {
+    if (g_failed.empty()) g_failed = e.what();
+  }
+}
+
+// ------------------------------------------------------------------ to Python
+struct Keys {
+  PyObject *id, *name, *module, *call, *phase, *micro, *inputs, *outputs, *grad_mode, *inference_mode, *inplace,
+      *src, *dur_us, *alloc, *free, *live, *flags, *shape, *dtype, *device, *requires_grad, *is_leaf, *stride,
+      *storage, *offset, *nbytes, *version, *param, *forward, *backward, *outside, *f_inplace, *nondiff,
+      *autocast, *autocast_cast, *nan;
+};
+Keys* K = nullptr;
+
+void init_keys() {
+  if (K) return;
+  K = new Keys;
+  auto s = [](const char* x) { return PyUnicode_InternFromString(x); };
+  *K = Keys{s("id"), s("name"), s("module"), s("call"), s("phase"), s("micro"), s("inputs"), s("outputs"),
+            s("grad_mode"), s("inference_mode"), s("inplace"), s("src"), s("dur_us"), s("alloc"), s("free"),
+            s("live"), s("flags"), s("shape"), s("dtype"), s("device"), s("requires_grad"), s("is_leaf"),
+            s("stride"), s("storage"), s("offset"), s("nbytes"), s("version"), s("param"), s("forward"),
+            s("backward"), s("outside_model"), s("inplace"), s("non_differentiable"), s("autocast"),
+            s("autocast_cast"), s("nan")};
+}
+
+// d[k] = v, stealing v
+inline void put(PyObject* d, PyObject* k, PyObject* v) {
+  PyDict_SetItem(d, k, v);
+  Py_DECREF(v);
+}
+
+// The records hold tuples of ints and interned strings only: untracked by the cyclic
+// collector (they cannot form a cycle), and a dict holding nothing tracked stays untracked,
+// so a step's thousands of records add nothing to the collector's passes over the heap.
+PyObject* int_tuple(const int64_t* b, const int64_t* e) {
+  PyObject* t = PyTuple_New(e - b);
+  for (Py_ssize_t i = 0; b + i < e; ++i) PyTuple_SET_ITEM(t, i, PyLong_FromLongLong(b[i]));
+  PyObject_GC_UnTrack(t);
+  return t;
+}
+
+std::unordered_map<int, PyObject*> g_dtype_names;
+std::unordered_map<std::string, PyObject*> g_device_names;
+
+PyObject* dtype_name(at::ScalarType st) {
+  auto it = g_dtype_names.find(static_cast<int>(st));
+  if (it == g_dtype_names.end())
+    it = g_dtype_names.emplace(static_cast<int>(st), PyUnicode_FromString(torch::getTHPDtype(st)->name)).first;
+  Py_INCREF(it->second);
+  return it->second;
+}
+
+PyObject* device_name(const c10::Device& d) {
+  std::string s = d.str();
+  auto it = g_device_names.find(s);
+  if (it == g_device_names.end()) it = g_device_names.emplace(s, PyUnicode_FromString(s.c_str())).first;
+  Py_INCREF(it->second);
+  return it->second;
+}
+
+PyObject* storage_id(PyObject* ids, int64_t ptr) {
+  PyObject* k = PyLong_FromLongLong(ptr);
+  PyObject* v = PyDict_GetItem(ids, k);  // borrowed
+  if (v == nullptr) {
+    v = PyLong_FromSsize_t(PyDict_Size(ids));
+    PyDict_SetItem(ids, k, v);
+  } else {
+    Py_INCREF(v);
+  }
+  Py_DECREF(k);
+  return v;
+}
+
+PyObject* op_dict(const OpRec& r, int64_t id) {
+  PyObject* d = PyDict_New();
+  put(d, K->id, PyLong_FromLongLong(id));
+  Py_INCREF(r.name);
+  put(d, K->name, r.name);
+  const Context* c = r.ctx >= 0 && static_cast<size_t>(r.ctx) < g_ctx.size() ? &g_ctx[r.ctx] : nullptr;
+  PyObject* module = c ? c->module.ptr() : PyUnicode_FromString("");
+  if (c) Py_INCREF(module);
+  put(d, K->module, module);
+  put(d, K->call, PyLong_FromLongLong(c ? c->call : 0));
+  PyObject* phase = r.phase ? K->backward : K->forward;
+  Py_INCREF(phase);
+  put(d, K->phase, phase);
+  put(d, K->micro, PyLong_FromLongLong(r.micro));
+  put(d, K->inputs, int_tuple(g_io.data() + r.in_begin, g_io.data() + r.in_end));
+  put(d, K->outputs, int_tuple(g_io.data() + r.out_begin, g_io.data() + r.out_end));
+  put(d, K->grad_mode, PyBool_FromLong(r.grad_mode));
+  if (!r.marker) put(d, K->inference_mode, PyBool_FromLong(r.inference_mode));
+  put(d, K->inplace, PyBool_FromLong(r.inplace));
+  PyObject* src = r.src ? r.src : (c ? c->src.ptr() : nullptr);
+  if (src == nullptr) src = PyUnicode_FromString("");
+  else Py_INCREF(src);
+  put(d, K->src, src);
+  put(d, K->dur_us, PyFloat_FromDouble(static_cast<double>(r.dur_ns) / 1000.0));
+  put(d, K->alloc, PyLong_FromLongLong(r.alloc));
+  put(d, K->free, PyLong_FromLongLong(r.free));
+  put(d, K->live, PyLong_FromLongLong(r.live));
+  std::vector<PyObject*> flags;
+  if (r.marker && r.marker_flags) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r.marker_flags); ++i) flags.push_back(PyTuple_GET_ITEM(r.marker_flags, i));
+  }
+  if (!(c && c->inside)) flags.push_back(K->outside);
+  if (!r.marker) {
+    if (r.inplace) flags.push_back(K->f_inplace);
+    if (r.flags & F_NONDIFF) flags.push_back(K->nondiff);
+    if (r.flags & F_AUTOCAST) flags.push_back(K->autocast);
+    if (r.flags & F_AUTOCAST_CAST) flags.push_back(K->autocast_cast);
+    if (r.flags & F_NAN) flags.push_back(K->nan);
+  }
+  if (!flags.empty()) {
+    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(flags.size()));
+    for (size_t i = 0; i < flags.size(); ++i) {
+      Py_INCREF(flags[i]);
+      PyTuple_SET_ITEM(t, i, flags[i]);
+    }
+    PyObject_GC_UnTrack(t);
+    put(d, K->flags, t);
+  }
+  return d;
+}
+
+PyObject* tensor_dict(const TensorRec& r, int64_t id, PyObject* ids) {
+  PyObject* d = PyDict_New();
+  put(d, K->id, PyLong_FromLongLong(id));
+  put(d, K->shape, int_tuple(r.sizes.data(), r.sizes.data() + r.sizes.size()));
+  put(d, K->dtype, dtype_name(r.dtype));
+  put(d, K->device, device_name(r.device));
+  put(d, K->requires_grad, PyBool_FromLong(r.requires_grad));
+  put(d, K->is_leaf, PyBool_FromLong(r.is_leaf));
+  if (r.strided) {
+    put(d, K->stride, int_tuple(r.strides.data(), r.strides.data() + r.strides.size()));
+    put(d, K->storage, storage_id(ids, r.ptr));
+    put(d, K->offset, PyLong_FromLongLong(r.offset));
+    put(d, K->nbytes, PyLong_FromLongLong(r.nbytes));
+  }
+  if (r.has_version) put(d, K->version, PyLong_FromLongLong(r.version));
+  if (r.param) {
+    Py_INCREF(r.param);
+    put(d, K->param, r.param);
+  }
+  return d;
+}
+
+// ------------------------------------------------------------------ the module's functions
+void start() {
+  if (g_handle != 0 && g_owner == std::this_thread::get_id()) {
+    g_on = true;
+    return;
+  }
+  g_owner = std::this_thread::get_id();
+  // thread-local: the training thread's ops (and, through the state the autograd engine
+  // propagates, its backward on device threads), never another thread's
+  g_handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
+                                            .needsInputs(true)
+                                            .needsOutputs(true)
+                                            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  g_on = true;
+}
+
+void stop() {
+  g_on = false;
+  if (g_handle != 0) at::removeCallback(g_handle);
+  g_handle = 0;
+}
+
+void reset(int64_t baseline, bool check_nan, int64_t max_ops, py::dict params) {
+  std::lock_guard<std::mutex> g(g_mu);
+  for (auto& r : g_ops) Py_XDECREF(r.marker_flags);
+  g_ops.clear();
+  g_io.clear();
+  g_tensors.clear();
+  g_tids.clear();
+  g_storages.clear();
+  g_storage_index.clear();
+  g_seq.clear();
+  g_seq_order.clear();
+  g_nodes.clear();
+  g_ctx.clear();
+  g_ops_sent = g_tensors_sent = g_seq_sent = g_nodes_sent = 0;
+  g_live = baseline;
+  g_freed = g_shed = 0;
+  g_max_ops = max_ops;
+  g_failed.clear();
+  g_check_nan = check_nan;
+  g_nan_seen = g_autocast_seen = false;
+  g_cur_ctx = -1;
+  g_paused = false;
+  g_explicit = 0;
+  g_params.clear();
+  for (auto item : params) {
+    auto ptr = reinterpret_cast<c10::TensorImpl*>(py::cast<intptr_t>(item.first));
+    g_params.emplace(ptr, py::reinterpret_borrow<py::object>(item.second));
+  }
+}
+
+// a module/phase context; returns its id for set_context
+int64_t context(py::object module, int64_t call, bool inside, py::object src, bool walk) {
+  std::lock_guard<std::mutex> g(g_mu);
+  g_ctx.push_back(Context{std::move(module), std::move(src), call, inside, walk});
+  return static_cast<int64_t>(g_ctx.size()) - 1;
+}
+
+void set_state(int64_t ctx, int phase, int64_t micro) {
+  g_cur_ctx = ctx;
+  g_phase = phase;
+  g_micro = micro;
+}
+
+void set_explicit(int64_t n) { g_explicit = n; }
+void set_paused(bool p) { g_paused = p; }
+void pause_thread(bool p) { t_paused = p; }
+
+// a torch-level event (`.item()`, `detach()`...) as an op, in sequence with the others
+void marker(py::object name, const at::Tensor& t, py::tuple flags, py::object src) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (g_max_ops > 0 && static_cast<int64_t>(g_ops.size()) >= g_max_ops) {
+    ++g_shed;
+    return;
+  }
+  OpRec r;
+  static std::unordered_map<std::string, PyObject*> names;  // owned for the process's life: a few
+  std::string n = py::cast<std::string>(name);
+  auto nit = names.find(n);
+  if (nit == names.end()) nit = names.emplace(n, PyUnicode_FromString(n.c_str())).first;
+  r.name = nit->second;
+  r.ctx = g_cur_ctx;
+  r.phase = g_phase;
+  r.micro = g_micro;
+  r.grad_mode = c10::GradMode::is_enabled();
+  r.marker = true;
+  r.in_begin = g_io.size();
+  if (t.defined()) g_io.push_back(tensor_id(t));
+  r.in_end = r.out_begin = r.out_end = g_io.size();
+  r.src = nullptr;
+  static std::unordered_map<std::string, PyObject*> srcs;
+  std::string s = py::cast<std::string>(src);
+  auto it = srcs.find(s);
+  if (it == srcs.end()) it = srcs.emplace(s, PyUnicode_FromString(s.c_str())).first;
+  r.src = it->second;
+  r.live = g_live;
+  r.marker_flags = flags.release().ptr();
+  r.done = true;
+  g_ops.push_back(r);
+}
+
+// appends the records made since the last drain to `ops` / `tensors` (lists of dicts) and
+// returns [(sequence_nr, op, [tensor ids])] for the grad_fn links, the timeline's new
+// (op, live) pairs, and the counters
+py::tuple drain(py::list ops, py::list tensors, py::dict storage_ids) {
+  init_keys();
+  std::lock_guard<std::mutex> g(g_mu);
+  PyObject* ids = storage_ids.ptr();
+  // tensors first: an op's tensors are all in the table before it is done
+  for (; g_tensors_sent < g_tensors.size(); ++g_tensors_sent) {
+    PyObject* d = tensor_dict(g_tensors[g_tensors_sent], static_cast<int64_t>(g_tensors_sent), ids);
+    PyList_Append(tensors.ptr(), d);
+    Py_DECREF(d);
+  }
+  py::list timeline;
+  for (; g_ops_sent < g_ops.size(); ++g_ops_sent) {
+    const OpRec& r = g_ops[g_ops_sent];
+    if (!r.done) break;  // still running (a drain inside an op): next time
+    int64_t id = static_cast<int64_t>(g_ops_sent);
+    PyObject* d = op_dict(r, id);
+    PyList_Append(ops.ptr(), d);
+    Py_DECREF(d);
+    if (!r.marker) {
+      int64_t pair[2] = {id, r.live};
+      timeline.append(py::reinterpret_steal<py::object>(int_tuple(pair, pair + 2)));
+    }
+  }
+  py::list links;
+  for (; g_seq_sent < g_seq_order.size(); ++g_seq_sent) {
+    const SeqLink& l = g_seq[g_seq_order[g_seq_sent]];
+    py::list tids;
+    for (int64_t t : l.tids) tids.append(t);
+    links.append(py::make_tuple(g_seq_order[g_seq_sent], l.op, tids));
+  }
+  py::list nodes;
+  for (; g_nodes_sent < g_nodes.size(); ++g_nodes_sent) {
+    const NodeTime& n = g_nodes[g_nodes_sent];
+    if (n.t1 == 0) break;  // still running
+    nodes.append(py::make_tuple(n.seq, n.t0, n.t1));
+  }
+  return py::make_tuple(links, timeline, nodes, g_shed, g_live, py::bool_(g_nan_seen), py::bool_(g_autocast_seen),
+                        py::str(g_failed));
+}
+
+// stop watching frees and drop the weak references (the step's records are complete)
+void finish() {
+  std::lock_guard<std::mutex> g(g_mu);
+  g_tids.clear();
+  g_storages.clear();
+  g_storage_index.clear();
+}
+
+void configure(py::object user_base) { g_user_base = std::move(user_base); }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("configure", &configure);
+  m.def("start", &start);
+  m.def("stop", &stop);
+  m.def("reset", &reset);
+  m.def("context", &context);
+  m.def("set_state", &set_state);
+  m.def("set_explicit", &set_explicit);
+  m.def("set_paused", &set_paused);
+  m.def("pause_thread", &pause_thread);
+  m.def("marker", &marker);
+  m.def("drain", &drain);
+  m.def("finish", &finish);
+}
