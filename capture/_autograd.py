@@ -33,12 +33,15 @@ def _name_of(cls: type) -> str:
 
 
 def _saved_names(node: Any) -> tuple[str, ...]:
-    """The fields a node class saves for backward: ``_saved_self``... of built-in nodes, and
-    ``saved_tensors`` of a custom ``autograd.Function``'s (what ``ctx.save_for_backward`` got)."""
+    """The tensor fields a node class saves for backward: ``_saved_self``... of built-in nodes
+    (those with a ``_raw_saved_`` twin: the others -- sizes, dims, scalars -- hold no tensor
+    and cost a conversion to read), and ``saved_tensors`` of a custom ``autograd.Function``'s
+    (what ``ctx.save_for_backward`` got)."""
     cls = type(node)
     names = _saved_attrs.get(cls)
     if names is None:
-        names = tuple(a for a in dir(node) if a.startswith("_saved_"))
+        attrs = set(dir(node))
+        names = tuple(a for a in sorted(attrs) if a.startswith("_saved_") and "_raw" + a in attrs)
         if isinstance(node, torch.autograd.function.BackwardCFunction):
             names += ("saved_tensors",)
         _saved_attrs[cls] = names

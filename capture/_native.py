@@ -35,6 +35,7 @@ _lock = threading.Lock()
 _ext: ModuleType | None = None
 _error: str | None = None
 _building: threading.Thread | None = None
+_STALE_LOCK_S = 600  # a build takes under a minute
 _claimed_by = 0  # id of the Watch whose recorder holds the extension's (process-wide) state
 
 
@@ -73,6 +74,11 @@ def _build() -> None:
 
         out = build_dir()
         out.mkdir(parents=True, exist_ok=True)
+        # cpp_extension's lock file outlives a process killed mid-build (a short script ends
+        # while the daemon build thread runs): a later build would wait on it forever
+        lock = out / "lock"
+        if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink(missing_ok=True)
         t0 = time.perf_counter()
         ext = load(
             name=NAME,

@@ -64,6 +64,9 @@ _SERIES_EVERY_S = 10.0
 # Every socket the transport opened and that may still be open (a socket whose close() is
 # deferred by a response still holding it counts too).  A forked child closes its copies.
 _sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+# Held from a socket's creation to its registration, and by a fork: a fork between the two
+# would leave the child a copy it does not know of (connected by the parent a moment later).
+_sockets_lock = threading.Lock()
 
 
 class _Connection(http.client.HTTPConnection):
@@ -72,8 +75,9 @@ class _Connection(http.client.HTTPConnection):
 
     def connect(self) -> None:
         family, kind, proto, _, addr = socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
-        _sockets.add(sock)
+        with _sockets_lock:
+            sock = socket.socket(family, kind, proto)
+            _sockets.add(sock)
         self.sock = sock
         sock.settimeout(self.timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -85,6 +89,7 @@ def _after_fork_in_child() -> None:
     copies at once, so a child never holds a connection to the server.  Closing a copy sends
     nothing: the parent's socket stays open and in use.  detach + os.close, not close(): a
     response being read holds a makefile() reference that would defer close() forever."""
+    _sockets_lock.release()  # taken by the forking thread (see register_at_fork below)
     for sock in list(_sockets):
         with contextlib.suppress(OSError):
             fd = sock.detach()
@@ -93,7 +98,9 @@ def _after_fork_in_child() -> None:
     _sockets.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(
+    before=_sockets_lock.acquire, after_in_parent=_sockets_lock.release, after_in_child=_after_fork_in_child
+)
 
 
 class Transport:

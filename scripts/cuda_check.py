@@ -244,6 +244,12 @@ def main() -> int:
         check(
             "recorded tensors on cuda:0", bool(tensors) and all(t.get("device") == "cuda:0" for t in tensors)
         )
+        graphs = [e for e in iter_events(d / "full.tscope") if e["kind"] == "graph"]
+        # the C++ recorder (built by device_checks.sh) sees the backward on the engine's device thread
+        check("full mode: native recorder", bool(graphs) and all(g.get("recorder") == "native" for g in graphs))
+        check("native: backward ops and node times", all(
+            any(o["phase"] == "backward" for o in g["ops"]) and any("dur_us" in n for n in g["nodes"]) for g in graphs
+        ))
         for s in steps[:3]:
             m = s["memory"]
             print(f"     step {s['step']}: ledger live {m.get('live')} B, other {m.get('other')} B, "

@@ -3,8 +3,10 @@ against it and against PyTorch; it keeps nothing alive and sees only the trainin
 
 from __future__ import annotations
 
+import os
 import re
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -184,3 +186,49 @@ def test_another_threads_ops_are_not_recorded(tmp_path: Path, monkeypatch: pytes
 def test_off_switch_falls_back_to_the_python_recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     graphs, _, _ = _train(tmp_path, "cnn", False, monkeypatch, steps=1)
     assert graphs[0]["recorder"] == "python" and graphs[0]["ops"]
+
+
+_FIRST_USE = """
+import os, sys, time
+import torch
+from torch import nn
+import torchscope
+from torchscope import _native
+from torchscope.sessionfile import iter_events
+
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+path = sys.argv[1]
+
+def step():
+    opt.zero_grad()
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()
+
+with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+    step()  # recorded in Python: the build has only started
+    assert _native._building is not None
+    _native._building.join(timeout=300)
+    assert _native.loaded() is not None, _native._error
+    step()
+kinds = [g["recorder"] for g in iter_events(path) if g["kind"] == "graph"]
+print(kinds)
+assert kinds == ["python", "native"], kinds
+"""
+
+
+def test_first_full_watch_builds_in_the_background(tmp_path: Path) -> None:
+    """A user's first full-mode run: training goes on with the Python recorder while the
+    extension compiles (past a lock file a killed build left behind), then switches."""
+    from conftest import run_script
+
+    build = tmp_path / "build"
+    lock = build / _native.build_dir().name / "lock"  # one folder per torch and Python version
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    os.utime(lock, (time.time() - 3600, time.time() - 3600))
+    script = tmp_path / "first.py"
+    script.write_text(_FIRST_USE)
+    res = run_script(script, str(tmp_path / "first.tscope"), env={"TORCHSCOPE_NATIVE_BUILD": str(build)}, timeout=400)
+    assert "['python', 'native']" in res.stdout
+    assert any(lock.parent.glob("*.so"))
