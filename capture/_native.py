@@ -12,6 +12,7 @@ loaded (or where there is no compiler, or ``TORCHSCOPE_NATIVE=0``) the Python re
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -91,6 +92,7 @@ def _build() -> None:
             verbose=False,
         )
         ext.configure(_user_base)
+        (out / _STAMP).write_text(_source_hash())
         log.debug("torchscope: native op recorder loaded in %.1f s", time.perf_counter() - t0)
         _ext = ext
     except Exception as exc:  # no compiler, a failed build: the Python recorder records
@@ -98,8 +100,20 @@ def _build() -> None:
         log.info("torchscope: full mode records ops in Python (native recorder: %s)", _error)
 
 
+_STAMP = "source.sha256"  # the source a finished build was made from
+
+
+def _source_hash() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+
+
 def _built() -> bool:
-    return any(build_dir().glob(f"{NAME}*.so")) or any(build_dir().glob(f"{NAME}*.pyd"))
+    """A build of this very source is there: loading it takes a fraction of a second (one of
+    an older torchscope's would be recompiled by ``load``, in the background instead)."""
+    try:
+        return (build_dir() / _STAMP).read_text() == _source_hash()
+    except OSError:
+        return False
 
 
 def get(block: bool = False) -> ModuleType | None:

@@ -597,7 +597,7 @@ PyObject* int_tuple(const int64_t* b, const int64_t* e) {
 }
 
 std::unordered_map<int, PyObject*> g_dtype_names;
-std::unordered_map<std::string, PyObject*> g_device_names;
+std::unordered_map<int, PyObject*> g_device_names;
 
 PyObject* dtype_name(at::ScalarType st) {
   auto it = g_dtype_names.find(static_cast<int>(st));
@@ -608,9 +608,9 @@ PyObject* dtype_name(at::ScalarType st) {
 }
 
 PyObject* device_name(const c10::Device& d) {
-  std::string s = d.str();
-  auto it = g_device_names.find(s);
-  if (it == g_device_names.end()) it = g_device_names.emplace(s, PyUnicode_FromString(s.c_str())).first;
+  int key = static_cast<int>(d.type()) * 1024 + d.index() + 1;
+  auto it = g_device_names.find(key);
+  if (it == g_device_names.end()) it = g_device_names.emplace(key, PyUnicode_FromString(d.str().c_str())).first;
   Py_INCREF(it->second);
   return it->second;
 }
@@ -629,7 +629,7 @@ PyObject* storage_id(PyObject* ids, int64_t ptr) {
 }
 
 PyObject* op_dict(const OpRec& r, int64_t id) {
-  PyObject* d = PyDict_New();
+  PyObject* d = _PyDict_NewPresized(17);  // no resize while it fills
   put(d, K->id, PyLong_FromLongLong(id));
   Py_INCREF(r.name);
   put(d, K->name, r.name);
@@ -680,7 +680,7 @@ PyObject* op_dict(const OpRec& r, int64_t id) {
 }
 
 PyObject* tensor_dict(const TensorRec& r, int64_t id, PyObject* ids) {
-  PyObject* d = PyDict_New();
+  PyObject* d = _PyDict_NewPresized(12);
   put(d, K->id, PyLong_FromLongLong(id));
   put(d, K->shape, int_tuple(r.sizes.data(), r.sizes.data() + r.sizes.size()));
   put(d, K->dtype, dtype_name(r.dtype));
