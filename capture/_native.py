@@ -193,7 +193,7 @@ class NativeRecorder:
         self.autocast = False
         self.autocast_seen = False
         self.failed: str | None = None
-        self.links: dict[int, tuple[int, list[int]]] = {}  # grad_fn sequence number -> (op, tensors)
+        self.links: dict[int, tuple[int, tuple[int, ...]]] = {}  # grad_fn sequence number -> (op, tensors)
         self.node_times: list[tuple[int, int, int]] = []  # (sequence number, start ns, end ns) of nodes run
         self._contexts: dict[tuple[str, int, bool, str, bool], int] = {}
         self._explicit = 0
@@ -256,8 +256,8 @@ class NativeRecorder:
         links, timeline, nodes, self.shed, self.live, nan, autocast, failed = self.ext.drain(
             self.ops, self.tensors, self.sid.ids
         )
-        for seq, op, tids in links:
-            self.links[seq] = (op, tids)
+        for link in links:
+            self.links[link[0]] = (link[1], link[2:])
         self.node_times += nodes
         self.timeline.extend(timeline)
         self.nan_seen = self.nan_seen or nan
@@ -268,11 +268,11 @@ class NativeRecorder:
     def _link_pending(self) -> None:
         self._drain()
 
-    def node_links(self, nodes: list[Any]) -> tuple[dict[int, int], dict[int, list[int]]]:
+    def node_links(self, nodes: list[Any]) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
         """For each graph node (by index) the op that made it and that op's output tensors: a
         node's sequence number is the one the op's record saw it get."""
         ops: dict[int, int] = {}
-        tensors: dict[int, list[int]] = {}
+        tensors: dict[int, tuple[int, ...]] = {}
         links = self.links
         for i, n in enumerate(nodes):
             hit = links.get(_seq(n))

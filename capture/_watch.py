@@ -734,8 +734,7 @@ class Watch:
                 pre = ModuleHook(self._mod_pre(path, _torch_module(m)))
                 s.module_hooks.append(m.register_forward_pre_hook(pre))
                 s.module_hooks.append(m.register_forward_hook(ModuleHook(self._mod_post), always_call=True))
-        if not isinstance(s.recorder, NativeRecorder):  # which makes no Python object per op
-            self._pause_gc()
+        self._pause_gc()
         s.recorder.micro = len(s.forwards) - 1
         s.module_stack.append(("", s.module_calls.get("", 0), ""))
         s.module_calls[""] = s.module_calls.get("", 0) + 1
@@ -1079,8 +1078,7 @@ class Watch:
         if walk is not None:
             walk.forget_saved()  # what saved(keep=True) read, if records() did not take it
         if self.mode == "full" and s.recorder is not None:
-            if not isinstance(s.recorder, NativeRecorder):
-                self._pause_gc()
+            self._pause_gc()
             s.recorder.phase = "backward"
             s.recorder.__enter__()
             self._rec_thread = threading.get_ident()

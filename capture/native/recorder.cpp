@@ -829,12 +829,12 @@ py::tuple drain(py::list ops, py::list tensors, py::dict storage_ids) {
       timeline.append(py::reinterpret_steal<py::object>(int_tuple(pair, pair + 2)));
     }
   }
-  py::list links;
+  py::list links;  // (sequence number, op, tensor ids...) each, untracked like the records
   for (; g_seq_sent < g_seq_order.size(); ++g_seq_sent) {
     const SeqLink& l = g_seq[g_seq_order[g_seq_sent]];
-    py::list tids;
-    for (int64_t t : l.tids) tids.append(t);
-    links.append(py::make_tuple(g_seq_order[g_seq_sent], l.op, tids));
+    std::vector<int64_t> flat{static_cast<int64_t>(g_seq_order[g_seq_sent]), l.op};
+    flat.insert(flat.end(), l.tids.begin(), l.tids.end());
+    links.append(py::reinterpret_steal<py::object>(int_tuple(flat.data(), flat.data() + flat.size())));
   }
   py::list nodes;
   for (; g_nodes_sent < g_nodes.size(); ++g_nodes_sent) {
