@@ -65,32 +65,38 @@ def _tools_missing() -> str | None:
     return None
 
 
+def compile_extension(name: str, source: Path, out: Path, verbose: bool = False) -> ModuleType:
+    """Compile (or load the up-to-date build of) a RecordFunction observer's source into ``out``."""
+    from torch.utils.cpp_extension import load
+
+    out.mkdir(parents=True, exist_ok=True)
+    # cpp_extension's lock file outlives a process killed mid-build (a short script ends while
+    # the daemon build thread runs): a later build would wait on it forever
+    lock = out / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+        lock.unlink(missing_ok=True)
+    return load(
+        name=name,
+        sources=[str(source)],
+        build_directory=str(out),
+        # -DNDEBUG is required, not an optimisation: ATen/record_function.h declares a member
+        # only under #ifndef NDEBUG, and cpp_extension does not define it, so without it the
+        # file's at::RecordFunction would not be the release libtorch's ("Called inputs()
+        # outside RecordFunction start callback" on every read of an op's inputs)
+        extra_cflags=["-O2", "-DNDEBUG"],
+        verbose=verbose,
+    )
+
+
 def _build() -> None:
     global _ext, _error
     try:
         missing = _tools_missing()
         if missing is not None:
             raise RuntimeError(missing)
-        from torch.utils.cpp_extension import load
-
         out = build_dir()
-        out.mkdir(parents=True, exist_ok=True)
-        # cpp_extension's lock file outlives a process killed mid-build (a short script ends
-        # while the daemon build thread runs): a later build would wait on it forever
-        lock = out / "lock"
-        if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
-            lock.unlink(missing_ok=True)
         t0 = time.perf_counter()
-        ext = load(
-            name=NAME,
-            sources=[str(SOURCE)],
-            build_directory=str(out),
-            # -DNDEBUG is required, not an optimisation: ATen/record_function.h declares a member
-            # only under #ifndef NDEBUG, and cpp_extension does not define it, so without it this
-            # file's at::RecordFunction would not be the release libtorch's
-            extra_cflags=["-O2", "-DNDEBUG"],
-            verbose=False,
-        )
+        ext = compile_extension(NAME, SOURCE, out)
         ext.configure(_user_base)
         (out / _STAMP).write_text(_source_hash())
         log.debug("torchscope: native op recorder loaded in %.1f s", time.perf_counter() - t0)

@@ -11,7 +11,6 @@ libtorch ABI.  A cold compile takes ~45 s on a 2-core machine; a cached load ~0.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -34,39 +33,16 @@ def build_dir() -> Path:
     return Path(root) / tag
 
 
-def _check_tools() -> None:
-    # cpp_extension.load needs a C++ compiler and ninja; fail with the fix rather than a traceback
-    # from deep inside the build.
-    if shutil.which(os.environ.get("CXX", "c++")) is None and shutil.which("g++") is None:
-        raise SystemExit("native_observer: no C++ compiler found (install g++)")
-    try:
-        from torch.utils.cpp_extension import verify_ninja_availability
-
-        verify_ninja_availability()
-    except RuntimeError:
-        raise SystemExit("native_observer: ninja not found (apt-get install ninja-build, or pip install ninja)") from None
-
-
 def get(verbose: bool = False) -> ModuleType:
-    """Compile (first time per torch version) and import the extension; sets ``get.load_s``."""
-    from torch.utils.cpp_extension import load
+    """Compile (first time per torch version) and import the extension; sets ``get.load_s``.
+    The build is the product's (``torchscope._native``), with this experiment's source."""
+    from torchscope import _native
 
-    _check_tools()
-    out = build_dir()
-    out.mkdir(parents=True, exist_ok=True)
+    missing = _native._tools_missing()
+    if missing is not None:
+        raise SystemExit(f"native_observer: {missing}")
     t0 = time.perf_counter()
-    mod = load(
-        name=NAME,
-        sources=[str(SOURCE)],
-        build_directory=str(out),
-        # -DNDEBUG is required, not an optimisation: cpp_extension does not add it, and
-        # ATen/record_function.h declares a member (inputs_valid_) and debug asserts only under
-        # #ifndef NDEBUG.  Without it this file's view of at::RecordFunction differs from the
-        # release libtorch's (layout/ODR mismatch) and every fn.inputs() call throws "Called
-        # inputs() outside RecordFunction start callback".
-        extra_cflags=["-O2", "-DNDEBUG"],
-        verbose=verbose,
-    )
+    mod = _native.compile_extension(NAME, SOURCE, build_dir(), verbose=verbose)
     get.load_s = time.perf_counter() - t0  # type: ignore[attr-defined]
     return mod
 

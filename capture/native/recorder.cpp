@@ -212,7 +212,6 @@ std::unordered_map<std::string, PyObject*> g_srcs;      // "file.py:12" -> owned
 struct Ctx : public at::ObserverContext {
   int kind = 0;  // 1 composite (depth only), 2 kept, 3 an autograd node
   int64_t op = -1;
-  bool outer = false;
 };
 
 bool autocast_now() {
@@ -400,10 +399,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   const OpInfo& info = op_info(fn);
   if (info.skip) return nullptr;
   auto ctx = std::make_unique<Ctx>();
-  if (t_depth == 0) {
-    t_autocast = autocast_now();
-    ctx->outer = true;
-  }
+  if (t_depth == 0) t_autocast = autocast_now();
   ++t_depth;
   if (info.composite && !subclass_input(fn.inputs())) {
     ctx->kind = 1;
@@ -791,7 +787,6 @@ void marker(py::object name, const at::Tensor& t, py::tuple flags, py::object sr
   r.in_begin = g_io.size();
   if (t.defined()) g_io.push_back(tensor_id(t));
   r.in_end = r.out_begin = r.out_end = g_io.size();
-  r.src = nullptr;
   static std::unordered_map<std::string, PyObject*> srcs;
   std::string s = py::cast<std::string>(src);
   auto it = srcs.find(s);
