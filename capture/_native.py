@@ -88,7 +88,8 @@ def compile_extension(name: str, source: Path, out: Path, verbose: bool = False)
     )
 
 
-def _build() -> None:
+def _build(loud: bool = False) -> None:
+    """``loud``: a build the user did not ask for (the first full-mode watch) says how it ended."""
     global _ext, _error
     try:
         missing = _tools_missing()
@@ -99,11 +100,16 @@ def _build() -> None:
         ext = compile_extension(NAME, SOURCE, out)
         ext.configure(_user_base)
         (out / _STAMP).write_text(_source_hash())
-        log.debug("torchscope: native op recorder loaded in %.1f s", time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        log.debug("torchscope: native op recorder loaded in %.1f s", took)
         _ext = ext
+        if loud:
+            print(f"torchscope: C++ op recorder built in {took:.0f} s; full mode uses it from the next step", file=sys.stderr)
     except Exception as exc:  # no compiler, a failed build: the Python recorder records
         _error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         log.info("torchscope: full mode records ops in Python (native recorder: %s)", _error)
+        if loud:
+            print(f"torchscope: full mode records ops in Python, ~2x slower ({_error[:200]})", file=sys.stderr)
 
 
 _STAMP = "source.sha256"  # the source a finished build was made from
@@ -136,7 +142,12 @@ def get(block: bool = False) -> ModuleType | None:
                 else:
                     _build()
             elif _building is None:
-                _building = threading.Thread(target=_build, name="torchscope-native-build", daemon=True)
+                print(
+                    "torchscope: building full mode's C++ op recorder in the background (~30 s, once per "
+                    "torch version); ops are recorded in Python until then",
+                    file=sys.stderr,
+                )
+                _building = threading.Thread(target=_build, args=(True,), name="torchscope-native-build", daemon=True)
                 _building.start()
     return _ext
 

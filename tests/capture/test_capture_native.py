@@ -231,4 +231,38 @@ def test_first_full_watch_builds_in_the_background(tmp_path: Path) -> None:
     script.write_text(_FIRST_USE)
     res = run_script(script, str(tmp_path / "first.tscope"), env={"TORCHSCOPE_NATIVE_BUILD": str(build)}, timeout=400)
     assert "['python', 'native']" in res.stdout
+    assert "building full mode's C++ op recorder in the background" in res.stderr
+    assert "C++ op recorder built in" in res.stderr
     assert any(lock.parent.glob("*.so"))
+
+
+_NO_COMPILER = """
+import sys
+import torch
+from torch import nn
+import torchscope
+from torchscope import _native
+from torchscope.sessionfile import iter_events
+
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with torchscope.watch(model, opt, server=None, record=sys.argv[1], mode="full"):
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 4)).sum().backward()
+        opt.step()
+    if _native._building is not None:
+        _native._building.join(timeout=60)
+print([g["recorder"] for g in iter_events(sys.argv[1]) if g["kind"] == "graph"])
+"""
+
+
+def test_full_mode_without_a_compiler_records_in_python(tmp_path: Path) -> None:
+    from conftest import run_script
+
+    script = tmp_path / "nocc.py"
+    script.write_text(_NO_COMPILER)
+    env = {"TORCHSCOPE_NATIVE_BUILD": str(tmp_path / "build"), "CXX": "no-such-c++", "PATH": str(tmp_path)}
+    res = run_script(script, str(tmp_path / "nocc.tscope"), env=env, timeout=120)
+    assert "['python', 'python', 'python']" in res.stdout
+    assert "full mode records ops in Python" in res.stderr and "no C++ compiler" in res.stderr
