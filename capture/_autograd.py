@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -289,7 +289,7 @@ class BackwardTimer:
 
         return hook
 
-    def remove(self, end: float, timed: list[tuple[int, float, float]] = ()) -> None:  # type: ignore[assignment]
+    def remove(self, end: float, timed: Sequence[tuple[int, float, float]] = ()) -> None:
         """Remove the hooks; ``end``: when the backward returned (the last node's end);
         ``timed``: (node, start, end) of the nodes timed elsewhere, on the same clock."""
         for h in self._handles:

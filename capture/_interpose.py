@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ._ops import autocast_on
+from ._ops import OpRecorder, autocast_on
 from ._srcloc import _is_internal
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class Interposer(TorchFunctionMode):
         kind = _HANDLED.get(func)
         if self.watch._capturing_ops:  # inline: every torch-level call of a recorded pass
             rec = self.watch._s.recorder
-            if rec is not None:
+            if isinstance(rec, OpRecorder):  # the native recorder reads autocast itself, per op
                 rec.autocast = autocast_on()
         # ``_compiling()``: Dynamo is tracing through the mode; nothing of ours goes into its graph
         if kind is None:

@@ -205,13 +205,12 @@ class NativeRecorder:
         self.micro = 0
         self.live = baseline_live
         self.baseline = baseline_live
-        self.saved_storages: set[int] = set()
         self.nan_seen = False
-        self.autocast = False
         self.autocast_seen = False
         self.failed: str | None = None
         self.links: dict[int, tuple[int, tuple[int, ...]]] = {}  # grad_fn sequence number -> (op, tensors)
         self.node_times: list[tuple[int, int, int]] = []  # (sequence number, start ns, end ns) of nodes run
+        self._timed: dict[int, int] = {}  # sequence number -> node index, of this backward's timed nodes
         self._contexts: dict[tuple[str, int, bool, str, bool], int] = {}
         self._explicit = 0
         self._paused = False
@@ -283,7 +282,7 @@ class NativeRecorder:
             self.failed = failed
 
     def _link_pending(self) -> None:
-        self._drain()
+        """Nothing to do: ``__exit__`` drained the links with the records."""
 
     def node_links(self, nodes: list[Any]) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
         """For each graph node (by index) the op that made it and that op's output tensors: a
@@ -297,8 +296,8 @@ class NativeRecorder:
                 ops[i], tensors[i] = hit
         return ops, tensors
 
-    def timed_nodes(self, nodes: list[Any]) -> dict[int, int]:
-        """Sequence number -> node index for the nodes whose runs the extension times: those
+    def time_nodes(self, nodes: list[Any]) -> set[int]:
+        """Indexes of the nodes of the backward about to run that the extension times: those
         with a sequence number of their own (not AccumulateGrad's shared one)."""
         by_seq: dict[int, int] = {}
         dup: set[int] = set()
@@ -311,7 +310,16 @@ class NativeRecorder:
             by_seq[seq] = i
         for seq in dup:
             del by_seq[seq]
-        return by_seq
+        self._timed = by_seq
+        return set(by_seq.values())
+
+    def take_node_times(self) -> list[tuple[int, float, float]]:
+        """(node index, start, end) of that backward's timed nodes, in seconds on the clock
+        of ``time.perf_counter``; forgets them."""
+        out = [(i, t0 / 1e9, t1 / 1e9) for seq, t0, t1 in self.node_times if (i := self._timed.get(seq)) is not None]
+        self.node_times.clear()
+        self._timed = {}
+        return out
 
     def add_marker(self, name: str, t: torch.Tensor, flags: list[str]) -> None:
         self.sync()

@@ -154,7 +154,6 @@ class _StepState:
         self.module_calls: dict[str, int] = {}
         self.graph: GraphEvent | None = None
         self.timer: BackwardTimer | None = None
-        self.timed: dict[int, int] = {}  # grad_fn sequence number -> node, for the native recorder's node times
         self.walk: AutogradWalk | None = None
         self.stats: GradRead | None = None  # launched just before optimizer.step()
         self.before_create: AutogradWalk | None = None  # the graph before a create_graph=True backward
@@ -1070,10 +1069,9 @@ class Watch:
                 "root": 0,
                 "retained": bool(retain),
             }
-            # full mode's native recorder times the nodes that have a sequence number of their own
-            native = isinstance(rec, NativeRecorder) and self.mode == "full"
-            s.timed = rec.timed_nodes(walk.nodes) if isinstance(rec, NativeRecorder) and native else {}
-            s.timer = BackwardTimer(walk.nodes, set(s.timed.values()))
+            # full mode's native recorder, which records the backward, times most nodes itself
+            timed = rec.time_nodes(walk.nodes) if isinstance(rec, NativeRecorder) and self.mode == "full" else set()
+            s.timer = BackwardTimer(walk.nodes, timed)
             s.walk = walk  # nodes stay alive until this backward returns (hooks removed then)
         if walk is not None:
             walk.forget_saved()  # what saved(keep=True) read, if records() did not take it
@@ -1188,19 +1186,12 @@ class Watch:
             s.stats = self._safe("grads", self._grad_stats, s, [r() for r in self._params])
         returned = time.perf_counter()
         s.backward_us += (returned - t0) * 1e6
-        self._stop_recorder()
         self._resume_gc()
         if s.recorder is not None:
             s.recorder.phase = "forward"
         if s.timer is not None:
-            timed: list[tuple[int, float, float]] = []
-            if isinstance(s.recorder, NativeRecorder):
-                for seq, t0, t1 in s.recorder.node_times:
-                    i = s.timed.get(seq)
-                    if i is not None:
-                        timed.append((i, t0 / 1e9, t1 / 1e9))  # the clock of time.perf_counter
-                s.recorder.node_times.clear()
-            s.timer.remove(returned, timed)
+            recorder = s.recorder
+            s.timer.remove(returned, recorder.take_node_times() if isinstance(recorder, NativeRecorder) else ())
             if s.graph is not None:
                 for rec in s.graph["nodes"]:
                     i = rec["id"]

@@ -103,8 +103,9 @@ const OpInfo& op_info(const at::RecordFunction& fn) {
     if (it != g_info.end()) return it->second;
   }
   OpInfo info = make_info(fn);  // takes the GIL: never while holding g_info_mu
+  // never cleared: callbacks on other threads hold references into it (a node-based map keeps
+  // them valid as it grows); it grows by one entry per operator overload
   std::lock_guard<std::mutex> g(g_info_mu);
-  if (g_info.size() > 100000) g_info.clear();  // records by name only could grow it
   return g_info.emplace(key, info).first->second;
 }
 
