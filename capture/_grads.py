@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from . import _native
 from .schema import GradStats
 
 
@@ -214,6 +215,11 @@ def _by_shape(gl: list[torch.Tensor]) -> tuple[list[list[int]], list[int]]:
 def _cpu_values(gl: list[torch.Tensor], full: bool) -> list[float]:
     """``_parts`` of CPU gradients as the list of values ``_fill`` reads (norms, then with
     ``full`` min, max, non-zero count and sum per gradient)."""
+    ext = _native.loaded()
+    if ext is not None:  # one pass per gradient in C++, where every gradient allows it
+        got: list[float] | None = ext.grads_stats(gl, full)
+        if got is not None:
+            return got
     k_n = len(gl)
     cols = 5 if full else 1
     vals: list[float] = [0.0] * (cols * k_n)
@@ -375,6 +381,12 @@ def _cpu_nonzero(gl: list[torch.Tensor]) -> list[bool]:
     """Whether each CPU gradient holds a non-zero (NaN counts): same-shape gradients stacked
     (``_by_shape``; the L-inf norm is one dispatched op per tensor and slow on the CPU), a
     stack non-zero where its max or min is."""
+    ext = _native.loaded()
+    if ext is not None:
+        got: list[float] | None = ext.grads_stats(gl, True)
+        if got is not None:  # non-zero where the max or the min is (NaN != 0)
+            k = len(gl)
+            return [got[k + i] != 0.0 or got[2 * k + i] != 0.0 for i in range(k)]
     out = [False] * len(gl)
     stacks, single = _by_shape(gl)
     for chunk in stacks:

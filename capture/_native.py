@@ -13,6 +13,7 @@ loaded (or where there is no compiler, or ``TORCHSCOPE_NATIVE=0``) the Python re
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -30,7 +31,8 @@ from ._srcloc import _user_base, user_src
 
 log = logging.getLogger("torchscope")
 
-SOURCE = Path(__file__).resolve().parent / "native" / "recorder.cpp"
+_HERE = Path(__file__).resolve().parent / "native"
+SOURCES = (_HERE / "recorder.cpp", _HERE / "stats.cpp")
 NAME = "torchscope_native_recorder"
 _lock = threading.Lock()
 _ext: ModuleType | None = None
@@ -65,8 +67,8 @@ def _tools_missing() -> str | None:
     return None
 
 
-def compile_extension(name: str, source: Path, out: Path, verbose: bool = False) -> ModuleType:
-    """Compile (or load the up-to-date build of) a RecordFunction observer's source into ``out``."""
+def compile_extension(name: str, sources: tuple[Path, ...], out: Path, verbose: bool = False) -> ModuleType:
+    """Compile (or load the up-to-date build of) a RecordFunction observer's sources into ``out``."""
     from torch.utils.cpp_extension import load
 
     out.mkdir(parents=True, exist_ok=True)
@@ -77,7 +79,7 @@ def compile_extension(name: str, source: Path, out: Path, verbose: bool = False)
         lock.unlink(missing_ok=True)
     return load(
         name=name,
-        sources=[str(source)],
+        sources=[str(p) for p in sources],
         build_directory=str(out),
         # -DNDEBUG is required, not an optimisation: ATen/record_function.h declares a member
         # only under #ifndef NDEBUG, and cpp_extension does not define it, so without it the
@@ -92,14 +94,16 @@ def _build(loud: bool = False) -> None:
     """``loud``: a build the user did not ask for (the first full-mode watch) says how it ended."""
     global _ext, _error
     try:
-        missing = _tools_missing()
-        if missing is not None:
-            raise RuntimeError(missing)
         out = build_dir()
         t0 = time.perf_counter()
-        ext = compile_extension(NAME, SOURCE, out)
+        ext = _import_built(out)
+        if ext is None:
+            missing = _tools_missing()
+            if missing is not None:
+                raise RuntimeError(missing)
+            ext = compile_extension(NAME, SOURCES, out)
+            (out / _STAMP).write_text(_source_hash())
         ext.configure(_user_base)
-        (out / _STAMP).write_text(_source_hash())
         took = time.perf_counter() - t0
         log.debug("torchscope: native op recorder loaded in %.1f s", took)
         _ext = ext
@@ -115,8 +119,25 @@ def _build(loud: bool = False) -> None:
 _STAMP = "source.sha256"  # the source a finished build was made from
 
 
+def _import_built(out: Path) -> ModuleType | None:
+    """The finished build of this very source, imported as it is (~10 ms; cpp_extension's load
+    would first ask ninja whether it is up to date, ~200 ms), or None."""
+    so = out / f"{NAME}.so"
+    if not _built() or not so.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location(NAME, so)
+    if spec is None or spec.loader is None:
+        return None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _source_hash() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+    h = hashlib.sha256()
+    for p in SOURCES:
+        h.update(p.read_bytes())
+    return h.hexdigest()
 
 
 def _built() -> bool:
@@ -128,11 +149,12 @@ def _built() -> bool:
         return False
 
 
-def get(block: bool = False) -> ModuleType | None:
+def get(block: bool = False, build: bool = True) -> ModuleType | None:
     """The loaded extension, or None while it builds (in the background unless ``block``), where
-    it cannot be built, or where ``TORCHSCOPE_NATIVE=0``."""
+    it cannot be built, or where ``TORCHSCOPE_NATIVE=0``.  ``build=False``: load a build that
+    exists, never start one (light and default mode use it for statistics when it is there)."""
     global _building
-    if _ext is not None or _error is not None or not enabled():
+    if _ext is not None or _error is not None or not enabled() or not (build or _built()):
         return _ext
     with _lock:
         if _ext is None and _error is None:
@@ -153,7 +175,8 @@ def get(block: bool = False) -> ModuleType | None:
 
 
 def loaded() -> ModuleType | None:
-    return _ext
+    """The extension if it is loaded and allowed (``TORCHSCOPE_NATIVE=0`` turns it all off)."""
+    return _ext if enabled() else None
 
 
 def pause_thread(on: bool) -> None:

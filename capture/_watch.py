@@ -78,7 +78,7 @@ COPY_STEPS = 4  # steps counted for copies before sampling every GRAD_STATS_EVER
 _MODE_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 # activation-gradient slot whose hook has not run yet; made once at import, so the capture
 # adds no aten::empty op of its own to a captured step
-_NO_STATS = torch.empty(0)
+_NO_STATS: tuple[float, ...] = ()
 _STATS_DTYPES = (torch.float32, torch.float64)
 
 
@@ -147,7 +147,6 @@ class _StepState:
         self.scale_version: int | None = None
         self.recorder: OpRecorder | NativeRecorder | None = None
         self.sid = StorageIds()
-        self.module_hooks: list[Any] = []
         # (module path, call index, call site when the module is torch's own: ops inside it then
         # need no stack walk, see _srcloc.op_src; '' for the user's modules)
         self.module_stack: list[tuple[str, int, str]] = []
@@ -160,7 +159,9 @@ class _StepState:
         self.retained = False
         self.autocast = False
         self.in_shapes: tuple[tuple[int, ...], ...] = ()
-        self.act_grads: dict[str, torch.Tensor] = {}  # module path -> [norm, min, max, non-zeros, nan, inf]
+        # module path -> [norm, min, max, non-zeros(, nan, inf)]: floats from the native pass, or
+        # a tensor on the gradient's device, read at the step's end
+        self.act_grads: dict[str, torch.Tensor | tuple[float, ...]] = {}
         self.act_numel: dict[str, int] = {}
 
 
@@ -247,8 +248,9 @@ class Watch:
             )
             prev.close()
         self.mode = mode
-        if mode == "full":
-            _native.get()  # loads the C++ op recorder, or starts building it in the background
+        # full mode loads the C++ op recorder or starts building it in the background; the
+        # other modes load a build that is there (its gradient statistics, default's captures)
+        _native.get(build=mode == "full")
         self.sample_every = max(int(sample_every), 1)
         self.name = name or _class_name(model).lower()
         self._rank: RankInfo = rank_info()
@@ -292,6 +294,10 @@ class Watch:
         self._session_pending = any(is_lazy(p) for _, p in named)
         self._sizes = StorageSizes()
         self._modules = [(path, weakref.ref(m)) for path, m in model.named_modules()]
+        # the submodules' hooks of recorded steps (module context of each op): registered for a
+        # captured step and removed after it -- in full mode, where every step is captured, kept
+        # (registering ~2 per module cost ~1 ms a transformer step); inert while nothing records
+        self._module_hooks: list[Any] = []
         self._step = 0
         self._last_sig: str | None = None
         self._capture_next = False
@@ -439,9 +445,15 @@ class Watch:
         graph nodes."""
         s = self._s
         self._stop_recorder()
-        for h in s.node_hooks + s.module_hooks:
+        for h in s.node_hooks:
             h.remove()
-        s.node_hooks, s.module_hooks = [], []
+        s.node_hooks = []
+        self._remove_module_hooks()
+
+    def _remove_module_hooks(self) -> None:
+        for h in self._module_hooks:
+            h.remove()
+        self._module_hooks = []
 
     def __enter__(self) -> Watch:
         return self
@@ -726,13 +738,14 @@ class Watch:
     def _start_recorder(self, s: _StepState, root: nn.Module) -> None:
         if s.recorder is None:
             s.recorder = self._new_recorder(s)
-            for path, ref in self._modules:
-                m = ref()
-                if m is None or m is root:
-                    continue
-                pre = ModuleHook(self._mod_pre(path, _torch_module(m)))
-                s.module_hooks.append(m.register_forward_pre_hook(pre))
-                s.module_hooks.append(m.register_forward_hook(ModuleHook(self._mod_post), always_call=True))
+            if not self._module_hooks:
+                for path, ref in self._modules:
+                    m = ref()
+                    if m is None or m is root:
+                        continue
+                    pre = ModuleHook(self._mod_pre(path, _torch_module(m)))
+                    self._module_hooks.append(m.register_forward_pre_hook(pre))
+                    self._module_hooks.append(m.register_forward_hook(ModuleHook(self._mod_post), always_call=True))
         self._pause_gc()
         s.recorder.micro = len(s.forwards) - 1
         s.module_stack.append(("", s.module_calls.get("", 0), ""))
@@ -777,9 +790,9 @@ class Watch:
 
     def _mod_pre(self, path: str, torch_module: bool) -> Callable[[nn.Module, Any], None]:
         def hook(m: nn.Module, args: Any) -> None:
-            if _compiling() or _transformed() or threading.get_ident() != self._owner:
-                return  # the recorded forward is the training thread's
             s = self._s
+            if s.recorder is None or _compiling() or _transformed() or threading.get_ident() != self._owner:
+                return  # the recorded forward is the training thread's; between steps nothing records
             n = s.module_calls.get(path, 0)
             s.module_calls[path] = n + 1
             s.module_stack.append((path, n, user_src() if torch_module else ""))
@@ -790,7 +803,7 @@ class Watch:
         return hook
 
     def _mod_post(self, m: nn.Module, args: Any, out: Any) -> None:
-        if _compiling() or _transformed() or threading.get_ident() != self._owner:
+        if self._s.recorder is None or _compiling() or _transformed() or threading.get_ident() != self._owner:
             return
         st = self._s.module_stack
         if len(st) > 1:
@@ -810,10 +823,21 @@ class Watch:
         s.act_numel[path] = t.numel()
 
         def hook(g: torch.Tensor, s: _StepState = s) -> None:
-            # Runs for every module output in a captured step's backward, so: no Python mode
-            # sees these ops (both C guards are cheap; a tensor subclass that needs its mode
-            # fails here and is skipped), and as few passes as possible -- norm, min/max,
-            # non-zeros; NaN/Inf are counted only on steps armed by an earlier non-finite one.
+            # Runs for every module output in a captured step's backward.  On the CPU, once the
+            # native extension is loaded: one pass over the gradient in C++, no op dispatched.
+            ext = _native.loaded()
+            if ext is not None:
+                try:
+                    r = ext.tensor_stats(g, s.check_nan)
+                except Exception:  # a tensor pybind cannot take (a subclass): the torch path
+                    r = None
+                if r is not None:
+                    s.act_grads[path] = r
+                    return
+            # Otherwise torch ops that no Python mode sees (both C guards are cheap; a tensor
+            # subclass that needs its mode fails here and is skipped), as few passes as possible
+            # -- norm, min/max, non-zeros; NaN/Inf are counted only on steps armed by an earlier
+            # non-finite one.
             _native.pause_thread(True)
             try:
                 with torch.no_grad(), torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
@@ -1361,8 +1385,8 @@ class Watch:
         self._stop_recorder()
         for h in s.node_hooks:
             h.remove()
-        for h in s.module_hooks:
-            h.remove()
+        if self.mode != "full":
+            self._remove_module_hooks()
         params: list[torch.Tensor | None] = [r() for r in self._params]
         opt = self._optimizer() if self._optimizer is not None else None
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
@@ -1540,15 +1564,16 @@ class Watch:
         return out
 
     def _activation_grads(self, s: _StepState) -> list[ActivationGrad]:
-        items = [(p, v) for p, v in s.act_grads.items() if v.numel() >= 4]
+        items = [(p, v) for p, v in s.act_grads.items() if len(v) >= 4]
         if not items:
             return []
-        dev = items[0][1].device
-        rows = torch.cat([v.to(dev, torch.float64) for _, v in items]).tolist()
+        # the torch path's tensors are read with one transfer; the native pass's are floats
+        stacked = [v for _, v in items if isinstance(v, torch.Tensor)]
+        read = iter(torch.cat([v.to(stacked[0].device, torch.float64) for v in stacked]).tolist() if stacked else [])
         out: list[ActivationGrad] = []
-        k = 0
         for path, v in items:
-            norm, lo, hi, nonzero = rows[k : k + 4]
+            row = [next(read) for _ in range(len(v))] if isinstance(v, torch.Tensor) else v
+            norm, lo, hi, nonzero = row[:4]
             numel = s.act_numel.get(path, 0)
             a: ActivationGrad = {
                 "module": path,
@@ -1557,11 +1582,10 @@ class Watch:
                 "max_abs": math.nan if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi)),
                 "zero_frac": 1.0 - nonzero / numel if numel else 0.0,
             }
-            if v.numel() == 6:
-                a["nan"], a["inf"] = int(rows[k + 4]), int(rows[k + 5])
+            if len(row) == 6:
+                a["nan"], a["inf"] = int(row[4]), int(row[5])
             elif math.isfinite(norm):  # a finite norm: no NaN or Inf anywhere in the gradient
                 a["nan"] = a["inf"] = 0
-            k += v.numel()
             out.append(a)
         return out
 

@@ -42,7 +42,7 @@ def get(verbose: bool = False) -> ModuleType:
     if missing is not None:
         raise SystemExit(f"native_observer: {missing}")
     t0 = time.perf_counter()
-    mod = _native.compile_extension(NAME, SOURCE, build_dir(), verbose=verbose)
+    mod = _native.compile_extension(NAME, (SOURCE,), build_dir(), verbose=verbose)
     get.load_s = time.perf_counter() - t0  # type: ignore[attr-defined]
     return mod
 
