@@ -1217,12 +1217,12 @@ class Watch:
             recorder = s.recorder
             s.timer.remove(returned, recorder.take_node_times() if isinstance(recorder, NativeRecorder) else ())
             if s.graph is not None:
+                order, dur = s.timer.order, s.timer.dur_us  # set together, node by node
                 for rec in s.graph["nodes"]:
-                    i = rec["id"]
-                    if i in s.timer.order:
-                        rec["order"] = s.timer.order[i]
-                    if i in s.timer.dur_us:
-                        rec["dur_us"] = round(s.timer.dur_us[i], 2)
+                    o = order.get(rec["id"])
+                    if o is not None:
+                        rec["order"] = o
+                        rec["dur_us"] = round(dur[rec["id"]], 2)
             s.timer = None
         s.walk = None
         if s.before_create is not None:  # a create_graph=True backward: the gradients' graphs are new
@@ -1373,10 +1373,29 @@ class Watch:
         return [i for i in self._unheld if (p := params[i]) is not None and p.requires_grad]
 
     def _live_bytes(self) -> int:
+        """Bytes of the parameters, gradients and optimizer state now (a recorder's baseline)."""
         params = [p for r in self._params if (p := r()) is not None]
         opt = self._optimizer() if self._optimizer is not None else None
-        sizes = self._sizes
-        return sum({**sizes(params), **grad_storages(params), **sizes(optimizer_tensors(opt))}.values())
+        _, _, static, static_live = self._static_storages(params, opt, False)
+        return static_live + sum(v for ptr, v in grad_storages(params).items() if ptr not in static)
+
+    def _static_storages(
+        self, live_params: list[torch.Tensor], opt: Any, periodic: bool
+    ) -> tuple[dict[int, int], dict[int, int], dict[int, int], int]:
+        """Storages (pointer -> bytes) of the parameters, of the optimizer state, their union
+        and its bytes.  They keep their storages from step to step: re-read when a parameter's
+        data pointer (``p.data = ...``) or the count of state tensors (lazily created state, a
+        new param group) changes, and with ``periodic`` every GRAD_STATS_EVERY steps (state
+        replaced by ``load_state_dict``), not at every boundary."""
+        state = getattr(opt, "state", None)
+        if not isinstance(state, dict):  # no optimizer, or a hand-rolled one without state
+            state = {}
+        key = (_ptr_sum(live_params), len(state), sum(len(v) for v in state.values() if isinstance(v, dict)))
+        if self._mem_key != key or (periodic and self._step % GRAD_STATS_EVERY == 0):
+            p_st, o_st = self._param_storages(live_params), self._sizes(optimizer_tensors(opt))
+            static = {**p_st, **o_st}  # their union and its bytes, kept with them
+            self._mem_key, self._mem_static = key, (p_st, o_st, static, sum(static.values()))
+        return self._mem_static
 
     def _close_step(self, skipped: bool) -> None:
         s = self._s
@@ -1608,21 +1627,7 @@ class Watch:
 
     def _memory(self, params: list[torch.Tensor | None], opt: Any, s: _StepState) -> MemoryStats:
         live_params = [p for p in params if p is not None]
-        # Parameters and optimizer state keep their storages from step to step: re-read them
-        # when a parameter's data pointer (``p.data = ...``) or the count of state tensors
-        # (lazily created state, a new param group) changes, and every GRAD_STATS_EVERY steps
-        # (state replaced by ``load_state_dict``), not at every boundary.
-        state = getattr(opt, "state", None)
-        if not isinstance(state, dict):  # no optimizer, or a hand-rolled one without state
-            state = {}
-        key = (_ptr_sum(live_params), len(state), sum(len(v) for v in state.values() if isinstance(v, dict)))
-        if self._mem_key == key and self._step % GRAD_STATS_EVERY:
-            p_st, o_st, static, static_live = self._mem_static
-        else:
-            p_st, o_st = self._param_storages(live_params), self._sizes(optimizer_tensors(opt))
-            static = {**p_st, **o_st}  # their union and its bytes, kept with them
-            static_live = sum(static.values())
-            self._mem_key, self._mem_static = key, (p_st, o_st, static, static_live)
+        p_st, o_st, static, static_live = self._static_storages(live_params, opt, True)
         # gradients set to None come back as new tensors each step: nothing to remember
         g_st = grad_storages(live_params)
         g_bytes = sum(g_st.values())
