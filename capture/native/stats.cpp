@@ -6,6 +6,8 @@
 // per-call overhead.  Module outputs' gradients (every module of a captured step) and the
 // parameters' gradients (every step) are read here once each instead.  CUDA tensors, tensor
 // subclasses, complex and strided-odd layouts keep the torch path (these return None).
+// the block loops below are written for the vectorizer, which -O2 leaves mostly off
+#pragma GCC optimize("O3")
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
