@@ -18,7 +18,7 @@ import torch
 from ._memory import storage_parts
 from .schema import NodeRecord, SavedTensor
 
-_saved_attrs: dict[type, tuple[str, ...]] = {}
+_saved_attrs: dict[type, tuple[tuple[str, str], ...]] = {}
 # Under a Python dispatch mode (our op recorder) eager ``reshape`` records a ViewBackward0
 # where it otherwise records ReshapeAliasBackward0: the same structure, so one signature.
 _SAME = {"ReshapeAliasBackward0": "ViewBackward0"}
@@ -32,23 +32,23 @@ def _name_of(cls: type) -> str:
     return name
 
 
-def _saved_names(node: Any) -> tuple[str, ...]:
-    """The tensor fields a node class saves for backward: ``_saved_self``... of built-in nodes
-    (those with a ``_raw_saved_`` twin: the others -- sizes, dims, scalars -- hold no tensor
-    and cost a conversion to read), and ``saved_tensors`` of a custom ``autograd.Function``'s
-    (what ``ctx.save_for_backward`` got)."""
+def _saved_names(node: Any) -> tuple[tuple[str, str], ...]:
+    """The tensor fields a node class saves for backward, each with its ``_raw_`` twin:
+    ``_saved_self``... of built-in nodes (those with a ``_raw_saved_`` twin: the others --
+    sizes, dims, scalars -- hold no tensor and cost a conversion to read), and
+    ``saved_tensors`` of a custom ``autograd.Function``'s (what ``ctx.save_for_backward`` got)."""
     cls = type(node)
     names = _saved_attrs.get(cls)
     if names is None:
         attrs = set(dir(node))
-        names = tuple(a for a in sorted(attrs) if a.startswith("_saved_") and "_raw" + a in attrs)
+        names = tuple((a, "_raw" + a) for a in sorted(attrs) if a.startswith("_saved_") and "_raw" + a in attrs)
         if isinstance(node, torch.autograd.function.BackwardCFunction):
-            names += ("saved_tensors",)
+            names += (("saved_tensors", "_raw_saved_tensors"),)
         _saved_attrs[cls] = names
     return names
 
 
-def _held(node: Any, attr: str) -> list[torch.Tensor]:
+def _held(node: Any, attr: str, raw_attr: str) -> list[torch.Tensor]:
     """The tensors ``node`` holds for its saved field ``attr`` (``_saved_self``...).
 
     A value saved under ``saved_tensors_hooks`` is read as packed, never unpacked: unpacking
@@ -58,7 +58,7 @@ def _held(node: Any, attr: str) -> list[torch.Tensor]:
     copy for ``save_on_cpu``.  A plain saved tensor is read as usual, so one freed by a
     backward or modified in place still raises (P8/P10)."""
     # the SavedTensor(s) themselves (``_raw_saved_self``, ``_raw_saved_tensors``): reading them unpacks nothing
-    raw = getattr(node, "_raw_saved_" + attr.removeprefix("_saved_").removeprefix("saved_"), None)
+    raw = getattr(node, raw_attr, None)
     packed = _packed(raw) if raw is not None else None
     if packed is not None:
         return packed
@@ -66,17 +66,22 @@ def _held(node: Any, attr: str) -> list[torch.Tensor]:
     return [t for t in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(t, torch.Tensor)]
 
 
-def _saved_of(node: Any) -> Iterator[tuple[str, list[torch.Tensor] | Exception]]:
-    """Each saved field of ``node`` with its tensors that have a storage, or the exception
-    reading it raised (freed by a backward, modified in place)."""
-    for attr in _saved_names(node):
+# a saved field: its name and (tensor, its storage parts) of each strided tensor it holds, or
+# the exception reading it raised
+_Field = tuple[str, "list[tuple[torch.Tensor, list[tuple[int, int]]]] | Exception"]
+
+
+def _saved_of(node: Any) -> Iterator[_Field]:
+    """Each saved field of ``node`` with its tensors that have a storage (and those storages,
+    read once), or the exception reading it raised (freed by a backward, modified in place)."""
+    for attr, raw_attr in _saved_names(node):
         try:
-            held = _held(node, attr)
+            held = _held(node, attr, raw_attr)
         except Exception as exc:
             yield attr, exc
             continue
         # strided, with storage_parts() to read (a DTensor's is its local shard's)
-        yield attr, [t for t in held if t.layout == torch.strided]
+        yield attr, [(t, storage_parts(t)) for t in held if t.layout == _STRIDED]
 
 
 def _packed(raw: Any) -> list[torch.Tensor] | None:
@@ -94,7 +99,20 @@ def _packed(raw: Any) -> list[torch.Tensor] | None:
     return out
 
 
+_STRIDED = torch.strided
 _higher_order_marked = False  # whether any node was ever marked by stamp_new
+
+
+_NO_SEQ = 2**64 - 1  # AccumulateGrad's (and other nodes' made outside a forward op)
+
+
+def _seq(node: Any) -> int:
+    """A node's sequence number, -1 where it has none (the extension's int64 view of the same)."""
+    try:
+        seq = int(node._sequence_nr())
+    except (AttributeError, RuntimeError):
+        return -1
+    return -1 if seq == _NO_SEQ else seq
 
 
 class AutogradWalk:
@@ -108,7 +126,8 @@ class AutogradWalk:
         self.flat: list[int] = []
         # each node's saved fields, read once by saved(keep=True) for records() in one captured
         # backward; never kept past it (the tensors would outlive the backward that frees them)
-        self._fields: list[list[tuple[str, list[torch.Tensor] | Exception]]] | None = None
+        self._fields: list[list[_Field]] | None = None
+        self._seqs: list[int] | None = None
         for r in roots:
             if r is not None and r not in self.index:
                 self.index[r] = len(self.nodes)
@@ -126,6 +145,13 @@ class AutogradWalk:
                     nodes.append(child)
                     stack.append((j, child))
                 flat += (i, j, input_nr)
+
+    def seqs(self) -> list[int]:
+        """The nodes' sequence numbers (-1 where a node has none), read once per walk: the
+        native recorder links nodes to ops and times them by these."""
+        if self._seqs is None:
+            self._seqs = [_seq(n) for n in self.nodes]
+        return self._seqs
 
     @property
     def edges(self) -> list[list[int]]:
@@ -146,8 +172,8 @@ class AutogradWalk:
                 if isinstance(held, Exception):
                     broken.append(f"{type(n).__name__}.{attr}: {str(held).splitlines()[0][:200]}")
                     continue
-                for t in held:
-                    for ptr, nbytes in storage_parts(t):
+                for _, parts in held:
+                    for ptr, nbytes in parts:
                         if ptr not in param_ptrs:
                             out[ptr] = nbytes
         return out, broken
@@ -240,25 +266,28 @@ class AutogradWalk:
         return out
 
 
-def _saved_tensors(
-    fields: Iterable[tuple[str, list[torch.Tensor] | Exception]], sid: Callable[[int], int]
-) -> list[SavedTensor]:
+def _saved_tensors(fields: Iterable[_Field], sid: Callable[[int], int]) -> list[SavedTensor]:
     out: list[SavedTensor] = []
     for attr, held in fields:
         if isinstance(held, Exception):  # freed by an earlier backward, or not readable: bytes unknown
             continue
-        for t in held:
-            parts = storage_parts(t)  # one storage; a DTensor's is its local shard's
+        for t, parts in held:  # one storage; a DTensor's is its local shard's
+            dtype = _dtype_names.get(t.dtype)
+            if dtype is None:
+                dtype = _dtype_names[t.dtype] = str(t.dtype).removeprefix("torch.")
             out.append(
                 {
                     "name": attr,
                     "shape": list(t.shape),
-                    "dtype": str(t.dtype).removeprefix("torch."),
-                    "nbytes": sum(n for _, n in parts),
+                    "dtype": dtype,
+                    "nbytes": parts[0][1] if len(parts) == 1 else sum(n for _, n in parts),
                     "storage": sid(parts[0][0] if parts else 0),
                 }
             )
     return out
+
+
+_dtype_names: dict[torch.dtype, str] = {}
 
 
 class BackwardTimer:

@@ -23,11 +23,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._srcloc import _user_base, user_src
+
+if TYPE_CHECKING:
+    from ._autograd import AutogradWalk
 
 log = logging.getLogger("torchscope")
 
@@ -307,25 +310,25 @@ class NativeRecorder:
     def _link_pending(self) -> None:
         """Nothing to do: ``__exit__`` drained the links with the records."""
 
-    def node_links(self, nodes: list[Any]) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
+    def node_links(self, walk: AutogradWalk) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
         """For each graph node (by index) the op that made it and that op's output tensors: a
         node's sequence number is the one the op's record saw it get."""
         ops: dict[int, int] = {}
         tensors: dict[int, tuple[int, ...]] = {}
         links = self.links
-        for i, n in enumerate(nodes):
-            hit = links.get(_seq(n))
+        for i, seq in enumerate(walk.seqs()):
+            hit = links.get(seq)
             if hit is not None:
                 ops[i], tensors[i] = hit
         return ops, tensors
 
-    def time_nodes(self, nodes: list[Any]) -> set[int]:
+
+    def time_nodes(self, walk: AutogradWalk) -> set[int]:
         """Indexes of the nodes of the backward about to run that the extension times: those
         with a sequence number of their own (not AccumulateGrad's shared one)."""
         by_seq: dict[int, int] = {}
         dup: set[int] = set()
-        for i, n in enumerate(nodes):
-            seq = _seq(n)
+        for i, seq in enumerate(walk.seqs()):
             if seq < 0:
                 continue
             if seq in by_seq:
@@ -354,18 +357,6 @@ class NativeRecorder:
     def finish(self) -> None:
         self._drain()
         self.ext.finish()
-
-
-_NO_SEQ = 2**64 - 1  # AccumulateGrad's (and other nodes' made outside a forward op)
-
-
-def _seq(node: Any) -> int:
-    """A node's sequence number, -1 where it has none (the extension's int64 view of the same)."""
-    try:
-        seq = int(node._sequence_nr())
-    except (AttributeError, RuntimeError):
-        return -1
-    return -1 if seq == _NO_SEQ else seq
 
 
 if __name__ == "__main__":

@@ -14,13 +14,16 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from ._memory import _PLAIN, storage_parts
 from ._srcloc import op_src, user_src
+
+if TYPE_CHECKING:
+    from ._autograd import AutogradWalk
 
 _op_names: dict[Any, tuple[str, bool, bool]] = {}
 # Not the user's computation: ``record_function`` markers (optimizer.zero_grad/step wrap
@@ -328,12 +331,12 @@ class OpRecorder(TorchDispatchMode):
                 if tid is not None:
                     meta.setdefault("torchscope_tensors", []).append(tid)
 
-    def node_links(self, nodes: list[Any]) -> tuple[dict[int, int], dict[int, list[int]]]:
+    def node_links(self, walk: AutogradWalk) -> tuple[dict[int, int], dict[int, list[int]]]:
         """For each graph node (by index) the op that made it and that op's output tensors,
         from the stamps ``_link_pending`` left in the nodes' metadata."""
         ops: dict[int, int] = {}
         tensors: dict[int, list[int]] = {}
-        for i, n in enumerate(nodes):
+        for i, n in enumerate(walk.nodes):
             meta = n.metadata
             op = meta.get("torchscope_op")
             if op is not None:

@@ -1070,7 +1070,7 @@ class Watch:
         s.saved_now = saved  # type: ignore[attr-defined]
         if s.capture and walk is not None and s.graph is None and "graph" not in self._disabled:
             rec = s.recorder
-            ops_of, tids_of = rec.node_links(walk.nodes) if rec is not None else ({}, {})
+            ops_of, tids_of = rec.node_links(walk) if rec is not None else ({}, {})
             op_modules = {o["id"]: o.get("module", "") for o in rec.ops} if rec is not None else {}
             nodes = walk.records(self._param_names, op_modules, s.micro, s.sid, ops_of)
             casts = {o["id"] for o in rec.ops if "autocast_cast" in o.get("flags", ())} if rec is not None else set()
@@ -1094,7 +1094,7 @@ class Watch:
                 "retained": bool(retain),
             }
             # full mode's native recorder, which records the backward, times most nodes itself
-            timed = rec.time_nodes(walk.nodes) if isinstance(rec, NativeRecorder) and self.mode == "full" else set()
+            timed = rec.time_nodes(walk) if isinstance(rec, NativeRecorder) and self.mode == "full" else set()
             s.timer = BackwardTimer(walk.nodes, timed)
             s.walk = walk  # nodes stay alive until this backward returns (hooks removed then)
         if walk is not None:
@@ -1373,7 +1373,7 @@ class Watch:
         return [i for i in self._unheld if (p := params[i]) is not None and p.requires_grad]
 
     def _live_bytes(self) -> int:
-        """Bytes of the parameters, gradients and optimizer state now (a recorder's baseline)."""
+        params: list[torch.Tensor] = [p for r in self._params if (p := r()) is not None]
         params = [p for r in self._params if (p := r()) is not None]
         opt = self._optimizer() if self._optimizer is not None else None
         _, _, static, static_live = self._static_storages(params, opt, False)
