@@ -45,7 +45,7 @@ from ._memory import StorageSizes, grad_storages, optimizer_tensors, storage_par
 from ._modhook import ModuleHook
 from ._native import NativeRecorder
 from ._ops import OpRecorder, StorageIds, autocast_on
-from ._srcloc import _is_internal, user_src
+from ._srcloc import _is_internal, op_src, user_src
 from .distributed import RankInfo, rank_info, rank_path, session_id
 from .schema import (
     SCHEMA_VERSION,
@@ -795,7 +795,15 @@ class Watch:
                 return  # the recorded forward is the training thread's; between steps nothing records
             n = s.module_calls.get(path, 0)
             s.module_calls[path] = n + 1
-            s.module_stack.append((path, n, user_src() if torch_module else ""))
+            src = ""
+            if torch_module:
+                # the first user frame above this call: the caller's line when it is user code;
+                # when a torch module's forward called it, that module's (only torch frames
+                # lie between), without walking the stack again (frames: 0 op_src, 1 this hook,
+                # 2 Module._call_impl, 3 Module._wrapped_call_impl, 4 the caller)
+                st = s.module_stack
+                src = op_src(st[-1][2] if st else "", 4)
+            s.module_stack.append((path, n, src))
             self._module_changed()
             if self._history is not None:
                 self._history.label(f"step {self._step} {path}")
