@@ -227,7 +227,7 @@ class AutogradWalk:
     def records(
         self,
         param_names: dict[int, str],
-        op_modules: dict[int, str],
+        op_module: Callable[[int], str],
         micro: int,
         sid: Callable[[int], int],
         ops: dict[int, int],
@@ -251,7 +251,7 @@ class AutogradWalk:
             op = ops.get(i)
             if op is not None:
                 rec["op"] = op
-                rec["module"] = op_modules.get(op, "")
+                rec["module"] = op_module(op)
             saved = _saved_tensors(fields[i] if fields is not None else _saved_of(n), sid)
             if saved:
                 rec["saved"] = saved

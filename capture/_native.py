@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._srcloc import _user_base, user_src
+from .sessionfile import RawJSON
 
 if TYPE_CHECKING:
     from ._autograd import AutogradWalk
@@ -207,8 +208,10 @@ def release(owner: int) -> None:
 
 
 class NativeRecorder:
-    """``OpRecorder``'s interface over the extension: ``ops`` and ``tensors`` fill at the end of
-    each recorded phase (``__exit__``), with the same records."""
+    """``OpRecorder``'s interface over the extension.  The records stay in the extension until
+    ``payload()`` has them written as JSON, the same JSON the Python recorder's dicts make;
+    each recorded phase's end (``__exit__``) brings over only what the watch uses during the
+    step (grad_fn links, the ops' modules and casts, the timeline, node times)."""
 
     def __init__(
         self,
@@ -223,8 +226,9 @@ class NativeRecorder:
         self.ext = ext
         self.module_of = module_of
         self.sid = sid
-        self.ops: list[dict[str, Any]] = []
-        self.tensors: list[dict[str, Any]] = []
+        self.n_ops = 0
+        self._modules: list[str] = []  # by op id
+        self._casts: set[int] = set()
         self.timeline: list[tuple[int, int]] = []
         self.shed = 0
         self.phase = "forward"
@@ -295,9 +299,11 @@ class NativeRecorder:
         self._drain()
 
     def _drain(self) -> None:
-        links, timeline, nodes, self.shed, self.live, nan, autocast, failed = self.ext.drain(
-            self.ops, self.tensors, self.sid.ids
+        links, timeline, nodes, self.shed, self.live, nan, autocast, failed, modules, casts, self.n_ops, self._n_tensors = (
+            self.ext.drain(self.sid.ids)
         )
+        self._modules += modules
+        self._casts.update(casts)
         for link in links:
             self.links[link[0]] = (link[1], link[2:])
         self.node_times += nodes
@@ -309,6 +315,23 @@ class NativeRecorder:
 
     def _link_pending(self) -> None:
         """Nothing to do: ``__exit__`` drained the links with the records."""
+
+    def op_module(self, op: int) -> str:
+        return self._modules[op] if 0 <= op < len(self._modules) else ""
+
+    def cast_ops(self) -> set[int]:
+        return self._casts
+
+    def set_grad_fn(self, tid: int, node: int) -> None:
+        self.ext.set_grad_fn(tid, node)
+
+    def peak_live(self) -> int:
+        return max((live for _, live in self.timeline), default=self.baseline)
+
+    def payload(self) -> tuple[RawJSON, RawJSON]:
+        """The graph event's ``ops`` and ``tensors``, as JSON arrays (call after ``finish``)."""
+        ops, tensors = self.ext.encode()
+        return RawJSON(ops, self.n_ops), RawJSON(tensors, self._n_tensors)
 
     def node_links(self, walk: AutogradWalk) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
         """For each graph node (by index) the op that made it and that op's output tensors: a

@@ -331,6 +331,31 @@ class OpRecorder(TorchDispatchMode):
                 if tid is not None:
                     meta.setdefault("torchscope_tensors", []).append(tid)
 
+    # the records as the watch reads them during the step (the native recorder's interface)
+    @property
+    def n_ops(self) -> int:
+        return len(self.ops)
+
+    def op_module(self, op: int) -> str:
+        return str(self.ops[op].get("module", "")) if 0 <= op < len(self.ops) else ""
+
+    def cast_ops(self) -> set[int]:
+        """Ids of the casts autocast made (``autocast_cast``)."""
+        return {o["id"] for o in self.ops if "autocast_cast" in o.get("flags", ())}
+
+    def set_grad_fn(self, tid: int, node: int) -> None:
+        """Tensor ``tid`` is an output of graph node ``node``."""
+        if 0 <= tid < len(self.tensors):
+            self.tensors[tid]["grad_fn"] = node
+
+    def peak_live(self) -> int:
+        """The ledger's highest live bytes over the recorded ops."""
+        return max(o["live"] for o in self.ops) if self.ops else self.baseline
+
+    def payload(self) -> tuple[Any, Any]:
+        """The graph event's ``ops`` and ``tensors`` (call after ``finish``)."""
+        return self.ops, self.tensors
+
     def node_links(self, walk: AutogradWalk) -> tuple[dict[int, int], dict[int, list[int]]]:
         """For each graph node (by index) the op that made it and that op's output tensors,
         from the stamps ``_link_pending`` left in the nodes' metadata."""

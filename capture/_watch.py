@@ -165,6 +165,10 @@ class _StepState:
         self.act_numel: dict[str, int] = {}
 
 
+def _no_module(op: int) -> str:
+    return ""
+
+
 def _first_tensor(x: Any) -> torch.Tensor | None:
     if isinstance(x, torch.Tensor):
         return x
@@ -1093,9 +1097,8 @@ class Watch:
         if s.capture and walk is not None and s.graph is None and "graph" not in self._disabled:
             rec = s.recorder
             ops_of, tids_of = rec.node_links(walk) if rec is not None else ({}, {})
-            op_modules = {o["id"]: o.get("module", "") for o in rec.ops} if rec is not None else {}
-            nodes = walk.records(self._param_names, op_modules, s.micro, s.sid, ops_of)
-            casts = {o["id"] for o in rec.ops if "autocast_cast" in o.get("flags", ())} if rec is not None else set()
+            nodes = walk.records(self._param_names, rec.op_module if rec is not None else _no_module, s.micro, s.sid, ops_of)
+            casts = rec.cast_ops() if rec is not None else set()
             if casts:
                 for n in nodes:
                     if n.get("op") in casts:
@@ -1103,8 +1106,7 @@ class Watch:
             if rec is not None:
                 for i, tids in tids_of.items():
                     for tid in tids:
-                        if tid < len(rec.tensors):
-                            rec.tensors[tid]["grad_fn"] = i
+                        rec.set_grad_fn(tid, i)
             s.graph = {
                 "kind": "graph",
                 "step": self._step,
@@ -1637,8 +1639,9 @@ class Watch:
         if rec is not None:
             rec.finish()
             # the recorder's records hold tuples where the schema has lists: JSON arrays alike
-            g["ops"] = cast("list[OpRecord]", rec.ops)
-            g["tensors"] = cast("list[TensorMeta]", rec.tensors)
+            ops, tensors = rec.payload()  # lists of records, or the native recorder's JSON of them
+            g["ops"] = cast("list[OpRecord]", ops)
+            g["tensors"] = cast("list[TensorMeta]", tensors)
             g["memory_timeline"] = cast("list[list[int]]", rec.timeline)
             g["shed_ops"] = rec.shed
             g["complete"] = rec.shed == 0 and rec.failed is None
@@ -1665,13 +1668,13 @@ class Watch:
             "peak": live + saved,  # an estimate, replaced by the ledger's peak on captured steps
         }
         rec = s.recorder
-        if rec is not None and rec.ops:
+        if rec is not None and rec.n_ops:
             # the op ledger saw every allocation of the recorded phases: its highest point is
             # the measured peak, and what it holds beyond state and saved activations at that
             # point are the step's temporaries (outputs not saved for backward, workspaces)
-            top = max(rec.ops, key=lambda o: o["live"])
-            mem["peak"] = max(mem["peak"], top["live"])
-            mem["temporaries"] = max(top["live"] - rec.baseline - saved, 0)
+            top = rec.peak_live()
+            mem["peak"] = max(mem["peak"], top)
+            mem["temporaries"] = max(top - rec.baseline - saved, 0)
         first = live_params[0] if live_params else None
         if first is not None:
             dev = _cuda.device_memory(first.device)

@@ -125,9 +125,37 @@ def series_part(info: FrameInfo) -> str | None:
     return next((part for part, flags in SERIES_FLAGS.items() if flags == bits), None) if bits else None
 
 
+class RawJSON:
+    """A value already encoded as JSON text (the native op recorder writes a step's op and
+    tensor records so): ``dumps_event`` splices it into its event as is.  ``len()`` is the
+    number of records it holds."""
+
+    __slots__ = ("text", "n")
+
+    def __init__(self, text: str, n: int) -> None:
+        self.text, self.n = text, n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+_RAW_MARK = "\x00torchscope-raw:"  # a placeholder no real value is
+
+
+def dumps_event(e: dict[str, Any]) -> str:
+    """One event as compact JSON, its top-level ``RawJSON`` values spliced in."""
+    raws = [(k, v) for k, v in e.items() if isinstance(v, RawJSON)]
+    if not raws:
+        return json.dumps(e, separators=(",", ":"), allow_nan=True)
+    text = json.dumps({**e, **{k: _RAW_MARK + k for k, _ in raws}}, separators=(",", ":"), allow_nan=True)
+    for k, v in raws:
+        text = text.replace(json.dumps(_RAW_MARK + k), v.text, 1)
+    return text
+
+
 def encode_frame(seq: int, events: list[dict[str, Any]], level: int = 1) -> bytes:
     """One frame: header + zlib(JSON lines).  Used by the file writer and the wire alike."""
-    body = "\n".join(json.dumps(e, separators=(",", ":"), allow_nan=True) for e in events).encode()
+    body = "\n".join(dumps_event(e) for e in events).encode()
     payload = zlib.compress(body, level)
     lo, hi = _step_range(events)
     flags = _flags(events)

@@ -37,7 +37,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from .sessionfile import FRAME_HEADER_SIZE, FrameInfo, SessionFileWriter
+from .sessionfile import FRAME_HEADER_SIZE, FrameInfo, RawJSON, SessionFileWriter, dumps_event
 
 log = logging.getLogger("torchscope")
 # A library's logger stays silent unless the user configures logging: the one-line messages
@@ -159,7 +159,7 @@ class Transport:
             return
         if event.get("kind") == "graph":
             ops = event.get("ops")
-            n_ops = len(ops) if isinstance(ops, list) else 0
+            n_ops = len(ops) if isinstance(ops, (list, RawJSON)) else 0
             with self._lock:
                 if self._pending_graphs >= _MAX_PENDING_GRAPHS or self._pending_ops + n_ops > _MAX_PENDING_OPS:
                     self.shed += n_ops
@@ -242,7 +242,7 @@ class Transport:
             finally:
                 with self._lock:
                     self._pending_graphs -= 1
-                    self._pending_ops -= len(ops) if isinstance(ops, list) else 0
+                    self._pending_ops -= len(ops) if isinstance(ops, (list, RawJSON)) else 0
         if batch:
             self._append(batch)
         self._write_series(final)
@@ -423,7 +423,7 @@ class Transport:
 
 def _encodable(event: dict[str, Any]) -> bool:
     try:
-        json.dumps(event, allow_nan=True)
+        dumps_event(event)
     except (TypeError, ValueError):
         return False
     return True

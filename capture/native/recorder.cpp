@@ -3,8 +3,9 @@
 // Why C++: a Python TorchDispatchMode costs ~18 us of C++ <-> Python transition per aten op
 // before it records anything (1.6-1.9x a transformer step), and recording an op in Python
 // another ~40 us.  This observer records the same facts -- the op, its module, its tensors,
-// their storages, the step's allocations and frees -- at ~1-2 us an op, and builds the very
-// records (`schema.OpRecord`, `schema.TensorMeta`) the Python recorder builds, once per phase.
+// their storages, the step's allocations and frees -- at ~1-2 us an op, and writes the very
+// records (`schema.OpRecord`, `schema.TensorMeta`) the Python recorder builds, as JSON, once
+// per step (`encode`); Python gets only what it uses during the step (`drain`).
 //
 // Which records: RecordFunction fires at every Dispatcher::call, so it sees composite ops and
 // their decompositions and kernels' internal calls.  Kept are the ops a dispatch mode sees:
@@ -31,10 +32,14 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <charconv>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -117,6 +122,8 @@ struct TensorRec {
   bool requires_grad = false, is_leaf = true, strided = false, has_version = false;
   int64_t ptr = 0, offset = 0, nbytes = 0, version = 0;
   PyObject* param = nullptr;  // borrowed from g_params
+  int64_t sid = -1;      // the step's storage id, given at the drain after it was recorded
+  int64_t grad_fn = -1;  // the graph node it is an output of (set_grad_fn)
 };
 
 enum Flag : uint32_t {
@@ -557,35 +564,8 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
 }
 
 // ------------------------------------------------------------------ to Python
-struct Keys {
-  PyObject *id, *name, *module, *call, *phase, *micro, *inputs, *outputs, *grad_mode, *inference_mode, *inplace,
-      *src, *dur_us, *alloc, *free, *live, *flags, *shape, *dtype, *device, *requires_grad, *is_leaf, *stride,
-      *storage, *offset, *nbytes, *version, *param, *forward, *backward, *outside, *f_inplace, *nondiff,
-      *autocast, *autocast_cast, *nan;
-};
-Keys* K = nullptr;
-
-void init_keys() {
-  if (K) return;
-  K = new Keys;
-  auto s = [](const char* x) { return PyUnicode_InternFromString(x); };
-  *K = Keys{s("id"), s("name"), s("module"), s("call"), s("phase"), s("micro"), s("inputs"), s("outputs"),
-            s("grad_mode"), s("inference_mode"), s("inplace"), s("src"), s("dur_us"), s("alloc"), s("free"),
-            s("live"), s("flags"), s("shape"), s("dtype"), s("device"), s("requires_grad"), s("is_leaf"),
-            s("stride"), s("storage"), s("offset"), s("nbytes"), s("version"), s("param"), s("forward"),
-            s("backward"), s("outside_model"), s("inplace"), s("non_differentiable"), s("autocast"),
-            s("autocast_cast"), s("nan")};
-}
-
-// d[k] = v, stealing v
-inline void put(PyObject* d, PyObject* k, PyObject* v) {
-  PyDict_SetItem(d, k, v);
-  Py_DECREF(v);
-}
-
-// The records hold tuples of ints and interned strings only: untracked by the cyclic
-// collector (they cannot form a cycle), and a dict holding nothing tracked stays untracked,
-// so a step's thousands of records add nothing to the collector's passes over the heap.
+// The links and timeline pairs are tuples of ints: untracked by the cyclic collector (they
+// cannot form a cycle), so a step's thousands of them add nothing to its passes over the heap.
 PyObject* int_tuple(const int64_t* b, const int64_t* e) {
   PyObject* t = PyTuple_New(e - b);
   for (Py_ssize_t i = 0; b + i < e; ++i) PyTuple_SET_ITEM(t, i, PyLong_FromLongLong(b[i]));
@@ -612,6 +592,18 @@ PyObject* device_name(const c10::Device& d) {
   return it->second;
 }
 
+PyObject* dtype_name_borrowed(at::ScalarType st) {
+  PyObject* o = dtype_name(st);
+  Py_DECREF(o);  // the table keeps it
+  return o;
+}
+
+PyObject* device_name_borrowed(const c10::Device& d) {
+  PyObject* o = device_name(d);
+  Py_DECREF(o);
+  return o;
+}
+
 PyObject* storage_id(PyObject* ids, int64_t ptr) {
   PyObject* k = PyLong_FromLongLong(ptr);
   PyObject* v = PyDict_GetItem(ids, k);  // borrowed
@@ -623,79 +615,6 @@ PyObject* storage_id(PyObject* ids, int64_t ptr) {
   }
   Py_DECREF(k);
   return v;
-}
-
-PyObject* op_dict(const OpRec& r, int64_t id) {
-  PyObject* d = _PyDict_NewPresized(17);  // no resize while it fills
-  put(d, K->id, PyLong_FromLongLong(id));
-  Py_INCREF(r.name);
-  put(d, K->name, r.name);
-  const Context* c = r.ctx >= 0 && static_cast<size_t>(r.ctx) < g_ctx.size() ? &g_ctx[r.ctx] : nullptr;
-  PyObject* module = c ? c->module.ptr() : PyUnicode_FromString("");
-  if (c) Py_INCREF(module);
-  put(d, K->module, module);
-  put(d, K->call, PyLong_FromLongLong(c ? c->call : 0));
-  PyObject* phase = r.phase ? K->backward : K->forward;
-  Py_INCREF(phase);
-  put(d, K->phase, phase);
-  put(d, K->micro, PyLong_FromLongLong(r.micro));
-  put(d, K->inputs, int_tuple(g_io.data() + r.in_begin, g_io.data() + r.in_end));
-  put(d, K->outputs, int_tuple(g_io.data() + r.out_begin, g_io.data() + r.out_end));
-  put(d, K->grad_mode, PyBool_FromLong(r.grad_mode));
-  if (!r.marker) put(d, K->inference_mode, PyBool_FromLong(r.inference_mode));
-  put(d, K->inplace, PyBool_FromLong(r.inplace));
-  PyObject* src = r.src ? r.src : (c ? c->src.ptr() : nullptr);
-  if (src == nullptr) src = PyUnicode_FromString("");
-  else Py_INCREF(src);
-  put(d, K->src, src);
-  put(d, K->dur_us, PyFloat_FromDouble(static_cast<double>(r.dur_ns) / 1000.0));
-  put(d, K->alloc, PyLong_FromLongLong(r.alloc));
-  put(d, K->free, PyLong_FromLongLong(r.free));
-  put(d, K->live, PyLong_FromLongLong(r.live));
-  std::vector<PyObject*> flags;
-  if (r.marker && r.marker_flags) {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r.marker_flags); ++i) flags.push_back(PyTuple_GET_ITEM(r.marker_flags, i));
-  }
-  if (!(c && c->inside)) flags.push_back(K->outside);
-  if (!r.marker) {
-    if (r.inplace) flags.push_back(K->f_inplace);
-    if (r.flags & F_NONDIFF) flags.push_back(K->nondiff);
-    if (r.flags & F_AUTOCAST) flags.push_back(K->autocast);
-    if (r.flags & F_AUTOCAST_CAST) flags.push_back(K->autocast_cast);
-    if (r.flags & F_NAN) flags.push_back(K->nan);
-  }
-  if (!flags.empty()) {
-    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(flags.size()));
-    for (size_t i = 0; i < flags.size(); ++i) {
-      Py_INCREF(flags[i]);
-      PyTuple_SET_ITEM(t, i, flags[i]);
-    }
-    PyObject_GC_UnTrack(t);
-    put(d, K->flags, t);
-  }
-  return d;
-}
-
-PyObject* tensor_dict(const TensorRec& r, int64_t id, PyObject* ids) {
-  PyObject* d = _PyDict_NewPresized(12);
-  put(d, K->id, PyLong_FromLongLong(id));
-  put(d, K->shape, int_tuple(r.sizes.data(), r.sizes.data() + r.sizes.size()));
-  put(d, K->dtype, dtype_name(r.dtype));
-  put(d, K->device, device_name(r.device));
-  put(d, K->requires_grad, PyBool_FromLong(r.requires_grad));
-  put(d, K->is_leaf, PyBool_FromLong(r.is_leaf));
-  if (r.strided) {
-    put(d, K->stride, int_tuple(r.strides.data(), r.strides.data() + r.strides.size()));
-    put(d, K->storage, storage_id(ids, r.ptr));
-    put(d, K->offset, PyLong_FromLongLong(r.offset));
-    put(d, K->nbytes, PyLong_FromLongLong(r.nbytes));
-  }
-  if (r.has_version) put(d, K->version, PyLong_FromLongLong(r.version));
-  if (r.param) {
-    Py_INCREF(r.param);
-    put(d, K->param, r.param);
-  }
-  return d;
 }
 
 // ------------------------------------------------------------------ the module's functions
@@ -799,30 +718,34 @@ void marker(py::object name, const at::Tensor& t, py::tuple flags, py::object sr
   g_ops.push_back(r);
 }
 
-// appends the records made since the last drain to `ops` / `tensors` (lists of dicts) and
-// returns [(sequence_nr, op, [tensor ids])] for the grad_fn links, the timeline's new
-// (op, live) pairs, and the counters
-py::tuple drain(py::list ops, py::list tensors, py::dict storage_ids) {
-  init_keys();
+// Takes the records made since the last drain: gives the new tensors their storage ids (from
+// `storage_ids`, the step's ptr -> id dict shared with the graph's saved tensors), and returns
+// [(sequence_nr, op, tensor ids...)] for the grad_fn links, the timeline's new (op, live)
+// pairs, the new ops' modules (by op id) and autocast casts, and the counters.  The records
+// themselves stay here until `encode` writes them as JSON.
+py::tuple drain(py::dict storage_ids) {
   std::lock_guard<std::mutex> g(g_mu);
   PyObject* ids = storage_ids.ptr();
-  // tensors first: an op's tensors are all in the table before it is done
   for (; g_tensors_sent < g_tensors.size(); ++g_tensors_sent) {
-    PyObject* d = tensor_dict(g_tensors[g_tensors_sent], static_cast<int64_t>(g_tensors_sent), ids);
-    PyList_Append(tensors.ptr(), d);
-    Py_DECREF(d);
+    TensorRec& r = g_tensors[g_tensors_sent];
+    if (r.strided) {
+      PyObject* v = storage_id(ids, r.ptr);
+      r.sid = PyLong_AsLongLong(v);
+      Py_DECREF(v);
+    }
   }
-  py::list timeline;
+  py::list timeline, modules, casts;
+  size_t first = g_ops_sent;
   for (; g_ops_sent < g_ops.size(); ++g_ops_sent) {
     const OpRec& r = g_ops[g_ops_sent];
     if (!r.done) break;  // still running (a drain inside an op): next time
     int64_t id = static_cast<int64_t>(g_ops_sent);
-    PyObject* d = op_dict(r, id);
-    PyList_Append(ops.ptr(), d);
-    Py_DECREF(d);
+    const Context* c = r.ctx >= 0 && static_cast<size_t>(r.ctx) < g_ctx.size() ? &g_ctx[r.ctx] : nullptr;
+    modules.append(c ? c->module : py::str(""));
     if (!r.marker) {
       int64_t pair[2] = {id, r.live};
       timeline.append(py::reinterpret_steal<py::object>(int_tuple(pair, pair + 2)));
+      if (r.flags & F_AUTOCAST_CAST) casts.append(id);
     }
   }
   py::list links;  // (sequence number, op, tensor ids...) each, untracked like the records
@@ -839,7 +762,174 @@ py::tuple drain(py::list ops, py::list tensors, py::dict storage_ids) {
     nodes.append(py::make_tuple(n.seq, n.t0, n.t1));
   }
   return py::make_tuple(links, timeline, nodes, g_shed, g_live, py::bool_(g_nan_seen), py::bool_(g_autocast_seen),
-                        py::str(g_failed));
+                        py::str(g_failed), modules, casts, static_cast<int64_t>(g_ops_sent),
+                        static_cast<int64_t>(g_tensors_sent));
+}
+
+void set_grad_fn(int64_t tid, int64_t node) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (tid >= 0 && static_cast<size_t>(tid) < g_tensors.size()) g_tensors[tid].grad_fn = node;
+}
+
+// ------------------------------------------------------------------ records as JSON
+// The drained records as the JSON the writer would make of schema.OpRecord / TensorMeta
+// dicts, written here instead: building ~1,500 dicts a step cost the training thread ~2.5 ms
+// of a transformer step, and encoding them the writer thread ~8 ms holding the GIL.
+struct Json {
+  std::string out;
+
+  void raw(const char* s) { out += s; }
+  void key(const char* k) {  // "k": after a comma unless it opens the object
+    if (out.back() != '{') out += ',';
+    out += '"';
+    out += k;
+    out += "\":";
+  }
+  void num(int64_t v) {
+    char buf[24];
+    auto res = std::to_chars(buf, buf + sizeof buf, v);
+    out.append(buf, res.ptr);
+  }
+  void real(double v) {  // Python's float repr: shortest round trip, and a float stays one
+    if (!std::isfinite(v)) {
+      out += std::isnan(v) ? "NaN" : (v > 0 ? "Infinity" : "-Infinity");
+      return;
+    }
+    char buf[32];
+    auto res = std::to_chars(buf, buf + sizeof buf, v);
+    std::string_view t(buf, res.ptr - buf);
+    out += t;
+    if (t.find_first_of(".en") == std::string_view::npos) out += ".0";
+  }
+  void boolean(bool b) { out += b ? "true" : "false"; }
+  void str(PyObject* s) {
+    Py_ssize_t n = 0;
+    const char* p = s && PyUnicode_Check(s) ? PyUnicode_AsUTF8AndSize(s, &n) : nullptr;
+    if (p == nullptr) {  // not a str, or not UTF-8 encodable (a lone surrogate)
+      PyErr_Clear();
+      out += "\"\"";
+      return;
+    }
+    text(p, n);
+  }
+  void text(const char* p, Py_ssize_t n) {
+    out += '"';
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      const unsigned char ch = static_cast<unsigned char>(p[i]);
+      if (ch == '"' || ch == '\\') {
+        out += '\\';
+        out += static_cast<char>(ch);
+      } else if (ch < 0x20) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+        out += buf;
+      } else {
+        out += static_cast<char>(ch);  // UTF-8 as is: JSON text is Unicode
+      }
+    }
+    out += '"';
+  }
+  void ints(const int64_t* b, const int64_t* e) {
+    out += '[';
+    for (const int64_t* q = b; q < e; ++q) {
+      if (q != b) out += ',';
+      num(*q);
+    }
+    out += ']';
+  }
+};
+
+void op_json(Json& j, const OpRec& r, int64_t id) {
+  const Context* c = r.ctx >= 0 && static_cast<size_t>(r.ctx) < g_ctx.size() ? &g_ctx[r.ctx] : nullptr;
+  j.raw("{");
+  j.key("id"), j.num(id);
+  j.key("name"), j.str(r.name);
+  j.key("module");
+  if (c) j.str(c->module.ptr());
+  else j.raw("\"\"");
+  j.key("call"), j.num(c ? c->call : 0);
+  j.key("phase"), j.raw(r.phase ? "\"backward\"" : "\"forward\"");
+  j.key("micro"), j.num(r.micro);
+  j.key("inputs"), j.ints(g_io.data() + r.in_begin, g_io.data() + r.in_end);
+  j.key("outputs"), j.ints(g_io.data() + r.out_begin, g_io.data() + r.out_end);
+  j.key("grad_mode"), j.boolean(r.grad_mode);
+  if (!r.marker) j.key("inference_mode"), j.boolean(r.inference_mode);
+  j.key("inplace"), j.boolean(r.inplace);
+  PyObject* src = r.src ? r.src : (c ? c->src.ptr() : nullptr);
+  j.key("src");
+  if (src) j.str(src);
+  else j.raw("\"\"");
+  j.key("dur_us"), j.real(static_cast<double>(r.dur_ns) / 1000.0);
+  j.key("alloc"), j.num(r.alloc);
+  j.key("free"), j.num(r.free);
+  j.key("live"), j.num(r.live);
+  std::vector<const char*> fixed;
+  if (!(c && c->inside)) fixed.push_back("outside_model");
+  if (!r.marker) {
+    if (r.inplace) fixed.push_back("inplace");
+    if (r.flags & F_NONDIFF) fixed.push_back("non_differentiable");
+    if (r.flags & F_AUTOCAST) fixed.push_back("autocast");
+    if (r.flags & F_AUTOCAST_CAST) fixed.push_back("autocast_cast");
+    if (r.flags & F_NAN) fixed.push_back("nan");
+  }
+  Py_ssize_t n_marker = r.marker && r.marker_flags ? PyTuple_GET_SIZE(r.marker_flags) : 0;
+  if (n_marker || !fixed.empty()) {
+    j.key("flags");
+    j.raw("[");
+    bool first = true;
+    for (Py_ssize_t i = 0; i < n_marker; ++i, first = false) {
+      if (!first) j.raw(",");
+      j.str(PyTuple_GET_ITEM(r.marker_flags, i));
+    }
+    for (const char* f : fixed) {
+      if (!first) j.raw(",");
+      first = false;
+      j.text(f, static_cast<Py_ssize_t>(std::strlen(f)));
+    }
+    j.raw("]");
+  }
+  j.raw("}");
+}
+
+void tensor_json(Json& j, const TensorRec& r, int64_t id) {
+  j.raw("{");
+  j.key("id"), j.num(id);
+  j.key("shape"), j.ints(r.sizes.data(), r.sizes.data() + r.sizes.size());
+  j.key("dtype"), j.str(dtype_name_borrowed(r.dtype));
+  j.key("device"), j.str(device_name_borrowed(r.device));
+  j.key("requires_grad"), j.boolean(r.requires_grad);
+  j.key("is_leaf"), j.boolean(r.is_leaf);
+  if (r.strided) {
+    j.key("stride"), j.ints(r.strides.data(), r.strides.data() + r.strides.size());
+    j.key("storage"), j.num(r.sid);
+    j.key("offset"), j.num(r.offset);
+    j.key("nbytes"), j.num(r.nbytes);
+  }
+  if (r.has_version) j.key("version"), j.num(r.version);
+  if (r.param) j.key("param"), j.str(r.param);
+  if (r.grad_fn >= 0) j.key("grad_fn"), j.num(r.grad_fn);
+  j.raw("}");
+}
+
+// The drained ops and tensors as two JSON arrays (str); call after the last drain.
+py::tuple encode() {
+  std::lock_guard<std::mutex> g(g_mu);
+  Json ops, tensors;
+  ops.out.reserve(g_ops_sent * 260 + 2);
+  tensors.out.reserve(g_tensors_sent * 160 + 2);
+  ops.raw("[");
+  for (size_t i = 0; i < g_ops_sent; ++i) {
+    if (i) ops.raw(",");
+    op_json(ops, g_ops[i], static_cast<int64_t>(i));
+  }
+  ops.raw("]");
+  tensors.raw("[");
+  for (size_t i = 0; i < g_tensors_sent; ++i) {
+    if (i) tensors.raw(",");
+    tensor_json(tensors, g_tensors[i], static_cast<int64_t>(i));
+  }
+  tensors.raw("]");
+  return py::make_tuple(py::str(ops.out), py::str(tensors.out));
 }
 
 // stop watching frees and drop the weak references (the step's records are complete)
@@ -869,5 +959,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pause_thread", &pause_thread);
   m.def("marker", &marker);
   m.def("drain", &drain);
+  m.def("set_grad_fn", &set_grad_fn);
+  m.def("encode", &encode);
   m.def("finish", &finish);
 }

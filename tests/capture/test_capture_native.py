@@ -19,6 +19,7 @@ from torch import nn
 import torchscope
 from torchscope import _native
 from torchscope.sessionfile import iter_events
+from torchscope.validate import validate_event
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -195,6 +196,7 @@ from torch import nn
 import torchscope
 from torchscope import _native
 from torchscope.sessionfile import iter_events
+from torchscope.validate import validate_event
 
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -243,6 +245,7 @@ from torch import nn
 import torchscope
 from torchscope import _native
 from torchscope.sessionfile import iter_events
+from torchscope.validate import validate_event
 
 model = nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -266,3 +269,53 @@ def test_full_mode_without_a_compiler_records_in_python(tmp_path: Path) -> None:
     res = run_script(script, str(tmp_path / "nocc.tscope"), env=env, timeout=120)
     assert "['python', 'python', 'python']" in res.stdout
     assert "full mode records ops in Python" in res.stderr and "no C++ compiler" in res.stderr
+
+
+def test_its_json_is_the_records_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The extension writes a step's op and tensor records as JSON itself: the same keys and
+    value types as the Python recorder's dicts, valid against the schema, and module names
+    that need escaping come back as they were."""
+
+    def run(native: bool) -> list[dict[str, Any]]:
+        monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+        torch.manual_seed(0)
+        model = nn.Sequential()
+        model.add_module('q"uo\\te\n', nn.Linear(4, 8))  # a quote, a backslash, a control character
+        model.add_module("ünï", nn.ReLU())  # and beyond ASCII
+        model.add_module("out", nn.Linear(8, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        path = tmp_path / f"esc-{native}.tscope"
+        with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+            for _ in range(2):
+                opt.zero_grad()
+                model(torch.randn(3, 4)).sum().backward()
+                opt.step()
+        return [validate_event(e) for e in iter_events(path) if e["kind"] == "graph"]
+
+    nat, py = run(True), run(False)
+    assert [g["recorder"] for g in nat] == ["native"] * 2
+    for gn, gp in zip(nat, py, strict=True):
+        assert {o["module"] for o in gn["ops"]} == {o["module"] for o in gp["ops"]} >= {'q"uo\\te\n', "ünï", "out"}
+        keys: dict[str, set[str]] = {}  # op name -> the keys the Python recorder writes
+        for o in gp["ops"]:
+            keys.setdefault(o["name"], set()).update(o)
+        assert sum(_MODE_DECOMPOSES.get(o["name"], o["name"]) in keys for o in gn["ops"]) >= len(gn["ops"]) - 4
+        for a in gn["ops"]:
+            b = keys.get(_MODE_DECOMPOSES.get(a["name"], a["name"]))
+            if b is not None:
+                assert a.keys() - {"flags"} == b - {"flags"}, (a, b)
+            assert type(a["dur_us"]) is float and all(type(a[k]) is int for k in ("id", "call", "micro", "alloc", "free", "live"))
+        # the tensor tables differ in order and length (see above): the same keys, of the same types
+        def types(ts: list[dict[str, Any]]) -> dict[str, set[type]]:
+            out: dict[str, set[type]] = {}
+            for t in ts:
+                for k, v in t.items():
+                    out.setdefault(k, set()).add(type(v))
+            return out
+
+        assert types(gn["tensors"]) == types(gp["tensors"])
+        params = {t["param"] for t in gn["tensors"] if "param" in t}
+        assert params == {t["param"] for t in gp["tensors"] if "param" in t} >= {'q"uo\\te\n.weight', "out.bias"}
+        # outputs of differentiable ops name their graph node in both
+        assert any("grad_fn" in t for t in gn["tensors"]) and any("grad_fn" in t for t in gp["tensors"])
+        assert {n for t in gn["tensors"] if (n := t.get("grad_fn")) is not None} <= set(range(len(gn["nodes"])))
