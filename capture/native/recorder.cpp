@@ -814,19 +814,22 @@ struct Json {
   }
   void text(const char* p, Py_ssize_t n) {
     out += '"';
+    Py_ssize_t run = 0;  // the start of the stretch that needs no escape, appended at once
     for (Py_ssize_t i = 0; i < n; ++i) {
       const unsigned char ch = static_cast<unsigned char>(p[i]);
-      if (ch == '"' || ch == '\\') {
-        out += '\\';
-        out += static_cast<char>(ch);
-      } else if (ch < 0x20) {
+      if (ch != '"' && ch != '\\' && ch >= 0x20) continue;  // UTF-8 as is: JSON text is Unicode
+      out.append(p + run, i - run);
+      run = i + 1;
+      if (ch < 0x20) {
         char buf[8];
         std::snprintf(buf, sizeof buf, "\\u%04x", ch);
         out += buf;
       } else {
-        out += static_cast<char>(ch);  // UTF-8 as is: JSON text is Unicode
+        out += '\\';
+        out += static_cast<char>(ch);
       }
     }
+    out.append(p + run, n - run);
     out += '"';
   }
   void ints(const int64_t* b, const int64_t* e) {
