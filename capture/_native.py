@@ -178,6 +178,16 @@ def get(block: bool = False, build: bool = True) -> ModuleType | None:
     return _ext
 
 
+_epoch = 0
+
+
+def next_epoch() -> int:
+    """A number no earlier step's gradient hooks carry (see ``take_grads``)."""
+    global _epoch
+    _epoch += 1
+    return _epoch
+
+
 def loaded() -> ModuleType | None:
     """The extension if it is loaded and allowed (``TORCHSCOPE_NATIVE=0`` turns it all off)."""
     return _ext if enabled() else None

@@ -165,3 +165,39 @@ def test_a_watch_reports_the_same_statistics_with_and_without_it(
     assert any(s["grads"]["nan"][i] > 0 for s in on for i in range(len(s["grads"]["nan"])))
     if mode == "default":
         assert sum(bool(s.get("activation_grads")) for s in on) >= 3
+
+
+def test_module_output_gradients_taken_in_cpp_hooks(ext: Any, tmp_path: Path) -> None:
+    """The C++ pre-hooks on module outputs' nodes give the statistics computed by hand, also
+    for an expanded gradient (``out.sum()``: stride 0, read from a copy), step after step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "acts.tscope"
+    hand: list[dict[str, torch.Tensor]] = []
+
+    def keep(name: str) -> Any:  # the gradient reaching the module's output, as PyTorch gives it
+        def hook(m: nn.Module, args: Any, out: torch.Tensor) -> None:
+            out.register_hook(lambda g: hand[-1].__setitem__(name, g.clone()))
+
+        return hook
+
+    model[0].register_forward_hook(keep("0"))
+    model[1].register_forward_hook(keep("1"))
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for step in range(3):
+            hand.append({})
+            opt.zero_grad()
+            (model(torch.randn(4, 5)).sum() * (step + 1)).backward()  # the last module's gradient: step + 1, expanded
+            opt.step()
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    for step, (ev, grads) in enumerate(zip(steps, hand, strict=True)):
+        got = {a["module"]: a for a in ev["activation_grads"]}
+        assert got["2"]["norm"] == pytest.approx((step + 1) * math.sqrt(4 * 3)) and got["2"]["max_abs"] == step + 1
+        assert got["2"]["zero_frac"] == 0.0 and got["2"]["nan"] == 0 and got["2"]["inf"] == 0
+        for m in ("0", "1"):
+            g = grads[m].double()
+            assert got[m]["norm"] == pytest.approx(torch.linalg.vector_norm(g).item(), rel=1e-6)
+            assert got[m]["max_abs"] == pytest.approx(g.abs().max().item(), rel=1e-6)
+            assert got[m]["zero_frac"] == pytest.approx((g == 0).double().mean().item())
