@@ -162,6 +162,7 @@ class _StepState:
         # module path -> [norm, min, max, non-zeros(, nan, inf)]: floats from the native pass, or
         # a tensor on the gradient's device, read at the step's end
         self.act_grads: dict[str, torch.Tensor | tuple[float, ...]] = {}
+        self.native = _native.loaded()  # the extension, looked up once a step, not per module
         self.act_slots: list[str] = []  # module paths whose statistics the native hooks take, by slot
         self.act_epoch = 0  # their hooks' epoch (_native.next_epoch), 0 before the first
         self.act_numel: dict[str, int] = {}
@@ -835,9 +836,10 @@ class Watch:
             return
         s.act_grads[path] = _NO_STATS  # a shared placeholder: no tensor op inside the recorded step
         s.act_numel[path] = t.numel()
-        ext = _native.loaded()
-        if ext is not None and not _compiled_autograd():
-            # a C++ pre-hook on the output's node takes them in the backward (CPU tensors)
+        ext = s.native
+        if ext is not None:
+            # a C++ pre-hook on the output's node takes them in the backward (CPU tensors;
+            # compiled autograd leaves it out of its graph: no statistics, no failure)
             if s.act_epoch == 0:
                 s.act_epoch = _native.next_epoch()
             if ext.watch_grad(t, s.act_epoch, len(s.act_slots)):
@@ -847,7 +849,7 @@ class Watch:
         def hook(g: torch.Tensor, s: _StepState = s) -> None:
             # Runs for every module output in a captured step's backward.  On the CPU, once the
             # native extension is loaded: one pass over the gradient in C++, no op dispatched.
-            ext = _native.loaded()
+            ext = s.native
             if ext is not None:
                 try:
                     r = ext.tensor_stats(g, s.check_nan)
@@ -1617,7 +1619,7 @@ class Watch:
         return out
 
     def _activation_grads(self, s: _StepState) -> list[ActivationGrad]:
-        ext = _native.loaded()
+        ext = s.native
         if s.act_slots and ext is not None:
             for slot, row in ext.take_grads(s.act_epoch):
                 s.act_grads[s.act_slots[slot]] = row
@@ -1737,13 +1739,6 @@ _functorch_level = getattr(torch._C._functorch, "maybe_current_level", lambda: N
 def _transformed() -> bool:
     """Inside a torch.func transform (vmap, grad, jvp...)."""
     return _functorch_level() is not None
-
-
-def _compiled_autograd() -> bool:
-    """Compiled autograd is on (it traces backward hooks; our C++ one it would leave out)."""
-    dynamo = sys.modules.get("torch._dynamo")
-    config = getattr(dynamo, "config", None)
-    return bool(getattr(config, "compiled_autograd", False))
 
 
 _data_ptr = torch.Tensor.data_ptr

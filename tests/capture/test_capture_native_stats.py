@@ -201,3 +201,27 @@ def test_module_output_gradients_taken_in_cpp_hooks(ext: Any, tmp_path: Path) ->
             assert got[m]["norm"] == pytest.approx(torch.linalg.vector_norm(g).item(), rel=1e-6)
             assert got[m]["max_abs"] == pytest.approx(g.abs().max().item(), rel=1e-6)
             assert got[m]["zero_frac"] == pytest.approx((g == 0).double().mean().item())
+
+
+def test_compiled_autograd_runs_past_the_cpp_hooks(ext: Any, tmp_path: Path) -> None:
+    """Compiled autograd collects a node's hooks to trace them: ours opt out of its graph
+    (that step has no module-output statistics) instead of failing the user's backward."""
+    import torch._dynamo.compiled_autograd as compiled_autograd
+
+    def train(watched: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        w = torchscope.watch(model, opt, server=None, record=tmp_path / "ca.tscope", mode="full") if watched else None
+        for _ in range(2):
+            opt.zero_grad()
+            out = model(torch.randn(4, 5))
+            with compiled_autograd._enable(lambda gm: torch.compile(gm, backend="eager")):
+                out.sum().backward()
+            opt.step()
+        if w is not None:
+            w.close()
+        return model[0].weight.detach().clone()
+
+    assert torch.equal(train(True), train(False))
+    assert [e["step"] for e in iter_events(tmp_path / "ca.tscope") if e["kind"] == "step"] == [0, 1]
