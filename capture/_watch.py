@@ -1020,6 +1020,12 @@ class Watch:
         )
         reuse = self._reuse_walk(s, walk_key, bool(create)) if walk_key is not None else None
         walk: AutogradWalk | None = None
+        if s.capture:
+            # reading a captured graph makes thousands of objects (node records, saved-tensor
+            # wrappers): without the collector's passes over them (dozens a step on a deep
+            # model); it resumes when the backward returns (_after_backward), as after a
+            # recorded backward
+            self._pause_gc()
         if reuse is not None:
             sig, n_nodes = reuse
         else:
