@@ -1,5 +1,6 @@
-"""The C++ op observer of ``full`` mode (``native/recorder.cpp``): build, load, and a recorder
-with the Python ``OpRecorder``'s interface.
+"""The native extension: ``full`` mode's C++ op observer (``native/recorder.cpp``) and one-pass
+gradient statistics (``native/stats.cpp``, every mode once it is built): build, load, and a
+recorder with the Python ``OpRecorder``'s interface.
 
 A Python dispatch mode costs 1.6-1.9x a small-op step before recording anything; this observer
 records every op at ~1-2 us (see docs/capture.md).  It is compiled on the user's machine with
@@ -133,7 +134,10 @@ def _import_built(out: Path) -> ModuleType | None:
     if spec is None or spec.loader is None:
         return None
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    try:
+        spec.loader.exec_module(mod)
+    except ImportError:  # a damaged build: compiled again
+        return None
     return mod
 
 
