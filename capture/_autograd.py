@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -59,11 +59,20 @@ def _held(node: Any, attr: str, raw_attr: str) -> list[torch.Tensor]:
     backward or modified in place still raises (P8/P10)."""
     # the SavedTensor(s) themselves (``_raw_saved_self``, ``_raw_saved_tensors``): reading them unpacks nothing
     raw = getattr(node, raw_attr, None)
-    packed = _packed(raw) if raw is not None else None
-    if packed is not None:
-        return packed
+    # the usual case, one SavedTensor no hook packed, without _packed's general walk
+    maybe_packed = raw is not None and (type(raw) is not _SavedTensor or getattr(raw, "unpack_hook", None) is not None)
+    if maybe_packed:
+        packed = _packed(raw)
+        if packed is not None:
+            return packed
     v = getattr(node, attr)
+    if type(v) is _TENSOR or isinstance(v, torch.Tensor):
+        return [v]
     return [t for t in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(t, torch.Tensor)]
+
+
+_SavedTensor = torch._C._autograd.SavedTensor
+_TENSOR = torch.Tensor
 
 
 # a saved field: its name and (tensor, its storage parts) of each strided tensor it holds, or
@@ -71,17 +80,28 @@ def _held(node: Any, attr: str, raw_attr: str) -> list[torch.Tensor]:
 _Field = tuple[str, "list[tuple[torch.Tensor, list[tuple[int, int]]]] | Exception"]
 
 
-def _saved_of(node: Any) -> Iterator[_Field]:
+def _saved_of(node: Any) -> list[_Field]:
     """Each saved field of ``node`` with its tensors that have a storage (and those storages,
-    read once), or the exception reading it raised (freed by a backward, modified in place)."""
-    for attr, raw_attr in _saved_names(node):
+    read once), or the exception reading it raised (freed by a backward, modified in place).
+    A list, not a generator: run for every node of a captured graph, most with no field."""
+    names = _saved_attrs.get(type(node))
+    if names is None:
+        names = _saved_names(node)
+    if not names:
+        return _NO_FIELDS
+    out: list[_Field] = []
+    for attr, raw_attr in names:
         try:
             held = _held(node, attr, raw_attr)
         except Exception as exc:
-            yield attr, exc
+            out.append((attr, exc))
             continue
         # strided, with storage_parts() to read (a DTensor's is its local shard's)
-        yield attr, [(t, storage_parts(t)) for t in held if t.layout == _STRIDED]
+        out.append((attr, [(t, storage_parts(t)) for t in held if t.layout == _STRIDED]))
+    return out
+
+
+_NO_FIELDS: list[_Field] = []  # shared, never appended to
 
 
 def _packed(raw: Any) -> list[torch.Tensor] | None:
@@ -164,7 +184,7 @@ class AutogradWalk:
         ``keep``: hold what was read for the ``records()`` call that follows (which drops it)."""
         out: dict[int, int] = {}
         broken: list[str] = []
-        fields = [list(_saved_of(n)) for n in self.nodes]
+        fields = [_saved_of(n) for n in self.nodes]
         if keep:
             self._fields = fields
         for n, node_fields in zip(self.nodes, fields, strict=True):
@@ -252,7 +272,8 @@ class AutogradWalk:
             if op is not None:
                 rec["op"] = op
                 rec["module"] = op_module(op)
-            saved = _saved_tensors(fields[i] if fields is not None else _saved_of(n), sid)
+            node_fields = fields[i] if fields is not None else _saved_of(n)
+            saved = _saved_tensors(node_fields, sid) if node_fields else None
             if saved:
                 rec["saved"] = saved
                 seen: set[int] = set()
