@@ -241,6 +241,7 @@ class NativeRecorder:
         self.module_of = module_of
         self.sid = sid
         self.n_ops = 0
+        self._n_tensors = 0
         self._modules: list[str] = []  # by op id
         self._casts: set[int] = set()
         self.timeline: list[tuple[int, int]] = []
