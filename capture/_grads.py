@@ -55,6 +55,15 @@ class GradRead:
         self.n, self.full, self.n_extra = len(params), full, len(extra)
         self.none: list[int] = []
         self.idx: list[int] = []
+        self.event: torch.cuda.Event | None = None
+        self._result: tuple[GradStats, list[float]] | None = None
+        ext = _native.loaded()
+        if ext is not None and not (defer and "cpu" in self.DEFER_ON):
+            # every gradient a dense CPU one: the columns straight from the parameters in C++
+            native: GradStats | None = ext.param_grads(list(params), full)
+            if native is not None:
+                self._result = native, [local(e).item() for e in extra]
+                return
         gl: list[torch.Tensor] = []
         for i, p in enumerate(params):
             g = None if p is None else p.grad
@@ -66,8 +75,6 @@ class GradRead:
                 gl.append(g if type(g) is _TENSOR else local(g))
         self.numel = [g.numel() for g in gl] if full else []  # for mean/std/zero_frac
         devices = {g.device for g in gl} | {e.device for e in extra}
-        self.event: torch.cuda.Event | None = None
-        self._result: tuple[GradStats, list[float]] | None = None
         dev = next(iter(devices)) if len(devices) == 1 else None
         if defer and dev is not None and dev.type in self.DEFER_ON:
             vals = _stack(*_parts(gl, list(extra), full))
@@ -353,6 +360,10 @@ def nonzero_grads(params: Sequence[torch.Tensor | None]) -> tuple[list[int], boo
 
     Costs one sync only when some .grad exists (``zero_grad(set_to_none=False)`` or a missing zero_grad).
     """
+    ext = _native.loaded()
+    native: tuple[list[int], bool, bool] | None = ext.grads_nonzero(list(params)) if ext is not None else None
+    if native is not None:  # every present gradient a dense CPU one: checked in C++
+        return native
     present: list[int] = []
     gl: list[torch.Tensor] = []
     for i, p in enumerate(params):

@@ -17,6 +17,8 @@ import torch
 from torch.nn.parameter import is_lazy  # a LazyModule's parameter before its first forward: no storage
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from . import _native
+
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # tensor types whose storage is their own
 
 
@@ -49,6 +51,11 @@ def storages(tensors: Iterable[Any]) -> dict[int, int]:
 def grad_storages(params: Iterable[torch.Tensor]) -> dict[int, int]:
     """``storages()`` of the parameters' ``.grad`` (run every step: a gradient is never a lazy
     parameter, and nothing but a tensor or None is ever a ``.grad``)."""
+    ext = _native.loaded()
+    if ext is not None and isinstance(params, list):
+        native: dict[int, int] | None = ext.grad_storages(params)  # every gradient owns its storage
+        if native is not None:
+            return native
     out: dict[int, int] = {}
     strided = torch.strided
     for p in params:
@@ -88,6 +95,11 @@ class StorageSizes:
         self._known: dict[int, tuple[weakref.ref[torch.Tensor], int, int, int]] = {}
 
     def __call__(self, tensors: Iterable[Any]) -> dict[int, int]:
+        ext = _native.loaded()
+        if ext is not None and isinstance(tensors, list):
+            native: dict[int, int] | None = ext.storages(tensors)  # every one a plain tensor
+            if native is not None:
+                return native
         out: dict[int, int] = {}
         known = self._known
         for t in tensors:

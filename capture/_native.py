@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("torchscope")
 
 _HERE = Path(__file__).resolve().parent / "native"
-SOURCES = (_HERE / "recorder.cpp", _HERE / "stats.cpp")
+SOURCES = (_HERE / "recorder.cpp", _HERE / "stats.cpp", _HERE / "storage.cpp")
 NAME = "torchscope_native_recorder"
 _lock = threading.Lock()
 _ext: ModuleType | None = None

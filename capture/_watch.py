@@ -379,6 +379,7 @@ class Watch:
         self._mem_key: tuple[int, int, int] | None = None
         self._modes_key: tuple[bool, int] | None = None  # see _module_modes
         self._modes: list[tuple[str, bool, bool]] = []
+        self._mode_facts: tuple[list[str], list[str], dict[str, bool]] = ([], [], {})
         self._hooked: list[tuple[str, weakref.ref[nn.Module]]] | None = None  # modules with forward hooks
         # parameters' and optimizer state's storages, their union and its bytes (see _memory)
         self._mem_static: tuple[dict[int, int], dict[int, int], dict[int, int], int] = ({}, {}, {}, 0)
@@ -666,9 +667,9 @@ class Watch:
             "src": user_src(),
         }
         if module.training:
-            fwd["eval_modules"] = [p for p, training, _ in self._module_modes(module) if not training]
+            fwd["eval_modules"] = list(self._modes_now(module)[0])
         if not grad_mode:
-            fwd["train_modules"] = [p for p, training, sensitive in self._module_modes(module) if training and sensitive]
+            fwd["train_modules"] = list(self._modes_now(module)[1])
         s.forwards.append(fwd)
         if not s.capture:
             self._mode_off()
@@ -1431,7 +1432,7 @@ class Watch:
         state = getattr(opt, "state", None)
         if not isinstance(state, dict):  # no optimizer, or a hand-rolled one without state
             state = {}
-        key = (_ptr_sum(live_params), len(state), sum(len(v) for v in state.values() if isinstance(v, dict)))
+        key = (_ptr_sum(live_params), len(state), _entries(state))
         if self._mem_key != key or (periodic and self._step % GRAD_STATS_EVERY == 0):
             p_st, o_st = self._param_storages(live_params), self._sizes(optimizer_tensors(opt))
             static = {**p_st, **o_st}  # their union and its bytes, kept with them
@@ -1486,7 +1487,7 @@ class Watch:
         model = self._model()
         if model is not None:
             ev["training"] = model.training
-            ev["modes"] = {p: training for p, training, _ in self._module_modes(model) if training != model.training}
+            ev["modes"] = dict(self._modes_now(model)[2])
             ev["hooks"] = self._hook_bytes()
         if opt is not None:
             groups = getattr(opt, "param_groups", None)
@@ -1607,7 +1608,20 @@ class Watch:
         if key != self._modes_key:
             self._modes_key = key
             self._modes = [(p, m.training, isinstance(m, _MODE_SENSITIVE)) for p, r in self._modules if (m := r()) is not None]
+            # what every forward and step boundary reports, derived once (the user's modules
+            # are almost always all in the root's mode: empty)
+            self._mode_facts = (
+                [p for p, training, _ in self._modes if not training],
+                [p for p, training, sensitive in self._modes if training and sensitive],
+                {p: training for p, training, _ in self._modes if training != model.training},
+            )
         return self._modes
+
+    def _modes_now(self, model: nn.Module) -> tuple[list[str], list[str], dict[str, bool]]:
+        """Paths of the modules in eval mode, of dropout and batch-norm modules in training
+        mode, and path -> training of those not in the root's mode (shared: copy to keep)."""
+        self._module_modes(model)
+        return self._mode_facts
 
     def _hook_bytes(self) -> dict[str, int]:
         """Bytes kept by user forward hooks, per module that has any (P13)."""
@@ -1751,10 +1765,23 @@ _data_ptr = torch.Tensor.data_ptr
 
 def _ptr_sum(tensors: list[torch.Tensor]) -> int:
     """Sum of the tensors' data pointers: changes when one gets new data (``p.data = ...``)."""
+    ext = _native.loaded()
+    native: int | None = ext.ptr_sum(tensors) if ext is not None else None
+    if native is not None:  # every tensor owns its storage
+        return native
     try:
         return sum(map(_data_ptr, tensors))
     except RuntimeError:  # a wrapper subclass (DTensor) has no data pointer: its shards' then
         return sum(ptr for t in tensors for ptr, _ in storage_parts(t))
+
+
+def _entries(state: dict[Any, Any]) -> int:
+    """Entries of an optimizer's per-parameter state dicts, counted in C (``map``): a
+    generator over 300 parameters' states costs ~0.2 ms a step."""
+    try:
+        return sum(map(len, state.values()))
+    except TypeError:  # a hand-rolled optimizer's state holding other values than dicts
+        return sum(len(v) for v in state.values() if isinstance(v, dict))
 
 
 def _first_storage(t: torch.Tensor) -> int:

@@ -948,9 +948,11 @@ void configure(py::object user_base) { g_user_base = std::move(user_base); }
 }  // namespace
 
 void register_stats(py::module& m);  // stats.cpp
+void register_storage(py::module& m);  // storage.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_stats(m);
+  register_storage(m);
   m.def("configure", &configure);
   m.def("start", &start);
   m.def("stop", &stop);

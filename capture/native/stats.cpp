@@ -14,6 +14,7 @@
 #include <c10/util/Half.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -257,6 +258,157 @@ py::object grads_stats(const std::vector<at::Tensor>& ts, bool full) {
   return std::move(out);
 }
 
+// ------------------------------------------------------------------ the parameters' gradients
+// At every step boundary, from the parameters themselves (the watch's list, None where one is
+// gone): reading `.grad`, checking it and building the columns in Python costs ~2 us a
+// parameter, as much as the statistics of a small gradient.
+
+// The parameter behind a list item, or nullptr for None; throws for anything else.
+const at::Tensor* param_at(const py::handle& h) {
+  if (h.is_none()) return nullptr;
+  if (!THPVariable_Check(h.ptr())) throw py::type_error("not a tensor");
+  return &THPVariable_Unpack(h.ptr());
+}
+
+// The columns of _grads.GradRead for every parameter of `params` (GradStats: norm, nan, inf,
+// none, then with `full` max_abs, mean, std, zero_frac), or None where a gradient is not
+// readable here (the torch path then takes them all).  Sparse and empty gradients have no
+// statistics, as there; NaN/Inf are counted (a second pass) only in a gradient whose norm is
+// not finite.
+py::object param_grads(const py::list& params, bool full) {
+  const size_t n = params.size();
+  std::vector<at::Tensor> gl;
+  std::vector<size_t> at_idx;
+  py::list none;
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor* p = param_at(params[i]);
+    if (p == nullptr) continue;
+    if (!p->is_leaf()) return py::none();  // reading a non-leaf's .grad warns: the Python path's call
+    const at::Tensor& g = p->grad();
+    if (!g.defined()) {
+      if (p->requires_grad()) none.append(py::int_(i));
+      continue;
+    }
+    if (g.layout() != c10::kStrided || g.numel() == 0) continue;
+    if (!readable(g)) return py::none();
+    gl.push_back(g);
+    at_idx.push_back(i);
+  }
+  const size_t k = gl.size();
+  std::vector<Part> parts(k);
+  {
+    py::gil_scoped_release nogil;
+    for (size_t j = 0; j < k; ++j) parts[j] = reduce(gl[j], full ? kFull : kNorm);
+  }
+  py::list norm(n), nan(n), inf(n), max_abs(n), mean(n), std_(n), zero_frac(n);
+  for (size_t i = 0; i < n; ++i) {
+    norm[i] = py::none();
+    nan[i] = py::int_(0);
+    inf[i] = py::int_(0);
+    if (full) {
+      max_abs[i] = py::none();
+      mean[i] = py::none();
+      std_[i] = py::none();
+      zero_frac[i] = py::none();
+    }
+  }
+  for (size_t j = 0; j < k; ++j) {
+    Part& s = parts[j];
+    const size_t i = at_idx[j];
+    const double l2 = std::sqrt(s.sumsq);
+    norm[i] = py::float_(l2);
+    if (full) {  // as _grads._full_columns computes them from the same values
+      nan_extremes(s);
+      const double numel = static_cast<double>(gl[j].numel());
+      max_abs[i] = py::float_(std::isnan(s.lo) || std::isnan(s.hi) ? std::numeric_limits<double>::quiet_NaN()
+                                                         : std::max(std::abs(s.lo), std::abs(s.hi)));
+      mean[i] = py::float_(s.sum / numel);
+      zero_frac[i] = py::float_(1.0 - static_cast<double>(s.nonzero) / numel);
+      if (numel > 1 && std::isfinite(l2)) {
+        std_[i] = py::float_(std::sqrt(std::max(l2 * l2 - s.sum * s.sum / numel, 0.0) / (numel - 1)));
+      } else if (numel == 1) {
+        std_[i] = py::float_(std::numeric_limits<double>::quiet_NaN());
+      }
+    }
+    if (!std::isfinite(l2)) {
+      Part c;
+      {
+        py::gil_scoped_release nogil;
+        c = reduce(gl[j], kFullNan);
+      }
+      nan[i] = py::int_(c.nan);
+      inf[i] = py::int_(c.inf);
+      if (full) std_[i] = py::float_(std::numeric_limits<double>::quiet_NaN());
+    }
+  }
+  py::dict out;
+  out["norm"] = norm;
+  out["nan"] = nan;
+  out["inf"] = inf;
+  out["none"] = none;
+  if (full) {
+    out["max_abs"] = max_abs;
+    out["mean"] = mean;
+    out["std"] = std_;
+    out["zero_frac"] = zero_frac;
+  }
+  return std::move(out);
+}
+
+// Whether a contiguous buffer of `n` values holds a non-zero one: any bit set besides the sign
+// (-0.0 is zero, a NaN is not), blocks OR-ed without a branch per value.
+template <typename U>
+bool any_bits(const void* data, int64_t n, U mask) {
+  const U* p = static_cast<const U*>(data);
+  constexpr int64_t kStep = 4096;
+  for (int64_t i = 0; i < n; i += kStep) {
+    U acc = 0;
+    const int64_t e = std::min(n, i + kStep);
+    for (int64_t j = i; j < e; ++j) acc |= p[j];
+    if (acc & mask) return true;
+  }
+  return false;
+}
+
+bool any_nonzero(const at::Tensor& g) {
+  const void* d = g.const_data_ptr();
+  const int64_t n = g.numel();
+  switch (g.element_size()) {
+    case 2: return any_bits<uint16_t>(d, n, 0x7fffu);
+    case 4: return any_bits<uint32_t>(d, n, 0x7fffffffu);
+    default: return any_bits<uint64_t>(d, n, 0x7fffffffffffffffull);
+  }
+}
+
+// _grads.nonzero_grads of readable gradients: (indices whose .grad holds a non-zero, all
+// .grad None, all None or zero), or None where the torch path must look.
+py::object grads_nonzero(const py::list& params) {
+  std::vector<at::Tensor> gl;
+  std::vector<size_t> at_idx;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor* p = param_at(params[i]);
+    if (p == nullptr) continue;
+    if (!p->is_leaf()) return py::none();
+    const at::Tensor& g = p->grad();
+    if (!g.defined() || g.is_sparse() || g.numel() == 0) continue;
+    if (!readable(g)) return py::none();
+    gl.push_back(g);
+    at_idx.push_back(i);
+  }
+  if (gl.empty()) return py::make_tuple(py::list(), true, true);
+  std::vector<char> flags(gl.size());
+  {
+    py::gil_scoped_release nogil;
+    for (size_t j = 0; j < gl.size(); ++j) flags[j] = any_nonzero(gl[j]);
+  }
+  py::list nonzero;
+  for (size_t j = 0; j < gl.size(); ++j) {
+    if (flags[j]) nonzero.append(py::int_(at_idx[j]));
+  }
+  const bool all_zero = nonzero.empty();
+  return py::make_tuple(nonzero, false, all_zero);
+}
+
 // ------------------------------------------------------------------ module outputs' gradients
 // A captured step's module outputs get a C++ pre-hook on their grad_fn (at the output's
 // index) that takes the statistics as the gradient arrives -- no Python call at registration
@@ -333,6 +485,8 @@ py::list take_grads(int64_t epoch) {
 void register_stats(py::module& m) {
   m.def("tensor_stats", &tensor_stats);
   m.def("grads_stats", &grads_stats);
+  m.def("param_grads", &param_grads);
+  m.def("grads_nonzero", &grads_nonzero);
   m.def("watch_grad", &watch_grad);
   m.def("take_grads", &take_grads);
 }

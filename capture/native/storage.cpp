@@ -1,0 +1,82 @@
+// Storages of the parameters and their gradients at a step boundary (see _watch._memory): one
+// call over the watch's parameter list instead of a Python storage object per tensor (~3 us
+// each, every step).  Tensor subclasses and tensors without their own storage return None:
+// the Python path (_memory.storage_parts) names their inner tensors' storages.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstdint>
+
+namespace py = pybind11;
+
+namespace {
+
+// A strided tensor holding its own storage: not a wrapper subclass (a DTensor), a functorch
+// or functional wrapper, or a nested tensor.
+bool owns_storage(const at::Tensor& t) {
+  if (!t.defined() || t.layout() != c10::kStrided || t.is_nested() || !t.has_storage()) return false;
+  const c10::DispatchKeySet ks = t.key_set();
+  return !(ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::FuncTorchBatched) ||
+           ks.has(c10::DispatchKey::FuncTorchGradWrapper) || ks.has(c10::DispatchKey::Functionalize));
+}
+
+const at::Tensor* tensor_at(const py::handle& h) {
+  if (h.is_none()) return nullptr;
+  if (!THPVariable_Check(h.ptr())) throw py::type_error("not a tensor");
+  return &THPVariable_Unpack(h.ptr());
+}
+
+// _memory.grad_storages: {storage data pointer: bytes} of the strided gradients of `params`
+// (None items skipped), or None.
+py::object grad_storages(const py::list& params) {
+  py::dict out;
+  for (const py::handle& h : params) {
+    const at::Tensor* p = tensor_at(h);
+    if (p == nullptr || !p->is_leaf()) {
+      if (p != nullptr) return py::none();  // a non-leaf's .grad warns when read: the Python path's
+      continue;
+    }
+    const at::Tensor& g = p->grad();
+    if (!g.defined() || g.layout() != c10::kStrided) continue;
+    if (!owns_storage(g)) return py::none();
+    const c10::Storage& st = g.storage();
+    out[py::int_(reinterpret_cast<intptr_t>(st.data()))] = py::int_(st.nbytes());
+  }
+  return std::move(out);
+}
+
+// _memory.storages of plain tensors: {storage data pointer: bytes} of each, or None (also
+// for an empty tensor: a lazy module's parameter before its first forward, which Python tells).
+py::object storages(const py::list& tensors) {
+  py::dict out;
+  for (const py::handle& h : tensors) {
+    const at::Tensor* t = tensor_at(h);
+    if (t == nullptr) continue;
+    if (!owns_storage(*t) || t->numel() == 0) return py::none();
+    const c10::Storage& st = t->storage();
+    out[py::int_(reinterpret_cast<intptr_t>(st.data()))] = py::int_(st.nbytes());
+  }
+  return std::move(out);
+}
+
+// _watch._ptr_sum: the sum of the tensors' data pointers, or None.
+py::object ptr_sum(const py::list& tensors) {
+  uint64_t sum = 0;  // wraps as Python's int would not: only compared with itself
+  for (const py::handle& h : tensors) {
+    const at::Tensor* t = tensor_at(h);
+    if (t == nullptr) continue;
+    if (!owns_storage(*t)) return py::none();
+    if (!t->storage().data() && t->numel() != 0) return py::none();  // no data yet (a meta tensor)
+    sum += static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t->const_data_ptr()));
+  }
+  return py::int_(sum);
+}
+
+}  // namespace
+
+void register_storage(py::module& m) {
+  m.def("grad_storages", &grad_storages);
+  m.def("ptr_sum", &ptr_sum);
+  m.def("storages", &storages);
+}
