@@ -340,6 +340,10 @@ class NativeRecorder:
     def set_grad_fn(self, tid: int, node: int) -> None:
         self.ext.set_grad_fn(tid, node)
 
+    def flag_inplace_saved(self, saved: dict[int, int]) -> int:
+        """See ``OpRecorder.flag_inplace_saved``."""
+        return int(self.ext.flag_inplace_saved(saved))
+
     def peak_live(self) -> int:
         return max((live for _, live in self.timeline), default=self.baseline)
 

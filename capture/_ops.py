@@ -96,7 +96,6 @@ class OpRecorder(TorchDispatchMode):
         self.micro = 0
         self.live = baseline_live
         self.baseline = baseline_live  # parameters, gradients and optimizer state when recording began
-        self.saved_storages: set[int] = set()  # data pointers saved for backward (inplace_saved)
         self._tid: dict[int, int] = {}  # id(tensor) -> tensor table index, while _tref[id] is it
         self._tref: dict[int, weakref.ref[torch.Tensor]] = {}
         self._storage_refs: dict[int, int] = {}  # data ptr -> live tensors we know share it
@@ -160,11 +159,7 @@ class OpRecorder(TorchDispatchMode):
         if not inside:
             flags.append("outside_model")
         if inplace:
-            flags.append("inplace")
-            for t in in_t:
-                if has_storage(t) and t.untyped_storage().data_ptr() in self.saved_storages:
-                    flags.append("inplace_saved")
-                    break
+            flags.append("inplace")  # "inplace_saved" is added once the graph is read (flag_inplace_saved)
         # autograd attaches a grad_fn to the outputs only if an input requires grad
         differentiable = grad_mode and any(t.requires_grad for t in in_t)
         if differentiable and out_t and not any(t.is_floating_point() or t.is_complex() for t in out_t):
@@ -347,6 +342,25 @@ class OpRecorder(TorchDispatchMode):
         """Tensor ``tid`` is an output of graph node ``node``."""
         if 0 <= tid < len(self.tensors):
             self.tensors[tid]["grad_fn"] = node
+
+    def flag_inplace_saved(self, saved: dict[int, int]) -> int:
+        """P8's silent form: flags "inplace_saved" on each forward in-place op (an aten op named
+        "..._": it writes its first argument) that ran after the graph node which saved a
+        tensor of the storage it writes -- a ``.data`` write, which the saved tensor's version
+        counter does not see.  ``saved``: storage id -> the first op whose node saved it."""
+        n = 0
+        for op in self.ops:
+            # forward ops only: the backward's own in-place accumulations write buffers whose
+            # storage may reuse a freed saved tensor's address
+            inputs = op.get("inputs") if op.get("inplace") and op.get("phase") == "forward" else None
+            if not inputs or not str(op["name"]).endswith("_"):
+                continue
+            sid = self.tensors[inputs[0]].get("storage")
+            first = saved.get(sid) if sid is not None else None
+            if first is not None and first < op["id"]:
+                op["flags"] = (*op.get("flags", ()), "inplace_saved")
+                n += 1
+        return n
 
     def peak_live(self) -> int:
         """The ledger's highest live bytes over the recorded ops."""

@@ -54,6 +54,7 @@ from .schema import (
     GraphEvent,
     MemoryStats,
     ModuleInfo,
+    NodeRecord,
     OpRecord,
     ParamInfo,
     StepEvent,
@@ -98,6 +99,20 @@ def _through_outputs(walk: AutogradWalk, s: _StepState) -> bool:
     ``AccumulateGrad`` of the watched parameters in its graph, yet the backward is its own."""
     outs = {id(o) for r in s.out_sentinels if (o := r()) is not None}
     return bool(outs) and any(id(n.metadata.get("torchscope_out_sentinel")) in outs for n in walk.nodes)
+
+
+def _saved_by_op(nodes: list[NodeRecord]) -> dict[int, int]:
+    """Storage id -> the first forward op whose graph node saved a tensor of it."""
+    first: dict[int, int] = {}
+    for n in nodes:
+        op = n.get("op")
+        if op is None:
+            continue
+        for t in n.get("saved", ()):
+            sid = t["storage"]
+            if op < first.get(sid, op + 1):
+                first[sid] = op
+    return first
 
 
 def _forward_pending(s: _StepState) -> bool:
@@ -1125,6 +1140,7 @@ class Watch:
                 for i, tids in tids_of.items():
                     for tid in tids:
                         rec.set_grad_fn(tid, i)
+                rec.flag_inplace_saved(_saved_by_op(nodes))
             s.graph = {
                 "kind": "graph",
                 "step": self._step,

@@ -202,7 +202,8 @@ class OpRecord(TypedDict, total=False):
     live: int  # live bytes after the op
     grad_fn: int  # node id created by this op
     # e.g. "breaks_graph" (numpy/.item()), "new_leaf", "copy_h2d", "non_differentiable", "nan",
-    # "autocast" (ran inside an autocast region), "autocast_cast" (a dtype cast autocast inserted)
+    # "autocast" (ran inside an autocast region), "autocast_cast" (a dtype cast autocast inserted),
+    # "inplace_saved" (a forward in-place op writing a storage a graph node saved earlier: P8)
     flags: list[str]
 
 

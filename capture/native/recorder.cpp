@@ -133,6 +133,7 @@ enum Flag : uint32_t {
   F_AUTOCAST = 8,
   F_AUTOCAST_CAST = 16,
   F_NAN = 32,
+  F_INPLACE_SAVED = 64,
 };
 
 struct OpRec {
@@ -766,6 +767,37 @@ py::tuple drain(py::dict storage_ids) {
                         static_cast<int64_t>(g_tensors_sent));
 }
 
+// P8's silent form: a forward in-place op (an aten op named "..._": it writes its first
+// argument) that ran after the graph node which saved a tensor of the storage it writes -- a `.data`
+// write, which the saved tensor's version counter does not see.  `saved` maps a storage id to
+// the first op whose node saved it; returns how many ops it flagged.
+int64_t flag_inplace_saved(py::dict saved) {
+  std::unordered_map<int64_t, int64_t> first;
+  for (auto item : saved) first[item.first.cast<int64_t>()] = item.second.cast<int64_t>();
+  std::lock_guard<std::mutex> g(g_mu);
+  int64_t n = 0;
+  for (size_t id = 0; id < g_ops_sent; ++id) {
+    OpRec& r = g_ops[id];
+    // forward ops only: the backward's own in-place accumulations write buffers whose storage
+    // may reuse a freed saved tensor's address
+    if (!r.inplace || r.marker || r.phase != 0 || r.in_end <= r.in_begin || r.name == nullptr) continue;
+    Py_ssize_t len = 0;
+    const char* name = PyUnicode_AsUTF8AndSize(r.name, &len);
+    if (name == nullptr || len == 0 || name[len - 1] != '_') {
+      PyErr_Clear();
+      continue;
+    }
+    const int64_t tid = g_io[r.in_begin];
+    if (tid < 0 || static_cast<size_t>(tid) >= g_tensors.size()) continue;
+    auto it = first.find(g_tensors[tid].sid);
+    if (g_tensors[tid].sid >= 0 && it != first.end() && it->second < static_cast<int64_t>(id)) {
+      r.flags |= F_INPLACE_SAVED;
+      ++n;
+    }
+  }
+  return n;
+}
+
 void set_grad_fn(int64_t tid, int64_t node) {
   std::lock_guard<std::mutex> g(g_mu);
   if (tid >= 0 && static_cast<size_t>(tid) < g_tensors.size()) g_tensors[tid].grad_fn = node;
@@ -874,6 +906,7 @@ void op_json(Json& j, const OpRec& r, int64_t id) {
     if (r.flags & F_AUTOCAST) fixed.push_back("autocast");
     if (r.flags & F_AUTOCAST_CAST) fixed.push_back("autocast_cast");
     if (r.flags & F_NAN) fixed.push_back("nan");
+    if (r.flags & F_INPLACE_SAVED) fixed.push_back("inplace_saved");
   }
   Py_ssize_t n_marker = r.marker && r.marker_flags ? PyTuple_GET_SIZE(r.marker_flags) : 0;
   if (n_marker || !fixed.empty()) {
@@ -965,6 +998,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("marker", &marker);
   m.def("drain", &drain);
   m.def("set_grad_fn", &set_grad_fn);
+  m.def("flag_inplace_saved", &flag_inplace_saved);
   m.def("encode", &encode);
   m.def("finish", &finish);
 }

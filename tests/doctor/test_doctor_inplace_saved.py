@@ -1,0 +1,94 @@
+"""P8's silent form from a real capture: a write through ``.data`` into a tensor a graph node
+saved for backward is flagged "inplace_saved" on its op by both op recorders (the native one
+and the Python dispatch mode), in full mode and on default mode's captured steps, and the doctor
+points at it; in-place ops on tensors nobody saved are not flagged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import torchscope
+from torchscope import _native
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+
+class DataWrite(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.sigmoid(self.a(x))  # SigmoidBackward0 saves its output h
+        h.data.mul_(0.5)  # h's version counter does not see this: the gradient silently uses it
+        r = torch.relu_(self.b(x))  # in place on an output nobody had saved yet
+        return (h * r).sum()
+
+
+class Safe(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Linear(8, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.clone().add_(1.0)  # in place before anything saved it
+        return self.body(x).sum()
+
+
+def _record(model: nn.Module, tmp_path: Path, mode: str, native: bool, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    if native:
+        assert _native.get(block=True) is not None, f"the native extension did not build: {_native._error}"
+    torch.manual_seed(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / f"{mode}-{native}.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(3, 4)).backward()
+            opt.step()
+    return list(iter_events(path))
+
+
+def _graphs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    graphs = [e for e in events if e["kind"] == "graph"]
+    assert graphs, "no step was captured"
+    return graphs
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+@pytest.mark.parametrize("mode", ["full", "default"])
+def test_a_data_write_into_a_saved_tensor_is_flagged_and_diagnosed(
+    tmp_path: Path, mode: str, native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = _record(DataWrite(), tmp_path, mode, native, monkeypatch)
+    for g in _graphs(events):
+        assert g["recorder"] == ("native" if native else "python")
+        ops, tensors = g["ops"], g["tensors"]
+        flagged = [o for o in ops if "inplace_saved" in o.get("flags", ())]
+        assert [o["name"] for o in flagged] == ["aten::mul_"]
+        assert all("inplace_saved" not in o.get("flags", ()) for o in ops if o["name"] == "aten::relu_")
+        # checked against the graph itself: the node that saved what mul_ wrote came from an earlier op
+        written = tensors[flagged[0]["inputs"][0]]["storage"]
+        savers = [n for n in g["nodes"] if any(t["storage"] == written for t in n.get("saved", ()))]
+        assert "SigmoidBackward0" in [n["name"] for n in savers]
+        assert min(n["op"] for n in savers if "op" in n) < flagged[0]["id"]
+    found = [f for f in diagnose(events) if f["code"] == "P8"]
+    assert len(found) == 1 and "aten::mul_" in found[0]["message"]
+    assert found[0]["src"] == f"{Path(__file__).name}:{DataWrite.forward.__code__.co_firstlineno + 2}"
+    assert found[0]["targets"][0]["op"] == [o for o in _graphs(events)[0]["ops"] if o["name"] == "aten::mul_"][0]["id"]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_in_place_ops_on_unsaved_tensors_are_not_flagged(tmp_path: Path, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    events = _record(Safe(), tmp_path, "full", native, monkeypatch)
+    graphs = _graphs(events)
+    inplace = [o["name"] for g in graphs for o in g["ops"] if o["inplace"]]
+    assert "aten::relu_" in inplace and "aten::add_" in inplace  # the in-place ops were recorded
+    assert not [o for g in graphs for o in g["ops"] if "inplace_saved" in o.get("flags", ())]
+    assert not [f for f in diagnose(events) if f["code"] == "P8"]
