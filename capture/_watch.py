@@ -392,8 +392,7 @@ class Watch:
         # (signature, input shapes) -> bytes saved for backward, unreadable saved tensors
         self._saved_cache: dict[tuple[str, tuple[tuple[int, ...], ...]], tuple[int, list[str]]] = {}
         self._mem_key: tuple[int, int, int] | None = None
-        self._modes_key: tuple[bool, int] | None = None  # see _module_modes
-        self._modes: list[tuple[str, bool, bool]] = []
+        self._modes_key: tuple[bool, int] | None = None  # see _modes_now
         self._mode_facts: tuple[list[str], list[str], dict[str, bool]] = ([], [], {})
         self._hooked: list[tuple[str, weakref.ref[nn.Module]]] | None = None  # modules with forward hooks
         # parameters' and optimizer state's storages, their union and its bytes (see _memory)
@@ -1618,25 +1617,18 @@ class Watch:
     # forward hooks are read again when the root's mode changed and every GRAD_STATS_EVERY
     # steps, so a submodule switched to training or evaluation on its own, or a new hook, is
     # seen within that many steps.
-    def _module_modes(self, model: nn.Module) -> list[tuple[str, bool, bool]]:
-        """(path, training, mode-sensitive: dropout or batch norm) of every module."""
-        key = (model.training, self._step // GRAD_STATS_EVERY)
-        if key != self._modes_key:
-            self._modes_key = key
-            self._modes = [(p, m.training, isinstance(m, _MODE_SENSITIVE)) for p, r in self._modules if (m := r()) is not None]
-            # what every forward and step boundary reports, derived once (the user's modules
-            # are almost always all in the root's mode: empty)
-            self._mode_facts = (
-                [p for p, training, _ in self._modes if not training],
-                [p for p, training, sensitive in self._modes if training and sensitive],
-                {p: training for p, training, _ in self._modes if training != model.training},
-            )
-        return self._modes
-
     def _modes_now(self, model: nn.Module) -> tuple[list[str], list[str], dict[str, bool]]:
         """Paths of the modules in eval mode, of dropout and batch-norm modules in training
         mode, and path -> training of those not in the root's mode (shared: copy to keep)."""
-        self._module_modes(model)
+        key = (model.training, self._step // GRAD_STATS_EVERY)
+        if key != self._modes_key:
+            self._modes_key = key
+            modes = [(p, m.training, isinstance(m, _MODE_SENSITIVE)) for p, r in self._modules if (m := r()) is not None]
+            self._mode_facts = (
+                [p for p, training, _ in modes if not training],
+                [p for p, training, sensitive in modes if training and sensitive],
+                {p: training for p, training, _ in modes if training != model.training},
+            )
         return self._mode_facts
 
     def _hook_bytes(self) -> dict[str, int]:
