@@ -57,13 +57,11 @@ class GradRead:
         self.idx: list[int] = []
         self.event: torch.cuda.Event | None = None
         self._result: tuple[GradStats, list[float]] | None = None
-        ext = _native.loaded()
-        if ext is not None and not (defer and "cpu" in self.DEFER_ON):
-            # every gradient a dense CPU one: the columns straight from the parameters in C++
-            native: GradStats | None = ext.param_grads(list(params), full)
-            if native is not None:
-                self._result = native, [local(e).item() for e in extra]
-                return
+        # every gradient a dense CPU one: the columns straight from the parameters in C++
+        native: GradStats | None = None if defer and "cpu" in self.DEFER_ON else _native.ask("param_grads", list(params), full)
+        if native is not None:
+            self._result = native, [local(e).item() for e in extra]
+            return
         gl: list[torch.Tensor] = []
         for i, p in enumerate(params):
             g = None if p is None else p.grad
@@ -222,11 +220,9 @@ def _by_shape(gl: list[torch.Tensor]) -> tuple[list[list[int]], list[int]]:
 def _cpu_values(gl: list[torch.Tensor], full: bool) -> list[float]:
     """``_parts`` of CPU gradients as the list of values ``_fill`` reads (norms, then with
     ``full`` min, max, non-zero count and sum per gradient)."""
-    ext = _native.loaded()
-    if ext is not None:  # one pass per gradient in C++, where every gradient allows it
-        got: list[float] | None = ext.grads_stats(gl, full)
-        if got is not None:
-            return got
+    got: list[float] | None = _native.ask("grads_stats", gl, full)
+    if got is not None:  # one pass per gradient in C++, where every gradient allows it
+        return got
     k_n = len(gl)
     cols = 5 if full else 1
     vals: list[float] = [0.0] * (cols * k_n)
@@ -360,8 +356,7 @@ def nonzero_grads(params: Sequence[torch.Tensor | None]) -> tuple[list[int], boo
 
     Costs one sync only when some .grad exists (``zero_grad(set_to_none=False)`` or a missing zero_grad).
     """
-    ext = _native.loaded()
-    native: tuple[list[int], bool, bool] | None = ext.grads_nonzero(list(params)) if ext is not None else None
+    native: tuple[list[int], bool, bool] | None = _native.ask("grads_nonzero", list(params))
     if native is not None:  # every present gradient a dense CPU one: checked in C++
         return native
     present: list[int] = []
@@ -392,12 +387,10 @@ def _cpu_nonzero(gl: list[torch.Tensor]) -> list[bool]:
     """Whether each CPU gradient holds a non-zero (NaN counts): same-shape gradients stacked
     (``_by_shape``; the L-inf norm is one dispatched op per tensor and slow on the CPU), a
     stack non-zero where its max or min is."""
-    ext = _native.loaded()
-    if ext is not None:
-        got: list[float] | None = ext.grads_stats(gl, True)
-        if got is not None:  # non-zero where the max or the min is (NaN != 0)
-            k = len(gl)
-            return [got[k + i] != 0.0 or got[2 * k + i] != 0.0 for i in range(k)]
+    got: list[float] | None = _native.ask("grads_stats", gl, True)
+    if got is not None:  # non-zero where the max or the min is (NaN != 0)
+        k = len(gl)
+        return [got[k + i] != 0.0 or got[2 * k + i] != 0.0 for i in range(k)]
     out = [False] * len(gl)
     stacks, single = _by_shape(gl)
     for chunk in stacks:

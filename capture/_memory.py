@@ -51,11 +51,9 @@ def storages(tensors: Iterable[Any]) -> dict[int, int]:
 def grad_storages(params: Iterable[torch.Tensor]) -> dict[int, int]:
     """``storages()`` of the parameters' ``.grad`` (run every step: a gradient is never a lazy
     parameter, and nothing but a tensor or None is ever a ``.grad``)."""
-    ext = _native.loaded()
-    if ext is not None and isinstance(params, list):
-        native: dict[int, int] | None = ext.grad_storages(params)  # every gradient owns its storage
-        if native is not None:
-            return native
+    native: dict[int, int] | None = _native.ask("grad_storages", params) if isinstance(params, list) else None
+    if native is not None:  # every gradient owns its storage
+        return native
     out: dict[int, int] = {}
     strided = torch.strided
     for p in params:
@@ -95,11 +93,9 @@ class StorageSizes:
         self._known: dict[int, tuple[weakref.ref[torch.Tensor], int, int, int]] = {}
 
     def __call__(self, tensors: Iterable[Any]) -> dict[int, int]:
-        ext = _native.loaded()
-        if ext is not None and isinstance(tensors, list):
-            native: dict[int, int] | None = ext.storages(tensors)  # every one a plain tensor
-            if native is not None:
-                return native
+        native: dict[int, int] | None = _native.ask("storages", tensors) if isinstance(tensors, list) else None
+        if native is not None:  # every one a plain tensor
+            return native
         out: dict[int, int] = {}
         known = self._known
         for t in tensors:

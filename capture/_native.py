@@ -38,6 +38,7 @@ log = logging.getLogger("torchscope")
 
 _HERE = Path(__file__).resolve().parent / "native"
 SOURCES = (_HERE / "recorder.cpp", _HERE / "stats.cpp", _HERE / "storage.cpp")
+HEADERS = (_HERE / "tensors.h",)  # part of the source a build is stamped with
 NAME = "torchscope_native_recorder"
 _lock = threading.Lock()
 _ext: ModuleType | None = None
@@ -143,7 +144,7 @@ def _import_built(out: Path) -> ModuleType | None:
 
 def _source_hash() -> str:
     h = hashlib.sha256()
-    for p in SOURCES:
+    for p in SOURCES + HEADERS:
         h.update(p.read_bytes())
     return h.hexdigest()
 
@@ -195,6 +196,13 @@ def next_epoch() -> int:
 def loaded() -> ModuleType | None:
     """The extension if it is loaded and allowed (``TORCHSCOPE_NATIVE=0`` turns it all off)."""
     return _ext if enabled() else None
+
+
+def ask(fn: str, *args: Any) -> Any:
+    """The extension's ``fn(*args)``: None where it is not loaded, or where that call cannot
+    read the tensors it was given (the caller's Python path then reads them all)."""
+    ext = loaded()
+    return getattr(ext, fn)(*args) if ext is not None else None
 
 
 def pause_thread(on: bool) -> None:
@@ -363,7 +371,6 @@ class NativeRecorder:
             if hit is not None:
                 ops[i], tensors[i] = hit
         return ops, tensors
-
 
     def time_nodes(self, walk: AutogradWalk) -> set[int]:
         """Indexes of the nodes of the backward about to run that the extension times: those

@@ -1430,8 +1430,8 @@ class Watch:
         return [i for i in self._unheld if (p := params[i]) is not None and p.requires_grad]
 
     def _live_bytes(self) -> int:
+        """Bytes of the parameters, gradients and optimizer state now (a recorder's baseline)."""
         params: list[torch.Tensor] = [p for r in self._params if (p := r()) is not None]
-        params = [p for r in self._params if (p := r()) is not None]
         opt = self._optimizer() if self._optimizer is not None else None
         _, _, static, static_live = self._static_storages(params, opt, False)
         return static_live + sum(v for ptr, v in grad_storages(params).items() if ptr not in static)
@@ -1773,8 +1773,7 @@ _data_ptr = torch.Tensor.data_ptr
 
 def _ptr_sum(tensors: list[torch.Tensor]) -> int:
     """Sum of the tensors' data pointers: changes when one gets new data (``p.data = ...``)."""
-    ext = _native.loaded()
-    native: int | None = ext.ptr_sum(tensors) if ext is not None else None
+    native: int | None = _native.ask("ptr_sum", tensors)
     if native is not None:  # every tensor owns its storage
         return native
     try:

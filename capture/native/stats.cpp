@@ -14,7 +14,6 @@
 #include <c10/util/Half.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/node.h>
-#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -27,7 +26,11 @@
 #include <utility>
 #include <vector>
 
+#include "tensors.h"
+
 namespace py = pybind11;
+using torchscope_native::owns_storage;
+using torchscope_native::tensor_at;
 
 namespace {
 
@@ -172,13 +175,8 @@ Part reduce_as(const at::Tensor& t, int cols) {
 // A dense contiguous CPU tensor of a floating dtype read here, holding its own values (not a
 // tensor subclass, a functorch wrapper or a functional tensor).
 bool readable(const at::Tensor& t) {
-  if (!t.defined() || t.device().type() != c10::DeviceType::CPU || t.layout() != c10::kStrided || t.is_nested() ||
-      !t.has_storage() || !t.is_contiguous() || t.is_neg() || t.is_conj()) {
-    return false;
-  }
-  const c10::DispatchKeySet ks = t.key_set();
-  if (ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::FuncTorchBatched) ||
-      ks.has(c10::DispatchKey::FuncTorchGradWrapper) || ks.has(c10::DispatchKey::Functionalize)) {
+  if (!owns_storage(t) || t.device().type() != c10::DeviceType::CPU || !t.is_contiguous() || t.is_neg() ||
+      t.is_conj()) {
     return false;
   }
   const at::ScalarType dt = t.scalar_type();
@@ -263,13 +261,6 @@ py::object grads_stats(const std::vector<at::Tensor>& ts, bool full) {
 // gone): reading `.grad`, checking it and building the columns in Python costs ~2 us a
 // parameter, as much as the statistics of a small gradient.
 
-// The parameter behind a list item, or nullptr for None; throws for anything else.
-const at::Tensor* param_at(const py::handle& h) {
-  if (h.is_none()) return nullptr;
-  if (!THPVariable_Check(h.ptr())) throw py::type_error("not a tensor");
-  return &THPVariable_Unpack(h.ptr());
-}
-
 // The columns of _grads.GradRead for every parameter of `params` (GradStats: norm, nan, inf,
 // none, then with `full` max_abs, mean, std, zero_frac), or None where a gradient is not
 // readable here (the torch path then takes them all).  Sparse and empty gradients have no
@@ -281,7 +272,7 @@ py::object param_grads(const py::list& params, bool full) {
   std::vector<size_t> at_idx;
   py::list none;
   for (size_t i = 0; i < n; ++i) {
-    const at::Tensor* p = param_at(params[i]);
+    const at::Tensor* p = tensor_at(params[i]);
     if (p == nullptr) continue;
     if (!p->is_leaf()) return py::none();  // reading a non-leaf's .grad warns: the Python path's call
     const at::Tensor& g = p->grad();
@@ -386,7 +377,7 @@ py::object grads_nonzero(const py::list& params) {
   std::vector<at::Tensor> gl;
   std::vector<size_t> at_idx;
   for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor* p = param_at(params[i]);
+    const at::Tensor* p = tensor_at(params[i]);
     if (p == nullptr) continue;
     if (!p->is_leaf()) return py::none();
     const at::Tensor& g = p->grad();

@@ -3,29 +3,17 @@
 // each, every step).  Tensor subclasses and tensors without their own storage return None:
 // the Python path (_memory.storage_parts) names their inner tensors' storages.
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
 
+#include "tensors.h"
+
 namespace py = pybind11;
+using torchscope_native::owns_storage;
+using torchscope_native::tensor_at;
 
 namespace {
-
-// A strided tensor holding its own storage: not a wrapper subclass (a DTensor), a functorch
-// or functional wrapper, or a nested tensor.
-bool owns_storage(const at::Tensor& t) {
-  if (!t.defined() || t.layout() != c10::kStrided || t.is_nested() || !t.has_storage()) return false;
-  const c10::DispatchKeySet ks = t.key_set();
-  return !(ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::FuncTorchBatched) ||
-           ks.has(c10::DispatchKey::FuncTorchGradWrapper) || ks.has(c10::DispatchKey::Functionalize));
-}
-
-const at::Tensor* tensor_at(const py::handle& h) {
-  if (h.is_none()) return nullptr;
-  if (!THPVariable_Check(h.ptr())) throw py::type_error("not a tensor");
-  return &THPVariable_Unpack(h.ptr());
-}
 
 // _memory.grad_storages: {storage data pointer: bytes} of the strided gradients of `params`
 // (None items skipped), or None.
@@ -33,10 +21,8 @@ py::object grad_storages(const py::list& params) {
   py::dict out;
   for (const py::handle& h : params) {
     const at::Tensor* p = tensor_at(h);
-    if (p == nullptr || !p->is_leaf()) {
-      if (p != nullptr) return py::none();  // a non-leaf's .grad warns when read: the Python path's
-      continue;
-    }
+    if (p == nullptr) continue;
+    if (!p->is_leaf()) return py::none();  // a non-leaf's .grad warns when read: the Python path's
     const at::Tensor& g = p->grad();
     if (!g.defined() || g.layout() != c10::kStrided) continue;
     if (!owns_storage(g)) return py::none();
