@@ -273,6 +273,8 @@ def local(t: torch.Tensor) -> torch.Tensor:
     """What this process holds of ``t``: a DTensor's local shard (``to_local()``), else ``t``.
     Statistics of a sharded gradient are its rank's shard's -- reading the whole tensor would be
     a collective inside the user's step, which a rank whose capture differs would hang."""
+    if type(t) is _TENSOR:  # most are: no failing attribute lookup (it raises inside, ~1 us)
+        return t
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
 

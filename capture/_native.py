@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("torchscope")
 
 _HERE = Path(__file__).resolve().parent / "native"
-SOURCES = (_HERE / "recorder.cpp", _HERE / "stats.cpp", _HERE / "storage.cpp")
+SOURCES = (_HERE / "recorder.cpp", _HERE / "stats.cpp", _HERE / "storage.cpp", _HERE / "graph.cpp")
 HEADERS = (_HERE / "tensors.h",)  # part of the source a build is stamped with
 NAME = "torchscope_native_recorder"
 _lock = threading.Lock()
@@ -57,8 +57,17 @@ def build_dir() -> Path:
     return Path(root) / tag
 
 
+# ``os.environ.get`` of an unset variable raises and catches a KeyError inside (~2 us, and
+# several times that in situ): it is asked several times a step, so the environment's own dict
+# is read, with the key and value encoded as it stores them (set or unset at any time, as
+# tests do with monkeypatch.setenv)
+_ENV: Any = os.environ
+_ENV_KEY = _ENV.encodekey("TORCHSCOPE_NATIVE")
+_ENV_OFF = _ENV.encodevalue("0")
+
+
 def enabled() -> bool:
-    return os.environ.get("TORCHSCOPE_NATIVE", "1") != "0"
+    return bool(_ENV._data.get(_ENV_KEY) != _ENV_OFF)
 
 
 def _tools_missing() -> str | None:

@@ -117,11 +117,77 @@ def _saved_by_op(nodes: list[NodeRecord]) -> dict[int, int]:
 
 def _forward_pending(s: _StepState) -> bool:
     """A root-module forward of this step built a graph no backward has run through yet."""
+    _reached(s)
     return any(f["built_graph"] and not f["backward"] for f in s.forwards)
+
+
+class _ThreadFlags(threading.local):
+    """Per-thread flags read at every forward and step boundary; class-level defaults, since
+    ``getattr(threading.local(), name, default)`` raises and catches inside (~1.3 us)."""
+
+    pushed = False  # our function mode is on this thread's stack (_mode_on)
+    skipped = 0  # root forwards of another thread being skipped (_fwd_pre)
 
 
 class _StepState:
     """What the capture gathers between two step boundaries."""
+
+    # slots: made at every step boundary (~45 attributes), read all through the step
+    __slots__ = (
+        "t0",
+        "started",
+        "capture",
+        "check_nan",
+        "forwards",
+        "transformed",
+        "node_hooks",
+        "used",
+        "out_sentinels",
+        "asked",
+        "unrestricted",
+        "forward_us",
+        "backward_us",
+        "micro",
+        "losses",
+        "roots",
+        "backward_src",
+        "backward_errors",
+        "zero_grad",
+        "set_to_none",
+        "accumulated",
+        "pre_nonzero",
+        "copies",
+        "copy_bytes",
+        "track_copies",
+        "noop_to",
+        "clip_flagged",
+        "moves",
+        "conversions",
+        "breaks",
+        "events",
+        "saved_peak",
+        "sigs",
+        "scale_version",
+        "recorder",
+        "sid",
+        "module_stack",
+        "module_calls",
+        "graph",
+        "timer",
+        "walk",
+        "stats",
+        "before_create",
+        "retained",
+        "autocast",
+        "in_shapes",
+        "act_grads",
+        "native",
+        "act_slots",
+        "act_epoch",
+        "act_numel",
+        "fwd_t0",
+        "saved_now",
+    )
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0
@@ -131,6 +197,7 @@ class _StepState:
         self.forwards: list[ForwardInfo] = []
         self.transformed = 0  # forwards of the model inside a torch.func transform (not recorded)
         self.node_hooks: list[Any] = []
+        self.used: dict[int, ForwardInfo] = {}  # token -> forward whose output a native hook watches
         self.out_sentinels: list[weakref.ref[_Sentinel]] = []  # of this step's forward outputs
         self.asked: set[int] | None = None  # parameters backward(inputs=...) asked for (_note_inputs)
         self.unrestricted = False  # a backward of this step asked for every gradient
@@ -180,6 +247,18 @@ class _StepState:
         self.act_slots: list[str] = []  # module paths whose statistics the native hooks take, by slot
         self.act_epoch = 0  # their hooks' epoch (_native.next_epoch), 0 before the first
         self.act_numel: dict[str, int] = {}
+        self.fwd_t0: float | None = None  # the root forward's start (_on_forward_pre)
+        self.saved_now = 0  # saved-for-backward bytes of the latest backward
+
+
+def _reached(s: _StepState) -> None:
+    """Marks the forwards whose output a backward has reached, as the native hooks noted
+    (``Watch._watch_used``)."""
+    if s.used and s.native is not None:
+        tokens = list(s.used)
+        for token, hit in zip(tokens, s.native.take_used(tokens), strict=True):
+            if hit:
+                s.used.pop(token)["backward"] = True
 
 
 def _no_module(op: int) -> str:
@@ -385,10 +464,12 @@ class Watch:
         self._interposer = Interposer(self)
         # the function-mode stack is per thread: so is whether ours is on it (a loop may run in
         # another thread than the one that called watch())
-        self._tls = threading.local()
+        self._tls = _ThreadFlags()
         self._mode_always = scripted  # see _counts_copies
-        self._walked: tuple[tuple[Any, ...], str, int] | None = None  # last walk: key, signature, nodes
+        # walk key -> (signature, nodes) of the walks made (_walk_key, _reuse_walk)
+        self._walked: dict[tuple[Any, ...], tuple[str, int]] = {}
         self._last_seq = 0  # sequence number of the last backward root's grad_fn (_nodes_since)
+        self._walked_nodes = 0  # nodes of the last graph_key walk (sizes the next one's table)
         # (signature, input shapes) -> bytes saved for backward, unreadable saved tensors
         self._saved_cache: dict[tuple[str, tuple[tuple[int, ...], ...]], tuple[int, list[str]]] = {}
         self._mem_key: tuple[int, int, int] | None = None
@@ -508,12 +589,12 @@ class Watch:
     # parameter's ``.grad`` under any function mode: ~300 us a step on a 51-parameter model)
     # then cost nothing.  Captured steps keep it on through the forward too (graph breaks).
     def _mode_on(self) -> None:
-        if not getattr(self._tls, "pushed", False) and self._active:
+        if not self._tls.pushed and self._active:
             self._interposer.__enter__()
             self._tls.pushed = True
 
     def _mode_off(self) -> None:
-        if not getattr(self._tls, "pushed", False):
+        if not self._tls.pushed:
             return
         stack_len = torch._C._len_torch_function_stack()
         if stack_len and torch._C._get_function_stack_at(stack_len - 1) is self._interposer:
@@ -525,7 +606,7 @@ class Watch:
         """At close: our mode off this thread's stack wherever it sits.  Left below another
         watch's or a user's mode, it would see every torch call of the process from then on
         and keep this watch alive (two watches closed in the order they were opened: a GAN's)."""
-        if not getattr(self._tls, "pushed", False):
+        if not self._tls.pushed:
             return
         n = torch._C._len_torch_function_stack()
         at = [i for i in range(n) if torch._C._get_function_stack_at(i) is self._interposer]
@@ -617,14 +698,14 @@ class Watch:
         if module is not self._model():
             return  # a shallow copy (copy.copy) shares the watched model's hook dicts
         if self._other_thread():
-            self._tls.skipped = getattr(self._tls, "skipped", 0) + 1
+            self._tls.skipped += 1
             return
         self._safe("forward", self._on_forward_pre, module, args, kwargs)
 
     def _fwd_post(self, module: nn.Module, args: Any, output: Any) -> None:
         if _compiling() or _tracing() or _transformed() or module is not self._model():
             return
-        skipped = getattr(self._tls, "skipped", 0)
+        skipped = self._tls.skipped
         if skipped:
             self._tls.skipped = skipped - 1
             return
@@ -691,7 +772,7 @@ class Watch:
             s.autocast = autocast_on()
         if s.capture and "ops" not in self._disabled:
             self._start_recorder(s, module)
-        s.fwd_t0 = time.perf_counter()  # type: ignore[attr-defined]
+        s.fwd_t0 = time.perf_counter()
 
     def _on_forward_post(self, module: nn.Module, output: Any) -> None:
         self._depth -= 1
@@ -702,7 +783,8 @@ class Watch:
         self._resume_gc()
         self._mode_on()
         s = self._s
-        s.forward_us += (time.perf_counter() - getattr(s, "fwd_t0", time.perf_counter())) * 1e6
+        if s.fwd_t0 is not None:
+            s.forward_us += (time.perf_counter() - s.fwd_t0) * 1e6
         if s.module_stack:
             s.module_stack.clear()
             self._module_changed()
@@ -714,11 +796,7 @@ class Watch:
         if s.capture:
             self._safe("activation_grads", self._watch_activation, "", t)
         fn = t.grad_fn
-
-        def consumed(grad_outputs: Any, fwd: ForwardInfo = fwd) -> None:
-            fwd["backward"] = True
-
-        s.node_hooks.append(fn.register_prehook(consumed))
+        self._watch_used(s, fwd, t, fn)
         # an output's graph node outliving the next step boundary means something keeps the
         # output (a list of predictions, or of a ModelOutput's logits, for metrics): its graph
         # is alive (P7).  The backward's root sentinel does not see that: the loss derived
@@ -733,6 +811,20 @@ class Watch:
             # a graph built in eval mode may never be consumed (P6): size it now, while it exists
             saved, _ = AutogradWalk([fn]).saved(self._param_ptrs)
             fwd["saved_bytes"] = sum(saved.values())
+
+    def _watch_used(self, s: _StepState, fwd: ForwardInfo, t: torch.Tensor, fn: Any) -> None:
+        """``fwd["backward"]`` becomes True once a backward reaches ``fn``, the node of the
+        forward's output ``t``: a C++ hook read back by ``_reached``, else a Python one."""
+        if s.native is not None:
+            token = _native.next_epoch()
+            if s.native.watch_used(t, token):
+                s.used[token] = fwd
+                return
+
+        def consumed(grad_outputs: Any, fwd: ForwardInfo = fwd) -> None:
+            fwd["backward"] = True
+
+        s.node_hooks.append(fn.register_prehook(consumed))
 
     def _start_step(self, s: _StepState) -> None:
         s.started = True
@@ -1029,9 +1121,7 @@ class Watch:
         roots = [t for t in roots if isinstance(t, torch.Tensor)]
         s = self._s
         # light and default mode may reuse the last walk for a backward with this key (see _reuse_walk)
-        walk_key = (
-            (tuple(type(t.grad_fn) for t in roots), s.micro, self._nodes_since(roots)) if self.mode != "full" else None
-        )
+        walk_key = self._walk_key(s, roots) if self.mode != "full" else None
         reuse = self._reuse_walk(s, walk_key, bool(create)) if walk_key is not None else None
         walk: AutogradWalk | None = None
         if s.capture:
@@ -1046,7 +1136,9 @@ class Watch:
             walk = AutogradWalk([t.grad_fn for t in roots])
             sig, n_nodes = walk.signature(), len(walk.nodes)
             if walk_key is not None:
-                self._walked = (walk_key, sig, n_nodes)
+                if len(self._walked) >= _MAX_STRUCTURES:
+                    self._walked.clear()
+                self._walked[walk_key] = (sig, n_nodes)
         if walk is not None and walk.nodes:
             hit = walk.touching_node(self._param_names, self._touches.get(sig, -1))
             if hit < 0 and not _through_outputs(walk, s):
@@ -1125,7 +1217,7 @@ class Watch:
         if create:
             s.events.append({"what": "create_graph", "micro": s.micro})
             s.before_create = walk  # held until the pass returns, so node ids stay valid
-        s.saved_now = saved  # type: ignore[attr-defined]
+        s.saved_now = saved
         if s.capture and walk is not None and s.graph is None and "graph" not in self._disabled:
             rec = s.recorder
             ops_of, tids_of = rec.node_links(walk) if rec is not None else ({}, {})
@@ -1165,6 +1257,17 @@ class Watch:
         s.micro += 1
         return True
 
+    def _walk_key(self, s: _StepState, roots: list[torch.Tensor]) -> tuple[Any, ...]:
+        """What a backward's graph is known by between walks (``_reuse_walk``): with the
+        extension, its structure itself -- node classes and edges, walked in C++ -- so a graph
+        is walked in Python once per structure; else the roots' classes and the number of nodes
+        made since the previous backward (``_nodes_since``)."""
+        if s.native is not None:
+            last = self._walked_nodes
+            key, self._walked_nodes = s.native.graph_key(roots, last)
+            return (key, self._walked_nodes, s.micro)
+        return (tuple(type(t.grad_fn) for t in roots), s.micro, self._nodes_since(roots))
+
     def _nodes_since(self, roots: list[torch.Tensor]) -> int:
         """Autograd nodes this thread made since the previous backward's root was made -- the
         forward and loss of this micro-batch (from the roots' sequence numbers: one counter per
@@ -1176,27 +1279,27 @@ class Watch:
         return since
 
     def _reuse_walk(self, s: _StepState, key: tuple[Any, ...], create: bool) -> tuple[str, int] | None:
-        """(signature, node count) of the last walk when this backward's graph can be taken to
-        have its structure: same root classes, micro-batch and number of nodes made since the
-        previous backward, a root-module forward pending, one watch in the process, and the
-        saved bytes of that structure at these input shapes known (a new shape -- dynamic
-        padding's next length -- is walked once).  The graph is walked anyway every
-        GRAD_STATS_EVERY steps (and on captured steps): a change that keeps all of these -- one
-        activation function swapped for another -- is seen within that many steps.  (A walk
-        is O(nodes) Python, 1-1.5 us a node: on deep models the largest per-step cost.)"""
-        w = self._walked
+        """(signature, node count) of an earlier walk when this backward's graph can be taken to
+        have its structure: the same walk key (``_walk_key``), a root-module forward pending, one
+        watch in the process, and the saved bytes of that structure at these input shapes known
+        (a new shape -- dynamic padding's next length -- is walked once); captured steps walk.
+        With the extension the key is the structure, so a change is seen at the step it happens.
+        Without, the key is cheap facts, and the graph is walked anyway every GRAD_STATS_EVERY
+        steps: a change that keeps them -- one activation function swapped for another -- is
+        seen within that many steps.  (A walk is O(nodes) Python, 1-1.5 us a node: on deep
+        models the largest per-step cost; graph_key's C++ walk, ~30 ns a node.)"""
+        w = self._walked.get(key)
         if (
             w is None
-            or w[0] != key
             or create
             or s.capture
             or Watch._n_active != 1
-            or self._step % GRAD_STATS_EVERY == 0
-            or (w[1], s.in_shapes) not in self._saved_cache
+            or (s.native is None and self._step % GRAD_STATS_EVERY == 0)
+            or (w[0], s.in_shapes) not in self._saved_cache
             or not _forward_pending(s)
         ):
             return None
-        return w[1], w[2]
+        return w
 
     def _compiled_forward(self, s: _StepState, walk: AutogradWalk) -> bool:
         """A backward through our parameters with no forward of ours pending: a forward compiled
@@ -1288,9 +1391,10 @@ class Watch:
                 s.before_create, [p.grad for p in params if p is not None and p.grad is not None]
             )
             s.before_create = None
+        _reached(s)
         for fwd in s.forwards:
             if fwd.get("backward") and "saved_bytes" not in fwd:
-                fwd["saved_bytes"] = getattr(s, "saved_now", 0)
+                fwd["saved_bytes"] = s.saved_now
 
     # ------------------------------------------------------------------ step boundary
     def _any_opt_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -1358,7 +1462,7 @@ class Watch:
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._owner = threading.get_ident()
-        if getattr(self._tls, "pushed", False):
+        if self._tls.pushed:
             self._safe("mode", self._mode_off)
         if self._deferred is not None:
             # the previous step's statistics first: a non-finite one makes this read exact
@@ -1470,6 +1574,7 @@ class Watch:
         if read is None:  # gradient statistics failed (and are off): the step keeps its losses
             read = self._grad_stats(s, [])
         not_trained = self._safe("grads", self._not_trained, opt, params, s) or []
+        _reached(s)
         now = time.perf_counter()
         ev: StepEvent = {
             "kind": "step",
@@ -1719,7 +1824,7 @@ class Watch:
             mem["peak"] = max(mem["peak"], top)
             mem["temporaries"] = max(top - rec.baseline - saved, 0)
         first = live_params[0] if live_params else None
-        if first is not None:
+        if first is not None and first.is_cuda:  # is_cuda: no torch.device made on the CPU
             dev = _cuda.device_memory(first.device)
             if dev is not None:
                 mem["device"] = dev

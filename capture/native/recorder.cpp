@@ -982,10 +982,12 @@ void configure(py::object user_base) { g_user_base = std::move(user_base); }
 
 void register_stats(py::module& m);  // stats.cpp
 void register_storage(py::module& m);  // storage.cpp
+void register_graph(py::module& m);  // graph.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_stats(m);
   register_storage(m);
+  register_graph(m);
   m.def("configure", &configure);
   m.def("start", &start);
   m.def("stop", &stop);

@@ -13,6 +13,8 @@ from capture_models import Looped, make
 from torch import nn
 
 import torchscope
+from torchscope import _native
+from torchscope._autograd import AutogradWalk
 from torchscope.sessionfile import iter_events
 
 
@@ -200,21 +202,16 @@ class _Swappable(nn.Module):
         return x
 
 
-@pytest.mark.parametrize("mode", ["light", "default"])
-def test_walks_are_reused_while_nothing_says_the_graph_changed(tmp_path: Path, mode: str) -> None:
-    """Between walks, a step repeats the last walk's signature while its roots, input shapes
-    and number of autograd nodes made stay the same (deep graphs cost 1-1.5 us a node to
-    walk); the graph is walked anyway every GRAD_STATS_EVERY steps."""
-    from torchscope._watch import GRAD_STATS_EVERY
-
+def _swapped(tmp_path: Path, mode: str) -> list[str]:
+    """Each step's signature for a plan of same-count swaps, a longer loop and a new batch size:
+    step 3: sigmoid for tanh, same node count; step 13: a longer loop; step 16: tanh again; step
+    21: a new batch size."""
     torch.manual_seed(0)
     model = _Swappable()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    # step 3: sigmoid for tanh, same node count (seen at the next walk, step 10); step 13: a
-    # longer loop (seen at once); step 16: tanh again (seen at step 20); step 21: a new batch size
     plan = [(torch.tanh, 2, 4)] * 3 + [(torch.sigmoid, 2, 4)] * 10 + [(torch.sigmoid, 3, 4)] * 3
     plan += [(torch.tanh, 3, 4)] * 5 + [(torch.tanh, 3, 6)] * 2
-    path = tmp_path / "reuse.tscope"
+    path = tmp_path / f"reuse-{mode}.tscope"
     with torchscope.watch(model, opt, server=None, record=path, mode=mode, sample_every=1000):
         for act, n, batch in plan:
             model.act, model.n = act, n
@@ -222,8 +219,44 @@ def test_walks_are_reused_while_nothing_says_the_graph_changed(tmp_path: Path, m
             opt.zero_grad()
             loss.backward()
             opt.step()
-    sigs = [e["graph_signature"] for e in iter_events(path) if e["kind"] == "step"]
+    return [e["graph_signature"] for e in iter_events(path) if e["kind"] == "step"]
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_native_walk_key_sees_every_structure_change_at_once(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the extension, a backward's graph is known by its structure walked in C++: a swap
+    that keeps the node count is seen at the step it happens, and each step's signature is the
+    one a Python walk of its graph gives."""
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1")
+    assert _native.get(block=True) is not None, _native._error
+    sigs = _swapped(tmp_path, mode)
     changes = [i for i in range(1, len(sigs)) if sigs[i] != sigs[i - 1]]
+    assert changes == [3, 13, 16]
+    assert len({sigs[0], sigs[3], sigs[13], sigs[16]}) == 4
+    assert sigs[22] == sigs[20]  # the signature is the structure, not shapes
+    # the same structures walked by a fresh Python walk each: the same signatures
+    model = _Swappable()
+    for i, (act, n) in {0: (torch.tanh, 2), 3: (torch.sigmoid, 2), 13: (torch.sigmoid, 3), 16: (torch.tanh, 3)}.items():
+        model.act, model.n = act, n
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        assert AutogradWalk([loss.grad_fn]).signature() == sigs[i], i
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_walks_are_reused_while_nothing_says_the_graph_changed(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the extension, a step repeats the last walk's signature while its roots, input
+    shapes and number of autograd nodes made stay the same (deep graphs cost 1-1.5 us a node to
+    walk in Python); the graph is walked anyway every GRAD_STATS_EVERY steps."""
+    from torchscope._watch import GRAD_STATS_EVERY
+
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "0")
+    sigs = _swapped(tmp_path, mode)
+    changes = [i for i in range(1, len(sigs)) if sigs[i] != sigs[i - 1]]
+    # the swap at step 3 is seen at the next walk (step 10), tanh again at 16 at step 20
     assert GRAD_STATS_EVERY == 10 and changes == [10, 13, 20]
     assert sigs[3] == sigs[0]  # a same-count swap repeats the last walk's signature until the next walk
     assert sigs[22] == sigs[20]  # the signature is the structure, not shapes
