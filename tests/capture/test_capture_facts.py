@@ -14,6 +14,7 @@ from capture_models import Square
 from torch import nn
 
 import torchscope
+from torchscope import _native
 from torchscope.doctor import diagnose
 from torchscope.sessionfile import iter_events
 
@@ -116,6 +117,50 @@ def test_p6_eval_forward_builds_unused_graph(tmp_path: Path) -> None:
         assert len(ev) == 1 and ev[0]["built_graph"] and not ev[0]["backward"]
         assert ev[0]["saved_bytes"] > 0
         assert st["no_backward_forwards"] == 1
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_forwards_a_backward_reached(tmp_path: Path, mode: str, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a backward reached a forward's output: a C++ hook on its node with the
+    extension, a Python one without -- the same facts either way, for micro-batches (each
+    reached by its own backward) and an evaluation forward no backward reaches."""
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    if native:
+        assert _native.get(block=True) is not None, _native._error
+
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        opt.zero_grad()
+        for _ in range(2):
+            model(torch.randn(4, 8)).pow(2).sum().backward()
+        opt.step()
+        model.eval()
+        model(torch.randn(8, 8))  # no backward: the next step's, unreached
+        model.train()
+
+    steps = _steps_of(tmp_path, body, steps=4, mode=mode)
+    assert [f["backward"] for f in steps[0]["forwards"]] == [True, True]
+    for st in steps[1:]:
+        assert [f["backward"] for f in st["forwards"]] == [False, True, True]
+        assert st["no_backward_forwards"] == 1
+
+
+def test_compiled_autograd_backward_reaches_the_forward(tmp_path: Path) -> None:
+    """Under compiled autograd the node hooks are not run but collected: a forward whose graph
+    it runs counts as reached (no false P6)."""
+    import torch._dynamo.compiled_autograd as compiled_autograd
+
+    assert _native.get(block=True) is not None, _native._error
+
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        opt.zero_grad()
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        with compiled_autograd._enable(lambda gm: torch.compile(gm, backend="eager")):
+            loss.backward()
+        opt.step()
+
+    for st in _steps_of(tmp_path, body, mode="light"):
+        assert st["forwards"][0]["backward"] and st["no_backward_forwards"] == 0
 
 
 def test_p11_module_left_in_eval(tmp_path: Path) -> None:
