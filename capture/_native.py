@@ -214,6 +214,18 @@ def ask(fn: str, *args: Any) -> Any:
     return getattr(ext, fn)(*args) if ext is not None else None
 
 
+_marks: memoryview | None = None
+
+
+def used_marks() -> memoryview:
+    """The extension's table of forward outputs a backward reached (``watch_used``), by token."""
+    global _marks
+    if _marks is None:
+        assert _ext is not None
+        _marks = _ext.used_marks()
+    return _marks
+
+
 def pause_thread(on: bool) -> None:
     """The capture's own ops on this thread (statistics in a gradient hook) are not recorded."""
     if _ext is not None:

@@ -116,8 +116,8 @@ def _saved_by_op(nodes: list[NodeRecord]) -> dict[int, int]:
 
 
 def _forward_pending(s: _StepState) -> bool:
-    """A root-module forward of this step built a graph no backward has run through yet."""
-    _reached(s)
+    """A root-module forward of this step built a graph no backward has run through yet (as
+    of the last backward's end: the native marks are read then, ``_reached``)."""
     return any(f["built_graph"] and not f["backward"] for f in s.forwards)
 
 
@@ -253,12 +253,12 @@ class _StepState:
 
 def _reached(s: _StepState) -> None:
     """Marks the forwards whose output a backward has reached, as the native hooks noted
-    (``Watch._watch_used``)."""
+    (``Watch._watch_used``): their marks are read in place, no call."""
     if s.used and s.native is not None:
-        tokens = list(s.used)
-        for token, hit in zip(tokens, s.native.take_used(tokens), strict=True):
-            if hit:
-                s.used.pop(token)["backward"] = True
+        marks = _native.used_marks()
+        size = len(marks)
+        for token in [t for t in s.used if marks[t % size] == t]:
+            s.used.pop(token)["backward"] = True
 
 
 def _no_module(op: int) -> str:

@@ -472,31 +472,29 @@ py::list take_grads(int64_t epoch) {
 }
 
 // ------------------------------------------------------------------ forward outputs reached
-// Each root forward's output node gets a C++ pre-hook that notes, by token, that a backward
+// Each root forward's output node gets a C++ pre-hook that marks, by token, that a backward
 // reached it (a forward whose graph no backward consumes is P6).  Node.register_prehook and its
-// handle's remove() cost ~40 us a step in situ; this, ~2 us.  The hook stays on the node (it
-// dies with the graph); a token nobody asks for again is dropped with the rest at the cap.
-std::mutex g_used_mu;
-std::vector<int64_t> g_used;  // tokens of outputs a backward reached, not yet asked for
-
-void note_used(int64_t token) {
-  std::lock_guard<std::mutex> lock(g_used_mu);
-  if (g_used.size() >= (1u << 16)) g_used.clear();
-  g_used.push_back(token);
-}
+// handle's remove() cost ~40 us a step in situ; this, ~1 us.  The marks are a table Python reads
+// in place (used_marks): slot token % size holds the token last reached there.  The hook stays
+// on the node and dies with the graph; only a graph kept 65,536 tokens later and run again could
+// overwrite a newer token's mark.
+constexpr int64_t kMarks = 1 << 16;
+int64_t g_marks[kMarks];  // 8-byte aligned stores: whole, from whichever thread runs the node
 
 struct UsedHook : torch::autograd::FunctionPreHook {
   int64_t token;
   explicit UsedHook(int64_t t) : token(t) {}
 
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
-    note_used(token);
+    g_marks[token & (kMarks - 1)] = token;
     return grads;
   }
 
   // compiled autograd collects the hooks of the nodes its backward runs, every backward: this
-  // node is reached, so it is noted here (the hook itself stays out of the compiled graph)
-  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override { note_used(token); }
+  // node is reached, so it is marked here (the hook itself stays out of the compiled graph)
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
+    g_marks[token & (kMarks - 1)] = token;
+  }
 };
 
 // Hooks tensor `t`'s node; False where it has none.
@@ -504,30 +502,14 @@ bool watch_used(const at::Tensor& t, int64_t token) {
   if (!t.defined()) return false;
   const auto& fn = t.grad_fn();
   if (!fn) return false;
+  g_marks[token & (kMarks - 1)] = 0;
   fn->add_pre_hook(std::make_unique<UsedHook>(token));
   return true;
 }
 
-// Which of `tokens` a backward reached since they were last asked for; those are forgotten,
-// other tokens (another watch's) kept.
-py::list take_used(const std::vector<int64_t>& tokens) {
-  std::vector<bool> hit(tokens.size(), false);
-  {
-    std::lock_guard<std::mutex> lock(g_used_mu);
-    std::vector<int64_t> keep;
-    for (int64_t u : g_used) {
-      auto at = std::find(tokens.begin(), tokens.end(), u);
-      if (at == tokens.end()) {
-        keep.push_back(u);
-      } else {
-        hit[static_cast<size_t>(at - tokens.begin())] = true;
-      }
-    }
-    g_used.swap(keep);
-  }
-  py::list out;
-  for (bool h : hit) out.append(py::bool_(h));
-  return out;
+// The marks, as a read-only int64 memoryview over the table (made once by the caller).
+py::memoryview used_marks() {
+  return py::memoryview::from_buffer(g_marks, {kMarks}, {static_cast<py::ssize_t>(sizeof(int64_t))}, true);
 }
 
 }  // namespace
@@ -540,5 +522,5 @@ void register_stats(py::module& m) {
   m.def("watch_grad", &watch_grad);
   m.def("take_grads", &take_grads);
   m.def("watch_used", &watch_used);
-  m.def("take_used", &take_used);
+  m.def("used_marks", &used_marks);
 }
