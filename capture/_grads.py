@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from . import _native
 from .schema import GradStats
@@ -66,7 +67,9 @@ class GradRead:
         for i, p in enumerate(params):
             g = None if p is None else p.grad
             if g is None:
-                if p is not None and p.requires_grad:
+                # an empty parameter (a rank's empty shard under FSDP's use_orig_params) has no
+                # gradient to get
+                if p is not None and p.requires_grad and (is_lazy(p) or p.numel() > 0):
                     self.none.append(i)
             elif g.layout == torch.strided and g.numel():  # sparse and empty gradients have no stats here
                 self.idx.append(i)

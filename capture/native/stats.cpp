@@ -277,7 +277,8 @@ py::object param_grads(const py::list& params, bool full) {
     if (!p->is_leaf()) return py::none();  // reading a non-leaf's .grad warns: the Python path's call
     const at::Tensor& g = p->grad();
     if (!g.defined()) {
-      if (p->requires_grad()) none.append(py::int_(i));
+      // an empty parameter (a rank's empty shard under FSDP's use_orig_params) has no gradient to get
+      if (p->requires_grad() && p->numel() > 0) none.append(py::int_(i));
       continue;
     }
     if (g.layout() != c10::kStrided || g.numel() == 0) continue;

@@ -1,0 +1,48 @@
+"""FSDP1 (``FullyShardedDataParallel``) on 2 real gloo ranks under torchrun: ``watch()`` changes
+no number, each rank records every step with the gradient statistics of its own shard -- the
+one FlatParameter, or (``use_orig_params=True``) the original parameters' views into it -- and
+the doctor finds nothing in a correct run: a parameter whose shard is empty on a rank is not
+one that "never received a gradient" (P1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+
+from torchscope.session import load
+
+SCRIPT = Path(__file__).with_name("train_fsdp1.py")
+STEPS = 5
+
+
+@pytest.mark.parametrize(("params", "mode"), [("flat", "default"), ("orig", "light"), ("orig", "full")])
+def test_fsdp1_model_is_watched_per_rank_shard(tmp_path: Path, params: str, mode: str) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "--master_port", str(free_port()), str(SCRIPT), str(tmp_path), mode, params]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "RANK 0 DONE" in res.stdout and "RANK 1 DONE" in res.stdout
+    empty_somewhere = False
+    for rank, name in ((0, "fsdp1.tscope"), (1, "fsdp1.rank1.tscope")):
+        facts = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert facts["same"], "the watched run's parameters differ from the plain run's"
+        s = load(tmp_path / name)
+        assert s.rank == rank and s.world_size == 2 and s.status == "finished"
+        assert [e["step"] for e in s.steps] == list(range(STEPS))
+        watched = next(e for e in s.events() if e["kind"] == "session")["params"]
+        assert len(watched) == (1 if params == "flat" else 4) and [p["numel"] for p in watched] == facts["numel"]
+        empty_somewhere |= 0 in facts["numel"]
+        for ev, norms in zip(s.steps, facts["norms"], strict=True):
+            assert ev["loss"] is not None and ev["grads"]["none"] == []
+            assert ev["grads"]["norm"] == pytest.approx(norms, rel=1e-5)  # None where the shard is empty
+        if mode != "light":
+            assert s.graph_steps and s.graph_steps[0] == 0
+        assert [f["code"] for f in s.diagnostics()] == []
+    assert empty_somewhere == (params == "orig")  # 2 ranks, 4 small parameters: some wholly on one rank
