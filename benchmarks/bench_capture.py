@@ -152,8 +152,8 @@ def step_class(config: str, k: int, sample_every: int) -> str:
     """What step ``k`` of one watch pays, by what the capture does on it (see ``_watch``): the
     first step (everything cold, a capture in default/full), the first COPY_STEPS (host<->device
     copies counted: the function mode stays on), every GRAD_STATS_EVERY-th (all gradient
-    columns, copies counted, light mode's graph walk), default mode's sampled captures, and the
-    steady steps in between."""
+    columns, copies counted, and without the native extension light mode's graph walk), default
+    mode's sampled captures, and the steady steps in between."""
     if config in ("plain", "profiler"):
         return "steady"
     if k == 0:
