@@ -2,7 +2,7 @@
 
 Reference models (issue 3) on CPU with one thread: a 4-layer transformer (d=64, 4 heads,
 batch 8x32 tokens), a small CNN and an MLP.  Configurations run round-robin in short chunks
-(a fresh watch or profiler per chunk), every step is timed with the training thread's CPU
+(a fresh watch or profiler per chunk, the garbage collected between chunks), every step is timed with the training thread's CPU
 time, and medians are compared, so load from other processes on a shared machine does not
 skew the ratios.  Steps are costed by what the capture does on them and combined as one
 watch over the whole run would pay them (``bench()``).  The last column is the CPU the
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import random
 import statistics
 import subprocess
@@ -197,6 +198,11 @@ def bench(
         n = min(chunk, steps - done)
         rng.shuffle(order)
         for config in order:
+            # a chunk's leftover garbage (the profiler's events, captured steps' records) is
+            # collected between chunks, on nobody's clock: else a full collection fell in the
+            # first steps of whichever configuration ran next (a default-mode first step cost
+            # 4-5 plain steps after a profiler chunk, 1.3-1.5 otherwise)
+            gc.collect()
             times, extra, wcpu = run_chunk(config, state, n, out)
             writer[config] += wcpu
             for i, t in enumerate(times):
