@@ -2,9 +2,9 @@
 
 Reference models (issue 3) on CPU with one thread: a 4-layer transformer (d=64, 4 heads,
 batch 8x32 tokens), a small CNN and an MLP.  Configurations run round-robin in short chunks
-(a fresh watch or profiler per chunk, the garbage collected between chunks), every step is timed with the training thread's CPU
-time, and medians are compared, so load from other processes on a shared machine does not
-skew the ratios.  Steps are costed by what the capture does on them and combined as one
+(a fresh watch or profiler per chunk, garbage collected between chunks), every step is timed
+with the training thread's CPU time, and medians are compared, so load from other processes
+on a shared machine does not skew the ratios.  Steps are costed by what the capture does on them and combined as one
 watch over the whole run would pay them (``bench()``).  The last column is the CPU the
 watch's writer thread spends per step (encoding and writing events), beside the training
 thread: it does not slow the loop while a core is free, but it is CPU the machine pays.
