@@ -26,6 +26,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def run_two_ranks(script: Path, *args: str) -> None:
+    """Runs ``script`` on 2 ranks under torchrun (gloo on the CPU) and checks both ranks
+    printed ``RANK <r> DONE`` and the job exited 0."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "--master_port", str(free_port()), str(script), *args]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "RANK 0 DONE" in res.stdout and "RANK 1 DONE" in res.stdout
+
+
 def http_json(url: str, timeout: float = 5.0) -> object:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return json.loads(resp.read())

@@ -7,13 +7,10 @@ one that "never received a gradient" (P1)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import run_two_ranks
 
 from torchscope.session import load
 
@@ -23,12 +20,7 @@ STEPS = 5
 
 @pytest.mark.parametrize(("params", "mode"), [("flat", "default"), ("orig", "light"), ("orig", "full")])
 def test_fsdp1_model_is_watched_per_rank_shard(tmp_path: Path, params: str, mode: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "--master_port", str(free_port()), str(SCRIPT), str(tmp_path), mode, params]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "RANK 0 DONE" in res.stdout and "RANK 1 DONE" in res.stdout
+    run_two_ranks(SCRIPT, str(tmp_path), mode, params)
     empty_somewhere = False
     for rank, name in ((0, "fsdp1.tscope"), (1, "fsdp1.rank1.tscope")):
         facts = json.loads((tmp_path / f"rank{rank}.json").read_text())

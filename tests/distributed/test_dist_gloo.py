@@ -4,12 +4,9 @@ ranks 0 and 1, each rank's file complete, and DataLoader workers never connect."
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from conftest import ServerProc, free_port
+from conftest import ServerProc, run_two_ranks
 
 from torchscope.session import load
 from torchscope.sessionfile import index
@@ -22,12 +19,7 @@ def test_dist_two_ranks_one_session(tmp_path: Path, server: ServerProc) -> None:
     record = tmp_path / "dist.tscope"
     out = tmp_path / "workers"
     out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "--master_port", str(free_port()), str(SCRIPT), str(record), server.url, str(out)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "RANK 0 DONE" in res.stdout and "RANK 1 DONE" in res.stdout
+    run_two_ranks(SCRIPT, str(record), server.url, str(out))
 
     files = {0: record, 1: tmp_path / "dist.rank1.tscope"}
     sessions = {r: load(p) for r, p in files.items()}

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from shard_loop import train_steps
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
-
-import torchscope
 
 STEPS = 6
 
@@ -42,25 +41,18 @@ def model(mesh: object, layout: str) -> nn.Module:
     return distribute_module(m, mesh, shard)  # type: ignore[arg-type]
 
 
-def train(mesh: object, record: Path | None, mode: str, layout: str) -> tuple[nn.Module, list[list[float]]]:
+def train(mesh: object, record: Path | None, mode: str, layout: str) -> tuple[nn.Module, list[list[float | None]]]:
     m = model(mesh, layout)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    torch.manual_seed(1)
-    data = [torch.randn(4, 8) for _ in range(STEPS)]
-    w = torchscope.watch(m, opt, server=None, record=record, mode=mode) if record else None
-    norms = []
-    for x in data:
-        opt.zero_grad()
+
+    def loss_of(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if layout == "fsdp2":  # each rank its own batch, as data parallel does
-            loss = m(x + dist.get_rank()).pow(2).mean()
-        else:
-            loss = m(distribute_tensor(x, mesh, [Replicate()])).full_tensor().pow(2).mean()  # type: ignore[arg-type]
-        loss.backward()
-        norms.append([float(p.grad.to_local().norm()) for p in m.parameters()])  # type: ignore[union-attr]
-        opt.step()
-    if w is not None:
-        w.close()
-    return m, norms
+            return m(x + dist.get_rank()).pow(2).mean()
+        return m(distribute_tensor(x, mesh, [Replicate()])).full_tensor().pow(2).mean()  # type: ignore[arg-type, no-any-return]
+
+    def norm_of(g: torch.Tensor | None) -> float:
+        return float(g.to_local().norm())  # type: ignore[union-attr]
+
+    return m, train_steps(m, record, mode, STEPS, loss_of, norm_of)
 
 
 def main() -> None:

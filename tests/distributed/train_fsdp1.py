@@ -18,10 +18,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from shard_loop import train_steps
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-import torchscope
 
 STEPS = 5
 
@@ -30,19 +29,14 @@ def train(record: Path | None, mode: str, orig: bool) -> tuple[list[torch.Tensor
     torch.manual_seed(0)
     inner = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     m = FSDP(inner, use_orig_params=orig, device_id=torch.device("cpu"))
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    torch.manual_seed(1)
-    data = [torch.randn(4, 8) for _ in range(STEPS)]
-    w = torchscope.watch(m, opt, server=None, record=record, mode=mode) if record else None
-    norms = []
-    for x in data:
-        opt.zero_grad()
-        loss = m(x + dist.get_rank()).pow(2).mean()  # each rank its own batch, as data parallel does
-        loss.backward()
-        norms.append([float(p.grad.norm()) if p.grad is not None else None for p in m.parameters()])
-        opt.step()
-    if w is not None:
-        w.close()
+
+    def loss_of(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return m(x + dist.get_rank()).pow(2).mean()  # type: ignore[no-any-return]  # each rank its own batch
+
+    def norm_of(g: torch.Tensor | None) -> float | None:
+        return float(g.norm()) if g is not None else None  # None: this rank's shard of it is empty
+
+    norms = train_steps(m, record, mode, STEPS, loss_of, norm_of)
     with FSDP.summon_full_params(m):
         full = [p.detach().clone() for p in m.parameters()]
     return full, norms, m
