@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def rank_runs(out: Path, stem: str, steps: int) -> Iterator[tuple[dict[str, Any], Any]]:
+    """Each rank's (facts JSON, loaded session) of a 2-rank run whose script wrote
+    ``rank<r>.json`` and recorded ``<stem>.tscope`` (rank 1: ``<stem>.rank1.tscope``) into
+    ``out``, after what every such run must show: the watched run's parameters equal the plain
+    run's, the rank and world size, a finished session, every step."""
+    from torchscope.session import load
+
+    for rank, name in ((0, f"{stem}.tscope"), (1, f"{stem}.rank1.tscope")):
+        facts = json.loads((out / f"rank{rank}.json").read_text())
+        assert facts["same"], "the watched run's parameters differ from the plain run's"
+        s = load(out / name)
+        assert s.rank == rank and s.world_size == 2 and s.status == "finished"
+        assert [e["step"] for e in s.steps] == list(range(steps))
+        yield facts, s
 
 
 def run_two_ranks(script: Path, *args: str) -> None:

@@ -6,13 +6,10 @@ its own shards -- read locally, never through a collective inside the user's ste
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from conftest import run_two_ranks
-
-from torchscope.session import load
+from conftest import rank_runs, run_two_ranks
 
 SCRIPT = Path(__file__).with_name("train_dtensor.py")
 STEPS = 6
@@ -21,12 +18,7 @@ STEPS = 6
 @pytest.mark.parametrize(("layout", "mode"), [("tp", "light"), ("tp", "default"), ("fsdp2", "default")])
 def test_dtensor_model_is_watched_per_rank_shard(tmp_path: Path, layout: str, mode: str) -> None:
     run_two_ranks(SCRIPT, str(tmp_path), mode, layout)
-    for rank, name in ((0, "dtensor.tscope"), (1, "dtensor.rank1.tscope")):
-        facts = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert facts["same"], "the watched run's parameters differ from the plain run's"
-        s = load(tmp_path / name)
-        assert s.rank == rank and s.world_size == 2 and s.status == "finished"
-        assert [e["step"] for e in s.steps] == list(range(STEPS))
+    for facts, s in rank_runs(tmp_path, "dtensor", STEPS):
         assert [level for level in (log.get("level") for log in s.logs) if level in ("error", "warning")] == []
         for ev, norms in zip(s.steps, facts["norms"], strict=True):
             assert ev["loss"] is not None and ev["micro_batches"] == 1 and ev["grads"]["none"] == []

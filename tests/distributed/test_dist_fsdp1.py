@@ -6,13 +6,10 @@ one that "never received a gradient" (P1)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from conftest import run_two_ranks
-
-from torchscope.session import load
+from conftest import rank_runs, run_two_ranks
 
 SCRIPT = Path(__file__).with_name("train_fsdp1.py")
 STEPS = 5
@@ -22,12 +19,7 @@ STEPS = 5
 def test_fsdp1_model_is_watched_per_rank_shard(tmp_path: Path, params: str, mode: str) -> None:
     run_two_ranks(SCRIPT, str(tmp_path), mode, params)
     empty_somewhere = False
-    for rank, name in ((0, "fsdp1.tscope"), (1, "fsdp1.rank1.tscope")):
-        facts = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert facts["same"], "the watched run's parameters differ from the plain run's"
-        s = load(tmp_path / name)
-        assert s.rank == rank and s.world_size == 2 and s.status == "finished"
-        assert [e["step"] for e in s.steps] == list(range(STEPS))
+    for facts, s in rank_runs(tmp_path, "fsdp1", STEPS):
         watched = next(e for e in s.events() if e["kind"] == "session")["params"]
         assert len(watched) == (1 if params == "flat" else 4) and [p["numel"] for p in watched] == facts["numel"]
         empty_somewhere |= 0 in facts["numel"]
