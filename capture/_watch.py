@@ -1263,9 +1263,11 @@ class Watch:
         is walked in Python once per structure; else the roots' classes and the number of nodes
         made since the previous backward (``_nodes_since``)."""
         if s.native is not None:
-            last = self._walked_nodes
-            key, self._walked_nodes = s.native.graph_key(roots, last)
-            return (key, self._walked_nodes, s.micro)
+            try:
+                key, self._walked_nodes = s.native.graph_key(roots, self._walked_nodes)
+                return (key, self._walked_nodes, s.micro)
+            except (TypeError, RuntimeError):  # not expected: the cheap key, not the backward's capture off
+                pass
         return (tuple(type(t.grad_fn) for t in roots), s.micro, self._nodes_since(roots))
 
     def _nodes_since(self, roots: list[torch.Tensor]) -> int:
