@@ -202,7 +202,13 @@ std::atomic<int64_t> g_explicit{0};
 std::atomic<bool> g_on{false};
 std::atomic<bool> g_paused{false};
 std::thread::id g_owner;
-at::CallbackHandle g_handle = 0;
+// The live registration of the observer, and each thread's own: a thread-local callback can only
+// be removed by the thread that added it, so one left behind when recording moved to another
+// thread (a forward in one thread, its backward in another) is removed by its thread, at its
+// next op or start() -- never kept, never removed from the wrong thread.
+std::atomic<at::CallbackHandle> g_handle{0};
+thread_local at::CallbackHandle t_handle = 0;
+uint64_t g_gen = 0;  // bumped by reset() (g_mu held): a record begun before it is not finished after
 
 std::unordered_map<c10::TensorImpl*, py::object>& g_params = *new std::unordered_map<c10::TensorImpl*, py::object>();  // parameter TensorImpl -> name
 
@@ -221,7 +227,16 @@ std::unordered_map<std::string, PyObject*> g_srcs;      // "file.py:12" -> owned
 struct Ctx : public at::ObserverContext {
   int kind = 0;  // 1 composite (depth only), 2 kept, 3 an autograd node
   int64_t op = -1;
+  uint64_t gen = 0;  // g_gen when `op` was taken
 };
+
+// This thread's registration when it is no longer the live one: removed, here, where it was added.
+bool drop_orphan() {
+  if (t_handle == 0 || t_handle == g_handle.load(std::memory_order_relaxed)) return false;
+  at::removeCallback(t_handle);
+  t_handle = 0;
+  return true;
+}
 
 bool autocast_now() {
   return at::autocast::is_autocast_enabled(at::kCPU) || at::autocast::is_autocast_enabled(at::kCUDA);
@@ -389,6 +404,7 @@ void collect_frees() {
 }
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  if (drop_orphan()) return nullptr;  // the callbacks of this op were copied before: safe to remove
   if (t_paused || t_inside > 0 || !g_on.load(std::memory_order_relaxed) ||
       g_paused.load(std::memory_order_relaxed))
     return nullptr;
@@ -402,6 +418,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     ctx->kind = 3;
     std::lock_guard<std::mutex> g(g_mu);
     ctx->op = static_cast<int64_t>(g_nodes.size());
+    ctx->gen = g_gen;
     g_nodes.push_back(NodeTime{fn.seqNr(), now_ns(), 0});
     return ctx;
   }
@@ -458,6 +475,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     r.to_copy = info.to_copy;
     r.t0 = now_ns();
     ctx->op = static_cast<int64_t>(g_ops.size());
+    ctx->gen = g_gen;
     g_ops.push_back(r);
   } catch (const std::exception& e) {
     if (g_failed.empty()) g_failed = e.what();
@@ -471,7 +489,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
   if (ctx->kind == 3) {
     int64_t t1 = now_ns();
     std::lock_guard<std::mutex> g(g_mu);
-    if (static_cast<size_t>(ctx->op) < g_nodes.size()) g_nodes[ctx->op].t1 = t1;
+    if (ctx->gen == g_gen && static_cast<size_t>(ctx->op) < g_nodes.size()) g_nodes[ctx->op].t1 = t1;
     return;
   }
   --t_depth;
@@ -502,6 +520,8 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
   const auto& outs = fn.outputs();
   Shapes shapes = loose_shapes(c10::ArrayRef<const c10::IValue>(outs.data(), outs.size()));
   std::lock_guard<std::mutex> g(g_mu);
+  // another thread's reset() (a new recorded step) since this op began: its record is gone
+  if (ctx->gen != g_gen || static_cast<size_t>(ctx->op) >= g_ops.size()) return;
   try {
     OpRec& r = g_ops[ctx->op];
     r.dur_ns = t1 - r.t0;
@@ -620,24 +640,29 @@ PyObject* storage_id(PyObject* ids, int64_t ptr) {
 
 // ------------------------------------------------------------------ the module's functions
 void start() {
-  if (g_handle != 0 && g_owner == std::this_thread::get_id()) {
-    g_on = true;
-    return;
-  }
+  drop_orphan();
   g_owner = std::this_thread::get_id();
-  // thread-local: the training thread's ops (and, through the state the autograd engine
-  // propagates, its backward on device threads), never another thread's
-  g_handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
-                                            .needsInputs(true)
-                                            .needsOutputs(true)
-                                            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  if (t_handle == 0) {
+    // thread-local: the training thread's ops (and, through the state the autograd engine
+    // propagates, its backward on device threads), never another thread's
+    t_handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
+                                              .needsInputs(true)
+                                              .needsOutputs(true)
+                                              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  }
+  g_handle = t_handle;  // any other thread's registration is an orphan from now on
   g_on = true;
 }
 
 void stop() {
   g_on = false;
-  if (g_handle != 0) at::removeCallback(g_handle);
   g_handle = 0;
+  drop_orphan();  // this thread's; another thread's goes at that thread's next op
+}
+
+// Whether this thread has RecordFunction callbacks of its own (the tests' check that none is left).
+bool observed() {
+  return at::hasThreadLocalCallbacks();
 }
 
 void reset(int64_t baseline, bool check_nan, int64_t max_ops, py::dict params) {
@@ -658,6 +683,7 @@ void reset(int64_t baseline, bool check_nan, int64_t max_ops, py::dict params) {
   g_freed = g_shed = 0;
   g_max_ops = max_ops;
   g_failed.clear();
+  ++g_gen;
   g_check_nan = check_nan;
   g_nan_seen = g_autocast_seen = false;
   g_cur_ctx = -1;
@@ -991,6 +1017,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("configure", &configure);
   m.def("start", &start);
   m.def("stop", &stop);
+  m.def("observed", &observed);
   m.def("reset", &reset);
   m.def("context", &context);
   m.def("set_state", &set_state);

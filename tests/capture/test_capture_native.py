@@ -184,6 +184,51 @@ def test_another_threads_ops_are_not_recorded(tmp_path: Path, monkeypatch: pytes
     assert "aten::addmm" in names and "aten::cumsum" not in names and "aten::ones" not in names
 
 
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_recording_that_moves_thread_leaves_no_observer(
+    mode: str, native: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Forwards in one thread, backwards and steps in another: the observer is registered per
+    thread, and only its thread can remove it.  It was left on the forward thread for good (every
+    later op there went through it), removed from the wrong one (torch warned "Requested callback
+    is not found"), and a reset by one thread could be followed by the other's op finishing a
+    record that was gone.  The training is unchanged, and no thread keeps a callback."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1")
+
+    def run(watched: bool) -> tuple[list[torch.Tensor], ThreadPoolExecutor, ThreadPoolExecutor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        fwd, bwd = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
+        w = torchscope.watch(model, opt, server=None, record=tmp_path / f"{mode}.tscope", mode=mode) if watched else None
+        for _ in range(4):
+            out = fwd.submit(model, torch.randn(8, 16)).result()
+
+            def rest(out: torch.Tensor = out) -> None:
+                opt.zero_grad()
+                out.pow(2).mean().backward()
+                opt.step()
+
+            bwd.submit(rest).result()
+        if w is not None:
+            w.close()
+        return [p.detach().clone() for p in model.parameters()], fwd, bwd
+
+    plain, _, _ = run(False)
+    params, fwd, bwd = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, params, strict=True))
+    for pool in (fwd, bwd):
+        pool.submit(torch.ones(2).add, 1).result()  # a thread drops a registration left to it at its next op
+        assert not pool.submit(native.observed).result()
+        pool.shutdown()
+    assert not native.observed()
+    assert "Requested callback is not found" not in capfd.readouterr().err
+    graphs = [e for e in iter_events(tmp_path / f"{mode}.tscope") if e["kind"] == "graph"]
+    assert graphs and all({"aten::addmm", "aten::relu"} <= {o["name"] for o in g["ops"]} for g in graphs)
+
+
 def test_off_switch_falls_back_to_the_python_recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     graphs, _, _ = _train(tmp_path, "cnn", False, monkeypatch, steps=1)
     assert graphs[0]["recorder"] == "python" and graphs[0]["ops"]
