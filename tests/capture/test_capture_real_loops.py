@@ -1,13 +1,15 @@
 """Loops people write, watched in every mode: the training is bit-for-bit the unwatched one, each
-optimizer step is one step event with its micro-batches and their losses, every event is valid,
-and the doctor stays quiet -- except on the loop that really has a pitfall.
+optimizer step is one step event with its micro-batches, their losses and the norms of the
+gradients optimizer.step() used, every event is valid, and the doctor stays quiet -- except on
+the loop that really has a pitfall.
 
 Each loop here is one habit the other tests do not cover: a recurrent network, attention with a
 padding mask, activation checkpointing, gradient accumulation under bf16 autocast with
 clipping, a one-cycle schedule and a weight average, fused and foreach optimizers, two losses
 through one graph, an evaluation pass and a checkpoint save between steps, layers unfrozen into
-a new parameter group, sparse embedding gradients under their own optimizer, and parametrized
-(weight-normed, pruned) weights."""
+a new parameter group, sparse embedding gradients under their own optimizer, parametrized
+(weight-normed, pruned, spectral-normed) weights, an embedding that renormalizes its weight in
+place in the forward, and a causal transformer decoder."""
 
 from __future__ import annotations
 
@@ -66,6 +68,32 @@ class Checkpointed(nn.Module):
         return self.head(checkpoint(self.block, x, use_reentrant=self.reentrant).relu())
 
 
+class MaxNormBag(nn.Module):
+    """An embedding with ``max_norm``: its forward renormalizes rows of the weight in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(30, 8, max_norm=1.0)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(x).mean(1))
+
+
+class CausalDecoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(30, 16)
+        layer = nn.TransformerDecoderLayer(16, 4, 32, dropout=0.1, batch_first=True)
+        self.dec = nn.TransformerDecoder(layer, 2)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = self.emb(x)
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        return self.head(self.dec(e, e, tgt_mask=mask, tgt_is_causal=True)[:, -1])
+
+
 class SparseBag(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -82,7 +110,7 @@ def mlp() -> nn.Sequential:
 
 def batch(kind: str, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100 + i)
-    if kind in ("lstm", "attention", "sparse"):
+    if kind in ("lstm", "attention", "sparse", "max-norm", "causal-decoder"):
         x = torch.randint(0, 30, (4, 7), generator=g)
         x[:, 0] = 1  # never a fully padded row
         return x, torch.randint(0, 5, (4,), generator=g)
@@ -99,11 +127,17 @@ def model_of(kind: str) -> nn.Module:
         return Checkpointed(reentrant=kind == "checkpoint-reentrant")
     if kind == "sparse":
         return SparseBag()
+    if kind == "max-norm":
+        return MaxNormBag()
+    if kind == "causal-decoder":
+        return CausalDecoder()
     m = mlp()
     if kind == "weight-norm":
         nn.utils.parametrizations.weight_norm(m[0])
     if kind == "pruned":
         prune.l1_unstructured(m[0], "weight", amount=0.5)
+    if kind == "spectral-norm":  # power iteration on buffers, in place, in each forward
+        nn.utils.parametrizations.spectral_norm(m[0])
     if kind == "unfreeze":
         m[3].requires_grad_(False)  # trained from step 4 on, in a group of its own
     return m
@@ -142,6 +176,7 @@ def step_of(
             loss.backward()
             losses.append(loss.item())
         nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        extra["norms"].append(grad_norms(m))
         opts[0].step()
         extra["schedule"].step()
         with torch.no_grad():  # an exponential moving average of the weights
@@ -173,15 +208,25 @@ def step_of(
         loss = loss_fn(out, y)
         loss.backward()
         losses = [loss.item()]
+    extra["norms"].append(grad_norms(m))
     for o in opts:
         o.step()
     return losses
 
 
+def grad_norms(m: nn.Module) -> list[float | None]:
+    """Each parameter's gradient norm as optimizer.step() is about to see it (None: no dense
+    gradient), computed here in float64."""
+    return [
+        None if p.grad is None or p.grad.layout != torch.strided else float(p.grad.double().norm())
+        for p in m.parameters()
+    ]
+
+
 def run(kind: str, watch: Callable[[nn.Module, torch.optim.Optimizer], Any] | None) -> dict[str, Any]:
     m = model_of(kind)
     opts = optimizers(kind, m)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"norms": []}
     if kind == "accumulate":
         extra["schedule"] = torch.optim.lr_scheduler.OneCycleLR(opts[0], max_lr=0.05, total_steps=STEPS + 1)
         extra["average"] = model_of(kind)
@@ -194,6 +239,7 @@ def run(kind: str, watch: Callable[[nn.Module, torch.optim.Optimizer], Any] | No
             w.close()
     return {
         "losses": losses,
+        "norms": extra["norms"],
         "params": [p.detach().clone() for p in m.parameters()],
         "rng": torch.get_rng_state(),
     }
@@ -212,6 +258,9 @@ LOOPS = [
     "sparse",
     "weight-norm",
     "pruned",
+    "spectral-norm",
+    "max-norm",
+    "causal-decoder",
 ]
 
 
@@ -234,9 +283,12 @@ def test_real_loop_is_untouched_recorded_and_clean(kind: str, mode: str, tmp_pat
     steps = [e for e in events if e["kind"] == "step"]
     assert [s["step"] for s in steps] == list(range(STEPS))
     assert [s["micro_batches"] for s in steps] == [len(ls) for ls in plain["losses"]]
-    for s, ls in zip(steps, plain["losses"], strict=True):
+    for s, ls, norms in zip(steps, plain["losses"], plain["norms"], strict=True):
         assert s["losses"] == pytest.approx(ls, rel=1e-6)
         assert s["grads"]["none"] == []  # every trainable parameter got its gradient
+        # the statistics are of the gradients optimizer.step() used (after clipping, summed
+        # over micro-batches), parameter by parameter in the model's order
+        assert s["grads"]["norm"] == pytest.approx(norms, rel=1e-5)
     assert [e["message"] for e in events if e["kind"] == "log" and e["level"] == "error"] == []
     graphs = [e for e in events if e["kind"] == "graph"]
     assert (len(graphs) == STEPS) if mode == "full" else (len(graphs) > 0) == (mode == "default")
