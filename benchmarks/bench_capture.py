@@ -14,7 +14,7 @@ thread: it does not slow the loop while a core is free, but it is CPU the machin
     python benchmarks/bench_capture.py --classes  # also each step class's median (see step_class)
     python benchmarks/bench_capture.py --device cuda   # on a GPU: wall time, synchronized per step
     python benchmarks/bench_capture.py --models deep-mlp  # 302 small parameters: per-parameter costs
-    python benchmarks/bench_capture.py --models resnet20 --steps 100  # a real model (~0.3 s a step)
+    python benchmarks/bench_capture.py --models resnet20,transformer-medium --steps 80  # real models' steps (~0.3 s)
 """
 
 from __future__ import annotations
@@ -111,6 +111,9 @@ def _make(kind: str) -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.
     torch.manual_seed(0)
     if kind == "transformer":
         return Transformer(), lambda: (torch.randint(0, 256, (8, 32)), torch.randint(0, 256, (8 * 32,)))
+    if kind == "transformer-medium":  # a real model's step on the CPU (4.2M parameters, ~0.35 s)
+        mid = Transformer(vocab=2000, d=256, heads=8, layers=4)
+        return mid, lambda: (torch.randint(0, 2000, (8, 64)), torch.randint(0, 2000, (8 * 64,)))
     if kind == "transformer-large":  # a GPU-sized one, for --device cuda
         big = Transformer(vocab=4096, d=512, heads=8, layers=6)
         return big, lambda: (torch.randint(0, 4096, (16, 128)), torch.randint(0, 4096, (16 * 128,)))
