@@ -264,16 +264,22 @@ LOOPS = [
 ]
 
 
-def watched(kind: str, mode: str, path: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+def watched(
+    kind: str, mode: str, path: Path, given: bool = True
+) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """The loop unwatched, then watched; ``given=False``: ``watch(model)``, which finds the
+    optimizer itself."""
     plain = run(kind, None)
-    ran = run(kind, lambda m, o: torchscope.watch(m, o, server=None, record=path, mode=mode, sample_every=3))
+    ran = run(
+        kind,
+        lambda m, o: torchscope.watch(
+            m, o if given else None, server=None, record=path, mode=mode, sample_every=3
+        ),
+    )
     return plain, ran, list(iter_events(path))
 
 
-@pytest.mark.parametrize("mode", ["light", "default", "full"])
-@pytest.mark.parametrize("kind", LOOPS)
-def test_real_loop_is_untouched_recorded_and_clean(kind: str, mode: str, tmp_path: Path) -> None:
-    plain, ran, events = watched(kind, mode, tmp_path / "r.tscope")
+def check(mode: str, plain: dict[str, Any], ran: dict[str, Any], events: list[dict[str, Any]]) -> None:
     assert ran["losses"] == plain["losses"]
     for a, b in zip(plain["params"], ran["params"], strict=True):
         assert torch.equal(a, b)
@@ -293,6 +299,22 @@ def test_real_loop_is_untouched_recorded_and_clean(kind: str, mode: str, tmp_pat
     graphs = [e for e in events if e["kind"] == "graph"]
     assert (len(graphs) == STEPS) if mode == "full" else (len(graphs) > 0) == (mode == "default")
     assert [(f["code"], f["message"]) for f in diagnose(events)] == []  # no false alarm
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+@pytest.mark.parametrize("kind", LOOPS)
+def test_real_loop_is_untouched_recorded_and_clean(kind: str, mode: str, tmp_path: Path) -> None:
+    check(mode, *watched(kind, mode, tmp_path / "r.tscope"))
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+def test_real_loop_with_the_optimizer_found(
+    kind: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The README's one line, ``watch(model)``: the optimizer that steps the model's parameters
+    is followed (with two, the first to step: the dense one beside ``SparseAdam``)."""
+    check("default", *watched(kind, "default", tmp_path / "r.tscope", given=False))
+    assert "torchscope: following " in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("mode", ["light", "default"])
