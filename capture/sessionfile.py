@@ -34,6 +34,7 @@ import json
 import os
 import struct
 import zlib
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -253,14 +254,24 @@ def check_records(info: FrameInfo, events: list[dict[str, Any]]) -> None:
 class SessionFileWriter:
     """Append-only writer.  Owned by the capture's background thread; never the training thread."""
 
+    RECENT_FRAMES = 4096  # offsets kept for the latest 4096-8191 frames (resent after a blip)
+    MARK_EVERY = 1024
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._f: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - lives as long as the writer
         self._f.write(file_header())
         self._f.flush()
-        self.seq = 0
-        self.frames: list[FrameInfo] = []
+        self.seq = 0  # frames written so far
+        # Where each frame lies, for resending (``spans``) -- kept small however long the run:
+        # the offsets of the latest frames, and of every MARK_EVERY-th frame since the start;
+        # a frame between two marks is found by reading the headers after the mark before it.
+        # (A FrameInfo kept per frame cost ~200 B each: ~480 MB over a week of 0.25 s flushes.)
+        self._recent = array("q")  # offsets of frames _recent_base .. seq - 1
+        self._recent_base = 0
+        self._marks = array("q")  # offset of frame k * MARK_EVERY
+        self._end = HEADER_SIZE  # offset just past the last frame
         # per series part: the step events appended since that part's last series frame
         self._unseries: dict[str, list[dict[str, Any]]] = {part: [] for part in series.PARTS}
 
@@ -278,7 +289,13 @@ class SessionFileWriter:
             self._f.seek(offset)
             self._f.truncate(offset)
             raise
-        self.frames.append(info)
+        if self.seq % self.MARK_EVERY == 0:
+            self._marks.append(offset)
+        self._recent.append(offset)
+        if len(self._recent) >= 2 * self.RECENT_FRAMES:
+            del self._recent[: self.RECENT_FRAMES]
+            self._recent_base += self.RECENT_FRAMES
+        self._end = offset + len(frame)
         self.seq += 1
         if not info.flags & (FLAG_GRAPH | FLAG_SERIES) and info.step_lo != NO_STEP:
             steps = [e for e in events if e.get("kind") == "step"]
@@ -301,11 +318,32 @@ class SessionFileWriter:
                 self.append([series_record(pending, part)])
                 pending.clear()
 
-    def read_frame(self, info: FrameInfo) -> bytes:
-        """The raw bytes of a frame already written (for resending over the wire)."""
+    def spans(self, start: int) -> Iterator[tuple[int, int]]:
+        """(file offset, bytes) of each frame written, from seq ``start`` on: the latest from
+        memory, older ones from their headers in the file (a server that lost its data asks
+        for them; at most MARK_EVERY headers are read to reach the first)."""
+        if not 0 <= start < self.seq:
+            return
         with open(self.path, "rb") as f:
-            f.seek(info.offset)
-            return f.read(FRAME_HEADER_SIZE + info.length)
+            seq = start
+            if seq < self._recent_base:
+                offset = self._marks[seq // self.MARK_EVERY]
+                for _ in range(seq % self.MARK_EVERY):
+                    offset = self._after(f, offset)
+                while seq < self._recent_base:
+                    nxt = self._after(f, offset)
+                    yield offset, nxt - offset
+                    offset, seq = nxt, seq + 1
+            recent, base = self._recent, self._recent_base
+            for k in range(seq, self.seq):
+                nxt = recent[k + 1 - base] if k + 1 < self.seq else self._end
+                yield recent[k - base], nxt - recent[k - base]
+
+    @staticmethod
+    def _after(f: BinaryIO, offset: int) -> int:
+        """The offset of the frame after the one at ``offset`` (its header says its length)."""
+        f.seek(offset)
+        return offset + FRAME_HEADER_SIZE + parse_frame_header(f.read(FRAME_HEADER_SIZE), offset).length
 
     def close(self, fsync: bool = True) -> None:
         if self._f.closed:

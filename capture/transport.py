@@ -11,7 +11,8 @@ keeps writing; when it comes back the server says which frame it expects next
 Back-pressure: step-level events are essential and never dropped; per-op detail (graph
 events) is shed first when too many are pending, and the count is reported in the end event.
 Memory stays bounded while the server is away because frames are re-read from the file, never
-kept in memory.  When nothing was sent for ``_HEARTBEAT_S`` the thread asks the server for its
+kept in memory, and however long the run: the writer remembers where its latest few thousand
+frames lie and every 1024th, and finds any other by its headers (``SessionFileWriter.spans``).  When nothing was sent for ``_HEARTBEAT_S`` the thread asks the server for its
 ``next`` seq, so the server can tell a quiet run from a dead one.
 
 Shutdown: on ``close`` the thread writes the last events, closes the file (complete from now
@@ -37,7 +38,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from .sessionfile import FRAME_HEADER_SIZE, FrameInfo, RawJSON, SessionFileWriter, dumps_event
+from .sessionfile import RawJSON, SessionFileWriter, dumps_event
 
 log = logging.getLogger("torchscope")
 # A library's logger stays silent unless the user configures logging: the one-line messages
@@ -326,20 +327,20 @@ class Transport:
         now = time.monotonic()
         if now < self._backoff_until and not final:
             return
-        frames = self.writer.frames
-        if self.server_ok is True and self.sent_seq >= len(frames) and now - self._last_contact < _HEARTBEAT_S:
+        written = self.writer.seq
+        if self.server_ok is True and self.sent_seq >= written and now - self._last_contact < _HEARTBEAT_S:
             return  # nothing to send and the server heard from us recently
         try:
-            if self.server_ok is not True or self.sent_seq >= len(frames):
+            if self.server_ok is not True or self.sent_seq >= written:
                 # (re)connect, or the idle heartbeat: the server says where it stands
-                self.sent_seq = self._next_seq(len(frames))
+                self.sent_seq = self._next_seq(written)
                 if self.server_ok is True:
                     self.heartbeats += 1
             deadline = time.monotonic() + (_FINAL_SEND_S if final else 1.0)
-            while self.sent_seq < len(frames) and time.monotonic() < deadline:
+            while self.sent_seq < written and time.monotonic() < deadline:
                 if self._stop.is_set() and not final:
                     break  # close() is waiting: write and close the file first
-                chunk = self._chunk(frames, self.sent_seq)
+                chunk = self._chunk(self.sent_seq)
                 reply = self._request("", chunk)
                 self.sent_seq = int(reply.get("next_seq", self.sent_seq))
             self.server_ok = True
@@ -369,15 +370,14 @@ class Transport:
             )
         return seq
 
-    def _chunk(self, frames: list[FrameInfo], start: int) -> bytes:
+    def _chunk(self, start: int) -> bytes:
         out: list[bytes] = []
         size = 0
         with open(self.path, "rb") as f:
-            for info in frames[start:]:
-                n = FRAME_HEADER_SIZE + info.length
+            for offset, n in self.writer.spans(start):
                 if out and size + n > _MAX_POST_BYTES:
                     break
-                f.seek(info.offset)
+                f.seek(offset)
                 out.append(f.read(n))
                 size += n
         return b"".join(out)

@@ -1,6 +1,7 @@
 """The transport thread against real servers: an unreachable or silent server never holds up
 ``close``, an idle run sends heartbeats, back-pressure sheds graphs but never steps, a forked
-child stays silent, and a server killed and restarted twice mid-run ends with every frame."""
+child stays silent, a server killed and restarted twice mid-run ends with every frame, and one
+that first answers after many frames gets them all from the file."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from conftest import ServerProc, free_port, http_json
 
 from torchscope.session import load
-from torchscope.sessionfile import index
+from torchscope.sessionfile import FRAME_HEADER_SIZE, SessionFileWriter, index
 from torchscope.transport import Transport
 
 SCRIPT = Path(__file__).with_name("train_files_kill.py")
@@ -83,7 +84,7 @@ def test_files_idle_run_sends_heartbeats(tmp_path: Path, srv: ServerProc) -> Non
         _steps(tr, 0, 3)
         assert tr.flush()
         deadline = time.monotonic() + 10
-        while tr.sent_seq < len(tr.writer.frames) and time.monotonic() < deadline:
+        while tr.sent_seq < tr.writer.seq and time.monotonic() < deadline:
             time.sleep(0.05)
         seen_after_data = _last_seen(srv, "idle-sid")
         time.sleep(6.5)  # nothing to send: the thread must still say it is alive
@@ -208,6 +209,50 @@ def test_files_server_killed_and_restarted_twice_ends_with_every_frame(tmp_path:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        server.stop()
+
+
+def test_files_writer_keeps_few_offsets_and_finds_every_frame(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """However long the run, the writer holds the offsets of its latest frames and of every
+    MARK_EVERY-th only; any frame is still found, from the headers in the file."""
+    monkeypatch.setattr(SessionFileWriter, "RECENT_FRAMES", 8)
+    monkeypatch.setattr(SessionFileWriter, "MARK_EVERY", 5)
+    w = SessionFileWriter(tmp_path / "many.tscope")
+    for k in range(103):  # frames of different sizes
+        w.append([{"kind": "step", "step": j, "pad": "x" * (k % 7) * 40} for j in range(1 + k % 4)])
+        assert len(w._recent) < 16 and len(w._marks) == k // 5 + 1  # what it keeps in memory
+    w.close()
+    frames = index(tmp_path / "many.tscope")[1]
+    every = [(f.offset, FRAME_HEADER_SIZE + f.length) for f in frames]
+    assert len(every) == w.seq == 103
+    for start in range(w.seq):
+        assert list(w.spans(start)) == every[start:], start
+    assert list(w.spans(w.seq)) == [] and list(w.spans(-1)) == []
+
+
+def test_files_a_late_server_gets_every_frame_from_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that first answers after dozens of frames (or restarted without its data) is
+    sent the frames the writer no longer holds offsets for, found again in the file."""
+    monkeypatch.setattr(SessionFileWriter, "RECENT_FRAMES", 4)
+    monkeypatch.setattr(SessionFileWriter, "MARK_EVERY", 3)
+    record = tmp_path / "late.tscope"
+    port = free_port()
+    tr = Transport(str(record), "late-sid", server=f"http://127.0.0.1:{port}")
+    server = ServerProc(tmp_path / "data", port=port)
+    try:
+        tr.emit(_session("late-sid"))
+        for k in range(40):
+            _steps(tr, 3 * k, 3 * k + 3)
+            assert tr.flush()
+        assert tr.writer.seq >= 40 and tr.writer._recent_base > 0  # the first frames' offsets are gone
+        server.start()
+        tr.close({"kind": "end", "t": time.time(), "status": "finished", "steps": 120}, timeout=30.0)
+        frames = len(index(record)[1])
+        assert _server_next(server, "late-sid") == frames
+        info = server.get("/api/sessions/late-sid")
+        assert isinstance(info, dict)
+        assert info["steps"] == 120 and info["status"] == "finished"
+    finally:
         server.stop()
 
 

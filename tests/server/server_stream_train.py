@@ -47,7 +47,7 @@ def main() -> None:
         time.sleep(pause)
         step += 1
     tr.close({"kind": "end", "t": time.time(), "status": "finished", "steps": step})
-    print(f"sent_seq={tr.sent_seq} frames={len(tr.writer.frames)}", flush=True)
+    print(f"sent_seq={tr.sent_seq} frames={tr.writer.seq}", flush=True)
 
 
 if __name__ == "__main__":
