@@ -12,8 +12,9 @@ Back-pressure: step-level events are essential and never dropped; per-op detail 
 events) is shed first when too many are pending, and the count is reported in the end event.
 Memory stays bounded while the server is away because frames are re-read from the file, never
 kept in memory, and however long the run: the writer remembers where its latest few thousand
-frames lie and every 1024th, and finds any other by its headers (``SessionFileWriter.spans``).  When nothing was sent for ``_HEARTBEAT_S`` the thread asks the server for its
-``next`` seq, so the server can tell a quiet run from a dead one.
+frames lie and every 1024th, and finds any other by its headers (``SessionFileWriter.spans``).
+When nothing was sent for ``_HEARTBEAT_S`` the thread asks the server for its ``next`` seq, so
+the server can tell a quiet run from a dead one.
 
 Shutdown: on ``close`` the thread writes the last events, closes the file (complete from now
 on), and only then tries a last bounded send; ``close`` returns within its timeout whatever the
