@@ -10,5 +10,5 @@ date +%T
 timeout 120 python3 -m torchscope._native 2>&1 | tail -1
 timeout 240 python3 scripts/cuda_check.py 2>&1 | grep -v "^torchscope: watching" | tee ${OUT:-.}/cuda_check.txt
 echo "cuda_check rc=${PIPESTATUS[0]}"; date +%T
-timeout ${BENCH_S:-200} python3 benchmarks/bench_capture.py --device cuda --models ${MODELS:-transformer,cnn,mlp,transformer-large} 2>&1 | tee ${OUT:-.}/bench_cuda.txt | tail -30
+timeout ${BENCH_S:-200} python3 benchmarks/bench_capture.py --device cuda --models ${MODELS:-transformer,cnn,mlp,transformer-large,resnet20} 2>&1 | tee ${OUT:-.}/bench_cuda.txt | tail -30
 date +%T
