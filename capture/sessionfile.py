@@ -324,20 +324,20 @@ class SessionFileWriter:
         for them; at most MARK_EVERY headers are read to reach the first)."""
         if not 0 <= start < self.seq:
             return
-        with open(self.path, "rb") as f:
-            seq = start
-            if seq < self._recent_base:
-                offset = self._marks[seq // self.MARK_EVERY]
-                for _ in range(seq % self.MARK_EVERY):
+        base = self._recent_base
+        if start < base:  # older than the offsets in memory: their headers, from the file
+            with open(self.path, "rb") as f:
+                offset = self._marks[start // self.MARK_EVERY]
+                for _ in range(start % self.MARK_EVERY):
                     offset = self._after(f, offset)
-                while seq < self._recent_base:
+                for _ in range(start, base):
                     nxt = self._after(f, offset)
                     yield offset, nxt - offset
-                    offset, seq = nxt, seq + 1
-            recent, base = self._recent, self._recent_base
-            for k in range(seq, self.seq):
-                nxt = recent[k + 1 - base] if k + 1 < self.seq else self._end
-                yield recent[k - base], nxt - recent[k - base]
+                    offset = nxt
+        recent = self._recent
+        for k in range(max(start, base), self.seq):
+            nxt = recent[k + 1 - base] if k + 1 < self.seq else self._end
+            yield recent[k - base], nxt - recent[k - base]
 
     @staticmethod
     def _after(f: BinaryIO, offset: int) -> int:
