@@ -94,7 +94,10 @@ def _saved_of(node: Any) -> list[_Field]:
         try:
             held = _held(node, attr, raw_attr)
         except Exception as exc:
-            out.append((attr, exc))
+            # its message only: the exception's traceback (and any it chains) holds frames that
+            # hold this walk and its nodes, and the walk holds the fields -- a cycle that would
+            # keep the graph alive until a collection, after the loop moved on (a false P7)
+            out.append((attr, RuntimeError(str(exc))))
             continue
         # strided, with storage_parts() to read (a DTensor's is its local shard's)
         out.append((attr, [(t, storage_parts(t)) for t in held if t.layout == _STRIDED]))

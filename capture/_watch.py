@@ -1078,8 +1078,11 @@ class Watch:
         t0 = time.perf_counter()
         try:
             return func(*args, **kwargs)
-        except BaseException as exc:
-            self._safe("backward", self._backward_failed, exc)
+        except BaseException:
+            # not bound to a name here: this frame would hold the exception, whose traceback
+            # holds this frame -- a cycle that keeps the failed backward's graph (``args``)
+            # alive until a collection, after the loop has caught the error and moved on (P7)
+            self._safe("backward", self._backward_failed, sys.exc_info()[1])
             raise  # the user's own exception, unchanged
         finally:
             self._safe("backward", self._after_backward, t0)

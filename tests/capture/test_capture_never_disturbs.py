@@ -3,6 +3,7 @@ no tensor kept alive."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 from pathlib import Path
@@ -109,6 +110,55 @@ def test_user_backward_error_is_reraised_unchanged_and_recorded(tmp_path: Path) 
     step = next(e for e in iter_events(path) if e["kind"] == "step")
     assert step["micro_batches"] == 2
     assert any("second time" in m for m in step["backward_errors"])
+
+
+class _Marker:
+    pass
+
+
+class _Tag(torch.autograd.Function):
+    """Identity whose graph node holds a marker: the marker lives exactly as long as the graph."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.marker = _Marker()
+        _Tag.made.append(weakref.ref(ctx.marker))
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return g
+
+    made: list[weakref.ref[_Marker]] = []
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_a_failed_backward_leaves_no_graph_alive(mode: str, tmp_path: Path) -> None:
+    """A second backward through a freed graph raises; the loop catches it and goes on.  Each
+    step's graph must die with the step, without waiting for the cyclic collector: an exception
+    kept by the capture (its traceback holds frames holding the graph) made earlier steps'
+    graphs pile up, and the doctor then blamed the user for graphs kept alive (P7)."""
+    model, batch = make("mlp")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _Tag.made.clear()
+    alive = []
+    gc.disable()  # what only a collection would free is what the test is about
+    try:
+        with torchscope.watch(model, opt, server=None, record=tmp_path / "f.tscope", mode=mode):
+            for i in range(5):
+                x, y = batch(i)
+                opt.zero_grad()
+                out = _Tag.apply(model(x))
+                first, second = nn.functional.cross_entropy(out, y), out.pow(2).mean()
+                first.backward()
+                with contextlib.suppress(RuntimeError):
+                    second.backward()  # through the freed graph: raises
+                opt.step()
+                del out, first, second
+                alive.append(sum(r() is not None for r in _Tag.made))
+    finally:
+        gc.enable()
+    assert len(_Tag.made) == 5 and alive == [0] * 5, alive
 
 
 def _live_tensor_bytes() -> int:
