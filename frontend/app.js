@@ -1,7 +1,7 @@
 // The session dashboard (/sessions/{id}): header, view tabs, URL state (deep links), live
 // updates, theme.  Views are created lazily and kept, so switching back keeps zoom,
 // selection and expanded groups.
-import { h, clear, withLoading } from "./dom.js";
+import { h, clear, withLoading, coalesce } from "./dom.js";
 import { api, sessionPath, live, ApiError } from "./api.js";
 import { GraphView } from "./graph/view.js";
 import { MemoryView } from "./memory.js";
@@ -125,8 +125,8 @@ class App {
     if (ev.kind === "deleted") return this.fatal("This session was deleted.");
     if (ev.kind === "step" || ev.kind === "end" || ev.kind === "session") {
       document.getElementById("empty-note")?.remove();
-      clearTimeout(this.sumT);
-      this.sumT = setTimeout(async () => { this.summary = await api(sessionPath(this.id)); this.meta = this.summary.meta || this.meta; this.renderHeader(); }, 300);
+      this.refreshSummary ||= coalesce(async () => { this.summary = await api(sessionPath(this.id)); this.meta = this.summary.meta || this.meta; this.renderHeader(); }, 300);
+      this.refreshSummary();
     }
     if (ev.kind === "graph" && this.views.graph) this.views.graph.obj.onCapturedStep(ev.step);
     if ((ev.kind === "finding" || ev.kind === "end") && !this.views.diagnostics) this.badge.onStep();

@@ -1,6 +1,6 @@
 // Diagnostics panel: the doctor's findings (GET /diagnostics); a click opens the graph at
 // the finding's step with its targets highlighted, or the memory / gradients view.
-import { h, clear } from "./dom.js";
+import { h, clear, coalesce } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 
 function stepsText(f) {
@@ -44,5 +44,5 @@ export class DiagnosticsView {
     return this.app.openTargets(step, tg);
   }
 
-  onStep() { clearTimeout(this.t); this.t = setTimeout(() => this.load().catch(() => {}), 1500); }
+  onStep() { (this.reload ||= coalesce(() => this.load().catch(() => {}), 1500))(); }
 }

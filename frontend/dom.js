@@ -52,6 +52,17 @@ export function shape(s) {
   return Array.isArray(s) ? `[${s.join(", ")}]` : "–";
 }
 
+// A refresh while a run streams: at most one call every `ms`, the first `ms` after an event
+// and then again while events keep coming. Never a debounce (a timer reset by every event):
+// a run that steps faster than `ms` would then never refresh the view at all.
+export function coalesce(fn, ms) {
+  let timer = null;
+  return (...args) => {
+    if (timer !== null) return;
+    timer = setTimeout(() => { timer = null; fn(...args); }, ms);
+  };
+}
+
 // Show a spinner only for things that take longer than 200 ms (issue 6).
 export async function withLoading(el, promise, label = "Loading…") {
   const timer = setTimeout(() => el.classList.add("loading"), 200);

@@ -1,7 +1,7 @@
 // Gradients view: module x step heat map of gradient norms (per-parameter norms from /grads
 // combined per module as sqrt(sum of squares)), NaN/Inf markers, lines for chosen
 // parameters, and the parameters that got no gradient.
-import { h, clear, fmtNum } from "./dom.js";
+import { h, clear, fmtNum, coalesce } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
 import { logScale, RAMP_COLORS } from "./colors.js";
@@ -115,7 +115,7 @@ export class GradientsView {
     }
   }
 
-  onStep() { clearTimeout(this.t); this.t = setTimeout(() => this.load(), 800); }
+  onStep() { (this.reload ||= coalesce(() => this.load(), 800))(); }
   debug() {
     const notTrained = this.noGrad.querySelector("[data-testid=not-trained]");
     return { modules: this.modules || [], steps: this.g?.steps?.length || 0, noGrad: this.noGrad.textContent,

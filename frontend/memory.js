@@ -1,6 +1,6 @@
 // Memory view: per-step bytes by category over the run (from /memory, columnar), and the
 // in-step timeline of live bytes op by op (GraphEvent.memory_timeline); click -> the op.
-import { h, clear, fmtBytes, shape } from "./dom.js";
+import { h, clear, fmtBytes, shape, coalesce } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
 import { nearest } from "./graph/view.js";
@@ -99,8 +99,8 @@ export class MemoryView {
   }
 
   onStep() { // live: append without touching the timeline the user is reading
-    clearTimeout(this.t);
-    this.t = setTimeout(async () => { this.series = await api(`${sessionPath(this.app.id)}/memory?${rankQuery(this.app.rank)}`); this.drawPerStep(); }, 500);
+    this.reload ||= coalesce(async () => { this.series = await api(`${sessionPath(this.app.id)}/memory?${rankQuery(this.app.rank)}`); this.drawPerStep(); }, 500);
+    this.reload();
   }
 
   debug() { return { steps: this.series?.step?.length || 0, timeline: this.tl?.length || 0, drawMs: this.perStep.lastDrawMs }; }

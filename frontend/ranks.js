@@ -1,5 +1,5 @@
 // Ranks view: step time and memory per rank side by side (distributed sessions).
-import { h, fmtBytes, fmtUs } from "./dom.js";
+import { h, fmtBytes, fmtUs, coalesce } from "./dom.js";
 import { allSteps } from "./api.js";
 import { LineChart } from "./chart.js";
 
@@ -22,5 +22,5 @@ export class RanksView {
     this.mem.setData(steps, per.map(([r, s]) => ({ name: `rank ${r}`, y: col(s, (e) => e.memory?.peak ?? e.memory?.live) })));
   }
 
-  onStep() { clearTimeout(this.t); this.t = setTimeout(() => this.load(), 1000); }
+  onStep() { (this.reload ||= coalesce(() => this.load(), 1000))(); }
 }

@@ -1,6 +1,6 @@
 // Sessions page (/): every run on this server, import by drag-and-drop or file picker,
 // rename, tag, delete, download.  Refreshes on live events.
-import { h, clear, fmtTime } from "./dom.js";
+import { h, clear, fmtTime, coalesce } from "./dom.js";
 import { api, sessionPath, live } from "./api.js";
 import { initTheme } from "./theme.js";
 
@@ -92,7 +92,6 @@ function initImport() {
 
 initTheme();
 initImport();
-let t = null;
-live(() => { clearTimeout(t); t = setTimeout(refresh, 300); },
+live(coalesce(refresh, 300),
   (ok) => { const c = document.getElementById("conn"); c.textContent = ok ? "● live" : "○ disconnected"; c.className = ok ? "ok" : "bad"; });
 window.__torchscope = { ready: refresh(), refresh };

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -13,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from .config import Settings, version
+from .config import RUNNING_TIMEOUT_S, SILENT_SWEEP_S, Settings, version
 from .diagnostics import diagnostics, stop_children
 from .live import LiveHub
 from .routes_ingest import router as ingest_router
@@ -29,6 +30,24 @@ def _frontend_dir() -> Path:
     import torchscope.frontend
 
     return Path(torchscope.frontend.__file__).resolve().parent
+
+
+async def _diagnose_silent(app: FastAPI, schedule: Any) -> None:
+    """A run killed mid-way sends no end event, which is what starts its diagnosis: such runs
+    are diagnosed once their writer has been silent for RUNNING_TIMEOUT_S ("ended
+    unexpectedly"), each set of frames once (a doctor that failed is not retried on them)."""
+    tried: dict[tuple[str, int], int] = {}
+    while True:
+        await asyncio.sleep(SILENT_SWEEP_S)
+        try:
+            store: Store = app.state.store
+            for key in store.silent_undiagnosed(time.time() - RUNNING_TIMEOUT_S):
+                frames = store.frame_count(*key)
+                if tried.get(key) != frames:
+                    tried[key] = frames
+                    schedule(*key)
+        except Exception:  # the sweep must not end the server; the next one tries again
+            log.exception("torchscope: looking for silent runs to diagnose failed")
 
 
 def create_app(settings: Settings | None = None) -> Any:
@@ -58,9 +77,11 @@ def create_app(settings: Settings | None = None) -> Any:
             pool.submit(job)
 
         app.state.schedule_diagnostics = schedule_diagnostics
+        sweeper = asyncio.create_task(_diagnose_silent(app, schedule_diagnostics))
         try:
             yield
         finally:
+            sweeper.cancel()
             app.state.hub.close()
             pool.shutdown(wait=False, cancel_futures=True)
             stop_children()

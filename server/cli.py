@@ -152,10 +152,15 @@ def _check_file(path_text: str) -> Path:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from torchscope.sessionfile import SessionFileError
+
     from .fileinfo import summarize
 
     path = _check_file(args.file)
-    info = summarize(path)
+    try:
+        info = summarize(path)
+    except SessionFileError as exc:  # _check_file reads frame headers; a body can still be corrupt
+        raise CliError(str(exc)) from None
     width = max(map(len, info)) + 2  # the longest label, its colon and a space
     for key, value in info.items():
         print(f"{key + ':':<{width}}{value}")

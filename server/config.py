@@ -12,6 +12,8 @@ DEFAULT_PORT = 6150
 DEFAULT_HOST = "127.0.0.1"
 # A session whose writer has not been heard from for this long is "ended unexpectedly".
 RUNNING_TIMEOUT_S = 30.0
+# How often the server looks for such sessions to diagnose (an ended run is diagnosed at its end).
+SILENT_SWEEP_S = 5.0
 # Body limits: one ingest POST carries whole frames (a frame may be up to MAX_FRAME_BYTES);
 # an import carries a whole file; everything else is a small JSON document.
 MAX_INGEST_BYTES = 80 * 1024 * 1024
@@ -68,8 +70,9 @@ class Settings:
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).expanduser()
-        if self.token is None:
-            self.token = os.environ.get("TORCHSCOPE_TOKEN") or None
+        # an empty token is no token (``--token "$TORCHSCOPE_TOKEN"`` with the variable unset):
+        # never one that an empty cookie or ``?token=`` would match
+        self.token = (self.token or "").strip() or (os.environ.get("TORCHSCOPE_TOKEN") or "").strip() or None
         if self.db_url is None:
             self.db_url = os.environ.get("TORCHSCOPE_DB") or None
         # Exposed beyond this machine: never without a token.

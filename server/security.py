@@ -6,6 +6,12 @@
   behind Docker or a LAN the name the client uses is not known in advance.)
 - Token: when set, every request but /api/health needs it as ``Authorization: Bearer``,
   ``?token=``, or the cookie set when a page was opened with ``?token=``.
+- Cross-origin writes: a page of another site can send a POST/PATCH/DELETE without reading
+  the answer (a form, ``fetch(..., {mode: "no-cors"})``), and the Host it sends is ours.
+  The browser says where the request comes from: ``Sec-Fetch-Site`` (anything but
+  ``same-origin``/``none`` is refused) or, from older browsers, ``Origin`` (refused unless it
+  names the host the request went to).  Clients that are not browsers (the training
+  process, ``torchscope open``, curl) send neither and pass.
 - Body size limits per route family; CORS stays closed (no CORS headers are ever sent).
 """
 
@@ -16,7 +22,7 @@ import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from .config import MAX_IMPORT_BYTES, MAX_INGEST_BYTES, MAX_OTHER_BYTES, TOKEN_COOKIE
 
@@ -27,6 +33,24 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = ("/api/health",)
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+def cross_origin(headers: dict[bytes, bytes]) -> str | None:
+    """Where a browser's write came from when that is not this server's own page, else None."""
+    site = headers.get(b"sec-fetch-site")
+    if site is not None:
+        s = site.decode("latin-1").strip().lower()
+        return None if s in ("same-origin", "none") else f"a {s} page"
+    origin = headers.get(b"origin")
+    if origin is None:
+        return None
+    o = origin.decode("latin-1").strip()
+    netloc = urlsplit(o).netloc.lower() if o != "null" else ""
+    # behind a reverse proxy the Host is the proxy's upstream; the name the browser used is forwarded
+    ours = {headers.get(b"host", b"").decode("latin-1").lower(),
+            headers.get(b"x-forwarded-host", b"").decode("latin-1").lower()}
+    return None if netloc and netloc in ours else f"the page at {o}"
 
 
 def body_limit(path: str) -> int:
@@ -88,6 +112,9 @@ class SecurityMiddleware:
             if given is None or not secrets.compare_digest(given.encode(), self.token.encode()):
                 await _reply(send, 401, "this torchscope server needs its token (open the URL it printed)")
                 return
+        if scope.get("method", "GET") not in SAFE_METHODS and (where := cross_origin(headers)) is not None:
+            await _reply(send, 403, f"a write from {where} is refused: only torchscope's own pages may change data")
+            return
         limit = body_limit(path)
         length = headers.get(b"content-length")
         if length is not None:

@@ -450,6 +450,16 @@ class Store:
                 yield bytes(data)
                 seq = s + 1
 
+    def silent_undiagnosed(self, before: float) -> list[tuple[str, int]]:
+        """Ranks whose writer went silent without an end event (last heard of before ``before``)
+        and whose frames the doctor has not seen: a killed run gets its diagnosis too."""
+        rows = self._read().execute(
+            "SELECT r.session_id, r.rank FROM ranks r LEFT JOIN diagnostics d "
+            "ON d.session_id = r.session_id AND d.rank = r.rank "
+            "WHERE r.end_status IS NULL AND r.last_seen < ? AND (d.frames IS NULL OR d.frames != r.next_seq)",
+            (before,)).fetchall()
+        return [(str(s), int(r)) for s, r in rows]
+
     def diagnostics(self, session_id: str, rank: int) -> tuple[int, list[dict[str, Any]]] | None:
         row = self._read().execute("SELECT frames, findings FROM diagnostics WHERE session_id=? AND rank=?",
                                    (session_id, rank)).fetchone()

@@ -383,6 +383,41 @@ def test_live_run_adds_steps_without_losing_the_view(page: Any, srv: ServerProc,
     assert proc.returncode == 0
 
 
+def test_views_refresh_while_a_fast_run_streams(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    """A run that steps faster than the views' refresh delay: the header and the memory view
+    update while it streams, not only once it pauses (a debounce, reset by every live event,
+    never fired: the page stayed at the steps it had when opened)."""
+    from torchscope.transport import Transport
+
+    sid = f"fast-{int(time.time() * 1000)}"
+    t = Transport(str(tmp_path / "fast.tscope"), sid, rank=0, server=srv.url)
+    t.emit({"kind": "session", "schema": [1, 0], "session_id": sid, "name": "fast run", "started_at": time.time(),
+            "rank": 0, "world_size": 1, "model": "Net", "modules": [], "params": []})
+
+    def step(s: int) -> None:
+        t.emit({"kind": "step", "step": s, "rank": 0, "t": time.time(), "duration_us": 40_000,
+                "memory": {"live": 1_000_000 + 1_000 * s, "peak": 2_000_000}})
+
+    for s in range(5):
+        step(s)
+    t.flush(timeout=30)
+    open_dash(page, srv, sid, "?view=memory")
+    page.wait_for_function("window.__torchscope.state().memory?.steps >= 5")
+    seen: list[tuple[int, str]] = []
+    s = 5
+    end = time.monotonic() + 6
+    while time.monotonic() < end:  # a step every 25 ms, flushed every 0.25 s: a live burst 4 times a second
+        step(s)
+        s += 1
+        time.sleep(0.025)
+        if s % 20 == 0:
+            seen.append((state(page)["memory"]["steps"], page.locator("#session-sub").inner_text()))
+    t.close({"kind": "end", "t": time.time(), "status": "finished", "steps": s})
+    during = seen[len(seen) // 2:]  # the second half of the stream, still streaming
+    assert max(n for n, _ in during) > 40, seen
+    assert any(sub != "Net · 5 steps" and "steps" in sub for _, sub in during), seen
+
+
 def test_dark_theme_and_unknown_session(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
     open_dash(page, srv, runs["net"]["id"])
     wait_graph(page)

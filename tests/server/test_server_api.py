@@ -184,6 +184,41 @@ def test_host_header_rejected(client: TestClient) -> None:
         assert client.get("/api/health", headers={"Host": host}).status_code == 200
 
 
+def test_cross_origin_writes_refused(client: TestClient, tmp_path: Path) -> None:
+    """A page of another origin can send writes it cannot read (a form, a no-cors fetch) with
+    our Host: the browser's Sec-Fetch-Site / Origin tell them from the dashboard's own."""
+    body = b"".join(run_frames("x", 2))
+    frames = {"Content-Type": "application/x-tscope-frames"}
+    for hostile in ({"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"},
+                    {"Origin": "http://evil.example"}, {"Origin": "http://localhost:8000"}, {"Origin": "null"}):
+        r = client.post("/api/ingest/x/0", content=body, headers={**frames, **hostile})
+        assert r.status_code == 403 and "refused" in r.json()["detail"], hostile
+        r = client.post("/api/sessions/import", files={"file": ("x.tscope", file_header() + body)}, headers=hostile)
+        assert r.status_code == 403, hostile
+        assert client.delete("/api/sessions/x", headers=hostile).status_code == 403
+    assert client.get("/api/sessions").json() == []
+    assert client.get("/api/sessions", headers={"Sec-Fetch-Site": "cross-site"}).status_code == 200  # reads: CORS keeps them
+    # the dashboard's own writes, from a browser, and clients that are not browsers
+    own = {"Sec-Fetch-Site": "same-origin", "Origin": "http://127.0.0.1:6150"}
+    assert client.post("/api/ingest/x/0", content=body, headers={**frames, **own}).status_code == 200
+    assert client.patch("/api/sessions/x", json={"name": "mine"}, headers={"Origin": "http://127.0.0.1:6150"}).status_code == 200
+    assert client.patch("/api/sessions/x", json={"name": "mine"},
+                        headers={"Origin": "https://scope.lan", "X-Forwarded-Host": "scope.lan"}).status_code == 200
+    assert post(client, "y", run_frames("y", 2)).status_code == 200
+
+
+def test_empty_token_is_no_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--token "$TORCHSCOPE_TOKEN"`` with the variable unset: exposed, a token is generated;
+    an empty cookie or ``?token=`` never opens the server."""
+    monkeypatch.delenv("TORCHSCOPE_TOKEN", raising=False)
+    settings = Settings(data_dir=tmp_path / "d", host="0.0.0.0", token="")
+    assert settings.token and len(settings.token) >= 20
+    assert Settings(data_dir=tmp_path / "d", token="  ").token is None  # on loopback: no token, the Host check
+    with TestClient(create_app(settings), base_url="http://192.168.1.5:6150") as c:
+        assert c.get("/api/sessions", headers={"Cookie": "torchscope_token="}).status_code == 401
+        assert c.get("/api/sessions?token=").status_code == 401
+
+
 def test_token_required_when_exposed(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "d", host="0.0.0.0")
     token = settings.token

@@ -11,7 +11,7 @@ import pytest
 from conftest import ServerProc
 from server_helpers import run_frames, write_file
 
-from torchscope.sessionfile import file_header
+from torchscope.sessionfile import FRAME_HEADER_SIZE, file_header
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -30,7 +30,10 @@ def one_line_error(res: subprocess.CompletedProcess[str]) -> str:
 @pytest.fixture(scope="module")
 def bad_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("bad")
-    good = b"".join(run_frames("cli", steps=3))
+    frames = run_frames("cli", steps=3)
+    good = b"".join(frames)
+    flipped = bytearray(frames[0])
+    flipped[FRAME_HEADER_SIZE + 2] ^= 0xFF  # a byte of the first frame's body: its headers all read fine
     files = {
         "missing": d / "missing.tscope",
         "empty": d / "empty.tscope",
@@ -38,21 +41,25 @@ def bad_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "foreign": d / "notes.txt",
         "future": d / "future.tscope",
         "directory": d,
+        "corrupt": d / "corrupt.tscope",
     }
     files["empty"].write_bytes(b"")
     files["truncated"].write_bytes(file_header() + good[:25])
     files["foreign"].write_text("just some notes\n")
     files["future"].write_bytes(file_header((7, 1)) + good)
+    files["corrupt"].write_bytes(file_header() + bytes(flipped) + b"".join(frames[1:]))
     return files
 
 
 NEEDLES = {"missing": "no such file", "empty": "empty", "truncated": "no complete frame",
-           "foreign": "not a torchscope session file", "future": "newer torchscope", "directory": "directory"}
+           "foreign": "not a torchscope session file", "future": "newer torchscope", "directory": "directory",
+           "corrupt": "checksum mismatch"}
 
 
 # every kind of bad file through `info`; `open` and `doctor` share its check, so two each
 @pytest.mark.parametrize("command, kind", [*[("info", k) for k in NEEDLES], ("open", "missing"),
-                                           ("open", "truncated"), ("doctor", "foreign"), ("doctor", "future")])
+                                           ("open", "truncated"), ("doctor", "foreign"), ("doctor", "future"),
+                                           ("doctor", "corrupt")])
 def test_bad_files_one_line_nonzero(bad_files: dict[str, Path], command: str, kind: str) -> None:
     extra = ["--no-browser", "--port", "1"] if command == "open" else []
     line = one_line_error(cli(command, str(bad_files[kind]), *extra))

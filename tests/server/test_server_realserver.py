@@ -114,6 +114,16 @@ def test_status_of_a_silent_writer_is_not_running_forever(tmp_path: Path) -> Non
         with sqlite3.connect(tmp_path / "data" / "torchscope.db") as db:
             db.execute("UPDATE ranks SET last_seen = last_seen - 31")
         assert srv.get("/api/sessions/quiet")["status"] == "ended unexpectedly"  # type: ignore[index]
+        # no end event will start its diagnosis: the server's sweep does, without anyone asking
+        deadline = time.monotonic() + 60
+        row = None
+        while row is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            with sqlite3.connect(tmp_path / "data" / "torchscope.db") as db:
+                row = db.execute("SELECT frames FROM diagnostics WHERE session_id='quiet' AND rank=0").fetchone()
+        assert row is not None, "a silent run was never diagnosed"
+        with sqlite3.connect(tmp_path / "data" / "torchscope.db") as db:
+            assert row[0] == db.execute("SELECT next_seq FROM ranks WHERE session_id='quiet'").fetchone()[0]
     finally:
         srv.stop()
 
