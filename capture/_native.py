@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._overlap import Region, region, writes_saved
 from ._srcloc import _user_base, user_src
 from .sessionfile import RawJSON
 
@@ -369,9 +370,15 @@ class NativeRecorder:
     def set_grad_fn(self, tid: int, node: int) -> None:
         self.ext.set_grad_fn(tid, node)
 
-    def flag_inplace_saved(self, saved: dict[int, int]) -> int:
+    def flag_inplace_saved(self, saved: dict[int, list[tuple[int, Region]]]) -> int:
         """See ``OpRecorder.flag_inplace_saved``."""
-        return int(self.ext.flag_inplace_saved(saved))
+        first = {sid: min(op for op, _ in regions) for sid, regions in saved.items() if regions}
+        n = 0
+        for op, sid, offset, sizes, strides, item in self.ext.inplace_candidates(first):
+            if writes_saved(saved[sid], op, region(offset, sizes, strides, item)):
+                self.ext.flag_op_inplace_saved(op)
+                n += 1
+        return n
 
     def peak_live(self) -> int:
         return max((live for _, live in self.timeline), default=self.baseline)

@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from ._memory import _PLAIN, storage_parts
+from ._overlap import Region, itemsize, region, writes_saved
 from ._srcloc import op_src, user_src
 
 if TYPE_CHECKING:
@@ -343,11 +344,12 @@ class OpRecorder(TorchDispatchMode):
         if 0 <= tid < len(self.tensors):
             self.tensors[tid]["grad_fn"] = node
 
-    def flag_inplace_saved(self, saved: dict[int, int]) -> int:
+    def flag_inplace_saved(self, saved: dict[int, list[tuple[int, Region]]]) -> int:
         """P8's silent form: flags "inplace_saved" on each forward in-place op (an aten op named
         "..._": it writes its first argument) that ran after the graph node which saved a
-        tensor of the storage it writes -- a ``.data`` write, which the saved tensor's version
-        counter does not see.  ``saved``: storage id -> the first op whose node saved it."""
+        tensor of the bytes it writes -- a ``.data`` write, which the saved tensor's version
+        counter does not see (``_overlap``: the same storage is not enough).  ``saved``:
+        storage id -> (the op whose node saved it, the region saved) of each saved tensor."""
         n = 0
         for op in self.ops:
             # forward ops only: the backward's own in-place accumulations write buffers whose
@@ -355,9 +357,12 @@ class OpRecorder(TorchDispatchMode):
             inputs = op.get("inputs") if op.get("inplace") and op.get("phase") == "forward" else None
             if not inputs or not str(op["name"]).endswith("_"):
                 continue
-            sid = self.tensors[inputs[0]].get("storage")
-            first = saved.get(sid) if sid is not None else None
-            if first is not None and first < op["id"]:
+            t = self.tensors[inputs[0]]
+            regions = saved.get(t["storage"]) if "storage" in t else None
+            if not regions or "offset" not in t or "stride" not in t:
+                continue
+            target = region(t["offset"], t["shape"], t["stride"], itemsize(t["dtype"]))
+            if writes_saved(regions, op["id"], target):
                 op["flags"] = (*op.get("flags", ()), "inplace_saved")
                 n += 1
         return n

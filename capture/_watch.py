@@ -45,6 +45,7 @@ from ._memory import StorageSizes, grad_storages, optimizer_tensors, storage_par
 from ._modhook import ModuleHook
 from ._native import NativeRecorder
 from ._ops import OpRecorder, StorageIds, autocast_on
+from ._overlap import Region, itemsize, region
 from ._srcloc import _is_internal, op_src, user_src
 from .distributed import RankInfo, rank_info, rank_path, session_id
 from .schema import (
@@ -101,18 +102,18 @@ def _through_outputs(walk: AutogradWalk, s: _StepState) -> bool:
     return bool(outs) and any(id(n.metadata.get("torchscope_out_sentinel")) in outs for n in walk.nodes)
 
 
-def _saved_by_op(nodes: list[NodeRecord]) -> dict[int, int]:
-    """Storage id -> the first forward op whose graph node saved a tensor of it."""
-    first: dict[int, int] = {}
+def _saved_by_op(nodes: list[NodeRecord]) -> dict[int, list[tuple[int, Region]]]:
+    """Storage id -> (forward op whose graph node saved it, the bytes saved) of each saved tensor."""
+    saved: dict[int, list[tuple[int, Region]]] = {}
     for n in nodes:
         op = n.get("op")
         if op is None:
             continue
         for t in n.get("saved", ()):
-            sid = t["storage"]
-            if op < first.get(sid, op + 1):
-                first[sid] = op
-    return first
+            if "offset" in t and "stride" in t:
+                r = region(t["offset"], t["shape"], t["stride"], itemsize(t["dtype"]))
+                saved.setdefault(t["storage"], []).append((op, r))
+    return saved
 
 
 def _forward_pending(s: _StepState) -> bool:

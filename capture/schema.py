@@ -213,6 +213,8 @@ class SavedTensor(TypedDict, total=False):
     dtype: str
     nbytes: int
     storage: int
+    offset: int  # storage offset, in elements (as TensorMeta's)
+    stride: list[int]
 
 
 class NodeRecord(TypedDict, total=False):

@@ -793,15 +793,18 @@ py::tuple drain(py::dict storage_ids) {
                         static_cast<int64_t>(g_tensors_sent));
 }
 
-// P8's silent form: a forward in-place op (an aten op named "..._": it writes its first
-// argument) that ran after the graph node which saved a tensor of the storage it writes -- a `.data`
-// write, which the saved tensor's version counter does not see.  `saved` maps a storage id to
-// the first op whose node saved it; returns how many ops it flagged.
-int64_t flag_inplace_saved(py::dict saved) {
+// P8's silent form, its candidates: each forward in-place op (an aten op named "..._": it writes
+// its first argument) that ran after the graph node which saved a tensor of the storage it
+// writes -- a `.data` write, which the saved tensor's version counter does not see.  `first`
+// maps a storage id to the first op whose node saved it.  Returns (op id, storage id, storage
+// offset, sizes, strides, element size) of the tensor each writes: whether it overlaps what was
+// saved is decided in Python (_overlap: torch's own unsafe_chunk views -- a GRU cell's gates --
+// write disjoint parts of one storage), which then flags the op (flag_op_inplace_saved).
+py::list inplace_candidates(py::dict first_of) {
   std::unordered_map<int64_t, int64_t> first;
-  for (auto item : saved) first[item.first.cast<int64_t>()] = item.second.cast<int64_t>();
+  for (auto item : first_of) first[item.first.cast<int64_t>()] = item.second.cast<int64_t>();
   std::lock_guard<std::mutex> g(g_mu);
-  int64_t n = 0;
+  py::list out;
   for (size_t id = 0; id < g_ops_sent; ++id) {
     OpRec& r = g_ops[id];
     // forward ops only: the backward's own in-place accumulations write buffers whose storage
@@ -815,13 +818,19 @@ int64_t flag_inplace_saved(py::dict saved) {
     }
     const int64_t tid = g_io[r.in_begin];
     if (tid < 0 || static_cast<size_t>(tid) >= g_tensors.size()) continue;
-    auto it = first.find(g_tensors[tid].sid);
-    if (g_tensors[tid].sid >= 0 && it != first.end() && it->second < static_cast<int64_t>(id)) {
-      r.flags |= F_INPLACE_SAVED;
-      ++n;
+    const TensorRec& t = g_tensors[tid];
+    auto it = first.find(t.sid);
+    if (t.sid >= 0 && t.strided && it != first.end() && it->second < static_cast<int64_t>(id)) {
+      out.append(py::make_tuple(static_cast<int64_t>(id), t.sid, t.offset, py::cast(t.sizes), py::cast(t.strides),
+                                static_cast<int64_t>(c10::elementSize(t.dtype))));
     }
   }
-  return n;
+  return out;
+}
+
+void flag_op_inplace_saved(int64_t id) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (id >= 0 && static_cast<size_t>(id) < g_ops_sent) g_ops[id].flags |= F_INPLACE_SAVED;
 }
 
 void set_grad_fn(int64_t tid, int64_t node) {
@@ -1027,7 +1036,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("marker", &marker);
   m.def("drain", &drain);
   m.def("set_grad_fn", &set_grad_fn);
-  m.def("flag_inplace_saved", &flag_inplace_saved);
+  m.def("inplace_candidates", &inplace_candidates);
+  m.def("flag_op_inplace_saved", &flag_op_inplace_saved);
   m.def("encode", &encode);
   m.def("finish", &finish);
 }

@@ -92,3 +92,61 @@ def test_in_place_ops_on_unsaved_tensors_are_not_flagged(tmp_path: Path, native:
     assert "aten::relu_" in inplace and "aten::add_" in inplace  # the in-place ops were recorded
     assert not [o for g in graphs for o in g["ops"] if "inplace_saved" in o.get("flags", ())]
     assert not [f for f in diagnose(events) if f["code"] == "P8"]
+
+
+class Gru(nn.Module):
+    """nn.GRU on the CPU: torch's GRU cell adds into and sigmoid_s the gate chunks of one
+    ``unsafe_chunk``ed matrix in place after a node saved another chunk of it -- one storage,
+    disjoint bytes, strided across the batch rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru, self.out = nn.GRU(4, 6, batch_first=True), nn.Linear(6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.gru(x)[0][:, -1]).sum()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_torch_writing_other_parts_of_a_saved_storage_is_not_flagged(
+    tmp_path: Path, native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    model = Gru()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "gru.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(3, 5, 4)).backward()
+            opt.step()
+    events = list(iter_events(path))
+    for g in _graphs(events):
+        tensors = g["tensors"]
+        first = {t["storage"]: n["op"] for n in g["nodes"] if "op" in n for t in n.get("saved", ())}
+        shared = [o for o in g["ops"] if o["inplace"] and o["phase"] == "forward" and o["name"].endswith("_")
+                  and first.get(tensors[o["inputs"][0]].get("storage"), o["id"]) < o["id"]]
+        assert shared, "the GRU wrote no storage a node had saved: the case under test did not arise"
+        assert not [o for o in g["ops"] if "inplace_saved" in o.get("flags", ())]
+    assert not [f for f in diagnose(events) if f["code"] == "P8"]
+
+
+def test_regions_overlap_element_by_element() -> None:
+    """``_overlap.overlaps`` against the set of bytes each view covers, counted here: the chunks
+    of a matrix split along its columns interleave row by row without sharing a byte."""
+    from torchscope._overlap import overlaps, region
+
+    base = torch.zeros(4, 9)
+
+    def reg(t: torch.Tensor) -> tuple[Any, ...]:
+        return region(t.storage_offset(), t.shape, t.stride(), t.element_size())
+
+    def covered(t: torch.Tensor) -> set[int]:
+        idx = torch.arange(base.numel()).view(4, 9).as_strided(t.shape, t.stride(), t.storage_offset())
+        return {int(i) * 4 + b for i in idx.flatten() for b in range(4)}
+
+    a, b, c = base.unsafe_chunk(3, 1)
+    views = [a, b, c, base[1:3], base[:, 2:5], base.t(), base[0], base[:0], base[::2, ::3]]
+    for x in views:
+        for y in views:
+            assert overlaps(reg(x), reg(y)) == bool(covered(x) & covered(y)), (x.shape, x.stride(), y.shape, y.stride())
