@@ -306,7 +306,7 @@ def _saved_tensors(fields: Iterable[_Field], sid: Callable[[int], int]) -> list[
                     "dtype": dtype,
                     "nbytes": parts[0][1] if len(parts) == 1 else sum(n for _, n in parts),
                     "storage": sid(parts[0][0] if parts else 0),
-                    "offset": t.storage_offset(),
+                    "offset": int(t.storage_offset()),
                     "stride": list(t.stride()),
                 }
             )
