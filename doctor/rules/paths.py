@@ -211,6 +211,15 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
     return False
 
 
+# Differentiable in autograd's sense (a grad_fn, float outputs) but with a gradient of zero
+# everywhere: a loss through one of them trains nothing before it, without an error
+_STEP_FUNCTIONS = frozenset(f"aten::{n}" for n in ("round", "sign", "sgn", "floor", "ceil", "trunc", "fix"))
+
+
+def _stops_gradient(op: dict[str, Any]) -> bool:
+    return "non_differentiable" in g.flags(op) or str(op.get("name", "")).rstrip("_") in _STEP_FUNCTIONS
+
+
 def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
     """P9: an op that cannot be differentiated (argmax, comparison, integer cast) feeds the loss."""
     hits: dict[tuple[str, str, str], tuple[list[int], dict[str, Any], int]] = {}
@@ -223,7 +232,7 @@ def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
         on_path = {as_int(op.get("id"), -1) for op in path}
         floating = _floating_tensors(graph)
         for op in path:
-            if "non_differentiable" in g.flags(op) and _feeds_as_value(path, op, on_path, floating):
+            if _stops_gradient(op) and _feeds_as_value(path, op, on_path, floating):
                 key = (str(op.get("name", "")), str(op.get("module", "")), str(op.get("src", "")))
                 steps, first, fstep = hits.get(key, ([], op, step))
                 hits[key] = ([*steps, step], first, fstep)
@@ -233,7 +242,9 @@ def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
            "thresholds, float math instead of integer casts); compute accuracy-like metrics outside the loss.")
     for (name, module, src), (steps, op, fstep) in hits.items():
         where = f" in {module!r}" if module else ""
-        message = (f"{name}{where} is not differentiable but the loss depends on it: gradient silently stops there "
+        what = ("has a gradient of zero everywhere" if name.rstrip("_") in _STEP_FUNCTIONS
+                else "is not differentiable")
+        message = (f"{name}{where} {what} but the loss depends on it: gradient silently stops there "
                    f"({describe_steps(steps, run.last_step)}).")
         findings.append(make("P9", "error", message, fix, steps, rank=run.rank,
                              targets=[FindingTarget(**g.target_of_op(fstep, run.rank, op))],  # type: ignore[typeddict-item]

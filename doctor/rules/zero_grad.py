@@ -50,9 +50,13 @@ def _misplaced(run: Run) -> list[Finding]:
         grads = as_dict(ev.get("grads"))
         none = {as_int(i, -1) for i in as_list(grads.get("none"))}
         norms = [as_float(v) for v in as_list(grads.get("norm"))]
-        # A loss of exactly 0 (a fitted batch, satisfied margins) has all-zero gradients for real.
+        # A loss of exactly 0 (a fitted batch, satisfied margins) has all-zero gradients for real,
+        # and so does a loss through round(), sign() or a comparison (P9).  Zeroed gradients come
+        # from zero_grad(set_to_none=False) only: a loop whose gradients were None before its
+        # backward clears them to None, so zeros at step() are what the backward computed.
         loss_zero = as_float(ev.get("loss")) == 0.0
-        all_zero = len(norms) >= n and all(v is None or v == 0.0 for v in norms) and not loss_zero
+        zeroes = ev.get("zero_grad_set_to_none") is False
+        all_zero = zeroes and len(norms) >= n and all(v is None or v == 0.0 for v in norms) and not loss_zero
         if len(none) >= n or all_zero:
             steps.append(step)
     if len(steps) < 2:  # one empty step is an accident of the loop's edge; every step is the pattern
