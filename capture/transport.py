@@ -55,6 +55,14 @@ _HEARTBEAT_S = 5.0
 _FINAL_SEND_S = 3.0  # how long close() may spend sending the tail to the server
 _AUTOSTART_GRACE_S = 30.0  # how long a server started by this run may take to answer before we warn
 _NET_ERRORS = (OSError, ValueError, TypeError, http.client.HTTPException)
+
+
+class ServerRefused(ValueError):
+    """The server answered, with an error status (401: no or a wrong token)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"HTTP {status} {detail}")
+        self.status, self.detail = status, detail
 # Series frames (docs/session-format.md) are written once this many steps wait for them, or
 # when the oldest waited this long, or at close: each frame costs a header and its column
 # names, so a frame per 0.25 s flush would nearly double the bytes of the step frames, while
@@ -320,7 +328,7 @@ class Transport:
             self._drop_connection()
         if resp.status != 409 and not 200 <= resp.status < 300:  # 409: the server says which seq it expects
             detail = body[:300].decode("utf-8", "replace").strip()
-            raise ValueError(f"HTTP {resp.status} {detail}")
+            raise ServerRefused(resp.status, detail)
         self._last_contact = time.monotonic()
         return dict(json.loads(body or b"{}"))
 
@@ -348,16 +356,19 @@ class Transport:
             self._backoff = 0.5
         except _NET_ERRORS as exc:
             self.server_ok = False
-            started_now = self._maybe_autostart()
+            refused = exc if isinstance(exc, ServerRefused) else None
+            started_now = refused is None and self._maybe_autostart()  # a server that answered is there
             self._backoff_until = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, 10.0)
-            if started_now or self._autostart_grace():
+            if started_now or (refused is None and self._autostart_grace()):
                 return  # a server we just started is still booting: no alarm yet
-            self._warn_once(
-                "server",
-                f"torchscope: server {self.server} not reachable ({exc.__class__.__name__}); "
-                f"training continues, recording to {self.path}",
-            )
+            if refused is None:
+                why = f"not reachable ({exc.__class__.__name__})"
+            elif refused.status == 401:
+                why = "needs its token: set TORCHSCOPE_TOKEN to the one in the URL it printed"
+            else:
+                why = f"refused the run (HTTP {refused.status}: {refused.detail[:120]})"
+            self._warn_once("server", f"torchscope: server {self.server} {why}; training continues, recording to {self.path}")
 
     def _next_seq(self, have: int) -> int:
         seq = int(self._request("/next").get("next_seq", 0))

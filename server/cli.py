@@ -168,15 +168,16 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_open(args: argparse.Namespace) -> int:
-    from .client import ClientError, ensure_server, upload
+    from .client import ClientError, ensure_server, page_url, upload
 
     path = _check_file(args.file)
+    token = os.environ.get("TORCHSCOPE_TOKEN") or None
     try:
         base = ensure_server(args.port, args.data)
-        res = upload(base, path, os.environ.get("TORCHSCOPE_TOKEN"))
+        res = upload(base, path, token)
     except ClientError as exc:
         raise CliError(str(exc)) from None
-    url = base + res["url"]
+    url = page_url(base + res["url"], token)
     print(url, flush=True)
     if not args.no_browser:
         import webbrowser
@@ -189,47 +190,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import subprocess
     import time
 
-    from .client import ClientError, ensure_server
+    from .client import ClientError, ensure_server, page_url, sessions
 
     if args.steps < 1:
         raise CliError("--steps must be at least 1", 2)
+    token = os.environ.get("TORCHSCOPE_TOKEN") or None
     try:
         base = ensure_server(args.port, args.data)
+        known = {s["id"] for s in sessions(base, token)}  # and a server that wants a token says so now
     except ClientError as exc:
         raise CliError(str(exc)) from None
-    known = {s["id"] for s in _sessions(base)}
     proc = subprocess.Popen([sys.executable, "-m", "torchscope.demo_train", "--server", base,
                              "--steps", str(args.steps)])
     url = None
     deadline = time.monotonic() + 60
     while url is None and time.monotonic() < deadline and proc.poll() is None:
-        new = [s["id"] for s in _sessions(base) if s["id"] not in known]
+        new = [s["id"] for s in sessions(base, token) if s["id"] not in known]
         if new:
             url = f"{base}/sessions/{new[0]}"
         else:
             time.sleep(0.2)
-    print(url or base + "/", flush=True)
+    url = page_url(url or base + "/", token)
+    print(url, flush=True)
     if not args.no_browser:
         import webbrowser
 
-        webbrowser.open(url or base + "/")
+        webbrowser.open(url)
     try:
         return proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
         return 130
-
-
-def _sessions(base: str) -> list[dict[str, object]]:
-    import json
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(base + "/api/sessions", timeout=5) as resp:
-            data = json.loads(resp.read())
-    except (OSError, ValueError):
-        return []
-    return data if isinstance(data, list) else []
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -18,6 +19,32 @@ from typing import Any
 
 class ClientError(RuntimeError):
     """One line for the user."""
+
+
+NEEDS_TOKEN = "needs its token: set TORCHSCOPE_TOKEN to the one in the URL it printed"
+
+
+def page_url(url: str, token: str | None) -> str:
+    """The URL to open in a browser: with ``?token=`` when the server needs one (the page then
+    keeps it in a cookie)."""
+    if not token:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}{urllib.parse.urlencode({'token': token})}"
+
+
+def sessions(base: str, token: str | None) -> list[dict[str, Any]]:
+    """The server's session list ([] when it cannot be read); a ClientError when it wants a token."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(base + "/api/sessions", headers=headers), timeout=5) as r:
+            data = json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            raise ClientError(f"the server at {base} {NEEDS_TOKEN}") from None
+        return []
+    except (OSError, ValueError):
+        return []
+    return data if isinstance(data, list) else []
 
 
 def health(base: str, timeout: float = 1.0) -> dict[str, Any] | None:
@@ -91,6 +118,8 @@ def upload(base: str, path: Path, token: str | None = None) -> dict[str, Any]:
         with urllib.request.urlopen(req, timeout=600) as resp:
             return dict(json.loads(resp.read()))
     except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            raise ClientError(f"the server at {base} {NEEDS_TOKEN}") from None
         try:
             detail = json.loads(exc.read()).get("detail", exc.reason)
         except ValueError:

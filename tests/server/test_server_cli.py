@@ -14,9 +14,9 @@ from server_helpers import run_frames, write_file
 from torchscope.sessionfile import FRAME_HEADER_SIZE, file_header
 
 
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "torchscope.server.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 def one_line_error(res: subprocess.CompletedProcess[str]) -> str:
@@ -101,6 +101,37 @@ def test_open_imports_into_a_running_server(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stderr
         assert res.stdout.strip() == f"{srv.url}/sessions/cli-open"
         assert srv.get("/api/sessions/cli-open")["steps"] == 4  # type: ignore[index]
+    finally:
+        srv.stop()
+
+
+def test_a_server_with_a_token_is_named_so(tmp_path: Path) -> None:
+    """Against a token server: `open` prints a URL that opens (with ?token=), `demo` without the
+    token stops at once with one line, and a watched run says the server wants a token, not that
+    it cannot be reached."""
+    import os
+    import urllib.request
+
+    token = "t0ken-for-the-test"
+    path = write_file(tmp_path / "run.tscope", run_frames("cli-token", steps=2))
+    srv = ServerProc(tmp_path / "data", extra=["--token", token]).start()
+    bare = {k: v for k, v in os.environ.items() if k != "TORCHSCOPE_TOKEN"}
+    try:
+        res = cli("open", str(path), "--port", str(srv.port), "--no-browser", env={**bare, "TORCHSCOPE_TOKEN": token})
+        assert res.returncode == 0, res.stderr
+        url = res.stdout.strip()
+        assert url == f"{srv.url}/sessions/cli-token?token={token}"
+        with urllib.request.urlopen(url, timeout=10) as page:
+            assert page.status == 200
+        line = one_line_error(cli("demo", "--port", str(srv.port), "--no-browser", "--steps", "2", env=bare))
+        assert "needs its token" in line and "TORCHSCOPE_TOKEN" in line
+        code = ("import torch, torchscope; m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), 0.1)\n"
+                f"w = torchscope.watch(m, o, server={srv.url!r}, record={str(tmp_path / 'w.tscope')!r})\n"
+                "for _ in range(3): o.zero_grad(); m(torch.randn(4, 2)).sum().backward(); o.step()\n"
+                "w.close()\n")
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=bare)
+        assert run.returncode == 0, run.stderr
+        assert "needs its token" in run.stderr and "not reachable" not in run.stderr, run.stderr
     finally:
         srv.stop()
 
