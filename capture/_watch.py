@@ -1177,7 +1177,7 @@ class Watch:
             s.zero_grad = 1 if (all_zero or all_none) else 0
             s.set_to_none = all_none
             s.accumulated = 1
-        elif all(p is None or p.grad is None for p in params):
+        elif self._grads_reset(params):
             s.zero_grad += 1  # grads were reset between micro-batches (an LBFGS closure does)
             s.accumulated = 1
         else:
@@ -1538,6 +1538,16 @@ class Watch:
             self._held_key = key
             self._unheld = [i for i, p in enumerate(params) if p is not None and id(p) not in held]
         return [i for i in self._unheld if (p := params[i]) is not None and p.requires_grad]
+
+    def _grads_reset(self, params: list[torch.Tensor | None]) -> bool:
+        """Whether ``zero_grad()`` ran since the step's last backward: every gradient of the
+        parameters the watched optimizer steps is None.  Only those: a GAN watched whole, its
+        discriminator's optimizer watched, clears the discriminator's after the generator's
+        backward and leaves the generator's (no gradient read: no host sync on CUDA)."""
+        opt = self._optimizer() if self._optimizer is not None else None
+        other = set(self._not_stepped(opt, params)) if opt is not None else set()
+        held = [p for i, p in enumerate(params) if p is not None and i not in other]
+        return all(p.grad is None for p in held)
 
     def _live_bytes(self) -> int:
         """Bytes of the parameters, gradients and optimizer state now (a recorder's baseline)."""

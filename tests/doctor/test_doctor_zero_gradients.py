@@ -52,3 +52,28 @@ def test_gradients_zeroed_between_backward_and_step_are_p5(tmp_path: Path) -> No
 def test_a_correct_loop_with_zeroed_gradients_is_silent(tmp_path: Path) -> None:
     findings = _run(tmp_path, lambda out, y: nn.functional.mse_loss(out, y), set_to_none=False)
     assert not [f for f in findings if f["severity"] in ("error", "warning")], findings
+
+
+def test_a_gan_watched_whole_clears_its_discriminator_each_step(tmp_path: Path) -> None:
+    """A GAN module watched whole with its discriminator's optimizer: the generator's backward
+    also fills D's gradients, then opt_d.zero_grad() clears D's (not G's) before D's backward.
+    That is a reset, not two micro-batches summed (P15) or stale gradients (P5)."""
+    torch.manual_seed(0)
+    gen, disc = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2)), nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 1))
+    gan = nn.ModuleDict({"G": gen, "D": disc})
+    opt_g, opt_d = torch.optim.Adam(gen.parameters(), 1e-3), torch.optim.Adam(disc.parameters(), 1e-3)
+    bce = nn.functional.binary_cross_entropy_with_logits
+    path = tmp_path / "gan.tscope"
+    with torchscope.watch(gan, opt_d, server=None, record=path):
+        for _ in range(8):
+            fake = gen(torch.randn(16, 4))
+            opt_d.zero_grad()
+            bce(disc(torch.randn(16, 2) + 2), torch.ones(16, 1)).add(bce(disc(fake.detach()), torch.zeros(16, 1))).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            bce(disc(fake), torch.ones(16, 1)).backward()
+            opt_g.step()
+    events = list(iter_events(path))
+    steps = [e for e in events if e["kind"] == "step"][1:-1]  # the last: the generator's backward, closed at the end
+    assert steps and all(e["micro_batches"] == 2 and e["zero_grad"] == 1 and e["accumulated"] == 1 for e in steps), steps
+    assert not [f for f in diagnose(events) if f["severity"] in ("error", "warning")]
