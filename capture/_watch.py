@@ -1539,7 +1539,7 @@ class Watch:
             self._unheld = [i for i, p in enumerate(params) if p is not None and id(p) not in held]
         return [i for i in self._unheld if (p := params[i]) is not None and p.requires_grad]
 
-    def _grads_reset(self, params: list[torch.Tensor | None]) -> bool:
+    def _grads_reset(self, params: list[Any]) -> bool:
         """Whether ``zero_grad()`` ran since the step's last backward: every gradient of the
         parameters the watched optimizer steps is None.  Only those: a GAN watched whole, its
         discriminator's optimizer watched, clears the discriminator's after the generator's
