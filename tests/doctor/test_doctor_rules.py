@@ -311,6 +311,13 @@ def test_p7_silent_for_constant_or_no_alive_graphs() -> None:
     assert "P7" not in codes(diagnose(steady))
     optimizer_state = [session(), *[step(i, memory={"live": 10_000_000 if i else 5_000_000}) for i in range(6)]]
     assert "P7" not in codes(diagnose(optimizer_state))
+    # a loop variable holding the latest generator loss (WGAN-GP: two critic steps per generator
+    # step): one graph of a steady size every other boundary, a larger trailing one at the end
+    alternating = [session(), *[step(i, graphs_alive=20 * (i % 2) if i < 11 else 33) for i in range(12)]]
+    assert "P7" not in codes(diagnose(alternating))
+    # graphs piling up every other step do grow
+    piling = [session(), *[step(i, graphs_alive=20 * (i // 2)) for i in range(12)]]
+    assert "P7" in codes(diagnose(piling))
 
 
 # ---------------------------------------------------------------- P8 in-place, P10 double backward
