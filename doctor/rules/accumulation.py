@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, make
@@ -15,11 +17,41 @@ _SCALED_ROOTS = ("DivBackward", "MulBackward")
 FIX = "Divide each micro-batch loss by the accumulation count before backward(): (loss / accum_steps).backward()."
 
 
+def _scaled(graph: dict[str, Any], node: int, children: dict[int, list[int]], names: dict[int, str], depth: int = 0) -> bool:
+    """Whether the loss at ``node`` is scaled on every term: a Div/Mul, or a sum or difference
+    of scaled terms (``ce / k + 0.01 * reg / k`` ends in an add)."""
+    name = names.get(node, "")
+    if name.startswith(_SCALED_ROOTS):
+        return True
+    if depth > 16 or not name.startswith(("AddBackward", "SubBackward")):
+        return False
+    terms = [c for c in children.get(node, []) if names.get(c, "") not in ("", "AccumulateGrad")]
+    return bool(terms) and all(_scaled(graph, c, children, names, depth + 1) for c in terms)
+
+
+def _scaled_signatures(run: Run) -> set[object]:
+    """Graph signatures whose captured graph shows every term of the loss scaled: the steps
+    between captures share their step's structure (``graph_signature``)."""
+    sigs: set[object] = set()
+    for step, ev in run.step_events():
+        for graph in run.graphs_of(step):
+            names = {as_int(n.get("id"), -1): str(n.get("name", "")) for n in as_list(graph.get("nodes"))
+                     if isinstance(n, dict)}
+            children: dict[int, list[int]] = {}
+            for e in as_list(graph.get("edges")):
+                if isinstance(e, list) and len(e) >= 2:
+                    children.setdefault(as_int(e[0], -1), []).append(as_int(e[1], -1))
+            if ev.get("graph_signature") and _scaled(graph, as_int(graph.get("root"), -1), children, names):
+                sigs.add(ev.get("graph_signature"))
+    return sigs
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
     steps: list[int] = []
     counts: list[int] = []
     roots_seen: set[str] = set()
     srcs: list[str] = []
+    scaled = _scaled_signatures(run)
     for step, ev in run.step_events():
         # A backward that raised (P8/P10) accumulated nothing, nor does torch.autograd.grad
         # (it returns the gradients): don't count either as a micro-batch.
@@ -37,7 +69,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         roots = [str(r) for r in as_list(ev.get("backward_roots"))]
         if k <= 1 or not roots or as_dict(ev.get("scaler")):
             continue  # GradScaler's own multiply hides whether the loss was divided: don't guess
-        if not any(r.startswith(_SCALED_ROOTS) for r in roots):
+        if not any(r.startswith(_SCALED_ROOTS) for r in roots) and ev.get("graph_signature") not in scaled:
             steps.append(step)
             counts.append(k)
             roots_seen.update(roots)

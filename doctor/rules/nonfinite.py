@@ -31,6 +31,13 @@ def _bad_params(ev: dict[str, Any]) -> list[int]:
             if as_int(nan[i] if i < len(nan) else 0) > 0 or as_int(inf[i] if i < len(inf) else 0) > 0]
 
 
+def _param_input(graph: dict[str, Any], op: dict[str, Any]) -> str | None:
+    """The parameter among ``op``'s inputs, if one is."""
+    params = {as_int(t.get("id"), -1): t["param"] for t in as_list(graph.get("tensors"))
+              if isinstance(t, dict) and isinstance(t.get("param"), str)}
+    return next((params[i] for i in (as_int(x, -1) for x in as_list(op.get("inputs"))) if i in params), None)
+
+
 def _scaler_skipped(ev: dict[str, Any]) -> bool:
     # A GradScaler skips steps whose scaled gradients overflowed: that is its job, judged by P14.
     return as_dict(ev.get("scaler")).get("skipped") is True
@@ -50,13 +57,31 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         return []
     first_op: dict[str, Any] = {}
     op_step = -1
+    carried = None  # the parameter through which a later step's first NaN op got it
     for step, graph in run.all_graphs():
         hit = next((op for op in g.ops(graph) if "nan" in g.flags(op)), None)
         if hit is not None:
             first_op, op_step = hit, step
+            carried = _param_input(graph, hit) if step > steps[0] else None
             break
     names = [run.param_name(i) for i in sorted(params, key=lambda i: (params[i], i))]
     when = describe_steps(steps, run.last_step)
+    if carried is not None:
+        # The NaN reached the parameters through optimizer.step() at the first bad step: that
+        # later op only reads them, it made nothing (a transpose of a NaN weight is NaN)
+        ev0 = next((ev for step, ev in run.step_events() if step == steps[0]), {})
+        what = "in the loss" if _loss_bad(ev0) else (f"in the gradients of {', '.join(names[:3])}" if names else "")
+        message = (f"NaN/Inf first appeared at step {steps[0]} {what}; optimizer.step() wrote it into the parameters, "
+                   f"so from step {op_step} the first op reading {carried!r} ({g.op_label(first_op)}) already yields "
+                   f"NaN: that op is not the cause ({when}). Ops are checked for NaN from the step after a non-finite "
+                   f"one, so the op that produced it at step {steps[0]} is not known: check that step's loss "
+                   f"inputs, or run its backward under torch.autograd.set_detect_anomaly(True).")
+        src = next((str(s) for s in as_list(ev0.get("backward_src")) if s), None)
+        targets = [FindingTarget(step=params[i], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
+                   for i in sorted(params)] or [FindingTarget(step=steps[0], rank=run.rank)]
+        return [make("P4", "error", message, FIX, steps, rank=run.rank, targets=targets,
+                     modules=sorted({run.param_module(i) for i in params}), params=names, src=src, view="gradients",
+                     data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
     if first_op:
         message = f"NaN/Inf first produced by {g.op_label(first_op)} at step {op_step} ({when})."
     elif names:

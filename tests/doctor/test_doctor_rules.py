@@ -257,6 +257,23 @@ def test_p4_points_at_the_first_op_that_produced_nan() -> None:
     assert f["src"] == "m.py:9" and "aten::div" in f["message"] and f["severity"] == "error"
 
 
+def test_p4_does_not_blame_an_op_that_only_read_nan_parameters() -> None:
+    """A loss NaN at step 2 (not checked op by op: nothing was non-finite before), the optimizer
+    writes NaN into the weights, and step 3's checked capture finds the first NaN at the first op
+    that reads a weight: a transpose.  The finding names step 2 and its loss line, not the op."""
+    g = {"kind": "graph", "step": 3, "rank": 0,
+         "tensors": [{"id": 0, "param": "enc.weight"}, {"id": 1}],
+         "ops": [{"id": 0, "name": "aten::t", "module": "enc", "inputs": [0], "outputs": [1], "flags": ["nan"],
+                  "src": "m.py:4"}]}
+    bad = grads(nan=[32, 8, 8, 1])
+    events = [session(), step(0), step(1), step(2, loss=math.nan, losses=[math.nan], grads=bad,
+                                                  backward_src=["train.py:33"]), step(3, loss=math.nan, grads=bad), g]
+    f = only(diagnose(events), "P4")
+    assert f["steps"] == [2, 3] and f["src"] == "train.py:33" and f["view"] == "gradients"
+    assert "first appeared at step 2 in the loss" in f["message"] and "not the cause" in f["message"]
+    assert all("op" not in t for t in f["targets"]) and f["targets"][0]["param"] == "enc.weight"
+
+
 def test_p4_silent_on_scaler_skipped_steps_with_finite_loss() -> None:
     ev = step(0, grads=grads(inf=[3, 0, 0, 0]), scaler={"scale": 32768.0, "skipped": True})
     assert "P4" not in codes(diagnose([session(), ev, step(1, scaler={"scale": 32768.0, "skipped": False})]))
@@ -411,6 +428,22 @@ def test_p14_silent_for_calibration_skips() -> None:
 
 def _forwards(n: int) -> list[dict[str, Any]]:
     return [{"micro": k, "grad_mode": True, "training": True, "built_graph": True, "backward": True} for k in range(n)]
+
+
+def test_p15_reads_every_term_of_a_summed_loss() -> None:
+    """``ce / k + 0.01 * reg / k`` ends in an add: the captured graph shows each term scaled, and
+    the steps of the same structure between captures are judged by it; a sum with one term
+    not divided is still a finding."""
+    def run(terms: list[str]) -> list[dict[str, Any]]:
+        nodes = [{"id": 0, "name": "AddBackward0"}, *[{"id": i + 1, "name": t} for i, t in enumerate(terms)],
+                 {"id": 9, "name": "AccumulateGrad", "param": "enc.weight"}]
+        edges = [[0, i + 1, i] for i in range(len(terms))] + [[i + 1, 9, 0] for i in range(len(terms))]
+        g = {"kind": "graph", "step": 0, "rank": 0, "micro": 0, "root": 0, "nodes": nodes, "edges": edges}
+        return [session(), *[step(i, micro_batches=4, backward_roots=["AddBackward0"] * 4, forwards=_forwards(4),
+                                  graph_signature="sig", graph_captured=i == 0) for i in range(3)], g]
+    assert "P15" not in codes(diagnose(run(["DivBackward0", "MulBackward0"])))
+    f = only(diagnose(run(["DivBackward0", "NllLossBackward0"])), "P15")
+    assert f["steps"] == [0, 1, 2]
 
 
 def test_p15_accumulation_without_division() -> None:
