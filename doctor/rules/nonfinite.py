@@ -77,9 +77,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                    f"one, so the op that produced it at step {steps[0]} is not known: check that step's loss "
                    f"inputs, or run its backward under torch.autograd.set_detect_anomaly(True).")
         src = next((str(s) for s in as_list(ev0.get("backward_src")) if s), None)
-        targets = [FindingTarget(step=params[i], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
-                   for i in sorted(params)] or [FindingTarget(step=steps[0], rank=run.rank)]
-        return [make("P4", "error", message, FIX, steps, rank=run.rank, targets=targets,
+        at_params = [FindingTarget(step=params[i], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
+                     for i in sorted(params)] or [FindingTarget(step=steps[0], rank=run.rank)]
+        return [make("P4", "error", message, FIX, steps, rank=run.rank, targets=at_params,
                      modules=sorted({run.param_module(i) for i in params}), params=names, src=src, view="gradients",
                      data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
     if first_op:
