@@ -1753,15 +1753,17 @@ class Watch:
         return self._mode_facts
 
     def _hook_bytes(self) -> dict[str, int]:
-        """Bytes kept by user forward hooks, per module that has any (P13)."""
+        """Bytes kept by user forward hooks and forward pre-hooks, per module that has any (P13)."""
         if self._hooked is None or self._step % GRAD_STATS_EVERY == 0:
-            self._hooked = [(p, r) for p, r in self._modules if (m := r()) is not None and m._forward_hooks]
+            self._hooked = [(p, r) for p, r in self._modules
+                            if (m := r()) is not None and (m._forward_hooks or m._forward_pre_hooks)]
         out: dict[str, int] = {}
         for path, ref in self._hooked:
             m = ref()
-            if m is None or not m._forward_hooks:
+            if m is None:
                 continue
-            user = [h for h in m._forward_hooks.values() if not isinstance(h, ModuleHook)]
+            hooks = [*m._forward_hooks.values(), *m._forward_pre_hooks.values()]
+            user = [h for h in hooks if not isinstance(h, ModuleHook)]
             if user:
                 out[path] = retained_bytes(user)
         return out

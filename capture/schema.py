@@ -162,7 +162,7 @@ class StepEvent(TypedDict, total=False):
     backward_src: list[str]  # user's call site of each backward()
     step_src: str  # user's call site of optimizer.step()
     backward_errors: list[str]  # e.g. "Trying to backward through the graph a second time" (P10)
-    hooks: dict[str, int]  # module path -> bytes retained by user forward hooks (P13)
+    hooks: dict[str, int]  # module path -> bytes retained by user forward hooks and forward pre-hooks (P13)
     events: list[dict[str, object]]  # other in-process facts the doctor judges (free form, 'what' key)
 
 

@@ -308,6 +308,20 @@ def test_p13_hook_keeps_activations(tmp_path: Path) -> None:
     assert held == [4 * 16 * 4 * (i + 1) for i in range(3)]
 
 
+def test_p13_pre_hook_keeps_inputs(tmp_path: Path) -> None:
+    """A forward pre-hook keeping its module's inputs holds them as surely as a forward hook."""
+    kept: list[torch.Tensor] = []
+    model = _mlp()
+    model[2].register_forward_pre_hook(lambda m, args: kept.append(args[0]))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "pre-hooks.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(3):
+            _clean(model, opt, i, {})
+    held = [st["hooks"]["2"] for st in _steps(path)]
+    assert held == [sum(t.untyped_storage().nbytes() for t in kept[: i + 1]) for i in range(3)] and held[0] > 0
+
+
 def test_p1_and_p9_graph_breaks_on_captured_steps(tmp_path: Path) -> None:
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
