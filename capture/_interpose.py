@@ -50,8 +50,9 @@ _BREAKS = {
     _T.__array__: "torch::Tensor.__array__",
 }
 _DATA_GET = _T.data.__get__  # type: ignore[attr-defined]
-# Gradient clipping computes its norm with one of these, from torch/nn/utils/clip_grad.py (P14)
-_CLIP_NORMS = {torch._foreach_norm, torch.linalg.vector_norm}
+# Gradient clipping calls one of these from torch/nn/utils/clip_grad.py (P14): clip_grad_norm_
+# takes the norm, clip_grad_value_ clamps (foreach, or each gradient)
+_CLIP_NORMS = {torch._foreach_norm, torch.linalg.vector_norm, torch._foreach_clamp_min_, _T.clamp_}
 _CLIP_FILE = "clip_grad.py"
 _compiling = torch.compiler.is_compiling
 _HANDLED: dict[Any, str] = {

@@ -514,7 +514,8 @@ def test_p12_repeated_conversion_and_round_trip(tmp_path: Path) -> None:
         assert (whats["round_trip"]["count"], whats["round_trip"]["bytes"]) == (2, 4 * 8 * 8 + 4 * 8 * 4)
 
 
-def test_p14_clip_before_unscale(tmp_path: Path) -> None:
+@pytest.mark.parametrize("clip", ["norm", "value", "value-each"])
+def test_p14_clip_before_unscale(clip: str, tmp_path: Path) -> None:
     for unscale_first in (False, True):
         model = _mlp()
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -527,7 +528,10 @@ def test_p14_clip_before_unscale(tmp_path: Path) -> None:
                 scaler.scale(loss).backward()
                 if unscale_first:
                     scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                if clip == "norm":
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                else:  # clamps the gradients: foreach, or one by one
+                    torch.nn.utils.clip_grad_value_(model.parameters(), 0.5, foreach=clip == "value")
                 scaler.step(opt)
                 scaler.update()
         flagged = [any(e["what"] == "clip_before_unscale" for e in st.get("events", [])) for st in _steps(path)]
