@@ -790,6 +790,8 @@ class Watch:
             s.module_stack.clear()
             self._module_changed()
         fwd = s.forwards[-1] if s.forwards else None
+        if fwd is not None and module.training and (s.capture or self._step % GRAD_STATS_EVERY == 0):
+            self._late_eval(module, fwd)
         t = _first_tensor(output)
         if fwd is None or t is None or t.grad_fn is None:
             return
@@ -812,6 +814,17 @@ class Watch:
             # a graph built in eval mode may never be consumed (P6): size it now, while it exists
             saved, _ = AutogradWalk([fn]).saved(self._param_ptrs)
             fwd["saved_bytes"] = sum(saved.values())
+
+    def _late_eval(self, module: nn.Module, fwd: ForwardInfo) -> None:
+        """Modules the forward itself put in eval mode (``self.encoder.eval()`` inside
+        ``forward``; the loop's ``model.train()`` undoes it before the next one, so the modes
+        at the forward's start never show it).  Read fresh, on the steps the modes are."""
+        kept = self._modes_key, self._mode_facts
+        self._modes_key = None
+        late = self._modes_now(module)[0]
+        self._modes_key, self._mode_facts = kept  # the cache keeps what the step's other reads saw
+        if late != fwd.get("eval_modules"):
+            fwd["eval_modules"] = sorted({*fwd.get("eval_modules", ()), *late})
 
     def _watch_used(self, s: _StepState, fwd: ForwardInfo, t: torch.Tensor, fn: Any) -> None:
         """``fwd["backward"]`` becomes True once a backward reaches ``fn``, the node of the

@@ -121,7 +121,7 @@ class ForwardInfo(TypedDict, total=False):
     grad_mode: bool  # torch.is_grad_enabled() during the call
     inference_mode: bool
     training: bool  # root module's .training
-    eval_modules: list[str]  # modules in eval mode (when the root is training)
+    eval_modules: list[str]  # modules in eval mode (when the root is training), at its start or (sampled) its end
     train_modules: list[str]  # dropout / batch-norm modules in train mode (when grad mode is off)
     built_graph: bool  # its output had a grad_fn
     backward: bool  # a backward() later ran through its graph

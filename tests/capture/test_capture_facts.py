@@ -173,6 +173,34 @@ def test_p11_module_left_in_eval(tmp_path: Path) -> None:
         assert st["modes"] == {"2": False} and st["training"] is True
 
 
+def test_p11_module_put_in_eval_by_the_forward_itself(tmp_path: Path) -> None:
+    """``self.encoder.eval()`` inside forward, undone by the loop's ``model.train()`` before the
+    next one: seen at the forward's end on the steps the modes are read (every 10th)."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5))
+            self.head = nn.Linear(16, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.encoder.eval()
+            return self.head(self.encoder(x))
+
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "late-eval.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for _ in range(12):
+            model.train()
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+    seen = {st["step"]: st["forwards"][0]["eval_modules"] for st in _steps(path)}
+    assert seen[0] == seen[10] == ["encoder", "encoder.0", "encoder.1"]
+    assert all(seen[i] == [] for i in range(1, 10))  # read at the forward's start: all training
+
+
 def test_p11_dropout_in_train_mode_under_no_grad(tmp_path: Path) -> None:
     def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
         _clean(model, opt, i, state)
