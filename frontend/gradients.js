@@ -30,7 +30,13 @@ export class GradientsView {
     this.modules = [...new Set(g.params.map((p) => modOf.get(p) ?? p.split(".").slice(0, -1).join(".")))];
     const mIndex = new Map(this.modules.map((m, i) => [m, i]));
     this.paramModule = g.params.map((p) => mIndex.get(modOf.get(p) ?? p.split(".").slice(0, -1).join(".")));
-    clear(this.pick).append(...g.params.map((p, i) => h("option", { value: i, selected: i < 3 }, p)));
+    // keep what the user chose across live reloads; at first, three parameters that have a
+    // gradient norm to draw (one that never got a gradient would be picked with no line)
+    const kept = new Set([...this.pick.selectedOptions].map((o) => o.textContent));
+    const drawn = new Set();
+    for (const row of g.norm || []) (row || []).forEach((v, p) => { if (v !== null && v !== undefined) drawn.add(p); });
+    const first = new Set(g.params.map((_, i) => i).filter((i) => drawn.has(i)).slice(0, 3));
+    clear(this.pick).append(...g.params.map((p, i) => h("option", { value: i, selected: kept.size ? kept.has(p) : first.has(i) }, p)));
     this.drawHeat();
     this.drawLines();
     this.drawNoGrad();
@@ -119,6 +125,7 @@ export class GradientsView {
   debug() {
     const notTrained = this.noGrad.querySelector("[data-testid=not-trained]");
     return { modules: this.modules || [], steps: this.g?.steps?.length || 0, noGrad: this.noGrad.textContent,
+      chosen: [...this.pick.selectedOptions].map((o) => o.textContent),
       notTrained: notTrained ? notTrained.nextElementSibling.textContent : "" };
   }
 }

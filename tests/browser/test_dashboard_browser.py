@@ -418,6 +418,39 @@ def test_views_refresh_while_a_fast_run_streams(page: Any, srv: ServerProc, tmp_
     assert any(sub != "Net · 5 steps" and "steps" in sub for _, sub in during), seen
 
 
+def test_gradients_view_picks_parameters_with_a_gradient_and_keeps_the_users_choice(
+        page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    """The first three parameters preselected are ones with a norm to draw (not one that never
+    got a gradient), and a choice the user made survives the live reloads of a streaming run."""
+    from torchscope.transport import Transport
+
+    sid = f"pick-{int(time.time() * 1000)}"
+    names = ["side.weight", "enc.weight", "enc.bias", "head.weight", "head.bias"]
+    t = Transport(str(tmp_path / "pick.tscope"), sid, rank=0, server=srv.url)
+    t.emit({"kind": "session", "schema": [1, 0], "session_id": sid, "name": "pick", "started_at": time.time(),
+            "rank": 0, "world_size": 1, "model": "Net", "modules": [],
+            "params": [{"name": n, "module": n.rsplit(".", 1)[0], "shape": [2], "numel": 2, "requires_grad": True}
+                       for n in names]})
+
+    def step(s: int) -> None:
+        t.emit({"kind": "step", "step": s, "rank": 0, "t": time.time(), "duration_us": 1000,
+                "grads": {"norm": [None, 1.0, 0.5, 0.25 + s, 0.1], "nan": [0] * 5, "inf": [0] * 5, "none": [0]}})
+
+    for s in range(3):
+        step(s)
+    t.flush(timeout=30)
+    open_dash(page, srv, sid, "?view=gradients")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.steps >= 3; })()")
+    assert state(page)["gradients"]["chosen"] == ["enc.weight", "enc.bias", "head.weight"]
+    page.select_option("[data-testid=param-pick]", ["head.bias"])
+    for s in range(3, 8):
+        step(s)
+    t.flush(timeout=30)
+    page.wait_for_function("(() => window.__torchscope.state().gradients.steps >= 8)()")
+    assert state(page)["gradients"]["chosen"] == ["head.bias"]
+    t.close({"kind": "end", "t": time.time(), "status": "finished", "steps": 8})
+
+
 def test_dark_theme_and_unknown_session(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
     open_dash(page, srv, runs["net"]["id"])
     wait_graph(page)
