@@ -74,7 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--data", metavar="DIR", help="data directory of a server started here")
     o.add_argument("--no-browser", action="store_true", help="print the URL only")
 
-    d = sub.add_parser("demo", help="run a small CPU training with capture and show it live")
+    d = sub.add_parser("demo", help="run a small CPU training with capture and show it live", description=(
+        "Train a small model on the CPU with torchscope.watch() and open its live dashboard: the "
+        "server on --port is used, or started in the background when none answers. The run is "
+        "also recorded to ./torchscope-runs/ (a .tscope file `torchscope open` reopens)."))
     d.add_argument("--port", type=_port, default=DEFAULT_PORT, help="server port (default %(default)s)")
     d.add_argument("--steps", type=int, default=200, help="training steps (default %(default)s)")
     d.add_argument("--data", metavar="DIR", help="data directory of a server started here")
@@ -83,11 +86,24 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="summarize a session file")
     i.add_argument("file", help="a .tscope session file")
 
-    dr = sub.add_parser("doctor", help="diagnose a session file (pitfalls P1-P15)")
+    dr = sub.add_parser("doctor", help="diagnose a session file (pitfalls P1-P15)", description=(
+        "List the pitfalls found in a session file, each with its steps, a one-line explanation "
+        "and a fix. Exit status: 0 nothing found, 1 findings, 2 an unreadable file or bad option."))
     dr.add_argument("file", help="a .tscope session file")
     dr.add_argument("--json", action="store_true", help="findings as JSON")
-    dr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a doctor setting")
+    dr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help=f"override a doctor threshold (repeatable); keys: {_doctor_keys()}")
     return p
+
+
+def _doctor_keys() -> str:
+    try:
+        from dataclasses import fields
+
+        from torchscope.doctor.settings import Settings
+    except ImportError:  # an install without the doctor: `doctor` says so when run
+        return "see docs/doctor.md"
+    return ", ".join(f.name for f in fields(Settings))
 
 
 # ---------------------------------------------------------------------- serve
