@@ -55,11 +55,17 @@ export function shape(s) {
 // A refresh while a run streams: at most one call every `ms`, the first `ms` after an event
 // and then again while events keep coming. Never a debounce (a timer reset by every event):
 // a run that steps faster than `ms` would then never refresh the view at all.
+// A refresh that finds the server gone (ApiError status 0: the header already shows
+// "disconnected", and the live channel refreshes again once it is back) is not an error of the
+// page; anything else still is.
 export function coalesce(fn, ms) {
   let timer = null;
   return (...args) => {
     if (timer !== null) return;
-    timer = setTimeout(() => { timer = null; fn(...args); }, ms);
+    timer = setTimeout(() => {
+      timer = null;
+      Promise.resolve(fn(...args)).catch((e) => { if (e?.status !== 0) throw e; });
+    }, ms);
   };
 }
 

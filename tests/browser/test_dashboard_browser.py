@@ -451,6 +451,44 @@ def test_gradients_view_picks_parameters_with_a_gradient_and_keeps_the_users_cho
     t.close({"kind": "end", "t": time.time(), "status": "finished", "steps": 8})
 
 
+def test_a_server_restart_under_an_open_page_is_no_page_error(page: Any, tmp_path: Path) -> None:
+    """The server goes away under a session page mid-run and comes back: the page says
+    "disconnected", raises nothing (refreshes that found the server gone are not page errors),
+    and picks up the steps sent after the restart."""
+    from torchscope.transport import Transport
+
+    srv = ServerProc(tmp_path / "data").start()
+    try:
+        sid = f"restart-{int(time.time() * 1000)}"
+        t = Transport(str(tmp_path / "r.tscope"), sid, rank=0, server=srv.url)
+        t.emit({"kind": "session", "schema": [1, 0], "session_id": sid, "name": "restart", "started_at": time.time(),
+                "rank": 0, "world_size": 1, "model": "Net", "modules": [], "params": []})
+        step = 0
+
+        def send(n: int) -> None:
+            nonlocal step
+            for _ in range(n):
+                t.emit({"kind": "step", "step": step, "rank": 0, "t": time.time(), "duration_us": 1000,
+                        "memory": {"live": 1000, "peak": 2000}})
+                step += 1
+
+        send(3)
+        t.flush(timeout=30)
+        open_dash(page, srv, sid, "?view=memory")
+        page.wait_for_function("window.__torchscope.state().memory?.steps >= 3")
+        srv.stop()
+        page.wait_for_selector("#conn.bad")
+        send(3)  # while it is down: kept in the file, sent once it is back
+        page.wait_for_timeout(1500)  # refreshes meanwhile find no server
+        srv.start()
+        page.wait_for_selector("#conn.ok", timeout=30_000)
+        send(2)
+        page.wait_for_function("window.__torchscope.state().memory?.steps >= 8", timeout=30_000)
+        t.close({"kind": "end", "t": time.time(), "status": "finished", "steps": step})
+    finally:
+        srv.stop()
+
+
 def test_dark_theme_and_unknown_session(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
     open_dash(page, srv, runs["net"]["id"])
     wait_graph(page)
