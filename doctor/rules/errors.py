@@ -39,6 +39,30 @@ def _node_named(run: Run, step: int, name: str) -> tuple[int, dict[str, Any]]:
     return -1, {}
 
 
+def _overwrote_output(graph: dict[str, Any], node: dict[str, Any]) -> dict[str, Any] | None:
+    """The first in-place forward op, after the op that made ``node``, writing a storage that
+    op output: what the node saved of its own result (a ReLU's, a sigmoid's) is gone.  (The
+    capture cannot read such a node's saved tensors once they are stale, so the silent form's
+    flag is not there.)"""
+    if "op" not in node:
+        return None
+    made = as_int(node.get("op"), -1)
+    tensors = {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
+    ops = g.ops(graph)
+    source = next((op for op in ops if as_int(op.get("id"), -1) == made), None)
+    if source is None:
+        return None
+    storages = {tensors[t].get("storage") for t in (as_int(x, -1) for x in as_list(source.get("outputs")))
+                if t in tensors and "storage" in tensors[t]}
+    for op in ops:
+        if as_int(op.get("id"), -1) <= made or op.get("phase", "forward") != "forward" or "inplace" not in g.flags(op):
+            continue
+        first = next((as_int(x, -1) for x in as_list(op.get("inputs"))), -1)
+        if first in tensors and tensors[first].get("storage") in storages:
+            return op
+    return None
+
+
 def check_inplace(run: Run, settings: Settings) -> list[Finding]:
     findings: list[Finding] = []
     crashes = [e for e in errors(run) if INPLACE_TEXT in e.message]
@@ -53,9 +77,13 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
             node_name = str(node.get("name", node_name))
             targets = [FindingTarget(step=gstep, rank=run.rank, node=as_int(node.get("id")),
                                      module=str(node.get("module", "")))]
-        # The in-place op itself, when a failing step's graph was captured (the capture flags it).
+        # The in-place op itself, when a failing step's graph was captured (the capture flags it,
+        # or it wrote the output of the op whose node needed it)
         culprit = next(((s, op) for s in crash_steps for graph in run.graphs_of(s) for op in g.ops(graph)
                         if "inplace_saved" in g.flags(op)), None)
+        if culprit is None and node:
+            culprit = next(((gstep, op) for graph in run.graphs_of(gstep)
+                            if (op := _overwrote_output(graph, node)) is not None), None)
         where = ""
         if culprit:
             targets.insert(0, FindingTarget(**g.target_of_op(culprit[0], run.rank, culprit[1])))  # type: ignore[typeddict-item]

@@ -31,7 +31,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         in_eval = in_eval or any(f.get("training") is False for f in unused)
     if not steps:
         return []
-    what = "evaluation in eval mode" if in_eval else "forward passes"
+    passes = "forward pass" if count == 1 else "forward passes"
+    what = f"{passes} in eval mode (an evaluation)" if in_eval else passes
     held_txt = f", holding up to {fmt_bytes(held)} of saved activations" if held else ""
     severity: Severity = "warning"
     if count == 1 and not in_eval:

@@ -352,6 +352,20 @@ def test_p8_error_points_at_the_backward_node_that_needed_the_value() -> None:
     assert "P15" not in codes(diagnose(events))  # the failed backward is not a micro-batch
 
 
+def test_p8_error_names_the_in_place_op_that_overwrote_a_saved_output() -> None:
+    """``out = relu(...); out += x``: ReluBackward0 saved its output, the add_ wrote it.  On the
+    failing (captured) step the finding points at the add_ and its line, not the backward call."""
+    g = {"kind": "graph", "step": 0, "rank": 0, "root": 0,
+         "tensors": [{"id": 0, "storage": 1}, {"id": 1, "storage": 2}, {"id": 2, "storage": 2}],
+         "ops": [{"id": 0, "name": "aten::relu", "module": "block", "inputs": [0], "outputs": [1], "phase": "forward"},
+                 {"id": 1, "name": "aten::add_", "module": "block", "inputs": [2, 0], "outputs": [2], "phase": "forward",
+                  "flags": ["inplace"], "src": "m.py:11"}],
+         "nodes": [{"id": 0, "name": "MseLossBackward0"}, {"id": 3, "name": "ReluBackward0", "module": "block", "op": 0}]}
+    msg = INPLACE_MSG.replace("output 0 of Sigmoid", "output 0 of ReluBackward0")
+    f = only(diagnose([session(), step(0, backward_errors=[msg]), g]), "P8")
+    assert f["src"] == "m.py:11" and "aten::add_" in f["message"] and f["targets"][0]["op"] == 1
+
+
 def test_p8_silent_form_flagged_op() -> None:
     g = {"kind": "graph", "step": 1, "rank": 0,
          "ops": [{"id": 5, "name": "aten::mul_", "module": "block", "flags": ["inplace", "inplace_saved"],
