@@ -418,6 +418,12 @@ def test_p12_repeated_copies() -> None:
     batch_moves = [{"what": "noop_to", "count": 2}]
     assert diagnose([session(), *[step(i, events=batch_moves, copies={"count": 2, "bytes": 4096})
                                   for i in range(4)]]) == []
+    # copies counted on steps 0-3 of 8 only (the capture's schedule): repeats on all but the first
+    # of them are every step's, and the message says so rather than "steps 1-3" alone
+    counted = [step(i, events=rep if i else []) if i < 4 else {k: v for k, v in step(i).items() if k != "copies"}
+               for i in range(8)]
+    f = only(diagnose([session(), *counted]), "P12")
+    assert f["steps"] == [1, 2, 3] and "every step copies were counted on" in f["message"]
 
 
 def test_p13_hook_bytes_growing() -> None:
