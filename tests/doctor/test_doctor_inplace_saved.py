@@ -40,7 +40,8 @@ class Safe(nn.Module):
         return self.body(x).sum()
 
 
-def _record(model: nn.Module, tmp_path: Path, mode: str, native: bool, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+def _record(model: nn.Module, tmp_path: Path, mode: str, native: bool, monkeypatch: pytest.MonkeyPatch,
+            shape: tuple[int, ...] = (3, 4)) -> list[dict[str, Any]]:
     monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
     if native:
         assert _native.get(block=True) is not None, f"the native extension did not build: {_native._error}"
@@ -50,7 +51,7 @@ def _record(model: nn.Module, tmp_path: Path, mode: str, native: bool, monkeypat
     with torchscope.watch(model, opt, server=None, record=path, mode=mode):
         for _ in range(3):
             opt.zero_grad()
-            model(torch.randn(3, 4)).backward()
+            model(torch.randn(*shape)).backward()
             opt.step()
     return list(iter_events(path))
 
@@ -111,16 +112,7 @@ class Gru(nn.Module):
 def test_torch_writing_other_parts_of_a_saved_storage_is_not_flagged(
     tmp_path: Path, native: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
-    model = Gru()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    path = tmp_path / "gru.tscope"
-    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
-        for _ in range(3):
-            opt.zero_grad()
-            model(torch.randn(3, 5, 4)).backward()
-            opt.step()
-    events = list(iter_events(path))
+    events = _record(Gru(), tmp_path, "full", native, monkeypatch, shape=(3, 5, 4))
     for g in _graphs(events):
         tensors = g["tensors"]
         first = {t["storage"]: n["op"] for n in g["nodes"] if "op" in n for t in n.get("saved", ())}
