@@ -124,6 +124,9 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
     return findings
 
 
+_UNUSED_FIX = ("Call the layer in forward() if the model is meant to use it (a layer defined in __init__ and "
+               "forgotten, or a branch that never runs); otherwise remove it: its parameters never change (the "
+               "optimizer skips a parameter whose .grad is None) and only weigh on memory and checkpoints.")
 _VARYING = ("a path that changes from step to step (layer drop, early exit, a mixture-of-experts expert no "
             "token was routed to)")
 _VARYING_FIX = ("Nothing to fix if the model picks its path per step: the optimizer skips a parameter whose .grad "
@@ -156,7 +159,7 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
     else:
         head = f"{shown} never received a gradient ({when})"
     if not used:
-        return "error", f"{head}: the forward never used {_them(names)}.", fix
+        return "error", f"{head}: the forward never used {_them(names)}.", _UNUSED_FIX
     if op:
         why = "it ran under torch.no_grad()" if op.get("grad_mode") is False else "gradient cannot flow through it"
         return "error", f"{head}: its path to the loss breaks at {g.op_label(op)} ({why}).", fix

@@ -102,6 +102,17 @@ def test_p1_points_at_the_parameter_and_the_op_where_its_path_breaks() -> None:
     assert "since step 0, every step" in f["message"]
 
 
+def test_p1_a_layer_the_forward_never_uses_gets_its_own_fix() -> None:
+    """enc is never read by any op of the captured graph (defined, never called): not a cut
+    path, so the fix is to call it or remove it, not the detach/no_grad advice."""
+    g = _detach_graph(0)
+    g["ops"] = [op | {"inputs": [1, 4]} if op["id"] == 3 else op for op in g["ops"] if op["id"] in (3, 4)]
+    events = [session(), *[step(i, grads=grads(none=[0, 1], norm=[None, None, 1.0, 1.0])) for i in range(4)], g]
+    f = only(diagnose(events), "P1")
+    assert "the forward never used them" in f["message"] and "Call the layer in forward()" in f["fix"]
+    assert ".detach()" not in f["fix"]
+
+
 def test_p1_reads_no_break_from_a_step_where_the_parameter_had_a_gradient() -> None:
     """The only captured graph is step 0's, where enc got its gradient; enc got none at step 3
     (an idle expert): the finding says its path was cut, and names no op of step 0."""
