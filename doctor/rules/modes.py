@@ -86,8 +86,14 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         steps = sorted({s for v in train_in_eval.values() for s in v})
         mods = sorted(train_in_eval)
         who = "the model is" if "" in mods else f"{_named(mods)} {'is' if len(mods) == 1 else 'are'}"
+        if "" in mods:  # the whole model: what it changes is in its dropout and batch-norm modules
+            inside = [str(as_dict(m).get("path")) for m in as_list(run.session.get("modules"))
+                      if str(as_dict(m).get("type", "")).startswith(_MODE_SENSITIVE)]
+            effects = f"{_effects(run, inside)} (in {_named(inside)})" if inside else _effects(run, mods)
+        else:
+            effects = _effects(run, mods)
         message = (f"Training while {who} in eval mode ({describe_steps(steps, run.last_step)}): "
-                   f"{_effects(run, mods)}, so the model trains differently than intended.")
+                   f"{effects}, so the model trains differently than intended.")
         findings.append(make("P11", "warning", message, FIX_TRAIN, steps, rank=run.rank,
                              targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in mods],
                              modules=mods, src=src, data={"mode": "eval", "steps_by_module": train_in_eval}))

@@ -402,6 +402,8 @@ def test_p11_training_in_eval_mode() -> None:
     events = [session(modules=MODES), step(0), step(1), *[step(i, forwards=eval_fwd) for i in range(2, 5)]]
     f = only(diagnose(events), "P11")
     assert f["steps"] == [2, 3, 4] and f["modules"] == [""] and "since step 2" in f["message"]
+    sensitive = [path for path, kind in MODES if kind.startswith(("Dropout", "BatchNorm"))]
+    assert sensitive and all(repr(p) in f["message"] for p in sensitive)  # where eval mode changes something
 
 
 def test_p11_evaluating_with_dropout_in_train_mode_and_frozen_bn() -> None:
