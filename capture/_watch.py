@@ -791,7 +791,7 @@ class Watch:
             self._module_changed()
         fwd = s.forwards[-1] if s.forwards else None
         if fwd is not None and module.training and (s.capture or self._step % GRAD_STATS_EVERY == 0):
-            self._late_eval(module, fwd)
+            self._modes_after_forward(module, fwd)
         t = _first_tensor(output)
         if fwd is None or t is None or t.grad_fn is None:
             return
@@ -815,7 +815,7 @@ class Watch:
             saved, _ = AutogradWalk([fn]).saved(self._param_ptrs)
             fwd["saved_bytes"] = sum(saved.values())
 
-    def _late_eval(self, module: nn.Module, fwd: ForwardInfo) -> None:
+    def _modes_after_forward(self, module: nn.Module, fwd: ForwardInfo) -> None:
         """Modules the forward itself put in eval mode (``self.encoder.eval()`` inside
         ``forward``; the loop's ``model.train()`` undoes it before the next one, so the modes
         at the forward's start never show it).  Read fresh, on the steps the modes are."""
