@@ -54,6 +54,7 @@ _DATA_GET = _T.data.__get__  # type: ignore[attr-defined]
 # takes the norm, clip_grad_value_ clamps (foreach, or each gradient)
 _CLIP_NORMS = {torch._foreach_norm, torch.linalg.vector_norm, torch._foreach_clamp_min_, _T.clamp_}
 _CLIP_FILE = "clip_grad.py"
+_SCALER_FILE = "grad_scaler.py"
 _compiling = torch.compiler.is_compiling
 _HANDLED: dict[Any, str] = {
     **_BACKWARD,
@@ -96,6 +97,10 @@ class Interposer(TorchFunctionMode):
             if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad and _from_user():
                 self.watch._safe("breaks", self.watch._on_break, _BREAKS[func], args[0])
             return func(*args, **kwargs)
+        if self.watch._scaler is None and _caller_file().endswith(_SCALER_FILE):
+            # GradScaler.scale() moves its scale to the loss's device: a scaler the user did not
+            # pass to watch() (P14, skipped steps, the scale over time)
+            self.watch._safe("amp", self.watch._found_scaler, sys._getframe(1).f_locals.get("self"))
         out = self.watch._run_cast(func, args, kwargs)
         if args and isinstance(args[0], torch.Tensor) and _from_user():
             self.watch._safe("copies", self.watch._on_move, args[0], out)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
+import types
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -64,3 +67,63 @@ def user_src(depth: int = 1) -> str:
             return f"{b}:{f.f_lineno}"
         f = f.f_back  # type: ignore[assignment]
     return ""
+
+
+def _user_frame(depth: int) -> types.FrameType | None:
+    f: types.FrameType | None = sys._getframe(depth + 1)
+    while f is not None and _user_base(f.f_code.co_filename) is None:
+        f = f.f_back
+    return f
+
+
+_callers: dict[tuple[str, int, str, int], Callable[..., Any]] = {}
+_mirrors: set[types.CodeType] = set()  # the code of _callers' functions
+
+
+def _caller(f: types.FrameType) -> Callable[..., Any]:
+    """A function whose call to ``func(*args, **kwargs)`` happens at ``f``'s file and line, in a
+    function of ``f``'s name, with ``f``'s module globals (__name__, __warningregistry__)."""
+    code = f.f_code
+    key = (code.co_filename, f.f_lineno, code.co_name, id(f.f_globals))
+    call = _callers.get(key)
+    if call is None:
+        # one line, at the frame's line number: the call happens on it
+        src = "\n" * (max(f.f_lineno, 1) - 1) + "def _call(func, args, kwargs): return func(*args, **kwargs)\n"
+        inner = next(c for c in compile(src, code.co_filename, "exec").co_consts if isinstance(c, types.CodeType))
+        if len(_callers) >= 256:
+            _callers.clear()
+            _mirrors.clear()
+        call = _callers[key] = types.FunctionType(inner.replace(co_name=code.co_name), f.f_globals)
+        _mirrors.add(call.__code__)
+    return call
+
+
+def _unlink_mirrors(tb: types.TracebackType | None) -> None:
+    """Drop the mirroring frames after ``tb`` (call_as_user's own entry) from a traceback: they
+    would show the user's lines a second time, between the watch's frames and torch's."""
+    if tb is None:
+        return
+    after = tb.tb_next
+    while after is not None and after.tb_frame.f_code in _mirrors:
+        after = after.tb_next
+    tb.tb_next = after
+
+
+def call_as_user(func: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> Any:
+    """``func(*args, **kwargs)`` below two frames that mirror the user's call site and its
+    caller, so the frames just above torch's are what they would be unwatched.  torch warns from
+    inside ``backward()`` with a fixed ``stacklevel`` (a full backward hook's warning: 5) that
+    counts torch's frames: without this, the watch's own frames take the user's place, which
+    moves the warning into torchscope and breaks filters on module or line."""
+    f = _user_frame(1)
+    if f is None:
+        return func(*args, **kwargs)
+    inner = _caller(f)
+    try:
+        if f.f_back is None:
+            return inner(func, args, kwargs)
+        return _caller(f.f_back)(inner, (func, args, kwargs), {})
+    except BaseException:
+        # not bound to a name: this frame would hold its own traceback (a cycle)
+        _unlink_mirrors(sys.exc_info()[2])
+        raise

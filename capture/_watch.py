@@ -46,7 +46,7 @@ from ._modhook import ModuleHook
 from ._native import NativeRecorder
 from ._ops import OpRecorder, StorageIds, autocast_on
 from ._overlap import Region, itemsize, region
-from ._srcloc import _is_internal, op_src, user_src
+from ._srcloc import _is_internal, call_as_user, op_src, user_src
 from .distributed import RankInfo, rank_info, rank_path, session_id
 from .schema import (
     SCHEMA_VERSION,
@@ -521,6 +521,7 @@ class Watch:
             # one with forwards (a training loop's trailing evaluation is not a step of its own)
             if self._s.micro > 0 or (self._s.forwards and self._optimizer is None):
                 self._safe("step", self._close_step, self._scale_changed())
+            trailing = list(self._s.forwards)  # none once closed: an evaluation after the last step
             self._safe("step", self._finish_deferred)
             self._safe("step", self._drop_open_step)
             for h in self._handles:
@@ -534,6 +535,8 @@ class Watch:
             self._active = False
             Watch._n_active -= 1
             end: dict[str, Any] = {"kind": "end", "t": time.time(), "status": "finished", "steps": self._step}
+            if trailing:
+                end["forwards"] = trailing
             if self._ended_by is not None:
                 end["status"], end["message"] = self._ended_by
             self._transport.close(end)
@@ -1027,6 +1030,12 @@ class Watch:
         if s.recorder is not None and self._capturing_ops:
             s.recorder.add_marker(name, t, ["breaks_graph"])
 
+    def _found_scaler(self, scaler: Any) -> None:
+        """A GradScaler seen scaling a loss of the step (``scaler.scale(loss)``) when none was
+        passed to watch(): followed as if it had been."""
+        if isinstance(scaler, torch.amp.GradScaler) and self._scaler is None:
+            self._scaler = scaler
+
     def _on_clip(self) -> None:
         """Gradients clipped while the GradScaler has not unscaled them: the threshold is
         compared with scaled gradients (P14)."""
@@ -1085,13 +1094,13 @@ class Watch:
     # ------------------------------------------------------------------ backward
     def _run_backward(self, func: Any, kind: str, args: Any, kwargs: dict[str, Any]) -> Any:
         if not self._active:
-            return func(*args, **kwargs)
+            return call_as_user(func, args, kwargs)
         ours = self._safe("backward", self._before_backward, kind, args, kwargs)
         if not ours:
-            return func(*args, **kwargs)
+            return call_as_user(func, args, kwargs)
         t0 = time.perf_counter()
         try:
-            return func(*args, **kwargs)
+            return call_as_user(func, args, kwargs)
         except BaseException:
             # not bound to a name here: this frame would hold the exception, whose traceback
             # holds this frame -- a cycle that keeps the failed backward's graph (``args``)
@@ -1107,15 +1116,15 @@ class Watch:
         (a loop that computes its gradients so and assigns ``p.grad`` itself)."""
         create = kwargs.get("create_graph", args[4] if len(args) > 4 else False)
         if not self._active:
-            return func(*args, **kwargs)
+            return call_as_user(func, args, kwargs)
         if not create:
             inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
             if self._safe("backward", self._of_params, inputs):
                 return self._run_backward(func, "grad", args, kwargs)
-            return func(*args, **kwargs)
+            return call_as_user(func, args, kwargs)
         outputs = args[0] if args else kwargs.get("outputs")
         before = self._safe("higher_order", _walk_of, outputs)  # held: node ids stay valid
-        out = func(*args, **kwargs)
+        out = call_as_user(func, args, kwargs)
         if before is not None:
             self._safe("higher_order", _stamp_higher_order, before, out)
         return out

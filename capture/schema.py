@@ -267,6 +267,8 @@ class EndEvent(TypedDict, total=False):
     steps: int
     shed_ops: int  # per-op detail dropped under back-pressure over the whole run
     message: str
+    # root forwards after the last step, of no step (a trailing evaluation: P11), as in StepEvent
+    forwards: list[ForwardInfo]
 
 
 # ----------------------------------------------------------------------------- series (1.1)

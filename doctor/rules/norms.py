@@ -53,10 +53,20 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
     data = {"norm": [n for _, n, _ in history], "steps": [s for s, _, _ in history]}
     out = []
     if exploding:
+        first = exploding[0]
+        grew = _grew_most(run, first)
+        names = [run.param_name(i) for i, _ in grew]
+        where = ""
+        if grew:
+            jumps = ", ".join(f"{run.param_name(i)} ({g:.0f}x)" for i, g in grew)
+            where = f" At step {first} it jumped most in {jumps}, against their own earlier norms."
+        targets = [FindingTarget(step=first, rank=run.rank, param=n, module=run.param_module(i))
+                   for (i, _), n in zip(grew, names, strict=True)] or [FindingTarget(step=first, rank=run.rank)]
         out.append(make("P3", "warning",
                         f"The gradient norm exploded: over {settings.explode_factor:g}x its usual level "
-                        f"({describe_steps(exploding, run.last_step)}).", FIX_EXPLODE, exploding, rank=run.rank,
-                        targets=[FindingTarget(step=exploding[0], rank=run.rank)], view="gradients", data=data))
+                        f"({describe_steps(exploding, run.last_step)}).{where}", FIX_EXPLODE, exploding,
+                        rank=run.rank, targets=targets, modules=list(dict.fromkeys(t["module"] for t in targets if t.get("module"))),
+                        params=names, view="gradients", data=data))
     if vanishing:
         out.append(make("P3", "warning",
                         f"The gradient norm vanished: below 1/{settings.vanish_factor:g} of its earlier level while the loss "
@@ -64,6 +74,31 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
                         f"({describe_steps(vanishing, run.last_step)}).", FIX_LAYERS, vanishing, rank=run.rank,
                         targets=[FindingTarget(step=vanishing[0], rank=run.rank)], view="gradients", data=data))
     return out
+
+
+def _grew_most(run: Run, at: int) -> list[tuple[int, float]]:
+    """The parameters whose gradient norm grew most at step ``at`` over the median of their own
+    earlier norms (a layer, not the model, is where an explosion starts): up to three, those
+    within 10x of the largest growth, with their growth."""
+    earlier: dict[int, list[float]] = {}
+    now: list[float | None] = []
+    for step, ev in run.step_events():
+        norms = floats(ev, "norm")
+        if step == at:
+            now = norms
+            break
+        for i, v in enumerate(norms):
+            if v is not None and math.isfinite(v):
+                earlier.setdefault(i, []).append(v)
+    growth: dict[int, float] = {}
+    for i, v in enumerate(now):
+        base = statistics.median(earlier[i]) if earlier.get(i) else 0.0
+        if v is not None and math.isfinite(v) and base > 0:
+            growth[i] = v / base
+    top = max(growth.values(), default=0.0)
+    if top <= 1:
+        return []
+    return sorted(((i, g) for i, g in growth.items() if g >= top / 10), key=lambda ig: -ig[1])[:3]
 
 
 def _weights(run: Run) -> dict[int, float]:

@@ -212,6 +212,25 @@ def test_p11_dropout_in_train_mode_under_no_grad(tmp_path: Path) -> None:
     assert nog and nog[0]["train_modules"] == ["2"] and not nog[0]["built_graph"]
 
 
+def test_p11_an_evaluation_after_the_last_step_is_kept(tmp_path: Path) -> None:
+    """Forwards after the last optimizer step belong to no step: the end event keeps them, and
+    the doctor finds the evaluation run with dropout in train mode."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "eval_after.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(3):
+            _clean(model, opt, i, {})
+        with torch.no_grad():  # the final evaluation, dropout still in train mode
+            model(torch.randn(4, 8))
+    events = list(iter_events(path))
+    assert [e["kind"] for e in events].count("step") == 3
+    (trailing,) = events[-1]["forwards"]
+    assert trailing["grad_mode"] is False and trailing["train_modules"] == ["2"]
+    (p11,) = [f for f in diagnose(events) if f["code"] == "P11"]
+    assert p11["modules"] == ["2"] and p11["steps"] == [2] and p11["data"]["mode"] == "train"
+
+
 def test_p7_graph_kept_alive(tmp_path: Path) -> None:
     def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
         loss = model(torch.randn(4, 8)).pow(2).mean()
@@ -477,12 +496,14 @@ def test_p9_spares_routing_and_masks_but_not_a_thresholded_loss(thresholded: boo
         assert p9 == []
 
 
-def test_p14_grad_scaler_skipped_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("passed", [True, False])
+def test_p14_grad_scaler_skipped_step(passed: bool, tmp_path: Path) -> None:
+    """The scaler passed to watch(), or found at its first ``scaler.scale(loss)``."""
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     path = tmp_path / "amp.tscope"
-    with torchscope.watch(model, opt, server=None, record=path, scaler=scaler):
+    with torchscope.watch(model, opt, server=None, record=path, scaler=scaler if passed else None):
         for i in range(4):
             loss = model(torch.randn(4, 8)).pow(2).mean()
             if i == 1:
@@ -535,14 +556,14 @@ def test_p12_repeated_conversion_and_round_trip(tmp_path: Path) -> None:
         assert (whats["round_trip"]["count"], whats["round_trip"]["bytes"]) == (2, 4 * 8 * 8 + 4 * 8 * 4)
 
 
-@pytest.mark.parametrize("clip", ["norm", "value", "value-each"])
-def test_p14_clip_before_unscale(clip: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("clip", "passed"), [("norm", True), ("value", True), ("value-each", True), ("norm", False)])
+def test_p14_clip_before_unscale(clip: str, passed: bool, tmp_path: Path) -> None:
     for unscale_first in (False, True):
         model = _mlp()
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         scaler = torch.amp.GradScaler("cpu")
         path = tmp_path / f"clip{unscale_first}.tscope"
-        with torchscope.watch(model, opt, server=None, record=path, scaler=scaler):
+        with torchscope.watch(model, opt, server=None, record=path, scaler=scaler if passed else None):
             for _ in range(3):
                 loss = model(torch.randn(4, 8)).pow(2).mean()
                 opt.zero_grad()

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
+import traceback
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -104,12 +107,58 @@ def test_user_backward_error_is_reraised_unchanged_and_recorded(tmp_path: Path) 
         x, y = batch(0)
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
-        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        with pytest.raises(RuntimeError, match="backward through the graph a second time") as raised:
             loss.backward()
         opt.step()
+    # the frames that put the backward at the user's line (for torch's warnings) are not shown:
+    # the user's line appears once, as unwatched
+    frames = traceback.extract_tb(raised.value.__traceback__)
+    assert [f.line for f in frames if f.filename == __file__] == ["loss.backward()"]
     step = next(e for e in iter_events(path) if e["kind"] == "step")
     assert step["micro_batches"] == 2
     assert any("second time" in m for m in step["backward_errors"])
+
+
+def _warned_at(call: str, watch: Any) -> set[tuple[str, int]]:
+    """Where the warnings of a full backward hook on a module whose input needs no gradient
+    (one per backward) are said to come from, over two steps of ``call``'s backward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4))
+    model[0].register_full_backward_hook(lambda m, gi, go: None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt) if watch else contextlib.nullcontext(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            loss = model(torch.randn(2, 4)).sum()
+            if call == "tensor":
+                loss.backward()
+            elif call == "autograd":
+                torch.autograd.backward(loss)
+            else:
+                grads = torch.autograd.grad(loss, list(model.parameters()))
+                for p, g in zip(model.parameters(), grads, strict=True):
+                    p.grad = g
+            opt.step()
+            opt.zero_grad()
+    hooks = [w for w in seen if "Full backward hook" in str(w.message)]
+    assert len(hooks) == 2
+    return {(w.filename, w.lineno) for w in hooks}
+
+
+@pytest.mark.parametrize("call", ["tensor", "autograd", "grad"])
+def test_a_warning_from_backward_is_where_it_is_unwatched(call: str, tmp_path: Path) -> None:
+    """torch warns from inside backward() with a fixed stacklevel that counts its own frames:
+    watched, the frames it lands on are still the user's (not the watch's), so the warning,
+    and filters on its module or line, are as without the watch."""
+    def watch(model: nn.Module, opt: torch.optim.Optimizer) -> Any:
+        return torchscope.watch(model, opt, server=None, record=tmp_path / "w.tscope")
+
+    plain, watched = _warned_at(call, None), _warned_at(call, watch)
+    assert watched == plain
+    if call == "tensor":  # the stacklevel torch chose for this one: the loss.backward() line
+        (where,) = plain
+        assert where[0] == __file__
+        assert "loss.backward()" in inspect.getsource(_warned_at).splitlines()[where[1] - _warned_at.__code__.co_firstlineno]
 
 
 class _Marker:

@@ -223,6 +223,18 @@ def test_p3_exploding_norm_over_steps() -> None:
     assert f["steps"] == [5, 6] and "exploded" in f["message"] and f["data"]["norm"][-1] == pytest.approx(6e5)
 
 
+def test_p3_exploding_names_the_layer_that_jumped() -> None:
+    """The step an explosion starts, the layer whose norm jumped over its own history is named
+    (here head.weight: 1e4x its usual 0.1, while the others hardly moved)."""
+    usual = [0.1, 0.1, 0.1, 0.1]
+    jump = [0.2, 0.1, 1000.0, 0.3]
+    events = [session(), *[step(i, grads=grads(norm=usual)) for i in range(5)], step(5, grads=grads(norm=jump))]
+    f = only(diagnose(events), "P3")
+    assert f["steps"] == [5] and f["params"] == ["head.weight"] and f["modules"] == ["head"]
+    assert f["targets"] == [{"step": 5, "rank": 0, "param": "head.weight", "module": "head"}]
+    assert "jumped most in head.weight (10000x)" in f["message"]
+
+
 def test_p3_vanishing_layer_by_layer() -> None:
     params = [(f"l{i}.weight", f"l{i}", [32, 32]) for i in range(4)]
     mods = [("", "Net"), *[(f"l{i}", "Linear") for i in range(4)]]
