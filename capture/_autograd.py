@@ -323,7 +323,13 @@ class BackwardTimer:
     from its start to the next node's start (the last one's: to the backward's return):
     one hook call per node instead of a pre- and a post-hook."""
 
-    def __init__(self, nodes: list[Any], timed_elsewhere: set[int] | frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        nodes: list[Any],
+        timed_elsewhere: set[int] | frozenset[int] = frozenset(),
+        started: Callable[[int], None] | None = None,
+    ) -> None:
+        self.started = started  # told each node's index as it starts
         self.order: dict[int, int] = {}
         self.dur_us: dict[int, float] = {}
         self._starts: list[tuple[int, float]] = []  # (node, start) in execution order
@@ -338,9 +344,12 @@ class BackwardTimer:
 
     def _pre(self, i: int) -> Any:
         starts = self._starts
+        started = self.started
 
         def hook(grad_outputs: Any) -> None:
             starts.append((i, time.perf_counter()))
+            if started is not None:
+                started(i)
 
         return hook
 

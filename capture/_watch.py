@@ -173,6 +173,7 @@ class _StepState:
         "sid",
         "module_stack",
         "module_calls",
+        "node_module",
         "graph",
         "timer",
         "walk",
@@ -232,6 +233,8 @@ class _StepState:
         # (module path, call index, call site when the module is torch's own: ops inside it then
         # need no stack walk, see _srcloc.op_src; '' for the user's modules)
         self.module_stack: list[tuple[str, int, str]] = []
+        # (path, call, inside) of the forward op that made the node a recorded backward runs
+        self.node_module: tuple[str, int, bool] | None = None
         self.module_calls: dict[str, int] = {}
         self.graph: GraphEvent | None = None
         self.timer: BackwardTimer | None = None
@@ -1020,9 +1023,12 @@ class Watch:
         fn.register_prehook(pre)
 
     def _module_of(self) -> tuple[str, int, bool, str]:
-        st = self._s.module_stack
+        s = self._s
+        st = s.module_stack
         if st:
             return st[-1][0], st[-1][1], True, st[-1][2]
+        if s.node_module is not None:  # a recorded backward's op (_node_started)
+            return s.node_module[0], s.node_module[1], s.node_module[2], ""
         return "", 0, False, ""
 
     def _on_break(self, name: str, t: torch.Tensor) -> None:
@@ -1270,7 +1276,8 @@ class Watch:
             }
             # full mode's native recorder, which records the backward, times most nodes itself
             timed = rec.time_nodes(walk) if isinstance(rec, NativeRecorder) and self.mode == "full" else set()
-            s.timer = BackwardTimer(walk.nodes, timed)
+            started = self._node_started(s, nodes, rec) if isinstance(rec, OpRecorder) and self.mode == "full" else None
+            s.timer = BackwardTimer(walk.nodes, timed, started)
             s.walk = walk  # nodes stay alive until this backward returns (hooks removed then)
         if walk is not None:
             walk.forget_saved()  # what saved(keep=True) read, if records() did not take it
@@ -1282,6 +1289,21 @@ class Watch:
             self._capturing_ops = True
         s.micro += 1
         return True
+
+    def _node_started(self, s: _StepState, nodes: list[NodeRecord], rec: OpRecorder) -> Callable[[int], None]:
+        """For the Python recorder of a full-mode backward: the ops a node runs are the backward
+        of the module whose forward op made it (the native recorder does this itself)."""
+        made: dict[int, tuple[str, int, bool]] = {}
+        for n in nodes:
+            o = n.get("op")
+            if o is not None and 0 <= o < len(rec.ops):
+                op = rec.ops[o]
+                made[n["id"]] = (str(op["module"]), int(op["call"]), "outside_model" not in op.get("flags", ()))
+
+        def started(i: int) -> None:
+            s.node_module = made.get(i)
+
+        return started
 
     def _walk_key(self, s: _StepState, roots: list[torch.Tensor]) -> tuple[Any, ...]:
         """What a backward's graph is known by between walks (``_reuse_walk``): with the
@@ -1401,6 +1423,7 @@ class Watch:
         self._resume_gc()
         if s.recorder is not None:
             s.recorder.phase = "forward"
+        s.node_module = None
         if s.timer is not None:
             recorder = s.recorder
             s.timer.remove(returned, recorder.take_node_times() if isinstance(recorder, NativeRecorder) else ())

@@ -20,7 +20,7 @@ export class MemoryView {
       vlines: () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []),
       onClick: (i) => { const s = this.series.step[i]; if (this.captured.includes(s)) { this.stepSel.value = s; this.loadTimeline(s); } } });
     root.append(h("h2", {}, "Inside a step: live bytes op by op ", this.stepSel));
-    this.timeline = new LineChart(root, { title: "live bytes through forward and backward — click a point to open the op in the graph", fmt: fmtBytes, xLabel: "op",
+    this.timeline = new LineChart(root, { title: "live bytes after each recorded op (the forward's; in full mode the backward's too) — click a point to open the op in the graph", fmt: fmtBytes, xLabel: "op",
       onClick: (i) => this.openOp(i), tipLabel: (i) => this.opLabel(i), vlines: () => this.phaseLines() });
     this.top = h("div", { class: "top-allocs" });
     root.append(this.top);

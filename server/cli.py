@@ -240,7 +240,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    path = _check_file(args.file)
+    try:
+        path = _check_file(args.file)
+    except CliError as exc:
+        exc.code = 2  # 1 is "an error-level finding": a broken file is bad input, told apart in CI
+        raise
     overrides: dict[str, str] = {}
     for item in args.set:
         key, sep, value = item.partition("=")

@@ -218,6 +218,10 @@ thread_local int t_inside = 0;
 thread_local int t_depth = 0;
 thread_local bool t_autocast = false;
 thread_local bool t_paused = false;
+// the sequence number of the autograd node this thread ran last in a recorded backward (-1:
+// none yet): its ops, and the engine's reduction of its outputs to their inputs' shapes (a
+// broadcast bias's sum) just after it, are the backward of the module whose op made the node
+thread_local int64_t t_node = -1;
 
 // source lines: code object -> the user's basename (or None for torch's and ours)
 py::object& g_user_base = *new py::object();  // Python callable filename -> basename | None
@@ -416,6 +420,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     if (g_phase.load(std::memory_order_relaxed) != 1) return nullptr;
     auto ctx = std::make_unique<Ctx>();
     ctx->kind = 3;
+    t_node = fn.seqNr();
     std::lock_guard<std::mutex> g(g_mu);
     ctx->op = static_cast<int64_t>(g_nodes.size());
     ctx->gen = g_gen;
@@ -454,6 +459,13 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     OpRec r;
     r.name = info.name;
     r.ctx = cur;
+    if (phase == 1 && t_node >= 0) {
+      // a backward op: in the module (and call) of the forward op that made its node, as the
+      // node itself is, not at the root outside the model
+      auto made = g_seq.find(static_cast<uint64_t>(t_node));
+      if (made != g_seq.end() && made->second.op >= 0 && static_cast<size_t>(made->second.op) < g_ops.size())
+        r.ctx = g_ops[made->second.op].ctx;
+    }
     r.phase = phase;
     r.micro = g_micro.load(std::memory_order_relaxed);
     r.grad_mode = c10::GradMode::is_enabled();
@@ -707,6 +719,7 @@ void set_state(int64_t ctx, int phase, int64_t micro) {
   g_cur_ctx = ctx;
   g_phase = phase;
   g_micro = micro;
+  t_node = -1;  // a backward about to start (or over) has run no node on this thread
 }
 
 void set_explicit(int64_t n) { g_explicit = n; }

@@ -105,7 +105,7 @@ export function buildScene(model, layout, st) {
       : cv(G.phase === "backward" ? "--group-bwd" : "--group-fwd");
     // "≡ 0": same structure as sibling 0 (repeated blocks)
     const it = { key: "g:" + G.key, group: g, box, label: `${G.label}${mtype ? ": " + mtype : ""}${G.repeatOf ? "  ≡ " + groups[G.repeatOf].label : ""}`,
-                 sub: `${G.count} ${G.phase === "backward" ? "nodes" : "ops"} · ${G.path}`, color, hi: groupHi.has(r), cut: groupCut.has(r) };
+                 sub: `${G.count} ${G.phase === "backward" ? "node" : "op"}${G.count === 1 ? "" : "s"} · ${G.path}`, color, hi: groupHi.has(r), cut: groupCut.has(r) };
     items.push(it); byKey.set(it.key, it);
   }
 

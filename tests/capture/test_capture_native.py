@@ -95,6 +95,23 @@ def test_native_records_what_the_python_recorder_records(kind: str, tmp_path: Pa
                 assert a["module"] == b["module"]
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_backward_ops_are_in_the_module_of_their_node(native: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full-mode backward's ops are the backward of the module whose forward op made the node
+    running them (as the node itself is), not a flat list at the root outside the model."""
+    (g,) = _train(tmp_path, "transformer", native, monkeypatch, steps=1)[0]
+    ops = g["ops"]
+    # the modules of the nodes made inside the model, by their forward op
+    made_inside = {n["module"] for n in g["nodes"] if "op" in n and "outside_model" not in ops[n["op"]].get("flags", ())}
+    backward = [o for o in ops if o["phase"] == "backward" and o["name"] != "aten::detach"]
+    inside = [o for o in backward if "outside_model" not in o.get("flags", ())]
+    assert {o["module"] for o in inside} == made_inside and len(made_inside) > 10
+    # what stays outside: the loss's backward and the root gradient (ones_like)
+    outside = [o for o in backward if o not in inside]
+    assert len(outside) < 0.1 * len(backward)
+    assert all(o["module"] == "" for o in outside)
+
+
 def _base(name: str) -> str:
     return re.sub(r"[^a-z]", "", name.lower())
 

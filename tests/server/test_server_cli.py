@@ -62,8 +62,11 @@ NEEDLES = {"missing": "no such file", "empty": "empty", "truncated": "no complet
                                            ("doctor", "corrupt")])
 def test_bad_files_one_line_nonzero(bad_files: dict[str, Path], command: str, kind: str) -> None:
     extra = ["--no-browser", "--port", "1"] if command == "open" else []
-    line = one_line_error(cli(command, str(bad_files[kind]), *extra))
+    res = cli(command, str(bad_files[kind]), *extra)
+    line = one_line_error(res)
     assert NEEDLES[kind] in line
+    if command == "doctor":  # as its --help says: 1 is an error-level finding, 2 bad input
+        assert res.returncode == 2
 
 
 def test_info_summarizes(tmp_path: Path) -> None:
