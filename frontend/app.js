@@ -18,7 +18,8 @@ class App {
     this.id = document.body.dataset.sessionId;
     const q = new URLSearchParams(location.search);
     this.state = { view: q.get("view") || "graph", step: q.has("step") ? +q.get("step") : undefined,
-      node: normalizeNode(q.get("node")), overlay: q.get("overlay") || undefined, layout: q.get("layout") || undefined };
+      node: normalizeNode(q.get("node")), overlay: q.get("overlay") || undefined, layout: q.get("layout") || undefined,
+      params: q.get("params") || undefined };
     this.rank = q.has("rank") ? +q.get("rank") : undefined;
     this.views = {};
     this.main = document.getElementById("main");
@@ -96,6 +97,8 @@ class App {
       await v.obj.showStep(patch.step);
     } else if (patch.step !== undefined && v.obj.loadTimeline) {
       await v.obj.loadTimeline(patch.step);
+    } else if (v.obj.focusOn) {
+      v.obj.focusOn();
     }
     return v.obj;
   }

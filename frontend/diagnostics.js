@@ -39,7 +39,8 @@ export class DiagnosticsView {
     const targets = f.targets || [];
     const step = targets.find((t) => t.step !== undefined)?.step ?? f.since ?? (f.steps || [])[0];
     if (f.view === "memory") return this.app.go("memory", { step });
-    if (f.view === "gradients") return this.app.go("gradients", { step });
+    // the finding's step marked, its parameters the ones plotted
+    if (f.view === "gradients") return this.app.go("gradients", { step, params: (f.params || []).join(",") || undefined });
     const tg = targets.length ? targets : [...(f.params || []).map((param) => ({ param })), ...(f.modules || []).map((module) => ({ module }))];
     return this.app.openTargets(step, tg);
   }

@@ -17,7 +17,8 @@ export class GradientsView {
     this.noGrad = h("div", { class: "nograd", "data-testid": "no-grad" });
     root.append(h("h2", {}, "Gradient norm per module and step"), h("div", { class: "heat-wrap" }, this.heat), this.heatInfo,
       h("h2", {}, "Chosen parameters"), this.pick);
-    this.lines = new LineChart(root, { title: "‖grad‖ per step (red dots: NaN/Inf)" });
+    this.lines = new LineChart(root, { title: "‖grad‖ per step (red dots: NaN/Inf)",
+      vlines: () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []) });
     root.append(h("h2", {}, "Parameters without a gradient"), this.noGrad);
     this.heat.addEventListener("click", (e) => this.onHeatClick(e));
     window.addEventListener(THEME_EVENT, () => { if (this.g) this.drawHeat(); });
@@ -33,6 +34,9 @@ export class GradientsView {
     // keep what the user chose across live reloads; at first, three parameters that have a
     // gradient norm to draw (one that never got a gradient would be picked with no line)
     const kept = new Set([...this.pick.selectedOptions].map((o) => o.textContent));
+    this.focus = this.app.state.step;
+    const asked = this.askedParams();
+    if (asked) { kept.clear(); asked.forEach((p) => kept.add(p)); }
     const drawn = new Set();
     for (const row of g.norm || []) (row || []).forEach((v, p) => { if (v !== null && v !== undefined) drawn.add(p); });
     const first = new Set(g.params.map((_, i) => i).filter((i) => drawn.has(i)).slice(0, 3));
@@ -81,6 +85,11 @@ export class GradientsView {
     ctx.fillStyle = css.getPropertyValue("--muted").trim();
     for (let s = 0; s < S; s += Math.ceil(S / 10)) ctx.fillText(String(g.steps[s]), L + s * cellW, H - 6);
     this.heatGeom = { L, cellW, cellH, S, M };
+    const at = this.focus !== undefined ? g.steps.indexOf(this.focus) : -1;
+    if (at >= 0) { // the step a finding (or the URL) asked for: its column outlined
+      ctx.strokeStyle = css.getPropertyValue("--text").trim(); ctx.lineWidth = 2;
+      ctx.strokeRect(L + at * cellW - 1, 0, cellW + 1, cellH * M);
+    }
     clear(this.heatInfo).append(`‖grad‖ ${fmtNum(scale.lo)} `, h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP_COLORS.join(",")})` }),
       ` ${fmtNum(scale.hi)} (log) · dark red "!" = NaN/Inf · grey = no gradient · click a cell to open that step's graph`);
   }
@@ -121,11 +130,31 @@ export class GradientsView {
     }
   }
 
+  // The parameters the URL names (a finding's ``params``), once per new list: afterwards the
+  // user's own choice is kept.
+  askedParams() {
+    const asked = this.app.state.params;
+    if (!asked || asked === this.applied || !this.g) return null;
+    this.applied = asked;
+    const known = new Set(this.g.params);
+    const names = asked.split(",").filter((p) => known.has(p));
+    return names.length ? names : null;
+  }
+
+  focusOn() {
+    if (!this.g) return;
+    this.focus = this.app.state.step;
+    const asked = this.askedParams();
+    if (asked) for (const o of this.pick.options) o.selected = asked.includes(o.textContent);
+    this.drawHeat();
+    this.drawLines();
+  }
+
   onStep() { (this.reload ||= coalesce(() => this.load(), 800))(); }
   debug() {
     const notTrained = this.noGrad.querySelector("[data-testid=not-trained]");
     return { modules: this.modules || [], steps: this.g?.steps?.length || 0, noGrad: this.noGrad.textContent,
-      chosen: [...this.pick.selectedOptions].map((o) => o.textContent),
+      chosen: [...this.pick.selectedOptions].map((o) => o.textContent), focus: this.focus,
       notTrained: notTrained ? notTrained.nextElementSibling.textContent : "" };
   }
 }

@@ -449,6 +449,12 @@ def test_gradients_view_picks_parameters_with_a_gradient_and_keeps_the_users_cho
     page.wait_for_function("(() => window.__torchscope.state().gradients.steps >= 8)()")
     assert state(page)["gradients"]["chosen"] == ["head.bias"]
     t.close({"kind": "end", "t": time.time(), "status": "finished", "steps": 8})
+    # a finding's link (the Doctor's P3/P4/P5 open this view so): its step marked, its
+    # parameters the ones plotted -- names the session does not have are ignored
+    open_dash(page, srv, sid, "?view=gradients&step=5&params=head.weight,enc.bias,gone.weight")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.steps >= 8; })()")
+    g = state(page)["gradients"]
+    assert g["chosen"] == ["enc.bias", "head.weight"] and g["focus"] == 5
 
 
 def test_a_server_restart_under_an_open_page_is_no_page_error(page: Any, tmp_path: Path) -> None:
