@@ -42,6 +42,12 @@ def format_finding(finding: Finding, last_step: int) -> str:
     return "\n".join(lines)
 
 
+def _status(text: str) -> None:
+    """One line of progress on the terminal, rewritten in place ("" clears it)."""
+    sys.stderr.write(f"\r\033[K{'torchscope doctor: ' + text + '...' if text else ''}")
+    sys.stderr.flush()
+
+
 def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = None) -> int:
     """Print the findings of the session file at `path`; 1 if any is an error, 0 if none, 2 on bad input."""
     # Imported here: the codec pulls zlib/struct only, but keeping the doctor's import light matters in the server.
@@ -54,15 +60,22 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         return 2
     last_step = -1
     events = []
+    tell = sys.stderr.isatty()  # a person at a terminal: a long run's file takes a while
     try:
         for ev in iter_events(path):
             events.append(ev)
             if ev.get("kind") == "step" and isinstance(ev.get("step"), int):
                 last_step = max(last_step, ev["step"])
+                if tell and ev["step"] % 5000 == 4999:
+                    _status(f"read {ev['step'] + 1:,} steps")
     except (SessionFileError, OSError, ValueError) as exc:
         print(f"torchscope doctor: {exc}", file=sys.stderr)
         return 2
+    if tell and last_step >= 5000:
+        _status(f"read {last_step + 1:,} steps; checking P1-P15")
     findings = diagnose(events, settings)
+    if tell and last_step >= 5000:
+        _status("")
     if as_json:
         print(json.dumps(findings, indent=2))
     elif not findings:

@@ -83,7 +83,7 @@ def ensure_server(port: int, data: str | None = None, timeout: float = 30.0) -> 
 def _progress(done: int, total: int, label: str) -> None:
     width = 30
     filled = int(width * done / total) if total else width
-    sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done >> 20}/{total >> 20} MiB")
+    sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done / 2**20:.1f}/{total / 2**20:.1f} MiB")
     if done >= total:
         sys.stderr.write("\n")
     sys.stderr.flush()
@@ -96,7 +96,7 @@ def upload(base: str, path: Path, token: str | None = None) -> dict[str, Any]:
             "Content-Type: application/octet-stream\r\n\r\n").encode()
     tail = f"\r\n--{boundary}--\r\n".encode()
     size = path.stat().st_size
-    show = size > 16 * 1024 * 1024 and sys.stderr.isatty()
+    show = size > 1024 * 1024 and sys.stderr.isatty()  # a terminal: a person waiting on it
 
     def body() -> Iterator[bytes]:
         yield head
@@ -107,6 +107,9 @@ def upload(base: str, path: Path, token: str | None = None) -> dict[str, Any]:
                 if show:
                     _progress(sent, size, "importing")
                 yield chunk
+        if show:  # the upload is quick; reading every step into the store is the wait
+            sys.stderr.write(f"the server is reading {path.name}'s steps...\n")
+            sys.stderr.flush()
         yield tail
 
     headers = {"Content-Type": f"multipart/form-data; boundary={boundary}",
