@@ -67,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                "or DIR/torchscope.db)")
     s.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
-    o = sub.add_parser("open", help="import a session file into the server and open it in the browser")
+    o = sub.add_parser("open", help="import a session file into the server and open it in the browser", description=(
+        "Import a .tscope session file (a colleague's, or a run recorded without a server) into the "
+        "dashboard server on --port, started in the background when none answers, and open its page. "
+        "The file is read, never changed."))
     o.add_argument("file", help="a .tscope session file")
     o.add_argument("--port", type=_port, default=DEFAULT_PORT, help="server port (default %(default)s); "
                    "a server is started in the background when none answers")
@@ -83,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--data", metavar="DIR", help="data directory of a server started here")
     d.add_argument("--no-browser", action="store_true", help="print the URL only")
 
-    i = sub.add_parser("info", help="summarize a session file")
+    i = sub.add_parser("info", help="summarize a session file", description=(
+        "Print what a .tscope session file holds: its model, steps, captured graphs, ranks and how "
+        "the run ended, without starting a server."))
     i.add_argument("file", help="a .tscope session file")
 
     dr = sub.add_parser("doctor", help="diagnose a session file (pitfalls P1-P15)", description=(

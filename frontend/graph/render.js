@@ -3,6 +3,7 @@
 // nodes become plain rectangles without text (level of detail).  Edges are cached as one
 // Path2D per kind in world coordinates and rebuilt only when the layout changes.
 const TEXT_MIN_SCALE = 0.45;
+const MIN_SCALE = 0.002; // "Fit" reaches a 10k-node graph's full height
 
 function batchByColour(items, dim) {
   const m = new Map();
@@ -62,7 +63,7 @@ export class GraphCanvas {
   }
 
   zoomAt(px, py, f) {
-    const s = Math.min(4, Math.max(0.01, this.scale * f));
+    const s = Math.min(4, Math.max(MIN_SCALE, this.scale * f));
     const k = s / this.scale;
     this.tx = px - (px - this.tx) * k; this.ty = py - (py - this.ty) * k; this.scale = s;
     this.requestDraw();
@@ -84,7 +85,7 @@ export class GraphCanvas {
     if (!this.scene) return;
     const { width, height } = this.scene;
     const s = Math.min(1, (this.w - 40) / Math.max(width, 1), (this.h - 40) / Math.max(height, 1));
-    this.scale = Math.max(s, 0.01);
+    this.scale = Math.max(s, MIN_SCALE);
     this.tx = (this.w - width * this.scale) / 2; this.ty = 20;
     this.requestDraw();
   }

@@ -237,6 +237,11 @@ export class GraphView {
     this.overlay = v;
     this.overlaySel.value = v;
     this.diffSel.hidden = v !== "diff";
+    if (v === "diff" && +this.diffSel.value === this.step && this.captured.length > 1) {
+      // not the step shown against itself: the captured step before it (after, for the first)
+      const i = this.captured.indexOf(this.step);
+      this.diffSel.value = String(this.captured[i > 0 ? i - 1 : i + 1]);
+    }
     this.app.setState({ overlay: v === "phase" ? undefined : v });
     if (v === "diff") this.loadDiff(); else this.redraw();
   }

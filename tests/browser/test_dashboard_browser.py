@@ -8,6 +8,7 @@ are the slow tier).  Screenshots of each view go to test-artifacts/screenshots/.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 from conftest import ARTIFACTS, EXAMPLES, ServerProc, http_json
@@ -260,7 +262,12 @@ def test_diff_of_two_steps(page: Any, srv: ServerProc, runs: dict[str, Any]) -> 
     wait_graph(page)
     page.wait_for_function("document.querySelector('[data-testid=legend]').innerText.includes('added')")
     # the same model every step: nothing added or removed
-    assert "0 added, 0 changed, 0 removed" in page.locator("[data-testid=legend]").inner_text()
+    legend = page.locator("[data-testid=legend]").inner_text()
+    assert "0 added, 0 changed, 0 removed" in legend
+    # against another captured step (sample_every=2: 0, 2, 4), not the shown one itself
+    shown = int(parse_qs(urlparse(state(page)["url"]).query)["step"][0])
+    other = int(re.search(r"vs step (\d+)", legend).group(1))  # type: ignore[union-attr]
+    assert other != shown
 
 
 def test_deep_link_opens_view_step_and_node(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
