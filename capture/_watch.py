@@ -1381,8 +1381,9 @@ class Watch:
         msg = (
             f"torchscope: a backward through {self._model_name}'s parameters came without a call of "
             "the model itself: calling model.forward(x), another of its methods or its submodules "
-            "directly skips module hooks, so these steps are recorded without their forward ops "
-            "(call model(x))"
+            "directly skips module hooks, as does torch.compile's backend=\"eager\", so these steps "
+            "are recorded without their forward ops (call model(x); or compile with the default "
+            "backend, whose compiled forward is recorded as one node)"
         )
         print(msg, file=sys.stderr)
         self._transport.emit({"kind": "log", "t": time.time(), "level": "warning", "message": msg, "step": self._step})

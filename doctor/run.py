@@ -85,6 +85,13 @@ class Run:
         for ev in self.steps:
             yield as_int(ev.get("step"), -1), ev
 
+    def forward_events(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``step_events()``, then the root forwards after the last step (the end event's: an
+        evaluation that ends the run), told with the last step."""
+        yield from self.step_events()
+        if as_list(self.end.get("forwards")):
+            yield max(self.last_step, 0), {"forwards": self.end["forwards"]}
+
     @property
     def last_step(self) -> int:
         return as_int(self.steps[-1].get("step"), -1) if self.steps else -1

@@ -62,9 +62,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         owned.setdefault(run.param_module(i), []).append(i)
     eval_in_train: dict[str, list[int]] = {}
     srcs: list[str] = []
-    # an evaluation after the last step is in the end event: told with the last step
-    trailing = (max(run.last_step, 0), {"forwards": run.end.get("forwards")})
-    for step, ev in [*run.step_events(), trailing]:
+    for step, ev in run.forward_events():
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
         if not forwards and ev.get("training") is False and as_int(ev.get("micro_batches")) > 0:
             train_in_eval.setdefault("", []).append(step)

@@ -18,19 +18,28 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     held = 0
     srcs: list[str] = []
     in_eval = False
-    for step, ev in run.step_events():
+    # the call sites whose forwards training used: a training-mode forward from one of them
+    # that no backward used is a batch the loop skipped (a non-finite loss, a caught error)
+    trained = {f.get("src") for _, ev in run.step_events() for f in map(as_dict, as_list(ev.get("forwards")))
+               if f.get("backward") is True and f.get("src")}
+    skipped: list[int] = []  # the steps of the skipped batches
+    for step, ev in run.forward_events():
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
         unused = [f for f in forwards if f.get("built_graph") is True and f.get("backward") is False]
+        skips = [f for f in unused if f.get("training") is not False and f.get("src") in trained]
+        skipped += [step] * len(skips)
+        unused = [f for f in unused if f not in skips]
         n = len(unused) if forwards else as_int(ev.get("no_backward_forwards"))
         if n <= 0:
             continue
-        steps.append(step)
+        if not steps or steps[-1] != step:
+            steps.append(step)
         count += n
         held = max(held, sum(as_int(f.get("saved_bytes")) for f in unused))
         srcs += [str(f["src"]) for f in unused if f.get("src")]
         in_eval = in_eval or any(f.get("training") is False for f in unused)
     if not steps:
-        return []
+        return _skipped(run, skipped)
     passes = "forward pass" if count == 1 else "forward passes"
     what = f"{passes} in eval mode (an evaluation)" if in_eval else passes
     held_txt = f", holding up to {fmt_bytes(held)} of saved activations" if held else ""
@@ -50,3 +59,15 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                  targets=[FindingTarget(step=steps[0], rank=run.rank, module="")], modules=[""],
                  src=srcs[0] if srcs else None, view="memory",
                  data={"forwards": count, "saved_bytes": held, "src": sorted(set(srcs))})]
+
+
+def _skipped(run: Run, steps: list[int]) -> list[Finding]:
+    """Training forwards from the loop's own call site that no backward used, and nothing else:
+    batches skipped before backward.  Harmless (the graph is freed with the loss); said once."""
+    if not steps:
+        return []
+    skipped = len(steps)
+    message = (f"{skipped} training forward pass{'' if skipped == 1 else 'es'} from the loop's own call site "
+               "built an autograd graph that no backward() used: batches skipped before backward (a "
+               "non-finite loss, a caught error). Harmless: the graph is freed with the loss.")
+    return [make("P6", "info", message, FIX, steps, rank=run.rank, view="memory", data={"forwards": skipped})]

@@ -340,6 +340,22 @@ def test_p6_one_training_forward_without_backward_is_told_not_warned() -> None:
     assert only(diagnose(twice), "P6")["severity"] == "warning"
 
 
+def test_p6_batches_skipped_at_the_loops_own_call_site_are_told_not_warned() -> None:
+    """A loop that catches an error in its loss and skips the batch, several times: training
+    forwards from the call site training uses (train.py:18) -- info, not 'no_grad() is missing'.
+    An evaluation after the last step (in the end event) is still counted as one."""
+    skipped = {"micro": 0, "grad_mode": True, "training": True, "built_graph": True, "backward": False,
+               "src": "train.py:18"}
+    events = [session(), *[step(i, forwards=[skipped, *step(i)["forwards"]]) for i in (0, 1, 2)]]
+    f = only(diagnose(events), "P6")
+    assert f["severity"] == "info" and f["steps"] == [0, 1, 2] and "skipped before backward" in f["message"]
+    evaluation = {**skipped, "training": False, "src": "train.py:40"}
+    end = {"kind": "end", "t": 1.0, "status": "finished", "steps": 3, "forwards": [evaluation]}
+    f = only(diagnose([*events, end]), "P6")
+    assert f["severity"] == "warning" and f["steps"] == [2] and f["src"] == "train.py:40"
+    assert f["message"].startswith("1 forward pass in eval mode")
+
+
 def test_p7_graphs_alive_growing() -> None:
     events = [session(), *[step(i, graphs_alive=10 * i, memory={"live": 1_000_000 + 1000 * i}) for i in range(6)]]
     f = only(diagnose(events), "P7")
