@@ -87,7 +87,8 @@ def _caller(f: types.FrameType) -> Callable[..., Any]:
     key = (code.co_filename, f.f_lineno, code.co_name, id(f.f_globals))
     call = _callers.get(key)
     if call is None:
-        # one line, at the frame's line number: the call happens on it
+        # a fixed one-line template (nothing of the user's is compiled), placed at the frame's
+        # line number so the call happens on it
         src = "\n" * (max(f.f_lineno, 1) - 1) + "def _call(func, args, kwargs): return func(*args, **kwargs)\n"
         inner = next(c for c in compile(src, code.co_filename, "exec").co_consts if isinstance(c, types.CodeType))
         if len(_callers) >= 256:

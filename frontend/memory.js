@@ -19,6 +19,12 @@ export class MemoryView {
     this.perStep = new LineChart(root, { title: "bytes at each step boundary (allocated / reserved come from the CUDA allocator)", fmt: fmtBytes,
       vlines: () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []),
       onClick: (i) => { const s = this.series.step[i]; if (this.captured.includes(s)) { this.stepSel.value = s; this.loadTimeline(s); } } });
+    // a graph kept across steps (P7) holds its saved tensors without showing in the categories
+    // above (on the CPU nothing else sees them): its node count, shown once there is any
+    this.aliveBox = h("div", { "data-testid": "graphs-alive", hidden: true });
+    root.append(this.aliveBox);
+    this.alive = new LineChart(this.aliveBox, { title: "autograd nodes of earlier steps' graphs still alive at each step boundary (P7: a graph kept across steps)",
+      height: 140, vlines: () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []) });
     root.append(h("h2", {}, "Inside a step: live bytes op by op ", this.stepSel));
     this.timeline = new LineChart(root, { title: "live bytes after each recorded op (the forward's; in full mode the backward's too) — click a point to open the op in the graph", fmt: fmtBytes, xLabel: "op",
       onClick: (i) => this.openOp(i), tipLabel: (i) => this.opLabel(i), vlines: () => this.phaseLines() });
@@ -41,12 +47,16 @@ export class MemoryView {
     const s = this.series;
     // a category with no value anywhere (no CUDA, no captured step) is left out of the legend
     const shown = CATEGORIES.filter(([k]) => (s[k] || []).some((v) => v !== null && v !== undefined));
+    const alive = s.graphs_alive || [];
+    this.aliveBox.hidden = !alive.some((v) => v > 0);
+    if (!this.aliveBox.hidden) this.alive.setData(s.step || [], [{ name: "nodes alive", y: alive }]);
     return this.perStep.setData(s.step || [], shown.map(([k, name]) => ({ name, y: s[k] || [] })));
   }
 
   async loadTimeline(step) {
     this.focus = step; // the step asked for (a finding's, a click's), marked on the per-step chart
     this.perStep.draw();
+    if (!this.aliveBox.hidden) this.alive.draw();
     if (!this.captured?.length) return;
     if (!this.captured.includes(step)) step = nearest(this.captured, step);
     this.stepSel.value = step;
@@ -103,5 +113,8 @@ export class MemoryView {
     this.reload();
   }
 
-  debug() { return { steps: this.series?.step?.length || 0, timeline: this.tl?.length || 0, drawMs: this.perStep.lastDrawMs }; }
+  debug() {
+    return { steps: this.series?.step?.length || 0, timeline: this.tl?.length || 0, drawMs: this.perStep.lastDrawMs,
+      graphsAlive: this.aliveBox.hidden ? null : Math.max(...(this.series?.graphs_alive || []).map((v) => v || 0)) };
+  }
 }

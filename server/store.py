@@ -560,9 +560,13 @@ _INSERT_STEP = (
 def _add_missing_columns(c: sqlite3.Connection) -> None:
     """Stores made by an earlier build lack newer step columns: add them (no data lost)."""
     have = {row[1] for row in c.execute("PRAGMA table_info(steps)")}
-    for col in _MEMORY_COLS:
-        if col not in have:
-            c.execute(f"ALTER TABLE steps ADD COLUMN {col} INTEGER")
+    added = [col for col in _MEMORY_COLS if col not in have]
+    for col in added:
+        c.execute(f"ALTER TABLE steps ADD COLUMN {col} INTEGER")
+    if added and "mem_chunks" in {row[1] for row in c.execute("PRAGMA table_info(ranks)")}:
+        # the stored /memory texts lack the new columns: every rank is built by SQL from now on
+        c.execute("UPDATE ranks SET mem_chunks=0")
+        c.execute("DELETE FROM memory_chunks")
     if "mem_chunks" not in {row[1] for row in c.execute("PRAGMA table_info(ranks)")}:
         # 0: ranks stored before memory_chunks existed have none; /memory builds them by SQL
         c.execute("ALTER TABLE ranks ADD COLUMN mem_chunks INTEGER NOT NULL DEFAULT 0")

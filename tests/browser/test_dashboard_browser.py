@@ -287,11 +287,33 @@ def test_memory_view_and_click_through_to_the_op(page: Any, srv: ServerProc, run
     assert m["steps"] == 4
     assert "largest allocations" in page.locator(".top-allocs").inner_text()
     shot(page, "memory")
-    canvases = page.locator(".view-memory .chart canvas")
+    canvases = page.locator(".view-memory > .chart canvas")  # not the graphs-alive chart's
     box = canvases.nth(1).bounding_box()
     page.mouse.click(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.5)
     page.wait_for_function("window.__torchscope.state().view === 'graph' && (window.__torchscope.state().graph?.selected || '').startsWith('o')")
     assert page.locator("[data-testid=details] h3").inner_text().startswith("aten::")
+
+
+def test_memory_view_shows_graphs_kept_alive(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    """P7's finding opens the Memory view: a graph kept across steps shows there as its count
+    of autograd nodes still alive (on the CPU no byte category sees it); a run without one
+    has no such chart."""
+    from torchscope.transport import Transport
+
+    for name, alive in (("kept", [0, 12, 24, 36]), ("clean", [0, 0, 0, 0])):
+        sid = f"{name}-{int(time.time() * 1000)}"
+        t = Transport(str(tmp_path / f"{name}.tscope"), sid, rank=0, server=srv.url)
+        t.emit({"kind": "session", "schema": [1, 0], "session_id": sid, "name": name, "started_at": time.time(),
+                "rank": 0, "world_size": 1, "model": "Net", "modules": [], "params": []})
+        for s, n in enumerate(alive):
+            t.emit({"kind": "step", "step": s, "rank": 0, "t": time.time(), "duration_us": 1000,
+                    "graphs_alive": n, "memory": {"live": 1000, "params": 600}})
+        t.close({"kind": "end", "t": time.time(), "status": "finished", "steps": len(alive)})
+        open_dash(page, srv, sid, "?view=memory&step=2")
+        page.wait_for_function("(() => { const m = window.__torchscope.state().memory; return m && m.steps >= 4; })()")
+        shown = state(page)["memory"]["graphsAlive"]
+        assert shown == (36 if name == "kept" else None)
+        assert page.locator("[data-testid=graphs-alive]").is_visible() == (name == "kept")
 
 
 def test_gradients_and_ranks_views(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:

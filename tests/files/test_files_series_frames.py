@@ -422,3 +422,14 @@ def test_grads_part_carries_not_trained_and_reads_records_written_before_it() ->
     older = {k: v for k, v in cols.items() if k != "not_trained"}
     read = series.grads_from_columns(series.check_columns(older, "grads"), params)
     assert read["not_trained"] == [[], []] and read["none"] == [[0], [0]]
+
+
+def test_memory_part_carries_graphs_alive_and_reads_records_written_before_it() -> None:
+    """``graphs_alive`` (P7's autograd nodes of earlier steps still alive) is a memory column
+    added after format 1.1: written and read back, None per step in an older record."""
+    steps = [{"kind": "step", "step": i, "graphs_alive": 5 * i, "memory": {"live": 100}} for i in range(3)]
+    cols = series.columns(steps, "memory")
+    assert series.check_columns(cols, "memory")["graphs_alive"] == [0, 5, 10]
+    older = {k: v for k, v in cols.items() if k != "graphs_alive"}
+    read = series.check_columns(older, "memory")
+    assert read["graphs_alive"] == [None, None, None] and read["live"] == [100, 100, 100]
