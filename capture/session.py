@@ -179,7 +179,9 @@ class Session:
 
     def graph(self, step: int, micro: int | None = None) -> GraphEvent:
         """The captured graph of ``step`` (micro-batch ``micro``, default the first one);
-        decodes only the graph frames of that step."""
+        decodes only the graph frames of that step.  A step is captured at its first backward:
+        with gradient accumulation or several backwards per step, the graph is the first
+        backward's (micro-batch 0); the step's later backwards are counted, not captured."""
         frames = [f for f in self._frames if f.flags & FLAG_GRAPH and f.step_lo <= step <= f.step_hi]
         for ev in self._decode(frames):
             if ev["kind"] == "graph" and ev["step"] == step and micro in (None, ev.get("micro", 0)):
