@@ -116,14 +116,18 @@ def call_as_user(func: Callable[..., Any], args: Any, kwargs: dict[str, Any]) ->
     inside ``backward()`` with a fixed ``stacklevel`` (a full backward hook's warning: 5) that
     counts torch's frames: without this, the watch's own frames take the user's place, which
     moves the warning into torchscope and breaks filters on module or line."""
-    f = _user_frame(1)
-    if f is None:
-        return func(*args, **kwargs)
-    inner = _caller(f)
     try:
-        if f.f_back is None:
+        f = _user_frame(1)
+        inner = _caller(f) if f is not None else None
+        outer = _caller(f.f_back) if f is not None and f.f_back is not None else None
+    except Exception:  # a frame without a line number, say: the plain call, nothing raised here
+        inner = outer = None
+    if inner is None:
+        return func(*args, **kwargs)
+    try:
+        if outer is None:
             return inner(func, args, kwargs)
-        return _caller(f.f_back)(inner, (func, args, kwargs), {})
+        return outer(inner, (func, args, kwargs), {})
     except BaseException:
         # not bound to a name: this frame would hold its own traceback (a cycle)
         _unlink_mirrors(sys.exc_info()[2])

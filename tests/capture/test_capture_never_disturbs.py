@@ -161,6 +161,23 @@ def test_a_warning_from_backward_is_where_it_is_unwatched(call: str, tmp_path: P
         assert "loss.backward()" in inspect.getsource(_warned_at).splitlines()[where[1] - _warned_at.__code__.co_firstlineno]
 
 
+def test_a_failure_placing_the_backward_at_the_users_line_is_not_the_users(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building the frames that put a backward at the user's line can fail (a frame without a
+    line number): the backward then runs as it would unwatched, and nothing is raised."""
+    from torchscope import _srcloc
+
+    def broken(f: Any) -> Any:
+        raise TypeError("no line number")
+
+    monkeypatch.setattr(_srcloc, "_caller", broken)
+    plain = train("mlp", 2)
+    watched = train("mlp", 2, {"server": None, "record": tmp_path / "r.tscope", "mode": "default"})
+    assert plain["losses"] == watched["losses"]
+    steps = [e for e in iter_events(tmp_path / "r.tscope") if e["kind"] == "step"]
+    assert [st["micro_batches"] for st in steps] == [1, 1]
+
+
 class _Marker:
     pass
 
