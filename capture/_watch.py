@@ -822,7 +822,7 @@ class Watch:
             fwd["saved_bytes"] = sum(saved.values())
 
     def _modes_after_forward(self, module: nn.Module, fwd: ForwardInfo) -> None:
-        """Modules the forward itself put in eval mode (``self.encoder.eval()`` inside
+        """Modules the forward itself put in eval mode (``self.encoder.train(False)`` inside
         ``forward``; the loop's ``model.train()`` undoes it before the next one, so the modes
         at the forward's start never show it).  Read fresh, on the steps the modes are."""
         kept = self._modes_key, self._mode_facts

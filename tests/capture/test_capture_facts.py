@@ -193,9 +193,7 @@ def test_p11_module_put_in_eval_by_the_forward_itself(tmp_path: Path) -> None:
     with torchscope.watch(model, opt, server=None, record=path, mode="light"):
         for _ in range(12):
             model.train()
-            opt.zero_grad()
-            model(torch.randn(4, 8)).pow(2).mean().backward()
-            opt.step()
+            _train_step(model, opt, torch.randn(4, 8))
     seen = {st["step"]: st["forwards"][0]["eval_modules"] for st in _steps(path)}
     assert seen[0] == seen[10] == ["encoder", "encoder.0", "encoder.1"]
     assert all(seen[i] == [] for i in range(1, 10))  # read at the forward's start: all training
