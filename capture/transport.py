@@ -157,6 +157,7 @@ class Transport:
         self._series_since = time.monotonic()  # when the oldest step not in a series frame was written
         self._autostarted = False
         self._autostarted_at: float | None = None
+        self._answered = False  # a server has answered this run once: never start another
         self._warned: set[str] = set()
         self._http: http.client.HTTPConnection | None = None
         self._thread = threading.Thread(target=self._run, name="torchscope-transport", daemon=True)
@@ -353,6 +354,7 @@ class Transport:
                 reply = self._request("", chunk)
                 self.sent_seq = int(reply.get("next_seq", self.sent_seq))
             self.server_ok = True
+            self._answered = True
             self._backoff = 0.5
         except _NET_ERRORS as exc:
             self.server_ok = False
@@ -399,10 +401,13 @@ class Transport:
         return self._autostarted_at is not None and time.monotonic() - self._autostarted_at < _AUTOSTART_GRACE_S
 
     def _maybe_autostart(self) -> bool:
-        """Start `torchscope serve` in its own process session, once; it outlives the script.
+        """Start `torchscope serve` in its own process session, once, and only while no server
+        has answered this run; it outlives the script.  A server that answered and went away
+        is being restarted (or stopped) by the user: one started here would take its port
+        with another data directory, so the run keeps retrying and the file keeps every frame.
 
         Returns True when it started one now."""
-        if not self.autostart or self._autostarted or not self.server:
+        if not self.autostart or self._autostarted or self._answered or not self.server:
             return False
         self._autostarted = True
         port = self.server.rsplit(":", 1)[-1].split("/")[0]

@@ -170,11 +170,20 @@ def _server_next(srv: ServerProc, sid: str) -> int:
         return -1
 
 
-def test_files_server_killed_and_restarted_twice_ends_with_every_frame(tmp_path: Path) -> None:
+@pytest.mark.parametrize("named", ["url", "auto"])
+def test_files_server_killed_and_restarted_twice_ends_with_every_frame(tmp_path: Path, named: str) -> None:
+    """``auto``: ``watch(server="auto")`` with ``$TORCHSCOPE_SERVER``, which may start a server
+    when none answers at first -- never once the user's had answered: one started then would
+    take the restarting server's port with another data directory (HOME is the test's own, so
+    a wrongly started one writes nothing outside it)."""
     server = ServerProc(tmp_path / "data").start()
     record = tmp_path / "run.tscope"
     stop = tmp_path / "stop"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TSCOPE_TEST_SERVER": server.url, "TSCOPE_TEST_STOPFILE": str(stop)}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TSCOPE_TEST_STOPFILE": str(stop), "HOME": str(tmp_path)}
+    if named == "auto":
+        env.update(TSCOPE_TEST_SERVER="auto", TORCHSCOPE_SERVER=server.url)
+    else:
+        env["TSCOPE_TEST_SERVER"] = server.url
     proc = subprocess.Popen([sys.executable, str(SCRIPT), str(record), "watch"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -198,6 +207,7 @@ def test_files_server_killed_and_restarted_twice_ends_with_every_frame(tmp_path:
         stop.touch()
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err[-2000:]
+        assert "started one in the background" not in err
         frames = len(index(record)[1])
         sess = load(record)
         assert sess.status == "finished"
