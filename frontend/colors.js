@@ -9,14 +9,22 @@ export function ramp(t) {
   return RAMP[Math.round(x)];
 }
 
-// A log scale over the positive values; returns colour(v) and legend stops.
-export function logScale(values) {
-  let lo = Infinity, hi = -Infinity;
-  for (const v of values) if (v > 0 && Number.isFinite(v)) { if (v < lo) lo = v; if (v > hi) hi = v; }
-  if (lo === Infinity) { lo = 1; hi = 1; }
-  const a = Math.log10(lo), b = Math.log10(hi);
-  const color = (v) => (v === undefined || v === null ? null : !Number.isFinite(v) ? ramp(NaN) : v <= 0 ? RAMP[0] : ramp(b > a ? (Math.log10(v) - a) / (b - a) : 0.5));
-  return { color, lo, hi };
+// An exactly-zero gradient: nothing flowed (a dead branch, P2), which must not read as merely
+// the smallest norm of the log ramp -- a colour outside the ramp, named in the legends.
+export const ZERO = "#c026d3";
+
+// A log scale over the positive values; returns colour(v), legend stops and whether any value
+// is zero.  With ``zero``, zero gets that colour; else the ramp's lowest (bytes, time).
+export function logScale(values, zero = null) {
+  let lo = Infinity, hi = -Infinity, zeros = false;
+  for (const v of values) {
+    if (v > 0 && Number.isFinite(v)) { if (v < lo) lo = v; if (v > hi) hi = v; } else if (v === 0) zeros = true;
+  }
+  const positive = lo !== Infinity;
+  if (!positive) { lo = 1; hi = 1; }
+  const a = Math.log10(lo), b = Math.log10(hi), low = zero || RAMP[0];
+  const color = (v) => (v === undefined || v === null ? null : !Number.isFinite(v) ? ramp(NaN) : v <= 0 ? low : ramp(b > a ? (Math.log10(v) - a) / (b - a) : 0.5));
+  return { color, lo, hi, zeros: zeros && !!zero, positive };
 }
 
 export function categorical(keys) {

@@ -4,7 +4,7 @@
 import { h, clear, fmtNum, coalesce } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
-import { logScale, RAMP_COLORS } from "./colors.js";
+import { logScale, RAMP_COLORS, ZERO } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
 
 export class GradientsView {
@@ -62,7 +62,7 @@ export class GradientsView {
     }
     const vals = [];
     for (let i = 0; i < S * M; i++) if (has[i]) vals.push(Math.sqrt(sq[i]));
-    const scale = logScale(vals);
+    const scale = logScale(vals, ZERO);
     const cellW = Math.max(2, Math.min(24, Math.floor(900 / Math.max(S, 1)))), cellH = 16, L = 180;
     const W = L + cellW * S + 10, H = cellH * M + 24;
     const dpr = window.devicePixelRatio || 1;
@@ -90,8 +90,14 @@ export class GradientsView {
       ctx.strokeStyle = css.getPropertyValue("--text").trim(); ctx.lineWidth = 2;
       ctx.strokeRect(L + at * cellW - 1, 0, cellW + 1, cellH * M);
     }
-    clear(this.heatInfo).append(`‖grad‖ ${fmtNum(scale.lo)} `, h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP_COLORS.join(",")})` }),
-      ` ${fmtNum(scale.hi)} (log) · dark red "!" = NaN/Inf · grey = no gradient · click a cell to open that step's graph`);
+    this.zeroCells = vals.filter((v) => v === 0).length;
+    clear(this.heatInfo);
+    if (scale.positive) {
+      this.heatInfo.append(`‖grad‖ ${fmtNum(scale.lo)} `, h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP_COLORS.join(",")})` }),
+        ` ${fmtNum(scale.hi)} (log) · `);
+    }
+    this.heatInfo.append(h("span", { class: "swatch", style: `background:${ZERO}` }), " = exactly zero (nothing flowed) · ",
+      `dark red "!" = NaN/Inf · grey = no gradient · click a cell to open that step's graph`);
   }
 
   onHeatClick(e) {
@@ -154,7 +160,8 @@ export class GradientsView {
   debug() {
     const notTrained = this.noGrad.querySelector("[data-testid=not-trained]");
     return { modules: this.modules || [], steps: this.g?.steps?.length || 0, noGrad: this.noGrad.textContent,
-      chosen: [...this.pick.selectedOptions].map((o) => o.textContent), focus: this.focus,
+      chosen: [...this.pick.selectedOptions].map((o) => o.textContent), focus: this.focus, zeroCells: this.zeroCells,
+      legend: this.heatInfo.textContent, geom: this.heatGeom,
       notTrained: notTrained ? notTrained.nextElementSibling.textContent : "" };
   }
 }

@@ -1,7 +1,7 @@
 // Builds what the renderer draws from the model, a layout and the view state (overlay,
 // highlight, selection).  Cheap: linear in the visible items and the edges.
 import { representatives } from "./model.js";
-import { logScale, categorical } from "../colors.js";
+import { logScale, categorical, ZERO } from "../colors.js";
 
 const PHASE_COLORS = { forward: "--op-fwd", backward: "--op-bwd", optimizer: "--op-opt", other: "--op-opt" };
 
@@ -70,9 +70,9 @@ export function buildScene(model, layout, st) {
         const prev = agg.get(r) ?? 0;
         agg.set(r, st.overlay === "grad" ? Math.max(prev, v) : prev + v);
       });
-      const scale = logScale([...vals.filter((v) => typeof v === "number"), ...agg.values()]);
+      const scale = logScale([...vals.filter((v) => typeof v === "number"), ...agg.values()], st.overlay === "grad" ? ZERO : null);
       colorOf = scale.color;
-      legend = { kind: "ramp", overlay: st.overlay, lo: scale.lo, hi: scale.hi };
+      legend = { kind: "ramp", overlay: st.overlay, lo: scale.lo, hi: scale.hi, zeros: scale.zeros };
     }
   }
 

@@ -6,7 +6,7 @@ import { buildModel, ancestors } from "./model.js";
 import { buildScene, pathToLoss, leafSub } from "./scene.js";
 import { GraphCanvas } from "./render.js";
 import { renderDetails } from "./details.js";
-import { RAMP_COLORS } from "../colors.js";
+import { RAMP_COLORS, ZERO } from "../colors.js";
 import { THEME_EVENT } from "../theme.js";
 
 const CANCEL_MS = 300;
@@ -223,6 +223,7 @@ export class GraphView {
       const fmt = lg.overlay === "memory" ? fmtBytes : lg.overlay === "time" ? fmtUs : fmtNum;
       this.legend.append(h("span", {}, `${lg.overlay === "grad" ? "‖grad‖" : lg.overlay} ${fmt(lg.lo)}`),
         h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP_COLORS.join(",")})` }), h("span", {}, `${fmt(lg.hi)} (log)`));
+      if (lg.zeros) this.legend.append(h("span", { class: "swatch", style: `background:${ZERO}` }), h("span", {}, "exactly zero"));
     }
     if (this.diffSummary && this.overlay === "diff") this.legend.append(h("span", { class: "muted" }, this.diffSummary));
   }

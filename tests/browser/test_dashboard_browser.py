@@ -486,6 +486,41 @@ def test_gradients_view_picks_parameters_with_a_gradient_and_keeps_the_users_cho
     assert g["chosen"] == ["enc.bias", "head.weight"] and g["focus"] == 5
 
 
+def test_a_dead_gradient_is_not_drawn_as_a_small_one(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    """A module whose gradient is exactly zero (a dead branch, P2) gets its own colour in the
+    heat map, named in the legend -- not the log ramp's lowest, which the smallest non-zero
+    norm gets."""
+    from torchscope.transport import Transport
+
+    sid = f"dead-{int(time.time() * 1000)}"
+    names = ["dead.weight", "low.weight", "big.weight"]
+    t = Transport(str(tmp_path / "dead.tscope"), sid, rank=0, server=srv.url)
+    t.emit({"kind": "session", "schema": [1, 0], "session_id": sid, "name": "dead", "started_at": time.time(),
+            "rank": 0, "world_size": 1, "model": "Net", "modules": [],
+            "params": [{"name": n, "module": n.rsplit(".", 1)[0], "shape": [2], "numel": 2, "requires_grad": True}
+                       for n in names]})
+    for s in range(3):
+        t.emit({"kind": "step", "step": s, "rank": 0, "t": time.time(), "duration_us": 1000,
+                "grads": {"norm": [0.0, 0.04, 1.0], "nan": [0] * 3, "inf": [0] * 3, "none": []}})
+    t.close({"kind": "end", "t": time.time(), "status": "finished", "steps": 3})
+    open_dash(page, srv, sid, "?view=gradients")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.steps >= 3; })()")
+    g = state(page)["gradients"]
+    assert g["zeroCells"] == 3 and "exactly zero" in g["legend"]
+    geom = g["geom"]
+    colours = page.evaluate(
+        """([geom, rows]) => {
+          const c = document.querySelector("[data-testid=heatmap]"), ctx = c.getContext("2d");
+          const dpr = c.width / parseFloat(c.style.width);
+          return rows.map((m) => Array.from(ctx.getImageData(Math.round((geom.L + 2) * dpr),
+                                                             Math.round((m * geom.cellH + 6) * dpr), 1, 1).data));
+        }""",
+        [geom, [g["modules"].index(m) for m in ("dead", "low", "big")]])
+    dead, low, big = (tuple(c[:3]) for c in colours)
+    assert dead == (0xC0, 0x26, 0xD3)  # the zero colour (colors.js ZERO)
+    assert low != dead and big != dead and low != big
+
+
 def test_a_server_restart_under_an_open_page_is_no_page_error(page: Any, tmp_path: Path) -> None:
     """The server goes away under a session page mid-run and comes back: the page says
     "disconnected", raises nothing (refreshes that found the server gone are not page errors),
