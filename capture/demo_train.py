@@ -8,12 +8,20 @@ dashboard has time to draw it.  Both models are watched (two sessions).
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 import time
 
-import torch
-from torch import nn
+# Ctrl-C in `torchscope demo` reaches this process too: while torch is still importing it ends
+# it quietly (no traceback through torch's imports); main() restores KeyboardInterrupt, so a
+# run interrupted later is closed by its watch as "interrupted"
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
 
-import torchscope
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import torchscope  # noqa: E402
 
 
 class TinyLM(nn.Module):
@@ -30,6 +38,8 @@ class TinyLM(nn.Module):
 
 
 def main(argv: list[str] | None = None) -> None:
+    if __name__ == "__main__":
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     ap = argparse.ArgumentParser(prog="python -m torchscope.demo_train", description=__doc__.splitlines()[0])
     ap.add_argument("--server", default="auto", help='torchscope server URL, "auto", or "none"')
     ap.add_argument("--steps", type=int, default=300)
@@ -76,4 +86,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C in `torchscope demo`: the runs are closed, no traceback
+        sys.exit(130)

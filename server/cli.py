@@ -10,7 +10,9 @@ import argparse
 import errno
 import os
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -208,9 +210,6 @@ def cmd_open(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    import subprocess
-    import time
-
     from .client import ClientError, ensure_server, page_url, sessions
 
     if args.steps < 1:
@@ -223,25 +222,39 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     proc = subprocess.Popen([sys.executable, "-m", "torchscope.demo_train", "--server", base,
                              "--steps", str(args.steps)])
-    url = None
-    deadline = time.monotonic() + 60
-    while url is None and time.monotonic() < deadline and proc.poll() is None:
-        new = [s["id"] for s in sessions(base, token) if s["id"] not in known]
-        if new:
-            url = f"{base}/sessions/{new[0]}"
-        else:
-            time.sleep(0.2)
-    url = page_url(url or base + "/", token)
-    print(url, flush=True)
-    if not args.no_browser:
-        import webbrowser
-
-        webbrowser.open(url)
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
+        url = page_url(_demo_session(base, token, known, proc) or base + "/", token)
+        print(url, flush=True)
+        if not args.no_browser:
+            import webbrowser
+
+            webbrowser.open(url)
+        code = proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached the demo's training too: it ends its runs itself
+        try:
+            proc.wait(10)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            proc.terminate()
+        print(f"\ndemo stopped; its runs stay on the dashboard at {page_url(base + '/', token)}", file=sys.stderr)
         return 130
+    if code == 0:
+        print(f"demo finished; the dashboard stays at {page_url(base + '/', token)} "
+              "(the server keeps running in the background)", file=sys.stderr)
+    return code
+
+
+def _demo_session(base: str, token: str | None, known: set[str], proc: subprocess.Popen[bytes]) -> str | None:
+    """The page of the demo's transformer run (the graph worth seeing first), once it shows."""
+    from .client import sessions
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        new = sorted((s for s in sessions(base, token) if s["id"] not in known),
+                     key=lambda s: not str(s.get("name") or "").endswith("transformer"))
+        if new and str(new[0].get("name") or "").endswith("transformer"):
+            return f"{base}/sessions/{new[0]['id']}"
+        time.sleep(0.2)
+    return None
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

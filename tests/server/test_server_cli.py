@@ -144,3 +144,42 @@ def test_help_lists_commands() -> None:
     assert res.returncode == 0
     for command in ("serve", "open", "demo", "info", "doctor"):
         assert command in res.stdout
+
+
+def test_demo_shows_its_transformer_run_and_ctrl_c_ends_it_quietly(tmp_path: Path) -> None:
+    """`torchscope demo` prints the page of its transformer run (not whichever run the server
+    listed first), and Ctrl-C in the terminal -- SIGINT to the whole foreground process group,
+    the demo's training too -- ends it with one line, no traceback, the runs closed."""
+    import os
+    import signal
+    import time
+
+    srv = ServerProc(tmp_path / "data").start()
+    proc = subprocess.Popen([sys.executable, "-m", "torchscope.server.cli", "demo", "--port", str(srv.port),
+                             "--no-browser", "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        url = ""
+        while not url.startswith("http"):  # the demo's training prints its losses here too
+            url = proc.stdout.readline().strip()
+        sid = url.rsplit("/", 1)[-1]
+        assert url == f"{srv.url}/sessions/{sid}"
+        detail = srv.get(f"/api/sessions/{sid}")
+        assert isinstance(detail, dict) and str(detail["name"]).endswith("transformer")
+        deadline = time.monotonic() + 60
+        while srv.get(f"/api/sessions/{sid}")["steps"] < 3 and time.monotonic() < deadline:  # type: ignore[index]
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    try:
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err and "demo stopped" in err, err
+        for s in srv.get("/api/sessions"):  # type: ignore[union-attr]
+            assert s["status"] == "finished", s  # closed by their watches, not "ended unexpectedly"
+    finally:
+        srv.stop()
