@@ -28,8 +28,11 @@ FIX_P10 = ("Call backward() once per graph: sum the losses first (loss = a + b; 
 _NODE_IN_MESSAGE = re.compile(r"output \d+ of (\w+)")
 
 
-def _node_named(run: Run, step: int, name: str) -> tuple[int, dict[str, Any]]:
-    for gstep in [step, *sorted(run.graphs)]:
+def _node_named(run: Run, steps: list[int], name: str) -> tuple[int, dict[str, Any]]:
+    """The node ``name`` in the graph of the first of ``steps`` (the failing ones) that was
+    captured, else of any captured step: a healthy step's graph holds the node but not the
+    in-place op that broke it."""
+    for gstep in dict.fromkeys([*steps, *sorted(run.graphs)]):
         for graph in run.graphs_of(gstep):
             for node in as_list(graph.get("nodes")):
                 node_name = str(as_dict(node).get("name", ""))
@@ -72,7 +75,7 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
         targets = [FindingTarget(step=first.step, rank=run.rank)]
         match = _NODE_IN_MESSAGE.search(first.message)
         node_name = match.group(1) if match else ""
-        gstep, node = _node_named(run, first.step, node_name) if node_name else (-1, {})
+        gstep, node = _node_named(run, crash_steps, node_name) if node_name else (-1, {})
         if node:
             node_name = str(node.get("name", node_name))
             targets = [FindingTarget(step=gstep, rank=run.rank, node=as_int(node.get("id")),

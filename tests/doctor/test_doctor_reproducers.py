@@ -67,6 +67,8 @@ def check_p7(f: dict[str, Any]) -> None:
 def check_p8(f: dict[str, Any]) -> None:
     assert f["since"] == 2 and "Sigmoid" in f["message"]  # batch 2 was the first padded one
     assert targets(f, "node"), "P8 should point at the backward node that needed the old value"
+    # a failing step's graph was captured: the finding opens it, at the in-place op it holds
+    assert "(aten::fill_)" in f["message"] and f["targets"][0]["step"] in f["steps"]
 
 
 def check_p9(f: dict[str, Any]) -> None:
