@@ -285,19 +285,25 @@ def _first_tensor(x: Any) -> torch.Tensor | None:
     return getattr(x, "logits", None) if isinstance(getattr(x, "logits", None), torch.Tensor) else None
 
 
-def _output_nodes(x: Any, limit: int = 8) -> list[Any]:
-    """The distinct ``grad_fn`` nodes of the tensors a forward returned, top level only (a
-    tensor, or the items of a tuple, list or dict -- a ``ModelOutput``'s loss and logits), at
-    most ``limit``."""
+def _output_tensors(x: Any, limit: int = 8) -> list[torch.Tensor]:
+    """The tensors a forward returned that carry a graph, one per distinct ``grad_fn`` node, at
+    most ``limit``: top level (a tensor, or the items of a tuple, list or dict -- a
+    ``ModelOutput``'s loss and logits), else the first one found deeper.  Every one counts: a
+    loss built from the second output alone (an embedding and logits, the embedding kept
+    detached) still uses the forward."""
     items = x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else (x,)
+    out: list[torch.Tensor] = []
     nodes: list[Any] = []
     for v in items:
         fn = v.grad_fn if isinstance(v, torch.Tensor) else None
         if fn is not None and all(fn is not n for n in nodes):
+            out.append(v)
             nodes.append(fn)
-            if len(nodes) >= limit:
+            if len(out) >= limit:
                 break
-    return nodes
+    if not out and (t := _first_tensor(x)) is not None and t.grad_fn is not None:
+        out.append(t)
+    return out
 
 
 def _default_record(name: str) -> str:
@@ -798,19 +804,19 @@ class Watch:
         fwd = s.forwards[-1] if s.forwards else None
         if fwd is not None and module.training and (s.capture or self._step % GRAD_STATS_EVERY == 0):
             self._modes_after_forward(module, fwd)
-        t = _first_tensor(output)
-        if fwd is None or t is None or t.grad_fn is None:
+        outs = _output_tensors(output)
+        if fwd is None or not outs:
             return
         fwd["built_graph"] = True
         if s.capture:
-            self._safe("activation_grads", self._watch_activation, "", t)
-        fn = t.grad_fn
-        self._watch_used(s, fwd, t, fn)
+            self._safe("activation_grads", self._watch_activation, "", outs[0])
+        nodes = [t.grad_fn for t in outs]
+        self._watch_used(s, fwd, outs, nodes)
         # an output's graph node outliving the next step boundary means something keeps the
         # output (a list of predictions, or of a ModelOutput's logits, for metrics): its graph
         # is alive (P7).  The backward's root sentinel does not see that: the loss derived
         # from the output is gone by then.
-        for node in _output_nodes(output):
+        for node in nodes:
             out = _Sentinel(self._step, 1, output=True)
             node.metadata["torchscope_out_sentinel"] = out
             ref = weakref.ref(out)
@@ -818,7 +824,7 @@ class Watch:
             s.out_sentinels.append(ref)
         if not module.training or not torch.is_grad_enabled():
             # a graph built in eval mode may never be consumed (P6): size it now, while it exists
-            saved, _ = AutogradWalk([fn]).saved(self._param_ptrs)
+            saved, _ = AutogradWalk(nodes).saved(self._param_ptrs)
             fwd["saved_bytes"] = sum(saved.values())
 
     def _modes_after_forward(self, module: nn.Module, fwd: ForwardInfo) -> None:
@@ -832,19 +838,20 @@ class Watch:
         if late != fwd.get("eval_modules"):
             fwd["eval_modules"] = sorted({*fwd.get("eval_modules", ()), *late})
 
-    def _watch_used(self, s: _StepState, fwd: ForwardInfo, t: torch.Tensor, fn: Any) -> None:
-        """``fwd["backward"]`` becomes True once a backward reaches ``fn``, the node of the
-        forward's output ``t``: a C++ hook read back by ``_reached``, else a Python one."""
+    def _watch_used(self, s: _StepState, fwd: ForwardInfo, outs: list[torch.Tensor], nodes: list[Any]) -> None:
+        """``fwd["backward"]`` becomes True once a backward reaches any of ``nodes``, the nodes
+        of the forward's outputs ``outs``: C++ hooks sharing one token, read back by
+        ``_reached``, else Python ones."""
         if s.native is not None:
             token = _native.next_epoch()
-            if s.native.watch_used(t, token):
+            if all([s.native.watch_used(t, token) for t in outs]):  # every one hooked (a list: no short cut)
                 s.used[token] = fwd
                 return
 
         def consumed(grad_outputs: Any, fwd: ForwardInfo = fwd) -> None:
             fwd["backward"] = True
 
-        s.node_hooks.append(fn.register_prehook(consumed))
+        s.node_hooks.extend(fn.register_prehook(consumed) for fn in nodes)
 
     def _start_step(self, s: _StepState) -> None:
         s.started = True

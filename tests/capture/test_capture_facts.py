@@ -145,6 +145,46 @@ def test_forwards_a_backward_reached(tmp_path: Path, mode: str, native: bool, mo
         assert st["no_backward_forwards"] == 1
 
 
+class _EmbedAndClassify(nn.Module):
+    """Returns (a normalised embedding, logits): the loss uses the logits, the embedding goes
+    detached into a memory bank (contrastive learning's usual shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.emb, self.cls = nn.Linear(16, 4), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.body(x)
+        return nn.functional.normalize(self.emb(h), dim=1), self.cls(h)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_backward_through_any_output_uses_the_forward(
+        tmp_path: Path, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward whose loss is built from its second output alone was used by backward: no
+    "graph built but never used" (P6) for it."""
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    if native:
+        assert _native.get(block=True) is not None, _native._error
+    model = _EmbedAndClassify()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    path = tmp_path / "run.tscope"
+    bank = []
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for _ in range(4):
+            emb, logits = model(torch.randn(8, 8))
+            bank.append(emb.detach())
+            loss = nn.functional.cross_entropy(logits, torch.randint(0, 3, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    steps = _steps(path)
+    assert all(st["forwards"][0]["backward"] and st["no_backward_forwards"] == 0 for st in steps)
+    assert "P6" not in {f["code"] for f in diagnose(list(iter_events(path)))}
+
+
 def test_compiled_autograd_backward_reaches_the_forward(tmp_path: Path) -> None:
     """Under compiled autograd the node hooks are not run but collected: a forward whose graph
     it runs counts as reached (no false P6)."""
