@@ -44,12 +44,49 @@ def _dead_activations(run: Run, settings: Settings) -> dict[str, list[int]]:
     return dead
 
 
+FIX_CANCELS = ("Nothing to fix: the loss is the same whatever this bias is (a difference of two outputs of the "
+               "same layer -- a siamese distance, a WGAN critic's fake minus real -- or a normalisation right "
+               "after the layer), so it cannot learn. Drop it (bias=False) to save the parameter.")
+
+
+def _cancelling(run: Run, dead: dict[int, list[int]], candidates: dict[int, list[int]]) -> dict[int, list[int]]:
+    """The biases among ``candidates`` whose gradient is zero while a weight of their own module
+    gets one: the output gradient is not zero (the weight's is its product with the input) but
+    sums to zero, so the loss does not change when the layer's outputs shift together.  A dead
+    branch zeroes the weights' gradients too."""
+    out: dict[int, list[int]] = {}
+    for i, steps in candidates.items():
+        name, module = run.param_name(i), run.param_module(i)
+        siblings = [j for j in range(len(run.params)) if j != i and run.param_module(j) == module]
+        if name.rpartition(".")[2] == "bias" and siblings and any(j not in dead for j in siblings):
+            out[i] = steps
+    return out
+
+
+def _cancels_finding(run: Run, params: dict[int, list[int]]) -> Finding:
+    names = [run.param_name(i) for i in sorted(params)]
+    steps = sorted({s for v in params.values() for s in v})
+    message = (f"The gradient of {', '.join(names[:4])}{' and more' if len(names) > 4 else ''} is exactly zero "
+               f"while its layer's weight learns ({describe_steps(steps, run.last_step)}): the bias cancels out "
+               "of the loss, by design -- not a dead branch.")
+    finding = make("P2", "info", message, FIX_CANCELS, steps, rank=run.rank, params=names,
+                   modules=sorted({run.param_module(i) for i in params}), view="gradients",
+                   targets=[FindingTarget(step=params[i][0], rank=run.rank, param=run.param_name(i),
+                                          module=run.param_module(i)) for i in sorted(params)])
+    finding["title"] = "Bias that cancels out of the loss"
+    return finding
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
     need = max(1, min(settings.min_steps, len(run.steps)))
-    params = {i: s for i, s in _dead_params(run, settings).items() if len(s) >= need}
+    dead = _dead_params(run, settings)
+    params = {i: s for i, s in dead.items() if len(s) >= need}
+    cancels = _cancelling(run, dead, params)
+    params = {i: s for i, s in params.items() if i not in cancels}
     acts = {m: s for m, s in _dead_activations(run, settings).items() if len(s) >= need}
+    found = [_cancels_finding(run, cancels)] if cancels else []
     if not params and not acts:
-        return []
+        return found
     modules = sorted({run.param_module(i) for i in params} | set(acts))
     names = [run.param_name(i) for i in sorted(params)]
     steps = sorted({s for v in [*params.values(), *acts.values()] for s in v})
@@ -64,5 +101,5 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                               module=run.param_module(i)) for i in sorted(params)]
     zero_frac = {run.param_name(i): [value(column(ev, "zero_frac"), i) for _, ev in run.step_events()]
                  for i in sorted(params)}
-    return [make("P2", "warning", message, FIX, steps, rank=run.rank, targets=targets, modules=modules,
-                 params=names, view="gradients", data={"zero_frac": zero_frac, "activations": acts})]
+    return [*found, make("P2", "warning", message, FIX, steps, rank=run.rank, targets=targets, modules=modules,
+                         params=names, view="gradients", data={"zero_frac": zero_frac, "activations": acts})]

@@ -1158,3 +1158,39 @@ def test_frozen_batch_norm_in_eval_is_a_deliberate_freeze(tmp_path: Path) -> Non
 
     assert "P11" not in run(freeze_params=True)
     assert "P11" in run(freeze_params=False)
+
+
+class _CriticLoss(nn.Module):
+    def __init__(self, critic: nn.Module, dead: nn.Module) -> None:
+        super().__init__()
+        self.critic, self.dead = critic, dead
+
+    def forward(self, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+        return self.critic(fake).mean() - self.critic(real).mean() + self.dead(real).mean()
+
+
+def test_a_bias_that_cancels_out_of_the_loss_is_told_not_warned(tmp_path: Path) -> None:
+    """A WGAN critic's loss, fake minus real: its last layer's bias gets exactly zero gradient
+    at every step while that layer's weight learns -- by design, not a dead branch (P2 info,
+    no warning).  A layer whose ReLU never fires is still warned."""
+    torch.manual_seed(0)
+    critic = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    dead = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    with torch.no_grad():
+        dead[0].bias.fill_(-100.0)  # its ReLU never fires: dead[0] gets no gradient at all
+    model = _CriticLoss(critic, dead)
+    opt = torch.optim.RMSprop(model.parameters(), lr=1e-3)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(6):
+            loss = model(torch.randn(16, 4), torch.randn(16, 4) + 1)
+            opt.zero_grad()
+            loss.backward()
+            assert critic[2].bias.grad.abs().max() == 0 and critic[2].weight.grad.abs().max() > 0
+            opt.step()
+    p2 = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P2"]
+    told = [f for f in p2 if f["severity"] == "info"]
+    warned = [f for f in p2 if f["severity"] == "warning"]
+    assert [f["params"] for f in told] == [["critic.2.bias"]] and "cancels out" in told[0]["message"]
+    # the layer after the dead one gets no weight gradient either (its input is all zeros)
+    assert len(warned) == 1 and set(warned[0]["params"]) == {"dead.0.weight", "dead.0.bias", "dead.2.weight"}
