@@ -127,6 +127,9 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
 _UNUSED_FIX = ("Call the layer in forward() if the model is meant to use it (a layer defined in __init__ and "
                "forgotten, or a branch that never runs); otherwise remove it: its parameters never change (the "
                "optimizer skips a parameter whose .grad is None) and only weigh on memory and checkpoints.")
+_DEAD_END_FIX = ("Add the missing term to the loss (an auxiliary head's loss forgotten: loss = main_loss + "
+                 "aux_weight * aux_loss); if that output is only for monitoring, compute it under torch.no_grad() "
+                 "or leave its layer out of the optimizer.")
 _VARYING = ("a path that changes from step to step (layer drop, early exit, a mixture-of-experts expert no "
             "token was routed to)")
 _VARYING_FIX = ("Nothing to fix if the model picks its path per step: the optimizer skips a parameter whose .grad "
@@ -160,6 +163,9 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
         head = f"{shown} never received a gradient ({when})"
     if not used:
         return "error", f"{head}: the forward never used {_them(names)}.", _UNUSED_FIX
+    if op and not _is_cut(op):  # nothing cuts the dataflow: it ends, unused by the loss
+        return ("error", f"{head}: what it computes ends at {g.op_label(op)}, whose result the loss never uses "
+                "(an output computed and then left out of the loss).", _DEAD_END_FIX)
     if op:
         why = "it ran under torch.no_grad()" if op.get("grad_mode") is False else "gradient cannot flow through it"
         return "error", f"{head}: its path to the loss breaks at {g.op_label(op)} ({why}).", fix

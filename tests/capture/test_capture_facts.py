@@ -1194,3 +1194,36 @@ def test_a_bias_that_cancels_out_of_the_loss_is_told_not_warned(tmp_path: Path) 
     assert [f["params"] for f in told] == [["critic.2.bias"]] and "cancels out" in told[0]["message"]
     # the layer after the dead one gets no weight gradient either (its input is all zeros)
     assert len(warned) == 1 and set(warned[0]["params"]) == {"dead.0.weight", "dead.0.bias", "dead.2.weight"}
+
+
+class _MainAndAux(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Linear(8, 16)
+        self.main, self.aux = nn.Linear(16, 3), nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.body(x))
+        return self.main(h), self.aux(h)
+
+
+def test_an_output_left_out_of_the_loss_is_named_so(tmp_path: Path) -> None:
+    """An auxiliary head whose loss term was forgotten: its parameters never get a gradient
+    (P1), and the finding says its output is unused -- not that gradient cannot flow through
+    the head's own (differentiable) matmul."""
+    model = _MainAndAux()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(3):
+            main, _aux = model(torch.randn(8, 8))
+            loss = nn.functional.cross_entropy(main, torch.randint(0, 3, (8,)))  # + aux term forgotten
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    findings = diagnose(list(iter_events(path)))
+    p1 = [f for f in findings if f["code"] == "P1"]
+    assert len(p1) == 1 and set(p1[0]["params"]) == {"aux.weight", "aux.bias"}
+    assert "never uses" in p1[0]["message"] and "cannot flow" not in p1[0]["message"]
+    assert "P6" not in {f["code"] for f in findings}
