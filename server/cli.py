@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     dr = sub.add_parser("doctor", help="diagnose a session file (pitfalls P1-P15)", description=(
         "List the pitfalls found in a session file, each with its steps, a one-line explanation "
-        "and a fix. Exit status: 0 nothing found, 1 findings, 2 an unreadable file or bad option."))
+        "and a fix. Exit status: 0 no error-level finding (warnings and notes exit 0), 1 an error-level finding, 2 an unreadable file or bad option."))
     dr.add_argument("file", help="a .tscope session file")
     dr.add_argument("--json", action="store_true", help="findings as JSON")
     dr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -17,6 +17,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     skipped: list[int] = []
     collapsed: list[int] = []
     clip: list[int] = []
+    clip_src: str | None = None
     scales: list[float | None] = []
     for step, ev in run.step_events():
         scaler = as_dict(ev.get("scaler"))
@@ -26,8 +27,10 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             skipped.append(step)
         if scale is not None and scale < settings.min_scale:
             collapsed.append(step)
-        if any(as_dict(e).get("what") == "clip_before_unscale" for e in as_list(ev.get("events"))):
+        at = [as_dict(e) for e in as_list(ev.get("events")) if as_dict(e).get("what") == "clip_before_unscale"]
+        if at:
             clip.append(step)
+            clip_src = clip_src or str(at[0].get("src") or "") or None  # the clip call's line
     findings: list[Finding] = []
     data = {"scale": scales, "skipped": skipped}
     # A few isolated skips are the scaler calibrating its scale; a streak, or a large share, is trouble.
@@ -45,5 +48,5 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         findings.append(make("P14", "warning", f"Gradients were clipped while still scaled by the GradScaler "
                              f"({describe_steps(clip, run.last_step)}): call scaler.unscale_(optimizer) first.",
                              FIX, clip, rank=run.rank, targets=[FindingTarget(step=clip[0], rank=run.rank)],
-                             view="gradients", data=data))
+                             src=clip_src, view="gradients", data=data))
     return findings

@@ -104,7 +104,8 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
             if "inplace_saved" in g.flags(op):
                 key = (str(op.get("name", "")), str(op.get("src", "")))
                 steps, fstep, first_op = silent.get(key, ([], step, op))
-                silent[key] = ([*steps, step], fstep, first_op)
+                if step not in steps:  # an op run twice a step (two forwards) is one step
+                    silent[key] = ([*steps, step], fstep, first_op)
     for (name, src), (steps, fstep, op) in silent.items():
         if fstep in crash_steps:
             continue  # the same event, already reported with the error

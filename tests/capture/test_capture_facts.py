@@ -616,6 +616,9 @@ def test_p14_clip_before_unscale(clip: str, passed: bool, tmp_path: Path) -> Non
                 scaler.update()
         flagged = [any(e["what"] == "clip_before_unscale" for e in st.get("events", [])) for st in _steps(path)]
         assert flagged == [not unscale_first] * 3
+        clipped = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P14" and "clipped" in f["message"]]
+        assert len(clipped) == (0 if unscale_first else 1)
+        assert all(f["src"].startswith("test_capture_facts.py:") for f in clipped)  # the clip call's line
 
 
 def test_loop_in_another_thread(tmp_path: Path) -> None:

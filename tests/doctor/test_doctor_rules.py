@@ -411,6 +411,11 @@ def test_p8_silent_form_flagged_op() -> None:
                   "src": "m.py:3"}]}
     f = only(diagnose([session(), step(0), step(1), g]), "P8")
     assert f["targets"][0]["op"] == 5 and f["src"] == "m.py:3"
+    # the op run by two forwards of one step (a critic on real and fake): that step, once
+    op = {**g["ops"][0], "id": 9}  # type: ignore[index, dict-item]
+    twice = {**g, "ops": [*g["ops"], op]}  # type: ignore[list-item]
+    f = only(diagnose([session(), step(0), step(1), twice]), "P8")
+    assert f["steps"] == [1] and "(0, 0" not in f["message"] and "1, 1" not in f["message"]
 
 
 def test_p10_double_backward() -> None:
