@@ -12,6 +12,8 @@ import { initTheme } from "./theme.js";
 
 const VIEWS = { graph: ["Graph", GraphView], memory: ["Memory", MemoryView], gradients: ["Gradients", GradientsView],
   ranks: ["Ranks", RanksView], diagnostics: ["Doctor", DiagnosticsView] };
+// what the tabs say, as a URL's view= may name them too
+const ALIASES = { doctor: "diagnostics" };
 
 class App {
   constructor() {
@@ -82,6 +84,7 @@ class App {
   }
 
   async go(view, patch = {}, first = false) {
+    view = ALIASES[view] || view;
     if (!VIEWS[view]) view = "graph";
     this.setState({ view, ...patch });
     for (const b of this.tabs.children) b.setAttribute("aria-selected", String(b.dataset.view === view));

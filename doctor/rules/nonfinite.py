@@ -84,6 +84,10 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                      data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
     if first_op:
         message = f"NaN/Inf first produced by {g.op_label(first_op)} at step {op_step} ({when})."
+        if op_step > steps[0]:  # ops are checked from the step captured after a non-finite one
+            message = (f"NaN/Inf since step {steps[0]}, produced by {g.op_label(first_op)}: the op was caught at "
+                       f"step {op_step}, the first step checked op by op after step {steps[0]} went non-finite "
+                       f"({when}).")
     elif names:
         message = f"NaN/Inf in the gradients of {', '.join(names[:3])}{' ...' if len(names) > 3 else ''} ({when})."
     else:

@@ -278,6 +278,13 @@ def test_p4_points_at_the_first_op_that_produced_nan() -> None:
     f = only(diagnose(events), "P4")
     assert f["steps"] == [2] and f["targets"][0] == {"step": 2, "rank": 0, "op": 1, "node": 4, "module": "norm"}
     assert f["src"] == "m.py:9" and "aten::div" in f["message"] and f["severity"] == "error"
+    # the loss went NaN at step 0, before any step was checked op by op: the op is caught at
+    # step 2, which the message says without claiming the NaN began there
+    early = [session(), step(0, loss=math.nan, losses=[math.nan]), step(1, loss=math.nan, losses=[math.nan]),
+             step(2, loss=math.nan, losses=[math.nan], grads=bad), g]
+    f = only(diagnose(early), "P4")
+    assert f["steps"] == [0, 1, 2] and "since step 0, produced by aten::div" in f["message"]
+    assert "first produced by" not in f["message"] and "caught at step 2" in f["message"]
 
 
 def test_p4_does_not_blame_an_op_that_only_read_nan_parameters() -> None:
