@@ -57,15 +57,16 @@ _LIVE, _PEAK, _ALLOCATED, _RESERVED = map(_MEMORY_COLUMNS.index, ("live", "peak"
 # what it asks for (the memory series is small; the per-parameter gradient lists are the
 # bulk): the column names, in order.  Each part has ``step``, so each stands alone.
 PARTS: dict[str, tuple[str, ...]] = {
-    # memory_series; graphs_alive: autograd nodes of earlier steps' graphs still alive (P7)
-    "memory": ("step", "t", *_MEMORY_COLUMNS, "graphs_alive"),
+    # memory_series; graphs_alive: autograd nodes of earlier steps' graphs still alive (P7);
+    # hook_bytes: tensors kept by user forward hooks, all modules together (P13)
+    "memory": ("step", "t", *_MEMORY_COLUMNS, "graphs_alive", "hook_bytes"),
     # step_summary's other columns
     "steps": tuple(k for k in _SUMMARY_KEYS if k not in _MEMORY_COLUMNS and k != "t"),
     # per step the step's lists, None where absent
     "grads": ("step", *_GRAD_LISTS, "none", "not_trained"),
 }
 # columns added to a part after format 1.1: a record written before them reads as None per row
-_LATER: frozenset[str] = frozenset({"not_trained", "graphs_alive"})
+_LATER: frozenset[str] = frozenset({"not_trained", "graphs_alive", "hook_bytes"})
 
 _NONE: type = type(None)
 _INTS: frozenset[type] = frozenset({int, _NONE})
@@ -192,7 +193,15 @@ def step_summary(ev: Mapping[str, Any]) -> dict[str, Any]:
 
 def _memory_row(ev: Mapping[str, Any]) -> tuple[Any, ...]:
     return (_int_or_none(ev.get("step")), _num_or_none(ev.get("t")), *_memory_values(ev),
-            _int_or_none(ev.get("graphs_alive")))
+            _int_or_none(ev.get("graphs_alive")), _hook_bytes(ev.get("hooks")))
+
+
+def _hook_bytes(hooks: Any) -> int | None:
+    """The bytes of ``StepEvent.hooks`` (module path -> bytes) all together; None where the
+    event has no such map (an event of an older capture)."""
+    if not isinstance(hooks, Mapping):
+        return None
+    return sum(v for v in hooks.values() if isinstance(v, int) and not isinstance(v, bool))
 
 
 def _steps_row(ev: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -292,7 +301,7 @@ def grads_from_columns(grads: Mapping[str, list[Any]], params: Sequence[Mapping[
 # ----------------------------------------------------------------------------- step events -> series
 def memory_series(steps: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
     """Columns ``step, t, live, peak, params, grads, optimizer, saved, temporaries, other,
-    allocated, reserved, graphs_alive``; one entry per step event, in the order given (the
+    allocated, reserved, graphs_alive, hook_bytes``; one entry per step event, in the order given (the
     ``memory`` part)."""
     return columns(steps, "memory")
 

@@ -5,7 +5,9 @@ import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
 import { nearest } from "./graph/view.js";
 
-const CATEGORIES = [["live", "live"], ["peak", "peak"], ["allocated", "allocated"], ["reserved", "reserved"], ["params", "parameters"],
+// "live" is the state every step keeps (parameters, gradients, optimizer state): activations
+// saved for backward come and go inside the step, so they may exceed it
+const CATEGORIES = [["live", "live state (params + grads + optimizer)"], ["peak", "peak"], ["allocated", "allocated"], ["reserved", "reserved"], ["params", "parameters"],
   ["grads", "gradients"], ["optimizer", "optimizer state"], ["saved", "saved activations"],
   ["temporaries", "temporaries (captured steps)"], ["other", "other (CUDA allocator)"]];
 
@@ -22,9 +24,14 @@ export class MemoryView {
     // a graph kept across steps (P7) holds its saved tensors without showing in the categories
     // above (on the CPU nothing else sees them): its node count, shown once there is any
     this.aliveBox = h("div", { "data-testid": "graphs-alive", hidden: true });
-    root.append(this.aliveBox);
+    // tensors user forward hooks keep (P13: a hook appending activations to a list): its bytes
+    this.hooksBox = h("div", { "data-testid": "hook-bytes", hidden: true });
+    root.append(this.aliveBox, this.hooksBox);
+    const mark = () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []);
     this.alive = new LineChart(this.aliveBox, { title: "autograd nodes of earlier steps' graphs still alive at each step boundary (P7: a graph kept across steps)",
-      height: 140, vlines: () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []) });
+      height: 140, vlines: mark });
+    this.hooks = new LineChart(this.hooksBox, { title: "bytes of tensors kept by forward hooks at each step boundary (P13: a hook storing activations)",
+      height: 140, fmt: fmtBytes, vlines: mark });
     root.append(h("h2", {}, "Inside a step: live bytes op by op ", this.stepSel));
     this.timeline = new LineChart(root, { title: "live bytes after each recorded op (the forward's; in full mode the backward's too) — click a point to open the op in the graph", fmt: fmtBytes, xLabel: "op",
       onClick: (i) => this.openOp(i), tipLabel: (i) => this.opLabel(i), vlines: () => this.phaseLines() });
@@ -50,6 +57,9 @@ export class MemoryView {
     const alive = s.graphs_alive || [];
     this.aliveBox.hidden = !alive.some((v) => v > 0);
     if (!this.aliveBox.hidden) this.alive.setData(s.step || [], [{ name: "nodes alive", y: alive }]);
+    const kept = s.hook_bytes || [];
+    this.hooksBox.hidden = !kept.some((v) => v > 0);
+    if (!this.hooksBox.hidden) this.hooks.setData(s.step || [], [{ name: "kept by forward hooks", y: kept }]);
     return this.perStep.setData(s.step || [], shown.map(([k, name]) => ({ name, y: s[k] || [] })));
   }
 
@@ -57,6 +67,7 @@ export class MemoryView {
     this.focus = step; // the step asked for (a finding's, a click's), marked on the per-step chart
     this.perStep.draw();
     if (!this.aliveBox.hidden) this.alive.draw();
+    if (!this.hooksBox.hidden) this.hooks.draw();
     if (!this.captured?.length) return;
     if (!this.captured.includes(step)) step = nearest(this.captured, step);
     this.stepSel.value = step;
@@ -115,6 +126,7 @@ export class MemoryView {
 
   debug() {
     return { steps: this.series?.step?.length || 0, timeline: this.tl?.length || 0, drawMs: this.perStep.lastDrawMs,
-      graphsAlive: this.aliveBox.hidden ? null : Math.max(...(this.series?.graphs_alive || []).map((v) => v || 0)) };
+      graphsAlive: this.aliveBox.hidden ? null : Math.max(...(this.series?.graphs_alive || []).map((v) => v || 0)),
+      hookBytes: this.hooksBox.hidden ? null : Math.max(...(this.series?.hook_bytes || []).map((v) => v || 0)) };
   }
 }

@@ -433,3 +433,15 @@ def test_memory_part_carries_graphs_alive_and_reads_records_written_before_it() 
     older = {k: v for k, v in cols.items() if k != "graphs_alive"}
     read = series.check_columns(older, "memory")
     assert read["graphs_alive"] == [None, None, None] and read["live"] == [100, 100, 100]
+
+
+def test_memory_part_carries_the_bytes_forward_hooks_keep() -> None:
+    """``hook_bytes`` (P13: what user forward hooks keep, all modules together) is a memory
+    column added after format 1.1, summed from ``StepEvent.hooks``; None where an event has no
+    such map and in a record written before the column."""
+    steps = [{"kind": "step", "step": i, "hooks": {"enc": 1000 * i, "head": 24}, "memory": {"live": 100}}
+             for i in range(3)] + [{"kind": "step", "step": 3, "memory": {"live": 100}}]
+    cols = series.columns(steps, "memory")
+    assert series.check_columns(cols, "memory")["hook_bytes"] == [24, 1024, 2024, None]
+    older = {k: v for k, v in cols.items() if k != "hook_bytes"}
+    assert series.check_columns(older, "memory")["hook_bytes"] == [None] * 4

@@ -132,11 +132,12 @@ def test_grads_samples_long_runs_evenly(client: TestClient) -> None:
     assert client.get("/api/sessions/g/grads?max_steps=0").status_code == 422
 
 
-def test_a_store_of_an_earlier_build_answers_memory_with_the_new_column(tmp_path: Path) -> None:
-    """A store written before the memory series had ``graphs_alive`` (no m_graphs_alive step
-    column; stored /memory texts one column short) is reopened by this build: the column is
-    added, the stale texts dropped, and /memory answers every column -- the old steps' new
-    one as null -- with nothing else lost."""
+@pytest.mark.parametrize("column", ["graphs_alive", "hook_bytes"])
+def test_a_store_of_an_earlier_build_answers_memory_with_the_new_column(tmp_path: Path, column: str) -> None:
+    """A store written before the memory series had ``column`` (no m_<column> step column;
+    stored /memory texts one column short) is reopened by this build: the column is added,
+    the stale texts dropped, and /memory answers every column -- the old steps' new one as
+    null -- with nothing else lost."""
     import sqlite3
 
     path = tmp_path / "db.sqlite"
@@ -145,14 +146,16 @@ def test_a_store_of_an_earlier_build_answers_memory_with_the_new_column(tmp_path
         want = memory_series(_store_steps(store, "old", [[0, 1, 2], [3]]))
     finally:
         store.close()
+    at = list(want).index(column) - 2  # the chunks hold the columns after step and t
     with sqlite3.connect(path) as c:  # as the earlier build left it
-        c.execute("ALTER TABLE steps DROP COLUMN m_graphs_alive")
+        c.execute(f"ALTER TABLE steps DROP COLUMN m_{column}")
         for key, cols in c.execute("SELECT rowid, cols FROM memory_chunks").fetchall():
-            c.execute("UPDATE memory_chunks SET cols=? WHERE rowid=?", (json.dumps(json.loads(cols)[:-1]), key))
+            short = [v for i, v in enumerate(json.loads(cols)) if i != at]
+            c.execute("UPDATE memory_chunks SET cols=? WHERE rowid=?", (json.dumps(short), key))
     store = Store(path)
     try:
         got = json.loads(store.memory_json("old", 0))
-        assert got.pop("graphs_alive") == [None] * 4
-        assert got == {k: v for k, v in want.items() if k != "graphs_alive"}
+        assert got.pop(column) == [None] * 4
+        assert got == {k: v for k, v in want.items() if k != column}
     finally:
         store.close()
