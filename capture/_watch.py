@@ -866,7 +866,10 @@ class Watch:
             s.capture = step == 0 or step % self.sample_every == 0 or self._capture_next
         else:
             s.capture = False
-        s.check_nan = self._nan_armed and s.capture
+        # ops are checked for NaN/Inf after a non-finite step, and on the first captured one: a
+        # loss that is NaN from the start (log of a zero probability) is otherwise never traced
+        # to its op, the parameters being poisoned by the time the next step is checked
+        s.check_nan = s.capture and (self._nan_armed or step == 0)
         self._capture_next = False
         self._snapshot_scale(s)
 

@@ -38,6 +38,25 @@ def _param_input(graph: dict[str, Any], op: dict[str, Any]) -> str | None:
     return next((params[i] for i in (as_int(x, -1) for x in as_list(op.get("inputs"))) if i in params), None)
 
 
+def reaching(graph: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ops flagged non-finite whose non-finite values reach the end of the recorded passes
+    (an op no recorded op reads: the loss, an output, a gradient) through flagged ops only,
+    in execution order.  An attention mask of -inf is flagged but absorbed -- the softmax that
+    reads it is finite -- so it is no cause of anything."""
+    ops = g.ops(graph)
+    bad = [op for op in ops if "nan" in g.flags(op)]
+    if not bad:
+        return []
+    readers = g.consumers(ops)
+    reach: dict[int, bool] = {}
+    for op in reversed(bad):  # a reader runs after the op: its answer is known first
+        oid = as_int(op.get("id"), -1)
+        fed = [r for t in as_list(op.get("outputs")) for r in readers.get(as_int(t, -1), [])
+               if as_int(r.get("id"), -1) > oid]
+        reach[oid] = not fed or any(reach.get(as_int(r.get("id"), -1), False) for r in fed)
+    return [op for op in bad if reach[as_int(op.get("id"), -1)]]
+
+
 def _scaler_skipped(ev: dict[str, Any]) -> bool:
     # A GradScaler skips steps whose scaled gradients overflowed: that is its job, judged by P14.
     return as_dict(ev.get("scaler")).get("skipped") is True
@@ -48,7 +67,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     params: dict[int, int] = {}  # param index -> first step with NaN/Inf in its gradient
     for step, ev in run.step_events():
         bad = [] if _scaler_skipped(ev) else _bad_params(ev)
-        nan_ops = any("nan" in g.flags(op) for gr in run.graphs_of(step) for op in g.ops(gr))
+        nan_ops = any(reaching(gr) for gr in run.graphs_of(step))
         if _loss_bad(ev) or bad or nan_ops:
             steps.append(step)
             for i in bad:
@@ -59,7 +78,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     op_step = -1
     carried = None  # the parameter through which a later step's first NaN op got it
     for step, graph in run.all_graphs():
-        hit = next((op for op in g.ops(graph) if "nan" in g.flags(op)), None)
+        hit = next(iter(reaching(graph)), None)
         if hit is not None:
             first_op, op_step = hit, step
             carried = _param_input(graph, hit) if step > steps[0] else None

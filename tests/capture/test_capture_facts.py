@@ -1230,3 +1230,50 @@ def test_an_output_left_out_of_the_loss_is_named_so(tmp_path: Path) -> None:
     assert len(p1) == 1 and set(p1[0]["params"]) == {"aux.weight", "aux.bias"}
     assert "never uses" in p1[0]["message"] and "cannot flow" not in p1[0]["message"]
     assert "P6" not in {f["code"] for f in findings}
+
+
+class _CausalLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(16, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])  # -inf above the diagonal
+        return self.head(self.enc(self.emb(x), mask=mask))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_loss_nan_from_the_first_step_is_traced_to_its_op(
+        tmp_path: Path, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first captured step's ops are checked for NaN/Inf: the log of a probability that
+    underflowed to 0 makes the loss inf from step 0, and P4 names that log -- while a causal
+    mask's -inf, which its softmax absorbs, is no finding on a healthy run."""
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    if native:
+        assert _native.get(block=True) is not None, _native._error
+    for bad in (False, True):
+        model = _CausalLM()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        path = tmp_path / f"lm-{bad}.tscope"
+        with torchscope.watch(model, opt, server=None, record=path):
+            for _ in range(3):
+                x = torch.randint(0, 16, (2, 6))
+                logits = model(x) * (1e4 if bad else 1.0)  # saturated: some probabilities are exactly 0
+                probs = torch.softmax(logits, -1)
+                loss = -torch.log(probs).mean()  # instead of log_softmax
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        events = list(iter_events(path))
+        graph0 = next(e for e in events if e["kind"] == "graph" and e["step"] == 0)
+        assert any("nan" in op.get("flags", ()) for op in graph0["ops"])  # checked: the mask's -inf at least
+        p4 = [f for f in diagnose(events) if f["code"] == "P4"]
+        if not bad:
+            assert p4 == []
+            continue
+        assert len(p4) == 1 and p4[0]["since"] == 0 and "aten::log" in p4[0]["message"]
+        assert p4[0]["targets"][0]["step"] == 0 and p4[0]["src"].startswith("test_capture_facts.py:")

@@ -287,6 +287,23 @@ def test_p4_points_at_the_first_op_that_produced_nan() -> None:
     assert "first produced by" not in f["message"] and "caught at step 2" in f["message"]
 
 
+def test_p4_blames_the_op_whose_nan_reaches_the_loss_not_an_absorbed_mask() -> None:
+    """A causal mask of -inf (flagged) that the softmax reading it absorbs causes nothing; the
+    log of a zero probability, whose -inf runs on into the loss, does."""
+    ops = [{"id": 0, "name": "aten::full", "module": "attn", "outputs": [0], "flags": ["nan"]},
+           {"id": 1, "name": "aten::triu", "module": "attn", "inputs": [0], "outputs": [1], "flags": ["nan"]},
+           {"id": 2, "name": "aten::add", "module": "attn", "inputs": [9, 1], "outputs": [2], "flags": ["nan"]},
+           {"id": 3, "name": "aten::_softmax", "module": "attn", "inputs": [2], "outputs": [3]},
+           {"id": 4, "name": "aten::log", "module": "head", "inputs": [3], "outputs": [4], "flags": ["nan"],
+            "src": "m.py:12"},
+           {"id": 5, "name": "aten::mean", "module": "", "inputs": [4], "outputs": [5], "flags": ["nan"]}]
+    g = {"kind": "graph", "step": 0, "rank": 0, "ops": ops}
+    f = only(diagnose([session(), step(0, loss=math.inf, losses=[math.inf]), g]), "P4")
+    assert f["targets"][0]["op"] == 4 and "aten::log" in f["message"] and f["src"] == "m.py:12"
+    masked_only = {**g, "ops": ops[:4]}  # a healthy step with the mask checked: nothing to say
+    assert "P4" not in codes(diagnose([session(), step(0), masked_only]))
+
+
 def test_p4_does_not_blame_an_op_that_only_read_nan_parameters() -> None:
     """A loss NaN at step 2 (not checked op by op: nothing was non-finite before), the optimizer
     writes NaN into the weights, and step 3's checked capture finds the first NaN at the first op
