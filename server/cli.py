@@ -191,12 +191,15 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_open(args: argparse.Namespace) -> int:
-    from .client import ClientError, ensure_server, page_url, upload
+    from .client import ClientError, ensure_server, page_url, sessions, upload
 
     path = _check_file(args.file)
     token = os.environ.get("TORCHSCOPE_TOKEN") or None
     try:
         base = ensure_server(args.port, args.data)
+        # a server that wants a token says so now: refused mid-upload, the socket would only say
+        # "broken pipe"
+        sessions(base, token)
         res = upload(base, path, token)
     except ClientError as exc:
         raise CliError(str(exc)) from None

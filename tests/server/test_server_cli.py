@@ -126,6 +126,11 @@ def test_a_server_with_a_token_is_named_so(tmp_path: Path) -> None:
         assert url == f"{srv.url}/sessions/cli-token?token={token}"
         with urllib.request.urlopen(url, timeout=10) as page:
             assert page.status == 200
+        # a file larger than the socket's buffers, refused before its upload: not a "broken pipe"
+        big = write_file(tmp_path / "big.tscope", run_frames("cli-big", steps=8000, graph_steps=tuple(range(0, 8000, 2))))
+        assert big.stat().st_size > 2 << 20
+        line = one_line_error(cli("open", str(big), "--port", str(srv.port), "--no-browser", env=bare))
+        assert "needs its token" in line and "TORCHSCOPE_TOKEN" in line
         line = one_line_error(cli("demo", "--port", str(srv.port), "--no-browser", "--steps", "2", env=bare))
         assert "needs its token" in line and "TORCHSCOPE_TOKEN" in line
         code = ("import torch, torchscope; m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), 0.1)\n"
