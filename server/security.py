@@ -75,6 +75,25 @@ async def _reply(send: Send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+# What a browser shows at a tokened server's address opened without the token (a person, not a
+# script: a JSON error body would be all they see)
+_TOKEN_PAGE = b"""<!doctype html><html><head><meta charset="utf-8"><title>torchscope: token needed</title>
+<style>body{font:15px/1.5 system-ui,sans-serif;max-width:40em;margin:4em auto;padding:0 1em}code{background:#eee;padding:0 4px}</style>
+</head><body><h1>This torchscope server needs its token</h1>
+<p>It is reachable from other machines, so it opens only with the token it printed when it started:
+open the URL it printed (it ends in <code>?token=...</code>), or add <code>?token=</code> and the token to this
+address. Your browser then keeps it for this server.</p>
+<p>Training scripts and the <code>torchscope</code> command read it from <code>TORCHSCOPE_TOKEN</code>.</p>
+</body></html>"""
+
+
+async def _reply_token_page(send: Send) -> None:
+    await send({"type": "http.response.start", "status": 401,
+                "headers": [(b"content-type", b"text/html; charset=utf-8"),
+                            (b"content-length", str(len(_TOKEN_PAGE)).encode())]})
+    await send({"type": "http.response.body", "body": _TOKEN_PAGE})
+
+
 class SecurityMiddleware:
     def __init__(self, app: ASGIApp, allowed_hosts: set[str], token: str | None) -> None:
         self.app = app
@@ -110,7 +129,10 @@ class SecurityMiddleware:
         elif path not in OPEN_PATHS:
             given = self._token_of(scope, headers)
             if given is None or not secrets.compare_digest(given.encode(), self.token.encode()):
-                await _reply(send, 401, "this torchscope server needs its token (open the URL it printed)")
+                if scope.get("method") == "GET" and b"text/html" in headers.get(b"accept", b""):
+                    await _reply_token_page(send)  # a browser's page load
+                else:
+                    await _reply(send, 401, "this torchscope server needs its token (open the URL it printed)")
                 return
         if scope.get("method", "GET") not in SAFE_METHODS and (where := cross_origin(headers)) is not None:
             await _reply(send, 403, f"a write from {where} is refused: only torchscope's own pages may change data")

@@ -226,6 +226,11 @@ def test_token_required_when_exposed(tmp_path: Path) -> None:
     with TestClient(create_app(settings), base_url="http://192.168.1.5:6150") as c:
         assert c.get("/api/health").status_code == 200  # liveness only, no data
         assert c.get("/api/sessions").status_code == 401
+        assert c.get("/api/sessions").json()["detail"].startswith("this torchscope server needs its token")
+        # a browser opening the address without it gets a page that says what to do, not JSON
+        page = c.get("/", headers={"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"})
+        assert page.status_code == 401 and page.headers["content-type"].startswith("text/html")
+        assert "needs its token" in page.text and "?token=" in page.text
         assert c.get("/api/ingest/s/0/next").status_code == 401
         assert c.get("/api/sessions", headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert c.get("/api/sessions", headers={"Authorization": f"Bearer {token}"}).status_code == 200
