@@ -78,6 +78,15 @@ def test_info_summarizes(tmp_path: Path) -> None:
     assert fields["name"].strip() == "run" and fields["model"].strip() == "MLP"
     assert fields["steps"].strip() == "7" and fields["graphs captured"].strip() == "2"
     assert fields["status"].strip() == "finished" and fields["ranks"].strip() == "0"
+    assert "torn tail" not in fields
+    # a killed writer's file: its last frame cut short is not read, and info says so
+    frames = run_frames("cli-info", steps=7, graph_steps=(0, 5), end=False)
+    torn = write_file(tmp_path / "torn.tscope", [*frames[:-1], frames[-1][:30]])
+    res = cli("info", str(torn))
+    assert res.returncode == 0, res.stderr
+    fields = dict(line.split(":", 1) for line in res.stdout.splitlines())
+    assert fields["torn tail"].strip().startswith("30 B after the last whole frame")
+    assert fields["status"].strip() == "ended unexpectedly"
 
 
 def test_port_in_use_names_the_port() -> None:
