@@ -42,6 +42,23 @@ def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert [(f["code"], f["steps"], f["params"]) for f in findings] == [("P5", [1, 2, 3, 4], ["enc.weight", "head.weight"])]
 
 
+def test_json_output_is_strict_json_for_a_diverging_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A NaN loss is in the P4 finding's data: written as the string "NaN" (as the server's API
+    writes it), so jq and JSON.parse read the output -- no bare NaN literal."""
+    import math
+
+    path = write(tmp_path / "nan.tscope", [session(), step(0), step(1, loss=math.nan, losses=[math.nan]), step(2)])
+    assert run(str(path), as_json=True) == 1
+    out = capsys.readouterr().out
+
+    def refuse(literal: str) -> None:
+        raise AssertionError(f"bare {literal} in --json output")
+
+    findings = json.loads(out, parse_constant=refuse)
+    p4 = next(f for f in findings if f["code"] == "P4")
+    assert p4["data"]["loss"][1] == "NaN" and p4["data"]["loss"][0] == step(0)["loss"]
+
+
 def test_clean_file_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path / "ok.tscope", clean_run())
     assert run(str(path)) == 0
