@@ -186,14 +186,12 @@ def test_demo_shows_its_transformer_run_and_ctrl_c_ends_it_quietly(tmp_path: Pat
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    try:
         assert proc.returncode == 130, err
         assert "Traceback" not in err and "demo stopped" in err, err
         for s in srv.get("/api/sessions"):  # type: ignore[union-attr]
             assert s["status"] == "finished", s  # closed by their watches, not "ended unexpectedly"
     finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         srv.stop()
