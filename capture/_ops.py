@@ -179,7 +179,7 @@ class OpRecorder(TorchDispatchMode):
             for t in out_t:
                 # a wrapper subclass's outputs are checked as its plain inner ops' (a DTensor's
                 # check of its own could need a collective)
-                if type(t) not in _PLAIN:
+                if type(t) not in _PLAIN or t.is_meta:  # a meta tensor (tracing) holds no values
                     continue
                 if (t.is_floating_point() or t.is_complex()) and t.numel() and not bool(torch.isfinite(t).all()):
                     flags.append("nan")

@@ -518,7 +518,8 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
       for (const auto& v : fn.outputs()) {
         if (!v.isTensor()) continue;
         const at::Tensor& t = v.toTensor();
-        if (!t.defined() || t.unsafeGetTensorImpl()->is_python_dispatch() || t.numel() == 0) continue;
+        // meta tensors (compiled autograd and FakeTensor tracing run ops on them) hold no values
+        if (!t.defined() || t.unsafeGetTensorImpl()->is_python_dispatch() || t.numel() == 0 || t.is_meta()) continue;
         if (!(t.is_floating_point() || t.is_complex())) continue;
         if (!at::isfinite(t).all().item<bool>()) {
           nan = true;
