@@ -181,7 +181,7 @@ class OpRecorder(TorchDispatchMode):
                 # check of its own could need a collective)
                 if type(t) not in _PLAIN or t.is_meta:  # a meta tensor (tracing) holds no values
                     continue
-                if (t.is_floating_point() or t.is_complex()) and t.numel() and not bool(torch.isfinite(t).all()):
+                if (t.is_floating_point() or t.is_complex()) and t.numel() and not _finite(t):
                     flags.append("nan")
                     self.nan_seen = True
                     break
@@ -471,3 +471,12 @@ def _device_name(d: torch.device) -> str:
     if n is None:
         n = _device_names[d] = str(d)
     return n
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Whether every value of ``t`` is finite: its minimum and maximum (NaN propagates through
+    aminmax), not ``isfinite(t)``, a bool copy of the whole output on its device."""
+    if t.is_complex():
+        return bool(torch.isfinite(t).all())
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(torch.stack((lo, hi))).all())

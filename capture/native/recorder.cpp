@@ -194,6 +194,15 @@ int64_t g_live = 0, g_freed = 0, g_shed = 0, g_max_ops = 0;
 std::string g_failed;
 bool g_check_nan = false, g_nan_seen = false, g_autocast_seen = false;
 
+// Whether every value of a floating `t` is finite: its minimum and maximum, one pass and two
+// scalars (NaN propagates through aminmax) -- not isfinite(t), a bool copy of a whole
+// activation on the device, which a model near its memory limit may not have room for.
+bool finite(const at::Tensor& t) {
+  if (t.is_complex()) return at::isfinite(t).all().item<bool>();
+  auto [lo, hi] = at::aminmax(t);
+  return at::stack({lo, hi}).isfinite().all().item<bool>();
+}
+
 // set from Python between ops, read by callbacks (the owner thread's, or the engine's during backward)
 std::atomic<int64_t> g_cur_ctx{-1};
 std::atomic<int> g_phase{0};
@@ -521,7 +530,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
         // meta tensors (compiled autograd and FakeTensor tracing run ops on them) hold no values
         if (!t.defined() || t.unsafeGetTensorImpl()->is_python_dispatch() || t.numel() == 0 || t.is_meta()) continue;
         if (!(t.is_floating_point() || t.is_complex())) continue;
-        if (!at::isfinite(t).all().item<bool>()) {
+        if (!finite(t)) {
           nan = true;
           break;
         }
