@@ -47,7 +47,7 @@ export class LineChart {
     ctx.fillStyle = css.getPropertyValue("--panel").trim(); ctx.fillRect(0, 0, W, H);
     if (!this.x || !this.x.length || !this.series.length) {
       ctx.fillStyle = css.getPropertyValue("--muted").trim(); ctx.font = "13px system-ui";
-      ctx.fillText("No data yet", 12, 24);
+      ctx.fillText(this.opts.empty || "No data yet", 12, 24);
       return 0;
     }
     const L = 64, R = 10, T = 8, B = 22;

@@ -7,6 +7,8 @@ import { LineChart } from "./chart.js";
 import { logScale, RAMP_COLORS, ZERO } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
 
+const NO_PARAMS = "The watched model has no parameters: tensors an optimizer trains outside the model are not watched.";
+
 export class GradientsView {
   constructor(root, app) {
     this.app = app;
@@ -41,6 +43,8 @@ export class GradientsView {
     for (const row of g.norm || []) (row || []).forEach((v, p) => { if (v !== null && v !== undefined) drawn.add(p); });
     const first = new Set(g.params.map((_, i) => i).filter((i) => drawn.has(i)).slice(0, 3));
     clear(this.pick).append(...g.params.map((p, i) => h("option", { value: i, selected: kept.size ? kept.has(p) : first.has(i) }, p)));
+    // a model without parameters (its optimizer trains tensors outside it): say so, not "no data yet"
+    this.lines.opts.empty = g.params.length ? null : NO_PARAMS;
     this.drawHeat();
     this.drawLines();
     this.drawNoGrad();
@@ -127,7 +131,8 @@ export class GradientsView {
     });
     clear(this.noGrad);
     const item = ([p, n]) => h("li", {}, h("code", {}, p), ` — .grad is None at ${n} of ${g.steps.length} steps`);
-    if (!count.size) this.noGrad.append(h("p", { class: "muted" }, "Every trained parameter received a gradient at every step."));
+    if (!g.params.length) this.noGrad.append(h("p", { class: "muted" }, NO_PARAMS));
+    else if (!count.size) this.noGrad.append(h("p", { class: "muted" }, "Every trained parameter received a gradient at every step."));
     else this.noGrad.append(h("ul", {}, [...count.entries()].map(item)));
     if (notTrained.size) {
       this.noGrad.append(h("p", { class: "muted", "data-testid": "not-trained" },

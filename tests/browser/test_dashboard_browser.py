@@ -523,6 +523,26 @@ def test_a_dead_gradient_is_not_drawn_as_a_small_one(page: Any, srv: ServerProc,
     assert low != dead and big != dead and low != big
 
 
+def test_gradients_of_a_model_without_parameters_say_so(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    """A watched model with no parameters (its optimizer trains a tensor outside it): the view
+    says so instead of "no data yet" and "every parameter received a gradient"."""
+    from torchscope.transport import Transport
+
+    sid = f"noparams-{int(time.time() * 1000)}"
+    t = Transport(str(tmp_path / "np.tscope"), sid, rank=0, server=srv.url)
+    t.emit({"kind": "session", "schema": [1, 0], "session_id": sid, "name": "noparams", "started_at": time.time(),
+            "rank": 0, "world_size": 1, "model": "Net", "modules": [], "params": []})
+    for s in range(3):
+        t.emit({"kind": "step", "step": s, "rank": 0, "t": time.time(), "duration_us": 1000,
+                "grads": {"norm": [], "nan": [], "inf": [], "none": []}})
+    t.close({"kind": "end", "t": time.time(), "status": "finished", "steps": 3})
+    open_dash(page, srv, sid, "?view=gradients")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.steps >= 3; })()")
+    g = state(page)["gradients"]
+    assert "has no parameters" in g["noGrad"] and "Every trained parameter" not in g["noGrad"]
+    assert "exactly zero" in g["legend"] and "‖grad‖" not in g["legend"]  # no ramp of 1.000 ... 1.000
+
+
 def test_a_server_restart_under_an_open_page_is_no_page_error(page: Any, tmp_path: Path) -> None:
     """The server goes away under a session page mid-run and comes back: the page says
     "disconnected", raises nothing (refreshes that found the server gone are not page errors),
