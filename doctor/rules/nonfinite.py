@@ -38,23 +38,41 @@ def _param_input(graph: dict[str, Any], op: dict[str, Any]) -> str | None:
     return next((params[i] for i in (as_int(x, -1) for x in as_list(op.get("inputs"))) if i in params), None)
 
 
-def reaching(graph: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ops flagged non-finite whose non-finite values reach the end of the recorded passes
-    (an op no recorded op reads: the loss, an output, a gradient) through flagged ops only,
-    in execution order.  An attention mask of -inf is flagged but absorbed -- the softmax that
-    reads it is finite -- so it is no cause of anything."""
+# Ops whose output is uninitialised memory until the next op fills it (dropout's mask, an
+# out= buffer): whatever bits it holds, NaN included, mean nothing
+_UNINITIALISED = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+                            "aten::new_empty_strided"})
+
+
+def _flagged(op: dict[str, Any]) -> bool:
+    return "nan" in g.flags(op) and op.get("name") not in _UNINITIALISED
+
+
+def culprit(graph: dict[str, Any]) -> dict[str, Any] | None:
+    """The op that made the step's non-finite values: the earliest op from which a chain of ops
+    flagged non-finite, each reading the one before, leads to the loss -- or, the loss's op not
+    flagged (a NaN born in the backward) or not known, to the last flagged op.  An attention
+    mask of -inf is flagged but absorbed (the softmax that reads it is finite) or left unused:
+    no chain runs from it, so it is no cause."""
     ops = g.ops(graph)
-    bad = [op for op in ops if "nan" in g.flags(op)]
+    bad = [op for op in ops if _flagged(op)]
     if not bad:
-        return []
-    readers = g.consumers(ops)
-    reach: dict[int, bool] = {}
-    for op in reversed(bad):  # a reader runs after the op: its answer is known first
-        oid = as_int(op.get("id"), -1)
-        fed = [r for t in as_list(op.get("outputs")) for r in readers.get(as_int(t, -1), [])
-               if as_int(r.get("id"), -1) > oid]
-        reach[oid] = not fed or any(reach.get(as_int(r.get("id"), -1), False) for r in fed)
-    return [op for op in bad if reach[as_int(op.get("id"), -1)]]
+        return None
+    loss = g.loss_op(graph)
+    end = loss if loss and _flagged(loss) else bad[-1]
+    writers = g.producers(ops)
+    chain = {as_int(end.get("id"), -1): end}
+    todo = [end]
+    while todo:
+        cur = todo.pop()
+        cid = as_int(cur.get("id"), -1)
+        for t in as_list(cur.get("inputs")):
+            w = writers.get(as_int(t, -1))
+            wid = as_int(w.get("id"), -1) if w is not None else -1
+            if w is not None and wid < cid and wid not in chain and _flagged(w):
+                chain[wid] = w
+                todo.append(w)
+    return chain[min(chain)]
 
 
 def _scaler_skipped(ev: dict[str, Any]) -> bool:
@@ -67,8 +85,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     params: dict[int, int] = {}  # param index -> first step with NaN/Inf in its gradient
     for step, ev in run.step_events():
         bad = [] if _scaler_skipped(ev) else _bad_params(ev)
-        nan_ops = any(reaching(gr) for gr in run.graphs_of(step))
-        if _loss_bad(ev) or bad or nan_ops:
+        # ops flagged non-finite on a step whose loss and gradients are finite (an attention
+        # mask of -inf, checked on the first captured step) harm nothing: not a finding
+        if _loss_bad(ev) or bad:
             steps.append(step)
             for i in bad:
                 params.setdefault(i, step)
@@ -77,8 +96,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     first_op: dict[str, Any] = {}
     op_step = -1
     carried = None  # the parameter through which a later step's first NaN op got it
+    bad_steps = set(steps)
     for step, graph in run.all_graphs():
-        hit = next(iter(reaching(graph)), None)
+        hit = culprit(graph) if step in bad_steps else None
         if hit is not None:
             first_op, op_step = hit, step
             carried = _param_input(graph, hit) if step > steps[0] else None

@@ -270,9 +270,10 @@ def test_p3_thresholds_are_settings() -> None:
 
 def test_p4_points_at_the_first_op_that_produced_nan() -> None:
     g = {"kind": "graph", "step": 2, "rank": 0,
-         "ops": [{"id": 0, "name": "aten::std", "module": "norm"},
-                 {"id": 1, "name": "aten::div", "module": "norm", "flags": ["nan"], "grad_fn": 4, "src": "m.py:9"},
-                 {"id": 2, "name": "aten::addmm", "module": "head", "flags": ["nan"]}]}
+         "ops": [{"id": 0, "name": "aten::std", "module": "norm", "outputs": [0]},
+                 {"id": 1, "name": "aten::div", "module": "norm", "flags": ["nan"], "grad_fn": 4, "src": "m.py:9",
+                  "inputs": [0], "outputs": [1]},
+                 {"id": 2, "name": "aten::addmm", "module": "head", "flags": ["nan"], "inputs": [1], "outputs": [2]}]}
     bad = grads(nan=[32, 8, 8, 1])
     events = [session(), step(0), step(1), step(2, loss=math.nan, losses=[math.nan], grads=bad), g]
     f = only(diagnose(events), "P4")
