@@ -170,10 +170,11 @@ export class GraphCanvas {
       if (it.hi) { ctx.strokeStyle = th.hi; ctx.lineWidth = 2.5 * lw; ctx.strokeRect(b[0] - 1, b[1] - 1, b[2] + 2, b[3] + 2); }
       if (it.key === sc.selected) { ctx.strokeStyle = th.sel; ctx.lineWidth = Math.max(3 * lw, 3); ctx.strokeRect(b[0] - 3, b[1] - 3, b[2] + 6, b[3] + 6); }
       if (text) {
-        ctx.fillStyle = th.text;
+        const ink = it.color ? inkOn(it.color) : null; // an overlay's fill: text that contrasts with it
+        ctx.fillStyle = ink ? ink[0] : th.text;
         if (it.fitLabel === undefined) it.fitLabel = fit(ctx, it.label, b[2] - 10);
         ctx.fillText(it.fitLabel, b[0] + 5, b[1] + 14);
-        ctx.fillStyle = th.sub; ctx.font = "10px system-ui, sans-serif";
+        ctx.fillStyle = ink ? ink[1] : th.sub; ctx.font = "10px system-ui, sans-serif";
         if (it.fitSub === undefined) it.fitSub = fit(ctx, it.sub, b[2] - 10);
         ctx.fillText(it.fitSub, b[0] + 5, b[1] + 28);
         ctx.font = "12px system-ui, sans-serif";
@@ -195,4 +196,25 @@ export class GraphCanvas {
     }
     return this._th;
   }
+}
+
+// Label and sub-label colours readable on a node filled with ``color`` (a "#rrggbb" overlay
+// colour, whatever the theme): dark ink on light fills, light ink on dark ones (WCAG relative
+// luminance); null for a colour it cannot read, which keeps the theme's.
+const INK = new Map();
+export function inkOn(color) {
+  if (INK.has(color)) return INK.get(color);
+  const m = /^#([0-9a-f]{6})$/i.exec(color);
+  let ink = null;
+  if (m) {
+    const lin = [0, 2, 4].map((i) => {
+      const c = parseInt(m[1].slice(i, i + 2), 16) / 255;
+      return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+    });
+    const lum = 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2];
+    // the ink with the higher contrast ratio against the fill
+    ink = (lum + 0.05) / 0.05 > 1.05 / (lum + 0.05) ? ["#111827", "#1f2937"] : ["#ffffff", "#f3f4f6"];
+  }
+  INK.set(color, ink);
+  return ink;
 }
