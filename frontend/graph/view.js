@@ -235,11 +235,13 @@ export class GraphView {
   }
 
   setOverlay(v) {
+    const was = this.overlay;
     this.overlay = v;
     this.overlaySel.value = v;
     this.diffSel.hidden = v !== "diff";
-    if (v === "diff" && +this.diffSel.value === this.step && this.captured.length > 1) {
-      // not the step shown against itself: the captured step before it (after, for the first)
+    if (v === "diff" && (was !== "diff" || +this.diffSel.value === this.step) && this.captured.length > 1) {
+      // turned on (or against itself): the captured step before the one shown (after, for the
+      // first) -- what changed since last time; the user's later choice is kept
       const i = this.captured.indexOf(this.step);
       this.diffSel.value = String(this.captured[i > 0 ? i - 1 : i + 1]);
     }

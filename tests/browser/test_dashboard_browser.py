@@ -258,7 +258,9 @@ def test_step_scrubber_and_search_and_keyboard(page: Any, srv: ServerProc, runs:
 
 
 def test_diff_of_two_steps(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
-    open_dash(page, srv, runs["net"]["id"], "?overlay=diff")
+    captured = [g["step"] for g in http_json(f"{srv.url}/api/sessions/{runs['net']['id']}/graphs")]
+    assert len(captured) >= 3
+    open_dash(page, srv, runs["net"]["id"], f"?overlay=diff&step={captured[-1]}")
     wait_graph(page)
     page.wait_for_function("document.querySelector('[data-testid=legend]').innerText.includes('added')")
     # the same model every step: nothing added or removed
@@ -267,7 +269,8 @@ def test_diff_of_two_steps(page: Any, srv: ServerProc, runs: dict[str, Any]) -> 
     # against another captured step (sample_every=2: 0, 2, 4), not the shown one itself
     shown = int(parse_qs(urlparse(state(page)["url"]).query)["step"][0])
     other = int(re.search(r"vs step (\d+)", legend).group(1))  # type: ignore[union-attr]
-    assert other != shown
+    at = captured.index(shown)
+    assert other == (captured[at - 1] if at > 0 else captured[1])  # the captured step before it
 
 
 def test_deep_link_opens_view_step_and_node(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
