@@ -72,6 +72,8 @@ _MAX_FORWARDS = 1024  # forwards (or backward passes) one step holds before it i
 _SAVED_SHAPES = 1024
 _STRUCTURE_TRIES = 3  # captured steps spent on catching one new graph structure (_follow_structure)
 _MAX_STRUCTURES = 64  # graph structures captured on change; beyond, only the schedule captures
+# captures for new structures: this many at first, then one more every this many steps
+_CHANGE_CAPTURES_FIRST, _CHANGE_CAPTURES_EVERY = 8, 10
 # Full gradient statistics (max |g|, mean, std, zero fraction: three more passes over every
 # gradient) every this many steps, on captured steps, every step in full mode, and after a
 # non-finite gradient; the other steps record norms, NaN/Inf counts and missing grads only.
@@ -414,6 +416,7 @@ class Watch:
         self._structures: set[str] = set()  # graph signatures captured (see _follow_structure)
         self._wanted: str | None = None  # a new structure not captured yet
         self._tries = 0
+        self._change_captures = 0  # steps captured for a new structure (held to a budget)
         self._nan_armed = False
         # CUDA: a step event waiting for its gradient statistics (see _finish)
         self._deferred: tuple[StepEvent, GradRead, int, bool, list[int], list[int], dict[str, Any] | None] | None = None
@@ -1719,7 +1722,10 @@ class Watch:
         taking turns), the next, up to _STRUCTURE_TRIES steps.  A structure captured once is not
         captured again for changing back, and after _MAX_STRUCTURES structures only the schedule
         captures: a model whose graph changes every step (variable-length sequences) would
-        otherwise capture every other step, at several times a step's cost."""
+        otherwise capture every other step, at several times a step's cost.  Those captures
+        are also held to a budget, _CHANGE_CAPTURES_FIRST and then one in
+        _CHANGE_CAPTURES_EVERY steps: a hundred structures (lengths times depths) cost a tenth
+        of the steps, not a third."""
         if not sig or self.mode != "default":
             return
         room = len(self._structures) < _MAX_STRUCTURES
@@ -1733,10 +1739,12 @@ class Watch:
             self._wanted, self._tries = sig, 0  # a new structure: capture until it is seen
         self._last_sig = sig
         if self._wanted is not None:
-            if self._wanted in self._structures or self._tries >= _STRUCTURE_TRIES:
+            budget = _CHANGE_CAPTURES_FIRST + self._step // _CHANGE_CAPTURES_EVERY
+            if self._wanted in self._structures or self._tries >= _STRUCTURE_TRIES or self._change_captures >= budget:
                 self._wanted = None
             else:
                 self._tries += 1
+                self._change_captures += 1
                 self._capture_next = True
 
     def _finish_deferred(self) -> None:

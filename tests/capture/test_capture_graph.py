@@ -301,6 +301,18 @@ def test_default_mode_bounds_captures_when_the_graph_changes_every_step(tmp_path
     assert len(captured) <= 4 + 2 * 3  # ... at a bounded cost (each new one tried at most 3 times)
 
 
+def test_default_mode_holds_captures_for_new_structures_to_a_budget(tmp_path: Path) -> None:
+    """Dozens of structures (a loop of 1 to 30 steps, a new length almost every step): the
+    captures for new structures stay within 8 plus one every 10 steps -- not a capture every
+    other step -- and the early structures are still caught."""
+    rng = torch.Generator().manual_seed(0)
+    lengths = [int(n) for n in torch.randint(1, 31, (100,), generator=rng)]
+    captured, sigs, _ = _captures(tmp_path, lengths)
+    assert len(set(sigs.values())) > 25
+    assert 8 <= len(captured) <= 1 + 8 + 100 // 10
+    assert all(sum(1 for c in captured if c <= k) <= 1 + 8 + k // 10 for k in range(100))
+
+
 def test_nan_in_loss_arms_checked_capture(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
