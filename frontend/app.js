@@ -120,9 +120,11 @@ class App {
 
   async openModule(step, module) { return this.openTargets(step, [{ module }]); }
 
-  setFindingCount(n, error) {
+  // the tab's count takes the colour of the worst finding: red for an error, amber for a
+  // warning, grey for notes only (an info is no alarm)
+  setFindingCount(n, worst) {
     const c = document.getElementById("finding-count");
-    if (c) { c.textContent = n ? String(n) : ""; c.className = `count ${error ? "err" : n ? "warn" : ""}`; }
+    if (c) { c.textContent = n ? String(n) : ""; c.className = `count ${n ? { error: "err", warning: "warn" }[worst] || "note" : ""}`; }
   }
 
   onLive(ev) {

@@ -21,7 +21,8 @@ export class DiagnosticsView {
   async load() {
     this.findings = await api(`${sessionPath(this.app.id)}/diagnostics?${rankQuery(this.app.rank)}`);
     clear(this.list);
-    this.app.setFindingCount(this.findings.length, this.findings.some((f) => f.severity === "error"));
+    const worst = ["error", "warning"].find((sev) => this.findings.some((f) => f.severity === sev)) || "info";
+    this.app.setFindingCount(this.findings.length, worst);
     if (!this.findings.length) { this.list.append(h("p", { class: "muted" }, "No pitfall found in this session.")); return; }
     for (const f of this.findings) {
       this.list.append(h("button", { class: `finding ${f.severity}`, "data-code": f.code, onclick: () => this.open(f) },

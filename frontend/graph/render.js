@@ -17,11 +17,14 @@ function batchByColour(items, dim) {
 }
 
 // Cut a label to a width with an ellipsis; computed once per item (world units don't zoom).
-function fit(ctx, s, width) {
+// ``s`` cut in the middle to fit ``width``: a module path's end (".layers.3.proj") tells
+// siblings apart, its start where it lives; cutting the end made every block read the same
+export function fit(ctx, s, width) {
   if (ctx.measureText(s).width <= width) return s;
+  const cut = (k) => { const head = Math.ceil(k / 3); return s.slice(0, head) + "…" + s.slice(s.length - (k - head)); };
   let lo = 0, hi = s.length;
-  while (lo < hi) { const mid = (lo + hi + 1) >> 1; if (ctx.measureText(s.slice(0, mid) + "…").width <= width) lo = mid; else hi = mid - 1; }
-  return s.slice(0, lo) + "…";
+  while (lo < hi) { const mid = (lo + hi + 1) >> 1; if (ctx.measureText(cut(mid)).width <= width) lo = mid; else hi = mid - 1; }
+  return lo ? cut(lo) : "…";
 }
 
 export class GraphCanvas {

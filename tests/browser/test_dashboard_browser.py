@@ -547,6 +547,14 @@ def test_node_labels_contrast_with_every_overlay_colour(page: Any, srv: ServerPr
     for fill, (label, sub) in zip(fills, inks, strict=True):
         assert _contrast(fill, label) >= 4.5 and _contrast(fill, sub) >= 4.0, (fill, label, sub)
     assert page.evaluate("import('/static/graph/render.js').then((m) => m.inkOn('var(--node)'))") is None
+    # long module paths are cut in the middle: siblings keep the ends that tell them apart
+    cut = page.evaluate("""import('/static/graph/render.js').then((m) => {
+      const ctx = document.createElement('canvas').getContext('2d'); ctx.font = '12px system-ui, sans-serif';
+      return ['encoder_with_a_really_quite_long_name.layers.0.proj', 'encoder_with_a_really_quite_long_name.layers.1.norm']
+        .map((s) => m.fit(ctx, s, 140));
+    })""")
+    assert all("…" in c for c in cut) and cut[0] != cut[1]
+    assert cut[0].startswith("enc") and cut[0].endswith(".0.proj") and cut[1].endswith(".1.norm")
 
 
 def test_gradients_of_a_model_without_parameters_say_so(page: Any, srv: ServerProc, tmp_path: Path) -> None:
