@@ -367,7 +367,8 @@ class Transport:
             if refused is None:
                 why = f"not reachable ({exc.__class__.__name__})"
             elif refused.status == 401:
-                why = "needs its token: set TORCHSCOPE_TOKEN to the one in the URL it printed"
+                why = ("refused TORCHSCOPE_TOKEN: it is not this server's token (see the URL it printed)" if self.token
+                       else "needs its token: set TORCHSCOPE_TOKEN to the one in the URL it printed")
             else:
                 why = f"refused the run (HTTP {refused.status}: {refused.detail[:120]})"
             self._warn_once("server", f"torchscope: server {self.server} {why}; training continues, recording to {self.path}")

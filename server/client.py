@@ -22,6 +22,12 @@ class ClientError(RuntimeError):
 
 
 NEEDS_TOKEN = "needs its token: set TORCHSCOPE_TOKEN to the one in the URL it printed"
+WRONG_TOKEN = "refused TORCHSCOPE_TOKEN: it is not this server's token (see the URL the server printed)"
+
+
+def refused(base: str, token: str | None) -> ClientError:
+    """The error of a 401: no token given, or a wrong one."""
+    return ClientError(f"the server at {base} {WRONG_TOKEN if token else NEEDS_TOKEN}")
 
 
 def page_url(url: str, token: str | None) -> str:
@@ -40,7 +46,7 @@ def sessions(base: str, token: str | None) -> list[dict[str, Any]]:
             data = json.loads(r.read())
     except urllib.error.HTTPError as exc:
         if exc.code == 401:
-            raise ClientError(f"the server at {base} {NEEDS_TOKEN}") from None
+            raise refused(base, token) from None
         return []
     except (OSError, ValueError):
         return []
@@ -122,7 +128,7 @@ def upload(base: str, path: Path, token: str | None = None) -> dict[str, Any]:
             return dict(json.loads(resp.read()))
     except urllib.error.HTTPError as exc:
         if exc.code == 401:
-            raise ClientError(f"the server at {base} {NEEDS_TOKEN}") from None
+            raise refused(base, token) from None
         try:
             detail = json.loads(exc.read()).get("detail", exc.reason)
         except ValueError:

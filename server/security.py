@@ -80,7 +80,8 @@ async def _reply(send: Send, status: int, detail: str) -> None:
 _TOKEN_PAGE = b"""<!doctype html><html><head><meta charset="utf-8"><title>torchscope: token needed</title>
 <style>body{font:15px/1.5 system-ui,sans-serif;max-width:40em;margin:4em auto;padding:0 1em}code{background:#eee;padding:0 4px}</style>
 </head><body><h1>This torchscope server needs its token</h1>
-<p>It is reachable from other machines, so it opens only with the token it printed when it started:
+<p>It is reachable from other machines, so it opens only with the token it printed when it started
+(a token given that is not it is refused too):
 open the URL it printed (it ends in <code>?token=...</code>), or add <code>?token=</code> and the token to this
 address. Your browser then keeps it for this server.</p>
 <p>Training scripts and the <code>torchscope</code> command read it from <code>TORCHSCOPE_TOKEN</code>.</p>
@@ -131,8 +132,10 @@ class SecurityMiddleware:
             if given is None or not secrets.compare_digest(given.encode(), self.token.encode()):
                 if scope.get("method") == "GET" and b"text/html" in headers.get(b"accept", b""):
                     await _reply_token_page(send)  # a browser's page load
-                else:
+                elif given is None:
                     await _reply(send, 401, "this torchscope server needs its token (open the URL it printed)")
+                else:
+                    await _reply(send, 401, "the token given is not this torchscope server's (open the URL it printed)")
                 return
         if scope.get("method", "GET") not in SAFE_METHODS and (where := cross_origin(headers)) is not None:
             await _reply(send, 403, f"a write from {where} is refused: only torchscope's own pages may change data")

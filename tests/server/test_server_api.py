@@ -232,7 +232,8 @@ def test_token_required_when_exposed(tmp_path: Path) -> None:
         assert page.status_code == 401 and page.headers["content-type"].startswith("text/html")
         assert "needs its token" in page.text and "?token=" in page.text
         assert c.get("/api/ingest/s/0/next").status_code == 401
-        assert c.get("/api/sessions", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        wrong = c.get("/api/sessions", headers={"Authorization": "Bearer wrong"})
+        assert wrong.status_code == 401 and "not this torchscope server's" in wrong.json()["detail"]
         assert c.get("/api/sessions", headers={"Authorization": f"Bearer {token}"}).status_code == 200
         assert c.get(f"/api/sessions?token={token}").status_code == 200
         r = post(c, "s", run_frames("s", 2), rank=0)

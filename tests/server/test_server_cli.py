@@ -140,6 +140,9 @@ def test_a_server_with_a_token_is_named_so(tmp_path: Path) -> None:
         assert big.stat().st_size > 2 << 20
         line = one_line_error(cli("open", str(big), "--port", str(srv.port), "--no-browser", env=bare))
         assert "needs its token" in line and "TORCHSCOPE_TOKEN" in line
+        line = one_line_error(cli("open", str(path), "--port", str(srv.port), "--no-browser",
+                                  env={**bare, "TORCHSCOPE_TOKEN": "not-the-token"}))
+        assert "not this server's token" in line and "TORCHSCOPE_TOKEN" in line
         line = one_line_error(cli("demo", "--port", str(srv.port), "--no-browser", "--steps", "2", env=bare))
         assert "needs its token" in line and "TORCHSCOPE_TOKEN" in line
         code = ("import torch, torchscope; m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), 0.1)\n"
