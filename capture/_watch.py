@@ -813,7 +813,7 @@ class Watch:
         fwd["built_graph"] = True
         if s.capture:
             self._safe("activation_grads", self._watch_activation, "", outs[0])
-        nodes = [t.grad_fn for t in outs]
+        nodes: list[Any] = [t.grad_fn for t in outs]  # each has one (_output_tensors)
         self._watch_used(s, fwd, outs, nodes)
         # an output's graph node outliving the next step boundary means something keeps the
         # output (a list of predictions, or of a ModelOutput's logits, for metrics): its graph
