@@ -207,6 +207,13 @@ class OpRecord(TypedDict, total=False):
     flags: list[str]
 
 
+# Ops whose output is uninitialised memory until a later op fills it (dropout's mask before its
+# bernoulli_, an out= buffer): whatever bits it holds mean nothing, so it is never flagged "nan"
+# (and a file written before this rule is read so by the doctor).
+UNINITIALISED_OPS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+                               "aten::new_empty_strided"})
+
+
 class SavedTensor(TypedDict, total=False):
     name: str  # e.g. "_saved_self"
     shape: list[int]

@@ -39,6 +39,8 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <algorithm>
+#include <array>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
@@ -193,6 +195,14 @@ size_t g_nodes_sent = 0;
 int64_t g_live = 0, g_freed = 0, g_shed = 0, g_max_ops = 0;
 std::string g_failed;
 bool g_check_nan = false, g_nan_seen = false, g_autocast_seen = false;
+
+// capture/schema.py UNINITIALISED_OPS: outputs that hold whatever bits the allocator left
+bool uninitialised(const char* name) {
+  static const std::array<std::string_view, 5> kOps{"aten::empty", "aten::empty_like", "aten::empty_strided",
+                                                    "aten::new_empty", "aten::new_empty_strided"};
+  const std::string_view n(name);
+  return std::find(kOps.begin(), kOps.end(), n) != kOps.end();
+}
 
 // Whether every value of a floating `t` is finite: its minimum and maximum, one pass and two
 // scalars (NaN propagates through aminmax) -- not isfinite(t), a bool copy of a whole
@@ -519,7 +529,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
   if (ctx->op < 0) return;
   int64_t t1 = now_ns();
   bool nan = false;
-  if (g_check_nan) {
+  if (g_check_nan && !uninitialised(fn.name())) {
     // the capture's own ops: not recorded, not differentiated
     t_paused = true;
     try {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from torchscope.schema import Finding, FindingTarget
+from torchscope.schema import UNINITIALISED_OPS, Finding, FindingTarget
 
 from .. import graph as g
 from ..finding import describe_steps, make
@@ -38,14 +38,8 @@ def _param_input(graph: dict[str, Any], op: dict[str, Any]) -> str | None:
     return next((params[i] for i in (as_int(x, -1) for x in as_list(op.get("inputs"))) if i in params), None)
 
 
-# Ops whose output is uninitialised memory until the next op fills it (dropout's mask, an
-# out= buffer): whatever bits it holds, NaN included, mean nothing
-_UNINITIALISED = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
-                            "aten::new_empty_strided"})
-
-
 def _flagged(op: dict[str, Any]) -> bool:
-    return "nan" in g.flags(op) and op.get("name") not in _UNINITIALISED
+    return "nan" in g.flags(op) and op.get("name") not in UNINITIALISED_OPS
 
 
 def culprit(graph: dict[str, Any]) -> dict[str, Any] | None:

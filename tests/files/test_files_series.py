@@ -17,16 +17,16 @@ def test_files_memory_series_columns_and_unknowns() -> None:
         {"kind": "step", "step": 0, "t": 1.5, "memory": {"live": 10, "peak": 20, "params": 3, "grads": 4, "optimizer": 5,
                                                          "saved": 6, "temporaries": 7, "other": 8,
                                                          "device": {"allocated": 11, "reserved": 12}},
-         "graphs_alive": 13},
+         "graphs_alive": 13, "hooks": {"a": 9, "b": 5}},
         {"kind": "step", "step": 1},  # no memory recorded: unknown, not zero
         {"kind": "step", "step": 2, "memory": {"live": True, "peak": "big", "device": "x"}},  # malformed values
     ]
     m = memory_series(steps)
     assert list(m) == ["step", "t", "live", "peak", "params", "grads", "optimizer", "saved", "temporaries", "other",
-                       "allocated", "reserved", "graphs_alive"]
+                       "allocated", "reserved", "graphs_alive", "hook_bytes"]
     assert m["step"] == [0, 1, 2] and m["t"] == [1.5, None, None]
     assert [m[k][0] for k in ("live", "peak", "params", "grads", "optimizer", "saved", "temporaries", "other",
-                              "allocated", "reserved", "graphs_alive")] == [10, 20, 3, 4, 5, 6, 7, 8, 11, 12, 13]
+                              "allocated", "reserved", "graphs_alive", "hook_bytes")] == [10, 20, 3, 4, 5, 6, 7, 8, 11, 12, 13, 14]
     assert all(m[k][1] is None and m[k][2] is None for k in list(m)[2:])
     assert memory_series([]) == {k: [] for k in m}
 
