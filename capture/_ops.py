@@ -21,8 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 
 from ._memory import _PLAIN, storage_parts
 from ._overlap import Region, itemsize, region, writes_saved
-from .schema import UNINITIALISED_OPS
 from ._srcloc import op_src, user_src
+from .schema import UNINITIALISED_OPS
 
 if TYPE_CHECKING:
     from ._autograd import AutogradWalk
