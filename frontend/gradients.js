@@ -15,14 +15,17 @@ export class GradientsView {
     this.root = root;
     this.heat = h("canvas", { class: "heat", "data-testid": "heatmap" });
     this.heatInfo = h("div", { class: "muted" });
+    // what the cell under the pointer holds: a heat map of hundreds of steps has no room to print it
+    this.heatHover = h("div", { class: "muted", "data-testid": "heat-hover" }, "\u00a0");
     this.pick = h("select", { multiple: true, size: 6, "aria-label": "parameters to plot", "data-testid": "param-pick", onchange: () => this.drawLines() });
     this.noGrad = h("div", { class: "nograd", "data-testid": "no-grad" });
-    root.append(h("h2", {}, "Gradient norm per module and step"), h("div", { class: "heat-wrap" }, this.heat), this.heatInfo,
+    root.append(h("h2", {}, "Gradient norm per module and step"), h("div", { class: "heat-wrap" }, this.heat), this.heatHover, this.heatInfo,
       h("h2", {}, "Chosen parameters"), this.pick);
     this.lines = new LineChart(root, { title: "‖grad‖ per step (red dots: NaN/Inf)",
       vlines: () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []) });
     root.append(h("h2", {}, "Parameters without a gradient"), this.noGrad);
     this.heat.addEventListener("click", (e) => this.onHeatClick(e));
+    this.heat.addEventListener("mousemove", (e) => this.onHeatHover(e));
     window.addEventListener(THEME_EVENT, () => { if (this.g) this.drawHeat(); });
   }
 
@@ -89,6 +92,7 @@ export class GradientsView {
     ctx.fillStyle = css.getPropertyValue("--muted").trim();
     for (let s = 0; s < S; s += Math.ceil(S / 10)) ctx.fillText(String(g.steps[s]), L + s * cellW, H - 6);
     this.heatGeom = { L, cellW, cellH, S, M };
+    this.cells = { sq, bad, has };
     const at = this.focus !== undefined ? g.steps.indexOf(this.focus) : -1;
     if (at >= 0) { // the step a finding (or the URL) asked for: its column outlined
       ctx.strokeStyle = css.getPropertyValue("--text").trim(); ctx.lineWidth = 2;
@@ -104,10 +108,25 @@ export class GradientsView {
       `dark red "!" = NaN/Inf · grey = no gradient · click a cell to open that step's graph`);
   }
 
-  onHeatClick(e) {
+  // (step index, module index) of the cell at a pointer event, or null
+  cellAt(e) {
     const { L, cellW, cellH, S, M } = this.heatGeom || {};
     const s = Math.floor((e.offsetX - L) / cellW), m = Math.floor(e.offsetY / cellH);
-    if (s >= 0 && s < S && m >= 0 && m < M) this.app.openModule(this.g.steps[s], this.modules[m]);
+    return s >= 0 && s < S && m >= 0 && m < M ? [s, m] : null;
+  }
+
+  onHeatClick(e) {
+    const at = this.cellAt(e);
+    if (at) this.app.openModule(this.g.steps[at[0]], this.modules[at[1]]);
+  }
+
+  onHeatHover(e) {
+    const at = this.cellAt(e);
+    if (!at) { this.heatHover.textContent = "\u00a0"; return; }
+    const [s, m] = at, i = s * this.modules.length + m, { sq, bad, has } = this.cells;
+    const norm = Math.sqrt(sq[i]);
+    const what = bad[i] ? "NaN/Inf" : !has[i] ? "no gradient" : norm === 0 ? "exactly zero" : fmtNum(norm);
+    this.heatHover.textContent = `${this.modules[m] || "(root)"} · step ${this.g.steps[s]} · ‖grad‖ ${what} — click to open its graph`;
   }
 
   drawLines() {

@@ -524,6 +524,11 @@ def test_a_dead_gradient_is_not_drawn_as_a_small_one(page: Any, srv: ServerProc,
     dead, low, big = (tuple(c[:3]) for c in colours)
     assert dead == (0xC0, 0x26, 0xD3)  # the zero colour (colors.js ZERO)
     assert low != dead and big != dead and low != big
+    # the pointer over a cell reads it out
+    heat = page.locator("[data-testid=heatmap]")
+    for module, says in (("dead", "exactly zero"), ("low", "0.04")):
+        heat.hover(position={"x": geom["L"] + 2 + geom["cellW"], "y": g["modules"].index(module) * geom["cellH"] + 6})
+        assert page.locator("[data-testid=heat-hover]").inner_text().startswith(f"{module} · step 1 · ‖grad‖ {says}")
 
 
 def _contrast(a: str, b: str) -> float:
