@@ -80,14 +80,20 @@ export function buildScene(model, layout, st) {
   const cutKeys = st.cut || new Set();
   const items = [], byKey = new Map();
   const groupHi = new Set(), groupCut = new Set();
+  const firstLeaf = new Map(); // a collapsed box's place in execution order: its first op's
   leaves.forEach((l, i) => {
     const r = rep[i];
-    if (r < 0) { if (hi && hi.has(l.key)) groupHi.add(r); if (cutKeys.has(l.key)) groupCut.add(r); return; }
+    if (r < 0) {
+      if (!firstLeaf.has(r)) firstLeaf.set(r, i);
+      if (hi && hi.has(l.key)) groupHi.add(r);
+      if (cutKeys.has(l.key)) groupCut.add(r);
+      return;
+    }
     const b = layout.leafBox;
     const box = [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]];
     const phaseVar = l.kind === "node" && l.rec.name === "AccumulateGrad" ? "--op-acc" : PHASE_COLORS[l.phase] || "--op-fwd";
     const color = colorOf ? colorOf(vals[i]) || cv("--node-none") : cv(phaseVar);
-    const it = { key: l.key, leaf: i, box, label: l.label, sub: leafSub(model, l), color,
+    const it = { key: l.key, leaf: i, order: i, box, label: l.label, sub: leafSub(model, l), color,
                  hi: !!(hi && hi.has(l.key)), cut: cutKeys.has(l.key) };
     items.push(it); byKey.set(l.key, it);
   });
@@ -104,7 +110,7 @@ export function buildScene(model, layout, st) {
     const color = colorOf ? (v !== undefined ? (CATEGORICAL.has(st.overlay) ? colorOf(v) : colorOf(v)) : cv("--node-none"))
       : cv(G.phase === "backward" ? "--group-bwd" : "--group-fwd");
     // "≡ 0": same structure as sibling 0 (repeated blocks)
-    const it = { key: "g:" + G.key, group: g, box, label: `${G.label}${mtype ? ": " + mtype : ""}${G.repeatOf ? "  ≡ " + groups[G.repeatOf].label : ""}`,
+    const it = { key: "g:" + G.key, group: g, order: firstLeaf.get(r), box, label: `${G.label}${mtype ? ": " + mtype : ""}${G.repeatOf ? "  ≡ " + groups[G.repeatOf].label : ""}`,
                  sub: `${G.count} ${G.phase === "backward" ? "node" : "op"}${G.count === 1 ? "" : "s"} · ${G.path}`, color, hi: groupHi.has(r), cut: groupCut.has(r) };
     items.push(it); byKey.set(it.key, it);
   }

@@ -360,8 +360,8 @@ export class GraphView {
   onKey(e) {
     if (!this.scene) return;
     const items = this.scene.items;
-    if (e.key === "n" || e.key === "p") { // next/previous visible node in execution order
-      const order = items.filter((it) => it.leaf !== undefined).sort((a, b) => a.leaf - b.leaf);
+    if (e.key === "n" || e.key === "p") { // next/previous visible node or collapsed module, in execution order
+      const order = items.filter((it) => it.order !== undefined).sort((a, b) => a.order - b.order);
       const i = order.findIndex((it) => it.key === this.selected);
       const next = order[(i + (e.key === "n" ? 1 : -1) + order.length) % order.length];
       if (next) this.select(next.key, true);

@@ -255,6 +255,17 @@ def test_step_scrubber_and_search_and_keyboard(page: Any, srv: ServerProc, runs:
     first = state(page)["graph"]["selected"]
     page.keyboard.press("n")
     page.wait_for_function(f"window.__torchscope.state().graph.selected !== '{first}'")
+    # the keyboard alone reaches a collapsed module and opens it: n/p visit its box, Enter expands
+    before = set(state(page)["graph"]["expanded"])
+    for _ in range(len(state(page)["graph"]["nodes"]) + 1):
+        if (state(page)["graph"]["selected"] or "").startswith("g:"):
+            break
+        page.keyboard.press("n")
+    box = state(page)["graph"]["selected"]
+    assert box.startswith("g:"), "n never reached a collapsed module"
+    page.keyboard.press("Enter")
+    page.wait_for_function(f"window.__torchscope.state().graph.expanded.length > {len(before)}")
+    assert box[2:] in state(page)["graph"]["expanded"]
 
 
 def test_diff_of_two_steps(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
