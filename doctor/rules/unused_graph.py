@@ -32,14 +32,20 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         n = len(unused) if forwards else as_int(ev.get("no_backward_forwards"))
         if n <= 0:
             continue
-        if not steps or steps[-1] != step:
-            steps.append(step)
+        # an evaluation before the step's first trained forward ran after the previous step's
+        # optimizer.step(): it is told as that step's, as an evaluation after the last step is
+        # (the end event's forwards) -- not as the next one's
+        used_at = next((i for i, f in enumerate(forwards) if f.get("backward") is True), len(forwards))
+        for f in unused or [{}] * n:
+            between = bool(f) and f.get("training") is False and forwards.index(f) < used_at < len(forwards)
+            steps.append(step - 1 if between and step > 0 else step)
         count += n
         held = max(held, sum(as_int(f.get("saved_bytes")) for f in unused))
         srcs += [str(f["src"]) for f in unused if f.get("src")]
         in_eval = in_eval or any(f.get("training") is False for f in unused)
     if not steps:
         return _skipped(run, skipped)
+    steps = sorted(set(steps))
     passes = "forward pass" if count == 1 else "forward passes"
     what = f"{passes} in eval mode (an evaluation)" if in_eval else passes
     held_txt = f", holding up to {fmt_bytes(held)} of saved activations" if held else ""

@@ -57,7 +57,7 @@ def check_p5(f: dict[str, Any]) -> None:
 
 
 def check_p6(f: dict[str, Any]) -> None:
-    assert f["steps"] == [1, 3, 5] and f["view"] == "memory"  # evaluations after steps 0, 2, 4
+    assert f["steps"] == [0, 2, 4] and f["view"] == "memory"  # evaluations after steps 0, 2, 4
 
 
 def check_p7(f: dict[str, Any]) -> None:

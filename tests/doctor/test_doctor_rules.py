@@ -353,6 +353,19 @@ def test_p6_evaluation_graph_nobody_used() -> None:
     assert "P6" not in codes(diagnose([session(), step(0, forwards=[used])]))
 
 
+def test_p6_an_evaluation_between_steps_is_told_as_the_step_it_follows() -> None:
+    """Evaluations run after the optimizer steps of steps 3 and 7 land in the next steps'
+    forwards, before their training forward; one after the last step (11) is in the end event.
+    All three are told as the step they follow: 3, 7, 11 -- not 4, 8, 11."""
+    ev = {"micro": 0, "grad_mode": True, "training": False, "built_graph": True, "backward": False,
+          "saved_bytes": 1024, "src": "train.py:50"}
+    events = [session(), *[step(i, forwards=[ev, *step(i)["forwards"]] if i in (4, 8) else step(i)["forwards"])
+                           for i in range(12)],
+              {"kind": "end", "t": 0.0, "status": "finished", "steps": 12, "forwards": [ev]}]
+    f = only(diagnose(events), "P6")
+    assert f["steps"] == [3, 7, 11] and "3 forward passes in eval mode" in f["message"]
+
+
 def test_p6_one_training_forward_without_backward_is_told_not_warned() -> None:
     """A loop that skips a batch before backward (``if torch.isfinite(loss): loss.backward()``)
     leaves one training-mode forward unused: harmless, so info, and no 'torch.no_grad() is missing'."""
