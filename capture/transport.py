@@ -41,6 +41,10 @@ from typing import Any
 
 from .sessionfile import RawJSON, SessionFileWriter, dumps_event
 
+# What a server that refuses the token is told as, here and by the `torchscope` CLI
+NEEDS_TOKEN = "needs its token: set TORCHSCOPE_TOKEN to the one in the URL it printed"
+WRONG_TOKEN = "refused TORCHSCOPE_TOKEN: it is not this server's token (see the URL it printed)"
+
 log = logging.getLogger("torchscope")
 # A library's logger stays silent unless the user configures logging: the one-line messages
 # below already go to stderr, and Python's last-resort handler would print them twice.
@@ -367,8 +371,7 @@ class Transport:
             if refused is None:
                 why = f"not reachable ({exc.__class__.__name__})"
             elif refused.status == 401:
-                why = ("refused TORCHSCOPE_TOKEN: it is not this server's token (see the URL it printed)" if self.token
-                       else "needs its token: set TORCHSCOPE_TOKEN to the one in the URL it printed")
+                why = WRONG_TOKEN if self.token else NEEDS_TOKEN
             else:
                 why = f"refused the run (HTTP {refused.status}: {refused.detail[:120]})"
             self._warn_once("server", f"torchscope: server {self.server} {why}; training continues, recording to {self.path}")

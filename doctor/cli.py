@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any
+
+import pydantic_core
 
 from torchscope.schema import Finding
 
@@ -50,19 +49,6 @@ def _status(text: str) -> None:
     sys.stderr.flush()
 
 
-def _strict(value: Any) -> Any:
-    """``value`` with NaN/Infinity as the strings "NaN"/"Infinity"/"-Infinity" (as the server's
-    API writes them): a diverging run's losses are in its findings, and strict JSON parsers (jq,
-    JSON.parse) refuse the bare literals."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    return value
-
-
 def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = None) -> int:
     """Print the findings of the session file at `path`; 1 if any is an error, 0 if none, 2 on bad input."""
     # Imported here: the codec pulls zlib/struct only, but keeping the doctor's import light matters in the server.
@@ -92,7 +78,9 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
     if tell and last_step >= 5000:
         _status("")
     if as_json:
-        print(json.dumps(_strict(findings), indent=2, allow_nan=False))
+        # NaN/Infinity (a diverging run's losses) as strings, as the server's API writes them:
+        # strict JSON parsers (jq, JSON.parse) refuse the bare literals
+        print(pydantic_core.to_json(findings, indent=2, inf_nan_mode="strings").decode())
     elif not findings:
         print(f"{path}: no problems found ({last_step + 1} steps).")
     else:

@@ -252,10 +252,10 @@ def _demo_session(base: str, token: str | None, known: set[str], proc: subproces
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
-        new = sorted((s for s in sessions(base, token) if s["id"] not in known),
-                     key=lambda s: not str(s.get("name") or "").endswith("transformer"))
-        if new and str(new[0].get("name") or "").endswith("transformer"):
-            return f"{base}/sessions/{new[0]['id']}"
+        new = [s["id"] for s in sessions(base, token)
+               if s["id"] not in known and str(s.get("name") or "").endswith("transformer")]
+        if new:
+            return f"{base}/sessions/{new[0]}"
         time.sleep(0.2)
     return None
 

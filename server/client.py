@@ -16,13 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from torchscope.transport import NEEDS_TOKEN, WRONG_TOKEN
+
 
 class ClientError(RuntimeError):
     """One line for the user."""
-
-
-NEEDS_TOKEN = "needs its token: set TORCHSCOPE_TOKEN to the one in the URL it printed"
-WRONG_TOKEN = "refused TORCHSCOPE_TOKEN: it is not this server's token (see the URL the server printed)"
 
 
 def refused(base: str, token: str | None) -> ClientError:
