@@ -14,12 +14,16 @@ export class GradientsView {
     this.app = app;
     this.root = root;
     this.heat = h("canvas", { class: "heat", "data-testid": "heatmap" });
+    // module names in a column of their own beside the scrolling cells, like a spreadsheet's
+    // frozen column: a run of hundreds of steps scrolls sideways and the rows stay named
+    this.heatLabels = h("div", { class: "heat-labels", "data-testid": "heat-labels" });
+    this.heatScroll = h("div", { class: "heat-scroll", "data-testid": "heat-scroll" }, this.heat);
     this.heatInfo = h("div", { class: "muted" });
     // what the cell under the pointer holds: a heat map of hundreds of steps has no room to print it
     this.heatHover = h("div", { class: "muted", "data-testid": "heat-hover" }, "\u00a0");
     this.pick = h("select", { multiple: true, size: 6, "aria-label": "parameters to plot", "data-testid": "param-pick", onchange: () => this.drawLines() });
     this.noGrad = h("div", { class: "nograd", "data-testid": "no-grad" });
-    root.append(h("h2", {}, "Gradient norm per module and step"), h("div", { class: "heat-wrap" }, this.heat), this.heatHover, this.heatInfo,
+    root.append(h("h2", {}, "Gradient norm per module and step"), h("div", { class: "heat-wrap" }, this.heatLabels, this.heatScroll), this.heatHover, this.heatInfo,
       h("h2", {}, "Chosen parameters"), this.pick);
     this.lines = new LineChart(root, { title: "‖grad‖ per step (red dots: NaN/Inf)",
       vlines: () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []) });
@@ -70,8 +74,9 @@ export class GradientsView {
     const vals = [];
     for (let i = 0; i < S * M; i++) if (has[i]) vals.push(Math.sqrt(sq[i]));
     const scale = logScale(vals, ZERO);
-    const cellW = Math.max(2, Math.min(24, Math.floor(900 / Math.max(S, 1)))), cellH = 16, L = 180;
-    const W = L + cellW * S + 10, H = cellH * M + 24;
+    // the names sit beside the canvas (drawLabels); L leaves room for the focused column's outline
+    const cellW = Math.max(2, Math.min(24, Math.floor(900 / Math.max(S, 1)))), cellH = 16, L = 2, AXIS = 24;
+    const W = L + cellW * S + 10, H = cellH * M + AXIS;
     const dpr = window.devicePixelRatio || 1;
     const c = this.heat;
     c.width = W * dpr; c.height = H * dpr; c.style.width = W + "px"; c.style.height = H + "px";
@@ -79,8 +84,8 @@ export class GradientsView {
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     const css = getComputedStyle(document.documentElement);
     ctx.fillStyle = css.getPropertyValue("--panel").trim(); ctx.fillRect(0, 0, W, H);
-    ctx.font = "11px system-ui"; ctx.fillStyle = css.getPropertyValue("--text").trim();
-    for (let m = 0; m < M; m++) ctx.fillText(this.modules[m] || "(root)", 4, m * cellH + 12, L - 8);
+    ctx.font = "11px system-ui";
+    this.drawLabels(cellH, AXIS);
     for (let s = 0; s < S; s++) {
       for (let m = 0; m < M; m++) {
         const i = s * M + m;
@@ -89,14 +94,20 @@ export class GradientsView {
         if (bad[i]) { ctx.fillStyle = "#fff"; ctx.fillText("!", L + s * cellW + cellW / 2 - 2, m * cellH + 12); }
       }
     }
+    // the step axis is drawn with the cells, so it scrolls with them and stays aligned; at
+    // most ten labels on a short run, and on a long one a label every 60 px, so that any
+    // stretch scrolled into view is labelled
     ctx.fillStyle = css.getPropertyValue("--muted").trim();
-    for (let s = 0; s < S; s += Math.ceil(S / 10)) ctx.fillText(String(g.steps[s]), L + s * cellW, H - 6);
-    this.heatGeom = { L, cellW, cellH, S, M };
+    const axisEvery = Math.min(Math.ceil(S / 10), Math.ceil(60 / cellW));
+    for (let s = 0; s < S; s += axisEvery) ctx.fillText(String(g.steps[s]), L + s * cellW, H - 6);
+    this.heatGeom = { L, cellW, cellH, S, M, axisEvery };
     this.cells = { sq, bad, has };
     const at = this.focus !== undefined ? g.steps.indexOf(this.focus) : -1;
     if (at >= 0) { // the step a finding (or the URL) asked for: its column outlined
       ctx.strokeStyle = css.getPropertyValue("--text").trim(); ctx.lineWidth = 2;
       ctx.strokeRect(L + at * cellW - 1, 0, cellW + 1, cellH * M);
+      // once per focus: a live reload must not undo the user's own scrolling
+      if (this.scrolledTo !== this.focus) { this.scrolledTo = this.focus; this.scrollToColumn(L + at * cellW, cellW); }
     }
     this.zeroCells = vals.filter((v) => v === 0).length;
     clear(this.heatInfo);
@@ -106,6 +117,20 @@ export class GradientsView {
     }
     this.heatInfo.append(h("span", { class: "swatch", style: `background:${ZERO}` }), " = exactly zero (nothing flowed) · ",
       `dark red "!" = NaN/Inf · grey = no gradient · click a cell to open that step's graph`);
+  }
+
+  // One name per row, as text (a long module path is cut with an ellipsis and shown whole on
+  // hover), then the step axis's name in the axis row.
+  drawLabels(cellH, axisH) {
+    const row = (name) => h("div", { class: "heat-label", title: name, style: `height:${cellH}px;line-height:${cellH}px` }, name);
+    clear(this.heatLabels).append(...this.modules.map((m) => row(m || "(root)")),
+      h("div", { class: "heat-label muted", style: `height:${axisH}px;line-height:${axisH}px` }, "step →"));
+  }
+
+  // A finding's step beyond the visible columns of a long run: scroll it into view.
+  scrollToColumn(x, w) {
+    const sc = this.heatScroll;
+    if (x < sc.scrollLeft || x + w > sc.scrollLeft + sc.clientWidth) sc.scrollLeft = Math.max(0, x - sc.clientWidth / 2);
   }
 
   // (step index, module index) of the cell at a pointer event, or null

@@ -38,6 +38,7 @@ export function prepare({ leafGroup, leafPos, groupParent, groupPos, edges, leaf
     const la = local[ca >= 0 ? ca : nL + (-1 - ca)], lb = local[cb >= 0 ? cb : nL + (-1 - cb)];
     if (la < lb) levelEdges[ga].push(la, lb); // edges against execution order don't rank
   }
+  addDetourEdges({ leafGroup, groupParent, edges, children, local, depth, levelEdges });
   for (let g = 0; g < nG; g++) {
     const le = levelEdges[g];
     const idx = Array.from({ length: le.length / 2 }, (_, k) => k).sort((x, y) => le[2 * x + 1] - le[2 * y + 1]);
@@ -47,6 +48,66 @@ export function prepare({ leafGroup, leafPos, groupParent, groupPos, edges, leaf
   }
   return { nL, nG, children, levelEdges, groupParent,
            leafBackward: leafBackward || new Uint8Array(nL), groupBackward: groupBackward || new Uint8Array(nG) };
+}
+
+// A group's children can be ordered by data flowing outside the group only: a residual stack
+// in an nn.ModuleList runs `x = x + layer(x)` in its parent, so block i reaches block i + 1
+// through the parent's add, and the ModuleList's own level has no edge at all (its blocks
+// landed in one row).  For each group, one pass over the edges inside its stretch of
+// execution order carries to every leaf outside the group the latest child (in execution
+// order) that reached it; an edge from there back into the group orders that child before
+// the one it enters.  Each added edge stands for a real path, so branches that never feed
+// each other stay side by side.  Leaves are numbered in execution order and a module runs
+// its ops in one stretch, so the stretches nest and all groups cost about O(E * depth).
+function addDetourEdges({ leafGroup, groupParent, edges, children, local, depth, levelEdges }) {
+  const nL = leafGroup.length, nG = groupParent.length;
+  const { lo, hi } = stretches(leafGroup, groupParent);
+  const { start, source } = sourcesOf(edges, nL);
+  const reach = new Int32Array(nL).fill(-1), touched = [];
+  // local index of g's child that holds leaf v, or -1 when v is outside g
+  const childIn = (g, v) => {
+    let x = leafGroup[v];
+    if (x === g) return local[v];
+    while (depth[x] > depth[g] + 1) x = groupParent[x];
+    return depth[x] === depth[g] + 1 && groupParent[x] === g ? local[nL + x] : -1;
+  };
+  for (let g = 1; g < nG; g++) {
+    if (children[g].length < 2) continue;
+    for (let b = lo[g]; b <= hi[g]; b++) {
+      const cb = childIn(g, b);
+      for (let j = start[b]; j < start[b + 1]; j++) {
+        const a = source[j];
+        if (a < lo[g] || a >= b) continue;
+        const ca = childIn(g, a), from = ca >= 0 ? ca : reach[a];
+        if (from < 0) continue;
+        if (cb < 0) { if (from > reach[b]) { if (reach[b] < 0) touched.push(b); reach[b] = from; } }
+        else if (ca < 0 && from < cb) levelEdges[g].push(from, cb);
+      }
+    }
+    for (const v of touched) reach[v] = -1; // reset for the next group, in time linear in its stretch
+    touched.length = 0;
+  }
+}
+
+// First and last leaf (in execution order) of every group's subtree.
+function stretches(leafGroup, groupParent) {
+  const nL = leafGroup.length, nG = groupParent.length;
+  const lo = new Int32Array(nG).fill(nL), hi = new Int32Array(nG).fill(-1);
+  for (let i = 0; i < nL; i++) {
+    for (let g = leafGroup[i]; g > 0; g = groupParent[g]) { if (i < lo[g]) lo[g] = i; if (i > hi[g]) hi[g] = i; }
+  }
+  return { lo, hi };
+}
+
+// Each leaf's sources: those of leaf b are source[start[b] .. start[b + 1]) (a counting sort
+// of the edges on their target).
+function sourcesOf(edges, nL) {
+  const start = new Int32Array(nL + 1);
+  for (let e = 1; e < edges.length; e += 2) start[edges[e] + 1]++;
+  for (let i = 0; i < nL; i++) start[i + 1] += start[i];
+  const source = new Int32Array(edges.length / 2), fill = start.slice(0, nL);
+  for (let e = 0; e < edges.length; e += 2) source[fill[edges[e + 1]]++] = edges[e];
+  return { start, source };
 }
 
 // Layered placement of the children k with member[k] set, using only the level's edges

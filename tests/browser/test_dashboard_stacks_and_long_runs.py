@@ -1,0 +1,189 @@
+"""Two dashboard bugs QA found (seventeenth session), checked in a real headless Chromium
+against a real `torchscope serve`, with runs recorded by a real training script.
+
+- The gradients heat map of a long run scrolls sideways; its module names must stay in view
+  (a frozen column) and the hover read-out must name the cell under the pointer after scrolling.
+- The graph view laid out a residual stack in an ``nn.ModuleList`` in one row: its blocks are
+  linked only through the parent's adds.  They must stack top to bottom, while branches that
+  really run in parallel stay side by side.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ARTIFACTS, ServerProc
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+
+TRAIN = Path(__file__).resolve().parent / "dashboard_train_shapes.py"
+SHOTS = ARTIFACTS / "screenshots"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
+LONG_STEPS = 600  # 2 px per step: 1200 px of cells, wider than the 1280 px window leaves them
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    s = ServerProc(tmp_path_factory.mktemp("shapes-server")).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Session ids of the two runs, streamed to the server side by side."""
+    d = tmp_path_factory.mktemp("shapes-runs")
+    procs = {name: [str(TRAIN), "--server", srv.url, "--record", str(d / f"{name}.tscope"), "--model", name,
+                    "--steps", str(steps)] for name, steps in (("residual", 2), ("long", LONG_STEPS))}
+    running = {n: subprocess.Popen([sys.executable, *a], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for n, a in procs.items()}
+    for name, p in running.items():
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, f"{name}: {out[-3000:]}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        listed = {s["name"]: s for s in srv.get("/api/sessions")}  # type: ignore[attr-defined]
+        if all(listed.get(n, {}).get("status") == "finished" for n in procs):
+            return {n: listed[n]["id"] for n in procs}
+        time.sleep(0.2)
+    raise AssertionError(f"runs not finished on the server: {srv.get('/api/sessions')}")
+
+
+@pytest.fixture
+def page(srv: ServerProc) -> Iterator[Any]:
+    with playwright_sync.sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            pg = b.new_page(viewport={"width": 1280, "height": 800})
+            errors: list[str] = []
+            pg.on("pageerror", lambda e: errors.append(str(e)))
+            yield pg
+            assert errors == [], f"JavaScript errors: {errors}"
+        finally:
+            b.close()
+
+
+def open_view(page: Any, srv: ServerProc, sid: str, query: str = "") -> None:
+    page.goto(f"{srv.url}/sessions/{sid}{query}")
+    page.wait_for_function("window.__torchscope && window.__torchscope.ready")
+    page.evaluate("window.__torchscope.ready")
+
+
+def shot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.wait_for_timeout(150)  # one animation frame for the canvas
+    page.screenshot(path=str(SHOTS / f"{name}.png"))
+
+
+# ----------------------------------------------------------------------------- gradients
+# Scrolls the heat map's scrolling box to its far right; returns its visible rectangle, the
+# heat map canvas's rectangle and how far it scrolled.
+SCROLL_TO_END = """() => {
+  const heat = document.querySelector("[data-testid=heatmap]");
+  let box = heat.parentElement;
+  while (box && box.scrollWidth <= box.clientWidth) box = box.parentElement;
+  if (!box) return null;
+  box.scrollLeft = box.scrollWidth;
+  const r = (el) => { const b = el.getBoundingClientRect(); return { left: b.left, top: b.top, right: b.right, bottom: b.bottom }; };
+  return { box: r(box), heat: r(heat), scrollLeft: box.scrollLeft };
+}"""
+
+# What is on top at the left end of each heat map row, and of the step axis's row below them
+# (20 px into the frame): the element, its text and its box.
+ROW_STARTS = """([rows, cellH]) => {
+  const heat = document.querySelector("[data-testid=heatmap]"), top = heat.getBoundingClientRect().top;
+  const x = heat.closest(".heat-wrap").getBoundingClientRect().left + 20;
+  return Array.from({ length: rows }, (_, m) => {
+    const el = document.elementFromPoint(x, top + m * cellH + cellH / 2), b = el.getBoundingClientRect();
+    return { tag: el.tagName, text: el.textContent, left: b.left, right: b.right, top: b.top, bottom: b.bottom };
+  });
+}"""
+
+
+def test_heat_map_names_stay_in_view_when_scrolled_to_later_steps(page: Any, srv: ServerProc,
+                                                                  runs: dict[str, str]) -> None:
+    open_view(page, srv, runs["long"], "?view=gradients")
+    page.wait_for_function(f"(() => {{ const g = window.__torchscope.state().gradients; return g && g.steps >= {LONG_STEPS}; }})()")
+    g = page.evaluate("window.__torchscope.state().gradients")
+    modules, geom = g["modules"], g["geom"]
+    assert len(modules) == 12 and geom["S"] == LONG_STEPS
+    scrolled = page.evaluate(SCROLL_TO_END)
+    assert scrolled is not None and scrolled["scrollLeft"] > 100, "the heat map did not need to scroll"
+    box = scrolled["box"]
+    starts = page.evaluate(ROW_STARTS, [len(modules) + 1, geom["cellH"]])
+    shot(page, "gradients-scrolled")
+    for name, at in zip([*modules, "step →"], starts, strict=True):
+        assert at["text"] == name, f"row {name!r} starts with {at['tag']} {at['text']!r} after scrolling, not its name"
+        assert at["left"] >= 0 and at["right"] <= box["left"] + 1, f"{name!r} is not left of the cells: {at}, {box}"
+    # the step axis scrolled with the cells: the window onto them holds several step labels
+    assert (box["right"] - box["left"]) / (geom["axisEvery"] * geom["cellW"]) >= 5, geom
+    # the hover read-out names the cell under the pointer: the last step at the right end, and
+    # the first visible column at the left edge of the scrolled cells
+    last_x = scrolled["heat"]["left"] + geom["L"] + (LONG_STEPS - 1) * geom["cellW"] + geom["cellW"] / 2
+    first_x = box["left"] + 1
+    first_step = int((first_x - scrolled["heat"]["left"] - geom["L"]) // geom["cellW"])
+    assert first_step > 0  # scrolled past the first steps
+    for x, step in ((last_x, LONG_STEPS - 1), (first_x, first_step)):
+        for m in (0, len(modules) - 1):
+            page.mouse.move(x, scrolled["heat"]["top"] + m * geom["cellH"] + geom["cellH"] / 2)
+            assert page.locator("[data-testid=heat-hover]").inner_text().startswith(f"{modules[m]} · step {step} ·")
+    assert page.evaluate(SCROLL_TO_END)["scrollLeft"] == scrolled["scrollLeft"]  # the pointer moved nothing
+
+
+# ----------------------------------------------------------------------------- graph
+# Boxes (x, y, w, h) of the drawn items whose key starts with one of the prefixes.
+BOXES = """(prefix) => Object.fromEntries(window.__torchscope.app.views.graph.obj.scene.items
+  .filter((it) => it.key.startsWith(prefix)).map((it) => [it.key, Array.from(it.box)]))"""
+
+
+def test_residual_blocks_in_a_module_list_stack_top_to_bottom(page: Any, srv: ServerProc, runs: dict[str, str]) -> None:
+    open_view(page, srv, runs["residual"])
+    page.wait_for_function("(() => { const g = window.__torchscope.state().graph; return g && g.nodes.length > 0; })()")
+    page.evaluate("window.__torchscope.expand('layers')")
+    page.evaluate("window.__torchscope.expand('layers', 'backward')")
+    page.evaluate("window.__torchscope.expand('branches')")
+    page.evaluate("window.__torchscope.app.views.graph.obj.canvas.fit()")
+    shot(page, "graph-residual-module-list")
+    blocks = page.evaluate(BOXES, "g:forward:layers.")
+    assert sorted(blocks) == [f"g:forward:layers.{i}" for i in range(8)]
+    for i in range(1, 8):
+        above, below = blocks[f"g:forward:layers.{i - 1}"], blocks[f"g:forward:layers.{i}"]
+        assert below[1] >= above[1] + above[3], f"block {i} is not below block {i - 1}: {blocks}"
+    # their backward, side by side (the default), flows up from the loss: block 7's grad_fn
+    # nodes run first and sit lowest, block 0's last and highest
+    assert page.evaluate("window.__torchscope.state().graph.sideBySide")
+    back = page.evaluate(BOXES, "g:backward:layers.")
+    assert len(back) == 8
+    for i in range(1, 8):
+        above, below = back[f"g:backward:layers.{i - 1}"], back[f"g:backward:layers.{i}"]
+        assert below[1] >= above[1] + above[3], f"backward of block {i} is not below block {i - 1}'s: {back}"
+    # three branches fed the same input: side by side, one row
+    branches = page.evaluate(BOXES, "g:forward:branches.")
+    assert len(branches) == 3
+    assert len({b[1] for b in branches.values()}) == 1, branches
+    xs = sorted(b[0] for b in branches.values())
+    assert all(x1 >= x0 + 100 for x0, x1 in zip(xs, xs[1:], strict=False)), branches
+
+
+def test_a_findings_late_step_is_scrolled_into_view(page: Any, srv: ServerProc, runs: dict[str, str]) -> None:
+    """A Doctor finding's link to a late step of a long run: its outlined column is in view."""
+    late = LONG_STEPS - 10
+    open_view(page, srv, runs["long"], f"?view=gradients&step={late}")
+    page.wait_for_function(f"(() => {{ const g = window.__torchscope.state().gradients; return g && g.steps >= {LONG_STEPS}; }})()")
+    g = page.evaluate("window.__torchscope.state().gradients")
+    assert g["focus"] == late
+    geom = g["geom"]
+    seen = page.evaluate("""() => {
+      const heat = document.querySelector("[data-testid=heatmap]"), box = heat.parentElement;
+      return { left: box.scrollLeft, width: box.clientWidth };
+    }""")
+    column = geom["L"] + late * geom["cellW"]
+    assert seen["left"] <= column and column + geom["cellW"] <= seen["left"] + seen["width"], (column, seen)
