@@ -11,7 +11,7 @@ import hashlib
 import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -275,6 +275,7 @@ class AutogradWalk:
             if op is not None:
                 rec["op"] = op
                 rec["module"] = op_module(op)
+            _loss_facts(n, rec)
             node_fields = fields[i] if fields is not None else _saved_of(n)
             saved = _saved_tensors(node_fields, sid) if node_fields else None
             if saved:
@@ -288,6 +289,26 @@ class AutogradWalk:
                 rec["saved_bytes"] = total
             out.append(rec)
         return out
+
+
+# at::Reduction, as loss nodes save it
+_REDUCTIONS: dict[int, Literal["none", "mean", "sum"]] = {0: "none", 1: "mean", 2: "sum"}
+_BY_NUMBER = frozenset({"DivBackward0", "MulBackward0"})
+
+
+def _loss_facts(n: Any, rec: NodeRecord) -> None:
+    """How a loss is scaled, which no shape or byte count tells (P15): a loss node's
+    reduction, and the number a scalar loss is divided or multiplied by (``loss / k``)."""
+    name = rec["name"]
+    if name in _BY_NUMBER:
+        other = getattr(n, "_saved_other", None)
+        # a Python number is a 0-dim CPU tensor; a 0-dim CUDA one would cost a host sync
+        if isinstance(other, torch.Tensor) and other.dim() == 0 and other.device.type == "cpu":
+            rec["scalar"] = float(other)
+    elif name.endswith("LossBackward0") or name.startswith(("NllLoss", "BinaryCrossEntropy")):
+        red = _REDUCTIONS.get(getattr(n, "_saved_reduction", -1))
+        if red is not None:
+            rec["reduction"] = red
 
 
 def _saved_tensors(fields: Iterable[_Field], sid: Callable[[int], int]) -> list[SavedTensor]:

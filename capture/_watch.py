@@ -36,7 +36,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from . import _cuda, _native
+from . import _compile, _cuda, _native
 from ._autograd import AutogradWalk, BackwardTimer
 from ._grads import GradRead, count_nonzero, nonzero_grads
 from ._hooks import retained_bytes
@@ -308,8 +308,28 @@ def _output_tensors(x: Any, limit: int = 8) -> list[torch.Tensor]:
     return out
 
 
-def _default_record(name: str) -> str:
-    return os.path.join("torchscope-runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.tscope")
+def _default_name(model: nn.Module) -> str:
+    """The training script's name (``python train_gan.py`` -> ``train_gan``; a package's
+    ``__main__.py`` -> the package), which tells runs apart where the model class often does not
+    (every ``nn.Sequential``); the class, lower-cased, where there is no script (a notebook, -c)."""
+    script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-") else ""
+    stem = os.path.splitext(os.path.basename(script))[0]
+    if stem == "__main__":
+        stem = os.path.basename(os.path.dirname(os.path.abspath(script)))
+    if not stem or not os.path.isfile(script) or "ipykernel" in script:
+        return _class_name(model).lower()
+    return stem
+
+
+def _default_record(name: str, rank: RankInfo) -> str:
+    """``torchscope-runs/<name>-<time>.tscope``, with ``-2``, ``-3``... when that is taken: two
+    watches started in one second (a GAN's generator and critic) must not share a file."""
+    base = os.path.join("torchscope-runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    path, n = f"{base}.tscope", 1
+    while os.path.exists(rank_path(path, rank)):
+        n += 1
+        path = f"{base}-{n}.tscope"
+    return path
 
 
 class Watch:
@@ -364,10 +384,10 @@ class Watch:
         # other modes load a build that is there (its gradient statistics, default's captures)
         _native.get(build=mode == "full")
         self.sample_every = max(int(sample_every), 1)
-        self.name = name or _class_name(model).lower()
+        self.name = name or _default_name(model)
         self._rank: RankInfo = rank_info()
         self.session_id = session_id(self.name, self._rank)
-        base = os.fspath(record) if record is not None else _default_record(self.name)
+        base = os.fspath(record) if record is not None else _default_record(self.name, self._rank)
         self.path = rank_path(base, self._rank)
         autostart = server == "auto"
         if server == "auto":
@@ -532,7 +552,10 @@ class Watch:
             # the open step: one with a backward, or, in a watch without optimizer (inference),
             # one with forwards (a training loop's trailing evaluation is not a step of its own)
             if self._s.micro > 0 or (self._s.forwards and self._optimizer is None):
-                self._safe("step", self._close_step, self._scale_changed())
+                if self._an_unapplied_step():
+                    self._s.forwards = [f for f in self._s.forwards if not f.get("backward")]
+                else:
+                    self._safe("step", self._close_step, self._scale_changed())
             trailing = list(self._s.forwards)  # none once closed: an evaluation after the last step
             self._safe("step", self._finish_deferred)
             self._safe("step", self._drop_open_step)
@@ -555,6 +578,17 @@ class Watch:
         except Exception as exc:  # closing must not raise into an atexit or a with-block
             log.warning("torchscope: close failed: %r", exc)
         atexit.unregister(self.close)
+
+    def _an_unapplied_step(self) -> bool:
+        """Whether the step open at close is backwards the watched optimizer never applied, in
+        a run that ended well: no step.  A GAN's critic watch sees the generator's backward
+        through the critic after its own last step; a loop can end mid-accumulation.  A run
+        that failed keeps it (the step it failed in), as does a watch whose steps end without
+        optimizer hooks, or a run with no step yet."""
+        if self._optimizer is None or self._auto_steps or self._manual or self._step == 0:
+            return False
+        failed = self._ended_by is not None and self._ended_by[0] == "error"
+        return self._s.micro > 0 and not failed and not self._s.backward_errors
 
     def _drop_open_step(self) -> None:
         """What a step left unclosed at close (a forward without backward: a trailing
@@ -884,6 +918,7 @@ class Watch:
     def _start_recorder(self, s: _StepState, root: nn.Module) -> None:
         if s.recorder is None:
             s.recorder = self._new_recorder(s)
+            _compile.follow(_pause_for_compile)
             if not self._module_hooks:
                 for path, ref in self._modules:
                     m = ref()
@@ -1984,6 +2019,24 @@ def _first_storage(t: torch.Tensor) -> int:
     return parts[0][0] if parts else 0
 # the active watch of each model (weak keys: a watch never keeps its model alive)
 _watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
+_paused_before: dict[int, bool] = {}  # id(recorder) -> its pause before a compile (_pause_for_compile)
+
+
+def _pause_for_compile(on: bool) -> None:
+    """torch.compile compiles on this thread (``_compile``): its ops are not the model's.  The
+    native recorder pauses per thread; a Python recorder recording here pauses and then
+    resumes as it was (a forward's recorder left on another thread's stack stays paused)."""
+    _native.pause_thread(on)
+    me = threading.get_ident()
+    for w in list(_watching.values()):
+        rec = w._s.recorder
+        if not isinstance(rec, OpRecorder) or not w._capturing_ops or w._rec_thread != me:
+            continue
+        if on:
+            _paused_before[id(rec)] = rec.paused
+            rec.paused = True
+        else:
+            rec.paused = _paused_before.pop(id(rec), False)
 
 
 def _hookable(optimizer: Any) -> torch.optim.Optimizer | None:
@@ -2004,12 +2057,14 @@ def _class_name(model: nn.Module) -> str:
 
 
 def _ending(exc: BaseException) -> tuple[str, str]:
-    """(end status, message) for a run that stopped on ``exc``: an error, unless the user
-    stopped it (Ctrl-C) or the script exited cleanly."""
+    """(end status, message) for a run that stopped on ``exc``: "interrupted" by the user's
+    Ctrl-C, "finished" by a clean ``sys.exit()``, else an error."""
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     message = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-    if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, SystemExit) and exc.code in (None, 0)):
-        return "finished", f"interrupted ({message})"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", f"stopped by Ctrl-C ({message})"
+    if isinstance(exc, SystemExit) and exc.code in (None, 0):
+        return "finished", f"exited early ({message})"
     return "error", message
 
 

@@ -237,6 +237,8 @@ class NodeRecord(TypedDict, total=False):
     micro: int
     higher_order: bool  # created by a create_graph=True backward
     autocast_cast: bool  # made by a cast autocast inserted (a ToCopyBackward0 of its dtype change)
+    reduction: Literal["none", "mean", "sum"]  # a loss node's (MseLossBackward0, NllLossBackward0...)
+    scalar: float  # DivBackward0 / MulBackward0 by a number (a 0-dim CPU tensor): its value
 
 
 class GraphEvent(TypedDict, total=False):
@@ -267,10 +269,15 @@ class LogEvent(TypedDict, total=False):
     step: int
 
 
+# How a run ended: "interrupted" is the user's Ctrl-C (KeyboardInterrupt) during training.
+EndStatus = Literal["finished", "interrupted", "error"]
+END_STATUSES: tuple[str, ...] = ("finished", "interrupted", "error")
+
+
 class EndEvent(TypedDict, total=False):
     kind: Literal["end"]
     t: float
-    status: Literal["finished", "error"]
+    status: EndStatus
     steps: int
     shed_ops: int  # per-op detail dropped under back-pressure over the whole run
     message: str
@@ -327,7 +334,7 @@ Event = SessionEvent | StepEvent | GraphEvent | LogEvent | EndEvent
 
 # The session status the server and reader derive: a file without an EndEvent whose writer
 # is gone "ended unexpectedly"; never "running" forever.
-SessionStatus = Literal["running", "finished", "error", "ended unexpectedly"]
+SessionStatus = Literal["running", "finished", "interrupted", "error", "ended unexpectedly"]
 
 EVENT_TYPES: dict[str, type] = {
     "session": SessionEvent,

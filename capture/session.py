@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import series
+from .schema import END_STATUSES
 from .sessionfile import (
     FLAG_GRAPH,
     FLAG_SERIES,
@@ -139,11 +140,12 @@ class Session:
 
     @property
     def status(self) -> str:
-        """``finished`` | ``error`` (from the end record), ``running`` while the writing
-        process is alive on this host, else ``ended unexpectedly``."""
+        """``finished`` | ``interrupted`` | ``error`` (from the end record), ``running`` while the
+        writing process is alive on this host, else ``ended unexpectedly``."""
         end = self.end
         if end is not None:
-            return "error" if end.get("status") == "error" else "finished"
+            status = end.get("status")
+            return status if status in END_STATUSES else "finished"
         return "running" if _writer_alive(self.meta) else "ended unexpectedly"
 
     @property

@@ -6,11 +6,11 @@ they are served as stored, not re-modelled here.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
-Status = Literal["running", "finished", "error", "ended unexpectedly"]
+from torchscope.schema import SessionStatus as Status
 
 
 class Health(BaseModel):

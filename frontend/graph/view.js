@@ -128,7 +128,7 @@ export class GraphView {
       groupBackward: Uint8Array.from(m.groups, (g) => (g.phase === "backward" ? 1 : 0)),
     };
     this.worker.postMessage({ type: "init", input: this.workerInput });
-    this.status.textContent = ev.complete === false ? `Partial graph: ${ev.shed_ops || "some"} ops were dropped under back-pressure.` : "";
+    this.status.textContent = this.statusLine(ev);
     if (this.overlay === "diff") await this.loadDiff(false);
     await this.relayout(true);
     if (this.selected && !this.model.byKey.has(this.selected) && !this.selected.startsWith("g:")) this.selected = null;
@@ -147,6 +147,25 @@ export class GraphView {
     clear(this.cutInfo);
     if (none.length) this.cutInfo.append(h("button", { class: "badge err", "data-testid": "cut-params", title: none.join("\n"), onclick: () => this.showCut() }, `${none.length} param(s) got no gradient`));
     if (idle.length) this.cutInfo.append(h("span", { class: "badge", "data-testid": "not-trained", title: idle.join("\n") }, `${idle.length} param(s) not trained (in no optimizer group)`));
+    // A loop that catches a failed backward (P8, P10) and goes on: the step's graph holds the
+    // forward whose backward failed beside what ran after it, which reads as a duplicate
+    const errors = this.stepEvent?.backward_errors || [];
+    if (errors.length) {
+      this.cutInfo.append(h("span", { class: "badge err", "data-testid": "backward-errors", title: errors.join("\n\n") },
+        `backward() failed ${errors.length === 1 ? "once" : `${errors.length}×`} in this step`));
+    }
+  }
+
+  // The line under the graph: what it does not show as it is.
+  statusLine(ev) {
+    const notes = [];
+    if (ev.complete === false) notes.push(`Partial graph: ${ev.shed_ops || "some"} ops were dropped under back-pressure.`);
+    const errors = this.stepEvent?.backward_errors || [];
+    if (errors.length) {
+      const first = String(errors[0]).split(/[.:]/)[0];
+      notes.push(`backward() raised in this step ("${first}…") and the loop went on: the graph holds every forward of the step, the one whose backward failed among them.`);
+    }
+    return notes.join(" ");
   }
 
   gradStats(param) {

@@ -69,8 +69,8 @@ def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and len(sessions(srv)) < 5:
         time.sleep(0.2)
-    return {"dir": d, "net": session_named(srv, "net <b>bold</b>"), "mlp": session_named(srv, "sequential"),
-            "p01": session_named(srv, "net"), "amp": session_named(srv, "amp"), "probe": session_named(srv, "probe")}
+    return {"dir": d, "net": session_named(srv, "net <b>bold</b>"), "mlp": session_named(srv, "mlp"),
+            "p01": session_named(srv, "p01_no_grad_detach"), "amp": session_named(srv, "amp"), "probe": session_named(srv, "probe")}
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_sessions_page_lists_runs_and_names_are_text(page: Any, srv: ServerProc,
     page.goto(srv.url + "/")
     page.wait_for_selector("a.session-link")
     links = page.locator("a.session-link").all_inner_texts()
-    assert "net <b>bold</b>" in links and "sequential" in links and "net" in links
+    assert "net <b>bold</b>" in links and "mlp" in links and "p01_no_grad_detach" in links
     assert page.locator("main b").count() == 0  # the <b> in the name stayed text
     row = page.locator(f"tr[data-id='{runs['p01']['id']}']")
     assert "error" in row.inner_text()  # the doctor's P1 error badge
@@ -361,6 +361,36 @@ def test_parameters_no_optimizer_trains_are_shown_apart(page: Any, srv: ServerPr
     assert "2 param(s) not trained" in page.locator("[data-testid=not-trained]").inner_text()
     assert page.locator("[data-testid=cut-params]").count() == 0
     assert "P1" not in {f["code"] for f in http_json(f"{srv.url}/api/sessions/{sid}/diagnostics")}
+
+
+def test_a_step_whose_backward_failed_says_so_in_the_graph(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    """P8's reproducer catches the failed backward and goes on: that step's graph holds two
+    forwards, and the view says why (a badge with the error, a line under the toolbar)."""
+    path = tmp_path / "p08.tscope"
+    run = subprocess.run([sys.executable, str(EXAMPLES / "pitfalls" / "p08_inplace_modification.py"),
+                          "--server", srv.url, "--record", str(path)], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    from torchscope import load
+
+    session = load(path)
+    failed = {st["step"] for st in session.steps if st.get("backward_errors")}
+    both = sorted(failed & set(session.graph_steps))
+    clean = sorted(set(session.graph_steps) - failed)
+    assert both and clean
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and http_json(f"{srv.url}/api/sessions/{session.session_id}")["status"] == "running":
+        time.sleep(0.2)
+    open_dash(page, srv, session.session_id, f"?view=graph&step={both[0]}")
+    wait_graph(page)
+    badge = page.locator("[data-testid=backward-errors]")
+    badge.wait_for()
+    assert "backward() failed once in this step" in badge.inner_text()
+    assert "modified by an inplace operation" in (badge.get_attribute("title") or "")
+    assert "the one whose backward failed" in page.locator(".graph-status").inner_text()
+    open_dash(page, srv, session.session_id, f"?view=graph&step={clean[0]}")
+    wait_graph(page)
+    assert page.locator("[data-testid=backward-errors]").count() == 0
+    assert "backward() raised" not in page.locator(".graph-status").inner_text()
 
 
 # ----------------------------------------------------------------------------- doctor

@@ -63,3 +63,32 @@ def test_compiled_model_is_watched_without_graph_breaks(tmp_path: Path, mode: st
         assert fwd["compiled"] is True and fwd["built_graph"] is True and fwd["backward"] is True
         assert fwd["training"] is True and fwd["saved_bytes"] >= 0
     assert not [e for e in events if e["kind"] == "log" and e.get("level") == "error"]
+
+
+def _forward_ops(compile_first: bool, path: Path) -> dict[int, list[str]]:
+    """Op names of each captured step of a model whose first layer is compiled (cold: reset)."""
+    torch._dynamo.reset()  # also forgets the capture's compile callbacks: they must come back
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = torchscope.watch(model, opt, server=None, record=path, sample_every=2)
+    if compile_first:
+        model[0] = torch.compile(model[0], backend="aot_eager")
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 32)).pow(2).mean().backward()
+        opt.step()
+    w.close()
+    graphs = [e for e in iter_events(path) if e["kind"] == "graph"]
+    return {g["step"]: [op["name"] for op in g["ops"]] for g in graphs}
+
+
+def test_ops_that_compile_runs_are_not_the_models(tmp_path: Path) -> None:
+    """The step that compiles records the model's ops only: Dynamo and AOTAutograd run dozens
+    of real ops (empty_strided, detach, the traced forward) on the first call, inside the
+    step's forward; they were recorded as the model's (84 ops instead of 7 here)."""
+    eager = _forward_ops(False, tmp_path / "eager.tscope")
+    compiled = _forward_ops(True, tmp_path / "compiled.tscope")
+    assert sorted(compiled) == [0, 2]
+    assert compiled[0] == compiled[2]  # the compiling step is like any later one
+    assert set(compiled[0]) <= set(eager[0]) and len(compiled[0]) <= len(eager[0])

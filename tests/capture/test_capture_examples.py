@@ -23,7 +23,7 @@ def test_example_records_a_session(name: str, tmp_path: Path) -> None:
         args += ["--server", f"http://127.0.0.1:{free_port()}", "--record", str(tmp_path / "cnn.tscope")]
     res = run_script(EXAMPLES / f"{name}.py", *args, cwd=tmp_path)
     assert "final loss" in res.stdout
-    files = list(tmp_path.glob("*.tscope")) + list((tmp_path / "torchscope-runs").glob("sequential-*.tscope"))
+    files = list(tmp_path.glob("*.tscope")) + list((tmp_path / "torchscope-runs").glob("mlp-*.tscope"))
     assert len(files) == 1
     path = files[0]
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("torchscope: watching")]

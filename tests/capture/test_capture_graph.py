@@ -420,3 +420,34 @@ def test_default_mode_captures_a_graph_when_step_0_had_no_backward(tmp_path: Pat
     events = list(iter_events(path))
     assert [e["step"] for e in events if e["kind"] == "step"] == [0, 1, 2, 3, 4, 5]
     assert [e["step"] for e in events if e["kind"] == "graph"] == [2]
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_a_loss_reduction_and_divisor_are_recorded(tmp_path: Path, mode: str) -> None:
+    """P15 needs how each micro-batch's loss is scaled: the loss node's reduction (read from
+    the node, as autograd saved it) and the number a scalar loss is divided or multiplied by."""
+    model = nn.Linear(8, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "losses.tscope"
+    x, y, cls = torch.randn(8, 8), torch.randn(8, 3), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    losses = [
+        lambda: nn.functional.mse_loss(model(x), y, reduction="sum") / 4,
+        lambda: nn.functional.cross_entropy(model(x), cls) * 0.25,
+        lambda: nn.functional.mse_loss(model(x), y, reduction="none").mean(),
+    ]
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode, sample_every=1):
+        for make_loss in losses:
+            opt.zero_grad()
+            loss = make_loss()
+            loss.backward()
+            opt.step()
+    graphs = {e["step"]: e for e in iter_events(path) if e["kind"] == "graph"}
+    assert sorted(graphs) == [0, 1, 2]
+
+    def facts(step: int) -> list[tuple[str, Any, Any]]:
+        return [(n["name"], n.get("reduction"), n.get("scalar")) for n in graphs[step]["nodes"]
+                if "reduction" in n or "scalar" in n]
+
+    assert facts(0) == [("DivBackward0", None, 4.0), ("MseLossBackward0", "sum", None)]
+    assert facts(1) == [("MulBackward0", None, 0.25), ("NllLossBackward0", "mean", None)]
+    assert facts(2) == [("MseLossBackward0", "none", None)]

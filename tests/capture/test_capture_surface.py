@@ -101,7 +101,8 @@ def _end(path: Path) -> dict[str, object]:
     ("exc", "status", "message"),
     [
         (RuntimeError("CUDA out of memory\nmore lines"), "error", "RuntimeError: CUDA out of memory"),
-        (KeyboardInterrupt(), "finished", "interrupted (KeyboardInterrupt)"),
+        (KeyboardInterrupt(), "interrupted", "stopped by Ctrl-C (KeyboardInterrupt)"),
+        (SystemExit(0), "finished", "exited early (SystemExit: 0)"),
     ],
 )
 def test_a_run_that_raises_ends_with_its_reason(exc: BaseException, status: str, message: str, tmp_path: Path) -> None:
@@ -178,3 +179,32 @@ def test_a_training_thread_that_dies_ends_the_session_as_error(tmp_path: Path) -
     w.close()
     end = _end(path)
     assert (end["status"], end["message"], end["steps"]) == ("error", "RuntimeError: the training thread died", 3)
+
+
+def test_runs_are_named_after_their_script_and_two_watches_get_two_files(tmp_path: Path) -> None:
+    """No ``name=`` and no ``record=``: a GAN's two ``nn.Sequential`` watches, started in the
+    same second, are named after the script (not both "sequential"), write two files, and
+    count the steps of their own optimizers."""
+    from torchscope import load
+
+    script = tmp_path / "train_gan.py"
+    script.write_text(
+        "import torch, torchscope\n"
+        "g = torch.nn.Sequential(torch.nn.Linear(4, 4)); d = torch.nn.Sequential(torch.nn.Linear(4, 1))\n"
+        "og = torch.optim.SGD(g.parameters(), lr=0.1); od = torch.optim.SGD(d.parameters(), lr=0.1)\n"
+        "wg = torchscope.watch(g, og, server=None); wd = torchscope.watch(d, od, server=None)\n"
+        "for _ in range(2):\n"
+        "    od.zero_grad(); d(g(torch.randn(2, 4)).detach()).mean().backward(); od.step()\n"
+        "    og.zero_grad(); (-d(g(torch.randn(2, 4)))).mean().backward(); og.step()\n"
+        "print(wg.path); print(wd.path)\n"
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    paths = run.stdout.split()
+    assert len(paths) == 2 and paths[0] != paths[1]
+    sessions = [load(tmp_path / p) for p in paths]
+    assert [s.name for s in sessions] == ["train_gan", "train_gan"]
+    # the critic's watch sees the generator's last backward through the critic, which its
+    # optimizer never applies: no third step
+    assert [len(s.steps) for s in sessions] == [2, 2] and all(s.status == "finished" for s in sessions)
+    assert all(p.name.startswith("train_gan-") for p in (tmp_path / "torchscope-runs").iterdir())
