@@ -33,7 +33,10 @@ def _missing(run: Run) -> list[Finding]:
     targets = [FindingTarget(step=hits[i][0], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
                for i in sorted(hits)]
     zero_calls = [as_int(ev.get("zero_grad")) for _, ev in run.step_events()]
-    src = next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
+    # the backward that added onto old gradients: zero_grad() goes before it
+    src = next((str(b) for step, ev in run.step_events() if step == steps[0]
+                for b in as_list(ev.get("backward_src"))[:1] if b), None)
+    src = src or next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
     return [make("P5", "error", message, FIX_MISSING, steps, rank=run.rank, targets=targets,
                  modules=sorted({run.param_module(i) for i in hits}), params=names, src=src, view="gradients",
                  data={"zero_grad_calls": zero_calls})]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from doctor_runs import CLEAN, all_jobs, diagnose_all
+from doctor_runs import CLEAN, PITFALLS, all_jobs, diagnose_all
 
 Findings = list[dict[str, Any]]
 
@@ -54,6 +54,8 @@ def check_p4(f: dict[str, Any]) -> None:
 
 def check_p5(f: dict[str, Any]) -> None:
     assert f["since"] == 1 and "0.weight" in f["params"] and f["steps"] == list(range(1, 6))
+    path, _, line = f["src"].rpartition(":")  # the backward that added onto old gradients
+    assert ".backward(" in (PITFALLS / Path(path).name).read_text().splitlines()[int(line) - 1]
 
 
 def check_p6(f: dict[str, Any]) -> None:
