@@ -1426,13 +1426,23 @@ class Watch:
         if self._direct_noted:
             return
         self._direct_noted = True
-        msg = (
-            f"torchscope: a backward through {self._model_name}'s parameters came without a call of "
-            "the model itself: calling model.forward(x), another of its methods or its submodules "
-            "directly skips module hooks, as does torch.compile's backend=\"eager\", so these steps "
-            "are recorded without their forward ops (call model(x); or compile with the default "
-            "backend, whose compiled forward is recorded as one node)"
-        )
+        model = self._model()
+        if model is not None and getattr(type(model), "forward", None) is getattr(nn.Module, "forward", None):
+            # an nn.ModuleDict / ModuleList of models (a GAN's {"G": ..., "D": ...}): no model(x)
+            msg = (
+                f"torchscope: {self._model_name} has no forward of its own, so its submodules are "
+                "called directly and these steps are recorded without their forward ops: watch each "
+                "model the loop calls instead (torchscope.watch(models['G'], opt_g); "
+                "torchscope.watch(models['D'], opt_d))"
+            )
+        else:
+            msg = (
+                f"torchscope: a backward through {self._model_name}'s parameters came without a call of "
+                "the model itself: calling model.forward(x), another of its methods or its submodules "
+                "directly skips module hooks, as does torch.compile's backend=\"eager\", so these steps "
+                "are recorded without their forward ops (call model(x); or compile with the default "
+                "backend, whose compiled forward is recorded as one node)"
+            )
         print(msg, file=sys.stderr)
         self._transport.emit({"kind": "log", "t": time.time(), "level": "warning", "message": msg, "step": self._step})
 

@@ -1070,6 +1070,21 @@ def test_model_forward_called_directly(tmp_path: Path, capsys: pytest.CaptureFix
     assert len(logs) == 1 and logs[0]["level"] == "warning"
 
 
+def test_a_container_of_models_is_told_to_watch_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An ``nn.ModuleDict`` of a GAN's models has no forward to call: the note says to watch each
+    model, not to "call model(x)"."""
+    models = nn.ModuleDict({"G": nn.Linear(4, 4), "D": nn.Linear(4, 1)})
+    opt = torch.optim.SGD(models.parameters(), lr=0.1)
+    with torchscope.watch(models, opt, server=None, record=tmp_path / "gan.tscope"):
+        for _ in range(2):
+            opt.zero_grad()
+            models["D"](models["G"](torch.randn(2, 4))).mean().backward()
+            opt.step()
+    err = capsys.readouterr().err
+    assert err.count("ModuleDict has no forward of its own") == 1 and "watch each model the loop calls" in err
+    assert "model(x)" not in err
+
+
 def test_gan_loop_is_not_missing_zero_grad(tmp_path: Path) -> None:
     """The generator's loss flows through the discriminator: its gradients land on top of the
     discriminator's last ones, which its zero_grad() clears before its own backward.  The
