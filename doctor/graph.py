@@ -105,16 +105,19 @@ def loss_op(graph: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def reachable_nodes(graph: dict[str, Any]) -> set[int]:
-    """Autograd nodes reachable from the root through next_functions edges."""
-    if "root" not in graph:
-        return set()
+def node_children(graph: dict[str, Any]) -> dict[int, list[int]]:
+    """node id -> the nodes in its next_functions, in input order."""
     children: dict[int, list[int]] = {}
     for edge in as_list(graph.get("edges")):
         if isinstance(edge, list) and len(edge) >= 2:
             children.setdefault(as_int(edge[0], -1), []).append(as_int(edge[1], -1))
+    return children
+
+
+def descendants(children: dict[int, list[int]], start: int) -> set[int]:
+    """``start`` and every node reachable from it in ``children`` (node_children's map)."""
     seen: set[int] = set()
-    queue = deque([as_int(graph.get("root"), -1)])
+    queue = deque([start])
     while queue:
         n = queue.popleft()
         if n in seen:
@@ -122,6 +125,13 @@ def reachable_nodes(graph: dict[str, Any]) -> set[int]:
         seen.add(n)
         queue.extend(children.get(n, []))
     return seen
+
+
+def reachable_nodes(graph: dict[str, Any]) -> set[int]:
+    """Autograd nodes reachable from the root through next_functions edges."""
+    if "root" not in graph:
+        return set()
+    return descendants(node_children(graph), as_int(graph.get("root"), -1))
 
 
 def accumulate_node(graph: dict[str, Any], param: str) -> dict[str, Any]:

@@ -1,86 +1,383 @@
-"""P15: gradient accumulation over k micro-batches without dividing each loss by k."""
+"""P15: gradient accumulation over k micro-batches without dividing the loss by k.
+
+Two shapes of the same mistake: k backward() calls sum k gradients into ``.grad``, or one
+backward() through a loss that adds up the losses of k slices of one batch (``x.chunk(k)``).
+A mean over each micro-batch written by hand, ``loss_sum / micro_batch_size``, is the same
+mistake: the capture records a loss node's ``reduction`` and a Div/Mul node's ``scalar``.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
 
 from torchscope.schema import Finding, FindingTarget
 
+from .. import graph as g
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_int, as_list
+from ..run import Run, as_dict, as_float, as_int, as_list
 from ..settings import Settings
 from ._grads import total_norm
 
 # The loss handed to backward() ends in one of these when it was scaled (loss / k, loss * (1 / k)).
 _SCALED_ROOTS = ("DivBackward", "MulBackward")
+# a + b, a - b: a loss made of terms, each judged on its own (``ce / k + 0.01 * reg / k``)
+_ADDED = ("AddBackward", "SubBackward")
+_DEPTH = 16  # terms nest this deep at most before we stop reading (a loss is a short expression)
 
 FIX = "Divide each micro-batch loss by the accumulation count before backward(): (loss / accum_steps).backward()."
+MICRO_MEAN_FIX = ("Divide each micro-batch's summed loss by accum_steps * micro_batch_size ({k} * {b} = {n}), "
+                  "the size of the whole batch, not by the micro-batch size: "
+                  "(loss_sum / (accum_steps * micro_batch_size)).backward().")
+CHUNK_FIX = ("Average the micro-batch losses instead of adding them: divide their sum by {k} "
+             "(sum(losses) / {k}, or torch.stack(losses).mean()), or compute one loss over the whole batch.")
+
+# How a term of the loss scales with the number of micro-batches it is accumulated over:
+# "scaled" was divided or weighted (by k, we trust: its number is unknown, or not the micro-batch's size);
+# "sum" adds up its samples: summed over micro-batches it is the whole batch's sum, the loss the
+# learning rate was chosen for; "mean" averages its micro-batch (MeanBackward0, reduction='mean'),
+# and so does "micro_mean", a sum divided by the micro-batch size by hand: k of either are k times
+# the batch's mean; "unknown" tells no reduction (a hand-written loss): taken for a mean.
+Scale = Literal["scaled", "sum", "mean", "micro_mean", "unknown"]
+TOO_BIG: frozenset[Scale] = frozenset({"mean", "micro_mean", "unknown"})
 
 
-def _scaled(graph: dict[str, Any], node: int, children: dict[int, list[int]], names: dict[int, str], depth: int = 0) -> bool:
-    """Whether the loss at ``node`` is scaled on every term: a Div/Mul, or a sum or difference
-    of scaled terms (``ce / k + 0.01 * reg / k`` ends in an add)."""
-    name = names.get(node, "")
-    if name.startswith(_SCALED_ROOTS):
-        return True
-    if depth > 16 or not name.startswith(("AddBackward", "SubBackward")):
-        return False
-    terms = [c for c in children.get(node, []) if names.get(c, "") not in ("", "AccumulateGrad")]
-    return bool(terms) and all(_scaled(graph, c, children, names, depth + 1) for c in terms)
+class LossGraph:
+    """One captured backward's autograd graph, read from its root as the loss it was called on."""
+
+    def __init__(self, graph: dict[str, Any]) -> None:
+        self.graph = graph
+        self.root = as_int(graph.get("root"), -1)
+        self.nodes = {as_int(n.get("id"), -1): n for n in as_list(graph.get("nodes")) if isinstance(n, dict)}
+        self.names = {i: str(n.get("name", "")) for i, n in self.nodes.items()}
+        self.children = g.node_children(graph)
+        self.ops = {as_int(op.get("id"), -1): op for op in g.ops(graph)}
+        self.node_ops = {i: as_int(n.get("op"), -1) for i, n in self.nodes.items() if "op" in n}
+        self.tensors = {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
+        self.writers = g.producers(list(self.ops.values()))
+        self.forwards: dict[int, list[dict[str, Any]]] = {}  # micro -> its ops inside the model, in order
+        for op in self.ops.values():
+            if op.get("phase") == "forward" and "outside_model" not in g.flags(op):
+                self.forwards.setdefault(as_int(op.get("micro"), -1), []).append(op)
+
+    def _inputs(self, node: int) -> list[int]:
+        return [c for c in self.children.get(node, []) if self.names.get(c, "") not in ("", "AccumulateGrad")]
+
+    def _stacked(self, node: int) -> list[int]:
+        """The losses of ``torch.stack(losses)`` when ``node`` reduces such a stack (.sum(), .mean()), else []."""
+        inputs = self._inputs(node)
+        if len(inputs) == 1 and self.names.get(inputs[0], "").startswith("StackBackward"):
+            return self._inputs(inputs[0])
+        return []
+
+    def terms(self, node: int, depth: int = 0) -> list[int]:
+        """The losses ``node`` adds up: the terms of ``a + b`` or of ``torch.stack(losses).sum()``,
+        else ``node`` itself."""
+        name = self.names.get(node, "")
+        parts = self._inputs(node) if name.startswith(_ADDED) else \
+            self._stacked(node) if name.startswith("SumBackward") else []
+        if not parts or depth > _DEPTH:
+            return [node]
+        return [t for p in parts for t in self.terms(p, depth + 1)]
+
+    def scale(self, node: int) -> Scale:
+        """How the loss term ``node`` scales with the number of micro-batches it is accumulated over."""
+        name = self.names.get(node, "")
+        if name.startswith(_SCALED_ROOTS):
+            return "micro_mean" if self.micro_mean_size(node) else "scaled"
+        if name.startswith("MeanBackward") and self._stacked(node):
+            return "scaled"  # averaged over the losses it stacks
+        return self._reduction(node)
+
+    def _reduction(self, node: int) -> Scale:
+        """How the loss ``node`` reduces over its samples."""
+        name = self.names.get(node, "")
+        if name.startswith("SumBackward"):
+            return "sum"  # crit(out, y).sum() of reduction='none'
+        if name.startswith("MeanBackward"):
+            return "mean"
+        reduction = self.nodes.get(node, {}).get("reduction")  # a loss function's node (MseLossBackward0...)
+        return "sum" if reduction == "sum" else "mean" if reduction == "mean" else "unknown"
+
+    def _sum_divided_by(self, node: int) -> float | None:
+        """d when ``node`` is a sum over samples times numbers whose product is 1 / d
+        (``loss_sum / d``, ``loss_sum * (1 / d)``, ``loss_sum / d1 / d2``), else None."""
+        factor = 1.0
+        for _ in range(_DEPTH):
+            name = self.names.get(node, "")
+            if not name.startswith(_SCALED_ROOTS):
+                break
+            number = as_float(self.nodes.get(node, {}).get("scalar"))
+            inputs = self._inputs(node)
+            if not number or len(inputs) != 1:
+                return None  # scaled by a tensor, or a number the capture did not record
+            factor = factor / number if name.startswith("DivBackward") else factor * number
+            node = inputs[0]
+        return 1 / factor if factor and self._reduction(node) == "sum" else None
+
+    def micro_mean_size(self, node: int) -> int:
+        """The micro-batch size when ``node`` is a sum over one micro-batch's samples divided by
+        that size (a mean over the micro-batch, by hand), else 0."""
+        divisor = self._sum_divided_by(node)
+        micro = self.forward_of(node) if divisor else None
+        size = self.micro_batch_size(micro) if micro is not None else 0
+        return size if size and divisor and math.isclose(divisor, size) else 0
+
+    def micro_batch_size(self, micro: int) -> int:
+        """The batch dimension of the first data the forward ``micro`` read (0 when none)."""
+        for op in self.forwards.get(micro, []):
+            for tid in (as_int(t, -1) for t in as_list(op.get("inputs"))):
+                if _handed_over(self.tensors, self.writers, tid):
+                    shape = as_list(as_dict(self.tensors.get(tid)).get("shape"))
+                    return as_int(shape[0]) if shape else 0
+        return 0
+
+    def mean_terms(self) -> list[int]:
+        """The terms of the loss that are means left unscaled: k of them sum to k times one."""
+        return [t for t in self.terms(self.root) if self.scale(t) in TOO_BIG]
+
+    def forward_of(self, term: int) -> int | None:
+        """The forward (its micro index) whose graph the loss ``term`` backpropagates through, when it is one."""
+        ops = (self.ops.get(self.node_ops.get(n, -1)) for n in g.descendants(self.children, term))
+        micros = {as_int(op.get("micro"), -1) for op in ops if op is not None and "outside_model" not in g.flags(op)}
+        return micros.pop() if len(micros) == 1 else None
 
 
-def _scaled_signatures(run: Run) -> set[object]:
-    """Graph signatures whose captured graph shows every term of the loss scaled: the steps
-    between captures share their step's structure (``graph_signature``)."""
-    sigs: set[object] = set()
+def _contiguous(shape: list[int], stride: list[int]) -> bool:
+    expected = 1
+    for size, st in zip(reversed(shape), reversed(stride), strict=False):
+        if size != 1 and st != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _is_data(meta: dict[str, Any]) -> bool:
+    """A tensor the loop handed over: no parameter, no grad (an input batch, a target, a buffer)."""
+    return bool(meta) and not meta.get("requires_grad") and "param" not in meta
+
+
+def _handed_over(meta: dict[int, dict[str, Any]], writers: dict[int, dict[str, Any]], tid: int) -> bool:
+    """Data the loop handed to the forward: no activation nor parameter, read directly or through
+    ops outside the model (``x[i * b:(i + 1) * b]``, ``xc.float() / 255``)."""
+    writer = writers.get(tid)
+    return _is_data(as_dict(meta.get(tid))) and not (writer and "outside_model" not in g.flags(writer))
+
+
+def _block(meta: dict[str, Any]) -> tuple[int, int, int] | None:
+    """(storage, offset, numel) of a tensor that is one contiguous block of its storage, else None."""
+    shape = [as_int(s) for s in as_list(meta.get("shape"))]
+    if not shape or not _contiguous(shape, [as_int(s) for s in as_list(meta.get("stride"))]):
+        return None
+    numel = 1
+    for size in shape:
+        numel *= size
+    return as_int(meta.get("storage"), -1), as_int(meta.get("offset")), numel
+
+
+def _batch_blocks(meta: dict[int, dict[str, Any]], writers: dict[int, dict[str, Any]],
+                  forward_ops: list[dict[str, Any]]) -> dict[int, tuple[int, int]]:
+    """storage -> (offset, numel) of the smallest block of it that a forward (its ops in the model)
+    read as data, directly or through ops outside the model (``x[i * b:(i + 1) * b]``, ``xc.float() / 255``)."""
+    pending = [as_int(t, -1) for op in forward_ops for t in as_list(op.get("inputs"))]
+    seen: set[int] = set()
+    blocks: dict[int, tuple[int, int]] = {}
+    while pending:
+        tid = pending.pop()
+        if tid in seen or not _handed_over(meta, writers, tid):
+            continue
+        seen.add(tid)
+        block = _block(as_dict(meta.get(tid)))
+        if block and (block[0] not in blocks or block[2] < blocks[block[0]][1]):
+            blocks[block[0]] = block[1:]  # the slice, not the batch it was sliced from
+        if tid in writers:
+            pending += [as_int(t, -1) for t in as_list(writers[tid].get("inputs"))]
+    return blocks
+
+
+def _slices_of_one_batch(blocks: dict[int, dict[int, tuple[int, int]]]) -> int:
+    """How many forwards each read their own, disjoint block of one tensor (x.chunk(k), x[i * b:(i + 1) * b])."""
+    by_storage: dict[int, list[tuple[int, int]]] = {}
+    for found in blocks.values():
+        for storage, block in found.items():
+            by_storage.setdefault(storage, []).append(block)
+    best = 0
+    for ranges in by_storage.values():
+        ranges.sort()
+        # a buffer every forward reads whole overlaps itself: not a slicing of the batch
+        if all(a[0] + a[1] <= b[0] for a, b in zip(ranges, ranges[1:], strict=False)):
+            best = max(best, len(ranges))
+    return best
+
+
+def chunked_terms(lg: LossGraph) -> int:
+    """k when the loss of this backward adds up k unscaled mean losses, each of its own forward,
+    over slices of one batch; else 0."""
+    means = lg.mean_terms()
+    forwards = {f for f in (lg.forward_of(t) for t in means) if f is not None} if len(means) >= 2 else set()
+    if len(forwards) < 2:
+        return 0
+    slices = _slices_of_one_batch({m: _batch_blocks(lg.tensors, lg.writers, lg.forwards.get(m, []))
+                                   for m in forwards})
+    # the ops before the step's first forward are not recorded: the first slice's preprocessing
+    # (xc.to(device)) can hide that it was one; every other forward must show its slice
+    return len(forwards) if slices >= max(2, len(forwards) - 1) else 0
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What a step's loss says about its scale: the scales of its terms that k micro-batches
+    sum to k times one (none: scaled right) and, for a hand-made micro-batch mean, its size."""
+
+    too_big: frozenset[Scale] = frozenset()
+    micro_batch: int = 0  # the micro-batch size a summed loss was divided by ("micro_mean")
+    target: FindingTarget = field(default_factory=FindingTarget)  # the captured loss that showed it
+
+
+def judge(lg: LossGraph, step: int, rank: int) -> Judgement:
+    """The scale of the loss backward() was called on, from its captured graph."""
+    terms = lg.mean_terms()
+    scales = frozenset(lg.scale(t) for t in terms)
+    size = next((n for n in (lg.micro_mean_size(t) for t in terms) if n), 0)
+    return Judgement(scales, size, FindingTarget(step=step, rank=rank, node=lg.root))
+
+
+def _judge_roots(roots: list[str]) -> Judgement:
+    """Without a captured graph: the backward() roots' names alone (a Div/Mul, or a sum reduction)."""
+    if any(r.startswith((*_SCALED_ROOTS, "SumBackward")) for r in roots):
+        return Judgement()
+    # a loss function's node name does not tell its reduction
+    return Judgement(frozenset({"mean" if all(r.startswith("MeanBackward") for r in roots) else "unknown"}))
+
+
+def _judged_signatures(run: Run) -> tuple[dict[object, Judgement], dict[object, tuple[int, int, int]]]:
+    """From the captured graphs, per graph signature (the steps between captures share their
+    step's structure): the scale of the loss (scaled right when any capture shows it so), and,
+    for a loss adding up the slices of one batch, (k, step, root node) of the capture that showed it."""
+    judged: dict[object, Judgement] = {}
+    chunked: dict[object, tuple[int, int, int]] = {}
     for step, ev in run.step_events():
-        for graph in run.graphs_of(step):
-            names = {as_int(n.get("id"), -1): str(n.get("name", "")) for n in as_list(graph.get("nodes"))
-                     if isinstance(n, dict)}
-            children: dict[int, list[int]] = {}
-            for e in as_list(graph.get("edges")):
-                if isinstance(e, list) and len(e) >= 2:
-                    children.setdefault(as_int(e[0], -1), []).append(as_int(e[1], -1))
-            if ev.get("graph_signature") and _scaled(graph, as_int(graph.get("root"), -1), children, names):
-                sigs.add(ev.get("graph_signature"))
-    return sigs
+        sig = ev.get("graph_signature")
+        for graph in run.graphs_of(step) if sig else []:
+            if "root" not in graph:
+                continue
+            lg = LossGraph(graph)
+            verdict = judge(lg, step, run.rank)
+            if sig not in judged or not verdict.too_big:
+                judged[sig] = verdict
+            k = chunked_terms(lg)
+            if k >= 2 and sig not in chunked:
+                chunked[sig] = (k, step, lg.root)
+    return judged, chunked
 
 
-def check(run: Run, settings: Settings) -> list[Finding]:
-    steps: list[int] = []
-    counts: list[int] = []
-    roots_seen: set[str] = set()
-    srcs: list[str] = []
-    scaled = _scaled_signatures(run)
+def _micro_batches(ev: dict[str, Any]) -> int:
+    """The backward passes of this step summed into .grad, each over its own forward."""
+    # A backward that raised (P8/P10) accumulated nothing, nor does torch.autograd.grad
+    # (it returns the gradients): don't count either as a micro-batch.
+    grad_calls = [e for e in as_list(ev.get("events")) if as_dict(e).get("what") == "autograd_grad"]
+    k = as_int(ev.get("micro_batches")) - len(as_list(ev.get("backward_errors"))) - len(grad_calls)
+    if isinstance(ev.get("accumulated"), int):
+        # the passes summed into .grad since it was last reset: an optimizer that zeroes
+        # the gradients before each of its own backward passes (LBFGS) accumulates nothing
+        k = as_int(ev.get("accumulated"))
+    consumed = sum(1 for f in as_list(ev.get("forwards")) if as_dict(f).get("backward"))
+    if consumed:
+        # micro-batches are forwards: several losses backpropagated through one forward
+        # (multi-task, loss1.backward(retain_graph=True); loss2.backward()) are one batch
+        k = min(k, consumed)
+    return k
+
+
+class Accumulated(NamedTuple):
+    """A step whose k > 1 backward() calls summed losses too big into .grad."""
+
+    step: int
+    ev: dict[str, Any]
+    k: int
+    judgement: Judgement
+
+
+def _accumulated(run: Run, judged: dict[object, Judgement]) -> list[Accumulated]:
+    out: list[Accumulated] = []
     for step, ev in run.step_events():
-        # A backward that raised (P8/P10) accumulated nothing, nor does torch.autograd.grad
-        # (it returns the gradients): don't count either as a micro-batch.
-        grad_calls = [e for e in as_list(ev.get("events")) if as_dict(e).get("what") == "autograd_grad"]
-        k = as_int(ev.get("micro_batches")) - len(as_list(ev.get("backward_errors"))) - len(grad_calls)
-        if isinstance(ev.get("accumulated"), int):
-            # the passes summed into .grad since it was last reset: an optimizer that zeroes
-            # the gradients before each of its own backward passes (LBFGS) accumulates nothing
-            k = as_int(ev.get("accumulated"))
-        consumed = sum(1 for f in as_list(ev.get("forwards")) if as_dict(f).get("backward"))
-        if consumed:
-            # micro-batches are forwards: several losses backpropagated through one forward
-            # (multi-task, loss1.backward(retain_graph=True); loss2.backward()) are one batch
-            k = min(k, consumed)
+        k = _micro_batches(ev)
         roots = [str(r) for r in as_list(ev.get("backward_roots"))]
         if k <= 1 or not roots or as_dict(ev.get("scaler")):
             continue  # GradScaler's own multiply hides whether the loss was divided: don't guess
-        if not any(r.startswith(_SCALED_ROOTS) for r in roots) and ev.get("graph_signature") not in scaled:
-            steps.append(step)
-            counts.append(k)
-            roots_seen.update(roots)
-            srcs += [str(s) for s in as_list(ev.get("backward_src"))[:1]]
-    if not steps:
+        judgement = judged.get(ev.get("graph_signature")) or _judge_roots(roots)
+        if judgement.too_big:
+            out.append(Accumulated(step, ev, k, judgement))
+    return out
+
+
+def _warning(run: Run, hits: list[Accumulated], message: str, fix: str, target: FindingTarget,
+             data: dict[str, Any]) -> Finding:
+    """The P15 finding on ``hits``: where (the first backward() call), the accumulation count and
+    the gradient norm of every step."""
+    src = next((str(s) for h in hits for s in as_list(h.ev.get("backward_src"))[:1]), None)
+    return make("P15", "warning", message, fix, [h.step for h in hits], rank=run.rank, targets=[target], src=src,
+                view="gradients", data={"micro_batches": [h.k for h in hits], **data,
+                                        "norm": [total_norm(ev) for _, ev in run.step_events()]})
+
+
+def _not_divided(run: Run, hits: list[Accumulated]) -> list[Finding]:
+    """k micro-batch means summed into .grad: the loss was not divided by k."""
+    if not hits:
         return []
-    k = max(counts)
+    k = max(h.k for h in hits)
     message = (f"Gradients of {k} micro-batches were summed without dividing the loss by {k} "
-               f"({describe_steps(steps, run.last_step)}): each optimizer step is {k}x larger than intended.")
-    return [make("P15", "warning", message, FIX, steps, rank=run.rank,
-                 targets=[FindingTarget(step=steps[0], rank=run.rank)], src=srcs[0] if srcs else None,
-                 view="gradients",
-                 data={"micro_batches": counts, "backward_roots": sorted(roots_seen),
-                       "norm": [total_norm(ev) for _, ev in run.step_events()]})]
+               f"({describe_steps([h.step for h in hits], run.last_step)}): "
+               f"each optimizer step is {k}x larger than intended.")
+    if any("unknown" in h.judgement.too_big for h in hits):
+        # no loss node recorded its reduction (a hand-written loss): a mean is assumed
+        message += " (Intended only if the loss function uses reduction='sum' and the learning rate was chosen for that sum.)"
+    roots = sorted({str(r) for h in hits for r in as_list(h.ev.get("backward_roots"))})
+    return [_warning(run, hits, message, FIX, FindingTarget(step=hits[0].step, rank=run.rank),
+                     {"backward_roots": roots})]
+
+
+def _divided_by_micro_batch(run: Run, hits: list[Accumulated]) -> list[Finding]:
+    """k micro-batch losses, each a sum divided by the micro-batch size: k micro-batch means."""
+    if not hits:
+        return []
+    k = max(h.k for h in hits)
+    shown = next(h.judgement for h in hits if h.judgement.micro_batch)
+    b = shown.micro_batch
+    message = (f"Each of the {k} micro-batch losses summed into .grad "
+               f"({describe_steps([h.step for h in hits], run.last_step)}) is a sum divided by the micro-batch "
+               f"size ({b}), a mean over its micro-batch: their gradients add up to {k}x the gradient of the "
+               f"batch's mean loss, so each optimizer step is {k}x larger than intended.")
+    return [_warning(run, hits, message, MICRO_MEAN_FIX.format(k=k, b=b, n=k * b), shown.target,
+                     {"micro_batch_size": b})]
+
+
+def _check_backwards(run: Run, judged: dict[object, Judgement]) -> list[Finding]:
+    """k backward() calls of micro-batch means summed into .grad before one step()."""
+    hits = _accumulated(run, judged)
+    by_hand = ["micro_mean" in h.judgement.too_big for h in hits]
+    return [*_not_divided(run, [h for h, m in zip(hits, by_hand, strict=True) if not m]),
+            *_divided_by_micro_batch(run, [h for h, m in zip(hits, by_hand, strict=True) if m])]
+
+
+def _check_chunks(run: Run, chunked: dict[object, tuple[int, int, int]]) -> list[Finding]:
+    """One backward() through the unscaled sum of the losses of k slices of one batch."""
+    hits = [(step, ev) for step, ev in run.step_events()
+            if ev.get("graph_signature") in chunked and not as_dict(ev.get("scaler"))]
+    if not hits:
+        return []
+    steps = [step for step, _ in hits]
+    k, captured, root = chunked[hits[0][1].get("graph_signature")]
+    message = (f"The losses of {k} micro-batches, slices of one input batch (as torch.chunk or split makes), "
+               f"were added into one loss before backward() ({describe_steps(steps, run.last_step)}): "
+               f"its gradient is the sum of {k} micro-batch means, {k}x the gradient of the batch's mean loss, "
+               f"so each optimizer step is {k}x larger than intended.")
+    accumulated = [Accumulated(step, ev, chunked[ev.get("graph_signature")][0], Judgement()) for step, ev in hits]
+    return [_warning(run, accumulated, message, CHUNK_FIX.format(k=k),
+                     FindingTarget(step=captured, rank=run.rank, node=root), {})]
+
+
+def check(run: Run, settings: Settings) -> list[Finding]:
+    judged, chunked = _judged_signatures(run)
+    return [*_check_backwards(run, judged), *_check_chunks(run, chunked)]
