@@ -2,6 +2,10 @@
 synthetic 100,000-step session, import/open time, live push latency.  Prints a markdown table.
 
 usage: python benchmarks/bench_server.py [--steps 100000] [--seconds 10] [--import-mib 64]
+       python benchmarks/bench_server.py --import-only [--steps 100000] [--repeat 3]
+--import-only: just the imports of a --steps session file, each into a fresh server: one the
+capture writes (benchmarks/bench_file.py's, format 1.1 with series frames) and the synthetic one
+(no series frames); wall seconds of the CLI's upload() and the server process's CPU seconds.
 Targets (issue 4): ingest >= 200,000 op events/s; every API call < 100 ms on 100k steps;
 an import never holds the whole file in memory (server peak RSS while importing a big file).
 """
@@ -26,6 +30,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from conftest import ServerProc  # noqa: E402
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_file import big_session  # noqa: E402
 
 from torchscope.server.client import upload  # noqa: E402
 from torchscope.sessionfile import encode_frame, file_header  # noqa: E402
@@ -142,14 +149,55 @@ def peak_rss_during(pid: int, fn) -> tuple[float, int]:  # type: ignore[no-untyp
     return time.perf_counter() - t, peak[0]
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_import(path: Path, tmp: Path) -> tuple[float, float]:
+    """Wall seconds of ``upload()`` of ``path`` into a fresh server, and that server's CPU
+    seconds meanwhile (the doctor it starts afterwards runs in a child process: not counted)."""
+    srv = ServerProc(tmp / f"data-{secrets.token_hex(4)}").start()
+    try:
+        assert srv.proc is not None
+        c0, t = cpu_s(srv.proc.pid), time.perf_counter()
+        upload(srv.url, path)
+        return time.perf_counter() - t, cpu_s(srv.proc.pid) - c0
+    finally:
+        srv.stop()
+
+
+def import_only(steps: int, repeat: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-import-"))
+    try:
+        files = {"capture-written (format 1.1, series frames)": tmp / "capture.tscope",
+                 "synthetic (no series frames)": tmp / "synthetic.tscope"}
+        big_session(files["capture-written (format 1.1, series frames)"], steps, series=True)
+        files["synthetic (no series frames)"].write_bytes(file_header() + b"".join(synthetic_frames("big2", steps)))
+        print("| file | MiB | wall s (each run) | server CPU s (each run) |\n|---|---:|---|---|")
+        for label, path in files.items():
+            runs = [timed_import(path, tmp) for _ in range(repeat)]
+            print(f"| {label}, {steps:,} steps | {path.stat().st_size / 2**20:.1f} "
+                  f"| {', '.join(f'{w:.2f}' for w, _ in runs)} | {', '.join(f'{c:.2f}' for _, c in runs)} |")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\n(machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end)")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--doctor-timeout", type=float, default=30.0)
     ap.add_argument("--ops", type=int, default=5000, help="ops per graph event in the ingest test")
     ap.add_argument("--import-mib", type=int, default=64, help="size of the big-file import test (0: skip)")
+    ap.add_argument("--import-only", action="store_true", help="only time imports of a --steps file (see above)")
+    ap.add_argument("--repeat", type=int, default=3, help="imports of each file with --import-only")
     args = ap.parse_args()
+    if args.import_only:
+        import_only(args.steps, args.repeat)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="bench-server-"))
     rows: list[tuple[str, str, str]] = []
     srv = ServerProc(tmp / "data").start()

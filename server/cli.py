@@ -7,15 +7,17 @@ Every bad input ends in one line on stderr and a non-zero exit, never a tracebac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 DESCRIPTION = "torchscope: see your PyTorch training live — graph, gradients and memory of every step."
 EPILOG = """examples:
@@ -200,7 +202,8 @@ def cmd_open(args: argparse.Namespace) -> int:
         # a server that wants a token says so now: refused mid-upload, the socket would only say
         # "broken pipe"
         sessions(base, token)
-        res = upload(base, path, token)
+        with _storing_progress(base, token, path):
+            res = upload(base, path, token)
     except ClientError as exc:
         raise CliError(str(exc)) from None
     url = page_url(base + res["url"], token)
@@ -210,6 +213,54 @@ def cmd_open(args: argparse.Namespace) -> int:
 
         webbrowser.open(url)
     return 0
+
+
+@contextlib.contextmanager
+def _storing_progress(base: str, token: str | None, path: Path) -> Iterator[None]:
+    """On a terminal, while the server reads an uploaded file into its store (the long part
+    of a big import): a progress bar of the bytes of frames it has read, polled from
+    ``GET /api/ingest/imports`` in a thread (the upload's own bar is the client's)."""
+    if not (sys.stderr.isatty() and path.stat().st_size > 1024 * 1024):
+        yield
+        return
+    from .upload import safe_name
+
+    stop = threading.Event()
+    poller = threading.Thread(target=_poll_import, args=(base, token, safe_name(path.name), stop), daemon=True)
+    poller.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        poller.join()
+
+
+def _poll_import(base: str, token: str | None, name: str, stop: threading.Event) -> None:
+    from .client import _progress
+
+    drawn = (-1, 0)
+    while not stop.wait(0.2):
+        mine = [i for i in _imports(base, token) if i.get("name") == name and i.get("total")]
+        if mine and (mine[0]["done"], mine[0]["total"]) != drawn:
+            drawn = (mine[0]["done"], mine[0]["total"])
+            _progress(*drawn, "storing")
+    if 0 <= drawn[0] < drawn[1]:  # finished between two polls: the bar ends full
+        _progress(drawn[1], drawn[1], "storing")
+
+
+def _imports(base: str, token: str | None) -> list[dict[str, Any]]:
+    """The server's imports in progress ([] when it cannot say: an older server)."""
+    import json
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        req = urllib.request.Request(base + "/api/ingest/imports", headers=headers)
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            data = json.loads(resp.read())
+    except (OSError, ValueError):
+        return []
+    return [i for i in data if isinstance(i, dict)] if isinstance(data, list) else []
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

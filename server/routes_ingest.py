@@ -1,29 +1,49 @@
 """The ingest protocol of docs/architecture.md: frames in order, duplicates ignored, a gap
-answers 409 with the seq the server expects, a bad frame 400 with a one-line detail."""
+answers 409 with the seq the server expects, a bad frame 400 with a one-line detail.  And
+the other way frames come in: a session file imported (``POST /api/sessions/import``),
+with its progress."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from .deps import HubDep, Rank, SessionId, StoreDep
+from .deps import HubDep, Rank, SessionId, SettingsDep, StoreDep
 from .frames import BadFrames, split_frames
 from .live import ingest_messages
-from .models import NextSeq
+from .models import ImportResult, NextSeq
+from .upload import OPENAPI_BODY, Imports, import_file, received_file
 
-router = APIRouter(prefix="/api/ingest", tags=["ingest"])
+# The prefix is /api, not /api/ingest, so that the import is served here too.  app.py includes
+# this router before routes_sessions's, whose older two-pass import handler this one replaces
+# (it is never reached; to be removed there).
+router = APIRouter(prefix="/api", tags=["ingest"])
 
 
-@router.get("/{session_id}/{rank}/next", response_model=NextSeq)
+async def get_imports(request: Request) -> Imports:
+    """The app's imports in progress (made on first use: one per app; async, so on the event
+    loop's thread, where no two requests make it at once)."""
+    state = request.app.state
+    if not hasattr(state, "imports"):
+        state.imports = Imports()
+    imports: Imports = state.imports
+    return imports
+
+
+ImportsDep = Annotated[Imports, Depends(get_imports)]
+
+
+@router.get("/ingest/{session_id}/{rank}/next", response_model=NextSeq)
 async def next_seq(session_id: SessionId, rank: Rank, store: StoreDep) -> NextSeq:
     """The next frame seq the server expects (0 for a new session); also a heartbeat."""
     return NextSeq(next_seq=await asyncio.wrap_future(store.touch(session_id, rank)))
 
 
-@router.post("/{session_id}/{rank}", response_model=NextSeq,
+@router.post("/ingest/{session_id}/{rank}", response_model=NextSeq,
              responses={400: {"description": "a bad frame"}, 409: {"description": "gap: rewind to next_seq"}})
 async def ingest(session_id: SessionId, rank: Rank, request: Request, store: StoreDep, hub: HubDep) -> JSONResponse:
     body = await request.body()
@@ -40,3 +60,29 @@ async def ingest(session_id: SessionId, rank: Rank, request: Request, store: Sto
     if any(ev.get("kind") == "end" for f in res.stored for ev in f.events):
         request.app.state.schedule_diagnostics(session_id, rank)
     return JSONResponse({"next_seq": res.next_seq}, status_code=409 if res.gap else 200)
+
+
+@router.get("/ingest/imports", response_description="per import in progress: name (the uploaded file's), "
+            "total and done (bytes of frames read), stage (reading, then storing)")
+def imports_in_progress(imports: ImportsDep) -> list[dict[str, Any]]:
+    return imports.snapshot()
+
+
+@router.post("/sessions/import", tags=["sessions"], response_model=ImportResult, openapi_extra=OPENAPI_BODY,
+             responses={400: {"description": "not a readable session file"}, 413: {"description": "over 4 GiB"}})
+async def import_session_file(request: Request, store: StoreDep, hub: HubDep, settings: SettingsDep,
+                              imports: ImportsDep) -> ImportResult:
+    """A ``.tscope`` file as multipart field ``file``: streamed to disk, then read once, frame
+    by frame, in a worker thread (the event loop keeps serving); the session appears whole or,
+    for a bad file, not at all."""
+    async with received_file(request, settings.data_dir) as path:
+        try:
+            done = await run_in_threadpool(import_file, store, path, imports)
+        except BadFrames as exc:
+            raise HTTPException(400, str(exc)) from None
+    for msg in done.messages:
+        hub.publish(msg)
+    if done.next_seq > done.before:
+        request.app.state.schedule_diagnostics(done.session_id, done.rank)
+    return ImportResult(id=done.session_id, url=f"/sessions/{done.session_id}", frames=done.next_seq,
+                        new_frames=done.next_seq - done.before, rank=done.rank)

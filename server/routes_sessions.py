@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import re
 from collections import OrderedDict
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from torchscope.sessionfile import FrameInfo, decode_frame, file_header
+from torchscope.sessionfile import decode_frame, file_header
 
-from .deps import SESSION_ID_PATTERN, HubDep, SessionId, SettingsDep, StoreDep, require_session
+from .deps import HubDep, SessionId, StoreDep, require_session
 from .diagnostics import diagnostics as run_diagnostics
-from .frames import BadFrames, Frame, file_frames, file_index
 from .graphview import filter_graph
-from .live import ingest_messages
-from .models import Deleted, GraphIndexEntry, ImportResult, SessionDetail, SessionPatch, SessionSummary
+from .models import Deleted, GraphIndexEntry, SessionDetail, SessionPatch, SessionSummary
 from .store import NotFound, api_json
-from .upload import OPENAPI_BODY, received_file
 
 router = APIRouter(prefix="/api", tags=["sessions"])
 
@@ -38,9 +32,6 @@ _SERIES_CACHE_SIZE = 32
 # /grads without a range on a 100,000-step run would decode every step's gradient columns
 # (seconds, tens of MB): by default it samples this many steps evenly over the range
 GRADS_MAX_STEPS = 1000
-# An import is stored in batches of frames of about this many bytes: memory stays bounded
-# whatever the file's size, and live ingest of other runs is not held up behind one huge job.
-IMPORT_BATCH_BYTES = 8 * 1024 * 1024
 
 
 def _cached(key: tuple[Any, ...], build: Any) -> bytes:
@@ -173,64 +164,3 @@ def export(session_id: SessionId, store: StoreDep, rank: RankQ = 0) -> Streaming
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in session_id)
     return StreamingResponse(body(), media_type="application/octet-stream",
                              headers={"Content-Disposition": f'attachment; filename="{safe}{suffix}.tscope"'})
-
-
-def _identity(frames: list[Frame]) -> tuple[str, int]:
-    """Session id and rank of a file: from its session event (the capture writes it first),
-    else an id derived from its first frame."""
-    fallback = "import-" + hashlib.sha256(frames[0].raw).hexdigest()[:16]
-    for f in frames:
-        for ev in f.events:
-            if ev.get("kind") == "session":  # validated: a str id and an int rank, when present
-                sid, rank = ev.get("session_id"), ev.get("rank", 0)
-                if isinstance(sid, str) and re.match(SESSION_ID_PATTERN, sid) and 0 <= rank <= 65535:
-                    return sid, rank
-                return fallback, 0
-    return fallback, 0
-
-
-def _next_batch(frames: Iterator[Frame]) -> list[Frame]:
-    batch: list[Frame] = []
-    size = 0
-    for f in frames:
-        batch.append(f)
-        size += len(f.raw)
-        if size >= IMPORT_BATCH_BYTES:
-            break
-    return batch
-
-
-def _checked(path: Path) -> tuple[tuple[int, int], list[FrameInfo], list[Frame], str, int]:
-    """The first pass over an uploaded file: every frame read and validated, so a bad file
-    leaves the store untouched.  It keeps the first batch (all of a file up to
-    ``IMPORT_BATCH_BYTES``: one read) and the session's identity."""
-    version, infos = file_index(path)
-    frames = file_frames(path, infos)
-    first = _next_batch(frames)
-    for _ in frames:
-        pass
-    return version, infos, first, *_identity(first[:4])  # the capture writes the session event first
-
-
-@router.post("/sessions/import", response_model=ImportResult, openapi_extra=OPENAPI_BODY,
-             responses={400: {"description": "not a readable session file"}, 413: {"description": "over 4 GiB"}})
-async def import_session(request: Request, store: StoreDep, hub: HubDep, settings: SettingsDep) -> ImportResult:
-    """A ``.tscope`` file as multipart field ``file``: streamed to disk, checked, then stored
-    frame by frame (batches of ``IMPORT_BATCH_BYTES``), never whole in memory."""
-    async with received_file(request, settings.data_dir) as path:
-        try:
-            version, infos, batch, session_id, rank = await run_in_threadpool(_checked, path)
-        except BadFrames as exc:
-            raise HTTPException(400, str(exc)) from None
-        before = next_seq = store.frame_count(session_id, rank)
-        rest = file_frames(path, infos, start=len(batch))  # the second pass: valid, as the first showed
-        while batch:
-            res = await asyncio.wrap_future(store.ingest(session_id, rank, batch, imported=True, version=version))
-            next_seq = res.next_seq
-            for msg in ingest_messages(session_id, rank, [f.events for f in res.stored]):
-                hub.publish(msg)
-            batch = await run_in_threadpool(_next_batch, rest)
-    if next_seq > before:
-        request.app.state.schedule_diagnostics(session_id, rank)
-    return ImportResult(id=session_id, url=f"/sessions/{session_id}", frames=next_seq,
-                        new_frames=next_seq - before, rank=rank)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import queue
 import sqlite3
 import threading
@@ -29,12 +28,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pydantic_core
 
-from torchscope.schema import SCHEMA_VERSION
-from torchscope.series import memory_series, step_summary
+from torchscope.schema import END_STATUSES, SCHEMA_VERSION
+from torchscope.series import check_columns, columns, concat, memory_series
 
 from .frames import Frame
 
@@ -122,6 +121,12 @@ MEMORY_KEYS = tuple(k for k in memory_series([]) if k not in ("step", "t"))
 _MEMORY_COLS = tuple(f"m_{k}" for k in MEMORY_KEYS)
 
 
+class _Job(NamedTuple):
+    fn: Callable[[sqlite3.Connection], Any]
+    fut: Future[Any]
+    attach: Path | None
+
+
 class NotFound(LookupError):
     pass
 
@@ -153,7 +158,7 @@ class Store:
         """``read_only``: readers only (the doctor's child process); no writer thread."""
         self.path = Path(path)
         self._local = threading.local()
-        self._jobs: queue.Queue[tuple[Callable[[sqlite3.Connection], Any], Future[Any]] | None] = queue.Queue()
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._closed = read_only
         if read_only:
             return
@@ -198,29 +203,34 @@ class Store:
             except queue.Empty:
                 return
             if job is not None:
-                job[1].set_exception(StoreClosed("the store is closed"))
+                job.fut.set_exception(StoreClosed("the store is closed"))
 
     # ------------------------------------------------------------------ the writer thread
-    def write(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
+    def write(self, fn: Callable[[sqlite3.Connection], T], attach: Path | None = None) -> Future[T]:
+        """Run ``fn`` on the write connection, in a transaction.  ``attach``: a database file
+        ``fn`` reads as schema ``staged`` (SQLite attaches only outside a transaction, so such
+        a job runs in a transaction of its own)."""
         fut: Future[T] = Future()
         if self._closed:
             fut.set_exception(StoreClosed("the store is closed"))
             return fut
-        self._jobs.put((fn, fut))
+        self._jobs.put(_Job(fn, fut, attach))
         if self._closed:  # closed meanwhile: the writer may be gone already
             self._fail_pending()
         return fut
 
     def _write_loop(self, conn: sqlite3.Connection) -> None:
+        carried: _Job | None = None  # a job with an attachment, taken while batching others
         while True:
-            job = self._jobs.get()
+            job = carried or self._jobs.get()
+            carried = None
             if job is None:
                 conn.close()
                 return
             batch = [job]
             # Commit whatever is already queued in one transaction: ingest from many ranks
             # costs one fsync-free WAL commit per batch, not per request.
-            while len(batch) < 64:
+            while len(batch) < 64 and job.attach is None:
                 try:
                     nxt = self._jobs.get_nowait()
                 except queue.Empty:
@@ -228,29 +238,50 @@ class Store:
                 if nxt is None:
                     self._jobs.put(None)
                     break
+                if nxt.attach is not None:
+                    carried = nxt
+                    break
                 batch.append(nxt)
-            results: list[tuple[Future[Any], Any, BaseException | None]] = []
-            conn.execute("BEGIN IMMEDIATE")
-            for fn, fut in batch:
-                conn.execute("SAVEPOINT job")
-                try:
-                    results.append((fut, fn(conn), None))
-                    conn.execute("RELEASE job")
-                except BaseException as exc:  # the job's own error goes to its caller
-                    conn.execute("ROLLBACK TO job")
-                    conn.execute("RELEASE job")
-                    results.append((fut, None, exc))
-            conn.execute("COMMIT")
+            if job.attach is not None:
+                conn.execute("ATTACH DATABASE ? AS staged", (str(job.attach),))
+            try:
+                results = self._run_batch(conn, batch)
+            finally:
+                if job.attach is not None:
+                    conn.execute("DETACH DATABASE staged")
             for fut, res, err in results:
                 if err is not None:
                     fut.set_exception(err)
                 else:
                     fut.set_result(res)
 
+    @staticmethod
+    def _run_batch(conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[Future[Any], Any, BaseException | None]]:
+        results: list[tuple[Future[Any], Any, BaseException | None]] = []
+        conn.execute("BEGIN IMMEDIATE")
+        for fn, fut, _ in batch:
+            conn.execute("SAVEPOINT job")
+            try:
+                results.append((fut, fn(conn), None))
+                conn.execute("RELEASE job")
+            except BaseException as exc:  # the job's own error goes to its caller
+                conn.execute("ROLLBACK TO job")
+                conn.execute("RELEASE job")
+                results.append((fut, None, exc))
+        conn.execute("COMMIT")
+        return results
+
     # ------------------------------------------------------------------ writes
     def ingest(self, session_id: str, rank: int, frames: list[Frame], *, imported: bool = False,
                version: tuple[int, int] | None = None) -> Future[IngestResult]:
         return self.write(lambda c: _ingest(c, session_id, rank, frames, imported, version))
+
+    def commit_staged(self, staged: StagedImport) -> Future[IngestResult | None]:
+        """Copy a staged import into the store in one transaction (SQL only: no event is
+        decoded again).  None when its rank was stored meanwhile (another import or a live
+        run): the caller then ingests the file's frames as any other."""
+        staged.close()
+        return self.write(lambda c: _commit_staged(c, staged.session_id, staged.rank), attach=staged.path)
 
     def touch(self, session_id: str, rank: int) -> Future[int]:
         """The transport's heartbeat: record contact, answer the next expected seq."""
@@ -466,11 +497,61 @@ class Store:
         return (int(row[0]), json.loads(row[1])) if row else None
 
 
+# ---------------------------------------------------------------------- staged imports
+class StagedImport:
+    """A session file's frames ingested into a scratch database of the same tables (by the
+    same ``_ingest``), from the importing thread and without the store's writer: each frame is
+    decoded once, and nothing reaches the store until ``Store.commit_staged`` copies the whole
+    session in one transaction, so a bad frame anywhere leaves the store untouched."""
+
+    def __init__(self, path: Path, session_id: str, rank: int, version: tuple[int, int]) -> None:
+        self.path, self.session_id, self.rank, self.version = path, session_id, rank, version
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        # a scratch file, deleted with the upload: no journal, no fsync
+        self._conn.execute("PRAGMA journal_mode=OFF")
+        self._conn.execute("PRAGMA synchronous=OFF")
+        self._conn.executescript(SCHEMA_SQL)
+        _add_missing_columns(self._conn)
+
+    def add(self, frames: list[Frame]) -> IngestResult:
+        self._conn.execute("BEGIN")
+        try:
+            res = _ingest(self._conn, self.session_id, self.rank, frames, True, self.version)
+        finally:
+            self._conn.execute("COMMIT")
+        return res
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+_STAGED_TABLES = ("ranks", "frames", "steps", "graphs", "memory_chunks")
+
+
+def _commit_staged(c: sqlite3.Connection, session_id: str, rank: int) -> IngestResult | None:
+    if c.execute("SELECT 1 FROM ranks WHERE session_id=? AND rank=?", (session_id, rank)).fetchone():
+        return None
+    now = time.time()
+    for table in _STAGED_TABLES:  # the scratch holds this one rank; its columns are the store's
+        cols = ", ".join(row[1] for row in c.execute(f"PRAGMA staged.table_info({table})"))
+        c.execute(f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM staged.{table}")  # noqa: S608
+    created = c.execute("INSERT OR IGNORE INTO sessions (id, created_at, updated_at) VALUES (?,?,?)",
+                        (session_id, now, now)).rowcount > 0
+    next_seq, meta = c.execute("SELECT next_seq, meta FROM staged.ranks").fetchone()
+    if created:  # the scratch's row is what the file's session events made of a new session
+        c.execute("UPDATE sessions SET (name, model, started_at, meta) = "
+                  "(SELECT name, model, started_at, meta FROM staged.sessions WHERE id=?) WHERE id=?",
+                  (session_id, session_id))
+    elif meta:  # another rank's session: this rank's session event applied as ingest applies it
+        _put_session_event(c, session_id, rank, json.loads(meta))
+    return IngestResult(int(next_seq), created=created)
+
+
 # ---------------------------------------------------------------------- status
 def rank_status(end_status: str | None, last_seen: float, now: float | None = None) -> str:
     from .config import RUNNING_TIMEOUT_S
 
-    if end_status in ("finished", "error"):
+    if end_status is not None and end_status in END_STATUSES:
         return end_status
     if (now or time.time()) - last_seen < RUNNING_TIMEOUT_S:
         return "running"
@@ -479,7 +560,7 @@ def rank_status(end_status: str | None, last_seen: float, now: float | None = No
 
 def session_status(rank_statuses: list[str]) -> str:
     """Running while any rank runs; then the worst outcome of any rank."""
-    for status in ("running", "error", "ended unexpectedly", "finished"):
+    for status in ("running", "error", "ended unexpectedly", "interrupted", "finished"):
         if status in rank_statuses:
             return status
     return "ended unexpectedly"  # a session with no rank rows has no writer
@@ -517,19 +598,21 @@ def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Fram
     last_step = c.execute("SELECT MAX(step) FROM steps WHERE session_id=? AND rank=?",
                           (session_id, rank)).fetchone()[0] if chunked else None
     res = IngestResult(next_seq, created=created)
-    steps = graphs = events = nbytes = 0
-    mem_rows: list[tuple[Any, ...]] = []
+    graphs = events = nbytes = 0
+    frame_rows: list[tuple[str, int, int, bytes]] = []
+    step_events: list[dict[str, Any]] = []
+    series: dict[str, list[Any]] = {part: [] for part in _SUMMARY_PARTS}  # the frames' series records
     for f in frames:
         if f.info.seq < next_seq:
             continue  # a resend of a frame we have
         if f.info.seq > next_seq:
             res.gap = True
             break
-        c.execute("INSERT INTO frames VALUES (?,?,?,?)", (session_id, rank, next_seq, f.raw))
+        frame_rows.append((session_id, rank, next_seq, f.raw))
         for ev in f.events:
             kind = ev.get("kind")
             if kind == "step":
-                steps += _put_step(c, session_id, rank, ev, mem_rows)
+                step_events.append(ev)
             elif kind == "graph":
                 graphs += _put_graph(c, session_id, rank, next_seq, ev)
             elif kind == "session":
@@ -537,16 +620,24 @@ def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Fram
             elif kind == "end":
                 c.execute("UPDATE ranks SET end_status=? WHERE session_id=? AND rank=?",
                           (ev.get("status", "finished"), session_id, rank))
+            elif kind == "series" and ev.get("part") in series:
+                series[ev["part"]].append(ev.get("columns"))
         events += len(f.events)
         nbytes += len(f.raw)
         next_seq += 1
         res.stored.append(f)
     res.next_seq = next_seq
-    if chunked and mem_rows:
-        _put_memory_chunk(c, session_id, rank, next_seq - 1, last_step, mem_rows)
+    c.executemany("INSERT INTO frames VALUES (?,?,?,?)", frame_rows)
+    # the batch's steps in one statement: one pass of torchscope.series over them, not one per step
+    step_events = [ev for ev in step_events if type(ev.get("step")) is int]
+    if step_events:
+        cols = _put_steps(c, session_id, rank, step_events, series)
+        if chunked:
+            _put_memory_chunk(c, session_id, rank, next_seq - 1, last_step, cols)
     c.execute("UPDATE ranks SET next_seq=?, steps=steps+?, graphs=graphs+?, events=events+?, bytes=bytes+?"
               + ("" if imported else ", last_seen=?") + " WHERE session_id=? AND rank=?",
-              (next_seq, steps, graphs, events, nbytes, *(() if imported else (now,)), session_id, rank))
+              (next_seq, len(step_events), graphs, events, nbytes, *(() if imported else (now,)),
+               session_id, rank))
     c.execute("UPDATE sessions SET updated_at=? WHERE id=?", (now, session_id))
     return res
 
@@ -577,40 +668,56 @@ def _raw_json(obj: Any) -> str | None:
     return None if obj is None else pydantic_core.to_json(obj, inf_nan_mode="constants").decode()
 
 
-def _put_step(c: sqlite3.Connection, session_id: str, rank: int, ev: dict[str, Any],
-              mem_rows: list[tuple[Any, ...]]) -> int:
-    summary = step_summary(ev)
-    if summary["step"] is None:
-        return 0
-    mem = memory_series([ev])
-    values = tuple(mem[k][0] for k in MEMORY_KEYS)
-    cur = c.execute(_INSERT_STEP, (
-        session_id, rank, summary["step"], *(summary[k] for k in _STEP_COLS), *values,
-        api_json(ev).decode(), _raw_json(ev.get("memory")), _raw_json(ev.get("grads"))))
-    mem_rows.append((summary["step"], summary["t"], *values))
-    return 1 if cur.rowcount > 0 else 0
+# the parts of torchscope.series whose columns are together step_summary's
+_SUMMARY_PARTS = ("memory", "steps")
 
 
-def _json_value(v: Any) -> str:
-    # as api_json writes it: non-finite floats become strings JSON.parse accepts
-    if v is None:
-        return "null"
-    if isinstance(v, float) and not math.isfinite(v):
-        return '"NaN"' if math.isnan(v) else ('"Infinity"' if v > 0 else '"-Infinity"')
-    return repr(v)
+def _summary_columns(steps: list[dict[str, Any]], series: dict[str, list[Any]]) -> dict[str, dict[str, list[Any]]]:
+    """Per part of ``_SUMMARY_PARTS``, the columns of these step events: the series records of
+    the same frames when they hold exactly these steps (a session file's: the capture wrote
+    them with the same ``series.columns`` over these events, and readers of the file read them
+    too), else computed."""
+    numbers = [ev["step"] for ev in steps]
+    out: dict[str, dict[str, list[Any]]] = {}
+    for part in _SUMMARY_PARTS:
+        try:
+            given = concat([check_columns(cols, part) for cols in series[part]], part) if series[part] else None
+        except ValueError:  # a bad record: the reader refuses it too, but the events are fine
+            given = None
+        out[part] = given if given is not None and given["step"] == numbers else columns(steps, part)
+    return out
+
+
+def _put_steps(c: sqlite3.Connection, session_id: str, rank: int, steps: list[dict[str, Any]],
+               series: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Store step events (each with an int step) with their scalar columns; returns their
+    /memory columns.  The ``memory`` and ``steps`` columns of ``torchscope.series`` are
+    together ``step_summary``: for the whole batch at once (``_summary_columns``)."""
+    parts = _summary_columns(steps, series)
+    mem = parts["memory"]
+    summary = {**parts["steps"], **mem}
+    n = len(steps)
+    rows = zip([session_id] * n, [rank] * n, summary["step"],
+               *(summary[k] for k in _STEP_COLS), *(mem[k] for k in MEMORY_KEYS),
+               [api_json(ev).decode() for ev in steps],
+               [_raw_json(ev.get("memory")) for ev in steps], [_raw_json(ev.get("grads")) for ev in steps],
+               strict=True)
+    c.executemany(_INSERT_STEP, rows)
+    return mem
 
 
 def _put_memory_chunk(c: sqlite3.Connection, session_id: str, rank: int, seq: int, last_step: int | None,
-                      rows: list[tuple[Any, ...]]) -> None:
+                      cols: dict[str, list[Any]]) -> None:
     """Store this batch's /memory columns as ready JSON text, so /memory on a long run joins a
     few hundred texts instead of reading 100,000 rows.  Valid only while steps arrive in
     increasing order (the capture's order): otherwise the rank falls back to the SQL build."""
-    numbers = [r[0] for r in rows]
+    numbers = cols["step"]
     if (last_step is not None and numbers[0] <= last_step) or any(a >= b for a, b in itertools.pairwise(numbers)):
         c.execute("UPDATE ranks SET mem_chunks=0 WHERE session_id=? AND rank=?", (session_id, rank))
         return
-    cols = [",".join(_json_value(r[i]) for r in rows) for i in range(len(rows[0]))]
-    c.execute("INSERT OR REPLACE INTO memory_chunks VALUES (?,?,?,?)", (session_id, rank, seq, _dumps(cols)))
+    # each column as api_json writes it (non-finite floats as strings JSON.parse accepts), sans brackets
+    texts = [api_json(cols[k])[1:-1].decode() for k in ("step", "t", *MEMORY_KEYS)]
+    c.execute("INSERT OR REPLACE INTO memory_chunks VALUES (?,?,?,?)", (session_id, rank, seq, _dumps(texts)))
 
 
 def _put_graph(c: sqlite3.Connection, session_id: str, rank: int, seq: int, ev: dict[str, Any]) -> int:

@@ -1,16 +1,23 @@
-"""Uploads straight to disk: the multipart body of ``POST /api/sessions/import`` is parsed as
-it arrives and its ``file`` part written to a private temporary directory under the data dir,
-so an import never holds a whole session file in memory (FastAPI's ``UploadFile`` would spool
-it to the system temp dir, often a RAM disk).  The body limit of ``security.py`` bounds it."""
+"""Imports of session files.  The upload: the multipart body of ``POST /api/sessions/import``
+is parsed as it arrives and its ``file`` part written to a private temporary directory under
+the data dir, so an import never holds a whole session file in memory (FastAPI's
+``UploadFile`` would spool it to the system temp dir, often a RAM disk).  The body limit of
+``security.py`` bounds it.  Then ``import_file`` reads it once, frame by frame, into a
+``StagedImport`` next to it, and the store takes the staged session in one transaction."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import hashlib
+import itertools
 import re
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -22,7 +29,14 @@ try:  # the package's import name since python-multipart 0.0.13
 except ImportError:  # pragma: no cover - older python-multipart
     from multipart.multipart import MultipartParser, parse_options_header  # type: ignore[no-redef]
 
+from torchscope.series import PARTS
+from torchscope.sessionfile import FRAME_HEADER_SIZE, FrameInfo, series_part
+
+from .deps import SESSION_ID_PATTERN
+from .frames import Frame, file_frames, file_index
+from .live import ingest_messages
 from .security import BodyTooLarge
+from .store import StagedImport, Store
 
 FIELD = "file"
 # What OpenAPI (/docs) shows for the body the route parses itself.
@@ -153,3 +167,180 @@ async def received_file(request: Request, data_dir: Path) -> AsyncIterator[Path]
         yield path
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- reading it into the store
+# Frames are read and staged in batches of about this many bytes: memory holds one batch,
+# whatever the file's size.
+IMPORT_BATCH_BYTES = 1024 * 1024
+# the capture writes a series frame per part after the frames they cover, this part's last
+_LAST_PART = list(PARTS)[-1]
+
+
+@dataclass
+class ImportProgress:
+    """One import in progress, as ``GET /api/ingest/imports`` shows it: bytes of frames read
+    into the staging database out of the file's; ``stage`` "reading" then "storing" (the
+    staged session copied into the store)."""
+
+    name: str
+    total: int
+    done: int = 0
+    stage: str = "reading"
+
+
+class Imports:
+    """The imports in progress on this server (written by the importing threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[int, ImportProgress] = {}
+
+    @contextlib.contextmanager
+    def track(self, progress: ImportProgress) -> Iterator[ImportProgress]:
+        with self._lock:
+            self._running[id(progress)] = progress
+        try:
+            yield progress
+        finally:
+            with self._lock:
+                del self._running[id(progress)]
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [vars(p).copy() for p in self._running.values()]
+
+
+@dataclass
+class Imported:
+    session_id: str
+    rank: int
+    before: int  # frames of this rank the store held already
+    next_seq: int
+    # what the browsers are told once it is stored: the last session/graph/step/end message
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _identity(frames: list[Frame]) -> tuple[str, int]:
+    """Session id and rank of a file: from its session event (the capture writes it first),
+    else an id derived from its first frame."""
+    fallback = "import-" + hashlib.sha256(frames[0].raw).hexdigest()[:16]
+    for f in frames:
+        for ev in f.events:
+            if ev.get("kind") == "session":  # validated: a str id and an int rank, when present
+                sid, rank = ev.get("session_id"), ev.get("rank", 0)
+                if isinstance(sid, str) and re.match(SESSION_ID_PATTERN, sid) and 0 <= rank <= 65535:
+                    return sid, rank
+                return fallback, 0
+    return fallback, 0
+
+
+def _batches(frames: Iterator[Frame]) -> Iterator[list[Frame]]:
+    """Frames in batches of about ``IMPORT_BATCH_BYTES``, each ending, where the file has them,
+    with the series frames of its steps (the store then takes the steps' columns from them)."""
+    while True:
+        batch: list[Frame] = []
+        size = 0
+        for f in frames:
+            batch.append(f)
+            size += len(f.raw)
+            # (a file without series frames: batches of at most twice the size)
+            if size >= IMPORT_BATCH_BYTES and (series_part(f.info) == _LAST_PART or size >= 2 * IMPORT_BATCH_BYTES):
+                break
+        if not batch:
+            return
+        yield batch
+
+
+def _last_messages(imported: Imported, frames: list[Frame]) -> None:
+    """Keep, per kind, the latest live message of these frames: one import is one update for
+    the browsers (thousands of messages at once would overflow their queues)."""
+    latest = {m["kind"]: m for m in imported.messages}
+    for msg in ingest_messages(imported.session_id, imported.rank, [f.events for f in frames]):
+        latest.pop(msg["kind"], None)
+        latest[msg["kind"]] = msg
+    imported.messages = list(latest.values())
+
+
+class _CollectorPause:
+    """Python's cyclic garbage collector paused while any import runs.  An import allocates
+    millions of containers (each step event's dicts and lists), and every full collection
+    walks all of them alive at the time: a third of a 100,000-step import.  They hold no
+    reference cycles, so reference counting frees them as they go; other threads' cyclic
+    garbage waits for the end of the imports (the last one to finish turns it back on)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._was_enabled = False
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            self._running += 1
+            if self._running == 1:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running -= 1
+                if self._running == 0 and self._was_enabled:
+                    gc.enable()
+
+
+_collector_paused = _CollectorPause()
+
+
+def import_file(store: Store, path: Path, imports: Imports) -> Imported:
+    """Read a session file on disk into the store, decoding each frame once.  A new rank is
+    staged next to the file and committed whole; a rank the store holds already gets the
+    frames it lacks, after the whole file was checked.  Raises ``BadFrames`` (nothing stored)."""
+    with _collector_paused():
+        version, infos = file_index(path)
+        total = sum(FRAME_HEADER_SIZE + info.length for info in infos)
+        with imports.track(ImportProgress(path.name, total)) as progress:
+            batches = _batches(file_frames(path, infos))
+            first = next(batches)
+            imported = Imported(*_identity(first[:4]), 0, 0)  # the capture writes the session event first
+            imported.before = store.frame_count(imported.session_id, imported.rank)
+            if imported.before == 0 and _staged(store, path, version, itertools.chain([first], batches),
+                                                imported, progress):
+                return imported
+            for batch in batches:  # a rank stored already: the file checked to the end first
+                progress.done += sum(len(f.raw) for f in batch)
+            progress.stage = "storing"
+            _ingest_missing(store, path, imported, version, infos)
+            return imported
+
+
+def _staged(store: Store, path: Path, version: tuple[int, int], batches: Iterator[list[Frame]],
+            imported: Imported, progress: ImportProgress) -> bool:
+    """A new rank: every frame ingested into a ``StagedImport`` next to the file, then
+    committed whole.  False when the rank was stored meanwhile (nothing committed)."""
+    staged = StagedImport(path.with_name(path.name + ".staged"), imported.session_id, imported.rank, version)
+    try:
+        for batch in batches:
+            staged.add(batch)
+            _last_messages(imported, batch)
+            progress.done += sum(len(f.raw) for f in batch)
+        progress.stage = "storing"
+        res = store.commit_staged(staged).result()
+    finally:
+        staged.close()
+    if res is None:
+        return False
+    imported.next_seq = res.next_seq
+    return True
+
+
+def _ingest_missing(store: Store, path: Path, imported: Imported, version: tuple[int, int],
+                    infos: list[FrameInfo]) -> None:
+    """The frames of a checked file that the store's rank lacks, ingested as a live run's."""
+    start = store.frame_count(imported.session_id, imported.rank)
+    imported.next_seq = start
+    for batch in _batches(file_frames(path, infos, start=start)):
+        res = store.ingest(imported.session_id, imported.rank, batch, imported=True, version=version).result()
+        imported.next_seq = res.next_seq
+        _last_messages(imported, res.stored)

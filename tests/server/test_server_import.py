@@ -14,7 +14,7 @@ import pytest
 from conftest import EXAMPLES, ServerProc, run_script
 
 from torchscope.server.client import upload
-from torchscope.server.routes_sessions import IMPORT_BATCH_BYTES
+from torchscope.server.upload import IMPORT_BATCH_BYTES
 from torchscope.sessionfile import FLAG_GRAPH, encode_frame, file_header, index, iter_events
 
 
