@@ -53,6 +53,7 @@ from .schema import (
     ActivationGrad,
     ForwardInfo,
     GraphEvent,
+    GraphsKept,
     MemoryStats,
     ModuleInfo,
     NodeRecord,
@@ -89,10 +90,11 @@ class _Sentinel:
     """Lives in a backward root's (or a forward output's) ``metadata``: dies with the node, so
     a live weak reference at a later step boundary means that step's graph is still reachable (P7)."""
 
-    __slots__ = ("step", "nodes", "output", "__weakref__")
+    __slots__ = ("step", "nodes", "output", "src", "__weakref__")
 
-    def __init__(self, step: int, nodes: int, output: bool = False) -> None:
-        self.step, self.nodes, self.output = step, nodes, output
+    def __init__(self, step: int, nodes: int, src: str, output: bool = False) -> None:
+        # src: the user's line of the backward (or of the forward, for an output) it belongs to
+        self.step, self.nodes, self.src, self.output = step, nodes, src, output
 
 
 def _through_outputs(walk: AutogradWalk, s: _StepState) -> bool:
@@ -854,7 +856,7 @@ class Watch:
         # is alive (P7).  The backward's root sentinel does not see that: the loss derived
         # from the output is gone by then.
         for node in nodes:
-            out = _Sentinel(self._step, 1, output=True)
+            out = _Sentinel(self._step, 1, fwd.get("src", ""), output=True)
             node.metadata["torchscope_out_sentinel"] = out
             ref = weakref.ref(out)
             self._sentinels.append(ref)
@@ -1289,7 +1291,7 @@ class Watch:
         for fn in fns:
             if fn is not None:
                 fn.metadata.pop("torchscope_out_sentinel", None)  # the output is the loss: one sentinel
-                sentinel = _Sentinel(self._step, n_nodes)
+                sentinel = _Sentinel(self._step, n_nodes, s.backward_src[-1] if s.backward_src else "")
                 fn.metadata["torchscope_sentinel"] = sentinel  # type: ignore[index]
                 self._sentinels.append(weakref.ref(sentinel))
         if retain:
@@ -1723,7 +1725,9 @@ class Watch:
         elif s.micro == 0 and not s.forwards:
             self._mode_always = True  # a backward we did not see: the mode stays on from now on
         ev["memory"] = self._memory(params, opt, s)
-        ev["graphs_alive"] = self._graphs_alive()
+        ev["graphs_alive"], kept = self._graphs_alive()
+        if kept is not None:
+            ev["graphs_kept"] = kept
         model = self._model()
         if model is not None:
             ev["training"] = model.training
@@ -1970,24 +1974,31 @@ class Watch:
             self._saved_cache.clear()
         return p_st
 
-    def _graphs_alive(self) -> int:
+    def _graphs_alive(self) -> tuple[int, GraphsKept | None]:
         """Autograd nodes of earlier steps' graphs still reachable: per step, its backward
         roots' graphs, or (none alive) its forward outputs' -- a root's graph holds the
-        output's, which is not counted twice."""
+        output's, which is not counted twice -- and what the latest step's kept graph hangs
+        from: the loss a backward was called on (``total += loss``) or a forward's output
+        (``preds.append(out)``), with that call's line (P7's place)."""
         roots: dict[int, int] = {}
         outputs: dict[int, int] = {}
+        kept: GraphsKept | None = None
         keep: list[weakref.ref[_Sentinel]] = []
         for ref in self._sentinels:
             sent = ref()
             if sent is None:
                 continue
             keep.append(ref)
-            if sent.step < self._step and sent.output:  # outputs share one graph: the largest
+            if sent.step >= self._step:
+                continue
+            if sent.output:  # outputs share one graph: the largest
                 outputs[sent.step] = max(outputs.get(sent.step, 0), sent.nodes)
-            elif sent.step < self._step:
+            else:
                 roots[sent.step] = roots.get(sent.step, 0) + sent.nodes
+            if kept is None or sent.step > kept["step"] or (sent.step == kept["step"] and not sent.output):
+                kept = {"step": sent.step, "of": "output" if sent.output else "loss", "src": sent.src}
         self._sentinels = keep
-        return sum(roots.values()) + sum(n for step, n in outputs.items() if step not in roots)
+        return sum(roots.values()) + sum(n for step, n in outputs.items() if step not in roots), kept
 
 
 _compiling = torch.compiler.is_compiling

@@ -130,6 +130,12 @@ class ForwardInfo(TypedDict, total=False):
     compiled: bool  # seen only in the backward graph: a torch.compile'd forward (its hooks were traced away)
 
 
+class GraphsKept(TypedDict):
+    step: int  # the latest earlier step whose graph is still alive
+    of: Literal["loss", "output"]  # a backward's loss, or (no loss kept) a forward's output
+    src: str  # the user's line of that backward (or forward) call
+
+
 class StepEvent(TypedDict, total=False):
     kind: Literal["step"]
     step: int  # 0-based optimizer step index
@@ -156,6 +162,7 @@ class StepEvent(TypedDict, total=False):
     autocast: bool  # an autocast region was on at the forward's start (captured steps: anywhere in it)
     copies: dict[str, int]  # host<->device copies: count, bytes (P12); absent on steps not counted (see docs/capture.md)
     graphs_alive: int  # autograd nodes from earlier steps still reachable at this boundary (P7)
+    graphs_kept: GraphsKept  # what the latest of them hangs from, when any is alive
     no_backward_forwards: int  # forwards that built a graph that no backward consumed (P6)
     forwards: list[ForwardInfo]  # each root-module forward since the previous step boundary
     backward_roots: list[str]  # grad_fn class of each backward() root, e.g. "DivBackward0" (P15)

@@ -35,6 +35,25 @@ def _keeps_growing(counts: list[int]) -> bool:
     return max(body[-k:]) > max(body[:k])
 
 
+# what the capture saw the latest kept graph hang from (a step event's graphs_kept)
+_KEPT = {
+    "loss": "the loss that backward() was called on stays referenced after its step (`total += loss` "
+            "keeps every step's graph; `loss.item()` does not).",
+    "output": "the model's output stays referenced after its step (kept in a list, or in a variable "
+              "the next forward does not replace), and with it the graph that made it.",
+    "": "something keeps a tensor with a grad_fn across steps.",
+}
+
+
+def _kept(run: Run) -> dict[str, object]:
+    """The latest step event's ``graphs_kept``: what the old graph hangs from, and its line."""
+    for _, ev in reversed(list(run.step_events())):
+        kept = as_dict(ev.get("graphs_kept"))
+        if kept:
+            return kept
+    return {}
+
+
 def _hook_bytes(ev: dict[str, object]) -> int:
     return sum(as_int(v) for v in as_dict(ev.get("hooks")).values())
 
@@ -54,14 +73,14 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
     steps = alive_steps if grows else mem_steps
     per_step = (live[-1][1] - live[0][1]) / max(1, live[-1][0] - live[0][0]) if len(live) >= 2 else 0.0
     growth = f", live memory +{fmt_bytes(per_step)} per step" if per_step > 0 else ""
+    kept = _kept(run)
     if known:
         message = (f"Autograd graphs of earlier steps are still alive ({alive[-1][1]} nodes at step {alive[-1][0]}"
-                   f"{growth}, {describe_steps(steps, run.last_step)}): something keeps a tensor with a grad_fn "
-                   "across steps.")
+                   f"{growth}, {describe_steps(steps, run.last_step)}): {_KEPT.get(str(kept.get('of')), _KEPT[''])}")
     else:
         message = (f"Live memory at step boundaries grows every step (+{fmt_bytes(per_step)} per step, "
                    f"{describe_steps(steps, run.last_step)}): something keeps tensors (often their graphs) across steps.")
-    return [make("P7", "warning", message, FIX_P7, steps, rank=run.rank,
+    return [make("P7", "warning", message, FIX_P7, steps, rank=run.rank, src=str(kept.get("src") or "") or None,
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], view="memory",
                  data={"graphs_alive": [n for _, n in alive], "live": [b for _, b in live],
                        "steps": [s for s, _ in live], "growth_per_step": per_step})]

@@ -280,6 +280,17 @@ def test_p7_graph_kept_alive(tmp_path: Path) -> None:
     steps = _run(tmp_path, body, steps=4)
     alive = [st["graphs_alive"] for st in steps]
     assert alive[0] == 0 and alive[1] > 0 and alive[1] < alive[2] < alive[3]
+    # what the latest kept graph hangs from: the loss of the previous step, at its backward
+    assert "graphs_kept" not in steps[0]
+    assert [(st["graphs_kept"]["of"], st["graphs_kept"]["step"]) for st in steps[1:]] == [("loss", 0), ("loss", 1), ("loss", 2)]
+    assert _line(steps[3]["graphs_kept"]["src"]).strip() == "loss.backward()"
+
+
+def _line(src: str) -> str:
+    """The source line a ``file:line`` of this test file names."""
+    name, _, line = src.rpartition(":")
+    assert name == Path(__file__).name
+    return Path(__file__).read_text().splitlines()[int(line) - 1]
 
 
 class _Classifier(nn.Module):
@@ -323,6 +334,9 @@ def test_p7_outputs_kept_for_metrics(kept: str, tmp_path: Path) -> None:
         assert alive == [0, 0, 0, 0] and p7 == []
     else:
         assert alive[0] == 0 and 0 < alive[1] < alive[2] < alive[3] and len(p7) == 1
+        kept_last = _steps(path)[-1]["graphs_kept"]
+        assert kept_last["of"] == "output" and "out = model(" in _line(kept_last["src"])
+        assert p7[0]["src"] == kept_last["src"] and "the model's output stays referenced" in p7[0]["message"]
 
 
 def test_p10_and_p8_backward_errors(tmp_path: Path) -> None:
