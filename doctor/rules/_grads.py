@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 from ..run import Run, as_dict, as_float, as_list
@@ -30,6 +31,18 @@ def total_norm(ev: dict[str, Any]) -> float | None:
     if not norms or not all(math.isfinite(v) for v in norms):
         return None
     return math.sqrt(sum(v * v for v in norms))
+
+
+def scaler_skipped(ev: dict[str, Any]) -> bool:
+    """Whether a GradScaler skipped this step's optimizer.step(): its scaled gradients overflowed.
+    Their values then say nothing about the model (inf/NaN, or zeros after clip_grad_norm_ saw an
+    inf total norm) and were never applied; P14 judges the skips themselves."""
+    return as_dict(ev.get("scaler")).get("skipped") is True
+
+
+def applied_steps(run: Run) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``run.step_events()`` without the steps the GradScaler skipped."""
+    return ((step, ev) for step, ev in run.step_events() if not scaler_skipped(ev))
 
 
 def sparse_params(run: Run) -> set[int]:

@@ -1,5 +1,11 @@
 """P14: AMP GradScaler trouble: steps skipped (inf/NaN after scaling), the scale collapsing, clipping
-scaled gradients (unscale_ missing)."""
+scaled gradients (unscale_ missing).
+
+A GradScaler starts with a scale (65536 by default) that is usually too large for float16 and
+halves it on every overflow until the scaled gradients fit: the skips of that calibration, at
+the start of a run that then steps steadily, are normal (an info when there are enough of them to
+look like trouble); skips after it are judged.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,67 @@ from torchscope.schema import Finding, FindingTarget
 from ..finding import contiguous_runs, describe_steps, make
 from ..run import Run, as_dict, as_float, as_list
 from ..settings import Settings
+from ._grads import scaler_skipped
 
 FIX = ("Find the overflow: normalise inputs, keep losses/softmax in float32 (autocast does for its own ops), "
        "check the data for inf/NaN; with clipping call scaler.unscale_(optimizer) before clip_grad_norm_.")
+FIX_CALIBRATION = ("Nothing to fix: a GradScaler starts at a large scale and halves it on each overflow until the "
+                   "scaled gradients fit in float16; the steps it skips meanwhile do not update the model. Pass a "
+                   "smaller init_scale to torch.amp.GradScaler to skip fewer.")
+
+
+def _calibration(run: Run, settings: Settings) -> list[int]:
+    """The skipped steps of the scaler's calibration: those before its first ``scaler_skip_steps``
+    steps in a row without a skip (the scale found).  A run that never gets there (every step
+    skipped, skips that never stop) has no calibration: all its skips are judged."""
+    skips: list[int] = []
+    steady = 0
+    for step, ev in run.step_events():
+        if scaler_skipped(ev):
+            skips.append(step)
+            steady = 0
+        else:
+            steady += 1
+            if steady >= settings.scaler_skip_steps:
+                return skips
+    return []
+
+
+def _many(skipped: list[int], run: Run, settings: Settings) -> bool:
+    """A streak, or a large share of the run: more than the isolated skips of a scale that grew
+    (every growth_interval steps) one step too far."""
+    streak = max((len(r) for r in contiguous_runs(skipped)), default=0)
+    share = len(skipped) / max(1, len(run.steps))
+    return streak >= settings.scaler_skip_steps or (len(skipped) >= settings.scaler_skip_steps and share >= 0.1)
+
+
+def _calibration_finding(run: Run, calibration: list[int], settled: float | None,
+                         data: dict[str, object]) -> Finding:
+    to = f" (to {settled:g})" if settled is not None else ""
+    message = (f"GradScaler calibrated its scale: it skipped {len(calibration)} optimizer steps at the start "
+               f"({describe_steps(calibration, run.last_step)}), lowering its scale after each float16 overflow{to}, "
+               "then stepped steadily -- normal for a GradScaler, not a problem.")
+    finding = make("P14", "info", message, FIX_CALIBRATION, calibration, rank=run.rank,
+                   targets=[FindingTarget(step=calibration[0], rank=run.rank)], view="gradients", data=data)
+    finding["title"] = "GradScaler calibrating its scale"
+    return finding
+
+
+def _skips_finding(run: Run, later: list[int], collapsed: list[int], calibration: list[int],
+                   scales: list[float | None], data: dict[str, object]) -> Finding:
+    steps = sorted(set(later) | set(collapsed))
+    low = min((s for s in scales if s is not None), default=None)
+    scale_txt = f"; its scale fell to {low:g}" if low is not None else ""
+    after = (f" after calibrating its scale ({describe_steps(calibration, run.last_step)}, skipped)"
+             if calibration else "")
+    # every step lost from some point on (or a scale that can no longer represent the gradients)
+    # means no learning; fewer lost steps only slow it
+    stuck = bool(collapsed) or (bool(later) and later[-1] == run.last_step and len(later) * 2 >= len(run.steps))
+    effect = "the model is not learning" if stuck else "those steps did not update the model"
+    message = (f"GradScaler skipped {len(later)} of {len(run.steps)} optimizer steps{after} because the gradients "
+               f"overflowed ({describe_steps(steps, run.last_step)}){scale_txt}: {effect}.")
+    return make("P14", "warning", message, FIX, steps, rank=run.rank,
+                targets=[FindingTarget(step=steps[0], rank=run.rank)], view="gradients", data=data)
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
@@ -19,11 +83,12 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     clip: list[int] = []
     clip_src: str | None = None
     scales: list[float | None] = []
+    by_step: dict[int, float | None] = {}
     for step, ev in run.step_events():
-        scaler = as_dict(ev.get("scaler"))
-        scale = as_float(scaler.get("scale"))
+        scale = as_float(as_dict(ev.get("scaler")).get("scale"))
         scales.append(scale)
-        if scaler.get("skipped") is True:
+        by_step[step] = scale
+        if scaler_skipped(ev):
             skipped.append(step)
         if scale is not None and scale < settings.min_scale:
             collapsed.append(step)
@@ -32,18 +97,14 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             clip.append(step)
             clip_src = clip_src or str(at[0].get("src") or "") or None  # the clip call's line
     findings: list[Finding] = []
-    data = {"scale": scales, "skipped": skipped}
-    # A few isolated skips are the scaler calibrating its scale; a streak, or a large share, is trouble.
-    streak = max((len(r) for r in contiguous_runs(skipped)), default=0)
-    share = len(skipped) / max(1, len(run.steps))
-    if streak >= settings.scaler_skip_steps or (len(skipped) >= settings.scaler_skip_steps and share >= 0.1) or collapsed:
-        steps = sorted(set(skipped) | set(collapsed))
-        low = min((s for s in scales if s is not None), default=None)
-        scale_txt = f"; its scale fell to {low:g}" if low is not None else ""
-        message = (f"GradScaler skipped {len(skipped)} of {len(run.steps)} optimizer steps because the gradients "
-                   f"overflowed ({describe_steps(steps, run.last_step)}){scale_txt}: the model is not learning.")
-        findings.append(make("P14", "warning", message, FIX, steps, rank=run.rank,
-                             targets=[FindingTarget(step=steps[0], rank=run.rank)], view="gradients", data=data))
+    # a scale that fell below min_scale has collapsed: its skips were no calibration
+    calibration = [] if collapsed else _calibration(run, settings)
+    later = sorted(set(skipped) - set(calibration))
+    data: dict[str, object] = {"scale": scales, "skipped": skipped, "calibration": calibration}
+    if _many(later, run, settings) or collapsed:
+        findings.append(_skips_finding(run, later, collapsed, calibration, scales, data))
+    elif _many(calibration, run, settings):  # enough to look like trouble: say why it is not
+        findings.append(_calibration_finding(run, calibration, by_step.get(calibration[-1]), data))
     if clip:
         findings.append(make("P14", "warning", f"Gradients were clipped while still scaled by the GradScaler "
                              f"({describe_steps(clip, run.last_step)}): call scaler.unscale_(optimizer) first.",

@@ -1,4 +1,8 @@
-"""P2: dead branch: gradient reaches a parameter (or a module's output) but is (almost) all zeros."""
+"""P2: dead branch: gradient reaches a parameter (or a module's output) but is (almost) all zeros.
+
+Steps the GradScaler skipped are left out: their gradients overflowed (and clip_grad_norm_ then
+zeroes the finite ones), so their zeros say nothing about the branch.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from torchscope.schema import Finding, FindingTarget
 from ..finding import describe_steps, make
 from ..run import Run, as_dict, as_float, as_list
 from ..settings import Settings
-from ._grads import column, floats, sparse_params, value
+from ._grads import applied_steps, column, floats, sparse_params, value
 
 FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large negative bias: try LeakyReLU/"
        "GELU or re-initialise), a gate multiplied by 0, a mask that is always off, or a branch whose output "
@@ -17,7 +21,7 @@ FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large 
 def _dead_params(run: Run, settings: Settings) -> dict[int, list[int]]:
     dead: dict[int, list[int]] = {}
     sparse = sparse_params(run)
-    for step, ev in run.step_events():
+    for step, ev in applied_steps(run):
         norms = floats(ev, "norm")
         # zero_frac may be sampled every few steps; meanwhile a norm of exactly 0 says "all zeros"
         # (and a non-zero norm, conservatively, "not dead").
@@ -35,7 +39,7 @@ def _dead_params(run: Run, settings: Settings) -> dict[int, list[int]]:
 
 def _dead_activations(run: Run, settings: Settings) -> dict[str, list[int]]:
     dead: dict[str, list[int]] = {}
-    for step, ev in run.step_events():
+    for step, ev in applied_steps(run):
         for act in as_list(ev.get("activation_grads")):
             act = as_dict(act)
             frac = as_float(act.get("zero_frac"))

@@ -1,4 +1,8 @@
-"""P11: a module in the wrong mode: training with eval() (or parts left in eval), evaluating with train()."""
+"""P11: a module in the wrong mode: training with eval() (or parts left in eval), evaluating with train().
+
+Batch-norm modules kept in eval while the rest trains, from the first step on every step, are
+fine-tuning's frozen statistics (norm_eval): an info, not a warning.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +18,15 @@ from ..settings import Settings
 _MODE_SENSITIVE = ("Dropout", "BatchNorm", "InstanceNorm", "SyncBatchNorm", "AlphaDropout", "LazyBatchNorm")
 
 FIX_TRAIN = ("Call model.train() at the start of every training epoch/step (after each evaluation). Batch-norm "
-             "statistics frozen on purpose (fine-tuning with small batches) are fine: freeze its affine parameters "
-             "too (requires_grad_(False)) and this is not reported.")
+             "statistics frozen on purpose (fine-tuning with small batches) are fine: put only the batch-norm "
+             "modules in eval() right after model.train() on every step (norm_eval), or freeze their affine "
+             "parameters too (requires_grad_(False)), and this is no warning.")
 FIX_EVAL = "Call model.eval() before evaluating (and model.train() afterwards), inside torch.no_grad()."
+FIX_NORM_EVAL = ("Nothing to fix if intended (fine-tuning with small batches, where batch statistics are noisy). "
+                 "If not, stop putting these modules in eval() after model.train().")
+
+# Normalisation modules with running statistics: in eval mode they normalise with running_mean/running_var.
+_RUNNING_STATS = ("BatchNorm", "SyncBatchNorm", "LazyBatchNorm", "InstanceNorm", "LazyInstanceNorm")
 
 
 def _sensitive(run: Run, modules: list[str]) -> list[str]:
@@ -53,6 +63,41 @@ def _effects(run: Run, mods: list[str]) -> str:
     return " and ".join(parts) or "dropout is off and batch-norm statistics are frozen"
 
 
+def _trained_steps(run: Run) -> list[int]:
+    """Steps with a forward in train mode that a backward ran through."""
+    return [step for step, ev in run.step_events()
+            if any(as_dict(f).get("backward") is True and as_dict(f).get("training") is not False
+                   for f in as_list(ev.get("forwards")))]
+
+
+def _norm_eval(run: Run, settings: Settings, train_in_eval: dict[str, list[int]]) -> bool:
+    """Whether the modules in eval mode while training are the deliberate frozen batch-norm
+    statistics of fine-tuning (``model.train(); model.apply(freeze_bn)``, mmdetection's
+    ``norm_eval=True``): the root trains, only normalisation modules with running statistics are
+    in eval, each on every training step from the first (set by the loop, not left over from an
+    evaluation), over at least ``min_steps`` steps (a shorter run cannot tell)."""
+    if not train_in_eval or "" in train_in_eval:
+        return False
+    if not all(run.module_type(m).startswith(_RUNNING_STATS) for m in train_in_eval):
+        return False
+    trained = _trained_steps(run)
+    return len(trained) >= settings.min_steps and all(sorted(set(s)) == trained for s in train_in_eval.values())
+
+
+def _norm_eval_finding(run: Run, train_in_eval: dict[str, list[int]], owned: dict[str, list[int]]) -> Finding:
+    mods = sorted(train_in_eval)
+    steps = sorted({s for v in train_in_eval.values() for s in v})
+    affine = "while their weight and bias train" if any(owned.get(m) for m in mods) else "while the model trains"
+    message = (f"Batch-norm statistics frozen (norm_eval): {_named(mods)} in eval mode on every training step "
+               f"({describe_steps(steps, run.last_step)}) {affine}, normalising with running_mean/running_var "
+               "instead of each batch's statistics: deliberate in fine-tuning with small batches.")
+    finding = make("P11", "info", message, FIX_NORM_EVAL, steps, rank=run.rank,
+                   targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in mods],
+                   modules=mods, data={"mode": "eval", "steps_by_module": train_in_eval})
+    finding["title"] = "Batch-norm statistics frozen (norm_eval)"
+    return finding
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
     if not _has_sensitive(run):
         return []  # no dropout/batch-norm: train and eval compute the same thing
@@ -82,7 +127,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                     srcs.append(str(f.get("src", "")))
     findings: list[Finding] = []
     src = next((s for s in srcs if s), None)
-    if train_in_eval:
+    if _norm_eval(run, settings, train_in_eval):
+        findings.append(_norm_eval_finding(run, train_in_eval, owned))
+    elif train_in_eval:
         steps = sorted({s for v in train_in_eval.values() for s in v})
         mods = sorted(train_in_eval)
         who = "the model is" if "" in mods else f"{_named(mods)} {'is' if len(mods) == 1 else 'are'}"

@@ -9,10 +9,14 @@ from torchscope.schema import UNINITIALISED_OPS, Finding, FindingTarget
 
 from .. import graph as g
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_float, as_int, as_list
+from ..run import Run, as_float, as_int, as_list
 from ..settings import Settings
-from ._grads import column
+from ._grads import column, scaler_skipped
 
+FIX_UPDATE = ("Check the learning rate that optimizer.step() used (optimizer.param_groups[i]['lr']) and what sets "
+              "it: a warm-up or scheduler dividing by zero (0/0 at step 0), a learning rate computed from a NaN "
+              "metric; else the optimizer's state and settings (e.g. Adam's eps=0 dividing by a zero second "
+              "moment).")
 FIX = ("Look at the first op that produced it: log/sqrt/div of zero or negatives (add an eps, clamp), exp "
        "overflow (use log-softmax / logsumexp), a learning rate too high (lower it, clip gradients), or bad "
        "input data (check the batch for NaN).")
@@ -69,34 +73,85 @@ def culprit(graph: dict[str, Any]) -> dict[str, Any] | None:
     return chain[min(chain)]
 
 
-def _scaler_skipped(ev: dict[str, Any]) -> bool:
-    # A GradScaler skips steps whose scaled gradients overflowed: that is its job, judged by P14.
-    return as_dict(ev.get("scaler")).get("skipped") is True
-
-
-def check(run: Run, settings: Settings) -> list[Finding]:
+def _nonfinite_steps(run: Run) -> tuple[list[int], dict[int, int]]:
+    """Steps with a non-finite loss or gradient, and param index -> first step with NaN/Inf in
+    its gradient.  A GradScaler skips steps whose scaled gradients overflowed: that is its job,
+    judged by P14."""
     steps: list[int] = []
-    params: dict[int, int] = {}  # param index -> first step with NaN/Inf in its gradient
+    params: dict[int, int] = {}
     for step, ev in run.step_events():
-        bad = [] if _scaler_skipped(ev) else _bad_params(ev)
+        bad = [] if scaler_skipped(ev) else _bad_params(ev)
         # ops flagged non-finite on a step whose loss and gradients are finite (an attention
         # mask of -inf, checked on the first captured step) harm nothing: not a finding
         if _loss_bad(ev) or bad:
             steps.append(step)
             for i in bad:
                 params.setdefault(i, step)
-    if not steps:
-        return []
-    first_op: dict[str, Any] = {}
-    op_step = -1
-    carried = None  # the parameter through which a later step's first NaN op got it
-    bad_steps = set(steps)
+    return steps, params
+
+
+def _first_culprit(run: Run, bad_steps: set[int]) -> tuple[dict[str, Any], int, str | None]:
+    """The op that made the first captured non-finite step's values, its step, and the
+    parameter it reads (if it reads one)."""
     for step, graph in run.all_graphs():
         hit = culprit(graph) if step in bad_steps else None
         if hit is not None:
-            first_op, op_step = hit, step
-            carried = _param_input(graph, hit) if step > steps[0] else None
-            break
+            return hit, step, _param_input(graph, hit)
+    return {}, -1, None
+
+
+def _step_before(run: Run, step: int) -> dict[str, Any] | None:
+    """The event of step ``step - 1``, when recorded and its optimizer.step() ran (not skipped)."""
+    ev = next((ev for s, ev in run.step_events() if s == step - 1), None)
+    return ev if ev is not None and not scaler_skipped(ev) else None
+
+
+def _bad_lrs(ev: dict[str, Any]) -> list[tuple[int, float]]:
+    """(param group, learning rate) of the step's non-finite learning rates."""
+    lrs = [(i, as_float(v)) for i, v in enumerate(as_list(ev.get("lr")))]
+    return [(i, v) for i, v in lrs if v is not None and not math.isfinite(v)]
+
+
+def _update_finding(run: Run, steps: list[int], params: dict[int, int], before: dict[str, Any],
+                    first_read: str | None) -> Finding:
+    """The parameters went non-finite in optimizer.step() of the (finite) step before the first
+    non-finite one: a NaN learning rate, or the optimizer's own update."""
+    prev = as_int(before.get("step"), steps[0] - 1)
+    lrs = _bad_lrs(before)
+    if lrs:
+        groups = ", ".join(f"param group {i}: lr={v}" for i, v in lrs)
+        cause = f"ran with a non-finite learning rate ({groups}) and wrote NaN into the parameters"
+    else:
+        cause = (f"made the parameters non-finite (step {steps[0]}'s first op reading {first_read!r} already "
+                 "yields NaN)")
+    ev0 = next((ev for step, ev in run.step_events() if step == steps[0]), {})
+    names = [run.param_name(i) for i in sorted(params, key=lambda i: (params[i], i))]
+    what = "in the loss" if _loss_bad(ev0) else "in the gradients"
+    message = (f"NaN/Inf first appeared at step {steps[0]} {what} ({describe_steps(steps, run.last_step)}), but "
+               f"step {prev}'s loss and gradients were finite: its optimizer.step() {cause}, which every later "
+               "step computes with.")
+    targets = [FindingTarget(step=prev, rank=run.rank)]
+    targets += [FindingTarget(step=params[i], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
+                for i in sorted(params)]
+    return make("P4", "error", message, FIX_UPDATE, [prev, *steps], rank=run.rank, targets=targets,
+                modules=sorted({run.param_module(i) for i in params}), params=names,
+                src=str(before.get("step_src") or "") or None, view="gradients",
+                data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()],
+                      "lr": [as_list(ev.get("lr")) for _, ev in run.step_events()]})
+
+
+def check(run: Run, settings: Settings) -> list[Finding]:
+    steps, params = _nonfinite_steps(run)
+    if not steps:
+        return []
+    first_op, op_step, reads = _first_culprit(run, set(steps))
+    before = _step_before(run, steps[0])
+    # The step before the first non-finite one was finite; its optimizer.step() is to blame when
+    # it used a NaN learning rate, or when the first non-finite step's first NaN op (checked op by
+    # op: after a non-finite step, e.g. one the GradScaler skipped) only reads a parameter.
+    if before is not None and (_bad_lrs(before) or (reads is not None and op_step == steps[0])):
+        return [_update_finding(run, steps, params, before, reads)]
+    carried = reads if op_step > steps[0] else None  # the parameter through which a later step's first NaN op got it
     names = [run.param_name(i) for i in sorted(params, key=lambda i: (params[i], i))]
     when = describe_steps(steps, run.last_step)
     if carried is not None:

@@ -1,4 +1,7 @@
-"""P3: exploding or vanishing gradients, step by step (total norm) and layer by layer (within a step)."""
+"""P3: exploding or vanishing gradients, step by step (total norm) and layer by layer (within a step).
+
+Steps the GradScaler skipped are left out: their gradients overflowed and were never applied.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from torchscope.schema import Finding, FindingTarget
 from ..finding import describe_steps, make
 from ..run import Run, as_float
 from ..settings import Settings
-from ._grads import column, floats, is_matrix, numel, sparse_params, total_norm, value
+from ._grads import applied_steps, column, floats, is_matrix, numel, sparse_params, total_norm, value
 
 FIX_EXPLODE = ("Clip the gradient norm (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)) before "
                "optimizer.step(), lower the learning rate, and normalise inputs/activations.")
@@ -37,7 +40,7 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
     converged run's norms hover near zero and bounce back up on a hard batch).  Vanishing: far below the largest norm
     while the loss did not fall with it (a loss going to zero takes its gradient along: that is
     convergence, not a pitfall)."""
-    history = [(step, total_norm(ev), _loss(ev)) for step, ev in run.step_events()]
+    history = [(step, total_norm(ev), _loss(ev)) for step, ev in applied_steps(run)]
     exploding: list[int] = []
     vanishing: list[int] = []
     earlier: list[float] = []  # sorted, for the median
@@ -89,7 +92,7 @@ def _grew_most(run: Run, at: int) -> list[tuple[int, float]]:
     within 10x of the largest growth, with their growth."""
     earlier: dict[int, list[float]] = {}
     now: list[float | None] = []
-    for step, ev in run.step_events():
+    for step, ev in applied_steps(run):
         norms = floats(ev, "norm")
         if step == at:
             now = norms
@@ -152,7 +155,7 @@ def _across_layers(run: Run, settings: Settings) -> list[Finding]:
     flagged: list[int] = []
     worst: tuple[float, int, int, int] = (0.0, -1, -1, -1)  # ratio, step, input-end weight, output-end weight
     weights = _weights(run)
-    for step, ev in run.step_events():
+    for step, ev in applied_steps(run):
         sizes = _layer_sizes(weights, ev)
         if len(sizes) < 2:
             continue
