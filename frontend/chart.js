@@ -31,7 +31,8 @@ export class LineChart {
     clear(this.legend);
     this.series.forEach((s, k) => {
       s.color = s.color || SERIES[k % SERIES.length];
-      this.legend.append(h("span", { class: "swatch", style: `background:${s.color}` }), h("span", {}, s.name));
+      // one unit per series, so a wrapping legend never parts a swatch from its name
+      this.legend.append(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${s.color}` }), s.name));
     });
     return this.draw();
   }

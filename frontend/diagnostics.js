@@ -3,6 +3,8 @@
 import { h, clear, coalesce } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 
+const PLOTTED = 8;  // a finding's parameters drawn as lines in the gradients view, and listed
+
 function stepsText(f) {
   const s = f.steps || [];
   if (!s.length) return "";
@@ -31,7 +33,8 @@ export class DiagnosticsView {
         h("div", {}, f.message || ""),
         f.fix ? h("div", { class: "fix" }, "Fix: ", f.fix) : null,
         f.src ? h("code", {}, f.src) : null,
-        (f.params || []).length ? h("div", { class: "muted" }, "parameters: ", f.params.join(", ")) : null,
+        (f.params || []).length ? h("div", { class: "muted", title: f.params.join("\n") }, "parameters: ", f.params.slice(0, PLOTTED).join(", "),
+          f.params.length > PLOTTED ? ` … and ${f.params.length - PLOTTED} more` : "") : null,
         (f.modules || []).length ? h("div", { class: "muted" }, "modules: ", f.modules.join(", ")) : null));
     }
   }
@@ -40,8 +43,9 @@ export class DiagnosticsView {
     const targets = f.targets || [];
     const step = targets.find((t) => t.step !== undefined)?.step ?? f.since ?? (f.steps || [])[0];
     if (f.view === "memory") return this.app.go("memory", { step });
-    // the finding's step marked, its parameters the ones plotted
-    if (f.view === "gradients") return this.app.go("gradients", { step, params: (f.params || []).join(",") || undefined });
+    // the finding's step marked, its first parameters the ones plotted: a finding about a whole
+    // frozen backbone names hundreds, more lines than a chart can tell apart and a URL can carry
+    if (f.view === "gradients") return this.app.go("gradients", { step, params: (f.params || []).slice(0, PLOTTED).join(",") || undefined });
     const tg = targets.length ? targets : [...(f.params || []).map((param) => ({ param })), ...(f.modules || []).map((module) => ({ module }))];
     return this.app.openTargets(step, tg);
   }

@@ -6,6 +6,7 @@ import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
 import { logScale, RAMP_COLORS, ZERO } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
+import { fit } from "./graph/render.js";
 
 const NO_PARAMS = "The watched model has no parameters: tensors an optimizer trains outside the model are not watched.";
 
@@ -119,10 +120,16 @@ export class GradientsView {
       `dark red "!" = NaN/Inf · grey = no gradient · click a cell to open that step's graph`);
   }
 
-  // One name per row, as text (a long module path is cut with an ellipsis and shown whole on
-  // hover), then the step axis's name in the axis row.
+  // One name per row, as text, then the step axis's name in the axis row. A long module path
+  // is cut in its middle as the graph cuts it (its end tells sibling blocks apart; CSS can
+  // only cut the end) and shown whole on hover.
   drawLabels(cellH, axisH) {
-    const row = (name) => h("div", { class: "heat-label", title: name, style: `height:${cellH}px;line-height:${cellH}px` }, name);
+    const col = this.heatLabels, cs = getComputedStyle(col);
+    const ctx = (this.measure ||= document.createElement("canvas").getContext("2d"));
+    ctx.font = cs.font;
+    const room = col.clientWidth - 12;  // .heat-label's padding, and a pixel to spare
+    const row = (name) => h("div", { class: "heat-label", title: name, style: `height:${cellH}px;line-height:${cellH}px` },
+      room > 0 ? fit(ctx, name, room) : name);
     clear(this.heatLabels).append(...this.modules.map((m) => row(m || "(root)")),
       h("div", { class: "heat-label muted", style: `height:${axisH}px;line-height:${axisH}px` }, "step →"));
   }

@@ -72,6 +72,8 @@ export class GraphView {
     this.canvas = new GraphCanvas(this.canvasEl, {
       onSelect: (it) => this.select(it ? it.key : null),
       onDblClick: (it) => { if (it && it.group !== undefined) this.toggleGroup(it.group); },
+      // the legend floats over the canvas's bottom: a fitted graph ends above it
+      bottomInset: () => (this.legend.offsetHeight ? this.legend.offsetHeight + 10 : 0),
     });
     this.canvasEl.addEventListener("keydown", (e) => this.onKey(e));
     window.addEventListener(THEME_EVENT, () => this.redraw());
@@ -115,6 +117,7 @@ export class GraphView {
     const ev = await withLoading(this.stage, api(`${sessionPath(this.app.id)}/graph?step=${step}${this.app.rank !== undefined ? "&rank=" + this.app.rank : ""}`), "Loading graph…");
     if (this.step !== step) return; // scrubbed on meanwhile
     const steps = await api(`${sessionPath(this.app.id)}/steps?start=${step}&end=${step}&${rankQuery(this.app.rank)}`).catch(() => []);
+    if (this.step !== step) return; // and again: a later step's graph must not get this one's facts
     this.stepEvent = (steps || []).find((s) => s.step === step) || null;
     this.t0 = performance.now(); // data arrived: first paint is measured from here
     this.computeStepFacts();

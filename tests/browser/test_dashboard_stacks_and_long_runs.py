@@ -2,7 +2,8 @@
 against a real `torchscope serve`, with runs recorded by a real training script.
 
 - The gradients heat map of a long run scrolls sideways; its module names must stay in view
-  (a frozen column) and the hover read-out must name the cell under the pointer after scrolling.
+  (a frozen column), a long name cut in its middle (its end tells sibling layers apart), and
+  the hover read-out must name the cell under the pointer after scrolling.
 - The graph view laid out a residual stack in an ``nn.ModuleList`` in one row: its blocks are
   linked only through the parent's adds.  They must stack top to bottom, while branches that
   really run in parallel stay side by side.
@@ -103,7 +104,8 @@ ROW_STARTS = """([rows, cellH]) => {
   const x = heat.closest(".heat-wrap").getBoundingClientRect().left + 20;
   return Array.from({ length: rows }, (_, m) => {
     const el = document.elementFromPoint(x, top + m * cellH + cellH / 2), b = el.getBoundingClientRect();
-    return { tag: el.tagName, text: el.textContent, left: b.left, right: b.right, top: b.top, bottom: b.bottom };
+    return { tag: el.tagName, text: el.textContent, title: el.title || el.textContent, left: b.left, right: b.right,
+             top: b.top, bottom: b.bottom, scrollWidth: el.scrollWidth, clientWidth: el.clientWidth };
   });
 }"""
 
@@ -121,7 +123,12 @@ def test_heat_map_names_stay_in_view_when_scrolled_to_later_steps(page: Any, srv
     starts = page.evaluate(ROW_STARTS, [len(modules) + 1, geom["cellH"]])
     shot(page, "gradients-scrolled")
     for name, at in zip([*modules, "step →"], starts, strict=True):
-        assert at["text"] == name, f"row {name!r} starts with {at['tag']} {at['text']!r} after scrolling, not its name"
+        assert at["title"] == name, f"row {name!r} starts with {at['tag']} {at['title']!r} after scrolling, not its name"
+        assert at["scrollWidth"] <= at["clientWidth"], f"{name!r} overflows its column: {at}"
+        if name != "step →":
+            # cut in the middle: the path's start and its layer index (what tells rows apart)
+            head, _, tail = at["text"].partition("…")
+            assert tail and name.startswith(head) and name.endswith(tail) and tail.endswith(name[-3:]), (name, at)
         assert at["left"] >= 0 and at["right"] <= box["left"] + 1, f"{name!r} is not left of the cells: {at}, {box}"
     # the step axis scrolled with the cells: the window onto them holds several step labels
     assert (box["right"] - box["left"]) / (geom["axisEvery"] * geom["cellW"]) >= 5, geom
@@ -152,6 +159,12 @@ def test_residual_blocks_in_a_module_list_stack_top_to_bottom(page: Any, srv: Se
     page.evaluate("window.__torchscope.expand('branches')")
     page.evaluate("window.__torchscope.app.views.graph.obj.canvas.fit()")
     shot(page, "graph-residual-module-list")
+    # fitted, the tall expanded graph ends above the legend that floats over the canvas's bottom
+    fitted = page.evaluate("""() => {
+      const v = window.__torchscope.app.views.graph.obj, c = v.canvas, cv = v.canvasEl.getBoundingClientRect();
+      return { bottom: cv.top + c.ty + v.scene.height * c.scale, legendTop: v.legend.getBoundingClientRect().top };
+    }""")
+    assert fitted["bottom"] <= fitted["legendTop"], fitted
     blocks = page.evaluate(BOXES, "g:forward:layers.")
     assert sorted(blocks) == [f"g:forward:layers.{i}" for i in range(8)]
     for i in range(1, 8):
