@@ -147,6 +147,7 @@ class _StepState:
         "transformed",
         "node_hooks",
         "used",
+        "marks",
         "out_sentinels",
         "asked",
         "unrestricted",
@@ -204,6 +205,8 @@ class _StepState:
         self.transformed = 0  # forwards of the model inside a torch.func transform (not recorded)
         self.node_hooks: list[Any] = []
         self.used: dict[int, ForwardInfo] = {}  # token -> forward whose output a native hook watches
+        # without the extension: a forward's mark, set by Python hooks on its output nodes, and those hooks
+        self.marks: list[tuple[list[bool], ForwardInfo, list[Any]]] = []
         self.out_sentinels: list[weakref.ref[_Sentinel]] = []  # of this step's forward outputs
         self.asked: set[int] | None = None  # parameters backward(inputs=...) asked for (_note_inputs)
         self.unrestricted = False  # a backward of this step asked for every gradient
@@ -263,10 +266,18 @@ def _reached(s: _StepState) -> None:
     """Marks the forwards whose output a backward has reached, as the native hooks noted
     (``Watch._watch_used``): their marks are read in place, no call."""
     if s.used and s.native is not None:
-        marks = _native.used_marks()
-        size = len(marks)
-        for token in [t for t in s.used if marks[t % size] == t]:
+        for token in [t for t in s.used if _token_reached(t)]:
             s.used.pop(token)["backward"] = True
+    for entry in [e for e in s.marks if e[0][0]]:
+        s.marks.remove(entry)
+        entry[1]["backward"] = True
+        for h in entry[2]:
+            h.remove()
+
+
+def _token_reached(token: int) -> bool:
+    marks = _native.used_marks()
+    return bool(marks[token % len(marks)] == token)
 
 
 def _no_module(op: int) -> str:
@@ -432,6 +443,11 @@ class Watch:
         # captured step and removed after it -- in full mode, where every step is captured, kept
         # (registering ~2 per module cost ~1 ms a transformer step); inert while nothing records
         self._module_hooks: list[Any] = []
+        # a model whose own forward the loop never calls (model.enc(x); model.head(z), Lightning's
+        # self.model(x), an nn.ModuleDict of models): its direct submodules' calls are its
+        # forwards, once a backward without one showed it (_enter_by_children)
+        self._entries: dict[int, str] = {}  # id(submodule) -> its path
+        self._entered: nn.Module | None = None  # the submodule whose call is the running forward
         self._step = 0
         self._last_sig: str | None = None
         self._capture_next = False
@@ -482,6 +498,10 @@ class Watch:
         # steps the model's parameters becomes the watched one, and one that replaces it mid-run
         # (a second training phase) is followed from the step it takes over (_on_forward_pre)
         self._stray: weakref.ref[torch.optim.Optimizer] | None = None
+        self._stray_again = False  # it stepped twice with no step of the watched one between
+        # the previous step's forwards no backward had reached by its end (_late_reached):
+        # (step, micro, native token or None, Python mark or None, Python hooks)
+        self._late: list[tuple[int, int, int | None, list[bool] | None, list[Any]]] = []
         self._followed = False  # the watched optimizer was found, not given
         self._manual = False  # the loop calls watch.step()
         self._steps_ours: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
@@ -602,6 +622,11 @@ class Watch:
         for h in s.node_hooks:
             h.remove()
         s.node_hooks = []
+        for _, _, hooks in s.marks:
+            for h in hooks:
+                h.remove()
+        s.marks = []
+        self._late_reached(s, [])
         self._remove_module_hooks()
 
     def _remove_module_hooks(self) -> None:
@@ -763,6 +788,47 @@ class Watch:
             return
         self._safe("forward", self._on_forward_post, module, output)
 
+    def _entry_pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        """A direct submodule's call: the model's forward when none runs (see _entries), else
+        the submodule's own module context (its _mod_pre, which it does not get besides)."""
+        if _compiling() or _tracing() or _transformed():
+            return
+        path = self._entries.get(id(module))
+        if path is None:
+            return
+        model = self._model()
+        if self._depth == 0 and model is not None and self._entered is None:
+            if self._other_thread():
+                return
+            self._entered = module
+            self._safe("forward", self._on_forward_pre, model, args, kwargs)
+        self._mod_pre(path, _torch_module(module), 5)(module, args)
+
+    def _entry_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if _compiling() or _tracing() or _transformed() or id(module) not in self._entries:
+            return
+        self._mod_post(module, args, output)
+        model = self._model()
+        if self._entered is module and self._depth == 1 and model is not None:
+            self._entered = None
+            self._safe("forward", self._on_forward_post, model, output)
+
+    def _enter_by_children(self, model: nn.Module) -> bool:
+        """Make the calls of ``model``'s direct submodules its forwards (see _entries): hooked
+        first among their pre-hooks, their module hooks of recorded steps left to these."""
+        children = [(name, m) for name, m in model.named_children() if not isinstance(m, torch.jit.ScriptModule)]
+        if not children:
+            return False
+        self._remove_module_hooks()  # re-registered without the entries at the next recorded step
+        for name, m in children:
+            self._entries[id(m)] = name
+            self._handles += [
+                m.register_forward_pre_hook(ModuleHook(self._entry_pre), with_kwargs=True, prepend=True),
+                m.register_forward_hook(ModuleHook(self._entry_post), always_call=True),
+            ]
+        self._mode_always = False  # forwards are seen from now on (set again if still not)
+        return True
+
     def _other_thread(self) -> bool:
         """A root forward under no_grad in another thread than the training loop's -- an
         evaluation or inference thread beside training -- is not part of the step: taken, its
@@ -788,9 +854,13 @@ class Watch:
         elif s.micro > 0 and self._updated_by_hand():
             self._close_step(False)  # an optimizer without hooks (or the loop itself) updated the parameters
             s = self._s
-        elif s.micro > 0 and (stray := self._stray() if self._stray is not None else None) is not None:
+        elif s.micro > 0 and (stray := self._stray() if self._stray is not None else None) is not None and (
+            self._stray_again or self._safe("step", self._shares_params, stray) is True
+        ):
             # only another optimizer stepped these parameters since the last backward: it has
-            # replaced the watched one (a new optimizer for a second phase of training)
+            # replaced the watched one (a new optimizer for a second phase of training) when it
+            # steps the same parameters, or twice in a row; one of other parameters is a second
+            # optimizer of the loop (a GAN's generator's, stepping between the critic's steps)
             self._adopt(stray)
             self._close_step(False)
             s = self._s
@@ -887,10 +957,12 @@ class Watch:
                 s.used[token] = fwd
                 return
 
-        def consumed(grad_outputs: Any, fwd: ForwardInfo = fwd) -> None:
-            fwd["backward"] = True
+        mark = [False]
 
-        s.node_hooks.extend(fn.register_prehook(consumed) for fn in nodes)
+        def consumed(grad_outputs: Any, mark: list[bool] = mark) -> None:
+            mark[0] = True
+
+        s.marks.append((mark, fwd, [fn.register_prehook(consumed) for fn in nodes]))
 
     def _start_step(self, s: _StepState) -> None:
         s.started = True
@@ -924,8 +996,8 @@ class Watch:
             if not self._module_hooks:
                 for path, ref in self._modules:
                     m = ref()
-                    if m is None or m is root:
-                        continue
+                    if m is None or m is root or id(m) in self._entries:
+                        continue  # an entry's own hooks give its module context
                     pre = ModuleHook(self._mod_pre(path, _torch_module(m)))
                     self._module_hooks.append(m.register_forward_pre_hook(pre))
                     self._module_hooks.append(m.register_forward_hook(ModuleHook(self._mod_post), always_call=True))
@@ -971,7 +1043,7 @@ class Watch:
             if s.recorder.failed:
                 self._safe("ops", _raise, f"op recorder: {s.recorder.failed}")
 
-    def _mod_pre(self, path: str, torch_module: bool) -> Callable[[nn.Module, Any], None]:
+    def _mod_pre(self, path: str, torch_module: bool, caller: int = 4) -> Callable[[nn.Module, Any], None]:
         def hook(m: nn.Module, args: Any) -> None:
             s = self._s
             if s.recorder is None or _compiling() or _transformed() or threading.get_ident() != self._owner:
@@ -983,9 +1055,10 @@ class Watch:
                 # the first user frame above this call: the caller's line when it is user code;
                 # when a torch module's forward called it, that module's (only torch frames
                 # lie between), without walking the stack again (frames: 0 op_src, 1 this hook,
-                # 2 Module._call_impl, 3 Module._wrapped_call_impl, 4 the caller)
+                # 2 Module._call_impl, 3 Module._wrapped_call_impl, 4 the caller; one more
+                # from _entry_pre)
                 st = s.module_stack
-                src = op_src(st[-1][2] if st else "", 4)
+                src = op_src(st[-1][2] if st else "", caller)
             s.module_stack.append((path, n, src))
             self._module_changed()
             if self._history is not None:
@@ -1424,26 +1497,35 @@ class Watch:
     def _note_direct_calls(self) -> None:
         """Once: the model's parameters got gradients from a step without a call of the model
         itself -- ``model.forward(x)``, ``model.encode(x)`` or its submodules called directly.
-        Module hooks only run in ``model(x)``, so those forwards are recorded without ops."""
+        Module hooks only run in ``model(x)``, so that step is recorded without ops; from the
+        next one on, its direct submodules' calls are its forwards (_enter_by_children)."""
         if self._direct_noted:
             return
         self._direct_noted = True
         model = self._model()
+        entered = model is not None and self._safe("forward", self._enter_by_children, model) is True
+        names = ", ".join(self._entries.values())
         if model is not None and getattr(type(model), "forward", None) is getattr(nn.Module, "forward", None):
             # an nn.ModuleDict / ModuleList of models (a GAN's {"G": ..., "D": ...}): no model(x)
             msg = (
                 f"torchscope: {self._model_name} has no forward of its own, so its submodules are "
-                "called directly and these steps are recorded without their forward ops: watch each "
-                "model the loop calls instead (torchscope.watch(models['G'], opt_g); "
+                "called directly: "
+                + (f"from the next step on their calls ({names}) are recorded as its forwards. To see "
+                   "each model's steps apart, " if entered else "these steps are recorded without their "
+                   "forward ops: ")
+                + "watch each model the loop calls (torchscope.watch(models['G'], opt_g); "
                 "torchscope.watch(models['D'], opt_d))"
             )
         else:
             msg = (
                 f"torchscope: a backward through {self._model_name}'s parameters came without a call of "
                 "the model itself: calling model.forward(x), another of its methods or its submodules "
-                "directly skips module hooks, as does torch.compile's backend=\"eager\", so these steps "
-                "are recorded without their forward ops (call model(x); or compile with the default "
-                "backend, whose compiled forward is recorded as one node)"
+                "directly skips the model's hooks, as does torch.compile's backend=\"eager\". "
+                + (f"From the next step on, calls of its submodules {names} are recorded as its forward; "
+                   "this one has no forward ops" if entered else "These steps are recorded without their "
+                   "forward ops (call model(x))")
+                + " (compiled with backend=\"eager\": compile with the default backend, whose compiled "
+                "forward is recorded as one node)"
             )
         print(msg, file=sys.stderr)
         self._transport.emit({"kind": "log", "t": time.time(), "level": "warning", "message": msg, "step": self._step})
@@ -1526,6 +1608,7 @@ class Watch:
                 # another optimizer of these parameters while the watched one has not stepped
                 # since the backward: a second optimizer of the same loop, or the watched one's
                 # replacement -- told apart at the next forward
+                self._stray_again = self._stray is not None and self._stray() is optimizer
                 self._stray = weakref.ref(optimizer)
 
     def _any_opt_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -1564,6 +1647,14 @@ class Watch:
         print(msg, file=sys.stderr)
         self._transport.emit({"kind": "log", "t": time.time(), "level": "warning", "message": msg, "step": self._step})
         return True
+
+    def _shares_params(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` steps a parameter the watched optimizer steps."""
+        watched = self._optimizer() if self._optimizer is not None else None
+        if watched is None:
+            return True
+        mine = {id(p) for g in watched.param_groups for p in g["params"]}
+        return any(id(p) in mine for g in optimizer.param_groups for p in g["params"])
 
     def _adopt(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizer = weakref.ref(optimizer)
@@ -1680,9 +1771,27 @@ class Watch:
             self._mem_key, self._mem_static = key, (p_st, o_st, static, sum(static.values()))
         return self._mem_static
 
+    def _late_reached(self, s: _StepState, forwards: list[ForwardInfo]) -> list[list[int]]:
+        """The previous step's forwards that a backward of this step reached, as [step, micro];
+        this step's forwards no backward reached yet are watched through the next one (ones
+        in ``forwards``): a GAN's generator output made before the critic's optimizer.step()
+        ended the step, and used by the generator's backward after it. Told in the next step's
+        event (its ``late_backward``), since this one's is written now."""
+        reached = []
+        mine = {id(f) for f in forwards}
+        for step, micro, token, mark, hooks in self._late:
+            if (mark[0] if mark is not None else token is not None and _token_reached(token)):
+                reached.append([step, micro])
+            for h in hooks:
+                h.remove()
+        self._late = [(self._step, f["micro"], t, None, []) for t, f in s.used.items() if id(f) in mine]
+        self._late += [(self._step, f["micro"], None, m, hooks) for m, f, hooks in s.marks if id(f) in mine]
+        s.used, s.marks = {}, []
+        return reached
+
     def _close_step(self, skipped: bool) -> None:
         s = self._s
-        self._stray = None  # the watched optimizer (or a boundary) ended the step after all
+        self._stray, self._stray_again = None, False  # the watched optimizer (or a boundary) ended the step after all
         step_src = user_src()
         self._stop_recorder()
         for h in s.node_hooks:
@@ -1697,6 +1806,7 @@ class Watch:
             read = self._grad_stats(s, [])
         not_trained = self._safe("grads", self._not_trained, opt, params, s) or []
         _reached(s)
+        late = self._late_reached(s, s.forwards)
         now = time.perf_counter()
         ev: StepEvent = {
             "kind": "step",
@@ -1720,6 +1830,8 @@ class Watch:
             "backward_errors": s.backward_errors,
             "graph_captured": s.graph is not None,
         }
+        if late:
+            ev["late_backward"] = late
         if s.track_copies:
             ev["copies"] = {"count": s.copies, "bytes": s.copy_bytes}
         elif s.micro == 0 and not s.forwards:

@@ -164,6 +164,7 @@ class StepEvent(TypedDict, total=False):
     graphs_alive: int  # autograd nodes from earlier steps still reachable at this boundary (P7)
     graphs_kept: GraphsKept  # what the latest of them hangs from, when any is alive
     no_backward_forwards: int  # forwards that built a graph that no backward consumed (P6)
+    late_backward: list[list[int]]  # [step, micro] of the previous step's such forwards that this step's backward consumed
     forwards: list[ForwardInfo]  # each root-module forward since the previous step boundary
     backward_roots: list[str]  # grad_fn class of each backward() root, e.g. "DivBackward0" (P15)
     backward_src: list[str]  # user's call site of each backward()

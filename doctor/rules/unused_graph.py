@@ -20,12 +20,17 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     in_eval = False
     # the call sites whose forwards training used: a training-mode forward from one of them
     # that no backward used is a batch the loop skipped (a non-finite loss, a caught error)
-    trained = {f.get("src") for _, ev in run.step_events() for f in map(as_dict, as_list(ev.get("forwards")))
-               if f.get("backward") is True and f.get("src")}
+    # forwards whose graph a backward of the next step used (a GAN's generator output, made
+    # before the critic's step ended the step): used, not unused
+    late = {(as_int(p[0]), as_int(p[1])) for _, ev in run.step_events() for p in as_list(ev.get("late_backward"))
+            if isinstance(p, list) and len(p) == 2}
+    trained = {f.get("src") for step, ev in run.step_events() for f in map(as_dict, as_list(ev.get("forwards")))
+               if (f.get("backward") is True or (step, as_int(f.get("micro"))) in late) and f.get("src")}
     skipped: list[int] = []  # the steps of the skipped batches
     for step, ev in run.forward_events():
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
-        unused = [f for f in forwards if f.get("built_graph") is True and f.get("backward") is False]
+        unused = [f for f in forwards if f.get("built_graph") is True and f.get("backward") is False
+                  and (step, as_int(f.get("micro"))) not in late]
         skips = [f for f in unused if f.get("training") is not False and f.get("src") in trained]
         skipped += [step] * len(skips)
         unused = [f for f in unused if f not in skips]

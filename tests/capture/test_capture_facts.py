@@ -185,6 +185,53 @@ def test_a_backward_through_any_output_uses_the_forward(
     assert "P6" not in {f["code"] for f in diagnose(list(iter_events(path)))}
 
 
+def _line_of(code: str) -> int:
+    """The line of this file whose code starts with ``code`` (there must be one)."""
+    lines = [i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1) if line.strip().startswith(code)]
+    assert len(lines) == 1, (code, lines)
+    return lines[0]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_forward_used_by_the_next_steps_backward_is_used(
+        tmp_path: Path, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GAN watched whole, its steps the critic's: the generator's output is made before the
+    critic's optimizer.step() ends the step and used by the generator's backward after it. The
+    next step's event says so (``late_backward``) and that forward is no P6; a metrics forward
+    of the generator that nothing uses still is."""
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    if native:
+        assert _native.get(block=True) is not None, _native._error
+    torch.manual_seed(0)
+    gen, disc = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)), nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
+    gan = nn.ModuleDict({"G": gen, "D": disc})
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), 1e-2), torch.optim.SGD(disc.parameters(), 1e-2)
+    path = tmp_path / "gan.tscope"
+    with torchscope.watch(gan, opt_d, server=None, record=path, mode="light"):
+        for i in range(6):
+            fake = gen(torch.randn(8, 4))
+            opt_d.zero_grad()
+            (disc(fake.detach()) - disc(torch.randn(8, 2))).mean().backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            (-disc(fake)).mean().backward()
+            opt_g.step()
+            if i == 3:
+                gen(torch.randn(8, 4)).std()  # a metric, without torch.no_grad()
+    steps = _steps(path)
+    src = {st["step"]: [f["src"] for f in st["forwards"]] for st in steps}
+    gen_line = next(s for s in src[2] if s.endswith(f":{_line_of('fake = gen(torch.randn(8, 4))')}"))
+    # from step 1 on (the direct calls seen at step 0), each step's generator forward is used
+    # by the next step's backward; the metric forward (after step 3's last backward: step 4's
+    # first forward) is used by none
+    late = {st["step"]: st.get("late_backward", []) for st in steps}
+    expected = {st["step"]: [[st["step"] - 1, src[st["step"] - 1].index(gen_line)]] for st in steps if st["step"] >= 2}
+    assert {k: v for k, v in late.items() if k >= 2} == expected
+    findings = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P6"]
+    assert len(findings) == 1 and findings[0]["data"]["forwards"] == 1, findings
+    assert findings[0]["src"].endswith(f":{_line_of('gen(torch.randn(8, 4)).std()')}")
+
+
 def test_compiled_autograd_backward_reaches_the_forward(tmp_path: Path) -> None:
     """Under compiled autograd the node hooks are not run but collected: a forward whose graph
     it runs counts as reached (no false P6)."""
@@ -1062,41 +1109,101 @@ def test_lbfgs_closure_is_not_accumulation(mode: str, tmp_path: Path) -> None:
     assert "P15" not in {f["code"] for f in findings}
 
 
-def test_model_forward_called_directly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``model.forward(x)`` skips module hooks: the steps are still recorded (losses, gradients,
-    the autograd graph), and the user is told once why their forward ops are missing."""
+class _EncHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.enc = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.enc(x))
+
+
+def _train_enc_head(path: Path | None, mode: str, call: str) -> tuple[list[float], list[torch.Tensor]]:
+    """Six SGD steps of _EncHead, its forward run as ``call`` says, watched when ``path`` is set."""
+    model = _EncHead()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = torchscope.watch(model, opt, server=None, record=path, mode=mode, sample_every=2) if path is not None else None
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(6):
+        x = torch.randn(4, 8, generator=g)
+        opt.zero_grad()
+        if call == "parts":
+            z = model.enc(x)  # the loop calls the parts itself (Lightning's self.model(x) alike)
+            out = model.head(z)
+        else:
+            out = model.forward(x)
+        loss = out.pow(2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    if w is not None:
+        w.close()
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize(("mode", "call"), [("default", "forward"), ("default", "parts"), ("light", "parts"),
+                                            ("full", "parts")])
+def test_model_forward_called_directly(tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str,
+                                       call: str) -> None:
+    """``model.forward(x)`` or the model's parts called one by one skip the model's hooks: the
+    first step is recorded without forward ops and the user told why, once; from the next step
+    on the direct submodules' calls are the model's forward, their ops in their modules -- the
+    ops plain PyTorch runs for them -- and training does not change."""
+    plain, plain_params = _train_enc_head(None, mode, call)
     path = tmp_path / "run.tscope"
-    model = _mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with torchscope.watch(model, opt, server=None, record=path, mode="default"):
-        for _ in range(4):
-            opt.zero_grad()
-            model.forward(torch.randn(4, 8)).pow(2).mean().backward()
-            opt.step()
+    watched, watched_params = _train_enc_head(path, mode, call)
+    assert watched == plain and all(torch.equal(a, b) for a, b in zip(plain_params, watched_params, strict=True))
     err = capsys.readouterr().err
     assert err.count("without a call of the model itself") == 1 and "model.forward(x)" in err
+    assert "calls of its submodules enc, head are recorded as its forward" in err
     events = list(iter_events(path))
     steps = [e for e in events if e["kind"] == "step"]
-    assert [s["micro_batches"] for s in steps] == [1, 1, 1, 1] and all(s["loss"] is not None for s in steps)
-    graph = next(e for e in events if e["kind"] == "graph")
-    assert graph["nodes"] and not graph["ops"]
+    assert [s["micro_batches"] for s in steps] == [1] * 6 and all(s["loss"] is not None for s in steps)
+    assert steps[0].get("forwards", []) == []
+    # one forward per submodule called at depth 0: enc and head by hand, or forward()'s two calls
+    assert all(len(s["forwards"]) == 2 and all(f["backward"] for f in s["forwards"]) for s in steps[1:]), steps[1:]
+    graphs = {e["step"]: e for e in events if e["kind"] == "graph"}
+    if mode == "light":  # records no graphs
+        assert not graphs
+    else:
+        assert not graphs[0]["ops"] and graphs[0]["nodes"]
+        assert set(graphs) >= {0, 2, 4}, sorted(graphs)
+    later = [g for st, g in graphs.items() if st > 0]
+    for g in later:
+        fwd = [o for o in g["ops"] if o.get("phase") == "forward"]
+        by_module = {(o["module"], o["name"]) for o in fwd}
+        # the parts' ops, each in its module: Linear's addmm (or linear), ReLU's relu
+        assert {m for m, _ in by_module} >= {"enc.0", "enc.1", "head"}, by_module
+        assert any(m == "enc.1" and "relu" in n for m, n in by_module), by_module
+        assert any(m == "head" and ("addmm" in n or "linear" in n) for m, n in by_module), by_module
+        # the first user frame of an op of head is the loop's own line (not torch's)
+        head_src = {o.get("src", "") for o in fwd if o["module"] == "head"}
+        assert all("test_capture_facts.py" in src for src in head_src if src), head_src
     logs = [e for e in events if e["kind"] == "log" and "model.forward(x)" in e["message"]]
     assert len(logs) == 1 and logs[0]["level"] == "warning"
 
 
 def test_a_container_of_models_is_told_to_watch_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An ``nn.ModuleDict`` of a GAN's models has no forward to call: the note says to watch each
-    model, not to "call model(x)"."""
+    model, not to "call model(x)"; its models' calls are recorded as its forwards from the
+    second step on."""
     models = nn.ModuleDict({"G": nn.Linear(4, 4), "D": nn.Linear(4, 1)})
     opt = torch.optim.SGD(models.parameters(), lr=0.1)
-    with torchscope.watch(models, opt, server=None, record=tmp_path / "gan.tscope"):
-        for _ in range(2):
+    path = tmp_path / "gan.tscope"
+    with torchscope.watch(models, opt, server=None, record=path, sample_every=1):
+        for _ in range(3):
             opt.zero_grad()
             models["D"](models["G"](torch.randn(2, 4))).mean().backward()
             opt.step()
     err = capsys.readouterr().err
     assert err.count("ModuleDict has no forward of its own") == 1 and "watch each model the loop calls" in err
     assert "model(x)" not in err
+    graphs = [e for e in iter_events(path) if e["kind"] == "graph"]
+    assert not graphs[0]["ops"]
+    assert {o["module"] for o in graphs[1]["ops"] if o.get("phase") == "forward"} >= {"G", "D"}
 
 
 def test_gan_loop_is_not_missing_zero_grad(tmp_path: Path) -> None:

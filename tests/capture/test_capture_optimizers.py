@@ -86,6 +86,46 @@ def test_two_optimizers_of_one_model_in_one_loop(tmp_path: Path) -> None:
     assert all(s["lr"] == [0.1] for s in steps)
 
 
+def test_a_second_optimizer_with_its_own_backward_is_no_replacement(tmp_path: Path) -> None:
+    """A GAN-like loop: the watched optimizer's backward and step, then another optimizer's
+    backward and step of other parameters, every iteration. The other one's step is followed by
+    the next forward and no step of the watched one -- as a replacement's would be -- but it
+    steps none of the watched one's parameters: the steps stay the watched one's, each with
+    both backwards."""
+    model = _model()
+    first = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    second = torch.optim.SGD(model[2].parameters(), lr=0.2)
+    with torchscope.watch(model, first, server=None, record=tmp_path / "run.tscope"):
+        for x, y in _batches(6):
+            for opt in (first, second):
+                opt.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+    steps = _steps(tmp_path / "run.tscope")
+    # the first step has the watched one's backward alone; the second's last backward, after
+    # the watched one's last step, is no step (a trailing backward left unapplied by it)
+    assert [s["micro_batches"] for s in steps] == [1] + [2] * 5
+    assert all(s["lr"] == [0.1] for s in steps)
+
+
+def test_a_replacement_of_other_parameters_is_followed_from_its_second_step(tmp_path: Path) -> None:
+    """A second phase whose optimizer steps other parameters than the first phase's (the head,
+    then the body): taken for a second optimizer of the loop at its first step, it is followed
+    once it stepped twice with no step of the watched one between."""
+    model = _model()
+    first = torch.optim.SGD(model[2].parameters(), lr=0.1)
+    second = torch.optim.SGD(model[0].parameters(), lr=0.2)
+    with torchscope.watch(model, first, server=None, record=tmp_path / "run.tscope"):
+        for i, (x, y) in enumerate(_batches(8)):
+            opt = first if i < 4 else second
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    steps = _steps(tmp_path / "run.tscope")
+    assert [s["micro_batches"] for s in steps] == [1] * 4 + [2, 1, 1]
+    assert [s["lr"] for s in steps] == [[0.1]] * 4 + [[0.2]] * 3
+
+
 def test_manual_steps_are_not_doubled(tmp_path: Path) -> None:
     """``watch(model)`` with ``watch.step()`` in the loop (before or after ``optimizer.step()``):
     the loop's own boundaries are the steps, one per iteration."""
