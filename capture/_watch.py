@@ -36,7 +36,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from . import _compile, _cuda, _native
+from . import _compile, _cuda, _native, _sigterm
 from ._autograd import AutogradWalk, BackwardTimer
 from ._grads import GradRead, count_nonzero, nonzero_grads
 from ._hooks import retained_bytes
@@ -542,6 +542,7 @@ class Watch:
         Watch._n_active += 1
         _watching[model] = self
         _install_excepthook()
+        _sigterm.install(_end_on_sigterm)
         self._mode_on()
         atexit.register(self.close)
         where = f" → {self.url}" if self.url else ""
@@ -600,6 +601,18 @@ class Watch:
         except Exception as exc:  # closing must not raise into an atexit or a with-block
             log.warning("torchscope: close failed: %r", exc)
         atexit.unregister(self.close)
+
+    def _end_now(self) -> None:
+        """The end record, written from a signal handler just before the process dies: what
+        the file and server already have stays, the open step is lost, nothing is undone.
+        The transport's close takes no lock the interrupted code might hold."""
+        if not self._active or self._closed:
+            return
+        self._active, self._closed = False, True
+        Watch._n_active -= 1
+        status, message = self._ended_by or ("interrupted", "")
+        end = {"kind": "end", "t": time.time(), "status": status, "message": message, "steps": self._step}
+        self._transport.close(end, timeout=3.0)
 
     def _an_unapplied_step(self) -> bool:
         """Whether the step open at close is backwards the watched optimizer never applied, in
@@ -1519,13 +1532,13 @@ class Watch:
         else:
             msg = (
                 f"torchscope: a backward through {self._model_name}'s parameters came without a call of "
-                "the model itself: calling model.forward(x), another of its methods or its submodules "
-                "directly skips the model's hooks, as does torch.compile's backend=\"eager\". "
+                "the model itself (model.forward(x), another of its methods, or its submodules called "
+                "directly skip the model's hooks). "
                 + (f"From the next step on, calls of its submodules {names} are recorded as its forward; "
-                   "this one has no forward ops" if entered else "These steps are recorded without their "
-                   "forward ops (call model(x))")
-                + " (compiled with backend=\"eager\": compile with the default backend, whose compiled "
-                "forward is recorded as one node)"
+                   "this step has no forward ops. " if entered else "These steps are recorded without their "
+                   "forward ops (call model(x)). ")
+                + "Under torch.compile(backend=\"eager\") no module hook runs at all: compile with the "
+                "default backend, whose compiled forward is recorded as one node."
             )
         print(msg, file=sys.stderr)
         self._transport.emit({"kind": "log", "t": time.time(), "level": "warning", "message": msg, "step": self._step})
@@ -2201,12 +2214,20 @@ def _ending(exc: BaseException) -> tuple[str, str]:
     return "error", message
 
 
-def _note_ending(exc: BaseException, thread: int | None) -> None:
-    """Mark the active watches (those trained by ``thread``, if given) as ended by ``exc``."""
+def _note_ending(ending: tuple[str, str], thread: int | None) -> None:
+    """Mark the active watches (those trained by ``thread``, if given) as ended so."""
     with contextlib.suppress(Exception):
         for w in list(_watching.values()):
             if w._active and w._ended_by is None and (thread is None or thread == w._owner):
-                w._ended_by = _ending(exc)
+                w._ended_by = ending
+
+
+def _end_on_sigterm(dying: bool) -> None:
+    """SIGTERM (``_sigterm``): the runs ended "interrupted"; ``dying``: end them now."""
+    _note_ending(("interrupted", "stopped by SIGTERM (kill, a scheduler's preemption, docker stop)"), None)
+    if dying:
+        for w in list(_watching.values()):
+            w._end_now()
 
 
 def _install_excepthook() -> None:
@@ -2217,7 +2238,7 @@ def _install_excepthook() -> None:
         return
 
     def hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
-        _note_ending(value, None)
+        _note_ending(_ending(value), None)
         prev(tp, value, tb)
 
     hook._torchscope = True  # type: ignore[attr-defined]
@@ -2227,7 +2248,7 @@ def _install_excepthook() -> None:
     def thread_hook(args: Any) -> None:
         # a loop run in a thread of its own: only the watches that thread trained end with it
         if args.thread is not None and args.exc_value is not None:
-            _note_ending(args.exc_value, args.thread.ident)
+            _note_ending(_ending(args.exc_value), args.thread.ident)
         prev_thread(args)
 
     threading.excepthook = thread_hook

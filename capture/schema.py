@@ -277,7 +277,7 @@ class LogEvent(TypedDict, total=False):
     step: int
 
 
-# How a run ended: "interrupted" is the user's Ctrl-C (KeyboardInterrupt) during training.
+# How a run ended: "interrupted" is the user's Ctrl-C (KeyboardInterrupt) or a SIGTERM during training.
 EndStatus = Literal["finished", "interrupted", "error"]
 END_STATUSES: tuple[str, ...] = ("finished", "interrupted", "error")
 

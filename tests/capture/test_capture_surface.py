@@ -149,6 +149,61 @@ def test_an_uncaught_exception_in_a_script_ends_the_session_as_error(tmp_path: P
     assert info.returncode == 0 and "error — ValueError: loss became NaN at step 3" in info.stdout
 
 
+_TERM_LOOP = """
+import signal, sys, torch, torchscope
+stop = []
+def theirs(signum, frame):
+    stop.append(signum)
+    if callable(prev):
+        prev(signum, frame)
+if sys.argv[2] == "before":  # the script's own handler, set before watch(): it stays the handler
+    prev = None
+    signal.signal(signal.SIGTERM, theirs)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+torchscope.watch(model, opt, server=None, record=sys.argv[1])
+if sys.argv[2] == "after":  # one set after watch() that calls the one it replaced, as Lightning's does
+    prev = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, theirs)
+i = 0
+while not stop:
+    opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
+    i += 1
+    if i == 3:
+        print("ready", flush=True)
+print(f"stopped after {i} steps", flush=True)
+"""
+
+
+@pytest.mark.parametrize("handler", ["none", "after", "before"])
+def test_sigterm_ends_the_run_as_interrupted(handler: str, tmp_path: Path) -> None:
+    """SIGTERM (kill, a scheduler's preemption): with no handler of the script's own, the run
+    ends "interrupted" and the process still dies of the signal; a handler set after watch()
+    that calls the one it replaced lets the script stop cleanly, the run noted as interrupted;
+    one set before watch() is left alone, and the run ends as the script makes it end."""
+    import signal
+
+    path = tmp_path / "term.tscope"
+    script = tmp_path / "term.py"
+    script.write_text(_TERM_LOOP)
+    proc = subprocess.Popen([sys.executable, str(script), str(path), handler], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    end = _end(path)
+    if handler == "none":
+        assert proc.returncode == -signal.SIGTERM and out == ""
+        assert end["status"] == "interrupted" and "SIGTERM" in end["message"] and end["steps"] >= 3
+        return
+    assert proc.returncode == 0 and out.startswith("stopped after ")
+    steps = int(out.split()[2])
+    if handler == "after":
+        assert end["status"] == "interrupted" and "SIGTERM" in end["message"] and end["steps"] == steps
+    else:
+        assert end["status"] == "finished" and "message" not in end and end["steps"] == steps
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the point of the test
 def test_a_training_thread_that_dies_ends_the_session_as_error(tmp_path: Path) -> None:
     """The loop in a thread of its own dies: its watch ends as error; an unrelated thread's
