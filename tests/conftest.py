@@ -101,6 +101,12 @@ class ServerProc:
         self.stop()
         return self.start()
 
+    def __enter__(self) -> ServerProc:  # `with ServerProc(data) as srv:` started, then stopped
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def get(self, path: str) -> object:
         return http_json(self.url + path)
 

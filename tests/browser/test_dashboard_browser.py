@@ -40,11 +40,8 @@ def session_named(srv: ServerProc, name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    s = ServerProc(tmp_path_factory.mktemp("dash-server")).start()
-    try:
+    with ServerProc(tmp_path_factory.mktemp("dash-server")) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -532,22 +529,29 @@ def test_gradients_view_picks_parameters_with_a_gradient_and_keeps_the_users_cho
     assert g["chosen"] == ["enc.bias", "head.weight"] and g["focus"] == 5
 
 
+def _grads_run(srv: ServerProc, tmp_path: Path, name: str, params: list[str], norms: list[float], steps: int) -> str:
+    """A finished run streamed to the server with gradient norms only: ``norms`` (one per
+    parameter) on every step.  Returns its session id."""
+    from torchscope.transport import Transport
+
+    sid = f"{name}-{int(time.time() * 1000)}"
+    t = Transport(str(tmp_path / f"{name}.tscope"), sid, rank=0, server=srv.url)
+    t.emit({"kind": "session", "schema": [1, 0], "session_id": sid, "name": name, "started_at": time.time(),
+            "rank": 0, "world_size": 1, "model": "Net", "modules": [],
+            "params": [{"name": n, "module": n.rsplit(".", 1)[0], "shape": [2], "numel": 2, "requires_grad": True}
+                       for n in params]})
+    for s in range(steps):
+        t.emit({"kind": "step", "step": s, "rank": 0, "t": time.time(), "duration_us": 1000,
+                "grads": {"norm": norms, "nan": [0] * len(params), "inf": [0] * len(params), "none": []}})
+    t.close({"kind": "end", "t": time.time(), "status": "finished", "steps": steps})
+    return sid
+
+
 def test_a_finding_about_many_parameters_plots_a_few(page: Any, srv: ServerProc, tmp_path: Path) -> None:
     """A dead branch of 40 parameters (P2): its finding lists the first few and counts the rest
     (all of them on hover), and its link plots the first few -- not 40 lines in a URL."""
-    from torchscope.transport import Transport
-
-    sid = f"many-{int(time.time() * 1000)}"
     names = [f"branch.{i}.weight" for i in range(40)] + ["head.weight"]
-    t = Transport(str(tmp_path / "many.tscope"), sid, rank=0, server=srv.url)
-    t.emit({"kind": "session", "schema": [1, 0], "session_id": sid, "name": "many", "started_at": time.time(),
-            "rank": 0, "world_size": 1, "model": "Net", "modules": [],
-            "params": [{"name": n, "module": n.rsplit(".", 1)[0], "shape": [2], "numel": 2, "requires_grad": True}
-                       for n in names]})
-    for s in range(8):
-        t.emit({"kind": "step", "step": s, "rank": 0, "t": time.time(), "duration_us": 1000,
-                "grads": {"norm": [0.0] * 40 + [1.0], "nan": [0] * 41, "inf": [0] * 41, "none": []}})
-    t.close({"kind": "end", "t": time.time(), "status": "finished", "steps": 8})
+    sid = _grads_run(srv, tmp_path, "many", names, [0.0] * 40 + [1.0], 8)
     p2 = next(f for f in http_json(f"{srv.url}/api/sessions/{sid}/diagnostics") if f["code"] == "P2")
     assert p2["view"] == "gradients" and len(p2["params"]) == 40
     open_dash(page, srv, sid, "?view=doctor")
@@ -566,19 +570,7 @@ def test_a_dead_gradient_is_not_drawn_as_a_small_one(page: Any, srv: ServerProc,
     """A module whose gradient is exactly zero (a dead branch, P2) gets its own colour in the
     heat map, named in the legend -- not the log ramp's lowest, which the smallest non-zero
     norm gets."""
-    from torchscope.transport import Transport
-
-    sid = f"dead-{int(time.time() * 1000)}"
-    names = ["dead.weight", "low.weight", "big.weight"]
-    t = Transport(str(tmp_path / "dead.tscope"), sid, rank=0, server=srv.url)
-    t.emit({"kind": "session", "schema": [1, 0], "session_id": sid, "name": "dead", "started_at": time.time(),
-            "rank": 0, "world_size": 1, "model": "Net", "modules": [],
-            "params": [{"name": n, "module": n.rsplit(".", 1)[0], "shape": [2], "numel": 2, "requires_grad": True}
-                       for n in names]})
-    for s in range(3):
-        t.emit({"kind": "step", "step": s, "rank": 0, "t": time.time(), "duration_us": 1000,
-                "grads": {"norm": [0.0, 0.04, 1.0], "nan": [0] * 3, "inf": [0] * 3, "none": []}})
-    t.close({"kind": "end", "t": time.time(), "status": "finished", "steps": 3})
+    sid = _grads_run(srv, tmp_path, "dead", ["dead.weight", "low.weight", "big.weight"], [0.0, 0.04, 1.0], 3)
     open_dash(page, srv, sid, "?view=gradients")
     page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.steps >= 3; })()")
     g = state(page)["gradients"]

@@ -102,11 +102,8 @@ CHECK = """async () => {
 
 @pytest.fixture(scope="module")
 def static_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    s = ServerProc(tmp_path_factory.mktemp("layout-server")).start()
-    try:
+    with ServerProc(tmp_path_factory.mktemp("layout-server")) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def test_layout_promises_on_a_random_nested_graph(static_server: ServerProc) -> None:

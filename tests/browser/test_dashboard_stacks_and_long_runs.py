@@ -31,11 +31,8 @@ LONG_STEPS = 600  # 2 px per step: 1200 px of cells, wider than the 1280 px wind
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    s = ServerProc(tmp_path_factory.mktemp("shapes-server")).start()
-    try:
+    with ServerProc(tmp_path_factory.mktemp("shapes-server")) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
