@@ -840,6 +840,7 @@ class Watch:
                 m.register_forward_hook(ModuleHook(self._entry_post), always_call=True),
             ]
         self._mode_always = False  # forwards are seen from now on (set again if still not)
+        self._capture_next = True  # default mode: the next step's graph has the forward ops this one lacked
         return True
 
     def _other_thread(self) -> bool:
