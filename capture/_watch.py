@@ -505,6 +505,9 @@ class Watch:
         self._followed = False  # the watched optimizer was found, not given
         self._manual = False  # the loop calls watch.step()
         self._steps_ours: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
+        # whether an optimizer steps any of the watched one's parameters (asked once each, until
+        # another one is watched): a GAN's second optimizer is asked at every step otherwise
+        self._shares: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
         if not self._auto_steps:
             self._handles.append(register_optimizer_step_pre_hook(self._any_opt_pre))
             self._handles.append(register_optimizer_step_post_hook(self._any_opt_post))
@@ -592,11 +595,9 @@ class Watch:
                     print(f"torchscope: CUDA allocator history in {p}", file=sys.stderr)
             self._active = False
             Watch._n_active -= 1
-            end: dict[str, Any] = {"kind": "end", "t": time.time(), "status": "finished", "steps": self._step}
+            end = self._end_event()
             if trailing:
                 end["forwards"] = trailing
-            if self._ended_by is not None:
-                end["status"], end["message"] = self._ended_by
             self._transport.close(end)
         except Exception as exc:  # closing must not raise into an atexit or a with-block
             log.warning("torchscope: close failed: %r", exc)
@@ -610,9 +611,13 @@ class Watch:
             return
         self._active, self._closed = False, True
         Watch._n_active -= 1
-        status, message = self._ended_by or ("interrupted", "")
-        end = {"kind": "end", "t": time.time(), "status": status, "message": message, "steps": self._step}
-        self._transport.close(end, timeout=3.0)
+        self._transport.close(self._end_event(), timeout=3.0)
+
+    def _end_event(self) -> dict[str, Any]:
+        end: dict[str, Any] = {"kind": "end", "t": time.time(), "status": "finished", "steps": self._step}
+        if self._ended_by is not None:
+            end["status"], end["message"] = self._ended_by
+        return end
 
     def _an_unapplied_step(self) -> bool:
         """Whether the step open at close is backwards the watched optimizer never applied, in
@@ -1667,12 +1672,16 @@ class Watch:
         watched = self._optimizer() if self._optimizer is not None else None
         if watched is None:
             return True
-        mine = {id(p) for g in watched.param_groups for p in g["params"]}
-        return any(id(p) in mine for g in optimizer.param_groups for p in g["params"])
+        shares = self._shares.get(optimizer)
+        if shares is None:
+            mine = {id(p) for g in watched.param_groups for p in g["params"]}
+            shares = self._shares[optimizer] = any(id(p) in mine for g in optimizer.param_groups for p in g["params"])
+        return shares
 
     def _adopt(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizer = weakref.ref(optimizer)
         self._mem_key = None  # its state is the optimizer state from now on
+        self._shares = weakref.WeakKeyDictionary()  # asked of the watched one
         msg = f"torchscope: following {type(optimizer).__name__}: each of its steps is a step of {self.name}"
         print(msg, file=sys.stderr)
         self._transport.emit({"kind": "log", "t": time.time(), "level": "info", "message": msg, "step": self._step})
