@@ -18,11 +18,19 @@ export async function api(path, opts = {}) {
   }
   if (!resp.ok) {
     let detail = resp.statusText;
-    try { const j = await resp.json(); detail = typeof j.detail === "string" ? j.detail : JSON.stringify(j.detail ?? j); } catch { /* not JSON */ }
+    try { detail = describe(await resp.json()); } catch { /* not JSON */ }
     throw new ApiError(resp.status, `${resp.status}: ${detail}`);
   }
   const type = resp.headers.get("content-type") || "";
   return type.includes("json") ? resp.json() : resp;
+}
+
+// FastAPI's refusals: a string, or for a request that fails validation a list of
+// {loc, msg}, said as "name: String should have at most 200 characters".
+function describe(j) {
+  if (typeof j.detail === "string") return j.detail;
+  if (Array.isArray(j.detail)) return j.detail.map((d) => `${(d.loc || []).filter((x) => x !== "body").join(".")}: ${d.msg}`).join("; ");
+  return JSON.stringify(j.detail ?? j);
 }
 
 export const sessionPath = (id) => `/api/sessions/${encodeURIComponent(id)}`;
@@ -37,6 +45,16 @@ export async function allSteps(id, rank) {
     res.push(...page);
     if (page.length < 10000) return res;
   }
+}
+
+// The header's dot: whether this page hears the server's live channel (not whether the run
+// is still going; the status badge says that).
+export function showConnection(el) {
+  return (ok) => {
+    el.textContent = ok ? "● connected" : "○ disconnected";
+    el.title = ok ? "live updates from the torchscope server" : "the torchscope server is unreachable; the browser keeps retrying";
+    el.className = ok ? "ok" : "bad";
+  };
 }
 
 // One EventSource per page; listeners filter by session.  Reconnects are done by the browser.

@@ -2,7 +2,7 @@
 // updates, theme.  Views are created lazily and kept, so switching back keeps zoom,
 // selection and expanded groups.
 import { h, clear, withLoading, coalesce } from "./dom.js";
-import { api, sessionPath, live, ApiError } from "./api.js";
+import { api, sessionPath, live, showConnection, ApiError } from "./api.js";
 import { GraphView } from "./graph/view.js";
 import { MemoryView } from "./memory.js";
 import { GradientsView } from "./gradients.js";
@@ -45,8 +45,8 @@ class App {
     this.moduleType = new Map((this.meta.modules || []).map((m) => [m.path, m.type]));
     this.paramDtype = new Map((this.meta.params || []).map((p) => [p.name, p.dtype]));
     this.renderHeader();
-    if (!this.summary.steps && !(this.summary.graphs > 0)) this.main.before(h("div", { class: "notice", id: "empty-note" }, "This session has no steps yet. It fills in live as the script runs."));
-    live((ev) => this.onLive(ev), (ok) => { this.conn.textContent = ok ? "● live" : "○ disconnected"; this.conn.className = ok ? "ok" : "bad"; });
+    if (!this.summary.steps && !(this.summary.graphs > 0)) this.main.before(h("div", { class: "notice", id: "empty-note" }, this.emptyText()));
+    live((ev) => this.onLive(ev), showConnection(this.conn));
     await this.go(this.state.view, {}, true);
     this.badge = new DiagnosticsView(h("div"), this); // keeps the count on the Doctor tab
     this.badge.load().catch(() => {});
@@ -69,6 +69,21 @@ class App {
       rsel.onchange = () => { this.rank = +rsel.value; this.setState({}); location.reload(); };
     }
     sub.textContent = [this.meta.model, this.meta.device, `${s.steps ?? 0} steps`, (s.ranks || []).length > 1 ? `${s.ranks.length} ranks` : null].filter(Boolean).join(" · ");
+  }
+
+  get running() { return this.summary?.status === "running"; }
+
+  // What an empty session or an empty graph view says: a running script still fills it in,
+  // an ended one never will, and a light-mode run captures no graph at all.
+  emptyText(what = "steps") {
+    const status = this.summary?.status || "";
+    if (what === "graph") {
+      if (this.meta.mode === "light") return 'No graph: this run was watched with mode="light", which records per-step facts only (gradients, memory, timings). Watch with mode="default" to capture the graph.';
+      return this.running ? "No graph captured yet. It appears when the first captured step ends."
+        : `No graph was captured in this session (${status}): the script ended before a captured step completed.`;
+    }
+    return this.running ? "This session has no steps yet. It fills in live as the script runs."
+      : `This session recorded no steps (${status}): the script ended before its first optimizer step.`;
   }
 
   fatal(msg) {
@@ -131,14 +146,22 @@ class App {
     if (ev.session !== this.id) return;
     if (this.rank !== undefined && ev.rank !== undefined && ev.rank !== this.rank) return;
     if (ev.kind === "deleted") return this.fatal("This session was deleted.");
-    if (ev.kind === "step" || ev.kind === "end" || ev.kind === "session") {
-      document.getElementById("empty-note")?.remove();
-      this.refreshSummary ||= coalesce(async () => { this.summary = await api(sessionPath(this.id)); this.meta = this.summary.meta || this.meta; this.renderHeader(); }, 300);
+    if (ev.kind === "step" || ev.kind === "end" || ev.kind === "session" || ev.kind === "status") {
+      if (ev.kind === "step") document.getElementById("empty-note")?.remove();
+      this.refreshSummary ||= coalesce(async () => { this.summary = await api(sessionPath(this.id)); this.meta = this.summary.meta || this.meta; this.renderHeader(); this.onStatus(); }, 300);
       this.refreshSummary();
     }
     if (ev.kind === "graph" && this.views.graph) this.views.graph.obj.onCapturedStep(ev.step);
     if ((ev.kind === "finding" || ev.kind === "end") && !this.views.diagnostics) this.badge.onStep();
     for (const [k, v] of Object.entries(this.views)) if (k !== "graph" && v.obj.onStep && (ev.kind === "step" || ev.kind === "finding")) v.obj.onStep(ev);
+  }
+
+  // A run that ended (or went silent: killed) while the page was open: the empty states say
+  // so instead of promising live updates.
+  onStatus() {
+    const note = document.getElementById("empty-note");
+    if (note) note.textContent = this.emptyText();
+    this.views.graph?.obj.onStatus?.();
   }
 
   debug() {

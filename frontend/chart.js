@@ -59,7 +59,11 @@ export class LineChart {
     for (const s of this.series) for (const v of s.y) if (v !== null && Number.isFinite(v)) { if (v < ymin) ymin = v; if (v > ymax) ymax = v; }
     if (ymin === Infinity) { ymin = 0; ymax = 1; }
     if (ymin > 0 && ymin < ymax * 0.5) ymin = 0;
-    if (ymax === ymin) ymax = ymin + 1;
+    if (ymax === ymin) { // a constant: in the middle of a range its axis labels tell apart
+      const pad = Math.abs(ymin) / 2 || 1;
+      ymin = ymin >= 0 ? Math.max(0, ymin - pad) : ymin - pad;
+      ymax += pad;
+    }
     this.geom = { L, pw, xmin, xmax };
     const X = (v) => L + ((v - xmin) / (xmax - xmin)) * pw;
     const Y = (v) => T + ph - ((v - ymin) / (ymax - ymin)) * ph;
@@ -67,18 +71,22 @@ export class LineChart {
     ctx.strokeStyle = css.getPropertyValue("--border").trim(); ctx.fillStyle = css.getPropertyValue("--muted").trim();
     ctx.font = "11px system-ui"; ctx.lineWidth = 1;
     const fmt = this.opts.fmt || fmtNum;
+    let prevLabel = null;
     for (let k = 0; k <= 4; k++) {
-      const v = ymin + ((ymax - ymin) * k) / 4, y = Y(v);
+      const v = ymin + ((ymax - ymin) * k) / 4, y = Y(v), label = fmt(v);
       ctx.beginPath(); ctx.moveTo(L, y); ctx.lineTo(W - R, y); ctx.stroke();
-      ctx.fillText(fmt(v), 4, y + 4, L - 8);
+      if (label !== prevLabel) ctx.fillText(label, 4, y + 4, L - 8); // a narrow range rounds to one label
+      prevLabel = label;
     }
     const span = xmax - xmin, raw = span / 6, mag = 10 ** Math.floor(Math.log10(Math.max(raw, 1)));
     const tick = Math.max(1, [1, 2, 5, 10].map((m) => m * mag).find((t) => t >= raw) || mag * 10);
     for (let v = Math.ceil(xmin / tick) * tick; v <= xmax; v += tick) ctx.fillText(String(v), X(v) - 8, H - 6);
     // series, decimated to min/max per pixel column
     const cols = Math.max(1, Math.floor(pw));
-    for (const s of this.series) {
-      ctx.strokeStyle = s.color; ctx.lineWidth = 1.5; ctx.beginPath();
+    // earlier series drawn wider: two equal series show both colours, not only the last one
+    const last = this.series.length - 1;
+    for (const [k, s] of this.series.entries()) {
+      ctx.strokeStyle = s.color; ctx.lineWidth = 1.5 + (last ? (2 * (last - k)) / last : 0); ctx.beginPath();
       if (n <= cols * 2) {
         let pen = false;
         const gap = (j) => j < 0 || j >= n || s.y[j] === null || s.y[j] === undefined || !Number.isFinite(s.y[j]);

@@ -3,8 +3,11 @@ const RAMP = ["#313695", "#4575b4", "#74add1", "#abd9e9", "#fee090", "#fdae61", 
 export const SERIES = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777", "#4b5563"];
 const CATS = ["#60a5fa", "#f59e0b", "#34d399", "#f472b6", "#a78bfa", "#f87171", "#22d3ee", "#facc15"];
 
+// NaN or ±Inf (P4): outside the ramp, named in the legends
+export const NONFINITE = "#7f1d1d";
+
 export function ramp(t) {
-  if (!Number.isFinite(t)) return "#7f1d1d";
+  if (!Number.isFinite(t)) return NONFINITE;
   const x = Math.min(1, Math.max(0, t)) * (RAMP.length - 1);
   return RAMP[Math.round(x)];
 }
@@ -16,15 +19,16 @@ export const ZERO = "#c026d3";
 // A log scale over the positive values; returns colour(v), legend stops and whether any value
 // is zero.  With ``zero``, zero gets that colour; else the ramp's lowest (bytes, time).
 export function logScale(values, zero = null) {
-  let lo = Infinity, hi = -Infinity, zeros = false;
+  let lo = Infinity, hi = -Infinity, zeros = false, nonfinite = false;
   for (const v of values) {
     if (v > 0 && Number.isFinite(v)) { if (v < lo) lo = v; if (v > hi) hi = v; } else if (v === 0) zeros = true;
+    else if (typeof v === "number" && !Number.isFinite(v)) nonfinite = true;
   }
   const positive = lo !== Infinity;
   if (!positive) { lo = 1; hi = 1; }
   const a = Math.log10(lo), b = Math.log10(hi), low = zero || RAMP[0];
   const color = (v) => (v === undefined || v === null ? null : !Number.isFinite(v) ? ramp(NaN) : v <= 0 ? low : ramp(b > a ? (Math.log10(v) - a) / (b - a) : 0.5));
-  return { color, lo, hi, zeros: zeros && !!zero, positive };
+  return { color, lo, hi, zeros: zeros && !!zero, positive, nonfinite };
 }
 
 export function categorical(keys) {

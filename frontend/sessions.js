@@ -1,18 +1,27 @@
 // Sessions page (/): every run on this server, import by drag-and-drop or file picker,
 // rename, tag, delete, download.  Refreshes on live events.
 import { h, clear, fmtTime, coalesce } from "./dom.js";
-import { api, sessionPath, live } from "./api.js";
+import { api, sessionPath, live, showConnection } from "./api.js";
 import { initTheme } from "./theme.js";
 
 const body = document.getElementById("sessions");
 const note = document.getElementById("note");
 
-function say(msg, error = false) { note.textContent = msg; note.className = `notice ${error ? "error" : ""}`; note.hidden = !msg; }
+// The note says what the user's last action did (an import, a refused rename) and stays
+// until the next action; a failed list refresh says so too, and is cleared by the next
+// refresh that works, which leaves the user's message alone.
+let listFailed = false;
+function say(msg, error = false, ...extra) {
+  clear(note).append(msg, ...extra);
+  note.className = `notice ${error ? "error" : ""}`;
+  note.hidden = !msg;
+  listFailed = false;
+}
 
 async function refresh() {
   let list;
-  try { list = await api("/api/sessions"); } catch (e) { say(e.message, true); return; }
-  say("");
+  try { list = await api("/api/sessions"); } catch (e) { say(e.message, true); listFailed = true; return; }
+  if (listFailed) say("");
   clear(body);
   if (!list.length) { body.append(h("tr", {}, h("td", { colspan: 8, class: "muted", id: "empty" }, "No sessions yet. Add torchscope.watch(model) to a training script, run `torchscope demo`, or drop a .tscope file here."))); return; }
   for (const s of list) body.append(row(s));
@@ -20,7 +29,7 @@ async function refresh() {
 
 function row(s) {
   const href = `/sessions/${encodeURIComponent(s.id)}`;
-  const tags = h("span", { class: "tags" }, (s.tags || []).map((t) => h("span", { class: "tag" }, t)));
+  const tags = h("span", { class: "tags" }, (s.tags || []).map((t) => h("span", { class: "tag", title: t }, t)));
   return h("tr", { "data-id": s.id },
     h("td", {}, h("a", { href, class: "session-link" }, s.name || s.id), h("div", { class: "muted small" }, s.model || "")),
     h("td", {}, h("span", { class: `badge status-${(s.status || "").replace(/ /g, "-")}` }, s.status)),
@@ -67,15 +76,17 @@ async function download(s) {
 }
 
 async function importFiles(files) {
+  const links = [];
   for (const f of files) {
     const fd = new FormData();
     fd.append("file", f, f.name);
     say(`Importing ${f.name}…`);
     try {
       const res = await api("/api/sessions/import", { method: "POST", body: fd });
-      say(`Imported ${f.name}${res && res.id ? "" : ""}.`);
-    } catch (e) { say(`Could not import ${f.name}: ${e.message}`, true); return; }
+      links.push(h("a", { href: res.url, class: "imported" }, `open ${f.name}`));
+    } catch (e) { say(`Could not import ${f.name}: ${e.message}`, true); refresh(); return; }
   }
+  say(`Imported ${files.length === 1 ? files[0].name : `${files.length} files`}: `, false, ...links.flatMap((a, i) => (i ? [", ", a] : [a])));
   refresh();
 }
 
@@ -92,6 +103,5 @@ function initImport() {
 
 initTheme();
 initImport();
-live(coalesce(refresh, 300),
-  (ok) => { const c = document.getElementById("conn"); c.textContent = ok ? "● live" : "○ disconnected"; c.className = ok ? "ok" : "bad"; });
+live(coalesce(refresh, 300), showConnection(document.getElementById("conn")));
 window.__torchscope = { ready: refresh(), refresh };

@@ -35,13 +35,20 @@ def _frontend_dir() -> Path:
 async def _diagnose_silent(app: FastAPI, schedule: Any) -> None:
     """A run killed mid-way sends no end event, which is what starts its diagnosis: such runs
     are diagnosed once their writer has been silent for RUNNING_TIMEOUT_S ("ended
-    unexpectedly"), each set of frames once (a doctor that failed is not retried on them)."""
+    unexpectedly"), each set of frames once (a doctor that failed is not retried on them).
+    The change of status is published on the live channel, as ingest publishes an end."""
     tried: dict[tuple[str, int], int] = {}
+    told: set[tuple[str, int]] = set()
     while True:
         await asyncio.sleep(SILENT_SWEEP_S)
         try:
             store: Store = app.state.store
-            for key in store.silent_undiagnosed(time.time() - RUNNING_TIMEOUT_S):
+            before = time.time() - RUNNING_TIMEOUT_S
+            silent = set(store.silent(before))
+            for key in silent - told:  # open pages learn that "running" is over
+                app.state.hub.publish({"session": key[0], "rank": key[1], "kind": "status", "status": "ended unexpectedly"})
+            told = silent  # a writer heard from again is told about afresh when it goes silent
+            for key in store.silent_undiagnosed(before):
                 frames = store.frame_count(*key)
                 if tried.get(key) != frames:
                     tried[key] = frames

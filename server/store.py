@@ -481,6 +481,12 @@ class Store:
                 yield bytes(data)
                 seq = s + 1
 
+    def silent(self, before: float) -> list[tuple[str, int]]:
+        """Ranks whose writer went silent without an end event (last heard of before ``before``)."""
+        rows = self._read().execute("SELECT session_id, rank FROM ranks WHERE end_status IS NULL AND last_seen < ?",
+                                    (before,)).fetchall()
+        return [(str(s), int(r)) for s, r in rows]
+
     def silent_undiagnosed(self, before: float) -> list[tuple[str, int]]:
         """Ranks whose writer went silent without an end event (last heard of before ``before``)
         and whose frames the doctor has not seen: a killed run gets its diagnosis too."""

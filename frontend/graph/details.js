@@ -2,6 +2,20 @@
 // module group, in PyTorch's words.  Text only (h() never parses markup).
 import { h, clear, fmtBytes, fmtNum, fmtUs, shape } from "../dom.js";
 
+// An op record's flags (capture/schema.py OpRecord.flags) in words.
+const FLAGS = {
+  nan: "NaN or ±Inf in an output (an attention mask of -inf is one on purpose)",
+  outside_model: "ran outside the model's forward",
+  inplace: "in-place",
+  inplace_saved: "in-place write to a tensor a grad_fn saved for backward (P8)",
+  non_differentiable: "output cannot carry a gradient (integer / bool)",
+  autocast: "ran under autocast",
+  autocast_cast: "a dtype cast autocast inserted",
+  breaks_graph: "leaves the graph (.item() / .numpy() / .tolist())",
+  new_leaf: "a new leaf enters the graph from outside",
+  copy_h2d: "host → device copy",
+};
+
 function row(k, v) { return h("tr", {}, h("th", {}, k), h("td", {}, v ?? "–")); }
 
 function tensorTable(model, ids, title) {
@@ -36,7 +50,7 @@ export function renderDetails(panel, model, key, ctx) {
     t.append(row("call", r.call), row("micro-batch", r.micro), row("grad mode", r.grad_mode === undefined ? "–" : String(r.grad_mode)),
       row("in-place", r.inplace ? "yes" : "no"), row("duration", fmtUs(r.dur_us)), row("allocated", fmtBytes(r.alloc)),
       row("freed", fmtBytes(r.free)), row("live after", fmtBytes(r.live)), row("source", r.src));
-    if (r.flags && r.flags.length) t.append(row("flags", r.flags.join(", ")));
+    if (r.flags && r.flags.length) t.append(row("flags", r.flags.map((f) => FLAGS[f] || f).join("; ")));
     if (r.grad_fn !== undefined && model.byKey.has("n" + r.grad_fn)) t.append(h("tr", {}, h("th", {}, "grad_fn"), h("td", {}, link("n" + r.grad_fn, model.byKey.get("n" + r.grad_fn).label))));
     panel.append(...[t, tensorTable(model, r.inputs, "inputs"), tensorTable(model, r.outputs, "outputs")].filter(Boolean));
   } else {

@@ -8,6 +8,7 @@
 // out that group and re-stacks its ancestors' levels only; every other group's layout is
 // reused from the cache.  Pure functions: runs in layout_worker.js, and in tests.
 export const SIZE = { leafW: 150, leafH: 34, groupW: 176, groupH: 38, xGap: 14, yGap: 26, pad: 10, header: 20 };
+const ROW_W = 12 * (SIZE.leafW + SIZE.xGap); // a wider layer wraps into rows
 
 // Children ids: a leaf is its index (>= 0), a group g is -1 - g.
 export function prepare({ leafGroup, leafPos, groupParent, groupPos, edges, leafBackward, groupBackward }) {
@@ -139,30 +140,43 @@ function layered(ch, le, member, sizeOf, reverse) {
   }
   let nLayers = 0;
   for (let k = 0; k < n; k++) if (member[k] && layer[k] + 1 > nLayers) nLayers = layer[k] + 1;
-  const lw = new Float64Array(nLayers), lh = new Float64Array(nLayers);
-  const w = new Float64Array(n), h = new Float64Array(n);
+  // A layer is cut into rows at most ROW_W wide: children of one layer never feed each other,
+  // and hundreds of them (the detach of every AccumulateGrad, a mask's slices) in one row made
+  // a graph 50,000 px wide that "Fit" shrank to nothing.
+  const w = new Float64Array(n), h = new Float64Array(n), rowOf = new Int32Array(n);
+  const rowW = [], rowH = [], rowLayer = [], lastRow = new Int32Array(nLayers).fill(-1);
   for (let k = 0; k < n; k++) {
     if (!member[k]) continue;
     const [cw, chh] = sizeOf(ch[k]);
     w[k] = cw; h[k] = chh;
     const L = layer[k];
-    lw[L] += cw + (lw[L] > 0 ? SIZE.xGap : 0);
-    if (chh > lh[L]) lh[L] = chh;
+    let r = lastRow[L];
+    if (r < 0 || rowW[r] + SIZE.xGap + cw > ROW_W) {
+      r = lastRow[L] = rowW.length;
+      rowW.push(0); rowH.push(0); rowLayer.push(L);
+    } else rowW[r] += SIZE.xGap;
+    rowW[r] += cw;
+    if (chh > rowH[r]) rowH[r] = chh;
+    rowOf[k] = r;
   }
-  const ly = new Float64Array(nLayers);
+  // rows in layer order, a layer's rows in the order they filled
+  const order = rowW.map((_, r) => r).sort((a, b) => rowLayer[a] - rowLayer[b] || a - b);
+  const ry = new Float64Array(rowW.length);
   let y = 0, maxW = 0;
-  for (let L = 0; L < nLayers; L++) { ly[L] = y; y += lh[L] + SIZE.yGap; if (lw[L] > maxW) maxW = lw[L]; }
-  const total = Math.max(y - SIZE.yGap, 0);
-  if (reverse) for (let L = 0; L < nLayers; L++) ly[L] = total - ly[L] - lh[L];
-  const cursor = new Float64Array(nLayers);
-  for (let L = 0; L < nLayers; L++) cursor[L] = (maxW - lw[L]) / 2; // centre each layer
+  order.forEach((r, j) => {
+    if (j > 0) y += rowLayer[r] === rowLayer[order[j - 1]] ? SIZE.xGap : SIZE.yGap;
+    ry[r] = y; y += rowH[r]; if (rowW[r] > maxW) maxW = rowW[r];
+  });
+  const total = y;
+  if (reverse) for (let r = 0; r < rowW.length; r++) ry[r] = total - ry[r] - rowH[r];
+  const cursor = rowW.map((rw) => (maxW - rw) / 2); // centre each row
   const rel = new Float64Array(2 * n);
   for (let k = 0; k < n; k++) {
     if (!member[k]) continue;
-    const L = layer[k];
-    rel[2 * k] = cursor[L];
-    rel[2 * k + 1] = ly[L] + (lh[L] - h[k]) / 2;
-    cursor[L] += w[k] + SIZE.xGap;
+    const r = rowOf[k];
+    rel[2 * k] = cursor[r];
+    rel[2 * k + 1] = ry[r] + (rowH[r] - h[k]) / 2;
+    cursor[r] += w[k] + SIZE.xGap;
   }
   return { rel, w: Math.max(maxW, 0), h: total };
 }

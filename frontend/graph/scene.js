@@ -39,9 +39,34 @@ export function overlayValues(model, overlay, ctx) {
 
 const EDGE_CHUNK = 256;
 
-function addSeg(p, [ax, ay, bx, by]) {
+function addSeg(p, [ax, ay, bx, by, , via]) {
   p.moveTo(ax, ay);
-  if (by > ay) p.bezierCurveTo(ax, (ay + by) / 2, bx, (ay + by) / 2, bx, by); else p.lineTo(bx, by);
+  if (via !== undefined) { // a skip edge, routed down the right of what lies between its ends
+    p.bezierCurveTo(ax, ay + DETOUR, via, ay, via, ay + DETOUR);
+    p.lineTo(via, by - DETOUR);
+    p.bezierCurveTo(via, by, bx, by - DETOUR, bx, by);
+  } else if (by > ay) p.bezierCurveTo(ax, (ay + by) / 2, bx, (ay + by) / 2, bx, by); else p.lineTo(bx, by);
+}
+
+const DETOUR = 30, SCAN = 2000;
+
+// Where an edge that skips rows (a residual connection: x + f(x)) runs: right of every box it
+// would cross (it was drawn straight down behind them, invisible), or undefined when it
+// crosses none.  Boxes are the visible items sorted by top (binary search for the rows in
+// between) and the frames, less the frames holding either end.
+function detour(seg, boxes, tops, frames) {
+  const [ax, ay, bx, by] = seg;
+  if (by - ay < 2 * DETOUR + 10) return undefined;
+  const x0 = Math.min(ax, bx), x1 = Math.max(ax, bx);
+  let right = -Infinity;
+  const cross = (b) => { if (b[1] < by && b[1] + b[3] > ay && b[0] <= x1 && b[0] + b[2] >= x0 && b[0] + b[2] > right) right = b[0] + b[2]; };
+  let lo = 0, hi = tops.length;
+  while (lo < hi) { const m = (lo + hi) >> 1; if (tops[m] < ay - 60) lo = m + 1; else hi = m; }
+  // a long edge looks at the first SCAN boxes only, so a 10,000-node graph stays fast to draw
+  for (let i = lo, end = Math.min(boxes.length, lo + SCAN); i < end && boxes[i][1] < by; i++) cross(boxes[i]);
+  const holds = (b, x, y) => x >= b[0] && x <= b[0] + b[2] && y >= b[1] && y <= b[1] + b[3];
+  for (const f of frames) if (!holds(f.box, ax, ay) && !holds(f.box, bx, by)) cross(f.box);
+  return right === -Infinity ? undefined : right + 14;
 }
 
 const CATEGORICAL = new Set(["dtype", "diff"]);
@@ -53,7 +78,9 @@ export function buildScene(model, layout, st) {
   const css = getComputedStyle(document.documentElement);
   const cv = (n) => css.getPropertyValue(n).trim();
 
-  // overlay colours, aggregated over collapsed groups (sum for time/memory, max for norms)
+  // overlay colours, aggregated over collapsed groups: sums for time and memory; for gradient
+  // norms the module's own norm, sqrt of the sum of its parameters' squared norms (what
+  // clip_grad_norm_ computes), so a module reads dead only when all of it got zero
   const vals = overlayValues(model, st.overlay, st.ctx);
   let colorOf = null, legend = null;
   const agg = new Map();
@@ -68,11 +95,13 @@ export function buildScene(model, layout, st) {
         const r = rep[i], v = vals[i];
         if (r >= 0 || v === undefined || v === null) return;
         const prev = agg.get(r) ?? 0;
-        agg.set(r, st.overlay === "grad" ? Math.max(prev, v) : prev + v);
+        agg.set(r, prev + (st.overlay === "grad" ? v * v : v));
       });
+      if (st.overlay === "grad") for (const [r, v] of agg) agg.set(r, Math.sqrt(v));
       const scale = logScale([...vals.filter((v) => typeof v === "number"), ...agg.values()], st.overlay === "grad" ? ZERO : null);
       colorOf = scale.color;
-      legend = { kind: "ramp", overlay: st.overlay, lo: scale.lo, hi: scale.hi, zeros: scale.zeros };
+      legend = { kind: "ramp", overlay: st.overlay, lo: scale.lo, hi: scale.hi, zeros: scale.zeros, positive: scale.positive,
+                 nonfinite: scale.nonfinite };
     }
   }
 
@@ -131,6 +160,7 @@ export function buildScene(model, layout, st) {
   const seen = new Set();
   const N = leaves.length + groups.length + 1;
   const sel = st.selected;
+  const boxes = items.map((it) => it.box).sort((p, q) => p[1] - q[1]), tops = boxes.map((b) => b[1]);
   for (const [a, b, type] of edges) {
     const ra = rep[a], rb = rep[b];
     if (ra === rb) continue;
@@ -140,6 +170,8 @@ export function buildScene(model, layout, st) {
     const A = boxOf(ra), B = boxOf(rb);
     const seg = [A[0] + A[2] / 2, A[1] + A[3], B[0] + B[2] / 2, B[1], type];
     if (type === 2) { if (sel && (leaves[a].key === sel || leaves[b].key === sel)) links.push(seg); continue; }
+    const via = detour(seg, boxes, tops, frames);
+    if (via !== undefined) seg.push(via);
     if (hi && hi.has(leaves[a].key) && hi.has(leaves[b].key)) hiSegs.push(seg); else segs.push(seg);
   }
   segs.sort((p, q) => Math.min(p[1], p[3]) - Math.min(q[1], q[3]));

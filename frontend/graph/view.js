@@ -6,7 +6,7 @@ import { buildModel, ancestors } from "./model.js";
 import { buildScene, pathToLoss, leafSub } from "./scene.js";
 import { GraphCanvas } from "./render.js";
 import { renderDetails } from "./details.js";
-import { RAMP_COLORS, ZERO } from "../colors.js";
+import { RAMP_COLORS, ZERO, NONFINITE } from "../colors.js";
 import { THEME_EVENT } from "../theme.js";
 
 const CANCEL_MS = 300;
@@ -100,15 +100,17 @@ export class GraphView {
     this.captured = [...new Set(this.captured)].sort((a, b) => a - b);
     clear(this.diffSel).append(...this.captured.map((s) => h("option", { value: s }, `diff vs step ${s}`)));
     this.stepSel.max = Math.max(0, this.captured.length - 1);
-    if (!this.captured.length) { this.status.textContent = "No graph captured yet in this session. It appears when a captured step ends."; return; }
-    const want = this.app.state.step;
-    const step = want !== undefined && this.captured.includes(want) ? want : this.captured[0];
-    await this.showStep(step);
+    if (!this.captured.length) { this.status.textContent = this.app.emptyText("graph"); return; }
+    await this.showStep(this.app.state.step ?? this.captured[0]);
   }
+
+  onStatus() { if (!this.captured.length) this.status.textContent = this.app.emptyText("graph"); }
 
   async showStep(step) {
     if (step === undefined || !this.captured.length) return;
-    if (!this.captured.includes(step)) step = nearest(this.captured, step); // e.g. a finding's step that has no graph
+    // e.g. a finding's or a chart's step that has no graph: the nearest captured one, said so
+    this.askedStep = this.captured.includes(step) ? undefined : step;
+    if (this.askedStep !== undefined) step = nearest(this.captured, step);
 
     this.step = step;
     this.stepSel.value = this.captured.indexOf(step);
@@ -162,6 +164,10 @@ export class GraphView {
   // The line under the graph: what it does not show as it is.
   statusLine(ev) {
     const notes = [];
+    if (this.askedStep !== undefined) {
+      const mode = this.app.meta?.mode;
+      notes.push(`Step ${this.askedStep} has no captured graph${mode === "default" ? " (mode=\"default\" captures the first step, every N steps and each step whose structure changes)" : ""}; showing step ${this.step}, the nearest captured.`);
+    }
     if (ev.complete === false) notes.push(`Partial graph: ${ev.shed_ops || "some"} ops were dropped under back-pressure.`);
     const errors = this.stepEvent?.backward_errors || [];
     if (errors.length) {
@@ -243,9 +249,16 @@ export class GraphView {
       for (const [k, c] of lg.entries) this.legend.append(h("span", { class: "swatch", style: `background:${c}` }), h("span", {}, k));
     } else {
       const fmt = lg.overlay === "memory" ? fmtBytes : lg.overlay === "time" ? fmtUs : fmtNum;
-      this.legend.append(h("span", {}, `${lg.overlay === "grad" ? "‖grad‖" : lg.overlay} ${fmt(lg.lo)}`),
-        h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP_COLORS.join(",")})` }), h("span", {}, `${fmt(lg.hi)} (log)`));
+      const name = lg.overlay === "grad" ? "‖grad‖" : lg.overlay;
+      if (!lg.positive) this.legend.append(h("span", {}, `${name}: no positive value in this step`));
+      else if (lg.lo === lg.hi) this.legend.append(h("span", { class: "swatch", style: `background:${RAMP_COLORS[Math.floor(RAMP_COLORS.length / 2)]}` }), h("span", {}, `${name} ${fmt(lg.lo)}`));
+      else {
+        this.legend.append(h("span", {}, `${name} ${fmt(lg.lo)}`),
+          h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP_COLORS.join(",")})` }), h("span", {}, `${fmt(lg.hi)} (log)`));
+      }
       if (lg.zeros) this.legend.append(h("span", { class: "swatch", style: `background:${ZERO}` }), h("span", {}, "exactly zero"));
+      if (lg.nonfinite) this.legend.append(h("span", { class: "swatch", style: `background:${NONFINITE}` }), h("span", {}, "NaN / Inf"));
+      if (lg.overlay === "grad") this.legend.append(h("span", { class: "swatch", style: "background:var(--node-none)" }), h("span", {}, "no gradient (.grad is None) or not a parameter"));
     }
     if (this.diffSummary && this.overlay === "diff") this.legend.append(h("span", { class: "muted" }, this.diffSummary));
   }
@@ -314,8 +327,8 @@ export class GraphView {
     if (this.selected && this.selected.startsWith("g:")) renderDetails(this.details, this.model, this.selected, this.ctx());
   }
 
-  async expandAll() { for (const g of this.model.groups) if (g.key) this.expandedKeys.add(g.key); await this.relayout(); this.canvas.fit(); }
-  async collapseAll() { this.expandedKeys.clear(); await this.relayout(); this.canvas.fit(); }
+  async expandAll() { if (!this.model) return; for (const g of this.model.groups) if (g.key) this.expandedKeys.add(g.key); await this.relayout(); this.canvas.fit(); }
+  async collapseAll() { if (!this.model) return; this.expandedKeys.clear(); await this.relayout(); this.canvas.fit(); }
 
   // Select a leaf or group; hidden leaves get their module groups expanded first.
   async select(key, center = false) {
@@ -421,7 +434,7 @@ export class GraphView {
       layoutMs: this.lastLayoutMs, firstPaintMs: this.firstPaintMs, sideBySide: this.sideBySide,
       nodes: (this.scene?.items || []).map((it) => ({ key: it.key, label: it.label, sub: it.sub, group: it.group !== undefined, hi: it.hi, cut: it.cut, color: it.color })),
       frames: (this.scene?.frames || []).map((f) => f.title),
-      expanded: [...this.expandedKeys], leaves: this.model?.leaves.length || 0,
+      expanded: [...this.expandedKeys], leaves: this.model?.leaves.length || 0, status: this.status.textContent,
     };
   }
 }

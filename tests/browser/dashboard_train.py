@@ -2,6 +2,7 @@
 be expanded), a module with a hostile name, and an optional pause per step (live tests).
 
     python dashboard_train.py --server URL --record PATH --steps N [--sleep S] [--name NAME] [--autocast] [--probe]
+                              [--mode MODE] [--hold S]
 
 ``--probe``: a linear probe -- ``embed`` runs under no_grad and the optimizer leaves it out, so
 its parameters get no gradient by design (``not_trained``).
@@ -58,6 +59,8 @@ def main() -> None:
     ap.add_argument("--name", default="dashboard-test")
     ap.add_argument("--autocast", action="store_true", help="forward under CPU autocast (bfloat16)")
     ap.add_argument("--probe", action="store_true", help="embed frozen by the loop: no_grad, not in the optimizer")
+    ap.add_argument("--mode", default="default", help="torchscope.watch's mode")
+    ap.add_argument("--hold", type=float, default=0.0, help="seconds to wait after the steps (a test kills it meanwhile)")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -65,7 +68,8 @@ def main() -> None:
     model.probe = args.probe
     trained = [p for n, p in model.named_parameters() if not (args.probe and n.startswith("embed."))]
     opt = torch.optim.SGD(trained, lr=0.01)
-    w = torchscope.watch(model, opt, server=args.server, record=args.record, name=args.name, sample_every=2)
+    w = torchscope.watch(model, opt, server=args.server, record=args.record, name=args.name, sample_every=2,
+                         mode=args.mode)
     for _ in range(args.steps):
         x, y = torch.randn(4, 8), torch.randn(4, 1)
         opt.zero_grad()
@@ -76,6 +80,7 @@ def main() -> None:
         opt.step()
         if args.sleep:
             time.sleep(args.sleep)
+    time.sleep(args.hold)
     w.close()
 
 

@@ -124,3 +124,39 @@ def test_layout_promises_on_a_random_nested_graph(static_server: ServerProc) -> 
     assert r["checkedB"] > 100 and r["checkedF"] > 100 and r["wrongWay"] == 0, r  # side by side
     assert r["rightOf"] == r["forwardTop"] > 0, r  # the backward column is right of every forward group
     print(f"layout of {r['nL']} leaves in 60 nested groups: {r['ms']:.1f} ms")
+
+
+# Three hundred ops of one module that feed nothing in it (every AccumulateGrad's detach in a
+# full capture, a mask's slices) after a chain of five: one layer, which must wrap into rows.
+WIDE = """async () => {
+  const { Layouter, SIZE } = await import("/static/graph/layout.js");
+  const nL = 305;
+  const leafGroup = new Int32Array(nL), leafPos = Int32Array.from({ length: nL }, (_, i) => i);
+  const edges = Int32Array.from([0, 1, 1, 2, 2, 3, 3, 4]);
+  const L = new Layouter({ leafGroup, leafPos, groupParent: Int32Array.from([-1]), groupPos: Float64Array.from([-1]), edges });
+  const res = L.place();
+  const box = (i) => Array.from(res.leafBox.slice(4 * i, 4 * i + 4));
+  let overlaps = 0;
+  for (let i = 0; i < nL; i++) for (let j = i + 1; j < nL; j++) {
+    const [a, b] = [box(i), box(j)];
+    if (a[0] < b[0] + b[2] && b[0] < a[0] + a[2] && a[1] < b[1] + b[3] && b[1] < a[1] + a[3]) overlaps++;
+  }
+  const down = [0, 1, 2, 3].every((i) => box(i + 1)[1] > box(i)[1]);
+  return { width: res.width, height: res.height, overlaps, down, leafW: SIZE.leafW + SIZE.xGap };
+}"""
+
+
+def test_a_wide_layer_wraps_into_rows(static_server: ServerProc) -> None:
+    with playwright_sync.sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            page = b.new_page()
+            page.goto(static_server.url + "/")
+            r: dict[str, Any] = page.evaluate(WIDE)
+        finally:
+            b.close()
+    assert r["overlaps"] == 0 and r["down"], r
+    # one row of 300 was 49,000 px wide; wrapped, the graph is at most 12 ops wide and
+    # about as tall as it is wide (26 rows of 12)
+    assert r["width"] <= 12 * r["leafW"], r
+    assert r["height"] >= 25 * 34, r

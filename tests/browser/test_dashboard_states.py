@@ -1,0 +1,156 @@
+"""What the dashboard says about a run's state, found wrong by QA (twenty-first session) and
+checked in a real headless Chromium against a real `torchscope serve`, with runs recorded by a
+real training script:
+
+- a run killed while its page is open turns from "running" to "ended unexpectedly" on that
+  page, without a reload, and its empty state stops promising live updates;
+- an empty graph view says why: a light-mode run captures no graph; "Expand all" on it does
+  nothing (it threw a TypeError);
+- a step without a captured graph (from a chart, a finding, a URL) says which step is shown
+  instead of silently showing another one;
+- the sessions page keeps what an import did (with a link to the new session) while a live
+  run refreshes the list, and says why a rename was refused.
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ServerProc
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+
+TRAIN = Path(__file__).resolve().parent / "dashboard_train.py"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    with ServerProc(tmp_path_factory.mktemp("states-server")) as s:
+        yield s
+
+
+@pytest.fixture
+def page(srv: ServerProc) -> Iterator[Any]:
+    with playwright_sync.sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            pg = b.new_page(viewport={"width": 1280, "height": 800})
+            errors: list[str] = []
+            pg.on("pageerror", lambda e: errors.append(str(e)))
+            pg.on("dialog", lambda d: d.accept("x" * 300))  # the rename prompt: a name the server refuses
+            yield pg
+            assert errors == [], f"JavaScript errors: {errors}"
+        finally:
+            b.close()
+
+
+def train(srv: ServerProc, tmp: Path, name: str, *args: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, str(TRAIN), "--server", srv.url, "--record", str(tmp / f"{name}.tscope"), "--name", name, *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(p: subprocess.Popen[str]) -> None:
+    out, _ = p.communicate(timeout=240)
+    assert p.returncode == 0, out[-3000:]
+
+
+def session_id(srv: ServerProc, name: str, status: str | None = None, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for s in srv.get("/api/sessions"):  # type: ignore[attr-defined]
+            if s["name"] == name and (status is None or s["status"] == status):
+                return str(s["id"])
+        time.sleep(0.2)
+    raise AssertionError(f"no session {name!r} ({status}) on the server: {srv.get('/api/sessions')}")
+
+
+def open_session(page: Any, srv: ServerProc, sid: str, query: str = "") -> None:
+    page.goto(f"{srv.url}/sessions/{sid}{query}")
+    page.wait_for_function("window.__torchscope && window.__torchscope.ready")
+    page.evaluate("window.__torchscope.ready")
+
+
+def test_a_killed_run_turns_ended_on_its_open_page(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    p = train(srv, tmp_path, "killed", "--steps", "0", "--hold", "120")
+    try:
+        sid = session_id(srv, "killed", "running")
+        open_session(page, srv, sid)
+        assert page.locator("#session-status").inner_text() == "running"
+        assert "fills in live" in page.locator("#empty-note").inner_text()
+        assert "appears when the first captured step ends" in page.evaluate("window.__torchscope.state().graph.status")
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    # the writer's last contact made 31 s old in the server's real SQLite file, instead of waiting
+    with sqlite3.connect(srv.data / "torchscope.db") as db:
+        db.execute("UPDATE ranks SET last_seen = last_seen - 31 WHERE session_id = ?", (sid,))
+    # the server's sweep (every 5 s) finds it silent and tells the open page
+    page.wait_for_function("document.getElementById('session-status').textContent === 'ended unexpectedly'", timeout=20_000)
+    note = page.locator("#empty-note").inner_text()
+    assert "recorded no steps (ended unexpectedly)" in note and "live" not in note
+    assert "No graph was captured" in page.evaluate("window.__torchscope.state().graph.status")
+
+
+def test_a_light_run_says_it_has_no_graph_and_expand_all_is_harmless(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    finish(train(srv, tmp_path, "light-run", "--steps", "3", "--mode", "light"))
+    open_session(page, srv, session_id(srv, "light-run", "finished"))
+    g = page.evaluate("window.__torchscope.state().graph")
+    assert g["captured"] == [] and 'mode="light"' in g["status"]
+    assert page.locator("#empty-note").count() == 0  # it has steps: only the graph is empty
+    page.click("[data-testid=expand-all]")
+    page.click("text=Collapse")
+    page.wait_for_timeout(200)  # a TypeError would reach the page's error list
+
+
+def test_a_step_without_a_graph_says_which_step_is_shown(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    finish(train(srv, tmp_path, "sampled", "--steps", "4"))  # sample_every=2: steps 1 and 3 have no graph
+    sid = session_id(srv, "sampled", "finished")
+    captured = [g["step"] for g in srv.get(f"/api/sessions/{sid}/graphs")]  # type: ignore[union-attr]
+    assert 1 not in captured and 0 in captured
+    open_session(page, srv, sid, "?step=1")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().graph; return g && g.nodes.length > 0; })()")
+    g = page.evaluate("window.__torchscope.state().graph")
+    assert g["step"] == 0
+    assert "Step 1 has no captured graph" in g["status"] and "showing step 0" in g["status"]
+    # a captured step chosen on the scrubber is no such case: the note goes
+    page.evaluate(f"window.__torchscope.showStep({captured[1]})")
+    assert "no captured graph" not in page.evaluate("window.__torchscope.state().graph.status")
+
+
+def test_sessions_page_keeps_what_an_import_and_a_rename_did(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    finish(subprocess.Popen([sys.executable, str(TRAIN), "--record", str(tmp_path / "file.tscope"), "--steps", "2",
+                             "--name", "from-a-file"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    streaming = train(srv, tmp_path, "streaming", "--steps", "400", "--sleep", "0.02")
+    try:
+        session_id(srv, "streaming", "running")
+        page.goto(srv.url + "/")
+        page.wait_for_function("window.__torchscope && window.__torchscope.ready")
+        page.set_input_files("[data-testid=file-input]", str(tmp_path / "file.tscope"))
+        page.wait_for_selector("a.session-link:text-is('from-a-file')")
+        page.wait_for_timeout(1500)  # the streaming run refreshes the list several times meanwhile
+        assert "Imported file.tscope" in page.locator("#note").inner_text()
+        link = page.locator("#note a.imported")
+        sid = session_id(srv, "from-a-file")
+        assert link.get_attribute("href") == f"/sessions/{sid}"
+        # a name over the server's limit: refused with a 422, and the page says why
+        page.locator(f"tr[data-id='{sid}'] button[title=rename]").click()
+        page.wait_for_selector("#note.error")
+        page.wait_for_timeout(1000)
+        assert "name" in page.locator("#note.error").inner_text()
+        assert session_id(srv, "from-a-file") == sid  # not renamed
+        link_gone = page.locator("#note a.imported").count() == 0
+        assert link_gone  # the newer message replaced the older one
+    finally:
+        streaming.kill()
+        streaming.wait(10)
