@@ -10,11 +10,12 @@
 export const SIZE = { leafW: 150, leafH: 34, groupW: 176, groupH: 38, xGap: 14, yGap: 26, pad: 10, header: 20 };
 const ROW_W = 12 * (SIZE.leafW + SIZE.xGap); // a wider layer wraps into rows
 
-// Children ids: a leaf is its index (>= 0), a group g is -1 - g.
+// Children ids: a leaf is its index (>= 0), a group g is -1 - g.  A group whose parent is -1
+// is laid out nowhere (an open container whose children the caller gave to its parent).
 export function prepare({ leafGroup, leafPos, groupParent, groupPos, edges, leafBackward, groupBackward }) {
   const nG = groupParent.length;
   const children = Array.from({ length: nG }, () => []);
-  for (let g = 1; g < nG; g++) children[groupParent[g]].push(-1 - g);
+  for (let g = 1; g < nG; g++) if (groupParent[g] >= 0) children[groupParent[g]].push(-1 - g);
   for (let i = 0; i < leafGroup.length; i++) children[leafGroup[i]].push(i);
   const posOf = (c) => (c >= 0 ? leafPos[c] : groupPos[-1 - c]);
   const local = new Int32Array(leafGroup.length + nG); // leaf i at i, group g at nLeaves + g
@@ -26,7 +27,7 @@ export function prepare({ leafGroup, leafPos, groupParent, groupPos, edges, leaf
   // Ancestor chains are short (module depth), so lifting every edge to the level of its
   // lowest common group is O(E * depth).
   const depth = new Int32Array(nG);
-  for (let g = 1; g < nG; g++) depth[g] = depth[groupParent[g]] + 1;
+  for (let g = 1; g < nG; g++) depth[g] = groupParent[g] < 0 ? 0 : depth[groupParent[g]] + 1;
   const levelEdges = Array.from({ length: nG }, () => []);
   for (let e = 0; e < edges.length; e += 2) {
     let a = edges[e], b = edges[e + 1];

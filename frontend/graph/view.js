@@ -10,6 +10,7 @@ import { RAMP_COLORS, ZERO, NONFINITE } from "../colors.js";
 import { THEME_EVENT } from "../theme.js";
 
 const CANCEL_MS = 300;
+const CONTAINERS = new Set(["ModuleList", "ModuleDict"]);
 
 // The captured step closest to `step` (the last one at or before it, else the first).
 export function nearest(captured, step) {
@@ -127,12 +128,12 @@ export class GraphView {
     const m = this.model;
     this.workerInput = {
       leafGroup: Int32Array.from(m.leaves, (l) => l.group), leafPos: Int32Array.from(m.leaves, (l) => l.pos),
-      groupParent: Int32Array.from(m.groups, (g) => g.parent), groupPos: Float64Array.from(m.groups, (g) => (Number.isFinite(g.pos) ? g.pos : -1)),
+      groupParent: this.layoutParents(new Set()), groupPos: Float64Array.from(m.groups, (g) => (Number.isFinite(g.pos) ? g.pos : -1)),
       edges: Int32Array.from(m.edges.flatMap((e) => [e[0], e[1]])),
       leafBackward: Uint8Array.from(m.leaves, (l) => (l.phase === "backward" ? 1 : 0)),
       groupBackward: Uint8Array.from(m.groups, (g) => (g.phase === "backward" ? 1 : 0)),
     };
-    this.worker.postMessage({ type: "init", input: this.workerInput });
+    this.openContainers = null; // relayout sends the worker this graph, with its layout tree
     this.status.textContent = this.statusLine(ev);
     if (this.overlay === "diff") await this.loadDiff(false);
     await this.relayout(true);
@@ -195,10 +196,33 @@ export class GraphView {
     this.redraw();
   }
 
+  // nn.ModuleList and nn.ModuleDict are never called: their children run from the parent's
+  // forward, between the parent's own ops (`x = x + layer(x)`).  Expanded, such a container
+  // is no frame: its children are laid out among the parent's ops, where they ran, and their
+  // parent in the layout is the nearest ancestor that is not an open container (-1 for the
+  // container itself: laid out nowhere).
+  layoutParents(expandedIdx) {
+    const { groups, leaves } = this.model, type = this.app.moduleType;
+    const own = new Set(leaves.map((l) => l.group));
+    const open = (g) => g > 0 && expandedIdx.has(g) && !own.has(g) && CONTAINERS.has(type?.get(groups[g].path));
+    return Int32Array.from(groups, (G, g) => {
+      if (open(g)) return -1;
+      let p = G.parent;
+      while (open(p)) p = groups[p].parent;
+      return p;
+    });
+  }
+
   relayout(fit = false) {
     const m = this.model;
     const expanded = [...this.expandedKeys].map((k) => m.gIndex.get(k)).filter((g) => g !== undefined);
     this.expandedIdx = new Set(expanded);
+    const parents = this.layoutParents(this.expandedIdx), open = parents.filter((p) => p < 0).length + ":" + parents.join(",");
+    if (open !== this.openContainers) { // an open container changed: the layout's tree did
+      this.openContainers = open;
+      this.workerInput = { ...this.workerInput, groupParent: parents };
+      this.worker.postMessage({ type: "init", input: this.workerInput });
+    }
     // A layout still running after CANCEL_MS when a newer one is asked for is cancelled: the
     // worker is replaced (it cannot be interrupted mid-computation) and re-initialised.
     if (this.inFlight && performance.now() - this.inFlight > CANCEL_MS) { this.worker.terminate(); this.startWorker(); }

@@ -6,7 +6,8 @@ against a real `torchscope serve`, with runs recorded by a real training script.
   the hover read-out must name the cell under the pointer after scrolling.
 - The graph view laid out a residual stack in an ``nn.ModuleList`` in one row: its blocks are
   linked only through the parent's adds.  They must stack top to bottom, while branches that
-  really run in parallel stay side by side.
+  really run in parallel stay side by side; and (twenty-first session) the parent's adds sit
+  between the blocks, not all below the ModuleList's frame.
 """
 
 from __future__ import annotations
@@ -167,6 +168,14 @@ def test_residual_blocks_in_a_module_list_stack_top_to_bottom(page: Any, srv: Se
     for i in range(1, 8):
         above, below = blocks[f"g:forward:layers.{i - 1}"], blocks[f"g:forward:layers.{i}"]
         assert below[1] >= above[1] + above[3], f"block {i} is not below block {i - 1}: {blocks}"
+    # a ModuleList is never called: expanded, it is no frame, and the parent's `x + layer(x)`
+    # sits between the block it reads and the next one, where it ran
+    assert not any(f.startswith("layers (ModuleList)") for f in page.evaluate("window.__torchscope.state().graph.frames"))
+    adds = [b for k, b in page.evaluate(BOXES, "o").items()
+            if page.evaluate(f"window.__torchscope.app.views.graph.obj.model.byKey.get('{k}').label") == "add"]
+    for i in range(1, 8):
+        above, below = blocks[f"g:forward:layers.{i - 1}"], blocks[f"g:forward:layers.{i}"]
+        assert any(above[1] + above[3] <= a[1] and a[1] + a[3] <= below[1] for a in adds), f"no add between blocks {i - 1} and {i}"
     # their backward, side by side (the default), flows up from the loss: block 7's grad_fn
     # nodes run first and sit lowest, block 0's last and highest
     assert page.evaluate("window.__torchscope.state().graph.sideBySide")
