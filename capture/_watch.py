@@ -832,9 +832,13 @@ class Watch:
             self._safe("forward", self._on_forward_post, model, output)
 
     def _enter_by_children(self, model: nn.Module) -> bool:
-        """Make the calls of ``model``'s direct submodules its forwards (see _entries): hooked
-        first among their pre-hooks, their module hooks of recorded steps left to these."""
-        children = [(name, m) for name, m in model.named_children() if not isinstance(m, torch.jit.ScriptModule)]
+        """Make the calls of ``model``'s submodules its forwards (see _entries): hooked first
+        among their pre-hooks, their module hooks of recorded steps left to these.  Every
+        submodule, not only the direct ones: a loop may run ``for layer in model.encoder.layers:
+        h = layer(h)``, never calling ``model.encoder``; inside a forward so begun, a deeper
+        submodule's hook is only its module context, as the module hook would have been."""
+        children = [(name, m) for name, m in model.named_modules() if m is not model
+                    and not isinstance(m, torch.jit.ScriptModule)]
         if not children:
             return False
         self._remove_module_hooks()  # re-registered without the entries at the next recorded step
@@ -1523,7 +1527,7 @@ class Watch:
         self._direct_noted = True
         model = self._model()
         entered = model is not None and self._safe("forward", self._enter_by_children, model) is True
-        names = ", ".join(self._entries.values())
+        names = ", ".join(p for p in self._entries.values() if "." not in p)
         if model is not None and getattr(type(model), "forward", None) is getattr(nn.Module, "forward", None):
             # an nn.ModuleDict / ModuleList of models (a GAN's {"G": ..., "D": ...}): no model(x)
             msg = (
@@ -1540,7 +1544,8 @@ class Watch:
                 f"torchscope: a backward through {self._model_name}'s parameters came without a call of "
                 "the model itself (model.forward(x), another of its methods, or its submodules called "
                 "directly skip the model's hooks). "
-                + (f"From the next step on, calls of its submodules {names} are recorded as its forward; "
+                + (f"From the next step on, calls of its submodules {names} are recorded as its forward (a "
+                   "call of a module inside them, by itself, as well); "
                    "this step has no forward ops. " if entered else "These steps are recorded without their "
                    "forward ops (call model(x)). ")
                 + "Under torch.compile(backend=\"eager\") no module hook runs at all: compile with the "

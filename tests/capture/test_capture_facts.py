@@ -1187,6 +1187,45 @@ def test_model_forward_called_directly(tmp_path: Path, capsys: pytest.CaptureFix
     assert len(logs) == 1 and logs[0]["level"] == "warning"
 
 
+def test_grandchildren_called_directly_are_the_models_forward(tmp_path: Path) -> None:
+    """A loop that runs the layers of a submodule one by one (``for layer in model.enc: h =
+    layer(h)``) never calls the model nor ``model.enc``: from the second step on, each layer's
+    call is a forward of the model, its ops in its module, and training does not change."""
+
+    def train(path: Path | None) -> tuple[list[float], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = _EncHead()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        w = torchscope.watch(model, opt, server=None, record=path, sample_every=2) if path is not None else None
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(4):
+            opt.zero_grad()
+            h = torch.randn(4, 8, generator=g)
+            for layer in model.enc:
+                h = layer(h)
+            loss = model.head(h).pow(2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        if w is not None:
+            w.close()
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    plain, plain_params = train(None)
+    path = tmp_path / "layers.tscope"
+    watched, watched_params = train(path)
+    assert watched == plain and all(torch.equal(a, b) for a, b in zip(plain_params, watched_params, strict=True))
+    events = list(iter_events(path))
+    steps = [e for e in events if e["kind"] == "step"]
+    # enc.0, enc.1 (its ReLU) and head, each called at depth 0: three forwards a step
+    assert all(len(s["forwards"]) == len(list(_EncHead().enc)) + 1 for s in steps[1:]), [s["forwards"] for s in steps]
+    graphs = {e["step"]: e for e in events if e["kind"] == "graph"}
+    fwd = [o for o in graphs[1]["ops"] if o.get("phase") == "forward"]
+    assert {o["module"] for o in fwd} >= {"enc.0", "enc.1", "head"}, {(o["module"], o["name"]) for o in fwd}
+    assert any(o["module"] == "enc.1" and "relu" in o["name"] for o in fwd)
+
+
 def test_a_container_of_models_is_told_to_watch_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An ``nn.ModuleDict`` of a GAN's models has no forward to call: the note says to watch each
     model, not to "call model(x)"; its models' calls are recorded as its forwards from the
