@@ -84,6 +84,22 @@ def upstream(graph_ops: list[dict[str, Any]], op: dict[str, Any]) -> list[dict[s
     return _walk([op], feeding)
 
 
+def gradient_upstream(graph_ops: list[dict[str, Any]], op: dict[str, Any]) -> list[dict[str, Any]]:
+    """`op` and every op a gradient from it flows back to, in execution order: as upstream,
+    but not past an op that passes none to its inputs -- a ``detach`` (the straight-through
+    ``z + (round(z) - z).detach()``) or an op run with grad mode off (inside a custom
+    ``autograd.Function``'s forward, under ``no_grad``)."""
+    writers = producers(graph_ops)
+
+    def feeding(cur: dict[str, Any], cid: int) -> list[dict[str, Any]]:
+        if cur.get("grad_mode") is False or str(cur.get("name", "")).rstrip("_") == "aten::detach":
+            return []
+        found = (writers.get(as_int(t, -1)) for t in as_list(cur.get("inputs")))
+        return [w for w in found if w is not None and as_int(w.get("id"), -1) < cid]
+
+    return _walk([op], feeding)
+
+
 def node_by_id(graph: dict[str, Any], node_id: int) -> dict[str, Any]:
     for n in as_list(graph.get("nodes")):
         if isinstance(n, dict) and as_int(n.get("id"), -1) == node_id:

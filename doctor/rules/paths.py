@@ -237,11 +237,11 @@ def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
         loss = g.loss_op(graph)
         if not loss:
             continue
-        path = g.upstream(fwd, loss)
+        path = g.gradient_upstream(fwd, loss)  # an op no gradient reaches cannot stop one
         on_path = {as_int(op.get("id"), -1) for op in path}
         floating = _floating_tensors(graph)
         for op in path:
-            if _stops_gradient(op) and _feeds_as_value(path, op, on_path, floating):
+            if op.get("grad_mode") is not False and _stops_gradient(op) and _feeds_as_value(path, op, on_path, floating):
                 key = (str(op.get("name", "")), str(op.get("module", "")), str(op.get("src", "")))
                 steps, first, fstep = hits.get(key, ([], op, step))
                 hits[key] = ([*steps, step], first, fstep)

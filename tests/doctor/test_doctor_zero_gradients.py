@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -40,6 +41,33 @@ def test_a_rounded_prediction_is_p9_not_a_misplaced_zero_grad(tmp_path: Path) ->
     p9 = next(f for f in findings if f["code"] == "P9")
     assert "aten::round" in p9["message"] and "zero everywhere" in p9["message"]
     assert p9["src"] == f"{Path(__file__).name}:{test_a_rounded_prediction_is_p9_not_a_misplaced_zero_grad.__code__.co_firstlineno + 1}"
+
+
+class _STESign(torch.autograd.Function):
+    """A binarised net's straight-through sign: its hand-written backward passes the gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return torch.sign(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * (x.abs() <= 1).to(grad.dtype)
+
+
+@pytest.mark.parametrize("trick", ["function", "detach"])
+def test_straight_through_estimators_are_no_p9(tmp_path: Path, trick: str) -> None:
+    """A step function whose zero gradient the loop goes around on purpose: inside a custom
+    autograd.Function's forward (grad mode off there), or the quantiser's
+    ``z + (round(z) - z).detach()`` -- gradients flow, and the doctor says nothing."""
+    ste: Callable[[torch.Tensor], torch.Tensor] = (
+        _STESign.apply if trick == "function" else lambda z: z + (torch.round(z * 4) / 4 - z).detach())  # type: ignore[assignment]
+    findings = _run(tmp_path, lambda out, y: nn.functional.l1_loss(ste(out), y))
+    assert not [f for f in findings if f["severity"] in ("error", "warning")], findings
+    grads = [e["grads"] for e in iter_events(tmp_path / "run.tscope") if e["kind"] == "step"]
+    assert all(n > 0 for g in grads for n in g["norm"]), grads  # the gradient did get through
 
 
 def test_gradients_zeroed_between_backward_and_step_are_p5(tmp_path: Path) -> None:
