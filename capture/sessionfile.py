@@ -464,6 +464,14 @@ def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         yield from events
 
 
+def torn_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes after the file's last whole frame, which readers drop: a writer killed mid-write,
+    or a file cut short in transit."""
+    frames = index(path)[1]
+    end = frames[-1].offset + FRAME_HEADER_SIZE + frames[-1].length if frames else HEADER_SIZE
+    return max(os.path.getsize(path) - end, 0)
+
+
 def raw_frames(path: str | os.PathLike[str]) -> Iterator[bytes]:
     """Every whole frame's raw bytes (header + payload) — what an import sends to the store."""
     _, frames = index(path)

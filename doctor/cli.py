@@ -52,7 +52,7 @@ def _status(text: str) -> None:
 def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = None) -> int:
     """Print the findings of the session file at `path`; 1 if any is an error, 0 if none, 2 on bad input."""
     # Imported here: the codec pulls zlib/struct only, but keeping the doctor's import light matters in the server.
-    from torchscope.sessionfile import SessionFileError, iter_events
+    from torchscope.sessionfile import SessionFileError, iter_events, torn_bytes
 
     try:
         settings = Settings.from_overrides(overrides)
@@ -69,9 +69,11 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
                 last_step = max(last_step, ev["step"])
                 if tell and ev["step"] % 5000 == 4999:
                     _status(f"read {ev['step'] + 1:,} steps")
+        torn = torn_bytes(path)
     except (SessionFileError, OSError, ValueError) as exc:
         print(f"torchscope doctor: {exc}", file=sys.stderr)
         return 2
+    ended = any(ev.get("kind") == "end" for ev in events)
     if tell and last_step >= 5000:
         _status(f"read {last_step + 1:,} steps; checking P1-P15")
     findings = diagnose(events, settings)
@@ -87,6 +89,11 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         errors = sum(1 for f in findings if f.get("severity") == "error")
         print(f"{path}: {len(findings)} finding(s), {errors} error(s), {last_step + 1} steps\n")
         print("\n\n".join(format_finding(f, last_step) for f in findings))
+    if not ended or torn:
+        # on stderr: --json's output stays the findings alone
+        cut = f"{torn:,} bytes after its last whole frame were dropped" if torn else "it has no end event"
+        print(f"torchscope doctor: note: {path} is incomplete ({cut}: the run was killed, or the file was cut "
+              f"short); the findings cover the {last_step + 1} step(s) it holds.", file=sys.stderr)
     return 1 if any(f.get("severity") == "error" for f in findings) else 0
 
 

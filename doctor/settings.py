@@ -7,6 +7,7 @@ any of them with strings (`torchscope doctor FILE --set explode_factor=1e4`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -34,8 +35,27 @@ class Settings:
         for key, raw in (overrides or {}).items():
             if key not in known:
                 raise ValueError(f"unknown doctor setting {key!r} (known: {', '.join(sorted(known))})")
-            values[key] = _convert(key, raw, type(known[key]))
+            values[key] = _in_range(key, _convert(key, raw, type(known[key])))
         return cls(**values)  # type: ignore[arg-type]
+
+
+# What each setting means bounds it: (lowest, whether the lowest itself is allowed, highest).
+# A factor of 1 or less would call every step exploding; min_steps=0 reported a condition
+# twice and a negative one crashed P3.
+_RANGES: dict[str, tuple[float, bool, float]] = {
+    "min_steps": (1, True, math.inf), "dead_zero_frac": (0, False, 1), "explode_factor": (1, False, math.inf),
+    "explode_min_norm": (0, True, math.inf), "vanish_factor": (1, False, math.inf), "layer_ratio": (1, False, math.inf),
+    "memory_growth_bytes": (0, True, math.inf), "growth_steps": (1, True, math.inf), "hook_bytes": (0, True, math.inf),
+    "copies_per_step": (0, True, math.inf), "scaler_skip_steps": (1, True, math.inf), "min_scale": (0, False, math.inf),
+}
+
+
+def _in_range(name: str, value: int | float) -> int | float:
+    low, closed, high = _RANGES[name]
+    if math.isnan(value) or value > high or value < low or (value == low and not closed):
+        bound = f"{'at least' if closed else 'more than'} {low:g}" + (f" and at most {high:g}" if high != math.inf else "")
+        raise ValueError(f"doctor setting {name!r} must be {bound}, got {value:g}")
+    return value
 
 
 # Why each default is what it is; the CLI's --set and docs/doctor.md use these names.

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from torchscope.sessionfile import FRAME_HEADER_SIZE, HEADER_SIZE, index, iter_events
+from torchscope.sessionfile import iter_events, torn_bytes
 
 
 def _size(n: int) -> str:
@@ -61,14 +61,8 @@ def summarize(path: Path) -> dict[str, Any]:
         "size": _size(os.path.getsize(path)),
         "duration": f"{stop - begin:.1f} s" if begin is not None and stop is not None else "?",
     }
-    torn = _torn_bytes(path)
+    torn = torn_bytes(path)
     if torn:
         info["torn tail"] = f"{_size(torn)} after the last whole frame not read (a writer killed mid-write)"
     return info
 
-
-def _torn_bytes(path: Path) -> int:
-    """Bytes after the file's last whole frame, which readers drop (``sessionfile.index``)."""
-    frames = index(path)[1]
-    end = frames[-1].offset + FRAME_HEADER_SIZE + frames[-1].length if frames else HEADER_SIZE
-    return max(os.path.getsize(path) - end, 0)

@@ -93,3 +93,34 @@ def test_module_entry_point_no_traceback(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "torchscope.doctor.cli", str(tmp_path / "missing.tscope")],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "Traceback" not in res.stderr and res.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(("setting", "value", "says"), [
+    ("min_steps", "-5", "'min_steps' must be at least 1, got -5"),  # crashed P3 with a traceback
+    ("min_steps", "0", "at least 1"),  # reported a P7 twice
+    ("explode_factor", "0", "'explode_factor' must be more than 1"),  # "over 0x its usual level"
+    ("dead_zero_frac", "1.5", "more than 0 and at most 1"),
+    ("vanish_factor", "nan", "got nan"),
+])
+def test_a_setting_out_of_its_range_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], setting: str,
+                                            value: str, says: str) -> None:
+    path = write(tmp_path / "ok.tscope", clean_run())
+    assert run(str(path), overrides={setting: value}) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err
+
+
+def test_an_incomplete_file_is_said_to_be(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file cut short (a killed writer, a partial copy): its findings come with a note that
+    they cover only the steps it holds; a whole file gets none."""
+    whole = write(tmp_path / "whole.tscope", [*clean_run(), {"kind": "end", "t": 0.0, "status": "finished", "steps": 8}])
+    assert run(str(whole)) == 0 and "incomplete" not in capsys.readouterr().err
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.tscope"
+    cut.write_bytes(data[: len(data) - 5])  # the last frame (with the end event) torn
+    assert run(str(cut)) == 0
+    out, err = capsys.readouterr()
+    assert "no problems found" in out
+    assert "is incomplete" in err and "bytes after its last whole frame were dropped" in err
+    assert run(str(cut), as_json=True) == 0
+    assert json.loads(capsys.readouterr().out) == []  # --json stays the findings alone
