@@ -92,6 +92,15 @@ class Run:
         if as_list(self.end.get("forwards")):
             yield max(self.last_step, 0), {"forwards": self.end["forwards"]}
 
+    @staticmethod
+    def step_of_forward(step: int, forwards: list[dict[str, Any]], f: dict[str, Any]) -> int:
+        """The step a forward that no backward used belongs to: one before the step's first
+        trained forward ran after the previous step's optimizer.step() -- an evaluation every
+        N steps is that step's, as one after the last step is (the end event's) -- not the
+        next one's, whose event holds it."""
+        used_at = next((i for i, x in enumerate(forwards) if x.get("backward") is True), len(forwards))
+        return step - 1 if step > 0 and f in forwards and forwards.index(f) < used_at < len(forwards) else step
+
     @property
     def last_step(self) -> int:
         return as_int(self.steps[-1].get("step"), -1) if self.steps else -1

@@ -121,9 +121,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("eval_modules"))]):
                     if not _frozen(ev, owned.get(m, [])):
                         train_in_eval.setdefault(m, []).append(step)
-            if evaluating:
+            if evaluating:  # told with the step it ran after, as P6 tells it
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("train_modules"))]):
-                    eval_in_train.setdefault(m, []).append(step)
+                    eval_in_train.setdefault(m, []).append(run.step_of_forward(step, forwards, f))
                     srcs.append(str(f.get("src", "")))
     findings: list[Finding] = []
     src = next((s for s in srcs if s), None)

@@ -37,13 +37,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         n = len(unused) if forwards else as_int(ev.get("no_backward_forwards"))
         if n <= 0:
             continue
-        # an evaluation before the step's first trained forward ran after the previous step's
-        # optimizer.step(): it is told as that step's, as an evaluation after the last step is
-        # (the end event's forwards) -- not as the next one's
-        used_at = next((i for i, f in enumerate(forwards) if f.get("backward") is True), len(forwards))
-        for f in unused or [{}] * n:
-            between = bool(f) and f.get("training") is False and forwards.index(f) < used_at < len(forwards)
-            steps.append(step - 1 if between and step > 0 else step)
+        for f in unused or [{}] * n:  # an evaluation is told with the step it ran after
+            steps.append(run.step_of_forward(step, forwards, f) if f.get("training") is False else step)
         count += n
         held = max(held, sum(as_int(f.get("saved_bytes")) for f in unused))
         srcs += [str(f["src"]) for f in unused if f.get("src")]
@@ -79,6 +74,16 @@ def _skipped(run: Run, steps: list[int]) -> list[Finding]:
         return []
     skipped = len(steps)
     message = (f"{skipped} training forward pass{'' if skipped == 1 else 'es'} from the loop's own call site "
-               "built an autograd graph that no backward() used: batches skipped before backward (a "
-               "non-finite loss, a caught error). Harmless: the graph is freed with the loss.")
-    return [make("P6", "info", message, FIX, steps, rank=run.rank, view="memory", data={"forwards": skipped})]
+               f"built an autograd graph that no backward() used ({describe_steps(steps, run.last_step)}): "
+               "batches the loop skipped before backward (a guard such as `if not torch.isfinite(loss): "
+               "continue`, a caught error). The graph is freed with the loss; what a skipped batch's loss was "
+               "is not recorded (the step never reached backward()).")
+    finding = make("P6", "info", message, FIX_SKIPPED, steps, rank=run.rank, view="memory", data={"forwards": skipped})
+    finding["title"] = "Batches skipped before backward"
+    return [finding]
+
+
+FIX_SKIPPED = ("Nothing to change for the graph. Find out why those batches were skipped: print the loss and the "
+               "batch at those steps; a loss that is NaN or Inf comes from log/div of zero or overflow (use "
+               "BCEWithLogitsLoss / log_softmax rather than log(sigmoid(x)) / log(softmax(x)), add an eps, clamp) "
+               "or from bad input data (P4).")

@@ -489,6 +489,19 @@ def test_p11_evaluating_with_dropout_in_train_mode_and_frozen_bn() -> None:
     assert "batch-norm statistics are frozen" in by_mode["eval"]["message"] and "dropout" not in by_mode["eval"]["message"]
 
 
+def test_an_evaluation_every_n_steps_has_one_step_number_in_p6_and_p11() -> None:
+    """An evaluation after step 4's optimizer.step() is recorded in step 5's event, before its
+    trained forward: P6 (no no_grad, in eval mode) and P11 (no_grad, dropout in train mode) both
+    tell it as step 4's -- they once said 4 and 5."""
+    trained = {"grad_mode": True, "training": True, "built_graph": True, "backward": True}
+    p6 = {"grad_mode": True, "training": False, "built_graph": True, "backward": False, "src": "t.py:9"}
+    p11 = {"grad_mode": False, "training": True, "train_modules": ["drop"], "built_graph": False}
+    for ev, code in ((p6, "P6"), (p11, "P11")):
+        events = [session(modules=MODES), *[step(i, forwards=[ev, trained] if i % 5 == 0 and i else [trained])
+                                            for i in range(11)]]
+        assert only(diagnose(events), code)["steps"] == [4, 9], code
+
+
 def test_p11_silent_without_mode_sensitive_modules() -> None:
     eval_fwd = [{"grad_mode": True, "training": False, "built_graph": True, "backward": True}]
     assert diagnose([session(), *[step(i, forwards=eval_fwd) for i in range(3)]]) == []
