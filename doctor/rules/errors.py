@@ -25,7 +25,60 @@ FIX_P10 = ("Call backward() once per graph: sum the losses first (loss = a + b; 
            "state carried between batches (hidden = hidden.detach()), or pass retain_graph=True only if you "
            "really must backward twice.")
 
+FIX_STALE = ("Detach the state carried from one batch to the next (h = h.detach() before the next forward) and "
+             "drop retain_graph=True: each step then backpropagates through its own graph only (truncated BPTT), "
+             "which optimizer.step() has not changed under it.")
+
 _NODE_IN_MESSAGE = re.compile(r"output \d+ of (\w+)")
+_SHAPE_IN_MESSAGE = re.compile(r"\[torch\.\w+ \[([\d, ]*)\]\]")
+
+
+def _shape_of(message: str) -> list[int] | None:
+    """The modified tensor's shape, as torch writes it: "[torch.FloatTensor [32, 96]]"."""
+    m = _SHAPE_IN_MESSAGE.search(message)
+    return [int(x) for x in m.group(1).replace(" ", "").split(",") if x] if m else None
+
+
+def _stale_params(run: Run, shape: list[int] | None, steps: list[int]) -> list[str]:
+    """Trainable parameters of the modified tensor's shape (or, 2-D, transposed: a view such as
+    ``weight.t()`` or an RNN's flattened weights), when the failing backward came after an
+    optimizer step: it updated them in place under a graph built before it."""
+    if shape is None or not steps or steps[0] < 1:
+        return []
+    shapes = (shape, shape[::-1])
+    return [str(p.get("name")) for p in run.params
+            if p.get("requires_grad", True) and [as_int(x) for x in as_list(p.get("shape"))] in shapes]
+
+
+# grad_fn nodes that save no tensor of their inputs or outputs (shapes and scalars at most):
+# an op of theirs that read the overwritten tensor did not need it
+_SAVE_NOTHING = tuple(f"{n}Backward" for n in (
+    "Add", "Sub", "Sum", "Mean", "View", "Reshape", "UnsafeView", "Expand", "Clone", "Neg", "Permute", "Transpose",
+    "T", "Unsqueeze", "Squeeze", "Cat", "Select", "Slice", "AsStrided", "Copy", "ToCopy", "Split", "Stack",
+))
+
+
+def _needers(graph: dict[str, Any], culprit: dict[str, Any]) -> list[str]:
+    """The grad_fn nodes that needed what ``culprit`` (an in-place op) overwrote: those of the
+    earlier ops that read or wrote its storage, but for nodes that save none of it (the saved
+    tensors themselves cannot be read once stale: the capture does not have them)."""
+    tensors = {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
+    first = next((as_int(x, -1) for x in as_list(culprit.get("inputs"))), -1)
+    storage = tensors.get(first, {}).get("storage")
+    if storage is None:
+        return []
+    cid = as_int(culprit.get("id"), -1)
+    nodes = {as_int(n.get("op"), -1): n for n in as_list(graph.get("nodes")) if isinstance(n, dict) and "op" in n}
+    names: list[str] = []
+    for op in g.ops(graph):
+        oid = as_int(op.get("id"), -1)
+        node = nodes.get(oid)
+        if oid >= cid or node is None:
+            continue
+        touched = [tensors.get(as_int(t, -1), {}) for t in [*as_list(op.get("inputs")), *as_list(op.get("outputs"))]]
+        if any(t.get("storage") == storage for t in touched) and not str(node.get("name", "")).startswith(_SAVE_NOTHING):
+            names.append(f"{node.get('name')}" + (f" (in {op.get('module')!r})" if op.get("module") else ""))
+    return list(dict.fromkeys(names))
 
 
 def _node_named(run: Run, steps: list[int], name: str) -> tuple[int, dict[str, Any]]:
@@ -34,11 +87,15 @@ def _node_named(run: Run, steps: list[int], name: str) -> tuple[int, dict[str, A
     in-place op that broke it."""
     for gstep in dict.fromkeys([*steps, *sorted(run.graphs)]):
         for graph in run.graphs_of(gstep):
-            for node in as_list(graph.get("nodes")):
-                node_name = str(as_dict(node).get("name", ""))
-                # Torch names the forward op ("Sigmoid") or the node ("SigmoidBackward0") in its message.
-                if node_name == name or node_name.startswith(f"{name}Backward"):
-                    return gstep, node
+            inplace = {as_int(op.get("id"), -1) for op in g.ops(graph) if "inplace" in g.flags(op)}
+            # Torch names the forward op ("Sigmoid") or the node ("SigmoidBackward0") in its message.
+            named = [as_dict(n) for n in as_list(graph.get("nodes"))
+                     if str(as_dict(n).get("name", "")) == name or str(as_dict(n).get("name", "")).startswith(f"{name}Backward")]
+            # of several (a MulBackward0 of x * 0 and one of h.mul_()), an in-place op's: the
+            # tensor torch names is the output of the op that modified it
+            best = next((n for n in named if as_int(n.get("op"), -1) in inplace), named[0] if named else None)
+            if best is not None:
+                return gstep, best
     return -1, {}
 
 
@@ -75,7 +132,11 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
         targets = [FindingTarget(step=first.step, rank=run.rank)]
         match = _NODE_IN_MESSAGE.search(first.message)
         node_name = match.group(1) if match else ""
+        shape = _shape_of(first.message)
         gstep, node = _node_named(run, crash_steps, node_name) if node_name else (-1, {})
+        stale = _stale_params(run, shape, crash_steps) if not node else []
+        if stale:
+            return [*_stale_graph(run, stale, shape, crash_steps, first), *_silent_inplace(run, crash_steps)]
         if node:
             node_name = str(node.get("name", node_name))
             targets = [FindingTarget(step=gstep, rank=run.rank, node=as_int(node.get("id")),
@@ -84,20 +145,54 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
         # or it wrote the output of the op whose node needed it)
         culprit = next(((s, op) for s in crash_steps for graph in run.graphs_of(s) for op in g.ops(graph)
                         if "inplace_saved" in g.flags(op)), None)
+        # torch names the tensor's grad_fn now: when that is an in-place op's own node (output 0
+        # of MulBackward0 after h.mul_()), that op is the culprit and the nodes that needed the
+        # tensor are the earlier ones that saved it
+        own = None
         if culprit is None and node:
-            culprit = next(((gstep, op) for graph in run.graphs_of(gstep)
-                            if (op := _overwrote_output(graph, node)) is not None), None)
+            own = next(((gstep, op) for graph in run.graphs_of(gstep) for op in g.ops(graph)
+                        if as_int(op.get("id"), -1) == as_int(node.get("op"), -2) and "inplace" in g.flags(op)), None)
+            culprit = own or next(((gstep, op) for graph in run.graphs_of(gstep)
+                                   if (op := _overwrote_output(graph, node)) is not None), None)
         where = ""
         if culprit:
             targets.insert(0, FindingTarget(**g.target_of_op(culprit[0], run.rank, culprit[1])))  # type: ignore[typeddict-item]
             where = f" ({g.op_label(culprit[1])})"
         needed = f" that {node_name} needed for backward" if node_name else " that backward needed"
-        message = (f"backward() failed: an in-place op{where} changed a tensor{needed} "
+        if own is not None:
+            needers = next((_needers(graph, own[1]) for graph in run.graphs_of(own[0])), [])
+            size = f" ({shape})" if shape is not None else ""
+            needed = f"{size} that {_and(needers)} saved for backward" if needers else f"{size} that backward needed"
+        times = f" {len(crashes)} times" if len(crashes) > 1 else ""  # a loop that catches it goes on failing
+        message = (f"backward() failed{times}: an in-place op{where} changed a tensor{needed} "
                    f"({describe_steps(crash_steps, run.last_step)}).")
         src = str(culprit[1].get("src", "")) if culprit else first.src
         findings.append(make("P8", "error", message, FIX_P8, crash_steps, rank=run.rank,
                              targets=targets, modules=[str(node.get("module"))] if node.get("module") else [],
                              src=src or None, data={"error": first.message[:500]}))
+    return [*findings, *_silent_inplace(run, crash_steps)]
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _stale_graph(run: Run, params: list[str], shape: list[int] | None, steps: list[int], first: Any) -> list[Finding]:
+    """The failing backward went through a graph built before an optimizer.step() that updated a
+    parameter it saved: state carried across steps without detach, kept with retain_graph."""
+    message = (f"backward() failed: optimizer.step() had updated {_and(params)} in place, and this "
+               "backward went through a graph built before that step which still needed it: state carried from "
+               "one batch to the next without .detach() (an RNN's hidden state), its graph kept with "
+               f"retain_graph=True ({describe_steps(steps, run.last_step)}).")
+    names = [run.param_name(i) for i in range(len(run.params))]
+    modules = sorted({run.param_module(names.index(p)) for p in params if p in names} - {""})
+    return [make("P8", "error", message, FIX_STALE, steps, rank=run.rank, params=params, modules=modules,
+                 targets=[FindingTarget(step=steps[0], rank=run.rank, param=p) for p in params],
+                 src=first.src or None, data={"error": first.message[:500]})]
+
+
+def _silent_inplace(run: Run, crash_steps: list[int]) -> list[Finding]:
+    findings: list[Finding] = []
     silent: dict[tuple[str, str], tuple[list[int], int, dict[str, Any]]] = {}
     for step, graph in run.all_graphs():
         for op in g.ops(graph):

@@ -142,3 +142,67 @@ def test_regions_overlap_element_by_element() -> None:
     for x in views:
         for y in views:
             assert overlaps(reg(x), reg(y)) == bool(covered(x) & covered(y)), (x.shape, x.stride(), y.shape, y.stride())
+
+
+class MulAfterSigmoid(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(8, 16), nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.sigmoid(self.l1(x))
+        out = self.l2(h)
+        h.mul_(0.5)  # sigmoid saved h, l2's addmm saved it: backward raises
+        return out + h.sum(1, keepdim=True) * 0
+
+
+def test_a_caught_in_place_error_names_the_op_and_the_nodes_that_needed_it(tmp_path: Path) -> None:
+    """Torch's message names the tensor's grad_fn now, "output 0 of MulBackward0": the in-place
+    op's own node, not the one that needed the tensor.  The doctor names mul_ (and its line)
+    and the nodes of the earlier ops that saved h; a loop catching the error every iteration
+    is said to have failed that many times."""
+    model = MulAfterSigmoid()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    path = tmp_path / "caught.tscope"
+    failed = 0
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(5):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(torch.randn(16, 8)), torch.randn(16, 1))
+            try:
+                loss.backward()
+            except RuntimeError:
+                failed += 1
+                continue
+            opt.step()
+    assert failed == 5
+    (p8,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P8"]
+    msg = p8["message"]
+    assert "failed 5 times" in msg and "(aten::mul_)" in msg, msg
+    assert "SigmoidBackward0" in msg and "AddmmBackward0 (in 'l2')" in msg and "MulBackward0" not in msg, msg
+    line = MulAfterSigmoid.forward.__code__.co_firstlineno + 3
+    assert p8["src"] == f"{Path(__file__).name}:{line}"
+
+
+def test_a_graph_kept_across_steps_that_optimizer_step_changed_is_said_so(tmp_path: Path) -> None:
+    """A GRU's hidden state carried across batches without detach, "fixed" with
+    retain_graph=True: the second backward runs through the first step's graph, whose saved
+    weights Adam updated in place.  Torch names a view of the weight ("output 0 of AsStrided"):
+    the doctor names the parameter and says to detach the state, not to avoid in-place ops."""
+    torch.manual_seed(0)
+    emb, rnn = nn.Embedding(30, 8), nn.GRU(8, 16, batch_first=True)
+    model = nn.ModuleDict({"emb": emb, "rnn": rnn})
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    path = tmp_path / "rnn.tscope"
+    data = torch.randint(0, 30, (2, 40))
+    h = None
+    with torchscope.watch(model, opt, server=None, record=path), pytest.raises(RuntimeError, match="inplace"):
+        for step in range(4):
+            opt.zero_grad()
+            out, h = rnn(emb(data[:, step * 9:(step + 1) * 9]), h)  # h not detached
+            out.pow(2).mean().backward(retain_graph=True)
+            opt.step()
+    (p8,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P8"]
+    assert "optimizer.step() had updated" in p8["message"] and "retain_graph=True" in p8["message"], p8["message"]
+    assert p8["params"] and all(p.startswith("rnn.weight_") for p in p8["params"]), p8["params"]
+    assert "h = h.detach()" in p8["fix"] and "out-of-place" not in p8["fix"]
