@@ -19,6 +19,8 @@ from ._grads import applied_steps, column, floats, is_matrix, numel, sparse_para
 
 FIX_EXPLODE = ("Clip the gradient norm (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)) before "
                "optimizer.step(), lower the learning rate, and normalise inputs/activations.")
+FIX_DIVERGING = ("Lower the learning rate (by 3-10x; for SGD on a quadratic loss, below 2 / the largest curvature), "
+                 "or add a warm-up; clip the gradient norm (torch.nn.utils.clip_grad_norm_) to stop the runaway.")
 FIX_LAYERS = ("Keep signal size constant through depth: use ReLU/GELU instead of sigmoid/tanh stacks, proper "
               "init (kaiming/xavier), normalisation layers (LayerNorm/BatchNorm) or residual connections.")
 
@@ -62,6 +64,19 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
             peak, peak_loss = norm, loss
     data = {"norm": [n for _, n, _ in history], "steps": [s for s, _, _ in history]}
     out = []
+    diverging = _diverging(history)
+    if diverging is not None and (not exploding or diverging[1] < exploding[0]):
+        # the usual level a median of all earlier steps gives rises with the run itself: a
+        # steady divergence reaches explode_factor over it only dozens of steps late
+        start, end, norm_x, loss_x = diverging
+        steps = [s for s, n, _ in history if s >= start and n is not None]
+        out.append(make("P3", "warning",
+                        f"Training is diverging: the gradient norm grew at every step from step {start} to step {end} "
+                        f"({norm_x:.0f}x) while the loss grew {loss_x:.0f}x"
+                        + (f"; it exploded past {settings.explode_factor:g}x its usual level at step {exploding[0]}"
+                           if exploding else "") + ".", FIX_DIVERGING, steps, rank=run.rank,
+                        targets=[FindingTarget(step=start, rank=run.rank)], view="gradients", data=data))
+        exploding = []
     if exploding:
         first = exploding[0]
         grew = _grew_most(run, first)
@@ -84,6 +99,33 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
                         f"({describe_steps(vanishing, run.last_step)}).", FIX_LAYERS, vanishing, rank=run.rank,
                         targets=[FindingTarget(step=vanishing[0], rank=run.rank)], view="gradients", data=data))
     return out
+
+
+DIVERGE_STEPS = 8  # consecutive steps of growth that make a divergence, not a hard batch or two
+DIVERGE_FACTOR = 10.0  # growth over them of both the gradient norm and the loss
+
+
+def _diverging(history: list[tuple[int, float | None, float | None]]) -> tuple[int, int, float, float] | None:
+    """(first step, last step, norm growth, loss growth) of the first DIVERGE_STEPS consecutive
+    steps over which the gradient norm rose at every step and both it and the loss grew at
+    least DIVERGE_FACTOR-fold: a learning rate past the stability limit.  Healthy training's
+    loss falls; a loss that rises tenfold with ever larger gradients does not."""
+    run: list[tuple[int, float, float | None]] = []
+    for step, norm, loss in history:
+        if norm is None or not math.isfinite(norm):
+            run = []
+            continue
+        if run and norm <= run[-1][1]:
+            run = []
+        run.append((step, norm, loss))
+        if len(run) > DIVERGE_STEPS:
+            run.pop(0)
+        if len(run) == DIVERGE_STEPS:
+            (s0, n0, l0), (s1, n1, l1) = run[0], run[-1]
+            if n0 > 0 and n1 >= n0 * DIVERGE_FACTOR and l0 is not None and l1 is not None and l0 > 0 \
+                    and l1 >= l0 * DIVERGE_FACTOR:
+                return s0, s1, n1 / n0, l1 / l0
+    return None
 
 
 def _grew_most(run: Run, at: int) -> list[tuple[int, float]]:

@@ -223,6 +223,22 @@ def test_p3_exploding_norm_over_steps() -> None:
     assert f["steps"] == [5, 6] and "exploded" in f["message"] and f["data"]["norm"][-1] == pytest.approx(6e5)
 
 
+def test_p3_a_steady_divergence_is_told_when_it_starts() -> None:
+    """A learning rate past the stability limit: the norm grows 1.4x and the loss 2x at every
+    step.  Against the median of all earlier steps (which rises with the run) the explosion
+    shows only after 40 steps; told as a divergence, it starts at step 0, is reported from step 7 on
+    (eight steps of growth) and names no exploding layer it cannot know."""
+    events = [session(), *[step(i, grads=grads(norm=1.4 ** i), loss=2.0 ** i, losses=[2.0 ** i]) for i in range(50)]]
+    f = only(diagnose(events), "P3")
+    assert f["message"].startswith("Training is diverging: the gradient norm grew at every step from step 0 to step 7")
+    assert f["steps"][0] == 0 and "exploded past 1000x its usual level at step" in f["message"]
+    assert "Lower the learning rate" in f["fix"]
+    # the same gradients with a falling loss (a warm-up, a curriculum): no divergence
+    healthy = [session(), *[step(i, grads=grads(norm=1.4 ** (i % 12)), loss=1 / (i + 1), losses=[1 / (i + 1)])
+                            for i in range(40)]]
+    assert "P3" not in codes(diagnose(healthy))
+
+
 def test_p3_exploding_names_the_layer_that_jumped() -> None:
     """The step an explosion starts, the layer whose norm jumped over its own history is named
     (here head.weight: 1e4x its usual 0.1, while the others hardly moved)."""
