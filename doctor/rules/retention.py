@@ -37,8 +37,8 @@ def _keeps_growing(counts: list[int]) -> bool:
 
 # what the capture saw the latest kept graph hang from (a step event's graphs_kept)
 _KEPT = {
-    "loss": "the loss that backward() was called on stays referenced after its step (`total += loss` "
-            "keeps every step's graph; `loss.item()` does not).",
+    "loss": "the loss that backward() was called on stays referenced after its step (`total += loss` or "
+            "`history.append(loss)` keeps every step's graph; `loss.item()` does not).",
     "output": "the model's output stays referenced after its step (kept in a list, or in a variable "
               "the next forward does not replace), and with it the graph that made it.",
     "": "something keeps a tensor with a grad_fn across steps.",
@@ -75,7 +75,9 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
     growth = f", live memory +{fmt_bytes(per_step)} per step" if per_step > 0 else ""
     kept = _kept(run)
     if known:
-        message = (f"Autograd graphs of earlier steps are still alive ({alive[-1][1]} nodes at step {alive[-1][0]}"
+        span = alive[-1][0] - alive[0][0]
+        nodes = f", +{(alive[-1][1] - alive[0][1]) / span:.0f} per step" if span > 0 and alive[-1][1] > alive[0][1] else ""
+        message = (f"Autograd graphs of earlier steps are still alive ({alive[-1][1]} nodes at step {alive[-1][0]}{nodes}"
                    f"{growth}, {describe_steps(steps, run.last_step)}): {_KEPT.get(str(kept.get('of')), _KEPT[''])}")
     else:
         message = (f"Live memory at step boundaries grows every step (+{fmt_bytes(per_step)} per step, "
