@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from ._memory import _PLAIN, storage_parts
 from ._overlap import Region, itemsize, region, writes_saved
 from ._srcloc import op_src, user_src
-from .schema import UNINITIALISED_OPS
+from .schema import NAN_SOURCE_OPS, UNINITIALISED_OPS
 
 if TYPE_CHECKING:
     from ._autograd import AutogradWalk
@@ -176,7 +176,7 @@ class OpRecorder(TorchDispatchMode):
                 and out_t[0].dtype != in_t[0].dtype
             ):
                 flags.append("autocast_cast")
-        if self.check_nan and name not in UNINITIALISED_OPS:
+        if (self.check_nan or name.rstrip("_") in NAN_SOURCE_OPS) and name not in UNINITIALISED_OPS:
             for t in out_t:
                 # a wrapper subclass's outputs are checked as its plain inner ops' (a DTensor's
                 # check of its own could need a collective)

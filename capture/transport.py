@@ -182,8 +182,15 @@ class Transport:
                     return
                 self._pending_graphs += 1
                 self._pending_ops += n_ops
+                # the writer sleeps flush_interval between writes: a fast loop in full mode
+                # filled the queue in that time and shed the graphs of a writer with time to spare
+                wake = self._pending_graphs >= _MAX_PENDING_GRAPHS // 2
+        else:
+            wake = False
         self._emitted += 1
         self._queue.append(event)
+        if wake:
+            self._wake.set()
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Ask the thread to write now; wait until everything emitted so far is in the file.

@@ -204,6 +204,17 @@ bool uninitialised(const char* name) {
   return std::find(kOps.begin(), kOps.end(), n) != kOps.end();
 }
 
+// capture/schema.py NAN_SOURCE_OPS: outputs checked on every recorded step (in-place forms too)
+bool nan_source(const char* name) {
+  static const std::array<std::string_view, 17> kOps{
+      "aten::log",  "aten::log2", "aten::log10", "aten::log1p",      "aten::div",  "aten::sqrt",
+      "aten::rsqrt", "aten::pow", "aten::exp",   "aten::reciprocal", "aten::acos", "aten::asin",
+      "aten::atanh", "aten::acosh", "aten::xlogy", "aten::logit",    "aten::erfinv"};
+  std::string_view n(name);
+  if (!n.empty() && n.back() == '_') n.remove_suffix(1);
+  return std::find(kOps.begin(), kOps.end(), n) != kOps.end();
+}
+
 // Whether every value of a floating `t` is finite: its minimum and maximum, one pass and two
 // scalars (NaN propagates through aminmax) -- not isfinite(t), a bool copy of a whole
 // activation on the device, which a model near its memory limit may not have room for.
@@ -529,7 +540,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
   if (ctx->op < 0) return;
   int64_t t1 = now_ns();
   bool nan = false;
-  if (g_check_nan && !uninitialised(fn.name())) {
+  if ((g_check_nan || nan_source(fn.name())) && !uninitialised(fn.name())) {
     // the capture's own ops: not recorded, not differentiated
     t_paused = true;
     try {

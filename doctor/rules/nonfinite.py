@@ -46,7 +46,7 @@ def _flagged(op: dict[str, Any]) -> bool:
     return "nan" in g.flags(op) and op.get("name") not in UNINITIALISED_OPS
 
 
-def culprit(graph: dict[str, Any]) -> dict[str, Any] | None:
+def culprit(graph: dict[str, Any], loss_bad: bool = False) -> dict[str, Any] | None:
     """The op that made the step's non-finite values: the earliest op from which a chain of ops
     flagged non-finite, each reading the one before, leads to the loss -- or, the loss's op not
     flagged (a NaN born in the backward) or not known, to the last flagged op.  An attention
@@ -57,6 +57,14 @@ def culprit(graph: dict[str, Any]) -> dict[str, Any] | None:
     if not bad:
         return None
     loss = g.loss_op(graph)
+    if loss and loss_bad and not _flagged(loss):
+        # a non-finite loss whose op was not checked: a step on which only the ops that turn
+        # finite inputs non-finite (log, div, exp: NAN_SOURCE_OPS) were -- the earliest of them
+        # the loss was computed from is where it began
+        up = {as_int(op.get("id"), -1) for op in g.upstream(ops, loss)}
+        first = next((op for op in bad if as_int(op.get("id"), -1) in up), None)
+        if first is not None:
+            return first
     end = loss if loss and _flagged(loss) else bad[-1]
     writers = g.producers(ops)
     chain = {as_int(end.get("id"), -1): end}
@@ -93,8 +101,9 @@ def _nonfinite_steps(run: Run) -> tuple[list[int], dict[int, int]]:
 def _first_culprit(run: Run, bad_steps: set[int]) -> tuple[dict[str, Any], int, str | None]:
     """The op that made the first captured non-finite step's values, its step, and the
     parameter it reads (if it reads one)."""
+    loss_bad = {step for step, ev in run.step_events() if _loss_bad(ev)}
     for step, graph in run.all_graphs():
-        hit = culprit(graph) if step in bad_steps else None
+        hit = culprit(graph, step in loss_bad) if step in bad_steps else None
         if hit is not None:
             return hit, step, _param_input(graph, hit)
     return {}, -1, None

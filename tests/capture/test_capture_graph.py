@@ -338,6 +338,45 @@ def test_nan_in_loss_arms_checked_capture(tmp_path: Path) -> None:
     assert flagged and flagged[0]["name"] == "aten::addmm"  # the first op that produced it
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_a_nan_born_on_a_later_full_step_is_traced_to_its_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              native: bool) -> None:
+    """One bad batch at step 30 of a fast full-mode loop: every step's graph reaches the file
+    (a writer asleep between flushes once shed all but 16 of them), the log that made -inf
+    is flagged on that unarmed step by either op recorder, and the doctor names it -- before,
+    it said the op was not known."""
+    from torchscope.doctor import diagnose
+
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    if native:
+        assert _native.get(block=True) is not None, _native._error
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "log0.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for step in range(40):
+            x = torch.randn(32, 4) * (1e4 if step == 30 else 1.0)
+            y = (x[:, :1] > 0).float()
+            p = torch.sigmoid(model(x))
+            loss = -(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()  # log(0) on the bad batch
+            opt.zero_grad()
+            loss.backward()
+            if torch.isfinite(loss):
+                opt.step()
+    events = list(iter_events(path))
+    # the skipped step() makes iterations 30 and 31 one step of two micro-batches: 39 steps
+    stepped = [e["step"] for e in events if e["kind"] == "step"]
+    assert len(stepped) == 39 and [e["step"] for e in events if e["kind"] == "graph"] == stepped
+    g30 = next(e for e in events if e["kind"] == "graph" and e["step"] == 30)
+    flagged = [o["name"] for o in g30["ops"] if "nan" in o.get("flags", ()) and o.get("phase") == "forward"]
+    assert flagged and set(flagged) == {"aten::log"}, flagged
+    g29 = next(e for e in events if e["kind"] == "graph" and e["step"] == 29)
+    assert not [o for o in g29["ops"] if "nan" in o.get("flags", ())]  # a healthy step's log is not flagged
+    (p4,) = [f for f in diagnose(events) if f["code"] == "P4"]
+    assert "first produced by aten::log at step 30" in p4["message"], p4["message"]
+
+
 def test_full_grad_statistics_schedule(tmp_path: Path) -> None:
     """Norms every step; max/mean/std/zero fraction on step 0, every GRAD_STATS_EVERY steps and captured steps."""
     from torchscope._watch import GRAD_STATS_EVERY
