@@ -217,7 +217,7 @@ export class GraphView {
     const m = this.model;
     const expanded = [...this.expandedKeys].map((k) => m.gIndex.get(k)).filter((g) => g !== undefined);
     this.expandedIdx = new Set(expanded);
-    const parents = this.layoutParents(this.expandedIdx), open = parents.filter((p) => p < 0).length + ":" + parents.join(",");
+    const parents = this.layoutParents(this.expandedIdx), open = parents.join(",");
     if (open !== this.openContainers) { // an open container changed: the layout's tree did
       this.openContainers = open;
       this.workerInput = { ...this.workerInput, groupParent: parents };
