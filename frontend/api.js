@@ -3,8 +3,10 @@
 // EventSource (which cannot send headers).
 const token = () => document.body.dataset.token || "";
 
+// message: "422: name: String should have at most 200 characters"; detail: the part after
+// the status, for a sentence of the page's own
 export class ApiError extends Error {
-  constructor(status, message) { super(message); this.status = status; }
+  constructor(status, message, detail = message) { super(message); this.status = status; this.detail = detail; }
 }
 
 export async function api(path, opts = {}) {
@@ -19,7 +21,7 @@ export async function api(path, opts = {}) {
   if (!resp.ok) {
     let detail = resp.statusText;
     try { detail = describe(await resp.json()); } catch { /* not JSON */ }
-    throw new ApiError(resp.status, `${resp.status}: ${detail}`);
+    throw new ApiError(resp.status, `${resp.status}: ${detail}`, detail);
   }
   const type = resp.headers.get("content-type") || "";
   return type.includes("json") ? resp.json() : resp;

@@ -31,8 +31,12 @@ export class LineChart {
     clear(this.legend);
     this.series.forEach((s, k) => {
       s.color = s.color || SERIES[k % SERIES.length];
+      // a series equal to an earlier one (parameters and gradients of the same bytes) is drawn
+      // dashed over it, and the legend says so: else the later line hides the earlier
+      s.same = this.series.slice(0, k).find((o) => o.y.length === s.y.length && o.y.every((v, i) => v === s.y[i]));
       // one unit per series, so a wrapping legend never parts a swatch from its name
-      this.legend.append(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${s.color}` }), s.name));
+      this.legend.append(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${s.color}` }),
+        s.same ? `${s.name} (= ${s.same.name})` : s.name));
     });
     return this.draw();
   }
@@ -86,7 +90,8 @@ export class LineChart {
     // earlier series drawn wider: two equal series show both colours, not only the last one
     const last = this.series.length - 1;
     for (const [k, s] of this.series.entries()) {
-      ctx.strokeStyle = s.color; ctx.lineWidth = 1.5 + (last ? (2 * (last - k)) / last : 0); ctx.beginPath();
+      ctx.strokeStyle = s.color; ctx.lineWidth = 1.5 + (last ? (2 * (last - k)) / last : 0); ctx.setLineDash(s.same ? [6, 5] : []);
+      ctx.beginPath();
       if (n <= cols * 2) {
         let pen = false;
         const gap = (j) => j < 0 || j >= n || s.y[j] === null || s.y[j] === undefined || !Number.isFinite(s.y[j]);
@@ -115,6 +120,7 @@ export class LineChart {
       }
       ctx.stroke();
     }
+    ctx.setLineDash([]);
     for (const v of this.opts.vlines?.() || []) { // phase boundaries and the like
       ctx.strokeStyle = css.getPropertyValue("--muted").trim(); ctx.setLineDash([3, 3]);
       ctx.beginPath(); ctx.moveTo(X(v.x), T); ctx.lineTo(X(v.x), T + ph); ctx.stroke(); ctx.setLineDash([]);

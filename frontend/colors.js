@@ -1,4 +1,6 @@
 // Colour scales and the overlay legend shared by the graph and the charts.
+import { h } from "./dom.js";
+
 const RAMP = ["#313695", "#4575b4", "#74add1", "#abd9e9", "#fee090", "#fdae61", "#f46d43", "#d73027", "#a50026"];
 export const SERIES = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777", "#4b5563"];
 const CATS = ["#60a5fa", "#f59e0b", "#34d399", "#f472b6", "#a78bfa", "#f87171", "#22d3ee", "#facc15"];
@@ -37,4 +39,10 @@ export function categorical(keys) {
   return m;
 }
 
-export const RAMP_COLORS = RAMP;
+// The legend of a log ramp from lo to hi: "name lo ▬ hi (log)"; one value (every cell or node
+// the same) is one swatch and the value, not "1.000 ▬ 1.000".
+export function rampLegend(name, lo, hi, fmt) {
+  if (lo === hi) return [h("span", { class: "swatch", style: `background:${RAMP[Math.floor(RAMP.length / 2)]}` }), h("span", {}, `${name} ${fmt(lo)}`)];
+  return [h("span", {}, `${name} ${fmt(lo)}`), h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP.join(",")})` }),
+    h("span", {}, `${fmt(hi)} (log)`)];
+}

@@ -4,7 +4,7 @@
 import { h, clear, fmtNum, coalesce } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
-import { logScale, RAMP_COLORS, ZERO } from "./colors.js";
+import { logScale, ZERO, rampLegend } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
 import { fit } from "./graph/render.js";
 
@@ -113,8 +113,7 @@ export class GradientsView {
     this.zeroCells = vals.filter((v) => v === 0).length;
     clear(this.heatInfo);
     if (scale.positive) {
-      this.heatInfo.append(`‖grad‖ ${fmtNum(scale.lo)} `, h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP_COLORS.join(",")})` }),
-        ` ${fmtNum(scale.hi)} (log) · `);
+      this.heatInfo.append(...rampLegend("‖grad‖", scale.lo, scale.hi, fmtNum), " · ");
     }
     this.heatInfo.append(h("span", { class: "swatch", style: `background:${ZERO}` }), " = exactly zero (nothing flowed) · ",
       `dark red "!" = NaN/Inf · grey = no gradient · click a cell to open that step's graph`);

@@ -47,7 +47,8 @@ function row(s) {
 async function rename(s) {
   const name = prompt("New name", s.name || "");
   if (name === null) return;
-  await api(sessionPath(s.id), { method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ name }) }).catch((e) => say(e.message, true));
+  await api(sessionPath(s.id), { method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ name }) })
+    .catch((e) => say(`Could not rename "${s.name || s.id}": ${e.detail}`, true));
   refresh();
 }
 
@@ -55,7 +56,8 @@ async function tag(s) {
   const v = prompt("Tags (comma separated)", (s.tags || []).join(", "));
   if (v === null) return;
   const tags = v.split(",").map((t) => t.trim()).filter(Boolean);
-  await api(sessionPath(s.id), { method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ tags }) }).catch((e) => say(e.message, true));
+  await api(sessionPath(s.id), { method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ tags }) })
+    .catch((e) => say(`Could not tag "${s.name || s.id}": ${e.detail}`, true));
   refresh();
 }
 
@@ -83,7 +85,9 @@ async function importFiles(files) {
     say(`Importing ${f.name}…`);
     try {
       const res = await api("/api/sessions/import", { method: "POST", body: fd });
-      links.push(h("a", { href: res.url, class: "imported" }, `open ${f.name}`));
+      // a file of a run this server has already (imported before, or streamed live): no new row
+      const known = res.frames > 0 && res.new_frames === 0;
+      links.push(h("a", { href: res.url, class: "imported" }, known ? `open ${f.name} (already here: the same run)` : `open ${f.name}`));
     } catch (e) { say(`Could not import ${f.name}: ${e.message}`, true); refresh(); return; }
   }
   say(`Imported ${files.length === 1 ? files[0].name : `${files.length} files`}: `, false, ...links.flatMap((a, i) => (i ? [", ", a] : [a])));

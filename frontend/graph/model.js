@@ -4,6 +4,7 @@
 //
 // Leaf keys: "o<id>" for an OpRecord, "n<id>" for a NodeRecord (grad_fn).
 export const ROOT = 0;
+export const OUTSIDE = "(outside modules)";
 
 export function buildModel(ev) {
   const ops = ev.ops || [];
@@ -18,8 +19,11 @@ export function buildModel(ev) {
   // Forward/optimizer ops come in execution order already: that order is topological.
   const opsSorted = ops.slice().sort((a, b) => a.id - b.id);
   for (const op of opsSorted) {
-    add({ key: "o" + op.id, kind: "op", rec: op, label: shortOp(op.name), module: op.module || "",
-          phase: op.phase || "forward" });
+    const phase = op.phase || "forward";
+    // full mode's backward kernels outside every module (the loss's backward, each
+    // AccumulateGrad's detach: dozens) in a group of their own, not loose beside the grad_fn nodes
+    const module = op.module || (phase === "backward" ? OUTSIDE : "");
+    add({ key: "o" + op.id, kind: "op", rec: op, label: shortOp(op.name), module, phase });
   }
   for (const n of backwardOrder(nodes, ev.edges || [])) {
     // AccumulateGrad belongs with its parameter's module (the capture may leave it at the root).

@@ -28,12 +28,12 @@ export function fit(ctx, s, width) {
 }
 
 export class GraphCanvas {
-  constructor(canvas, { onSelect, onDblClick, bottomInset = () => 0 }) {
+  constructor(canvas, { onSelect, onDblClick, bottomInset = () => 0, topInset = () => 0 }) {
     this.canvas = canvas;
     this.ctx = canvas.getContext("2d");
     this.scene = null;
     this.scale = 1; this.tx = 20; this.ty = 20;
-    this.onSelect = onSelect; this.onDblClick = onDblClick; this.bottomInset = bottomInset;
+    this.onSelect = onSelect; this.onDblClick = onDblClick; this.bottomInset = bottomInset; this.topInset = topInset;
     this.frames = 0;
     this.pending = false;
     this._bind();
@@ -87,9 +87,10 @@ export class GraphCanvas {
   fit() {
     if (!this.scene) return;
     const { width, height } = this.scene;
-    const s = Math.min(1, (this.w - 40) / Math.max(width, 1), (this.h - 40 - this.bottomInset()) / Math.max(height, 1));
+    const top = this.topInset();
+    const s = Math.min(1, (this.w - 40) / Math.max(width, 1), (this.h - 40 - top - this.bottomInset()) / Math.max(height, 1));
     this.scale = Math.max(s, MIN_SCALE);
-    this.tx = (this.w - width * this.scale) / 2; this.ty = 20;
+    this.tx = (this.w - width * this.scale) / 2; this.ty = 20 + top;
     this.requestDraw();
   }
 

@@ -6,7 +6,7 @@ import { buildModel, ancestors } from "./model.js";
 import { buildScene, pathToLoss, leafSub } from "./scene.js";
 import { GraphCanvas } from "./render.js";
 import { renderDetails } from "./details.js";
-import { RAMP_COLORS, ZERO, NONFINITE } from "../colors.js";
+import { ZERO, NONFINITE, rampLegend } from "../colors.js";
 import { THEME_EVENT } from "../theme.js";
 
 const CANCEL_MS = 300;
@@ -75,6 +75,8 @@ export class GraphView {
       onDblClick: (it) => { if (it && it.group !== undefined) this.toggleGroup(it.group); },
       // the legend floats over the canvas's bottom: a fitted graph ends above it
       bottomInset: () => (this.legend.offsetHeight ? this.legend.offsetHeight + 10 : 0),
+      // and the status line floats over its top: a fitted graph starts below it
+      topInset: () => (this.status.textContent ? this.status.offsetHeight + 10 : 0),
     });
     this.canvasEl.addEventListener("keydown", (e) => this.onKey(e));
     window.addEventListener(THEME_EVENT, () => this.redraw());
@@ -101,6 +103,8 @@ export class GraphView {
     this.captured = [...new Set(this.captured)].sort((a, b) => a - b);
     clear(this.diffSel).append(...this.captured.map((s) => h("option", { value: s }, `diff vs step ${s}`)));
     this.stepSel.max = Math.max(0, this.captured.length - 1);
+    // no graph: no step to scrub, nothing to colour or expand (a light run never has one)
+    this.toolbar.hidden = !this.captured.length;
     if (!this.captured.length) { this.status.textContent = this.app.emptyText("graph"); return; }
     await this.showStep(this.app.state.step ?? this.captured[0]);
   }
@@ -167,7 +171,8 @@ export class GraphView {
     const notes = [];
     if (this.askedStep !== undefined) {
       const mode = this.app.meta?.mode;
-      notes.push(`Step ${this.askedStep} has no captured graph${mode === "default" ? " (mode=\"default\" captures the first step, every N steps and each step whose structure changes)" : ""}; showing step ${this.step}, the nearest captured.`);
+      const every = this.app.meta?.settings?.sample_every;
+      notes.push(`Step ${this.askedStep} has no captured graph${mode === "default" ? ` (mode="default" captures the first step, every ${every || "N"} steps and each step whose structure changes)` : ""}; showing step ${this.step}, the nearest captured.`);
     }
     if (ev.complete === false) notes.push(`Partial graph: ${ev.shed_ops || "some"} ops were dropped under back-pressure.`);
     const errors = this.stepEvent?.backward_errors || [];
@@ -265,7 +270,7 @@ export class GraphView {
     clear(this.legend);
     const lg = this.scene.legend;
     if (!lg) {
-      for (const [name, v] of [["forward op", "--op-fwd"], ["grad_fn node", "--op-bwd"], ["AccumulateGrad", "--op-acc"], ["module (collapsed)", "--group-fwd"]]) {
+      for (const [name, v] of [["forward op", "--op-fwd"], ["grad_fn node, backward op", "--op-bwd"], ["AccumulateGrad", "--op-acc"], ["module (collapsed)", "--group-fwd"]]) {
         this.legend.append(h("span", { class: "swatch", style: `background:var(${v})` }), h("span", {}, name));
       }
       this.legend.append(h("span", { class: "muted" }, "≡ n: same structure as sibling n"));
@@ -275,11 +280,7 @@ export class GraphView {
       const fmt = lg.overlay === "memory" ? fmtBytes : lg.overlay === "time" ? fmtUs : fmtNum;
       const name = lg.overlay === "grad" ? "‖grad‖" : lg.overlay;
       if (!lg.positive) this.legend.append(h("span", {}, `${name}: no positive value in this step`));
-      else if (lg.lo === lg.hi) this.legend.append(h("span", { class: "swatch", style: `background:${RAMP_COLORS[Math.floor(RAMP_COLORS.length / 2)]}` }), h("span", {}, `${name} ${fmt(lg.lo)}`));
-      else {
-        this.legend.append(h("span", {}, `${name} ${fmt(lg.lo)}`),
-          h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP_COLORS.join(",")})` }), h("span", {}, `${fmt(lg.hi)} (log)`));
-      }
+      else this.legend.append(...rampLegend(name, lg.lo, lg.hi, fmt));
       if (lg.zeros) this.legend.append(h("span", { class: "swatch", style: `background:${ZERO}` }), h("span", {}, "exactly zero"));
       if (lg.nonfinite) this.legend.append(h("span", { class: "swatch", style: `background:${NONFINITE}` }), h("span", {}, "NaN / Inf"));
       if (lg.overlay === "grad") this.legend.append(h("span", { class: "swatch", style: "background:var(--node-none)" }), h("span", {}, "no gradient (.grad is None) or not a parameter"));
@@ -442,6 +443,7 @@ export class GraphView {
   // Live: a newly captured step joins the scrubber; the current view stays as it is.
   onCapturedStep(step) {
     if (this.captured.includes(step)) return;
+    this.toolbar.hidden = false;
     this.captured.push(step);
     this.captured.sort((a, b) => a - b);
     this.stepSel.max = this.captured.length - 1;
