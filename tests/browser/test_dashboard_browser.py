@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from browser_page import CHROMIUM_ARGS
 from conftest import ARTIFACTS, EXAMPLES, ServerProc, http_json
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -27,7 +28,6 @@ HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "dashboard_train.py"
 SHOTS = ARTIFACTS / "screenshots"
 HOSTILE = "<img src=x onerror=alert(1)><script>alert(2)</script>"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 
 
 def sessions(srv: ServerProc) -> list[dict[str, Any]]:

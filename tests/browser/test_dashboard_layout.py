@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from browser_page import checked_page
 from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 
 # A random nested graph: groups form a tree (parents first), leaves are in execution order,
 # each leaf has 1-3 edges from earlier leaves.  Returns the checks' results.
@@ -106,15 +106,16 @@ def static_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
         yield s
 
 
+def run_in_page(server: ServerProc, script: str) -> dict[str, Any]:
+    """``script`` (an async function) evaluated in a page of the server's origin."""
+    with checked_page() as page:
+        page.goto(server.url + "/")
+        result: dict[str, Any] = page.evaluate(script)
+    return result
+
+
 def test_layout_promises_on_a_random_nested_graph(static_server: ServerProc) -> None:
-    with playwright_sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            page = b.new_page()
-            page.goto(static_server.url + "/")
-            r: dict[str, Any] = page.evaluate(CHECK)
-        finally:
-            b.close()
+    r = run_in_page(static_server, CHECK)
     assert r["sameGroup"] > 1000
     assert r["up"] == 0, r
     assert r["overlaps"] == 0, r
@@ -147,14 +148,7 @@ WIDE = """async () => {
 
 
 def test_a_wide_layer_wraps_into_rows(static_server: ServerProc) -> None:
-    with playwright_sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            page = b.new_page()
-            page.goto(static_server.url + "/")
-            r: dict[str, Any] = page.evaluate(WIDE)
-        finally:
-            b.close()
+    r = run_in_page(static_server, WIDE)
     assert r["overlaps"] == 0 and r["down"], r
     # one row of 300 was 49,000 px wide; wrapped, the graph is at most 12 ops wide and
     # about as tall as it is wide (26 rows of 12)

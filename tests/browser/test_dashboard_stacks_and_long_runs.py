@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser_page import checked_page
 from conftest import ARTIFACTS, ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
 TRAIN = Path(__file__).resolve().parent / "dashboard_train_shapes.py"
 SHOTS = ARTIFACTS / "screenshots"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 LONG_STEPS = 600  # 2 px per step: 1200 px of cells, wider than the 1280 px window leaves them
 
 
@@ -58,16 +58,8 @@ def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 
 @pytest.fixture
 def page(srv: ServerProc) -> Iterator[Any]:
-    with playwright_sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            pg = b.new_page(viewport={"width": 1280, "height": 800})
-            errors: list[str] = []
-            pg.on("pageerror", lambda e: errors.append(str(e)))
-            yield pg
-            assert errors == [], f"JavaScript errors: {errors}"
-        finally:
-            b.close()
+    with checked_page() as pg:
+        yield pg
 
 
 def open_view(page: Any, srv: ServerProc, sid: str, query: str = "") -> None:

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser_page import checked_page
 from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
 TRAIN = Path(__file__).resolve().parent / "dashboard_train.py"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +40,9 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
 
 @pytest.fixture
 def page(srv: ServerProc) -> Iterator[Any]:
-    with playwright_sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            pg = b.new_page(viewport={"width": 1280, "height": 800})
-            errors: list[str] = []
-            pg.on("pageerror", lambda e: errors.append(str(e)))
-            pg.on("dialog", lambda d: d.accept("x" * 300))  # the rename prompt: a name the server refuses
-            yield pg
-            assert errors == [], f"JavaScript errors: {errors}"
-        finally:
-            b.close()
+    with checked_page() as pg:
+        pg.on("dialog", lambda d: d.accept("x" * 300))  # the rename prompt: a name the server refuses
+        yield pg
 
 
 def train(srv: ServerProc, tmp: Path, name: str, *args: str) -> subprocess.Popen[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,17 @@ def _mlp() -> nn.Sequential:
 
 def _steps(path: Path) -> list[dict[str, Any]]:
     return [e for e in iter_events(path) if e["kind"] == "step"]
+
+
+Trained = tuple[list[float], list[torch.Tensor]]
+
+
+def _unchanged(train: Callable[[Path | None], Trained], path: Path) -> None:
+    """``train(None)`` (plain) and ``train(path)`` (watched, recording to ``path``): the same
+    losses and parameters, bit for bit."""
+    plain, plain_params = train(None)
+    watched, watched_params = train(path)
+    assert watched == plain and all(torch.equal(a, b) for a, b in zip(plain_params, watched_params, strict=True))
 
 
 def _train_step(model: nn.Module, opt: Any, x: torch.Tensor) -> float:
@@ -1078,7 +1090,7 @@ def test_lbfgs_closure_is_not_accumulation(mode: str, tmp_path: Path) -> None:
     several times per step: the training is unchanged, every closure pass is a micro-batch of
     the step, and only the last pass's gradients reach the step -- not a P15 accumulation."""
 
-    def train(path: Path | None) -> tuple[list[float], list[torch.Tensor]]:
+    def train(path: Path | None) -> Trained:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
         opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
@@ -1096,10 +1108,8 @@ def test_lbfgs_closure_is_not_accumulation(mode: str, tmp_path: Path) -> None:
             w.close()
         return losses, [p.detach().clone() for p in model.parameters()]
 
-    plain, plain_params = train(None)
     path = tmp_path / "lbfgs.tscope"
-    watched, watched_params = train(path)
-    assert watched == plain and all(torch.equal(a, b) for a, b in zip(plain_params, watched_params, strict=True))
+    _unchanged(train, path)
     steps = _steps(path)
     assert len(steps) == 4
     for st in steps:
@@ -1120,7 +1130,7 @@ class _EncHead(nn.Module):
         return self.head(self.enc(x))
 
 
-def _train_enc_head(path: Path | None, mode: str, call: str) -> tuple[list[float], list[torch.Tensor]]:
+def _train_enc_head(path: Path | None, mode: str, call: str) -> Trained:
     """Six SGD steps of _EncHead, its forward run as ``call`` says, watched when ``path`` is set."""
     model = _EncHead()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -1152,10 +1162,8 @@ def test_model_forward_called_directly(tmp_path: Path, capsys: pytest.CaptureFix
     first step is recorded without forward ops and the user told why, once; from the next step
     on the direct submodules' calls are the model's forward, their ops in their modules -- the
     ops plain PyTorch runs for them -- and training does not change."""
-    plain, plain_params = _train_enc_head(None, mode, call)
     path = tmp_path / "run.tscope"
-    watched, watched_params = _train_enc_head(path, mode, call)
-    assert watched == plain and all(torch.equal(a, b) for a, b in zip(plain_params, watched_params, strict=True))
+    _unchanged(lambda p: _train_enc_head(p, mode, call), path)
     err = capsys.readouterr().err
     assert err.count("without a call of the model itself") == 1 and "model.forward(x)" in err
     assert "calls of its submodules enc, head are recorded as its forward" in err
@@ -1192,7 +1200,7 @@ def test_grandchildren_called_directly_are_the_models_forward(tmp_path: Path) ->
     layer(h)``) never calls the model nor ``model.enc``: from the second step on, each layer's
     call is a forward of the model, its ops in its module, and training does not change."""
 
-    def train(path: Path | None) -> tuple[list[float], list[torch.Tensor]]:
+    def train(path: Path | None) -> Trained:
         torch.manual_seed(0)
         model = _EncHead()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -1212,10 +1220,8 @@ def test_grandchildren_called_directly_are_the_models_forward(tmp_path: Path) ->
             w.close()
         return losses, [p.detach().clone() for p in model.parameters()]
 
-    plain, plain_params = train(None)
     path = tmp_path / "layers.tscope"
-    watched, watched_params = train(path)
-    assert watched == plain and all(torch.equal(a, b) for a, b in zip(plain_params, watched_params, strict=True))
+    _unchanged(train, path)
     events = list(iter_events(path))
     steps = [e for e in events if e["kind"] == "step"]
     # enc.0, enc.1 (its ReLU) and head, each called at depth 0: three forwards a step
