@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from browser_page import CHROMIUM_ARGS
+from browser_page import chromium
 from conftest import ARTIFACTS, EXAMPLES, ServerProc, http_json
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -72,12 +72,8 @@ def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with playwright_sync.sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 @pytest.fixture

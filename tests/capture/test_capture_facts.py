@@ -1143,6 +1143,10 @@ def _train_enc_head(path: Path | None, mode: str, call: str) -> Trained:
         if call == "parts":
             z = model.enc(x)  # the loop calls the parts itself (Lightning's self.model(x) alike)
             out = model.head(z)
+        elif call == "layers":
+            for layer in model.enc:  # the parts of a part: model.enc itself is never called
+                x = layer(x)
+            out = model.head(x)
         else:
             out = model.forward(x)
         loss = out.pow(2).mean()
@@ -1199,29 +1203,8 @@ def test_grandchildren_called_directly_are_the_models_forward(tmp_path: Path) ->
     """A loop that runs the layers of a submodule one by one (``for layer in model.enc: h =
     layer(h)``) never calls the model nor ``model.enc``: from the second step on, each layer's
     call is a forward of the model, its ops in its module, and training does not change."""
-
-    def train(path: Path | None) -> Trained:
-        torch.manual_seed(0)
-        model = _EncHead()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        w = torchscope.watch(model, opt, server=None, record=path, sample_every=2) if path is not None else None
-        g = torch.Generator().manual_seed(1)
-        losses = []
-        for _ in range(4):
-            opt.zero_grad()
-            h = torch.randn(4, 8, generator=g)
-            for layer in model.enc:
-                h = layer(h)
-            loss = model.head(h).pow(2).mean()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-        if w is not None:
-            w.close()
-        return losses, [p.detach().clone() for p in model.parameters()]
-
     path = tmp_path / "layers.tscope"
-    _unchanged(train, path)
+    _unchanged(lambda p: _train_enc_head(p, "default", "layers"), path)
     events = list(iter_events(path))
     steps = [e for e in events if e["kind"] == "step"]
     # enc.0, enc.1 (its ReLU) and head, each called at depth 0: three forwards a step
