@@ -176,7 +176,8 @@ class OpRecorder(TorchDispatchMode):
                 and out_t[0].dtype != in_t[0].dtype
             ):
                 flags.append("autocast_cast")
-        if (self.check_nan or name.rstrip("_") in NAN_SOURCE_OPS) and name not in UNINITIALISED_OPS:
+        source = self.phase == "forward" and name.rstrip("_") in NAN_SOURCE_OPS
+        if (self.check_nan or source) and name not in UNINITIALISED_OPS:
             for t in out_t:
                 # a wrapper subclass's outputs are checked as its plain inner ops' (a DTensor's
                 # check of its own could need a collective)

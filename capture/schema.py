@@ -221,11 +221,11 @@ class OpRecord(TypedDict, total=False):
 UNINITIALISED_OPS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
                                "aten::new_empty_strided"})
 
-# Ops whose outputs are checked for NaN/Inf on every captured step, not only when a NaN armed
+# Ops whose outputs are checked for NaN/Inf in every captured forward, not only when a NaN armed
 # the check (capture/native/recorder.cpp mirrors this list): where a finite input turns
 # non-finite (log of 0, division by 0, exp overflow), so a NaN born on a captured step is
 # traced to its op even when the batch that caused it never comes back.  Their in-place forms
-# (log_, div_) count too.
+# (log_, div_) count too; the backward's (twice as many ops) are left to armed steps.
 NAN_SOURCE_OPS = frozenset(f"aten::{n}" for n in (
     "log", "log2", "log10", "log1p", "div", "sqrt", "rsqrt", "pow", "exp", "reciprocal", "acos", "asin", "atanh",
     "acosh", "xlogy", "logit", "erfinv",

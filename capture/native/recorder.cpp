@@ -204,7 +204,7 @@ bool uninitialised(const char* name) {
   return std::find(kOps.begin(), kOps.end(), n) != kOps.end();
 }
 
-// capture/schema.py NAN_SOURCE_OPS: outputs checked on every recorded step (in-place forms too)
+// capture/schema.py NAN_SOURCE_OPS: outputs checked on every recorded step's forward (in-place forms too)
 bool nan_source(const char* name) {
   static const std::array<std::string_view, 17> kOps{
       "aten::log",  "aten::log2", "aten::log10", "aten::log1p",      "aten::div",  "aten::sqrt",
@@ -540,7 +540,8 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
   if (ctx->op < 0) return;
   int64_t t1 = now_ns();
   bool nan = false;
-  if ((g_check_nan || nan_source(fn.name())) && !uninitialised(fn.name())) {
+  const bool source = g_phase.load(std::memory_order_relaxed) == 0 && nan_source(fn.name());
+  if ((g_check_nan || source) && !uninitialised(fn.name())) {
     // the capture's own ops: not recorded, not differentiated
     t_paused = true;
     try {
