@@ -1,6 +1,6 @@
 // A small canvas line chart for long series: each series is reduced to one min/max pair per
 // pixel column (linear in the number of points), so 100,000 steps draw in a few ms.
-import { h, clear, fmtNum } from "./dom.js";
+import { h, clear, fmtNum, fmtBytes } from "./dom.js";
 import { SERIES } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
 
@@ -68,22 +68,28 @@ export class LineChart {
       ymin = ymin >= 0 ? Math.max(0, ymin - pad) : ymin - pad;
       ymax += pad;
     }
+    // round steps (1, 2 or 5 times a power of ten) and the range widened to whole steps, so
+    // the labels read 40 / 50 / 60 rather than 36 / 43 / 50
+    // bytes step in round KiB / MiB / GiB ("10 KiB / 20 KiB", not "9.77 KiB")
+    const raw = (ymax - ymin) / 4;
+    const unit = this.opts.fmt === fmtBytes && raw >= 1024 ? 1024 ** Math.floor(Math.log(raw) / Math.log(1024)) : 1;
+    const ystep = niceStep(raw / unit) * unit;
+    ymin = Math.floor(ymin / ystep) * ystep; ymax = Math.ceil(ymax / ystep - 1e-9) * ystep;
     this.geom = { L, pw, xmin, xmax };
     const X = (v) => L + ((v - xmin) / (xmax - xmin)) * pw;
     const Y = (v) => T + ph - ((v - ymin) / (ymax - ymin)) * ph;
     // axes
     ctx.strokeStyle = css.getPropertyValue("--border").trim(); ctx.fillStyle = css.getPropertyValue("--muted").trim();
     ctx.font = "11px system-ui"; ctx.lineWidth = 1;
-    const fmt = this.opts.fmt || fmtNum;
+    const fmt = this.opts.fmt || axisNum(ystep);
     let prevLabel = null;
-    for (let k = 0; k <= 4; k++) {
-      const v = ymin + ((ymax - ymin) * k) / 4, y = Y(v), label = fmt(v);
+    for (let k = 0; ymin + k * ystep <= ymax + ystep / 1e6; k++) {
+      const v = ymin + k * ystep, y = Y(v), label = fmt(v);
       ctx.beginPath(); ctx.moveTo(L, y); ctx.lineTo(W - R, y); ctx.stroke();
       if (label !== prevLabel) ctx.fillText(label, 4, y + 4, L - 8); // a narrow range rounds to one label
       prevLabel = label;
     }
-    const span = xmax - xmin, raw = span / 6, mag = 10 ** Math.floor(Math.log10(Math.max(raw, 1)));
-    const tick = Math.max(1, [1, 2, 5, 10].map((m) => m * mag).find((t) => t >= raw) || mag * 10);
+    const tick = Math.max(1, niceStep((xmax - xmin) / 6)); // steps are whole numbers
     for (let v = Math.ceil(xmin / tick) * tick; v <= xmax; v += tick) ctx.fillText(String(v), X(v) - 8, H - 6);
     // series, decimated to min/max per pixel column
     const cols = Math.max(1, Math.floor(pw));
@@ -154,4 +160,23 @@ export class LineChart {
     this.tip.style.left = Math.min(e.offsetX + 12, this.root.clientWidth - 180) + "px";
     this.tip.style.top = "10px";
   }
+}
+
+// The smallest of 1, 2, 5 times a power of ten that is at least ``raw``.
+function niceStep(raw) {
+  if (!(raw > 0) || !Number.isFinite(raw)) return 1;
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  return [1, 2, 5, 10].map((m) => m * mag).find((t) => t >= raw * (1 - 1e-9));
+}
+
+// Plain numbers on an axis of round steps: as many decimals as the step has, all alike
+// ("0.50 / 0.75 / 1.00", not "0.7500" beside "1.000"); exponents only for the very large or small.
+function axisNum(step) {
+  const decimals = Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
+  return (v) => {
+    if (Math.abs(v) < step * 1e-6) v = 0; // a sum of steps a rounding error off zero: not "-0.00"
+    const a = Math.abs(v);
+    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(1);
+    return v.toFixed(Math.min(decimals, 6));
+  };
 }
