@@ -176,7 +176,7 @@ class OpRecorder(TorchDispatchMode):
                 and out_t[0].dtype != in_t[0].dtype
             ):
                 flags.append("autocast_cast")
-        source = self.phase == "forward" and name.rstrip("_") in NAN_SOURCE_OPS
+        source = self.phase == "forward" and name in NAN_SOURCE_OPS
         if (self.check_nan or source) and name not in UNINITIALISED_OPS:
             for t in out_t:
                 # a wrapper subclass's outputs are checked as its plain inner ops' (a DTensor's

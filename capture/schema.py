@@ -225,8 +225,8 @@ UNINITIALISED_OPS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_s
 # the check (capture/native/recorder.cpp mirrors this list): where a finite input turns
 # non-finite (log of 0, division by 0, exp overflow), so a NaN born on a captured step is
 # traced to its op even when the batch that caused it never comes back.  Their in-place forms
-# (log_, div_) count too; the backward's (twice as many ops) are left to armed steps.
-NAN_SOURCE_OPS = frozenset(f"aten::{n}" for n in (
+# (log_, div_) are in the set too; the backward's (twice as many ops) are left to armed steps.
+NAN_SOURCE_OPS = frozenset(f"aten::{n}{inplace}" for inplace in ("", "_") for n in (
     "log", "log2", "log10", "log1p", "div", "sqrt", "rsqrt", "pow", "exp", "reciprocal", "acos", "asin", "atanh",
     "acosh", "xlogy", "logit", "erfinv",
 ))  # fmt: skip

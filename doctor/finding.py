@@ -48,9 +48,9 @@ def describe_steps(steps: list[int], last_step: int) -> str:
 def make(code: str, severity: Severity, message: str, fix: str, steps: list[int], *,
          rank: int = 0, targets: list[FindingTarget] | None = None, modules: list[str] | None = None,
          params: list[str] | None = None, src: str | None = None, view: View = "graph",
-         data: dict[str, Any] | None = None) -> Finding:
+         data: dict[str, Any] | None = None, title: str | None = None) -> Finding:
     steps = sorted(set(steps))
-    finding = Finding(code=code, severity=severity, title=TITLES[code], message=message, fix=fix,
+    finding = Finding(code=code, severity=severity, title=title or TITLES[code], message=message, fix=fix,
                       steps=steps, since=steps[0] if steps else 0, rank=rank,
                       targets=targets or [], modules=modules or [], params=params or [],
                       view=view, data=data or {})

@@ -73,31 +73,26 @@ def downstream(graph_ops: list[dict[str, Any]], start: Iterable[dict[str, Any]])
     return _walk(start, fed)
 
 
-def upstream(graph_ops: list[dict[str, Any]], op: dict[str, Any]) -> list[dict[str, Any]]:
-    """`op` and every op whose outputs (transitively) fed it, in execution order."""
+def upstream(graph_ops: list[dict[str, Any]], op: dict[str, Any],
+             passes: Callable[[dict[str, Any]], bool] = lambda _: True) -> list[dict[str, Any]]:
+    """`op` and every op whose outputs (transitively) fed it, in execution order; not walking
+    on past an op for which ``passes`` is false (e.g. passes_gradient)."""
     writers = producers(graph_ops)
 
     def feeding(cur: dict[str, Any], cid: int) -> list[dict[str, Any]]:
-        found = (writers.get(as_int(t, -1)) for t in as_list(cur.get("inputs")))
-        return [w for w in found if w is not None and as_int(w.get("id"), -1) < cid]
-
-    return _walk([op], feeding)
-
-
-def gradient_upstream(graph_ops: list[dict[str, Any]], op: dict[str, Any]) -> list[dict[str, Any]]:
-    """`op` and every op a gradient from it flows back to, in execution order: as upstream,
-    but not past an op that passes none to its inputs -- a ``detach`` (the straight-through
-    ``z + (round(z) - z).detach()``) or an op run with grad mode off (inside a custom
-    ``autograd.Function``'s forward, under ``no_grad``)."""
-    writers = producers(graph_ops)
-
-    def feeding(cur: dict[str, Any], cid: int) -> list[dict[str, Any]]:
-        if cur.get("grad_mode") is False or str(cur.get("name", "")).rstrip("_") == "aten::detach":
+        if not passes(cur):
             return []
         found = (writers.get(as_int(t, -1)) for t in as_list(cur.get("inputs")))
         return [w for w in found if w is not None and as_int(w.get("id"), -1) < cid]
 
     return _walk([op], feeding)
+
+
+def passes_gradient(op: dict[str, Any]) -> bool:
+    """Whether a gradient flows back through ``op`` to its inputs: not through a ``detach``
+    (the straight-through ``z + (round(z) - z).detach()``) nor an op run with grad mode off
+    (inside a custom ``autograd.Function``'s forward, under ``no_grad``)."""
+    return op.get("grad_mode") is not False and str(op.get("name", "")).rstrip("_") != "aten::detach"
 
 
 def node_by_id(graph: dict[str, Any], node_id: int) -> dict[str, Any]:

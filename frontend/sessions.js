@@ -47,17 +47,20 @@ function row(s) {
 async function rename(s) {
   const name = prompt("New name", s.name || "");
   if (name === null) return;
-  await api(sessionPath(s.id), { method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ name }) })
-    .catch((e) => say(`Could not rename "${s.name || s.id}": ${e.detail}`, true));
-  refresh();
+  await patch(s, { name }, "rename");
 }
 
 async function tag(s) {
   const v = prompt("Tags (comma separated)", (s.tags || []).join(", "));
   if (v === null) return;
   const tags = v.split(",").map((t) => t.trim()).filter(Boolean);
-  await api(sessionPath(s.id), { method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ tags }) })
-    .catch((e) => say(`Could not tag "${s.name || s.id}": ${e.detail}`, true));
+  await patch(s, { tags }, "tag");
+}
+
+// A rename or retag; a refusal is said in words ("Could not rename "x": name: ...").
+async function patch(s, body, verb) {
+  await api(sessionPath(s.id), { method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) })
+    .catch((e) => say(`Could not ${verb} "${s.name || s.id}": ${e.detail}`, true));
   refresh();
 }
 

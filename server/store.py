@@ -131,6 +131,10 @@ class NotFound(LookupError):
     pass
 
 
+# A rank (``ranks r``) whose writer went silent without an end event, last heard of before ?
+_SILENT = "r.end_status IS NULL AND r.last_seen < ?"
+
+
 class StoreClosed(RuntimeError):
     pass
 
@@ -483,8 +487,7 @@ class Store:
 
     def silent(self, before: float) -> list[tuple[str, int]]:
         """Ranks whose writer went silent without an end event (last heard of before ``before``)."""
-        rows = self._read().execute("SELECT session_id, rank FROM ranks WHERE end_status IS NULL AND last_seen < ?",
-                                    (before,)).fetchall()
+        rows = self._read().execute(f"SELECT r.session_id, r.rank FROM ranks r WHERE {_SILENT}", (before,)).fetchall()
         return [(str(s), int(r)) for s, r in rows]
 
     def silent_undiagnosed(self, before: float) -> list[tuple[str, int]]:
@@ -493,7 +496,7 @@ class Store:
         rows = self._read().execute(
             "SELECT r.session_id, r.rank FROM ranks r LEFT JOIN diagnostics d "
             "ON d.session_id = r.session_id AND d.rank = r.rank "
-            "WHERE r.end_status IS NULL AND r.last_seen < ? AND (d.frames IS NULL OR d.frames != r.next_seq)",
+            f"WHERE {_SILENT} AND (d.frames IS NULL OR d.frames != r.next_seq)",
             (before,)).fetchall()
         return [(str(s), int(r)) for s, r in rows]
 

@@ -13,7 +13,7 @@ from torchscope.schema import Finding, FindingTarget
 
 from .. import graph as g
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_int, as_list, errors
+from ..run import Run, RunError, as_dict, as_int, as_list, errors
 from ..settings import Settings
 
 INPLACE_TEXT = "modified by an inplace operation"
@@ -46,7 +46,7 @@ def _stale_params(run: Run, shape: list[int] | None, steps: list[int]) -> list[s
     if shape is None or not steps or steps[0] < 1:
         return []
     shapes = (shape, shape[::-1])
-    return [str(p.get("name")) for p in run.params
+    return [run.param_name(i) for i, p in enumerate(run.params)
             if p.get("requires_grad", True) and [as_int(x) for x in as_list(p.get("shape"))] in shapes]
 
 
@@ -136,7 +136,7 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
         gstep, node = _node_named(run, crash_steps, node_name) if node_name else (-1, {})
         stale = _stale_params(run, shape, crash_steps) if not node else []
         if stale:
-            return [*_stale_graph(run, stale, shape, crash_steps, first), *_silent_inplace(run, crash_steps)]
+            return [*_stale_graph(run, stale, crash_steps, first), *_silent_inplace(run, crash_steps)]
         if node:
             node_name = str(node.get("name", node_name))
             targets = [FindingTarget(step=gstep, rank=run.rank, node=as_int(node.get("id")),
@@ -177,15 +177,15 @@ def _and(names: list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def _stale_graph(run: Run, params: list[str], shape: list[int] | None, steps: list[int], first: Any) -> list[Finding]:
+def _stale_graph(run: Run, params: list[str], steps: list[int], first: RunError) -> list[Finding]:
     """The failing backward went through a graph built before an optimizer.step() that updated a
     parameter it saved: state carried across steps without detach, kept with retain_graph."""
     message = (f"backward() failed: optimizer.step() had updated {_and(params)} in place, and this "
                "backward went through a graph built before that step which still needed it: state carried from "
                "one batch to the next without .detach() (an RNN's hidden state), its graph kept with "
                f"retain_graph=True ({describe_steps(steps, run.last_step)}).")
-    names = [run.param_name(i) for i in range(len(run.params))]
-    modules = sorted({run.param_module(names.index(p)) for p in params if p in names} - {""})
+    module_of = {run.param_name(i): run.param_module(i) for i in range(len(run.params))}
+    modules = sorted({module_of.get(p, "") for p in params} - {""})
     return [make("P8", "error", message, FIX_STALE, steps, rank=run.rank, params=params, modules=modules,
                  targets=[FindingTarget(step=steps[0], rank=run.rank, param=p) for p in params],
                  src=first.src or None, data={"error": first.message[:500]})]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
+from collections import deque
 from typing import Any
 
 from torchscope.schema import Finding, FindingTarget
@@ -110,18 +111,16 @@ def _diverging(history: list[tuple[int, float | None, float | None]]) -> tuple[i
     steps over which the gradient norm rose at every step and both it and the loss grew at
     least DIVERGE_FACTOR-fold: a learning rate past the stability limit.  Healthy training's
     loss falls; a loss that rises tenfold with ever larger gradients does not."""
-    run: list[tuple[int, float, float | None]] = []
+    rising: deque[tuple[int, float, float | None]] = deque(maxlen=DIVERGE_STEPS)  # the last steps of growth
     for step, norm, loss in history:
         if norm is None or not math.isfinite(norm):
-            run = []
+            rising.clear()
             continue
-        if run and norm <= run[-1][1]:
-            run = []
-        run.append((step, norm, loss))
-        if len(run) > DIVERGE_STEPS:
-            run.pop(0)
-        if len(run) == DIVERGE_STEPS:
-            (s0, n0, l0), (s1, n1, l1) = run[0], run[-1]
+        if rising and norm <= rising[-1][1]:
+            rising.clear()
+        rising.append((step, norm, loss))
+        if len(rising) == DIVERGE_STEPS:
+            (s0, n0, l0), (s1, n1, l1) = rising[0], rising[-1]
             if n0 > 0 and n1 >= n0 * DIVERGE_FACTOR and l0 is not None and l1 is not None and l0 > 0 \
                     and l1 >= l0 * DIVERGE_FACTOR:
                 return s0, s1, n1 / n0, l1 / l0

@@ -237,7 +237,7 @@ def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
         loss = g.loss_op(graph)
         if not loss:
             continue
-        path = g.gradient_upstream(fwd, loss)  # an op no gradient reaches cannot stop one
+        path = g.upstream(fwd, loss, passes=g.passes_gradient)  # an op no gradient reaches cannot stop one
         on_path = {as_int(op.get("id"), -1) for op in path}
         floating = _floating_tensors(graph)
         for op in path:

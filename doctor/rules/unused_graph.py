@@ -78,9 +78,8 @@ def _skipped(run: Run, steps: list[int]) -> list[Finding]:
                "batches the loop skipped before backward (a guard such as `if not torch.isfinite(loss): "
                "continue`, a caught error). The graph is freed with the loss; what a skipped batch's loss was "
                "is not recorded (the step never reached backward()).")
-    finding = make("P6", "info", message, FIX_SKIPPED, steps, rank=run.rank, view="memory", data={"forwards": skipped})
-    finding["title"] = "Batches skipped before backward"
-    return [finding]
+    return [make("P6", "info", message, FIX_SKIPPED, steps, rank=run.rank, view="memory", data={"forwards": skipped},
+                 title="Batches skipped before backward")]
 
 
 FIX_SKIPPED = ("Nothing to change for the graph. Find out why those batches were skipped: print the loss and the "

@@ -377,6 +377,20 @@ def test_a_nan_born_on_a_later_full_step_is_traced_to_its_op(tmp_path: Path, mon
     assert "first produced by aten::log at step 30" in p4["message"], p4["message"]
 
 
+def test_the_native_recorder_checks_the_same_nan_sources() -> None:
+    """recorder.cpp mirrors schema.NAN_SOURCE_OPS (read as text: a list changed on one side
+    only would check different ops in full mode with and without the extension)."""
+    import re
+
+    from torchscope.schema import NAN_SOURCE_OPS
+
+    cpp = (Path(_native.__file__).parent / "native" / "recorder.cpp").read_text()
+    body = cpp[cpp.index("bool nan_source("):]
+    listed = set(re.findall(r'"(aten::\w+)"', body[: body.index("}")]))
+    assert listed and listed == {n for n in NAN_SOURCE_OPS if not n.endswith("_")}
+    assert all(n + "_" in NAN_SOURCE_OPS for n in listed)  # the in-place forms, stripped in C++
+
+
 def test_full_grad_statistics_schedule(tmp_path: Path) -> None:
     """Norms every step; max/mean/std/zero fraction on step 0, every GRAD_STATS_EVERY steps and captured steps."""
     from torchscope._watch import GRAD_STATS_EVERY
