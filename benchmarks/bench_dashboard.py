@@ -274,7 +274,7 @@ def _import(url: str, path: Path) -> str:
 
 _PANZOOM = """async ([seconds, zoomIn]) => {
   const c = window.__torchscope.app.views.graph.obj.canvas;
-  if (zoomIn) { c.scale = 1; c.tx = 0; c.ty = -c.scene.height / 2; } else c.fit();
+  if (zoomIn) { c.scale = 1; c.tx = 0; c.ty = -c.scene.height / 2; } else c.show(c.overviewView());
   const t0 = performance.now(); let frames = 0; let worst = 0; let last = t0;
   await new Promise((done) => {
     const tick = () => {

@@ -392,3 +392,48 @@ class BackwardTimer:
             t1 = starts[k + 1][1] if k + 1 < len(starts) else end
             self.dur_us[i] = exact.get(i, t1 - t0) * 1e6
         starts.clear()
+
+
+class NonFiniteOrigin:
+    """The nodes that turned finite incoming gradients into NaN or Inf during one backward, in
+    execution order: where a NaN born in the backward (the gradient of ``sqrt`` or a norm at
+    zero, ``log`` at a zero that ``torch.where`` masked in the forward, ...) began.
+
+    One post-hook per node, each reading its tensors on the host: installed only on the steps
+    armed for NaN checks (the first captured step, the step after a non-finite one)."""
+
+    def __init__(self, nodes: list[Any]) -> None:
+        self.made: list[int] = []
+        self._handles: list[Any] = []
+        for i, n in enumerate(nodes):
+            if type(n).__name__ == "AccumulateGrad":
+                continue  # it makes no gradient of its own: its input is a parameter's .grad
+            try:
+                self._handles.append(n.register_hook(self._post(i)))
+            except Exception:
+                continue
+
+    def _post(self, i: int) -> Any:
+        made = self.made
+
+        def hook(grad_inputs: Any, grad_outputs: Any) -> None:
+            try:
+                if _finite(grad_outputs) and not _finite(grad_inputs):
+                    made.append(i)
+            except Exception:  # a tensor subclass without isfinite: that node is not checked
+                pass
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def _finite(grads: Any) -> bool:
+    return all(
+        bool(torch.isfinite(t).all())
+        for t in grads
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+    )

@@ -37,7 +37,7 @@ from torch.nn.parameter import is_lazy
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from . import _compile, _cuda, _native, _sigterm
-from ._autograd import AutogradWalk, BackwardTimer
+from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin
 from ._grads import GradRead, count_nonzero, nonzero_grads
 from ._hooks import retained_bytes
 from ._interpose import Interposer
@@ -181,6 +181,7 @@ class _StepState:
         "node_module",
         "graph",
         "timer",
+        "nan_origin",
         "walk",
         "stats",
         "before_create",
@@ -245,6 +246,7 @@ class _StepState:
         self.module_calls: dict[str, int] = {}
         self.graph: GraphEvent | None = None
         self.timer: BackwardTimer | None = None
+        self.nan_origin: NonFiniteOrigin | None = None  # on steps checked for NaN
         self.walk: AutogradWalk | None = None
         self.stats: GradRead | None = None  # launched just before optimizer.step()
         self.before_create: AutogradWalk | None = None  # the graph before a create_graph=True backward
@@ -1424,6 +1426,8 @@ class Watch:
             timed = rec.time_nodes(walk) if isinstance(rec, NativeRecorder) and self.mode == "full" else set()
             started = self._node_started(s, nodes, rec) if isinstance(rec, OpRecorder) and self.mode == "full" else None
             s.timer = BackwardTimer(walk.nodes, timed, started)
+            if s.check_nan:
+                s.nan_origin = NonFiniteOrigin(walk.nodes)
             s.walk = walk  # nodes stay alive until this backward returns (hooks removed then)
         if walk is not None:
             walk.forget_saved()  # what saved(keep=True) read, if records() did not take it
@@ -1602,6 +1606,12 @@ class Watch:
                         rec["order"] = o
                         rec["dur_us"] = round(dur[rec["id"]], 2)
             s.timer = None
+        if s.nan_origin is not None:
+            s.nan_origin.remove()
+            if s.graph is not None:
+                for i in s.nan_origin.made:
+                    s.graph["nodes"][i]["made_nonfinite"] = True
+            s.nan_origin = None
         s.walk = None
         if s.before_create is not None:  # a create_graph=True backward: the gradients' graphs are new
             params = [r() for r in self._params]

@@ -106,10 +106,14 @@ def loss_op(graph: dict[str, Any]) -> dict[str, Any]:
     """The forward op that produced the loss (the op of the root grad_fn node), or {}."""
     if "root" not in graph:
         return {}
-    root = node_by_id(graph, as_int(graph.get("root"), -1))
-    if "op" not in root:
+    return op_of_node(graph, node_by_id(graph, as_int(graph.get("root"), -1)))
+
+
+def op_of_node(graph: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    """The forward op that created ``node``, or {} (not recorded, or no op link)."""
+    if "op" not in node:
         return {}
-    op_id = as_int(root.get("op"), -1)
+    op_id = as_int(node.get("op"), -1)
     for op in as_list(graph.get("ops")):
         if isinstance(op, dict) and as_int(op.get("id"), -1) == op_id:
             return op

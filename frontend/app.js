@@ -181,7 +181,7 @@ window.__torchscope = {
   app,
   state: () => app.debug(),
   select: (key) => app.views.graph?.obj.select(key, true),
-  expand: async (path, phase = "forward") => { const g = app.views.graph.obj; const i = g.model.gIndex.get(`${phase}:${path}`); if (i === undefined) throw new Error("no group " + path); if (!g.expandedKeys.has(`${phase}:${path}`)) await g.toggleGroup(i); },
+  expand: async (path, phase = "forward") => { const g = app.views.graph.obj; const i = g.model.gIndex.get(`${phase}:${path}`); if (i === undefined) throw new Error("no group " + path); if (!g.isExpanded(i)) await g.toggleGroup(i); },
   expandAll: () => app.views.graph.obj.expandAll(),
   showStep: (s) => app.views.graph.obj.showStep(s),
   ready: app.start(),

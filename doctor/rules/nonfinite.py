@@ -20,6 +20,11 @@ FIX_UPDATE = ("Check the learning rate that optimizer.step() used (optimizer.par
 FIX = ("Look at the first op that produced it: log/sqrt/div of zero or negatives (add an eps, clamp), exp "
        "overflow (use log-softmax / logsumexp), a learning rate too high (lower it, clip gradients), or bad "
        "input data (check the batch for NaN).")
+FIX_BACKWARD = ("A gradient formula met a zero its forward handled: sqrt or a norm of exactly zero (add an eps "
+                "inside: (x + 1e-12).sqrt()), log or a division in a torch.where branch that is masked out (its "
+                "gradient is still 0 * inf = NaN: make the input safe before the op, torch.where(mask, x, 1.0).log()), "
+                "pow with an exponent below 1 at zero. torch.autograd.set_detect_anomaly(True) around that step's "
+                "backward names the first node that returned NaN, with its forward's stack.")
 
 
 def _loss_bad(ev: dict[str, Any]) -> bool:
@@ -98,15 +103,30 @@ def _nonfinite_steps(run: Run) -> tuple[list[int], dict[int, int]]:
     return steps, params
 
 
-def _first_culprit(run: Run, bad_steps: set[int]) -> tuple[dict[str, Any], int, str | None]:
-    """The op that made the first captured non-finite step's values, its step, and the
-    parameter it reads (if it reads one)."""
+def backward_origin(graph: dict[str, Any]) -> dict[str, Any] | None:
+    """The first backward node (in execution order) that turned finite incoming gradients into
+    NaN/Inf, on a step whose nodes were checked (capture's ``made_nonfinite``)."""
+    made = [n for n in as_list(graph.get("nodes")) if isinstance(n, dict) and n.get("made_nonfinite")]
+    return min(made, key=lambda n: as_int(n.get("order"), 1 << 30)) if made else None
+
+
+def _first_culprit(run: Run, bad_steps: set[int]) -> tuple[dict[str, Any], dict[str, Any], int, str | None]:
+    """The op that made the first captured non-finite step's values -- or, where the step's
+    loss was finite and its backward checked node by node, the backward node that made them
+    (with its forward op) --, its step, and the parameter the op reads (if it reads one)."""
     loss_bad = {step for step, ev in run.step_events() if _loss_bad(ev)}
     for step, graph in run.all_graphs():
-        hit = culprit(graph, step in loss_bad) if step in bad_steps else None
+        if step not in bad_steps:
+            continue
+        node = backward_origin(graph)
+        if node is not None and step not in loss_bad:
+            return g.op_of_node(graph, node), node, step, None
+        hit = culprit(graph, step in loss_bad)
         if hit is not None:
-            return hit, step, _param_input(graph, hit)
-    return {}, -1, None
+            return hit, {}, step, _param_input(graph, hit)
+        if node is not None:
+            return g.op_of_node(graph, node), node, step, None
+    return {}, {}, -1, None
 
 
 def _step_before(run: Run, step: int) -> dict[str, Any] | None:
@@ -153,7 +173,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     steps, params = _nonfinite_steps(run)
     if not steps:
         return []
-    first_op, op_step, reads = _first_culprit(run, set(steps))
+    first_op, node, op_step, reads = _first_culprit(run, set(steps))
     before = _step_before(run, steps[0])
     # The step before the first non-finite one was finite; its optimizer.step() is to blame when
     # it used a NaN learning rate, or when the first non-finite step's first NaN op (checked op by
@@ -171,15 +191,30 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         message = (f"NaN/Inf first appeared at step {steps[0]} {what}; optimizer.step() wrote it into the parameters, "
                    f"so from step {op_step} the first op reading {carried!r} ({g.op_label(first_op)}) already yields "
                    f"NaN: that op is not the cause ({when}). Ops are checked for NaN from the step after a non-finite "
-                   f"one, so the op that produced it at step {steps[0]} is not known: check that step's loss "
-                   f"inputs, or run its backward under torch.autograd.set_detect_anomaly(True).")
+                   f"one, so the op that produced it at step {steps[0]} is not known"
+                   + (". " + _made_in_backward(ev0) if _backward_made(ev0) else ": check that step's loss inputs, or "
+                      "run its backward under torch.autograd.set_detect_anomaly(True)."))
         src = next((str(s) for s in as_list(ev0.get("backward_src")) if s), None)
         at_params = [FindingTarget(step=params[i], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
                      for i in sorted(params)] or [FindingTarget(step=steps[0], rank=run.rank)]
-        return [make("P4", "error", message, FIX, steps, rank=run.rank, targets=at_params,
+        return [make("P4", "error", message, FIX_BACKWARD if _backward_made(ev0) else FIX, steps, rank=run.rank,
+                     targets=at_params,
                      modules=sorted({run.param_module(i) for i in params}), params=names, src=src, view="gradients",
                      data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
-    if first_op:
+    ev0 = next((ev for step, ev in run.step_events() if step == steps[0]), {})
+    fix = FIX
+    if node:
+        made = str(node.get("name", "a node"))
+        if first_op:
+            made += f", the gradient of {g.op_label(first_op)}"
+        message = (f"NaN/Inf first produced in the backward at step {op_step} by {made}: a finite gradient came "
+                   f"in and NaN/Inf went out ({when}).")
+        if op_step > steps[0]:  # nodes are checked from the step captured after a non-finite one
+            message = (f"NaN/Inf since step {steps[0]}, made in the backward by {made}: a finite gradient came in "
+                       f"and NaN/Inf went out at step {op_step}, the first step checked node by node after step "
+                       f"{steps[0]} went non-finite ({when}).")
+        fix = FIX_BACKWARD
+    elif first_op:
         message = f"NaN/Inf first produced by {g.op_label(first_op)} at step {op_step} ({when})."
         if op_step > steps[0]:  # ops are checked from the step captured after a non-finite one
             message = (f"NaN/Inf since step {steps[0]}, produced by {g.op_label(first_op)}: the op was caught at "
@@ -187,17 +222,45 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                        f"({when}).")
     elif names:
         message = f"NaN/Inf in the gradients of {', '.join(names[:3])}{' ...' if len(names) > 3 else ''} ({when})."
+        if _backward_made(ev0):
+            message += " " + _made_in_backward(ev0)
+            fix = FIX_BACKWARD
     else:
         message = f"The loss is NaN/Inf ({when})."
     targets: list[FindingTarget] = []
-    if first_op:
+    if node:
+        target = FindingTarget(step=op_step, rank=run.rank, node=as_int(node.get("id"), -1))
+        if first_op:
+            target["op"] = as_int(first_op.get("id"), -1)
+        if node.get("module") is not None:
+            target["module"] = str(node.get("module"))
+        targets.append(target)
+    elif first_op:
         targets.append(FindingTarget(**g.target_of_op(op_step, run.rank, first_op)))  # type: ignore[typeddict-item]
     targets += [FindingTarget(step=params[i], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
                 for i in sorted(params)]
     if not targets:
         targets.append(FindingTarget(step=steps[0], rank=run.rank))
-    modules = sorted({str(first_op.get("module", ""))} if first_op else {run.param_module(i) for i in params})
-    return [make("P4", "error", message, FIX, steps, rank=run.rank, targets=targets, modules=modules,
+    if node or first_op:
+        modules = sorted({str(node.get("module") if node else first_op.get("module", ""))})
+    else:
+        modules = sorted({run.param_module(i) for i in params})
+    return [make("P4", "error", message, fix, steps, rank=run.rank, targets=targets, modules=modules,
                  params=names, src=str(first_op.get("src", "")) if first_op else None,
-                 view="graph" if first_op else "gradients",
+                 view="graph" if first_op or node else "gradients",
                  data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
+
+
+def _backward_made(ev: dict[str, Any]) -> bool:
+    """A step whose losses were all recorded finite and whose gradients were not: its backward
+    made the NaN/Inf."""
+    losses = [as_float(v) for v in as_list(ev.get("losses"))]
+    return bool(losses) and all(v is not None and math.isfinite(v) for v in losses) and bool(_bad_params(ev))
+
+
+def _made_in_backward(ev: dict[str, Any]) -> str:
+    loss = as_float(as_list(ev.get("losses"))[-1]) or 0.0  # _backward_made: the losses are recorded, finite
+    return (f"Step {as_int(ev.get('step'), 0)}'s loss was finite ({loss:.4g}), so its backward made the NaN/Inf. "
+            "Backward nodes are checked one by one only on captured steps armed for it (default and full mode's "
+            "first step, and the step after a non-finite one): run that step's backward under "
+            "torch.autograd.set_detect_anomaly(True) to name the first node that returned NaN.")

@@ -2,8 +2,8 @@
 // pan and zoom smoothly.  Draws only what intersects the viewport; below a zoom threshold
 // nodes become plain rectangles without text (level of detail).  Edges are cached as one
 // Path2D per kind in world coordinates and rebuilt only when the layout changes.
-const TEXT_MIN_SCALE = 0.45;
-const MIN_SCALE = 0.002; // "Fit" reaches a 10k-node graph's full height
+export const TEXT_MIN_SCALE = 0.45;
+const MIN_SCALE = 0.002; // the overview (a second "Fit") reaches a 10k-node graph's full height
 
 function batchByColour(items, dim) {
   const m = new Map();
@@ -84,14 +84,54 @@ export class GraphCanvas {
 
   setScene(scene) { this.scene = scene; this.requestDraw(); }
 
-  fit() {
-    if (!this.scene) return;
+  // The whole graph, however small that makes it: centred across, from its top.
+  overviewView() {
     const { width, height } = this.scene;
-    const top = this.topInset();
-    const s = Math.min(1, (this.w - 40) / Math.max(width, 1), (this.h - 40 - top - this.bottomInset()) / Math.max(height, 1));
-    this.scale = Math.max(s, MIN_SCALE);
-    this.tx = (this.w - width * this.scale) / 2; this.ty = 20 + top;
-    this.requestDraw();
+    const s = Math.max(MIN_SCALE, Math.min(1, (this.w - 40) / Math.max(width, 1), (this.h - 40 - this.topInset() - this.bottomInset()) / Math.max(height, 1)));
+    return { scale: s, tx: (this.w - width * s) / 2, ty: 20 + this.topInset() };
+  }
+
+  // What Fit shows: the whole graph when its labels are still drawn there.  A large graph
+  // (full mode, everything expanded) fitted whole is unlabelled boxes, which name nothing a
+  // user could click on; it is fitted to its width instead, no smaller than the label zoom,
+  // from where the step starts: its first op at the top (with the frames of the modules it
+  // ran in), where a user starts reading and scrolls on down.  The graph's own top is no such
+  // place side by side: the columns end level at the loss, so above a short forward column
+  // there is only the tall backward's end.
+  fitView() {
+    const all = this.overviewView();
+    const start = this.startPoint();
+    if (all.scale >= TEXT_MIN_SCALE || !start) return all;
+    const width = this.scene.width;
+    const scale = Math.max(TEXT_MIN_SCALE, Math.min(1, (this.w - 40) / Math.max(width, 1)));
+    // wider than the canvas even so: the first op in the middle, no margin beyond the graph's edges
+    const tx = width * scale <= this.w - 40 ? (this.w - width * scale) / 2
+      : Math.min(20, Math.max(this.w - 20 - width * scale, this.w / 2 - start[0] * scale));
+    return { scale, tx, ty: 20 + this.topInset() - start[1] * scale };
+  }
+
+  // Where the step starts, in world coordinates: the centre of its first item in execution
+  // order, at the top of the outermost module frame around it.
+  startPoint() {
+    let first = null;
+    for (const it of this.scene.items) if (it.order !== undefined && (!first || it.order < first.order)) first = it;
+    if (!first) return null;
+    const [x, y, w, h] = first.box;
+    const around = (f) => f[0] <= x && f[1] <= y && f[0] + f[2] >= x + w && f[1] + f[3] >= y + h;
+    return [x + w / 2, Math.min(y, ...this.scene.frames.filter((f) => around(f.box)).map((f) => f.box[1]))];
+  }
+
+  show(v) { Object.assign(this, v); this.requestDraw(); }
+
+  fit() { if (this.scene) this.show(this.fitView()); }
+
+  // The Fit button and key: a second press where Fit left the view shows the whole graph,
+  // so the overview of a large graph is one press away rather than a dozen zoom steps.
+  fitOrOverview() {
+    if (!this.scene) return;
+    const v = this.fitView();
+    const there = Math.abs(v.scale - this.scale) < 1e-9 && Math.abs(v.tx - this.tx) < 0.5 && Math.abs(v.ty - this.ty) < 0.5;
+    this.show(there ? this.overviewView() : v);
   }
 
   centerOn(box, minScale = 0.8) {

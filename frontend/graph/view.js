@@ -27,7 +27,10 @@ export class GraphView {
     this.captured = [];
     this.model = null;
     this.layout = null;
-    this.expandedKeys = new Set(); // group keys, kept across steps so expansion survives
+    // module paths, not group keys: a module's forward and backward are separate groups, and
+    // a user who opens a module expects both open (its grad_fn nodes beside its ops); kept
+    // across steps so expansion survives
+    this.expandedPaths = new Set();
     this.selected = app.state.node || null;
     this.sideBySide = app.state.layout !== "dag"; // side by side unless the URL asks for one DAG
     this.overlay = "phase";
@@ -63,7 +66,7 @@ export class GraphView {
       btn("Expand all", () => this.expandAll(), "expand every module", "expand-all"), btn("Collapse", () => this.collapseAll(), "collapse to top-level modules"),
       h("label", { title: "forward on the left flowing down, backward on the right flowing up" },
         h("input", { type: "checkbox", checked: this.sideBySide || undefined, "data-testid": "side-by-side", onchange: (e) => this.setSideBySide(e.target.checked) }), " side by side"),
-      btn("Fit", () => this.canvas.fit(), "fit to screen (f)"), this.cutInfo);
+      btn("Fit", () => this.canvas.fitOrOverview(), "fit to screen, readable (f); again: the whole graph", "fit"), this.cutInfo);
     this.canvasEl = h("canvas", { tabindex: 0, "aria-label": "computation graph; n / p: next / previous node, Enter: expand, Backspace: collapse" });
     this.legend = h("div", { class: "legend", "data-testid": "legend" });
     this.status = h("div", { class: "graph-status" });
@@ -92,7 +95,7 @@ export class GraphView {
     const app = this.app;
     return {
       select: (k) => this.select(k, true), togglePath: (k) => this.togglePath(k), toggleGroup: (g) => this.toggleGroup(g),
-      isExpanded: (g) => this.model && this.expandedKeys.has(this.model.groups[g].key),
+      isExpanded: (g) => this.isExpanded(g),
       moduleType: app.moduleType, params: app.meta?.params || [], paramNorm: this.paramNorm, paramDtype: app.paramDtype,
       diff: this.diff, gradStats: (p) => this.gradStats(p),
     };
@@ -218,9 +221,15 @@ export class GraphView {
     });
   }
 
+  isExpanded(g) { return !!this.model && this.expandedPaths.has(this.model.groups[g].path); }
+
+  // Indices of the groups drawn open: every phase's group of each expanded module path.
+  expandedGroups() {
+    return this.model.groups.flatMap((G, g) => (g > 0 && this.expandedPaths.has(G.path) ? [g] : []));
+  }
+
   relayout(fit = false) {
-    const m = this.model;
-    const expanded = [...this.expandedKeys].map((k) => m.gIndex.get(k)).filter((g) => g !== undefined);
+    const expanded = this.expandedGroups();
     this.expandedIdx = new Set(expanded);
     const parents = this.layoutParents(this.expandedIdx), open = parents.join(",");
     if (open !== this.openContainers) { // an open container changed: the layout's tree did
@@ -339,9 +348,9 @@ export class GraphView {
   }
 
   async toggleGroup(g) {
-    const key = this.model.groups[g].key;
+    const path = this.model.groups[g].path;
     const before = this.groupBox(g);
-    if (this.expandedKeys.has(key)) this.expandedKeys.delete(key); else this.expandedKeys.add(key);
+    if (this.expandedPaths.has(path)) this.expandedPaths.delete(path); else this.expandedPaths.add(path);
     await this.relayout();
     const after = this.groupBox(g);
     if (before && after) { // keep the group where the user was looking: expanding moves nothing under the pointer
@@ -352,8 +361,8 @@ export class GraphView {
     if (this.selected && this.selected.startsWith("g:")) renderDetails(this.details, this.model, this.selected, this.ctx());
   }
 
-  async expandAll() { if (!this.model) return; for (const g of this.model.groups) if (g.key) this.expandedKeys.add(g.key); await this.relayout(); this.canvas.fit(); }
-  async collapseAll() { if (!this.model) return; this.expandedKeys.clear(); await this.relayout(); this.canvas.fit(); }
+  async expandAll() { if (!this.model) return; for (const g of this.model.groups) if (g.path) this.expandedPaths.add(g.path); await this.relayout(); this.canvas.fit(); }
+  async collapseAll() { if (!this.model) return; this.expandedPaths.clear(); await this.relayout(); this.canvas.fit(); }
 
   // Select a leaf or group; hidden leaves get their module groups expanded first.
   async select(key, center = false) {
@@ -362,8 +371,8 @@ export class GraphView {
     if (key && this.model) {
       const l = this.model.byKey.get(key);
       if (l) {
-        const need = ancestors(this.model, l.group).filter((g) => !this.expandedKeys.has(this.model.groups[g].key));
-        if (need.length) { need.forEach((g) => this.expandedKeys.add(this.model.groups[g].key)); await this.relayout(); }
+        const need = ancestors(this.model, l.group).filter((g) => !this.isExpanded(g));
+        if (need.length) { need.forEach((g) => this.expandedPaths.add(this.model.groups[g].path)); await this.relayout(); }
       }
     }
     if (this.highlight && !this.keepHighlight) { this.highlight = null; }
@@ -431,8 +440,8 @@ export class GraphView {
     } else if (e.key === "Backspace") {
       const l = this.model.byKey.get(this.selected);
       const g = l ? l.group : this.selected?.startsWith("g:") ? this.model.groups[this.model.gIndex.get(this.selected.slice(2))].parent : 0;
-      if (g > 0) { this.expandedKeys.delete(this.model.groups[g].key); this.select("g:" + this.model.groups[g].key); this.relayout(); }
-    } else if (e.key === "f") this.canvas.fit();
+      if (g > 0) { this.expandedPaths.delete(this.model.groups[g].path); this.select("g:" + this.model.groups[g].key); this.relayout(); }
+    } else if (e.key === "f") this.canvas.fitOrOverview();
     else if (e.key === "[" || e.key === "]") this.stepBy(e.key === "]" ? 1 : -1);
     else if (e.key === "Escape") { this.highlight = null; this.select(null); }
     else if (e.key === "+" || e.key === "-") this.canvas.zoomAt(this.canvas.w / 2, this.canvas.h / 2, e.key === "+" ? 1.25 : 0.8);
@@ -460,7 +469,7 @@ export class GraphView {
       layoutMs: this.lastLayoutMs, firstPaintMs: this.firstPaintMs, sideBySide: this.sideBySide,
       nodes: (this.scene?.items || []).map((it) => ({ key: it.key, label: it.label, sub: it.sub, group: it.group !== undefined, hi: it.hi, cut: it.cut, color: it.color })),
       frames: (this.scene?.frames || []).map((f) => f.title),
-      expanded: [...this.expandedKeys], leaves: this.model?.leaves.length || 0, status: this.status.textContent,
+      expanded: this.model ? this.expandedGroups().map((g) => this.model.groups[g].key) : [], leaves: this.model?.leaves.length || 0, status: this.status.textContent,
     };
   }
 }

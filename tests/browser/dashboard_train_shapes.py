@@ -1,6 +1,6 @@
 """Real training runs for the dashboard QA tests of the eighteenth session.
 
-    python dashboard_train_shapes.py --server URL --record PATH --model residual|long [--steps N]
+    python dashboard_train_shapes.py --server URL --record PATH --model residual|long [--steps N] [--mode MODE]
 
 ``residual``: eight ``x = x + layer(x)`` blocks in an ``nn.ModuleList`` (the blocks are linked
 only through the parent's adds), then three parallel branches in another ``ModuleList`` whose
@@ -58,13 +58,15 @@ def main() -> None:
     ap.add_argument("--record", required=True)
     ap.add_argument("--model", choices=["residual", "long"], required=True)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--mode", default="default", help="torchscope.watch's mode; the session is named <model>-<mode> unless default")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model, d = build(args.model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     # a long run captures few graphs: the heat map needs every step's gradient norms only
-    w = torchscope.watch(model, opt, server=args.server, record=args.record, name=args.model,
+    name = args.model if args.mode == "default" else f"{args.model}-{args.mode}"
+    w = torchscope.watch(model, opt, server=args.server, record=args.record, name=name, mode=args.mode,
                          sample_every=1 if args.model == "residual" else 100)
     for _ in range(args.steps):
         opt.zero_grad()

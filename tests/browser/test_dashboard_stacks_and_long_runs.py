@@ -8,6 +8,10 @@ against a real `torchscope serve`, with runs recorded by a real training script.
   linked only through the parent's adds.  They must stack top to bottom, while branches that
   really run in parallel stay side by side; and (twenty-first session) the parent's adds sit
   between the blocks, not all below the ModuleList's frame.
+- (twenty-second session) Expanding a module in the forward left its backward (its grad_fn
+  nodes) one collapsed box: a module's forward and backward now open and close together.
+- "Fit" on a large full-mode graph zoomed out below the zoom at which labels are drawn: it
+  now stops at a readable zoom from the graph's top, and a second press shows all of it.
 """
 
 from __future__ import annotations
@@ -36,12 +40,17 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
         yield s
 
 
+# the script's arguments by session name (it names a session <model>, or <model>-<mode> outside default mode)
+RUNS = {"residual": ["--model", "residual", "--steps", "2"], "long": ["--model", "long", "--steps", str(LONG_STEPS)],
+        "residual-full": ["--model", "residual", "--steps", "1", "--mode", "full"]}
+
+
 @pytest.fixture(scope="module")
 def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Session ids of the two runs, streamed to the server side by side."""
+    """Session ids of the runs, streamed to the server side by side."""
     d = tmp_path_factory.mktemp("shapes-runs")
-    procs = {name: [str(TRAIN), "--server", srv.url, "--record", str(d / f"{name}.tscope"), "--model", name,
-                    "--steps", str(steps)] for name, steps in (("residual", 2), ("long", LONG_STEPS))}
+    procs = {name: [str(TRAIN), "--server", srv.url, "--record", str(d / f"{name}.tscope"), *args]
+             for name, args in RUNS.items()}
     running = {n: subprocess.Popen([sys.executable, *a], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                for n, a in procs.items()}
     for name, p in running.items():
@@ -147,9 +156,9 @@ def test_residual_blocks_in_a_module_list_stack_top_to_bottom(page: Any, srv: Se
     page.evaluate("window.__torchscope.expand('layers')")
     page.evaluate("window.__torchscope.expand('layers', 'backward')")
     page.evaluate("window.__torchscope.expand('branches')")
-    page.evaluate("window.__torchscope.app.views.graph.obj.canvas.fit()")
+    page.evaluate("(() => { const c = window.__torchscope.app.views.graph.obj.canvas; c.show(c.overviewView()); })()")
     shot(page, "graph-residual-module-list")
-    # fitted, the tall expanded graph ends above the legend that floats over the canvas's bottom
+    # seen whole, the tall expanded graph ends above the legend that floats over the canvas's bottom
     fitted = page.evaluate("""() => {
       const v = window.__torchscope.app.views.graph.obj, c = v.canvas, cv = v.canvasEl.getBoundingClientRect();
       return { bottom: cv.top + c.ty + v.scene.height * c.scale, legendTop: v.legend.getBoundingClientRect().top };
@@ -182,6 +191,95 @@ def test_residual_blocks_in_a_module_list_stack_top_to_bottom(page: Any, srv: Se
     assert len({b[1] for b in branches.values()}) == 1, branches
     xs = sorted(b[0] for b in branches.values())
     assert all(x1 >= x0 + 100 for x0, x1 in zip(xs, xs[1:], strict=False)), branches
+
+
+# Boxes of the drawn items with this label (ops, grad_fn nodes).
+LABELLED = """(label) => window.__torchscope.app.views.graph.obj.scene.items
+  .filter((it) => it.label === label).map((it) => Array.from(it.box))"""
+
+
+def drawn_keys(page: Any) -> set[str]:
+    return {n["key"] for n in page.evaluate("window.__torchscope.state().graph.nodes")}
+
+
+def wait_drawn(page: Any, key: str, drawn: bool = True) -> None:
+    """Until the box ``key`` is (or is no longer) drawn: a click's relayout is asynchronous."""
+    page.wait_for_function("([k, on]) => window.__torchscope.state().graph.nodes.some((n) => n.key === k) === on", arg=[key, drawn])
+
+
+def test_expanding_a_module_opens_its_forward_and_its_backward(page: Any, srv: ServerProc, runs: dict[str, str]) -> None:
+    open_view(page, srv, runs["residual"])
+    wait_drawn(page, "g:backward:layers")
+    page.evaluate("window.__torchscope.expand('layers')")  # the forward's box only, as a double-click on it
+    keys = drawn_keys(page)
+    assert "g:forward:layers" not in keys and "g:backward:layers" not in keys
+    assert {"forward:layers", "backward:layers"} <= set(page.evaluate("window.__torchscope.state().graph.expanded"))
+    # the backward ModuleList opens as the forward one does: its blocks' grad_fn nodes among the
+    # parent's AddBackward0 nodes (`x + layer(x)`), one between each two blocks, where they ran
+    back = page.evaluate(BOXES, "g:backward:layers.")
+    assert sorted(back) == [f"g:backward:layers.{i}" for i in range(8)]
+    adds = page.evaluate(LABELLED, "AddBackward0")
+    for i in range(1, 8):
+        above, below = back[f"g:backward:layers.{i - 1}"], back[f"g:backward:layers.{i}"]
+        assert any(above[1] + above[3] <= a[1] and a[1] + a[3] <= below[1] for a in adds), f"no AddBackward0 between blocks {i - 1} and {i}"
+    shot(page, "graph-residual-module-list-both-phases")
+    # from the backward side (its details panel's button) a block opens in both phases too
+    page.evaluate("window.__torchscope.select('g:backward:layers.3')")
+    page.locator("[data-testid=toggle-group]").click()
+    wait_drawn(page, "g:forward:layers.3", False)
+    assert "g:backward:layers.3" not in drawn_keys(page)
+    # and closes in both
+    page.locator("[data-testid=toggle-group]").click()
+    wait_drawn(page, "g:forward:layers.3")
+    assert "g:backward:layers.3" in drawn_keys(page)
+    # "Collapse" closes every module in both phases, "Expand all" opens every one
+    page.locator("button[title='collapse to top-level modules']").click()
+    wait_drawn(page, "g:forward:layers")
+    assert "g:backward:layers" in drawn_keys(page) and page.evaluate("window.__torchscope.state().graph.expanded") == []
+    page.locator("[data-testid=expand-all]").click()
+    wait_drawn(page, "g:backward:layers", False)
+    groups = page.evaluate("window.__torchscope.app.views.graph.obj.model.groups.map((g) => g.key).filter(Boolean)")
+    assert sorted(page.evaluate("window.__torchscope.state().graph.expanded")) == sorted(groups)
+
+
+# The canvas's view of the graph: zoom, offset, sizes, how many items it shows, where on the
+# canvas the step's first op is, the zoom at which labels are drawn, and where the legend that
+# floats over the canvas starts.
+VIEW = """async () => {
+  const { TEXT_MIN_SCALE } = await import("/static/graph/render.js");
+  const v = window.__torchscope.app.views.graph.obj, c = v.canvas, items = v.scene.items;
+  const x0 = -c.tx / c.scale, y0 = -c.ty / c.scale, x1 = x0 + c.w / c.scale, y1 = y0 + c.h / c.scale;
+  const seen = items.filter(({ box: b }) => b[0] < x1 && b[0] + b[2] > x0 && b[1] < y1 && b[1] + b[3] > y0).length;
+  const b = items.reduce((p, q) => (q.order < p.order ? q : p)).box;
+  return { scale: c.scale, tx: c.tx, ty: c.ty, w: c.w, h: c.h, width: v.scene.width, height: v.scene.height, seen,
+           items: items.length, labelZoom: TEXT_MIN_SCALE, legendTop: v.legend.getBoundingClientRect().top - v.canvasEl.getBoundingClientRect().top,
+           first: [c.tx + b[0] * c.scale, c.ty + b[1] * c.scale, c.tx + (b[0] + b[2]) * c.scale, c.ty + (b[1] + b[3]) * c.scale] };
+}"""
+
+
+def test_fit_on_a_large_graph_keeps_labels_and_a_second_fit_shows_it_all(page: Any, srv: ServerProc, runs: dict[str, str]) -> None:
+    open_view(page, srv, runs["residual-full"])
+    wait_drawn(page, "g:backward:layers")
+    page.evaluate("window.__torchscope.expandAll()")
+    page.evaluate("window.__torchscope.app.views.graph.obj.canvas.zoomAt(300, 300, 2)")  # the user looked closer
+    fit = page.locator("[data-testid=fit]")
+    fit.click()
+    v = page.evaluate(VIEW)
+    assert v["height"] * v["labelZoom"] > 2 * v["h"], f"the graph is not large enough to test Fit: {v}"
+    assert v["scale"] >= v["labelZoom"], f"Fit zoomed out below the label zoom: {v}"
+    # from where the step starts: its first op near the top, in view
+    left, top, right, bottom = v["first"]
+    assert left >= 0 and right <= v["w"] and top > 0 and bottom < v["h"] / 3, v
+    # as wide as it is, unless that too is below the label zoom
+    assert v["scale"] == v["labelZoom"] or (v["tx"] >= 0 and v["tx"] + v["width"] * v["scale"] <= v["w"]), v
+    assert v["seen"] >= 10, v
+    shot(page, "graph-full-fit")
+    fit.click()  # again: the whole graph, an overview, above the legend
+    o = page.evaluate(VIEW)
+    assert o["scale"] < o["labelZoom"] and o["seen"] == o["items"], o
+    assert o["ty"] + o["height"] * o["scale"] <= o["legendTop"] and o["tx"] + o["width"] * o["scale"] <= o["w"], o
+    fit.click()  # and back to reading
+    assert page.evaluate(VIEW)["scale"] == v["scale"]
 
 
 def test_a_findings_late_step_is_scrolled_into_view(page: Any, srv: ServerProc, runs: dict[str, str]) -> None:

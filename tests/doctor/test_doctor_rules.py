@@ -338,6 +338,26 @@ def test_p4_does_not_blame_an_op_that_only_read_nan_parameters() -> None:
     assert all("op" not in t for t in f["targets"]) and f["targets"][0]["param"] == "enc.weight"
 
 
+def test_p4_names_the_backward_node_that_made_a_nan_from_finite_gradients() -> None:
+    """A finite loss with NaN gradients: the checked backward's first node (in execution order)
+    that turned finite gradients non-finite is the cause, named with the op it is the gradient of;
+    a later node that only received them is not.  Caught on a step after the first bad one, the
+    message says both steps."""
+    g = {"kind": "graph", "step": 2, "rank": 0,
+         "ops": [{"id": 7, "name": "aten::sqrt", "module": "", "src": "m.py:15", "outputs": [3]}],
+         "nodes": [{"id": 0, "name": "AddBackward0", "order": 0},
+                   {"id": 1, "name": "PowBackward0", "order": 3, "made_nonfinite": True},
+                   {"id": 2, "name": "SqrtBackward0", "op": 7, "module": "", "order": 2, "made_nonfinite": True}]}
+    bad = grads(nan=[32, 8, 8, 1])
+    f = only(diagnose([session(), step(0), step(1), step(2, grads=bad), g]), "P4")
+    assert "first produced in the backward at step 2 by SqrtBackward0, the gradient of aten::sqrt" in f["message"]
+    assert f["targets"][0] == {"step": 2, "rank": 0, "node": 2, "op": 7, "module": ""} and f["src"] == "m.py:15"
+    assert "norm of exactly zero" in f["fix"]
+    later = only(diagnose([session(), step(0), step(1, grads=bad), step(2, grads=bad), g]), "P4")
+    assert "since step 1, made in the backward by SqrtBackward0" in later["message"]
+    assert "at step 2, the first step checked node by node" in later["message"]
+
+
 def test_p4_silent_on_scaler_skipped_steps_with_finite_loss() -> None:
     ev = step(0, grads=grads(inf=[3, 0, 0, 0]), scaler={"scale": 32768.0, "skipped": True})
     assert "P4" not in codes(diagnose([session(), ev, step(1, scaler={"scale": 32768.0, "skipped": False})]))
