@@ -1975,8 +1975,12 @@ class Watch:
         if has_scale:  # the scaler's scale tensor was read after the losses
             ev["scaler"]["scale"] = values[n_losses]
         nonfinite = any(not math.isfinite(x) for x in losses) or any(stats["nan"]) or any(stats["inf"])
-        self._nan_armed = bool(nonfinite)
-        if nonfinite and graph is None and self.mode != "light":
+        # a step the GradScaler skipped had non-finite scaled gradients, read by the scaler, not
+        # here (the loop's zero_grad clears them before the boundary): the next step is checked
+        # too, so a recurring overflow is traced to the op or backward node that makes it (P14)
+        skipped = bool(ev.get("scaler", {}).get("skipped"))
+        self._nan_armed = bool(nonfinite) or skipped
+        if self._nan_armed and graph is None and self.mode != "light":
             self._capture_next = True
         self._transport.emit(dict(ev))
         if graph is not None:

@@ -9,12 +9,15 @@ look like trouble); skips after it are judged.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import contiguous_runs, describe_steps, make
 from ..run import Run, as_dict, as_float, as_list
 from ..settings import Settings
 from ._grads import scaler_skipped
+from .nonfinite import loss_nonfinite, origin, origin_target, origin_text
 
 FIX = ("Find the overflow: normalise inputs, keep losses/softmax in float32 (autocast does for its own ops), "
        "check the data for inf/NaN; with clipping call scaler.unscale_(optimizer) before clip_grad_norm_.")
@@ -73,8 +76,30 @@ def _skips_finding(run: Run, later: list[int], collapsed: list[int], calibration
     effect = "the model is not learning" if stuck else "those steps did not update the model"
     message = (f"GradScaler skipped {len(later)} of {len(run.steps)} optimizer steps{after} because the gradients "
                f"overflowed ({describe_steps(steps, run.last_step)}){scale_txt}: {effect}.")
-    return make("P14", "warning", message, FIX, steps, rank=run.rank,
-                targets=[FindingTarget(step=steps[0], rank=run.rank)], view="gradients", data=data)
+    targets = [FindingTarget(step=steps[0], rank=run.rank)]
+    src = None
+    traced = _traced(run, later)
+    if traced is not None:
+        step, op, node = traced
+        where = "turned finite (scaled) gradients into Inf/NaN" if node else "made Inf/NaN in the forward"
+        message += f" Traced at step {step}: {origin_text(op, node)} {where}."
+        targets.insert(0, origin_target(step, run.rank, op, node))
+        src = str(op.get("src") or "") or None
+    return make("P14", "warning", message, FIX, steps, rank=run.rank, targets=targets, src=src,
+                view="graph" if traced is not None else "gradients", data=data)
+
+
+def _traced(run: Run, skipped: list[int]) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+    """The latest skipped step whose capture was checked for Inf/NaN (the capture checks the
+    step after a skipped one) and where its overflow began: the latest, as skips that go on
+    have their lasting cause there, where the first may be the scale's calibration."""
+    events = dict(run.step_events())
+    for step in sorted(skipped, reverse=True):
+        for graph in run.graphs_of(step):
+            op, node = origin(graph, loss_nonfinite(events.get(step, {})))
+            if op or node:
+                return step, op, node
+    return None
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:

@@ -27,7 +27,7 @@ FIX_BACKWARD = ("A gradient formula met a zero its forward handled: sqrt or a no
                 "backward names the first node that returned NaN, with its forward's stack.")
 
 
-def _loss_bad(ev: dict[str, Any]) -> bool:
+def loss_nonfinite(ev: dict[str, Any]) -> bool:
     values = [as_float(ev.get("loss")), *(as_float(v) for v in as_list(ev.get("losses")))]
     return any(v is not None and not math.isfinite(v) for v in values)
 
@@ -96,7 +96,7 @@ def _nonfinite_steps(run: Run) -> tuple[list[int], dict[int, int]]:
         bad = [] if scaler_skipped(ev) else _bad_params(ev)
         # ops flagged non-finite on a step whose loss and gradients are finite (an attention
         # mask of -inf, checked on the first captured step) harm nothing: not a finding
-        if _loss_bad(ev) or bad:
+        if loss_nonfinite(ev) or bad:
             steps.append(step)
             for i in bad:
                 params.setdefault(i, step)
@@ -110,22 +110,49 @@ def backward_origin(graph: dict[str, Any]) -> dict[str, Any] | None:
     return min(made, key=lambda n: as_int(n.get("order"), 1 << 30)) if made else None
 
 
+def origin(graph: dict[str, Any], loss_bad: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Where one captured step's non-finite values began, as (op, node): with a finite loss,
+    the first backward node that turned finite gradients non-finite (and the forward op it is
+    the gradient of); else the forward op (``culprit``), or that node when no op was flagged."""
+    node = backward_origin(graph)
+    if node is not None and not loss_bad:
+        return g.op_of_node(graph, node), node
+    hit = culprit(graph, loss_bad)
+    if hit is not None:
+        return hit, {}
+    if node is not None:
+        return g.op_of_node(graph, node), node
+    return {}, {}
+
+
+def origin_text(op: dict[str, Any], node: dict[str, Any]) -> str:
+    """``SqrtBackward0, the gradient of aten::sqrt`` or ``aten::log in 'head'``."""
+    if not node:
+        return g.op_label(op)
+    return str(node.get("name", "a node")) + (f", the gradient of {g.op_label(op)}" if op else "")
+
+
+def origin_target(step: int, rank: int, op: dict[str, Any], node: dict[str, Any]) -> FindingTarget:
+    if not node:
+        return FindingTarget(**g.target_of_op(step, rank, op))  # type: ignore[typeddict-item]
+    target = FindingTarget(step=step, rank=rank, node=as_int(node.get("id"), -1))
+    if op:
+        target["op"] = as_int(op.get("id"), -1)
+    if node.get("module") is not None:
+        target["module"] = str(node.get("module"))
+    return target
+
+
 def _first_culprit(run: Run, bad_steps: set[int]) -> tuple[dict[str, Any], dict[str, Any], int, str | None]:
-    """The op that made the first captured non-finite step's values -- or, where the step's
-    loss was finite and its backward checked node by node, the backward node that made them
-    (with its forward op) --, its step, and the parameter the op reads (if it reads one)."""
-    loss_bad = {step for step, ev in run.step_events() if _loss_bad(ev)}
+    """Where the first captured non-finite step's values began (``origin``), its step, and the
+    parameter the op reads (if it reads one and is no backward node's)."""
+    loss_bad = {step for step, ev in run.step_events() if loss_nonfinite(ev)}
     for step, graph in run.all_graphs():
         if step not in bad_steps:
             continue
-        node = backward_origin(graph)
-        if node is not None and step not in loss_bad:
-            return g.op_of_node(graph, node), node, step, None
-        hit = culprit(graph, step in loss_bad)
-        if hit is not None:
-            return hit, {}, step, _param_input(graph, hit)
-        if node is not None:
-            return g.op_of_node(graph, node), node, step, None
+        op, node = origin(graph, step in loss_bad)
+        if op or node:
+            return op, node, step, None if node else _param_input(graph, op)
     return {}, {}, -1, None
 
 
@@ -155,7 +182,7 @@ def _update_finding(run: Run, steps: list[int], params: dict[int, int], before: 
                  "yields NaN)")
     ev0 = next((ev for step, ev in run.step_events() if step == steps[0]), {})
     names = [run.param_name(i) for i in sorted(params, key=lambda i: (params[i], i))]
-    what = "in the loss" if _loss_bad(ev0) else "in the gradients"
+    what = "in the loss" if loss_nonfinite(ev0) else "in the gradients"
     message = (f"NaN/Inf first appeared at step {steps[0]} {what} ({describe_steps(steps, run.last_step)}), but "
                f"step {prev}'s loss and gradients were finite: its optimizer.step() {cause}, which every later "
                "step computes with.")
@@ -187,7 +214,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         # The NaN reached the parameters through optimizer.step() at the first bad step: that
         # later op only reads them, it made nothing (a transpose of a NaN weight is NaN)
         ev0 = next((ev for step, ev in run.step_events() if step == steps[0]), {})
-        what = "in the loss" if _loss_bad(ev0) else (f"in the gradients of {', '.join(names[:3])}" if names else "")
+        what = "in the loss" if loss_nonfinite(ev0) else (f"in the gradients of {', '.join(names[:3])}" if names else "")
         message = (f"NaN/Inf first appeared at step {steps[0]} {what}; optimizer.step() wrote it into the parameters, "
                    f"so from step {op_step} the first op reading {carried!r} ({g.op_label(first_op)}) already yields "
                    f"NaN: that op is not the cause ({when}). Ops are checked for NaN from the step after a non-finite "
@@ -204,9 +231,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     ev0 = next((ev for step, ev in run.step_events() if step == steps[0]), {})
     fix = FIX
     if node:
-        made = str(node.get("name", "a node"))
-        if first_op:
-            made += f", the gradient of {g.op_label(first_op)}"
+        made = origin_text(first_op, node)
         message = (f"NaN/Inf first produced in the backward at step {op_step} by {made}: a finite gradient came "
                    f"in and NaN/Inf went out ({when}).")
         if op_step > steps[0]:  # nodes are checked from the step captured after a non-finite one
@@ -228,15 +253,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     else:
         message = f"The loss is NaN/Inf ({when})."
     targets: list[FindingTarget] = []
-    if node:
-        target = FindingTarget(step=op_step, rank=run.rank, node=as_int(node.get("id"), -1))
-        if first_op:
-            target["op"] = as_int(first_op.get("id"), -1)
-        if node.get("module") is not None:
-            target["module"] = str(node.get("module"))
-        targets.append(target)
-    elif first_op:
-        targets.append(FindingTarget(**g.target_of_op(op_step, run.rank, first_op)))  # type: ignore[typeddict-item]
+    if node or first_op:
+        targets.append(origin_target(op_step, run.rank, first_op, node))
     targets += [FindingTarget(step=params[i], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
                 for i in sorted(params)]
     if not targets:

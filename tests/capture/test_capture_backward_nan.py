@@ -3,6 +3,7 @@ found on the steps checked for NaN, as plain PyTorch's own gradients show, and t
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,38 @@ def test_no_node_is_flagged_on_a_healthy_run(tmp_path: Path) -> None:
 def _src_line(text: str) -> int:
     lines = Path(__file__).read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def test_a_gradscaler_skipping_every_step_is_traced_to_the_node_that_overflows(tmp_path: Path) -> None:
+    """A norm of a zero row in an AMP loop: the GradScaler skips every step however low its scale
+    goes.  A skipped step arms the next step's checks (the loop's zero_grad clears the gradients
+    before the watch could read them), so P14 names the node -- and training is unchanged."""
+
+    def train(watched: bool) -> tuple[list[float], nn.Module]:
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu")
+        scales = []
+        with torchscope.watch(model, opt, server=None, record=tmp_path / "amp.tscope") if watched else nullcontext():
+            for step in range(12):
+                x, y = _batch(step, set())
+                opt.zero_grad()
+                out = model(x)
+                loss = nn.functional.mse_loss(out, y) + 0.1 * (out - out[:1]).pow(2).sum(1).sqrt().mean()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                scales.append(scaler.get_scale())
+        return scales, model
+
+    plain_scales, plain = train(False)
+    scales, model = train(True)
+    assert scales == plain_scales == [65536.0 / 2 ** (i + 1) for i in range(12)]  # every step skipped
+    for p, q in zip(plain.parameters(), model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    events = list(iter_events(tmp_path / "amp.tscope"))
+    made = _made(events)
+    assert len(made) >= 5 and all(names == ["SqrtBackward0"] for names in made.values())  # every other step checked
+    (p14,) = [f for f in diagnose(events) if f["code"] == "P14"]
+    assert f"Traced at step {max(made)}: SqrtBackward0, the gradient of aten::sqrt turned finite" in p14["message"]
+    assert p14["targets"][0]["node"] >= 0 and p14["view"] == "graph"
