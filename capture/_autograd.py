@@ -304,7 +304,7 @@ def _loss_facts(n: Any, rec: NodeRecord) -> None:
         other = getattr(n, "_saved_other", None)
         # a Python number is a 0-dim CPU tensor; a 0-dim CUDA one would cost a host sync
         if isinstance(other, torch.Tensor) and other.dim() == 0 and other.device.type == "cpu":
-            rec["scalar"] = float(other)
+            rec["scalar"] = float(other.detach())  # a learned scale (spectral_norm's sigma) requires grad
     elif name.endswith("LossBackward0") or name.startswith(("NllLoss", "BinaryCrossEntropy")):
         red = _REDUCTIONS.get(getattr(n, "_saved_reduction", -1))
         if red is not None:

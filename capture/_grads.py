@@ -51,21 +51,30 @@ class GradRead:
     DEFER_ON: tuple[str, ...] = ("cuda",)  # device types read later (tests add "cpu" to run that path)
 
     def __init__(
-        self, params: Sequence[torch.Tensor | None], extra: Sequence[torch.Tensor], full: bool, defer: bool
+        self,
+        params: Sequence[torch.Tensor | None],
+        extra: Sequence[torch.Tensor],
+        full: bool,
+        defer: bool,
+        grads: Sequence[torch.Tensor | None] | None = None,
     ) -> None:
+        """``grads``: each parameter's gradient where it is not ``p.grad`` (those
+        ``torch.autograd.grad`` returned), None for one that got none."""
         self.n, self.full, self.n_extra = len(params), full, len(extra)
         self.none: list[int] = []
         self.idx: list[int] = []
         self.event: torch.cuda.Event | None = None
         self._result: tuple[GradStats, list[float]] | None = None
         # every gradient a dense CPU one: the columns straight from the parameters in C++
-        native: GradStats | None = None if defer and "cpu" in self.DEFER_ON else _native.ask("param_grads", list(params), full)
+        native: GradStats | None = (
+            None if grads is not None or (defer and "cpu" in self.DEFER_ON) else _native.ask("param_grads", list(params), full)
+        )
         if native is not None:
             self._result = native, [local(e).item() for e in extra]
             return
         gl: list[torch.Tensor] = []
         for i, p in enumerate(params):
-            g = None if p is None else p.grad
+            g = None if p is None else p.grad if grads is None else grads[i]
             if g is None:
                 # an empty parameter (a rank's empty shard under FSDP's use_orig_params) has no
                 # gradient to get

@@ -1254,7 +1254,7 @@ class Watch:
             return call_as_user(func, args, kwargs)
         t0 = time.perf_counter()
         try:
-            return call_as_user(func, args, kwargs)
+            out = call_as_user(func, args, kwargs)
         except BaseException:
             # not bound to a name here: this frame would hold the exception, whose traceback
             # holds this frame -- a cycle that keeps the failed backward's graph (``args``)
@@ -1263,6 +1263,9 @@ class Watch:
             raise  # the user's own exception, unchanged
         finally:
             self._safe("backward", self._after_backward, t0)
+        if kind == "grad":
+            self._safe("grads", self._returned, args, kwargs, out)
+        return out
 
     def _run_grad(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """``torch.autograd.grad``: with ``create_graph=True`` the nodes it builds are marked;
@@ -1282,6 +1285,21 @@ class Watch:
         if before is not None:
             self._safe("higher_order", _stamp_higher_order, before, out)
         return out
+
+    def _returned(self, args: Any, kwargs: dict[str, Any], grads: Any) -> None:
+        """The gradients a ``torch.autograd.grad`` pass returned for the watched parameters
+        among its ``inputs``: the step's statistics, unless ``optimizer.step()`` reads them
+        later from ``.grad`` (where the loop puts them) -- a hand-written update (``p -= lr * g``,
+        MAML's inner loop) leaves ``.grad`` empty, and its gradients would read as missing."""
+        inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
+        ts = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs or ())
+        outs = [grads] if isinstance(grads, torch.Tensor) else list(grads or ())
+        of = {id(t): g for t, g in zip(ts, outs, strict=True)}
+        params = [r() for r in self._params]
+        s = self._s
+        self._note_inputs(s, ts)
+        got = [of.get(id(p)) if p is not None else None for p in params]
+        s.stats = GradRead(params, list(s.losses), True, defer=not self._nan_armed, grads=got)
 
     def _of_params(self, inputs: Any) -> bool:
         """Whether ``inputs`` (a tensor or several) hold any of the watched parameters."""

@@ -5,6 +5,7 @@ such steps had no loss, no backward and, in default mode, no graph."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,47 @@ def test_autograd_grad_loop(mode: str, tasks: int, tmp_path: Path) -> None:
     # no missing zero_grad (P5) for assigned gradients, no unscaled accumulation (P15)
     found = {f["code"] for f in diagnose(events)}
     assert not found & {"P5", "P15"}, found
+
+
+def _manual(mode: str | None, path: Path, subset: bool) -> tuple[list[float], list[list[float]]]:
+    """No optimizer, no ``.grad``: ``autograd.grad`` and ``p -= lr * g`` (MAML's inner loop, a
+    JAX port); with ``subset``, only the head's parameters are asked for and updated."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    params = list(model.parameters())
+    asked = params[2:] if subset else params
+    g = torch.Generator().manual_seed(1)
+    norms = []
+    with torchscope.watch(model, server=None, record=path, mode=mode) if mode else nullcontext():
+        for _ in range(5):
+            x = torch.randn(8, 6, generator=g)
+            loss = nn.functional.mse_loss(model(x), x[:, :1].sin())
+            grads = torch.autograd.grad(loss, asked)
+            norms.append([gr.norm().item() for gr in grads])
+            with torch.no_grad():
+                for p, gr in zip(asked, grads, strict=True):
+                    p -= 0.05 * gr
+    return [float(p.detach().sum()) for p in params], norms
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+@pytest.mark.parametrize("subset", [False, True])
+def test_returned_gradients_of_a_hand_written_update_are_the_steps(mode: str, subset: bool, tmp_path: Path) -> None:
+    """Their statistics come from what ``autograd.grad`` returned (``.grad`` stays None), so
+    the gradients view has them and the doctor does not call them missing (a false P1 error
+    before); parameters no pass asked for are left out by design, as with backward(inputs=)."""
+    plain, _ = _manual(None, tmp_path / "plain.tscope", subset)
+    watched, norms = _manual(mode, tmp_path / "g.tscope", subset)
+    assert watched == plain
+    events = list(iter_events(tmp_path / "g.tscope"))
+    steps = [e for e in events if e["kind"] == "step"]
+    assert len(steps) == 5
+    for s, want in zip(steps, norms, strict=True):
+        got = s["grads"]["norm"]
+        assert got[2:] == pytest.approx(want[-2:], rel=1e-5)
+        if subset:
+            assert got[:2] == [None, None] and s["grads"]["not_trained"] == [0, 1]
+        else:
+            assert got[:2] == pytest.approx(want[:2], rel=1e-5) and "not_trained" not in s["grads"]
+        assert s["grads"]["none"] == ([0, 1] if subset else [])  # not_trained tells the doctor why
+    assert not [f for f in diagnose(events) if f["code"] in {"P1", "P5", "P15"}]

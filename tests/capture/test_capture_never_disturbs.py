@@ -291,3 +291,24 @@ def test_garbage_collector_is_back_after_every_pass(tmp_path: Path) -> None:
             model(batch(i)[0])
             assert gc.isenabled()
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_a_learned_scale_draws_no_warning_from_the_capture(mode: str, tmp_path: Path) -> None:
+    """A loss multiplied by a learned 0-dim parameter (multi-task loss weights, CLIP's
+    logit_scale; spectral_norm divides by one): reading the factor for P15 once drew torch's
+    'Converting a tensor with requires_grad=True to a scalar' warning into the user's stderr."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    log_w = nn.Parameter(torch.zeros(()))
+    opt = torch.optim.SGD([*model.parameters(), log_w], lr=0.1)
+    with torchscope.watch(model, opt, server=None, record=tmp_path / "w.tscope", mode=mode), \
+            warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the step
+        for _ in range(3):
+            opt.zero_grad()
+            loss = model(torch.randn(8, 4)).square().mean() * log_w.exp() + log_w
+            loss.backward()
+            opt.step()
+    graph = next(e for e in iter_events(tmp_path / "w.tscope") if e["kind"] == "graph")
+    assert any(n.get("scalar") == 1.0 for n in graph["nodes"] if n["name"] == "MulBackward0")  # exp(0), read
