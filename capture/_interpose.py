@@ -54,6 +54,7 @@ _DATA_GET = _T.data.__get__  # type: ignore[attr-defined]
 # takes the norm, clip_grad_value_ clamps (foreach, or each gradient)
 _CLIP_NORMS = {torch._foreach_norm, torch.linalg.vector_norm, torch._foreach_clamp_min_, _T.clamp_}
 _CLIP_FILE = "clip_grad.py"
+_VECTOR_NORM = torch.linalg.vector_norm
 _SCALER_FILE = "grad_scaler.py"
 _compiling = torch.compiler.is_compiling
 _HANDLED: dict[Any, str] = {
@@ -78,9 +79,13 @@ class Interposer(TorchFunctionMode):
                 rec.autocast = autocast_on()
         # ``_compiling()``: Dynamo is tracing through the mode; nothing of ours goes into its graph
         if kind is None:
-            clip = func in _CLIP_NORMS and self.watch._scaler is not None and not _compiling()
-            if clip and _caller_file().endswith(_CLIP_FILE):
-                self.watch._safe("amp", self.watch._on_clip)
+            if func in _CLIP_NORMS and not _compiling() and _caller_file().endswith(_CLIP_FILE):
+                if self.watch._scaler is not None:
+                    self.watch._safe("amp", self.watch._on_clip)
+                if func is _VECTOR_NORM:  # clip_grad_norm_'s total: the norm before clipping
+                    out = func(*args, **kwargs)
+                    self.watch._safe("grads", self.watch._on_clip_norm, out, sys._getframe(1))
+                    return out
             if func == _DATA_GET and not _compiling():
                 if self.watch._optimizer is None and args and id(args[0]) in self.watch._param_names:
                     self.watch._param_data_taken = True  # a hand-written update (_updated_by_hand)

@@ -167,6 +167,7 @@ class _StepState:
         "track_copies",
         "noop_to",
         "clip_flagged",
+        "clip",
         "moves",
         "conversions",
         "breaks",
@@ -227,6 +228,7 @@ class _StepState:
         self.track_copies = True  # the mode watched the whole step for copies (see _opt_post)
         self.noop_to = 0
         self.clip_flagged = False
+        self.clip: tuple[torch.Tensor, float, float] | None = None  # clip_grad_norm_'s total, max_norm, norm_type
         self.moves: dict[tuple[str, str], list[int]] = {}  # (what, src) -> [count, bytes]
         self.conversions: dict[
             int, tuple[torch.dtype, torch.device]
@@ -459,7 +461,7 @@ class Watch:
         self._change_captures = 0  # steps captured for a new structure (held to a budget)
         self._nan_armed = False
         # CUDA: a step event waiting for its gradient statistics (see _finish)
-        self._deferred: tuple[StepEvent, GradRead, int, bool, list[int], list[int], dict[str, Any] | None] | None = None
+        self._deferred: tuple[StepEvent, GradRead, int, bool, tuple[float, float] | None, list[int], list[int], dict[str, Any] | None] | None = None
         self._sentinels: list[weakref.ref[_Sentinel]] = []
         # (tensor id, target dtype, target device) of conversions -> (weak tensor, last step): P12 repeats
         self._converted: dict[
@@ -1205,6 +1207,26 @@ class Watch:
             s.clip_flagged = True
             s.events.append({"what": "clip_before_unscale", "src": user_src()})
 
+    def _on_clip_norm(self, total: torch.Tensor, frame: Any) -> None:
+        """A norm ``clip_grad_norm_`` took of the watched parameters' gradients (``frame``: the
+        code that asked for it): the last one it takes is the total it returns, the gradients'
+        norm before it scaled them to ``max_norm``.  Kept with the step (a 0-dim tensor, read
+        with the gradient statistics, no sync of its own) so the doctor and the gradients view
+        see the norm the loss made, not the one clipping left (P3 on a run that clips)."""
+        f = frame
+        for _ in range(4):  # _get_total_norm (or a comprehension in it) -> wrappers -> clip_grad_norm_
+            if f is None or f.f_code.co_name == "clip_grad_norm_":
+                break
+            f = f.f_back
+        if f is None or f.f_code.co_name != "clip_grad_norm_":
+            return  # get_total_norm called by the user: no clipping
+        loc = f.f_locals
+        params = loc.get("parameters")
+        watched = {id(p) for r in self._params if (p := r()) is not None}
+        if not isinstance(params, list) or not any(id(p) in watched for p in params):
+            return  # another model's clipping (a GAN's other network)
+        self._s.clip = (total, float(loc.get("max_norm", math.nan)), float(loc.get("norm_type", 2.0)))
+
     def _run_cast(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """The user's own ``.to()`` / ``.half()``...: while a captured step records ops, the
         ``_to_copy`` it makes is marked theirs, not autocast's."""
@@ -1737,6 +1759,8 @@ class Watch:
         extra = list(s.losses)
         if isinstance(scale, torch.Tensor):
             extra.append(scale)
+        if s.clip is not None:
+            extra.append(s.clip[0])  # after the scale: see _finish
         full = self.mode == "full" or s.capture or self._step % GRAD_STATS_EVERY == 0 or self._nan_armed
         # read later on CUDA (no host sync), except right after a non-finite step: exact counts
         return GradRead(params, extra, full, defer=not self._nan_armed)
@@ -1923,7 +1947,8 @@ class Watch:
         ev["graph_signature"] = sig
         self._follow_structure(sig, s.graph is not None)
         graph = dict(self._graph_event(s)) if s.graph is not None else None
-        pending = (ev, read, len(s.losses), isinstance(scale, torch.Tensor), s.pre_nonzero, not_trained, graph)
+        clip = s.clip[1:] if s.clip is not None else None
+        pending = (ev, read, len(s.losses), isinstance(scale, torch.Tensor), clip, s.pre_nonzero, not_trained, graph)
         self._finish_deferred()  # the previous step's values, long on the host by now
         if read.deferred:
             self._deferred = pending
@@ -1975,6 +2000,7 @@ class Watch:
         read: GradRead,
         n_losses: int,
         has_scale: bool,
+        clip: tuple[float, float] | None,
         pre_nonzero: list[int],
         not_trained: list[int],
         graph: dict[str, Any] | None,
@@ -1992,6 +2018,9 @@ class Watch:
         ev["grads"] = stats
         if has_scale:  # the scaler's scale tensor was read after the losses
             ev["scaler"]["scale"] = values[n_losses]
+        at = n_losses + int(has_scale)
+        if clip is not None and len(values) > at:  # (a read taken before the clip has no value)
+            stats["clip"] = {"norm": values[at], "max_norm": clip[0], "norm_type": clip[1]}
         nonfinite = any(not math.isfinite(x) for x in losses) or any(stats["nan"]) or any(stats["inf"])
         # a step the GradScaler skipped had non-finite scaled gradients, read by the scaler, not
         # here (the loop's zero_grad clears them before the boundary): the next step is checked

@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 4)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite
+SCHEMA_VERSION: tuple[int, int] = (1, 4)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip
 
 # Bounds that keep a hostile or runaway file/payload from exhausting memory.
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # compressed payload of one frame
@@ -75,6 +75,14 @@ class SessionEvent(TypedDict, total=False):
 
 
 # ----------------------------------------------------------------------------- step
+class ClipInfo(TypedDict):
+    """``torch.nn.utils.clip_grad_norm_`` of the watched parameters during the step (the last call)."""
+
+    norm: float  # the total gradient norm it returned: before clipping (grads.norm are after)
+    max_norm: float
+    norm_type: float
+
+
 class GradStats(TypedDict, total=False):
     """Columnar gradient statistics; every list is aligned with SessionEvent.params.  Of a
     complex gradient, max_abs, mean and std are those of its magnitudes |g|."""
@@ -89,6 +97,7 @@ class GradStats(TypedDict, total=False):
     none: list[int]  # indices of trainable parameters whose .grad is None at optimizer step
     pre_nonzero: list[int]  # indices whose .grad was already non-zero before this step's first backward (P5)
     not_trained: list[int]  # indices that require grad but were not trained this step: in none of the stepping optimizer's param groups (a part run under no_grad on purpose), or left out of every backward(inputs=...): not P1
+    clip: ClipInfo  # clip_grad_norm_ ran on the watched parameters (the other columns are after it)
 
 
 class MemoryStats(TypedDict, total=False):

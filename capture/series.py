@@ -63,10 +63,10 @@ PARTS: dict[str, tuple[str, ...]] = {
     # step_summary's other columns
     "steps": tuple(k for k in _SUMMARY_KEYS if k not in _MEMORY_COLUMNS and k != "t"),
     # per step the step's lists, None where absent
-    "grads": ("step", *_GRAD_LISTS, "none", "not_trained"),
+    "grads": ("step", *_GRAD_LISTS, "none", "not_trained", "clip"),
 }
 # columns added to a part after format 1.1: a record written before them reads as None per row
-_LATER: frozenset[str] = frozenset({"not_trained", "graphs_alive", "hook_bytes"})
+_LATER: frozenset[str] = frozenset({"not_trained", "graphs_alive", "hook_bytes", "clip"})
 
 _NONE: type = type(None)
 _INTS: frozenset[type] = frozenset({int, _NONE})
@@ -80,6 +80,7 @@ _COLUMN_TYPES: dict[str, frozenset[type]] = {
     "grad_norm": _NUMBERS,
     "graph_captured": frozenset({bool}),
     "graph_signature": frozenset({str, _NONE}),
+    "clip": frozenset({dict, _NONE}),  # GradStats.clip (clip_grad_norm_'s norm, max_norm, norm_type)
 }
 # the grads part's columns hold a list (or None) per step, with items of these types
 _ITEM_TYPES: dict[str, frozenset[type]] = {
@@ -216,7 +217,16 @@ def _grads_row(ev: Mapping[str, Any]) -> tuple[Any, ...]:
         *map(_numbers, map(grads.get, _GRAD_LISTS)),
         _indices(grads.get("none")),
         _indices(grads.get("not_trained")),
+        _clip(grads.get("clip")),
     )
+
+
+def _clip(value: Any) -> dict[str, float] | None:
+    """``GradStats.clip`` with its numbers, or None."""
+    if not isinstance(value, Mapping):
+        return None
+    nums = {k: _num_or_none(value.get(k)) for k in ("norm", "max_norm", "norm_type")}
+    return {k: float(v) for k, v in nums.items() if v is not None} if nums["norm"] is not None else None
 
 
 _ROWS = {"memory": _memory_row, "steps": _steps_row, "grads": _grads_row}
@@ -290,6 +300,8 @@ def grads_from_columns(grads: Mapping[str, list[Any]], params: Sequence[Mapping[
         "none": [list(v) if v is not None else [] for v in grads["none"]],
         # parameters not trained that step (no optimizer group holds them): no gradient by design
         "not_trained": [list(v) if v is not None else [] for v in grads["not_trained"]],
+        # clip_grad_norm_ of the step (norm before clipping, max_norm, norm_type), None where it did not run
+        "clip": list(grads["clip"]),
         "total_norm": [],
     }
     for k in _GRAD_LISTS:
@@ -312,6 +324,7 @@ def grad_series(steps: Sequence[Mapping[str, Any]], params: Sequence[Mapping[str
     Returns ``params`` (names), ``modules`` (owning module of each), ``steps``, and per step:
     ``norm``, ``max_abs``, ``nan``, ``inf``, ``zero_frac`` (each a list aligned with
     ``params``), ``none`` (indices whose ``.grad`` was None), ``not_trained`` (those of them no
-    optimizer trains, or every ``backward(inputs=...)`` left out) and ``total_norm``.
+    optimizer trains, or every ``backward(inputs=...)`` left out), ``clip`` (``GradStats.clip``
+    or None) and ``total_norm`` (of the statistics: after clipping where the loop clips).
     """
     return grads_from_columns(columns(steps, "grads"), params)

@@ -33,6 +33,31 @@ def total_norm(ev: dict[str, Any]) -> float | None:
     return math.sqrt(sum(v * v for v in norms))
 
 
+def clipped_from(ev: dict[str, Any]) -> float | None:
+    """The total gradient norm ``clip_grad_norm_`` (2-norm) saw this step, before it scaled the
+    gradients the statistics were read from; None without clipping."""
+    clip = as_dict(as_dict(ev.get("grads")).get("clip"))
+    norm = as_float(clip.get("norm"))
+    return norm if norm is not None and as_float(clip.get("norm_type")) == 2.0 else None
+
+
+def norm_made(ev: dict[str, Any]) -> float | None:
+    """The total gradient norm the backward made: before clipping where the loop clips."""
+    before = clipped_from(ev)
+    return before if before is not None and math.isfinite(before) else total_norm(ev)
+
+
+def norms_made(ev: dict[str, Any]) -> list[float | None]:
+    """Each parameter's gradient norm as the backward made it: ``clip_grad_norm_`` scales all
+    of them by one factor, undone here."""
+    norms = floats(ev, "norm")
+    before, after = clipped_from(ev), total_norm(ev)
+    if before is None or after is None or after <= 0 or not math.isfinite(before):
+        return norms
+    k = before / after
+    return [v * k if v is not None else None for v in norms]
+
+
 def scaler_skipped(ev: dict[str, Any]) -> bool:
     """Whether a GradScaler skipped this step's optimizer.step(): its scaled gradients overflowed.
     Their values then say nothing about the model (inf/NaN, or zeros after clip_grad_norm_ saw an

@@ -14,12 +14,26 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, make
-from ..run import Run, as_float
+from ..run import Run, as_dict, as_float
 from ..settings import Settings
-from ._grads import applied_steps, column, floats, is_matrix, numel, sparse_params, total_norm, value
+from ._grads import (
+    applied_steps,
+    clipped_from,
+    column,
+    floats,
+    is_matrix,
+    norm_made,
+    norms_made,
+    numel,
+    sparse_params,
+    value,
+)
 
 FIX_EXPLODE = ("Clip the gradient norm (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)) before "
                "optimizer.step(), lower the learning rate, and normalise inputs/activations.")
+FIX_EXPLODE_CLIPPED = ("Clipping bounds the update, not its cause: look at those steps' batches (unnormalised "
+                       "inputs, outliers, labels out of range) and their loss, lower the learning rate, and "
+                       "normalise inputs/activations.")
 FIX_DIVERGING = ("Lower the learning rate (by 3-10x; for SGD on a quadratic loss, below 2 / the largest curvature), "
                  "or add a warm-up; clip the gradient norm (torch.nn.utils.clip_grad_norm_) to stop the runaway.")
 FIX_LAYERS = ("Keep signal size constant through depth: use ReLU/GELU instead of sigmoid/tanh stacks, proper "
@@ -43,7 +57,7 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
     converged run's norms hover near zero and bounce back up on a hard batch).  Vanishing: far below the largest norm
     while the loss did not fall with it (a loss going to zero takes its gradient along: that is
     convergence, not a pitfall)."""
-    history = [(step, total_norm(ev), _loss(ev)) for step, ev in applied_steps(run)]
+    history = [(step, norm_made(ev), _loss(ev)) for step, ev in applied_steps(run)]
     exploding: list[int] = []
     vanishing: list[int] = []
     earlier: list[float] = []  # sorted, for the median
@@ -88,9 +102,11 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
             where = f" At step {first} it jumped most in {jumps}, against their own earlier norms."
         targets = [FindingTarget(step=first, rank=run.rank, param=n, module=run.param_module(i))
                    for (i, _), n in zip(grew, names, strict=True)] or [FindingTarget(step=first, rank=run.rank)]
+        clipped = _clip_note(run, exploding)
         out.append(make("P3", "warning",
                         f"The gradient norm exploded: over {settings.explode_factor:g}x its usual level "
-                        f"({describe_steps(exploding, run.last_step)}).{where}", FIX_EXPLODE, exploding,
+                        f"({describe_steps(exploding, run.last_step)}).{where}{clipped}",
+                        FIX_EXPLODE_CLIPPED if clipped else FIX_EXPLODE, exploding,
                         rank=run.rank, targets=targets, modules=list(dict.fromkeys(t["module"] for t in targets if t.get("module"))),
                         params=names, view="gradients", data=data))
     if vanishing:
@@ -100,6 +116,19 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
                         f"({describe_steps(vanishing, run.last_step)}).", FIX_LAYERS, vanishing, rank=run.rank,
                         targets=[FindingTarget(step=vanishing[0], rank=run.rank)], view="gradients", data=data))
     return out
+
+
+def _clip_note(run: Run, steps: list[int]) -> str:
+    """What clipping did on those steps, where the loop clips ('' where it does not)."""
+    at = set(steps)
+    clips = [(step, before, as_float(as_dict(ev.get("grads"))["clip"].get("max_norm"))) for step, ev in run.step_events()
+             if step in at and (before := clipped_from(ev)) is not None]
+    if not clips:
+        return ""
+    step, before, max_norm = clips[0]
+    to = f" to max_norm={max_norm:g}" if max_norm is not None else ""
+    return (f" These are the norms before clip_grad_norm_ (step {step}: {before:.3g}), which scaled the "
+            f"gradients down{to}: the updates stayed bounded, the gradients themselves exploded.")
 
 
 DIVERGE_STEPS = 8  # consecutive steps of growth that make a divergence, not a hard batch or two
@@ -134,7 +163,7 @@ def _grew_most(run: Run, at: int) -> list[tuple[int, float]]:
     earlier: dict[int, list[float]] = {}
     now: list[float | None] = []
     for step, ev in applied_steps(run):
-        norms = floats(ev, "norm")
+        norms = norms_made(ev)
         if step == at:
             now = norms
             break
