@@ -10,6 +10,9 @@ from ..settings import Settings
 
 FIX = ("Wrap evaluation/inference in `with torch.no_grad():` (or torch.inference_mode()) and call model.eval(); "
        "then no graph is built and no activations are kept.")
+FIX_TRAINING = ("Run that forward under `with torch.no_grad():` -- no graph is built and no activations are kept. "
+                "Leave the module in train mode if it should act as in training (BatchNorm, dropout): no_grad "
+                "changes autograd only. If it is an evaluation, call model.eval() as well.")
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
@@ -50,6 +53,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     what = f"{passes} in eval mode (an evaluation)" if in_eval else passes
     held_txt = f", holding up to {fmt_bytes(held)} of saved activations" if held else ""
     severity: Severity = "warning"
+    fix, title = FIX, None
     if count == 1 and not in_eval:
         # once, in training mode: as likely a batch the loop skipped before backward (a
         # non-finite loss) as a forward for metrics -- said, not warned about
@@ -58,12 +62,21 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                    f"({describe_steps(steps, run.last_step)}){held_txt}. A batch skipped before backward (a "
                    "non-finite loss) does this and is harmless; an evaluation or a forward for metrics wants "
                    "torch.no_grad().")
+    elif not in_eval:
+        # in training mode, from a call site of its own: an output used only without its
+        # gradient -- a GAN's fake batch for the critic's step (``G(z).detach()``), a target or
+        # teacher network, metrics.  Wasted work, freed with the output: said, not warned about,
+        # and no model.eval(), which would change how a training generator's BatchNorm acts
+        severity, fix, title = "info", FIX_TRAINING, "Graph built but never used"
+        message = (f"{count} forward passes in training mode built an autograd graph that no backward() used "
+                   f"({describe_steps(steps, run.last_step)}){held_txt}: their outputs were used without "
+                   "gradients (detached, or for metrics); torch.no_grad() around them saves building it.")
     else:
         message = (f"{count} {what} built an autograd graph that no backward() used "
                    f"({describe_steps(steps, run.last_step)}){held_txt}: torch.no_grad() is missing.")
-    return [make("P6", severity, message, FIX, steps, rank=run.rank,
+    return [make("P6", severity, message, fix, steps, rank=run.rank,
                  targets=[FindingTarget(step=steps[0], rank=run.rank, module="")], modules=[""],
-                 src=srcs[0] if srcs else None, view="memory",
+                 src=srcs[0] if srcs else None, view="memory", title=title,
                  data={"forwards": count, "saved_bytes": held, "src": sorted(set(srcs))})]
 
 
