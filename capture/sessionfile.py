@@ -472,6 +472,16 @@ def torn_bytes(path: str | os.PathLike[str]) -> int:
     return max(os.path.getsize(path) - end, 0)
 
 
+def no_frames(path: str | os.PathLike[str]) -> str:
+    """Why a file with no whole frame has none, in one line: a header alone is a run that
+    ended (or was killed) before its writer's first write; anything else is cut or damaged."""
+    name = os.path.basename(path)
+    if os.path.getsize(path) == HEADER_SIZE:
+        return (f"{name} holds no events: the run ended (or was killed) before its first write, within "
+                "a fraction of a second of its first forward")
+    return f"{name} holds no complete frame (truncated or corrupt)"
+
+
 def raw_frames(path: str | os.PathLike[str]) -> Iterator[bytes]:
     """Every whole frame's raw bytes (header + payload) — what an import sends to the store."""
     _, frames = index(path)

@@ -186,7 +186,9 @@ class Transport:
                 # filled the queue in that time and shed the graphs of a writer with time to spare
                 wake = self._pending_graphs >= _MAX_PENDING_GRAPHS // 2
         else:
-            wake = False
+            # the run's first events (its session, step 0) are written at once, not after
+            # flush_interval: a run killed in its first fraction of a second keeps them
+            wake = self._emitted < 4
         self._emitted += 1
         self._queue.append(event)
         if wake:

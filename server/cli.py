@@ -164,7 +164,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- files
 def _check_file(path_text: str) -> Path:
     """A readable session file, or a one-line CliError naming what is wrong with it."""
-    from torchscope.sessionfile import SessionFileError, index
+    from torchscope.sessionfile import SessionFileError, index, no_frames
 
     path = Path(path_text)
     try:
@@ -172,7 +172,7 @@ def _check_file(path_text: str) -> Path:
     except SessionFileError as exc:
         raise CliError(str(exc)) from None
     if not frames:
-        raise CliError(f"{path.name} holds no complete frame (truncated or corrupt)")
+        raise CliError(no_frames(path))
     return path
 
 

@@ -29,6 +29,7 @@ from torchscope.sessionfile import (
     check_records,
     decompress_payload,
     index,
+    no_frames,
     parse_frame_header,
     raw_frames,
 )
@@ -175,7 +176,7 @@ def file_index(path: Path) -> tuple[tuple[int, int], list[FrameInfo]]:
     except SessionFileError as exc:
         raise BadFrames(str(exc)) from None
     if not infos:
-        raise BadFrames(f"{path.name} holds no complete frame (truncated or corrupt)")
+        raise BadFrames(no_frames(path))
     return version, infos
 
 

@@ -94,3 +94,25 @@ def test_files_normal_end_is_finished(tmp_path: Path) -> None:
     assert session.end is not None and session.end.get("shed_ops", 0) == 0
     losses = [s["loss"] for s in session.steps]
     assert all(isinstance(v, float) for v in losses) and losses[-1] < losses[0]
+
+
+def test_files_a_run_killed_in_its_first_tenth_of_a_second_keeps_its_start(tmp_path: Path) -> None:
+    """The writer writes the run's first events (its session, step 0) as they come instead of
+    after its first flush interval (0.25 s): killed 0.1 s after step 0, the file had only its
+    16-byte header and read as "truncated or corrupt"."""
+    record = tmp_path / "early.tscope"
+    proc = _start(record, "watch")
+    reader = _Reader(proc)
+    reader.start()
+    try:
+        assert reader.first.wait(60), proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    session = load(record)
+    assert session.meta["name"] == "kill-test" and session.status == "ended unexpectedly"
+    assert 0 in {s["step"] for s in session.steps}

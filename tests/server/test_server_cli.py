@@ -42,8 +42,10 @@ def bad_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "future": d / "future.tscope",
         "directory": d,
         "corrupt": d / "corrupt.tscope",
+        "header": d / "header.tscope",
     }
     files["empty"].write_bytes(b"")
+    files["header"].write_bytes(file_header())  # a run killed before its writer's first write
     files["truncated"].write_bytes(file_header() + good[:25])
     files["foreign"].write_text("just some notes\n")
     files["future"].write_bytes(file_header((7, 1)) + good)
@@ -53,13 +55,13 @@ def bad_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 NEEDLES = {"missing": "no such file", "empty": "empty", "truncated": "no complete frame",
            "foreign": "not a torchscope session file", "future": "newer torchscope", "directory": "directory",
-           "corrupt": "checksum mismatch"}
+           "corrupt": "checksum mismatch", "header": "holds no events: the run ended (or was killed) before its first"}
 
 
 # every kind of bad file through `info`; `open` and `doctor` share its check, so two each
 @pytest.mark.parametrize("command, kind", [*[("info", k) for k in NEEDLES], ("open", "missing"),
                                            ("open", "truncated"), ("doctor", "foreign"), ("doctor", "future"),
-                                           ("doctor", "corrupt")])
+                                           ("doctor", "corrupt"), ("doctor", "header")])
 def test_bad_files_one_line_nonzero(bad_files: dict[str, Path], command: str, kind: str) -> None:
     extra = ["--no-browser", "--port", "1"] if command == "open" else []
     res = cli(command, str(bad_files[kind]), *extra)
