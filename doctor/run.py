@@ -157,7 +157,11 @@ def errors(run: Run) -> list[RunError]:
         if log.get("level") == "error" and log.get("message"):
             out.append(RunError(as_int(log.get("step"), run.last_step + 1), str(log["message"]), ""))
     if run.end.get("status") == "error" and run.end.get("message"):
-        out.append(RunError(as_int(run.end.get("steps"), run.last_step + 1), str(run.end["message"]), ""))
+        message = str(run.end["message"])
+        # a backward error the script did not catch ends the run with it ("RuntimeError: ..."):
+        # one crash, already counted at its step
+        if not any(e.message[:200] in message for e in out):
+            out.append(RunError(as_int(run.end.get("steps"), run.last_step + 1), message, ""))
     return out
 
 

@@ -471,6 +471,18 @@ def test_p8_error_points_at_the_backward_node_that_needed_the_value() -> None:
     assert "P15" not in codes(diagnose(events))  # the failed backward is not a micro-batch
 
 
+def test_a_backward_error_that_ends_the_run_is_one_crash() -> None:
+    """Uncaught, the error is in its step's backward_errors and again in the end event (as
+    'RuntimeError: ...'): one crash at one step, not 'since step 1, every step'."""
+    events = [session(), step(0), step(1, backward_errors=[INPLACE_MSG]),
+              {"kind": "end", "t": 1.0, "status": "error", "steps": 2, "message": f"RuntimeError: {INPLACE_MSG}"}]
+    f = only(diagnose(events), "P8")
+    assert f["steps"] == [1] and "at step 1" in f["message"]
+    later = INPLACE_MSG.replace("[32, 32]", "[8, 8]")  # another tensor's, after the loop caught the first
+    other = {"kind": "end", "t": 1.0, "status": "error", "steps": 2, "message": f"RuntimeError: {later}"}
+    assert only(diagnose([*events[:-1], other]), "P8")["steps"] == [1, 2]
+
+
 def test_p8_error_names_the_in_place_op_that_overwrote_a_saved_output() -> None:
     """``out = relu(...); out += x``: ReluBackward0 saved its output, the add_ wrote it.  On the
     failing (captured) step the finding points at the add_ and its line, not the backward call."""
