@@ -24,7 +24,8 @@ export class LineChart {
     this.markers = [];
   }
 
-  // x: number[]; series: [{name, y: number[] (null = gap), color?}]
+  // x: number[]; series: [{name, y: number[] (null = gap), color?, dash?}] (dash: a threshold
+  // such as clip_grad_norm_'s max_norm, drawn dashed to read as a limit, not as data)
   setData(x, series, markers = []) {
     this.x = x; this.series = series.filter((s) => s.y && s.y.some((v) => v !== null && v !== undefined));
     this.markers = markers;
@@ -96,7 +97,7 @@ export class LineChart {
     // earlier series drawn wider: two equal series show both colours, not only the last one
     const last = this.series.length - 1;
     for (const [k, s] of this.series.entries()) {
-      ctx.strokeStyle = s.color; ctx.lineWidth = 1.5 + (last ? (2 * (last - k)) / last : 0); ctx.setLineDash(s.same ? [6, 5] : []);
+      ctx.strokeStyle = s.color; ctx.lineWidth = 1.5 + (last ? (2 * (last - k)) / last : 0); ctx.setLineDash(s.same || s.dash ? [6, 5] : []);
       ctx.beginPath();
       if (n <= cols * 2) {
         let pen = false;

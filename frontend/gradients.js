@@ -1,5 +1,6 @@
-// Gradients view: module x step heat map of gradient norms (per-parameter norms from /grads
-// combined per module as sqrt(sum of squares)), NaN/Inf markers, lines for chosen
+// Gradients view: the total gradient norm per step (and clip_grad_norm_'s, before clipping,
+// when the loop clips), a module x step heat map of gradient norms (per-parameter norms from
+// /grads combined per module as sqrt(sum of squares)), NaN/Inf markers, lines for chosen
 // parameters, and the parameters that got no gradient.
 import { h, clear, fmtNum, coalesce } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
@@ -24,10 +25,14 @@ export class GradientsView {
     this.heatHover = h("div", { class: "muted", "data-testid": "heat-hover" }, "\u00a0");
     this.pick = h("select", { multiple: true, size: 6, "aria-label": "parameters to plot", "data-testid": "param-pick", onchange: () => this.drawLines() });
     this.noGrad = h("div", { class: "nograd", "data-testid": "no-grad" });
-    root.append(h("h2", {}, "Gradient norm per module and step"), h("div", { class: "heat-wrap" }, this.heatLabels, this.heatScroll), this.heatHover, this.heatInfo,
+    const mark = () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []);
+    root.append(h("h2", {}, "Total gradient norm"));
+    this.total = new LineChart(root, { title: "‖grad‖₂ of all parameters together, per step", vlines: mark });
+    this.total.root.dataset.testid = "total-norm";
+    this.clipNote = h("p", { "data-testid": "clip-note", hidden: true });
+    root.append(this.clipNote, h("h2", {}, "Gradient norm per module and step"), h("div", { class: "heat-wrap" }, this.heatLabels, this.heatScroll), this.heatHover, this.heatInfo,
       h("h2", {}, "Chosen parameters"), this.pick);
-    this.lines = new LineChart(root, { title: "‖grad‖ per step (red dots: NaN/Inf)",
-      vlines: () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []) });
+    this.lines = new LineChart(root, { title: "‖grad‖ per step (red dots: NaN/Inf)", vlines: mark });
     root.append(h("h2", {}, "Parameters without a gradient"), this.noGrad);
     this.heat.addEventListener("click", (e) => this.onHeatClick(e));
     this.heat.addEventListener("mousemove", (e) => this.onHeatHover(e));
@@ -52,10 +57,28 @@ export class GradientsView {
     const first = new Set(g.params.map((_, i) => i).filter((i) => drawn.has(i)).slice(0, 3));
     clear(this.pick).append(...g.params.map((p, i) => h("option", { value: i, selected: kept.size ? kept.has(p) : first.has(i) }, p)));
     // a model without parameters (its optimizer trains tensors outside it): say so, not "no data yet"
-    this.lines.opts.empty = g.params.length ? null : NO_PARAMS;
+    this.lines.opts.empty = this.total.opts.empty = g.params.length ? null : NO_PARAMS;
+    this.drawTotal();
     this.drawHeat();
     this.drawLines();
     this.drawNoGrad();
+  }
+
+  // The statistics are read after the loop's clip_grad_norm_, so where it ran, total_norm is
+  // the clipped norm: what clip_grad_norm_ returned (the norm before clipping) is drawn beside
+  // it, with max_norm, else a run that explodes and is clipped every step looks calm.
+  drawTotal() {
+    const { g } = this;
+    const clip = g.clip || [];
+    const clipped = clip.some(Boolean);
+    const series = [{ name: clipped ? "after clip_grad_norm_" : "total ‖grad‖", y: g.total_norm || [] }];
+    if (clipped) {
+      series.push({ name: "before clip_grad_norm_", y: g.steps.map((_, s) => clip[s]?.norm ?? null) },
+        { name: "max_norm", y: g.steps.map((_, s) => clip[s]?.max_norm ?? null), dash: true });
+    }
+    this.total.setData(g.steps, series);
+    this.clipNote.textContent = clipped ? clipSentence(g.steps, clip) : "";
+    this.clipNote.hidden = !clipped;
   }
 
   drawHeat() {
@@ -207,6 +230,7 @@ export class GradientsView {
     this.focus = this.app.state.step;
     const asked = this.askedParams();
     if (asked) for (const o of this.pick.options) o.selected = asked.includes(o.textContent);
+    this.total.draw();
     this.drawHeat();
     this.drawLines();
   }
@@ -217,6 +241,24 @@ export class GradientsView {
     return { modules: this.modules || [], steps: this.g?.steps?.length || 0, noGrad: this.noGrad.textContent,
       chosen: [...this.pick.selectedOptions].map((o) => o.textContent), focus: this.focus, zeroCells: this.zeroCells,
       legend: this.heatInfo.textContent, geom: this.heatGeom,
+      total: this.total.series?.map((s) => s.name) || [], clipNote: this.clipNote.hidden ? "" : this.clipNote.textContent,
       notTrained: notTrained ? notTrained.nextElementSibling.textContent : "" };
   }
+}
+
+// What clip_grad_norm_ did over the run, in one sentence: on how many steps it ran, on how many
+// it scaled the gradients down (its norm over max_norm), and the largest norm it saw.
+function clipSentence(steps, clip) {
+  const ran = clip.map((c, s) => (c ? s : -1)).filter((s) => s >= 0);
+  const scaled = ran.filter((s) => clip[s].norm > clip[s].max_norm).length;
+  const finite = ran.filter((s) => Number.isFinite(clip[s].norm)); // a NaN/Inf norm is no peak
+  const peak = finite.reduce((best, s) => (clip[s].norm > clip[best].norm ? s : best), finite[0]);
+  const maxNorms = [...new Set(ran.map((s) => clip[s].max_norm))].sort((a, b) => a - b);
+  const maxNorm = maxNorms.length === 1 ? `max_norm=${maxNorms[0]}` : `max_norm from ${maxNorms[0]} to ${maxNorms.at(-1)}`;
+  const types = [...new Set(ran.map((s) => clip[s].norm_type))].filter((t) => t !== undefined && t !== 2);
+  const call = `clip_grad_norm_(${maxNorm}${types.length ? `, norm_type=${types.join("/")}` : ""})`;
+  const peakAt = finite.length ? `${fmtNum(clip[peak].norm)} (step ${steps[peak]})` : "NaN/Inf (every step)";
+  return `${call} ran on ${ran.length} of ${steps.length} steps and scaled the gradients down on ${scaled} of them: ` +
+    (scaled ? `the norms in this view are after clipping; before it, the total norm peaked at ${peakAt}.`
+      : `the total norm peaked at ${peakAt}, within max_norm.`);
 }

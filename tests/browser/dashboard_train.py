@@ -2,10 +2,12 @@
 be expanded), a module with a hostile name, and an optional pause per step (live tests).
 
     python dashboard_train.py --server URL --record PATH --steps N [--sleep S] [--name NAME] [--autocast] [--probe]
-                              [--mode MODE] [--hold S]
+                              [--mode MODE] [--hold S] [--clip MAX]
 
 ``--probe``: a linear probe -- ``embed`` runs under no_grad and the optimizer leaves it out, so
 its parameters get no gradient by design (``not_trained``).
+``--clip MAX``: ``clip_grad_norm_(model.parameters(), MAX)`` between backward and the optimizer
+step, as a loop that clips does (the Gradients view's clipping note).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def main() -> None:
     ap.add_argument("--autocast", action="store_true", help="forward under CPU autocast (bfloat16)")
     ap.add_argument("--probe", action="store_true", help="embed frozen by the loop: no_grad, not in the optimizer")
     ap.add_argument("--mode", default="default", help="torchscope.watch's mode")
+    ap.add_argument("--clip", type=float, default=None, metavar="MAX", help="clip_grad_norm_'s max_norm (default: no clipping)")
     ap.add_argument("--hold", type=float, default=0.0, help="seconds to wait after the steps (a test kills it meanwhile)")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -77,6 +80,8 @@ def main() -> None:
             out = model(x)
         loss = nn.functional.mse_loss(out.float(), y)
         loss.backward()
+        if args.clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         if args.sleep:
             time.sleep(args.sleep)

@@ -1,0 +1,94 @@
+"""The Gradients view's total gradient norm, and what it says when the loop calls
+``clip_grad_norm_``: the statistics are read after clipping, so a run clipped every step looks
+calm unless the view shows the norm before clipping too.  Checked in a real headless Chromium
+against a real `torchscope serve`, with runs recorded by a real training script, and the note's
+numbers checked against the server's /grads JSON.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser_page import checked_page
+from conftest import ServerProc
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+
+TRAIN = Path(__file__).resolve().parent / "dashboard_train.py"
+STEPS = 8
+MAX_NORM = 2.0  # under most steps' total norm in dashboard_train.py's run (about 1.4 to 5)
+NOTE = re.compile(r"clip_grad_norm_\(max_norm=(\S+)\) ran on (\d+) of (\d+) steps and scaled the gradients down on (\d+) "
+                  r"of them: the norms in this view are after clipping; before it, the total norm peaked at (\S+) \(step (\d+)\)\.")
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    with ServerProc(tmp_path_factory.mktemp("clip-server")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Session ids of two real runs of the same loop, one clipping and one not."""
+    d = tmp_path_factory.mktemp("clip-runs")
+    args = {"clipped": ["--clip", str(MAX_NORM)], "unclipped": []}
+    procs = {name: subprocess.Popen([sys.executable, str(TRAIN), "--server", srv.url, "--record", str(d / f"{name}.tscope"),
+                                     "--steps", str(STEPS), "--name", name, *extra],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for name, extra in args.items()}  # fmt: skip
+    for name, p in procs.items():
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, f"{name}: {out[-3000:]}"
+    listed = {s["name"]: str(s["id"]) for s in srv.get("/api/sessions")}  # type: ignore[attr-defined]
+    return {name: listed[name] for name in args}
+
+
+def gradients_view(page: Any, srv: ServerProc, sid: str) -> dict[str, Any]:
+    page.goto(f"{srv.url}/sessions/{sid}?view=gradients")
+    page.wait_for_function("window.__torchscope && window.__torchscope.ready")
+    page.wait_for_function(f"(() => {{ const g = window.__torchscope.state().gradients; return g && g.steps >= {STEPS}; }})()")
+    return page.evaluate("window.__torchscope.state().gradients")  # type: ignore[no-any-return]
+
+
+def legend(page: Any) -> list[str]:
+    return page.locator("[data-testid=total-norm] .legend-item").all_inner_texts()  # type: ignore[no-any-return]
+
+
+def test_a_clipped_run_shows_the_norm_before_clipping_and_says_so(srv: ServerProc, runs: dict[str, str]) -> None:
+    sid = runs["clipped"]
+    grads: dict[str, Any] = srv.get(f"/api/sessions/{sid}/grads")  # type: ignore[assignment]
+    clip = grads["clip"]
+    ran = [c for c in clip if c]
+    scaled = sum(c["norm"] > c["max_norm"] for c in ran)
+    assert len(ran) == STEPS and scaled > STEPS / 2  # the run is what this test needs: clipped on most steps
+    peak = max(range(STEPS), key=lambda s: clip[s]["norm"])
+    with checked_page() as page:
+        g = gradients_view(page, srv, sid)
+        assert legend(page) == ["after clip_grad_norm_", "before clip_grad_norm_", "max_norm"]
+        assert g["total"] == legend(page)
+        note = page.locator("[data-testid=clip-note]")
+        assert note.is_visible()
+        said = NOTE.fullmatch(note.inner_text())
+        assert said, note.inner_text()
+        assert float(said[1]) == MAX_NORM
+        assert [int(said[i]) for i in (2, 3, 4)] == [len(ran), len(grads["steps"]), scaled]
+        assert float(said[5]) == pytest.approx(clip[peak]["norm"], rel=1e-3)
+        assert int(said[6]) == grads["steps"][peak]
+
+
+def test_a_run_without_clipping_shows_one_total_norm_and_no_note(srv: ServerProc, runs: dict[str, str]) -> None:
+    sid = runs["unclipped"]
+    grads: dict[str, Any] = srv.get(f"/api/sessions/{sid}/grads")  # type: ignore[assignment]
+    assert not any(grads["clip"])
+    with checked_page() as page:
+        g = gradients_view(page, srv, sid)
+        assert legend(page) == ["total ‖grad‖"]
+        assert g["clipNote"] == "" and not page.locator("[data-testid=clip-note]").is_visible()
+        # the rest of the view is still there
+        assert g["modules"] and page.locator("[data-testid=heatmap]").is_visible()
