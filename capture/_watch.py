@@ -1684,6 +1684,13 @@ class Watch:
                 # replacement -- told apart at the next forward
                 self._stray_again = self._stray is not None and self._stray() is optimizer
                 self._stray = weakref.ref(optimizer)
+        elif watched is not None and self._active and self._s.micro > 0:
+            # an optimizer of other parameters stepped between backward passes into the watched
+            # ones: the passes before it were its loss's (a GAN's discriminator loss on fakes
+            # not detached), and they stay in the watched .grad unless zero_grad() runs (P5)
+            s = self._s
+            if not any(e.get("what") == "other_step" and e.get("micro") == s.micro for e in s.events):
+                s.events.append({"what": "other_step", "micro": s.micro, "optimizer": type(optimizer).__name__})
 
     def _any_opt_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._optimizer is not None and optimizer is self._optimizer():

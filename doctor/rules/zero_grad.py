@@ -11,6 +11,8 @@ from ..settings import Settings
 FIX_MISSING = ("Call optimizer.zero_grad() once per optimizer step, before the forward/backward of that step "
                "(with accumulation: after optimizer.step(), not after every backward).")
 FIX_MISPLACED = "Call optimizer.zero_grad() before loss.backward() (or after optimizer.step()), never between them."
+FIX_CROSSED = ("Detach what the other model's loss reads from this one (a GAN's discriminator step: D(fake.detach())), "
+               "or call this optimizer's zero_grad() right before its own backward.")
 
 
 def _missing(run: Run) -> list[Finding]:
@@ -71,5 +73,33 @@ def _misplaced(run: Run) -> list[Finding]:
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients")]
 
 
+def _crossed(run: Run) -> list[Finding]:
+    """Another optimizer stepped between backward passes that all went into the watched
+    parameters' .grad: the passes before it were that optimizer's loss's, and this step used
+    them too (a GAN whose discriminator loss reads the generator's output undetached)."""
+    hits: list[tuple[int, str, str, str]] = []  # step, the other optimizer, its loss's backward line, ours
+    for step, ev in run.step_events():
+        passes, acc = as_int(ev.get("micro_batches")), as_int(ev.get("accumulated"))
+        srcs = [str(x) for x in as_list(ev.get("backward_src"))]
+        for e in map(as_dict, as_list(ev.get("events"))):
+            m = as_int(e.get("micro"))
+            if e.get("what") == "other_step" and acc >= 2 and passes - acc < m < passes:
+                hits.append((step, str(e.get("optimizer", "another optimizer")),
+                             srcs[m - 1] if m - 1 < len(srcs) else "", srcs[-1] if srcs else ""))
+                break
+    if not hits:
+        return []
+    steps = [h[0] for h in hits]
+    step, other, theirs, ours = hits[0]
+    at = f" at {theirs}" if theirs else ""
+    message = (f"This optimizer's step() used gradients from a backward{at} made before another optimizer ({other}) "
+               f"stepped ({describe_steps(steps, run.last_step)}): that backward was the other optimizer's loss's, "
+               "yet it also went into these parameters' .grad, and zero_grad() did not clear it before this "
+               f"optimizer's own backward{f' at {ours}' if ours else ''}.")
+    return [make("P5", "error", message, FIX_CROSSED, steps, rank=run.rank,
+                 targets=[FindingTarget(step=step, rank=run.rank)], src=theirs or None, view="gradients",
+                 title="Gradients of another optimizer's loss")]
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
-    return _missing(run) + _misplaced(run)
+    return _missing(run) + _misplaced(run) + _crossed(run)

@@ -272,3 +272,55 @@ def test_adapters_added_after_watch(when: str, tmp_path: Path, capsys: pytest.Ca
     else:
         assert len(told) == 1 and err.count("after watch()") == 1
         assert "0.A.weight" in told[0]["message"] and told[0]["level"] == "warning"
+
+
+def _gan(path: Path, fix: str) -> list[float]:
+    """A GAN, its generator watched: ``fix`` '' (the bug: D's loss reads G's output undetached,
+    zero_grad of both at the loop's top), 'detach' or 'zero_grad' (G's, right before its backward)."""
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    disc = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    opt_g, opt_d = torch.optim.Adam(gen.parameters(), 2e-3), torch.optim.Adam(disc.parameters(), 2e-3)
+    bce = nn.BCEWithLogitsLoss()
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    with torchscope.watch(gen, opt_g, server=None, record=path, mode="light"):
+        for _ in range(6):
+            opt_g.zero_grad()
+            opt_d.zero_grad()
+            real = torch.randn(32, 2, generator=g) + 2.0
+            fake = gen(torch.randn(32, 8, generator=g))
+            seen = fake.detach() if fix == "detach" else fake
+            d_loss = bce(disc(real), torch.ones(32, 1)) + bce(disc(seen), torch.zeros(32, 1))
+            d_loss.backward(retain_graph=True)
+            opt_d.step()
+            if fix == "zero_grad":
+                opt_g.zero_grad()
+            g_loss = bce(disc(fake), torch.ones(32, 1))
+            g_loss.backward()
+            opt_g.step()
+            losses.append(g_loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("fix", ["", "detach", "zero_grad"])
+def test_a_generator_trained_on_the_discriminators_loss_is_p5(fix: str, tmp_path: Path) -> None:
+    """The discriminator's optimizer stepping between two backward passes into the generator's
+    .grad is recorded (``other_step``); with both passes kept (no detach, no zero_grad between),
+    the generator's step used the discriminator loss's gradients: a P5 error at that loss's line."""
+    from torchscope.doctor import diagnose
+
+    _gan(tmp_path / "g.tscope", fix)
+    events = list(iter_events(tmp_path / "g.tscope"))
+    steps = [e for e in events if e["kind"] == "step"]
+    assert len(steps) == 6
+    crossed = [f for f in diagnose(events) if f["code"] == "P5"]
+    if fix:
+        assert crossed == []
+        assert all(s["accumulated"] == 1 for s in steps)
+        return
+    assert all(s["accumulated"] == 2 and {"what": "other_step", "micro": 1, "optimizer": "Adam"} in s["events"] for s in steps)
+    (f,) = crossed
+    line = next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if "d_loss.backward(retain_graph=True)" in t)
+    assert f["title"] == "Gradients of another optimizer's loss" and f["steps"] == list(range(6))
+    assert f["src"] == f"test_capture_optimizers.py:{line}" and "D(fake.detach())" in f["fix"]
