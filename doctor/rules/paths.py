@@ -75,6 +75,23 @@ def _none_steps(run: Run) -> tuple[dict[int, list[int]], dict[int, int]]:
     return out, got
 
 
+def _same_structure(run: Run, index: int, steps: list[int]) -> bool:
+    """Whether every step on which parameter ``index`` got no gradient built a graph of a
+    structure (``graph_signature``) that other steps built while it got one."""
+    without = set(steps)
+    sigs: dict[int, str] = {}
+    with_grad: set[str] = set()
+    for step, ev in run.step_events():
+        sig = ev.get("graph_signature")
+        if not isinstance(sig, str) or not sig:
+            continue
+        sigs[step] = sig
+        norms = as_list(as_dict(ev.get("grads")).get("norm"))
+        if step not in without and index < len(norms) and norms[index] is not None:
+            with_grad.add(sig)
+    return bool(with_grad) and all(sigs.get(step) in with_grad for step in without)
+
+
 def _graph_near(run: Run, steps: list[int]) -> tuple[int, dict[str, Any]]:
     """A captured graph of one of ``steps`` (where the parameter got no gradient), or none: a
     graph of another step, where it may well have got one, would name a break that is not
@@ -112,7 +129,8 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
         names = [run.param_name(i) for i in indices]
         steps = sorted({s for i in indices for s in steps_of[i]})
         severity, message, fix = _cut_text(run, key, names, steps, op,
-                                           [len(steps_of[i]) for i in indices], [got.get(i, 0) for i in indices])
+                                           [len(steps_of[i]) for i in indices], [got.get(i, 0) for i in indices],
+                                           all(_same_structure(run, i, steps_of[i]) for i in indices))
         targets: list[FindingTarget] = [FindingTarget(step=steps[0], rank=run.rank, param=n, module=run.param_module(i))
                                         for n, i in zip(names, indices, strict=True)]
         if op:
@@ -139,7 +157,7 @@ _VARYING_FIX = ("Nothing to fix if the model picks its path per step: the optimi
 
 
 def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], steps: list[int],
-              op: dict[str, Any], missed: list[int], got: list[int]) -> tuple[Severity, str, str]:
+              op: dict[str, Any], missed: list[int], got: list[int], same_structure: bool) -> tuple[Severity, str, str]:
     """Severity, message and fix of one P1 group.  A parameter that got a gradient on other
     steps is not cut for good: left out of the forward on some steps it is a path chosen per
     step (info); with no captured graph of such a step, that or a cut (warning)."""
@@ -155,6 +173,11 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
                 f"(step{'s' if len(steps) > 1 else ''} {at}) and one on the others")
         if not used:
             return "info", f"{head}: the forward did not use {_them(names)} on those steps -- {_VARYING}.", _VARYING_FIX
+        if not op and same_structure:
+            # a cut changes which nodes the loss reaches, so the structure; another module of the
+            # same shape in its place (the expert a router picked) leaves the structure as it was
+            return ("info", f"{head}: on those steps the autograd graph had the same structure as on the others, "
+                    f"with other parameters in their place -- {_VARYING}.", _VARYING_FIX)
         if not op:
             return ("warning", f"{head}: {_VARYING}, or a path to the loss cut on those steps only; a captured "
                     "graph of such a step tells which (mode='default' captures steps whose graph structure is new).",

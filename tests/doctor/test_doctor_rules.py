@@ -148,6 +148,20 @@ def test_p1_a_parameter_the_forward_uses_on_some_steps_only_is_a_path_chosen_per
     assert "got no gradient on 2 of 4 steps each" in cut["message"]
 
 
+def test_p1_no_gradient_on_steps_of_a_structure_it_had_one_in_is_a_path_chosen_per_step() -> None:
+    """No graph of a step without the gradient (default mode captured another): where those
+    steps built the structure (graph_signature) of steps that gave the parameter a gradient,
+    another module of the same shape ran in its place (a routed expert) -- info, as when the
+    graph shows it; a structure of their own (a cut changes what the loss reaches) stays a warning."""
+    none = grads(none=[0, 1], norm=[None, None, 1.0, 1.0])
+    routed = [session(), *[step(i, graph_signature="moe", **({"grads": none} if i % 2 else {})) for i in range(6)]]
+    f = only(diagnose(routed), "P1")
+    assert f["severity"] == "info" and "same structure as on the others" in f["message"]
+    own = [session(), *[step(i, **({"grads": none, "graph_signature": "cut"} if i % 2 else {"graph_signature": "moe"}))
+                        for i in range(6)]]
+    assert only(diagnose(own), "P1")["severity"] == "warning"
+
+
 def test_p1_no_grad_forward_points_at_the_op_run_without_grad() -> None:
     g = _detach_graph(0)
     g["ops"] = [g["ops"][0] | {"grad_mode": False}, *g["ops"][2:]]
