@@ -73,6 +73,7 @@ class GradRead:
             self._result = native, [local(e).item() for e in extra]
             return
         gl: list[torch.Tensor] = []
+        numels: list[int] = []
         for i, p in enumerate(params):
             g = None if p is None else p.grad if grads is None else grads[i]
             if g is None:
@@ -80,10 +81,17 @@ class GradRead:
                 # gradient to get
                 if p is not None and p.requires_grad and (is_lazy(p) or p.numel() > 0):
                     self.none.append(i)
-            elif g.layout == torch.strided and g.numel():  # sparse and empty gradients have no stats here
+            elif g.layout == torch.strided and g.numel():  # empty gradients have no stats
                 self.idx.append(i)
                 gl.append(g if type(g) is _TENSOR else local(g))
-        self.numel = [g.numel() for g in gl] if full else []  # for mean/std/zero_frac
+                numels.append(g.numel())
+            elif g.layout == torch.sparse_coo and g.numel():
+                # an Embedding(sparse=True)'s: the values of its coalesced form (duplicate rows
+                # summed) give the norm, min/max, non-zeros and sum; the size is the full one
+                self.idx.append(i)
+                gl.append(g.coalesce().values())
+                numels.append(g.numel())
+        self.numel = numels if full else []  # for mean/std/zero_frac
         devices = {g.device for g in gl} | {e.device for e in extra}
         dev = next(iter(devices)) if len(devices) == 1 else None
         if defer and dev is not None and dev.type in self.DEFER_ON:

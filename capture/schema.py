@@ -87,7 +87,7 @@ class GradStats(TypedDict, total=False):
     """Columnar gradient statistics; every list is aligned with SessionEvent.params.  Of a
     complex gradient, max_abs, mean and std are those of its magnitudes |g|."""
 
-    norm: list[float | None]  # L2 norm of .grad; None where .grad is None (see none) or holds no dense values (sparse, empty)
+    norm: list[float | None]  # L2 norm of .grad (a sparse one: of its dense form); None where .grad is None (see none) or empty
     max_abs: list[float | None]
     mean: list[float | None]
     std: list[float | None]  # sample std: NaN for a one-value gradient

@@ -281,8 +281,9 @@ py::object param_grads(const py::list& params, bool full) {
       if (p->requires_grad() && p->numel() > 0) none.append(py::int_(i));
       continue;
     }
-    if (g.layout() != c10::kStrided || g.numel() == 0) continue;
-    if (!readable(g)) return py::none();
+    if (g.numel() == 0) continue;
+    // a sparse gradient (Embedding(sparse=True)) is read by the Python path, from its coalesced values
+    if (g.layout() != c10::kStrided || !readable(g)) return py::none();
     gl.push_back(g);
     at_idx.push_back(i);
   }

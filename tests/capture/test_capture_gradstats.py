@@ -83,3 +83,20 @@ def test_which_gradients_hold_a_nonzero_before_backward() -> None:
     assert expected == [2, 5, 7, 10, 12]
     assert nonzero_grads(params + [None]) == (expected, False, False)
     assert nonzero_grads([_param(torch.zeros(3)) for _ in range(5)]) == ([], False, True)
+
+
+def test_a_sparse_gradient_has_the_stats_of_its_dense_form() -> None:
+    """An Embedding(sparse=True)'s gradient (uncoalesced: a row looked up twice is stored twice)
+    gets the columns of its dense form -- it had none (no norm, no NaN check)."""
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    dense = torch.nn.Linear(4, 1)
+    dense(emb(torch.tensor([[1, 3, 3, 7]])).mean(1)).sum().backward()
+    assert emb.weight.grad is not None and emb.weight.grad.is_sparse and not emb.weight.grad.is_coalesced()
+    for full in (True, False):
+        stats, _ = grad_stats([emb.weight, dense.weight], full=full)
+        for i, p in enumerate((emb.weight, dense.weight)):
+            assert p.grad is not None
+            exp = _expected(p.grad.to_dense())
+            for k in ["norm", "max_abs", "mean", "std", "zero_frac"] if full else ["norm"]:
+                assert stats[k][i] == pytest.approx(exp[k], rel=1e-5, abs=1e-7), (i, k)  # type: ignore[literal-required]
+        assert stats["none"] == [] and stats["nan"] == [0, 0]

@@ -215,12 +215,9 @@ def step_of(
 
 
 def grad_norms(m: nn.Module) -> list[float | None]:
-    """Each parameter's gradient norm as optimizer.step() is about to see it (None: no dense
-    gradient), computed here in float64."""
-    return [
-        None if p.grad is None or p.grad.layout != torch.strided else float(p.grad.double().norm())
-        for p in m.parameters()
-    ]
+    """Each parameter's gradient norm as optimizer.step() is about to see it (None: no
+    gradient), computed here in float64 (a sparse one's of its dense form)."""
+    return [None if p.grad is None else float(p.grad.double().to_dense().norm()) for p in m.parameters()]
 
 
 def run(kind: str, watch: Callable[[nn.Module, torch.optim.Optimizer], Any] | None) -> dict[str, Any]:
