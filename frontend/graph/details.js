@@ -59,6 +59,7 @@ export function renderDetails(panel, model, key, ctx) {
     t.append(row("backward order", r.order), row("duration", fmtUs(r.dur_us)), row("saved bytes", fmtBytes(r.saved_bytes)));
     if (r.higher_order) t.append(row("higher-order", "built by a create_graph=True backward / autograd.grad"));
     if (r.autocast_cast) t.append(row("autocast", "a dtype cast autocast inserted (its backward casts the gradient back)"));
+    if (r.made_nonfinite) t.append(row("NaN / Inf", "made here: a finite gradient came in, NaN or ±Inf went out (P4)"));
     panel.append(t);
     if (r.saved && r.saved.length) {
       panel.append(h("h4", {}, "saved tensors"), h("table", { class: "tensors" },

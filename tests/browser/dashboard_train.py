@@ -2,12 +2,14 @@
 be expanded), a module with a hostile name, and an optional pause per step (live tests).
 
     python dashboard_train.py --server URL --record PATH --steps N [--sleep S] [--name NAME] [--autocast] [--probe]
-                              [--mode MODE] [--hold S] [--clip MAX]
+                              [--mode MODE] [--hold S] [--clip MAX] [--backward-nan]
 
 ``--probe``: a linear probe -- ``embed`` runs under no_grad and the optimizer leaves it out, so
 its parameters get no gradient by design (``not_trained``).
 ``--clip MAX``: ``clip_grad_norm_(model.parameters(), MAX)`` between backward and the optimizer
 step, as a loop that clips does (the Gradients view's clipping note).
+``--backward-nan``: the loss adds the norm of a zero vector (finite), whose gradient is not: a
+NaN born in the backward, at SqrtBackward0 (P4's node).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def main() -> None:
     ap.add_argument("--probe", action="store_true", help="embed frozen by the loop: no_grad, not in the optimizer")
     ap.add_argument("--mode", default="default", help="torchscope.watch's mode")
     ap.add_argument("--clip", type=float, default=None, metavar="MAX", help="clip_grad_norm_'s max_norm (default: no clipping)")
+    ap.add_argument("--backward-nan", action="store_true", help="a loss term whose gradient is NaN (sqrt of 0)")
     ap.add_argument("--hold", type=float, default=0.0, help="seconds to wait after the steps (a test kills it meanwhile)")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -79,6 +82,8 @@ def main() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
             out = model(x)
         loss = nn.functional.mse_loss(out.float(), y)
+        if args.backward_nan:
+            loss = loss + (out - out).pow(2).sum().sqrt()
         loss.backward()
         if args.clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)

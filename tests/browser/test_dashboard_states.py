@@ -149,3 +149,18 @@ def test_sessions_page_keeps_what_an_import_and_a_rename_did(page: Any, srv: Ser
     finally:
         streaming.kill()
         streaming.wait(10)
+
+
+def test_the_node_that_made_a_backward_nan_says_so(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    """P4's finding on a NaN born in the backward points at its grad_fn node; opened from the
+    finding, the node's details say it made the NaN/Inf."""
+    finish(train(srv, tmp_path, "backward-nan", "--steps", "3", "--backward-nan"))
+    sid = session_id(srv, "backward-nan", "finished")
+    (p4,) = [f for f in srv.get(f"/api/sessions/{sid}/diagnostics") if f["code"] == "P4"]  # type: ignore[attr-defined]
+    node = p4["targets"][0]["node"]
+    assert "SqrtBackward0" in p4["message"]
+    open_session(page, srv, sid, f"?view=graph&step={p4['targets'][0]['step']}&node=n{node}")
+    details = page.locator("[data-testid=details]")
+    details.locator("h3").wait_for()
+    assert details.locator("h3").inner_text() == "SqrtBackward0"
+    assert "made here: a finite gradient came in, NaN or ±Inf went out" in details.inner_text()
