@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import torch
 
+from . import _native
 from ._memory import storage_parts
 from .schema import NodeRecord, SavedTensor
 
@@ -418,8 +419,9 @@ class NonFiniteOrigin:
 
         def hook(grad_inputs: Any, grad_outputs: Any) -> None:
             try:
-                if _finite(grad_outputs) and not _finite(grad_inputs):
-                    made.append(i)
+                with _native.unrecorded():  # full mode records the backward's ops: not these
+                    if _finite(grad_outputs) and not _finite(grad_inputs):
+                        made.append(i)
             except Exception:  # a tensor subclass without isfinite: that node is not checked
                 pass
 

@@ -14,6 +14,8 @@ other call straight through (one dict lookup):
   step a round trip.
 - ``.item()`` / ``.tolist()`` / ``.numpy()`` / ``detach()`` / ``.data`` on a tensor that
   requires grad: where a graph is cut (P1), noted on captured steps.
+- ``torch.isfinite`` / ``isnan`` / ``isinf`` of a one-value tensor in the graph: the loss a
+  loop checks before it decides to skip the batch, read back if no backward follows.
 """
 
 from __future__ import annotations
@@ -57,10 +59,14 @@ _CLIP_FILE = "clip_grad.py"
 _VECTOR_NORM = torch.linalg.vector_norm
 _SCALER_FILE = "grad_scaler.py"
 _compiling = torch.compiler.is_compiling
+# A loop that skips a batch checks its loss first (``if not torch.isfinite(loss): continue``):
+# the tensor checked is the loss, recorded if no backward follows (P4, P6)
+_CHECKS = (torch.isfinite, torch.isnan, torch.isinf, _T.isfinite, _T.isnan, _T.isinf)
 _HANDLED: dict[Any, str] = {
     **_BACKWARD,
     **_MOVES,
     **dict.fromkeys(_BREAKS, "break"),
+    **dict.fromkeys(_CHECKS, "check"),
     torch.autograd.grad: "grad",  # only its create_graph=True form matters (higher-order nodes)
 }
 
@@ -98,6 +104,11 @@ class Interposer(TorchFunctionMode):
             return self.watch._run_backward(func, kind, args, kwargs)
         if kind == "grad":
             return self.watch._run_grad(func, args, kwargs)
+        if kind == "check":
+            t = args[0] if args else None
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None and t.numel() == 1:
+                self.watch._safe("forward", self.watch._on_loss_check, t)
+            return func(*args, **kwargs)
         if kind == "break":
             if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad and _from_user():
                 self.watch._safe("breaks", self.watch._on_break, _BREAKS[func], args[0])

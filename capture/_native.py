@@ -13,6 +13,7 @@ loaded (or where there is no compiler, or ``TORCHSCOPE_NATIVE=0``) the Python re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
@@ -21,7 +22,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -231,6 +232,19 @@ def pause_thread(on: bool) -> None:
     """The capture's own ops on this thread (statistics in a gradient hook) are not recorded."""
     if _ext is not None:
         _ext.pause_thread(on)
+
+
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+    """The capture's own tensor ops inside a recorded pass (statistics in a gradient hook): no
+    recorder sees them -- the C++ observer paused on this thread, the Python dispatch and
+    function modes skipped -- and no graph is built."""
+    pause_thread(True)
+    try:
+        with torch.no_grad(), torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+            yield
+    finally:
+        pause_thread(False)
 
 
 def claim(owner: int) -> ModuleType | None:

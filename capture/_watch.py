@@ -196,6 +196,7 @@ class _StepState:
         "act_numel",
         "fwd_t0",
         "saved_now",
+        "checked",
     )
 
     def __init__(self, t0: float) -> None:
@@ -264,6 +265,9 @@ class _StepState:
         self.act_numel: dict[str, int] = {}
         self.fwd_t0: float | None = None  # the root forward's start (_on_forward_pre)
         self.saved_now = 0  # saved-for-backward bytes of the latest backward
+        # the one-value tensor of the graph the loop last checked with isfinite/isnan/isinf (its
+        # loss), weakly: read only if its forward gets no backward (a skipped batch)
+        self.checked: weakref.ref[torch.Tensor] | None = None
 
 
 def _reached(s: _StepState) -> None:
@@ -875,6 +879,8 @@ class Watch:
         if torch.is_grad_enabled():
             self._owner = threading.get_ident()
         s = self._s
+        if s.checked is not None:
+            self._skipped_loss(s)
         if s.micro > 0 and self._scale_changed():
             self._close_step(True)  # GradScaler.update() ran without optimizer.step(): skipped
             s = self._s
@@ -1138,9 +1144,8 @@ class Watch:
             # subclass that needs its mode fails here and is skipped), as few passes as possible
             # -- norm, min/max, non-zeros; NaN/Inf are counted only on steps armed by an earlier
             # non-finite one.
-            _native.pause_thread(True)
             try:
-                with torch.no_grad(), torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+                with _native.unrecorded():
                     gf = g.detach()
                     if not gf.numel():
                         return
@@ -1153,8 +1158,6 @@ class Watch:
                     s.act_grads[path] = torch.stack(parts)
             except Exception:
                 pass
-            finally:
-                _native.pause_thread(False)
 
         fn = t.grad_fn
         if fn is None:  # a leaf as a module's output
@@ -1206,6 +1209,27 @@ class Watch:
         if int(getattr(stage, "value", stage)) == 0 and not s.clip_flagged:
             s.clip_flagged = True
             s.events.append({"what": "clip_before_unscale", "src": user_src()})
+
+    def _on_loss_check(self, t: torch.Tensor) -> None:
+        self._s.checked = weakref.ref(t)
+
+    def _skipped_loss(self, s: _StepState) -> None:
+        """The loss of the step's latest forward, when the loop checked it and no backward used
+        that forward: a batch skipped for a non-finite loss (one read, on such batches only).
+        A non-finite one arms the NaN checks of the next captured step, as a backward's would."""
+        t = s.checked() if s.checked is not None else None
+        s.checked = None
+        if t is None or not s.forwards:
+            return
+        _reached(s)
+        fwd = s.forwards[-1]
+        if not fwd.get("built_graph") or fwd.get("backward"):
+            return
+        value = float(t.detach())
+        fwd["loss"] = value
+        if not math.isfinite(value):
+            self._nan_armed = True
+            self._capture_next = self._capture_next or self.mode == "default"
 
     def _on_clip_norm(self, total: torch.Tensor, frame: Any) -> None:
         """A norm ``clip_grad_norm_`` took of the watched parameters' gradients (``frame``: the
@@ -1878,6 +1902,8 @@ class Watch:
 
     def _close_step(self, skipped: bool) -> None:
         s = self._s
+        if s.checked is not None:
+            self._skipped_loss(s)
         self._stray, self._stray_again = None, False  # the watched optimizer (or a boundary) ended the step after all
         step_src = user_src()
         self._stop_recorder()

@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 4)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip
+SCHEMA_VERSION: tuple[int, int] = (1, 4)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss
 
 # Bounds that keep a hostile or runaway file/payload from exhausting memory.
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # compressed payload of one frame
@@ -137,6 +137,7 @@ class ForwardInfo(TypedDict, total=False):
     saved_bytes: int  # bytes saved for backward by its graph
     src: str  # user's call site "file.py:123"
     compiled: bool  # seen only in the backward graph: a torch.compile'd forward (its hooks were traced away)
+    loss: float  # no backward used it: the loss the loop checked (isfinite/isnan/isinf) before skipping it
 
 
 class GraphsKept(TypedDict):

@@ -9,7 +9,7 @@ from torchscope.schema import UNINITIALISED_OPS, Finding, FindingTarget
 
 from .. import graph as g
 from ..finding import describe_steps, make
-from ..run import Run, as_float, as_int, as_list
+from ..run import Run, as_dict, as_float, as_int, as_list
 from ..settings import Settings
 from ._grads import column, scaler_skipped
 
@@ -28,8 +28,20 @@ FIX_BACKWARD = ("A gradient formula met a zero its forward handled: sqrt or a no
 
 
 def loss_nonfinite(ev: dict[str, Any]) -> bool:
+    """A loss of the step's backward passes, or one the loop checked and skipped, not finite."""
+    return not _backward_losses_finite(ev) or bool(skipped_nonfinite(ev))
+
+
+def _backward_losses_finite(ev: dict[str, Any]) -> bool:
     values = [as_float(ev.get("loss")), *(as_float(v) for v in as_list(ev.get("losses")))]
-    return any(v is not None and not math.isfinite(v) for v in values)
+    return all(v is None or math.isfinite(v) for v in values)
+
+
+def skipped_nonfinite(ev: dict[str, Any]) -> list[float]:
+    """The non-finite losses of the step's batches the loop skipped before backward (capture's
+    ``ForwardInfo.loss``: the loss it checked with isfinite/isnan/isinf)."""
+    values = [as_float(as_dict(f).get("loss")) for f in as_list(ev.get("forwards"))]
+    return [v for v in values if v is not None and not math.isfinite(v)]
 
 
 def _bad_params(ev: dict[str, Any]) -> list[int]:
@@ -250,6 +262,10 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         if _backward_made(ev0):
             message += " " + _made_in_backward(ev0)
             fix = FIX_BACKWARD
+    elif skipped := [v for _, ev in run.step_events() if as_int(ev.get("step"), -1) in steps for v in skipped_nonfinite(ev)]:
+        message = (f"The loss was NaN/Inf on {len(skipped)} batch{'es' if len(skipped) > 1 else ''} the loop skipped "
+                   f"before backward ({when}); the op that made it is not known: ops are checked for NaN on captured "
+                   "steps, from the step after a non-finite one (mode='full' checks every step's log/div/exp...).")
     else:
         message = f"The loss is NaN/Inf ({when})."
     targets: list[FindingTarget] = []
@@ -263,7 +279,11 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         modules = sorted({str(node.get("module") if node else first_op.get("module", ""))})
     else:
         modules = sorted({run.param_module(i) for i in params})
-    return [make("P4", "error", message, fix, steps, rank=run.rank, targets=targets, modules=modules,
+    # every non-finite loss one the loop caught and skipped: it guards against them, and the
+    # model trained on the other batches -- a warning, still to look into
+    at = set(steps)
+    guarded = all(not _bad_params(ev) and _backward_losses_finite(ev) for step, ev in run.step_events() if step in at)
+    return [make("P4", "warning" if guarded else "error", message, fix, steps, rank=run.rank, targets=targets, modules=modules,
                  params=names, src=str(first_op.get("src", "")) if first_op else None,
                  view="graph" if first_op or node else "gradients",
                  data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]

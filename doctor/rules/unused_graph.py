@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import Severity, describe_steps, fmt_bytes, make
-from ..run import Run, as_dict, as_int, as_list
+from ..run import Run, as_dict, as_float, as_int, as_list
 from ..settings import Settings
 
 FIX = ("Wrap evaluation/inference in `with torch.no_grad():` (or torch.inference_mode()) and call model.eval(); "
@@ -30,12 +32,14 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     trained = {f.get("src") for step, ev in run.step_events() for f in map(as_dict, as_list(ev.get("forwards")))
                if (f.get("backward") is True or (step, as_int(f.get("micro"))) in late) and f.get("src")}
     skipped: list[int] = []  # the steps of the skipped batches
+    checked: list[float] = []  # and their losses, where the loop checked them
     for step, ev in run.forward_events():
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
         unused = [f for f in forwards if f.get("built_graph") is True and f.get("backward") is False
                   and (step, as_int(f.get("micro"))) not in late]
         skips = [f for f in unused if f.get("training") is not False and f.get("src") in trained]
         skipped += [step] * len(skips)
+        checked += [v for f in skips if (v := as_float(f.get("loss"))) is not None]
         unused = [f for f in unused if f not in skips]
         n = len(unused) if forwards else as_int(ev.get("no_backward_forwards"))
         if n <= 0:
@@ -47,7 +51,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         srcs += [str(f["src"]) for f in unused if f.get("src")]
         in_eval = in_eval or any(f.get("training") is False for f in unused)
     if not steps:
-        return _skipped(run, skipped)
+        return _skipped(run, skipped, checked)
     steps = sorted(set(steps))
     passes = "forward pass" if count == 1 else "forward passes"
     what = f"{passes} in eval mode (an evaluation)" if in_eval else passes
@@ -80,17 +84,24 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                  data={"forwards": count, "saved_bytes": held, "src": sorted(set(srcs))})]
 
 
-def _skipped(run: Run, steps: list[int]) -> list[Finding]:
+def _skipped(run: Run, steps: list[int], losses: list[float]) -> list[Finding]:
     """Training forwards from the loop's own call site that no backward used, and nothing else:
-    batches skipped before backward.  Harmless (the graph is freed with the loss); said once."""
+    batches skipped before backward.  Harmless (the graph is freed with the loss); said once,
+    with the losses the loop checked before skipping them (``losses``), where recorded."""
     if not steps:
         return []
     skipped = len(steps)
+    bad = sum(1 for v in losses if not math.isfinite(v))
+    if losses:
+        why = (f"{bad} of them with a NaN/Inf loss (P4)" if bad else
+               f"their losses, as the loop checked them, were finite ({', '.join(f'{v:.4g}' for v in losses[:4])})")
+        said = f"The graph is freed with the loss; {why}."
+    else:  # a loop that did not check its loss with isfinite/isnan/isinf (a caught error)
+        said = "The graph is freed with the loss; what a skipped batch's loss was is not recorded."
     message = (f"{skipped} training forward pass{'' if skipped == 1 else 'es'} from the loop's own call site "
-               f"built an autograd graph that no backward() used ({describe_steps(steps, run.last_step)}): "
+               f"built an autograd graph that no backward() used ({describe_steps(sorted(set(steps)), run.last_step)}): "
                "batches the loop skipped before backward (a guard such as `if not torch.isfinite(loss): "
-               "continue`, a caught error). The graph is freed with the loss; what a skipped batch's loss was "
-               "is not recorded (the step never reached backward()).")
+               f"continue`, a caught error). {said}")
     return [make("P6", "info", message, FIX_SKIPPED, steps, rank=run.rank, view="memory", data={"forwards": skipped},
                  title="Batches skipped before backward")]
 

@@ -104,6 +104,9 @@ def test_an_unchecked_backward_nan_is_said_to_come_from_the_backward(tmp_path: P
 def test_no_node_is_flagged_on_a_healthy_run(tmp_path: Path) -> None:
     events, _, _ = _run(tmp_path, "full", 5, set())
     assert len(_made(events)) == 5 and not any(_made(events).values())
+    # step 0's nodes were checked (isfinite, all, item per node): none of those ops is the user's
+    ops = [[o["name"] for o in e["ops"]] for e in events if e["kind"] == "graph"]
+    assert all(names == ops[1] for names in ops) and "aten::isfinite" not in ops[0]
     assert not [f for f in diagnose(events) if f["code"] == "P4"]
 
 
