@@ -67,6 +67,7 @@ _HANDLED: dict[Any, str] = {
     **_MOVES,
     **dict.fromkeys(_BREAKS, "break"),
     **dict.fromkeys(_CHECKS, "check"),
+    torch._amp_update_scale_: "scale",  # GradScaler.update(): after a step it skipped, the gradients are read here
     torch.autograd.grad: "grad",  # only its create_graph=True form matters (higher-order nodes)
 }
 
@@ -104,6 +105,9 @@ class Interposer(TorchFunctionMode):
             return self.watch._run_backward(func, kind, args, kwargs)
         if kind == "grad":
             return self.watch._run_grad(func, args, kwargs)
+        if kind == "scale":
+            self.watch._safe("grads", self.watch._on_scale_update)
+            return func(*args, **kwargs)
         if kind == "check":
             t = args[0] if args else None
             if isinstance(t, torch.Tensor) and t.grad_fn is not None and t.numel() == 1:

@@ -1210,6 +1210,15 @@ class Watch:
             s.clip_flagged = True
             s.events.append({"what": "clip_before_unscale", "src": user_src()})
 
+    def _on_scale_update(self) -> None:
+        """GradScaler.update() after a step whose backward ran and no optimizer.step() read the
+        gradients: the scaler skipped it (inf/NaN).  They are read now, unscaled and still there
+        -- at the step's end the loop's zero_grad() would have cleared them, and the step would
+        read as one whose parameters got no gradient."""
+        s = self._s
+        if s.micro > 0 and s.stats is None:
+            s.stats = self._grad_stats(s, [r() for r in self._params])
+
     def _on_loss_check(self, t: torch.Tensor) -> None:
         self._s.checked = weakref.ref(t)
 

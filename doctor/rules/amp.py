@@ -129,7 +129,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     if _many(later, run, settings) or collapsed:
         findings.append(_skips_finding(run, later, collapsed, calibration, scales, data))
     elif _many(calibration, run, settings):  # enough to look like trouble: say why it is not
-        findings.append(_calibration_finding(run, calibration, by_step.get(calibration[-1]), data))
+        # each step records the scale it ran with: where it settled is the first steady step's
+        settled = next((by_step[s] for s in sorted(by_step) if s > calibration[-1]), None)
+        findings.append(_calibration_finding(run, calibration, settled, data))
     if clip:
         findings.append(make("P14", "warning", f"Gradients were clipped while still scaled by the GradScaler "
                              f"({describe_steps(clip, run.last_step)}): call scaler.unscale_(optimizer) first.",
