@@ -34,7 +34,9 @@ export class LineChart {
       s.color = s.color || SERIES[k % SERIES.length];
       // a series equal to an earlier one (parameters and gradients of the same bytes) is drawn
       // dashed over it, and the legend says so: else the later line hides the earlier
-      s.same = this.series.slice(0, k).find((o) => o.y.length === s.y.length && o.y.every((v, i) => v === s.y[i]));
+      // (two series of NaN alone are not "equal": they say nothing about each other)
+      s.same = s.y.some((v) => typeof v === "number" && Number.isFinite(v)) &&
+        this.series.slice(0, k).find((o) => o.y.length === s.y.length && o.y.every((v, i) => v === s.y[i]));
       // one unit per series, so a wrapping legend never parts a swatch from its name
       this.legend.append(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${s.color}` }),
         s.same ? `${s.name} (= ${s.same.name})` : s.name));
@@ -60,29 +62,21 @@ export class LineChart {
     const pw = W - L - R, ph = H - T - B;
     const n = this.x.length;
     const xmin = this.x[0], xmax = this.x[n - 1] === xmin ? xmin + 1 : this.x[n - 1];
+    // opts.log: a log10 axis (gradient norms span decades; a spike of 1e6 flattens the rest on
+    // a linear one); zero and negative values are gaps there, as non-finite ones are anywhere
+    const log = !!this.opts.log;
+    const ys = this.series.map((s) => s.y.map((v) => (typeof v !== "number" || !Number.isFinite(v) || (log && v <= 0) ? null : log ? Math.log10(v) : v)));
     let ymin = Infinity, ymax = -Infinity;
-    for (const s of this.series) for (const v of s.y) if (v !== null && Number.isFinite(v)) { if (v < ymin) ymin = v; if (v > ymax) ymax = v; }
-    if (ymin === Infinity) { ymin = 0; ymax = 1; }
-    if (ymin > 0 && ymin < ymax * 0.5) ymin = 0;
-    if (ymax === ymin) { // a constant: in the middle of a range its axis labels tell apart
-      const pad = Math.abs(ymin) / 2 || 1;
-      ymin = ymin >= 0 ? Math.max(0, ymin - pad) : ymin - pad;
-      ymax += pad;
-    }
-    // round steps (1, 2 or 5 times a power of ten) and the range widened to whole steps, so
-    // the labels read 40 / 50 / 60 rather than 36 / 43 / 50
-    // bytes step in round KiB / MiB / GiB ("10 KiB / 20 KiB", not "9.77 KiB")
-    const raw = (ymax - ymin) / 4;
-    const unit = this.opts.fmt === fmtBytes && raw >= 1024 ? 1024 ** Math.floor(Math.log(raw) / Math.log(1024)) : 1;
-    const ystep = niceStep(raw / unit) * unit;
-    ymin = Math.floor(ymin / ystep) * ystep; ymax = Math.ceil(ymax / ystep - 1e-9) * ystep;
+    for (const y of ys) for (const v of y) if (v !== null) { if (v < ymin) ymin = v; if (v > ymax) ymax = v; }
+    const { lo, hi, ystep, fmt } = log ? logAxis(ymin, ymax) : this.linearAxis(ymin, ymax);
+    ymin = lo; ymax = hi;
     this.geom = { L, pw, xmin, xmax };
+    this.axis = { lo, hi, log }; // (the browser tests read the range: in decades on a log axis)
     const X = (v) => L + ((v - xmin) / (xmax - xmin)) * pw;
     const Y = (v) => T + ph - ((v - ymin) / (ymax - ymin)) * ph;
     // axes
     ctx.strokeStyle = css.getPropertyValue("--border").trim(); ctx.fillStyle = css.getPropertyValue("--muted").trim();
     ctx.font = "11px system-ui"; ctx.lineWidth = 1;
-    const fmt = this.opts.fmt || axisNum(ystep);
     let prevLabel = null;
     for (let k = 0; ymin + k * ystep <= ymax + ystep / 1e6; k++) {
       const v = ymin + k * ystep, y = Y(v), label = fmt(v);
@@ -97,13 +91,14 @@ export class LineChart {
     // earlier series drawn wider: two equal series show both colours, not only the last one
     const last = this.series.length - 1;
     for (const [k, s] of this.series.entries()) {
+      const y = ys[k];
       ctx.strokeStyle = s.color; ctx.lineWidth = 1.5 + (last ? (2 * (last - k)) / last : 0); ctx.setLineDash(s.same || s.dash ? [6, 5] : []);
       ctx.beginPath();
       if (n <= cols * 2) {
         let pen = false;
-        const gap = (j) => j < 0 || j >= n || s.y[j] === null || s.y[j] === undefined || !Number.isFinite(s.y[j]);
+        const gap = (j) => j < 0 || j >= n || y[j] === null;
         for (let i = 0; i < n; i++) {
-          const v = s.y[i];
+          const v = y[i];
           if (gap(i)) { pen = false; continue; }
           if (pen) ctx.lineTo(X(this.x[i]), Y(v)); else ctx.moveTo(X(this.x[i]), Y(v));
           // a value between two gaps (e.g. only captured steps have it) is a dot, not nothing
@@ -114,8 +109,8 @@ export class LineChart {
         const mn = new Float64Array(cols).fill(Infinity), mx = new Float64Array(cols).fill(-Infinity);
         const scale = (cols - 1) / (xmax - xmin);
         for (let i = 0; i < n; i++) {
-          const v = s.y[i];
-          if (v === null || v === undefined || !Number.isFinite(v)) continue;
+          const v = y[i];
+          if (v === null) continue;
           const col = Math.round((this.x[i] - xmin) * scale);
           if (v < mn[col]) mn[col] = v;
           if (v > mx[col]) mx[col] = v;
@@ -141,6 +136,23 @@ export class LineChart {
     return this.lastDrawMs;
   }
 
+  // A linear axis over [ymin, ymax] in round steps (1, 2 or 5 times a power of ten), the
+  // range widened to whole steps so the labels read 40 / 50 / 60 rather than 36 / 43 / 50;
+  // bytes step in round KiB / MiB / GiB ("10 KiB / 20 KiB", not "9.77 KiB").
+  linearAxis(ymin, ymax) {
+    if (ymin === Infinity) { ymin = 0; ymax = 1; }
+    if (ymin > 0 && ymin < ymax * 0.5) ymin = 0;
+    if (ymax === ymin) { // a constant: in the middle of a range its axis labels tell apart
+      const pad = Math.abs(ymin) / 2 || 1;
+      ymin = ymin >= 0 ? Math.max(0, ymin - pad) : ymin - pad;
+      ymax += pad;
+    }
+    const raw = (ymax - ymin) / 4;
+    const unit = this.opts.fmt === fmtBytes && raw >= 1024 ? 1024 ** Math.floor(Math.log(raw) / Math.log(1024)) : 1;
+    const ystep = niceStep(raw / unit) * unit;
+    return { lo: Math.floor(ymin / ystep) * ystep, hi: Math.ceil(ymax / ystep - 1e-9) * ystep, ystep, fmt: this.opts.fmt || axisNum(ystep) };
+  }
+
   indexAt(px) {
     if (!this.geom || !this.x) return -1;
     const { L, pw, xmin, xmax } = this.geom;
@@ -161,6 +173,16 @@ export class LineChart {
     this.tip.style.left = Math.min(e.offsetX + 12, this.root.clientWidth - 180) + "px";
     this.tip.style.top = "10px";
   }
+}
+
+// A log10 axis over [lmin, lmax] (log values): whole decades, a label every decade (every
+// few when there are many), "0.01 / 0.1 / 1 / 10" near 1 and "1e-6" / "1e+6" beyond.
+function logAxis(lmin, lmax) {
+  if (lmin === Infinity) { lmin = 0; lmax = 1; }
+  const lo = Math.floor(lmin), hi = Math.max(Math.ceil(lmax), lo + 1);
+  const ystep = Math.max(1, Math.ceil((hi - lo) / 6));
+  const fmt = (k) => { const v = 10 ** Math.round(k); return k >= -3 && k <= 4 ? String(+v.toPrecision(1)) : v.toExponential(0); };
+  return { lo, hi: lo + Math.ceil((hi - lo) / ystep) * ystep, ystep, fmt };
 }
 
 // The smallest of 1, 2, 5 times a power of ten that is at least ``raw``.

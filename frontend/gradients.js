@@ -27,7 +27,7 @@ export class GradientsView {
     this.noGrad = h("div", { class: "nograd", "data-testid": "no-grad" });
     const mark = () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []);
     root.append(h("h2", {}, "Total gradient norm"));
-    this.total = new LineChart(root, { title: "‖grad‖₂ of all parameters together, per step", vlines: mark });
+    this.total = new LineChart(root, { title: "‖grad‖₂ of all parameters together, per step (log scale; red dots: NaN/Inf)", vlines: mark, log: true });
     this.total.root.dataset.testid = "total-norm";
     this.clipNote = h("p", { "data-testid": "clip-note", hidden: true });
     root.append(this.clipNote, h("h2", {}, "Gradient norm per module and step"), h("div", { class: "heat-wrap" }, this.heatLabels, this.heatScroll), this.heatHover, this.heatInfo,
@@ -76,7 +76,7 @@ export class GradientsView {
       series.push({ name: "before clip_grad_norm_", y: g.steps.map((_, s) => clip[s]?.norm ?? null) },
         { name: "max_norm", y: g.steps.map((_, s) => clip[s]?.max_norm ?? null), dash: true });
     }
-    this.total.setData(g.steps, series);
+    this.total.setData(g.steps, series, this.nonFiniteSteps(g.params.map((_, p) => p)));
     this.clipNote.textContent = clipped ? clipSentence(g.steps, clip) : "";
     this.clipNote.hidden = !clipped;
   }
@@ -187,9 +187,14 @@ export class GradientsView {
     const { g } = this;
     if (!g) return;
     const chosen = [...this.pick.selectedOptions].map((o) => +o.value);
-    const markers = [];
-    g.steps.forEach((st, s) => chosen.forEach((p) => { if ((g.nan?.[s]?.[p] || 0) + (g.inf?.[s]?.[p] || 0) > 0) markers.push({ x: st }); }));
-    this.lines.setData(g.steps, chosen.map((p) => ({ name: g.params[p], y: g.steps.map((_, s) => (g.norm[s] || [])[p] ?? null) })), markers);
+    this.lines.setData(g.steps, chosen.map((p) => ({ name: g.params[p], y: g.steps.map((_, s) => (g.norm[s] || [])[p] ?? null) })),
+      this.nonFiniteSteps(chosen));
+  }
+
+  // A red dot at each step where one of the parameters ``params`` had a NaN or Inf in its gradient.
+  nonFiniteSteps(params) {
+    const { g } = this;
+    return g.steps.flatMap((st, s) => (params.some((p) => (g.nan?.[s]?.[p] || 0) + (g.inf?.[s]?.[p] || 0) > 0) ? [{ x: st }] : []));
   }
 
   drawNoGrad() {
@@ -241,7 +246,7 @@ export class GradientsView {
     return { modules: this.modules || [], steps: this.g?.steps?.length || 0, noGrad: this.noGrad.textContent,
       chosen: [...this.pick.selectedOptions].map((o) => o.textContent), focus: this.focus, zeroCells: this.zeroCells,
       legend: this.heatInfo.textContent, geom: this.heatGeom,
-      total: this.total.series?.map((s) => s.name) || [], clipNote: this.clipNote.hidden ? "" : this.clipNote.textContent,
+      total: this.total.series?.map((s) => s.name) || [], totalAxis: this.total.axis, totalMarks: this.total.markers.map((m) => m.x), clipNote: this.clipNote.hidden ? "" : this.clipNote.textContent,
       notTrained: notTrained ? notTrained.nextElementSibling.textContent : "" };
   }
 }

@@ -35,9 +35,9 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
 
 @pytest.fixture(scope="module")
 def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Session ids of two real runs of the same loop, one clipping and one not."""
+    """Session ids of real runs of the same loop: one clipping, one not, one whose gradients are NaN."""
     d = tmp_path_factory.mktemp("clip-runs")
-    args = {"clipped": ["--clip", str(MAX_NORM)], "unclipped": []}
+    args = {"clipped": ["--clip", str(MAX_NORM)], "unclipped": [], "nan": ["--backward-nan"]}
     procs = {name: subprocess.Popen([sys.executable, str(TRAIN), "--server", srv.url, "--record", str(d / f"{name}.tscope"),
                                      "--steps", str(STEPS), "--name", name, *extra],
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -92,3 +92,20 @@ def test_a_run_without_clipping_shows_one_total_norm_and_no_note(srv: ServerProc
         assert g["clipNote"] == "" and not page.locator("[data-testid=clip-note]").is_visible()
         # the rest of the view is still there
         assert g["modules"] and page.locator("[data-testid=heatmap]").is_visible()
+
+
+def test_the_total_norm_is_on_a_log_axis_with_nan_steps_marked(srv: ServerProc, runs: dict[str, str]) -> None:
+    """Gradient norms span decades (a spike before clipping flattened the rest on a linear
+    axis): the axis is in whole decades around every value; a step whose gradients hold NaN/Inf
+    has no point to draw, so it gets a red dot instead of an empty chart."""
+    clip = srv.get(f"/api/sessions/{runs['clipped']}/grads")["clip"]  # type: ignore[attr-defined]
+    values = [c["norm"] for c in clip] + [c["max_norm"] for c in clip]
+    nan = srv.get(f"/api/sessions/{runs['nan']}/grads")  # type: ignore[attr-defined]
+    bad = [st for s, st in enumerate(nan["steps"]) if sum(nan["nan"][s]) + sum(nan["inf"][s]) > 0]
+    assert bad == nan["steps"]  # the run is what this test needs: NaN gradients at every step
+    with checked_page() as page:
+        state = gradients_view(page, srv, runs["clipped"])
+        axis = state["totalAxis"]
+        assert axis["log"] is True and 10 ** axis["lo"] <= min(values) and max(values) <= 10 ** axis["hi"]
+        assert state["totalMarks"] == []
+        assert gradients_view(page, srv, runs["nan"])["totalMarks"] == bad
