@@ -35,7 +35,7 @@ export class DiagnosticsView {
         f.src ? h("code", {}, f.src) : null,
         (f.params || []).length ? h("div", { class: "muted", title: f.params.join("\n") }, "parameters: ", f.params.slice(0, PLOTTED).join(", "),
           f.params.length > PLOTTED ? ` … and ${f.params.length - PLOTTED} more` : "") : null,
-        (f.modules || []).length ? h("div", { class: "muted" }, "modules: ", f.modules.join(", ")) : null));
+        (f.modules || []).length ? h("div", { class: "muted" }, "modules: ", f.modules.map((m) => m || "(root)").join(", ")) : null));
     }
   }
 

@@ -78,6 +78,9 @@ export class GradientsView {
     }
     this.total.setData(g.steps, series, this.nonFiniteSteps(g.params.map((_, p) => p)));
     this.clipNote.textContent = clipped ? clipSentence(g.steps, clip) : "";
+    // the chosen parameters' norms are the statistics too: after clipping, which their chart says
+    this.lines.root.querySelector(".chart-title").textContent =
+      `‖grad‖ per step${clipped ? ", after clip_grad_norm_" : ""} (red dots: NaN/Inf)`;
     this.clipNote.hidden = !clipped;
   }
 

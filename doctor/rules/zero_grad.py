@@ -92,12 +92,17 @@ def _crossed(run: Run) -> list[Finding]:
     steps = [h[0] for h in hits]
     step, other, theirs, ours = hits[0]
     at = f" at {theirs}" if theirs else ""
-    message = (f"This optimizer's step() used gradients from a backward{at} made before another optimizer ({other}) "
-               f"stepped ({describe_steps(steps, run.last_step)}): that backward was the other optimizer's loss's, "
-               "yet it also went into these parameters' .grad, and zero_grad() did not clear it before this "
-               f"optimizer's own backward{f' at {ours}' if ours else ''}.")
+    ev = next(ev for s, ev in run.step_events() if s == step)
+    got = [i for i, v in enumerate(as_list(as_dict(ev.get("grads")).get("norm"))) if v is not None]
+    names = [run.param_name(i) for i in got]
+    message = (f"The watched optimizer's step() used gradients from a backward{at}, made before an optimizer of "
+               f"other parameters ({other}) stepped ({describe_steps(steps, run.last_step)}): that backward was "
+               "the other optimizer's loss's, yet it also went into these parameters' .grad, and zero_grad() did "
+               f"not clear it before their own backward{f' at {ours}' if ours else ''}.")
+    targets = [FindingTarget(step=step, rank=run.rank, param=run.param_name(i), module=run.param_module(i)) for i in got]
     return [make("P5", "error", message, FIX_CROSSED, steps, rank=run.rank,
-                 targets=[FindingTarget(step=step, rank=run.rank)], src=theirs or None, view="gradients",
+                 targets=targets or [FindingTarget(step=step, rank=run.rank)], params=names,
+                 modules=sorted({run.param_module(i) for i in got}), src=theirs or None, view="gradients",
                  title="Gradients of another optimizer's loss")]
 
 

@@ -324,3 +324,4 @@ def test_a_generator_trained_on_the_discriminators_loss_is_p5(fix: str, tmp_path
     line = next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if "d_loss.backward(retain_graph=True)" in t)
     assert f["title"] == "Gradients of another optimizer's loss" and f["steps"] == list(range(6))
     assert f["src"] == f"test_capture_optimizers.py:{line}" and "D(fake.detach())" in f["fix"]
+    assert f["params"] == ["0.weight", "0.bias", "2.weight", "2.bias"]  # the generator's: the gradients view shows them
