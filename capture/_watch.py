@@ -586,10 +586,11 @@ class Watch:
             # the open step: one with a backward, or, in a watch without optimizer (inference),
             # one with forwards (a training loop's trailing evaluation is not a step of its own)
             if self._s.micro > 0 or (self._s.forwards and self._optimizer is None):
-                if self._an_unapplied_step():
+                skipped = self._scale_changed()  # the loop's last step, skipped by its GradScaler: a step
+                if self._an_unapplied_step() and not skipped:
                     self._s.forwards = [f for f in self._s.forwards if not f.get("backward")]
                 else:
-                    self._safe("step", self._close_step, self._scale_changed())
+                    self._safe("step", self._close_step, skipped)
             trailing = list(self._s.forwards)  # none once closed: an evaluation after the last step
             self._safe("step", self._finish_deferred)
             self._safe("step", self._drop_open_step)

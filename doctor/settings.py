@@ -80,11 +80,14 @@ SETTING_HELP: dict[str, str] = {
 
 
 def _convert(name: str, raw: object, kind: type) -> int | float:
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return kind(raw)  # type: ignore[no-any-return]
     text = str(raw).strip()
     try:
-        # int settings accept "1e6" too: people write byte sizes that way.
-        return int(float(text)) if kind is int else float(text)
+        value = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else float(text)
     except ValueError:
         raise ValueError(f"doctor setting {name!r} needs a number, got {text!r}") from None
+    if kind is not int:
+        return value
+    # whole-number settings accept "1e6" too (people write byte sizes that way), not 3.5 or inf
+    if not math.isfinite(value) or value != int(value):
+        raise ValueError(f"doctor setting {name!r} needs a whole number, got {text!r}")
+    return int(value)

@@ -7,6 +7,7 @@ docs/images/.  Development aid only (not part of the tests).
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import subprocess
@@ -35,6 +36,8 @@ def _get(url: str) -> object:
 
 
 def main() -> None:
+    # a --help that runs the whole script would overwrite the tracked pictures: parse first
+    argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=f"Writes its PNGs into {OUT}.").parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"

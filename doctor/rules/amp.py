@@ -66,8 +66,9 @@ def _calibration_finding(run: Run, calibration: list[int], settled: float | None
 def _skips_finding(run: Run, later: list[int], collapsed: list[int], calibration: list[int],
                    scales: list[float | None], data: dict[str, object]) -> Finding:
     steps = sorted(set(later) | set(collapsed))
+    # each step records the scale it ran with (the update after the last one is not seen)
     low = min((s for s in scales if s is not None), default=None)
-    scale_txt = f"; its scale fell to {low:g}" if low is not None else ""
+    scale_txt = f"; steps ran at a scale down to {low:g}" if low is not None else ""
     after = (f" after calibrating its scale ({describe_steps(calibration, run.last_step)}, skipped)"
              if calibration else "")
     # every step lost from some point on (or a scale that can no longer represent the gradients)

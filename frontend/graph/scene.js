@@ -41,29 +41,40 @@ const EDGE_CHUNK = 256;
 
 function addSeg(p, [ax, ay, bx, by, , via]) {
   p.moveTo(ax, ay);
-  if (via !== undefined) { // a skip edge, routed down the right of what lies between its ends
-    p.bezierCurveTo(ax, ay + DETOUR, via, ay, via, ay + DETOUR);
-    p.lineTo(via, by - DETOUR);
-    p.bezierCurveTo(via, by, bx, by - DETOUR, bx, by);
-  } else if (by > ay) p.bezierCurveTo(ax, (ay + by) / 2, bx, (ay + by) / 2, bx, by); else p.lineTo(bx, by);
+  if (via !== undefined) { // a skip edge, routed along the right of what lies between its ends
+    const d = by > ay ? DETOUR : -DETOUR; // down the forward column, up the backward one
+    p.bezierCurveTo(ax, ay + d, via, ay, via, ay + d);
+    p.lineTo(via, by - d);
+    p.bezierCurveTo(via, by, bx, by - d, bx, by);
+  } else if (by !== ay) p.bezierCurveTo(ax, (ay + by) / 2, bx, (ay + by) / 2, bx, by); else p.lineTo(bx, by);
+}
+
+// An edge between boxes A and B: from A's bottom to B's top, or, when B lies wholly above A
+// (side by side, the backward flows up from the loss), from A's top to B's bottom, so that
+// it leaves and enters the boxes on the sides that face each other.
+function edgeSeg(A, B, type) {
+  const up = B[1] + B[3] <= A[1];
+  return [A[0] + A[2] / 2, up ? A[1] : A[1] + A[3], B[0] + B[2] / 2, up ? B[1] + B[3] : B[1], type];
 }
 
 const DETOUR = 30, SCAN = 2000;
 
-// Where an edge that skips rows (a residual connection: x + f(x)) runs: right of every box it
-// would cross (it was drawn straight down behind them, invisible), or undefined when it
-// crosses none.  Boxes are the visible items sorted by top (binary search for the rows in
-// between) and the frames, less the frames holding either end.
+// Where an edge that skips rows (a residual connection: x + f(x), going down the forward
+// column or up the backward one) runs: right of every box it would cross (drawn straight
+// behind them it looked connected to them), or undefined when it crosses none.  Boxes are
+// the visible items sorted by top (binary search for the rows in between) and the frames,
+// less the frames holding either end.
 function detour(seg, boxes, tops, frames) {
   const [ax, ay, bx, by] = seg;
-  if (by - ay < 2 * DETOUR + 10) return undefined;
+  const y0 = Math.min(ay, by), y1 = Math.max(ay, by);
+  if (y1 - y0 < 2 * DETOUR + 10) return undefined;
   const x0 = Math.min(ax, bx), x1 = Math.max(ax, bx);
   let right = -Infinity;
-  const cross = (b) => { if (b[1] < by && b[1] + b[3] > ay && b[0] <= x1 && b[0] + b[2] >= x0 && b[0] + b[2] > right) right = b[0] + b[2]; };
+  const cross = (b) => { if (b[1] < y1 && b[1] + b[3] > y0 && b[0] <= x1 && b[0] + b[2] >= x0 && b[0] + b[2] > right) right = b[0] + b[2]; };
   let lo = 0, hi = tops.length;
-  while (lo < hi) { const m = (lo + hi) >> 1; if (tops[m] < ay - 60) lo = m + 1; else hi = m; }
+  while (lo < hi) { const m = (lo + hi) >> 1; if (tops[m] < y0 - 60) lo = m + 1; else hi = m; }
   // a long edge looks at the first SCAN boxes only, so a 10,000-node graph stays fast to draw
-  for (let i = lo, end = Math.min(boxes.length, lo + SCAN); i < end && boxes[i][1] < by; i++) cross(boxes[i]);
+  for (let i = lo, end = Math.min(boxes.length, lo + SCAN); i < end && boxes[i][1] < y1; i++) cross(boxes[i]);
   const holds = (b, x, y) => x >= b[0] && x <= b[0] + b[2] && y >= b[1] && y <= b[1] + b[3];
   for (const f of frames) if (!holds(f.box, ax, ay) && !holds(f.box, bx, by)) cross(f.box);
   return right === -Infinity ? undefined : right + 14;
@@ -168,7 +179,7 @@ export function buildScene(model, layout, st) {
     if (seen.has(k)) continue;
     seen.add(k);
     const A = boxOf(ra), B = boxOf(rb);
-    const seg = [A[0] + A[2] / 2, A[1] + A[3], B[0] + B[2] / 2, B[1], type];
+    const seg = edgeSeg(A, B, type);
     if (type === 2) { if (sel && (leaves[a].key === sel || leaves[b].key === sel)) links.push(seg); continue; }
     const via = detour(seg, boxes, tops, frames);
     if (via !== undefined) seg.push(via);

@@ -143,7 +143,9 @@ def test_a_gradscaler_skipping_every_step_is_traced_to_the_node_that_overflows(t
     for p, q in zip(plain.parameters(), model.parameters(), strict=True):
         assert torch.equal(p, q)
     events = list(iter_events(tmp_path / "amp.tscope"))
-    for i, ev in enumerate(e for e in events if e["kind"] == "step"):
+    steps = [e for e in events if e["kind"] == "step"]
+    assert len(steps) == 12  # the last one too, skipped and then closed by close()
+    for i, ev in enumerate(steps):
         # read at scaler.update(), before the next zero_grad(): the overflow, not "no gradient"
         assert ev["scaler"] == {"skipped": True, "scale": 65536.0 / 2**i}  # the scale the step ran with
         assert ev["grads"]["none"] == [] and sum(ev["grads"]["nan"]) + sum(ev["grads"]["inf"]) > 0

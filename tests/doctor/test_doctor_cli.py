@@ -101,6 +101,9 @@ def test_module_entry_point_no_traceback(tmp_path: Path) -> None:
     ("explode_factor", "0", "'explode_factor' must be more than 1"),  # "over 0x its usual level"
     ("dead_zero_frac", "1.5", "more than 0 and at most 1"),
     ("vanish_factor", "nan", "got nan"),
+    ("min_steps", "inf", "'min_steps' needs a whole number, got 'inf'"),  # an OverflowError's traceback
+    ("min_steps", "1e400", "needs a whole number"),
+    ("min_steps", "3.5", "needs a whole number, got '3.5'"),  # silently ran as 3
 ])
 def test_a_setting_out_of_its_range_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], setting: str,
                                             value: str, says: str) -> None:

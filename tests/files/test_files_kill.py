@@ -45,6 +45,21 @@ def _start(record: Path, mode: str, steps: int = 1_000_000) -> subprocess.Popen[
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _kill_after_first_step(proc: subprocess.Popen[str], reader: _Reader, delay: float) -> float:
+    """SIGKILL the run ``delay`` seconds after it printed its first step; when it was killed."""
+    try:
+        assert reader.first.wait(60), proc.stderr.read() if proc.stderr else ""
+        time.sleep(delay)
+        kill_at = time.monotonic()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return kill_at
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_files_sigkill_keeps_steps_older_than_one_second(tmp_path: Path, mode: str) -> None:
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
@@ -53,16 +68,7 @@ def test_files_sigkill_keeps_steps_older_than_one_second(tmp_path: Path, mode: s
         proc = _start(record, mode)
         reader = _Reader(proc)
         reader.start()
-        try:
-            assert reader.first.wait(60), proc.stderr.read() if proc.stderr else ""
-            time.sleep(rng.uniform(1.2, 3.0))  # a random moment, at least a second into training
-            kill_at = time.monotonic()
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(10)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+        kill_at = _kill_after_first_step(proc, reader, rng.uniform(1.2, 3.0))  # at least a second into training
         reader.join(5)
         must_have = [s for t, s in reader.seen if t <= kill_at - 1.0]
         assert must_have, "the run should have completed steps more than a second before the kill"
@@ -104,15 +110,7 @@ def test_files_a_run_killed_in_its_first_tenth_of_a_second_keeps_its_start(tmp_p
     proc = _start(record, "watch")
     reader = _Reader(proc)
     reader.start()
-    try:
-        assert reader.first.wait(60), proc.stderr.read() if proc.stderr else ""
-        time.sleep(0.1)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    _kill_after_first_step(proc, reader, 0.1)
     session = load(record)
     assert session.meta["name"] == "kill-test" and session.status == "ended unexpectedly"
     assert 0 in {s["step"] for s in session.steps}
