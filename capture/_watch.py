@@ -382,6 +382,8 @@ class Watch:
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"torchscope: mode must be one of {', '.join(MODES)}, not {mode!r}")
+        if server not in (None, "auto") and not str(server).startswith(("http://", "https://")):
+            raise ValueError(f"torchscope: server must be 'auto', None or an http(s):// URL, not {server!r}")
         self.url: str | None = None
         self.path: str | None = None
         self.session_id: str | None = None

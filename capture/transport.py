@@ -447,6 +447,9 @@ class Transport:
         """One line per kind of trouble, on stderr (the user's console) and the logger."""
         if key not in self._warned:
             self._warned.add(key)
+            # an answer from some other web server (an HTML error page) is not pasted in whole
+            message = " ".join(message.split())
+            message = message if len(message) <= 300 else message[:297] + "..."
             print(message, file=sys.stderr)
             log.warning(message)
 

@@ -80,11 +80,16 @@ export function buildModel(ev) {
   };
   for (const l of leaves) {
     l.group = groupOf(l.phase, l.module);
-    for (let g = l.group; g > 0; g = groups[g].parent) {
-      groups[g].count++;
-      if (l.pos < groups[g].pos) groups[g].pos = l.pos;
-    }
+    for (let g = l.group; g > 0; g = groups[g].parent) groups[g].count++;
   }
+  // A group's place among its siblings (the layout ranks only edges that follow it) is its
+  // first leaf's, for a backward group its first grad_fn node's: full mode's backward kernels
+  // are numbered with the ops, before every node, so by them each module's backward came
+  // before the loss's grad_fn that feeds it, and the loss's grad_fn, unranked, landed at the
+  // top of the backward column instead of at its bottom, across from the loss.  Nodes first,
+  // in order, then ops for the groups without a node; each climb stops at a placed group.
+  const placing = leaves.filter((l) => l.kind === "node").concat(leaves.filter((l) => l.kind === "op"));
+  for (const l of placing) for (let g = l.group; g > 0 && groups[g].pos === Infinity; g = groups[g].parent) groups[g].pos = l.pos;
 
   // Repeated blocks: numbered children (ModuleList / Sequential) with the same structure (op
   // names at the same relative depth, in order) under the same parent; the first names the rest.

@@ -172,6 +172,7 @@ export function buildScene(model, layout, st) {
   const N = leaves.length + groups.length + 1;
   const sel = st.selected;
   const boxes = items.map((it) => it.box).sort((p, q) => p[1] - q[1]), tops = boxes.map((b) => b[1]);
+  const column = (i) => (st.sideBySide && leaves[i].phase === "backward" ? 1 : 0);
   for (const [a, b, type] of edges) {
     const ra = rep[a], rb = rep[b];
     if (ra === rb) continue;
@@ -181,7 +182,10 @@ export function buildScene(model, layout, st) {
     const A = boxOf(ra), B = boxOf(rb);
     const seg = edgeSeg(A, B, type);
     if (type === 2) { if (sel && (leaves[a].key === sel || leaves[b].key === sel)) links.push(seg); continue; }
-    const via = detour(seg, boxes, tops, frames);
+    // an edge from one column to the other (full mode's backward kernels read the forward's
+    // saved tensors) crosses the gap between them: routed right of the backward column it
+    // would only add a long line down the graph's edge
+    const via = column(a) === column(b) ? detour(seg, boxes, tops, frames) : undefined;
     if (via !== undefined) seg.push(via);
     if (hi && hi.has(leaves[a].key) && hi.has(leaves[b].key)) hiSegs.push(seg); else segs.push(seg);
   }

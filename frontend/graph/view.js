@@ -262,7 +262,7 @@ export class GraphView {
     if (!this.model || !this.layout) return;
     const ctx = this.ctx();
     this.scene = buildScene(this.model, this.layout, { expandedIdx: this.expandedIdx, overlay: this.overlay, ctx,
-      highlight: this.highlight, cut: this.cut, selected: this.selectedVisibleKey() });
+      highlight: this.highlight, cut: this.cut, selected: this.selectedVisibleKey(), sideBySide: this.sideBySide });
     this.canvas.setScene(this.scene);
     this.drawLegend();
   }

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import REPO
 from torch import nn
 
@@ -40,6 +41,45 @@ def test_bad_mode_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="mode must be one of"):
         torchscope.watch(nn.Linear(2, 2), server=None, record=tmp_path / "x.tscope", mode="fast")
     assert not (tmp_path / "x.tscope").exists()
+
+
+def test_a_server_that_is_no_url_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="server must be 'auto', None or an http"):
+        torchscope.watch(nn.Linear(2, 2), server="notaurl", record=tmp_path / "x.tscope")
+    assert not (tmp_path / "x.tscope").exists()
+
+
+def test_a_web_server_that_is_not_torchscope_is_one_line(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Its HTML error page was printed whole as the warning."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            body = b"<html>\n<head><title>Error</title></head>\n<body>\n<h1>Not here</h1>\n</body>\n</html>\n"
+            self.send_response(500)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST  # noqa: N815
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        model = nn.Linear(2, 1)
+        with torchscope.watch(model, server=f"http://127.0.0.1:{srv.server_address[1]}", record=tmp_path / "w.tscope"):
+            model(torch.randn(3, 2)).sum().backward()
+    finally:
+        srv.shutdown()
+    err = capfd.readouterr().err.splitlines()
+    (warned,) = [line for line in err if "torchscope: server" in line]
+    assert "refused the run (HTTP 500: <html>" in warned and "</html>" in warned  # the page on one line
+    assert not [line for line in err if line.strip().startswith(("<", "</"))]
 
 
 def test_close_twice_and_context_manager(tmp_path: Path) -> None:
