@@ -37,9 +37,7 @@ export class LineChart {
       // (two series of NaN alone are not "equal": they say nothing about each other)
       s.same = s.y.some((v) => typeof v === "number" && Number.isFinite(v)) &&
         this.series.slice(0, k).find((o) => o.y.length === s.y.length && o.y.every((v, i) => v === s.y[i]));
-      // one unit per series, so a wrapping legend never parts a swatch from its name
-      this.legend.append(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${s.color}` }),
-        s.same ? `${s.name} (= ${s.same.name})` : s.name));
+      this.legend.append(legendItem(s.color, s.same ? `${s.name} (= ${s.same.name})` : s.name));
     });
     return this.draw();
   }

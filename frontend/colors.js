@@ -39,10 +39,16 @@ export function categorical(keys) {
   return m;
 }
 
+// A colour swatch and its name as one unit (`.legend-item` does not wrap), so a wrapping
+// legend never parts a swatch from its name.
+export function legendItem(color, text) {
+  return h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${color}` }), text);
+}
+
 // The legend of a log ramp from lo to hi: "name lo ▬ hi (log)"; one value (every cell or node
 // the same) is one swatch and the value, not "1.000 ▬ 1.000".
 export function rampLegend(name, lo, hi, fmt) {
-  if (lo === hi) return [h("span", { class: "swatch", style: `background:${RAMP[Math.floor(RAMP.length / 2)]}` }), h("span", {}, `${name} ${fmt(lo)}`)];
+  if (lo === hi) return [legendItem(RAMP[Math.floor(RAMP.length / 2)], `${name} ${fmt(lo)}`)];
   return [h("span", {}, `${name} ${fmt(lo)}`), h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP.join(",")})` }),
     h("span", {}, `${fmt(hi)} (log)`)];
 }

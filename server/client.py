@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -66,6 +67,8 @@ def ensure_server(port: int, data: str | None = None, timeout: float = 30.0) -> 
     base = f"http://127.0.0.1:{port}"
     if health(base):
         return base
+    if _listening(port):
+        raise ClientError(f"port {port} is in use by another program (not a torchscope server); choose another with --port")
     cmd = [sys.executable, "-m", "torchscope.server.cli", "serve", "--port", str(port), "--quiet"]
     if data:
         cmd += ["--data", data]
@@ -82,6 +85,13 @@ def ensure_server(port: int, data: str | None = None, timeout: float = 30.0) -> 
                               "choose another with --port")
         time.sleep(0.1)
     raise ClientError(f"the server on port {port} did not answer within {timeout:.0f}s")
+
+
+def _listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:port."""
+    with socket.socket() as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _progress(done: int, total: int, label: str) -> None:

@@ -91,6 +91,18 @@ def test_info_summarizes(tmp_path: Path) -> None:
     assert fields["status"].strip() == "ended unexpectedly"
 
 
+def test_open_on_a_port_another_program_holds_says_so(tmp_path: Path) -> None:
+    """It said only 'could not start a server ... see server.log'."""
+    path = write_file(tmp_path / "run.tscope", run_frames("cli-open", steps=2))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        res = cli("open", str(path), "--port", str(port), "--no-browser", "--data", str(tmp_path / "data"))
+    line = one_line_error(res)
+    assert res.returncode != 0 and f"port {port} is in use by another program" in line
+
+
 def test_port_in_use_names_the_port() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
