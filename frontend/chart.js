@@ -1,7 +1,7 @@
 // A small canvas line chart for long series: each series is reduced to one min/max pair per
 // pixel column (linear in the number of points), so 100,000 steps draw in a few ms.
 import { h, clear, fmtNum, fmtBytes } from "./dom.js";
-import { SERIES } from "./colors.js";
+import { SERIES, legendItem } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
 
 export class LineChart {

@@ -94,7 +94,9 @@ def create_app(settings: Settings | None = None) -> Any:
             stop_children()
             app.state.store.close()
 
-    app = FastAPI(title="torchscope", version=version(), lifespan=lifespan,
+    # no /docs or /redoc: FastAPI's pages load their scripts from a CDN (blank offline, and the
+    # dashboard loads nothing from outside); the schema itself is at /openapi.json
+    app = FastAPI(title="torchscope", version=version(), lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Live view of PyTorch training runs: sessions, steps, graphs, memory, gradients.")
     app.state.settings = settings
     app.state.store = Store(settings.db_path)

@@ -53,10 +53,11 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .config import DEFAULT_HOST, DEFAULT_PORT
+    from .config import DEFAULT_HOST, DEFAULT_PORT, version
 
     p = _Parser(prog="torchscope", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"torchscope {version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     s = sub.add_parser("serve", help="run the dashboard server", description=(

@@ -18,10 +18,12 @@ function batchByColour(items, dim) {
 
 // Cut a label to a width with an ellipsis; computed once per item (world units don't zoom).
 // ``s`` cut in the middle to fit ``width``: a module path's end (".layers.3.proj") tells
-// siblings apart, its start where it lives; cutting the end made every block read the same
-export function fit(ctx, s, width) {
+// siblings apart, its start where it lives; cutting the end made every block read the same.
+// ``head``: the share of what is kept taken from the start; a frame's title keeps its end
+// only (its own name and type: where it lives, the frames around it say).
+export function fit(ctx, s, width, head = 1 / 3) {
   if (ctx.measureText(s).width <= width) return s;
-  const cut = (k) => { const head = Math.ceil(k / 3); return s.slice(0, head) + "…" + s.slice(s.length - (k - head)); };
+  const cut = (k) => { const n = Math.ceil(k * head); return s.slice(0, n) + "…" + s.slice(s.length - (k - n)); };
   let lo = 0, hi = s.length;
   while (lo < hi) { const mid = (lo + hi + 1) >> 1; if (ctx.measureText(cut(mid)).width <= width) lo = mid; else hi = mid - 1; }
   return lo ? cut(lo) : "…";
@@ -46,7 +48,7 @@ export class GraphCanvas {
     let drag = null;
     c.addEventListener("pointerdown", (e) => { drag = { x: e.clientX, y: e.clientY, moved: false }; c.setPointerCapture(e.pointerId); });
     c.addEventListener("pointermove", (e) => {
-      if (!drag) return;
+      if (!drag) { this.hoverTitle(e.offsetX, e.offsetY); return; }
       const dx = e.clientX - drag.x, dy = e.clientY - drag.y;
       if (Math.abs(dx) + Math.abs(dy) > 2) drag.moved = true;
       if (drag.moved) { this.tx += dx; this.ty += dy; drag.x = e.clientX; drag.y = e.clientY; this.requestDraw(); }
@@ -134,11 +136,31 @@ export class GraphCanvas {
     this.show(there ? this.overviewView() : v);
   }
 
-  centerOn(box, minScale = 0.8) {
-    if (this.scale < minScale) this.scale = minScale;
-    this.tx = this.w / 2 - (box[0] + box[2] / 2) * this.scale;
-    this.ty = this.h / 2 - (box[1] + box[3] / 2) * this.scale;
+  // Centre boxes[0] at a readable zoom; with the other boxes when all of them fit on the
+  // canvas at a zoom where labels are drawn (a grad_fn node and the forward op that created
+  // it, one column apart), zooming out that far if need be.  The canvas between the status
+  // line and the legend floating over it counts.
+  centerOn(boxes, minScale = 0.8) {
+    const x0 = Math.min(...boxes.map((b) => b[0])), x1 = Math.max(...boxes.map((b) => b[0] + b[2]));
+    const y0 = Math.min(...boxes.map((b) => b[1])), y1 = Math.max(...boxes.map((b) => b[1] + b[3]));
+    const top = this.topInset(), room = this.h - top - this.bottomInset();
+    const all = Math.min((this.w - 40) / (x1 - x0), (room - 40) / (y1 - y0));
+    let s = Math.max(this.scale, minScale), box = boxes[0];
+    if (all >= TEXT_MIN_SCALE) { s = Math.min(s, all); box = [x0, y0, x1 - x0, y1 - y0]; }
+    this.scale = s;
+    this.tx = this.w / 2 - (box[0] + box[2] / 2) * s;
+    this.ty = top + room / 2 - (box[1] + box[3] / 2) * s;
     this.requestDraw();
+  }
+
+  // The full text of what is under the pointer as the canvas's tooltip, when its label or
+  // frame title was cut to fit.
+  hoverTitle(px, py) {
+    const it = this.hit(px, py);
+    const full = !it ? "" : it.title !== undefined ? it.title : `${it.label}\n${it.sub}`;
+    const cut = it && (it.title !== undefined ? it.fitTitle !== it.title : it.fitLabel !== it.label || it.fitSub !== it.sub);
+    const title = cut ? full : "";
+    if (this.canvas.title !== title) this.canvas.title = title;
   }
 
   requestDraw() {
@@ -178,7 +200,7 @@ export class GraphCanvas {
       ctx.strokeRect(f.box[0], f.box[1], f.box[2], f.box[3]);
       if (text) {
         ctx.fillStyle = th.muted; ctx.font = "11px system-ui, sans-serif";
-        if (f.fitTitle === undefined) f.fitTitle = fit(ctx, f.title, f.box[2] - 12);
+        if (f.fitTitle === undefined) f.fitTitle = fit(ctx, f.title, f.box[2] - 12, 0);
         ctx.fillText(f.fitTitle, f.box[0] + 6, f.box[1] + 14);
       }
     }

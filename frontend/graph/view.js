@@ -6,7 +6,7 @@ import { buildModel, ancestors } from "./model.js";
 import { buildScene, pathToLoss, leafSub } from "./scene.js";
 import { GraphCanvas } from "./render.js";
 import { renderDetails } from "./details.js";
-import { ZERO, NONFINITE, rampLegend } from "../colors.js";
+import { ZERO, NONFINITE, rampLegend, legendItem } from "../colors.js";
 import { THEME_EVENT } from "../theme.js";
 
 const CANCEL_MS = 300;
@@ -60,13 +60,17 @@ export class GraphView {
     this.searchInfo = h("span", { class: "muted" });
     this.cutInfo = h("span", { class: "cut-info" });
     const btn = (label, fn, title, testid) => h("button", { onclick: fn, title, "data-testid": testid }, label);
+    // controls that belong together wrap together: a narrow window moves a whole group to
+    // the next row, never a lone "Fit"
+    const group = (...kids) => h("span", { class: "tool-group" }, ...kids);
     this.toolbar = h("div", { class: "toolbar" },
-      btn("◀", () => this.stepBy(-1), "previous captured step ( [ )"), this.stepSel, btn("▶", () => this.stepBy(1), "next captured step ( ] )"), this.stepLabel,
-      h("label", {}, "colour ", this.overlaySel), this.diffSel, this.search, this.searchInfo,
-      btn("Expand all", () => this.expandAll(), "expand every module", "expand-all"), btn("Collapse", () => this.collapseAll(), "collapse to top-level modules"),
-      h("label", { title: "forward on the left flowing down, backward on the right flowing up" },
-        h("input", { type: "checkbox", checked: this.sideBySide || undefined, "data-testid": "side-by-side", onchange: (e) => this.setSideBySide(e.target.checked) }), " side by side"),
-      btn("Fit", () => this.canvas.fitOrOverview(), "fit to screen, readable (f); again: the whole graph", "fit"), this.cutInfo);
+      group(btn("◀", () => this.stepBy(-1), "previous captured step ( [ )"), this.stepSel, btn("▶", () => this.stepBy(1), "next captured step ( ] )"), this.stepLabel),
+      group(h("label", {}, "colour ", this.overlaySel), this.diffSel), group(this.search, this.searchInfo),
+      group(btn("Expand all", () => this.expandAll(), "expand every module", "expand-all"), btn("Collapse", () => this.collapseAll(), "collapse to top-level modules"),
+        h("label", { title: "forward on the left flowing down, backward on the right flowing up" },
+          h("input", { type: "checkbox", checked: this.sideBySide || undefined, "data-testid": "side-by-side", onchange: (e) => this.setSideBySide(e.target.checked) }), " side by side"),
+        btn("Fit", () => this.canvas.fitOrOverview(), "fit to screen, readable (f); again: the whole graph", "fit")),
+      this.cutInfo);
     this.canvasEl = h("canvas", { tabindex: 0, "aria-label": "computation graph; n / p: next / previous node, Enter: expand, Backspace: collapse" });
     this.legend = h("div", { class: "legend", "data-testid": "legend" });
     this.status = h("div", { class: "graph-status" });
@@ -267,12 +271,15 @@ export class GraphView {
     this.drawLegend();
   }
 
-  selectedVisibleKey() {
-    if (!this.selected || !this.model) return null;
-    const l = this.model.byKey.get(this.selected);
-    if (!l) return this.selected;
+  selectedVisibleKey() { return this.visibleKey(this.selected); }
+
+  // What stands for a leaf on screen: itself, or the outermost collapsed group around it.
+  visibleKey(key) {
+    if (!key || !this.model) return null;
+    const l = this.model.byKey.get(key);
+    if (!l) return key;
     const hidden = ancestors(this.model, l.group).filter((g) => !this.expandedIdx.has(g));
-    return hidden.length ? "g:" + this.model.groups[hidden[hidden.length - 1]].key : this.selected;
+    return hidden.length ? "g:" + this.model.groups[hidden[hidden.length - 1]].key : key;
   }
 
   drawLegend() {
@@ -280,19 +287,19 @@ export class GraphView {
     const lg = this.scene.legend;
     if (!lg) {
       for (const [name, v] of [["forward op", "--op-fwd"], ["grad_fn node, backward op", "--op-bwd"], ["AccumulateGrad", "--op-acc"], ["module (collapsed)", "--group-fwd"]]) {
-        this.legend.append(h("span", { class: "swatch", style: `background:var(${v})` }), h("span", {}, name));
+        this.legend.append(legendItem(`var(${v})`, name));
       }
       this.legend.append(h("span", { class: "muted" }, "≡ n: same structure as sibling n"));
     } else if (lg.kind === "cats") {
-      for (const [k, c] of lg.entries) this.legend.append(h("span", { class: "swatch", style: `background:${c}` }), h("span", {}, k));
+      for (const [k, c] of lg.entries) this.legend.append(legendItem(c, k));
     } else {
       const fmt = lg.overlay === "memory" ? fmtBytes : lg.overlay === "time" ? fmtUs : fmtNum;
       const name = lg.overlay === "grad" ? "‖grad‖" : lg.overlay;
       if (!lg.positive) this.legend.append(h("span", {}, `${name}: no positive value in this step`));
       else this.legend.append(...rampLegend(name, lg.lo, lg.hi, fmt));
-      if (lg.zeros) this.legend.append(h("span", { class: "swatch", style: `background:${ZERO}` }), h("span", {}, "exactly zero"));
-      if (lg.nonfinite) this.legend.append(h("span", { class: "swatch", style: `background:${NONFINITE}` }), h("span", {}, "NaN / Inf"));
-      if (lg.overlay === "grad") this.legend.append(h("span", { class: "swatch", style: "background:var(--node-none)" }), h("span", {}, "no gradient (.grad is None) or not a parameter"));
+      if (lg.zeros) this.legend.append(legendItem(ZERO, "exactly zero"));
+      if (lg.nonfinite) this.legend.append(legendItem(NONFINITE, "NaN / Inf"));
+      if (lg.overlay === "grad") this.legend.append(legendItem("var(--node-none)", "no gradient (.grad is None) or not a parameter"));
     }
     if (this.diffSummary && this.overlay === "diff") this.legend.append(h("span", { class: "muted" }, this.diffSummary));
   }
@@ -379,7 +386,17 @@ export class GraphView {
     this.keepHighlight = false;
     this.redraw();
     renderDetails(this.details, this.model, key, this.ctx());
-    if (center && key && this.scene) { const it = this.scene.byKey.get(this.selectedVisibleKey()); if (it) this.canvas.centerOn(it.box); }
+    if (center && key && this.scene) this.centerOnSelected();
+  }
+
+  // The selected item in the middle, and with it, for a grad_fn node, the forward op that
+  // created it (a finding about the node highlights both; the op is one column away).
+  centerOnSelected() {
+    const it = this.scene.byKey.get(this.selectedVisibleKey());
+    if (!it) return;
+    const l = this.model.byKey.get(this.selected);
+    const op = l && l.kind === "node" && l.rec.op !== undefined && l.rec.op !== null ? this.scene.byKey.get(this.visibleKey("o" + l.rec.op)) : null;
+    this.canvas.centerOn(op && op !== it ? [it.box, op.box] : [it.box]);
   }
 
   togglePath(key) {

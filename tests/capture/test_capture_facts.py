@@ -1,4 +1,4 @@
-"""The in-process facts the doctor judges (PITFALLS.md P1-P15), each on a small reproducer,
+"""The in-process facts the doctor judges (docs/pitfalls.md, P1-P15), each on a small reproducer,
 and their absence on a clean loop."""
 
 from __future__ import annotations

@@ -261,6 +261,10 @@ def test_html_routes_and_static(client: TestClient) -> None:
     assert client.get("/static/../server/store.py").status_code == 404
     assert client.get("/static/%2e%2e/%2e%2e/pyproject.toml").status_code == 404
     assert client.get("/sessions/..%2f..%2fetc").status_code in (404, 422)
+    # nothing served loads from a CDN: FastAPI's /docs page (swagger from jsdelivr) is off,
+    # its schema is there
+    assert client.get("/docs").status_code == 404 and client.get("/redoc").status_code == 404
+    assert "/api/sessions" in client.get("/openapi.json").json()["paths"]
 
 
 def test_multi_rank_session(client: TestClient) -> None:

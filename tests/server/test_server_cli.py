@@ -103,6 +103,13 @@ def test_open_on_a_port_another_program_holds_says_so(tmp_path: Path) -> None:
     assert res.returncode != 0 and f"port {port} is in use by another program" in line
 
 
+def test_version() -> None:
+    from torchscope.server.config import version
+
+    res = cli("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"torchscope {version()}"
+
+
 def test_port_in_use_names_the_port() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
