@@ -434,8 +434,11 @@ class NonFiniteOrigin:
 
 
 def _finite(grads: Any) -> bool:
+    """No NaN/Inf in ``grads``' plain dense tensors.  A subclass (a jagged nested tensor,
+    DTensor) or a sparse layout is not read: with the dispatch modes off, as these hooks run
+    them, a subclass's op does not reach its own dispatch (an NJT crashed the process)."""
     return all(
         bool(torch.isfinite(t).all())
         for t in grads
-        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+        if type(t) is torch.Tensor and t.layout == torch.strided and (t.is_floating_point() or t.is_complex())
     )

@@ -12,7 +12,7 @@ const ROW_W = 12 * (SIZE.leafW + SIZE.xGap); // a wider layer wraps into rows
 
 // Children ids: a leaf is its index (>= 0), a group g is -1 - g.  A group whose parent is -1
 // is laid out nowhere (an open container whose children the caller gave to its parent).
-export function prepare({ leafGroup, leafPos, groupParent, groupPos, edges, leafBackward, groupBackward }) {
+export function prepare({ leafGroup, leafPos, groupParent, groupPos, edges, links, leafBackward, groupBackward }) {
   const nG = groupParent.length;
   const children = Array.from({ length: nG }, () => []);
   for (let g = 1; g < nG; g++) if (groupParent[g] >= 0) children[groupParent[g]].push(-1 - g);
@@ -48,8 +48,25 @@ export function prepare({ leafGroup, leafPos, groupParent, groupPos, edges, leaf
     idx.forEach((k, j) => { sorted[2 * j] = le[2 * k]; sorted[2 * j + 1] = le[2 * k + 1]; });
     levelEdges[g] = sorted;
   }
-  return { nL, nG, children, levelEdges, groupParent,
+  return { nL, nG, children, levelEdges, groupParent, rootLinks: rootPairs(links || [], leafGroup, groupParent, local, nL),
            leafBackward: leafBackward || new Uint8Array(nL), groupBackward: groupBackward || new Uint8Array(nG) };
+}
+
+// The op -> grad_fn links lifted to the root's children they run between (a forward and a
+// backward group never share any other ancestor), as local index pairs.
+function rootPairs(links, leafGroup, groupParent, local, nL) {
+  const child = (v) => {
+    let x = leafGroup[v];
+    if (x === 0) return local[v];
+    while (groupParent[x] > 0) x = groupParent[x];
+    return groupParent[x] === 0 ? local[nL + x] : -1;
+  };
+  const res = [];
+  for (let e = 0; e < links.length; e += 2) {
+    const a = child(links[e]), b = child(links[e + 1]);
+    if (a >= 0 && b >= 0) res.push(a, b);
+  }
+  return res;
 }
 
 // A group's children can be ordered by data flowing outside the group only: a residual stack
@@ -171,21 +188,70 @@ function layered(ch, le, member, sizeOf, reverse) {
   const total = y;
   if (reverse) for (let r = 0; r < rowW.length; r++) ry[r] = total - ry[r] - rowH[r];
   const cursor = rowW.map((rw) => (maxW - rw) / 2); // centre each row
-  const rel = new Float64Array(2 * n);
+  const rel = new Float64Array(2 * n), top = new Float64Array(n); // top: of the child's row
   for (let k = 0; k < n; k++) {
     if (!member[k]) continue;
     const r = rowOf[k];
     rel[2 * k] = cursor[r];
     rel[2 * k + 1] = ry[r] + (rowH[r] - h[k]) / 2;
+    top[k] = ry[r];
     cursor[r] += w[k] + SIZE.xGap;
   }
-  return { rel, w: Math.max(maxW, 0), h: total };
+  return { rel, top, w: Math.max(maxW, 0), h: total };
+}
+
+// Side by side, a grad_fn should sit across from the forward op that created it, but each
+// column is laid out on its own and the backward one (in full mode with its kernels) grows
+// taller, so the two drifted apart: a forward block across from a later block's backward.
+// Each link pairs a row of the forward column with a row of the backward; the longest chain
+// of pairs in the same order in both columns is lined up, pushing the rows of whichever
+// column is behind down, from the paired row on.  Returns each column's pushes as sorted
+// [row top, total push from there down], or null when no link pairs two rows.
+function alignColumns(links, isF, F, B) {
+  const pairs = new Map();
+  for (let e = 0; e < links.length; e += 2) {
+    const a = links[e], b = links[e + 1];
+    if (isF[a] && !isF[b]) pairs.set(`${F.top[a]},${B.top[b]}`, [F.top[a], B.top[b]]);
+  }
+  // by forward row, and within one the lowest backward row first: a strictly increasing chain
+  // then takes one pair per row
+  const list = [...pairs.values()].sort((p, q) => p[0] - q[0] || q[1] - p[1]);
+  if (!list.length) return null;
+  const pushF = [], pushB = [];
+  let dF = 0, dB = 0;
+  for (const i of longestIncreasing(list.map((p) => p[1]))) {
+    const [f, b] = list[i], d = f + dF - (b + dB);
+    if (d < 0) { dF -= d; pushF.push([f, dF]); } else if (d > 0) { dB += d; pushB.push([b, dB]); }
+  }
+  return { pushF, pushB, dF, dB };
+}
+
+// How far a row whose top is at y was pushed down: the last push at or above it.
+function pushAt(pushes, y) {
+  let lo = 0, hi = pushes.length;
+  while (lo < hi) { const m = (lo + hi) >> 1; if (pushes[m][0] <= y) lo = m + 1; else hi = m; }
+  return lo ? pushes[lo - 1][1] : 0;
+}
+
+// Indices of a longest strictly increasing subsequence of xs (patience sorting, O(n log n)).
+function longestIncreasing(xs) {
+  const tails = [], prev = new Int32Array(xs.length).fill(-1);
+  xs.forEach((x, i) => {
+    let lo = 0, hi = tails.length;
+    while (lo < hi) { const m = (lo + hi) >> 1; if (xs[tails[m]] < x) lo = m + 1; else hi = m; }
+    if (lo > 0) prev[i] = tails[lo - 1];
+    tails[lo] = i;
+  });
+  const res = [];
+  for (let i = tails.length ? tails[tails.length - 1] : -1; i >= 0; i = prev[i]) res.push(i);
+  return res.reverse();
 }
 
 // Lay out the children of one expanded group given each child's size.  One DAG: every
 // child in one layered column.  Side by side: at the root, forward (and optimizer) on the
-// left flowing down, backward on the right flowing up, bottoms aligned, so a grad_fn sits
-// across from the forward op that created it; inside backward groups layers go up too.
+// left flowing down, backward on the right flowing up, rows lined up by the op -> grad_fn
+// links (bottoms aligned when there are none), so a grad_fn sits across from the forward op
+// that created it; inside backward groups layers go up too.
 function layoutGroup(prep, g, sizeOf, sideBySide) {
   const ch = prep.children[g];
   const le = prep.levelEdges[g];
@@ -200,12 +266,13 @@ function layoutGroup(prep, g, sizeOf, sideBySide) {
     isF[k] = 1 - isB[k];
   }
   const F = layered(ch, le, isF, sizeOf, false), B = layered(ch, le, isB, sizeOf, true);
-  const H = Math.max(F.h, B.h), gap = 4 * SIZE.xGap;
+  const al = alignColumns(prep.rootLinks, isF, F, B);
+  const hF = F.h + (al ? al.dF : 0), hB = B.h + (al ? al.dB : 0), H = Math.max(hF, hB), gap = 4 * SIZE.xGap;
   const rel = new Float64Array(2 * n);
   for (let k = 0; k < n; k++) {
     const src = isB[k] ? B : F;
     rel[2 * k] = src.rel[2 * k] + (isB[k] ? F.w + gap : 0);
-    rel[2 * k + 1] = src.rel[2 * k + 1] + H - src.h;
+    rel[2 * k + 1] = src.rel[2 * k + 1] + (al ? pushAt(isB[k] ? al.pushB : al.pushF, src.top[k]) : H - src.h);
   }
   return { rel, w: F.w + gap + B.w, h: H };
 }

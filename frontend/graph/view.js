@@ -141,6 +141,7 @@ export class GraphView {
       leafGroup: Int32Array.from(m.leaves, (l) => l.group), leafPos: Int32Array.from(m.leaves, (l) => l.pos),
       groupParent: this.layoutParents(new Set()), groupPos: Float64Array.from(m.groups, (g) => (Number.isFinite(g.pos) ? g.pos : -1)),
       edges: Int32Array.from(m.edges.flatMap((e) => [e[0], e[1]])),
+      links: Int32Array.from(m.edges.flatMap((e) => (e[2] === 2 ? [e[0], e[1]] : []))), // op -> its grad_fn
       leafBackward: Uint8Array.from(m.leaves, (l) => (l.phase === "backward" ? 1 : 0)),
       groupBackward: Uint8Array.from(m.groups, (g) => (g.phase === "backward" ? 1 : 0)),
     };
