@@ -19,14 +19,13 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from browser_page import chromium
-from conftest import ARTIFACTS, EXAMPLES, ServerProc, http_json
+from browser_page import chromium, open_session, shot
+from conftest import EXAMPLES, ServerProc, http_json
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
 HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "dashboard_train.py"
-SHOTS = ARTIFACTS / "screenshots"
 HOSTILE = "<img src=x onerror=alert(1)><script>alert(2)</script>"
 
 
@@ -93,9 +92,7 @@ def page(browser: Any) -> Iterator[Any]:
 
 
 def open_dash(page: Any, srv: ServerProc, sid: str, query: str = "") -> dict[str, Any]:
-    page.goto(f"{srv.url}/sessions/{sid}{query}")
-    page.wait_for_function("window.__torchscope && window.__torchscope.ready")
-    page.evaluate("window.__torchscope.ready")
+    open_session(page, srv.url, sid, query)
     return state(page)
 
 
@@ -106,12 +103,6 @@ def state(page: Any) -> dict[str, Any]:
 def wait_graph(page: Any) -> dict[str, Any]:
     page.wait_for_function("(() => { const g = window.__torchscope.state().graph; return g && g.nodes.length > 0; })()")
     return state(page)["graph"]
-
-
-def shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.wait_for_timeout(150)  # one animation frame for the canvas
-    page.screenshot(path=str(SHOTS / f"{name}.png"))
 
 
 # ----------------------------------------------------------------------------- sessions page

@@ -8,14 +8,12 @@ numbers checked against the server's /grads JSON.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import checked_page
+from browser_page import checked_page, train_side_by_side
 from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -36,17 +34,9 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
 @pytest.fixture(scope="module")
 def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Session ids of real runs of the same loop: one clipping, one not, one whose gradients are NaN."""
-    d = tmp_path_factory.mktemp("clip-runs")
     args = {"clipped": ["--clip", str(MAX_NORM)], "unclipped": [], "nan": ["--backward-nan"]}
-    procs = {name: subprocess.Popen([sys.executable, str(TRAIN), "--server", srv.url, "--record", str(d / f"{name}.tscope"),
-                                     "--steps", str(STEPS), "--name", name, *extra],
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for name, extra in args.items()}  # fmt: skip
-    for name, p in procs.items():
-        out, _ = p.communicate(timeout=240)
-        assert p.returncode == 0, f"{name}: {out[-3000:]}"
-    listed = {s["name"]: str(s["id"]) for s in srv.get("/api/sessions")}  # type: ignore[attr-defined]
-    return {name: listed[name] for name in args}
+    runs = {name: ["--steps", str(STEPS), "--name", name, *extra] for name, extra in args.items()}
+    return train_side_by_side(srv, TRAIN, tmp_path_factory.mktemp("clip-runs"), runs)
 
 
 def gradients_view(page: Any, srv: ServerProc, sid: str) -> dict[str, Any]:

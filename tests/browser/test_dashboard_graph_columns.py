@@ -16,21 +16,17 @@ recorded by a real training script.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import checked_page
-from conftest import ARTIFACTS, ServerProc
+from browser_page import checked_page, open_session, shot, train_side_by_side
+from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
 TRAIN = Path(__file__).resolve().parent / "dashboard_train.py"
-SHOTS = ARTIFACTS / "screenshots"
 RUNS = {"nan": ["--steps", "2", "--backward-nan"], "full": ["--steps", "1", "--mode", "full"]}
 
 
@@ -43,34 +39,15 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
 @pytest.fixture(scope="module")
 def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Session ids by name: a NaN born in the backward (P4, default mode) and a full-mode run."""
-    d = tmp_path_factory.mktemp("columns-runs")
-    running = {name: subprocess.Popen([sys.executable, str(TRAIN), "--server", srv.url, "--record", str(d / f"{name}.tscope"),
-                                       "--name", name, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-               for name, args in RUNS.items()}  # fmt: skip
-    for name, p in running.items():
-        out, _ = p.communicate(timeout=240)
-        assert p.returncode == 0, f"{name}: {out[-3000:]}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        listed = {s["name"]: s for s in srv.get("/api/sessions")}  # type: ignore[attr-defined]
-        # finished, and the NaN run's P4 found (the Doctor tab's finding)
-        if all(listed.get(n, {}).get("status") == "finished" for n in RUNS) and listed["nan"].get("errors"):
-            return {n: listed[n]["id"] for n in RUNS}
-        time.sleep(0.2)
-    raise AssertionError(f"runs not finished and analysed on the server: {srv.get('/api/sessions')}")
+    args = {name: ["--name", name, *extra] for name, extra in RUNS.items()}
+    # finished, and the NaN run's P4 found (the Doctor tab's finding)
+    return train_side_by_side(srv, TRAIN, tmp_path_factory.mktemp("columns-runs"), args,
+                              ready=lambda listed: bool(listed["nan"].get("errors")))
 
 
 def open_graph(page: Any, srv: ServerProc, sid: str, query: str = "") -> None:
-    page.goto(f"{srv.url}/sessions/{sid}?view=graph{query}")
-    page.wait_for_function("window.__torchscope && window.__torchscope.ready")
-    page.evaluate("window.__torchscope.ready")
+    open_session(page, srv.url, sid, f"?view=graph{query}")
     page.wait_for_function("(() => { const g = window.__torchscope.state().graph; return g && g.nodes.length > 0; })()")
-
-
-def shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.wait_for_timeout(150)  # one animation frame for the canvas
-    page.screenshot(path=str(SHOTS / f"{name}.png"))
 
 
 # Drawn boxes whose inside (4 px in from each side) an edge's stroke runs through: an edge

@@ -16,21 +16,17 @@ against a real `torchscope serve`, with runs recorded by a real training script.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import checked_page
-from conftest import ARTIFACTS, ServerProc
+from browser_page import checked_page, open_session, shot, train_side_by_side
+from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
 TRAIN = Path(__file__).resolve().parent / "dashboard_train_shapes.py"
-SHOTS = ARTIFACTS / "screenshots"
 LONG_STEPS = 600  # 2 px per step: 1200 px of cells, wider than the 1280 px window leaves them
 
 
@@ -48,39 +44,13 @@ RUNS = {"residual": ["--model", "residual", "--steps", "2"], "long": ["--model",
 @pytest.fixture(scope="module")
 def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Session ids of the runs, streamed to the server side by side."""
-    d = tmp_path_factory.mktemp("shapes-runs")
-    procs = {name: [str(TRAIN), "--server", srv.url, "--record", str(d / f"{name}.tscope"), *args]
-             for name, args in RUNS.items()}
-    running = {n: subprocess.Popen([sys.executable, *a], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-               for n, a in procs.items()}
-    for name, p in running.items():
-        out, _ = p.communicate(timeout=240)
-        assert p.returncode == 0, f"{name}: {out[-3000:]}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        listed = {s["name"]: s for s in srv.get("/api/sessions")}  # type: ignore[attr-defined]
-        if all(listed.get(n, {}).get("status") == "finished" for n in procs):
-            return {n: listed[n]["id"] for n in procs}
-        time.sleep(0.2)
-    raise AssertionError(f"runs not finished on the server: {srv.get('/api/sessions')}")
+    return train_side_by_side(srv, TRAIN, tmp_path_factory.mktemp("shapes-runs"), RUNS)
 
 
 @pytest.fixture
 def page(srv: ServerProc) -> Iterator[Any]:
     with checked_page() as pg:
         yield pg
-
-
-def open_view(page: Any, srv: ServerProc, sid: str, query: str = "") -> None:
-    page.goto(f"{srv.url}/sessions/{sid}{query}")
-    page.wait_for_function("window.__torchscope && window.__torchscope.ready")
-    page.evaluate("window.__torchscope.ready")
-
-
-def shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.wait_for_timeout(150)  # one animation frame for the canvas
-    page.screenshot(path=str(SHOTS / f"{name}.png"))
 
 
 # ----------------------------------------------------------------------------- gradients
@@ -111,7 +81,7 @@ ROW_STARTS = """([rows, cellH]) => {
 
 def test_heat_map_names_stay_in_view_when_scrolled_to_later_steps(page: Any, srv: ServerProc,
                                                                   runs: dict[str, str]) -> None:
-    open_view(page, srv, runs["long"], "?view=gradients")
+    open_session(page, srv.url, runs["long"], "?view=gradients")
     page.wait_for_function(f"(() => {{ const g = window.__torchscope.state().gradients; return g && g.steps >= {LONG_STEPS}; }})()")
     g = page.evaluate("window.__torchscope.state().gradients")
     modules, geom = g["modules"], g["geom"]
@@ -151,7 +121,7 @@ BOXES = """(prefix) => Object.fromEntries(window.__torchscope.app.views.graph.ob
 
 
 def test_residual_blocks_in_a_module_list_stack_top_to_bottom(page: Any, srv: ServerProc, runs: dict[str, str]) -> None:
-    open_view(page, srv, runs["residual"])
+    open_session(page, srv.url, runs["residual"])
     page.wait_for_function("(() => { const g = window.__torchscope.state().graph; return g && g.nodes.length > 0; })()")
     page.evaluate("window.__torchscope.expand('layers')")
     page.evaluate("window.__torchscope.expand('layers', 'backward')")
@@ -208,7 +178,7 @@ def wait_drawn(page: Any, key: str, drawn: bool = True) -> None:
 
 
 def test_expanding_a_module_opens_its_forward_and_its_backward(page: Any, srv: ServerProc, runs: dict[str, str]) -> None:
-    open_view(page, srv, runs["residual"])
+    open_session(page, srv.url, runs["residual"])
     wait_drawn(page, "g:backward:layers")
     page.evaluate("window.__torchscope.expand('layers')")  # the forward's box only, as a double-click on it
     keys = drawn_keys(page)
@@ -258,7 +228,7 @@ VIEW = """async () => {
 
 
 def test_fit_on_a_large_graph_keeps_labels_and_a_second_fit_shows_it_all(page: Any, srv: ServerProc, runs: dict[str, str]) -> None:
-    open_view(page, srv, runs["residual-full"])
+    open_session(page, srv.url, runs["residual-full"])
     wait_drawn(page, "g:backward:layers")
     page.evaluate("window.__torchscope.expandAll()")
     page.evaluate("window.__torchscope.app.views.graph.obj.canvas.zoomAt(300, 300, 2)")  # the user looked closer
@@ -285,7 +255,7 @@ def test_fit_on_a_large_graph_keeps_labels_and_a_second_fit_shows_it_all(page: A
 def test_a_findings_late_step_is_scrolled_into_view(page: Any, srv: ServerProc, runs: dict[str, str]) -> None:
     """A Doctor finding's link to a late step of a long run: its outlined column is in view."""
     late = LONG_STEPS - 10
-    open_view(page, srv, runs["long"], f"?view=gradients&step={late}")
+    open_session(page, srv.url, runs["long"], f"?view=gradients&step={late}")
     page.wait_for_function(f"(() => {{ const g = window.__torchscope.state().gradients; return g && g.steps >= {LONG_STEPS}; }})()")
     g = page.evaluate("window.__torchscope.state().gradients")
     assert g["focus"] == late

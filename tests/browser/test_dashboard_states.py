@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import checked_page
+from browser_page import checked_page, open_session
 from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -65,17 +65,11 @@ def session_id(srv: ServerProc, name: str, status: str | None = None, timeout: f
     raise AssertionError(f"no session {name!r} ({status}) on the server: {srv.get('/api/sessions')}")
 
 
-def open_session(page: Any, srv: ServerProc, sid: str, query: str = "") -> None:
-    page.goto(f"{srv.url}/sessions/{sid}{query}")
-    page.wait_for_function("window.__torchscope && window.__torchscope.ready")
-    page.evaluate("window.__torchscope.ready")
-
-
 def test_a_killed_run_turns_ended_on_its_open_page(page: Any, srv: ServerProc, tmp_path: Path) -> None:
     p = train(srv, tmp_path, "killed", "--steps", "0", "--hold", "120")
     try:
         sid = session_id(srv, "killed", "running")
-        open_session(page, srv, sid)
+        open_session(page, srv.url, sid)
         assert page.locator("#session-status").inner_text() == "running"
         assert "fills in live" in page.locator("#empty-note").inner_text()
         assert "appears when the first captured step ends" in page.evaluate("window.__torchscope.state().graph.status")
@@ -96,7 +90,7 @@ def test_a_killed_run_turns_ended_on_its_open_page(page: Any, srv: ServerProc, t
 
 def test_a_light_run_says_it_has_no_graph_and_expand_all_is_harmless(page: Any, srv: ServerProc, tmp_path: Path) -> None:
     finish(train(srv, tmp_path, "light-run", "--steps", "3", "--mode", "light"))
-    open_session(page, srv, session_id(srv, "light-run", "finished"))
+    open_session(page, srv.url, session_id(srv, "light-run", "finished"))
     g = page.evaluate("window.__torchscope.state().graph")
     assert g["captured"] == [] and 'mode="light"' in g["status"]
     assert page.locator("#empty-note").count() == 0  # it has steps: only the graph is empty
@@ -112,7 +106,7 @@ def test_a_step_without_a_graph_says_which_step_is_shown(page: Any, srv: ServerP
     sid = session_id(srv, "sampled", "finished")
     captured = [g["step"] for g in srv.get(f"/api/sessions/{sid}/graphs")]  # type: ignore[union-attr]
     assert 1 not in captured and 0 in captured
-    open_session(page, srv, sid, "?step=1")
+    open_session(page, srv.url, sid, "?step=1")
     page.wait_for_function("(() => { const g = window.__torchscope.state().graph; return g && g.nodes.length > 0; })()")
     g = page.evaluate("window.__torchscope.state().graph")
     assert g["step"] == 0
@@ -159,7 +153,7 @@ def test_the_node_that_made_a_backward_nan_says_so(page: Any, srv: ServerProc, t
     (p4,) = [f for f in srv.get(f"/api/sessions/{sid}/diagnostics") if f["code"] == "P4"]  # type: ignore[attr-defined]
     node = p4["targets"][0]["node"]
     assert "SqrtBackward0" in p4["message"]
-    open_session(page, srv, sid, f"?view=graph&step={p4['targets'][0]['step']}&node=n{node}")
+    open_session(page, srv.url, sid, f"?view=graph&step={p4['targets'][0]['step']}&node=n{node}")
     details = page.locator("[data-testid=details]")
     details.locator("h3").wait_for()
     assert details.locator("h3").inner_text() == "SqrtBackward0"
