@@ -1258,8 +1258,7 @@ class Watch:
             return  # get_total_norm called by the user: no clipping
         loc = f.f_locals
         params = loc.get("parameters")
-        watched = {id(p) for r in self._params if (p := r()) is not None}
-        if not isinstance(params, list) or not any(id(p) in watched for p in params):
+        if not isinstance(params, list) or not any(id(p) in self._param_names for p in params):
             return  # another model's clipping (a GAN's other network)
         self._s.clip = (total, float(loc.get("max_norm", math.nan)), float(loc.get("norm_type", 2.0)))
 
@@ -1353,11 +1352,10 @@ class Watch:
         ts = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs or ())
         outs = [grads] if isinstance(grads, torch.Tensor) else list(grads or ())
         of = {id(t): g for t, g in zip(ts, outs, strict=True)}
-        params = [r() for r in self._params]
+        params: list[torch.Tensor | None] = [r() for r in self._params]
         s = self._s
         self._note_inputs(s, ts)
-        got = [of.get(id(p)) if p is not None else None for p in params]
-        s.stats = GradRead(params, list(s.losses), True, defer=not self._nan_armed, grads=got)
+        s.stats = self._grad_stats(s, params, [of.get(id(p)) if p is not None else None for p in params])
 
     def _of_params(self, inputs: Any) -> bool:
         """Whether ``inputs`` (a tensor or several) hold any of the watched parameters."""
@@ -1797,7 +1795,9 @@ class Watch:
             # same reads cost several times more
             self._s.stats = self._safe("grads", self._grad_stats, self._s, [r() for r in self._params])
 
-    def _grad_stats(self, s: _StepState, params: list[torch.Tensor | None]) -> GradRead:
+    def _grad_stats(
+        self, s: _StepState, params: list[torch.Tensor | None], grads: list[torch.Tensor | None] | None = None
+    ) -> GradRead:
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
         extra = list(s.losses)
         if isinstance(scale, torch.Tensor):
@@ -1806,7 +1806,7 @@ class Watch:
             extra.append(s.clip[0])  # after the scale: see _finish
         full = self.mode == "full" or s.capture or self._step % GRAD_STATS_EVERY == 0 or self._nan_armed
         # read later on CUDA (no host sync), except right after a non-finite step: exact counts
-        return GradRead(params, extra, full, defer=not self._nan_armed)
+        return GradRead(params, extra, full, defer=not self._nan_armed, grads=grads)
 
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._safe("step", self._close_step, False)

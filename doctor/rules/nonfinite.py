@@ -219,13 +219,13 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     # op: after a non-finite step, e.g. one the GradScaler skipped) only reads a parameter.
     if before is not None and (_bad_lrs(before) or (reads is not None and op_step == steps[0])):
         return [_update_finding(run, steps, params, before, reads)]
+    ev0 = next((ev for step, ev in run.step_events() if step == steps[0]), {})
     carried = reads if op_step > steps[0] else None  # the parameter through which a later step's first NaN op got it
     names = [run.param_name(i) for i in sorted(params, key=lambda i: (params[i], i))]
     when = describe_steps(steps, run.last_step)
     if carried is not None:
         # The NaN reached the parameters through optimizer.step() at the first bad step: that
         # later op only reads them, it made nothing (a transpose of a NaN weight is NaN)
-        ev0 = next((ev for step, ev in run.step_events() if step == steps[0]), {})
         what = "in the loss" if loss_nonfinite(ev0) else (f"in the gradients of {', '.join(names[:3])}" if names else "")
         message = (f"NaN/Inf first appeared at step {steps[0]} {what}; optimizer.step() wrote it into the parameters, "
                    f"so from step {op_step} the first op reading {carried!r} ({g.op_label(first_op)}) already yields "
@@ -240,7 +240,6 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                      targets=at_params,
                      modules=sorted({run.param_module(i) for i in params}), params=names, src=src, view="gradients",
                      data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
-    ev0 = next((ev for step, ev in run.step_events() if step == steps[0]), {})
     fix = FIX
     if node:
         made = origin_text(first_op, node)
@@ -292,8 +291,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
 def _backward_made(ev: dict[str, Any]) -> bool:
     """A step whose losses were all recorded finite and whose gradients were not: its backward
     made the NaN/Inf."""
-    losses = [as_float(v) for v in as_list(ev.get("losses"))]
-    return bool(losses) and all(v is not None and math.isfinite(v) for v in losses) and bool(_bad_params(ev))
+    return bool(as_list(ev.get("losses"))) and _backward_losses_finite(ev) and bool(_bad_params(ev))
 
 
 def _made_in_backward(ev: dict[str, Any]) -> str:
