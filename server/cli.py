@@ -25,7 +25,10 @@ EPILOG = """examples:
   torchscope open run.tscope       import a session file and open it in the browser
   torchscope demo                  run a small CPU training with capture and watch it
   torchscope info run.tscope       one-screen summary of a session file
-  torchscope doctor run.tscope     list the pitfalls found in a session file"""
+  torchscope doctor run.tscope     list the pitfalls found in a session file
+
+exit status: 0 done, 1 a failure (a server that cannot be reached), 2 bad input (an
+unreadable session file, a bad option); `doctor` also exits 1 on an error-level finding"""
 
 
 class CliError(Exception):
@@ -164,16 +167,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- files
 def _check_file(path_text: str) -> Path:
-    """A readable session file, or a one-line CliError naming what is wrong with it."""
+    """A readable session file, or a one-line CliError naming what is wrong with it (exit 2:
+    bad input, as argparse's; `doctor` keeps 1 for an error-level finding, told apart in CI)."""
     from torchscope.sessionfile import SessionFileError, index, no_frames
 
     path = Path(path_text)
     try:
         _, frames = index(path)
     except SessionFileError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(str(exc), 2) from None
     if not frames:
-        raise CliError(no_frames(path))
+        raise CliError(no_frames(path), 2)
     return path
 
 
@@ -186,7 +190,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     try:
         info = summarize(path)
     except SessionFileError as exc:  # _check_file reads frame headers; a body can still be corrupt
-        raise CliError(str(exc)) from None
+        raise CliError(str(exc), 2) from None
     width = max(map(len, info)) + 2  # the longest label, its colon and a space
     for key, value in info.items():
         print(f"{key + ':':<{width}}{value}")
@@ -194,19 +198,22 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_open(args: argparse.Namespace) -> int:
-    from .client import ClientError, ensure_server, page_url, sessions, upload
+    from .client import ClientError, ensure_server, page_url, sessions, stop_server, upload
 
     path = _check_file(args.file)
     token = os.environ.get("TORCHSCOPE_TOKEN") or None
+    started = None
     try:
-        base = ensure_server(args.port, args.data)
+        base, started = ensure_server(args.port, args.data)
         # a server that wants a token says so now: refused mid-upload, the socket would only say
         # "broken pipe"
         sessions(base, token)
         with _storing_progress(base, token, path):
             res = upload(base, path, token)
     except ClientError as exc:
-        raise CliError(str(exc)) from None
+        if started is not None:
+            stop_server(started)
+        raise CliError(str(exc), exc.code) from None
     url = page_url(base + res["url"], token)
     print(url, flush=True)
     if not args.no_browser:
@@ -271,10 +278,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError("--steps must be at least 1", 2)
     token = os.environ.get("TORCHSCOPE_TOKEN") or None
     try:
-        base = ensure_server(args.port, args.data)
+        base, _ = ensure_server(args.port, args.data)
         known = {s["id"] for s in sessions(base, token)}  # and a server that wants a token says so now
     except ClientError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(str(exc), exc.code) from None
     proc = subprocess.Popen([sys.executable, "-m", "torchscope.demo_train", "--server", base,
                              "--steps", str(args.steps)])
     try:
@@ -313,11 +320,7 @@ def _demo_session(base: str, token: str | None, known: set[str], proc: subproces
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    try:
-        path = _check_file(args.file)
-    except CliError as exc:
-        exc.code = 2  # 1 is "an error-level finding": a broken file is bad input, told apart in CI
-        raise
+    path = _check_file(args.file)
     overrides: dict[str, str] = {}
     for item in args.set:
         key, sep, value = item.partition("=")

@@ -21,7 +21,11 @@ from torchscope.transport import NEEDS_TOKEN, WRONG_TOKEN
 
 
 class ClientError(RuntimeError):
-    """One line for the user."""
+    """One line for the user; ``code`` is the exit status (2: the input was bad)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def refused(base: str, token: str | None) -> ClientError:
@@ -61,12 +65,15 @@ def health(base: str, timeout: float = 1.0) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("ok") is True else None
 
 
-def ensure_server(port: int, data: str | None = None, timeout: float = 30.0) -> str:
+def ensure_server(
+    port: int, data: str | None = None, timeout: float = 30.0
+) -> tuple[str, subprocess.Popen[bytes] | None]:
     """The URL of a torchscope server on 127.0.0.1:port, started in its own process session
-    (so it outlives this command and the user can keep browsing) when none answers."""
+    (so it outlives this command and the user can keep browsing) when none answers, and that
+    process when this call started it (None: a server was already running)."""
     base = f"http://127.0.0.1:{port}"
     if health(base):
-        return base
+        return base, None
     if _listening(port):
         raise ClientError(f"port {port} is in use by another program (not a torchscope server); choose another with --port")
     cmd = [sys.executable, "-m", "torchscope.server.cli", "serve", "--port", str(port), "--quiet"]
@@ -79,12 +86,23 @@ def ensure_server(port: int, data: str | None = None, timeout: float = 30.0) -> 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if health(base):
-            return base
+            return base, proc
         if proc.poll() is not None:
             raise ClientError(f"could not start a server on port {port} (see {log_dir / 'server.log'}); "
                               "choose another with --port")
         time.sleep(0.1)
+    stop_server(proc)
     raise ClientError(f"the server on port {port} did not answer within {timeout:.0f}s")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """End a server this command started for nothing (its import failed): no server is left
+    behind on the port, holding a store the user never saw."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def _listening(port: int) -> bool:
@@ -141,6 +159,9 @@ def upload(base: str, path: Path, token: str | None = None) -> dict[str, Any]:
             detail = json.loads(exc.read()).get("detail", exc.reason)
         except ValueError:
             detail = exc.reason
-        raise ClientError(f"the server refused {path.name}: {detail}") from None
+        # 4xx: the file (a body the server could not read), in the server's words when they name it
+        if exc.code < 500 and path.name in str(detail):
+            raise ClientError(str(detail), 2) from None
+        raise ClientError(f"the server refused {path}: {detail}", 2 if exc.code < 500 else 1) from None
     except OSError as exc:
         raise ClientError(f"could not reach the server at {base} ({exc})") from None

@@ -67,8 +67,21 @@ def test_bad_files_one_line_nonzero(bad_files: dict[str, Path], command: str, ki
     res = cli(command, str(bad_files[kind]), *extra)
     line = one_line_error(res)
     assert NEEDLES[kind] in line
-    if command == "doctor":  # as its --help says: 1 is an error-level finding, 2 bad input
-        assert res.returncode == 2
+    assert res.returncode == 2  # as --help says: bad input (doctor's 1 is an error-level finding)
+
+
+def test_open_of_a_file_the_server_refuses_starts_no_server(bad_files: dict[str, Path], tmp_path: Path) -> None:
+    """A body the frame headers do not show damaged is refused by the server `open` started:
+    that server used to stay behind on the port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = cli("open", str(bad_files["corrupt"]), "--port", str(port), "--no-browser", "--data", str(tmp_path / "d"))
+    line = one_line_error(res)
+    assert res.returncode == 2 and line == "torchscope: corrupt.tscope is corrupt at byte 16: frame checksum mismatch"
+    assert (tmp_path / "d" / "torchscope.db").exists()  # a server was started and stored ...
+    with socket.socket() as s:  # ... and is gone
+        assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
 def test_info_summarizes(tmp_path: Path) -> None:
