@@ -27,7 +27,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ._ops import OpRecorder, autocast_on
-from ._srcloc import _is_internal
+from ._srcloc import _is_internal, unlink_own_frames
 
 if TYPE_CHECKING:
     from ._watch import Watch
@@ -101,10 +101,16 @@ class Interposer(TorchFunctionMode):
             return func(*args, **kwargs)
         if _compiling():
             return func(*args, **kwargs)
-        if kind == "tensor" or kind == "autograd":
-            return self.watch._run_backward(func, kind, args, kwargs)
-        if kind == "grad":
-            return self.watch._run_grad(func, args, kwargs)
+        if kind == "tensor" or kind == "autograd" or kind == "grad":
+            try:
+                # a user's traceback shows these lines, so their comments speak to the user
+                if kind == "grad":
+                    return self.watch._run_grad(func, args, kwargs)  # torchscope runs your call unchanged
+                return self.watch._run_backward(func, kind, args, kwargs)  # torchscope runs your call unchanged
+            except BaseException:
+                # not bound to a name: this frame would hold its own traceback (a cycle)
+                unlink_own_frames(sys.exc_info()[2])
+                raise
         if kind == "scale":
             self.watch._safe("grads", self.watch._on_scale_update)
             return func(*args, **kwargs)

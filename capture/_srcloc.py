@@ -99,13 +99,17 @@ def _caller(f: types.FrameType) -> Callable[..., Any]:
     return call
 
 
-def _unlink_mirrors(tb: types.TracebackType | None) -> None:
-    """Drop the mirroring frames after ``tb`` (call_as_user's own entry) from a traceback: they
-    would show the user's lines a second time, between the watch's frames and torch's."""
+def unlink_own_frames(tb: types.TracebackType | None) -> None:
+    """Drop the watch's frames after ``tb`` (the interposer's entry) from a traceback: its
+    backward wrapper, and call_as_user's mirrors, which would show the user's lines a second
+    time.  An error of the user's backward then reads as it does unwatched, with one line of
+    torchscope's (the re-raise) between torch's frames."""
     if tb is None:
         return
     after = tb.tb_next
-    while after is not None and after.tb_frame.f_code in _mirrors:
+    while after is not None and (
+        after.tb_frame.f_code in _mirrors or os.path.abspath(after.tb_frame.f_code.co_filename).startswith(_SKIP_DIRS[1])
+    ):
         after = after.tb_next
     tb.tb_next = after
 
@@ -124,11 +128,6 @@ def call_as_user(func: Callable[..., Any], args: Any, kwargs: dict[str, Any]) ->
         inner = outer = None
     if inner is None:
         return func(*args, **kwargs)
-    try:
-        if outer is None:
-            return inner(func, args, kwargs)
-        return outer(inner, (func, args, kwargs), {})
-    except BaseException:
-        # not bound to a name: this frame would hold its own traceback (a cycle)
-        _unlink_mirrors(sys.exc_info()[2])
-        raise
+    if outer is None:
+        return inner(func, args, kwargs)
+    return outer(inner, (func, args, kwargs), {})

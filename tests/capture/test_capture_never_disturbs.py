@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import inspect
+import os
 import traceback
 import warnings
 import weakref
@@ -114,6 +115,11 @@ def test_user_backward_error_is_reraised_unchanged_and_recorded(tmp_path: Path) 
     # the user's line appears once, as unwatched
     frames = traceback.extract_tb(raised.value.__traceback__)
     assert [f.line for f in frames if f.filename == __file__] == ["loss.backward()"]
+    # and one frame of torchscope's (the torch-function mode's, which torch calls): its line
+    # says what it does, the watch's backward wrapper is not shown
+    ours = [f for f in frames if f.filename.startswith(os.path.dirname(torchscope.__file__) + os.sep)]
+    assert len(ours) == 1 and ours[0].line is not None and ours[0].line.endswith("# torchscope runs your call unchanged")
+    assert frames[-1].name == "_engine_run_backward"  # torch's frames down to the engine, as unwatched
     step = next(e for e in iter_events(path) if e["kind"] == "step")
     assert step["micro_batches"] == 2
     assert any("second time" in m for m in step["backward_errors"])
