@@ -133,6 +133,36 @@ class Interposer(TorchFunctionMode):
         return out
 
 
+def insert_mode(mode: TorchFunctionMode) -> None:
+    """Put ``mode`` at the bottom of this thread's function-mode stack (above the default
+    device's mode, which ``torch.set_default_device`` keeps at the bottom itself).  A mode a
+    loop enters and leaves around its forward or backward (``with torch.device(...)``, a user's
+    TorchFunctionMode) pops the top of the stack on exit: pushed on top while one of them is
+    open, ours would be popped in its place and theirs left on for the rest of the process."""
+    n = torch._C._len_torch_function_stack()
+    default = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
+    keep = 1 if n and default is not None and torch._C._get_function_stack_at(0) is default else 0
+    above = [torch._C._pop_torch_function_stack() for _ in range(n - keep)]
+    torch._C._push_on_torch_function_stack(mode)
+    for m in reversed(above):
+        torch._C._push_on_torch_function_stack(m)
+
+
+def remove_mode(mode: TorchFunctionMode) -> bool:
+    """Take ``mode`` off this thread's stack wherever it sits, the modes above it left in
+    their order; False when it is not there (torch pops a mode while its own handler runs,
+    and pushes it back after)."""
+    n = torch._C._len_torch_function_stack()
+    at = [i for i in range(n) if torch._C._get_function_stack_at(i) is mode]
+    if not at:
+        return False
+    above = [torch._C._pop_torch_function_stack() for _ in range(n - 1 - at[-1])]
+    torch._C._pop_torch_function_stack()
+    for m in reversed(above):
+        torch._C._push_on_torch_function_stack(m)
+    return True
+
+
 def _from_user() -> bool:
     """True when the call came straight from user code, not from inside torch (optimizers,
     functional helpers and ``Module.to`` call ``.to()``/``.item()`` themselves)."""

@@ -40,9 +40,9 @@ from . import _compile, _cuda, _native, _sigterm
 from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin
 from ._grads import GradRead, count_nonzero, nonzero_grads
 from ._hooks import retained_bytes
-from ._interpose import Interposer
+from ._interpose import Interposer, insert_mode, remove_mode
 from ._memory import StorageSizes, grad_storages, optimizer_tensors, storage_parts, storages
-from ._modhook import ModuleHook
+from ._modhook import ModuleHook, hook_module
 from ._native import NativeRecorder
 from ._ops import OpRecorder, StorageIds, autocast_on
 from ._overlap import Region, itemsize, region
@@ -499,10 +499,7 @@ class Watch:
                 file=sys.stderr,
             )
         else:
-            self._handles += [
-                model.register_forward_pre_hook(ModuleHook(self._fwd_pre), with_kwargs=True),
-                model.register_forward_hook(ModuleHook(self._fwd_post), always_call=True),
-            ]
+            self._handles += hook_module(model, self._fwd_pre, self._fwd_post, with_kwargs=True)
         # Every torch optimizer's step passes through torch.optim's global step hooks: the
         # watched optimizer's steps end steps; with watch(model) alone, the first optimizer that
         # steps the model's parameters becomes the watched one, and one that replaces it mid-run
@@ -696,32 +693,22 @@ class Watch:
     # then cost nothing.  Captured steps keep it on through the forward too (graph breaks).
     def _mode_on(self) -> None:
         if not self._tls.pushed and self._active:
-            self._interposer.__enter__()
+            insert_mode(self._interposer)  # below the loop's own modes: see insert_mode
             self._tls.pushed = True
 
     def _mode_off(self) -> None:
-        if not self._tls.pushed:
-            return
-        stack_len = torch._C._len_torch_function_stack()
-        if stack_len and torch._C._get_function_stack_at(stack_len - 1) is self._interposer:
-            self._interposer.__exit__(None, None, None)
+        # not on the stack: torch took it off while its handler runs (a hook of the user's
+        # backward stepping an optimizer) and puts it back after; it comes off next time
+        if self._tls.pushed and remove_mode(self._interposer):
             self._tls.pushed = False
-        # otherwise a user mode (or another watch's) sits above ours: ours stays where it is
 
     def _mode_remove(self) -> None:
         """At close: our mode off this thread's stack wherever it sits.  Left below another
         watch's or a user's mode, it would see every torch call of the process from then on
         and keep this watch alive (two watches closed in the order they were opened: a GAN's)."""
-        if not self._tls.pushed:
-            return
-        n = torch._C._len_torch_function_stack()
-        at = [i for i in range(n) if torch._C._get_function_stack_at(i) is self._interposer]
-        if at:
-            above = [torch._C._pop_torch_function_stack() for _ in range(n - 1 - at[0])]
-            torch._C._pop_torch_function_stack()
-            for mode in reversed(above):
-                torch._C._push_on_torch_function_stack(mode)
-        self._tls.pushed = False
+        if self._tls.pushed:
+            remove_mode(self._interposer)
+            self._tls.pushed = False
 
     # ------------------------------------------------------------------ session
     def _emit_session(self, model: nn.Module) -> None:
@@ -855,10 +842,7 @@ class Watch:
         self._remove_module_hooks()  # re-registered without the entries at the next recorded step
         for name, m in children:
             self._entries[id(m)] = name
-            self._handles += [
-                m.register_forward_pre_hook(ModuleHook(self._entry_pre), with_kwargs=True, prepend=True),
-                m.register_forward_hook(ModuleHook(self._entry_post), always_call=True),
-            ]
+            self._handles += hook_module(m, self._entry_pre, self._entry_post, with_kwargs=True, prepend=True)
         self._mode_always = False  # forwards are seen from now on (set again if still not)
         self._capture_next = True  # default mode: the next step's graph has the forward ops this one lacked
         return True
@@ -1034,9 +1018,7 @@ class Watch:
                     m = ref()
                     if m is None or m is root or id(m) in self._entries:
                         continue  # an entry's own hooks give its module context
-                    pre = ModuleHook(self._mod_pre(path, _torch_module(m)))
-                    self._module_hooks.append(m.register_forward_pre_hook(pre))
-                    self._module_hooks.append(m.register_forward_hook(ModuleHook(self._mod_post), always_call=True))
+                    self._module_hooks += hook_module(m, self._mod_pre(path, _torch_module(m)), self._mod_post)
         self._pause_gc()
         s.recorder.micro = len(s.forwards) - 1
         s.module_stack.append(("", s.module_calls.get("", 0), ""))

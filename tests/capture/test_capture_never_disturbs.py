@@ -17,6 +17,7 @@ import pytest
 import torch
 from capture_models import make, train
 from torch import nn
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 import torchscope
 from torchscope.sessionfile import iter_events
@@ -318,3 +319,57 @@ def test_a_learned_scale_draws_no_warning_from_the_capture(mode: str, tmp_path: 
             opt.step()
     graph = next(e for e in iter_events(tmp_path / "w.tscope") if e["kind"] == "graph")
     assert any(n.get("scalar") == 1.0 for n in graph["nodes"] if n["name"] == "MulBackward0")  # exp(0), read
+
+
+class _UserMode(TorchFunctionMode):
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+def _stack() -> list[str]:
+    return [type(m).__name__ for m in _get_current_function_mode_stack()]
+
+
+def _modes_loop(mode: str | None, ctx: str, path: Path) -> tuple[list[float], list[list[str]]]:
+    """Ten steps whose forward and backward run inside a mode the loop enters and leaves itself,
+    with the default device set before the loop and changed mid-run: the losses, and the user's
+    modes on the stack after each step (torchscope's left out: its own is on by design)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    watch = torchscope.watch(model, opt, server=None, record=path, mode=mode) if mode else contextlib.nullcontext()
+    losses, stacks = [], []
+    torch.set_default_device("cpu")
+    try:
+        with watch:
+            for i in range(10):
+                if i == 6:
+                    torch.set_default_device(None)
+                x, y = torch.randn(8, 8), torch.randint(0, 3, (8,))
+                opt.zero_grad()
+                with torch.device("cpu") if ctx == "device" else _UserMode():
+                    loss = nn.functional.cross_entropy(model(x), y)
+                    loss.backward()
+                opt.step()
+                losses.append(loss.item())
+                stacks.append([m for m in _stack() if m != "Interposer"])
+        stacks.append(_stack())  # after close
+    finally:
+        torch.set_default_device(None)
+    return losses, stacks
+
+
+@pytest.mark.parametrize("ctx", ["user", "device"])
+@pytest.mark.parametrize("mode", ["default", "light", "full"])
+def test_a_mode_the_loop_enters_is_left_as_the_loop_left_it(mode: str, ctx: str, tmp_path: Path) -> None:
+    """``with torch.device(...)`` or a user's TorchFunctionMode around the forward and backward
+    pops the top of the stack on exit: torchscope's mode, pushed on top inside the block, was
+    popped in its place, and theirs stayed on for the rest of the process (with
+    ``torch.device("cuda")``: every later tensor on the GPU); from then on no backward was seen."""
+    plain, plain_stacks = _modes_loop(None, ctx, tmp_path / "plain.tscope")
+    losses, stacks = _modes_loop(mode, ctx, tmp_path / "w.tscope")
+    assert losses == plain and stacks == plain_stacks
+    assert stacks == [["DeviceContext"]] * 6 + [[]] * 4 + [[]]
+    steps = [e for e in iter_events(tmp_path / "w.tscope") if e["kind"] == "step"]
+    assert [s["micro_batches"] for s in steps] == [1] * 10  # every backward seen
+    assert [s["loss"] for s in steps] == pytest.approx(plain)
