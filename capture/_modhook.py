@@ -6,14 +6,22 @@ method of the watch would drag the watch along -- its writer thread and open fil
 ``TypeError`` in the user's loop.  Each hook is therefore wrapped in ``ModuleHook``, whose copy
 and pickle are an inert callable instead: ``(0).__init__`` takes any arguments and returns
 None, and pickles as ``getattr(0, "__init__")``, so a model saved while watched loads where
-torchscope is not installed, and a copy of a watched model is not watched.
+torchscope is not installed, and a copy of a watched model is not watched.  A deep copy then
+drops those stand-ins from its hook dicts once it is done (``_Dropper``): TorchScript and
+``torch.compile(fullgraph=True)`` cannot compile one, and an EMA model made with
+``AveragedModel(model)`` while watched was scripted or compiled after training.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
+
+from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 INERT: Callable[..., None] = (0).__init__  # type: ignore[misc]  # an int's object.__init__ ignores arguments
 
@@ -22,7 +30,26 @@ class ModuleHook(functools.partial):  # type: ignore[type-arg]
     """``ModuleHook(fn)`` calls ``fn`` (a ``partial`` without arguments: the call stays in C,
     ~60 ns, where a Python ``__call__`` adds ~250 ns to every hook call)."""
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Callable[..., None]:
+    # where it is registered (hook_module): its module, its id in the module's hook dicts,
+    # and whether it is a pre-hook
+    _where: tuple[weakref.ref[nn.Module], int, bool]
+
+    def __deepcopy__(self, memo: dict[Any, Any]) -> Callable[..., None]:
+        where = getattr(self, "_where", None)
+        module = where[0]() if where is not None else None
+        if where is not None and module is not None:
+            _, key, pre = where
+            dicts = (
+                (module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs)
+                if pre
+                else (module._forward_hooks, module._forward_hooks_with_kwargs, module._forward_hooks_always_called)
+            )
+            # copied as an item of its module's hook dict (copy.deepcopy memoizes a dict's copy
+            # before its items): the copies of that dict and of its flags, made now (they are
+            # the module copy's, from the memo), lose this key once the whole copy is done
+            if id(dicts[0]) in memo:
+                dropper = memo.setdefault(_Dropper.KEY, _Dropper())
+                dropper.entries += [(copy.deepcopy(d, memo), key) for d in dicts]
         return INERT
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -36,3 +63,38 @@ class ModuleHook(functools.partial):  # type: ignore[type-arg]
             "this module is watched by torchscope: close the watch (watch.close(), or leave "
             "its with-block) before torch.jit.script(model), which compiles a module's hooks"
         )
+
+
+class _Dropper:
+    """Kept in a deep copy's memo: when the copy is done and its memo freed (on return from
+    ``copy.deepcopy``), it takes the inert stand-ins out of the copied hook dicts, so the copy
+    of a watched model has no hook of torchscope's at all."""
+
+    KEY = "torchscope.modhook"  # a memo's other keys are ints (object ids)
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[dict[int, Any], int]] = []
+
+    def __del__(self) -> None:
+        for hooks, key in self.entries:
+            hooks.pop(key, None)
+
+
+def hook_module(
+    module: nn.Module,
+    pre: Callable[..., Any],
+    post: Callable[..., Any],
+    *,
+    with_kwargs: bool = False,
+    prepend: bool = False,
+) -> list[RemovableHandle]:
+    """``pre`` as a forward pre-hook and ``post`` as a forward hook (always called, an
+    exception's too) of ``module``, each wrapped in a ModuleHook that knows where it sits."""
+    first, second = ModuleHook(pre), ModuleHook(post)
+    handles = [
+        module.register_forward_pre_hook(first, with_kwargs=with_kwargs, prepend=prepend),
+        module.register_forward_hook(second, always_call=True),
+    ]
+    first._where = (weakref.ref(module), handles[0].id, True)
+    second._where = (weakref.ref(module), handles[1].id, False)
+    return handles

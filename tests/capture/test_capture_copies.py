@@ -88,6 +88,45 @@ def test_copies_made_mid_step_are_not_watched(mode: str, how: str, tmp_path: Pat
         assert sum(o["name"] == "aten::addmm" for o in fwd) == 4  # the copy's, outside the model
 
 
+def _hook_dicts(model: nn.Module) -> dict[str, list[dict[int, object]]]:
+    return {n: [dict(getattr(m, n)) for m in model.modules()] for n in (
+        "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+        "_forward_hooks_with_kwargs", "_forward_hooks_always_called")}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_copy_made_while_watched_has_no_hook_of_ours(mode: str, tmp_path: Path) -> None:
+    """``AveragedModel(model)`` (an EMA), made while watched, deep-copies the model: the copy
+    kept an inert stand-in for each of torchscope's hooks for good, on which
+    ``torch.jit.script`` and ``torch.compile(fullgraph=True)`` of the EMA model failed."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    model = _model()
+    mark = model[0].register_forward_hook(lambda m, i, o: None)  # the user's: copied with it
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with torchscope.watch(model, opt, server=None, record=tmp_path / "e.tscope", mode=mode):
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            mid = copy.deepcopy(model)  # mid-step: a captured step's module hooks are on
+            opt.step()
+            ema.update_parameters(model)
+        assert _hook_dicts(model)["_forward_pre_hooks"][0]  # the watched model's are on
+    mark.remove()
+    for clone in (ema.module, mid):
+        hooks = _hook_dicts(clone)
+        users = hooks["_forward_hooks"][1]
+        assert len(users) == 1  # the user's hook on its Linear ...
+        users.clear()
+        clone[0]._forward_hooks.clear()  # ... which TorchScript could not compile either
+        assert all(d == {} for ds in hooks.values() for d in ds)
+    torch.jit.script(ema.module)
+    x = torch.randn(2, 8)
+    ema.module.eval()  # no dropout: the two calls below compare equal
+    assert torch.equal(torch.compile(ema.module, fullgraph=True, backend="eager")(x), ema.module(x))
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_model_saved_while_watched_loads_without_torchscope(mode: str, tmp_path: Path) -> None:
     model = _model().eval()
