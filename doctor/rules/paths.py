@@ -213,33 +213,63 @@ _SELECTORS = frozenset(f"aten::{n}" for n in (
 ))  # fmt: skip
 
 
-def _floating_tensors(graph: dict[str, Any]) -> dict[int, bool]:
-    """Tensor id -> whether its dtype is a floating (or complex) one, from the graph's table."""
-    out: dict[int, bool] = {}
+def _tensor_facts(graph: dict[str, Any]) -> tuple[dict[int, bool], dict[int, bool]]:
+    """Tensor id -> whether its dtype is a floating (or complex) one, and -> whether it requires
+    grad, from the graph's table."""
+    floating: dict[int, bool] = {}
+    grads: dict[int, bool] = {}
     for t in as_list(graph.get("tensors")):
-        if isinstance(t, dict) and isinstance(t.get("dtype"), str):
-            out[as_int(t.get("id"), -1)] = t["dtype"].startswith(("float", "bfloat", "complex"))
-    return out
+        if isinstance(t, dict):
+            tid = as_int(t.get("id"), -1)
+            if isinstance(t.get("dtype"), str):
+                floating[tid] = t["dtype"].startswith(("float", "bfloat", "complex"))
+            if isinstance(t.get("requires_grad"), bool):
+                grads[tid] = t["requires_grad"]
+    return floating, grads
+
+
+# Ops that take one operand as a factor of the other: a constant there weighs what carries the
+# gradient (REINFORCE's ``log_prob(a) * reward``, a per-token weight, a mask's count)
+_FACTORS = frozenset(("aten::mul", "aten::div"))
 
 
 def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: set[int],
-                    floating: dict[int, bool]) -> bool:
-    """Whether the integer/boolean result of ``start`` reaches the loss as a value: some op on
-    the loss path turns it (or what was computed from it without leaving integers) into
-    floating point outside a selector -- ``(logit > 0).float()``, ``argmax(...) + x``.  A
-    tensor of unknown dtype counts as floating (a file without a tensor table)."""
+                    facts: tuple[dict[int, bool], dict[int, bool]]) -> bool:
+    """Whether the result of ``start`` reaches the loss as a value the loss should learn through.
+
+    A step function's (``round``, ``sign``: floating, with a grad_fn of zero) does once an op
+    outside a selector turns it, or what was computed from it, into floating point.  A
+    non-differentiable op's result (an argmax, a comparison, a sample) is a constant: it does
+    when an op combines it, or a constant computed from it, with something that carries a
+    gradient other than as a factor or a selector -- ``ce + (pred.argmax(-1) != y).float().mean()``,
+    ``mse_loss((h > 0).float(), y) + ...``, ``argmax(...) + x``.  As a factor (REINFORCE's
+    ``-(dist.log_prob(a) * reward)`` with ``reward = (a == 1).float()``, a mask) or a selector
+    (an index, routing, class targets) it weighs or picks what carries the gradient, by design.
+    A tensor of unknown dtype counts as floating, one of unknown grad as carrying one (a file
+    without a tensor table)."""
+    floating, grads = facts
     derived = {as_int(t, -1) for t in as_list(start.get("outputs"))}
     first = as_int(start.get("id"), -1)
+    step_function = str(start.get("name", "")).rstrip("_") in _STEP_FUNCTIONS
     for op in path:
         oid = as_int(op.get("id"), -1)
-        if oid <= first or oid not in on_path or not derived & {as_int(t, -1) for t in as_list(op.get("inputs"))}:
+        ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+        if oid <= first or oid not in on_path or not derived.intersection(ins):
             continue
-        if str(op.get("name", "")).rstrip("_") in _SELECTORS:
-            continue
+        name = str(op.get("name", "")).rstrip("_")
         outs = [as_int(t, -1) for t in as_list(op.get("outputs"))]
-        if any(floating.get(t, True) for t in outs):
+        if step_function:
+            if name in _SELECTORS:
+                continue
+            if any(floating.get(t, True) for t in outs):
+                return True
+            derived.update(outs)
+            continue
+        carries = any(grads.get(t, True) for t in ins if t not in derived)
+        if not carries:
+            derived.update(outs)  # computed from constants alone: a constant too
+        elif name not in _SELECTORS and name not in _FACTORS:
             return True
-        derived.update(outs)
     return False
 
 
@@ -262,9 +292,9 @@ def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
             continue
         path = g.upstream(fwd, loss, passes=g.passes_gradient)  # an op no gradient reaches cannot stop one
         on_path = {as_int(op.get("id"), -1) for op in path}
-        floating = _floating_tensors(graph)
+        facts = _tensor_facts(graph)
         for op in path:
-            if op.get("grad_mode") is not False and _stops_gradient(op) and _feeds_as_value(path, op, on_path, floating):
+            if op.get("grad_mode") is not False and _stops_gradient(op) and _feeds_as_value(path, op, on_path, facts):
                 key = (str(op.get("name", "")), str(op.get("module", "")), str(op.get("src", "")))
                 steps, first, fstep = hits.get(key, ([], op, step))
                 hits[key] = ([*steps, step], first, fstep)

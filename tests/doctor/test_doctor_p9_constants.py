@@ -1,0 +1,84 @@
+"""P9 on real captures: a constant computed from a non-differentiable op (a sample, an argmax,
+a comparison) that weighs what carries the gradient is by design -- REINFORCE's
+``-(dist.log_prob(a) * reward)``, a padding mask -- and was reported as an error (exit 1)
+whenever it went through ``.float()``; one added to the loss trains nothing and is reported."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import distributions, nn
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _findings(tmp_path: Path, loss_of: Loss, mode: str) -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode, sample_every=2):
+        for _ in range(4):
+            x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+            opt.zero_grad()
+            loss_of(model(x), y).backward()
+            opt.step()
+    return [dict(f) for f in diagnose(iter_events(path))]
+
+
+def _reinforce(reward_of: Callable[[torch.Tensor], torch.Tensor]) -> Loss:
+    def loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        dist = distributions.Categorical(logits=logits)
+        a = dist.sample()
+        return -(dist.log_prob(a) * reward_of(a)).mean()
+
+    return loss
+
+
+def _masked(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    mask = (y != 0).float()  # padding tokens weigh nothing
+    per_token = nn.functional.cross_entropy(logits, y, reduction="none")
+    return (per_token * mask).sum() / mask.sum()
+
+
+CORRECT: dict[str, Loss] = {
+    "reward_eq": _reinforce(lambda a: (a == 1).float()),
+    "reward_float": _reinforce(lambda a: a.float()),
+    "advantage": _reinforce(lambda a: (r := (a == 1).float()) - r.mean()),  # a baseline subtracted
+    "masked_tokens": _masked,
+}
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+@pytest.mark.parametrize("name", sorted(CORRECT))
+def test_a_constant_that_weighs_the_loss_is_no_p9(name: str, mode: str, tmp_path: Path) -> None:
+    found = _findings(tmp_path, CORRECT[name], mode)
+    assert [f for f in found if f["code"] == "P9"] == []
+    assert [f["code"] for f in found if f["severity"] == "error"] == []
+
+
+BUGS: dict[str, tuple[Loss, str]] = {
+    # an accuracy "regularizer": a constant added to the loss
+    "accuracy_term": (lambda out, y: nn.functional.cross_entropy(out, y)
+                      + 0.5 * (out.argmax(-1) != y).float().mean(), "aten::argmax"),  # fmt: skip
+    # a thresholded prediction regressed: the mse term has no gradient at all
+    "threshold": (lambda out, y: nn.functional.cross_entropy(out, y)
+                  + nn.functional.mse_loss((out[:, 0] > 0).float(), (y == 0).float()), "aten::gt"),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+@pytest.mark.parametrize("name", sorted(BUGS))
+def test_a_constant_added_to_the_loss_is_p9(name: str, mode: str, tmp_path: Path) -> None:
+    loss_of, op = BUGS[name]
+    p9 = [f for f in _findings(tmp_path, loss_of, mode) if f["code"] == "P9"]
+    assert len(p9) == 1 and p9[0]["severity"] == "error" and p9[0]["data"]["op"] == op
+    assert p9[0]["src"].startswith(Path(__file__).name + ":")
