@@ -26,11 +26,12 @@ def _growing(values: list[tuple[int, int]], min_delta: int, need: int) -> list[i
 
 
 def _keeps_growing(counts: list[int]) -> bool:
-    """Old graphs pile up: the most alive in the run's last third (its final boundary left out:
-    a trailing backward closed at the end) exceeds the most in its first.  A loop variable
-    holding the latest loss until the next iteration rebinds it keeps one graph alive, of a
-    steady size -- a WGAN-GP's generator loss: 0, 20, 0, 20... nodes -- which is no leak."""
-    body = counts[:-1] if len(counts) > 2 else counts
+    """Old graphs pile up: the most alive in the run's last third exceeds the most in its first,
+    its first boundary left out (no earlier step has a graph to keep yet) and its final one (a
+    trailing backward closed at the end).  A loop variable holding the latest loss until the
+    next iteration rebinds it keeps one graph alive, of a steady size -- ``loss = train_step()``:
+    0, 11, 11, 11... nodes; a WGAN-GP's generator loss: 0, 20, 0, 20... -- which is no leak."""
+    body = counts[1:-1] if len(counts) > 3 else counts[1:]
     k = max(1, len(body) // 3)
     return max(body[-k:]) > max(body[:k])
 

@@ -468,6 +468,13 @@ def test_p7_silent_for_constant_or_no_alive_graphs() -> None:
     # graphs piling up every other step do grow
     piling = [session(), *[step(i, graphs_alive=20 * (i // 2)) for i in range(12)]]
     assert "P7" in codes(diagnose(piling))
+    # ``loss = train_step(x, y)``: the latest loss held from step 1 on, in a short run (4-6
+    # steps: the first third was step 0's nothing, and the warning fired)
+    for n in range(3, 9):
+        held = [session(), *[step(i, graphs_alive=11 if i else 0) for i in range(n)]]
+        assert "P7" not in codes(diagnose(held)), n
+    leak = [session(), *[step(i, graphs_alive=11 * i) for i in range(4)]]  # history.append(loss)
+    assert only(diagnose(leak), "P7")["steps"] == [1, 2, 3]
 
 
 # ---------------------------------------------------------------- P8 in-place, P10 double backward
