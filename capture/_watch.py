@@ -1776,6 +1776,25 @@ class Watch:
             # caches: after optimizer.step() has streamed parameters and state through, the
             # same reads cost several times more
             self._s.stats = self._safe("grads", self._grad_stats, self._s, [r() for r in self._params])
+            if not self._nan_armed:  # the step before was finite
+                self._safe("grads", self._params_at_bad_loss, self._s)
+
+    def _params_at_bad_loss(self, s: _StepState) -> None:
+        """On the first step whose loss is NaN/Inf after finite ones: which parameters its forward
+        read non-finite (an event ``params_nonfinite``, [] for none).  Non-finite ones were
+        written by the previous optimizer.step() -- a float16 model's Adam update, a NaN learning
+        rate --, finite ones leave the batch or an op of the forward.  Read here, before this
+        step's optimizer.step() changes them, where the loss is on the host already (statistics
+        read at once: not deferred on CUDA)."""
+        read = s.stats
+        if read is None or read.deferred or not s.losses:
+            return
+        if all(math.isfinite(v) for v in read.result()[1][: len(s.losses)]):
+            return
+        with _native.unrecorded(), torch.no_grad():
+            params = [(i, p) for i, r in enumerate(self._params) if (p := r()) is not None]
+            bad = [i for i, p in params if p.is_floating_point() and p.numel() and not bool(torch.isfinite(p).all())]
+        s.events.append({"what": "params_nonfinite", "params": bad})
 
     def _grad_stats(
         self, s: _StepState, params: list[torch.Tensor | None], grads: list[torch.Tensor | None] | None = None

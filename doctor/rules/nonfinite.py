@@ -16,7 +16,8 @@ from ._grads import column, scaler_skipped
 FIX_UPDATE = ("Check the learning rate that optimizer.step() used (optimizer.param_groups[i]['lr']) and what sets "
               "it: a warm-up or scheduler dividing by zero (0/0 at step 0), a learning rate computed from a NaN "
               "metric; else the optimizer's state and settings (e.g. Adam's eps=0 dividing by a zero second "
-              "moment).")
+              "moment, or a float16 model's optimizer: its eps=1e-8 is 0 in float16 -- keep the parameters in "
+              "float32 and use torch.autocast for float16 compute).")
 FIX = ("Look at the first op that produced it: log/sqrt/div of zero or negatives (add an eps, clamp), exp "
        "overflow (use log-softmax / logsumexp), a learning rate too high (lower it, clip gradients), or bad "
        "input data (check the batch for NaN).")
@@ -50,6 +51,15 @@ def _bad_params(ev: dict[str, Any]) -> list[int]:
         return []
     return [i for i in range(max(len(nan), len(inf)))
             if as_int(nan[i] if i < len(nan) else 0) > 0 or as_int(inf[i] if i < len(inf) else 0) > 0]
+
+
+def _held_at_forward(ev: dict[str, Any]) -> list[int] | None:
+    """The parameters the step's forward read non-finite (the capture's ``params_nonfinite``
+    event, on the first step whose loss went NaN/Inf after finite ones), None where not checked."""
+    for e in as_list(ev.get("events")):
+        if isinstance(e, dict) and e.get("what") == "params_nonfinite":
+            return [as_int(i) for i in as_list(e.get("params"))]
+    return None
 
 
 def _param_input(graph: dict[str, Any], op: dict[str, Any]) -> str | None:
@@ -181,14 +191,19 @@ def _bad_lrs(ev: dict[str, Any]) -> list[tuple[int, float]]:
 
 
 def _update_finding(run: Run, steps: list[int], params: dict[int, int], before: dict[str, Any],
-                    first_read: str | None) -> Finding:
+                    first_read: str | None, held: list[int]) -> Finding:
     """The parameters went non-finite in optimizer.step() of the (finite) step before the first
-    non-finite one: a NaN learning rate, or the optimizer's own update."""
+    non-finite one: a NaN learning rate, or the optimizer's own update (``held``: the parameters
+    the first non-finite step's forward read non-finite)."""
     prev = as_int(before.get("step"), steps[0] - 1)
     lrs = _bad_lrs(before)
+    params = {**{i: steps[0] for i in held}, **params}
     if lrs:
         groups = ", ".join(f"param group {i}: lr={v}" for i, v in lrs)
         cause = f"ran with a non-finite learning rate ({groups}) and wrote NaN into the parameters"
+    elif held:
+        shown = ", ".join(run.param_name(i) for i in held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        cause = f"made the parameters non-finite ({shown} held NaN/Inf when step {steps[0]}'s forward read them)"
     else:
         cause = (f"made the parameters non-finite (step {steps[0]}'s first op reading {first_read!r} already "
                  "yields NaN)")
@@ -214,12 +229,14 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         return []
     first_op, node, op_step, reads = _first_culprit(run, set(steps))
     before = _step_before(run, steps[0])
-    # The step before the first non-finite one was finite; its optimizer.step() is to blame when
-    # it used a NaN learning rate, or when the first non-finite step's first NaN op (checked op by
-    # op: after a non-finite step, e.g. one the GradScaler skipped) only reads a parameter.
-    if before is not None and (_bad_lrs(before) or (reads is not None and op_step == steps[0])):
-        return [_update_finding(run, steps, params, before, reads)]
     ev0 = next((ev for step, ev in run.step_events() if step == steps[0]), {})
+    held = _held_at_forward(ev0)
+    # The step before the first non-finite one was finite; its optimizer.step() is to blame when
+    # it used a NaN learning rate, when the first non-finite step's forward read non-finite
+    # parameters, or when that step's first NaN op (checked op by op: after a non-finite step,
+    # e.g. one the GradScaler skipped) only reads a parameter.
+    if before is not None and (_bad_lrs(before) or held or (reads is not None and op_step == steps[0])):
+        return [_update_finding(run, steps, params, before, reads, held or [])]
     carried = reads if op_step > steps[0] else None  # the parameter through which a later step's first NaN op got it
     names = [run.param_name(i) for i in sorted(params, key=lambda i: (params[i], i))]
     when = describe_steps(steps, run.last_step)
@@ -231,8 +248,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                    f"so from step {op_step} the first op reading {carried!r} ({g.op_label(first_op)}) already yields "
                    f"NaN: that op is not the cause ({when}). Ops are checked for NaN from the step after a non-finite "
                    f"one, so the op that produced it at step {steps[0]} is not known"
-                   + (". " + _made_in_backward(ev0) if _backward_made(ev0) else ": check that step's loss inputs, or "
-                      "run its backward under torch.autograd.set_detect_anomaly(True)."))
+                   + (". " + _made_in_backward(ev0) if _backward_made(ev0) else ": " + _forward_made(ev0, held, before)))
         src = next((str(s) for s in as_list(ev0.get("backward_src")) if s), None)
         at_params = [FindingTarget(step=params[i], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
                      for i in sorted(params)] or [FindingTarget(step=steps[0], rank=run.rank)]
@@ -261,6 +277,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         if _backward_made(ev0):
             message += " " + _made_in_backward(ev0)
             fix = FIX_BACKWARD
+        elif loss_nonfinite(ev0):
+            message += f" Step {steps[0]}'s loss was NaN/Inf already: " + _forward_made(ev0, held, before)
     elif skipped := [v for _, ev in run.step_events() if as_int(ev.get("step"), -1) in steps for v in skipped_nonfinite(ev)]:
         message = (f"The loss was NaN/Inf on {len(skipped)} batch{'es' if len(skipped) > 1 else ''} the loop skipped "
                    f"before backward ({when}); the op that made it is not known: ops are checked for NaN on captured "
@@ -286,6 +304,20 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                  params=names, src=str(first_op.get("src", "")) if first_op else None,
                  view="graph" if first_op or node else "gradients",
                  data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
+
+
+def _forward_made(ev: dict[str, Any], held: list[int] | None, before: dict[str, Any] | None) -> str:
+    """Where a NaN the first non-finite step's loss already had came from, as far as known."""
+    if not loss_nonfinite(ev):
+        return "check that step's loss inputs, or run its backward under torch.autograd.set_detect_anomaly(True)."
+    if held is not None:  # checked: its parameters were finite
+        return ("its parameters were finite when its forward ran, so its batch or an op of its forward made it; "
+                "check that batch with torch.isfinite, or record with mode='full', which checks log/div/exp... op "
+                "by op every step.")
+    if before is not None:
+        return (f"it came in with that step's batch, or step {as_int(before.get('step'))}'s optimizer.step() "
+                "wrote it into the parameters; check both with torch.isfinite.")
+    return "check that step's batch with torch.isfinite."
 
 
 def _backward_made(ev: dict[str, Any]) -> bool:

@@ -1,0 +1,58 @@
+"""P4 on real captures when the first non-finite loss follows finite steps: the capture reads the
+parameters then (before that step's optimizer.step()), so the doctor tells an update that wrote
+NaN into them (a float16 model's Adam) from a batch that brought it -- it said "the op that
+produced it at step 1 is not known" and pointed at anomaly mode, which checks the backward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+
+def _run(tmp_path: Path, mode: str, half: bool, bad_batch: int | None) -> tuple[list[dict[str, Any]], list[Any]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 3))
+    if half:
+        model = model.half()  # Adam's eps=1e-8 is 0 in float16: step 0's update divides by zero
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for i in range(5):
+            x, y = torch.randn(8, 8), torch.randint(0, 3, (8,))
+            if i == bad_batch:
+                x[0, 0] = float("nan")
+            opt.zero_grad()
+            F.cross_entropy(model(x.to(next(model.parameters()).dtype)).float(), y).backward()
+            opt.step()
+    events = list(iter_events(path))
+    held = [e for ev in events if ev["kind"] == "step" for e in ev.get("events", []) if e["what"] == "params_nonfinite"]
+    return [dict(f) for f in diagnose(events)], held
+
+
+@pytest.mark.parametrize("mode", ["light", "full"])
+def test_an_update_that_wrote_nan_into_the_parameters_is_named(mode: str, tmp_path: Path) -> None:
+    found, held = _run(tmp_path, mode, half=True, bad_batch=None)
+    (p4,) = [f for f in found if f["code"] == "P4"]
+    assert p4["steps"][0] == 0 and "step 0's loss and gradients were finite: its optimizer.step() made" in p4["message"]
+    assert "held NaN/Inf when step 1's forward read them" in p4["message"]
+    assert len(held) == 1 and held[0]["params"]  # read once, at step 1: the steps after it are armed
+    assert set(p4["params"]) >= {["0.weight", "0.bias", "1.weight", "1.bias", "3.weight", "3.bias"][i] for i in held[0]["params"]}
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_a_batch_that_brought_nan_is_told_apart(mode: str, tmp_path: Path) -> None:
+    found, held = _run(tmp_path, mode, half=False, bad_batch=2)
+    assert held == [{"what": "params_nonfinite", "params": []}]  # finite when step 2's forward read them
+    (p4,) = [f for f in found if f["code"] == "P4"]
+    assert "optimizer.step() made" not in p4["message"] and "set_detect_anomaly" not in p4["message"]
+    assert "its parameters were finite when its forward ran, so its batch or an op of its forward" in p4["message"]
+    assert p4["steps"][0] == 2
