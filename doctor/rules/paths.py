@@ -228,6 +228,19 @@ def _tensor_facts(graph: dict[str, Any]) -> tuple[dict[int, bool], dict[int, boo
     return floating, grads
 
 
+def _carrying(ops: list[dict[str, Any]], grads: dict[int, bool]) -> dict[int, bool]:
+    """``grads`` with every tensor an op wrote from one that requires grad marked as requiring it
+    too: the table holds a tensor's metadata as first seen, and an in-place op (``y[sel] = f(x)``
+    into a ``zeros_like``) makes a tensor created without grad require it."""
+    out = dict(grads)
+    for op in ops:
+        if op.get("grad_mode") is False or "non_differentiable" in g.flags(op):
+            continue
+        if any(out.get(as_int(t, -1), False) for t in as_list(op.get("inputs"))):
+            out.update((as_int(t, -1), True) for t in as_list(op.get("outputs")))
+    return out
+
+
 # Ops that take one operand as a factor of the other: a constant there weighs what carries the
 # gradient (REINFORCE's ``log_prob(a) * reward``, a per-token weight, a mask's count)
 _FACTORS = frozenset(("aten::mul", "aten::div"))
@@ -266,9 +279,15 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
             derived.update(outs)
             continue
         carries = any(grads.get(t, True) for t in ins if t not in derived)
+        if name in _FACTORS:
+            if not carries:
+                derived.update(outs)  # a constant scaled by a constant
+            continue  # else a weight of what carries the gradient
+        if name in _SELECTORS:
+            continue  # it picks, masks or routes: its values are the other operand's, not the constant's
         if not carries:
             derived.update(outs)  # computed from constants alone: a constant too
-        elif name not in _SELECTORS and name not in _FACTORS:
+        else:
             return True
     return False
 
@@ -292,7 +311,8 @@ def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
             continue
         path = g.upstream(fwd, loss, passes=g.passes_gradient)  # an op no gradient reaches cannot stop one
         on_path = {as_int(op.get("id"), -1) for op in path}
-        facts = _tensor_facts(graph)
+        floating, grads = _tensor_facts(graph)
+        facts = floating, _carrying(fwd, grads)
         for op in path:
             if op.get("grad_mode") is not False and _stops_gradient(op) and _feeds_as_value(path, op, on_path, facts):
                 key = (str(op.get("name", "")), str(op.get("module", "")), str(op.get("src", "")))
