@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.nn.parameter import is_lazy
@@ -181,6 +181,43 @@ class GradRead:
                 vals = _stack(norms, rest).tolist()  # the one sync per device
             self._fill(stats, extras, pos_d, ex_d, vals, gl)
         return stats, extras
+
+
+class PiecewiseRead:
+    """A step's statistics read in pieces.  An optimizer that steps inside the backward (one
+    per parameter, in post-accumulate-grad hooks: PyTorch's "optimizer in backward" recipe)
+    clears each gradient right after its step, so each piece is read where its optimizer steps
+    and the columns are put together here; ``rest`` is what the backward left (the losses, and
+    any parameter no such optimizer stepped)."""
+
+    def __init__(self, rest: GradRead, pieces: list[tuple[list[int], GradRead]]) -> None:
+        self.rest, self.pieces = rest, pieces
+        self._result: tuple[GradStats, list[float]] | None = None
+
+    @property
+    def deferred(self) -> bool:
+        return self.rest.deferred or any(read.deferred for _, read in self.pieces)
+
+    def result(self) -> tuple[GradStats, list[float]]:
+        if self._result is None:
+            stats, extras = self.rest.result()
+            cols = cast("dict[str, list[Any]]", stats)
+            none = set(stats["none"])
+            for where, read in self.pieces:
+                part = cast("dict[str, list[Any]]", read.result()[0])
+                for k, i in enumerate(where):
+                    if part["norm"][k] is None:  # no gradient when its optimizer stepped
+                        continue
+                    none.discard(i)
+                    for c, column in cols.items():
+                        if c != "none" and c in part:
+                            column[i] = part[c][k]
+            stats["none"] = sorted(none)
+            self._result = stats, extras
+        return self._result
+
+
+StatsRead = GradRead | PiecewiseRead
 
 
 def _parts(

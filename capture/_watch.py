@@ -38,7 +38,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from . import _compile, _cuda, _native, _sigterm
 from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin
-from ._grads import GradRead, count_nonzero, nonzero_grads
+from ._grads import GradRead, PiecewiseRead, StatsRead, count_nonzero, nonzero_grads
 from ._hooks import retained_bytes
 from ._interpose import Interposer, insert_mode, remove_mode
 from ._memory import StorageSizes, grad_storages, optimizer_tensors, storage_parts, storages
@@ -134,6 +134,13 @@ class _ThreadFlags(threading.local):
     skipped = 0  # root forwards of another thread being skipped (_fwd_pre)
 
 
+class _Together:
+    """Optimizers seen as one for their state (optimizer in backward: one per parameter)."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        self.state = {k: v for o in optimizers for k, v in o.state.items()}
+
+
 class _StepState:
     """What the capture gathers between two step boundaries."""
 
@@ -197,6 +204,7 @@ class _StepState:
         "fwd_t0",
         "saved_now",
         "checked",
+        "in_backward",
     )
 
     def __init__(self, t0: float) -> None:
@@ -251,7 +259,10 @@ class _StepState:
         self.timer: BackwardTimer | None = None
         self.nan_origin: NonFiniteOrigin | None = None  # on steps checked for NaN
         self.walk: AutogradWalk | None = None
-        self.stats: GradRead | None = None  # launched just before optimizer.step()
+        self.stats: StatsRead | None = None  # launched just before optimizer.step()
+        # (watched parameter indices, their statistics) read as optimizers stepping inside the
+        # backward stepped them (_stepped_in_backward)
+        self.in_backward: list[tuple[list[int], GradRead]] = []
         self.before_create: AutogradWalk | None = None  # the graph before a create_graph=True backward
         self.retained = False
         self.autocast = False
@@ -361,7 +372,8 @@ class Watch:
     or None (record to the file only).  ``mode``: "default" | "full" | "light".
     ``cuda_history``: on CUDA, also keep the allocator's history (up to this many entries),
     labelled by step and module, written next to the session file at the end in PyTorch's own
-    snapshot schema (JSON, and its memory viewer as HTML).  See ``docs/capture.md``.
+    snapshot schema (JSON, and its memory viewer as HTML).  ``max_ops``: the most ops a
+    captured step's graph records (the rest are counted as ``shed_ops``).  See ``docs/capture.md``.
     """
 
     _n_active: ClassVar[int] = 0  # watches running in this process (see _reuse_walk)
@@ -379,6 +391,7 @@ class Watch:
         sample_every: int = 50,
         token: str | None = None,
         cuda_history: int | None = None,
+        max_ops: int = _MAX_OPS,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"torchscope: mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -407,6 +420,7 @@ class Watch:
         # other modes load a build that is there (its gradient statistics, default's captures)
         _native.get(build=mode == "full")
         self.sample_every = max(int(sample_every), 1)
+        self.max_ops = max(int(max_ops), 1)
         self.name = name or _default_name(model)
         self._rank: RankInfo = rank_info()
         self.session_id = session_id(self.name, self._rank)
@@ -438,6 +452,7 @@ class Watch:
         self._param_data_taken = False  # a parameter's .data was taken since (_updated_by_hand)
         self._scaler = scaler
         self._disabled: set[str] = set()
+        self._told_cap = False  # the per-step op cap was reached (said once)
         self._direct_noted = isinstance(model, torch.jit.ScriptModule)  # told at watch() already
         self._model_name = _class_name(model)
         named = list(model.named_parameters())
@@ -467,7 +482,7 @@ class Watch:
         self._change_captures = 0  # steps captured for a new structure (held to a budget)
         self._nan_armed = False
         # CUDA: a step event waiting for its gradient statistics (see _finish)
-        self._deferred: tuple[StepEvent, GradRead, int, bool, tuple[float, float] | None, list[int], list[int], dict[str, Any] | None] | None = None
+        self._deferred: tuple[StepEvent, StatsRead, int, bool, tuple[float, float] | None, list[int], list[int], dict[str, Any] | None] | None = None
         self._sentinels: list[weakref.ref[_Sentinel]] = []
         # (tensor id, target dtype, target device) of conversions -> (weak tensor, last step): P12 repeats
         self._converted: dict[
@@ -515,6 +530,9 @@ class Watch:
         # whether an optimizer steps any of the watched one's parameters (asked once each, until
         # another one is watched): a GAN's second optimizer is asked at every step otherwise
         self._shares: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
+        # optimizers that step inside the backward (post-accumulate-grad hooks), and the
+        # watched parameters each steps
+        self._in_backward: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[int]] = weakref.WeakKeyDictionary()
         if not self._auto_steps:
             self._handles.append(register_optimizer_step_pre_hook(self._any_opt_pre))
             self._handles.append(register_optimizer_step_post_hook(self._any_opt_post))
@@ -766,7 +784,7 @@ class Watch:
             "settings": {
                 "sample_every": self.sample_every,
                 "mode": self.mode,
-                "max_ops": _MAX_OPS,
+                "max_ops": self.max_ops,
                 "grad_stats_every": GRAD_STATS_EVERY,
             },
         }
@@ -1038,8 +1056,8 @@ class Watch:
         ext = _native.claim(id(self))
         if ext is not None:
             cdata = {p._cdata: self._param_names[id(p)] for r in self._params if (p := r()) is not None and id(p) in self._param_names}
-            return NativeRecorder(ext, self._module_of, cdata, live, s.check_nan, _MAX_OPS, s.sid)
-        return OpRecorder(self._module_of, self._param_names, live, s.check_nan, _MAX_OPS, s.sid)
+            return NativeRecorder(ext, self._module_of, cdata, live, s.check_nan, self.max_ops, s.sid)
+        return OpRecorder(self._module_of, self._param_names, live, s.check_nan, self.max_ops, s.sid)
 
     def _module_changed(self) -> None:
         """The native recorder learns the module the next ops run in (the Python one asks)."""
@@ -1611,8 +1629,12 @@ class Watch:
                 + "Under torch.compile(backend=\"eager\") no module hook runs at all: compile with the "
                 "default backend, whose compiled forward is recorded as one node."
             )
+        self._tell(msg, "warning")
+
+    def _tell(self, msg: str, level: str) -> None:
+        """A line for the person at the terminal that the session keeps as a log event too."""
         print(msg, file=sys.stderr)
-        self._transport.emit({"kind": "log", "t": time.time(), "level": "warning", "message": msg, "step": self._step})
+        self._transport.emit({"kind": "log", "t": time.time(), "level": level, "message": msg, "step": self._step})
 
     def _backward_failed(self, exc: BaseException) -> None:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -1634,6 +1656,8 @@ class Watch:
         loop took a parameter's ``.data``.  Then the next forward starts a new step."""
         if not self._unhooked():
             return False
+        if self._s.in_backward:  # optimizers stepped them inside the backward
+            return True
         return self._param_data_taken or self._versions() != self._param_version
 
     def _after_backward(self, t0: float) -> None:
@@ -1683,7 +1707,15 @@ class Watch:
     # ------------------------------------------------------------------ step boundary
     def _any_opt_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         watched = self._optimizer() if self._optimizer is not None else None
-        if optimizer is watched:
+        if (
+            optimizer is not watched
+            and torch._C._current_graph_task_id() != -1
+            and self._active
+            and self._safe("step", self._of_ours, optimizer)
+        ):
+            # a step inside the backward: not a step boundary (the backward's end is)
+            self._safe("grads", self._stepped_in_backward, optimizer)
+        elif optimizer is watched:
             if optimizer not in self._steps_ours:  # once: does it train parameters added since watch()?
                 self._safe("step", self._of_ours, optimizer)
             self._opt_pre(optimizer, args, kwargs)
@@ -1711,6 +1743,27 @@ class Watch:
     def _any_opt_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._optimizer is not None and optimizer is self._optimizer():
             self._opt_post(optimizer, args, kwargs)
+
+    def _stepped_in_backward(self, optimizer: torch.optim.Optimizer) -> None:
+        """PyTorch's "optimizer in backward": an optimizer per parameter stepped (and its
+        gradient cleared) in a post-accumulate-grad hook, to free each gradient as soon as it is
+        used.  No optimizer.step() follows the backward: each backward is a step (the next
+        forward begins the next, see _updated_by_hand), and the gradients are read here, as
+        each one is stepped -- after the hook they are gone."""
+        where = self._in_backward.get(optimizer)
+        if where is None:
+            index = {id(p): i for i, r in enumerate(self._params) if (p := r()) is not None}
+            where = [index[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in index]
+            self._in_backward[optimizer] = where
+            if len(self._in_backward) == 1:
+                self._tell(
+                    f"torchscope: {type(optimizer).__name__} steps inside the backward (a post-accumulate-grad "
+                    f"hook): each backward is a step of {self.name}; gradients are read as they are stepped",
+                    "info",
+                )
+        params = [self._params[i]() for i in where]
+        s = self._s
+        s.in_backward.append((where, GradRead(params, [], self._full_stats(s), defer=not self._nan_armed)))
 
     def _of_ours(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` steps any of the watched parameters (asked once per optimizer)."""
@@ -1741,8 +1794,7 @@ class Watch:
             f"watch() ({shown}): its steps are the steps, but those parameters are not in the gradient "
             "statistics; call torchscope.watch() after adding them"
         )
-        print(msg, file=sys.stderr)
-        self._transport.emit({"kind": "log", "t": time.time(), "level": "warning", "message": msg, "step": self._step})
+        self._tell(msg, "warning")
         return True
 
     def _shares_params(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -1761,8 +1813,7 @@ class Watch:
         self._mem_key = None  # its state is the optimizer state from now on
         self._shares = weakref.WeakKeyDictionary()  # asked of the watched one
         msg = f"torchscope: following {type(optimizer).__name__}: each of its steps is a step of {self.name}"
-        print(msg, file=sys.stderr)
-        self._transport.emit({"kind": "log", "t": time.time(), "level": "info", "message": msg, "step": self._step})
+        self._tell(msg, "info")
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._owner = threading.get_ident()
@@ -1798,16 +1849,20 @@ class Watch:
 
     def _grad_stats(
         self, s: _StepState, params: list[torch.Tensor | None], grads: list[torch.Tensor | None] | None = None
-    ) -> GradRead:
+    ) -> StatsRead:
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
         extra = list(s.losses)
         if isinstance(scale, torch.Tensor):
             extra.append(scale)
         if s.clip is not None:
             extra.append(s.clip[0])  # after the scale: see _finish
-        full = self.mode == "full" or s.capture or self._step % GRAD_STATS_EVERY == 0 or self._nan_armed
         # read later on CUDA (no host sync), except right after a non-finite step: exact counts
-        return GradRead(params, extra, full, defer=not self._nan_armed, grads=grads)
+        read = GradRead(params, extra, self._full_stats(s), defer=not self._nan_armed, grads=grads)
+        return PiecewiseRead(read, list(s.in_backward)) if s.in_backward and grads is None else read
+
+    def _full_stats(self, s: _StepState) -> bool:
+        """Whether this step's gradient statistics are the full columns or the norms only."""
+        return self.mode == "full" or s.capture or self._step % GRAD_STATS_EVERY == 0 or self._nan_armed
 
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._safe("step", self._close_step, False)
@@ -1870,11 +1925,18 @@ class Watch:
         held = [p for i, p in enumerate(params) if p is not None and i not in other]
         return all(p.grad is None for p in held)
 
+    def _state_holder(self) -> Any:
+        """Whose state is the optimizer state: the watched optimizer's, or that of the
+        optimizers stepping inside the backward, together."""
+        opt = self._optimizer() if self._optimizer is not None else None
+        if opt is None and self._in_backward:
+            return _Together(list(self._in_backward))
+        return opt
+
     def _live_bytes(self) -> int:
         """Bytes of the parameters, gradients and optimizer state now (a recorder's baseline)."""
         params: list[torch.Tensor] = [p for r in self._params if (p := r()) is not None]
-        opt = self._optimizer() if self._optimizer is not None else None
-        _, _, static, static_live = self._static_storages(params, opt, False)
+        _, _, static, static_live = self._static_storages(params, self._state_holder(), False)
         return static_live + sum(v for ptr, v in grad_storages(params).items() if ptr not in static)
 
     def _static_storages(
@@ -1962,7 +2024,7 @@ class Watch:
             ev["copies"] = {"count": s.copies, "bytes": s.copy_bytes}
         elif s.micro == 0 and not s.forwards:
             self._mode_always = True  # a backward we did not see: the mode stays on from now on
-        ev["memory"] = self._memory(params, opt, s)
+        ev["memory"] = self._memory(params, self._state_holder(), s)
         ev["graphs_alive"], kept = self._graphs_alive()
         if kept is not None:
             ev["graphs_kept"] = kept
@@ -2043,7 +2105,7 @@ class Watch:
     def _finish(
         self,
         ev: StepEvent,
-        read: GradRead,
+        read: StatsRead,
         n_losses: int,
         has_scale: bool,
         clip: tuple[float, float] | None,
@@ -2170,6 +2232,12 @@ class Watch:
             g["tensors"] = cast("list[TensorMeta]", tensors)
             g["memory_timeline"] = cast("list[list[int]]", rec.timeline)
             g["shed_ops"] = rec.shed
+            if rec.shed and not self._told_cap:
+                self._told_cap = True
+                self._tell(
+                    f"torchscope: step {self._step} ran {rec.shed + self.max_ops:,} ops; its graph holds the "
+                    f"first {self.max_ops:,} (a step's graph records at most max_ops={self.max_ops:,} ops: the "
+                    "rest are counted, not recorded, on every such step)", "warning")
             g["complete"] = rec.shed == 0 and rec.failed is None
             g["recorder"] = "native" if isinstance(rec, NativeRecorder) else "python"
         else:

@@ -94,6 +94,16 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         cut = f"{torn:,} bytes after its last whole frame were dropped" if torn else "it has no end event"
         print(f"torchscope doctor: note: {path} is incomplete ({cut}: the run was killed, or the file was cut "
               f"short); the findings cover the {last_step + 1} step(s) it holds.", file=sys.stderr)
+    partial = sorted({ev.get("step", -1) for ev in events if ev.get("kind") == "graph" and ev.get("shed_ops")})
+    if partial:
+        session = next((ev for ev in events if ev.get("kind") == "session"), None)
+        settings_of = session.get("settings") if isinstance(session, dict) else None
+        cap = settings_of.get("max_ops") if isinstance(settings_of, dict) else None
+        first = f"its first {cap:,} ops" if isinstance(cap, int) else "its first ops"
+        shown = ", ".join(map(str, partial[:5])) + (f" and {len(partial) - 5} more" if len(partial) > 5 else "")
+        print(f"torchscope doctor: note: the graphs of {len(partial)} step(s) are partial (step {shown}: a step's "
+              f"graph holds {first}); findings that follow ops (P1, P9, where a NaN began) see those only.",
+              file=sys.stderr)
     return 1 if any(f.get("severity") == "error" for f in findings) else 0
 
 
