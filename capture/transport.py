@@ -245,6 +245,8 @@ class Transport:
             except Exception as exc:  # never let the thread die silently; keep the file going
                 self._warn_once("send", f"torchscope: transport error ({exc!r}); recording continues")
             if stopping:
+                if self.server and self.sent_seq < self.writer.seq:
+                    self._untold_end()
                 return
             self._wake.wait(self.flush_interval)
             self._wake.clear()
@@ -384,6 +386,23 @@ class Transport:
             else:
                 why = f"refused the run (HTTP {refused.status}: {refused.detail[:120]})"
             self._warn_once("server", f"torchscope: server {self.server} {why}; training continues, recording to {self.path}")
+
+    def _untold_end(self) -> None:
+        """The run ended with frames the server never got (it was down, or stopped): there it
+        stays a run that "ended unexpectedly" until the file is imported, which fills it in."""
+        missing = self.writer.seq - self.sent_seq
+        where = f"the server {self.server}"
+        if self._answered:
+            what = f"{where} did not get the end of this run ({missing} frame{'s' if missing != 1 else ''})"
+        else:
+            what = f"{where} never answered"
+        url = urllib.parse.urlsplit(self.server or "")
+        if url.hostname in ("127.0.0.1", "localhost", "::1"):
+            port = f" --port {url.port}" if url.port and url.port != urllib.parse.urlsplit(DEFAULT_SERVER).port else ""
+            fix = f"torchscope open {self.path}{port} shows the whole run there"
+        else:
+            fix = f"import {self.path} on its sessions page to see the whole run there"
+        print(f"torchscope: {what}; the file is complete: {fix}", file=sys.stderr)
 
     def _next_seq(self, have: int) -> int:
         seq = int(self._request("/next").get("next_seq", 0))
