@@ -29,7 +29,7 @@ def itemsize(dtype: str) -> int:
     size = _itemsizes.get(dtype)
     if size is None:
         dt = getattr(torch, dtype, None)
-        size = _itemsizes[dtype] = torch.empty((), dtype=dt).element_size() if isinstance(dt, torch.dtype) else 1
+        size = _itemsizes[dtype] = dt.itemsize if isinstance(dt, torch.dtype) else 1  # no tensor made: no op
     return size
 
 

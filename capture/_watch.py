@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _compile, _cuda, _native, _sigterm
 from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin
@@ -66,6 +67,8 @@ from .schema import (
 log = logging.getLogger("torchscope")
 
 MODES = ("default", "full", "light")
+# parts of the capture that only compute on tensors (no mode pushed or popped: see _safe)
+_PURE = frozenset({"grads", "activation_grads"})
 _MAX_OPS = 50_000  # per captured step; the rest is counted as shed
 _MAX_FORWARDS = 1024  # forwards (or backward passes) one step holds before it is closed anyway
 # input shapes whose saved bytes are remembered per structure: dynamic padding makes a shape
@@ -132,6 +135,12 @@ class _ThreadFlags(threading.local):
 
     pushed = False  # our function mode is on this thread's stack (_mode_on)
     skipped = 0  # root forwards of another thread being skipped (_fwd_pre)
+
+
+def _unseen() -> contextlib.AbstractContextManager[Any]:
+    """Where the capture's own reads dispatch ops (a detach, a saved tensor unpacked) that the
+    loop's own dispatch modes (a FLOP counter) must not see: with those modes off."""
+    return _disable_current_modes() if torch._C._len_torch_dispatch_stack() else contextlib.nullcontext()
 
 
 class _Together:
@@ -692,6 +701,9 @@ class Watch:
             return None
         try:
             with torch._C.DisableTorchFunction():  # our own tensor calls skip every function mode
+                if part in _PURE:  # ... and the loop's dispatch modes, where they only read
+                    with _unseen():
+                        return fn(*args)
                 return fn(*args)
         except Exception as exc:
             self._disabled.add(part)
@@ -1437,7 +1449,8 @@ class Watch:
             fn = t.grad_fn
             s.roots.append(type(fn).__name__ if fn is not None else "None")
             if t.numel() == 1 and len(s.losses) < 1024:
-                s.losses.append(t.detach())  # an alias, read with the gradients at the boundary
+                with _unseen():
+                    s.losses.append(t.detach())  # an alias, read with the gradients at the boundary
             fns.append(fn)
         s.backward_src.append(user_src())
         s.sigs.append(sig)
@@ -1447,7 +1460,8 @@ class Watch:
             # same structure and input shapes -> same saved tensors: walk them once per shape
             assert walk is not None  # a reused walk requires its cached saved bytes
             records_next = s.capture and s.graph is None and "graph" not in self._disabled
-            by_storage, unreadable = walk.saved(self._param_ptrs, keep=records_next)
+            with _unseen():  # unpacking a saved output detaches it
+                by_storage, unreadable = walk.saved(self._param_ptrs, keep=records_next)
             cached = (sum(by_storage.values()), unreadable)
             if len(self._saved_cache) >= _SAVED_SHAPES:
                 self._saved_cache.clear()
@@ -2041,7 +2055,8 @@ class Watch:
             ev["scaler"] = {"skipped": bool(skipped)}
         # at the root forward's start; a region begun inside the forward shows on captured steps
         ev["autocast"] = s.autocast or (s.recorder is not None and s.recorder.autocast_seen)
-        acts = self._activation_grads(s)
+        with _unseen():  # reads only
+            acts = self._activation_grads(s)
         if acts:
             ev["activation_grads"] = acts
         events = list(s.events)

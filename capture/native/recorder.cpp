@@ -25,6 +25,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
@@ -218,7 +219,11 @@ bool nan_source(const char* name) {
 // Whether every value of a floating `t` is finite: its minimum and maximum, one pass and two
 // scalars (NaN propagates through aminmax) -- not isfinite(t), a bool copy of a whole
 // activation on the device, which a model near its memory limit may not have room for.
+// Read with Python dispatch off (as torch._C._DisableTorchDispatch): the loop's own
+// TorchDispatchMode (a FLOP counter) must not see these ops; `t` is a plain tensor here.
 bool finite(const at::Tensor& t) {
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
   if (t.is_complex()) return at::isfinite(t).all().item<bool>();
   auto [lo, hi] = at::aminmax(t);
   return at::stack({lo, hi}).isfinite().all().item<bool>();

@@ -3,6 +3,7 @@ no tensor kept alive."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import inspect
@@ -18,6 +19,7 @@ import torch
 from capture_models import make, train
 from torch import nn
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchscope
 from torchscope.sessionfile import iter_events
@@ -373,3 +375,48 @@ def test_a_mode_the_loop_enters_is_left_as_the_loop_left_it(mode: str, ctx: str,
     steps = [e for e in iter_events(tmp_path / "w.tscope") if e["kind"] == "step"]
     assert [s["micro_batches"] for s in steps] == [1] * 10  # every backward seen
     assert [s["loss"] for s in steps] == pytest.approx(plain)
+
+
+class _OpCounter(TorchDispatchMode):
+    """A loop's own dispatch mode (what FlopCounterMode and memory trackers are): it counts
+    the aten ops it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.seen[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_a_dispatch_mode_of_the_loop_sees_only_the_loops_ops(
+    mode: str, native: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The capture's own reads (gradient statistics, NaN checks, the loss's alias, saved
+    tensors unpacked) are not counted by the loop's dispatch mode: a FLOP counter reads the
+    same watched as unwatched."""
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+
+    def run(watched: bool) -> collections.Counter[str]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        opt = torch.optim.Adam(model.parameters())
+        counter = _OpCounter()
+        with (torchscope.watch(model, opt, server=None, record=tmp_path / "c.tscope", mode=mode, sample_every=2)
+              if watched else contextlib.nullcontext()):
+            for _ in range(5):
+                x = torch.randn(4, 8)
+                with counter:
+                    opt.zero_grad()
+                    model(x).pow(2).mean().backward()
+                    opt.step()
+        return counter.seen
+
+    plain = run(False)
+    assert plain["aten.addmm"] == 10  # it counts
+    assert run(True) == plain
+    steps = [ev for ev in iter_events(tmp_path / "c.tscope") if ev["kind"] == "step"]
+    assert len(steps) == 5 and steps[0]["graph_captured"] == (mode != "light")
