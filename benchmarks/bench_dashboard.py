@@ -11,7 +11,14 @@ opened in Debian's Chromium:
 - the page's JS heap with everything expanded (CDP, after a GC),
 - the memory chart of a 100,000-step session drawn.
 
+``--select``: instead, a real training run (a deep residual MLP, ``--blocks`` blocks, one
+step watched by ``torchscope.watch``) in a subprocess, whose graph, everything expanded, has
+tens of thousands of nodes; timed: expand everything, then clicks that select a node (from the
+click until the details panel shows it and the next frame is drawn).  The same script trains
+the model of tests/browser/test_dashboard_big_graph.py (``--train PATH``).
+
     python benchmarks/bench_dashboard.py [--layers 48] [--steps 100000]
+    python benchmarks/bench_dashboard.py --select [--blocks 1200] [--clicks 12] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -299,11 +306,172 @@ _EXPAND = """async ([path]) => {
 }"""
 
 
+# ----------------------------------------------------------------------------- a real big graph
+def train(record: Path, blocks: int, per_stage: int = 20, name: str = "big-graph") -> None:
+    """One watched training step of a deep residual MLP: ``blocks`` blocks ``x + mlp(norm(x))``
+    in stages of ``per_stage`` (an nn.ModuleList of nn.Sequential), recorded to ``record``.
+    About 20 graph nodes and 10 module frames a block, everything expanded."""
+    import torch
+    from torch import nn
+
+    import torchscope
+
+    d = 8
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.mlp(self.norm(x))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(4, d)
+            sizes = [min(per_stage, blocks - i) for i in range(0, blocks, per_stage)]
+            self.stages = nn.ModuleList([nn.Sequential(*[Block() for _ in range(n)]) for n in sizes])
+            self.head = nn.Linear(d, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.embed(x)
+            for stage in self.stages:
+                h = stage(h)
+            return self.head(h)
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w: Any = torchscope.watch(model, opt, server=None, record=str(record), name=name)
+    x, y = torch.randn(2, 4), torch.randn(2, 1)
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    w.close()
+
+
+def record_big_graph(out: Path, blocks: int, name: str = "big-graph") -> Path:
+    """A real training run of train() in a subprocess, recorded to ``out``."""
+    subprocess.run([sys.executable, __file__, "--train", str(out), "--blocks", str(blocks), "--name", name],
+                   check=True, timeout=900)
+    return out
+
+
+_CLICK_AT = """([key]) => {
+  // the item in the middle of the canvas (not selected), and where to click it, in page pixels
+  const c = window.__torchscope.app.views.graph.obj.canvas, it = c.scene.byKey.get(key);
+  c.centerOn([it.box]); c.pending = false; c.draw();
+  const r = c.canvas.getBoundingClientRect();
+  if (!window.__clickT0Set) {
+    window.__clickT0Set = true;
+    window.addEventListener("pointerdown", () => { window.__clickT0 = performance.now(); }, true);
+  }
+  return [r.left + c.tx + (it.box[0] + it.box[2] / 2) * c.scale, r.top + c.ty + (it.box[1] + it.box[3] / 2) * c.scale];
+}"""
+
+_SELECTED = """async ([key]) => {
+  // from the pointerdown until the node is selected, the details panel shows it, and the next
+  // frame was drawn
+  const g = window.__torchscope.app.views.graph.obj;
+  while (g.selected !== key || !g.details.textContent) await new Promise((r) => setTimeout(r, 0));
+  await new Promise((r) => requestAnimationFrame(() => r()));
+  return performance.now() - window.__clickT0;
+}"""
+
+_TIMED = """async ([what]) => {
+  const g = window.__torchscope.app.views.graph.obj;
+  const t0 = performance.now();
+  if (what === "expand all") await g.expandAll();
+  else if (what === "collapse all") await g.collapseAll();
+  else await g.toggleGroup(g.model.gIndex.get(what));
+  await new Promise((r) => requestAnimationFrame(() => r()));
+  return [performance.now() - t0, g.lastLayoutMs, g.scene.items.length, g.scene.frames.length];
+}"""
+
+
+def _serve_from(page: Any, folder: Path) -> None:
+    """The page gets /static/graph/<name>.js from ``folder`` where it has that file."""
+    def fulfil(route: Any) -> None:
+        name = route.request.url.split("?")[0].rsplit("/", 1)[-1]
+        f = folder / name
+        if f.is_file():
+            route.fulfill(status=200, content_type="text/javascript", body=f.read_text())
+        else:
+            route.continue_()
+
+    page.route("**/static/graph/*.js*", fulfil)
+
+
+def bench_select(blocks: int, clicks: int, baseline: Path | None = None) -> None:
+    """Expand everything on a real run's graph; time expand/collapse and clicks that select nodes.
+    ``baseline``: a folder of frontend/graph/*.js files served in place of the checkout's (the
+    code before a change, for a before/after on the same run)."""
+    from playwright.sync_api import sync_playwright
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-select-"))
+    t0 = time.perf_counter()
+    record_big_graph(tmp / "big.tscope", blocks)
+    train_s = time.perf_counter() - t0
+    proc, url = _serve(tmp / "data")
+    rows: list[tuple[str, str]] = [(f"training run recorded ({blocks} residual blocks, one step)", f"{train_s:.1f} s")]
+    try:
+        sid = _import(url, tmp / "big.tscope")
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            if baseline:
+                _serve_from(page, baseline)
+            page.goto(f"{url}/sessions/{sid}?view=graph")
+            page.wait_for_function("window.__torchscope && window.__torchscope.state().graph && window.__torchscope.state().graph.firstPaintMs")
+            ms, lay, items, frames = page.evaluate(_TIMED, ["expand all"])
+            rows.append((f"expand all ({items:,} nodes, {frames:,} frames drawn)", f"{ms:.0f} ms (layout {lay:.0f} ms)"))
+            keys = page.evaluate("""([n]) => {
+              const items = window.__torchscope.app.views.graph.obj.scene.items.filter((it) => it.group === undefined);
+              return Array.from({ length: n }, (_, i) => items[Math.floor((i + 0.5) * items.length / n)].key);
+            }""", [clicks])
+            times = []
+            for key in keys:
+                x, y = page.evaluate(_CLICK_AT, [key])
+                page.mouse.click(x, y)
+                times.append(page.evaluate(_SELECTED, [key]))
+            times.sort()
+            rows.append((f"select a node by a click ({clicks} clicks over the graph)",
+                         f"median {times[len(times) // 2]:.0f} ms, worst {times[-1]:.0f} ms"))
+            block = f"forward:stages.{blocks // 2 // 20}.{(blocks // 2) % 20}"
+            ms, lay, _, _ = page.evaluate(_TIMED, [block])
+            rows.append(("collapse one block (everything else expanded)", f"{ms:.0f} ms (layout {lay:.0f} ms)"))
+            ms, lay, _, _ = page.evaluate(_TIMED, [block])
+            rows.append(("expand it again", f"{ms:.0f} ms (layout {lay:.0f} ms)"))
+            ms, lay, _, _ = page.evaluate(_TIMED, ["collapse all"])
+            rows.append(("collapse all", f"{ms:.0f} ms (layout {lay:.0f} ms)"))
+            browser.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    print("| measure (headless Chromium, Canvas 2D) | result |\n|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="dashboard benchmark (headless Chromium)")
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--steps", type=int, default=100_000, help="steps of the memory-chart session")
+    ap.add_argument("--select", action="store_true", help="time selection and expansion on a real run's big graph")
+    ap.add_argument("--blocks", type=int, default=1200, help="residual blocks of the real run (--select, --train)")
+    ap.add_argument("--clicks", type=int, default=12, help="nodes selected by a click (--select)")
+    ap.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+                    help="serve frontend/graph/*.js from DIR where it has them (--select: the code before a change)")
+    ap.add_argument("--train", type=Path, default=None, metavar="PATH", help="only record the real run to PATH")
+    ap.add_argument("--name", default="big-graph", help="the recorded run's name (--train)")
     args = ap.parse_args()
+    if args.train:
+        return train(args.train, args.blocks, name=args.name)
+    if args.select:
+        return bench_select(args.blocks, args.clicks, args.baseline)
     from playwright.sync_api import sync_playwright
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-dashboard-"))

@@ -217,9 +217,11 @@ export class GraphCanvas {
 
     ctx.font = "12px system-ui, sans-serif";
     const dim = sc.dimOthers;
-    if (!text) { // zoomed out: one filled path per colour, built once per scene
-      if (!sc.batches) sc.batches = batchByColour(sc.items, dim);
-      for (const [key, path] of sc.batches) {
+    if (!text) { // zoomed out: one filled path per colour, built once per scene (per highlight
+      // of the scene's boxes: a scene for a new selection keeps them, see buildScene)
+      const memo = sc.marks || sc;
+      if (!memo.batches) memo.batches = batchByColour(sc.items, dim);
+      for (const [key, path] of memo.batches) {
         const [color, alpha] = key.split("|");
         ctx.globalAlpha = +alpha; ctx.fillStyle = color || th.node; ctx.fill(path);
       }

@@ -1,5 +1,6 @@
 // Builds what the renderer draws from the model, a layout and the view state (overlay,
-// highlight, selection).  Cheap: linear in the visible items and the edges.
+// highlight, selection).  Linear in the visible items and the edges (each skip edge routed
+// in about log time); a new selection or highlight redoes only the marks (buildScene).
 import { representatives } from "./model.js";
 import { logScale, categorical, ZERO } from "../colors.js";
 
@@ -59,35 +60,84 @@ function edgeSeg(A, B, type) {
 
 const DETOUR = 30, SCAN = 2000;
 
+// The frames' boxes sorted by top, over a segment tree of their bottoms (the deepest bottom
+// under each node): the frames across rows y0..y1 are found in O((k + 1) log n) for k of
+// them, where a scan of every frame for every skip edge took seconds on a graph of 15,000.
+function frameIndex(frames) {
+  const boxes = frames.map((f) => f.box).sort((p, q) => p[1] - q[1]);
+  let size = 1;
+  while (size < boxes.length) size <<= 1;
+  const bottom = new Float64Array(2 * size).fill(-Infinity);
+  boxes.forEach((b, i) => { bottom[size + i] = b[1] + b[3]; });
+  for (let i = size - 1; i >= 1; i--) bottom[i] = Math.max(bottom[2 * i], bottom[2 * i + 1]);
+  return { boxes, tops: boxes.map((b) => b[1]), bottom, size };
+}
+
+// The first index whose value is >= y in an ascending array.
+function lowerBound(a, y) {
+  let lo = 0, hi = a.length;
+  while (lo < hi) { const m = (lo + hi) >> 1; if (a[m] < y) lo = m + 1; else hi = m; }
+  return lo;
+}
+
+// fn(box) for each frame with top < y1 and bottom > y0: a prefix of the sorted boxes, and
+// in it the subtrees whose deepest bottom reaches below y0.
+function framesAcross(fi, y0, y1, fn) {
+  const end = lowerBound(fi.tops, y1);
+  const visit = (node, lo, hi) => {
+    if (lo >= end || fi.bottom[node] <= y0) return;
+    if (node >= fi.size) { fn(fi.boxes[node - fi.size]); return; }
+    const mid = (lo + hi) >> 1;
+    visit(2 * node, lo, mid); visit(2 * node + 1, mid, hi);
+  };
+  if (end) visit(1, 0, fi.size);
+}
+
 // Where an edge that skips rows (a residual connection: x + f(x), going down the forward
 // column or up the backward one) runs: right of every box it would cross (drawn straight
 // behind them it looked connected to them), or undefined when it crosses none.  Boxes are
-// the visible items sorted by top (binary search for the rows in between) and the frames,
-// less the frames holding either end.
-function detour(seg, boxes, tops, frames) {
+// the visible items sorted by top (binary search for the rows in between) and the frames
+// across those rows (frameIndex), less the frames holding either end.
+function detour(seg, boxes, tops, fi) {
   const [ax, ay, bx, by] = seg;
   const y0 = Math.min(ay, by), y1 = Math.max(ay, by);
   if (y1 - y0 < 2 * DETOUR + 10) return undefined;
   const x0 = Math.min(ax, bx), x1 = Math.max(ax, bx);
   let right = -Infinity;
   const cross = (b) => { if (b[1] < y1 && b[1] + b[3] > y0 && b[0] <= x1 && b[0] + b[2] >= x0 && b[0] + b[2] > right) right = b[0] + b[2]; };
-  let lo = 0, hi = tops.length;
-  while (lo < hi) { const m = (lo + hi) >> 1; if (tops[m] < y0 - 60) lo = m + 1; else hi = m; }
+  const lo = lowerBound(tops, y0 - 60);
   // a long edge looks at the first SCAN boxes only, so a 10,000-node graph stays fast to draw
   for (let i = lo, end = Math.min(boxes.length, lo + SCAN); i < end && boxes[i][1] < y1; i++) cross(boxes[i]);
   const holds = (b, x, y) => x >= b[0] && x <= b[0] + b[2] && y >= b[1] && y <= b[1] + b[3];
-  for (const f of frames) if (!holds(f.box, ax, ay) && !holds(f.box, bx, by)) cross(f.box);
+  framesAcross(fi, y0, y1, (b) => { if (!holds(b, ax, ay) && !holds(b, bx, by)) cross(b); });
   return right === -Infinity ? undefined : right + 14;
 }
 
 const CATEGORICAL = new Set(["dtype", "diff"]);
 const DIFF_COLORS = new Map([["added", "#16a34a"], ["changed", "#d97706"], ["same", "#9ca3af"]]);
+const THEME_VARS = ["--op-fwd", "--op-bwd", "--op-opt", "--op-acc", "--node-none", "--group-fwd", "--group-bwd"];
 
-export function buildScene(model, layout, st) {
+// A scene is a base (boxes, colours, labels, frames and every edge routed: what the layout,
+// the expanded modules, the overlay and the theme make) marked with the selection and the
+// highlight.  A click that selects a node changes only the marks, so the base of ``prev``
+// (the scene drawn until now) is kept when everything it was built from is the same: on a
+// graph of 20,000 nodes rebuilding it took seconds a click.
+export function buildScene(model, layout, st, prev = null) {
+  const css = getComputedStyle(document.documentElement);
+  const theme = THEME_VARS.map((n) => css.getPropertyValue(n).trim()).join("|");
+  const c = st.ctx;
+  const from = [model, layout, st.expandedIdx, st.overlay, !!st.sideBySide, theme, c.moduleType, c.paramNorm, c.paramDtype, c.diff];
+  const old = prev?.base;
+  const base = old && old.from.length === from.length && old.from.every((x, i) => x === from[i]) ? old : buildBase(model, layout, st, css);
+  base.from = from;
+  return markScene(model, base, st);
+}
+
+function buildBase(model, layout, st, css) {
   const { leaves, groups, edges } = model;
   const { rep } = representatives(model, st.expandedIdx);
-  const css = getComputedStyle(document.documentElement);
-  const cv = (n) => css.getPropertyValue(n).trim();
+  const colours = new Map(); // a CSS variable read once, not once a node
+  const cv = (n) => { let c = colours.get(n); if (c === undefined) colours.set(n, c = css.getPropertyValue(n).trim()); return c; };
 
   // overlay colours, aggregated over collapsed groups: sums for time and memory; for gradient
   // norms the module's own norm, sqrt of the sum of its parameters' squared norms (what
@@ -116,25 +166,19 @@ export function buildScene(model, layout, st) {
     }
   }
 
-  const hi = st.highlight; // Set of leaf keys, or null
-  const cutKeys = st.cut || new Set();
   const items = [], byKey = new Map();
-  const groupHi = new Set(), groupCut = new Set();
   const firstLeaf = new Map(); // a collapsed box's place in execution order: its first op's
   leaves.forEach((l, i) => {
     const r = rep[i];
     if (r < 0) {
       if (!firstLeaf.has(r)) firstLeaf.set(r, i);
-      if (hi && hi.has(l.key)) groupHi.add(r);
-      if (cutKeys.has(l.key)) groupCut.add(r);
       return;
     }
     const b = layout.leafBox;
     const box = [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]];
     const phaseVar = l.kind === "node" && l.rec.name === "AccumulateGrad" ? "--op-acc" : PHASE_COLORS[l.phase] || "--op-fwd";
     const color = colorOf ? colorOf(vals[i]) || cv("--node-none") : cv(phaseVar);
-    const it = { key: l.key, leaf: i, order: i, box, label: l.label, sub: leafSub(model, l), color,
-                 hi: !!(hi && hi.has(l.key)), cut: cutKeys.has(l.key) };
+    const it = { key: l.key, leaf: i, order: i, box, label: l.label, sub: leafSub(model, l), color, hi: false, cut: false };
     items.push(it); byKey.set(l.key, it);
   });
   const frames = [];
@@ -150,28 +194,26 @@ export function buildScene(model, layout, st) {
     const color = colorOf ? (v !== undefined ? (CATEGORICAL.has(st.overlay) ? colorOf(v) : colorOf(v)) : cv("--node-none"))
       : cv(G.phase === "backward" ? "--group-bwd" : "--group-fwd");
     // "≡ 0": same structure as sibling 0 (repeated blocks)
-    const it = { key: "g:" + G.key, group: g, order: firstLeaf.get(r), box, label: `${G.label}${mtype ? ": " + mtype : ""}${G.repeatOf ? "  ≡ " + groups[G.repeatOf].label : ""}`,
-                 sub: `${G.count} ${G.phase === "backward" ? "node" : "op"}${G.count === 1 ? "" : "s"} · ${G.path}`, color, hi: groupHi.has(r), cut: groupCut.has(r) };
+    const it = { key: "g:" + G.key, group: g, rep: r, order: firstLeaf.get(r), box, label: `${G.label}${mtype ? ": " + mtype : ""}${G.repeatOf ? "  ≡ " + groups[G.repeatOf].label : ""}`,
+                 sub: `${G.count} ${G.phase === "backward" ? "node" : "op"}${G.count === 1 ? "" : "s"} · ${G.path}`, color, hi: false, cut: false };
     items.push(it); byKey.set(it.key, it);
   }
 
-  // edges between visible representatives, deduplicated, one Path2D per edge type
+  // edges between visible representatives, deduplicated, each with the leaves of the edge
+  // that stands for it (a highlight marks it when it holds both)
   const boxOf = (r) => {
     if (r >= 0) { const b = layout.leafBox; return [b[4 * r], b[4 * r + 1], b[4 * r + 2], b[4 * r + 3]]; }
     const g = -1 - r, gb = layout.groupBox; return [gb[5 * g], gb[5 * g + 1], gb[5 * g + 2], gb[5 * g + 3]];
   };
-  // Edges go into chunks of consecutive (by top y) edges, each a Path2D with its vertical
-  // extent, so drawing skips chunks outside the viewport: a 10,000-node graph is tall.
   // Links from a forward op to the grad_fn it created span the whole graph; they steer the
   // layout but are drawn only for the selected node (a dashed line that long costs seconds
   // of rasterising).
   const segs = [];
   const links = [];
-  const hiSegs = [];
   const seen = new Set();
   const N = leaves.length + groups.length + 1;
-  const sel = st.selected;
   const boxes = items.map((it) => it.box).sort((p, q) => p[1] - q[1]), tops = boxes.map((b) => b[1]);
+  const fi = frameIndex(frames);
   const column = (i) => (st.sideBySide && leaves[i].phase === "backward" ? 1 : 0);
   for (const [a, b, type] of edges) {
     const ra = rep[a], rb = rep[b];
@@ -179,17 +221,23 @@ export function buildScene(model, layout, st) {
     const k = (ra + groups.length) * N + (rb + groups.length);
     if (seen.has(k)) continue;
     seen.add(k);
-    const A = boxOf(ra), B = boxOf(rb);
-    const seg = edgeSeg(A, B, type);
-    if (type === 2) { if (sel && (leaves[a].key === sel || leaves[b].key === sel)) links.push(seg); continue; }
+    const seg = edgeSeg(boxOf(ra), boxOf(rb), type);
+    if (type === 2) { links.push({ seg, a, b }); continue; }
     // an edge from one column to the other (full mode's backward kernels read the forward's
     // saved tensors) crosses the gap between them: routed right of the backward column it
     // would only add a long line down the graph's edge
-    const via = column(a) === column(b) ? detour(seg, boxes, tops, frames) : undefined;
+    const via = column(a) === column(b) ? detour(seg, boxes, tops, fi) : undefined;
     if (via !== undefined) seg.push(via);
-    if (hi && hi.has(leaves[a].key) && hi.has(leaves[b].key)) hiSegs.push(seg); else segs.push(seg);
+    segs.push({ seg, a, b });
   }
-  segs.sort((p, q) => Math.min(p[1], p[3]) - Math.min(q[1], q[3]));
+  // by top, for the chunks drawn (a stable sort: a highlight's rest keeps this order)
+  const sorted = segs.slice().sort((p, q) => Math.min(p.seg[1], p.seg[3]) - Math.min(q.seg[1], q.seg[3]));
+  return { rep, items, byKey, frames, legend, segs, sorted, links, width: layout.width, height: layout.height, marked: null };
+}
+
+// Edges go into chunks of consecutive (by top y) edges, each a Path2D with its vertical
+// extent, so drawing skips chunks outside the viewport: a 10,000-node graph is tall.
+function edgeChunks(segs) {
   const edgePaths = [];
   for (let i = 0; i < segs.length; i += EDGE_CHUNK) {
     const chunk = segs.slice(i, i + EDGE_CHUNK);
@@ -198,12 +246,38 @@ export function buildScene(model, layout, st) {
     for (const sg of chunk) { addSeg(paths[sg[4]], sg); y0 = Math.min(y0, sg[1], sg[3]); y1 = Math.max(y1, sg[1], sg[3]); }
     edgePaths.push({ path: paths[0], type: 0, y0, y1 }, { path: paths[1], type: 1, y0, y1 });
   }
+  return edgePaths;
+}
+
+// The base marked: items highlighted and cut, the highlighted edges drawn apart from the rest,
+// the selected node's links.  Edge paths (and the renderer's boxes batched by colour) are
+// kept for the highlight they were drawn for.
+function markScene(model, base, st) {
+  const { leaves } = model;
+  const hi = st.highlight, cutKeys = st.cut || new Set(), sel = st.selected;
+  const groupsOf = (keys) => {
+    const res = new Set();
+    if (keys) for (const k of keys) { const l = model.byKey.get(k); if (l && base.rep[l.index] < 0) res.add(base.rep[l.index]); }
+    return res;
+  };
+  const groupHi = groupsOf(hi), groupCut = groupsOf(cutKeys);
+  for (const it of base.items) {
+    if (it.group === undefined) { it.hi = !!(hi && hi.has(it.key)); it.cut = cutKeys.has(it.key); } else { it.hi = groupHi.has(it.rep); it.cut = groupCut.has(it.rep); }
+  }
+  const isHi = (e) => hi && hi.has(leaves[e.a].key) && hi.has(leaves[e.b].key);
+  if (!base.marked || base.marked.hi !== hi) {
+    const hiSegs = base.segs.filter(isHi).map((e) => e.seg);
+    let edgePaths;
+    if (hiSegs.length) edgePaths = edgeChunks(base.sorted.filter((e) => !isHi(e)).map((e) => e.seg));
+    else edgePaths = base.plain || (base.plain = edgeChunks(base.sorted.map((e) => e.seg)));
+    let hiPath = null;
+    if (hiSegs.length) { hiPath = new Path2D(); hiSegs.forEach((sg) => addSeg(hiPath, sg)); }
+    base.marked = { hi, edgePaths, hiPath };
+  }
   const linkPath = new Path2D();
-  links.forEach((sg) => addSeg(linkPath, sg));
-  let hiPath = null;
-  if (hiSegs.length) { hiPath = new Path2D(); hiSegs.forEach((sg) => addSeg(hiPath, sg)); }
-  return { items, byKey, frames, edgePaths, linkPath, hiPath,
-           width: layout.width, height: layout.height, selected: st.selected, dimOthers: !!(hi && hi.size), legend };
+  if (sel) for (const e of base.links) if (leaves[e.a].key === sel || leaves[e.b].key === sel) addSeg(linkPath, e.seg);
+  return { base, marks: base.marked, items: base.items, byKey: base.byKey, frames: base.frames, edgePaths: base.marked.edgePaths, linkPath, hiPath: base.marked.hiPath,
+           width: base.width, height: base.height, selected: sel, dimOthers: !!(hi && hi.size), legend: base.legend };
 }
 
 // Leaves on the way from a leaf to the loss: forward dataflow descendants for an op,

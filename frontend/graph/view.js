@@ -20,6 +20,16 @@ export function nearest(captured, step) {
 }
 const OVERLAYS = [["phase", "phase (forward / backward)"], ["grad", "gradient norm"], ["memory", "memory allocated / saved"], ["time", "time"], ["dtype", "dtype"], ["diff", "diff vs another step"]];
 
+// Why a graph is partial: a step past max_ops records its first ops and counts the rest; a
+// recorder that failed partway (its error is in the run's log) has no count.
+function partialNote(ev, cap) {
+  const shed = ev.shed_ops || 0;
+  if (!shed) return "Partial graph: the op recorder stopped partway through this step (its error is in the run's log).";
+  const ran = (ev.ops || []).length + shed;
+  return `Partial graph: this step ran ${ran.toLocaleString("en-US")} ops and its graph holds the first ${(cap || ran - shed).toLocaleString("en-US")} ` +
+    `(watch(..., max_ops=N) records more); ${shed.toLocaleString("en-US")} are not shown.`;
+}
+
 export class GraphView {
   constructor(root, app) {
     this.app = app;
@@ -182,7 +192,7 @@ export class GraphView {
       const every = this.app.meta?.settings?.sample_every;
       notes.push(`Step ${this.askedStep} has no captured graph${mode === "default" ? ` (mode="default" captures the first step, every ${every || "N"} steps and each step whose structure changes)` : ""}; showing step ${this.step}, the nearest captured.`);
     }
-    if (ev.complete === false) notes.push(`Partial graph: ${ev.shed_ops || "some"} ops were dropped under back-pressure.`);
+    if (ev.complete === false) notes.push(partialNote(ev, this.app.meta?.settings?.max_ops));
     const errors = this.stepEvent?.backward_errors || [];
     if (errors.length) {
       const first = String(errors[0]).split(/[.:]/)[0];
@@ -266,8 +276,9 @@ export class GraphView {
   redraw() {
     if (!this.model || !this.layout) return;
     const ctx = this.ctx();
+    // the scene drawn until now: what a new selection or highlight leaves as it was is kept
     this.scene = buildScene(this.model, this.layout, { expandedIdx: this.expandedIdx, overlay: this.overlay, ctx,
-      highlight: this.highlight, cut: this.cut, selected: this.selectedVisibleKey(), sideBySide: this.sideBySide });
+      highlight: this.highlight, cut: this.cut, selected: this.selectedVisibleKey(), sideBySide: this.sideBySide }, this.scene);
     this.canvas.setScene(this.scene);
     this.drawLegend();
   }

@@ -377,6 +377,54 @@ def test_a_step_whose_backward_failed_says_so_in_the_graph(page: Any, srv: Serve
     assert "backward() raised" not in page.locator(".graph-status").inner_text()
 
 
+_LONG_STEP = """
+import sys, torch, torchscope
+from torch import nn
+
+class Chain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        for _ in range(200):
+            h = h * 1.0
+        return h
+
+model = Chain()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with torchscope.watch(model, opt, server=sys.argv[1], record=sys.argv[2], mode="full", max_ops=300):
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.ones(2, 4)).pow(2).mean().backward()
+        opt.step()
+"""
+
+
+def test_a_step_past_max_ops_says_its_graph_is_partial(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    """A step's graph past max_ops holds its first ops: the line under the toolbar says how many
+    the step ran, how many the graph holds and how to record more -- not "back-pressure"."""
+    script, path = tmp_path / "long_step.py", tmp_path / "long.tscope"
+    script.write_text(_LONG_STEP)
+    run = subprocess.run([sys.executable, str(script), srv.url, str(path)], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    from torchscope import load
+
+    session = load(path)
+    graph = session.graph(0)
+    ran = len(graph["ops"]) + graph["shed_ops"]
+    assert len(graph["ops"]) == 300 and graph["shed_ops"] > 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and http_json(f"{srv.url}/api/sessions/{session.session_id}")["status"] == "running":
+        time.sleep(0.2)
+    open_dash(page, srv, session.session_id, "?view=graph&step=0")
+    wait_graph(page)
+    line = page.locator(".graph-status").inner_text()
+    assert f"this step ran {ran:,} ops and its graph holds the first 300" in line, line
+    assert "max_ops" in line and "back-pressure" not in line
+
+
 # ----------------------------------------------------------------------------- doctor
 def test_diagnostics_click_highlights_the_cut(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
     sid = runs["p01"]["id"]
