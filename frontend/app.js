@@ -10,7 +10,7 @@ import { RanksView } from "./ranks.js";
 import { DiagnosticsView } from "./diagnostics.js";
 import { initTheme } from "./theme.js";
 
-const VIEWS = { graph: ["Graph", GraphView], memory: ["Memory", MemoryView], gradients: ["Gradients", GradientsView],
+const VIEWS = { graph: ["Graph", GraphView], memory: ["Memory", MemoryView], gradients: ["Loss & gradients", GradientsView],
   ranks: ["Ranks", RanksView], diagnostics: ["Doctor", DiagnosticsView] };
 // what the tabs say, as a URL's view= may name them too
 const ALIASES = { doctor: "diagnostics" };

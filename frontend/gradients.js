@@ -1,5 +1,5 @@
-// Gradients view: the total gradient norm per step (and clip_grad_norm_'s, before clipping,
-// when the loop clips), a module x step heat map of gradient norms (per-parameter norms from
+// Gradients view: the loss per step (live, NaN/Inf marked), the total gradient norm per step
+// (and clip_grad_norm_'s, before clipping, when the loop clips), a module x step heat map of gradient norms (per-parameter norms from
 // /grads combined per module as sqrt(sum of squares)), NaN/Inf markers, lines for chosen
 // parameters, and the parameters that got no gradient.
 import { h, clear, fmtNum, coalesce } from "./dom.js";
@@ -26,8 +26,14 @@ export class GradientsView {
     this.pick = h("select", { multiple: true, size: 6, "aria-label": "parameters to plot", "data-testid": "param-pick", onchange: () => this.drawLines() });
     this.noGrad = h("div", { class: "nograd", "data-testid": "no-grad" });
     const mark = () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []);
-    root.append(h("h2", {}, "Total gradient norm"));
-    this.total = new LineChart(root, { title: "‖grad‖₂ of all parameters together, per step (log scale; red dots: NaN/Inf)", vlines: mark, log: true });
+    // the loss first, the curve a PyTorch user looks for, beside the total gradient norm (side
+    // by side on a wide window, so the heat map below stays in the first screenful)
+    const lossCol = h("div", {}, h("h2", {}, "Loss")), totalCol = h("div", {}, h("h2", {}, "Total gradient norm"));
+    root.append(h("div", { class: "chart-pair" }, lossCol, totalCol));
+    this.lossSeries = new LossSeries(app);
+    this.loss = new LineChart(lossCol, { title: "loss", vlines: mark, onClick: (i) => this.onLossClick(i) });
+    this.loss.root.dataset.testid = "loss";
+    this.total = new LineChart(totalCol, { title: "‖grad‖₂ of all parameters together, per step (log scale; red dots: NaN/Inf)", vlines: mark, log: true });
     this.total.root.dataset.testid = "total-norm";
     this.clipNote = h("p", { "data-testid": "clip-note", hidden: true });
     root.append(this.clipNote, h("h2", {}, "Gradient norm per module and step"), h("div", { class: "heat-wrap" }, this.heatLabels, this.heatScroll), this.heatHover, this.heatInfo,
@@ -62,6 +68,33 @@ export class GradientsView {
     this.drawHeat();
     this.drawLines();
     this.drawNoGrad();
+    // after the gradient charts: its step events are the larger download
+    await this.lossSeries.update(g.total_steps ?? g.steps.length, Math.max(g.steps.at(-1) ?? -1, (g.total_steps ?? 0) - 1));
+    this.drawLoss();
+  }
+
+  // The loss on a log axis once it spans two decades (a run from 10 down to 0.01 is flat on a
+  // linear one after its first steps); a loss at or below zero (an ELBO, a GAN's) stays linear.
+  drawLoss() {
+    const { x, y, marks } = this.lossSeries.series();
+    let lo = Infinity, hi = -Infinity;
+    for (const v of y) if (Number.isFinite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    const log = lo > 0 && hi / lo >= 100;
+    const { stride, total } = this.lossSeries;
+    this.loss.opts.log = log;
+    this.loss.opts.empty = this.app.running ? "No loss recorded yet." : "No step recorded a loss (the tensor backward() was called on).";
+    this.loss.root.querySelector(".chart-title").textContent = "backward()'s loss per step" +
+      (stride > 1 ? `, one step in ${stride} of ${total}` : "") + ` (${log ? "log scale; " : ""}red dots: NaN/Inf; click a point: mark its step)`;
+    this.loss.setData(x, [{ name: "loss", y }], marks);
+  }
+
+  // A point of the loss chart marks its step across the view, as a finding's link does (the
+  // heat map's column then opens that step's graph).
+  onLossClick(i) {
+    const step = this.loss.x[i];
+    if (!this.lossSeries.byStep.has(step)) return; // the gap between two recorded steps
+    this.app.setState({ step });
+    this.focusOn();
   }
 
   // The statistics are read after the loop's clip_grad_norm_, so where it ran, total_norm is
@@ -239,6 +272,7 @@ export class GradientsView {
     const asked = this.askedParams();
     if (asked) for (const o of this.pick.options) o.selected = asked.includes(o.textContent);
     this.total.draw();
+    this.loss.draw();
     this.drawHeat();
     this.drawLines();
   }
@@ -250,7 +284,86 @@ export class GradientsView {
       chosen: [...this.pick.selectedOptions].map((o) => o.textContent), focus: this.focus, zeroCells: this.zeroCells,
       legend: this.heatInfo.textContent, geom: this.heatGeom,
       total: this.total.series?.map((s) => s.name) || [], totalAxis: this.total.axis, totalMarks: this.total.markers.map((m) => m.x), clipNote: this.clipNote.hidden ? "" : this.clipNote.textContent,
-      notTrained: notTrained ? notTrained.nextElementSibling.textContent : "" };
+      notTrained: notTrained ? notTrained.nextElementSibling.textContent : "",
+      loss: { x: this.loss.x || [], y: (this.loss.series?.[0]?.y || []).map(wire), marks: this.loss.markers.map((m) => m.x),
+        axis: this.loss.axis, stride: this.lossSeries.stride, title: this.loss.root.querySelector(".chart-title").textContent } };
+  }
+}
+
+// A number as the server's JSON writes it: NaN and Infinity as strings (for the tests' equality).
+const wire = (v) => (typeof v === "number" && !Number.isFinite(v) ? String(v) : v);
+
+// The loss per step comes from the step events (/steps), the one place the server sends it.
+// They are whole events (a few KB each, more with many parameters), so a run longer than
+// LOSS_ALL steps is sampled: about LOSS_POINTS steps, every stride-th, the stride a power of
+// two so that, as a live run grows and the stride doubles, the points fetched are kept.
+const LOSS_ALL = 2000, LOSS_POINTS = 1000, PAGE = 1000, PARALLEL = 6;
+
+class LossSeries {
+  constructor(app) {
+    this.app = app;
+    this.byStep = new Map(); // step -> {loss (a number, NaN/Inf included; null: none), bad}
+    this.asked = new Set(); // sampled steps already asked for (one a run lacks is not asked again)
+    this.next = 0; // every step: the first one not fetched yet
+    this.stride = 1;
+    this.total = 0;
+    this.queue = Promise.resolve();
+  }
+
+  // What the run added since the last call; one fetch at a time (live reloads overlap).
+  update(total, last) {
+    this.queue = this.queue.catch(() => {}).then(() => this.fetch(total, last));
+    return this.queue;
+  }
+
+  async fetch(total, last) {
+    const path = `${sessionPath(this.app.id)}/steps?${rankQuery(this.app.rank)}`;
+    this.total = total;
+    const stride = total > LOSS_ALL ? 2 ** Math.ceil(Math.log2(total / LOSS_POINTS)) : 1;
+    if (stride !== this.stride) {
+      this.stride = stride;
+      for (const s of [...this.byStep.keys()]) if (s % stride) this.byStep.delete(s);
+      for (const s of this.byStep.keys()) this.asked.add(s);
+    }
+    if (stride === 1) {
+      for (let page = []; ; ) {
+        page = await api(`${path}&start=${this.next}&limit=${PAGE}`);
+        for (const ev of page) { this.add(ev); this.next = Math.max(this.next, ev.step + 1); }
+        if (page.length < PAGE) return;
+      }
+    }
+    const want = [];
+    for (let s = 0; s <= last; s += stride) if (!this.asked.has(s)) want.push(s);
+    const one = async () => {
+      for (let s; (s = want.shift()) !== undefined; ) {
+        (await api(`${path}&start=${s}&end=${s}&limit=1`)).forEach((ev) => this.add(ev));
+        this.asked.add(s);
+      }
+    };
+    await Promise.all(Array.from({ length: PARALLEL }, one));
+  }
+
+  add(ev) {
+    // the server's JSON writes a non-finite float as the string "NaN" / "Infinity" / "-Infinity"
+    const num = (v) => (typeof v === "string" ? Number(v) : typeof v === "number" ? v : null);
+    const loss = num(ev.loss);
+    const bad = [loss, ...(ev.losses || []).map(num)].some((v) => v !== null && !Number.isFinite(v));
+    this.byStep.set(ev.step, { loss, bad });
+  }
+
+  // x (steps), y (losses) and NaN/Inf markers; a step the run lacks between two it has is a
+  // gap (a null), not a line across it.
+  series() {
+    const x = [], y = [], marks = [];
+    let prev;
+    for (const s of [...this.byStep.keys()].sort((a, b) => a - b)) {
+      if (prev !== undefined && s - prev > this.stride) { x.push(prev + 1); y.push(null); }
+      const { loss, bad } = this.byStep.get(s);
+      x.push(s); y.push(loss);
+      if (bad) marks.push({ x: s });
+      prev = s;
+    }
+    return { x, y, marks };
   }
 }
 

@@ -40,14 +40,25 @@ export class MemoryView {
   }
 
   async load() {
-    this.series = await api(`${sessionPath(this.app.id)}/memory?${rankQuery(this.app.rank)}`);
-    const s = this.series;
-    this.info.textContent = s.step && s.step.length ? `${s.step.length} steps` : "No steps recorded yet.";
-    this.drawPerStep();
-    this.captured = (await api(`${sessionPath(this.app.id)}/graphs?${rankQuery(this.app.rank)}`)).map((g) => g.step);
-    clear(this.stepSel).append(...this.captured.map((st) => h("option", { value: st }, `step ${st}`)));
+    await this.fetchSteps();
     const want = this.app.state.step ?? this.captured[0];
     if (want !== undefined) await this.loadTimeline(want);
+  }
+
+  // The per-step series, its step count and the captured steps the timeline can show: at
+  // load, and again as a live run adds steps (the selected step stays selected).
+  async fetchSteps() {
+    const [series, graphs] = await Promise.all([api(`${sessionPath(this.app.id)}/memory?${rankQuery(this.app.rank)}`),
+      api(`${sessionPath(this.app.id)}/graphs?${rankQuery(this.app.rank)}`)]);
+    this.series = series;
+    this.info.textContent = series.step && series.step.length ? `${series.step.length} steps` : "No steps recorded yet.";
+    this.drawPerStep();
+    const captured = [...new Set(graphs.map((g) => g.step))].sort((a, b) => a - b);
+    if (this.captured && captured.length === this.captured.length && captured.every((st, i) => st === this.captured[i])) return;
+    this.captured = captured;
+    const chosen = this.stepSel.value;
+    clear(this.stepSel).append(...captured.map((st) => h("option", { value: st }, `step ${st}`)));
+    if (chosen !== "") this.stepSel.value = chosen;
   }
 
   drawPerStep() {
@@ -120,12 +131,18 @@ export class MemoryView {
   }
 
   onStep() { // live: append without touching the timeline the user is reading
-    this.reload ||= coalesce(async () => { this.series = await api(`${sessionPath(this.app.id)}/memory?${rankQuery(this.app.rank)}`); this.drawPerStep(); }, 500);
+    this.reload ||= coalesce(async () => {
+      const had = this.tl !== undefined;
+      await this.fetchSteps();
+      // the run's first captured step, while this view shows (and asks for) none yet
+      if (!had && this.captured.length && !this.root.hidden) await this.loadTimeline(this.app.state.step ?? this.captured[0]);
+    }, 500);
     this.reload();
   }
 
   debug() {
     return { steps: this.series?.step?.length || 0, timeline: this.tl?.length || 0, drawMs: this.perStep.lastDrawMs,
+      info: this.info.textContent, options: [...this.stepSel.options].map((o) => +o.value), selected: this.stepSel.value,
       graphsAlive: this.aliveBox.hidden ? null : Math.max(...(this.series?.graphs_alive || []).map((v) => v || 0)),
       hookBytes: this.hooksBox.hidden ? null : Math.max(...(this.series?.hook_bytes || []).map((v) => v || 0)) };
   }

@@ -5,7 +5,7 @@ export const FIELDS = {
   session: ["kind", "session_id", "name", "started_at", "rank", "world_size", "model", "modules", "params", "torch_version", "device", "script"],
   ModuleInfo: ["path", "type", "n_params", "training"],
   ParamInfo: ["name", "module", "shape", "dtype", "numel", "nbytes", "requires_grad"],
-  step: ["kind", "step", "rank", "t", "duration_us", "forward_us", "backward_us", "loss", "graph_captured", "graph_signature", "grads", "memory"],
+  step: ["kind", "step", "rank", "t", "duration_us", "forward_us", "backward_us", "loss", "losses", "graph_captured", "graph_signature", "grads", "memory"],
   GradStats: ["norm", "max_abs", "mean", "std", "zero_frac", "nan", "inf", "none", "clip"],
   ClipInfo: ["norm", "max_norm", "norm_type"],
   MemoryStats: ["params", "grads", "optimizer", "saved", "temporaries", "live", "peak", "device"],

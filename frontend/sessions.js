@@ -1,11 +1,32 @@
-// Sessions page (/): every run on this server, import by drag-and-drop or file picker,
-// rename, tag, delete, download.  Refreshes on live events.
+// Sessions page (/): every run on this server, filtered and sorted, import by drag-and-drop
+// or file picker, rename, tag, delete, download.  Refreshes on live events.
 import { h, clear, fmtTime, coalesce } from "./dom.js";
 import { api, sessionPath, live, showConnection } from "./api.js";
 import { initTheme } from "./theme.js";
 
 const body = document.getElementById("sessions");
 const note = document.getElementById("note");
+const filter = document.getElementById("filter");
+const shown = document.getElementById("shown");
+
+// Each sortable column: the key a row sorts by, and the order of a first click (counts and the
+// start time most / newest first, words from A).  Unsorted, the list is the server's: newest
+// added first.  Ties keep that order (the sort is stable).
+const ranksOf = (s) => (Array.isArray(s.ranks) ? s.ranks.length : s.ranks ?? 1);
+const SORTS = {
+  name: [(s) => (s.name || s.id).toLowerCase(), "asc"],
+  status: [(s) => s.status || "", "asc"],
+  started: [(s) => s.started_at ?? -Infinity, "desc"],
+  steps: [(s) => s.steps ?? 0, "desc"],
+  ranks: [ranksOf, "desc"],
+  doctor: [(s) => (s.errors || 0) * 1e9 + (s.warnings || 0), "desc"], // errors first, then warnings
+};
+
+// The filter and the sort live in the URL (?q=&sort=&dir=): a reload or a shared link keeps them.
+const params = new URLSearchParams(location.search);
+const view = { sort: SORTS[params.get("sort")] ? params.get("sort") : null, dir: params.get("dir") === "asc" ? "asc" : "desc" };
+filter.value = params.get("q") || "";
+let sessions = null; // the last list the server sent; the filter and the sort apply to it
 
 // The note says what the user's last action did (an import, a refused rename) and stays
 // until the next action; a failed list refresh says so too, and is cleared by the next
@@ -22,9 +43,58 @@ async function refresh() {
   let list;
   try { list = await api("/api/sessions"); } catch (e) { say(e.message, true); listFailed = true; return; }
   if (listFailed) say("");
+  sessions = list;
+  render();
+}
+
+function render() {
   clear(body);
-  if (!list.length) { body.append(h("tr", {}, h("td", { colspan: 8, class: "muted", id: "empty" }, "No sessions yet. Add torchscope.watch(model) to a training script, run `torchscope demo`, or drop a .tscope file here."))); return; }
-  for (const s of list) body.append(row(s));
+  if (!sessions.length) {
+    shown.textContent = "";
+    body.append(h("tr", {}, h("td", { colspan: 8, class: "muted", id: "empty" }, "No sessions yet. Add torchscope.watch(model) to a training script, run `torchscope demo`, or drop a .tscope file here.")));
+    return;
+  }
+  // every word somewhere in the row's name, id, status, model or tags, in any case
+  const words = filter.value.toLowerCase().split(/\s+/).filter(Boolean);
+  const rows = sessions.filter((s) => { const text = [s.name, s.id, s.status, s.model, ...(s.tags || [])].join("\n").toLowerCase(); return words.every((w) => text.includes(w)); });
+  if (view.sort) {
+    const [key] = SORTS[view.sort], sign = view.dir === "asc" ? 1 : -1;
+    const cmp = (a, b) => (typeof a === "string" ? a.localeCompare(b, undefined, { numeric: true }) : a - b);
+    rows.sort((a, b) => sign * cmp(key(a), key(b)));
+  }
+  shown.textContent = words.length ? `${rows.length} of ${sessions.length} sessions` : `${sessions.length} session${sessions.length > 1 ? "s" : ""}`;
+  if (!rows.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "muted", id: "no-match" }, `No session matches "${filter.value.trim()}".`)));
+  for (const s of rows) body.append(row(s));
+}
+
+// A column header's click sorts by it; a second click reverses the order.
+function initListTools() {
+  for (const th of document.querySelectorAll("th[data-sort]")) {
+    th.querySelector("button").addEventListener("click", () => {
+      const key = th.dataset.sort;
+      view.dir = view.sort === key ? (view.dir === "asc" ? "desc" : "asc") : SORTS[key][1];
+      view.sort = key;
+      changed();
+    });
+  }
+  filter.addEventListener("input", changed);
+  showSort();
+}
+
+function changed() {
+  const q = new URLSearchParams();
+  if (filter.value) q.set("q", filter.value);
+  if (view.sort) { q.set("sort", view.sort); q.set("dir", view.dir); }
+  history.replaceState(null, "", `${location.pathname}${String(q) ? `?${q}` : ""}`);
+  showSort();
+  if (sessions) render();
+}
+
+function showSort() {
+  for (const th of document.querySelectorAll("th[data-sort]")) {
+    if (th.dataset.sort === view.sort) th.setAttribute("aria-sort", view.dir === "asc" ? "ascending" : "descending");
+    else th.removeAttribute("aria-sort");
+  }
 }
 
 function row(s) {
@@ -33,7 +103,7 @@ function row(s) {
   return h("tr", { "data-id": s.id },
     h("td", {}, h("a", { href, class: "session-link" }, s.name || s.id), h("div", { class: "muted small" }, s.model || "")),
     h("td", {}, h("span", { class: `badge status-${(s.status || "").replace(/ /g, "-")}` }, s.status)),
-    h("td", {}, fmtTime(s.started_at)), h("td", { class: "num" }, String(s.steps ?? 0)), h("td", { class: "num" }, String(Array.isArray(s.ranks) ? s.ranks.length : s.ranks ?? 1)),
+    h("td", {}, fmtTime(s.started_at)), h("td", { class: "num" }, String(s.steps ?? 0)), h("td", { class: "num" }, String(ranksOf(s))),
     h("td", {}, s.errors ? h("span", { class: "badge err", title: "doctor errors" }, `${s.errors} error${s.errors > 1 ? "s" : ""}`) : null,
       s.warnings ? h("span", { class: "badge warn" }, `${s.warnings} warning${s.warnings > 1 ? "s" : ""}`) : null),
     h("td", {}, tags),
@@ -110,5 +180,6 @@ function initImport() {
 
 initTheme();
 initImport();
+initListTools();
 live(coalesce(refresh, 300), showConnection(document.getElementById("conn")));
 window.__torchscope = { ready: refresh(), refresh };
