@@ -464,6 +464,18 @@ def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         yield from events
 
 
+def check_frames(path: str | os.PathLike[str], frames: Iterable[FrameInfo]) -> Iterator[FrameInfo]:
+    """The given frames (from ``index``), each checked against its CRC but not decoded (a
+    summary that only counts graph frames); a frame that fails raises ``SessionFileError``
+    naming its offset, as ``read_frames`` does."""
+    name = os.path.basename(os.fspath(path))
+    with _open(path) as f:
+        for info in frames:
+            if not _crc_ok(f, info):
+                raise SessionFileError(f"{name} is corrupt at byte {info.offset}: frame checksum mismatch")
+            yield info
+
+
 def torn_bytes(path: str | os.PathLike[str]) -> int:
     """Bytes after the file's last whole frame, which readers drop: a writer killed mid-write,
     or a file cut short in transit."""

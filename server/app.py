@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
 
 from .config import RUNNING_TIMEOUT_S, SILENT_SWEEP_S, Settings, version
-from .diagnostics import diagnostics, stop_children
+from .diagnostics import DoctorQueue, stop_children
 from .live import LiveHub
 from .routes_ingest import router as ingest_router
 from .routes_pages import router as pages_router
@@ -24,6 +24,7 @@ from .security import SecurityMiddleware
 from .store import Store
 
 log = logging.getLogger("torchscope.server")
+GZIP_MIN_BYTES = 1024  # a smaller body gains less than the header and the CPU cost
 
 
 def _frontend_dir() -> Path:
@@ -32,15 +33,16 @@ def _frontend_dir() -> Path:
     return Path(torchscope.frontend.__file__).resolve().parent
 
 
-async def _diagnose_silent(app: FastAPI, schedule: Any) -> None:
-    """A run killed mid-way sends no end event, which is what starts its diagnosis: such runs
-    are diagnosed once their writer has been silent for RUNNING_TIMEOUT_S ("ended
-    unexpectedly"), each set of frames once (a doctor that failed is not retried on them).
+async def _sweep(app: FastAPI, schedule: Callable[[str, int], None]) -> None:
+    """Ranks that are over but undiagnosed get queued for the doctor: at startup, what a server
+    stopped before its queue was drained left (ended runs and imports included); then every
+    SILENT_SWEEP_S, runs killed mid-way, which send no end event (the event that starts a
+    diagnosis), once their writer has been silent for RUNNING_TIMEOUT_S ("ended
+    unexpectedly").  Each set of frames once: a doctor that failed is not retried on them.
     The change of status is published on the live channel, as ingest publishes an end."""
     tried: dict[tuple[str, int], int] = {}
     told: set[tuple[str, int]] = set()
     while True:
-        await asyncio.sleep(SILENT_SWEEP_S)
         try:
             store: Store = app.state.store
             before = time.time() - RUNNING_TIMEOUT_S
@@ -48,13 +50,14 @@ async def _diagnose_silent(app: FastAPI, schedule: Any) -> None:
             for key in silent - told:  # open pages learn that "running" is over
                 app.state.hub.publish({"session": key[0], "rank": key[1], "kind": "status", "status": "ended unexpectedly"})
             told = silent  # a writer heard from again is told about afresh when it goes silent
-            for key in store.silent_undiagnosed(before):
+            for key in store.undiagnosed(before):
                 frames = store.frame_count(*key)
                 if tried.get(key) != frames:
                     tried[key] = frames
                     schedule(*key)
         except Exception:  # the sweep must not end the server; the next one tries again
-            log.exception("torchscope: looking for silent runs to diagnose failed")
+            log.exception("torchscope: looking for runs to diagnose failed")
+        await asyncio.sleep(SILENT_SWEEP_S)
 
 
 def create_app(settings: Settings | None = None) -> Any:
@@ -65,32 +68,23 @@ def create_app(settings: Settings | None = None) -> Any:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
-        pool = ThreadPoolExecutor(1, thread_name_prefix="torchscope-doctor")
 
-        def schedule_diagnostics(session_id: str, rank: int) -> None:
-            """Run the doctor in the background once a run ended or was imported, so the
-            sessions list shows its error/warning counts without anyone asking."""
+        def found(key: tuple[str, int], findings: list[dict[str, Any]]) -> None:
+            # stored by now: the sessions list (which refetches on live events) shows the counts
+            loop.call_soon_threadsafe(app.state.hub.publish, {
+                "session": key[0], "rank": key[1], "kind": "finding", "count": len(findings)})
 
-            def job() -> None:
-                try:
-                    findings, fresh = diagnostics(app.state.store, session_id, rank)
-                except Exception:
-                    log.exception("torchscope: diagnostics of %s failed", session_id)
-                    return
-                if fresh:
-                    loop.call_soon_threadsafe(app.state.hub.publish, {
-                        "session": session_id, "rank": rank, "kind": "finding", "count": len(findings)})
-
-            pool.submit(job)
-
-        app.state.schedule_diagnostics = schedule_diagnostics
-        sweeper = asyncio.create_task(_diagnose_silent(app, schedule_diagnostics))
+        # the doctor in the background once a run ended or was imported, so the sessions list
+        # shows its error/warning counts without anyone asking
+        doctor = DoctorQueue(app.state.store, found)
+        app.state.schedule_diagnostics = doctor.schedule
+        sweeper = asyncio.create_task(_sweep(app, doctor.schedule))
         try:
             yield
         finally:
             sweeper.cancel()
             app.state.hub.close()
-            pool.shutdown(wait=False, cancel_futures=True)
+            doctor.close()
             stop_children()
             app.state.store.close()
 
@@ -102,6 +96,13 @@ def create_app(settings: Settings | None = None) -> Any:
     app.state.store = Store(settings.db_path)
     app.state.hub = LiveHub()
     app.state.schedule_diagnostics = lambda session_id, rank: None  # replaced at startup
+    # gzip for what is worth it: a 20k-node /graph is 30-40 MB of JSON.  Level 1: most of the
+    # size win for a fifth of the CPU of Starlette's default 9 (~0.7 s instead of ~3.5 s for
+    # 40 MB, in a worker thread), on a server that also ingests.  Not compressed: the live
+    # channel (text/event-stream, excluded by Starlette: a compressor would hold its events
+    # back) and the export (application/octet-stream: frames zlib-compressed already).
+    app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=1,
+                       exclude_content_types=(*DEFAULT_EXCLUDED_CONTENT_TYPES, "application/octet-stream"))
     app.include_router(pages_router)
     app.include_router(ingest_router)
     app.include_router(sessions_router)

@@ -1,35 +1,51 @@
 """The doctor, run over stored events and cached by the frame count it saw.
 
-The doctor runs in a child process (``python -m torchscope.server.diagnostics DB SESSION
-RANK``) reading the SQLite file read-only: its CPU time on a long run must not hold the
-server's GIL while the dashboard is being served.  ``torchscope.doctor`` is imported there,
-guarded: a missing or failing doctor means "no findings" (logged), never a 500.
+The doctor runs in a child process (``python -m torchscope.server.diagnostics DB``) reading the
+SQLite file read-only: its CPU time on a long run must not hold the server's GIL while the
+dashboard is being served.  The child reads one ``[session, rank]`` JSON line at a time on its
+stdin and answers each with one ``[session, rank, findings]`` line: starting Python and
+importing the doctor (0.3-1 s) costs more than diagnosing a small run (~25 ms), so the
+background queue keeps one child for as long as it has ranks to diagnose, and a bulk import
+does not pay the start-up per session.  ``torchscope.doctor`` is imported there, guarded: a
+missing or failing doctor means "no findings" (logged), never a 500.
+
+``DoctorQueue`` is the server's background diagnosis: ranks that ended, were imported, went
+silent, or were left undiagnosed by a server that stopped (the store's ``undiagnosed``) are
+queued, and the findings of each are stored and announced as soon as they exist.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import subprocess
 import sys
+import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from torchscope.sessionfile import decode_frame
 
 from .store import Store
 
 log = logging.getLogger("torchscope.server")
-DOCTOR_TIMEOUT_S = 600
+DOCTOR_TIMEOUT_S = 600  # per rank
+Key = tuple[str, int]  # (session id, rank)
+Findings = list[dict[str, Any]]
 _children: set[subprocess.Popen[bytes]] = set()
 _children_lock = threading.Lock()
 # One doctor at a time: on 2 cores, parallel doctors would starve the API they serve.
 _doctor_lock = threading.Lock()
+# requests blocked on _doctor_lock: the background queue lets them go before its next rank
+_waiting: list[None] = []  # append and pop are atomic under the GIL
 
 
-def _diagnose(events: Iterator[dict[str, Any]]) -> list[dict[str, Any]]:
+def _diagnose(events: Iterator[dict[str, Any]]) -> Findings:
     try:
         from torchscope.doctor import diagnose
     except Exception as exc:  # the doctor is optional to the server
@@ -54,33 +70,103 @@ def stop_children() -> None:
             proc.kill()
 
 
-def _run_child(db: Path, session_id: str, rank: int) -> list[dict[str, Any]]:
-    proc = subprocess.Popen([sys.executable, "-m", "torchscope.server.diagnostics", str(db), session_id, str(rank)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    with _children_lock:
-        _children.add(proc)
-    try:
-        out, err = proc.communicate(timeout=DOCTOR_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        log.warning("torchscope: the doctor took over %ss on %s; no findings", DOCTOR_TIMEOUT_S, session_id)
+class DoctorStopped(Exception):
+    """The child was killed by a signal not ours: the server stopping (``stop_children``, or a
+    Ctrl-C or SIGTERM to its process group), or the OOM killer.  No verdict: the rank keeps no
+    findings, so a later sweep or the next start diagnoses it (the empty findings of a doctor
+    that failed would count as a diagnosis)."""
+
+
+class DoctorChild:
+    """One doctor child process, asked about one rank at a time."""
+
+    def __init__(self, db: Path) -> None:
+        # stderr to a file: a chatty child never blocks on a full pipe (closed by close())
+        self._err: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
+        self._proc = subprocess.Popen([sys.executable, "-m", "torchscope.server.diagnostics", str(db)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
+        with _children_lock:
+            _children.add(self._proc)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def diagnose(self, session_id: str, rank: int) -> Findings:
+        """The findings of one rank.  A child that fails or takes over DOCTOR_TIMEOUT_S gives
+        none (logged) and is done with (``alive`` is false); ``DoctorStopped`` when it was
+        killed from outside."""
+        proc = self._proc
+        assert proc.stdin is not None and proc.stdout is not None
+        why: list[str] = []  # why we killed it, if we did
+
+        def expire() -> None:
+            why.append(f"took over {DOCTOR_TIMEOUT_S}s")
+            proc.kill()
+
+        watchdog = threading.Timer(DOCTOR_TIMEOUT_S, expire)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            proc.stdin.write(json.dumps([session_id, rank]).encode() + b"\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except (BrokenPipeError, ValueError):  # dead already (ValueError: its pipe closed)
+            line = b""
+        finally:
+            watchdog.cancel()
+        try:
+            sid, r, findings = json.loads(line)
+            if (sid, r) == (session_id, rank) and isinstance(findings, list):
+                return findings
+            why.append(f"answered {line[:100]!r}")
+        except (ValueError, TypeError):
+            if line:
+                why.append(f"answered {line[:100]!r}")
+        self.close(kill=True)
+        if not why and proc.returncode < 0:
+            raise DoctorStopped(f"the doctor process was stopped (signal {-proc.returncode})")
+        self._err.seek(0)
+        tail = self._err.read()[-500:].decode(errors="replace")
+        log.warning("torchscope: the doctor %s on %s; no findings for it: %s",
+                    why[0] if why else f"process ended with {proc.returncode}", session_id, tail)
         return []
-    finally:
+
+    def close(self, kill: bool = False) -> None:
+        """End the child: its stdin closed, it exits; ``kill`` when it may not."""
+        proc = self._proc
+        if kill and proc.poll() is None:
+            proc.kill()
+        for pipe in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):  # BrokenPipeError flushing the stdin of a dead child
+                pipe.close()  # type: ignore[union-attr]
+        try:
+            proc.wait(DOCTOR_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         with _children_lock:
             _children.discard(proc)
-    if proc.returncode != 0:
-        log.warning("torchscope: the doctor process ended with %s: %s", proc.returncode,
-                    err.decode(errors="replace")[-500:])
-        return []
-    try:
-        findings = json.loads(out)
-    except ValueError:
-        return []
-    return findings if isinstance(findings, list) else []
+        self._err.close()
 
 
-def diagnostics(store: Store, session_id: str, rank: int) -> tuple[list[dict[str, Any]], bool]:
+def _stale(store: Store, key: Key) -> int | None:
+    """Under the doctor lock: the rank's frame count when its cached findings are missing or
+    of fewer frames (the doctor is due), else None."""
+    frames = store.frame_count(*key)
+    cached = store.diagnostics(*key)
+    return frames if cached is None or cached[0] != frames else None
+
+
+def _diagnose_into(store: Store, child: DoctorChild, key: Key, frames: int) -> Findings:
+    """Under the doctor lock: diagnose and store (with the frame count seen before the child
+    read the frames: more may come, and are then diagnosed again)."""
+    findings = child.diagnose(*key)
+    store.put_diagnostics(key[0], key[1], frames, findings).result()
+    return findings
+
+
+def diagnostics(store: Store, session_id: str, rank: int) -> tuple[Findings, bool]:
     """Findings for one rank, and whether they were freshly computed (a finding event is due)."""
     if not _doctor_lock.acquire(blocking=False):
         # a doctor is running: answer with what we have rather than queueing requests
@@ -88,32 +174,106 @@ def diagnostics(store: Store, session_id: str, rank: int) -> tuple[list[dict[str
         stale = store.diagnostics(session_id, rank)
         if stale is not None:
             return stale[1], False
-        _doctor_lock.acquire()
+        _waiting.append(None)  # the background queue lets us go first (at its next rank)
+        try:
+            _doctor_lock.acquire()
+        finally:
+            _waiting.pop()
     try:
         # checked under the lock: a request that waited for a doctor run of the same
         # frames gets its result instead of starting another
-        frames = store.frame_count(session_id, rank)
-        cached = store.diagnostics(session_id, rank)
-        if cached is not None and cached[0] == frames:
-            return cached[1], False
-        findings = _run_child(store.path, session_id, rank)
-        store.put_diagnostics(session_id, rank, frames, findings).result()
-        return findings, True
+        frames = _stale(store, (session_id, rank))
+        if frames is None:
+            cached = store.diagnostics(session_id, rank)
+            return (cached[1] if cached else []), False
+        child = DoctorChild(store.path)
+        try:
+            return _diagnose_into(store, child, (session_id, rank), frames), True
+        except DoctorStopped:
+            return [], False
+        finally:
+            child.close()
     finally:
         _doctor_lock.release()
 
 
+class DoctorQueue:
+    """Background diagnosis on one worker thread, with one doctor child for as long as keys
+    are pending (deduplicated while they wait).  The doctor lock is taken per rank, so a
+    request about another session waits for one rank at most.  ``done(key, findings)`` is
+    called for each fresh result, stored by then."""
+
+    def __init__(self, store: Store, done: Callable[[Key, Findings], None]) -> None:
+        self._store, self._done = store, done
+        self._pending: dict[Key, None] = {}  # insertion-ordered set
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="torchscope-doctor")
+        self._drain: Future[None] | None = None
+        self._closed = False
+
+    def schedule(self, session_id: str, rank: int) -> None:
+        with self._lock:
+            if self._closed:  # the server is stopping: the next start's sweep finds the key
+                return
+            self._pending[(session_id, rank)] = None
+            if self._drain is None:
+                self._drain = self._pool.submit(self._run)
+
+    def _take(self) -> Key | None:
+        with self._lock:
+            if self._pending and not self._closed:
+                key = next(iter(self._pending))
+                del self._pending[key]
+                return key
+            self._drain = None
+            return None
+
+    def _run(self) -> None:
+        child: DoctorChild | None = None
+        try:
+            while key := self._take():
+                deadline = time.monotonic() + 5.0
+                while _waiting and time.monotonic() < deadline:  # a request's rank first
+                    time.sleep(0.01)
+                try:
+                    with _doctor_lock:
+                        frames = _stale(self._store, key)
+                        if frames is None:
+                            continue
+                        if child is None or not child.alive:
+                            child = DoctorChild(self._store.path)
+                        findings = _diagnose_into(self._store, child, key, frames)
+                    self._done(key, findings)
+                except DoctorStopped:
+                    return  # the server is stopping (or the machine is out of memory)
+                except Exception:  # the queue goes on; the sweep retries the key's next frames
+                    log.exception("torchscope: diagnostics of %s failed", key)
+        finally:
+            if child is not None:
+                child.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._pending.clear()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _child_main(argv: list[str]) -> int:
-    """Child process: read one rank's frames from the store, print the findings as JSON."""
+    """Child process: for each ``[session, rank]`` line on stdin, read that rank's frames from
+    the store and print ``[session, rank, findings]`` as one JSON line; exit at end of input."""
     import os
 
     import pydantic_core
 
     os.nice(10)  # the server's requests come first
-    db, session_id, rank = Path(argv[0]), argv[1], int(argv[2])
-    store = Store(db, read_only=True)
-    findings = _diagnose(stored_events(store, session_id, rank))
-    sys.stdout.buffer.write(pydantic_core.to_json(findings, inf_nan_mode="strings"))
+    store = Store(Path(argv[0]), read_only=True)
+    for request in sys.stdin.buffer:
+        session_id, rank = json.loads(request)
+        findings = _diagnose(stored_events(store, session_id, rank))
+        line = pydantic_core.to_json([session_id, rank, findings], inf_nan_mode="strings")
+        sys.stdout.buffer.write(line + b"\n")
+        sys.stdout.buffer.flush()
     return 0
 
 

@@ -10,7 +10,8 @@ Tables
   ``torchscope.series.step_summary`` plus the event JSON and its memory/grads parts.
 - ``graphs``: the graph index (session, rank, step, micro) -> frame seq, so ``/graph``
   decodes exactly one frame.
-- ``diagnostics``: doctor findings cached by the frame count they were computed on.
+- ``diagnostics``: doctor findings cached by the frame count they were computed on (the
+  rank's ``next_seq`` then): fewer than the rank has now means stale (``undiagnosed``).
 
 A PostgreSQL store would be a second implementation of this class's methods; nothing
 outside this module writes SQL.
@@ -490,13 +491,16 @@ class Store:
         rows = self._read().execute(f"SELECT r.session_id, r.rank FROM ranks r WHERE {_SILENT}", (before,)).fetchall()
         return [(str(s), int(r)) for s, r in rows]
 
-    def silent_undiagnosed(self, before: float) -> list[tuple[str, int]]:
-        """Ranks whose writer went silent without an end event (last heard of before ``before``)
-        and whose frames the doctor has not seen: a killed run gets its diagnosis too."""
+    def undiagnosed(self, before: float) -> list[tuple[str, int]]:
+        """Ranks that are over (an end event, or a writer silent since before ``before``: a
+        killed run, an imported file) and whose frames the doctor has not seen all of: no
+        findings, or findings of fewer frames (``diagnostics.frames``, the rank's ``next_seq``
+        when they were computed).  What a server stopped before its queue was drained left."""
         rows = self._read().execute(
             "SELECT r.session_id, r.rank FROM ranks r LEFT JOIN diagnostics d "
             "ON d.session_id = r.session_id AND d.rank = r.rank "
-            f"WHERE {_SILENT} AND (d.frames IS NULL OR d.frames != r.next_seq)",
+            "WHERE (r.end_status IS NOT NULL OR r.last_seen < ?) AND (d.frames IS NULL OR d.frames != r.next_seq) "
+            "ORDER BY r.rowid DESC",  # newest first, as the sessions list shows them
             (before,)).fetchall()
         return [(str(s), int(r)) for s, r in rows]
 
