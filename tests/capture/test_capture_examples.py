@@ -27,7 +27,7 @@ def test_example_records_a_session(name: str, tmp_path: Path) -> None:
     assert len(files) == 1
     path = files[0]
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("torchscope: watching")]
-    assert len(lines) == 1 and str(path.relative_to(tmp_path) if name == "mlp" else path) in lines[0]
+    assert len(lines) == 1 and str(path.relative_to(tmp_path) if name == "mlp" else path) in lines[0], res.stderr[-3000:]
     # the transport's warning (its wording and count are the transport's, tests/files/) names the file
     unreachable = [ln for ln in res.stderr.splitlines() if "not reachable" in ln]
     assert all(str(path) in ln for ln in unreachable)
