@@ -45,7 +45,14 @@ export class GradientsView {
     window.addEventListener(THEME_EVENT, () => { if (this.g) this.drawHeat(); });
   }
 
+  // The loss (/loss, a few bytes a step) and the gradient statistics (/grads) side by side,
+  // each drawn as it arrives.
   async load() {
+    this.focus = this.app.state.step;
+    await Promise.all([this.loadGrads(), this.lossSeries.update().then(() => this.drawLoss())]);
+  }
+
+  async loadGrads() {
     const g = await api(`${sessionPath(this.app.id)}/grads?${rankQuery(this.app.rank)}`);
     this.g = g;
     const modOf = new Map((this.app.meta?.params || []).map((p) => [p.name, p.module ?? p.name.split(".").slice(0, -1).join(".")]));
@@ -68,9 +75,6 @@ export class GradientsView {
     this.drawHeat();
     this.drawLines();
     this.drawNoGrad();
-    // after the gradient charts: its step events are the larger download
-    await this.lossSeries.update(g.total_steps ?? g.steps.length, Math.max(g.steps.at(-1) ?? -1, (g.total_steps ?? 0) - 1));
-    this.drawLoss();
   }
 
   // The loss on a log axis once it spans two decades (a run from 10 down to 0.01 is flat on a
@@ -80,11 +84,10 @@ export class GradientsView {
     let lo = Infinity, hi = -Infinity;
     for (const v of y) if (Number.isFinite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
     const log = lo > 0 && hi / lo >= 100;
-    const { stride, total } = this.lossSeries;
     this.loss.opts.log = log;
     this.loss.opts.empty = this.app.running ? "No loss recorded yet." : "No step recorded a loss (the tensor backward() was called on).";
-    this.loss.root.querySelector(".chart-title").textContent = "backward()'s loss per step" +
-      (stride > 1 ? `, one step in ${stride} of ${total}` : "") + ` (${log ? "log scale; " : ""}red dots: NaN/Inf; click a point: mark its step)`;
+    this.loss.root.querySelector(".chart-title").textContent =
+      `backward()'s loss per step (${log ? "log scale; " : ""}red dots: NaN/Inf; click a point: mark its step)`;
     this.loss.setData(x, [{ name: "loss", y }], marks);
   }
 
@@ -92,7 +95,7 @@ export class GradientsView {
   // heat map's column then opens that step's graph).
   onLossClick(i) {
     const step = this.loss.x[i];
-    if (!this.lossSeries.byStep.has(step)) return; // the gap between two recorded steps
+    if (!this.lossSeries.has(step)) return; // the gap between two recorded steps
     this.app.setState({ step });
     this.focusOn();
   }
@@ -286,84 +289,64 @@ export class GradientsView {
       total: this.total.series?.map((s) => s.name) || [], totalAxis: this.total.axis, totalMarks: this.total.markers.map((m) => m.x), clipNote: this.clipNote.hidden ? "" : this.clipNote.textContent,
       notTrained: notTrained ? notTrained.nextElementSibling.textContent : "",
       loss: { x: this.loss.x || [], y: (this.loss.series?.[0]?.y || []).map(wire), marks: this.loss.markers.map((m) => m.x),
-        axis: this.loss.axis, stride: this.lossSeries.stride, title: this.loss.root.querySelector(".chart-title").textContent } };
+        axis: this.loss.axis, title: this.loss.root.querySelector(".chart-title").textContent } };
   }
 }
 
 // A number as the server's JSON writes it: NaN and Infinity as strings (for the tests' equality).
 const wire = (v) => (typeof v === "number" && !Number.isFinite(v) ? String(v) : v);
 
-// The loss per step comes from the step events (/steps), the one place the server sends it.
-// They are whole events (a few KB each, more with many parameters), so a run longer than
-// LOSS_ALL steps is sampled: about LOSS_POINTS steps, every stride-th, the stride a power of
-// two so that, as a live run grows and the stride doubles, the points fetched are kept.
-const LOSS_ALL = 2000, LOSS_POINTS = 1000, PAGE = 1000, PARALLEL = 6;
-
+// The loss of every step, from /loss: columns of step numbers and losses, and the steps whose
+// loss was NaN/Inf (a few bytes a step, not the step events), so a 100,000-step run is plotted
+// whole, not sampled (sampling could skip the one NaN step). The chart draws a long series as
+// one min/max pair per pixel column, and a dot for every NaN/Inf step. A live run's reload asks
+// only for the steps after the last one it has.
 class LossSeries {
   constructor(app) {
     this.app = app;
-    this.byStep = new Map(); // step -> {loss (a number, NaN/Inf included; null: none), bad}
-    this.asked = new Set(); // sampled steps already asked for (one a run lacks is not asked again)
-    this.next = 0; // every step: the first one not fetched yet
-    this.stride = 1;
-    this.total = 0;
+    this.steps = []; // step numbers, increasing
+    this.losses = []; // each one's loss (a number, NaN/Inf included; null: the step has none)
+    this.bad = []; // steps whose loss was NaN/Inf
+    this.next = 0; // the first step not fetched yet
     this.queue = Promise.resolve();
   }
 
   // What the run added since the last call; one fetch at a time (live reloads overlap).
-  update(total, last) {
-    this.queue = this.queue.catch(() => {}).then(() => this.fetch(total, last));
+  update() {
+    this.queue = this.queue.catch(() => {}).then(() => this.fetch());
     return this.queue;
   }
 
-  async fetch(total, last) {
-    const path = `${sessionPath(this.app.id)}/steps?${rankQuery(this.app.rank)}`;
-    this.total = total;
-    const stride = total > LOSS_ALL ? 2 ** Math.ceil(Math.log2(total / LOSS_POINTS)) : 1;
-    if (stride !== this.stride) {
-      this.stride = stride;
-      for (const s of [...this.byStep.keys()]) if (s % stride) this.byStep.delete(s);
-      for (const s of this.byStep.keys()) this.asked.add(s);
-    }
-    if (stride === 1) {
-      for (let page = []; ; ) {
-        page = await api(`${path}&start=${this.next}&limit=${PAGE}`);
-        for (const ev of page) { this.add(ev); this.next = Math.max(this.next, ev.step + 1); }
-        if (page.length < PAGE) return;
-      }
-    }
-    const want = [];
-    for (let s = 0; s <= last; s += stride) if (!this.asked.has(s)) want.push(s);
-    const one = async () => {
-      for (let s; (s = want.shift()) !== undefined; ) {
-        (await api(`${path}&start=${s}&end=${s}&limit=1`)).forEach((ev) => this.add(ev));
-        this.asked.add(s);
-      }
-    };
-    await Promise.all(Array.from({ length: PARALLEL }, one));
+  async fetch() {
+    const got = await api(`${sessionPath(this.app.id)}/loss?${rankQuery(this.app.rank)}&start=${this.next}`);
+    // the server's JSON writes a non-finite float as the string "NaN" / "Infinity" / "-Infinity"
+    const num = (v) => (typeof v === "string" ? Number(v) : v);
+    got.step.forEach((s, i) => { this.steps.push(s); this.losses.push(num(got.loss[i])); });
+    for (const s of got.nonfinite) this.bad.push(s); // (not push(...): a diverged run has 100,000s)
+    if (got.step.length) this.next = got.step.at(-1) + 1;
   }
 
-  add(ev) {
-    // the server's JSON writes a non-finite float as the string "NaN" / "Infinity" / "-Infinity"
-    const num = (v) => (typeof v === "string" ? Number(v) : typeof v === "number" ? v : null);
-    const loss = num(ev.loss);
-    const bad = [loss, ...(ev.losses || []).map(num)].some((v) => v !== null && !Number.isFinite(v));
-    this.byStep.set(ev.step, { loss, bad });
+  // whether the run recorded this step (binary search: steps are increasing)
+  has(step) {
+    let lo = 0, hi = this.steps.length - 1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      if (this.steps[mid] === step) return true;
+      if (this.steps[mid] < step) lo = mid + 1; else hi = mid - 1;
+    }
+    return false;
   }
 
   // x (steps), y (losses) and NaN/Inf markers; a step the run lacks between two it has is a
   // gap (a null), not a line across it.
   series() {
-    const x = [], y = [], marks = [];
-    let prev;
-    for (const s of [...this.byStep.keys()].sort((a, b) => a - b)) {
-      if (prev !== undefined && s - prev > this.stride) { x.push(prev + 1); y.push(null); }
-      const { loss, bad } = this.byStep.get(s);
-      x.push(s); y.push(loss);
-      if (bad) marks.push({ x: s });
-      prev = s;
+    const x = [], y = [];
+    const { steps, losses } = this;
+    for (let i = 0; i < steps.length; i++) {
+      if (i && steps[i] - steps[i - 1] > 1) { x.push(steps[i - 1] + 1); y.push(null); }
+      x.push(steps[i]); y.push(losses[i]);
     }
-    return { x, y, marks };
+    return { x, y, marks: this.bad.map((s) => ({ x: s })) };
   }
 }
 

@@ -139,6 +139,19 @@ def grads(session_id: SessionId, store: StoreDep, rank: RankQ = 0, start: StepQ 
     return Response(_cached(key, build), media_type=JSON)
 
 
+@router.get("/sessions/{session_id}/loss",
+            response_description="columns step and loss (every step of the range; NaN/Infinity as strings, "
+                                 "null: no loss) and nonfinite: the steps whose loss was NaN or infinite")
+def loss(session_id: SessionId, store: StoreDep, rank: RankQ = 0, start: StepQ = None,
+         end: StepQ = None) -> Response:
+    require_session(store, session_id)
+    # a few bytes a step, not the whole step event: the loss chart reads every step of a
+    # 100,000-step run (sampling could skip the one NaN), a live one only the steps after its last
+    key = ("loss", session_id, rank, store.frame_count(session_id, rank), start, end)
+    return Response(_cached(key, lambda: api_json(store.loss_series(session_id, rank, start, end))),
+                    media_type=JSON)
+
+
 @router.get("/sessions/{session_id}/diagnostics", response_description="a list of Finding (torchscope.schema)")
 async def diagnostics(session_id: SessionId, store: StoreDep, hub: HubDep, rank: RankQ = 0) -> Response:
     require_session(store, session_id)

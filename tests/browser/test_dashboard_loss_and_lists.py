@@ -3,9 +3,10 @@
 losses no script produces on purpose, step events streamed by the real transport).
 
 - No loss chart: the Loss & gradients view now starts with the loss per step, the values the
-  run recorded (checked against the server's /steps and the run's own .tscope file), NaN/Inf
-  losses marked, steps without a loss as gaps, a log axis when the loss spans decades, a click
-  marking the step, and new steps drawn while the run goes on.
+  run recorded (checked against the server's /steps and /loss and the run's own .tscope file),
+  every step of a long run (no sampling that could skip a NaN), NaN/Inf losses marked, steps
+  without a loss as gaps, a log axis when the loss spans decades, a click marking the step, and
+  new steps drawn while the run goes on.
 - The Memory view's "N steps" and its step selector stayed as they were when the page opened
   while a live run added steps (and captured graphs).
 - The sessions page had no filter and no sort: with hundreds of runs it is a filter box over
@@ -104,9 +105,11 @@ def test_the_loss_chart_plots_the_losses_the_run_recorded(page: Any, srv: Server
     in_file = {ev["step"]: ev["loss"] for ev in load(recorded / "losses.tscope").steps}
     assert sorted(in_file) == list(range(STEPS)) and all(isinstance(v, float) and math.isfinite(v) for v in in_file.values())
     assert server_losses(srv, sid) == in_file
+    assert srv.get(f"/api/sessions/{sid}/loss") == {"step": list(range(STEPS)), "loss": [in_file[s] for s in range(STEPS)],
+                                                    "nonfinite": []}
     assert loss["x"] == list(range(STEPS))
     assert loss["y"] == [in_file[s] for s in range(STEPS)]
-    assert loss["marks"] == [] and loss["stride"] == 1
+    assert loss["marks"] == []
     # mse of random targets stays near 1: a linear axis, which must hold every point
     assert loss["axis"]["log"] is False
     assert loss["axis"]["lo"] <= min(in_file.values()) and max(in_file.values()) <= loss["axis"]["hi"]
@@ -141,7 +144,10 @@ def test_nan_and_inf_losses_are_marked_missing_ones_are_gaps_and_decades_are_log
     nan, inf = float("nan"), float("inf")
     losses: dict[int, Any] = {0: 10.0, 1: 3.0, 2: 1.0, 3: nan, 4: inf, 5: None, 6: 0.1, 7: 0.03, 9: 0.01, 10: 0.001}
     steps = {s: {"loss": v, "losses": [v]} if v is not None else {} for s, v in losses.items()}
-    steps[8] = {"loss": 0.02, "losses": [-inf, 0.02]}  # a non-finite micro-batch loss, the last one finite
+    # a non-finite micro-batch loss, the last one finite: only the step's loss (the last
+    # micro-batch's) is in /loss (reading every event for the others is ~7x slower on a long
+    # run, docs/server.md), so it is no marker; its gradients and the doctor show such a step
+    steps[8] = {"loss": 0.02, "losses": [-inf, 0.02]}
     sid = _stream(srv, tmp_path, "nonfinite-loss", dict(sorted(steps.items())))
     sent = server_losses(srv, sid)
     assert sent[3] == "NaN" and sent[4] == "Infinity" and sent[5] is None  # the server's JSON for them
@@ -149,7 +155,7 @@ def test_nan_and_inf_losses_are_marked_missing_ones_are_gaps_and_decades_are_log
     loss = wait_loss_points(page, 11)
     assert loss["x"] == list(range(11))
     assert loss["y"] == [10.0, 3.0, 1.0, "NaN", "Infinity", None, 0.1, 0.03, 0.02, 0.01, 0.001]
-    assert loss["marks"] == [3, 4, 8]
+    assert loss["marks"] == [3, 4]
     # 10 down to 0.001: four decades on a log axis, holding every finite loss
     assert loss["axis"]["log"] is True and loss["axis"]["lo"] <= -3 and loss["axis"]["hi"] >= 1
     assert "log scale" in loss["title"]
@@ -163,16 +169,25 @@ def test_nan_and_inf_losses_are_marked_missing_ones_are_gaps_and_decades_are_log
     shot(page, "loss-chart-gap")
 
 
-def test_a_long_runs_loss_is_sampled_every_stride_th_step(page: Any, srv: ServerProc, tmp_path: Path) -> None:
-    """Over 2,000 steps the chart fetches about 1,000 of them (whole step events are a few KB
-    each): every 8th of 5,000 here, each the loss that step recorded."""
+def test_a_long_runs_loss_is_plotted_at_every_step_with_every_nan(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    """5,000 steps: every one plotted, from one /loss answer of a few bytes a step (not the
+    step events, of a few KB each, which the chart sampled over 2,000 steps: every 8th here,
+    so the NaN at step 3333 and the Inf at 4001 were never fetched)."""
     n = 5000
-    sid = _stream(srv, tmp_path, "long-loss", {s: {"loss": 1.0 / (s + 1)} for s in range(n)})
+    losses: dict[int, Any] = {s: 1.0 / (s + 1) for s in range(n)}
+    losses[3333], losses[4001] = float("nan"), float("inf")
+    sid = _stream(srv, tmp_path, "long-loss", {s: {"loss": v, "losses": [v]} for s, v in losses.items()})
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url))
     open_session(page, srv.url, sid, "?view=gradients")
-    loss = wait_loss_points(page, n // 8)
-    assert loss["stride"] == 8 and loss["x"] == list(range(0, n, 8))
-    assert loss["y"] == [1.0 / (s + 1) for s in range(0, n, 8)]
-    assert loss["axis"]["log"] is True and "one step in 8 of 5000" in loss["title"]
+    loss = wait_loss_points(page, n)
+    assert loss["x"] == list(range(n))
+    assert loss["y"] == [{3333: "NaN", 4001: "Infinity"}.get(s, 1.0 / (s + 1)) for s in range(n)]
+    assert loss["marks"] == [3333, 4001]
+    assert loss["axis"]["log"] is True and "log scale" in loss["title"] and "one step in" not in loss["title"]
+    # no step event was asked for: the loss came from /loss
+    assert [u for u in asked if "/loss" in u] and not [u for u in asked if "/steps" in u]
+    shot(page, "loss-chart-long")
 
 
 # ----------------------------------------------------------------------------- live run
