@@ -69,6 +69,10 @@ _HANDLED: dict[Any, str] = {
     **dict.fromkeys(_CHECKS, "check"),
     torch._amp_update_scale_: "scale",  # GradScaler.update(): after a step it skipped, the gradients are read here
     torch.autograd.grad: "grad",  # only its create_graph=True form matters (higher-order nodes)
+    # looked up with the rest: every other call (the loss, optimizer.step()'s record_function)
+    # passes through after one lookup, not three
+    **dict.fromkeys(_CLIP_NORMS, "clip"),
+    _DATA_GET: "data",
 }
 
 
@@ -86,14 +90,18 @@ class Interposer(TorchFunctionMode):
                 rec.autocast = autocast_on()
         # ``_compiling()``: Dynamo is tracing through the mode; nothing of ours goes into its graph
         if kind is None:
-            if func in _CLIP_NORMS and not _compiling() and _caller_file().endswith(_CLIP_FILE):
+            return func(*args, **kwargs)
+        if kind == "clip":
+            if not _compiling() and _caller_file().endswith(_CLIP_FILE):
                 if self.watch._scaler is not None:
                     self.watch._safe("amp", self.watch._on_clip)
                 if func is _VECTOR_NORM:  # clip_grad_norm_'s total: the norm before clipping
                     out = func(*args, **kwargs)
                     self.watch._safe("grads", self.watch._on_clip_norm, out, sys._getframe(1))
                     return out
-            if func == _DATA_GET and not _compiling():
+            return func(*args, **kwargs)
+        if kind == "data":
+            if not _compiling():
                 if self.watch._optimizer is None and args and id(args[0]) in self.watch._param_names:
                     self.watch._param_data_taken = True  # a hand-written update (_updated_by_hand)
                 if self.watch._capturing_ops and _from_user():
@@ -140,6 +148,9 @@ def insert_mode(mode: TorchFunctionMode) -> None:
     TorchFunctionMode) pops the top of the stack on exit: pushed on top while one of them is
     open, ours would be popped in its place and theirs left on for the rest of the process."""
     n = torch._C._len_torch_function_stack()
+    if n == 0:  # the usual case, once a step: nothing to keep below or above
+        torch._C._push_on_torch_function_stack(mode)
+        return
     default = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
     keep = 1 if n and default is not None and torch._C._get_function_stack_at(0) is default else 0
     above = [torch._C._pop_torch_function_stack() for _ in range(n - keep)]
@@ -153,6 +164,9 @@ def remove_mode(mode: TorchFunctionMode) -> bool:
     their order; False when it is not there (torch pops a mode while its own handler runs,
     and pushes it back after)."""
     n = torch._C._len_torch_function_stack()
+    if n == 1 and torch._C._get_function_stack_at(0) is mode:  # the usual case, once a step
+        torch._C._pop_torch_function_stack()
+        return True
     at = [i for i in range(n) if torch._C._get_function_stack_at(i) is mode]
     if not at:
         return False

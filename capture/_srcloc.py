@@ -71,7 +71,15 @@ def user_src(depth: int = 1) -> str:
 
 def _user_frame(depth: int) -> types.FrameType | None:
     f: types.FrameType | None = sys._getframe(depth + 1)
-    while f is not None and _user_base(f.f_code.co_filename) is None:
+    base = _base
+    while f is not None:
+        # the cache read inline, as in user_src: a call per frame cost more than the lookup
+        fn = f.f_code.co_filename
+        b = base.get(fn, "")
+        if b == "":
+            b = _user_base(fn)
+        if b is not None:
+            return f
         f = f.f_back
     return f
 
