@@ -137,10 +137,14 @@ class _ThreadFlags(threading.local):
     skipped = 0  # root forwards of another thread being skipped (_fwd_pre)
 
 
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_NO_MODES = contextlib.nullcontext()  # reusable: made once, not at every use
+
+
 def _unseen() -> contextlib.AbstractContextManager[Any]:
     """Where the capture's own reads dispatch ops (a detach, a saved tensor unpacked) that the
     loop's own dispatch modes (a FLOP counter) must not see: with those modes off."""
-    return _disable_current_modes() if torch._C._len_torch_dispatch_stack() else contextlib.nullcontext()
+    return _disable_current_modes() if _dispatch_modes() else _NO_MODES
 
 
 class _Together:
@@ -296,6 +300,8 @@ def _reached(s: _StepState) -> None:
     if s.used and s.native is not None:
         for token in [t for t in s.used if _token_reached(t)]:
             s.used.pop(token)["backward"] = True
+    if not s.marks:  # with the extension there are none: no list to build
+        return
     for entry in [e for e in s.marks if e[0][0]]:
         s.marks.remove(entry)
         entry[1]["backward"] = True
@@ -429,7 +435,9 @@ class Watch:
         # other modes load a build that is there (its gradient statistics, default's captures)
         _native.get(build=mode == "full")
         self.sample_every = max(int(sample_every), 1)
-        self.max_ops = max(int(max_ops), 1)
+        if isinstance(max_ops, bool) or not isinstance(max_ops, int) or max_ops < 1:
+            raise ValueError(f"torchscope: max_ops must be a whole number of ops, at least 1, not {max_ops!r}")
+        self.max_ops = max_ops
         self.name = name or _default_name(model)
         self._rank: RankInfo = rank_info()
         self.session_id = session_id(self.name, self._rank)
@@ -611,7 +619,8 @@ class Watch:
                 self._safe("session", self._emit_session, model)
             # the open step: one with a backward, or, in a watch without optimizer (inference),
             # one with forwards (a training loop's trailing evaluation is not a step of its own)
-            if self._s.micro > 0 or (self._s.forwards and self._optimizer is None):
+            # (optimizers stepping inside the backward end steps too: no inference watch)
+            if self._s.micro > 0 or (self._s.forwards and self._optimizer is None and not self._in_backward):
                 skipped = self._scale_changed()  # the loop's last step, skipped by its GradScaler: a step
                 if self._an_unapplied_step() and not skipped:
                     self._s.forwards = [f for f in self._s.forwards if not f.get("backward")]
@@ -701,8 +710,10 @@ class Watch:
             return None
         try:
             with torch._C.DisableTorchFunction():  # our own tensor calls skip every function mode
-                if part in _PURE:  # ... and the loop's dispatch modes, where they only read
-                    with _unseen():
+                # ... and the loop's dispatch modes, where they only read (_unseen, inlined:
+                # without a dispatch mode, the usual case, no context manager is made)
+                if part in _PURE and _dispatch_modes():
+                    with _disable_current_modes():
                         return fn(*args)
                 return fn(*args)
         except Exception as exc:
@@ -931,14 +942,14 @@ class Watch:
             "training": module.training,
             "built_graph": False,
             "backward": False,
-            "src": user_src(),
+            "src": user_src(3),  # 3: past this method and its caller (_safe), ours
         }
         if module.training:
             fwd["eval_modules"] = list(self._modes_now(module)[0])
         if not grad_mode:
             fwd["train_modules"] = list(self._modes_now(module)[1])
         s.forwards.append(fwd)
-        if not s.capture:
+        if not s.capture and self._tls.pushed:  # (off already on most steps: see _opt_post)
             self._mode_off()
         if not s.autocast:
             s.autocast = autocast_on()
@@ -952,7 +963,8 @@ class Watch:
             return
         if self._session_pending:
             self._emit_session(module)
-        self._resume_gc()
+        if self._gc_paused:  # tested here, not in the call: once a step, rarely with work to do
+            self._resume_gc()
         self._mode_on()
         s = self._s
         if s.fwd_t0 is not None:
@@ -1032,7 +1044,8 @@ class Watch:
         # to its op, the parameters being poisoned by the time the next step is checked
         s.check_nan = s.capture and (self._nan_armed or step == 0)
         self._capture_next = False
-        self._snapshot_scale(s)
+        if self._scaler is not None:  # (else scale_version stays None, as the state starts)
+            self._snapshot_scale(s)
 
     def _snapshot_scale(self, s: _StepState) -> None:
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
@@ -1318,6 +1331,10 @@ class Watch:
     def _run_backward(self, func: Any, kind: str, args: Any, kwargs: dict[str, Any]) -> Any:
         if not self._active:
             return call_as_user(func, args, kwargs)
+        if self._s.in_backward and self._s.micro > 0 and self._unhooked():
+            # optimizers stepped inside the last backward and no forward hook ended that step
+            # (a compiled model's hooks do not run): this backward begins the next one
+            self._safe("step", self._close_step, False)
         ours = self._safe("backward", self._before_backward, kind, args, kwargs)
         if not ours:
             return call_as_user(func, args, kwargs)
@@ -1416,7 +1433,8 @@ class Watch:
         if kind != "grad":  # Tensor.backward(gradient, retain_graph, create_graph, inputs); autograd.backward(..., grad_variables, inputs)
             at = 4 if kind == "tensor" else 5
             self._note_inputs(s, kwargs.get("inputs", args[at] if len(args) > at else None))
-        self._stop_recorder()
+        if self._capturing_ops:
+            self._stop_recorder()
         if not s.started:
             self._start_step(s)
         if walk is not None and walk.nodes and not _forward_pending(s):
@@ -1427,7 +1445,7 @@ class Watch:
                 self._mode_always = True
             if not self._compiled_forward(s, walk) and not s.forwards and not s.transformed:
                 self._note_direct_calls()
-        if s.scale_version is None:
+        if s.scale_version is None and self._scaler is not None:
             self._snapshot_scale(s)  # GradScaler creates its scale lazily, in its first scale()
         params = [r() for r in self._params]
         if kind == "grad":
@@ -1449,10 +1467,13 @@ class Watch:
             fn = t.grad_fn
             s.roots.append(type(fn).__name__ if fn is not None else "None")
             if t.numel() == 1 and len(s.losses) < 1024:
-                with _unseen():
+                if _dispatch_modes():  # the loop's dispatch modes do not see the alias (_unseen)
+                    with _disable_current_modes():
+                        s.losses.append(t.detach())
+                else:
                     s.losses.append(t.detach())  # an alias, read with the gradients at the boundary
             fns.append(fn)
-        s.backward_src.append(user_src())
+        s.backward_src.append(user_src(3))  # 3: past this method and _safe, ours
         s.sigs.append(sig)
         key = (sig, s.in_shapes)
         cached = self._saved_cache.get(key)
@@ -1676,7 +1697,8 @@ class Watch:
 
     def _after_backward(self, t0: float) -> None:
         s = self._s
-        self._stop_recorder()  # before the statistics below: their ops are not the user's
+        if self._capturing_ops:
+            self._stop_recorder()  # before the statistics below: their ops are not the user's
         if self._unhooked():
             self._param_version = self._versions()
             self._param_data_taken = False
@@ -1685,7 +1707,8 @@ class Watch:
             s.stats = self._safe("grads", self._grad_stats, s, [r() for r in self._params])
         returned = time.perf_counter()
         s.backward_us += (returned - t0) * 1e6
-        self._resume_gc()
+        if self._gc_paused:
+            self._resume_gc()
         if s.recorder is not None:
             s.recorder.phase = "forward"
         s.node_module = None
@@ -1772,7 +1795,8 @@ class Watch:
             if len(self._in_backward) == 1:
                 self._tell(
                     f"torchscope: {type(optimizer).__name__} steps inside the backward (a post-accumulate-grad "
-                    f"hook): each backward is a step of {self.name}; gradients are read as they are stepped",
+                    "hook): its gradients are read as it steps them; without an optimizer.step() in the loop, "
+                    f"each backward is a step of {self.name}",
                     "info",
                 )
         params = [self._params[i]() for i in where]
@@ -1927,6 +1951,8 @@ class Watch:
             held = {id(p) for g in groups for p in g["params"]}
             self._held_key = key
             self._unheld = [i for i, p in enumerate(params) if p is not None and id(p) not in held]
+        if not self._unheld:  # the optimizer holds them all (the usual loop): no list to filter
+            return []
         return [i for i in self._unheld if (p := params[i]) is not None and p.requires_grad]
 
     def _grads_reset(self, params: list[Any]) -> bool:
@@ -1940,12 +1966,12 @@ class Watch:
         return all(p.grad is None for p in held)
 
     def _state_holder(self) -> Any:
-        """Whose state is the optimizer state: the watched optimizer's, or that of the
-        optimizers stepping inside the backward, together."""
+        """Whose state is the optimizer state: the watched optimizer's, and that of the
+        optimizers stepping inside the backward (all of them together)."""
         opt = self._optimizer() if self._optimizer is not None else None
-        if opt is None and self._in_backward:
-            return _Together(list(self._in_backward))
-        return opt
+        if not self._in_backward:
+            return opt
+        return _Together(list(dict.fromkeys([*([opt] if opt is not None else []), *self._in_backward])))
 
     def _live_bytes(self) -> int:
         """Bytes of the parameters, gradients and optimizer state now (a recorder's baseline)."""
@@ -1978,12 +2004,15 @@ class Watch:
         ended the step, and used by the generator's backward after it. Told in the next step's
         event (its ``late_backward``), since this one's is written now."""
         reached = []
-        mine = {id(f) for f in forwards}
         for step, micro, token, mark, hooks in self._late:
             if (mark[0] if mark is not None else token is not None and _token_reached(token)):
                 reached.append([step, micro])
             for h in hooks:
                 h.remove()
+        if not s.used and not s.marks:  # every forward reached (the usual step): no lists built
+            self._late = []
+            return reached
+        mine = {id(f) for f in forwards}
         self._late = [(self._step, f["micro"], t, None, []) for t, f in s.used.items() if id(f) in mine]
         self._late += [(self._step, f["micro"], None, m, hooks) for m, f, hooks in s.marks if id(f) in mine]
         s.used, s.marks = {}, []
@@ -1994,11 +2023,12 @@ class Watch:
         if s.checked is not None:
             self._skipped_loss(s)
         self._stray, self._stray_again = None, False  # the watched optimizer (or a boundary) ended the step after all
-        step_src = user_src()
-        self._stop_recorder()
+        step_src = user_src(3)  # 3: past this method and its caller (_safe, or a hook of ours)
+        if self._capturing_ops:
+            self._stop_recorder()
         for h in s.node_hooks:
             h.remove()
-        if self.mode != "full":
+        if self.mode != "full" and self._module_hooks:
             self._remove_module_hooks()
         params: list[torch.Tensor | None] = [r() for r in self._params]
         opt = self._optimizer() if self._optimizer is not None else None
@@ -2055,8 +2085,10 @@ class Watch:
             ev["scaler"] = {"skipped": bool(skipped)}
         # at the root forward's start; a region begun inside the forward shows on captured steps
         ev["autocast"] = s.autocast or (s.recorder is not None and s.recorder.autocast_seen)
-        with _unseen():  # reads only
-            acts = self._activation_grads(s)
+        acts: list[ActivationGrad] = []
+        if s.act_grads or s.act_slots:  # none on a step that watched no activation gradient
+            with _unseen():  # reads only
+                acts = self._activation_grads(s)
         if acts:
             ev["activation_grads"] = acts
         events = list(s.events)
@@ -2072,14 +2104,16 @@ class Watch:
         graph = dict(self._graph_event(s)) if s.graph is not None else None
         clip = s.clip[1:] if s.clip is not None else None
         pending = (ev, read, len(s.losses), isinstance(scale, torch.Tensor), clip, s.pre_nonzero, not_trained, graph)
-        self._finish_deferred()  # the previous step's values, long on the host by now
+        if self._deferred is not None:
+            self._finish_deferred()  # the previous step's values, long on the host by now
         if read.deferred:
             self._deferred = pending
         else:
             self._finish(*pending)
         self._step += 1
         self._s = _StepState(time.perf_counter())
-        self._resume_gc()
+        if self._gc_paused:
+            self._resume_gc()
 
     def _follow_structure(self, sig: str, captured: bool) -> None:
         """Default mode captures a graph structure it has not captured yet: the step after one
@@ -2265,8 +2299,10 @@ class Watch:
         # gradients set to None come back as new tensors each step: nothing to remember
         g_st = grad_storages(live_params)
         g_bytes = sum(g_st.values())
-        # a gradient sharing a parameter's or the state's storage counts once
-        live = static_live + g_bytes - sum(v for ptr, v in g_st.items() if ptr in static)
+        # a gradient sharing a parameter's or the state's storage counts once (found by a set
+        # intersection in C: most steps have none to subtract)
+        shared = g_st.keys() & static.keys()
+        live = static_live + g_bytes - (sum(g_st[ptr] for ptr in shared) if shared else 0)
         saved = s.saved_peak
         mem: MemoryStats = {
             "params": sum(p_st.values()),
@@ -2332,7 +2368,9 @@ class Watch:
 
 
 _compiling = torch.compiler.is_compiling
-_tracing = torch.jit.is_tracing
+# torch.jit.is_tracing() without its is_scripting() check, a second Python call at every root
+# forward's two hooks: these hooks never run as TorchScript (ModuleHook cannot be scripted)
+_tracing = torch._C._is_tracing
 _functorch_level = getattr(torch._C._functorch, "maybe_current_level", lambda: None)
 
 
