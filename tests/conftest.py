@@ -54,6 +54,19 @@ def run_two_ranks(script: Path, *args: str) -> None:
     assert "RANK 0 DONE" in res.stdout and "RANK 1 DONE" in res.stdout
 
 
+def wait_for(cond: Callable[[], object], timeout: float = 30.0, every: float = 0.1) -> bool:
+    """Whether ``cond()`` came true within ``timeout`` (a server not answering yet is not yet)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return True
+        except OSError:
+            pass
+        time.sleep(every)
+    return False
+
+
 def http_json(url: str, timeout: float = 5.0) -> object:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return json.loads(resp.read())

@@ -8,23 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ServerProc
+from conftest import ServerProc, wait_for
 
 from torchscope.sessionfile import iter_events
 
 HERE = Path(__file__).resolve().parent
 
-
-def _wait_for(cond, timeout: float = 90.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if cond():
-                return True
-        except OSError:
-            pass
-        time.sleep(0.1)
-    return False
 
 
 def test_a_run_ending_while_the_server_is_down_says_how_to_fill_it_in(tmp_path: Path) -> None:
@@ -33,7 +22,7 @@ def test_a_run_ending_while_the_server_is_down_says_how_to_fill_it_in(tmp_path: 
     proc = subprocess.Popen([sys.executable, str(HERE / "server_stream_train.py"), str(record), srv.url, "down1",
                              "5", "0.05", str(stop)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert _wait_for(lambda: any(s["id"] == "down1" for s in srv.get("/api/sessions")))  # type: ignore[union-attr]
+        assert wait_for(lambda: any(s["id"] == "down1" for s in srv.get("/api/sessions")), 90.0)  # type: ignore[union-attr]
         srv.stop()
         time.sleep(0.5)  # steps the server never gets
         stop.touch()

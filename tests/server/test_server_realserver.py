@@ -9,23 +9,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import ServerProc, http_json
+from conftest import ServerProc, http_json, wait_for
 
 from torchscope.sessionfile import index, iter_events, raw_frames
 
 HERE = Path(__file__).resolve().parent
 
-
-def _wait_for(cond, timeout: float = 30.0, every: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if cond():
-                return True
-        except OSError:
-            pass
-        time.sleep(every)
-    return False
 
 
 def test_server_killed_and_restarted_twice_ends_with_every_event(tmp_path: Path) -> None:
@@ -35,7 +24,7 @@ def test_server_killed_and_restarted_twice_ends_with_every_event(tmp_path: Path)
     proc = subprocess.Popen([sys.executable, str(HERE / "server_stream_train.py"), str(record), srv.url, "kr1",
                              "20", "0.05", str(stop)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        assert _wait_for(lambda: any(s["id"] == "kr1" for s in srv.get("/api/sessions")))  # type: ignore[union-attr]
+        assert wait_for(lambda: any(s["id"] == "kr1" for s in srv.get("/api/sessions")))  # type: ignore[union-attr]
         for _ in range(2):
             time.sleep(1.0)
             srv.stop()  # SIGTERM mid-run: the store must stay consistent
@@ -52,7 +41,7 @@ def test_server_killed_and_restarted_twice_ends_with_every_event(tmp_path: Path)
     try:
         n_frames = len(list(raw_frames(record)))
         file_events = list(iter_events(record))
-        assert _wait_for(lambda: srv.get("/api/sessions/kr1")["rank_info"][0]["frames"] == n_frames)  # type: ignore[index]
+        assert wait_for(lambda: srv.get("/api/sessions/kr1")["rank_info"][0]["frames"] == n_frames)  # type: ignore[index]
         detail = srv.get("/api/sessions/kr1")
         assert isinstance(detail, dict)
         assert detail["status"] == "finished"
@@ -140,7 +129,7 @@ def test_watched_script_streams_everything_to_the_server(tmp_path: Path) -> None
         session = next(e for e in file_events if e["kind"] == "session")
         sid = session["session_id"]
         n_frames = len(list(raw_frames(record)))
-        assert _wait_for(lambda: srv.get(f"/api/sessions/{sid}")["rank_info"][0]["frames"] == n_frames)  # type: ignore[index]
+        assert wait_for(lambda: srv.get(f"/api/sessions/{sid}")["rank_info"][0]["frames"] == n_frames)  # type: ignore[index]
         detail = srv.get(f"/api/sessions/{sid}")
         assert isinstance(detail, dict)
         assert detail["status"] == "finished" and detail["name"] == "watched"
