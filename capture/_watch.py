@@ -1467,11 +1467,8 @@ class Watch:
             fn = t.grad_fn
             s.roots.append(type(fn).__name__ if fn is not None else "None")
             if t.numel() == 1 and len(s.losses) < 1024:
-                if _dispatch_modes():  # the loop's dispatch modes do not see the alias (_unseen)
-                    with _disable_current_modes():
-                        s.losses.append(t.detach())
-                else:
-                    s.losses.append(t.detach())  # an alias, read with the gradients at the boundary
+                with _unseen():  # the loop's dispatch modes do not see the alias
+                    s.losses.append(t.detach())  # read with the gradients at the boundary
             fns.append(fn)
         s.backward_src.append(user_src(3))  # 3: past this method and _safe, ours
         s.sigs.append(sig)
@@ -1785,8 +1782,9 @@ class Watch:
         """PyTorch's "optimizer in backward": an optimizer per parameter stepped (and its
         gradient cleared) in a post-accumulate-grad hook, to free each gradient as soon as it is
         used.  No optimizer.step() follows the backward: each backward is a step (the next
-        forward begins the next, see _updated_by_hand), and the gradients are read here, as
-        each one is stepped -- after the hook they are gone."""
+        forward begins the next, see _updated_by_hand, or, where module hooks do not run, the
+        next backward: _run_backward), and the gradients are read here, as each one is
+        stepped -- after the hook they are gone."""
         where = self._in_backward.get(optimizer)
         if where is None:
             index = {id(p): i for i, r in enumerate(self._params) if (p := r()) is not None}
@@ -1971,7 +1969,7 @@ class Watch:
         opt = self._optimizer() if self._optimizer is not None else None
         if not self._in_backward:
             return opt
-        return _Together(list(dict.fromkeys([*([opt] if opt is not None else []), *self._in_backward])))
+        return _Together([o for o in (opt, *self._in_backward) if o is not None])
 
     def _live_bytes(self) -> int:
         """Bytes of the parameters, gradients and optimizer state now (a recorder's baseline)."""

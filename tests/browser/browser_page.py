@@ -27,14 +27,24 @@ def chromium() -> Iterator[Any]:
 
 
 @contextlib.contextmanager
+def checked_context(browser: Any, width: int = 1280, height: int = 800) -> Iterator[Any]:
+    """A page in a fresh context of ``browser``; on leaving, no uncaught error may have reached it."""
+    ctx = browser.new_context(viewport={"width": width, "height": height})
+    page = ctx.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        yield page
+    finally:
+        ctx.close()
+    assert errors == [], f"JavaScript errors: {errors}"
+
+
+@contextlib.contextmanager
 def checked_page(width: int = 1280, height: int = 800) -> Iterator[Any]:
     """A page in a fresh Chromium; on leaving, no uncaught error may have reached it."""
-    with chromium() as b:
-        page = b.new_page(viewport={"width": width, "height": height})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
+    with chromium() as b, checked_context(b, width, height) as page:
         yield page
-        assert errors == [], f"JavaScript errors: {errors}"
 
 
 def open_session(page: Any, base_url: str, sid: str, query: str = "") -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import chromium, open_session, shot, train_side_by_side
+from browser_page import checked_context, chromium, open_session, shot, train_side_by_side
 from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -59,15 +59,8 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
-    pg = ctx.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    try:
+    with checked_context(browser) as pg:
         yield pg
-    finally:
-        ctx.close()
-    assert errors == [], f"JavaScript errors: {errors}"
 
 
 def gradients(page: Any) -> dict[str, Any]:
