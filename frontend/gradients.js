@@ -87,7 +87,7 @@ export class GradientsView {
     this.loss.opts.log = log;
     this.loss.opts.empty = this.app.running ? "No loss recorded yet." : "No step recorded a loss (the tensor backward() was called on).";
     this.loss.root.querySelector(".chart-title").textContent =
-      `backward()'s loss per step (${log ? "log scale; " : ""}red dots: NaN/Inf; click a point: mark its step)`;
+      `backward()'s loss per step (${log ? "log scale; " : ""}red dots: a NaN/Inf loss, of any micro-batch; click a point: mark its step)`;
     this.loss.setData(x, [{ name: "loss", y }], marks);
   }
 

@@ -81,7 +81,7 @@ CREATE TABLE IF NOT EXISTS steps (
     t REAL, duration_us INTEGER, forward_us INTEGER, backward_us INTEGER, loss REAL,
     live INTEGER, peak INTEGER, allocated INTEGER, reserved INTEGER, grad_norm REAL,
     graph_signature TEXT,
-    -- m_<key> columns of MEMORY_KEYS are added by _add_missing_columns
+    -- nonfinite_losses and the m_<key> columns of MEMORY_KEYS are added by _add_missing_columns
     event TEXT NOT NULL,
     memory TEXT,
     grads TEXT,
@@ -463,24 +463,24 @@ class Store:
     def loss_series(self, session_id: str, rank: int, start: int | None = None,
                     end: int | None = None) -> dict[str, list[Any]]:
         """The loss of every step in the range, as columns ``{step, loss, nonfinite}``
-        (``nonfinite``: the steps whose loss was NaN or infinite).  One index range scan of the
-        ``loss`` column, no JSON decoded but in one case: SQLite stores a NaN as NULL, as it
-        stores "no loss", so for those rows alone the event tells which.  A step's micro-batch
-        losses (``losses``) are in its event only, and reading every event costs ~7x this scan
-        on a long run: a NaN/Inf micro-batch loss before a finite last one is not listed."""
+        (``nonfinite``: the steps whose loss, or a micro-batch's loss, was NaN or infinite).
+        One index range scan of the ``loss`` and ``nonfinite_losses`` columns, no JSON decoded
+        but in one case: SQLite stores a NaN as NULL, as it stores "no loss", so for those rows
+        alone the event tells which."""
         rows = self._read().execute(
-            "SELECT step, loss, CASE WHEN loss IS NULL THEN json_extract(event, '$.loss') END FROM steps "
+            "SELECT step, loss, CASE WHEN loss IS NULL THEN json_extract(event, '$.loss') END, nonfinite_losses "
+            "FROM steps "
             "WHERE session_id=? AND rank=? AND step>=? AND step<=? ORDER BY step",
             (session_id, rank, -1 if start is None else start, 2**62 if end is None else end)).fetchall()
         steps: list[int] = []
         losses: list[Any] = []
         nonfinite: list[int] = []
-        for step, loss, in_event in rows:
+        for step, loss, in_event, bad in rows:
             if in_event is not None:  # a non-finite loss, as api_json wrote it into the event ("NaN")
                 loss = _NONFINITE.get(in_event) if isinstance(in_event, str) else in_event
             steps.append(step)
             losses.append(loss)
-            if loss is not None and not math.isfinite(loss):
+            if bad or (loss is not None and not math.isfinite(loss)):
                 nonfinite.append(step)
         return {"step": steps, "loss": losses, "nonfinite": nonfinite}
 
@@ -686,8 +686,10 @@ def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Fram
 
 _INSERT_STEP = (
     f"INSERT OR REPLACE INTO steps (session_id, rank, step, {', '.join(_STEP_COLS)}, "
-    f"{', '.join(_MEMORY_COLS)}, event, memory, grads) "
-    f"VALUES (?,?,?,{','.join('?' * (len(_STEP_COLS) + len(_MEMORY_COLS)))},?,?,?)")
+    f"{', '.join(_MEMORY_COLS)}, nonfinite_losses, event, memory, grads) "
+    f"VALUES (?,?,?,{','.join('?' * (len(_STEP_COLS) + len(_MEMORY_COLS)))},?,?,?,?)")
+# A stored event writes a non-finite float as api_json does: one of these strings
+_NONFINITE_SQL = "('NaN','Infinity','-Infinity')"
 
 
 def _add_missing_columns(c: sqlite3.Connection) -> None:
@@ -700,6 +702,12 @@ def _add_missing_columns(c: sqlite3.Connection) -> None:
         # the stored /memory texts lack the new columns: every rank is built by SQL from now on
         c.execute("UPDATE ranks SET mem_chunks=0")
         c.execute("DELETE FROM memory_chunks")
+    if "nonfinite_losses" not in have:
+        # how many of a step's micro-batch losses were NaN/Inf (/loss marks the step): counted
+        # once here for the steps stored before, from their events
+        c.execute("ALTER TABLE steps ADD COLUMN nonfinite_losses INTEGER NOT NULL DEFAULT 0")
+        c.execute("UPDATE steps SET nonfinite_losses=(SELECT count(*) FROM json_each(event, '$.losses') "
+                  f"WHERE value IN {_NONFINITE_SQL}) WHERE instr(event, '\"losses\"')")
     if "mem_chunks" not in {row[1] for row in c.execute("PRAGMA table_info(ranks)")}:
         # 0: ranks stored before memory_chunks existed have none; /memory builds them by SQL
         c.execute("ALTER TABLE ranks ADD COLUMN mem_chunks INTEGER NOT NULL DEFAULT 0")
@@ -741,11 +749,19 @@ def _put_steps(c: sqlite3.Connection, session_id: str, rank: int, steps: list[di
     n = len(steps)
     rows = zip([session_id] * n, [rank] * n, summary["step"],
                *(summary[k] for k in _STEP_COLS), *(mem[k] for k in MEMORY_KEYS),
+               [_nonfinite_count(ev.get("losses")) for ev in steps],
                [api_json(ev).decode() for ev in steps],
                [_raw_json(ev.get("memory")) for ev in steps], [_raw_json(ev.get("grads")) for ev in steps],
                strict=True)
     c.executemany(_INSERT_STEP, rows)
     return mem
+
+
+def _nonfinite_count(losses: Any) -> int:
+    """How many of a step's micro-batch losses are NaN or infinite."""
+    if not isinstance(losses, list):
+        return 0
+    return sum(1 for v in losses if isinstance(v, float) and not math.isfinite(v))
 
 
 def _put_memory_chunk(c: sqlite3.Connection, session_id: str, rank: int, seq: int, last_step: int | None,

@@ -137,9 +137,8 @@ def test_nan_and_inf_losses_are_marked_missing_ones_are_gaps_and_decades_are_log
     nan, inf = float("nan"), float("inf")
     losses: dict[int, Any] = {0: 10.0, 1: 3.0, 2: 1.0, 3: nan, 4: inf, 5: None, 6: 0.1, 7: 0.03, 9: 0.01, 10: 0.001}
     steps = {s: {"loss": v, "losses": [v]} if v is not None else {} for s, v in losses.items()}
-    # a non-finite micro-batch loss, the last one finite: only the step's loss (the last
-    # micro-batch's) is in /loss (reading every event for the others is ~7x slower on a long
-    # run, docs/server.md), so it is no marker; its gradients and the doctor show such a step
+    # a non-finite micro-batch loss, the last one finite: the step's plotted loss is the last
+    # micro-batch's, and the step is marked as well
     steps[8] = {"loss": 0.02, "losses": [-inf, 0.02]}
     sid = _stream(srv, tmp_path, "nonfinite-loss", dict(sorted(steps.items())))
     sent = server_losses(srv, sid)
@@ -148,7 +147,7 @@ def test_nan_and_inf_losses_are_marked_missing_ones_are_gaps_and_decades_are_log
     loss = wait_loss_points(page, 11)
     assert loss["x"] == list(range(11))
     assert loss["y"] == [10.0, 3.0, 1.0, "NaN", "Infinity", None, 0.1, 0.03, 0.02, 0.01, 0.001]
-    assert loss["marks"] == [3, 4]
+    assert loss["marks"] == [3, 4, 8]
     # 10 down to 0.001: four decades on a log axis, holding every finite loss
     assert loss["axis"]["log"] is True and loss["axis"]["lo"] <= -3 and loss["axis"]["hi"] >= 1
     assert "log scale" in loss["title"]

@@ -106,15 +106,36 @@ def test_an_imported_files_losses_equal_its_step_events(client: TestClient, tmp_
     check_against_events(client, "imported")
 
 
-def test_a_micro_batch_loss_alone_is_not_listed(client: TestClient) -> None:
-    """The step's loss is the last micro-batch's; an earlier micro-batch's NaN is only in the
-    event's ``losses``, which /loss does not read (docs/server.md): the gradient charts and
-    the doctor show that step."""
+def test_a_micro_batch_nan_before_a_finite_last_loss_marks_its_step(client: TestClient) -> None:
+    """The step's loss is the last micro-batch's; a NaN/Inf of an earlier micro-batch (in the
+    event's ``losses``) marks the step as well, its plotted loss staying the finite last one."""
     evs = events({s: 1.0 for s in range(10)})
     evs[6]["losses"] = [NAN, 1.0]
+    evs[8]["losses"] = [1.0, -INF, 1.0]
     ingest(client, "micro", [encode_frame(0, [session_event("micro"), *evs])])
     got = loss(client, "micro")
-    assert got["loss"] == [1.0] * 10 and got["nonfinite"] == []
+    assert got["loss"] == [1.0] * 10 and got["nonfinite"] == [6, 8]
+    assert loss(client, "micro", "?start=7") == {"step": [7, 8, 9], "loss": [1.0] * 3, "nonfinite": [8]}
+
+
+def test_a_store_of_an_earlier_build_counts_its_micro_batch_nans(tmp_path: Path) -> None:
+    """A store written before steps had ``nonfinite_losses`` is reopened by this build: the
+    column is added and filled from the stored events, and /loss marks their NaN steps."""
+    import sqlite3
+
+    data = tmp_path / "data"
+    evs = events({s: 1.0 for s in range(10)})
+    evs[3]["losses"] = [INF, NAN, 1.0]
+    evs[5]["losses"] = [NAN, 1.0]
+    with TestClient(create_app(Settings(data_dir=data)), base_url=BASE) as c:
+        ingest(c, "old", [encode_frame(0, [session_event("old"), *evs])])
+    with sqlite3.connect(Settings(data_dir=data).db_path) as conn:  # as the earlier build left it
+        conn.execute("ALTER TABLE steps DROP COLUMN nonfinite_losses")
+    with TestClient(create_app(Settings(data_dir=data)), base_url=BASE) as c:
+        got = loss(c, "old")
+        assert got["loss"] == [1.0] * 10 and got["nonfinite"] == [3, 5]
+        ingest(c, "old", [encode_frame(1, [{**step_event(10), "loss": 2.0, "losses": [NAN, 2.0]}])])
+        assert loss(c, "old", "?start=10")["nonfinite"] == [10]
 
 
 def test_start_and_end_page_the_steps(client: TestClient) -> None:
