@@ -57,6 +57,7 @@ _MAX_PENDING_OPS = 2_000_000  # ops held by those pending graph events
 _HTTP_TIMEOUT = 2.0
 _HEARTBEAT_S = 5.0
 _FINAL_SEND_S = 3.0  # how long close() may spend sending the tail to the server
+_BOOTING_WAIT_S = 10.0  # how long close() waits for a server this run started that has not answered yet
 _AUTOSTART_GRACE_S = 30.0  # how long a server started by this run may take to answer before we warn
 _NET_ERRORS = (OSError, ValueError, TypeError, http.client.HTTPException)
 
@@ -161,6 +162,7 @@ class Transport:
         self._series_since = time.monotonic()  # when the oldest step not in a series frame was written
         self._autostarted = False
         self._autostarted_at: float | None = None
+        self._close_deadline = 0.0  # when close() stops waiting for this thread
         self._answered = False  # a server has answered this run once: never start another
         self._warned: set[str] = set()
         self._http: http.client.HTTPConnection | None = None
@@ -210,7 +212,8 @@ class Transport:
 
     def close(self, end_event: dict[str, Any] | None = None, timeout: float = 5.0) -> None:
         """Write the remaining events (and ``end_event``) and close the file, then give the
-        server at most the rest of ``timeout``.  Idempotent; returns within ``timeout``."""
+        server at most the rest of ``timeout`` (``_BOOTING_WAIT_S`` while a server this run
+        started has not answered yet).  Idempotent; returns within that time."""
         if self._closed or os.getpid() != self._pid:
             return
         if end_event is not None:
@@ -219,9 +222,14 @@ class Transport:
             end_event["shed_ops"] = (prior if isinstance(prior, int) else 0) + self.shed
             self._queue.append(end_event)
         self._closed = True
+        if self.server_ok is not True and self._autostart_grace():
+            # the server this run started is still booting (a script shorter than its imports):
+            # the end of the run waits for it a little longer, else it would never see the run
+            timeout = max(timeout, _BOOTING_WAIT_S)
+        deadline = time.monotonic() + timeout
+        self._close_deadline = deadline
         self._stop.set()
         self._wake.set()
-        deadline = time.monotonic() + timeout
         # the thread closes the file before its last send, so waiting for that is enough for
         # a complete file; the send gets whatever time is left
         self._file_closed.wait(timeout)
@@ -245,6 +253,8 @@ class Transport:
             except Exception as exc:  # never let the thread die silently; keep the file going
                 self._warn_once("send", f"torchscope: transport error ({exc!r}); recording continues")
             if stopping:
+                if self.server and self.sent_seq < self.writer.seq:
+                    self._await_booting_server()
                 if self.server and self.sent_seq < self.writer.seq:
                     self._untold_end()
                 return
@@ -386,6 +396,16 @@ class Transport:
             else:
                 why = f"refused the run (HTTP {refused.status}: {refused.detail[:120]})"
             self._warn_once("server", f"torchscope: server {self.server} {why}; training continues, recording to {self.path}")
+
+    def _await_booting_server(self) -> None:
+        """A script shorter than a server's start (its imports take seconds): the server this
+        run started is given what is left of close()'s time to answer, and then the whole run."""
+        while self.server_ok is not True and self._autostart_grace() and time.monotonic() < self._close_deadline - 0.2:
+            time.sleep(0.1)
+            try:
+                self._send_pending(final=True)
+            except Exception:  # (as in _run: never out of this thread) the line below says what is missing
+                return
 
     def _untold_end(self) -> None:
         """The run ended with frames the server never got (it was down, or stopped): there it
