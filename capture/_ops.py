@@ -184,8 +184,11 @@ class OpRecorder(TorchDispatchMode):
                 if type(t) not in _PLAIN or t.is_meta:  # a meta tensor (tracing) holds no values
                     continue
                 if (t.is_floating_point() or t.is_complex()) and t.numel() and not _finite(t):
-                    flags.append("nan")
                     self.nan_seen = True
+                    # a NaN source checked for itself (check_nan off) made the NaN/Inf only if it
+                    # came in through none of its inputs: `loss / accum_steps` of a NaN loss did not
+                    if self.check_nan or not _nonfinite_input(in_t, out_t):
+                        flags.append("nan")
                     break
         rec: Record = {
             "id": op_id,
@@ -437,6 +440,24 @@ def has_storage(t: torch.Tensor) -> bool:
     if t.layout != torch.strided or t._is_zerotensor():
         return False
     return type(t) in _PLAIN or bool(storage_parts(t)) and not is_traceable_wrapper_subclass(t)
+
+
+def _nonfinite_input(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
+    """Whether a floating input of an op whose output is non-finite already held NaN/Inf: the op
+    passed it on, it did not make it.  An input sharing an output's storage (an in-place op's
+    ``self``, an ``out=``) holds the result, not what came in, and is not read.  Called only
+    once an output was found non-finite: the common path reads no input."""
+    held = {t.untyped_storage().data_ptr() for t in outs if has_storage(t)}
+    for t in ins:
+        if type(t) not in _PLAIN or t.is_meta or t.layout != torch.strided:
+            continue
+        if not (t.is_floating_point() or t.is_complex()) or not t.numel():
+            continue
+        if has_storage(t) and t.untyped_storage().data_ptr() in held:
+            continue
+        if not _finite(t):
+            return True
+    return False
 
 
 def _tensors(args: Any, more: Any) -> list[torch.Tensor]:

@@ -65,6 +65,7 @@ struct OpInfo {
   bool inplace = false;      // writes one of its arguments
   bool skip = false;         // not the user's computation (profiler:: markers) or not an op
   bool to_copy = false;      // aten::_to_copy: a cast autocast may have made
+  bool source = false;       // a NaN source (nan_source): its outputs are checked on every forward
 };
 
 struct PairHash {
@@ -76,6 +77,17 @@ struct PairHash {
 std::mutex g_info_mu;
 std::unordered_map<std::pair<const void*, const void*>, OpInfo, PairHash> g_info;
 
+// capture/schema.py NAN_SOURCE_OPS: outputs checked on every recorded step's forward (in-place forms too)
+bool nan_source(const char* name) {
+  static const std::array<std::string_view, 17> kOps{
+      "aten::log",  "aten::log2", "aten::log10", "aten::log1p",      "aten::div",  "aten::sqrt",
+      "aten::rsqrt", "aten::pow", "aten::exp",   "aten::reciprocal", "aten::acos", "aten::asin",
+      "aten::atanh", "aten::acosh", "aten::xlogy", "aten::logit",    "aten::erfinv"};
+  std::string_view n(name);
+  if (!n.empty() && n.back() == '_') n.remove_suffix(1);
+  return std::find(kOps.begin(), kOps.end(), n) != kOps.end();
+}
+
 OpInfo make_info(const at::RecordFunction& fn) {
   OpInfo info;
   auto opname = fn.operator_name();
@@ -86,6 +98,7 @@ OpInfo make_info(const at::RecordFunction& fn) {
   const std::string& name = opname->name;
   info.skip = name.rfind("profiler::", 0) == 0;
   info.to_copy = name == "aten::_to_copy";
+  info.source = nan_source(name.c_str());
   auto handle = c10::Dispatcher::singleton().findOp(*opname);
   if (handle) {
     info.composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
@@ -205,17 +218,6 @@ bool uninitialised(const char* name) {
   return std::find(kOps.begin(), kOps.end(), n) != kOps.end();
 }
 
-// capture/schema.py NAN_SOURCE_OPS: outputs checked on every recorded step's forward (in-place forms too)
-bool nan_source(const char* name) {
-  static const std::array<std::string_view, 17> kOps{
-      "aten::log",  "aten::log2", "aten::log10", "aten::log1p",      "aten::div",  "aten::sqrt",
-      "aten::rsqrt", "aten::pow", "aten::exp",   "aten::reciprocal", "aten::acos", "aten::asin",
-      "aten::atanh", "aten::acosh", "aten::xlogy", "aten::logit",    "aten::erfinv"};
-  std::string_view n(name);
-  if (!n.empty() && n.back() == '_') n.remove_suffix(1);
-  return std::find(kOps.begin(), kOps.end(), n) != kOps.end();
-}
-
 // Whether every value of a floating `t` is finite: its minimum and maximum, one pass and two
 // scalars (NaN propagates through aminmax) -- not isfinite(t), a bool copy of a whole
 // activation on the device, which a model near its memory limit may not have room for.
@@ -267,6 +269,10 @@ struct Ctx : public at::ObserverContext {
   int kind = 0;  // 1 composite (depth only), 2 kept, 3 an autograd node
   int64_t op = -1;
   uint64_t gen = 0;  // g_gen when `op` was taken
+  // a NaN source's floating inputs, kept from its start when check_nan is off (fn.inputs() is
+  // gone by its end: the dispatcher destroys the boxed arguments once the start callbacks ran)
+  bool kept = false;
+  std::vector<at::Tensor> ins;
 };
 
 // This thread's registration when it is no longer the live one: removed, here, where it was added.
@@ -442,6 +448,29 @@ void collect_frees() {
   }
 }
 
+// Whether a floating input of a NaN source whose output is non-finite already held NaN/Inf: the
+// op passed it on, it did not make it.  An input sharing an output's storage (an in-place op's
+// `self`, an `out=`) holds the result, not what came in, and is not read.  Called only once an
+// output was found non-finite, with the recorder paused: the common path reads no input.
+c10::StorageImpl* storage_of(const at::Tensor& t) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (impl->layout() != c10::kStrided || impl->is_python_dispatch() || !impl->has_storage()) return nullptr;
+  return impl->storage().unsafeGetStorageImpl();
+}
+
+bool nonfinite_input(const std::vector<at::Tensor>& ins, const std::vector<c10::IValue>& outs) {
+  std::vector<c10::StorageImpl*> held;
+  each_tensor(c10::ArrayRef<const c10::IValue>(outs.data(), outs.size()), [&](const at::Tensor& t) {
+    if (c10::StorageImpl* s = storage_of(t)) held.push_back(s);
+  });
+  for (const at::Tensor& t : ins) {
+    c10::StorageImpl* s = storage_of(t);
+    if (s != nullptr && std::find(held.begin(), held.end(), s) != held.end()) continue;
+    if (!finite(t)) return true;
+  }
+  return false;
+}
+
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (drop_orphan()) return nullptr;  // the callbacks of this op were copied before: safe to remove
   if (t_paused || t_inside > 0 || !g_on.load(std::memory_order_relaxed) ||
@@ -485,6 +514,19 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     if (walk) src = walk_src();
   }
   Shapes shapes = loose_shapes(fn.inputs());
+  if (info.source && phase == 0 && !g_check_nan) {
+    // read only if an output is non-finite: whether the NaN/Inf came in or the op made it
+    try {
+      each_tensor(fn.inputs(), [&](const at::Tensor& t) {
+        if (is_plain(t) && !t.is_meta() && t.numel() != 0 && (t.is_floating_point() || t.is_complex()))
+          ctx->ins.push_back(t);
+      });
+      ctx->kept = true;
+    } catch (...) {
+      ctx->kept = false;
+      ctx->ins.clear();
+    }
+  }
   std::lock_guard<std::mutex> g(g_mu);
   try {
     if (g_max_ops > 0 && static_cast<int64_t>(g_ops.size()) >= g_max_ops) {
@@ -544,7 +586,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
   --t_inside;
   if (ctx->op < 0) return;
   int64_t t1 = now_ns();
-  bool nan = false;
+  bool nan = false, seen = false;
   const bool source = g_phase.load(std::memory_order_relaxed) == 0 && nan_source(fn.name());
   if ((g_check_nan || source) && !uninitialised(fn.name())) {
     // the capture's own ops: not recorded, not differentiated
@@ -558,7 +600,10 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
         if (!t.defined() || t.unsafeGetTensorImpl()->is_python_dispatch() || t.numel() == 0 || t.is_meta()) continue;
         if (!(t.is_floating_point() || t.is_complex())) continue;
         if (!finite(t)) {
-          nan = true;
+          seen = nan = true;
+          // a NaN source checked for itself (check_nan off) made the NaN/Inf only if it came in
+          // through none of its inputs: `loss / accum_steps` of a NaN loss did not
+          if (!g_check_nan && ctx->kept && nonfinite_input(ctx->ins, fn.outputs())) nan = false;
           break;
         }
       }
@@ -566,6 +611,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
     }
     t_paused = false;
   }
+  ctx->ins.clear();  // the inputs' references, not held past the op (its frees are counted below)
   const auto& outs = fn.outputs();
   Shapes shapes = loose_shapes(c10::ArrayRef<const c10::IValue>(outs.data(), outs.size()));
   std::lock_guard<std::mutex> g(g_mu);
@@ -618,10 +664,8 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
     if (r.to_copy && (r.flags & F_AUTOCAST) && g_explicit.load() == 0 && r.in_end > r.in_begin &&
         r.out_end > r.out_begin && g_tensors[g_io[r.out_begin]].dtype != g_tensors[g_io[r.in_begin]].dtype)
       r.flags |= F_AUTOCAST_CAST;
-    if (nan) {
-      r.flags |= F_NAN;
-      g_nan_seen = true;
-    }
+    if (nan) r.flags |= F_NAN;
+    if (seen) g_nan_seen = true;
     g_live += alloc - g_freed;
     r.alloc = alloc;
     r.free = g_freed;
