@@ -181,6 +181,7 @@ class _StepState:
         "zero_grad",
         "set_to_none",
         "accumulated",
+        "step_began",
         "pre_nonzero",
         "copies",
         "copy_bytes",
@@ -244,6 +245,7 @@ class _StepState:
         self.zero_grad = 0
         self.set_to_none = False
         self.accumulated = 0  # backward passes summed into .grad since its last reset
+        self.step_began: int | None = None  # backward passes before the optimizer's step() began
         self.pre_nonzero: list[int] = []
         self.copies = 0
         self.copy_bytes = 0
@@ -580,6 +582,10 @@ class Watch:
         self._mem_static: tuple[dict[int, int], dict[int, int], dict[int, int], int] = ({}, {}, {}, 0)
         self._held_key: tuple[int, tuple[int, ...]] | None = None  # optimizer and group sizes (_not_stepped)
         self._unheld: list[int] = []  # parameter indices that optimizer does not hold
+        # other optimizers stepping watched parameters beside the watched one (a backbone's SGD
+        # beside the head's Adam) -> the step they last stepped at: theirs are trained too
+        self._told_foreign = False  # an optimizer of none of the model's parameters was said (foreign_step)
+        self._co_opts: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
         self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
         self._gc_paused = False
         self._ended_by: tuple[str, str] | None = None  # (status, message) when the run raised
@@ -1760,12 +1766,30 @@ class Watch:
                 self._adopt(optimizer)
                 self._followed = True
                 self._opt_pre(optimizer, args, kwargs)
-            elif self._s.micro > 0:
-                # another optimizer of these parameters while the watched one has not stepped
-                # since the backward: a second optimizer of the same loop, or the watched one's
-                # replacement -- told apart at the next forward
-                self._stray_again = self._stray is not None and self._stray() is optimizer
-                self._stray = weakref.ref(optimizer)
+            else:
+                self._co_opts[optimizer] = self._step
+                if self._s.micro > 0:
+                    # another optimizer of these parameters while the watched one has not stepped
+                    # since the backward: a second optimizer of the same loop, or the watched
+                    # one's replacement -- told apart at the next forward
+                    self._stray_again = self._stray is not None and self._stray() is optimizer
+                    self._stray = weakref.ref(optimizer)
+        elif watched is None and self._active and self._s.micro > 0:
+            # watch(model), and the loop's optimizer steps none of the model's parameters
+            # after a backward into them (built over another instance of the model): P5
+            # (a GAN's discriminator stepping before the generator's optimizer is first seen
+            # counts once: that one is adopted at its first step)
+            s = self._s
+            ev = next((e for e in s.events if e.get("what") == "foreign_step"), None)
+            if ev is None:
+                ev = {"what": "foreign_step", "optimizer": type(optimizer).__name__, "count": 0}
+                s.events.append(ev)
+            ev["count"] = int(ev["count"]) + 1  # type: ignore[call-overload]
+            if ev["count"] == 3 and not self._told_foreign:
+                self._told_foreign = True
+                self._tell(f"torchscope: {type(optimizer).__name__} steps none of {self._model_name}'s parameters: "
+                           "the model is not trained by it (was it built over another instance of the model?)",
+                           "warning")
         elif watched is not None and self._active and self._s.micro > 0:
             # an optimizer of other parameters stepped between backward passes into the watched
             # ones: the passes before it were its loss's (a GAN's discriminator loss on fakes
@@ -1853,6 +1877,7 @@ class Watch:
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._owner = threading.get_ident()
+        self._s.step_began = self._s.micro  # passes after it ran inside step(): its closure's (LBFGS)
         if self._tls.pushed:
             self._safe("mode", self._mode_off)
         if self._deferred is not None:
@@ -1930,8 +1955,13 @@ class Watch:
         s.asked = (s.asked or set()) | {index[id(t)] for t in ts if id(t) in index}
 
     def _not_trained(self, opt: torch.optim.Optimizer | None, params: list[torch.Tensor | None], s: _StepState) -> list[int]:
-        """``_not_stepped`` and the parameters every backward(inputs=...) of the step left out."""
+        """``_not_stepped`` and the parameters every backward(inputs=...) of the step left out.
+        A parameter another optimizer of the loop steps (this step or the one before) is trained."""
         out = self._not_stepped(opt, params)
+        if out and self._co_opts:
+            recent = [o for o, at in self._co_opts.items() if at >= self._step - 1]
+            held = {id(p) for o in recent for g in o.param_groups for p in g["params"]}
+            out = [i for i in out if id(params[i]) not in held]
         if s.asked is not None:
             left = [i for i, p in enumerate(params) if p is not None and p.requires_grad and i not in s.asked]
             out = sorted(set(out) | set(left))
@@ -2090,6 +2120,8 @@ class Watch:
         if acts:
             ev["activation_grads"] = acts
         events = list(s.events)
+        if s.step_began is not None and s.micro > s.step_began:
+            events.append({"what": "closure", "passes": s.micro - s.step_began})
         if s.noop_to:
             events.append({"what": "noop_to", "count": s.noop_to})
         for (what, src), (count, nbytes) in s.moves.items():
@@ -2446,7 +2478,8 @@ def _class_name(model: nn.Module) -> str:
 def _ending(exc: BaseException) -> tuple[str, str]:
     """(end status, message) for a run that stopped on ``exc``: "interrupted" by the user's
     Ctrl-C, "finished" by a clean ``sys.exit()``, else an error."""
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    first = (str(exc).strip().splitlines() or [""])[0]
+    first = first if len(first) <= 300 else first[:299] + "…"  # cut, and said to be
     message = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", f"stopped by Ctrl-C ({message})"

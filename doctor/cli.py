@@ -19,12 +19,13 @@ _MARK = {"error": "ERROR", "warning": "WARN ", "info": "INFO "}
 
 def _where(finding: Finding) -> str:
     parts: list[str] = []
-    for t in finding.get("targets", [])[:6]:
+    for t in finding.get("targets", []):
         bits = [f"{k}={t[k] if t[k] != '' else '(root)'}" for k in ("param", "module", "node", "op")  # type: ignore[literal-required]
                 if k in t]
         if bits:
             parts.append(" ".join(bits))
-    return "; ".join(parts)
+    more = f"; and {len(parts) - 6} more (--json lists them)" if len(parts) > 6 else ""
+    return "; ".join(parts[:6]) + more
 
 
 def format_finding(finding: Finding, last_step: int) -> str:

@@ -306,6 +306,8 @@ def _accumulated(run: Run, judged: dict[object, Judgement]) -> list[Accumulated]
         roots = [str(r) for r in as_list(ev.get("backward_roots"))]
         if k <= 1 or not roots or as_dict(ev.get("scaler")):
             continue  # GradScaler's own multiply hides whether the loss was divided: don't guess
+        if any(as_dict(e).get("what") == "foreign_step" for e in as_list(ev.get("events"))):
+            continue  # optimizer.step() calls of other parameters between them: no accumulation (P5)
         judgement = judged.get(ev.get("graph_signature")) or _judge_roots(roots)
         if judgement.too_big:
             out.append(Accumulated(step, ev, k, judgement))

@@ -12,6 +12,7 @@ from ..finding import describe_steps, make
 from ..run import Run, as_dict, as_float, as_int, as_list
 from ..settings import Settings
 from ._grads import column, scaler_skipped
+from .norms import loss_blowup
 
 FIX_UPDATE = ("Check the learning rate that optimizer.step() used (optimizer.param_groups[i]['lr']) and what sets "
               "it: a warm-up or scheduler dividing by zero (0/0 at step 0), a learning rate computed from a NaN "
@@ -231,6 +232,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     before = _step_before(run, steps[0])
     ev0 = next((ev for step, ev in run.step_events() if step == steps[0]), {})
     held = _held_at_forward(ev0)
+    diverged = _diverged_before(run, steps[0])
     # The step before the first non-finite one was finite; its optimizer.step() is to blame when
     # it used a NaN learning rate, when the first non-finite step's forward read non-finite
     # parameters, or when that step's first NaN op (checked op by op: after a non-finite step,
@@ -248,7 +250,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                    f"so from step {op_step} the first op reading {carried!r} ({g.op_label(first_op)}) already yields "
                    f"NaN: that op is not the cause ({when}). Ops are checked for NaN from the step after a non-finite "
                    f"one, so the op that produced it at step {steps[0]} is not known"
-                   + (". " + _made_in_backward(ev0) if _backward_made(ev0) else ": " + _forward_made(ev0, held, before)))
+                   + (". " + _made_in_backward(ev0) if _backward_made(ev0) else ": " + _forward_made(ev0, held, before, diverged)))
         src = next((str(s) for s in as_list(ev0.get("backward_src")) if s), None)
         at_params = [FindingTarget(step=params[i], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
                      for i in sorted(params)] or [FindingTarget(step=steps[0], rank=run.rank)]
@@ -278,7 +280,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             message += " " + _made_in_backward(ev0)
             fix = FIX_BACKWARD
         elif loss_nonfinite(ev0):
-            message += f" Step {steps[0]}'s loss was NaN/Inf already: " + _forward_made(ev0, held, before)
+            message += f" Step {steps[0]}'s loss was NaN/Inf already: " + _forward_made(ev0, held, before, diverged)
     elif skipped := [v for _, ev in run.step_events() if as_int(ev.get("step"), -1) in steps for v in skipped_nonfinite(ev)]:
         message = (f"The loss was NaN/Inf on {len(skipped)} batch{'es' if len(skipped) > 1 else ''} the loop skipped "
                    f"before backward ({when}); the op that made it is not known: ops are checked for NaN on captured "
@@ -306,10 +308,27 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                  data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
 
 
-def _forward_made(ev: dict[str, Any], held: list[int] | None, before: dict[str, Any] | None) -> str:
+def _diverged_before(run: Run, step: int) -> str | None:
+    """The loss's blow-up over the steps before ``step`` (norms.loss_blowup), in words."""
+    blowup = loss_blowup(run, before=step)
+    if blowup is None:
+        return None
+    low_step, low, at, loss, lr = blowup
+    last = max((v, s) for s, ev in run.step_events() if s < step and (v := as_float(ev.get("loss"))) is not None
+               and math.isfinite(v))
+    to = f"{last[0]:.3g} at step {last[1]}" if last[1] != at else f"{loss:.3g} at step {at}"
+    return (f"the loss had gone from {low:.3g} at step {low_step} to {to}"
+            + (f" (learning rate {lr:g})" if lr is not None else ""))
+
+
+def _forward_made(ev: dict[str, Any], held: list[int] | None, before: dict[str, Any] | None,
+                  diverged: str | None = None) -> str:
     """Where a NaN the first non-finite step's loss already had came from, as far as known."""
     if not loss_nonfinite(ev):
         return "check that step's loss inputs, or run its backward under torch.autograd.set_detect_anomaly(True)."
+    if diverged is not None:  # the updates ran away: the parameters grew until an op overflowed
+        return (f"{diverged}: training diverged, and the parameters the updates grew made an op of the "
+                "forward overflow; lower the learning rate (or add warm-up).")
     if held is not None:  # checked: its parameters were finite
         return ("its parameters were finite when its forward ran, so its batch or an op of its forward made it; "
                 "check that batch with torch.isfinite, or record with mode='full', which checks log/div/exp... op "

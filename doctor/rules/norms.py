@@ -14,7 +14,7 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_float
+from ..run import Run, as_dict, as_float, as_list
 from ..settings import Settings
 from ._grads import (
     applied_steps,
@@ -109,6 +109,20 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
                         FIX_EXPLODE_CLIPPED if clipped else FIX_EXPLODE, exploding,
                         rank=run.rank, targets=targets, modules=list(dict.fromkeys(t["module"] for t in targets if t.get("module"))),
                         params=names, view="gradients", data=data))
+    blowup = loss_blowup(run)
+    if blowup is not None and diverging is None:
+        # a learning rate far past the stability limit: the loss jumps by orders of magnitude
+        # within a few steps, never rising at every step for DIVERGE_STEPS nor (clipped, or
+        # under Adam) taking the gradient norm along
+        low_step, low, step, loss, lr = blowup
+        steps = [s for s, _, v in history if s >= step and v is not None and v >= loss / 10]
+        at_lr = f", the learning rate {lr:g} then" if lr is not None else ""
+        out.append(make("P3", "warning",
+                        f"Training diverged: the loss went from {low:.3g} at step {low_step} to {loss:.3g} at step "
+                        f"{step}, {loss / low:.3g}x within {step - low_step} step{'s' if step - low_step != 1 else ''}"
+                        f"{at_lr}.", FIX_DIVERGING, steps or [step], rank=run.rank,
+                        targets=[FindingTarget(step=step, rank=run.rank)], view="gradients",
+                        data={**data, "loss": [v for _, _, v in history]}, title="Training diverged"))
     if vanishing:
         out.append(make("P3", "warning",
                         f"The gradient norm vanished: below 1/{settings.vanish_factor:g} of its earlier level while the loss "
@@ -128,7 +142,37 @@ def _clip_note(run: Run, steps: list[int]) -> str:
     step, before, max_norm = clips[0]
     to = f" to max_norm={max_norm:g}" if max_norm is not None else ""
     return (f" These are the norms before clip_grad_norm_ (step {step}: {before:.3g}), which scaled the "
-            f"gradients down{to}: the updates stayed bounded, the gradients themselves exploded.")
+            f"gradients down{to} before optimizer.step() used them: the gradients themselves exploded.")
+
+
+BLOWUP_FACTOR = 100.0  # a loss this many times its lowest of the last BLOWUP_WINDOW steps ...
+BLOWUP_OVER_START = 10.0  # ... and this many times where the run started: not a spike off a converged ~0
+BLOWUP_WINDOW = 20
+
+
+def loss_blowup(run: Run, before: int | None = None) -> tuple[int, float, int, float, float | None] | None:
+    """The first step (before ``before``) whose finite positive loss is BLOWUP_FACTOR times the
+    lowest of the BLOWUP_WINDOW steps before it and BLOWUP_OVER_START times the run's starting
+    level (the median of its first three losses): (that low step, its loss, the step, its loss,
+    the largest learning rate of the step before).  A learning rate past the stability limit
+    takes a loss up by orders of magnitude within a few steps; a loss that grows over thousands
+    of steps (a value loss as returns grow) or a spike off a converged loss is not that."""
+    losses = [(step, loss, ev) for step, ev in run.step_events() if (loss := _loss(ev)) is not None and loss > 0
+              and (before is None or step < before)]
+    if len(losses) < 2:
+        return None
+    start = statistics.median(loss for _, loss, _ in losses[:3])
+    window: deque[tuple[int, float]] = deque(maxlen=BLOWUP_WINDOW)
+    prev: dict[str, Any] | None = None
+    for step, loss, ev in losses:
+        if window:
+            low_step, low = min(window, key=lambda w: w[1])
+            if loss >= low * BLOWUP_FACTOR and loss >= start * BLOWUP_OVER_START:
+                lrs = [v for v in (as_float(x) for x in as_list((prev or ev).get("lr"))) if v is not None]
+                return low_step, low, step, loss, max(lrs) if lrs else None
+        window.append((step, loss))
+        prev = ev
+    return None
 
 
 DIVERGE_STEPS = 8  # consecutive steps of growth that make a divergence, not a hard batch or two

@@ -2,22 +2,73 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchscope.schema import Finding, FindingTarget
 
-from ..finding import describe_steps, make
+from ..finding import Severity, describe_steps, make
 from ..run import Run, as_dict, as_float, as_int, as_list, trainable
 from ..settings import Settings
 
 FIX_MISSING = ("Call optimizer.zero_grad() once per optimizer step, before the forward/backward of that step "
                "(with accumulation: after optimizer.step(), not after every backward).")
 FIX_MISPLACED = "Call optimizer.zero_grad() before loss.backward() (or after optimizer.step()), never between them."
+FIX_INSIDE = ("Call optimizer.zero_grad() once per optimizer step -- before the accumulation loop, or right after "
+              "optimizer.step() -- not inside the loop over micro-batches.")
+FIX_FOREIGN = ("Build the optimizer from the model you train, after its last assignment: "
+               "optimizer = torch.optim.AdamW(model.parameters()), and pass that optimizer to watch().")
 FIX_CROSSED = ("Detach what the other model's loss reads from this one (a GAN's discriminator step: D(fake.detach())), "
                "or call this optimizer's zero_grad() right before its own backward.")
 
 
+def _foreign_steps(run: Run) -> list[int]:
+    """Steps whose optimizer holds none of the model's trainable parameters (every one of them is
+    ``not_trained``): it was built over other tensors, so its step() never changes the model."""
+    n = trainable(run)
+    if not n:
+        return []
+    steps = [step for step, ev in run.step_events()
+             if len({as_int(i, -1) for i in as_list(as_dict(ev.get("grads")).get("not_trained"))} - {-1}) >= n]
+    if steps:
+        return steps
+    # watch(model) and no optimizer of the model's: the loop's optimizer.step() calls were of
+    # another's parameters, at every step (a GAN's discriminator stepping before the generator's
+    # optimizer is first seen makes one such step)
+    foreign = [step for step, ev in run.step_events() if _foreign_count(ev) >= 2]
+    return foreign if foreign and len(foreign) == len(run.steps) else []
+
+
+def _foreign_count(ev: dict[str, Any]) -> int:
+    """How many optimizer.step() calls of none of the model's parameters this step saw."""
+    return max((as_int(as_dict(e).get("count")) for e in as_list(ev.get("events"))
+                if as_dict(e).get("what") == "foreign_step"), default=0)
+
+
+def _foreign(run: Run) -> list[Finding]:
+    steps = _foreign_steps(run)
+    by_events = any(_foreign_count(ev) >= 2 for _, ev in run.step_events())
+    if len(steps) < 2 and not (steps and by_events):  # (a last step closed at the run's end has no step())
+        return []
+    named = [str(as_dict(e).get("optimizer")) for _, ev in run.step_events() for e in as_list(ev.get("events"))
+             if as_dict(e).get("what") == "foreign_step"]
+    opt = str(run.session.get("optimizer") or (named[0] if named else "The watched optimizer"))
+    model = str(run.session.get("model") or "the model")
+    message = (f"{opt} steps none of the {trainable(run)} trainable parameters of {model} "
+               f"({describe_steps(steps, run.last_step)}): optimizer.step() never changes the model. The optimizer "
+               "was built over other tensors -- usually another instance of the model (the model was created "
+               "again after the optimizer was).")
+    src = next((str(ev["step_src"]) for step, ev in run.step_events() if step in steps and ev.get("step_src")), None)
+    return [make("P5", "error", message, FIX_FOREIGN, steps, rank=run.rank,
+                 targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients",
+                 title="The optimizer steps none of the model's parameters")]
+
+
 def _missing(run: Run) -> list[Finding]:
     hits: dict[int, list[int]] = {}
+    foreign = set(_foreign_steps(run))  # their gradients pile up for another reason (_foreign)
     for step, ev in run.step_events():
+        if step in foreign:
+            continue
         if as_int(ev.get("micro_batches")) > 1 and as_int(ev.get("zero_grad")) > 0:
             # stale gradients at the first backward (zero_grad counts 0 there), cleared before a
             # later one: the step used fresh ones (a GAN's discriminator gets the generator
@@ -52,6 +103,9 @@ def _misplaced(run: Run) -> list[Finding]:
             continue
         if as_dict(ev.get("scaler")) or as_list(ev.get("backward_errors")):
             continue  # a skipped AMP step or a failed backward also leaves gradients empty
+        roots = as_list(ev.get("backward_roots"))
+        if roots and all(r == "None" for r in roots):
+            continue  # backward() of a leaf (torch.tensor(loss.item(), requires_grad=True)): P1's cut, not zero_grad
         grads = as_dict(ev.get("grads"))
         none = {as_int(i, -1) for i in as_list(grads.get("none"))}
         norms = [as_float(v) for v in as_list(grads.get("norm"))]
@@ -71,6 +125,41 @@ def _misplaced(run: Run) -> list[Finding]:
     src = next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
     return [make("P5", "error", message, FIX_MISPLACED, steps, rank=run.rank,
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients")]
+
+
+def _inside(run: Run) -> list[Finding]:
+    """zero_grad() inside the loop over micro-batches: of a step's backward passes, all run from
+    the same line, only those after the last reset reached optimizer.step().  Passes run inside
+    step() (an LBFGS closure), other optimizers' losses (a GAN's) and passes from different lines
+    (an adversarial example's input-gradient pass, then the real one) are not that."""
+    hits: list[tuple[int, int, int]] = []  # step, its passes, the passes step() used
+    for step, ev in run.step_events():
+        events = [as_dict(e) for e in as_list(ev.get("events"))]
+        if any(e.get("what") in ("closure", "other_step", "foreign_step", "autograd_grad") for e in events):
+            continue
+        passes = as_int(ev.get("micro_batches")) - len(as_list(ev.get("backward_errors")))
+        used = as_int(ev.get("accumulated"), passes)
+        srcs = {str(x) for x in as_list(ev.get("backward_src"))}
+        if passes >= 2 and 1 <= used < passes and as_int(ev.get("zero_grad")) >= 2 and len(srcs) == 1:
+            hits.append((step, passes, used))
+    if len(hits) < 2 and not (hits and hits[0][0] == run.last_step == 0):
+        return []
+    steps = [h[0] for h in hits]
+    step, passes, used = hits[0]
+    ev = next(ev for s, ev in run.step_events() if s == step)
+    src = str(as_list(ev.get("backward_src"))[0])
+    lost = passes - used
+    message = (f"zero_grad() ran between the backward() calls of one optimizer step "
+               f"({describe_steps(steps, run.last_step)}): of step {step}'s {passes} backward passes at {src}, "
+               f"optimizer.step() used the last {used} only -- the gradients of the other {lost} were cleared. "
+               "zero_grad() is inside the accumulation loop.")
+    # a second backward from the same line after a reset could be a helper called twice on purpose:
+    # an error where more than one pass per step was thrown away
+    severity: Severity = "error" if all(p - u >= 2 for _, p, u in hits) else "warning"
+    return [make("P5", severity, message, FIX_INSIDE, steps, rank=run.rank,
+                 targets=[FindingTarget(step=step, rank=run.rank)], src=src, view="gradients",
+                 data={"passes": [h[1] for h in hits], "used": [h[2] for h in hits]},
+                 title="zero_grad() inside the accumulation loop")]
 
 
 def _crossed(run: Run) -> list[Finding]:
@@ -107,4 +196,4 @@ def _crossed(run: Run) -> list[Finding]:
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
-    return _missing(run) + _misplaced(run) + _crossed(run)
+    return _foreign(run) + _missing(run) + _misplaced(run) + _inside(run) + _crossed(run)

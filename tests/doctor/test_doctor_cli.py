@@ -127,3 +127,16 @@ def test_an_incomplete_file_is_said_to_be(tmp_path: Path, capsys: pytest.Capture
     assert "is incomplete" in err and "bytes after its last whole frame were dropped" in err
     assert run(str(cut), as_json=True) == 0
     assert json.loads(capsys.readouterr().out) == []  # --json stays the findings alone
+
+
+def test_a_finding_with_many_targets_says_how_many_it_leaves_out() -> None:
+    from torchscope.doctor.cli import format_finding
+    from torchscope.doctor.finding import make
+    from torchscope.schema import FindingTarget
+
+    targets = [FindingTarget(step=0, param=f"layer{i}.weight") for i in range(7)]
+    text = format_finding(make("P5", "error", "m", "f", [0], targets=targets), 0)
+    where = next(line for line in text.splitlines() if line.strip().startswith("where:"))
+    assert where.count("param=") == 6 and where.endswith("; and 1 more (--json lists them)")
+    six = format_finding(make("P5", "error", "m", "f", [0], targets=targets[:6]), 0)
+    assert "more" not in six

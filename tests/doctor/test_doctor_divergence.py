@@ -1,0 +1,80 @@
+"""A learning rate past the stability limit: the loss blows up by orders of magnitude within a
+few steps (P3 "Training diverged", with the learning rate), and when it ends in NaN the P4
+finding says the updates ran away -- not "check that batch".  Real captures of a linear
+regression under SGD, and hand-written loss curves for the thresholds (a slowly growing value
+loss, a spike off a converged loss: no finding)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from doctor_events import session, step
+from torch import nn
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+
+def _regression(tmp_path: Path, lr: float, steps: int) -> tuple[list[dict[str, Any]], list[float]]:
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(1)
+    w_true = torch.randn(8, 1, generator=g)
+    path = tmp_path / f"lr{lr}.tscope"
+    losses = []
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for _ in range(steps):
+            x = 3 * torch.randn(32, 8, generator=g)
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), x @ w_true)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return [dict(f) for f in diagnose(list(iter_events(path)))], losses
+
+
+def test_a_loss_that_blows_up_under_a_too_large_learning_rate_is_found(tmp_path: Path) -> None:
+    found, losses = _regression(tmp_path, lr=0.2, steps=5)  # (8 steps of growth: "is diverging")
+    assert all(math.isfinite(v) for v in losses) and losses[-1] > 1e4 * losses[0]  # diverged, no NaN yet
+    (p3,) = [f for f in found if f["code"] == "P3" and f["title"] == "Training diverged"]
+    assert p3["message"].startswith(f"Training diverged: the loss went from {losses[0]:.3g} at step 0 to ")
+    assert "the learning rate 0.2 then" in p3["message"] and "Lower the learning rate" in p3["fix"]
+
+
+def test_the_nan_it_ends_in_is_told_as_the_divergence(tmp_path: Path) -> None:
+    found, losses = _regression(tmp_path, lr=0.2, steps=80)
+    assert not math.isfinite(losses[-1])
+    (p4,) = [f for f in found if f["code"] == "P4"]
+    assert "training diverged" in p4["message"] and "(learning rate 0.2)" in p4["message"]
+    assert "its batch or an op of its forward made it" not in p4["message"]
+
+
+def test_a_learning_rate_within_the_limit_is_no_finding(tmp_path: Path) -> None:
+    found, losses = _regression(tmp_path, lr=0.01, steps=30)
+    assert losses[-1] < losses[0]
+    assert [f for f in found if f["code"] in ("P3", "P4")] == []
+
+
+def _curve(losses: list[float]) -> list[dict[str, Any]]:
+    return [session(), *(step(i, loss=v, losses=[v], lr=[1e-3]) for i, v in enumerate(losses))]
+
+
+@pytest.mark.parametrize("losses", [
+    [0.1 * 1.05 ** i for i in range(200)],  # a value loss growing with the returns: 17,000x over 200 steps
+    [2.0, 1.0, 0.5] + [1e-5] * 30 + [1e-3] + [1e-5] * 10,  # a spike off a converged loss, far below where it started
+    [2.0, 1.5, 1.0, 0.7, 30.0, 0.6],  # one hard batch: 50x
+])
+def test_slow_growth_and_small_spikes_are_no_blowup(losses: list[float]) -> None:
+    assert [f for f in diagnose(_curve(losses)) if f.get("title") == "Training diverged"] == []
+
+
+def test_a_jump_of_orders_of_magnitude_within_a_few_steps_is_a_blowup() -> None:
+    found = [f for f in diagnose(_curve([2.0, 1.8, 1.7, 40.0, 900.0, 5000.0, 3000.0])) if f.get("title") == "Training diverged"]
+    assert len(found) == 1 and found[0]["steps"][0] == 4 and "from 1.7 at step 2 to 900 at step 4" in found[0]["message"]
