@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import weakref
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
@@ -24,6 +25,7 @@ _saved_attrs: dict[type, tuple[tuple[str, str], ...]] = {}
 # where it otherwise records ReshapeAliasBackward0: the same structure, so one signature.
 _SAME = {"ReshapeAliasBackward0": "ViewBackward0"}
 _names: dict[type, str] = {}
+_ACCUMULATE = torch._C._functions.AccumulateGrad
 # (node classes, flat edges) -> signature; class objects compare by identity, digests use names
 _sig_cache: dict[tuple[tuple[type, ...], tuple[int, ...]], str] = {}
 
@@ -231,6 +233,11 @@ class AutogradWalk:
         _higher_order_marked = _higher_order_marked or n_new > 0
         return n_new
 
+    def interior(self) -> int:
+        """Nodes other than AccumulateGrad: what a kept graph holds of its own (a parameter's
+        AccumulateGrad is one node shared by every graph that reaches it, P7 counts it no more)."""
+        return len(self.nodes) - sum(1 for n in self.nodes if type(n) is _ACCUMULATE)
+
     def signature(self) -> str:
         """Hash of node classes and edges: changes exactly when the graph's structure does.
 
@@ -259,6 +266,8 @@ class AutogradWalk:
         """Full node records: class, parameter of AccumulateGrad, saved tensors (bytes only),
         forward op (``ops``: node index -> the op that made it, from the op recorder)."""
         out: list[NodeRecord] = []
+        # (record, its Parameter) of AccumulateGrad nodes of Parameters not the model's
+        self.unregistered: list[tuple[NodeRecord, weakref.ref[torch.Tensor]]] = []
         fields, self._fields = self._fields, None
         # a node's metadata dict is made on first read: read only once a create_graph pass marked some
         marked = _higher_order_marked
@@ -270,6 +279,11 @@ class AutogradWalk:
                 if name is not None:
                     rec["param"] = name
                     rec["module"] = name.rpartition(".")[0]  # the parameter's owning module
+                elif isinstance(var, torch.nn.Parameter):
+                    # a Parameter the model does not hold: kept only if no optimizer steps it
+                    # either (Watch._owned_elsewhere, at the step's end; weakly until then)
+                    rec["unregistered"] = True
+                    self.unregistered.append((rec, weakref.ref(var)))
             if marked and n.metadata.get("torchscope_higher_order"):
                 rec["higher_order"] = True
             op = ops.get(i)

@@ -182,6 +182,7 @@ class _StepState:
         "set_to_none",
         "accumulated",
         "step_began",
+        "unregistered",
         "pre_nonzero",
         "copies",
         "copy_bytes",
@@ -246,6 +247,9 @@ class _StepState:
         self.set_to_none = False
         self.accumulated = 0  # backward passes summed into .grad since its last reset
         self.step_began: int | None = None  # backward passes before the optimizer's step() began
+        # captured graph's AccumulateGrad records of Parameters not the model's, with the Parameter
+        # (weakly): the step's end keeps the mark of those no optimizer stepped (_owned_elsewhere)
+        self.unregistered: list[tuple[NodeRecord, weakref.ref[torch.Tensor]]] = []
         self.pre_nonzero: list[int] = []
         self.copies = 0
         self.copy_bytes = 0
@@ -584,6 +588,7 @@ class Watch:
         self._unheld: list[int] = []  # parameter indices that optimizer does not hold
         # other optimizers stepping watched parameters beside the watched one (a backbone's SGD
         # beside the head's Adam) -> the step they last stepped at: theirs are trained too
+        self._all_opts: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # every optimizer seen stepping
         self._told_foreign = False  # an optimizer of none of the model's parameters was said (foreign_step)
         self._co_opts: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
         self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
@@ -1423,7 +1428,7 @@ class Watch:
             sig, n_nodes = reuse
         else:
             walk = AutogradWalk([t.grad_fn for t in roots])
-            sig, n_nodes = walk.signature(), len(walk.nodes)
+            sig, n_nodes = walk.signature(), walk.interior()
             if walk_key is not None:
                 if len(self._walked) >= _MAX_STRUCTURES:
                     self._walked.clear()
@@ -1514,6 +1519,7 @@ class Watch:
             rec = s.recorder
             ops_of, tids_of = rec.node_links(walk) if rec is not None else ({}, {})
             nodes = walk.records(self._param_names, rec.op_module if rec is not None else _no_module, s.micro, s.sid, ops_of)
+            s.unregistered = walk.unregistered
             casts = rec.cast_ops() if rec is not None else set()
             if casts:
                 for n in nodes:
@@ -1747,6 +1753,7 @@ class Watch:
     # ------------------------------------------------------------------ step boundary
     def _any_opt_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         watched = self._optimizer() if self._optimizer is not None else None
+        self._all_opts.add(optimizer)
         if (
             optimizer is not watched
             and torch._C._current_graph_task_id() != -1
@@ -2128,6 +2135,8 @@ class Watch:
             events.append({"what": what, "count": count, "bytes": nbytes, "src": src})
         if events:
             ev["events"] = events
+        if s.unregistered:
+            self._safe("graph", self._owned_elsewhere, s)
         sig = "+".join(dict.fromkeys(s.sigs)) if s.sigs else ""
         ev["graph_signature"] = sig
         self._follow_structure(sig, s.graph is not None)
@@ -2144,6 +2153,16 @@ class Watch:
         self._s = _StepState(time.perf_counter())
         if self._gc_paused:
             self._resume_gc()
+
+    def _owned_elsewhere(self, s: _StepState) -> None:
+        """A Parameter outside the model that an optimizer steps (a GAN's other model, by the
+        end of the step its backward ran in) is trained, not unregistered: its mark goes."""
+        held = {id(p) for o in list(self._all_opts) for g in o.param_groups for p in g["params"]}
+        for rec, ref in s.unregistered:
+            var = ref()
+            if var is None or id(var) in held:
+                rec.pop("unregistered", None)
+        s.unregistered = []
 
     def _follow_structure(self, sig: str, captured: bool) -> None:
         """Default mode captures a graph structure it has not captured yet: the step after one

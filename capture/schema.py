@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 4)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss
+SCHEMA_VERSION: tuple[int, int] = (1, 5)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered
 
 # Bounds that keep a hostile or runaway file/payload from exhausting memory.
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # compressed payload of one frame
@@ -268,6 +268,7 @@ class NodeRecord(TypedDict, total=False):
     reduction: Literal["none", "mean", "sum"]  # a loss node's (MseLossBackward0, NllLossBackward0...)
     scalar: float  # DivBackward0 / MulBackward0 by a number (a 0-dim CPU tensor): its value
     made_nonfinite: bool  # turned finite incoming gradients into NaN/Inf (on steps checked for NaN)
+    unregistered: bool  # AccumulateGrad of an nn.Parameter neither of the model nor of an optimizer seen stepping (a module in a plain list)
 
 
 class GraphEvent(TypedDict, total=False):

@@ -14,11 +14,13 @@ from . import (
     copies,
     dead,
     errors,
+    loss_cut,
     modes,
     nonfinite,
     norms,
     paths,
     retention,
+    unregistered,
     unused_graph,
     zero_grad,
 )
@@ -26,7 +28,7 @@ from . import (
 Rule = Callable[[Run, Settings], list[Finding]]
 
 RULES: list[tuple[str, Rule]] = [
-    ("P1", paths.check_cut_paths),
+    ("P1", lambda run, settings: paths.check_cut_paths(run, settings) + unregistered.check(run, settings)),
     ("P2", dead.check),
     ("P3", norms.check),
     ("P4", nonfinite.check),
@@ -34,7 +36,8 @@ RULES: list[tuple[str, Rule]] = [
     ("P6", unused_graph.check),
     ("P7", retention.check_graphs_alive),
     ("P8", errors.check_inplace),
-    ("P9", paths.check_non_differentiable),
+    # a loss without grad_fn is cut where it was computed: P1 for a detach or no_grad, P9 for an op
+    ("P9", lambda run, settings: paths.check_non_differentiable(run, settings) + loss_cut.check(run, settings)),
     ("P10", errors.check_double_backward),
     ("P11", modes.check),
     ("P12", copies.check),

@@ -13,6 +13,7 @@ from torchscope.schema import Finding, FindingTarget
 from ..finding import describe_steps, make
 from ..run import Run, as_dict, as_int, as_list
 from ..settings import Settings
+from .loss_cut import no_grad_fn_forwards
 
 # Only these behave differently in train and eval mode; elsewhere the mode changes nothing.
 _MODE_SENSITIVE = ("Dropout", "BatchNorm", "InstanceNorm", "SyncBatchNorm", "AlphaDropout", "LazyBatchNorm")
@@ -111,7 +112,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
         if not forwards and ev.get("training") is False and as_int(ev.get("micro_batches")) > 0:
             train_in_eval.setdefault("", []).append(step)
-        for f in forwards:
+        # the training forward run under no_grad by mistake (its loss had no grad_fn: P1), no evaluation
+        cut = set(no_grad_fn_forwards(ev))
+        for i, f in enumerate(forwards):
             trained = f.get("backward") is True
             evaluating = f.get("grad_mode") is False or f.get("inference_mode") is True
             if trained and f.get("training") is False:
@@ -121,7 +124,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("eval_modules"))]):
                     if not _frozen(ev, owned.get(m, [])):
                         train_in_eval.setdefault(m, []).append(step)
-            if evaluating:  # told with the step it ran after, as P6 tells it
+            if evaluating and i not in cut:  # told with the step it ran after, as P6 tells it
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("train_modules"))]):
                     eval_in_train.setdefault(m, []).append(run.step_of_forward(step, forwards, f))
                     srcs.append(str(f.get("src", "")))

@@ -2,7 +2,7 @@
 
 Both walk the op dataflow of a captured step: P1 forward from the ops that read the
 parameter to the first op where gradient cannot pass, P9 backward from the loss to the first
-op that cannot be differentiated.
+op that cannot be differentiated.  (A backward() on a loss without grad_fn: loss_cut.py.)
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ def _none_steps(run: Run) -> tuple[dict[int, list[int]], dict[int, int]]:
                       - {as_int(i, -1) for i in as_list(grads.get("not_trained"))} - {-1})
         if not none:
             continue
-        if n_trainable and len(none) >= n_trainable and as_int(ev.get("zero_grad")) > 0:
+        roots = as_list(ev.get("backward_roots"))
+        leaf_loss = bool(roots) and all(r == "None" for r in roots)  # backward() of a tensor made anew from the loss
+        if n_trainable and len(none) >= n_trainable and as_int(ev.get("zero_grad")) > 0 and not leaf_loss:
             continue  # every grad cleared after backward: misplaced zero_grad (P5)
         for i in none:
             out.setdefault(i, []).append(step)
@@ -297,8 +299,20 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
 _STEP_FUNCTIONS = frozenset(f"aten::{n}" for n in ("round", "sign", "sgn", "floor", "ceil", "trunc", "fix"))
 
 
+P9_FIX = ("Use a differentiable surrogate on the loss path (softmax/sigmoid probabilities instead of argmax or "
+          "thresholds, float math instead of integer casts); compute accuracy-like metrics outside the loss.")
+
+
+# Draws from a distribution: a loss that depends on a sample (an RL rollout's next observation
+# or its critic's target, made from the sampled action) is not differentiated through it by
+# design -- the score function (log_prob) or rsample() carries that gradient.  Where nothing does,
+# the parameters before the sample get no gradient: P1 says so.
+_SAMPLERS = frozenset(f"aten::{n}" for n in ("multinomial", "bernoulli", "poisson", "binomial", "random", "randint_like"))
+
+
 def _stops_gradient(op: dict[str, Any]) -> bool:
-    return "non_differentiable" in g.flags(op) or str(op.get("name", "")).rstrip("_") in _STEP_FUNCTIONS
+    name = str(op.get("name", "")).rstrip("_")
+    return ("non_differentiable" in g.flags(op) and name not in _SAMPLERS) or name in _STEP_FUNCTIONS
 
 
 def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
@@ -320,21 +334,13 @@ def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
                 hits[key] = ([*steps, step], first, fstep)
                 break  # the first one in execution order is where differentiability ends
     findings: list[Finding] = []
-    fix = ("Use a differentiable surrogate on the loss path (softmax/sigmoid probabilities instead of argmax or "
-           "thresholds, float math instead of integer casts); compute accuracy-like metrics outside the loss.")
     for (name, module, src), (steps, op, fstep) in hits.items():
         where = f" in {module!r}" if module else ""
         what = ("has a gradient of zero everywhere" if name.rstrip("_") in _STEP_FUNCTIONS
                 else "is not differentiable")
         message = (f"{name}{where} {what} but the loss depends on it: gradient silently stops there "
                    f"({describe_steps(steps, run.last_step)}).")
-        findings.append(make("P9", "error", message, fix, steps, rank=run.rank,
+        findings.append(make("P9", "error", message, P9_FIX, steps, rank=run.rank,
                              targets=[FindingTarget(**g.target_of_op(fstep, run.rank, op))],  # type: ignore[typeddict-item]
                              modules=[module] if module else [], src=src or None, data={"op": name}))
-    no_fn = [e for e in errors(run) if "does not require grad and does not have a grad_fn" in e.message]
-    if no_fn:
-        findings.append(make("P9", "error", "backward() was called on a loss with no grad_fn: nothing it was computed "
-                             "from is differentiable (a non-differentiable op or no_grad cut it).", fix,
-                             [e.step for e in no_fn], rank=run.rank, src=no_fn[0].src or None,
-                             targets=[FindingTarget(step=no_fn[0].step, rank=run.rank)]))
     return findings

@@ -9,6 +9,7 @@ from torchscope.schema import Finding, FindingTarget
 from ..finding import Severity, describe_steps, fmt_bytes, make
 from ..run import Run, as_dict, as_float, as_int, as_list
 from ..settings import Settings
+from .loss_cut import no_grad_fn_forwards
 
 FIX = ("Wrap evaluation/inference in `with torch.no_grad():` (or torch.inference_mode()) and call model.eval(); "
        "then no graph is built and no activations are kept.")
@@ -35,8 +36,14 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     checked: list[float] = []  # and their losses, where the loop checked them
     for step, ev in run.forward_events():
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
-        unused = [f for f in forwards if f.get("built_graph") is True and f.get("backward") is False
-                  and (step, as_int(f.get("micro"))) not in late]
+        cut = set(no_grad_fn_forwards(ev))  # the loss was cut from its graph: the backward failed (P1/P9)
+        roots = as_list(ev.get("backward_roots"))
+        if roots and all(r == "None" for r in roots):
+            # backward() of a leaf made anew from the loss (torch.tensor(loss.item(), requires_grad=True)):
+            # the training forward's graph was cut off from it (P1), not an evaluation's to skip
+            cut |= {i for i, f in enumerate(forwards) if f.get("training") is not False}
+        unused = [f for i, f in enumerate(forwards) if f.get("built_graph") is True and f.get("backward") is False
+                  and (step, as_int(f.get("micro"))) not in late and i not in cut]
         skips = [f for f in unused if f.get("training") is not False and f.get("src") in trained]
         skipped += [step] * len(skips)
         checked += [v for f in skips if (v := as_float(f.get("loss"))) is not None]
@@ -47,7 +54,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         for f in unused or [{}] * n:  # an evaluation is told with the step it ran after
             steps.append(run.step_of_forward(step, forwards, f) if f.get("training") is False else step)
         count += n
-        held = max(held, sum(as_int(f.get("saved_bytes")) for f in unused))
+        # one forward's: evaluations one after another free each graph with the output the next
+        # one replaces, so their sum is more than was ever held at once
+        held = max(held, *(as_int(f.get("saved_bytes")) for f in unused), 0)
         srcs += [str(f["src"]) for f in unused if f.get("src")]
         in_eval = in_eval or any(f.get("training") is False for f in unused)
     if not steps:
@@ -55,13 +64,14 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     steps = sorted(set(steps))
     passes = "forward pass" if count == 1 else "forward passes"
     what = f"{passes} in eval mode (an evaluation)" if in_eval else passes
-    held_txt = f", holding up to {fmt_bytes(held)} of saved activations" if held else ""
+    each = "" if count == 1 else " each"
+    held_txt = f", holding up to {fmt_bytes(held)} of saved activations{each}" if held else ""
     severity: Severity = "warning"
     fix, title = FIX, None
     if count == 1 and not in_eval:
         # once, in training mode: as likely a batch the loop skipped before backward (a
         # non-finite loss) as a forward for metrics -- said, not warned about
-        severity = "info"
+        severity, title = "info", "Graph built but never used"
         message = (f"1 forward pass built an autograd graph that no backward() used "
                    f"({describe_steps(steps, run.last_step)}){held_txt}. A batch skipped before backward (a "
                    "non-finite loss) does this and is harmless; an evaluation or a forward for metrics wants "

@@ -345,6 +345,42 @@ def test_p7_graph_kept_alive(tmp_path: Path) -> None:
     assert _line(steps[3]["graphs_kept"]["src"]).strip() == "loss.backward()"
 
 
+def _interior(roots: list[Any]) -> int:
+    """Distinct autograd nodes below ``roots`` but their parameters' AccumulateGrad (an
+    independent walk of grad_fn.next_functions)."""
+    seen: dict[int, Any] = {}
+    stack = [r for r in roots if r is not None]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen[id(n)] = n
+        stack += [c for c, _ in n.next_functions if c is not None]
+    return sum(1 for n in seen.values() if type(n).__name__ != "AccumulateGrad")
+
+
+def test_p7_counts_the_kept_graphs_nodes_once(tmp_path: Path) -> None:
+    """``running_loss += loss`` over two micro-batches a step keeps every loss's graph: the nodes
+    alive at a boundary are those of the earlier steps' losses, each counted once -- not each
+    parameter's AccumulateGrad again for every micro-batch graph that reaches it."""
+    kept: list[list[torch.Tensor]] = []
+
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        opt.zero_grad()
+        kept.append([])
+        for _ in range(2):
+            loss = model(torch.randn(4, 8)).pow(2).mean() / 2
+            loss.backward()
+            state["total"] = state.get("total", 0) + loss
+            kept[-1].append(loss)
+        opt.step()
+
+    steps = _run(tmp_path, body, steps=4)
+    alive = [st["graphs_alive"] for st in steps]
+    want = [_interior([loss.grad_fn for earlier in kept[:i] for loss in earlier]) for i in range(4)]
+    assert want[1] > 0 and alive == want
+
+
 def _line(src: str) -> str:
     """The source line a ``file:line`` of this test file names."""
     name, _, line = src.rpartition(":")

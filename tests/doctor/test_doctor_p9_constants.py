@@ -82,3 +82,31 @@ def test_a_constant_added_to_the_loss_is_p9(name: str, mode: str, tmp_path: Path
     p9 = [f for f in _findings(tmp_path, loss_of, mode) if f["code"] == "P9"]
     assert len(p9) == 1 and p9[0]["severity"] == "error" and p9[0]["data"]["op"] == op
     assert p9[0]["src"].startswith(Path(__file__).name + ":")
+
+
+@pytest.mark.parametrize("use", ["next_observation", "critic_target"])
+def test_a_rollout_whose_next_observation_or_target_is_made_from_the_sample_is_no_finding(tmp_path: Path, use: str) -> None:
+    """An actor-critic rollout: the environment's next state, or the critic's regression target,
+    is computed from the sampled action -- data, not a path gradient should have taken."""
+    torch.manual_seed(0)
+    policy, critic = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2)), nn.Linear(4, 1)
+    model = nn.ModuleDict({"policy": policy, "critic": critic})
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    path = tmp_path / f"{use}.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for _ in range(4):
+            s, terms = torch.randn(8, 4), []
+            for _ in range(3):
+                dist = distributions.Categorical(logits=policy(s))
+                a = dist.sample()
+                reward = (a == 1).float()
+                target = reward + 0.1 * a.float() if use == "critic_target" else reward
+                value = critic(s).squeeze(-1)
+                terms.append(-(dist.log_prob(a) * (target - value.detach())).mean() + (value - target).pow(2).mean())
+                if use == "next_observation":
+                    s = s + 0.1 * (a.float() - 0.5)[:, None]
+            opt.zero_grad()
+            torch.stack(terms).sum().backward()
+            opt.step()
+    assert all(p.grad is not None for p in model.parameters())  # plain PyTorch: every parameter trains
+    assert [f for f in diagnose(iter_events(path)) if f["severity"] != "info"] == []

@@ -403,6 +403,16 @@ def test_p6_evaluation_graph_nobody_used() -> None:
     assert "P6" not in codes(diagnose([session(), step(0, forwards=[used])]))
 
 
+def test_p6_evaluations_one_after_another_hold_one_graph_at_a_time() -> None:
+    """Four evaluation batches in one step, each output replaced by the next: each graph is freed
+    as the next forward runs, so what was held is one forward's saved bytes, not their sum."""
+    evals = [{"micro": 1 + k, "grad_mode": True, "training": False, "built_graph": True, "backward": False,
+              "saved_bytes": 4096, "src": "train.py:40"} for k in range(4)]
+    events = [session(), step(0), step(1, forwards=[*step(1)["forwards"], *evals]), step(2)]
+    f = only(diagnose(events), "P6")
+    assert f["data"]["saved_bytes"] == 4096 and "holding up to 4.0 KiB of saved activations each" in f["message"]
+
+
 def test_p6_an_evaluation_between_steps_is_told_as_the_step_it_follows() -> None:
     """Evaluations run after the optimizer steps of steps 3 and 7 land in the next steps'
     forwards, before their training forward; one after the last step (11) is in the end event.
@@ -422,7 +432,7 @@ def test_p6_one_training_forward_without_backward_is_told_not_warned() -> None:
     skipped = {"micro": 1, "grad_mode": True, "training": True, "built_graph": True, "backward": False}
     events = [session(), step(0), step(1, forwards=[skipped, *step(1)["forwards"]]), step(2), step(3)]
     f = only(diagnose(events), "P6")
-    assert f["severity"] == "info" and f["steps"] == [1]
+    assert f["severity"] == "info" and f["steps"] == [1] and f["title"] == "Graph built but never used"
     assert "skipped before backward" in f["message"] and "is missing" not in f["message"]
     # from a call site of its own on every step (a GAN's fakes for the critic, ``G(z).detach()``):
     # no evaluation, so no model.eval() in the fix, which would change a training generator

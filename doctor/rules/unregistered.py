@@ -1,0 +1,54 @@
+"""P1's other face: gradients that flow into nn.Parameters the model does not hold and no
+optimizer steps -- a submodule kept in a plain Python list or dict instead of nn.ModuleList /
+nn.ModuleDict is not registered, so ``model.parameters()`` and the optimizer miss it: it never
+trains, and without a zero_grad() of its own its ``.grad`` only grows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchscope.schema import Finding, FindingTarget
+
+from ..finding import describe_steps, make
+from ..run import Run, as_dict, as_int, as_list
+from ..settings import Settings
+
+FIX = ("Hold submodules in nn.ModuleList / nn.ModuleDict (and loose parameters in nn.ParameterList, or as "
+       "attributes), then build the optimizer from model.parameters(). A model run only to make targets "
+       "(a frozen teacher) goes under torch.no_grad() or requires_grad_(False).")
+
+
+def _unregistered(graph: dict[str, Any]) -> tuple[list[int], list[str]]:
+    """The graph's AccumulateGrad nodes marked unregistered, and the modules of the ops that used them."""
+    nodes = [as_dict(n) for n in as_list(graph.get("nodes"))]
+    marked = {as_int(n.get("id"), -1) for n in nodes if n.get("unregistered")}
+    marked.discard(-1)
+    if not marked:
+        return [], []
+    module_of = {as_int(n.get("id"), -1): str(n.get("module", "")) for n in nodes}
+    users = [module_of.get(as_int(e[0], -1), "") for e in as_list(graph.get("edges"))
+             if isinstance(e, list) and len(e) >= 2 and as_int(e[1], -1) in marked]
+    return sorted(marked), sorted(set(users))
+
+
+def check(run: Run, settings: Settings) -> list[Finding]:
+    hits: list[tuple[int, int, list[int], list[str]]] = []  # step, micro, node ids, modules
+    for step, graph in run.all_graphs():
+        nodes, modules = _unregistered(graph)
+        if nodes:
+            hits.append((step, as_int(graph.get("micro")), nodes, modules))
+    if not hits:
+        return []
+    step, _, nodes, modules = hits[0]
+    steps = sorted({h[0] for h in hits})
+    model = str(run.session.get("model") or "the model")
+    used = [m if m else "(root)" for m in modules]
+    in_ops = f", used by ops of {', '.join(used[:3])}" if used else ""
+    message = (f"Gradients flow into {len(nodes)} nn.Parameter tensor{'s' if len(nodes) != 1 else ''} that "
+               f"{'are' if len(nodes) != 1 else 'is'} not {model}'s and that no optimizer steps "
+               f"({describe_steps(steps, run.last_step)}{in_ops}): a submodule kept in a plain Python list or dict "
+               "is not registered, so model.parameters() and the optimizer miss it -- it never trains, and its "
+               ".grad keeps growing.")
+    targets = [FindingTarget(step=step, rank=run.rank, node=n) for n in nodes]
+    return [make("P1", "warning", message, FIX, steps, rank=run.rank, targets=targets,
+                 modules=[m for m in modules if m], title="Parameters outside the model")]

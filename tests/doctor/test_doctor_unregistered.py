@@ -1,0 +1,90 @@
+"""Gradients into nn.Parameters the model does not hold and no optimizer steps: layers kept in a
+plain Python list (not nn.ModuleList) are not registered, so the optimizer never trains them.
+A GAN's other model, which its own optimizer steps, is not that."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+
+class Stack(nn.Module):
+    def __init__(self, registered: bool) -> None:
+        super().__init__()
+        layers = [nn.Linear(6, 6) for _ in range(2)]
+        self.layers = nn.ModuleList(layers) if registered else layers
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.head(x)
+
+
+def _train(tmp_path: Path, registered: bool, mode: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Stack]:
+    torch.manual_seed(0)
+    model = Stack(registered)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / f"{registered}-{mode}.tscope"
+    g = torch.Generator().manual_seed(1)
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(4):
+            x, y = torch.randn(8, 6, generator=g), torch.randint(0, 2, (8,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    events = list(iter_events(path))
+    return [dict(f) for f in diagnose(events)], [ev for ev in events if ev["kind"] == "graph"], model
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_layers_in_a_plain_list_are_found(tmp_path: Path, mode: str) -> None:
+    found, graphs, model = _train(tmp_path, registered=False, mode=mode)
+    outside = [p for layer in model.layers for p in layer.parameters()]
+    assert len(list(model.parameters())) == 2 and all(p.grad is not None for p in outside)  # plain PyTorch: 4 outside
+    marked = [n for n in graphs[0]["nodes"] if n.get("unregistered")]
+    assert len(marked) == 4 and all(n["name"] == "AccumulateGrad" and "param" not in n for n in marked)
+    (f,) = [f for f in found if f["title"] == "Parameters outside the model"]
+    assert f["code"] == "P1" and f["severity"] == "warning"
+    assert f["message"].startswith("Gradients flow into 4 nn.Parameter tensors that are not Stack's")
+    assert {t["node"] for t in f["targets"]} == {n["id"] for n in marked}
+
+
+def test_layers_in_a_module_list_are_no_finding(tmp_path: Path) -> None:
+    found, graphs, _ = _train(tmp_path, registered=True, mode="full")
+    assert not any(n.get("unregistered") for g in graphs for n in g["nodes"])
+    assert [f for f in found if f["severity"] != "info"] == []
+
+
+def test_a_gan_generator_stepped_by_its_own_optimizer_is_not_outside(tmp_path: Path) -> None:
+    """watch(D): the generator's loss backpropagates through D into G, whose Adam steps it."""
+    torch.manual_seed(0)
+    G, D = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 6)), nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt_g, opt_d = torch.optim.Adam(G.parameters(), 1e-3), torch.optim.Adam(D.parameters(), 1e-3)
+    path = tmp_path / "gan.tscope"
+    g = torch.Generator().manual_seed(1)
+    with torchscope.watch(D, opt_d, server=None, record=path, mode="full"):
+        for _ in range(4):
+            real, z = torch.randn(8, 6, generator=g), torch.randn(8, 4, generator=g)
+            opt_d.zero_grad()
+            fake = G(z)
+            d_loss = F.softplus(-D(real)).mean() + F.softplus(D(fake.detach())).mean()
+            d_loss.backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            F.softplus(-D(fake)).mean().backward()
+            opt_g.step()
+    events = list(iter_events(path))
+    graphs = [ev for ev in events if ev["kind"] == "graph"]
+    assert any(n["name"] == "AccumulateGrad" and "param" not in n for g in graphs for n in g["nodes"])  # G's, seen
+    assert not any(n.get("unregistered") for g in graphs for n in g["nodes"])
+    assert [f for f in diagnose(events) if f.get("title") == "Parameters outside the model"] == []
