@@ -25,7 +25,7 @@ _saved_attrs: dict[type, tuple[tuple[str, str], ...]] = {}
 # where it otherwise records ReshapeAliasBackward0: the same structure, so one signature.
 _SAME = {"ReshapeAliasBackward0": "ViewBackward0"}
 _names: dict[type, str] = {}
-_ACCUMULATE = torch._C._functions.AccumulateGrad
+_ACCUMULATE = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
 # (node classes, flat edges) -> signature; class objects compare by identity, digests use names
 _sig_cache: dict[tuple[tuple[type, ...], tuple[int, ...]], str] = {}
 
