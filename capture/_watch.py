@@ -2156,11 +2156,16 @@ class Watch:
 
     def _owned_elsewhere(self, s: _StepState) -> None:
         """A Parameter outside the model that an optimizer steps (a GAN's other model, by the
-        end of the step its backward ran in) is trained, not unregistered: its mark goes."""
-        held = {id(p) for o in list(self._all_opts) for g in o.param_groups for p in g["params"]}
+        end of the step its backward ran in) is trained, not unregistered: its mark goes; so
+        does one sharing its storage with the model's or those parameters (FSDP's FlatParameter,
+        whose views the model's parameters are)."""
+        held = [p for o in list(self._all_opts) for g in o.param_groups for p in g["params"]]
+        ids = {id(p) for p in held}
+        shared = {ptr for p in (*held, *(r() for r in self._params)) if p is not None
+                  for ptr, _ in storage_parts(p)}
         for rec, ref in s.unregistered:
             var = ref()
-            if var is None or id(var) in held:
+            if var is None or id(var) in ids or any(ptr in shared for ptr, _ in storage_parts(var)):
                 rec.pop("unregistered", None)
         s.unregistered = []
 

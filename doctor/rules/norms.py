@@ -110,6 +110,8 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
                         rank=run.rank, targets=targets, modules=list(dict.fromkeys(t["module"] for t in targets if t.get("module"))),
                         params=names, view="gradients", data=data))
     blowup = loss_blowup(run)
+    if blowup is not None and exploding and exploding[0] <= blowup[2]:
+        blowup = None  # the gradients jumped with the loss: the explosion's finding (a batch's scale) says it
     if blowup is not None and diverging is None:
         # a learning rate far past the stability limit: the loss jumps by orders of magnitude
         # within a few steps, never rising at every step for DIVERGE_STEPS nor (clipped, or
@@ -157,22 +159,31 @@ def loss_blowup(run: Run, before: int | None = None) -> tuple[int, float, int, f
     the largest learning rate of the step before).  A learning rate past the stability limit
     takes a loss up by orders of magnitude within a few steps; a loss that grows over thousands
     of steps (a value loss as returns grow) or a spike off a converged loss is not that."""
-    losses = [(step, loss, ev) for step, ev in run.step_events() if (loss := _loss(ev)) is not None and loss > 0
-              and (before is None or step < before)]
+    events = [(step, ev) for step, ev in run.step_events() if before is None or step < before]
+    losses = [(k, step, loss, ev) for k, (step, ev) in enumerate(events) if (loss := _loss(ev)) is not None and loss > 0]
     if len(losses) < 2:
         return None
-    start = statistics.median(loss for _, loss, _ in losses[:3])
+    start = statistics.median(loss for _, _, loss, _ in losses[:3])
     window: deque[tuple[int, float]] = deque(maxlen=BLOWUP_WINDOW)
     prev: dict[str, Any] | None = None
-    for step, loss, ev in losses:
+    for k, step, loss, ev in losses:
         if window:
             low_step, low = min(window, key=lambda w: w[1])
-            if loss >= low * BLOWUP_FACTOR and loss >= start * BLOWUP_OVER_START:
+            if loss >= low * BLOWUP_FACTOR and loss >= start * BLOWUP_OVER_START and _stays(events, k, low):
                 lrs = [v for v in (as_float(x) for x in as_list((prev or ev).get("lr"))) if v is not None]
                 return low_step, low, step, loss, max(lrs) if lrs else None
         window.append((step, loss))
         prev = ev
     return None
+
+
+def _stays(events: list[tuple[int, dict[str, Any]]], k: int, low: float) -> bool:
+    """Whether the loss after the k-th step stays up (BLOWUP_OVER_START times ``low``, or NaN/Inf),
+    or the run ends there: one outlier batch whose loss falls back at once is no divergence."""
+    if k + 1 >= len(events):
+        return True
+    nxt = as_float(events[k + 1][1].get("loss"))
+    return nxt is None or not math.isfinite(nxt) or nxt >= low * BLOWUP_OVER_START
 
 
 DIVERGE_STEPS = 8  # consecutive steps of growth that make a divergence, not a hard batch or two

@@ -70,6 +70,7 @@ def _curve(losses: list[float]) -> list[dict[str, Any]]:
     [0.1 * 1.05 ** i for i in range(200)],  # a value loss growing with the returns: 17,000x over 200 steps
     [2.0, 1.0, 0.5] + [1e-5] * 30 + [1e-3] + [1e-5] * 10,  # a spike off a converged loss, far below where it started
     [2.0, 1.5, 1.0, 0.7, 30.0, 0.6],  # one hard batch: 50x
+    [2.0, 1.5, 1.0, 0.7, 3000.0, 0.6, 0.5],  # one outlier batch, 4000x, and back at once
 ])
 def test_slow_growth_and_small_spikes_are_no_blowup(losses: list[float]) -> None:
     assert [f for f in diagnose(_curve(losses)) if f.get("title") == "Training diverged"] == []
