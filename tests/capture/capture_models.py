@@ -134,3 +134,16 @@ def train(kind: str, steps: int, watch_kwargs: dict[str, Any] | None = None) -> 
         "params": [p.detach().clone() for p in model.parameters()],
         "rng": torch.get_rng_state(),
     }
+
+
+def grad_fn_nodes(roots: list[Any]) -> list[Any]:
+    """Every grad_fn node below ``roots``: the tests' own walk of ``next_functions``."""
+    seen: dict[int, Any] = {}
+    stack = [r for r in roots if r is not None]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen[id(n)] = n
+        stack.extend(c for c, _ in n.next_functions if c is not None)
+    return list(seen.values())

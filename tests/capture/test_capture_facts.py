@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from capture_models import Square
+from capture_models import Square, grad_fn_nodes
 from torch import nn
 
 import torchscope
@@ -348,15 +348,7 @@ def test_p7_graph_kept_alive(tmp_path: Path) -> None:
 def _interior(roots: list[Any]) -> int:
     """Distinct autograd nodes below ``roots`` but their parameters' AccumulateGrad (an
     independent walk of grad_fn.next_functions)."""
-    seen: dict[int, Any] = {}
-    stack = [r for r in roots if r is not None]
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen[id(n)] = n
-        stack += [c for c, _ in n.next_functions if c is not None]
-    return sum(1 for n in seen.values() if type(n).__name__ != "AccumulateGrad")
+    return sum(1 for n in grad_fn_nodes(roots) if type(n).__name__ != "AccumulateGrad")
 
 
 def test_p7_counts_the_kept_graphs_nodes_once(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from capture_models import grad_fn_nodes
 from torch import nn
 
 import torchscope
@@ -24,24 +25,11 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
 
 
-def _nodes(roots: list[Any]) -> list[Any]:
-    """Every grad_fn node below ``roots`` (the test's own walk)."""
-    seen: dict[int, Any] = {}
-    stack = [r for r in roots if r is not None]
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen[id(n)] = n
-        stack.extend(c for c, _ in n.next_functions if c is not None)
-    return list(seen.values())
-
-
 def _penalty_step(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[Any], list[Any]]:
     out = model(x).sum()
-    before = _nodes([out.grad_fn])  # held: ids stay valid
+    before = grad_fn_nodes([out.grad_fn])  # held: ids stay valid
     (g,) = torch.autograd.grad(out, x, create_graph=True)
-    new = [n for n in _nodes([g.grad_fn]) if id(n) not in {id(b) for b in before}]
+    new = [n for n in grad_fn_nodes([g.grad_fn]) if id(n) not in {id(b) for b in before}]
     loss = out + (g.norm() - 1) ** 2
     return loss, before, new
 
@@ -80,10 +68,10 @@ def test_backward_create_graph_marks_the_gradient_graph(tmp_path: Path) -> None:
     path = tmp_path / "bcg.tscope"
     with torchscope.watch(model, None, server=None, record=path, mode="full") as w:
         loss = model(x).pow(2).mean()
-        before = {id(n): n for n in _nodes([loss.grad_fn])}  # held: ids stay valid
+        before = {id(n): n for n in grad_fn_nodes([loss.grad_fn])}  # held: ids stay valid
         loss.backward(create_graph=True)
         w.step()  # step 0: the create_graph pass
-        grads_graph = _nodes([p.grad.grad_fn for p in model.parameters() if p.grad is not None])
+        grads_graph = grad_fn_nodes([p.grad.grad_fn for p in model.parameters() if p.grad is not None])
         new = [n for n in grads_graph if id(n) not in before]
         penalty = sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None)
         assert isinstance(penalty, torch.Tensor)
