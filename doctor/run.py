@@ -165,6 +165,14 @@ def errors(run: Run) -> list[RunError]:
     return out
 
 
+def leaf_loss(ev: dict[str, Any]) -> bool:
+    """Whether every backward() of the step was called on a leaf -- a loss made anew from a number
+    (``torch.tensor(loss.item(), requires_grad=True)``): the graph was cut before it (P1), so its
+    empty gradients are no zero_grad() misplaced (P5), its forward no evaluation (P6)."""
+    roots = as_list(ev.get("backward_roots"))
+    return bool(roots) and all(r == "None" for r in roots)
+
+
 def trainable(run: Run) -> int:
     """How many parameters require grad (from the session header, else from the grad stats' width)."""
     params = run.params

@@ -13,7 +13,7 @@ from torchscope.schema import Finding, FindingTarget
 
 from .. import graph as g
 from ..finding import Severity, describe_steps, make
-from ..run import Run, as_dict, as_int, as_list, errors, trainable
+from ..run import Run, as_dict, as_int, as_list, errors, leaf_loss, trainable
 from ..settings import Settings
 
 _CUT_FIX = ("Keep the path differentiable: don't call .detach()/.data/.item()/.numpy()/.tolist() on tensors the "
@@ -68,9 +68,7 @@ def _none_steps(run: Run) -> tuple[dict[int, list[int]], dict[int, int]]:
                       - {as_int(i, -1) for i in as_list(grads.get("not_trained"))} - {-1})
         if not none:
             continue
-        roots = as_list(ev.get("backward_roots"))
-        leaf_loss = bool(roots) and all(r == "None" for r in roots)  # backward() of a tensor made anew from the loss
-        if n_trainable and len(none) >= n_trainable and as_int(ev.get("zero_grad")) > 0 and not leaf_loss:
+        if n_trainable and len(none) >= n_trainable and as_int(ev.get("zero_grad")) > 0 and not leaf_loss(ev):
             continue  # every grad cleared after backward: misplaced zero_grad (P5)
         for i in none:
             out.setdefault(i, []).append(step)

@@ -7,7 +7,7 @@ import math
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import Severity, describe_steps, fmt_bytes, make
-from ..run import Run, as_dict, as_float, as_int, as_list
+from ..run import Run, as_dict, as_float, as_int, as_list, leaf_loss
 from ..settings import Settings
 from .loss_cut import no_grad_fn_forwards
 
@@ -37,10 +37,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     for step, ev in run.forward_events():
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
         cut = set(no_grad_fn_forwards(ev))  # the loss was cut from its graph: the backward failed (P1/P9)
-        roots = as_list(ev.get("backward_roots"))
-        if roots and all(r == "None" for r in roots):
-            # backward() of a leaf made anew from the loss (torch.tensor(loss.item(), requires_grad=True)):
-            # the training forward's graph was cut off from it (P1), not an evaluation's to skip
+        if leaf_loss(ev):  # the training forward's graph was cut off from the loss (P1): no evaluation
             cut |= {i for i, f in enumerate(forwards) if f.get("training") is not False}
         unused = [f for i, f in enumerate(forwards) if f.get("built_graph") is True and f.get("backward") is False
                   and (step, as_int(f.get("micro"))) not in late and i not in cut]

@@ -7,7 +7,7 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import Severity, describe_steps, make
-from ..run import Run, as_dict, as_float, as_int, as_list, trainable
+from ..run import Run, as_dict, as_float, as_int, as_list, leaf_loss, trainable
 from ..settings import Settings
 
 FIX_MISSING = ("Call optimizer.zero_grad() once per optimizer step, before the forward/backward of that step "
@@ -103,9 +103,8 @@ def _misplaced(run: Run) -> list[Finding]:
             continue
         if as_dict(ev.get("scaler")) or as_list(ev.get("backward_errors")):
             continue  # a skipped AMP step or a failed backward also leaves gradients empty
-        roots = as_list(ev.get("backward_roots"))
-        if roots and all(r == "None" for r in roots):
-            continue  # backward() of a leaf (torch.tensor(loss.item(), requires_grad=True)): P1's cut, not zero_grad
+        if leaf_loss(ev):
+            continue  # P1's cut before a leaf loss, not zero_grad
         grads = as_dict(ev.get("grads"))
         none = {as_int(i, -1) for i in as_list(grads.get("none"))}
         norms = [as_float(v) for v in as_list(grads.get("norm"))]
