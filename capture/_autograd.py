@@ -316,7 +316,10 @@ def _loss_facts(n: Any, rec: NodeRecord) -> None:
     reduction, and the number a scalar loss is divided or multiplied by (``loss / k``)."""
     name = rec["name"]
     if name in _BY_NUMBER:
-        other = getattr(n, "_saved_other", None)
+        try:
+            other = getattr(n, "_saved_other", None)
+        except RuntimeError:  # modified in place since it was saved: the backward fails on it (P8)
+            return
         # a Python number is a 0-dim CPU tensor; a 0-dim CUDA one would cost a host sync
         if isinstance(other, torch.Tensor) and other.dim() == 0 and other.device.type == "cpu":
             rec["scalar"] = float(other.detach())  # a learned scale (spectral_norm's sigma) requires grad

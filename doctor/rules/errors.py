@@ -92,8 +92,11 @@ def _node_named(run: Run, steps: list[int], name: str) -> tuple[int, dict[str, A
             named = [as_dict(n) for n in as_list(graph.get("nodes"))
                      if str(as_dict(n).get("name", "")) == name or str(as_dict(n).get("name", "")).startswith(f"{name}Backward")]
             # of several (a MulBackward0 of x * 0 and one of h.mul_()), an in-place op's: the
-            # tensor torch names is the output of the op that modified it
-            best = next((n for n in named if as_int(n.get("op"), -1) in inplace), named[0] if named else None)
+            # tensor torch names is the output of the op that modified it; else (two tanh, the
+            # first one's output then written by `h += x`) the one whose output a later in-place
+            # op wrote over
+            best = next((n for n in named if as_int(n.get("op"), -1) in inplace),
+                        next((n for n in named if _overwrote_output(graph, n) is not None), named[0] if named else None))
             if best is not None:
                 return gstep, best
     return -1, {}
@@ -154,6 +157,12 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
                         if as_int(op.get("id"), -1) == as_int(node.get("op"), -2) and "inplace" in g.flags(op)), None)
             culprit = own or next(((gstep, op) for graph in run.graphs_of(gstep)
                                    if (op := _overwrote_output(graph, node)) is not None), None)
+        elif culprit is None and node_name:
+            # no node of that name in the graph ("output 0 of Sub": g.sub_(0.5) on a tensor the
+            # loss no longer uses): an in-place op of that name in a failing step's graph
+            own = next(((s, op) for s in crash_steps for graph in run.graphs_of(s) for op in g.ops(graph)
+                        if "inplace" in g.flags(op) and _op_named(op, node_name)), None)
+            culprit = own
         where = ""
         if culprit:
             targets.insert(0, FindingTarget(**g.target_of_op(culprit[0], run.rank, culprit[1])))  # type: ignore[typeddict-item]
@@ -171,6 +180,12 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
                              targets=targets, modules=[str(node.get("module"))] if node.get("module") else [],
                              src=src or None, data={"error": first.message[:500]}))
     return [*findings, *_silent_inplace(run, crash_steps)]
+
+
+def _op_named(op: dict[str, Any], name: str) -> bool:
+    """Whether ``op`` (``aten::sub_``) is the one torch's message names (``Sub``, ``SubBackward1``)."""
+    base = str(op.get("name", "")).removeprefix("aten::").rstrip("_").replace("_", "")
+    return base.lower() == re.sub(r"Backward\d*$", "", name).lower()
 
 
 def _and(names: list[str]) -> str:
