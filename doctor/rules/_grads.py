@@ -71,8 +71,11 @@ def applied_steps(run: Run) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def sparse_params(run: Run) -> set[int]:
-    """Indices of parameters owned by modules whose gradients are sparse by design."""
-    return {i for i in range(len(run.params)) if run.module_type(run.param_module(i)) in SPARSE_GRAD_TYPES}
+    """Indices of parameters whose gradients are sparse by design: those of an embedding, and
+    a pruned one (``torch.nn.utils.prune`` renames ``weight`` to ``weight_orig`` and multiplies
+    it by a mask: its gradient is zero wherever the mask is, 99% of it at 99% pruning)."""
+    return {i for i in range(len(run.params))
+            if run.module_type(run.param_module(i)) in SPARSE_GRAD_TYPES or run.param_name(i).endswith("_orig")}
 
 
 def numel(run: Run, index: int) -> int:

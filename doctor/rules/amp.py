@@ -33,6 +33,8 @@ def _calibration(run: Run, settings: Settings) -> list[int]:
     skips: list[int] = []
     steady = 0
     for step, ev in run.step_events():
+        if loss_nonfinite(ev):  # a NaN batch: skipped whatever the scale, no calibration
+            continue
         if scaler_skipped(ev):
             skips.append(step)
             steady = 0
@@ -69,14 +71,26 @@ def _skips_finding(run: Run, later: list[int], collapsed: list[int], calibration
     # each step records the scale it ran with (the update after the last one is not seen)
     low = min((s for s in scales if s is not None), default=None)
     scale_txt = f"; steps ran at a scale down to {low:g}" if low is not None else ""
-    after = (f" after calibrating its scale ({describe_steps(calibration, run.last_step)}, skipped)"
+    after = (f" besides the {len(calibration)} of its calibration ({describe_steps(calibration, run.last_step)})"
              if calibration else "")
+    events = dict(run.step_events())
+    nan_loss = [s for s in later if loss_nonfinite(events.get(s, {}))]
+    if nan_loss and len(nan_loss) == len(later):
+        why = ("because their loss itself was NaN/Inf, not because the scaling overflowed (the scaler skips any step "
+               "whose gradients are not finite, and lowers its scale each time; see P4)")
+    elif nan_loss:
+        why = f"because the gradients overflowed ({len(nan_loss)} of those steps had a NaN/Inf loss already, see P4)"
+    else:
+        why = "because the gradients overflowed"
     # every step lost from some point on (or a scale that can no longer represent the gradients)
     # means no learning; fewer lost steps only slow it
-    stuck = bool(collapsed) or (bool(later) and later[-1] == run.last_step and len(later) * 2 >= len(run.steps))
-    effect = "the model is not learning" if stuck else "those steps did not update the model"
-    message = (f"GradScaler skipped {len(later)} of {len(run.steps)} optimizer steps{after} because the gradients "
-               f"overflowed ({describe_steps(steps, run.last_step)}){scale_txt}: {effect}.")
+    stuck = bool(later) and later[-1] == run.last_step and len(later) * 2 >= len(run.steps)
+    effect = "the model is not learning" if stuck else "the skipped steps did not update the model"
+    below = sorted(set(collapsed) - set(later))
+    fell = (f"; after that its scale stayed below min_scale ({describe_steps(below, run.last_step)}), where "
+            "float16 gradients underflow to zero: those steps learn little or nothing" if below else "")
+    message = (f"GradScaler skipped {len(later)} of {len(run.steps)} optimizer steps{after} "
+               f"({describe_steps(later or steps, run.last_step)}) {why}{scale_txt}: {effect}{fell}.")
     targets = [FindingTarget(step=steps[0], rank=run.rank)]
     src = None
     traced = _traced(run, later)

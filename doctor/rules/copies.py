@@ -69,10 +69,10 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         # every tenth): on a run where every one of those shows them, every step does
         # (a repeat needs an earlier conversion: never on the first)
         sampled = len(counted) < len(run.steps) and set(counted[1:]) <= set(steps)
-        where = (f"{describe_steps(steps, run.last_step)}: every step copies were counted on, the first four "
-                 f"and every tenth" if sampled else describe_steps(steps, run.last_step))
+        where = (f"{describe_steps(steps, run.last_step)}, judging by the steps copies are counted on -- the "
+                 f"first four and every tenth" if sampled else describe_steps(steps, run.last_step))
         message = (f"Redundant copies: {text} ({where}"
-                   f"{', ' + fmt_bytes(moved) + ' moved per step' if moved else ''}).")
+                   f"{'; ' + fmt_bytes(moved) + ' moved per step' if moved else ''}).")
         findings.append(make("P12", severity, message, FIX, steps, rank=run.rank,  # type: ignore[arg-type]
                              targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="memory",
                              data=data))

@@ -179,6 +179,11 @@ def _first_culprit(run: Run, bad_steps: set[int]) -> tuple[dict[str, Any], dict[
     return {}, {}, -1, None
 
 
+def _isolated(run: Run, steps: list[int]) -> bool:
+    """Each non-finite step is followed by a finite one: no NaN stayed in the model."""
+    return bool(steps) and all(s + 1 not in steps and s < run.last_step for s in steps)
+
+
 def _step_before(run: Run, step: int) -> dict[str, Any] | None:
     """The event of step ``step - 1``, when recorded and its optimizer.step() ran (not skipped)."""
     ev = next((ev for s, ev in run.step_events() if s == step - 1), None)
@@ -285,6 +290,11 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         message = (f"The loss was NaN/Inf on {len(skipped)} batch{'es' if len(skipped) > 1 else ''} the loop skipped "
                    f"before backward ({when}); the op that made it is not known: ops are checked for NaN on captured "
                    "steps, from the step after a non-finite one (mode='full' checks every step's log/div/exp...).")
+    elif _isolated(run, steps):
+        message = (f"The loss is NaN/Inf {when}, each time followed by finite steps: the model stayed finite, so "
+                   "it came from those batches -- a NaN/Inf in "
+                   "their data, or an op that overflows on their values. Which op is not known: ops are checked for "
+                   "NaN on the step after a non-finite one, which was finite here.")
     else:
         message = f"The loss is NaN/Inf ({when})."
     targets: list[FindingTarget] = []

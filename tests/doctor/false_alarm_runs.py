@@ -174,10 +174,38 @@ def nan_batch(args: argparse.Namespace) -> None:
     _lr_run(args, lambda step: 1.0, nan_batch=5)
 
 
+# --- P2: a layer pruned by torch.nn.utils.prune (QA round 26): its weight_orig's gradient is
+# zero wherever the mask is -- 99% of it at 99% pruning -- which is no dead branch
+def _pruned(args: argparse.Namespace, *, dead_relu: bool) -> None:
+    import torch.nn.utils.prune as prune
+
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    prune.l1_unstructured(model[2], name="weight", amount=0.99)
+    if dead_relu:  # BUG: no ReLU after layer 0 ever fires: layer 0 never learns
+        nn.init.constant_(model[0].bias, -100.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    torchscope.watch(model, opt, server=args.server, record=args.record)
+    x_all = torch.randn(300, 20)
+    for _ in range(args.steps):
+        x = x_all[torch.randint(0, 300, (32,))]
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), x[:, :4].argmax(1))
+        loss.backward()
+        opt.step()
+
+
+def pruned(args: argparse.Namespace) -> None:
+    _pruned(args, dead_relu=False)
+
+
+def pruned_dead_relu(args: argparse.Namespace) -> None:
+    _pruned(args, dead_relu=True)
+
+
 VARIANTS: dict[str, Callable[[argparse.Namespace], None]] = {f.__name__: f for f in [
     fp16_scaler_sum, fp16_scaler, fp16_dead_relu, fp16_corrupt_batches,
     frozen_bn, frozen_bn_and_dropout, backbone_left_in_eval,
-    nan_lr_warmup, nan_lr_decay, nan_batch,
+    nan_lr_warmup, nan_lr_decay, nan_batch, pruned, pruned_dead_relu,
 ]}
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ SCRIPT = Path(__file__).with_name("false_alarm_runs.py")
 STEPS = 24
 VARIANTS = ["fp16_scaler_sum", "fp16_scaler", "fp16_dead_relu", "fp16_corrupt_batches",
             "frozen_bn", "frozen_bn_and_dropout", "backbone_left_in_eval",
-            "nan_lr_warmup", "nan_lr_decay", "nan_batch"]
+            "nan_lr_warmup", "nan_lr_decay", "nan_batch", "pruned", "pruned_dead_relu"]
 
 Findings = list[dict[str, Any]]
 
@@ -100,7 +100,11 @@ def test_skips_recurring_after_calibration_are_still_a_warning(runs: Any) -> Non
     assert set(corrupt) <= set(skipped) and skipped[0] == 0
     (p14,) = of(found, "P14")
     assert p14["severity"] == "warning" and p14["steps"] == corrupt, p14["message"]
-    assert "after calibrating its scale" in p14["message"]
+    assert "besides the 3 of its calibration (steps 0-2)" in p14["message"], p14["message"]
+    # an inf in the batch makes the loss itself non-finite: not an overflow of the scaling
+    assert "their loss itself was NaN/Inf" in p14["message"] and "because the gradients overflowed" not in p14["message"]
+    (p4,) = of(found, "P4")
+    assert "each time followed by finite steps" in p4["message"] and "their data" in p4["message"], p4["message"]
 
 
 # ---------------------------------------------------------------- P11: frozen batch-norm statistics
@@ -165,3 +169,11 @@ def test_optimizer_update_blamed_when_the_first_nan_op_reads_a_parameter() -> No
     assert p4["since"] == 2 and p4["src"] == "train.py:40" and p4["targets"][0] == {"step": 2, "rank": 0}
     assert "made the parameters non-finite" in p4["message"] and "'enc.weight'" in p4["message"]
     assert "learning rate (" not in p4["message"]
+
+
+def test_a_pruned_layer_is_no_dead_branch(runs: Any) -> None:
+    """99% magnitude pruning: 99% of 2.weight_orig's gradient is exact zeros, by the mask.  No
+    finding; a dead ReLU in front of it is still found, and names layer 0, not the pruned one."""
+    assert loud(findings(runs, "pruned")) == []
+    (p2,) = of(findings(runs, "pruned_dead_relu"), "P2")
+    assert "0.weight" in p2["params"] and not any(p.startswith("2.") for p in p2["params"]), p2["params"]

@@ -605,7 +605,7 @@ def test_p12_repeated_copies() -> None:
     counted = [step(i, events=rep if i else []) if i < 4 else {k: v for k, v in step(i).items() if k != "copies"}
                for i in range(8)]
     f = only(diagnose([session(), *counted]), "P12")
-    assert f["steps"] == [1, 2, 3] and "every step copies were counted on" in f["message"]
+    assert f["steps"] == [1, 2, 3] and "judging by the steps copies are counted on" in f["message"]
 
 
 def test_p13_hook_bytes_growing() -> None:
@@ -620,6 +620,18 @@ def test_p14_scaler_skipping_every_step() -> None:
     events = [session(), *[step(i, scaler={"scale": 65536.0 / 2 ** (i + 1), "skipped": True}) for i in range(6)]]
     f = only(diagnose(events), "P14")
     assert f["steps"] == [0, 1, 2, 3, 4, 5] and f["data"]["scale"][-1] == 1024.0
+
+
+def test_p14_a_collapsed_scale_tells_its_skips_from_the_steps_after() -> None:
+    """Ten skips halving the scale below min_scale, then steps that run at that scale: the
+    skipped steps are those ten; the later ones are said to run at a collapsed scale, not
+    counted as skipped (QA round 26 read "skipped 10 of 15 steps (since step 0, every step)")."""
+    events = [session(), *[step(i, scaler={"scale": 2.0 / 2 ** i if i < 10 else 2.0 ** -10, "skipped": i < 10})
+                           for i in range(15)]]
+    f = only(diagnose(events), "P14")
+    assert "skipped 10 of 15 optimizer steps (steps 0-9)" in f["message"], f["message"]
+    assert "after that its scale stayed below min_scale (since step 10, every step)" in f["message"], f["message"]
+    assert f["steps"] == list(range(15))
 
 
 def test_p14_silent_for_calibration_skips() -> None:
