@@ -8,8 +8,9 @@ found.  Only modules that have user hooks are inspected, so the cost is nil othe
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -37,8 +38,57 @@ def _roots(fn: Any) -> Iterable[Any]:
         yield getattr(owner, "__dict__", {})
 
 
-def retained_bytes(hooks: Iterable[Any]) -> int:
-    """Distinct storage bytes of tensors reachable from ``hooks`` (bounded search)."""
+class Retained(NamedTuple):
+    """What the user forward hooks of some modules keep (``retained``)."""
+
+    bytes: dict[str, int]  # module path -> bytes its hooks keep, each storage counted once
+    shared: list[list[str]]  # modules whose hooks keep tensors in one container (bytes: the first's)
+    src: dict[str, str]  # module path -> ``file:line`` of its first hook that keeps any
+
+
+def retained(hooked: list[tuple[str, list[Any]]]) -> Retained:
+    """Per module (in ``hooked``'s order), the storages its hooks reach; modules reaching the
+    same ones (three hooks appending to one dict) are one group whose bytes count once, under
+    its first module -- each alone would read the whole container's."""
+    found = {path: retained_storages(hooks) for path, hooks in hooked}
+    order = {path: i for i, path in enumerate(found)}
+    lead = {path: path for path in found}  # union-find: the earliest module of each group
+
+    def root(p: str) -> str:
+        while lead[p] != p:
+            p = lead[p]
+        return p
+
+    first: dict[int, str] = {}  # storage -> the first module reaching it
+    for path, storages in found.items():
+        for ptr in storages:
+            a, b = root(first.setdefault(ptr, path)), root(path)
+            if a != b:
+                a, b = sorted((a, b), key=order.__getitem__)
+                lead[b] = a
+    union: dict[str, dict[int, int]] = {}
+    for path, storages in found.items():
+        union.setdefault(root(path), {}).update(storages)
+    out = {path: sum(union[path].values()) if path in union else 0 for path in found}
+    members: dict[str, list[str]] = {}
+    for path in found:
+        members.setdefault(root(path), []).append(path)
+    shared = [m for m in members.values() if len(m) > 1 and out[m[0]]]
+    src = {path: where for path, hooks in hooked if found[path] and (where := _src(hooks))}
+    return Retained(out, shared, src)
+
+
+def _src(hooks: list[Any]) -> str:
+    """``file:line`` where the first hook that is a plain function was defined."""
+    for h in hooks:
+        code = getattr(getattr(h, "__func__", h), "__code__", None)
+        if code is not None:
+            return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+    return ""
+
+
+def retained_storages(hooks: Iterable[Any]) -> dict[int, int]:
+    """Storages (data pointer -> bytes) of tensors reachable from ``hooks`` (bounded search)."""
     seen: set[int] = set()
     found: dict[int, int] = {}
     budget = _MAX_ITEMS
@@ -59,4 +109,4 @@ def retained_bytes(hooks: Iterable[Any]) -> int:
             stack.extend((v, depth + 1) for v in obj.values())
         elif isinstance(obj, (list, tuple, set)):
             stack.extend((v, depth + 1) for v in obj)
-    return sum(found.values())
+    return found

@@ -16,6 +16,8 @@ other call straight through (one dict lookup):
   requires grad: where a graph is cut (P1), noted on captured steps.
 - ``torch.isfinite`` / ``isnan`` / ``isinf`` of a one-value tensor in the graph: the loss a
   loop checks before it decides to skip the batch, read back if no backward follows.
+- While a loss of an earlier step is found kept alive (P7), every call of the user's that
+  takes a one-value tensor with a graph into a new one (``total += loss``): its line.
 """
 
 from __future__ import annotations
@@ -90,7 +92,12 @@ class Interposer(TorchFunctionMode):
                 rec.autocast = autocast_on()
         # ``_compiling()``: Dynamo is tracing through the mode; nothing of ours goes into its graph
         if kind is None:
-            return func(*args, **kwargs)
+            if not self.watch._probing:
+                return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if isinstance(out, torch.Tensor) and out.grad_fn is not None and not _compiling() and _from_user():
+                self.watch._safe("holder", self.watch._on_holder, args)
+            return out
         if kind == "clip":
             if not _compiling() and _caller_file().endswith(_CLIP_FILE):
                 if self.watch._scaler is not None:

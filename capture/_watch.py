@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Literal, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from . import _compile, _cuda, _native, _sigterm
 from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin
 from ._grads import GradRead, PiecewiseRead, StatsRead, count_nonzero, nonzero_grads
-from ._hooks import retained_bytes
+from ._hooks import Retained, retained
 from ._interpose import Interposer, insert_mode, remove_mode
 from ._memory import StorageSizes, grad_storages, optimizer_tensors, storage_parts, storages
 from ._modhook import ModuleHook, hook_module
@@ -83,6 +83,7 @@ _CHANGE_CAPTURES_FIRST, _CHANGE_CAPTURES_EVERY = 8, 10
 # non-finite gradient; the other steps record norms, NaN/Inf counts and missing grads only.
 GRAD_STATS_EVERY = 10
 COPY_STEPS = 4  # steps counted for copies before sampling every GRAD_STATS_EVERY (see _counts_copies)
+_PROBE_STEPS = 3  # steps the mode looks for the holder of a kept loss (Watch._probe)
 _MODE_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 # activation-gradient slot whose hook has not run yet (no row: left out of the step's event)
 _NO_STATS: tuple[float, ...] = ()
@@ -93,11 +94,63 @@ class _Sentinel:
     """Lives in a backward root's (or a forward output's) ``metadata``: dies with the node, so
     a live weak reference at a later step boundary means that step's graph is still reachable (P7)."""
 
-    __slots__ = ("step", "nodes", "output", "src", "__weakref__")
+    __slots__ = ("step", "nodes", "saved", "usable", "output", "fed", "src", "held_at", "__weakref__")
 
     def __init__(self, step: int, nodes: int, src: str, output: bool = False) -> None:
         # src: the user's line of the backward (or of the forward, for an output) it belongs to
         self.step, self.nodes, self.src, self.output = step, nodes, src, output
+        # nodes and saved bytes are the graph's own: not those of earlier steps' graphs it
+        # contains (a recurrent state never detached nests every step's graph in the next);
+        # saved: what its nodes still hold after the step (a backward without retain_graph frees it)
+        self.saved = 0
+        # a later backward can go through it: its own kept it (retain_graph=True), or none went
+        # through it yet (an output); only such a graph can be inside a later one
+        self.usable = output
+        self.fed = False  # a later step's graph contains it: an output carried into the next forward
+        self.held_at = ""  # the user's line of a call that took the loss into a new graph (total += loss)
+
+
+class _Nested(NamedTuple):
+    """What a backward's graph holds of earlier steps' graphs (``_nested``)."""
+
+    nodes: int  # interior nodes of theirs it reaches
+    saved: int  # bytes their nodes hold saved for backward
+    # this step's forward outputs it reaches: (sentinel, own interior nodes, own saved bytes)
+    outputs: list[tuple[_Sentinel, int, int]]
+
+
+def _nested(walk: AutogradWalk, step: int, param_ptrs: set[int], frees: bool) -> _Nested:
+    """Tell a backward's graph from the earlier steps' graphs inside it (a recurrent state
+    never detached nests each step's graph in the next): the nodes below an earlier step's
+    sentinel are theirs; the rest, this step's own -- and of those, each forward output's.
+    Earlier sentinels found are marked ``fed``, and hold no saved bytes any more when this
+    backward ``frees`` the graph (no retain_graph).  Reads every node's ``metadata`` (which
+    makes one dict a node) and walks again: only while an earlier step's graph is alive, which
+    a clean loop never has."""
+    earlier: list[Any] = []
+    outs: list[tuple[Any, _Sentinel]] = []
+    for n in walk.nodes:
+        md = n.metadata
+        for key in ("torchscope_sentinel", "torchscope_out_sentinel"):
+            sent = md.get(key)
+            if not isinstance(sent, _Sentinel):
+                continue
+            if sent.step < step:
+                earlier.append(n)
+                sent.fed = True
+                if frees:
+                    sent.saved, sent.usable = 0, False
+            elif key == "torchscope_out_sentinel":
+                outs.append((n, sent))
+    inner = AutogradWalk(earlier)
+    theirs, _ = inner.saved(param_ptrs)
+    outputs = []
+    for node, sent in outs:
+        part = AutogradWalk([node])
+        mine, _ = part.saved(param_ptrs)
+        nodes = sum(1 for n in part.nodes if n not in inner.index and type(n).__name__ != "AccumulateGrad")
+        outputs.append((sent, nodes, sum(b for ptr, b in mine.items() if ptr not in theirs)))
+    return _Nested(inner.interior(), sum(theirs.values()), outputs)
 
 
 def _through_outputs(walk: AutogradWalk, s: _StepState) -> bool:
@@ -169,12 +222,14 @@ class _StepState:
         "used",
         "marks",
         "out_sentinels",
+        "holders",
         "asked",
         "unrestricted",
         "forward_us",
         "backward_us",
         "micro",
         "losses",
+        "summed",
         "roots",
         "backward_src",
         "backward_errors",
@@ -234,12 +289,18 @@ class _StepState:
         # without the extension: a forward's mark, set by Python hooks on its output nodes, and those hooks
         self.marks: list[tuple[list[bool], ForwardInfo, list[Any]]] = []
         self.out_sentinels: list[weakref.ref[_Sentinel]] = []  # of this step's forward outputs
+        # while probing (Watch._probing): one-value tensors with a graph the user's calls took
+        # in before a backward, with the call's line -- the loss's holder, when it is the root
+        self.holders: list[tuple[weakref.ref[torch.Tensor], str]] = []
         self.asked: set[int] | None = None  # parameters backward(inputs=...) asked for (_note_inputs)
         self.unrestricted = False  # a backward of this step asked for every gradient
         self.forward_us = 0.0
         self.backward_us = 0.0
         self.micro = 0
         self.losses: list[torch.Tensor] = []
+        # indices in ``losses`` of the roots of the backwards that accumulated into the
+        # gradients since they were last reset (not torch.autograd.grad's): the step's loss
+        self.summed: list[int] = []
         self.roots: list[str] = []
         self.backward_src: list[str] = []
         self.backward_errors: list[str] = []
@@ -505,8 +566,13 @@ class Watch:
         self._change_captures = 0  # steps captured for a new structure (held to a budget)
         self._nan_armed = False
         # CUDA: a step event waiting for its gradient statistics (see _finish)
-        self._deferred: tuple[StepEvent, StatsRead, int, bool, tuple[float, float] | None, list[int], list[int], dict[str, Any] | None] | None = None
+        self._deferred: tuple[StepEvent, StatsRead, int, list[int], bool, tuple[float, float] | None, list[int], list[int], dict[str, Any] | None] | None = None
         self._sentinels: list[weakref.ref[_Sentinel]] = []
+        # an earlier step's loss is kept alive (P7): the mode sees the user's calls outside the
+        # forward, for the one that takes the loss in (_on_holder); for at most _PROBE_STEPS steps
+        self._probing = False
+        self._probe_left = _PROBE_STEPS
+        self._nest_check = False  # the last boundary saw a graph a later backward can go through alive
         # (tensor id, target dtype, target device) of conversions -> (weak tensor, last step): P12 repeats
         self._converted: dict[
             tuple[int, torch.dtype, torch.device], tuple[weakref.ref[torch.Tensor], int]
@@ -1008,6 +1074,9 @@ class Watch:
             # a graph built in eval mode may never be consumed (P6): size it now, while it exists
             saved, _ = AutogradWalk(nodes).saved(self._param_ptrs)
             fwd["saved_bytes"] = sum(saved.values())
+            for ref in s.out_sentinels[-len(nodes):]:  # this forward's: kept, they hold this much
+                if (o := ref()) is not None:
+                    o.saved = fwd["saved_bytes"]
 
     def _modes_after_forward(self, module: nn.Module, fwd: ForwardInfo) -> None:
         """Modules the forward itself put in eval mode (``self.encoder.train(False)`` inside
@@ -1416,7 +1485,9 @@ class Watch:
         s = self._s
         # light and default mode may reuse the last walk for a backward with this key (see _reuse_walk)
         walk_key = self._walk_key(s, roots) if self.mode != "full" else None
-        reuse = self._reuse_walk(s, walk_key, bool(create)) if walk_key is not None else None
+        # an earlier step's graph alive may be inside this one (P7): walked, to tell them apart
+        nested = self._earlier_alive()
+        reuse = self._reuse_walk(s, walk_key, bool(create)) if walk_key is not None and not nested else None
         walk: AutogradWalk | None = None
         if s.capture:
             # reading a captured graph makes thousands of objects (node records, saved-tensor
@@ -1468,16 +1539,23 @@ class Watch:
             s.zero_grad = 1 if (all_zero or all_none) else 0
             s.set_to_none = all_none
             s.accumulated = 1
+            s.summed = []
         elif self._grads_reset(params):
             s.zero_grad += 1  # grads were reset between micro-batches (an LBFGS closure does)
             s.accumulated = 1
+            s.summed = []
         else:
             s.accumulated += 1
         fns = []
+        holder_src = {id(t): src for ref, src in s.holders if (t := ref()) is not None} if s.holders else {}
         for t in roots:
             fn = t.grad_fn
+            if holder_src and fn is not None and id(t) in holder_src:
+                fn.metadata["torchscope_held_at"] = holder_src[id(t)]  # type: ignore[index]  # read into its sentinel below
             s.roots.append(type(fn).__name__ if fn is not None else "None")
             if t.numel() == 1 and len(s.losses) < 1024:
+                if kind != "grad":
+                    s.summed.append(len(s.losses))
                 with _unseen():  # the loop's dispatch modes do not see the alias
                     s.losses.append(t.detach())  # read with the gradients at the boundary
             fns.append(fn)
@@ -1497,16 +1575,28 @@ class Watch:
             if not unreadable:  # a graph with unreadable saved tensors is re-examined every time
                 self._saved_cache[key] = cached
         saved, broken = cached
-        s.saved_peak = max(s.saved_peak, saved)
+        own_nodes, own_saved = n_nodes, saved
+        outputs: list[tuple[_Sentinel, int, int]] = []
+        if nested and walk is not None:
+            with _unseen():
+                inner = _nested(walk, self._step, self._param_ptrs, not retain)
+            own_nodes, own_saved, outputs = max(n_nodes - inner.nodes, 0), max(saved - inner.saved, 0), inner.outputs
+        s.saved_peak = max(s.saved_peak, own_saved)
         for b in broken:
             s.events.append({"what": "saved_unreadable", "node": b, "micro": s.micro})
+        kept_saved = own_saved if retain else 0  # what the graph holds once this backward returns
         for ref in s.out_sentinels:  # the forward outputs' graphs: about this size
             if (out := ref()) is not None and out.nodes == 1:
-                out.nodes = n_nodes
+                out.nodes, out.saved, out.usable = own_nodes, kept_saved, bool(retain)
+        for out_sent, out_nodes, out_saved in outputs:  # or, nested in earlier steps' graphs, just this size
+            out_sent.nodes, out_sent.saved = out_nodes, out_saved if retain else 0
         for fn in fns:
             if fn is not None:
                 fn.metadata.pop("torchscope_out_sentinel", None)  # the output is the loss: one sentinel
-                sentinel = _Sentinel(self._step, n_nodes, s.backward_src[-1] if s.backward_src else "")
+                sentinel = _Sentinel(self._step, own_nodes, s.backward_src[-1] if s.backward_src else "")
+                sentinel.saved, sentinel.usable = kept_saved, bool(retain)
+                if holder_src:
+                    sentinel.held_at = fn.metadata.pop("torchscope_held_at", "")
                 fn.metadata["torchscope_sentinel"] = sentinel  # type: ignore[index]
                 self._sentinels.append(weakref.ref(sentinel))
         if retain:
@@ -1944,7 +2034,7 @@ class Watch:
         copies, P12): the first COPY_STEPS steps (a pitfall shows from the start), then every
         GRAD_STATS_EVERY steps, captured steps, full mode, and every step of a loop whose
         backward came without a forward of the root module (only the mode sees that backward)."""
-        if self.mode == "full" or self._mode_always or step < COPY_STEPS or step % GRAD_STATS_EVERY == 0:
+        if self.mode == "full" or self._mode_always or self._probing or step < COPY_STEPS or step % GRAD_STATS_EVERY == 0:
             return True
         return self.mode == "default" and (step % self.sample_every == 0 or self._capture_next)
 
@@ -2103,15 +2193,24 @@ class Watch:
             ev["copies"] = {"count": s.copies, "bytes": s.copy_bytes}
         elif s.micro == 0 and not s.forwards:
             self._mode_always = True  # a backward we did not see: the mode stays on from now on
-        ev["memory"] = self._memory(params, self._state_holder(), s)
-        ev["graphs_alive"], kept = self._graphs_alive()
+        ev["memory"] = mem = self._memory(params, self._state_holder(), s)
+        ev["graphs_alive"], kept_bytes, kept = self._graphs_alive()
+        self._probe(kept)
+        if kept_bytes:  # saved tensors of earlier steps' graphs: held all through this step
+            mem["kept"] = kept_bytes
+            mem["peak"] = max(mem["peak"], mem["live"] + mem["saved"] + kept_bytes)
         if kept is not None:
             ev["graphs_kept"] = kept
         model = self._model()
         if model is not None:
             ev["training"] = model.training
             ev["modes"] = dict(self._modes_now(model)[2])
-            ev["hooks"] = self._hook_bytes()
+            held = self._hook_bytes()
+            ev["hooks"] = held.bytes
+            if held.shared:
+                ev["hooks_shared"] = held.shared
+            if held.src:
+                ev["hooks_src"] = held.src
         if opt is not None:
             groups = getattr(opt, "param_groups", None)
             if isinstance(groups, list):
@@ -2142,7 +2241,7 @@ class Watch:
         self._follow_structure(sig, s.graph is not None)
         graph = dict(self._graph_event(s)) if s.graph is not None else None
         clip = s.clip[1:] if s.clip is not None else None
-        pending = (ev, read, len(s.losses), isinstance(scale, torch.Tensor), clip, s.pre_nonzero, not_trained, graph)
+        pending = (ev, read, len(s.losses), s.summed, isinstance(scale, torch.Tensor), clip, s.pre_nonzero, not_trained, graph)
         if self._deferred is not None:
             self._finish_deferred()  # the previous step's values, long on the host by now
         if read.deferred:
@@ -2210,6 +2309,7 @@ class Watch:
         ev: StepEvent,
         read: StatsRead,
         n_losses: int,
+        summed: list[int],
         has_scale: bool,
         clip: tuple[float, float] | None,
         pre_nonzero: list[int],
@@ -2224,7 +2324,9 @@ class Watch:
         stats["pre_nonzero"] = pre_nonzero
         if not_trained:
             stats["not_trained"] = not_trained
-        ev["loss"] = losses[-1] if losses else None
+        # the micro-batches' losses together (with `loss / accum_steps`, their mean), as the
+        # loop logs it; else the last backward's
+        ev["loss"] = sum(losses[i] for i in summed) if len(summed) > 1 else losses[-1] if losses else None
         ev["losses"] = losses
         ev["grads"] = stats
         if has_scale:  # the scaler's scale tensor was read after the losses
@@ -2277,21 +2379,23 @@ class Watch:
             )
         return self._mode_facts
 
-    def _hook_bytes(self) -> dict[str, int]:
-        """Bytes kept by user forward hooks and forward pre-hooks, per module that has any (P13)."""
+    def _hook_bytes(self) -> Retained:
+        """Bytes kept by user module hooks -- forward, forward pre-, backward and backward pre-
+        hooks (a full backward hook appending grad_output) -- per module that has any (P13)."""
         if self._hooked is None or self._step % GRAD_STATS_EVERY == 0:
-            self._hooked = [(p, r) for p, r in self._modules
-                            if (m := r()) is not None and (m._forward_hooks or m._forward_pre_hooks)]
-        out: dict[str, int] = {}
+            self._hooked = [(p, r) for p, r in self._modules if (m := r()) is not None and (
+                m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)]
+        hooked: list[tuple[str, list[Any]]] = []
         for path, ref in self._hooked:
             m = ref()
             if m is None:
                 continue
-            hooks = [*m._forward_hooks.values(), *m._forward_pre_hooks.values()]
+            hooks = [*m._forward_hooks.values(), *m._forward_pre_hooks.values(),
+                     *m._backward_hooks.values(), *m._backward_pre_hooks.values()]
             user = [h for h in hooks if not isinstance(h, ModuleHook)]
             if user:
-                out[path] = retained_bytes(user)
-        return out
+                hooked.append((path, user))
+        return retained(hooked)
 
     def _activation_grads(self, s: _StepState) -> list[ActivationGrad]:
         ext = s.native
@@ -2394,31 +2498,74 @@ class Watch:
             self._saved_cache.clear()
         return p_st
 
-    def _graphs_alive(self) -> tuple[int, GraphsKept | None]:
-        """Autograd nodes of earlier steps' graphs still reachable: per step, its backward
-        roots' graphs, or (none alive) its forward outputs' -- a root's graph holds the
-        output's, which is not counted twice -- and what the latest step's kept graph hangs
-        from: the loss a backward was called on (``total += loss``) or a forward's output
-        (``preds.append(out)``), with that call's line (P7's place)."""
-        roots: dict[int, int] = {}
-        outputs: dict[int, int] = {}
+    def _probe(self, kept: GraphsKept | None) -> None:
+        """At a boundary: probe for what holds a kept loss while one is alive, until a holder is
+        seen, for at most _PROBE_STEPS steps in all (a Python list's append is no torch call)."""
+        if kept and "held_at" in kept:
+            self._probe_left = 0  # found: the doctor reads it from this event
+        self._probing = bool(kept and kept["of"] == "loss" and self._probe_left > 0)
+        self._probe_left -= self._probing
+
+    def _on_holder(self, args: tuple[Any, ...]) -> None:
+        """While probing: a call of the user's outside the forward made a tensor with a graph.
+        Each one-value tensor with a graph among its arguments (a loss) is held from this line
+        on: its sentinel's ``held_at`` when a backward came first, else a candidate the next
+        backward's roots are matched with."""
+        if self._depth:
+            return
+        s = self._s
+        for a in args:
+            if not isinstance(a, torch.Tensor) or a.grad_fn is None or a.numel() != 1:
+                continue
+            sent = getattr(a.grad_fn, "metadata", {}).get("torchscope_sentinel")
+            if isinstance(sent, _Sentinel):
+                sent.held_at = sent.held_at or user_src(1)
+            elif len(s.holders) < 16:
+                s.holders.append((weakref.ref(a), user_src(1)))
+
+    def _earlier_alive(self) -> bool:
+        """Whether a graph of an earlier step that a backward can still go through is alive (a
+        few weak references, looked at only when the last boundary saw such a graph alive: a
+        clean loop's are freed by their backward, ``loss = train_step()``'s kept loss too)."""
+        if not self._nest_check:
+            return False
+        step = self._step
+        return any(sent is not None and sent.usable and sent.step < step for sent in (ref() for ref in self._sentinels))
+
+    def _graphs_alive(self) -> tuple[int, int, GraphsKept | None]:
+        """Autograd nodes of earlier steps' graphs still reachable and the bytes they hold
+        saved for backward: per step, its backward roots' graphs, or (none alive) its forward
+        outputs' -- a root's graph holds the output's, which is not counted twice -- and what
+        the latest step's kept graph hangs from: the loss a backward was called on (``total +=
+        loss``), a forward's output (``preds.append(out)``) or a state fed into a later forward
+        (an RNN's hidden state not detached), with that call's line (P7's place)."""
+        roots: dict[int, tuple[int, int]] = {}
+        outputs: dict[int, tuple[int, int]] = {}
         kept: GraphsKept | None = None
         keep: list[weakref.ref[_Sentinel]] = []
+        usable = False
         for ref in self._sentinels:
             sent = ref()
             if sent is None:
                 continue
             keep.append(ref)
+            usable = usable or sent.usable
             if sent.step >= self._step:
                 continue
             if sent.output:  # outputs share one graph: the largest
-                outputs[sent.step] = max(outputs.get(sent.step, 0), sent.nodes)
+                outputs[sent.step] = max(outputs.get(sent.step, (0, 0)), (sent.nodes, sent.saved))
             else:
-                roots[sent.step] = roots.get(sent.step, 0) + sent.nodes
+                had = roots.get(sent.step, (0, 0))
+                roots[sent.step] = (had[0] + sent.nodes, had[1] + sent.saved)
             if kept is None or sent.step > kept["step"] or (sent.step == kept["step"] and not sent.output):
-                kept = {"step": sent.step, "of": "output" if sent.output else "loss", "src": sent.src}
+                of: Literal["loss", "output", "state"] = "loss" if not sent.output else "state" if sent.fed else "output"
+                kept = {"step": sent.step, "of": of, "src": sent.src}
+                if sent.held_at:
+                    kept["held_at"] = sent.held_at
         self._sentinels = keep
-        return sum(roots.values()) + sum(n for step, n in outputs.items() if step not in roots), kept
+        self._nest_check = usable
+        held = [*roots.values(), *(v for step, v in outputs.items() if step not in roots)]
+        return sum(n for n, _ in held), sum(b for _, b in held), kept
 
 
 _compiling = torch.compiler.is_compiling

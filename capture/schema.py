@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 5)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered
+SCHEMA_VERSION: tuple[int, int] = (1, 6)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src
 
 # Bounds that keep a hostile or runaway file/payload from exhausting memory.
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # compressed payload of one frame
@@ -110,6 +110,9 @@ class MemoryStats(TypedDict, total=False):
     temporaries: int  # captured steps: bytes at the ledger's peak beyond state and saved activations
     other: int  # CUDA: allocator bytes that no named storage accounts for
     live: int  # all live storages the capture knows of
+    # bytes saved for backward by earlier steps' graphs still alive at the boundary (P7: a
+    # graph kept with retain_graph=True, or built in eval mode and kept); absent when none
+    kept: int
     peak: int  # peak live bytes during the step (measured by the op ledger on captured steps)
     device: dict[str, int]  # CUDA allocator view: allocated, reserved, active, inactive, peak, num_alloc_retries...
 
@@ -140,10 +143,15 @@ class ForwardInfo(TypedDict, total=False):
     loss: float  # no backward used it: the loss the loop checked (isfinite/isnan/isinf) before skipping it
 
 
-class GraphsKept(TypedDict):
+class GraphsKept(TypedDict, total=False):
     step: int  # the latest earlier step whose graph is still alive
-    of: Literal["loss", "output"]  # a backward's loss, or (no loss kept) a forward's output
+    # a backward's loss; or (no loss kept) a forward's output, "state" when a later forward
+    # took it in (an RNN's hidden state carried over without .detach())
+    of: Literal["loss", "output", "state"]
     src: str  # the user's line of that backward (or forward) call
+    # a kept loss: the user's line of the call that took it into a graph of its own (`total +=
+    # loss`), watched for from the boundary that first finds a loss kept; absent when unseen
+    held_at: str
 
 
 class StepEvent(TypedDict, total=False):
@@ -156,7 +164,9 @@ class StepEvent(TypedDict, total=False):
     backward_us: int
     micro_batches: int  # backward() calls in this step (gradient accumulation count)
     accumulated: int  # of those, the ones summed into .grad since its last reset (P15; LBFGS's closure resets it each pass)
-    loss: float | None  # value of the tensor backward() was called on (last micro-batch)
+    # value of the tensor backward() was called on; the sum of those of the step's micro-batches
+    # (every backward since the gradients were last reset: with `loss / accum_steps`, their mean)
+    loss: float | None
     losses: list[float]  # every micro-batch loss
     graph_signature: str  # cheap hash of the step's graph structure (M1)
     graph_captured: bool  # a GraphEvent exists for this step
@@ -180,7 +190,11 @@ class StepEvent(TypedDict, total=False):
     backward_src: list[str]  # user's call site of each backward()
     step_src: str  # user's call site of optimizer.step()
     backward_errors: list[str]  # e.g. "Trying to backward through the graph a second time" (P10)
-    hooks: dict[str, int]  # module path -> bytes retained by user forward hooks and forward pre-hooks (P13)
+    hooks: dict[str, int]  # module path -> bytes retained by user module hooks: forward, backward and their pre-hooks (P13)
+    # modules whose hooks keep tensors in one container (a dict all their hooks append to): its
+    # bytes count once, under the first of them in `hooks`, the others 0
+    hooks_shared: list[list[str]]
+    hooks_src: dict[str, str]  # module path -> file:line where its first hook keeping any tensor is defined
     events: list[dict[str, object]]  # other in-process facts the doctor judges (free form, 'what' key)
 
 

@@ -26,7 +26,8 @@ from itertools import chain
 from typing import Any
 
 # MemoryStats keys copied as they are; "allocated"/"reserved" come from the CUDA allocator view.
-_MEMORY_KEYS = ("live", "peak", "params", "grads", "optimizer", "saved", "temporaries", "other")
+# kept: saved for backward by earlier steps' graphs still alive (P7)
+_MEMORY_KEYS = ("live", "peak", "params", "grads", "optimizer", "saved", "temporaries", "other", "kept")
 _DEVICE_KEYS = ("allocated", "reserved")
 _MEMORY_COLUMNS = (*_MEMORY_KEYS, *_DEVICE_KEYS)
 _GRAD_LISTS = ("norm", "max_abs", "nan", "inf", "zero_frac")
@@ -66,7 +67,7 @@ PARTS: dict[str, tuple[str, ...]] = {
     "grads": ("step", *_GRAD_LISTS, "none", "not_trained", "clip"),
 }
 # columns added to a part after format 1.1: a record written before them reads as None per row
-_LATER: frozenset[str] = frozenset({"not_trained", "graphs_alive", "hook_bytes", "clip"})
+_LATER: frozenset[str] = frozenset({"not_trained", "graphs_alive", "hook_bytes", "clip", "kept"})
 
 _NONE: type = type(None)
 _INTS: frozenset[type] = frozenset({int, _NONE})

@@ -22,7 +22,7 @@ TITLES: dict[str, str] = {
     "P10": "backward() through a freed graph",
     "P11": "Module in the wrong train/eval mode",
     "P12": "Redundant device copies every step",
-    "P13": "Forward hook keeps activations alive",
+    "P13": "Module hook keeps tensors alive",
     "P14": "AMP GradScaler skipping steps or clipping scaled gradients",
     "P15": "Gradient accumulation without dividing the loss",
 }

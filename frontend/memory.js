@@ -9,7 +9,7 @@ import { nearest } from "./graph/view.js";
 // saved for backward come and go inside the step, so they may exceed it
 const CATEGORIES = [["live", "live state (params + grads + optimizer)"], ["peak", "peak"], ["allocated", "allocated"], ["reserved", "reserved"], ["params", "parameters"],
   ["grads", "gradients"], ["optimizer", "optimizer state"], ["saved", "saved activations"],
-  ["temporaries", "temporaries (captured steps)"], ["other", "other (CUDA allocator)"]];
+  ["temporaries", "temporaries (captured steps)"], ["kept", "saved by earlier steps' graphs still alive (P7)"], ["other", "other (CUDA allocator)"]];
 
 export class MemoryView {
   constructor(root, app) {
@@ -21,8 +21,9 @@ export class MemoryView {
     this.perStep = new LineChart(root, { title: "bytes at each step boundary (allocated / reserved come from the CUDA allocator)", fmt: fmtBytes,
       vlines: () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []),
       onClick: (i) => { const s = this.series.step[i]; if (this.captured.includes(s)) { this.stepSel.value = s; this.loadTimeline(s); } } });
-    // a graph kept across steps (P7) holds its saved tensors without showing in the categories
-    // above (on the CPU nothing else sees them): its node count, shown once there is any
+    // a graph kept across steps (P7): its node count, shown once there is any (the bytes it
+    // holds saved for backward are the "kept" category above; a backward without
+    // retain_graph freed them, and what is left, its nodes, only this chart shows)
     this.aliveBox = h("div", { "data-testid": "graphs-alive", hidden: true });
     // tensors user forward hooks keep (P13: a hook appending activations to a list): its bytes
     this.hooksBox = h("div", { "data-testid": "hook-bytes", hidden: true });
@@ -144,6 +145,7 @@ export class MemoryView {
     return { steps: this.series?.step?.length || 0, timeline: this.tl?.length || 0, drawMs: this.perStep.lastDrawMs,
       info: this.info.textContent, options: [...this.stepSel.options].map((o) => +o.value), selected: this.stepSel.value,
       graphsAlive: this.aliveBox.hidden ? null : Math.max(...(this.series?.graphs_alive || []).map((v) => v || 0)),
-      hookBytes: this.hooksBox.hidden ? null : Math.max(...(this.series?.hook_bytes || []).map((v) => v || 0)) };
+      hookBytes: this.hooksBox.hidden ? null : Math.max(...(this.series?.hook_bytes || []).map((v) => v || 0)),
+      categories: (this.perStep.series || []).map((s) => s.name) };
   }
 }

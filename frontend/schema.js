@@ -8,7 +8,7 @@ export const FIELDS = {
   step: ["kind", "step", "rank", "t", "duration_us", "forward_us", "backward_us", "loss", "losses", "graph_captured", "graph_signature", "grads", "memory"],
   GradStats: ["norm", "max_abs", "mean", "std", "zero_frac", "nan", "inf", "none", "clip"],
   ClipInfo: ["norm", "max_norm", "norm_type"],
-  MemoryStats: ["params", "grads", "optimizer", "saved", "temporaries", "live", "peak", "device"],
+  MemoryStats: ["params", "grads", "optimizer", "saved", "temporaries", "kept", "live", "peak", "device"],
   graph: ["kind", "step", "rank", "micro", "complete", "shed_ops", "ops", "tensors", "nodes", "edges", "root", "memory_timeline"],
   OpRecord: ["id", "name", "module", "call", "phase", "micro", "grad_mode", "inputs", "outputs", "inplace", "src", "dur_us", "alloc", "free", "live", "grad_fn", "flags"],
   TensorMeta: ["id", "shape", "dtype", "device", "requires_grad", "is_leaf", "stride", "storage", "offset", "nbytes", "param", "grad_fn"],

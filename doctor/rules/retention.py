@@ -1,4 +1,4 @@
-"""P7 (autograd graphs of old steps kept alive) and P13 (forward hooks hoarding activations).
+"""P7 (autograd graphs of old steps kept alive) and P13 (module hooks hoarding activations or gradients).
 
 Both are memory that grows step after step; P13's bytes are attributed to hooks by the
 capture, so P7 judges the memory growth that the hooks do not explain.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import contiguous_runs, describe_steps, fmt_bytes, make
-from ..run import Run, as_dict, as_int
+from ..run import Run, as_dict, as_int, as_list
 from ..settings import Settings
 
 FIX_P7 = ("Don't keep tensors that carry a graph across steps: accumulate `loss.item()` (not `loss`), store "
@@ -42,17 +42,24 @@ _KEPT = {
             "`history.append(loss)` keeps every step's graph; `loss.item()` does not).",
     "output": "the model's output stays referenced after its step (kept in a list, or in a variable "
               "the next forward does not replace), and with it the graph that made it.",
+    "state": "an output of the model is fed into the next step's forward without `.detach()` (a recurrent "
+             "hidden state carried across batches): each step's graph holds every earlier one, and each "
+             "backward goes through all of them.",
     "": "something keeps a tensor with a grad_fn across steps.",
 }
 
 
 def _kept(run: Run) -> dict[str, object]:
-    """The latest step event's ``graphs_kept``: what the old graph hangs from, and its line."""
+    """The latest step event's ``graphs_kept``: what the old graph hangs from, and its line;
+    with the line that took a kept loss in, from whichever step the capture saw it at (it
+    looks for it over a few steps only)."""
+    kept: dict[str, object] = {}
     for _, ev in reversed(list(run.step_events())):
-        kept = as_dict(ev.get("graphs_kept"))
-        if kept:
-            return kept
-    return {}
+        this = as_dict(ev.get("graphs_kept"))
+        kept = kept or this
+        if kept and this.get("of") == kept.get("of") and this.get("held_at"):
+            return {**kept, "held_at": this["held_at"]}
+    return kept
 
 
 def _hook_bytes(ev: dict[str, object]) -> int:
@@ -63,9 +70,10 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
     alive = [(s, as_int(ev.get("graphs_alive"))) for s, ev in run.step_events() if "graphs_alive" in ev]
     alive_steps = [s for s, n in alive if n > 0]
     grows = len(alive_steps) >= settings.min_steps and _keeps_growing([n for _, n in alive])
-    # Memory growth the hooks don't account for (P13 reports theirs).
-    live = [(s, as_int(as_dict(ev.get("memory")).get("live")) - _hook_bytes(ev))
-            for s, ev in run.step_events() if "live" in as_dict(ev.get("memory"))]
+    # Memory growth the hooks don't account for (P13 reports theirs), with what the kept
+    # graphs hold saved for backward (not in `live`).
+    live = [(s, as_int(mem.get("live")) + as_int(mem.get("kept")) - _hook_bytes(ev))
+            for s, ev in run.step_events() if "live" in (mem := as_dict(ev.get("memory")))]
     mem_steps = _growing(live, settings.memory_growth_bytes, settings.growth_steps)
     known = bool(alive)  # the capture counts old nodes; without it, memory growth is the only clue
     if not grows and not (mem_steps and (not known or any(n > 0 for _, n in alive))):
@@ -83,7 +91,9 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
     else:
         message = (f"Live memory at step boundaries grows every step (+{fmt_bytes(per_step)} per step, "
                    f"{describe_steps(steps, run.last_step)}): something keeps tensors (often their graphs) across steps.")
-    return [make("P7", "warning", message, FIX_P7, steps, rank=run.rank, src=str(kept.get("src") or "") or None,
+    # the line that keeps a loss (`total += loss`) where the capture saw it, else the backward's
+    src = str(kept.get("held_at") or kept.get("src") or "") or None
+    return [make("P7", "warning", message, FIX_P7, steps, rank=run.rank, src=src,
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], view="memory",
                  data={"graphs_alive": [n for _, n in alive], "live": [b for _, b in live],
                        "steps": [s for s, _ in live], "growth_per_step": per_step})]
@@ -94,6 +104,15 @@ def check_hooks(run: Run, settings: Settings) -> list[Finding]:
     for step, ev in run.step_events():
         for module, held in as_dict(ev.get("hooks")).items():
             per_module.setdefault(str(module), []).append((step, as_int(held)))
+    # the latest groups of modules whose hooks share one container, and each hook's line
+    shared: dict[str, list[str]] = {}
+    src: dict[str, str] = {}
+    for _, ev in run.step_events():
+        for group in as_list(ev.get("hooks_shared")):
+            members = [str(m) for m in as_list(group)]
+            if members:
+                shared[members[0]] = members
+        src.update({str(k): str(v) for k, v in as_dict(ev.get("hooks_src")).items()})
     findings: list[Finding] = []
     for module, series in per_module.items():
         grow = _growing(series, 1, settings.growth_steps)
@@ -102,12 +121,15 @@ def check_hooks(run: Run, settings: Settings) -> list[Finding]:
         if not steps:
             continue
         last = series[-1][1]
-        where = repr(module) if module else "the root module"
+        modules = shared.get(module, [module])
+        names = [repr(m) if m else "the root module" for m in modules]
+        where = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        held = "" if len(modules) == 1 else " (in one container their hooks share)"
         how = "grow every step" if grow else "stay large"
-        message = (f"Forward hooks on {where} keep {fmt_bytes(last)} of activations alive and {how} "
+        message = (f"Hooks on {where} keep {fmt_bytes(last)} of tensors (activations or gradients) alive{held} and {how} "
                    f"({describe_steps(steps, run.last_step)}).")
         findings.append(make("P13", "warning", message, FIX_P13, steps, rank=run.rank,
-                             targets=[FindingTarget(step=steps[0], rank=run.rank, module=module)],
-                             modules=[module], view="memory",
+                             targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in modules],
+                             modules=modules, view="memory", src=src.get(module) or None,
                              data={"bytes": [b for _, b in series], "steps": [s for s, _ in series]}))
     return findings

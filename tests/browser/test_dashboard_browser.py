@@ -294,8 +294,8 @@ def test_memory_view_and_click_through_to_the_op(page: Any, srv: ServerProc, run
 
 def test_memory_view_shows_graphs_kept_alive(page: Any, srv: ServerProc, tmp_path: Path) -> None:
     """P7's finding opens the Memory view: a graph kept across steps shows there as its count
-    of autograd nodes still alive (on the CPU no byte category sees it); a run without one
-    has no such chart.  So do P13's bytes kept by forward hooks."""
+    of autograd nodes still alive, and what it holds saved for backward as a byte category
+    of its own; a run without one has neither.  So do P13's bytes kept by forward hooks."""
     from torchscope.transport import Transport
 
     for name, alive in (("kept", [0, 12, 24, 36]), ("clean", [0, 0, 0, 0])):
@@ -305,7 +305,8 @@ def test_memory_view_shows_graphs_kept_alive(page: Any, srv: ServerProc, tmp_pat
                 "rank": 0, "world_size": 1, "model": "Net", "modules": [], "params": []})
         for s, n in enumerate(alive):
             t.emit({"kind": "step", "step": s, "rank": 0, "t": time.time(), "duration_us": 1000,
-                    "graphs_alive": n, "hooks": {"1": 1024 * n} if n else {}, "memory": {"live": 1000, "params": 600}})
+                    "graphs_alive": n, "hooks": {"1": 1024 * n} if n else {},
+                    "memory": {"live": 1000, "params": 600, **({"kept": 512 * n} if n else {})}})
         t.close({"kind": "end", "t": time.time(), "status": "finished", "steps": len(alive)})
         open_dash(page, srv, sid, "?view=memory&step=2")
         page.wait_for_function("(() => { const m = window.__torchscope.state().memory; return m && m.steps >= 4; })()")
@@ -314,6 +315,8 @@ def test_memory_view_shows_graphs_kept_alive(page: Any, srv: ServerProc, tmp_pat
         assert page.locator("[data-testid=graphs-alive]").is_visible() == (name == "kept")
         assert state(page)["memory"]["hookBytes"] == (36 * 1024 if name == "kept" else None)
         assert page.locator("[data-testid=hook-bytes]").is_visible() == (name == "kept")
+        kept = "saved by earlier steps' graphs still alive (P7)"
+        assert (kept in state(page)["memory"]["categories"]) == (name == "kept")
 
 
 def test_gradients_and_ranks_views(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:

@@ -501,6 +501,39 @@ def test_p13_hook_keeps_activations(kind: str, tmp_path: Path) -> None:
     assert held[0] == 4 * 16 * 4  # a [4, 16] float32 activation a step
 
 
+def test_p13_hooks_sharing_one_container_count_it_once(tmp_path: Path) -> None:
+    """Hooks on three layers append to one dict: its bytes count once (each module alone
+    reaches all of it), the three modules are one group, and the finding names them all and
+    the hook's line.  A fourth hook keeping its own list stays a module of its own."""
+    features: dict[str, list[torch.Tensor]] = {}
+    own: list[torch.Tensor] = []
+
+    def save(name: str) -> Any:
+        def hook(m: nn.Module, i: Any, o: torch.Tensor) -> None:
+            features.setdefault(name, []).append(o)
+        return hook
+
+    model = _mlp()
+    for name in ("0", "1", "3"):
+        model[int(name)].register_forward_hook(save(name))
+    model[2].register_forward_hook(lambda m, i, o: own.append(o))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "shared.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(6):  # growth_steps (4) rises
+            _clean(model, opt, i, {})
+    steps = _steps(path)
+    nbytes = sum(t.untyped_storage().nbytes() for ts in features.values() for t in ts)
+    assert steps[-1]["hooks"] == {"0": nbytes, "1": 0, "2": sum(t.untyped_storage().nbytes() for t in own), "3": 0}
+    assert steps[-1]["hooks_shared"] == [["0", "1", "3"]]
+    line = save.__code__.co_firstlineno + 1
+    assert steps[-1]["hooks_src"]["0"] == f"{Path(__file__).name}:{line}"
+    found = [f for f in diagnose(iter_events(path)) if f["code"] == "P13"]
+    (shared,) = [f for f in found if f["modules"] == ["0", "1", "3"]]
+    assert "'0', '1' and '3'" in shared["message"] and "one container" in shared["message"]
+    assert shared["src"] == f"{Path(__file__).name}:{line}"
+
+
 def test_p1_and_p9_graph_breaks_on_captured_steps(tmp_path: Path) -> None:
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -1473,3 +1506,20 @@ def test_a_loss_nan_from_the_first_step_is_traced_to_its_op(
             continue
         assert len(p4) == 1 and p4[0]["since"] == 0 and "aten::log" in p4[0]["message"]
         assert p4[0]["targets"][0]["step"] == 0 and p4[0]["src"].startswith("test_capture_facts.py:")
+
+
+def test_p13_a_backward_hook_keeping_gradients(tmp_path: Path) -> None:
+    """A full backward hook appending grad_output every step (gradient "inspection") keeps them
+    as surely as a forward hook keeps activations."""
+    seen: list[torch.Tensor] = []
+    model = _mlp()
+    model[3].register_full_backward_hook(lambda m, gin, gout: seen.append(gout[0]))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "backward-hook.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(6):
+            _clean(model, opt, i, {})
+    held = [st["hooks"]["3"] for st in _steps(path)]
+    assert held[-1] == sum(t.untyped_storage().nbytes() for t in seen) > 0 and held == sorted(held)
+    (p13,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P13"]
+    assert p13["modules"] == ["3"] and "gradients" in p13["message"]

@@ -15,7 +15,7 @@ PARAMS = [{"name": "a.weight", "module": "a"}, {"name": "a.bias", "module": "a"}
 def test_files_memory_series_columns_and_unknowns() -> None:
     steps = [
         {"kind": "step", "step": 0, "t": 1.5, "memory": {"live": 10, "peak": 20, "params": 3, "grads": 4, "optimizer": 5,
-                                                         "saved": 6, "temporaries": 7, "other": 8,
+                                                         "saved": 6, "temporaries": 7, "other": 8, "kept": 15,
                                                          "device": {"allocated": 11, "reserved": 12}},
          "graphs_alive": 13, "hooks": {"a": 9, "b": 5}},
         {"kind": "step", "step": 1},  # no memory recorded: unknown, not zero
@@ -23,10 +23,10 @@ def test_files_memory_series_columns_and_unknowns() -> None:
     ]
     m = memory_series(steps)
     assert list(m) == ["step", "t", "live", "peak", "params", "grads", "optimizer", "saved", "temporaries", "other",
-                       "allocated", "reserved", "graphs_alive", "hook_bytes"]
+                       "kept", "allocated", "reserved", "graphs_alive", "hook_bytes"]
     assert m["step"] == [0, 1, 2] and m["t"] == [1.5, None, None]
-    assert [m[k][0] for k in ("live", "peak", "params", "grads", "optimizer", "saved", "temporaries", "other",
-                              "allocated", "reserved", "graphs_alive", "hook_bytes")] == [10, 20, 3, 4, 5, 6, 7, 8, 11, 12, 13, 14]
+    assert [m[k][0] for k in ("live", "peak", "params", "grads", "optimizer", "saved", "temporaries", "other", "kept",
+                              "allocated", "reserved", "graphs_alive", "hook_bytes")] == [10, 20, 3, 4, 5, 6, 7, 8, 15, 11, 12, 13, 14]
     assert all(m[k][1] is None and m[k][2] is None for k in list(m)[2:])
     assert memory_series([]) == {k: [] for k in m}
 

@@ -1,0 +1,162 @@
+"""P7: what keeps earlier steps' graphs alive, and how much of them.
+
+A recurrent state carried from batch to batch without ``.detach()``, each backward run with
+``retain_graph=True`` and the weights updated through ``.data`` (as the classic
+word-language-model loop does; an optimizer's in-place update would make the second backward
+fail instead, which P8 reports), nests each step's graph in the next: the capture counts each
+step's graph once -- the nodes its backward added to the earlier ones' -- and the bytes those
+graphs still hold saved for backward (``memory.kept``); both grow by one step's worth a step,
+not by all the earlier steps' again.
+
+A loss kept by the user's own arithmetic (``running += loss``) is pointed at that line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import torchscope
+from torchscope import _native
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+STEPS = 6
+
+
+class _Cell(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.GRUCell(8, 16)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.cell(x, h)
+        return self.head(h), h
+
+
+def _interior_new(root: Any, seen: dict[int, Any]) -> int:
+    """Interior nodes (all but AccumulateGrad) below ``root`` not in ``seen``, added to it: the
+    test's own walk of ``next_functions``, over nodes it holds (ids are not reused meanwhile)."""
+    stack, added = [root], 0
+    while stack:
+        n = stack.pop()
+        if n is None or id(n) in seen:
+            continue
+        seen[id(n)] = n
+        added += type(n).__name__ != "AccumulateGrad"
+        stack.extend(c for c, _ in n.next_functions)
+    return added
+
+
+def _train(path: Path | None, detach: bool, mode: str = "default") -> tuple[list[int], list[int]]:
+    """The loop, watched when ``path`` is given.  Unwatched, the figures: per step, the nodes
+    its backward walked for the first time, and those of the state's graph made this step."""
+    torch.manual_seed(0)
+    model = _Cell()
+    walked: dict[int, Any] = {}
+    states: dict[int, Any] = {}
+    by_loss: list[int] = []
+    by_state: list[int] = []
+    watch = torchscope.watch(model, server=None, record=path, mode=mode) if path is not None else None
+    h = torch.zeros(4, 16)
+    for _ in range(STEPS):
+        y, h = model(torch.randn(4, 8), h.detach() if detach else h)
+        loss = y.pow(2).mean()
+        model.zero_grad()
+        loss.backward(retain_graph=True)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.01)
+        if watch is None:
+            by_loss.append(_interior_new(loss.grad_fn, walked))
+            by_state.append(_interior_new(h.grad_fn, states))
+    if watch is not None:
+        watch.close()
+    return by_loss, by_state
+
+
+def _steps(path: Path) -> list[dict[str, Any]]:
+    return [e for e in iter_events(path) if e["kind"] == "step"]
+
+
+@pytest.mark.parametrize(("native", "mode"), [(True, "default"), (False, "default"), (True, "full")])
+def test_p7_a_state_never_detached_counts_each_steps_graph_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 native: bool, mode: str) -> None:
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    if native:
+        assert _native.get(block=True) is not None, _native._error
+    by_loss, by_state = _train(None, detach=False)
+    path = tmp_path / "state.tscope"
+    _train(path, detach=False, mode=mode)
+    steps = _steps(path)
+    alive = [st["graphs_alive"] for st in steps]
+    # at boundary k, the graphs of steps 0..k-1 each once: step 0's at its backward's size (its
+    # output is not known to be a state until step 1's graph takes it in), each later one at
+    # what its state added -- before, each step's count held all the earlier ones again
+    # (0, 20, 56, 108, ...: quadratic)
+    assert by_state[1] > 0 and by_state[1] < by_loss[1]
+    assert alive == [0, *(by_loss[0] + sum(by_state[1:k]) for k in range(1, STEPS))]
+    kept = [st["memory"].get("kept", 0) for st in steps]
+    growth = [b - a for a, b in zip(kept, kept[1:], strict=False)]
+    assert kept[0] == 0 and growth[0] > 0 and len(set(growth[1:])) == 1 and growth[1] > 0
+    # this step's own saved activations: the same every step, the earlier ones being in `kept`
+    assert len({st["memory"]["saved"] for st in steps}) == 1
+    assert [st["graphs_kept"]["of"] for st in steps[1:]] == ["state"] * (STEPS - 1)
+    (p7,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P7"]
+    assert "without `.detach()`" in p7["message"] and "live memory +" in p7["message"]
+    assert p7["src"] is not None and p7["src"].endswith(f":{_forward_line()}")
+
+
+def test_p7_a_state_detached_keeps_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "detached.tscope"
+    _train(path, detach=True)
+    steps = _steps(path)
+    assert [st["graphs_alive"] for st in steps] == [0] * STEPS
+    assert all("kept" not in st["memory"] for st in steps)
+    assert not [f for f in diagnose(iter_events(path)) if f["code"] == "P7"]
+
+
+def _forward_line() -> int:
+    """The line of this file's training forward (what P7 points at for a carried state)."""
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if "y, h = model(" in line)
+
+
+@pytest.mark.parametrize("where", ["after_step", "before_backward", "in_a_list"])
+def test_p7_points_at_the_line_that_keeps_the_loss(tmp_path: Path, where: str) -> None:
+    """``running += loss`` after the step, ``total = total + loss`` before the backward: P7's
+    source is that line, not the backward's.  ``history.append(loss)`` is no torch call: the
+    backward's line stays."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / f"{where}.tscope"
+    running: Any = 0.0
+    history = []
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(8):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            if where == "before_backward":
+                running = running + loss  # keeps: before the backward
+            loss.backward()
+            opt.step()
+            if where == "after_step":
+                running += loss  # keeps: after the step
+            elif where == "in_a_list":
+                history.append(loss)
+    (p7,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P7"]
+    want = {"after_step": "running += loss", "before_backward": "running = running + loss",
+            "in_a_list": "loss.backward()"}[where]
+    assert p7["src"] is not None and _line(p7["src"]).startswith(want)
+
+
+def _line(src: str) -> str:
+    """The source line a ``file:line`` of this test file names."""
+    name, _, line = src.rpartition(":")
+    assert name == Path(__file__).name
+    return Path(__file__).read_text().splitlines()[int(line) - 1].strip()

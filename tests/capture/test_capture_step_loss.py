@@ -1,0 +1,95 @@
+"""A step's ``loss``: the micro-batches' losses together (with ``loss / accum_steps``, their
+mean -- what a loop logs), not the last micro-batch's alone; a ``torch.autograd.grad`` pass
+(an inner loop) is no micro-batch, and a closure that resets the gradients starts over."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import torchscope
+from torchscope.sessionfile import iter_events
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def _steps(path: Path) -> list[dict[str, Any]]:
+    return [e for e in iter_events(path) if e["kind"] == "step"]
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_the_loss_of_an_accumulated_step_is_its_micro_batches_together(tmp_path: Path, mode: str) -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "accum.tscope"
+    logged: list[float] = []
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(3):
+            opt.zero_grad()
+            total = 0.0
+            for _ in range(4):
+                loss = model(torch.randn(5, 6)).pow(2).mean() / 4
+                loss.backward()
+                total += loss.item()
+            opt.step()
+            logged.append(total)
+    steps = _steps(path)
+    assert [len(st["losses"]) for st in steps] == [4, 4, 4]
+    assert [st["loss"] for st in steps] == pytest.approx(logged, rel=1e-6)
+    assert all(st["loss"] != st["losses"][-1] for st in steps)  # not the last micro-batch's
+
+
+def test_an_inner_autograd_grad_pass_is_no_micro_batch(tmp_path: Path) -> None:
+    """First-order MAML: torch.autograd.grad on the support loss (a pass of the step: its
+    gradients are of the watched parameters), then backward() on the query loss at the
+    adapted weights: the step's loss is the query loss."""
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    path = tmp_path / "maml.tscope"
+    outer: list[float] = []
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(3):
+            opt.zero_grad()
+            params = dict(model.named_parameters())
+            support = torch.func.functional_call(model, params, torch.randn(5, 6)).pow(2).mean()
+            grads = torch.autograd.grad(support, list(params.values()))
+            fast = {k: v - 0.1 * g for (k, v), g in zip(params.items(), grads, strict=True)}
+            query = torch.func.functional_call(model, fast, torch.randn(5, 6)).pow(2).mean()
+            query.backward()
+            opt.step()
+            outer.append(query.item())
+    steps = _steps(path)
+    assert [st["loss"] for st in steps] == pytest.approx(outer, rel=1e-6)
+    assert all(len(st["losses"]) == 2 for st in steps)  # both were seen
+
+
+def test_a_closure_that_resets_the_gradients_starts_over(tmp_path: Path) -> None:
+    """LBFGS calls its closure several times a step, each zeroing the gradients first: the
+    step's loss is the last evaluation's, not all of them added up."""
+    model = _model()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    path = tmp_path / "lbfgs.tscope"
+    x = torch.randn(16, 6)
+    last: list[float] = []
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        last.append(loss.item())
+        return loss
+
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(2):
+            last.clear()
+            opt.step(closure)
+    steps = _steps(path)
+    assert len(steps) == 2 and len(steps[-1]["losses"]) == len(last) > 1
+    assert steps[-1]["loss"] == pytest.approx(last[-1], rel=1e-6)
