@@ -60,6 +60,15 @@ def _run(tmp_path: Path, body: Any, steps: int = 3, **kw: Any) -> list[dict[str,
     return _steps(path)
 
 
+def _clean_run(model: nn.Module, path: Path, steps: int) -> list[dict[str, Any]]:
+    """``steps`` clean steps of ``model`` (SGD), watched and recorded to ``path``: its step events."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(steps):
+            _clean(model, opt, i, {})
+    return _steps(path)
+
+
 def _clean(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
     loss = model(torch.randn(4, 8)).pow(2).mean()
     opt.zero_grad()
@@ -491,12 +500,7 @@ def test_p13_hook_keeps_activations(kind: str, tmp_path: Path) -> None:
         model[1].register_forward_hook(lambda m, i, o: kept.append(o))
     else:
         model[1].register_forward_pre_hook(lambda m, args: kept.append(args[0]))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    path = tmp_path / "hooks.tscope"
-    with torchscope.watch(model, opt, server=None, record=path):
-        for i in range(3):
-            _clean(model, opt, i, {})
-    held = [st["hooks"]["1"] for st in _steps(path)]
+    held = [st["hooks"]["1"] for st in _clean_run(model, tmp_path / "hooks.tscope", 3)]
     assert held == [sum(t.untyped_storage().nbytes() for t in kept[: i + 1]) for i in range(3)]
     assert held[0] == 4 * 16 * 4  # a [4, 16] float32 activation a step
 
@@ -517,12 +521,8 @@ def test_p13_hooks_sharing_one_container_count_it_once(tmp_path: Path) -> None:
     for name in ("0", "1", "3"):
         model[int(name)].register_forward_hook(save(name))
     model[2].register_forward_hook(lambda m, i, o: own.append(o))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     path = tmp_path / "shared.tscope"
-    with torchscope.watch(model, opt, server=None, record=path):
-        for i in range(6):  # growth_steps (4) rises
-            _clean(model, opt, i, {})
-    steps = _steps(path)
+    steps = _clean_run(model, path, 6)  # growth_steps (4) rises
     nbytes = sum(t.untyped_storage().nbytes() for ts in features.values() for t in ts)
     assert steps[-1]["hooks"] == {"0": nbytes, "1": 0, "2": sum(t.untyped_storage().nbytes() for t in own), "3": 0}
     assert steps[-1]["hooks_shared"] == [["0", "1", "3"]]
@@ -1514,12 +1514,8 @@ def test_p13_a_backward_hook_keeping_gradients(tmp_path: Path) -> None:
     seen: list[torch.Tensor] = []
     model = _mlp()
     model[3].register_full_backward_hook(lambda m, gin, gout: seen.append(gout[0]))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     path = tmp_path / "backward-hook.tscope"
-    with torchscope.watch(model, opt, server=None, record=path):
-        for i in range(6):
-            _clean(model, opt, i, {})
-    held = [st["hooks"]["3"] for st in _steps(path)]
+    held = [st["hooks"]["3"] for st in _clean_run(model, path, 6)]
     assert held[-1] == sum(t.untyped_storage().nbytes() for t in seen) > 0 and held == sorted(held)
     (p13,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P13"]
     assert p13["modules"] == ["3"] and "gradients" in p13["message"]

@@ -144,6 +144,24 @@ def test_regions_overlap_element_by_element() -> None:
             assert overlaps(reg(x), reg(y)) == bool(covered(x) & covered(y)), (x.shape, x.stride(), y.shape, y.stride())
 
 
+def _skipping_failures(model: nn.Module, path: Path, batches: int, loss_of: Any, mode: str = "default") -> int:
+    """A loop that skips a batch whose backward fails (SGD, watched, recorded to ``path``):
+    how many failed."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    failed = 0
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for i in range(batches):
+            opt.zero_grad()
+            loss = loss_of(i)
+            try:
+                loss.backward()
+            except RuntimeError:
+                failed += 1
+                continue
+            opt.step()
+    return failed
+
+
 class MulAfterSigmoid(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -162,19 +180,9 @@ def test_a_caught_in_place_error_names_the_op_and_the_nodes_that_needed_it(tmp_p
     and the nodes of the earlier ops that saved h; a loop catching the error every iteration
     is said to have failed that many times."""
     model = MulAfterSigmoid()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
     path = tmp_path / "caught.tscope"
-    failed = 0
-    with torchscope.watch(model, opt, server=None, record=path):
-        for _ in range(5):
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(model(torch.randn(16, 8)), torch.randn(16, 1))
-            try:
-                loss.backward()
-            except RuntimeError:
-                failed += 1
-                continue
-            opt.step()
+    failed = _skipping_failures(model, path, 5, lambda i: nn.functional.mse_loss(
+        model(torch.randn(16, 8)), torch.randn(16, 1)))
     assert failed == 5
     (p8,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P8"]
     msg = p8["message"]
@@ -229,20 +237,13 @@ def test_a_failing_backward_the_loop_skips_leaves_the_capture_on(tmp_path: Path,
     (the steps after had no loss and no backward, the doctor counted 2 failures of 8)."""
     torch.manual_seed(0)
     model = Gated()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
     path = tmp_path / f"{mode}.tscope"
-    failed = 0
-    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
-        for i in range(13):  # the last batch trains: no failure left after the last step
-            opt.zero_grad()
-            x = torch.randn(32, 16)
-            loss = nn.functional.mse_loss(model(x, centre=i % 3 == 2), x[:, :1])
-            try:
-                loss.backward()
-            except RuntimeError:
-                failed += 1
-                continue
-            opt.step()
+
+    def loss(i: int) -> torch.Tensor:
+        x = torch.randn(32, 16)
+        return nn.functional.mse_loss(model(x, centre=i % 3 == 2), x[:, :1])
+
+    failed = _skipping_failures(model, path, 13, loss, mode)  # the last batch trains: no failure after the last step
     events = list(iter_events(path))
     assert not [e for e in events if e["kind"] == "log" and "turned off" in str(e.get("message"))]
     # a skipped batch's failed backward belongs to the step that the next batch ends
