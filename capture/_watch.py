@@ -75,6 +75,7 @@ _MAX_FORWARDS = 1024  # forwards (or backward passes) one step holds before it i
 # per sequence length, and a shape not remembered costs a walk of the graph
 _SAVED_SHAPES = 1024
 _STRUCTURE_TRIES = 3  # captured steps spent on catching one new graph structure (_follow_structure)
+_FAILURE_TRIES = 4  # captured steps spent on catching a failing backward (_follow_failure)
 _MAX_STRUCTURES = 64  # graph structures captured on change; beyond, only the schedule captures
 # captures for new structures: this many at first, then one more every this many steps
 _CHANGE_CAPTURES_FIRST, _CHANGE_CAPTURES_EVERY = 8, 10
@@ -573,6 +574,10 @@ class Watch:
         self._probing = False
         self._probe_left = _PROBE_STEPS
         self._nest_check = False  # the last boundary saw a graph a later backward can go through alive
+        # default mode: a backward failed on a step not captured; steps are captured (at most
+        # _FAILURE_TRIES) until one with a failing backward is, so the doctor can name the op
+        self._failure_wanted = False
+        self._failure_tries = 0
         # (tensor id, target dtype, target device) of conversions -> (weak tensor, last step): P12 repeats
         self._converted: dict[
             tuple[int, torch.dtype, torch.device], tuple[weakref.ref[torch.Tensor], int]
@@ -1773,6 +1778,8 @@ class Watch:
     def _backward_failed(self, exc: BaseException) -> None:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         self._s.backward_errors.append(msg[:500])
+        if self.mode == "default" and not self._s.capture and self._failure_tries < _FAILURE_TRIES:
+            self._failure_wanted = True  # a loop that skips the batch fails again later, maybe captured
         self._s.accumulated = max(self._s.accumulated - 1, 0)  # it raised before accumulating
 
     def _versions(self) -> int:
@@ -2239,6 +2246,7 @@ class Watch:
         sig = "+".join(dict.fromkeys(s.sigs)) if s.sigs else ""
         ev["graph_signature"] = sig
         self._follow_structure(sig, s.graph is not None)
+        self._follow_failure(s)
         graph = dict(self._graph_event(s)) if s.graph is not None else None
         clip = s.clip[1:] if s.clip is not None else None
         pending = (ev, read, len(s.losses), s.summed, isinstance(scale, torch.Tensor), clip, s.pre_nonzero, not_trained, graph)
@@ -2298,6 +2306,20 @@ class Watch:
                 self._tries += 1
                 self._change_captures += 1
                 self._capture_next = True
+
+    def _follow_failure(self, s: _StepState) -> None:
+        """At a boundary: capture the next step while a failing backward is wanted, until a
+        captured step has one (a loop that skips the failing batch: every third batch's
+        in-place write) or the tries are spent."""
+        if not self._failure_wanted:
+            return
+        if s.capture and s.backward_errors:
+            self._failure_wanted, self._failure_tries = False, _FAILURE_TRIES  # caught: once is enough
+        elif self._failure_tries < _FAILURE_TRIES:
+            self._failure_tries += 1
+            self._capture_next = True
+        else:
+            self._failure_wanted = False
 
     def _finish_deferred(self) -> None:
         if self._deferred is not None:
@@ -2385,6 +2407,8 @@ class Watch:
         if self._hooked is None or self._step % GRAD_STATS_EVERY == 0:
             self._hooked = [(p, r) for p, r in self._modules if (m := r()) is not None and (
                 m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)]
+        if not self._hooked:  # the usual case, every step
+            return Retained({}, [], {})
         hooked: list[tuple[str, list[Any]]] = []
         for path, ref in self._hooked:
             m = ref()
