@@ -1,9 +1,11 @@
-"""Bytes that user forward hooks keep alive (P13), found by looking where a hook can store.
+"""Bytes that user module hooks keep alive (P13), found by looking where a hook can store.
 
-A hook keeps activations by appending them to something it can reach: a closure cell, a
-global it names, or the object it is bound to.  We look there (bounded: a few levels into
-lists, tuples, dicts and object ``__dict__``s) and sum the distinct storages of the tensors
-found.  Only modules that have user hooks are inspected, so the cost is nil otherwise.
+A hook keeps activations (a forward hook) or gradients (a backward hook) by appending them to
+something it can reach: a closure cell, a global it names, or the object it is bound to.  We
+look there (bounded: a few levels into lists, tuples, dicts and object ``__dict__``s) and sum
+the distinct storages of the tensors found; modules whose hooks reach the same storages (one
+dict they all append to) count them once, together.  Only modules that have user hooks are
+inspected, so the cost is nil otherwise.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def _roots(fn: Any) -> Iterable[Any]:
 
 
 class Retained(NamedTuple):
-    """What the user forward hooks of some modules keep (``retained``)."""
+    """What the user hooks of some modules keep (``retained``)."""
 
     bytes: dict[str, int]  # module path -> bytes its hooks keep, each storage counted once
     shared: list[list[str]]  # modules whose hooks keep tensors in one container (bytes: the first's)

@@ -12,7 +12,7 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from .. import graph as g
-from ..finding import describe_steps, make
+from ..finding import and_list, describe_steps, make
 from ..run import Run, RunError, as_dict, as_int, as_list, errors
 from ..settings import Settings
 
@@ -171,7 +171,7 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
         if own is not None:
             needers = next((_needers(graph, own[1]) for graph in run.graphs_of(own[0])), [])
             size = f" ({shape})" if shape is not None else ""
-            needed = f"{size} that {_and(needers)} saved for backward" if needers else f"{size} that backward needed"
+            needed = f"{size} that {and_list(needers)} saved for backward" if needers else f"{size} that backward needed"
         times = f" {len(crashes)} times" if len(crashes) > 1 else ""  # a loop that catches it goes on failing
         message = (f"backward() failed{times}: an in-place op{where} changed a tensor{needed} "
                    f"({describe_steps(crash_steps, run.last_step)}).")
@@ -188,14 +188,10 @@ def _op_named(op: dict[str, Any], name: str) -> bool:
     return base.lower() == re.sub(r"Backward\d*$", "", name).lower()
 
 
-def _and(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-
-
 def _stale_graph(run: Run, params: list[str], steps: list[int], first: RunError) -> list[Finding]:
     """The failing backward went through a graph built before an optimizer.step() that updated a
     parameter it saved: state carried across steps without detach, kept with retain_graph."""
-    message = (f"backward() failed: optimizer.step() had updated {_and(params)} in place, and this "
+    message = (f"backward() failed: optimizer.step() had updated {and_list(params)} in place, and this "
                "backward went through a graph built before that step which still needed it: state carried from "
                "one batch to the next without .detach() (an RNN's hidden state), its graph kept with "
                f"retain_graph=True ({describe_steps(steps, run.last_step)}).")

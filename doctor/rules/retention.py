@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torchscope.schema import Finding, FindingTarget
 
-from ..finding import contiguous_runs, describe_steps, fmt_bytes, make
+from ..finding import and_list, contiguous_runs, describe_steps, fmt_bytes, make
 from ..run import Run, as_dict, as_int, as_list
 from ..settings import Settings
 
@@ -123,7 +123,7 @@ def check_hooks(run: Run, settings: Settings) -> list[Finding]:
         last = series[-1][1]
         modules = shared.get(module, [module])
         names = [repr(m) if m else "the root module" for m in modules]
-        where = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        where = and_list(names)
         held = "" if len(modules) == 1 else " (in one container their hooks share)"
         how = "grow every step" if grow else "stay large"
         message = (f"Hooks on {where} keep {fmt_bytes(last)} of tensors (activations or gradients) alive{held} and {how} "
