@@ -445,3 +445,15 @@ def test_memory_part_carries_the_bytes_forward_hooks_keep() -> None:
     assert series.check_columns(cols, "memory")["hook_bytes"] == [24, 1024, 2024, None]
     older = {k: v for k, v in cols.items() if k != "hook_bytes"}
     assert series.check_columns(older, "memory")["hook_bytes"] == [None] * 4
+
+
+def test_memory_part_carries_what_kept_graphs_hold() -> None:
+    """``kept`` (1.6, P7: bytes saved for backward by earlier steps' graphs still alive) is a
+    memory column from ``MemoryStats.kept``; a record written before it (1.5) reads as None in
+    every row, not as a broken record."""
+    steps = [{"kind": "step", "step": i, "memory": {"live": 100, **({"kept": 512 * i} if i else {})}} for i in range(3)]
+    cols = series.columns(steps, "memory")
+    assert series.check_columns(cols, "memory")["kept"] == [None, 512, 1024]
+    older = {k: v for k, v in cols.items() if k != "kept"}
+    read = series.check_columns(older, "memory")
+    assert read["kept"] == [None, None, None] and read["live"] == [100, 100, 100]
