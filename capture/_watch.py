@@ -1552,11 +1552,11 @@ class Watch:
         else:
             s.accumulated += 1
         fns = []
+        # the line of a call that took a root in before this backward (probing, _on_holder)
         holder_src = {id(t): src for ref, src in s.holders if (t := ref()) is not None} if s.holders else {}
+        held_at = [holder_src.get(id(t), "") for t in roots] if holder_src else [""] * len(roots)
         for t in roots:
             fn = t.grad_fn
-            if holder_src and fn is not None and id(t) in holder_src:
-                fn.metadata["torchscope_held_at"] = holder_src[id(t)]  # type: ignore[index]  # read into its sentinel below
             s.roots.append(type(fn).__name__ if fn is not None else "None")
             if t.numel() == 1 and len(s.losses) < 1024:
                 if kind != "grad":
@@ -1595,13 +1595,11 @@ class Watch:
                 out.nodes, out.saved, out.usable = own_nodes, kept_saved, bool(retain)
         for out_sent, out_nodes, out_saved in outputs:  # or, nested in earlier steps' graphs, just this size
             out_sent.nodes, out_sent.saved = out_nodes, out_saved if retain else 0
-        for fn in fns:
+        for fn, held in zip(fns, held_at, strict=True):
             if fn is not None:
                 fn.metadata.pop("torchscope_out_sentinel", None)  # the output is the loss: one sentinel
                 sentinel = _Sentinel(self._step, own_nodes, s.backward_src[-1] if s.backward_src else "")
-                sentinel.saved, sentinel.usable = kept_saved, bool(retain)
-                if holder_src:
-                    sentinel.held_at = fn.metadata.pop("torchscope_held_at", "")
+                sentinel.saved, sentinel.usable, sentinel.held_at = kept_saved, bool(retain), held
                 fn.metadata["torchscope_sentinel"] = sentinel  # type: ignore[index]
                 self._sentinels.append(weakref.ref(sentinel))
         if retain:
