@@ -37,7 +37,7 @@ from torch.nn.parameter import is_lazy
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import _compile, _cuda, _native, _sigterm
+from . import _compile, _cuda, _native, _sigterm, _warnings
 from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin
 from ._grads import GradRead, PiecewiseRead, StatsRead, count_nonzero, nonzero_grads
 from ._hooks import Retained, retained
@@ -669,6 +669,7 @@ class Watch:
         Watch._n_active += 1
         _watching[model] = self
         _install_excepthook()
+        _warnings.install()
         _sigterm.install(_end_on_sigterm)
         self._mode_on()
         atexit.register(self.close)
@@ -715,6 +716,7 @@ class Watch:
                 h.remove()
             self._resume_gc()
             self._mode_remove()
+            _warnings.uninstall()
             _native.release(id(self))
             if self._history is not None and self.path is not None:
                 for p in self._safe("cuda_history", self._history.write, self.path) or ():

@@ -1,0 +1,123 @@
+"""torch's warnings name the user's line while a watch is open, as they do unwatched.
+
+The capture's torch-function mode sits between the user's torch calls and torch: without
+care, every warning a call raises (a Python one counted by ``stacklevel``, a C++ one named
+after the innermost Python frame) would name ``torchscope/_interpose.py``."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchscope
+
+
+def _loop(kind: str, watch: Any) -> list[warnings.WarningMessage]:
+    """Two steps of a loop whose line marked ``# warns`` raises ``kind``'s warning: every
+    warning raised (``simplefilter("always")``)."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt) if watch else contextlib.nullcontext(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            out = model(torch.randn(8, 4))
+            target = torch.randn(8)
+            loss = F.mse_loss(out.squeeze(1), target)
+            if kind == "python":  # F.mse_loss warns with stacklevel=2
+                F.mse_loss(out, target)  # warns
+            if kind == "stacklevel3":  # F.softmax's implicit dim: stacklevel=3
+                F.softmax(out)  # warns
+            if kind == "cpp":  # TORCH_WARN in the binding: the innermost Python frame
+                torch.tensor(out)  # warns
+            if kind == "cpp_op":  # TORCH_WARN inside an aten op (resize of an out= tensor)
+                torch.add(out.detach(), 1, out=torch.empty(3))  # warns
+            if kind == "getter":  # a non-leaf's .grad
+                _ = out.grad  # warns
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return [w for w in seen if w.category is UserWarning]
+
+
+def _marked_lines() -> list[int]:
+    lines, first = inspect.getsourcelines(_loop)
+    return [first + i for i, line in enumerate(lines) if line.rstrip().endswith("# warns")]
+
+
+@pytest.mark.parametrize("kind", ["python", "stacklevel3", "cpp", "cpp_op", "getter"])
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_a_torch_warning_names_the_users_line(kind: str, mode: str, tmp_path: Path) -> None:
+    def watch(model: nn.Module, opt: torch.optim.Optimizer) -> Any:
+        return torchscope.watch(model, opt, server=None, record=tmp_path / "w.tscope", mode=mode)
+
+    plain, watched = _loop(kind, None), _loop(kind, watch)
+    assert len(plain) == 2
+    assert [(w.filename, w.lineno, str(w.message)) for w in watched] == [
+        (w.filename, w.lineno, str(w.message)) for w in plain
+    ]
+    # the line is the user's call, not torchscope's mode
+    assert {(w.filename, w.lineno) for w in watched} <= {(__file__, n) for n in _marked_lines()}
+
+
+def test_the_default_filter_shows_a_warning_once_per_line_of_the_users(tmp_path: Path) -> None:
+    """Under the default action a warning shows once per line of the module it names: the
+    user's module and line, so two steps show it once, and the same warning from two lines
+    twice -- as unwatched."""
+
+    def two_lines(watch: Any) -> list[tuple[str, int]]:
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with watch(model, opt) if watch else contextlib.nullcontext(), warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("default")
+            for _ in range(3):
+                out = model(torch.ones(8, 4))
+                a = F.mse_loss(out, torch.zeros(8))
+                b = F.mse_loss(out, torch.zeros(8))  # the same message from a second line
+                (a + b).backward()
+                opt.step()
+                opt.zero_grad()
+        return [(w.filename, w.lineno) for w in seen if "target size" in str(w.message)]
+
+    def watch(model: nn.Module, opt: torch.optim.Optimizer) -> Any:
+        return torchscope.watch(model, opt, server=None, record=tmp_path / "d.tscope")
+
+    plain = two_lines(None)
+    assert len(plain) == 2 and len(set(plain)) == 2
+    assert two_lines(watch) == plain
+
+
+def test_a_users_filter_on_their_module_applies(tmp_path: Path) -> None:
+    """A filter on the module a warning names (``module=``) matches the user's module."""
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchscope.watch(model, opt, server=None, record=tmp_path / "f.tscope"), \
+            warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", module=__name__)
+        loss = F.mse_loss(model(torch.ones(8, 4)), torch.zeros(8))
+        loss.backward()
+        opt.step()
+    assert [str(w.message) for w in seen if "target size" in str(w.message)] == []
+
+
+def test_closing_the_last_watch_leaves_warnings_as_they_were(tmp_path: Path) -> None:
+    before_filters, before_show = list(warnings.filters), warnings._showwarnmsg  # type: ignore[attr-defined]
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    a = torchscope.watch(model, opt, server=None, record=tmp_path / "a.tscope")
+    b = torchscope.watch(nn.Linear(2, 2), None, server=None, record=tmp_path / "b.tscope")
+    assert warnings._showwarnmsg is not before_show  # type: ignore[attr-defined]
+    a.close()
+    assert warnings._showwarnmsg is not before_show  # type: ignore[attr-defined]  # b still open
+    b.close()
+    assert warnings.filters == before_filters
+    assert warnings._showwarnmsg is before_show  # type: ignore[attr-defined]
