@@ -103,8 +103,27 @@ def _saved_of(node: Any) -> list[_Field]:
             out.append((attr, RuntimeError(str(exc))))
             continue
         # strided, with storage_parts() to read (a DTensor's is its local shard's)
-        out.append((attr, [(t, storage_parts(t)) for t in held if t.layout == _STRIDED]))
+        out.append((attr, [(t, _held_parts(t)) for t in held if t.layout == _STRIDED]))
     return out
+
+
+def _held_parts(t: torch.Tensor) -> list[tuple[int, int]]:
+    """What the graph holds for a saved tensor: its storage, or, for a view of data that
+    needs no gradient (``X[i:i + 32]``, a batch sliced out of a dataset kept in memory, or its
+    labels), the part of the storage the view spans: the rest is the dataset's, which the loop
+    holds anyway.  An activation's view holds its whole storage, which only the graph keeps."""
+    parts = storage_parts(t)
+    if len(parts) == 1 and not t.requires_grad:
+        ptr, nbytes = parts[0]
+        span = 1
+        for size, stride in zip(t.shape, t.stride(), strict=True):
+            if size == 0:
+                return [(ptr, 0)]
+            span += (size - 1) * abs(stride)
+        span *= t.element_size()
+        if span < nbytes:
+            return [(ptr, span)]
+    return parts
 
 
 _NO_FIELDS: list[_Field] = []  # shared, never appended to
@@ -309,6 +328,9 @@ class AutogradWalk:
 # at::Reduction, as loss nodes save it
 _REDUCTIONS: dict[int, Literal["none", "mean", "sum"]] = {0: "none", 1: "mean", 2: "sum"}
 _BY_NUMBER = frozenset({"DivBackward0", "MulBackward0"})
+# by a Scalar argument (``aten::mul.Scalar``): what a composite op multiplies by -- the (1 - e)
+# and e / C weights of cross_entropy's label smoothing
+_BY_SCALAR = frozenset({"DivBackward1", "MulBackward1"})
 
 
 def _loss_facts(n: Any, rec: NodeRecord) -> None:
@@ -323,6 +345,10 @@ def _loss_facts(n: Any, rec: NodeRecord) -> None:
         # a Python number is a 0-dim CPU tensor; a 0-dim CUDA one would cost a host sync
         if isinstance(other, torch.Tensor) and other.dim() == 0 and other.device.type == "cpu":
             rec["scalar"] = float(other.detach())  # a learned scale (spectral_norm's sigma) requires grad
+    elif name in _BY_SCALAR:
+        other = getattr(n, "_saved_other", None)
+        if isinstance(other, (int, float)) and not isinstance(other, bool):
+            rec["scalar"] = float(other)
     elif name.endswith("LossBackward0") or name.startswith(("NllLoss", "BinaryCrossEntropy")):
         red = _REDUCTIONS.get(getattr(n, "_saved_reduction", -1))
         if red is not None:

@@ -260,6 +260,8 @@ class SavedTensor(TypedDict, total=False):
     name: str  # e.g. "_saved_self"
     shape: list[int]
     dtype: str
+    # bytes the graph holds for it: its storage's; for a view of data that needs no gradient
+    # (a batch sliced out of a dataset kept in memory), the part of the storage it spans
     nbytes: int
     storage: int
     offset: int  # storage offset, in elements (as TensorMeta's)
@@ -280,7 +282,7 @@ class NodeRecord(TypedDict, total=False):
     higher_order: bool  # created by a create_graph=True backward
     autocast_cast: bool  # made by a cast autocast inserted (a ToCopyBackward0 of its dtype change)
     reduction: Literal["none", "mean", "sum"]  # a loss node's (MseLossBackward0, NllLossBackward0...)
-    scalar: float  # DivBackward0 / MulBackward0 by a number (a 0-dim CPU tensor): its value
+    scalar: float  # DivBackward0 / MulBackward0 by a number (a 0-dim CPU tensor), Div/MulBackward1 by a Scalar: its value
     made_nonfinite: bool  # turned finite incoming gradients into NaN/Inf (on steps checked for NaN)
     unregistered: bool  # AccumulateGrad of an nn.Parameter neither of the model nor of an optimizer seen stepping (a module in a plain list)
 

@@ -81,14 +81,31 @@ class LossGraph:
             return [node]
         return [t for p in parts for t in self.terms(p, depth + 1)]
 
-    def scale(self, node: int) -> Scale:
-        """How the loss term ``node`` scales with the number of micro-batches it is accumulated over."""
+    def scale(self, node: int, k: int = 0, depth: int = 0) -> Scale:
+        """How the loss term ``node`` scales with the number ``k`` of micro-batches it is
+        accumulated over (0: not known)."""
         name = self.names.get(node, "")
         if name.startswith(_SCALED_ROOTS):
-            return "micro_mean" if self.micro_mean_size(node) else "scaled"
+            if self.micro_mean_size(node):
+                return "micro_mean"
+            weighted = self._weighted(node, k)
+            if weighted is not None and depth < _DEPTH:
+                return self.scale(weighted, k, depth + 1)
+            return "scaled"
         if name.startswith("MeanBackward") and self._stacked(node):
             return "scaled"  # averaged over the losses it stacks
         return self._reduction(node)
+
+    def _weighted(self, node: int, k: int) -> int | None:
+        """The term a Div/Mul ``node`` weights when its recorded number is a weight and not a
+        division by ``k`` (the factor times k above 2: label smoothing's 1 - e, ``2.0 * loss``),
+        else None: an unknown factor, or one about 1 / k, is the division (trusted)."""
+        number = as_float(self.nodes.get(node, {}).get("scalar"))
+        inputs = self._inputs(node)
+        if k < 2 or not number or len(inputs) != 1:
+            return None
+        factor = 1 / number if self.names.get(node, "").startswith("DivBackward") else number
+        return inputs[0] if abs(factor) * k > 2 else None
 
     def _reduction(self, node: int) -> Scale:
         """How the loss ``node`` reduces over its samples."""
@@ -133,9 +150,9 @@ class LossGraph:
                     return as_int(shape[0]) if shape else 0
         return 0
 
-    def mean_terms(self) -> list[int]:
-        """The terms of the loss that are means left unscaled: k of them sum to k times one."""
-        return [t for t in self.terms(self.root) if self.scale(t) in TOO_BIG]
+    def mean_terms(self, k: int = 0) -> list[int]:
+        """The terms of the loss that are means left unscaled: ``k`` of them sum to k times one."""
+        return [t for t in self.terms(self.root) if self.scale(t, k) in TOO_BIG]
 
     def forward_of(self, term: int) -> int | None:
         """The forward (its micro index) whose graph the loss ``term`` backpropagates through, when it is one."""
@@ -235,10 +252,11 @@ class Judgement:
     target: FindingTarget = field(default_factory=FindingTarget)  # the captured loss that showed it
 
 
-def judge(lg: LossGraph, step: int, rank: int) -> Judgement:
-    """The scale of the loss backward() was called on, from its captured graph."""
-    terms = lg.mean_terms()
-    scales = frozenset(lg.scale(t) for t in terms)
+def judge(lg: LossGraph, step: int, rank: int, k: int = 0) -> Judgement:
+    """The scale of the loss backward() was called on, from its captured graph, in a step of
+    ``k`` micro-batches."""
+    terms = lg.mean_terms(k)
+    scales = frozenset(lg.scale(t, k) for t in terms)
     size = next((n for n in (lg.micro_mean_size(t) for t in terms) if n), 0)
     return Judgement(scales, size, FindingTarget(step=step, rank=rank, node=lg.root))
 
@@ -263,7 +281,7 @@ def _judged_signatures(run: Run) -> tuple[dict[object, Judgement], dict[object, 
             if "root" not in graph:
                 continue
             lg = LossGraph(graph)
-            verdict = judge(lg, step, run.rank)
+            verdict = judge(lg, step, run.rank, _micro_batches(ev))
             if sig not in judged or not verdict.too_big:
                 judged[sig] = verdict
             k = chunked_terms(lg)
@@ -314,12 +332,38 @@ def _accumulated(run: Run, judged: dict[object, Judgement]) -> list[Accumulated]
     return out
 
 
+# optimizers that divide each step by a running scale of the gradients: k times the gradients
+# make about the same step (up to eps)
+_ADAPTIVE = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "SparseAdam", "RMSprop", "Adagrad", "Adadelta",
+             "Adafactor", "Lamb", "LAMB", "Lion")
+
+
+def _consequence(run: Run, hits: list[Accumulated], k: int) -> tuple[str, Literal["warning", "info"]]:
+    """What k times the gradients does to training, by the watched optimizer: an SGD step is k
+    times larger; an adaptive optimizer's is about the same, but a clipping threshold is
+    not: clipping k times the gradients at max_norm is clipping them at max_norm / k."""
+    opt = str(run.session.get("optimizer") or "")
+    if opt not in _ADAPTIVE:
+        return f"each optimizer step is {k}x larger than intended.", "warning"
+    clip = next((as_dict(as_dict(h.ev.get("grads")).get("clip")) for h in hits
+                 if as_dict(as_dict(h.ev.get("grads")).get("clip"))), {})
+    grads = f"the gradients are {k}x those of the mean loss. {opt} divides each step by the gradients' running scale, " \
+            "so its steps barely change"
+    if clip:
+        max_norm = as_float(clip.get("max_norm"))
+        lower = f"max_norm={max_norm / k:g}, not {max_norm:g}" if max_norm is not None else f"max_norm {k}x lower"
+        return (f"{grads}, but clip_grad_norm_ sees norms {k}x too large: it clips as if {lower}."), "warning"
+    return (f"{grads}; gradient norms read {k}x too large, and clipping them would act as if max_norm were {k}x lower."), \
+        "info"
+
+
 def _warning(run: Run, hits: list[Accumulated], message: str, fix: str, target: FindingTarget,
              data: dict[str, Any]) -> Finding:
     """The P15 finding on ``hits``: where (the first backward() call), the accumulation count and
-    the gradient norm of every step."""
+    the gradient norm of every step; what it does, by optimizer, ends the message."""
     src = next((str(s) for h in hits for s in as_list(h.ev.get("backward_src"))[:1]), None)
-    return make("P15", "warning", message, fix, [h.step for h in hits], rank=run.rank, targets=[target], src=src,
+    consequence, severity = _consequence(run, hits, max(h.k for h in hits))
+    return make("P15", severity, message.replace("{consequence}", consequence), fix, [h.step for h in hits], rank=run.rank, targets=[target], src=src,
                 view="gradients", data={"micro_batches": [h.k for h in hits], **data,
                                         "norm": [total_norm(ev) for _, ev in run.step_events()]})
 
@@ -331,7 +375,7 @@ def _not_divided(run: Run, hits: list[Accumulated]) -> list[Finding]:
     k = max(h.k for h in hits)
     message = (f"Gradients of {k} micro-batches were summed without dividing the loss by {k} "
                f"({describe_steps([h.step for h in hits], run.last_step)}): "
-               f"each optimizer step is {k}x larger than intended.")
+               "{consequence}")
     if any("unknown" in h.judgement.too_big for h in hits):
         # no loss node recorded its reduction (a hand-written loss): a mean is assumed
         message += " (Intended only if the loss function uses reduction='sum' and the learning rate was chosen for that sum.)"
@@ -350,7 +394,7 @@ def _divided_by_micro_batch(run: Run, hits: list[Accumulated]) -> list[Finding]:
     message = (f"Each of the {k} micro-batch losses summed into .grad "
                f"({describe_steps([h.step for h in hits], run.last_step)}) is a sum divided by the micro-batch "
                f"size ({b}), a mean over its micro-batch: their gradients add up to {k}x the gradient of the "
-               f"batch's mean loss, so each optimizer step is {k}x larger than intended.")
+               f"batch's mean loss: {{consequence}}")
     return [_warning(run, hits, message, MICRO_MEAN_FIX.format(k=k, b=b, n=k * b), shown.target,
                      {"micro_batch_size": b})]
 
@@ -374,7 +418,7 @@ def _check_chunks(run: Run, chunked: dict[object, tuple[int, int, int]]) -> list
     message = (f"The losses of {k} micro-batches, slices of one input batch (as torch.chunk or split makes), "
                f"were added into one loss before backward() ({describe_steps(steps, run.last_step)}): "
                f"its gradient is the sum of {k} micro-batch means, {k}x the gradient of the batch's mean loss, "
-               f"so each optimizer step is {k}x larger than intended.")
+               "so {consequence}")
     accumulated = [Accumulated(step, ev, chunked[ev.get("graph_signature")][0], Judgement()) for step, ev in hits]
     return [_warning(run, accumulated, message, CHUNK_FIX.format(k=k),
                      FindingTarget(step=captured, rank=run.rank, node=root), {})]

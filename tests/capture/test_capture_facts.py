@@ -895,6 +895,34 @@ def test_saved_bytes_follow_the_batch_however_inputs_are_passed(mode: str, call:
     assert [s["memory"]["saved"] for s in _steps(path)] == [n * (16 + 64 + 4) * 4 for n in sizes]
 
 
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_a_batch_sliced_out_of_a_dataset_in_memory_is_saved_at_its_own_size(mode: str, tmp_path: Path) -> None:
+    """A batch sliced out of a dataset kept in one tensor (``X[i:i + 32]``) and its labels are
+    views of the dataset's storage: the graph holds the slice, not the dataset, which the
+    loop holds anyway.  An activation's view still counts its whole storage."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    X, Y = torch.randn(4096, 16), torch.randint(0, 4, (4096,))  # 256 KiB and 32 KiB
+    path = tmp_path / "sliced.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for i in range(4):
+            x, y = X[i * 32:(i + 1) * 32], Y[i * 32:(i + 1) * 32]
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    # per sample: the input (16 float32) saved by the first addmm, relu's output (32, saved by
+    # relu and the second addmm: one storage), log_softmax's output (4) and the label (one
+    # int64); and nll_loss's total weight (one float32)
+    steps = _steps(path)
+    assert [s["memory"]["saved"] for s in steps] == [32 * ((16 + 32 + 4) * 4 + 8) + 4] * 4
+    if mode != "light":  # and so does each saved tensor of the captured graph
+        graph = next(e for e in iter_events(path) if e["kind"] == "graph")
+        saved = [(n["name"], t["name"], t["nbytes"]) for n in graph["nodes"] for t in n.get("saved", [])]
+        assert sorted(b for n, t, b in saved if t == "_saved_mat1") == [32 * 16 * 4, 32 * 32 * 4]
+        assert [b for n, t, b in saved if t == "_saved_target"] == [32 * 8]
+
+
 @pytest.mark.parametrize("mode", ["light", "full"])
 def test_saved_bytes_of_a_custom_autograd_function(mode: str, tmp_path: Path) -> None:
     """What ``ctx.save_for_backward`` keeps counts as saved like a built-in op's saved tensors

@@ -82,6 +82,29 @@ def custom_function_not_divided(x: torch.Tensor, y: torch.Tensor) -> None:
         _SquaredError.apply(model(xb), yb).backward()
 
 
+def label_smoothing_not_divided(x: torch.Tensor, y: torch.Tensor) -> None:
+    """Label smoothing weights two terms inside cross_entropy ((1 - e) * nll + e * smooth):
+    weights, not a division by K."""
+    for xb, yb in zip(x.chunk(K), y.argmax(1).chunk(K), strict=True):
+        nn.functional.cross_entropy(model(xb), yb, label_smoothing=0.1).backward()
+
+
+def weighted_not_divided(x: torch.Tensor, y: torch.Tensor) -> None:
+    for xb, yb in zip(x.chunk(K), y.chunk(K), strict=True):
+        (2.0 * mse(model(xb), yb)).backward()
+
+
+def adam_not_divided(x: torch.Tensor, y: torch.Tensor) -> None:
+    """Under Adam (main() picks it for adam_*): k times the gradients, about the same step."""
+    mean_not_divided(x, y)
+
+
+def adam_clip_not_divided(x: torch.Tensor, y: torch.Tensor) -> None:
+    """Under Adam with clipping: the clip sees k times the norm."""
+    mean_not_divided(x, y)
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+
+
 # a sum over each micro-batch's samples divided by the micro-batch's size: a mean over the micro-batch
 
 def sum_divided_by_micro_batch(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -118,6 +141,11 @@ def chunk_stack_mean(x: torch.Tensor, y: torch.Tensor) -> None:
 def mean_divided(x: torch.Tensor, y: torch.Tensor) -> None:
     for xb, yb in zip(x.chunk(K), y.chunk(K), strict=True):
         (mse(model(xb), yb) / K).backward()
+
+
+def label_smoothing_divided(x: torch.Tensor, y: torch.Tensor) -> None:
+    for xb, yb in zip(x.chunk(K), y.argmax(1).chunk(K), strict=True):
+        (nn.functional.cross_entropy(model(xb), yb, label_smoothing=0.1) / K).backward()
 
 
 def sum_divided_by_batch(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -167,7 +195,8 @@ VARIANTS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
                             explicit_sum_divided_by_micro_batch, chunk_sum_divided_by_micro_batch,
                             chunk_sum_divided, chunk_stack_mean, mean_divided, sum_divided_by_batch,
                             sum_scaled_by_full_batch, sum_reduction, explicit_sum, chunk_explicit_sum,
-                            two_datasets, two_views)
+                            two_datasets, two_views, label_smoothing_not_divided, weighted_not_divided,
+                            adam_not_divided, adam_clip_not_divided, label_smoothing_divided)
 }
 
 
@@ -180,7 +209,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)  # the tests run several of these side by side
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer = (torch.optim.Adam(model.parameters(), lr=1e-3) if args.variant.startswith("adam")
+                 else torch.optim.SGD(model.parameters(), lr=0.01))
     train = VARIANTS[args.variant]
     with torchscope.watch(model, optimizer, server=None, record=args.record):
         for _ in range(args.steps):

@@ -22,8 +22,11 @@ CHUNKED = ["chunk_sum", "chunk_stack_sum", "chunk_outputs_first", "chunk_of_pixe
 # SumBackward0) under a DivBackward0 / MulBackward0 whose number is the micro-batch's batch dimension
 MICRO_MEANS = ["sum_divided_by_micro_batch", "sum_times_inverse_micro_batch", "explicit_sum_divided_by_micro_batch"]
 CORRECT = ["chunk_sum_divided", "chunk_stack_mean", "mean_divided", "sum_divided_by_batch", "sum_scaled_by_full_batch",
-           "sum_reduction", "explicit_sum", "chunk_explicit_sum", "two_datasets", "two_views"]
-VARIANTS = [*CHUNKED, "mean_not_divided", "custom_function_not_divided", *MICRO_MEANS, *CORRECT]
+           "sum_reduction", "explicit_sum", "chunk_explicit_sum", "two_datasets", "two_views", "label_smoothing_divided"]
+# a loss multiplied by numbers that are weights, not 1 / K: label smoothing's, 2.0 * loss
+WEIGHTED = ["label_smoothing_not_divided", "weighted_not_divided"]
+ADAM = ["adam_not_divided", "adam_clip_not_divided"]
+VARIANTS = [*CHUNKED, "mean_not_divided", "custom_function_not_divided", *MICRO_MEANS, *CORRECT, *WEIGHTED, *ADAM]
 HEDGE = "reduction='sum'"  # the warning's caveat when no loss node tells its reduction
 
 Findings = list[dict[str, Any]]
@@ -77,6 +80,28 @@ def test_micro_batch_means_summed_into_grad_still_p15(runs: tuple[Path, dict[str
     assert "backward()" in _line(f["src"])
     # MseLossBackward0 recorded reduction='mean': the warning says so without a caveat
     assert HEDGE not in f["message"]
+
+
+@pytest.mark.parametrize("name", WEIGHTED)
+def test_a_weighted_loss_not_divided_is_p15(runs: tuple[Path, dict[str, Findings | BaseException]], name: str) -> None:
+    """A number the loss is multiplied by is the division by K only when it is about 1 / K:
+    label smoothing's (1 - e) and e / C, or a task weight of 2, are weights of a mean."""
+    found = p15(runs, name)
+    assert len(found) == 1 and found[0]["severity"] == "warning", found
+    assert f"by {K}" in found[0]["message"] and f"{K}x larger" in found[0]["message"]
+    assert "backward()" in _line(found[0]["src"])
+
+
+def test_under_adam_p15_says_what_k_times_the_gradients_do(
+        runs: tuple[Path, dict[str, Findings | BaseException]]) -> None:
+    """Adam divides its steps by the gradients' running scale: K times the gradients make about
+    the same step (info), but a clip at max_norm clips them as at max_norm / K (warning)."""
+    (plain,) = p15(runs, "adam_not_divided")
+    assert plain["severity"] == "info" and "Adam divides each step" in plain["message"], plain
+    assert "larger than intended" not in plain["message"]
+    (clipped,) = p15(runs, "adam_clip_not_divided")
+    assert clipped["severity"] == "warning", clipped
+    assert f"clips as if max_norm={1 / K:g}, not 1" in clipped["message"]
 
 
 def test_hand_written_loss_keeps_the_caveat(runs: tuple[Path, dict[str, Findings | BaseException]]) -> None:
