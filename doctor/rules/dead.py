@@ -38,14 +38,40 @@ def _dead_params(run: Run, settings: Settings) -> dict[int, list[int]]:
 
 
 def _dead_activations(run: Run, settings: Settings) -> dict[str, list[int]]:
+    """Modules whose output's gradient was (almost) all zeros, by step -- unless a parameter of
+    the module learned that step: its output got a gradient in some pass.  A step's output
+    statistics are one forward's, and a WGAN-GP critic's last forward is the gradient penalty's
+    ``D(x_hat)``, whose double backward leaves exact zeros at a LeakyReLU's input."""
     dead: dict[str, list[int]] = {}
     for step, ev in applied_steps(run):
+        learning: set[str] | None = None
         for act in as_list(ev.get("activation_grads")):
             act = as_dict(act)
             frac = as_float(act.get("zero_frac"))
-            if frac is not None and frac >= settings.dead_zero_frac and act.get("module") is not None:
+            if frac is None or frac < settings.dead_zero_frac or act.get("module") is None:
+                continue
+            if learning is None:
+                learning = _learning_modules(run, ev, settings)
+            if str(act["module"]) not in learning:
                 dead.setdefault(str(act["module"]), []).append(step)
     return dead
+
+
+def _learning_modules(run: Run, ev: dict[str, object], settings: Settings) -> set[str]:
+    """The modules (and every module above them) with a parameter whose gradient this step is
+    not (almost) all zeros."""
+    norms, fracs = floats(ev, "norm"), floats(ev, "zero_frac")
+    out: set[str] = set()
+    for i, norm in enumerate(norms):
+        frac = fracs[i] if i < len(fracs) else None
+        if not norm or (frac is not None and frac >= settings.dead_zero_frac):
+            continue
+        module = run.param_module(i)
+        out.add(module)
+        while module:
+            module = module.rpartition(".")[0]
+            out.add(module)
+    return out
 
 
 FIX_CANCELS = ("Nothing to fix: the loss is the same whatever this bias is (a difference of two outputs of the "

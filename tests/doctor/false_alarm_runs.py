@@ -202,10 +202,32 @@ def pruned_dead_relu(args: argparse.Namespace) -> None:
     _pruned(args, dead_relu=True)
 
 
+# --- P2: a WGAN-GP critic (QA round 27): its step's module-output gradients are those of the
+# gradient penalty's forward D(x_hat), whose double backward leaves exact zeros at the
+# LeakyReLU's input, while every weight of the critic learns
+def wgan_gp(args: argparse.Namespace) -> None:
+    critic = nn.Sequential(nn.Linear(2, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+    gen = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    opt = torch.optim.Adam(critic.parameters(), lr=1e-4, betas=(0.5, 0.9))
+    torchscope.watch(critic, opt, server=args.server, record=args.record, sample_every=4)
+    for _ in range(args.steps):
+        real = torch.randn(16, 2) * 0.5 + 1.0
+        with torch.no_grad():
+            fake = gen(torch.randn(16, 8))
+        eps = torch.rand(16, 1)
+        x_hat = (eps * real + (1 - eps) * fake).requires_grad_(True)
+        (grad,) = torch.autograd.grad(critic(x_hat).sum(), x_hat, create_graph=True)
+        penalty = ((grad.norm(2, dim=1) - 1) ** 2).mean()
+        loss = critic(fake).mean() - critic(real).mean() + 10 * penalty
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 VARIANTS: dict[str, Callable[[argparse.Namespace], None]] = {f.__name__: f for f in [
     fp16_scaler_sum, fp16_scaler, fp16_dead_relu, fp16_corrupt_batches,
     frozen_bn, frozen_bn_and_dropout, backbone_left_in_eval,
-    nan_lr_warmup, nan_lr_decay, nan_batch, pruned, pruned_dead_relu,
+    nan_lr_warmup, nan_lr_decay, nan_batch, pruned, pruned_dead_relu, wgan_gp,
 ]}
 
 if __name__ == "__main__":

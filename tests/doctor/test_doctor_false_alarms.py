@@ -22,7 +22,7 @@ SCRIPT = Path(__file__).with_name("false_alarm_runs.py")
 STEPS = 24
 VARIANTS = ["fp16_scaler_sum", "fp16_scaler", "fp16_dead_relu", "fp16_corrupt_batches",
             "frozen_bn", "frozen_bn_and_dropout", "backbone_left_in_eval",
-            "nan_lr_warmup", "nan_lr_decay", "nan_batch", "pruned", "pruned_dead_relu"]
+            "nan_lr_warmup", "nan_lr_decay", "nan_batch", "pruned", "pruned_dead_relu", "wgan_gp"]
 
 Findings = list[dict[str, Any]]
 
@@ -177,3 +177,10 @@ def test_a_pruned_layer_is_no_dead_branch(runs: Any) -> None:
     assert loud(findings(runs, "pruned")) == []
     (p2,) = of(findings(runs, "pruned_dead_relu"), "P2")
     assert "0.weight" in p2["params"] and not any(p.startswith("2.") for p in p2["params"]), p2["params"]
+
+
+def test_a_wgan_gp_critic_is_no_dead_branch(runs: Any) -> None:
+    """A WGAN-GP critic's module outputs get exact-zero gradients from the penalty's double
+    backward while its weights learn: no dead branch (the last layer's bias, which cancels out
+    of fake minus real, is an info)."""
+    assert loud(findings(runs, "wgan_gp")) == []
