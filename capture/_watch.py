@@ -267,6 +267,7 @@ class _StepState:
         "retained",
         "autocast",
         "in_shapes",
+        "in_refs",
         "act_grads",
         "native",
         "act_slots",
@@ -348,6 +349,9 @@ class _StepState:
         self.retained = False
         self.autocast = False
         self.in_shapes: tuple[tuple[int, ...], ...] = ()
+        # the latest forward's floating-point inputs, weakly: read only at a first NaN/Inf loss
+        # (_inputs_at_bad_loss), while the loop still holds its batch
+        self.in_refs: list[weakref.ref[torch.Tensor]] = []
         # module path -> [norm, min, max, non-zeros(, nan, inf)]: floats from the native pass, or
         # a tensor on the gradient's device, read at the step's end
         self.act_grads: dict[str, torch.Tensor | tuple[float, ...]] = {}
@@ -1017,7 +1021,8 @@ class Watch:
             s = self._s
         if not s.started:
             self._start_step(s)
-        s.in_shapes = _input_shapes(args, kwargs)
+        s.in_refs = []
+        s.in_shapes = _input_shapes(args, kwargs, s.in_refs)
         grad_mode = torch.is_grad_enabled()
         fwd: ForwardInfo = {
             "micro": len(s.forwards),
@@ -1352,6 +1357,8 @@ class Watch:
         value = float(t.detach())
         fwd["loss"] = value
         if not math.isfinite(value):
+            if not self._nan_armed:
+                self._inputs_at_bad_loss(s)
             self._nan_armed = True
             self._capture_next = self._capture_next or self.mode == "default"
 
@@ -2011,6 +2018,18 @@ class Watch:
             params = [(i, p) for i, r in enumerate(self._params) if (p := r()) is not None]
             bad = [i for i, p in params if p.is_floating_point() and p.numel() and not bool(torch.isfinite(p).all())]
         s.events.append({"what": "params_nonfinite", "params": bad})
+        self._inputs_at_bad_loss(s)
+
+    def _inputs_at_bad_loss(self, s: _StepState) -> None:
+        """With a first NaN/Inf loss: which of the latest forward's floating-point inputs the
+        loop still holds, and which of those hold NaN/Inf (an event ``inputs_nonfinite``, their
+        positions among the forward's tensor inputs): a batch that brought it in with the data,
+        or finite inputs that leave an op of the forward or the loss's target."""
+        with _native.unrecorded(), torch.no_grad():
+            held = [t for ref in s.in_refs if (t := ref()) is not None]
+            bad = [k for k, t in enumerate(held) if t.numel() and not bool(torch.isfinite(t).all())]
+        if held:
+            s.events.append({"what": "inputs_nonfinite", "inputs": bad, "read": len(held)})
 
     def _grad_stats(
         self, s: _StepState, params: list[torch.Tensor | None], grads: list[torch.Tensor | None] | None = None
@@ -2723,18 +2742,25 @@ def _install_excepthook() -> None:
     threading.excepthook = thread_hook
 
 
-def _input_shapes(args: Any, kwargs: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+def _input_shapes(
+    args: Any, kwargs: dict[str, Any], refs: list[weakref.ref[torch.Tensor]]
+) -> tuple[tuple[int, ...], ...]:
     """Shapes of the tensors a forward was called with -- positional, keyword (``model(**batch)``)
     and one level inside a list, tuple or dict argument (``model(batch)``): the key under which
-    a graph's saved bytes are reused, so every input whose size changes them must be in it."""
+    a graph's saved bytes are reused, so every input whose size changes them must be in it.
+    Weak references to the floating-point ones go to ``refs``."""
     out: list[tuple[int, ...]] = []
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):
             out.append(tuple(a.shape))
+            if a.is_floating_point():
+                refs.append(weakref.ref(a))
         elif isinstance(a, (list, tuple, dict)):
             for v in a.values() if isinstance(a, dict) else a:
                 if isinstance(v, torch.Tensor):
                     out.append(tuple(v.shape))
+                    if v.is_floating_point():
+                        refs.append(weakref.ref(v))
     return tuple(out)
 
 

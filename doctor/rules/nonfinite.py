@@ -22,6 +22,9 @@ FIX_UPDATE = ("Check the learning rate that optimizer.step() used (optimizer.par
 FIX = ("Look at the first op that produced it: log/sqrt/div of zero or negatives (add an eps, clamp), exp "
        "overflow (use log-softmax / logsumexp), a learning rate too high (lower it, clip gradients), or bad "
        "input data (check the batch for NaN).")
+FIX_DATA = ("The batch held NaN/Inf before the model saw it: find the samples with torch.isfinite(x).all(dim=...) "
+            "and fix them at their source (the dataset file, a transform dividing by a zero std, a log of 0), "
+            "or drop them in the data loader.")
 FIX_BACKWARD = ("A gradient formula met a zero its forward handled: sqrt or a norm of exactly zero (add an eps "
                 "inside: (x + 1e-12).sqrt()), log or a division in a torch.where branch that is masked out (its "
                 "gradient is still 0 * inf = NaN: make the input safe before the op, torch.where(mask, x, 1.0).log()), "
@@ -61,6 +64,24 @@ def _held_at_forward(ev: dict[str, Any]) -> list[int] | None:
         if isinstance(e, dict) and e.get("what") == "params_nonfinite":
             return [as_int(i) for i in as_list(e.get("params"))]
     return None
+
+
+def _inputs_read(ev: dict[str, Any]) -> tuple[list[int], int] | None:
+    """The first NaN/Inf loss's forward inputs the capture could still read: (the positions of
+    those holding NaN/Inf, how many it read); None when not read."""
+    for e in as_list(ev.get("events")):
+        if isinstance(e, dict) and e.get("what") == "inputs_nonfinite":
+            return [as_int(i) for i in as_list(e.get("inputs"))], as_int(e.get("read"))
+    return None
+
+
+def _bad_batch(inputs: tuple[list[int], int] | None, step: int) -> str | None:
+    """The sentence for a first NaN/Inf step whose forward read NaN/Inf inputs."""
+    if not inputs or not inputs[0]:
+        return None
+    which = ", ".join(f"#{k}" for k in inputs[0])
+    return (f"the model's input batch at step {step} already held NaN/Inf (its tensor input{'s' if len(inputs[0]) > 1 else ''} "
+            f"{which}, read when the loss came out NaN/Inf): it came in with the data, not from an op.")
 
 
 def _param_input(graph: dict[str, Any], op: dict[str, Any]) -> str | None:
@@ -238,6 +259,11 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     ev0 = next((ev for step, ev in run.step_events() if step == steps[0]), {})
     held = _held_at_forward(ev0)
     diverged = _diverged_before(run, steps[0])
+    full = run.session.get("mode") == "full"
+    # the batch brought it in: the fix is the data's, the line the forward's
+    data = diverged is None and _bad_batch(_inputs_read(ev0), steps[0]) is not None
+    forward_src = next((str(f.get("src")) for f in reversed(as_list(ev0.get("forwards")))
+                        if isinstance(f, dict) and f.get("src")), None)
     # The step before the first non-finite one was finite; its optimizer.step() is to blame when
     # it used a NaN learning rate, when the first non-finite step's forward read non-finite
     # parameters, or when that step's first NaN op (checked op by op: after a non-finite step,
@@ -251,15 +277,19 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         # The NaN reached the parameters through optimizer.step() at the first bad step: that
         # later op only reads them, it made nothing (a transpose of a NaN weight is NaN)
         what = "in the loss" if loss_nonfinite(ev0) else (f"in the gradients of {', '.join(names[:3])}" if names else "")
-        message = (f"NaN/Inf first appeared at step {steps[0]} {what}; optimizer.step() wrote it into the parameters, "
+        message = (f"NaN/Inf first appeared at step {steps[0]} in the loss: {_bad_batch(_inputs_read(ev0), steps[0])} "
+                   f"optimizer.step() then wrote it into the parameters, so every later step is NaN/Inf too ({when})."
+                   if data else
+                   f"NaN/Inf first appeared at step {steps[0]} {what}; optimizer.step() wrote it into the parameters, "
                    f"so from step {op_step} the first op reading {carried!r} ({g.op_label(first_op)}) already yields "
                    f"NaN: that op is not the cause ({when}). Ops are checked for NaN from the step after a non-finite "
                    f"one, so the op that produced it at step {steps[0]} is not known"
-                   + (". " + _made_in_backward(ev0) if _backward_made(ev0) else ": " + _forward_made(ev0, held, before, diverged)))
-        src = next((str(s) for s in as_list(ev0.get("backward_src")) if s), None)
+                   + (". " + _made_in_backward(ev0) if _backward_made(ev0) else ": " + _forward_made(ev0, held, before, diverged, full)))
+        src = forward_src if data else next((str(s) for s in as_list(ev0.get("backward_src")) if s), None)
         at_params = [FindingTarget(step=params[i], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
                      for i in sorted(params)] or [FindingTarget(step=steps[0], rank=run.rank)]
-        return [make("P4", "error", message, FIX_BACKWARD if _backward_made(ev0) else FIX, steps, rank=run.rank,
+        return [make("P4", "error", message, FIX_BACKWARD if _backward_made(ev0) else FIX_DATA if data else FIX,
+                     steps, rank=run.rank,
                      targets=at_params,
                      modules=sorted({run.param_module(i) for i in params}), params=names, src=src, view="gradients",
                      data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
@@ -285,16 +315,30 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             message += " " + _made_in_backward(ev0)
             fix = FIX_BACKWARD
         elif loss_nonfinite(ev0):
-            message += f" Step {steps[0]}'s loss was NaN/Inf already: " + _forward_made(ev0, held, before, diverged)
+            message += f" Step {steps[0]}'s loss was NaN/Inf already: " + _forward_made(ev0, held, before, diverged, full)
+            fix = FIX_DATA if data else fix
     elif skipped := [v for _, ev in run.step_events() if as_int(ev.get("step"), -1) in steps for v in skipped_nonfinite(ev)]:
         message = (f"The loss was NaN/Inf on {len(skipped)} batch{'es' if len(skipped) > 1 else ''} the loop skipped "
-                   f"before backward ({when}); the op that made it is not known: ops are checked for NaN on captured "
-                   "steps, from the step after a non-finite one (mode='full' checks every step's log/div/exp...).")
+                   f"before backward ({when}): ")
+        bad_batch = next((b for step, ev in run.step_events() if step in steps
+                          and (b := _bad_batch(_inputs_read(ev), step)) is not None), None)
+        if bad_batch is not None:
+            message += bad_batch
+            fix, data = FIX_DATA, True
+        elif full:
+            message += ("no log/div/exp... op made it (mode='full' checks them every step): look at those batches' "
+                        "data and the loss's target, and at ops that overflow on their values.")
+        else:
+            message += ("the op that made it is not known: ops are checked for NaN on captured steps, from the step "
+                        "after a non-finite one (mode='full' checks every step's log/div/exp...).")
     elif _isolated(run, steps):
         message = (f"The loss is NaN/Inf {when}, each time followed by finite steps: the model stayed finite, so "
                    "it came from those batches -- a NaN/Inf in "
                    "their data, or an op that overflows on their values. Which op is not known: ops are checked for "
                    "NaN on the step after a non-finite one, which was finite here.")
+        if data:
+            message += " At step " + str(steps[0]) + ", " + str(_bad_batch(_inputs_read(ev0), steps[0]))
+            fix = FIX_DATA
     else:
         message = f"The loss is NaN/Inf ({when})."
     targets: list[FindingTarget] = []
@@ -313,7 +357,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     at = set(steps)
     guarded = all(not _bad_params(ev) and _backward_losses_finite(ev) for step, ev in run.step_events() if step in at)
     return [make("P4", "warning" if guarded else "error", message, fix, steps, rank=run.rank, targets=targets, modules=modules,
-                 params=names, src=str(first_op.get("src", "")) if first_op else None,
+                 params=names, src=str(first_op.get("src", "")) if first_op else forward_src if data else None,
                  view="graph" if first_op or node else "gradients",
                  data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
 
@@ -332,17 +376,27 @@ def _diverged_before(run: Run, step: int) -> str | None:
 
 
 def _forward_made(ev: dict[str, Any], held: list[int] | None, before: dict[str, Any] | None,
-                  diverged: str | None = None) -> str:
+                  diverged: str | None = None, full: bool = False) -> str:
     """Where a NaN the first non-finite step's loss already had came from, as far as known."""
     if not loss_nonfinite(ev):
         return "check that step's loss inputs, or run its backward under torch.autograd.set_detect_anomaly(True)."
     if diverged is not None:  # the updates ran away: the parameters grew until an op overflowed
         return (f"{diverged}: training diverged, and the parameters the updates grew made an op of the "
                 "forward overflow; lower the learning rate (or add warm-up).")
+    inputs = _inputs_read(ev)
+    bad = _bad_batch(inputs, as_int(ev.get("step")))
+    if bad is not None:
+        return bad
+    # mode='full' checks the ops that turn finite values into NaN/Inf (log, div, exp...) on every step
+    checked = ("mode='full' checked its log/div/exp... ops and none made it: look at the loss's target "
+               "(torch.isfinite(y).all()) and at ops that overflow (exp, pow, a float16 matmul)." if full else
+               "record with mode='full', which checks log/div/exp... op by op every step.")
+    if held is not None and inputs is not None:  # checked: parameters and inputs finite
+        return f"its parameters and its input batch were finite, so an op of its forward or the loss's target made it; {checked}"
     if held is not None:  # checked: its parameters were finite
-        return ("its parameters were finite when its forward ran, so its batch or an op of its forward made it; "
-                "check that batch with torch.isfinite, or record with mode='full', which checks log/div/exp... op "
-                "by op every step.")
+        head = ("its parameters were finite when its forward ran, so its batch or an op of its forward made it; "
+                "check that batch with torch.isfinite")
+        return f"{head}; {checked}" if full else f"{head}, or {checked}"
     if before is not None:
         return (f"it came in with that step's batch, or step {as_int(before.get('step'))}'s optimizer.step() "
                 "wrote it into the parameters; check both with torch.isfinite.")

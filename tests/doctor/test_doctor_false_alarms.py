@@ -148,10 +148,11 @@ def test_nan_learning_rate_blames_that_optimizer_step(runs: Any, name: str, blam
 
 def test_nan_in_the_data_still_blames_that_step(runs: Any) -> None:
     """The twin: a NaN sample at step 5, the learning rate finite: the loss of step 5 is where
-    it began (its backward's line), the optimizer is not blamed."""
+    it began, brought by its batch (the forward's line), the optimizer is not blamed."""
     (p4,) = of(findings(runs, "nan_batch"), "P4")
-    assert p4["since"] == 5 and script_line(p4["src"]) == "loss.backward()"
+    assert p4["since"] == 5 and script_line(p4["src"]) == "loss = F.cross_entropy(model(x), y)"
     assert "learning rate" not in p4["message"] and "first appeared at step 5 in the loss" in p4["message"]
+    assert "input batch at step 5 already held NaN/Inf" in p4["message"]
 
 
 def test_optimizer_update_blamed_when_the_first_nan_op_reads_a_parameter() -> None:
