@@ -126,6 +126,29 @@ def _overwrote_output(graph: dict[str, Any], node: dict[str, Any]) -> dict[str, 
     return None
 
 
+def _reader_overwritten(graph: dict[str, Any], shape: list[int]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(the in-place forward op, the node) when an op whose grad_fn node saves tensors read or
+    made a tensor of ``shape`` whose storage a later in-place forward op wrote."""
+    tensors = {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
+    nodes = {as_int(n.get("op"), -1): n for n in as_list(graph.get("nodes")) if isinstance(n, dict) and "op" in n}
+    ops = [op for op in g.ops(graph) if op.get("phase", "forward") == "forward"]
+    writes = [(as_int(op.get("id"), -1), tensors.get(as_int(next(iter(as_list(op.get("inputs"))), -1), -1), {}).get("storage"), op)
+              for op in ops if "inplace" in g.flags(op)]
+    for op in ops:
+        node = nodes.get(as_int(op.get("id"), -1))
+        if node is None or str(node.get("name", "")).startswith(_SAVE_NOTHING):
+            continue
+        oid = as_int(op.get("id"), -1)
+        for t in [*as_list(op.get("inputs")), *as_list(op.get("outputs"))]:
+            meta = tensors.get(as_int(t, -1), {})
+            if [as_int(x) for x in as_list(meta.get("shape"))] != shape or meta.get("storage") is None:
+                continue
+            later = next((w for wid, storage, w in writes if wid > oid and storage == meta["storage"]), None)
+            if later is not None:
+                return later, node
+    return None
+
+
 def check_inplace(run: Run, settings: Settings) -> list[Finding]:
     findings: list[Finding] = []
     crashes = [e for e in errors(run) if INPLACE_TEXT in e.message]
@@ -157,6 +180,17 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
                         if as_int(op.get("id"), -1) == as_int(node.get("op"), -2) and "inplace" in g.flags(op)), None)
             culprit = own or next(((gstep, op) for graph in run.graphs_of(gstep)
                                    if (op := _overwrote_output(graph, node)) is not None), None)
+        elif culprit is None and not node_name and shape is not None:
+            # torch names no grad_fn (the tensor has none: a buffer, a leaf written under
+            # no_grad -- a MoCo queue enqueued in place): the op that read a tensor of that shape
+            # for a node that saves tensors, and the in-place op that wrote its storage after
+            found = next(((s, hit) for s in crash_steps for graph in run.graphs_of(s)
+                          if (hit := _reader_overwritten(graph, shape)) is not None), None)
+            if found is not None:
+                gstep, (op, node) = found
+                culprit, node_name = (gstep, op), str(node.get("name", ""))
+                targets = [FindingTarget(step=gstep, rank=run.rank, node=as_int(node.get("id")),
+                                         module=str(node.get("module", "")))]
         elif culprit is None and node_name:
             # no node of that name in the graph ("output 0 of Sub": g.sub_(0.5) on a tensor the
             # loss no longer uses): an in-place op of that name in a failing step's graph

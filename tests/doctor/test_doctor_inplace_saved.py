@@ -295,3 +295,38 @@ def test_of_two_nodes_torch_could_mean_the_one_whose_output_was_written_over(tmp
     op_of = {n["id"]: n.get("op") for n in graph["nodes"]}
     src_of = {op["id"]: op.get("src") for op in graph["ops"]}
     assert src_of[op_of[node]] == f"{Path(__file__).name}:{first + 1}"  # the first tanh's node
+
+
+class Queue(nn.Module):
+    """MoCo's negatives without ``.clone()``: the logits read the queue buffer, then the keys
+    are enqueued into it in place under no_grad -- a tensor with no grad_fn, so torch's message
+    names no node, only its shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Linear(8, 4)
+        self.register_buffer("queue", torch.randn(4, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.enc(x)
+        logits = q @ self.queue  # MmBackward0 saves the queue
+        with torch.no_grad():
+            self.queue[:, : len(x)] = q.T  # the enqueue, in place
+        return logits
+
+
+def test_an_in_place_write_into_a_buffer_without_grad_fn_is_found_by_its_shape(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Queue()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "queue.tscope"
+    with torchscope.watch(model, opt, server=None, record=path), pytest.raises(RuntimeError, match="inplace"):
+        nn.functional.cross_entropy(model(torch.randn(3, 8)), torch.zeros(3, dtype=torch.long)).backward()
+    events = list(iter_events(path))
+    (p8,) = [f for f in diagnose(events) if f["code"] == "P8"]
+    assert "(aten::copy_)" in p8["message"] and "MmBackward0" in p8["message"], p8["message"]
+    first = Queue.forward.__code__.co_firstlineno
+    assert p8["src"] == f"{Path(__file__).name}:{first + 4}"  # the enqueue's line
+    (graph,) = [e for e in events if e["kind"] == "graph"]
+    node = next(t["node"] for t in p8["targets"] if "node" in t)
+    assert next(n["name"] for n in graph["nodes"] if n["id"] == node) == "MmBackward0"
