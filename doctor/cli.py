@@ -88,13 +88,13 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         print(f"{path}: no problems found ({last_step + 1} steps).")
     else:
         errors = sum(1 for f in findings if f.get("severity") == "error")
-        print(f"{path}: {len(findings)} finding(s), {errors} error(s), {last_step + 1} steps\n")
+        print(f"{path}: {_count(len(findings), 'finding')}, {_count(errors, 'error')}, {_count(last_step + 1, 'step')}\n")
         print("\n\n".join(format_finding(f, last_step) for f in findings))
     if not ended or torn:
         # on stderr: --json's output stays the findings alone
         cut = f"{torn:,} bytes after its last whole frame were dropped" if torn else "it has no end event"
         print(f"torchscope doctor: note: {path} is incomplete ({cut}: the run was killed, or the file was cut "
-              f"short); the findings cover the {last_step + 1} step(s) it holds.", file=sys.stderr)
+              f"short); the findings cover the {_count(last_step + 1, 'step')} it holds.", file=sys.stderr)
     partial = sorted({ev.get("step", -1) for ev in events if ev.get("kind") == "graph" and ev.get("shed_ops")})
     if partial:
         session = next((ev for ev in events if ev.get("kind") == "session"), None)
@@ -102,7 +102,7 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         cap = settings_of.get("max_ops") if isinstance(settings_of, dict) else None
         first = f"its first {cap:,} ops" if isinstance(cap, int) else "its first ops"
         shown = ", ".join(map(str, partial[:5])) + (f" and {len(partial) - 5} more" if len(partial) > 5 else "")
-        print(f"torchscope doctor: note: the graphs of {len(partial)} step(s) are partial (step {shown}: a step's "
+        print(f"torchscope doctor: note: the graphs of {_count(len(partial), 'step')} are partial (step {shown}: a step's "
               f"graph holds {first}); findings that follow ops (P1, P9, where a NaN began) see those only.",
               file=sys.stderr)
     return 1 if any(f.get("severity") == "error" for f in findings) else 0
@@ -133,3 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"

@@ -167,5 +167,7 @@ def target_of_op(step: int, rank: int, op: dict[str, Any]) -> dict[str, Any]:
 
 def op_label(op: dict[str, Any]) -> str:
     name = str(op.get("name", "op"))
+    if name.startswith("torch::"):  # a torch-level call the function mode saw: as the user wrote it
+        name = name.removeprefix("torch::") + ("" if name.endswith(".data") else "()")
     module = as_dict(op).get("module")
     return f"{name} in {module!r}" if module else name
