@@ -174,8 +174,11 @@ class StepEvent(TypedDict, total=False):
     activation_grads: list[ActivationGrad]  # sampled module-output gradient stats
     memory: MemoryStats
     lr: list[float]  # per param group
-    zero_grad: int  # optimizer.zero_grad()/model.zero_grad() calls since the previous step
-    zero_grad_set_to_none: bool
+    # gradient resets seen by the step's backward passes, read from the gradients (zero_grad() is
+    # not hooked): every watched .grad None or zero before its first pass (zero_grad(), or none
+    # yet on the first step), and again between passes (an LBFGS closure's)
+    zero_grad: int
+    zero_grad_set_to_none: bool  # those gradients were None, not zeros, before the first pass
     modes: dict[str, bool]  # module path -> training flag, only modules that differ from the root
     training: bool  # root module's mode
     scaler: dict[str, float | bool]  # GradScaler: scale, skipped (bool), growth_tracker
