@@ -40,6 +40,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from . import _compile, _cuda, _native, _sigterm, _warnings
 from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin
 from ._grads import GradRead, PiecewiseRead, StatsRead, count_nonzero, nonzero_grads
+from ._holders import container_of
 from ._hooks import Retained, retained
 from ._interpose import Interposer, insert_mode, remove_mode
 from ._memory import StorageSizes, grad_storages, optimizer_tensors, storage_parts, storages
@@ -95,7 +96,7 @@ class _Sentinel:
     """Lives in a backward root's (or a forward output's) ``metadata``: dies with the node, so
     a live weak reference at a later step boundary means that step's graph is still reachable (P7)."""
 
-    __slots__ = ("step", "nodes", "saved", "usable", "output", "fed", "src", "held_at", "__weakref__")
+    __slots__ = ("step", "nodes", "saved", "usable", "output", "fed", "src", "held_at", "loss", "__weakref__")
 
     def __init__(self, step: int, nodes: int, src: str, output: bool = False) -> None:
         # src: the user's line of the backward (or of the forward, for an output) it belongs to
@@ -109,6 +110,7 @@ class _Sentinel:
         self.usable = output
         self.fed = False  # a later step's graph contains it: an output carried into the next forward
         self.held_at = ""  # the user's line of a call that took the loss into a new graph (total += loss)
+        self.loss: weakref.ref[torch.Tensor] | None = None  # the backward's root, for what holds it (_held_in)
 
 
 class _Nested(NamedTuple):
@@ -577,6 +579,8 @@ class Watch:
         # forward, for the one that takes the loss in (_on_holder); for at most _PROBE_STEPS steps
         self._probing = False
         self._probe_left = _PROBE_STEPS
+        # the named container keeping earlier steps' losses (_held_in): None until looked for
+        self._held_in: str | None = None
         self._nest_check = False  # the last boundary saw a graph a later backward can go through alive
         # default mode: a backward failed on a step not captured; steps are captured (at most
         # _FAILURE_TRIES) until one with a failing backward is, so the doctor can name the op
@@ -1604,11 +1608,12 @@ class Watch:
                 out.nodes, out.saved, out.usable = own_nodes, kept_saved, bool(retain)
         for out_sent, out_nodes, out_saved in outputs:  # or, nested in earlier steps' graphs, just this size
             out_sent.nodes, out_sent.saved = out_nodes, out_saved if retain else 0
-        for fn, held in zip(fns, held_at, strict=True):
+        for t, fn, held in zip(roots, fns, held_at, strict=True):
             if fn is not None:
                 fn.metadata.pop("torchscope_out_sentinel", None)  # the output is the loss: one sentinel
                 sentinel = _Sentinel(self._step, own_nodes, s.backward_src[-1] if s.backward_src else "")
                 sentinel.saved, sentinel.usable, sentinel.held_at = kept_saved, bool(retain), held
+                sentinel.loss = weakref.ref(t)
                 fn.metadata["torchscope_sentinel"] = sentinel  # type: ignore[index]
                 self._sentinels.append(weakref.ref(sentinel))
         if retain:
@@ -2548,6 +2553,24 @@ class Watch:
             self._probe_left = 0  # found: the doctor reads it from this event
         self._probing = bool(kept and kept["of"] == "loss" and self._probe_left > 0)
         self._probe_left -= self._probing
+        if kept and kept["of"] == "loss" and "held_at" not in kept and not self._probing:
+            held_in = self._held_in if self._held_in is not None else self._safe("kept", self._find_holder)
+            if held_in:
+                kept["held_in"] = held_in
+
+    def _find_holder(self) -> str | None:
+        """Once, when the probe saw no torch call keep them and losses of two or more earlier
+        steps are alive: the user's named container (or variable) holding the latest of them
+        (``history.append(loss)``), found through the garbage collector's referrers."""
+        losses = [sent for ref in self._sentinels if (sent := ref()) is not None and not sent.output
+                  and sent.step < self._step and sent.loss is not None]
+        if len({sent.step for sent in losses}) < 2:
+            return None  # one step's loss (``loss = train_step()`` keeps the last): not yet
+        latest = max(losses, key=lambda sent: sent.step)
+        t = latest.loss() if latest.loss is not None else None
+        self._held_in = container_of(t) if t is not None else ""
+        del t
+        return self._held_in
 
     def _on_holder(self, args: tuple[Any, ...]) -> None:
         """While probing: a call of the user's outside the forward made a tensor with a graph.

@@ -152,6 +152,10 @@ class GraphsKept(TypedDict, total=False):
     # a kept loss: the user's line of the call that took it into a graph of its own (`total +=
     # loss`), watched for from the boundary that first finds a loss kept; absent when unseen
     held_at: str
+    # no such call seen and losses of two or more earlier steps alive: the user's named container
+    # or variable holding the latest, "'history' (a list)" (`history.append(loss)`), "'.losses' (a
+    # list)" (an instance's attribute), "'best' (a global variable)"
+    held_in: str
 
 
 class StepEvent(TypedDict, total=False):

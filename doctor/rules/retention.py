@@ -54,12 +54,14 @@ def _kept(run: Run) -> dict[str, object]:
     with the line that took a kept loss in, from whichever step the capture saw it at (it
     looks for it over a few steps only)."""
     kept: dict[str, object] = {}
+    held_in = ""
     for _, ev in reversed(list(run.step_events())):
         this = as_dict(ev.get("graphs_kept"))
         kept = kept or this
         if kept and this.get("of") == kept.get("of") and this.get("held_at"):
             return {**kept, "held_at": this["held_at"]}
-    return kept
+        held_in = held_in or str(this.get("held_in") or "")
+    return {**kept, "held_in": held_in} if held_in and kept.get("of") == "loss" else kept
 
 
 def _hook_bytes(ev: dict[str, object]) -> int:
@@ -86,8 +88,13 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
     if known:
         span = alive[-1][0] - alive[0][0]
         nodes = f", +{(alive[-1][1] - alive[0][1]) / span:.0f} per step" if span > 0 and alive[-1][1] > alive[0][1] else ""
+        why = _KEPT.get(str(kept.get("of")), _KEPT[""])
+        if kept.get("held_in"):  # the container the garbage collector found holding them
+            why = (f"the losses that backward() was called on stay referenced after their step, held by "
+                   f"{kept['held_in']}: each keeps its step's graph (`history.append(loss)`); keep "
+                   "`loss.item()` or `loss.detach()` there instead.")
         message = (f"Autograd graphs of earlier steps are still alive ({alive[-1][1]} nodes at step {alive[-1][0]}{nodes}"
-                   f"{growth}, {describe_steps(steps, run.last_step)}): {_KEPT.get(str(kept.get('of')), _KEPT[''])}")
+                   f"{growth}, {describe_steps(steps, run.last_step)}): {why}")
     else:
         message = (f"Live memory at step boundaries grows every step (+{fmt_bytes(per_step)} per step, "
                    f"{describe_steps(steps, run.last_step)}): something keeps tensors (often their graphs) across steps.")

@@ -160,3 +160,55 @@ def _line(src: str) -> str:
     name, _, line = src.rpartition(":")
     assert name == Path(__file__).name
     return Path(__file__).read_text().splitlines()[int(line) - 1].strip()
+
+
+class _Trainer:
+    """A loop in a class, its history of losses an attribute."""
+
+    def __init__(self, path: Path) -> None:
+        torch.manual_seed(0)
+        self.model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.losses: list[torch.Tensor] = []
+        self.path = path
+
+    def fit(self, steps: int) -> None:
+        with torchscope.watch(self.model, self.opt, server=None, record=self.path):
+            for _ in range(steps):
+                loss = self.model(torch.randn(4, 8)).pow(2).mean()
+                self.opt.zero_grad()
+                loss.backward()
+                self.opt.step()
+                self.losses.append(loss)
+
+
+@pytest.mark.parametrize("where", ["local_list", "attribute", "last_loss_only"])
+def test_p7_names_the_container_that_keeps_the_losses(tmp_path: Path, where: str) -> None:
+    """``history.append(loss)`` is no torch call the mode could see: once losses of two earlier
+    steps are alive, the garbage collector's referrers name what holds them -- a list in a
+    local variable, an instance's attribute.  A loop keeping only its last loss (``loss`` until
+    the next iteration) names nothing: no P7 either."""
+    path = tmp_path / f"{where}.tscope"
+    if where == "attribute":
+        _Trainer(path).fit(8)
+    else:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        history = []
+        with torchscope.watch(model, opt, server=None, record=path):
+            for _ in range(8):
+                loss = model(torch.randn(4, 8)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if where == "local_list":
+                    history.append(loss)
+    held = {e["graphs_kept"].get("held_in") for e in _steps(path) if "graphs_kept" in e} - {None}
+    p7 = [f for f in diagnose(iter_events(path)) if f["code"] == "P7"]
+    if where == "last_loss_only":
+        assert held == set() and p7 == []
+        return
+    want = {"local_list": "'history' (a list)", "attribute": "'.losses' (a list)"}[where]
+    assert held == {want}
+    assert len(p7) == 1 and f"held by {want}" in p7[0]["message"], p7
