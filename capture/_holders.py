@@ -22,21 +22,16 @@ _CONTAINERS = (list, dict, tuple, set)
 
 def container_of(obj: Any) -> str:
     """What of the user's holds ``obj``: ``'history' (a list)``, ``'.losses' (a list)`` (an
-    instance's attribute), ``'best' (a global variable)``, ``'best' (a local variable)``; ""
-    when nothing named does."""
-    local = _local_name(obj)
-    if local:
-        return f"'{local}' (a local variable)"
+    instance's attribute), ``'best' (a variable)``, ``'.best' (an attribute)``; "" when nothing
+    named does."""
+    name = _name_of(obj)
+    if name:
+        kind = "an attribute" if name.startswith("'.") else "a variable"
+        return f"{name} ({kind})"
     referrers = gc.get_referrers(obj)
     try:
         for holder in referrers:
-            if holder is referrers:
-                continue
-            if _is_globals(holder):
-                found = _key_of(holder, obj)
-                if found:
-                    return f"'{found}' (a global variable)"
-            elif isinstance(holder, _CONTAINERS):
+            if holder is not referrers and isinstance(holder, _CONTAINERS) and not _is_globals(holder):
                 name = _name_of(holder)
                 if name:
                     return f"{name} (a {type(holder).__name__})"
@@ -49,39 +44,28 @@ def _is_globals(d: Any) -> bool:
     return isinstance(d, dict) and "__name__" in d and "__builtins__" in d
 
 
-def _local_name(obj: Any) -> str:
-    """The name of a local variable of the user's, in the running frames, that is ``obj``.
-    (Running frames are no referrers to the garbage collector: their locals are walked here.)"""
+def _name_of(x: Any) -> str:
+    """How the user names ``x``: ``'name'``, a local variable of a running frame or a module's
+    global; ``'.name'``, an object's attribute; "" for none.  (Running frames are no referrers
+    to the garbage collector: their locals are walked.)"""
     f: types.FrameType | None = sys._getframe(1)
     while f is not None:
         if not _is_internal(f.f_code.co_filename):  # not torch's, not ours
-            found = _key_of(f.f_locals, obj)
+            found = _key_of(f.f_locals, x)
             if found:
-                return found
+                return f"'{found}'"
         f = f.f_back
-    return ""
-
-
-def _name_of(container: Any) -> str:
-    """How the user names ``container``: a local or global variable, or an attribute."""
-    local = _local_name(container)
-    if local:
-        return f"'{local}'"
-    owners = gc.get_referrers(container)
+    owners = gc.get_referrers(x)
     try:
         for owner in owners:
             if owner is owners or isinstance(owner, (types.FrameType, type, types.ModuleType)):
                 continue
-            if isinstance(owner, dict):
-                found = _key_of(owner, container)
-                if found:
-                    # a module's globals name it by itself; any other dict (an instance's
-                    # __dict__) by an attribute
-                    return f"'{found}'" if _is_globals(owner) else f"'.{found}'"
-            elif isinstance(getattr(owner, "__dict__", None), dict):
-                found = _key_of(vars(owner), container)  # an instance whose __dict__ is not an object yet
-                if found:
-                    return f"'.{found}'"
+            # a module's globals name it by itself; an instance's __dict__ (or, not made into
+            # a dict object yet, the instance itself) by an attribute
+            attrs = owner if isinstance(owner, dict) else getattr(owner, "__dict__", None)
+            found = _key_of(attrs, x) if isinstance(attrs, dict) else ""
+            if found:
+                return f"'{found}'" if _is_globals(owner) else f"'.{found}'"
         return ""
     finally:
         del owners

@@ -154,7 +154,7 @@ class GraphsKept(TypedDict, total=False):
     held_at: str
     # no such call seen and losses of two or more earlier steps alive: the user's named container
     # or variable holding the latest, "'history' (a list)" (`history.append(loss)`), "'.losses' (a
-    # list)" (an instance's attribute), "'best' (a global variable)"
+    # list)" (an instance's attribute), "'best' (a variable)"
     held_in: str
 
 
