@@ -50,10 +50,14 @@ def _status(text: str) -> None:
     sys.stderr.flush()
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = None) -> int:
     """Print the findings of the session file at `path`; 1 if any is an error, 0 if none, 2 on bad input."""
     # Imported here: the codec pulls zlib/struct only, but keeping the doctor's import light matters in the server.
-    from torchscope.sessionfile import SessionFileError, iter_events, torn_bytes
+    from torchscope.sessionfile import SessionFileError, iter_events, salvage
 
     try:
         settings = Settings.from_overrides(overrides)
@@ -70,7 +74,7 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
                 last_step = max(last_step, ev["step"])
                 if tell and ev["step"] % 5000 == 4999:
                     _status(f"read {ev['step'] + 1:,} steps")
-        torn = torn_bytes(path)
+        left_out = salvage(path).note(os.path.basename(path))  # damage or a torn tail, in one line
     except (SessionFileError, OSError, ValueError) as exc:
         print(f"torchscope doctor: {exc}", file=sys.stderr)
         return 2
@@ -90,11 +94,13 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         errors = sum(1 for f in findings if f.get("severity") == "error")
         print(f"{path}: {_count(len(findings), 'finding')}, {_count(errors, 'error')}, {_count(last_step + 1, 'step')}\n")
         print("\n\n".join(format_finding(f, last_step) for f in findings))
-    if not ended or torn:
-        # on stderr: --json's output stays the findings alone
-        cut = f"{torn:,} bytes after its last whole frame were dropped" if torn else "it has no end event"
-        print(f"torchscope doctor: note: {path} is incomplete ({cut}: the run was killed, or the file was cut "
-              f"short); the findings cover the {_count(last_step + 1, 'step')} it holds.", file=sys.stderr)
+    # on stderr: --json's output stays the findings alone
+    if left_out:
+        print(f"torchscope doctor: note: {left_out}; the findings cover the {_count(last_step + 1, 'step')} it "
+              "holds.", file=sys.stderr)
+    elif not ended:
+        print(f"torchscope doctor: note: {path} is incomplete (it has no end event: the run was killed); the "
+              f"findings cover the {_count(last_step + 1, 'step')} it holds.", file=sys.stderr)
     partial = sorted({ev.get("step", -1) for ev in events if ev.get("kind") == "graph" and ev.get("shed_ops")})
     if partial:
         session = next((ev for ev in events if ev.get("kind") == "session"), None)
@@ -134,6 +140,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"

@@ -12,7 +12,7 @@ import pytest
 from doctor_events import clean_run, grads, session, step
 
 from torchscope.doctor.cli import run
-from torchscope.sessionfile import SessionFileWriter
+from torchscope.sessionfile import FRAME_HEADER_SIZE, HEADER_SIZE, SessionFileWriter
 
 
 def write(path: Path, events: list[dict[str, Any]]) -> Path:
@@ -127,6 +127,27 @@ def test_an_incomplete_file_is_said_to_be(tmp_path: Path, capsys: pytest.Capture
     assert "is incomplete" in err and "bytes after its last whole frame were dropped" in err
     assert run(str(cut), as_json=True) == 0
     assert json.loads(capsys.readouterr().out) == []  # --json stays the findings alone
+
+
+def test_a_file_damaged_in_the_middle_is_diagnosed_up_to_the_damage(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """One flipped byte inside a frame before the last: the frames before it are diagnosed,
+    and the note says where the damage is and what was dropped -- not that the run was killed."""
+    events = [e for e in [*clean_run(), {"kind": "end", "t": 0.0, "status": "finished", "steps": 8}] if e["kind"] != "graph"]
+    whole = tmp_path / "whole.tscope"
+    writer = SessionFileWriter(whole)
+    half = len(events) // 2
+    writer.append(events[:half])  # two frames: the damage is in the first, not a torn tail
+    writer.append(events[half:])
+    writer.close()
+    data = bytearray(whole.read_bytes())
+    data[(HEADER_SIZE + FRAME_HEADER_SIZE) + 4] ^= 0xFF  # inside the first frame's payload
+    damaged = tmp_path / "damaged.tscope"
+    damaged.write_bytes(bytes(data))
+    assert run(str(damaged)) == 0
+    err = capsys.readouterr().err
+    assert "damaged.tscope is damaged at byte" in err and "were dropped" in err and "killed" not in err, err
+    assert "findings cover the" in err
 
 
 def test_a_finding_with_many_targets_says_how_many_it_leaves_out() -> None:
