@@ -517,10 +517,9 @@ class Watch:
         self.session_id = session_id(self.name, self._rank)
         base = os.fspath(record) if record is not None else _default_record(self.name, self._rank)
         self.path = rank_path(base, self._rank)
-        autostart = server == "auto"
-        if server == "auto":
-            server = os.environ.get("TORCHSCOPE_SERVER") or "http://127.0.0.1:6150"
-        self._server = server.rstrip("/") if server else None
+        from .transport import resolve_server  # imported with the transport, not by `import torchscope`
+
+        self._server, autostart = resolve_server(server)
         token = token or os.environ.get("TORCHSCOPE_TOKEN")
         if self._server:
             self.url = f"{self._server}/sessions/{self.session_id}"

@@ -25,7 +25,10 @@ the standard library, which the capture side is limited to.
 Data only: payloads are JSON, never pickle; lengths and counts are bounded by the limits in
 ``schema``.  A damaged *last* frame is a torn tail and is dropped; damage anywhere else (CRC,
 bounds, sequence, a header that disagrees with its payload) raises ``SessionFileError`` naming
-the byte offset, rather than silently cutting the session short.  See docs/session-format.md.
+the byte offset, rather than silently cutting the session short.  The whole-file readers
+(``torchscope info``, the doctor, an import) read through ``salvage`` instead: the frames
+before the first damaged one, and a note (``Readable.note``) saying what was dropped.  See
+docs/session-format.md.
 """
 
 from __future__ import annotations
@@ -457,9 +460,10 @@ def read_frames(path: str | os.PathLike[str], frames: Iterable[FrameInfo]) -> It
 
 
 def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Every readable event of a session file, in order.  Series frames (1.1) are skipped:
+    """Every readable event of a session file, in order: the events of the frames ``salvage``
+    keeps (``torn_bytes`` says how many bytes it left out).  Series frames (1.1) are skipped:
     their records are derived from the step events, not events."""
-    _, frames = index(path)
+    frames = salvage(path).frames
     for events in read_frames(path, [f for f in frames if not f.flags & FLAG_SERIES]):
         yield from events
 
@@ -477,27 +481,128 @@ def check_frames(path: str | os.PathLike[str], frames: Iterable[FrameInfo]) -> I
 
 
 def torn_bytes(path: str | os.PathLike[str]) -> int:
-    """Bytes after the file's last whole frame, which readers drop: a writer killed mid-write,
-    or a file cut short in transit."""
-    frames = index(path)[1]
-    end = frames[-1].offset + FRAME_HEADER_SIZE + frames[-1].length if frames else HEADER_SIZE
-    return max(os.path.getsize(path) - end, 0)
+    """Bytes after the last frame ``salvage`` keeps, which readers drop: a writer killed
+    mid-write, a file cut short in transit, or everything from a damaged frame on."""
+    return salvage(path).dropped
 
 
 def no_frames(path: str | os.PathLike[str]) -> str:
     """Why a file with no whole frame has none, in one line: a header alone is a run that
     ended (or was killed) before its writer's first write; anything else is cut or damaged."""
-    name = os.path.basename(path)
-    if os.path.getsize(path) == HEADER_SIZE:
+    return _no_frames(os.path.basename(path), os.path.getsize(path))
+
+
+def _no_frames(name: str, size: int) -> str:
+    if size == HEADER_SIZE:
         return (f"{name} holds no events: the run ended (or was killed) before its first write, within "
                 "a fraction of a second of its first forward")
     return f"{name} holds no complete frame (truncated or corrupt)"
 
 
-def raw_frames(path: str | os.PathLike[str]) -> Iterator[bytes]:
-    """Every whole frame's raw bytes (header + payload) — what an import sends to the store."""
-    _, frames = index(path)
+def raw_frames(path: str | os.PathLike[str], frames: Iterable[FrameInfo] | None = None) -> Iterator[bytes]:
+    """The raw bytes (header + payload) of ``frames`` (default: every frame ``salvage`` keeps)
+    — what an import sends to the store."""
+    if frames is None:
+        frames = salvage(path).frames
     with _open(path) as f:
         for info in frames:
             f.seek(info.offset)
             yield f.read(FRAME_HEADER_SIZE + info.length)
+
+
+# ---------------------------------------------------------------------- salvage
+@dataclass(frozen=True)
+class Readable:
+    """What the whole-file readers keep of a file (``salvage``): its whole frames, each
+    checksum-valid, up to the first damaged one, and what they leave out."""
+
+    version: tuple[int, int]
+    frames: list[FrameInfo]
+    size: int  # of the file
+    damage: str | None = None  # why reading stopped before the end; None: the end, or a torn tail
+    damage_at: int = -1  # the byte offset of the damaged frame
+
+    @property
+    def end(self) -> int:
+        """The offset just past the last frame kept."""
+        last = self.frames[-1] if self.frames else None
+        return last.offset + FRAME_HEADER_SIZE + last.length if last else HEADER_SIZE
+
+    @property
+    def dropped(self) -> int:
+        """Bytes after the last frame kept."""
+        return max(self.size - self.end, 0)
+
+    def error(self, name: str) -> str:
+        """The one line of a file of which nothing could be kept."""
+        if self.damage:
+            return f"{name} is corrupt at byte {self.damage_at}: {self.damage}"
+        return _no_frames(name, self.size)
+
+    def note(self, name: str) -> str | None:
+        """One line saying what readers left out, None when nothing: a file must never be read
+        short silently."""
+        if self.damage:
+            return (f"{name} is damaged at byte {self.damage_at:,} ({self.damage}): the {self.dropped:,} "
+                    f"bytes from there to its end were dropped; the {len(self.frames):,} frame"
+                    f"{'s' if len(self.frames) != 1 else ''} before it are read")
+        if self.dropped:
+            return (f"{name} is incomplete: the {self.dropped:,} bytes after its last whole frame were dropped "
+                    "(the run was killed, or the file was cut short)")
+        return None
+
+
+_CRC_CHUNK = 1 << 20
+
+
+def salvage(path: str | os.PathLike[str]) -> Readable:
+    """The frames of a file that can be read, for the readers that read it whole (info, the
+    doctor, an import): like ``index``, but every frame's checksum is checked as it goes (one
+    pass over the file, 1 MiB at a time), and damage that is not a torn tail stops the walk
+    instead of raising: the frames before the damaged one are kept, and ``Readable.damage``
+    says why the rest is not.  The frames after it are not read even when they look whole:
+    the seq chain (the store's key), the series frames' coverage of the step frames and the
+    headers (outside the checksum) all assume an unbroken file, and a reader that skipped a
+    frame would get a session no writer wrote.  Raises ``SessionFileError`` only for a file
+    that is not a session file at all (missing, foreign, newer major version)."""
+    name = os.path.basename(os.fspath(path))
+    with _open(path) as f:
+        version = check_file_header(f.read(HEADER_SIZE), name)
+        size = os.fstat(f.fileno()).st_size
+        frames: list[FrameInfo] = []
+        offset = HEADER_SIZE
+        damage: str | None = None
+        while offset + FRAME_HEADER_SIZE <= size:
+            f.seek(offset)
+            head = f.read(FRAME_HEADER_SIZE)
+            try:
+                info = parse_frame_header(head, offset)
+                if info.seq != len(frames):
+                    raise SessionFileError(f"frame {len(frames)} is out of sequence")
+            except SessionFileError as exc:
+                damage = None if _zeros_to_end(f, offset) else str(exc)
+                break
+            end = offset + FRAME_HEADER_SIZE + info.length
+            if end > size:
+                # cut short by the end of the file: a torn tail, unless a whole later frame shows the length lies
+                damage = "bad frame length" if _later_frame(f, offset + FRAME_HEADER_SIZE, info.seq + 1) else None
+                break
+            if not _crc_streamed(f, offset + FRAME_HEADER_SIZE, info.length, _FRAME.unpack(head)[2]):
+                # a last frame whose bytes never all reached the disk is a torn tail
+                damage = None if end == size or _zeros_to_end(f, end) else "frame checksum mismatch"
+                break
+            frames.append(info)
+            offset = end
+    return Readable(version, frames, size, damage, offset if damage else -1)
+
+
+def _crc_streamed(f: BinaryIO, start: int, length: int, crc: int) -> bool:
+    f.seek(start)
+    value = 0
+    while length > 0:
+        chunk = f.read(min(length, _CRC_CHUNK))
+        if not chunk:
+            return False
+        value = zlib.crc32(chunk, value)
+        length -= len(chunk)
+    return value == crc

@@ -62,6 +62,50 @@ _AUTOSTART_GRACE_S = 30.0  # how long a server started by this run may take to a
 _NET_ERRORS = (OSError, ValueError, TypeError, http.client.HTTPException)
 
 
+def server_url(text: str) -> str | None:
+    """``text`` as a server's base URL (no trailing slash), or None when it is not an http(s)
+    URL with a host (and a valid port, if it names one)."""
+    text = text.strip()
+    u = urllib.parse.urlsplit(text)
+    try:
+        u.port  # noqa: B018 - raises ValueError on a port that is no number, or out of range
+    except ValueError:
+        return None
+    return text.rstrip("/") if u.scheme in ("http", "https") and u.hostname else None
+
+
+def resolve_server(server: str | None) -> tuple[str | None, bool]:
+    """``watch(server=...)`` -> (the server URL to send to, None: the file only; whether to
+    start one when none answers).  "auto" is ``$TORCHSCOPE_SERVER`` or ``DEFAULT_SERVER``; a
+    ``$TORCHSCOPE_SERVER`` that is no http(s) URL is said in one line and recording goes to
+    the file only (it used to be sent to as is, and a server "started" for it)."""
+    if server != "auto":
+        return (server.rstrip("/") if server else None), False
+    text = os.environ.get("TORCHSCOPE_SERVER") or DEFAULT_SERVER
+    url = server_url(text)
+    if url is None:
+        print(f"torchscope: TORCHSCOPE_SERVER={text!r} is not an http(s) URL; recording to the file only",
+              file=sys.stderr)
+    return url, url is not None
+
+
+def local_port(url: str) -> int | None:
+    """The port of a server this machine can start for ``url``: a loopback host and an explicit
+    port; None for any other URL (a server started here would not answer there)."""
+    u = urllib.parse.urlsplit(url)
+    try:
+        port = u.port
+    except ValueError:
+        return None
+    return port if u.hostname in ("127.0.0.1", "localhost") and u.scheme == "http" and port else None
+
+
+def started_line(url: str, pid: int) -> str:
+    """What is said of a server started in the background: where, which process, how to stop it."""
+    return (f"started a torchscope server at {url} in the background (pid {pid}); it keeps running "
+            f"after this ends: stop it with `kill {pid}`")
+
+
 class ServerRefused(ValueError):
     """The server answered, with an error status (401: no or a wrong token)."""
 
@@ -134,6 +178,12 @@ class Transport:
     ) -> None:
         self.session_id = session_id
         self.rank = rank
+        if server and server_url(server) is None:
+            # (watch() checks its URL; $TORCHSCOPE_SERVER came here unchecked before resolve_server)
+            origin = "TORCHSCOPE_SERVER" if server == os.environ.get("TORCHSCOPE_SERVER") else "server"
+            print(f"torchscope: {origin}={server!r} is not an http(s) URL; recording to the file only",
+                  file=sys.stderr)
+            server, autostart = None, False
         self.server = server.rstrip("/") if server else None
         self.token = token
         self.autostart = autostart
@@ -417,7 +467,7 @@ class Transport:
         else:
             what = f"{where} never answered"
         url = urllib.parse.urlsplit(self.server or "")
-        if url.hostname in ("127.0.0.1", "localhost", "::1"):
+        if local_port(self.server or "") is not None:
             port = f" --port {url.port}" if url.port and url.port != urllib.parse.urlsplit(DEFAULT_SERVER).port else ""
             fix = f"torchscope open {self.path}{port} shows the whole run there"
         else:
@@ -462,10 +512,12 @@ class Transport:
         if not self.autostart or self._autostarted or self._answered or not self.server:
             return False
         self._autostarted = True
-        port = self.server.rsplit(":", 1)[-1].split("/")[0]
-        cmd = [sys.executable, "-m", "torchscope.server.cli", "serve", "--port", port, "--quiet"]
+        port = local_port(self.server)
+        if port is None:  # another machine's address: a server started here would not answer there
+            return False
+        cmd = [sys.executable, "-m", "torchscope.server.cli", "serve", "--port", str(port), "--quiet"]
         try:
-            subprocess.Popen(
+            proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -475,8 +527,8 @@ class Transport:
             )
             self._backoff = 0.25
             self._autostarted_at = time.monotonic()
-            print(f"torchscope: no server answered at {self.server}; started one in the background "
-                  f"(it keeps running after this script)", file=sys.stderr)
+            print(f"torchscope: no server answered at {self.server}; {started_line(self.server, proc.pid)}",
+                  file=sys.stderr)
             return True
         except OSError as exc:
             self._warn_once("autostart", f"torchscope: could not start a server ({exc}); recording to the file only")

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
 
-from .config import RUNNING_TIMEOUT_S, SILENT_SWEEP_S, Settings, version
+from .config import RUNNING_TIMEOUT_S, SILENT_SWEEP_S, Settings, is_loopback, version
 from .diagnostics import DoctorQueue, stop_children
 from .live import LiveHub
 from .routes_ingest import router as ingest_router
@@ -107,6 +107,6 @@ def create_app(settings: Settings | None = None) -> Any:
     app.include_router(ingest_router)
     app.include_router(sessions_router)
     app.mount("/static", StaticFiles(directory=_frontend_dir()), name="static")
-    wrapped = SecurityMiddleware(app, settings.allowed_hosts, settings.token)
+    wrapped = SecurityMiddleware(app, settings.allowed_hosts, settings.token, not is_loopback(settings.host))
     wrapped.fastapi = app  # type: ignore[attr-defined]
     return wrapped

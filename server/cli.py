@@ -17,7 +17,10 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from torchscope.sessionfile import Readable
 
 DESCRIPTION = "torchscope: see your PyTorch training live — graph, gradients and memory of every step."
 EPILOG = """examples:
@@ -55,6 +58,36 @@ def _port(text: str) -> int:
     return port
 
 
+_SERVER_ENV = ("server: --server URL, else $TORCHSCOPE_SERVER, else http://127.0.0.1:6150 (--port N: "
+               "http://127.0.0.1:N); a server on this machine's 127.0.0.1/localhost is started in the background "
+               "when none answers (its URL, pid and how to stop it are printed). $TORCHSCOPE_TOKEN: the token of a "
+               "server that needs one, as for watch().")
+_EXAMPLES = {
+    "serve": """examples:
+  torchscope serve                          dashboard at http://127.0.0.1:6150
+  torchscope serve --port 7000 --data runs/ another port, sessions stored under runs/
+  torchscope serve --host 0.0.0.0           reachable from other machines (a token is generated)
+  torchscope serve --verbose                uvicorn's log and one line per request""",
+    "open": """examples:
+  torchscope open run.tscope                     the server on 127.0.0.1:6150 (started if none answers)
+  torchscope open run.tscope --no-browser        print the URL only
+  torchscope open run.tscope --port 7000         the server on 127.0.0.1:7000
+  torchscope open run.tscope --server http://gpu-box:6150
+  TORCHSCOPE_SERVER=http://gpu-box:6150 TORCHSCOPE_TOKEN=... torchscope open run.tscope""",
+    "demo": """examples:
+  torchscope demo                        train 200 steps, watch them on http://127.0.0.1:6150
+  torchscope demo --steps 50 --no-browser
+  torchscope demo --server http://127.0.0.1:7000""",
+    "info": """examples:
+  torchscope info run.tscope
+  torchscope info torchscope-runs/*.tscope       one summary per file""",
+    "doctor": """examples:
+  torchscope doctor run.tscope
+  torchscope doctor run.tscope --json | jq '.[].code'
+  torchscope doctor run.tscope --set KEY=VALUE   (keys below)""",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .config import DEFAULT_HOST, DEFAULT_PORT, version
 
@@ -63,7 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"torchscope {version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    s = sub.add_parser("serve", help="run the dashboard server", description=(
+    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=description, epilog=_EXAMPLES[name],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    s = command("serve", "run the dashboard server", (
         "Run the dashboard server. It stores sessions in SQLite under --data and binds to "
         "127.0.0.1 unless --host says otherwise; bound to any other address it requires a token "
         "(generated and printed in the URL, or --token / $TORCHSCOPE_TOKEN)."))
@@ -74,32 +111,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--db", metavar="URL", help="store URL; only sqlite:///PATH today (default $TORCHSCOPE_DB "
                                                "or DIR/torchscope.db)")
     s.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    s.add_argument("--verbose", action="store_true", help="print uvicorn's log, with one line per request")
 
-    o = sub.add_parser("open", help="import a session file into the server and open it in the browser", description=(
+    o = command("open", "import a session file into the server and open it in the browser", (
         "Import a .tscope session file (a colleague's, or a run recorded without a server) into the "
-        "dashboard server on --port, started in the background when none answers, and open its page. "
-        "The file is read, never changed."))
+        "dashboard server and open its page. The file is read, never changed. " + _SERVER_ENV))
     o.add_argument("file", help="a .tscope session file")
-    o.add_argument("--port", type=_port, default=DEFAULT_PORT, help="server port (default %(default)s); "
-                   "a server is started in the background when none answers")
+    _server_options(o, DEFAULT_PORT)
     o.add_argument("--data", metavar="DIR", help="data directory of a server started here")
     o.add_argument("--no-browser", action="store_true", help="print the URL only")
 
-    d = sub.add_parser("demo", help="run a small CPU training with capture and show it live", description=(
-        "Train a small model on the CPU with torchscope.watch() and open its live dashboard: the "
-        "server on --port is used, or started in the background when none answers. The run is "
-        "also recorded to ./torchscope-runs/ (a .tscope file `torchscope open` reopens)."))
-    d.add_argument("--port", type=_port, default=DEFAULT_PORT, help="server port (default %(default)s)")
+    d = command("demo", "run a small CPU training with capture and show it live", (
+        "Train a small model on the CPU with torchscope.watch() and open its live dashboard. The run is "
+        "also recorded to ./torchscope-runs/ (a .tscope file `torchscope open` reopens). " + _SERVER_ENV))
+    _server_options(d, DEFAULT_PORT)
     d.add_argument("--steps", type=int, default=200, help="training steps (default %(default)s)")
     d.add_argument("--data", metavar="DIR", help="data directory of a server started here")
     d.add_argument("--no-browser", action="store_true", help="print the URL only")
 
-    i = sub.add_parser("info", help="summarize a session file", description=(
+    i = command("info", "summarize session files", (
         "Print what a .tscope session file holds: its model, steps, captured graphs, ranks and how "
-        "the run ended, without starting a server."))
-    i.add_argument("file", help="a .tscope session file")
+        "the run ended, without starting a server; one summary per file. A file cut short, or damaged "
+        "part way, is summarized up to there, and a note says what was dropped."))
+    i.add_argument("file", nargs="+", help="a .tscope session file (several: one summary each)")
 
-    dr = sub.add_parser("doctor", help="diagnose a session file (pitfalls P1-P15)", description=(
+    dr = command("doctor", "diagnose a session file (pitfalls P1-P15)", (
         "List the pitfalls found in a session file, each with its steps, a one-line explanation "
         "and a fix. Exit status: 0 no error-level finding (warnings and notes exit 0), 1 an error-level finding, 2 an unreadable file or bad option."))
     dr.add_argument("file", help="a .tscope session file")
@@ -107,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help=f"override a doctor threshold (repeatable); keys: {_doctor_keys()}")
     return p
+
+
+def _server_options(parser: argparse.ArgumentParser, default_port: int) -> None:
+    parser.add_argument("--server", metavar="URL", help="the server's URL (default $TORCHSCOPE_SERVER, "
+                        f"else http://127.0.0.1:{default_port})")
+    parser.add_argument("--port", type=_port, help="the server on 127.0.0.1:PORT (instead of --server)")
 
 
 def _doctor_keys() -> str:
@@ -146,6 +188,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.db_path  # noqa: B018 - validates the --db URL before anything starts
     except ConfigError as exc:
         raise CliError(str(exc), 2) from None
+    if settings.data_dir.exists() and not settings.data_dir.is_dir():
+        raise CliError(f"the data directory {settings.data_dir} is a file, not a directory: give --data a "
+                       "directory (created if missing)", 2)
     try:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -159,26 +204,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.quiet:
         url = settings.base_url() + "/" + (f"?token={settings.token}" if settings.token else "")
         print(f"torchscope dashboard: {url}  (data: {settings.data_dir})", flush=True)
-    config = uvicorn.Config(app, log_level="warning" if args.quiet else "info", access_log=False,
+    # uvicorn's own lines ("INFO: Started server process", one per request) only with --verbose:
+    # the dashboard line above is what a user needs, and warnings and errors still show
+    config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=args.verbose,
                             timeout_graceful_shutdown=3)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
 # ---------------------------------------------------------------------- files
-def _check_file(path_text: str) -> Path:
-    """A readable session file, or a one-line CliError naming what is wrong with it (exit 2:
-    bad input, as argparse's; `doctor` keeps 1 for an error-level finding, told apart in CI)."""
-    from torchscope.sessionfile import SessionFileError, index, no_frames
+def _check_file(path_text: str) -> tuple[Path, Readable]:
+    """A session file and what of it can be read (``sessionfile.salvage``), or a one-line
+    CliError naming what is wrong with it (exit 2: bad input, as argparse's; `doctor` keeps 1
+    for an error-level finding, told apart in CI)."""
+    from torchscope.sessionfile import SessionFileError, salvage
 
     path = Path(path_text)
     try:
-        _, frames = index(path)
+        found = salvage(path)
     except SessionFileError as exc:
         raise CliError(str(exc), 2) from None
-    if not frames:
-        raise CliError(no_frames(path), 2)
-    return path
+    if not found.frames:
+        raise CliError(found.error(path.name), 2)
+    return path, found
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -186,25 +234,66 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     from .fileinfo import summarize
 
-    path = _check_file(args.file)
-    try:
-        info = summarize(path)
-    except SessionFileError as exc:  # _check_file reads frame headers; a body can still be corrupt
-        raise CliError(str(exc), 2) from None
-    width = max(map(len, info)) + 2  # the longest label, its colon and a space
-    for key, value in info.items():
-        print(f"{key + ':':<{width}}{value}")
-    return 0
+    code = 0
+    for n, name in enumerate(args.file):
+        if n:
+            print(flush=True)
+        try:
+            path, found = _check_file(name)
+            try:
+                info = summarize(path, found)
+            except SessionFileError as exc:  # the checksums held; a record can still be bad
+                raise CliError(str(exc), 2) from None
+        except CliError as exc:
+            if len(args.file) == 1:
+                raise
+            print(f"torchscope info: {exc}", file=sys.stderr, flush=True)
+            code = max(code, exc.code)
+            continue
+        if len(args.file) > 1:
+            info = {"file": name, **info}
+        width = max(map(len, info)) + 2  # the longest label, its colon and a space
+        for key, value in info.items():
+            print(f"{key + ':':<{width}}{value}")
+    return code
+
+
+def _server_base(args: argparse.Namespace) -> str:
+    """The server `open` and `demo` use: --server, --port, $TORCHSCOPE_SERVER or the default,
+    as ``watch()`` finds it."""
+    from torchscope.transport import DEFAULT_SERVER, server_url
+
+    if args.server and args.port:
+        raise CliError("give --server or --port, not both", 2)
+    if args.port:
+        return f"http://127.0.0.1:{args.port}"
+    origin, text = ("--server", args.server) if args.server else ("TORCHSCOPE_SERVER", os.environ.get("TORCHSCOPE_SERVER"))
+    if not text:
+        return DEFAULT_SERVER
+    url = server_url(text)
+    if url is None:
+        sep = " " if origin.startswith("-") else "="
+        raise CliError(f"{origin}{sep}{text!r} is not an http(s) URL (e.g. {DEFAULT_SERVER})", 2)
+    return url
+
+
+def _say_started(args: argparse.Namespace, base: str, started: subprocess.Popen[bytes] | None) -> None:
+    """Where the server this command started in the background is, and how to stop it (said
+    once it stays: one started for a file the server then refused is stopped again)."""
+    if started is not None:
+        from torchscope.transport import started_line
+
+        print(f"torchscope {args.command}: {started_line(base, started.pid)}", file=sys.stderr, flush=True)
 
 
 def cmd_open(args: argparse.Namespace) -> int:
     from .client import ClientError, ensure_server, page_url, sessions, stop_server, upload
 
-    path = _check_file(args.file)
+    path, found = _check_file(args.file)
     token = os.environ.get("TORCHSCOPE_TOKEN") or None
     started = None
     try:
-        base, started = ensure_server(args.port, args.data)
+        base, started = ensure_server(_server_base(args), args.data)
         # a server that wants a token says so now: refused mid-upload, the socket would only say
         # "broken pipe"
         sessions(base, token)
@@ -214,6 +303,10 @@ def cmd_open(args: argparse.Namespace) -> int:
         if started is not None:
             stop_server(started)
         raise CliError(str(exc), exc.code) from None
+    _say_started(args, base, started)
+    note = res.get("note") or found.note(path.name)  # (a server of an earlier build says nothing)
+    if note:
+        print(f"torchscope open: note: {note}", file=sys.stderr, flush=True)
     url = page_url(base + res["url"], token)
     print(url, flush=True)
     if not args.no_browser:
@@ -278,10 +371,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError("--steps must be at least 1", 2)
     token = os.environ.get("TORCHSCOPE_TOKEN") or None
     try:
-        base, _ = ensure_server(args.port, args.data)
+        base, started = ensure_server(_server_base(args), args.data)
         known = {s["id"] for s in sessions(base, token)}  # and a server that wants a token says so now
     except ClientError as exc:
         raise CliError(str(exc), exc.code) from None
+    _say_started(args, base, started)
+    # (its watch() reads $TORCHSCOPE_TOKEN as this command did)
     proc = subprocess.Popen([sys.executable, "-m", "torchscope.demo_train", "--server", base,
                              "--steps", str(args.steps)])
     try:
@@ -300,8 +395,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\ndemo stopped; its runs stay on the dashboard at {page_url(base + '/', token)}", file=sys.stderr)
         return 130
     if code == 0:
-        print(f"demo finished; the dashboard stays at {page_url(base + '/', token)} "
-              "(the server keeps running in the background)", file=sys.stderr)
+        kept = f" (the server keeps running in the background: stop it with `kill {started.pid}`)" if started else ""
+        print(f"demo finished; the dashboard stays at {page_url(base + '/', token)}{kept}", file=sys.stderr)
     return code
 
 
@@ -320,7 +415,7 @@ def _demo_session(base: str, token: str | None, known: set[str], proc: subproces
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    path = _check_file(args.file)
+    path, _ = _check_file(args.file)
     overrides: dict[str, str] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
@@ -346,7 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except CliError as exc:
-        print(f"torchscope: {exc}", file=sys.stderr)
+        # "torchscope open: ...", as argparse's errors and the doctor's own lines name the command
+        print(f"torchscope {args.command}: {exc}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchscope.transport import NEEDS_TOKEN, WRONG_TOKEN
+from torchscope.transport import NEEDS_TOKEN, WRONG_TOKEN, local_port
 
 
 class ClientError(RuntimeError):
@@ -66,22 +66,29 @@ def health(base: str, timeout: float = 1.0) -> dict[str, Any] | None:
 
 
 def ensure_server(
-    port: int, data: str | None = None, timeout: float = 30.0
+    base: str, data: str | None = None, timeout: float = 30.0
 ) -> tuple[str, subprocess.Popen[bytes] | None]:
-    """The URL of a torchscope server on 127.0.0.1:port, started in its own process session
-    (so it outlives this command and the user can keep browsing) when none answers, and that
-    process when this call started it (None: a server was already running)."""
-    base = f"http://127.0.0.1:{port}"
+    """``base`` when a torchscope server answers there; else, for a loopback URL with a port
+    (``transport.local_port``), a server started there in its own process session (so it
+    outlives this command and the user can keep browsing), and that process (None: a server
+    was already running)."""
     if health(base):
         return base, None
+    port = local_port(base)
+    if port is None:
+        raise ClientError(f"no torchscope server answers at {base}")
     if _listening(port):
         raise ClientError(f"port {port} is in use by another program (not a torchscope server); choose another with --port")
     cmd = [sys.executable, "-m", "torchscope.server.cli", "serve", "--port", str(port), "--quiet"]
     if data:
         cmd += ["--data", data]
     log_dir = Path(data).expanduser() if data else Path(os.environ.get("TORCHSCOPE_DATA", "~/.torchscope")).expanduser()
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_dir / "server.log", "ab") as log:
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(log_dir / "server.log", "ab")  # noqa: SIM115 - closed below, once the child has it
+    except OSError as exc:
+        raise ClientError(f"cannot write the server's log in {log_dir} ({exc.strerror})", 2) from None
+    with log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

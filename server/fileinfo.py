@@ -12,10 +12,10 @@ from torchscope.sessionfile import (
     FLAG_GRAPH,
     FLAG_SERIES,
     FrameInfo,
+    Readable,
     check_frames,
-    index,
     read_frames,
-    torn_bytes,
+    salvage,
 )
 
 
@@ -32,12 +32,12 @@ def _lone_graph(info: FrameInfo) -> bool:
     return bool(info.flags & FLAG_GRAPH) and info.n_events == 1
 
 
-def _events(path: Path) -> Iterator[dict[str, Any]]:
+def _events(path: Path, frames: list[FrameInfo]) -> Iterator[dict[str, Any]]:
     """``sessionfile.iter_events``, except that a frame holding one GraphEvent (by its header)
     is only checksummed, and stands as ``{"kind": "graph"}``: the summary counts graphs, and
     decoding their JSON was nearly all the time on a big file (4-5 s for 20 MiB).  A damaged
-    graph frame still stops the summary with the reader's error."""
-    _, frames = index(path)
+    graph frame still stops the summary with the reader's error (``salvage`` already checked
+    the checksums: only a frame damaged since can)."""
     for lone, group in itertools.groupby((f for f in frames if not f.flags & FLAG_SERIES), _lone_graph):
         if not lone:
             for events in read_frames(path, list(group)):
@@ -47,14 +47,25 @@ def _events(path: Path) -> Iterator[dict[str, Any]]:
             yield {"kind": "graph"}
 
 
-def summarize(path: Path) -> dict[str, Any]:
+def _ranks(session: dict[str, Any], ranks: set[int]) -> str:
+    """How many ranks the run had and which of them this file records ("ranks: 0" read as
+    none)."""
+    world = session.get("world_size")
+    world = world if isinstance(world, int) and world > 0 else len(ranks) or 1
+    mine = ", ".join(map(str, sorted(ranks))) or "0"
+    return f"{world} (rank {mine})" if world == 1 else f"{world} (this file: rank {mine})"
+
+
+def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
+    """The summary of a session file (``found``: its ``salvage``, when the caller has it)."""
+    found = found or salvage(path)
     session: dict[str, Any] = {}
     end: dict[str, Any] | None = None
     steps: set[int] = set()
     ranks: set[int] = set()
     graphs = 0
     t_first = t_last = None
-    for ev in _events(path):
+    for ev in _events(path, found.frames):
         kind = ev.get("kind")
         if kind == "session" and not session:
             session = ev
@@ -81,7 +92,7 @@ def summarize(path: Path) -> dict[str, Any]:
         "name": session.get("name", path.stem),
         "model": session.get("model", "?"),
         "steps": len(steps),
-        "ranks": ", ".join(map(str, sorted(ranks))) or "0",
+        "ranks": _ranks(session, ranks),
         "status": (
             f"{end.get('status', 'finished')}" + (f" — {end['message']}" if end.get("message") else "")
             if end
@@ -91,8 +102,8 @@ def summarize(path: Path) -> dict[str, Any]:
         "size": _size(os.path.getsize(path)),
         "duration": f"{stop - begin:.1f} s" if begin is not None and stop is not None else "?",
     }
-    torn = torn_bytes(path)
-    if torn:
-        info["torn tail"] = f"{_size(torn)} after the last whole frame not read (a writer killed mid-write)"
+    note = found.note(path.name)
+    if note:
+        info["note"] = note
     return info
 

@@ -6,7 +6,6 @@ line for a 400 or the CLI."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import types
 import typing
@@ -25,13 +24,13 @@ from torchscope.sessionfile import (
     FLAG_SERIES,
     FRAME_HEADER_SIZE,
     FrameInfo,
+    Readable,
     SessionFileError,
     check_records,
     decompress_payload,
-    index,
-    no_frames,
     parse_frame_header,
     raw_frames,
+    salvage,
 )
 
 from . import graphcheck
@@ -167,24 +166,24 @@ def split_frames(body: bytes) -> list[Frame]:
     return frames
 
 
-def file_index(path: Path) -> tuple[tuple[int, int], list[FrameInfo]]:
-    """Format version and whole frames of a ``.tscope`` file on disk (``sessionfile.index``:
-    headers only; a torn tail is dropped as the reader drops it); a file with no readable
-    frame is refused."""
+def file_index(path: Path) -> Readable:
+    """The frames of a ``.tscope`` file on disk that can be read (``sessionfile.salvage``: a
+    torn tail, or everything from a damaged frame on, dropped as the readers drop it, and
+    ``Readable.note`` says so); a file with no readable frame is refused."""
     try:
-        version, infos = index(path)
+        found = salvage(path)
     except SessionFileError as exc:
         raise BadFrames(str(exc)) from None
-    if not infos:
-        raise BadFrames(no_frames(path))
-    return version, infos
+    if not found.frames:
+        raise BadFrames(found.error(path.name))
+    return found
 
 
 def file_frames(path: Path, infos: list[FrameInfo], start: int = 0) -> Iterator[Frame]:
     """The frames of ``file_index`` from the ``start``-th on, read from disk one at a time,
-    each event validated; a bad one (past the torn tail ``index`` drops) is corruption, as for
-    the reader."""
-    for info, raw in itertools.islice(zip(infos, raw_frames(path), strict=True), start, None):
+    each event validated; a bad one (its checksum holds, so no damage ``salvage`` could see:
+    a bad writer or a crafted file) is corruption, as for the reader."""
+    for info, raw in zip(infos[start:], raw_frames(path, infos[start:]), strict=True):
         try:
             events = _decode(raw, info)
         except SessionFileError as exc:

@@ -72,6 +72,9 @@ class ImportResult(BaseModel):
     frames: int
     new_frames: int
     rank: int
+    # what of the file could not be read and was left out (a torn tail, or everything from a
+    # damaged frame on), one line; null when the whole file was read
+    note: str | None = None
 
 
 class Deleted(BaseModel):

@@ -85,4 +85,4 @@ async def import_session_file(request: Request, store: StoreDep, hub: HubDep, se
     if done.next_seq > done.before:
         request.app.state.schedule_diagnostics(done.session_id, done.rank)
     return ImportResult(id=done.session_id, url=f"/sessions/{done.session_id}", frames=done.next_seq,
-                        new_frames=done.next_seq - done.before, rank=done.rank)
+                        new_frames=done.next_seq - done.before, rank=done.rank, note=done.note)

@@ -80,7 +80,7 @@ async def _reply(send: Send, status: int, detail: str) -> None:
 _TOKEN_PAGE = b"""<!doctype html><html><head><meta charset="utf-8"><title>torchscope: token needed</title>
 <style>body{font:15px/1.5 system-ui,sans-serif;max-width:40em;margin:4em auto;padding:0 1em}code{background:#eee;padding:0 4px}</style>
 </head><body><h1>This torchscope server needs its token</h1>
-<p>It is reachable from other machines, so it opens only with the token it printed when it started
+<p>It opens only with the token it printed when it started%(why)s
 (a token given that is not it is refused too):
 open the URL it printed (it ends in <code>?token=...</code>), or add <code>?token=</code> and the token to this
 address. Your browser then keeps it for this server.</p>
@@ -88,18 +88,26 @@ address. Your browser then keeps it for this server.</p>
 </body></html>"""
 
 
-async def _reply_token_page(send: Send) -> None:
+def token_page(reachable: bool) -> bytes:
+    """The page, saying why the token is asked only where it is so: a server bound to a
+    loopback address with ``--token`` is not reachable from other machines."""
+    why = b", as it is reachable from other machines" if reachable else b""
+    return _TOKEN_PAGE % {b"why": why}
+
+
+async def _reply_token_page(send: Send, page: bytes) -> None:
     await send({"type": "http.response.start", "status": 401,
                 "headers": [(b"content-type", b"text/html; charset=utf-8"),
-                            (b"content-length", str(len(_TOKEN_PAGE)).encode())]})
-    await send({"type": "http.response.body", "body": _TOKEN_PAGE})
+                            (b"content-length", str(len(page)).encode())]})
+    await send({"type": "http.response.body", "body": page})
 
 
 class SecurityMiddleware:
-    def __init__(self, app: ASGIApp, allowed_hosts: set[str], token: str | None) -> None:
+    def __init__(self, app: ASGIApp, allowed_hosts: set[str], token: str | None, reachable: bool = True) -> None:
         self.app = app
         self.allowed_hosts = allowed_hosts
         self.token = token
+        self._token_page = token_page(reachable)  # ``reachable``: bound to a non-loopback address
 
     def _token_of(self, scope: Scope, headers: dict[bytes, bytes]) -> str | None:
         auth = headers.get(b"authorization", b"").decode("latin-1")
@@ -131,7 +139,7 @@ class SecurityMiddleware:
             given = self._token_of(scope, headers)
             if given is None or not secrets.compare_digest(given.encode(), self.token.encode()):
                 if scope.get("method") == "GET" and b"text/html" in headers.get(b"accept", b""):
-                    await _reply_token_page(send)  # a browser's page load
+                    await _reply_token_page(send, self._token_page)  # a browser's page load
                 elif given is None:
                     await _reply(send, 401, "this torchscope server needs its token (open the URL it printed)")
                 else:

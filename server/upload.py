@@ -217,6 +217,7 @@ class Imported:
     rank: int
     before: int  # frames of this rank the store held already
     next_seq: int
+    note: str | None = None  # what of the file was dropped (``Readable.note``): a torn tail, damage
     # what the browsers are told once it is stored: the last session/graph/step/end message
     messages: list[dict[str, Any]] = field(default_factory=list)
 
@@ -298,12 +299,14 @@ def import_file(store: Store, path: Path, imports: Imports) -> Imported:
     staged next to the file and committed whole; a rank the store holds already gets the
     frames it lacks, after the whole file was checked.  Raises ``BadFrames`` (nothing stored)."""
     with _collector_paused():
-        version, infos = file_index(path)
+        found = file_index(path)
+        version, infos = found.version, found.frames
         total = sum(FRAME_HEADER_SIZE + info.length for info in infos)
         with imports.track(ImportProgress(path.name, total)) as progress:
             batches = _batches(file_frames(path, infos))
             first = next(batches)
             imported = Imported(*_identity(first[:4]), 0, 0)  # the capture writes the session event first
+            imported.note = found.note(path.name)
             imported.before = store.frame_count(imported.session_id, imported.rank)
             if imported.before == 0 and _staged(store, path, version, itertools.chain([first], batches),
                                                 imported, progress):

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ServerProc
-from server_helpers import run_frames, write_file
+from conftest import ServerProc, free_port
+from server_helpers import frame_of_line, run_frames, write_file
 
 from torchscope.sessionfile import FRAME_HEADER_SIZE, file_header
 
@@ -70,15 +70,18 @@ def test_bad_files_one_line_nonzero(bad_files: dict[str, Path], command: str, ki
     assert res.returncode == 2  # as --help says: bad input (doctor's 1 is an error-level finding)
 
 
-def test_open_of_a_file_the_server_refuses_starts_no_server(bad_files: dict[str, Path], tmp_path: Path) -> None:
-    """A body the frame headers do not show damaged is refused by the server `open` started:
-    that server used to stay behind on the port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    res = cli("open", str(bad_files["corrupt"]), "--port", str(port), "--no-browser", "--data", str(tmp_path / "d"))
+def test_open_of_a_file_the_server_refuses_starts_no_server(tmp_path: Path) -> None:
+    """A body the CLI's check (headers and checksums) does not show bad -- a record that is not
+    JSON, its checksum right -- is refused by the server `open` started: that server used to
+    stay behind on the port."""
+    frames = run_frames("cli", steps=3)
+    bad = write_file(tmp_path / "bad.tscope", [frames[0], frame_of_line(1, b"not json"), *frames[2:]])
+    port = free_port()
+    res = cli("open", str(bad), "--port", str(port), "--no-browser", "--data", str(tmp_path / "d"))
     line = one_line_error(res)
-    assert res.returncode == 2 and line == "torchscope: corrupt.tscope is corrupt at byte 16: frame checksum mismatch"
+    offset = 16 + len(frames[0])
+    assert res.returncode == 2
+    assert line == f"torchscope open: bad.tscope is corrupt at byte {offset}: frame holds a record that is not JSON"
     assert (tmp_path / "d" / "torchscope.db").exists()  # a server was started and stored ...
     with socket.socket() as s:  # ... and is gone
         assert s.connect_ex(("127.0.0.1", port)) != 0
@@ -92,15 +95,16 @@ def test_info_summarizes(tmp_path: Path) -> None:
     assert all(v.startswith(" ") for v in fields.values())  # a space after every label's colon
     assert fields["name"].strip() == "run" and fields["model"].strip() == "MLP"
     assert fields["steps"].strip() == "7" and fields["graphs captured"].strip() == "2"
-    assert fields["status"].strip() == "finished" and fields["ranks"].strip() == "0"
-    assert "torn tail" not in fields
+    assert fields["status"].strip() == "finished" and fields["ranks"].strip() == "1 (rank 0)"
+    assert "note" not in fields
     # a killed writer's file: its last frame cut short is not read, and info says so
     frames = run_frames("cli-info", steps=7, graph_steps=(0, 5), end=False)
     torn = write_file(tmp_path / "torn.tscope", [*frames[:-1], frames[-1][:30]])
     res = cli("info", str(torn))
     assert res.returncode == 0, res.stderr
     fields = dict(line.split(":", 1) for line in res.stdout.splitlines())
-    assert fields["torn tail"].strip().startswith("30 B after the last whole frame")
+    assert fields["note"].strip() == ("torn.tscope is incomplete: the 30 bytes after its last whole frame were "
+                                      "dropped (the run was killed, or the file was cut short)")
     assert fields["status"].strip() == "ended unexpectedly"
 
 
@@ -234,3 +238,166 @@ def test_demo_shows_its_transformer_run_and_ctrl_c_ends_it_quietly(tmp_path: Pat
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         srv.stop()
+
+
+def _bare_env(**extra: str) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHSCOPE_SERVER", "TORCHSCOPE_TOKEN")}
+    return {**env, **extra}
+
+
+def test_open_follows_TORCHSCOPE_SERVER_and_its_token(tmp_path: Path) -> None:
+    """`open` used the server on --port's default (starting a second one there, unsaid) whatever
+    $TORCHSCOPE_SERVER said; now it goes where watch() sends runs, with $TORCHSCOPE_TOKEN, or to
+    --server."""
+    token = "t0ken-of-the-env"
+    path = write_file(tmp_path / "run.tscope", run_frames("cli-env", steps=3))
+    srv = ServerProc(tmp_path / "data", extra=["--token", token]).start()
+    try:
+        res = cli("open", str(path), "--no-browser", "--data", str(tmp_path / "elsewhere"),
+                  env=_bare_env(TORCHSCOPE_SERVER=srv.url + "/", TORCHSCOPE_TOKEN=token))
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == f"{srv.url}/sessions/cli-env?token={token}"
+        assert res.stderr == ""  # no server started, nothing to say
+        assert not (tmp_path / "elsewhere").exists()
+        again = write_file(tmp_path / "again.tscope", run_frames("cli-flag", steps=2))
+        res = cli("open", str(again), "--no-browser", "--server", srv.url,
+                  env=_bare_env(TORCHSCOPE_SERVER="http://127.0.0.1:1", TORCHSCOPE_TOKEN=token))
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == f"{srv.url}/sessions/cli-flag?token={token}"  # --server wins
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize(("args", "env", "expect"), [
+    (["open", "F", "--no-browser"], {"TORCHSCOPE_SERVER": "notaurl"},
+     "torchscope open: TORCHSCOPE_SERVER='notaurl' is not an http(s) URL (e.g. http://127.0.0.1:6150)"),
+    (["demo", "--no-browser", "--server", "ftp://x"], {},
+     "torchscope demo: --server 'ftp://x' is not an http(s) URL (e.g. http://127.0.0.1:6150)"),
+    (["open", "F", "--server", "http://127.0.0.1:1", "--port", "2"], {},
+     "torchscope open: give --server or --port, not both"),
+])
+def test_a_bad_server_is_one_line(tmp_path: Path, args: list[str], env: dict[str, str], expect: str) -> None:
+    path = write_file(tmp_path / "run.tscope", run_frames("cli-bad-server", steps=1))
+    res = cli(*[str(path) if a == "F" else a for a in args], env=_bare_env(**env))
+    assert one_line_error(res) == expect and res.returncode == 2
+
+
+def test_a_server_started_in_the_background_is_named_with_its_pid(tmp_path: Path) -> None:
+    """It used to say nothing (`open`) or "(it keeps running after this script)" (watch()):
+    now its URL, its pid and how to stop it."""
+    import os
+    import re
+    import signal
+
+    path = write_file(tmp_path / "run.tscope", run_frames("cli-started", steps=2))
+    port = free_port()
+    res = cli("open", str(path), "--port", str(port), "--no-browser", "--data", str(tmp_path / "d"), env=_bare_env())
+    assert res.returncode == 0, res.stderr
+    m = re.fullmatch(rf"torchscope open: started a torchscope server at http://127\.0\.0\.1:{port} in the "
+                     r"background \(pid (\d+)\); it keeps running after this ends: stop it with `kill (\d+)`",
+                     res.stderr.strip())
+    assert m and m[1] == m[2], res.stderr
+    pid = int(m[1])
+    try:
+        assert "torchscope.server.cli" in Path(f"/proc/{pid}/cmdline").read_bytes().decode().replace("\0", " ")
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) == 0
+    finally:
+        os.kill(pid, signal.SIGTERM)
+    # watch() says the same of the server it starts
+    code = ("import torch, torchscope; m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), 0.1)\n"
+            f"w = torchscope.watch(m, o, record={str(tmp_path / 'w.tscope')!r})\n"
+            "for _ in range(3): o.zero_grad(); m(torch.randn(4, 2)).sum().backward(); o.step()\n"
+            "w.close()\n")
+    port = free_port()
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env=_bare_env(TORCHSCOPE_SERVER=f"http://127.0.0.1:{port}",
+                                       TORCHSCOPE_DATA=str(tmp_path / "wd")))
+    m = re.search(rf"no server answered at http://127\.0\.0\.1:{port}; started a torchscope server at "
+                  rf"http://127\.0\.0\.1:{port} in the background \(pid (\d+)\).*stop it with `kill (\d+)`", run.stderr)
+    assert run.returncode == 0 and m and m[1] == m[2], run.stderr
+    os.kill(int(m[1]), signal.SIGTERM)
+
+
+def test_watch_with_a_malformed_TORCHSCOPE_SERVER_records_to_the_file_only(tmp_path: Path) -> None:
+    """It said "started one in the background" and started nothing."""
+    code = ("import torch, torchscope; m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), 0.1)\n"
+            f"w = torchscope.watch(m, o, record={str(tmp_path / 'w.tscope')!r})\n"
+            "for _ in range(3): o.zero_grad(); m(torch.randn(4, 2)).sum().backward(); o.step()\n"
+            "w.close()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env=_bare_env(TORCHSCOPE_SERVER="notaurl"))
+    assert run.returncode == 0, run.stderr
+    assert ("torchscope: TORCHSCOPE_SERVER='notaurl' is not an http(s) URL; recording to the file only"
+            in run.stderr.splitlines())
+    assert "started" not in run.stderr and "never answered" not in run.stderr, run.stderr
+    res = cli("info", str(tmp_path / "w.tscope"))
+    assert res.returncode == 0 and "status:          finished" in res.stdout
+
+
+def test_info_of_several_files(tmp_path: Path) -> None:
+    a = write_file(tmp_path / "a.tscope", run_frames("cli-a", steps=2))
+    b = write_file(tmp_path / "b.tscope", run_frames("cli-b", steps=5))
+    res = cli("info", str(a), str(b))
+    assert res.returncode == 0, res.stderr
+    blocks = [dict((k, v.strip()) for k, v in (ln.split(":", 1) for ln in block.splitlines()))
+              for block in res.stdout.strip().split("\n\n")]
+    assert [(f["file"], f["steps"]) for f in blocks] == [(str(a), "2"), (str(b), "5")]
+    # one unreadable among them: its one line, the others' summaries, exit 2
+    res = cli("info", str(a), str(tmp_path / "missing.tscope"), str(b))
+    assert res.returncode == 2 and res.stderr.strip() == f"torchscope info: {tmp_path / 'missing.tscope'}: no such file"
+    assert res.stdout.count("name:") == 2
+
+
+def test_doctor_reads_a_file_damaged_in_the_middle(tmp_path: Path) -> None:
+    frames = run_frames("cli-doc", steps=12, per_frame=2)
+    data = bytearray(file_header() + b"".join(frames))
+    offset = 16 + sum(map(len, frames[:4]))
+    data[offset + FRAME_HEADER_SIZE + 3] ^= 0xFF
+    path = tmp_path / "mid.tscope"
+    path.write_bytes(bytes(data))
+    res = cli("doctor", str(path))
+    assert res.returncode in (0, 1) and "Traceback" not in res.stderr, res.stderr
+    assert f"{len(data) - offset:,} bytes after its last whole frame were dropped" in res.stderr
+
+
+def test_serve_texts(tmp_path: Path) -> None:
+    """`--data FILE` says it is a file; uvicorn's INFO lines only with --verbose; the token page
+    of a server on 127.0.0.1 does not claim it is reachable from other machines."""
+    import urllib.error
+    import urllib.request
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("x")
+    line = one_line_error(cli("serve", "--data", str(notes), "--port", str(free_port())))
+    assert line == (f"torchscope serve: the data directory {notes} is a file, not a directory: give --data a "
+                    "directory (created if missing)")
+    for extra, expect_info in (([], False), (["--verbose"], True)):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "torchscope.server.cli", "serve", "--port", str(port),
+                                 "--data", str(tmp_path / "d"), "--token", "tok", *extra],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            from conftest import wait_for
+
+            assert wait_for(lambda port=port: socket.socket().connect_ex(("127.0.0.1", port)) == 0)
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Accept": "text/html"})
+            with pytest.raises(urllib.error.HTTPError) as page:
+                urllib.request.urlopen(req, timeout=10)
+            assert "needs its token" in (text := page.value.read().decode()) and "other machines" not in text
+        finally:
+            proc.terminate()
+            out, err = proc.communicate(timeout=30)
+        assert out.startswith(f"torchscope dashboard: http://127.0.0.1:{port}/?token=tok")
+        assert ("INFO:" in err) == expect_info, err
+        assert ('"GET / HTTP/1.1" 401' in out) == expect_info, out  # uvicorn's access lines go to stdout
+
+
+@pytest.mark.parametrize("command", ["serve", "open", "demo", "info", "doctor"])
+def test_every_command_help_has_examples(command: str) -> None:
+    res = cli(command, "--help")
+    assert res.returncode == 0 and "\nexamples:\n  torchscope " + command in res.stdout
+    if command in ("open", "demo"):
+        assert "TORCHSCOPE_SERVER" in res.stdout and "TORCHSCOPE_TOKEN" in res.stdout and "--server" in res.stdout

@@ -79,7 +79,7 @@ def test_a_run_shorter_than_the_server_it_starts_waits_for_it(tmp_path: Path) ->
         res = subprocess.run([sys.executable, str(HERE / "server_watch_train.py"), "auto", str(record), "3"],
                              env=env, capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
-        assert "started one in the background" in res.stderr
+        assert f"started a torchscope server at http://127.0.0.1:{port} in the background (pid " in res.stderr
         assert "never answered" not in res.stderr and "did not get" not in res.stderr, res.stderr
         assert _servers_on(port)  # it keeps running after the script, as it said
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/sessions", timeout=10) as r:

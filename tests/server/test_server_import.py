@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, ServerProc, run_script
+from server_helpers import frame_of_line
 
 from torchscope.server.client import upload
 from torchscope.server.upload import IMPORT_BATCH_BYTES
@@ -87,19 +88,32 @@ def test_real_run_imported_frame_by_frame_equals_the_file(server: ServerProc, re
     assert again["frames"] == len(frames) and again["new_frames"] == 0
 
 
-def test_file_corrupt_in_the_middle_leaves_the_store_untouched(
+def test_file_damaged_in_the_middle_is_imported_up_to_the_damage(
     server: ServerProc, real_run: Path, tmp_path: Path
 ) -> None:
+    """One flipped byte in the middle: the frames before it are imported, and the answer's
+    note says what was dropped (it used to refuse the whole file)."""
     _, frames = index(real_run)
     middle = frames[len(frames) // 2]
     data = bytearray(real_run.read_bytes())
     data[middle.offset + 40 + middle.length // 2] ^= 0xFF  # one payload byte: its CRC fails
-    before = server.get("/api/sessions")
     status, body = _post_raw(server, *_multipart("broken run.tscope", bytes(data)))
-    assert status == 400
-    assert body["detail"] == f"broken run.tscope is corrupt at byte {middle.offset}: frame checksum mismatch"
-    assert server.get("/api/sessions") == before
+    assert status == 200, body
+    kept = frames[: len(frames) // 2]
+    assert body["frames"] == body["new_frames"] == len(kept)
+    assert body["note"] == (f"broken run.tscope is damaged at byte {middle.offset:,} (frame checksum mismatch): "
+                            f"the {len(data) - middle.offset:,} bytes from there to its end were dropped; "
+                            f"the {len(kept)} frames before it are read")
+    sid = str(body["id"])
+    detail = server.get(f"/api/sessions/{sid}")
+    assert isinstance(detail, dict) and detail["status"] == "ended unexpectedly"
+    steps = {ev["step"] for ev in iter_events(real_run) if ev["kind"] == "step" and ev.get("step") is not None}
+    assert 0 < detail["steps"] < len(steps)
+    with urllib.request.urlopen(server.url + f"/api/sessions/{sid}/export", timeout=30) as resp:
+        assert resp.read() == bytes(data[: middle.offset])  # the file up to the damage, byte for byte
     assert _upload_dirs(server) == []
+    whole = upload(server.url, real_run)  # the undamaged file fills in the rest
+    assert whole["new_frames"] == len(frames) - len(kept) and whole.get("note") is None
 
 
 def _larger_than_a_batch(path: Path) -> Path:
@@ -125,14 +139,15 @@ def test_file_of_several_batches(server: ServerProc, tmp_path: Path) -> None:
     _, frames = index(path)
     # a frame of the second batch corrupt (not the last: that would be a torn tail): the first
     # pass finds it before anything is stored
+    # (its checksum holds, so salvage keeps it: a record that is not JSON, which no flipped byte makes)
     bad = frames[-2]
     assert bad.offset > IMPORT_BATCH_BYTES
-    data = bytearray(path.read_bytes())
-    data[bad.offset + 40 + bad.length // 2] ^= 0xFF
-    status, body = _post_raw(server, *_multipart("long.tscope", bytes(data)))
+    data = path.read_bytes()
+    data = data[: bad.offset] + frame_of_line(bad.seq, b"not json") + data[bad.offset + 40 + bad.length :]
+    status, body = _post_raw(server, *_multipart("long.tscope", data))
     assert (
         status == 400
-        and body["detail"] == f"long.tscope is corrupt at byte {bad.offset}: frame checksum mismatch"
+        and body["detail"] == f"long.tscope is corrupt at byte {bad.offset}: frame holds a record that is not JSON"
     )
     assert server.get("/api/sessions") == []
 

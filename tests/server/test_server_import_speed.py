@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import ServerProc, http_json
-from server_helpers import graph_event, session_event, step_event
+from server_helpers import frame_of_line, graph_event, session_event, step_event
 
 from torchscope.server.client import ClientError, upload
 from torchscope.server.upload import IMPORT_BATCH_BYTES
@@ -141,17 +141,18 @@ def test_import_in_progress_is_listed_and_shows_nothing_until_committed(server: 
 def test_bad_frame_late_in_a_big_file_stores_nothing(server: ServerProc, tmp_path: Path) -> None:
     path = capture_file(tmp_path / "late.tscope", "late", 40_000, per_frame=50)
     _, infos = index(path)
-    bad = infos[-3]  # read after many staged batches; not the last frame (that is a torn tail)
+    bad = infos[-3]  # read after many staged batches
     assert bad.offset > 2 * IMPORT_BATCH_BYTES
-    data = bytearray(path.read_bytes())
-    data[bad.offset + FRAME_HEADER_SIZE + bad.length // 2] ^= 0xFF
+    # a record that is not JSON, its checksum right: refused, not salvaged (a flipped byte would be)
+    data = path.read_bytes()
     broken = tmp_path / "broken.tscope"
-    broken.write_bytes(bytes(data))
+    broken.write_bytes(data[: bad.offset] + frame_of_line(bad.seq, b"not json")
+                       + data[bad.offset + FRAME_HEADER_SIZE + bad.length :])
     upload(server.url, capture_file(tmp_path / "other.tscope", "other", 100))
     server.get("/api/sessions/other/diagnostics")  # the doctor's counts in the list, settled
     before = server.get("/api/sessions")
 
-    with pytest.raises(ClientError, match=f"corrupt at byte {bad.offset}: frame checksum mismatch"):
+    with pytest.raises(ClientError, match=f"corrupt at byte {bad.offset}: frame holds a record that is not JSON"):
         upload(server.url, broken)
     assert server.get("/api/sessions") == before
     with pytest.raises(urllib.error.HTTPError):
