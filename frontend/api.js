@@ -9,6 +9,8 @@ export class ApiError extends Error {
   constructor(status, message, detail = message) { super(message); this.status = status; this.detail = detail; }
 }
 
+export const UNREACHABLE = "The torchscope server is unreachable. Is `torchscope serve` still running?";
+
 export async function api(path, opts = {}) {
   const headers = { ...(opts.headers || {}) };
   if (token()) headers.Authorization = `Bearer ${token()}`;
@@ -16,7 +18,7 @@ export async function api(path, opts = {}) {
   try {
     resp = await fetch(path, { ...opts, headers });
   } catch (e) {
-    throw new ApiError(0, "The torchscope server is unreachable. Is `torchscope serve` still running?");
+    throw new ApiError(0, UNREACHABLE);
   }
   if (!resp.ok) {
     let detail = resp.statusText;

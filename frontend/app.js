@@ -2,7 +2,7 @@
 // updates, theme.  Views are created lazily and kept, so switching back keeps zoom,
 // selection and expanded groups.
 import { h, clear, withLoading, coalesce } from "./dom.js";
-import { api, sessionPath, live, showConnection, ApiError } from "./api.js";
+import { api, sessionPath, live, showConnection, ApiError, UNREACHABLE } from "./api.js";
 import { GraphView } from "./graph/view.js";
 import { MemoryView } from "./memory.js";
 import { GradientsView } from "./gradients.js";
@@ -39,14 +39,15 @@ class App {
     try {
       this.summary = await api(sessionPath(this.id));
     } catch (e) {
-      return this.fatal(e instanceof ApiError && e.status === 404 ? `Session ${this.id} does not exist on this server.` : e.message);
+      return this.fatal(e instanceof ApiError && e.status === 404 ? `No session ${this.id} on this server.` : e.message);
     }
     this.meta = this.summary.meta || {};
     this.moduleType = new Map((this.meta.modules || []).map((m) => [m.path, m.type]));
     this.paramDtype = new Map((this.meta.params || []).map((p) => [p.name, p.dtype]));
     this.renderHeader();
     if (!this.summary.steps && !(this.summary.graphs > 0)) this.main.before(h("div", { class: "notice", id: "empty-note" }, this.emptyText()));
-    live((ev) => this.onLive(ev), showConnection(this.conn));
+    const dot = showConnection(this.conn);
+    live((ev) => this.onLive(ev), (ok) => { dot(ok); this.onConnection(ok); });
     await this.go(this.state.view, {}, true);
     this.badge = new DiagnosticsView(h("div"), this); // keeps the count on the Doctor tab
     this.badge.load().catch(() => {});
@@ -86,8 +87,13 @@ class App {
       : `This session recorded no steps (${status}): the script ended before its first optimizer step.`;
   }
 
+  // A page with no session behind it (unknown, deleted, or the server gone at the start): one
+  // sentence and the way back; the tabs are disabled, each would only repeat the error.
   fatal(msg) {
-    clear(this.main).append(h("div", { class: "notice error", id: "fatal" }, msg));
+    for (const b of this.tabs.children) { b.disabled = true; b.setAttribute("aria-selected", "false"); }
+    document.getElementById("empty-note")?.remove();
+    this.offline?.remove();
+    clear(this.main).append(h("div", { class: "notice error", id: "fatal" }, msg, " ", h("a", { href: "/" }, "All sessions")));
   }
 
   setState(patch) {
@@ -109,7 +115,13 @@ class App {
       const el = h("section", { class: `view view-${view}`, "data-view": view });
       this.main.append(el);
       v = this.views[view] = { el, obj: new VIEWS[view][1](el, this) };
-      try { await withLoading(el, v.obj.load()); } catch (e) { el.prepend(h("div", { class: "notice error" }, e.message)); }
+      try {
+        await withLoading(el, v.obj.load());
+      } catch (e) {
+        // the server gone: the page's banner says so, and the view loads once it is back
+        if (e instanceof ApiError && e.status === 0) { el.remove(); delete this.views[view]; this.onConnection(false); return v.obj; }
+        el.prepend(h("div", { class: "notice error" }, e.message));
+      }
       if (view === "graph" && first && this.state.overlay) v.obj.setOverlay(this.state.overlay);
     } else if (patch.step !== undefined && v.obj.showStep) {
       await v.obj.showStep(patch.step);
@@ -157,11 +169,25 @@ class App {
   }
 
   // A run that ended (or went silent: killed) while the page was open: the empty states say
-  // so instead of promising live updates.
+  // so instead of promising live updates, and the Doctor that the recording is incomplete.
   onStatus() {
     const note = document.getElementById("empty-note");
     if (note) note.textContent = this.emptyText();
     this.views.graph?.obj.onStatus?.();
+    this.views.diagnostics?.obj.onStatus();
+  }
+
+  // The server gone: whatever view is open says so, not only the header's dot (a graph
+  // already drawn showed no sign of it).  Back: a view that could not load meanwhile loads.
+  onConnection(ok) {
+    if (!ok && !this.offline) {
+      this.offline = h("div", { class: "notice error", id: "offline", role: "status" }, UNREACHABLE, " This page reconnects by itself.");
+      this.main.before(this.offline);
+    } else if (ok && this.offline) {
+      this.offline.remove();
+      this.offline = null;
+      if (!this.views[this.state.view]) this.go(this.state.view);
+    }
   }
 
   debug() {

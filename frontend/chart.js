@@ -1,6 +1,6 @@
 // A small canvas line chart for long series: each series is reduced to one min/max pair per
 // pixel column (linear in the number of points), so 100,000 steps draw in a few ms.
-import { h, clear, fmtNum, fmtBytes } from "./dom.js";
+import { h, clear, fmtNum, fmtBytes, fmtUs } from "./dom.js";
 import { SERIES, legendItem } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
 
@@ -69,7 +69,7 @@ export class LineChart {
     const { lo, hi, ystep, fmt } = log ? logAxis(ymin, ymax) : this.linearAxis(ymin, ymax);
     ymin = lo; ymax = hi;
     this.geom = { L, pw, xmin, xmax };
-    this.axis = { lo, hi, log }; // (the browser tests read the range: in decades on a log axis)
+    this.axis = { lo, hi, log, labels: [] }; // (the browser tests read the range: in decades on a log axis)
     const X = (v) => L + ((v - xmin) / (xmax - xmin)) * pw;
     const Y = (v) => T + ph - ((v - ymin) / (ymax - ymin)) * ph;
     // axes
@@ -79,7 +79,7 @@ export class LineChart {
     for (let k = 0; ymin + k * ystep <= ymax + ystep / 1e6; k++) {
       const v = ymin + k * ystep, y = Y(v), label = fmt(v);
       ctx.beginPath(); ctx.moveTo(L, y); ctx.lineTo(W - R, y); ctx.stroke();
-      if (label !== prevLabel) ctx.fillText(label, 4, y + 4, L - 8); // a narrow range rounds to one label
+      if (label !== prevLabel) { ctx.fillText(label, 4, y + 4, L - 8); this.axis.labels.push(label); } // a narrow range rounds to one label
       prevLabel = label;
     }
     const tick = Math.max(1, niceStep((xmax - xmin) / 6)); // steps are whole numbers
@@ -136,7 +136,9 @@ export class LineChart {
 
   // A linear axis over [ymin, ymax] in round steps (1, 2 or 5 times a power of ten), the
   // range widened to whole steps so the labels read 40 / 50 / 60 rather than 36 / 43 / 50;
-  // bytes step in round KiB / MiB / GiB ("10 KiB / 20 KiB", not "9.77 KiB").
+  // bytes step in round KiB / MiB / GiB ("10 KiB / 20 KiB", not "9.77 KiB").  Bytes and
+  // durations label every tick in the step's unit: formatted one by one, an axis read
+  // "0 µs / 50.0 ms / 100.0 ms".
   linearAxis(ymin, ymax) {
     if (ymin === Infinity) { ymin = 0; ymax = 1; }
     if (ymin > 0 && ymin < ymax * 0.5) ymin = 0;
@@ -146,9 +148,17 @@ export class LineChart {
       ymax += pad;
     }
     const raw = (ymax - ymin) / 4;
-    const unit = this.opts.fmt === fmtBytes && raw >= 1024 ? 1024 ** Math.floor(Math.log(raw) / Math.log(1024)) : 1;
+    // (a step of half a unit or more steps in whole units: "1 / 2 / 3 MiB", not "1000 / 2000 KiB")
+    const unit = this.opts.fmt === fmtBytes && raw >= 512 ? 1024 ** Math.floor(Math.log(raw * 2) / Math.log(1024)) : 1;
     const ystep = niceStep(raw / unit) * unit;
-    return { lo: Math.floor(ymin / ystep) * ystep, hi: Math.ceil(ymax / ystep - 1e-9) * ystep, ystep, fmt: this.opts.fmt || axisNum(ystep) };
+    const units = UNITS.get(this.opts.fmt);
+    let fmt = this.opts.fmt || axisNum(ystep);
+    if (units) {
+      const [div, name] = units.find(([d]) => ystep >= d) || units[units.length - 1];
+      const num = axisNum(ystep / div);
+      fmt = (v) => `${num(v / div)} ${name}`;
+    }
+    return { lo: Math.floor(ymin / ystep) * ystep, hi: Math.ceil(ymax / ystep - 1e-9) * ystep, ystep, fmt };
   }
 
   indexAt(px) {
@@ -172,6 +182,10 @@ export class LineChart {
     this.tip.style.top = "10px";
   }
 }
+
+// The units of an axis of bytes or of durations (µs), largest first.
+const UNITS = new Map([[fmtBytes, [[1024 ** 4, "TiB"], [1024 ** 3, "GiB"], [1024 ** 2, "MiB"], [1024, "KiB"], [1, "B"]]],
+  [fmtUs, [[1e6, "s"], [1e3, "ms"], [1, "µs"]]]]);
 
 // A log10 axis over [lmin, lmax] (log values): whole decades, a label every decade (every
 // few when there are many), "0.01 / 0.1 / 1 / 10" near 1 and "1e-6" / "1e+6" beyond.

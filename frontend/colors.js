@@ -45,10 +45,12 @@ export function legendItem(color, text) {
   return h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${color}` }), text);
 }
 
-// The legend of a log ramp from lo to hi: "name lo ▬ hi (log)"; one value (every cell or node
-// the same) is one swatch and the value, not "1.000 ▬ 1.000".
+// The legend of a log ramp from lo to hi: "name lo ▬ hi (log)", one unit whose parts keep a
+// gap between them (a bare number ran into the bar: "2.12036.57"); one value (every cell or
+// node the same) is one swatch and the value, not "1.000 ▬ 1.000".
 export function rampLegend(name, lo, hi, fmt) {
   if (lo === hi) return [legendItem(RAMP[Math.floor(RAMP.length / 2)], `${name} ${fmt(lo)}`)];
-  return [h("span", {}, `${name} ${fmt(lo)}`), h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP.join(",")})` }),
-    h("span", {}, `${fmt(hi)} (log)`)];
+  return [h("span", { class: "ramp-legend", "data-testid": "ramp-legend" }, h("span", {}, name), h("span", { class: "ramp-end" }, fmt(lo)),
+    h("span", { class: "ramp", style: `background:linear-gradient(90deg,${RAMP.join(",")})` }), h("span", { class: "ramp-end" }, fmt(hi)),
+    h("span", { class: "muted" }, "(log)"))];
 }

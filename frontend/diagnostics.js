@@ -16,13 +16,15 @@ export class DiagnosticsView {
   constructor(root, app) {
     this.app = app;
     this.list = h("div", { class: "findings", "data-testid": "findings" });
-    root.append(h("h2", {}, "Doctor"), this.list);
+    this.note = h("p", { class: "notice", "data-testid": "doctor-note", hidden: true });
+    root.append(h("h2", {}, "Doctor"), this.note, this.list);
     this.findings = [];
   }
 
   async load() {
     this.findings = await api(`${sessionPath(this.app.id)}/diagnostics?${rankQuery(this.app.rank)}`);
     clear(this.list);
+    this.onStatus();
     const worst = ["error", "warning"].find((sev) => this.findings.some((f) => f.severity === sev)) || "info";
     this.app.setFindingCount(this.findings.length, worst);
     if (!this.findings.length) { this.list.append(h("p", { class: "muted" }, "No pitfall found in this session.")); return; }
@@ -37,6 +39,15 @@ export class DiagnosticsView {
           f.params.length > PLOTTED ? ` … and ${f.params.length - PLOTTED} more` : "") : null,
         (f.modules || []).length ? h("div", { class: "muted" }, "modules: ", f.modules.map((m) => m || "(root)").join(", ")) : null));
     }
+  }
+
+  // A recording without its end (the training process was killed, or the file cut short):
+  // the findings cover only the steps it holds, as `torchscope doctor`'s note says.
+  onStatus() {
+    const s = this.app.summary || {};
+    this.note.hidden = s.status !== "ended unexpectedly";
+    this.note.textContent = this.note.hidden ? "" : `This recording is incomplete: it has no end event (the training process was killed, ` +
+      `or its file was cut short). The findings cover the ${s.steps ?? 0} step(s) it holds.`;
   }
 
   open(f) {

@@ -39,6 +39,14 @@ export function fmtNum(x) {
   return a >= 1e4 || a < 1e-3 ? x.toExponential(2) : x.toPrecision(4);
 }
 
+// A value a reader compares at a glance (a colour scale's ends): 3 significant digits, no
+// trailing zeros ("2.12", "36.6", "0.099"), an exponent for the very large or small.
+export function fmtShort(x) {
+  if (typeof x !== "number" || !Number.isFinite(x) || x === 0) return fmtNum(x);
+  const a = Math.abs(x);
+  return a >= 1e4 || a < 1e-3 ? x.toExponential(2) : String(+x.toPrecision(3));
+}
+
 export function fmtUs(us) {
   if (us === undefined || us === null) return "–";
   return us >= 1e6 ? `${(us / 1e6).toFixed(2)} s` : us >= 1e3 ? `${(us / 1e3).toFixed(1)} ms` : `${us.toFixed(0)} µs`;

@@ -2,7 +2,7 @@
 // (and clip_grad_norm_'s, before clipping, when the loop clips), a module x step heat map of gradient norms (per-parameter norms from
 // /grads combined per module as sqrt(sum of squares)), NaN/Inf markers, lines for chosen
 // parameters, and the parameters that got no gradient.
-import { h, clear, fmtNum, coalesce } from "./dom.js";
+import { h, clear, fmtNum, fmtShort, coalesce } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
 import { logScale, ZERO, rampLegend } from "./colors.js";
@@ -175,7 +175,7 @@ export class GradientsView {
     this.zeroCells = vals.filter((v) => v === 0).length;
     clear(this.heatInfo);
     if (scale.positive) {
-      this.heatInfo.append(...rampLegend("‖grad‖", scale.lo, scale.hi, fmtNum), " · ");
+      this.heatInfo.append(...rampLegend("‖grad‖", scale.lo, scale.hi, fmtShort), " · ");
     }
     this.heatInfo.append(h("span", { class: "swatch", style: `background:${ZERO}` }), " = exactly zero (nothing flowed) · ",
       `dark red "!" = NaN/Inf · grey = no gradient · click a cell to open that step's graph`);

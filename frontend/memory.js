@@ -42,8 +42,8 @@ export class MemoryView {
 
   async load() {
     await this.fetchSteps();
-    const want = this.app.state.step ?? this.captured[0];
-    if (want !== undefined) await this.loadTimeline(want);
+    const asked = this.app.state.step, want = asked ?? this.captured[0];
+    if (want !== undefined) await this.loadTimeline(want, asked === undefined);
   }
 
   // The per-step series, its step count and the captured steps the timeline can show: at
@@ -75,15 +75,17 @@ export class MemoryView {
     return this.perStep.setData(s.step || [], shown.map(([k, name]) => ({ name, y: s[k] || [] })));
   }
 
-  async loadTimeline(step) {
-    this.focus = step; // the step asked for (a finding's, a click's), marked on the per-step chart
+  // ``auto``: the first captured step, shown because the user asked for none: not marked,
+  // nor written to the URL (the other views would mark it).
+  async loadTimeline(step, auto = false) {
+    this.focus = auto ? undefined : step; // the step asked for (a finding's, a click's), marked on the per-step chart
     this.perStep.draw();
     if (!this.aliveBox.hidden) this.alive.draw();
     if (!this.hooksBox.hidden) this.hooks.draw();
     if (!this.captured?.length) return;
     if (!this.captured.includes(step)) step = nearest(this.captured, step);
     this.stepSel.value = step;
-    this.app.setState({ step });
+    if (!auto) this.app.setState({ step });
     const ev = await api(`${sessionPath(this.app.id)}/graph?step=${step}${this.app.rank !== undefined ? "&rank=" + this.app.rank : ""}`);
     this.graph = ev;
     this.opById = new Map((ev.ops || []).map((o) => [o.id, o]));
@@ -136,7 +138,8 @@ export class MemoryView {
       const had = this.tl !== undefined;
       await this.fetchSteps();
       // the run's first captured step, while this view shows (and asks for) none yet
-      if (!had && this.captured.length && !this.root.hidden) await this.loadTimeline(this.app.state.step ?? this.captured[0]);
+      const asked = this.app.state.step;
+      if (!had && this.captured.length && !this.root.hidden) await this.loadTimeline(asked ?? this.captured[0], asked === undefined);
     }, 500);
     this.reload();
   }

@@ -136,7 +136,7 @@ async function patch(s, body, verb) {
 
 async function remove(s) {
   if (!confirm(`Delete session "${s.name || s.id}"? This cannot be undone.`)) return;
-  await api(sessionPath(s.id), { method: "DELETE" }).catch((e) => say(e.message, true));
+  await api(sessionPath(s.id), { method: "DELETE" }).catch((e) => say(`Could not delete "${s.name || s.id}": ${e.detail}`, true));
   refresh();
 }
 
@@ -147,11 +147,12 @@ async function download(s) {
     const blob = await resp.blob();
     const a = h("a", { href: URL.createObjectURL(blob), download: `${s.name || s.id}.tscope` });
     document.body.append(a); a.click(); a.remove();
-  } catch (e) { say(e.message, true); }
+  } catch (e) { say(`Could not download "${s.name || s.id}": ${e.detail}`, true); }
 }
 
 async function importFiles(files) {
   const links = [];
+  const notes = []; // what the server left out of a damaged or cut file: never read short silently
   for (const f of files) {
     const fd = new FormData();
     fd.append("file", f, f.name);
@@ -161,9 +162,11 @@ async function importFiles(files) {
       // a file of a run this server has already (imported before, or streamed live): no new row
       const known = res.frames > 0 && res.new_frames === 0;
       links.push(h("a", { href: res.url, class: "imported" }, known ? `open ${f.name} (already here: the same run)` : `open ${f.name}`));
-    } catch (e) { say(`Could not import ${f.name}: ${e.message}`, true); refresh(); return; }
+      if (res.note) notes.push(res.note);
+    } catch (e) { say(`Could not import ${f.name}: ${e.detail}`, true); refresh(); return; } // words, not "400: …"
   }
-  say(`Imported ${files.length === 1 ? files[0].name : `${files.length} files`}: `, false, ...links.flatMap((a, i) => (i ? [", ", a] : [a])));
+  const told = notes.length ? [h("br"), ...notes.flatMap((n, i) => (i ? [h("br"), `Note: ${n}.`] : [`Note: ${n}.`]))] : [];
+  say(`Imported ${files.length === 1 ? files[0].name : `${files.length} files`}: `, false, ...links.flatMap((a, i) => (i ? [", ", a] : [a])), ...told);
   refresh();
 }
 

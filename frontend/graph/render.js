@@ -19,8 +19,7 @@ function batchByColour(items, dim) {
 // Cut a label to a width with an ellipsis; computed once per item (world units don't zoom).
 // ``s`` cut in the middle to fit ``width``: a module path's end (".layers.3.proj") tells
 // siblings apart, its start where it lives; cutting the end made every block read the same.
-// ``head``: the share of what is kept taken from the start; a frame's title keeps its end
-// only (its own name and type: where it lives, the frames around it say).
+// ``head``: the share of what is kept taken from the start (0: its end only).
 export function fit(ctx, s, width, head = 1 / 3) {
   if (ctx.measureText(s).width <= width) return s;
   const cut = (k) => { const n = Math.ceil(k * head); return s.slice(0, n) + "…" + s.slice(s.length - (k - n)); };
@@ -29,13 +28,27 @@ export function fit(ctx, s, width, head = 1 / 3) {
   return lo ? cut(lo) : "…";
 }
 
+// An expanded frame's title cut to ``width``, giving up first what the picture already says:
+// the phase (the frame's colour and column), then where the module lives (the frames around
+// it), cut at the start; its own name and type go last.  Cut at the start as one string,
+// "blocks (TransformerEncoder) · forward" lost the name and kept the phase.
+export function frameTitle(ctx, f, width) {
+  const type = f.type ? ` (${f.type})` : "";
+  const fits = (t) => ctx.measureText(t).width <= width;
+  if (fits(f.title)) return f.title;
+  const whole = `${f.path}${type}`;
+  if (fits(whole)) return whole;
+  const own = `${f.path.slice(f.path.lastIndexOf(".") + 1)}${type}`;
+  return fits("…" + own) ? fit(ctx, whole, width, 0) : fit(ctx, own, width, 1 / 2);
+}
+
 export class GraphCanvas {
-  constructor(canvas, { onSelect, onDblClick, bottomInset = () => 0, topInset = () => 0 }) {
+  constructor(canvas, { onSelect, onDblClick, topInset = () => 0 }) {
     this.canvas = canvas;
     this.ctx = canvas.getContext("2d");
     this.scene = null;
     this.scale = 1; this.tx = 20; this.ty = 20;
-    this.onSelect = onSelect; this.onDblClick = onDblClick; this.bottomInset = bottomInset; this.topInset = topInset;
+    this.onSelect = onSelect; this.onDblClick = onDblClick; this.topInset = topInset;
     this.frames = 0;
     this.pending = false;
     this._bind();
@@ -89,7 +102,7 @@ export class GraphCanvas {
   // The whole graph, however small that makes it: centred across, from its top.
   overviewView() {
     const { width, height } = this.scene;
-    const s = Math.max(MIN_SCALE, Math.min(1, (this.w - 40) / Math.max(width, 1), (this.h - 40 - this.topInset() - this.bottomInset()) / Math.max(height, 1)));
+    const s = Math.max(MIN_SCALE, Math.min(1, (this.w - 40) / Math.max(width, 1), (this.h - 40 - this.topInset()) / Math.max(height, 1)));
     return { scale: s, tx: (this.w - width * s) / 2, ty: 20 + this.topInset() };
   }
 
@@ -138,12 +151,12 @@ export class GraphCanvas {
 
   // Centre boxes[0] at a readable zoom; with the other boxes when all of them fit on the
   // canvas at a zoom where labels are drawn (a grad_fn node and the forward op that created
-  // it, one column apart), zooming out that far if need be.  The canvas between the status
-  // line and the legend floating over it counts.
+  // it, one column apart), zooming out that far if need be.  The canvas below the status
+  // line floating over its top counts.
   centerOn(boxes, minScale = 0.8) {
     const x0 = Math.min(...boxes.map((b) => b[0])), x1 = Math.max(...boxes.map((b) => b[0] + b[2]));
     const y0 = Math.min(...boxes.map((b) => b[1])), y1 = Math.max(...boxes.map((b) => b[1] + b[3]));
-    const top = this.topInset(), room = this.h - top - this.bottomInset();
+    const top = this.topInset(), room = this.h - top;
     const all = Math.min((this.w - 40) / (x1 - x0), (room - 40) / (y1 - y0));
     let s = Math.max(this.scale, minScale), box = boxes[0];
     if (all >= TEXT_MIN_SCALE) { s = Math.min(s, all); box = [x0, y0, x1 - x0, y1 - y0]; }
@@ -200,7 +213,7 @@ export class GraphCanvas {
       ctx.strokeRect(f.box[0], f.box[1], f.box[2], f.box[3]);
       if (text) {
         ctx.fillStyle = th.muted; ctx.font = "11px system-ui, sans-serif";
-        if (f.fitTitle === undefined) f.fitTitle = fit(ctx, f.title, f.box[2] - 12, 0);
+        if (f.fitTitle === undefined) f.fitTitle = frameTitle(ctx, f, f.box[2] - 12);
         ctx.fillText(f.fitTitle, f.box[0] + 6, f.box[1] + 14);
       }
     }
@@ -209,6 +222,7 @@ export class GraphCanvas {
       if (ep.y1 < y0 || ep.y0 > y1) continue;
       ctx.strokeStyle = th.edge[ep.type];
       ctx.stroke(ep.path);
+      if (text) ctx.stroke(ep.heads);
     }
     ctx.strokeStyle = th.edge[2]; ctx.setLineDash([6 / this.scale, 4 / this.scale]); // dashes in screen pixels
     ctx.stroke(sc.linkPath);

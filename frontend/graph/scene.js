@@ -50,6 +50,15 @@ function addSeg(p, [ax, ay, bx, by, , via]) {
   } else if (by !== ay) p.bezierCurveTo(ax, (ay + by) / 2, bx, (ay + by) / 2, bx, by); else p.lineTo(bx, by);
 }
 
+// An arrowhead at an edge's end, B's side: every edge ends straight into B (its last curve
+// vertical, or a straight line across), so the head points along that line.  Kept in paths of
+// their own, drawn only at the zoom where labels are (smaller, a head is a pixel or two).
+const HEAD = 5, HALF = 3.5;
+function addHead(p, [ax, ay, bx, by]) {
+  if (by !== ay) { const d = by > ay ? -HEAD : HEAD; p.moveTo(bx - HALF, by + d); p.lineTo(bx, by); p.lineTo(bx + HALF, by + d); }
+  else { const d = bx > ax ? -HEAD : HEAD; p.moveTo(bx + d, by - HALF); p.lineTo(bx, by); p.lineTo(bx + d, by + HALF); }
+}
+
 // An edge between boxes A and B: from A's bottom to B's top, or, when B lies wholly above A
 // (side by side, the backward flows up from the loss), from A's top to B's bottom, so that
 // it leaves and enters the boxes on the sides that face each other.
@@ -188,7 +197,7 @@ function buildBase(model, layout, st, css) {
     const G = groups[g];
     const box = [gb[5 * g], gb[5 * g + 1], gb[5 * g + 2], gb[5 * g + 3]];
     const mtype = st.ctx.moduleType?.get(G.path);
-    if (s === 2) { frames.push({ key: "g:" + G.key, group: g, box, depth: G.depth, phase: G.phase, title: `${G.path}${mtype ? " (" + mtype + ")" : ""} · ${G.phase}` }); continue; }
+    if (s === 2) { frames.push({ key: "g:" + G.key, group: g, box, depth: G.depth, phase: G.phase, path: G.path, type: mtype, title: `${G.path}${mtype ? " (" + mtype + ")" : ""} · ${G.phase}` }); continue; }
     const r = -1 - g;
     const v = agg.get(r);
     const color = colorOf ? (v !== undefined ? (CATEGORICAL.has(st.overlay) ? colorOf(v) : colorOf(v)) : cv("--node-none"))
@@ -241,10 +250,10 @@ function edgeChunks(segs) {
   const edgePaths = [];
   for (let i = 0; i < segs.length; i += EDGE_CHUNK) {
     const chunk = segs.slice(i, i + EDGE_CHUNK);
-    const paths = [new Path2D(), new Path2D()];
+    const paths = [new Path2D(), new Path2D()], heads = [new Path2D(), new Path2D()];
     let y0 = Infinity, y1 = -Infinity;
-    for (const sg of chunk) { addSeg(paths[sg[4]], sg); y0 = Math.min(y0, sg[1], sg[3]); y1 = Math.max(y1, sg[1], sg[3]); }
-    edgePaths.push({ path: paths[0], type: 0, y0, y1 }, { path: paths[1], type: 1, y0, y1 });
+    for (const sg of chunk) { addSeg(paths[sg[4]], sg); addHead(heads[sg[4]], sg); y0 = Math.min(y0, sg[1], sg[3]); y1 = Math.max(y1, sg[1], sg[3]); }
+    edgePaths.push({ path: paths[0], heads: heads[0], type: 0, y0, y1 }, { path: paths[1], heads: heads[1], type: 1, y0, y1 });
   }
   return edgePaths;
 }
@@ -271,7 +280,7 @@ function markScene(model, base, st) {
     if (hiSegs.length) edgePaths = edgeChunks(base.sorted.filter((e) => !isHi(e)).map((e) => e.seg));
     else edgePaths = base.plain || (base.plain = edgeChunks(base.sorted.map((e) => e.seg)));
     let hiPath = null;
-    if (hiSegs.length) { hiPath = new Path2D(); hiSegs.forEach((sg) => addSeg(hiPath, sg)); }
+    if (hiSegs.length) { hiPath = new Path2D(); hiSegs.forEach((sg) => { addSeg(hiPath, sg); addHead(hiPath, sg); }); }
     base.marked = { hi, edgePaths, hiPath };
   }
   const linkPath = new Path2D();

@@ -1,6 +1,6 @@
 // The Graph view: step scrubber, overlays, search, module expansion, details panel, diff.
 // Layout runs in a Web Worker; the main thread only builds the scene and draws.
-import { h, clear, fmtNum, fmtBytes, fmtUs, withLoading } from "../dom.js";
+import { h, clear, fmtShort, fmtBytes, fmtUs, withLoading } from "../dom.js";
 import { api, sessionPath, rankQuery } from "../api.js";
 import { buildModel, ancestors } from "./model.js";
 import { buildScene, pathToLoss, leafSub } from "./scene.js";
@@ -65,7 +65,10 @@ export class GraphView {
     this.overlaySel = h("select", { "aria-label": "overlay", "data-testid": "overlay", onchange: () => this.setOverlay(this.overlaySel.value) },
       OVERLAYS.map(([v, t]) => h("option", { value: v }, t)));
     this.diffSel = h("select", { "aria-label": "diff against step", hidden: true, onchange: () => this.loadDiff() });
-    this.search = h("input", { type: "search", placeholder: "Search name, module, shape  ( / )", "aria-label": "search", "data-testid": "search",
+    // a placeholder that fits the box (cut, "Search name, module, sha" read as a typo); the
+    // rest is the tooltip
+    this.search = h("input", { type: "search", placeholder: "Find op, module, shape (/)", "aria-label": "search", "data-testid": "search",
+                               title: "op name, grad_fn class, module path or type, or shape; Enter: next match, Shift+Enter: previous; / from anywhere",
                                onkeydown: (e) => { if (e.key === "Enter") { e.preventDefault(); this.searchNext(e.shiftKey ? -1 : 1); } } });
     this.searchInfo = h("span", { class: "muted" });
     this.cutInfo = h("span", { class: "cut-info" });
@@ -84,15 +87,15 @@ export class GraphView {
     this.canvasEl = h("canvas", { tabindex: 0, "aria-label": "computation graph; n / p: next / previous node, Enter: expand, Backspace: collapse" });
     this.legend = h("div", { class: "legend", "data-testid": "legend" });
     this.status = h("div", { class: "graph-status" });
-    this.stage = h("div", { class: "stage" }, this.canvasEl, this.legend, this.status);
+    this.stage = h("div", { class: "stage" }, this.canvasEl, this.status);
     this.details = h("aside", { class: "details", "data-testid": "details" });
-    this.root.append(this.toolbar, h("div", { class: "graph-body" }, this.stage, this.details));
+    // the legend is a bar under the canvas, not over it: floating there it hid the nodes at
+    // the bottom left of every graph taller than the canvas, wherever the user panned
+    this.root.append(this.toolbar, h("div", { class: "graph-body" }, h("div", { class: "graph-main" }, this.stage, this.legend), this.details));
     this.canvas = new GraphCanvas(this.canvasEl, {
       onSelect: (it) => this.select(it ? it.key : null),
       onDblClick: (it) => { if (it && it.group !== undefined) this.toggleGroup(it.group); },
-      // the legend floats over the canvas's bottom: a fitted graph ends above it
-      bottomInset: () => (this.legend.offsetHeight ? this.legend.offsetHeight + 10 : 0),
-      // and the status line floats over its top: a fitted graph starts below it
+      // the status line floats over the canvas's top: a fitted graph starts below it
       topInset: () => (this.status.textContent ? this.status.offsetHeight + 10 : 0),
     });
     this.canvasEl.addEventListener("keydown", (e) => this.onKey(e));
@@ -118,17 +121,19 @@ export class GraphView {
   async load() {
     this.captured = (await api(`${sessionPath(this.app.id)}/graphs?${rankQuery(this.app.rank)}`)).map((g) => g.step);
     this.captured = [...new Set(this.captured)].sort((a, b) => a - b);
-    clear(this.diffSel).append(...this.captured.map((s) => h("option", { value: s }, `diff vs step ${s}`)));
     this.stepSel.max = Math.max(0, this.captured.length - 1);
     // no graph: no step to scrub, nothing to colour or expand (a light run never has one)
     this.toolbar.hidden = !this.captured.length;
     if (!this.captured.length) { this.status.textContent = this.app.emptyText("graph"); return; }
-    await this.showStep(this.app.state.step ?? this.captured[0]);
+    const asked = this.app.state.step;
+    await this.showStep(asked ?? this.captured[0], asked === undefined);
   }
 
   onStatus() { if (!this.captured.length) this.status.textContent = this.app.emptyText("graph"); }
 
-  async showStep(step) {
+  // ``auto``: the step shown because the user asked for none (the first captured one): not
+  // written to the URL, whose step= the other views mark as the one the user picked.
+  async showStep(step, auto = false) {
     if (step === undefined || !this.captured.length) return;
     // e.g. a finding's or a chart's step that has no graph: the nearest captured one, said so
     this.askedStep = this.captured.includes(step) ? undefined : step;
@@ -137,7 +142,8 @@ export class GraphView {
     this.step = step;
     this.stepSel.value = this.captured.indexOf(step);
     this.stepLabel.textContent = `step ${step} (${this.captured.indexOf(step) + 1}/${this.captured.length} captured)`;
-    this.app.setState({ step });
+    if (!auto) this.app.setState({ step });
+    this.fillDiff();
     const ev = await withLoading(this.stage, api(`${sessionPath(this.app.id)}/graph?step=${step}${this.app.rank !== undefined ? "&rank=" + this.app.rank : ""}`), "Loading graph…");
     if (this.step !== step) return; // scrubbed on meanwhile
     const steps = await api(`${sessionPath(this.app.id)}/steps?start=${step}&end=${step}&${rankQuery(this.app.rank)}`).catch(() => []);
@@ -305,7 +311,7 @@ export class GraphView {
     } else if (lg.kind === "cats") {
       for (const [k, c] of lg.entries) this.legend.append(legendItem(c, k));
     } else {
-      const fmt = lg.overlay === "memory" ? fmtBytes : lg.overlay === "time" ? fmtUs : fmtNum;
+      const fmt = lg.overlay === "memory" ? fmtBytes : lg.overlay === "time" ? fmtUs : fmtShort;
       const name = lg.overlay === "grad" ? "‖grad‖" : lg.overlay;
       if (!lg.positive) this.legend.append(h("span", {}, `${name}: no positive value in this step`));
       else this.legend.append(...rampLegend(name, lg.lo, lg.hi, fmt));
@@ -322,24 +328,38 @@ export class GraphView {
     if (this.model) { await this.relayout(); this.canvas.fit(); }
   }
 
+  // The steps a diff can compare with: every captured step but the one shown.  The choice is
+  // kept while it is one of them; else (at first, or now the step shown) the captured step
+  // before the one shown (after, for the first): what changed since last time.
+  fillDiff(keepChoice = true) {
+    const chosen = keepChoice ? this.diffSel.value : "";
+    const others = this.captured.filter((s) => s !== this.step);
+    clear(this.diffSel).append(...others.map((s) => h("option", { value: s }, `diff vs step ${s}`)));
+    if (others.some((s) => String(s) === chosen)) { this.diffSel.value = chosen; return; }
+    const i = this.captured.indexOf(this.step);
+    const other = this.captured[i > 0 ? i - 1 : i + 1];
+    if (other !== undefined) this.diffSel.value = String(other);
+  }
+
   setOverlay(v) {
     const was = this.overlay;
     this.overlay = v;
     this.overlaySel.value = v;
     this.diffSel.hidden = v !== "diff";
-    if (v === "diff" && (was !== "diff" || +this.diffSel.value === this.step) && this.captured.length > 1) {
-      // turned on (or against itself): the captured step before the one shown (after, for the
-      // first) -- what changed since last time; the user's later choice is kept
-      const i = this.captured.indexOf(this.step);
-      this.diffSel.value = String(this.captured[i > 0 ? i - 1 : i + 1]);
-    }
+    if (v === "diff" && was !== "diff") this.fillDiff(false); // turned on: the step before; the user's later choice is kept
     this.app.setState({ overlay: v === "phase" ? undefined : v });
     if (v === "diff") this.loadDiff(); else this.redraw();
   }
 
   async loadDiff(redraw = true) {
+    if (!this.model) return;
+    if (this.diffSel.value === "") { // one captured step: nothing to compare with
+      this.diff = new Map();
+      this.diffSummary = "no other captured step to compare with";
+      if (redraw) this.redraw();
+      return;
+    }
     const other = +this.diffSel.value;
-    if (Number.isNaN(other) || !this.model) return;
     const ev = await api(`${sessionPath(this.app.id)}/graph?step=${other}${this.app.rank !== undefined ? "&rank=" + this.app.rank : ""}`);
     const om = buildModel(ev);
     const sig = (m, l) => `${l.phase}|${l.module}|${l.label}`;
@@ -486,8 +506,8 @@ export class GraphView {
     this.captured.sort((a, b) => a - b);
     this.stepSel.max = this.captured.length - 1;
     this.stepSel.value = this.captured.indexOf(this.step);
-    this.diffSel.append(h("option", { value: step }, `diff vs step ${step}`));
-    if (this.step === undefined) this.showStep(step);
+    this.fillDiff();
+    if (this.step === undefined) this.showStep(step, true);
     else this.stepLabel.textContent = `step ${this.step} (${this.captured.indexOf(this.step) + 1}/${this.captured.length} captured)`;
   }
 

@@ -134,6 +134,20 @@ def test_import_by_file_picker_and_by_drop(page: Any, srv: ServerProc, runs: dic
     assert len(sessions(srv)) == before + 2
 
 
+def test_an_import_of_a_cut_file_says_what_was_left_out(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    """A file cut short (a copy that stopped early) imports what it holds, and the page says
+    how many bytes were dropped: a file is never read short silently."""
+    data = (runs["dir"] / "import-b.tscope").read_bytes()
+    cut = runs["dir"] / "import-cut.tscope"
+    cut.write_bytes(data[:-7])  # its last frame torn
+    page.goto(srv.url + "/")
+    page.wait_for_selector("a.session-link")
+    page.set_input_files("[data-testid=file-input]", str(cut))
+    page.wait_for_selector("#note a.imported")
+    text = page.locator("#note").inner_text()
+    assert "Note: import-cut.tscope is incomplete" in text and "bytes after its last whole frame were dropped" in text
+
+
 # ----------------------------------------------------------------------------- graph
 def test_graph_collapsed_then_expand_and_read_shapes(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
     sid = runs["net"]["id"]
@@ -732,7 +746,7 @@ def test_dark_theme_and_unknown_session(page: Any, srv: ServerProc, runs: dict[s
     shot(page, "graph-dark")
     page.goto(f"{srv.url}/sessions/does-not-exist")
     page.wait_for_selector("#fatal")
-    assert "does not exist" in page.locator("#fatal").inner_text()
+    assert "No session does-not-exist on this server" in page.locator("#fatal").inner_text()
 
 
 def test_server_unreachable_says_so(browser: Any, tmp_path: Path) -> None:
