@@ -79,5 +79,5 @@ def test_a_step_over_the_op_cap_holds_the_first_ops_and_says_so(
     doctor = subprocess.run([sys.executable, "-m", "torchscope.doctor.cli", str(path)], capture_output=True, text=True,
                             timeout=300)
     assert doctor.returncode in (0, 1), doctor.stderr
-    assert f"the graphs of 2 step(s) are partial (step 0, 1: a step's graph holds its first {_CAP:,} ops)" \
+    assert f"the graphs of 2 steps are partial (step 0, 1: a step's graph holds its first {_CAP:,} ops)" \
         in doctor.stderr

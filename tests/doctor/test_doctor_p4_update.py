@@ -54,5 +54,6 @@ def test_a_batch_that_brought_nan_is_told_apart(mode: str, tmp_path: Path) -> No
     assert held == [{"what": "params_nonfinite", "params": []}]  # finite when step 2's forward read them
     (p4,) = [f for f in found if f["code"] == "P4"]
     assert "optimizer.step() made" not in p4["message"] and "set_detect_anomaly" not in p4["message"]
-    assert "its parameters were finite when its forward ran, so its batch or an op of its forward" in p4["message"]
+    # the capture read the batch too (inputs_nonfinite): it brought the NaN
+    assert "the model's input batch at step 2 already held NaN/Inf" in p4["message"], p4["message"]
     assert p4["steps"][0] == 2

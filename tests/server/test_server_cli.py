@@ -360,7 +360,8 @@ def test_doctor_reads_a_file_damaged_in_the_middle(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     res = cli("doctor", str(path))
     assert res.returncode in (0, 1) and "Traceback" not in res.stderr, res.stderr
-    assert f"{len(data) - offset:,} bytes after its last whole frame were dropped" in res.stderr
+    assert f"mid.tscope is damaged at byte {offset:,}" in res.stderr, res.stderr
+    assert f"the {len(data) - offset:,} bytes from there to its end were dropped" in res.stderr
 
 
 def test_serve_texts(tmp_path: Path) -> None:
