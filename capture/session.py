@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +28,6 @@ from .sessionfile import (
     SessionFileError,
     index,
     read_frames,
-    salvage,
     series_part,
 )
 from .validate import RecordError, validate_event
@@ -44,17 +42,7 @@ class Session:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._name = os.path.basename(self.path)
-        # the frame headers alone (a 100,000-step file opens in tens of ms); a damaged header
-        # mid-way: the frames before it, as the whole-file readers keep them, and a warning
-        self.note: str | None = None  # what was left out of a damaged file
-        try:
-            self.version, self._frames = index(self.path)
-        except SessionFileError:
-            kept = salvage(self.path)
-            if not kept.frames:
-                raise
-            self.version, self._frames, self.note = kept.version, kept.frames, kept.note(self._name)
-            warnings.warn(f"torchscope: {self.note}", stacklevel=3)
+        self.version, self._frames = index(self.path)
         if not self._frames:
             raise SessionFileError(f"{self._name} holds no records (empty or cut off before its first frame)")
         first = self._decode([self._frames[0]])

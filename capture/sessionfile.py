@@ -368,33 +368,42 @@ def index(path: str | os.PathLike[str]) -> tuple[tuple[int, int], list[FrameInfo
     read, not here, so indexing costs one small read per frame.
     """
     name = os.path.basename(os.fspath(path))
-    f = _open(path)
-    with f:
+    with _open(path) as f:
         version = check_file_header(f.read(HEADER_SIZE), name)
-        size = os.fstat(f.fileno()).st_size
-        frames: list[FrameInfo] = []
-        offset = HEADER_SIZE
-        while offset + FRAME_HEADER_SIZE <= size:
-            f.seek(offset)
-            head = f.read(FRAME_HEADER_SIZE)
-            try:
-                info = parse_frame_header(head, offset)
-                if info.seq != len(frames):
-                    raise SessionFileError(f"frame {len(frames)} is out of sequence")
-            except SessionFileError as exc:
-                if _zeros_to_end(f, offset):
-                    break
-                raise SessionFileError(f"{name} is corrupt at byte {offset}: {exc}") from None
-            if offset + FRAME_HEADER_SIZE + info.length > size:
-                if _later_frame(f, offset + FRAME_HEADER_SIZE, info.seq + 1):
-                    # a whole later frame follows, so this is no torn tail: the length lies
-                    raise SessionFileError(f"{name} is corrupt at byte {offset}: bad frame length")
-                break  # the writer was killed inside this frame
-            frames.append(info)
-            offset += FRAME_HEADER_SIZE + info.length
+        frames, damage, at = _walk(f, os.fstat(f.fileno()).st_size, crcs=False)
+        if damage:
+            raise SessionFileError(f"{name} is corrupt at byte {at}: {damage}")
         if frames and not _crc_ok(f, frames[-1]):
             frames.pop()  # a last frame whose bytes never all reached the disk
     return version, frames
+
+
+def _walk(f: BinaryIO, size: int, crcs: bool) -> tuple[list[FrameInfo], str | None, int]:
+    """The whole frames from the first on, each checked against its CRC when ``crcs``, up to the
+    end, a torn tail, or damage: (the frames, what the damage is -- None for none or a torn
+    tail --, the offset where the walk stopped)."""
+    frames: list[FrameInfo] = []
+    offset = HEADER_SIZE
+    while offset + FRAME_HEADER_SIZE <= size:
+        f.seek(offset)
+        head = f.read(FRAME_HEADER_SIZE)
+        try:
+            info = parse_frame_header(head, offset)
+            if info.seq != len(frames):
+                raise SessionFileError(f"frame {len(frames)} is out of sequence")
+        except SessionFileError as exc:
+            return frames, None if _zeros_to_end(f, offset) else str(exc), offset
+        end = offset + FRAME_HEADER_SIZE + info.length
+        if end > size:
+            # cut short by the end of the file (the writer was killed inside this frame): a torn
+            # tail, unless a whole later frame follows -- then the length lies
+            return frames, "bad frame length" if _later_frame(f, offset + FRAME_HEADER_SIZE, info.seq + 1) else None, offset
+        if crcs and not _crc_streamed(f, offset + FRAME_HEADER_SIZE, info.length, _FRAME.unpack(head)[2]):
+            # a last frame whose bytes never all reached the disk is a torn tail
+            return frames, None if end == size or _zeros_to_end(f, end) else "frame checksum mismatch", offset
+        frames.append(info)
+        offset = end
+    return frames, None, offset
 
 
 def _open(path: str | os.PathLike[str]) -> BinaryIO:
@@ -569,31 +578,8 @@ def salvage(path: str | os.PathLike[str]) -> Readable:
     with _open(path) as f:
         version = check_file_header(f.read(HEADER_SIZE), name)
         size = os.fstat(f.fileno()).st_size
-        frames: list[FrameInfo] = []
-        offset = HEADER_SIZE
-        damage: str | None = None
-        while offset + FRAME_HEADER_SIZE <= size:
-            f.seek(offset)
-            head = f.read(FRAME_HEADER_SIZE)
-            try:
-                info = parse_frame_header(head, offset)
-                if info.seq != len(frames):
-                    raise SessionFileError(f"frame {len(frames)} is out of sequence")
-            except SessionFileError as exc:
-                damage = None if _zeros_to_end(f, offset) else str(exc)
-                break
-            end = offset + FRAME_HEADER_SIZE + info.length
-            if end > size:
-                # cut short by the end of the file: a torn tail, unless a whole later frame shows the length lies
-                damage = "bad frame length" if _later_frame(f, offset + FRAME_HEADER_SIZE, info.seq + 1) else None
-                break
-            if not _crc_streamed(f, offset + FRAME_HEADER_SIZE, info.length, _FRAME.unpack(head)[2]):
-                # a last frame whose bytes never all reached the disk is a torn tail
-                damage = None if end == size or _zeros_to_end(f, end) else "frame checksum mismatch"
-                break
-            frames.append(info)
-            offset = end
-    return Readable(version, frames, size, damage, offset if damage else -1)
+        frames, damage, at = _walk(f, size, crcs=True)
+    return Readable(version, frames, size, damage, at if damage else -1)
 
 
 def _crc_streamed(f: BinaryIO, start: int, length: int, crc: int) -> bool:
