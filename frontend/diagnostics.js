@@ -47,7 +47,7 @@ export class DiagnosticsView {
     const s = this.app.summary || {};
     this.note.hidden = s.status !== "ended unexpectedly";
     this.note.textContent = this.note.hidden ? "" : `This recording is incomplete: it has no end event (the training process was killed, ` +
-      `or its file was cut short). The findings cover the ${s.steps ?? 0} step(s) it holds.`;
+      `or its file was cut short). The findings cover the ${s.steps ?? 0} step${(s.steps ?? 0) === 1 ? "" : "s"} it holds.`;
   }
 
   open(f) {

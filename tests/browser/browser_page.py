@@ -54,6 +54,32 @@ def open_session(page: Any, base_url: str, sid: str, query: str = "") -> None:
     page.evaluate("window.__torchscope.ready")
 
 
+def session_id(srv: Any, name: str, status: str | None = None, timeout: float = 60) -> str:
+    """The id of the session called ``name`` on the server (with that status), once it is there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for s in srv.get("/api/sessions"):
+            if s["name"] == name and (status is None or s["status"] == status):
+                return str(s["id"])
+        time.sleep(0.2)
+    raise AssertionError(f"no session {name!r} ({status}) on the server: {srv.get('/api/sessions')}")
+
+
+def killed_and_swept(page: Any, proc: subprocess.Popen[Any], data: Path, sid: str) -> None:
+    """SIGKILL a training process whose run ``page`` shows, make the run's last contact 31 s old
+    in the server's real SQLite file (instead of waiting), and wait for the server's sweep
+    (every 5 s) to find it silent and tell the open page."""
+    import signal
+    import sqlite3
+
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    with sqlite3.connect(data / "torchscope.db") as db:
+        db.execute("UPDATE ranks SET last_seen = last_seen - 31 WHERE session_id = ?", (sid,))
+    page.wait_for_function("document.getElementById('session-status').textContent === 'ended unexpectedly'",
+                           timeout=20_000)
+
+
 def shot(page: Any, name: str) -> None:
     """A screenshot into test-artifacts/screenshots/ (a look at what a test saw)."""
     from conftest import ARTIFACTS

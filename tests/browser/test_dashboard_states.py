@@ -14,17 +14,14 @@ real training script:
 
 from __future__ import annotations
 
-import signal
-import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import checked_page, open_session
+from browser_page import checked_page, killed_and_swept, open_session, session_id
 from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -55,16 +52,6 @@ def finish(p: subprocess.Popen[str]) -> None:
     assert p.returncode == 0, out[-3000:]
 
 
-def session_id(srv: ServerProc, name: str, status: str | None = None, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for s in srv.get("/api/sessions"):  # type: ignore[attr-defined]
-            if s["name"] == name and (status is None or s["status"] == status):
-                return str(s["id"])
-        time.sleep(0.2)
-    raise AssertionError(f"no session {name!r} ({status}) on the server: {srv.get('/api/sessions')}")
-
-
 def test_a_killed_run_turns_ended_on_its_open_page(page: Any, srv: ServerProc, tmp_path: Path) -> None:
     p = train(srv, tmp_path, "killed", "--steps", "0", "--hold", "120")
     try:
@@ -73,16 +60,10 @@ def test_a_killed_run_turns_ended_on_its_open_page(page: Any, srv: ServerProc, t
         assert page.locator("#session-status").inner_text() == "running"
         assert "fills in live" in page.locator("#empty-note").inner_text()
         assert "appears when the first captured step ends" in page.evaluate("window.__torchscope.state().graph.status")
-        p.send_signal(signal.SIGKILL)
-        p.wait(10)
+        killed_and_swept(page, p, srv.data, sid)
     finally:
         if p.poll() is None:
             p.kill()
-    # the writer's last contact made 31 s old in the server's real SQLite file, instead of waiting
-    with sqlite3.connect(srv.data / "torchscope.db") as db:
-        db.execute("UPDATE ranks SET last_seen = last_seen - 31 WHERE session_id = ?", (sid,))
-    # the server's sweep (every 5 s) finds it silent and tells the open page
-    page.wait_for_function("document.getElementById('session-status').textContent === 'ended unexpectedly'", timeout=20_000)
     note = page.locator("#empty-note").inner_text()
     assert "recorded no steps (ended unexpectedly)" in note and "live" not in note
     assert "No graph was captured" in page.evaluate("window.__torchscope.state().graph.status")
