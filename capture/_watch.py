@@ -2553,23 +2553,21 @@ class Watch:
         self._probing = bool(kept and kept["of"] == "loss" and self._probe_left > 0)
         self._probe_left -= self._probing
         if kept and kept["of"] == "loss" and "held_at" not in kept and not self._probing:
-            held_in = self._held_in if self._held_in is not None else self._safe("kept", self._find_holder)
-            if held_in:
-                kept["held_in"] = held_in
+            if self._held_in is None:
+                self._safe("kept", self._find_holder)
+            if self._held_in:
+                kept["held_in"] = self._held_in
 
-    def _find_holder(self) -> str | None:
+    def _find_holder(self) -> None:
         """Once, when the probe saw no torch call keep them and losses of two or more earlier
         steps are alive: the user's named container (or variable) holding the latest of them
         (``history.append(loss)``), found through the garbage collector's referrers."""
         losses = [sent for ref in self._sentinels if (sent := ref()) is not None and not sent.output
                   and sent.step < self._step and sent.loss is not None]
         if len({sent.step for sent in losses}) < 2:
-            return None  # one step's loss (``loss = train_step()`` keeps the last): not yet
-        latest = max(losses, key=lambda sent: sent.step)
-        t = latest.loss() if latest.loss is not None else None
-        self._held_in = container_of(t) if t is not None else ""
-        del t
-        return self._held_in
+            return  # one step's loss (``loss = train_step()`` keeps the last): not yet
+        loss = cast("weakref.ref[torch.Tensor]", max(losses, key=lambda sent: sent.step).loss)()
+        self._held_in = container_of(loss) if loss is not None else ""
 
     def _on_holder(self, args: tuple[Any, ...]) -> None:
         """While probing: a call of the user's outside the forward made a tensor with a graph.

@@ -468,11 +468,12 @@ def read_frames(path: str | os.PathLike[str], frames: Iterable[FrameInfo]) -> It
                 raise SessionFileError(f"{name} is corrupt at byte {info.offset}: {exc}") from None
 
 
-def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Every readable event of a session file, in order: the events of the frames ``salvage``
-    keeps (``torn_bytes`` says how many bytes it left out).  Series frames (1.1) are skipped:
-    their records are derived from the step events, not events."""
-    frames = salvage(path).frames
+def iter_events(path: str | os.PathLike[str], frames: list[FrameInfo] | None = None) -> Iterator[dict[str, Any]]:
+    """Every readable event of a session file, in order: the events of ``frames`` (default: the
+    frames ``salvage`` keeps; ``torn_bytes`` says how many bytes it left out).  Series frames
+    (1.1) are skipped: their records are derived from the step events, not events."""
+    if frames is None:
+        frames = salvage(path).frames
     for events in read_frames(path, [f for f in frames if not f.flags & FLAG_SERIES]):
         yield from events
 

@@ -68,13 +68,14 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
     events = []
     tell = sys.stderr.isatty()  # a person at a terminal: a long run's file takes a while
     try:
-        for ev in iter_events(path):
+        found = salvage(path)  # one pass over the file: its frames, and what it left out
+        for ev in iter_events(path, found.frames):
             events.append(ev)
             if ev.get("kind") == "step" and isinstance(ev.get("step"), int):
                 last_step = max(last_step, ev["step"])
                 if tell and ev["step"] % 5000 == 4999:
                     _status(f"read {ev['step'] + 1:,} steps")
-        left_out = salvage(path).note(os.path.basename(path))  # damage or a torn tail, in one line
+        left_out = found.note(os.path.basename(path))  # damage or a torn tail, in one line
     except (SessionFileError, OSError, ValueError) as exc:
         print(f"torchscope doctor: {exc}", file=sys.stderr)
         return 2

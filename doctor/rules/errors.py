@@ -58,13 +58,31 @@ _SAVE_NOTHING = tuple(f"{n}Backward" for n in (
 ))
 
 
+def _tensors(graph: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
+
+
+def _written(op: dict[str, Any], tensors: dict[int, dict[str, Any]]) -> Any:
+    """The storage an in-place op writes: its first input's (``self``), None when not known."""
+    return tensors.get(next((as_int(x, -1) for x in as_list(op.get("inputs"))), -1), {}).get("storage")
+
+
+def _first_write_after(graph: dict[str, Any], tensors: dict[int, dict[str, Any]], after: int,
+                       storages: set[Any]) -> dict[str, Any] | None:
+    """The first in-place forward op after op ``after`` writing one of ``storages``."""
+    for op in g.ops(graph):
+        if (as_int(op.get("id"), -1) > after and op.get("phase", "forward") == "forward" and "inplace" in g.flags(op)
+                and _written(op, tensors) in storages):
+            return op
+    return None
+
+
 def _needers(graph: dict[str, Any], culprit: dict[str, Any]) -> list[str]:
     """The grad_fn nodes that needed what ``culprit`` (an in-place op) overwrote: those of the
     earlier ops that read or wrote its storage, but for nodes that save none of it (the saved
     tensors themselves cannot be read once stale: the capture does not have them)."""
-    tensors = {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
-    first = next((as_int(x, -1) for x in as_list(culprit.get("inputs"))), -1)
-    storage = tensors.get(first, {}).get("storage")
+    tensors = _tensors(graph)
+    storage = _written(culprit, tensors)
     if storage is None:
         return []
     cid = as_int(culprit.get("id"), -1)
@@ -110,40 +128,29 @@ def _overwrote_output(graph: dict[str, Any], node: dict[str, Any]) -> dict[str, 
     if "op" not in node:
         return None
     made = as_int(node.get("op"), -1)
-    tensors = {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
-    ops = g.ops(graph)
-    source = next((op for op in ops if as_int(op.get("id"), -1) == made), None)
+    tensors = _tensors(graph)
+    source = next((op for op in g.ops(graph) if as_int(op.get("id"), -1) == made), None)
     if source is None:
         return None
     storages = {tensors[t].get("storage") for t in (as_int(x, -1) for x in as_list(source.get("outputs")))
                 if t in tensors and "storage" in tensors[t]}
-    for op in ops:
-        if as_int(op.get("id"), -1) <= made or op.get("phase", "forward") != "forward" or "inplace" not in g.flags(op):
-            continue
-        first = next((as_int(x, -1) for x in as_list(op.get("inputs"))), -1)
-        if first in tensors and tensors[first].get("storage") in storages:
-            return op
-    return None
+    return _first_write_after(graph, tensors, made, storages)
 
 
 def _reader_overwritten(graph: dict[str, Any], shape: list[int]) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """(the in-place forward op, the node) when an op whose grad_fn node saves tensors read or
     made a tensor of ``shape`` whose storage a later in-place forward op wrote."""
-    tensors = {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
+    tensors = _tensors(graph)
     nodes = {as_int(n.get("op"), -1): n for n in as_list(graph.get("nodes")) if isinstance(n, dict) and "op" in n}
-    ops = [op for op in g.ops(graph) if op.get("phase", "forward") == "forward"]
-    writes = [(as_int(op.get("id"), -1), tensors.get(as_int(next(iter(as_list(op.get("inputs"))), -1), -1), {}).get("storage"), op)
-              for op in ops if "inplace" in g.flags(op)]
-    for op in ops:
+    for op in g.ops(graph):
         node = nodes.get(as_int(op.get("id"), -1))
-        if node is None or str(node.get("name", "")).startswith(_SAVE_NOTHING):
+        if op.get("phase", "forward") != "forward" or node is None or str(node.get("name", "")).startswith(_SAVE_NOTHING):
             continue
-        oid = as_int(op.get("id"), -1)
         for t in [*as_list(op.get("inputs")), *as_list(op.get("outputs"))]:
             meta = tensors.get(as_int(t, -1), {})
             if [as_int(x) for x in as_list(meta.get("shape"))] != shape or meta.get("storage") is None:
                 continue
-            later = next((w for wid, storage, w in writes if wid > oid and storage == meta["storage"]), None)
+            later = _first_write_after(graph, tensors, as_int(op.get("id"), -1), {meta["storage"]})
             if later is not None:
                 return later, node
     return None

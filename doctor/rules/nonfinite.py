@@ -261,7 +261,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     diverged = _diverged_before(run, steps[0])
     full = run.session.get("mode") == "full"
     # the batch brought it in: the fix is the data's, the line the forward's
-    data = diverged is None and _bad_batch(_inputs_read(ev0), steps[0]) is not None
+    batch = _bad_batch(_inputs_read(ev0), steps[0]) if diverged is None else None
+    data = batch is not None
     forward_src = next((str(f.get("src")) for f in reversed(as_list(ev0.get("forwards")))
                         if isinstance(f, dict) and f.get("src")), None)
     # The step before the first non-finite one was finite; its optimizer.step() is to blame when
@@ -277,7 +278,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         # The NaN reached the parameters through optimizer.step() at the first bad step: that
         # later op only reads them, it made nothing (a transpose of a NaN weight is NaN)
         what = "in the loss" if loss_nonfinite(ev0) else (f"in the gradients of {', '.join(names[:3])}" if names else "")
-        message = (f"NaN/Inf first appeared at step {steps[0]} in the loss: {_bad_batch(_inputs_read(ev0), steps[0])} "
+        message = (f"NaN/Inf first appeared at step {steps[0]} in the loss: {batch} "
                    f"optimizer.step() then wrote it into the parameters, so every later step is NaN/Inf too ({when})."
                    if data else
                    f"NaN/Inf first appeared at step {steps[0]} {what}; optimizer.step() wrote it into the parameters, "
@@ -337,7 +338,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                    "their data, or an op that overflows on their values. Which op is not known: ops are checked for "
                    "NaN on the step after a non-finite one, which was finite here.")
         if data:
-            message += " At step " + str(steps[0]) + ", " + str(_bad_batch(_inputs_read(ev0), steps[0]))
+            message += f" At step {steps[0]}, {batch}"
             fix = FIX_DATA
     else:
         message = f"The loss is NaN/Inf ({when})."

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,22 @@ from torch import nn
 import torchscope
 
 
+@contextlib.contextmanager
+def _watched(watch: Any, action: Any) -> Iterator[tuple[nn.Module, torch.optim.Optimizer, list[warnings.WarningMessage]]]:
+    """A model and its optimizer, watched by ``watch(model, opt)`` (None: unwatched), and the
+    warnings raised inside, under ``warnings.simplefilter(action)``."""
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt) if watch else contextlib.nullcontext(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter(action)
+        yield model, opt, seen
+
+
 def _loop(kind: str, watch: Any) -> list[warnings.WarningMessage]:
     """Two steps of a loop whose line marked ``# warns`` raises ``kind``'s warning: every
     warning raised (``simplefilter("always")``)."""
     torch.manual_seed(0)
-    model = nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with watch(model, opt) if watch else contextlib.nullcontext(), warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with _watched(watch, "always") as (model, opt, seen):
         for _ in range(2):
             out = model(torch.randn(8, 4))
             target = torch.randn(8)
@@ -74,10 +83,7 @@ def test_the_default_filter_shows_a_warning_once_per_line_of_the_users(tmp_path:
     twice -- as unwatched."""
 
     def two_lines(watch: Any) -> list[tuple[str, int]]:
-        model = nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        with watch(model, opt) if watch else contextlib.nullcontext(), warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("default")
+        with _watched(watch, "default") as (model, opt, seen):
             for _ in range(3):
                 out = model(torch.ones(8, 4))
                 a = F.mse_loss(out, torch.zeros(8))
@@ -97,11 +103,10 @@ def test_the_default_filter_shows_a_warning_once_per_line_of_the_users(tmp_path:
 
 def test_a_users_filter_on_their_module_applies(tmp_path: Path) -> None:
     """A filter on the module a warning names (``module=``) matches the user's module."""
-    model = nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with torchscope.watch(model, opt, server=None, record=tmp_path / "f.tscope"), \
-            warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    def watch(model: nn.Module, opt: torch.optim.Optimizer) -> Any:
+        return torchscope.watch(model, opt, server=None, record=tmp_path / "f.tscope")
+
+    with _watched(watch, "always") as (model, opt, seen):
         warnings.filterwarnings("ignore", module=__name__)
         loss = F.mse_loss(model(torch.ones(8, 4)), torch.zeros(8))
         loss.backward()
