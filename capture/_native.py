@@ -45,6 +45,7 @@ NAME = "torchscope_native_recorder"
 _lock = threading.Lock()
 _ext: ModuleType | None = None
 _error: str | None = None
+_error_log = ""  # a failed build's whole compiler output (``python -m torchscope._native`` shows its end)
 _building: threading.Thread | None = None
 _STALE_LOCK_S = 600  # a build takes under a minute
 _claimed_by = 0  # id of the Watch whose recorder holds the extension's (process-wide) state
@@ -109,7 +110,7 @@ def compile_extension(name: str, sources: tuple[Path, ...], out: Path, verbose: 
 
 def _build(loud: bool = False) -> None:
     """``loud``: a build the user did not ask for (the first full-mode watch) says how it ended."""
-    global _ext, _error
+    global _ext, _error, _error_log
     try:
         out = build_dir()
         t0 = time.perf_counter()
@@ -127,10 +128,20 @@ def _build(loud: bool = False) -> None:
         if loud:
             print(f"torchscope: C++ op recorder built in {took:.0f} s; full mode uses it from the next step", file=sys.stderr)
     except Exception as exc:  # no compiler, a failed build: the Python recorder records
-        _error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        _error, _error_log = describe_failure(exc), str(exc)
         log.info("torchscope: full mode records ops in Python (native recorder: %s)", _error)
         if loud:
             print(f"torchscope: full mode records ops in Python, ~2x slower ({_error[:200]})", file=sys.stderr)
+
+
+def describe_failure(exc: Exception) -> str:
+    """One line for a failed build.  cpp_extension's message is ninja's whole log, whose first
+    line is a compiler command: the compiler's first ``error:`` line says what went wrong."""
+    lines = str(exc).splitlines()
+    cause = next((ln.strip() for ln in lines if "error:" in ln), None)
+    if cause is not None:
+        return f"{type(exc).__name__}: C++ build failed: {cause}"
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 _STAMP = "source.sha256"  # the source a finished build was made from
@@ -457,5 +468,7 @@ if __name__ == "__main__":
     mod = get(block=True)
     if mod is None:
         print(f"torchscope: native recorder not available: {_error or 'TORCHSCOPE_NATIVE=0'}", file=sys.stderr)
+        if _error_log:
+            print("\n".join(_error_log.splitlines()[-40:]), file=sys.stderr)
         raise SystemExit(1)
     print(f"torchscope: native recorder ready in {time.perf_counter() - t0:.1f} s ({build_dir()})")

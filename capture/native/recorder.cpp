@@ -29,7 +29,7 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
-#include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/function.h>  // Node: torch 2.11 has no node.h
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 

@@ -13,7 +13,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/function.h>  // Node: torch 2.11 has no node.h
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>

@@ -381,3 +381,24 @@ def test_its_json_is_the_records_json(tmp_path: Path, monkeypatch: pytest.Monkey
         # outputs of differentiable ops name their graph node in both
         assert any("grad_fn" in t for t in gn["tensors"]) and any("grad_fn" in t for t in gp["tensors"])
         assert {n for t in gn["tensors"] if (n := t.get("grad_fn")) is not None} <= set(range(len(gn["nodes"])))
+
+
+def test_a_failed_build_says_what_the_compiler_said(tmp_path: Path) -> None:
+    """A build that fails (here: a compiler that is asked to include a header that is not there,
+    as torch 2.11 lacks one a source once included) is one line naming the compiler's error,
+    and ``python -m torchscope._native`` prints the end of the compiler's log after it."""
+    import subprocess
+    import sys
+
+    cxx = tmp_path / "c++"
+    cxx.write_text('#!/bin/sh\nexec g++ -include torchscope_planted_missing.h "$@"\n')
+    cxx.chmod(0o755)
+    env = {**os.environ, "TORCHSCOPE_NATIVE_BUILD": str(tmp_path / "build"), "CXX": str(cxx)}
+    res = subprocess.run(
+        [sys.executable, "-m", "torchscope._native"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    first = res.stderr.splitlines()[0]
+    assert first.startswith("torchscope: native recorder not available: RuntimeError: C++ build failed: "), first
+    assert "fatal error: torchscope_planted_missing.h: No such file or directory" in first
+    assert "ninja: build stopped" in res.stderr  # the log's end follows the line
