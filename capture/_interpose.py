@@ -45,7 +45,11 @@ _MOVES = {
     _T.half: "half",
     _T.bfloat16: "bfloat16",
     _T.type: "type",
+    # same device and dtype: only the same tensor copied again step after step is P12's
+    _T.clone: "clone",
+    torch.tensor: "copy",
 }
+SAME_PLACE_COPIES = frozenset({_T.clone, torch.tensor})
 _BREAKS = {
     _T.item: "torch::Tensor.item",
     _T.tolist: "torch::Tensor.tolist",
@@ -142,9 +146,21 @@ class Interposer(TorchFunctionMode):
             # GradScaler.scale() moves its scale to the loss's device: a scaler the user did not
             # pass to watch() (P14, skipped steps, the scale over time)
             self.watch._safe("amp", self.watch._found_scaler, sys._getframe(1).f_locals.get("self"))
-        out = self.watch._run_cast(func, args, kwargs)
+        # the user's own ``.to()`` / ``.half()`` / ``clone()``: while a captured step records
+        # ops, the ``_to_copy`` it makes is marked theirs, not autocast's.  Called here, in
+        # this frame, as every other call the mode passes on: a warning torch raises in it
+        # names this frame, which _warnings renames after the user's
+        rec = self.watch._s.recorder if self.watch._capturing_ops else None
+        if rec is None:
+            out = func(*args, **kwargs)
+        else:
+            rec.explicit_casts += 1
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                rec.explicit_casts -= 1
         if args and isinstance(args[0], torch.Tensor) and _from_user():
-            self.watch._safe("copies", self.watch._on_move, args[0], out)
+            self.watch._safe("copies", self.watch._on_move, args[0], out, func in SAME_PLACE_COPIES)
         return out
 
 

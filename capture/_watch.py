@@ -85,6 +85,7 @@ _CHANGE_CAPTURES_FIRST, _CHANGE_CAPTURES_EVERY = 8, 10
 # non-finite gradient; the other steps record norms, NaN/Inf counts and missing grads only.
 GRAD_STATS_EVERY = 10
 COPY_STEPS = 4  # steps counted for copies before sampling every GRAD_STATS_EVERY (see _counts_copies)
+_BIG_COPY = 1 << 20  # bytes from which the same tensor cloned every step is P12's (see _on_move)
 _PROBE_STEPS = 3  # steps the mode looks for the holder of a kept loss (Watch._probe)
 _MODE_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 # activation-gradient slot whose hook has not run yet (no row: left out of the step's event)
@@ -1384,19 +1385,9 @@ class Watch:
             return  # another model's clipping (a GAN's other network)
         self._s.clip = (total, float(loc.get("max_norm", math.nan)), float(loc.get("norm_type", 2.0)))
 
-    def _run_cast(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        """The user's own ``.to()`` / ``.half()``...: while a captured step records ops, the
-        ``_to_copy`` it makes is marked theirs, not autocast's."""
-        rec = self._s.recorder if self._capturing_ops else None
-        if rec is None:
-            return func(*args, **kwargs)
-        rec.explicit_casts += 1
-        try:
-            return func(*args, **kwargs)
-        finally:
-            rec.explicit_casts -= 1
-
-    def _on_move(self, inp: torch.Tensor, out: Any) -> None:
+    def _on_move(self, inp: torch.Tensor, out: Any, same_place: bool = False) -> None:
+        """``same_place``: ``clone()`` or ``torch.tensor(t)``, a copy on the same device in the
+        same dtype, counted only when the same tensor is copied again in a later step."""
         s = self._s
         if out is inp:
             s.noop_to += 1
@@ -1404,14 +1395,19 @@ class Watch:
         if not isinstance(out, torch.Tensor) or out.layout != torch.strided or inp.layout != torch.strided:
             return
         nbytes = out.numel() * out.element_size()
-        if out.device != inp.device:
-            s.copies += 1
-            s.copy_bytes += nbytes
-        src_ptr = _first_storage(inp)
+        if same_place and (inp.requires_grad or nbytes < _BIG_COPY):
+            # a small clone every step is often meant (an initial hidden state, a mask the step
+            # writes into), and one of a tensor that needs grad is part of the graph: a
+            # dataset copied over every step is the pitfall
+            return
         src = user_src()
-        origin = s.conversions.get(src_ptr)
-        if origin is not None and origin == (out.dtype, out.device):
-            _bump(s.moves, ("round_trip", src), nbytes)  # converted there and back within the step
+        if not same_place:
+            if out.device != inp.device:
+                s.copies += 1
+                s.copy_bytes += nbytes
+            origin = s.conversions.get(_first_storage(inp))
+            if origin is not None and origin == (out.dtype, out.device):
+                _bump(s.moves, ("round_trip", src), nbytes)  # converted there and back within the step
         # the same tensor object converted again in a later step: work that belongs before the loop.
         # Keyed by the object (held weakly), not its address, which a new batch may reuse.
         key = (id(inp), out.dtype, out.device)
@@ -1422,7 +1418,8 @@ class Watch:
         if len(self._converted) > 4096:  # bounded: forget the oldest conversions
             for k in list(self._converted)[:2048]:
                 del self._converted[k]
-        s.conversions[_first_storage(out)] = (inp.dtype, inp.device)
+        if not same_place:
+            s.conversions[_first_storage(out)] = (inp.dtype, inp.device)
 
     # ------------------------------------------------------------------ backward
     def _run_backward(self, func: Any, kind: str, args: Any, kwargs: dict[str, Any]) -> Any:

@@ -4,7 +4,8 @@ On a GPU the capture counts host<->device copies; on a CPU there are none, and w
 is the conversions themselves: `.to()`/`.cpu()` calls that return the same tensor (no-ops) and
 dtype/device round trips (copy there, copy back) within one step, and repeated copies: a
 conversion (`.to()`, `.float()`, `.cuda()`) of the same source storage it already converted
-in an earlier step, i.e. work that could have been done once before the loop.
+in an earlier step, or a copy of 1 MiB or more (`clone()`, `torch.tensor(t)`) of the same tensor
+copied in an earlier step, i.e. work that could have been done once before the loop.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from ..run import Run, as_dict, as_int, as_list
 from ..settings import Settings
 
 FIX = ("Move the model and constant tensors to the device once, before the loop; keep tensors on the device "
-       "between ops (no .cpu()/.numpy() round trips, no dtype back-and-forth); move each batch once.")
+       "between ops (no .cpu()/.numpy() round trips, no dtype back-and-forth); move each batch once; copy a dataset "
+       "(clone(), torch.tensor(t)) once, not every step.")
 
 
 def _events(ev: dict[str, object], what: str) -> list[dict[str, object]]:
