@@ -16,7 +16,6 @@ import torchscope
 from torchscope.doctor import diagnose
 from torchscope.sessionfile import iter_events
 
-
 COPIES = {"clone": "data = x_all.clone()", "torch.tensor": "data = torch.tensor(x_all)"}
 
 
