@@ -53,9 +53,10 @@ def _many(skipped: list[int], run: Run, settings: Settings) -> bool:
     return streak >= settings.scaler_skip_steps or (len(skipped) >= settings.scaler_skip_steps and share >= 0.1)
 
 
-def _calibration_finding(run: Run, calibration: list[int], settled: float | None,
+def _calibration_finding(run: Run, calibration: list[int], began: float | None, settled: float | None,
                          data: dict[str, object]) -> Finding:
-    to = f" (to {settled:g})" if settled is not None else ""
+    start = f"from {began:g} " if began is not None else ""
+    to = f" ({start}to {settled:g})" if settled is not None else ""
     message = (f"GradScaler calibrated its scale: it skipped {len(calibration)} optimizer steps at the start "
                f"({describe_steps(calibration, run.last_step)}), lowering its scale after each float16 overflow{to}, "
                "then stepped steadily -- normal for a GradScaler, not a problem.")
@@ -146,7 +147,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     elif _many(calibration, run, settings):  # enough to look like trouble: say why it is not
         # each step records the scale it ran with: where it settled is the first steady step's
         settled = next((by_step[s] for s in sorted(by_step) if s > calibration[-1]), None)
-        findings.append(_calibration_finding(run, calibration, settled, data))
+        findings.append(_calibration_finding(run, calibration, by_step.get(calibration[0]), settled, data))
     if clip:
         findings.append(make("P14", "warning", f"Gradients were clipped while still scaled by the GradScaler "
                              f"({describe_steps(clip, run.last_step)}): call scaler.unscale_(optimizer) first.",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from doctor_events import grads, session, step
 from doctor_runs import diagnose_all
 
@@ -77,6 +78,9 @@ def test_gradscaler_calibration_is_an_info_not_a_warning(runs: Any, name: str) -
     (p14,) = of(found, "P14")
     assert p14["severity"] == "info" and p14["steps"] == skipped and p14["data"]["calibration"] == skipped
     assert "calibrated its scale" in p14["message"] and p14["title"] == "GradScaler calibrating its scale"
+    # from the scale it began with to where it settled: halved at each skip (backoff_factor 0.5)
+    init = torch.amp.GradScaler("cpu").get_scale()
+    assert f"(from {init:g} to {init / 2 ** len(skipped):g})" in p14["message"], p14["message"]
 
 
 def test_dead_branch_under_amp_is_still_reported_from_the_stepped_steps(runs: Any) -> None:
