@@ -1544,6 +1544,9 @@ class Watch:
         if s.scale_version is None and self._scaler is not None:
             self._snapshot_scale(s)  # GradScaler creates its scale lazily, in its first scale()
         params = [r() for r in self._params]
+        # a closure's second evaluation inside optimizer.step() (LBFGS): the step's loss stays
+        # the first's, which step(closure) returns and the loop logs
+        later_closure = s.step_began is not None and s.micro > s.step_began
         if kind == "grad":
             # the gradients are returned, not accumulated into .grad: what .grad holds now says
             # nothing about zero_grad, and the doctor does not count this pass as accumulation
@@ -1557,7 +1560,8 @@ class Watch:
         elif self._grads_reset(params):
             s.zero_grad += 1  # grads were reset between micro-batches (an LBFGS closure does)
             s.accumulated = 1
-            s.summed = []
+            if not later_closure:
+                s.summed = []
         else:
             s.accumulated += 1
         fns = []
@@ -1568,7 +1572,7 @@ class Watch:
             fn = t.grad_fn
             s.roots.append(type(fn).__name__ if fn is not None else "None")
             if t.numel() == 1 and len(s.losses) < 1024:
-                if kind != "grad":
+                if kind != "grad" and not later_closure:
                     s.summed.append(len(s.losses))
                 with _unseen():  # the loop's dispatch modes do not see the alias
                     s.losses.append(t.detach())  # read with the gradients at the boundary
@@ -2366,9 +2370,11 @@ class Watch:
         stats["pre_nonzero"] = pre_nonzero
         if not_trained:
             stats["not_trained"] = not_trained
-        # the micro-batches' losses together (with `loss / accum_steps`, their mean), as the
-        # loop logs it; else the last backward's
-        ev["loss"] = sum(losses[i] for i in summed) if len(summed) > 1 else losses[-1] if losses else None
+        # the losses of the backward passes since the gradients were last reset, added up
+        # (with `loss / accum_steps`, their mean), as the loop logs it -- of a closure called
+        # several times inside step(), the first; with none (autograd.grad passes) the last
+        picked = [losses[i] for i in summed if i < len(losses)]
+        ev["loss"] = (picked[0] if len(picked) == 1 else sum(picked)) if picked else losses[-1] if losses else None
         ev["losses"] = losses
         ev["grads"] = stats
         if has_scale:  # the scaler's scale tensor was read after the losses

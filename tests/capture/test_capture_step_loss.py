@@ -72,7 +72,8 @@ def test_an_inner_autograd_grad_pass_is_no_micro_batch(tmp_path: Path) -> None:
 
 def test_a_closure_that_resets_the_gradients_starts_over(tmp_path: Path) -> None:
     """LBFGS calls its closure several times a step, each zeroing the gradients first: the
-    step's loss is the last evaluation's, not all of them added up."""
+    step's loss is the first evaluation's, which ``opt.step(closure)`` returns (the loop logs
+    it), not all of them added up, nor the last."""
     model = _model()
     opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
     path = tmp_path / "lbfgs.tscope"
@@ -86,10 +87,13 @@ def test_a_closure_that_resets_the_gradients_starts_over(tmp_path: Path) -> None
         last.append(loss.item())
         return loss
 
+    returned = []
     with torchscope.watch(model, opt, server=None, record=path):
         for _ in range(2):
             last.clear()
-            opt.step(closure)
+            returned.append(opt.step(closure).item())
     steps = _steps(path)
     assert len(steps) == 2 and len(steps[-1]["losses"]) == len(last) > 1
-    assert steps[-1]["loss"] == pytest.approx(last[-1], rel=1e-6)
+    assert last[0] != last[-1]  # the evaluations differ: the test tells them apart
+    assert [st["loss"] for st in steps] == pytest.approx(returned, rel=1e-6)
+    assert steps[-1]["loss"] == pytest.approx(last[0], rel=1e-6)
