@@ -70,6 +70,27 @@ def test_an_inner_autograd_grad_pass_is_no_micro_batch(tmp_path: Path) -> None:
     assert all(len(st["losses"]) == 2 for st in steps)  # both were seen
 
 
+def test_an_autograd_grad_pass_after_the_backward_leaves_the_loss(tmp_path: Path) -> None:
+    """A loop that measures another loss's gradient after backward() (a torch.autograd.grad
+    pass of the watched parameters): the step's loss is still the backward's."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "probe.tscope"
+    logged: list[float] = []
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(3):
+            opt.zero_grad()
+            loss = model(torch.randn(5, 6)).pow(2).mean()
+            loss.backward()
+            probe = model(torch.randn(5, 6)).abs().mean()
+            torch.autograd.grad(probe, list(model.parameters()))  # how another loss would pull
+            opt.step()
+            logged.append(loss.item())
+    steps = _steps(path)
+    assert [len(st["losses"]) for st in steps] == [2, 2, 2]  # both were seen
+    assert [st["loss"] for st in steps] == pytest.approx(logged, rel=1e-6)
+
+
 def test_a_closure_that_resets_the_gradients_starts_over(tmp_path: Path) -> None:
     """LBFGS calls its closure several times a step, each zeroing the gradients first: the
     step's loss is the first evaluation's, which ``opt.step(closure)`` returns (the loop logs
