@@ -30,6 +30,9 @@ FIX = "Divide each micro-batch loss by the accumulation count before backward():
 MICRO_MEAN_FIX = ("Divide each micro-batch's summed loss by accum_steps * micro_batch_size ({k} * {b} = {n}), "
                   "the size of the whole batch, not by the micro-batch size: "
                   "(loss_sum / (accum_steps * micro_batch_size)).backward().")
+MICRO_ELEMENTS_FIX = ("Divide each micro-batch's summed loss by accum_steps times its element count ({k} * {b} = {n}), "
+                      "the whole batch's count, not the micro-batch's: "
+                      "(loss_sum / (accum_steps * n_elements)).backward().")
 CHUNK_FIX = ("Average the micro-batch losses instead of adding them: divide their sum by {k} "
              "(sum(losses) / {k}, or torch.stack(losses).mean()), or compute one loss over the whole batch.")
 
@@ -86,7 +89,7 @@ class LossGraph:
         accumulated over (0: not known)."""
         name = self.names.get(node, "")
         if name.startswith(_SCALED_ROOTS):
-            if self.micro_mean_size(node):
+            if self.micro_mean_dims(node):
                 return "micro_mean"
             weighted = self._weighted(node, k)
             if weighted is not None and depth < _DEPTH:
@@ -133,22 +136,26 @@ class LossGraph:
             node = inputs[0]
         return 1 / factor if factor and self._reduction(node) == "sum" else None
 
-    def micro_mean_size(self, node: int) -> int:
-        """The micro-batch size when ``node`` is a sum over one micro-batch's samples divided by
-        that size (a mean over the micro-batch, by hand), else 0."""
+    def micro_mean_dims(self, node: int) -> tuple[int, ...]:
+        """The leading dimensions of the micro-batch's data when ``node`` is a sum over one
+        micro-batch divided by their product -- its size (``loss_sum / b``) or its elements
+        (``loss_sum / (b * t)``, a language model's tokens): a mean over the micro-batch by
+        hand; else ()."""
         divisor = self._sum_divided_by(node)
         micro = self.forward_of(node) if divisor else None
-        size = self.micro_batch_size(micro) if micro is not None else 0
-        return size if size and divisor and math.isclose(divisor, size) else 0
+        shape = self.data_shape(micro) if micro is not None else []
+        for n in range(1, len(shape) + 1):
+            if divisor and math.isclose(divisor, math.prod(shape[:n])):
+                return tuple(shape[:n])
+        return ()
 
-    def micro_batch_size(self, micro: int) -> int:
-        """The batch dimension of the first data the forward ``micro`` read (0 when none)."""
+    def data_shape(self, micro: int) -> list[int]:
+        """The shape of the first data the forward ``micro`` read ([] when none)."""
         for op in self.forwards.get(micro, []):
             for tid in (as_int(t, -1) for t in as_list(op.get("inputs"))):
                 if _handed_over(self.tensors, self.writers, tid):
-                    shape = as_list(as_dict(self.tensors.get(tid)).get("shape"))
-                    return as_int(shape[0]) if shape else 0
-        return 0
+                    return [as_int(d) for d in as_list(as_dict(self.tensors.get(tid)).get("shape"))]
+        return []
 
     def mean_terms(self, k: int = 0) -> list[int]:
         """The terms of the loss that are means left unscaled: ``k`` of them sum to k times one."""
@@ -248,7 +255,7 @@ class Judgement:
     sum to k times one (none: scaled right) and, for a hand-made micro-batch mean, its size."""
 
     too_big: frozenset[Scale] = frozenset()
-    micro_batch: int = 0  # the micro-batch size a summed loss was divided by ("micro_mean")
+    micro_dims: tuple[int, ...] = ()  # the micro-batch's dimensions a summed loss was divided by ("micro_mean")
     target: FindingTarget = field(default_factory=FindingTarget)  # the captured loss that showed it
 
 
@@ -257,8 +264,8 @@ def judge(lg: LossGraph, step: int, rank: int, k: int = 0) -> Judgement:
     ``k`` micro-batches."""
     terms = lg.mean_terms(k)
     scales = frozenset(lg.scale(t, k) for t in terms)
-    size = next((n for n in (lg.micro_mean_size(t) for t in terms) if n), 0)
-    return Judgement(scales, size, FindingTarget(step=step, rank=rank, node=lg.root))
+    dims = next((d for d in (lg.micro_mean_dims(t) for t in terms) if d), ())
+    return Judgement(scales, dims, FindingTarget(step=step, rank=rank, node=lg.root))
 
 
 def _judge_roots(roots: list[str]) -> Judgement:
@@ -389,14 +396,18 @@ def _divided_by_micro_batch(run: Run, hits: list[Accumulated]) -> list[Finding]:
     if not hits:
         return []
     k = max(h.k for h in hits)
-    shown = next(h.judgement for h in hits if h.judgement.micro_batch)
-    b = shown.micro_batch
+    shown = next(h.judgement for h in hits if h.judgement.micro_dims)
+    dims = shown.micro_dims
+    b = math.prod(dims)
+    by = (f"the micro-batch size ({b})" if len(dims) == 1
+          else f"the {b} elements of its {'x'.join(map(str, dims))} micro-batch")
     message = (f"Each of the {k} micro-batch losses summed into .grad "
-               f"({describe_steps([h.step for h in hits], run.last_step)}) is a sum divided by the micro-batch "
-               f"size ({b}), a mean over its micro-batch: their gradients add up to {k}x the gradient of the "
-               f"batch's mean loss: {{consequence}}")
-    return [_warning(run, hits, message, MICRO_MEAN_FIX.format(k=k, b=b, n=k * b), shown.target,
-                     {"micro_batch_size": b})]
+               f"({describe_steps([h.step for h in hits], run.last_step)}) is a sum divided by {by}, a mean "
+               f"over its micro-batch: their gradients add up to {k}x the gradient of the batch's mean loss: "
+               f"{{consequence}}")
+    fix = MICRO_MEAN_FIX if len(dims) == 1 else MICRO_ELEMENTS_FIX
+    return [_warning(run, hits, message, fix.format(k=k, b=b, n=k * b), shown.target,
+                     {"micro_batch_size": dims[0], "divided_by": b})]
 
 
 def _check_backwards(run: Run, judged: dict[object, Judgement]) -> list[Finding]:

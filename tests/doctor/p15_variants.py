@@ -11,6 +11,7 @@ import argparse
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import torchscope
@@ -21,6 +22,20 @@ model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 3))
 mse = nn.MSELoss()
 mse_sum = nn.MSELoss(reduction="sum")
 mse_none = nn.MSELoss(reduction="none")
+
+
+V, T = 50, 6  # a language model's vocabulary and sequence length (the tokens_* variants train lm)
+lm = nn.Sequential(nn.Embedding(V, 16), nn.Linear(16, V))
+
+
+def _tokens() -> tuple[torch.Tensor, torch.Tensor]:
+    """K * B sequences of T tokens and their next tokens, as a data loader of text hands them over."""
+    seq = torch.randint(0, V, (K * B, T + 1))
+    return seq[:, :-1], seq[:, 1:]
+
+
+def _token_loss_sum(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(lm(inputs).reshape(-1, V), targets.reshape(-1), reduction="sum")
 
 
 def _pixels(x: torch.Tensor) -> torch.Tensor:
@@ -122,6 +137,13 @@ def explicit_sum_divided_by_micro_batch(x: torch.Tensor, y: torch.Tensor) -> Non
         (mse_none(model(xb), yb).sum() / xb.shape[0]).backward()
 
 
+def tokens_divided_by_micro_batch_tokens(x: torch.Tensor, y: torch.Tensor) -> None:
+    """A language model's summed token losses divided by the micro-batch's token count (B * T)."""
+    inputs, targets = _tokens()
+    for ib, tb in zip(inputs.chunk(K), targets.chunk(K), strict=True):
+        (_token_loss_sum(ib, tb) / tb.numel()).backward()
+
+
 def chunk_sum_divided_by_micro_batch(x: torch.Tensor, y: torch.Tensor) -> None:
     loss = sum(mse_sum(model(xc), yc) / B for xc, yc in zip(x.chunk(K), y.chunk(K), strict=True))
     loss.backward()  # type: ignore[union-attr]
@@ -157,6 +179,13 @@ def sum_scaled_by_full_batch(x: torch.Tensor, y: torch.Tensor) -> None:
     """Divided by the size of the batch the micro-batches were sliced from."""
     for xb, yb in zip(x.chunk(K), y.chunk(K), strict=True):
         (mse_sum(model(xb), yb) * (1 / len(x))).backward()
+
+
+def tokens_divided_by_batch_tokens(x: torch.Tensor, y: torch.Tensor) -> None:
+    """Divided by the whole batch's token count (K * B * T): its mean token loss."""
+    inputs, targets = _tokens()
+    for ib, tb in zip(inputs.chunk(K), targets.chunk(K), strict=True):
+        (_token_loss_sum(ib, tb) / (K * tb.numel())).backward()
 
 
 def sum_reduction(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -196,7 +225,8 @@ VARIANTS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
                             chunk_sum_divided, chunk_stack_mean, mean_divided, sum_divided_by_batch,
                             sum_scaled_by_full_batch, sum_reduction, explicit_sum, chunk_explicit_sum,
                             two_datasets, two_views, label_smoothing_not_divided, weighted_not_divided,
-                            adam_not_divided, adam_clip_not_divided, label_smoothing_divided)
+                            adam_not_divided, adam_clip_not_divided, label_smoothing_divided,
+                            tokens_divided_by_micro_batch_tokens, tokens_divided_by_batch_tokens)
 }
 
 
@@ -209,10 +239,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)  # the tests run several of these side by side
-    optimizer = (torch.optim.Adam(model.parameters(), lr=1e-3) if args.variant.startswith("adam")
-                 else torch.optim.SGD(model.parameters(), lr=0.01))
+    net = lm if args.variant.startswith("tokens") else model
+    optimizer = (torch.optim.Adam(net.parameters(), lr=1e-3) if args.variant.startswith("adam")
+                 else torch.optim.SGD(net.parameters(), lr=0.01))
     train = VARIANTS[args.variant]
-    with torchscope.watch(model, optimizer, server=None, record=args.record):
+    with torchscope.watch(net, optimizer, server=None, record=args.record):
         for _ in range(args.steps):
             x, y = torch.randn(K * B, 16), torch.randn(K * B, 3)
             optimizer.zero_grad()

@@ -16,17 +16,20 @@ from torchscope.sessionfile import iter_events
 
 SCRIPT = Path(__file__).with_name("p15_variants.py")
 K, B = 4, 8  # p15_variants.K, p15_variants.B: micro-batches per step, samples per micro-batch
+T = 6  # p15_variants.T: tokens per sequence (tokens_* variants)
 
 CHUNKED = ["chunk_sum", "chunk_stack_sum", "chunk_outputs_first", "chunk_of_pixels", "chunk_sum_divided_by_micro_batch"]
 # a sum over each micro-batch's samples divided by its size: the loss node's reduction='sum' (or a
 # SumBackward0) under a DivBackward0 / MulBackward0 whose number is the micro-batch's batch dimension
 MICRO_MEANS = ["sum_divided_by_micro_batch", "sum_times_inverse_micro_batch", "explicit_sum_divided_by_micro_batch"]
 CORRECT = ["chunk_sum_divided", "chunk_stack_mean", "mean_divided", "sum_divided_by_batch", "sum_scaled_by_full_batch",
-           "sum_reduction", "explicit_sum", "chunk_explicit_sum", "two_datasets", "two_views", "label_smoothing_divided"]
+           "sum_reduction", "explicit_sum", "chunk_explicit_sum", "two_datasets", "two_views", "label_smoothing_divided",
+           "tokens_divided_by_batch_tokens"]
 # a loss multiplied by numbers that are weights, not 1 / K: label smoothing's, 2.0 * loss
 WEIGHTED = ["label_smoothing_not_divided", "weighted_not_divided"]
 ADAM = ["adam_not_divided", "adam_clip_not_divided"]
-VARIANTS = [*CHUNKED, "mean_not_divided", "custom_function_not_divided", *MICRO_MEANS, *CORRECT, *WEIGHTED, *ADAM]
+TOKENS = "tokens_divided_by_micro_batch_tokens"
+VARIANTS = [*CHUNKED, "mean_not_divided", "custom_function_not_divided", *MICRO_MEANS, *CORRECT, *WEIGHTED, *ADAM, TOKENS]
 HEDGE = "reduction='sum'"  # the warning's caveat when no loss node tells its reduction
 
 Findings = list[dict[str, Any]]
@@ -138,3 +141,17 @@ def test_sum_loss_divided_by_the_micro_batch_size(runs: tuple[Path, dict[str, Fi
     assert target["step"] == graph["step"] and target["node"] == graph["root"]
     root = next(n for n in graph["nodes"] if n["id"] == graph["root"])
     assert root["name"] in ("DivBackward0", "MulBackward0") and root["scalar"] in (B, 1 / B), root
+
+
+def test_sum_of_token_losses_divided_by_the_micro_batch_tokens(
+        runs: tuple[Path, dict[str, Findings | BaseException]]) -> None:
+    """A language model's loss summed over tokens and divided by the micro-batch's B * T tokens:
+    a mean over the micro-batch, K of them summed into .grad."""
+    found = p15(runs, TOKENS)
+    assert len(found) == 1, found
+    f = found[0]
+    assert f["severity"] == "warning" and f["steps"] == list(range(int(STEPS))), f
+    assert f"the {B * T} elements of its {B}x{T} micro-batch" in f["message"] and f"{K}x larger" in f["message"]
+    assert f["data"]["micro_batch_size"] == B and f["data"]["divided_by"] == B * T
+    assert f"({K} * {B * T} = {K * B * T})" in f["fix"] and "element count" in f["fix"]
+    assert "backward()" in _line(f["src"])
