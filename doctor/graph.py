@@ -40,11 +40,28 @@ def consumers(graph_ops: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]
 
 def producers(graph_ops: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """tensor id -> the op that wrote it (the last writer wins: in-place ops re-produce a tensor)."""
-    out: dict[int, dict[str, Any]] = {}
+    return {t: ops[-1] for t, ops in writers(graph_ops).items()}
+
+
+def writers(graph_ops: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """tensor id -> every op that wrote it, in execution order: the op that made it, then the
+    in-place ops that wrote it again (``relu_`` of ``ReLU(inplace=True)``, ``masked_fill_``)."""
+    out: dict[int, list[dict[str, Any]]] = {}
     for op in graph_ops:
         for t in as_list(op.get("outputs")):
-            out[as_int(t, -1)] = op
+            out.setdefault(as_int(t, -1), []).append(op)
     return out
+
+
+def writer_before(written: dict[int, list[dict[str, Any]]], tensor: int, op_id: int) -> dict[str, Any] | None:
+    """The op whose write of ``tensor`` the op ``op_id`` read: the latest before it.  An in-place
+    op reads what the op before it wrote, not its own output."""
+    found = None
+    for w in written.get(tensor, ()):
+        if as_int(w.get("id"), -1) >= op_id:
+            break
+        found = w
+    return found
 
 
 def _walk(start: Iterable[dict[str, Any]],
@@ -77,13 +94,13 @@ def upstream(graph_ops: list[dict[str, Any]], op: dict[str, Any],
              passes: Callable[[dict[str, Any]], bool] = lambda _: True) -> list[dict[str, Any]]:
     """`op` and every op whose outputs (transitively) fed it, in execution order; not walking
     on past an op for which ``passes`` is false (e.g. passes_gradient)."""
-    writers = producers(graph_ops)
+    written = writers(graph_ops)
 
     def feeding(cur: dict[str, Any], cid: int) -> list[dict[str, Any]]:
         if not passes(cur):
             return []
-        found = (writers.get(as_int(t, -1)) for t in as_list(cur.get("inputs")))
-        return [w for w in found if w is not None and as_int(w.get("id"), -1) < cid]
+        found = (writer_before(written, as_int(t, -1), cid) for t in as_list(cur.get("inputs")))
+        return [w for w in found if w is not None]
 
     return _walk([op], feeding)
 

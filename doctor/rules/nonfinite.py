@@ -115,16 +115,16 @@ def culprit(graph: dict[str, Any], loss_bad: bool = False) -> dict[str, Any] | N
         if first is not None:
             return first
     end = loss if loss and _flagged(loss) else bad[-1]
-    writers = g.producers(ops)
+    written = g.writers(ops)
     chain = {as_int(end.get("id"), -1): end}
     todo = [end]
     while todo:
         cur = todo.pop()
         cid = as_int(cur.get("id"), -1)
         for t in as_list(cur.get("inputs")):
-            w = writers.get(as_int(t, -1))
+            w = g.writer_before(written, as_int(t, -1), cid)
             wid = as_int(w.get("id"), -1) if w is not None else -1
-            if w is not None and wid < cid and wid not in chain and _flagged(w):
+            if w is not None and wid not in chain and _flagged(w):
                 chain[wid] = w
                 todo.append(w)
     return chain[min(chain)]

@@ -57,3 +57,31 @@ def test_a_batch_that_brought_nan_is_told_apart(mode: str, tmp_path: Path) -> No
     # the capture read the batch too (inputs_nonfinite): it brought the NaN
     assert "the model's input batch at step 2 already held NaN/Inf" in p4["message"], p4["message"]
     assert p4["steps"][0] == 2
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_an_inplace_op_reading_nan_parameters_is_not_the_cause(mode: str, inplace: bool, tmp_path: Path) -> None:
+    """A NaN loss at step 2 (log of a bad target) that optimizer.step() writes into the
+    parameters: from step 3 every op is NaN.  An in-place op among them (``ReLU(inplace=True)``,
+    as torchvision's ResNets use) re-writes the tensor it reads, and was taken for the op that
+    made the NaN; the doctor must say, as without it, that step 2 began it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(inplace=inplace), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for i in range(6):
+            x, y = torch.randn(16, 8), torch.rand(16, 1)
+            if i == 2:
+                y[0] = -1.0  # log(-1) is NaN
+            opt.zero_grad()
+            ((model(x) - torch.log(y)) ** 2).mean().backward()
+            opt.step()
+    (p4,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P4"]
+    assert p4["steps"][0] == 2 and "relu" not in p4["message"].lower(), p4["message"]
+    if mode == "full":  # which checks log, div, exp... op by op on every step
+        assert "NaN/Inf first produced by aten::log at step 2" in p4["message"], p4["message"]
+    else:
+        assert "first appeared at step 2 in the loss" in p4["message"], p4["message"]
+        assert "optimizer.step() wrote it into the parameters" in p4["message"]
