@@ -10,6 +10,11 @@ export class ApiError extends Error {
 }
 
 export const UNREACHABLE = "The torchscope server is unreachable. Is `torchscope serve` still running?";
+// A 401: the server is up, but it needs a token and this page has none or another one (a
+// server restarted with a new token, or now bound beyond loopback, which makes one up).
+export const TOKEN_REFUSED = "The torchscope server refused this page's token: it needs its token, and this page has none " +
+  "or another one (was the server restarted with a new token?). Open the URL torchscope printed (`torchscope serve`, or " +
+  "`torchscope.watch` in your script), the one ending in ?token=…";
 
 export async function api(path, opts = {}) {
   const headers = { ...(opts.headers || {}) };
@@ -23,6 +28,7 @@ export async function api(path, opts = {}) {
   if (!resp.ok) {
     let detail = resp.statusText;
     try { detail = describe(await resp.json()); } catch { /* not JSON */ }
+    if (resp.status === 401) throw new ApiError(401, TOKEN_REFUSED, TOKEN_REFUSED);
     throw new ApiError(resp.status, `${resp.status}: ${detail}`, detail);
   }
   const type = resp.headers.get("content-type") || "";
@@ -52,21 +58,41 @@ export async function allSteps(id, rank) {
 }
 
 // The header's dot: whether this page hears the server's live channel (not whether the run
-// is still going; the status badge says that).
+// is still going; the status badge says that); ``refused``: the server answered, with a refusal.
 export function showConnection(el) {
-  return (ok) => {
-    el.textContent = ok ? "● connected" : "○ disconnected";
-    el.title = ok ? "live updates from the torchscope server" : "the torchscope server is unreachable; the browser keeps retrying";
+  return (ok, refused = null) => {
+    el.textContent = ok ? "● connected" : refused?.status === 401 ? "○ token refused" : refused ? "○ refused" : "○ disconnected";
+    el.title = ok ? "live updates from the torchscope server" : refused ? refused.message : "the torchscope server is unreachable; the browser keeps retrying";
     el.className = ok ? "ok" : "bad";
   };
 }
 
-// One EventSource per page; listeners filter by session.  Reconnects are done by the browser.
+const RETRY_MS = 3000;
+
+// One EventSource per page; listeners filter by session.  After a network failure the browser
+// reconnects by itself; an HTTP error answer (a 401 of a server restarted with another token,
+// a proxy's 502) closes the EventSource for good without saying which.  Then a fetch of the
+// same URL asks: a refusal (400, 401, 403) reaches ``onState(false, error)`` in words, not as
+// "unreachable", and the page tries again every few seconds (a server started again with the
+// page's token is heard again).
 export function live(onEvent, onState = () => {}) {
   const url = "/api/live" + (token() ? `?token=${encodeURIComponent(token())}` : "");
-  const es = new EventSource(url);
-  es.onmessage = (m) => { try { onEvent(JSON.parse(m.data)); } catch { /* ignore malformed */ } };
-  es.onopen = () => onState(true);
-  es.onerror = () => onState(false);
-  return es;
+  const connect = () => {
+    const es = new EventSource(url);
+    es.onmessage = (m) => { try { onEvent(JSON.parse(m.data)); } catch { /* ignore malformed */ } };
+    es.onopen = () => onState(true);
+    es.onerror = () => { if (es.readyState === EventSource.CLOSED) whyClosed(); else onState(false); };
+  };
+  const whyClosed = async () => {
+    const stop = new AbortController();
+    try {
+      await api("/api/live", { signal: stop.signal }); // answered: the stream itself is not wanted
+      stop.abort();
+      onState(false);
+    } catch (e) {
+      onState(false, e instanceof ApiError && [400, 401, 403].includes(e.status) ? e : null);
+    }
+    setTimeout(connect, RETRY_MS);
+  };
+  connect();
 }

@@ -2,7 +2,7 @@
 // updates, theme.  Views are created lazily and kept, so switching back keeps zoom,
 // selection and expanded groups.
 import { h, clear, withLoading, coalesce } from "./dom.js";
-import { api, sessionPath, live, showConnection, ApiError, UNREACHABLE } from "./api.js";
+import { api, sessionPath, rankQuery, live, showConnection, ApiError, UNREACHABLE } from "./api.js";
 import { GraphView } from "./graph/view.js";
 import { MemoryView } from "./memory.js";
 import { GradientsView } from "./gradients.js";
@@ -47,7 +47,7 @@ class App {
     this.renderHeader();
     if (!this.summary.steps && !(this.summary.graphs > 0)) this.main.before(h("div", { class: "notice", id: "empty-note" }, this.emptyText()));
     const dot = showConnection(this.conn);
-    live((ev) => this.onLive(ev), (ok) => { dot(ok); this.onConnection(ok); });
+    live((ev) => this.onLive(ev), (ok, refused) => { dot(ok, refused); this.onConnection(ok, refused); });
     await this.go(this.state.view, {}, true);
     this.badge = new DiagnosticsView(h("div"), this); // keeps the count on the Doctor tab
     this.badge.load().catch(() => {});
@@ -119,7 +119,10 @@ class App {
         await withLoading(el, v.obj.load());
       } catch (e) {
         // the server gone: the page's banner says so, and the view loads once it is back
-        if (e instanceof ApiError && e.status === 0) { el.remove(); delete this.views[view]; this.onConnection(false); return v.obj; }
+        // (or refusing this page's token: the banner says that instead)
+        if (e instanceof ApiError && (e.status === 0 || e.status === 401)) {
+          el.remove(); delete this.views[view]; this.onConnection(false, e.status ? e : null); return v.obj;
+        }
         el.prepend(h("div", { class: "notice error" }, e.message));
       }
       if (view === "graph" && first && this.state.overlay) v.obj.setOverlay(this.state.overlay);
@@ -173,21 +176,35 @@ class App {
   onStatus() {
     const note = document.getElementById("empty-note");
     if (note) note.textContent = this.emptyText();
-    this.views.graph?.obj.onStatus?.();
-    this.views.diagnostics?.obj.onStatus();
+    for (const v of Object.values(this.views)) v.obj.onStatus?.();
   }
 
   // The server gone: whatever view is open says so, not only the header's dot (a graph
   // already drawn showed no sign of it).  Back: a view that could not load meanwhile loads.
-  onConnection(ok) {
-    if (!ok && !this.offline) {
-      this.offline = h("div", { class: "notice error", id: "offline", role: "status" }, UNREACHABLE, " This page reconnects by itself.");
-      this.main.before(this.offline);
+  // ``refused``: the server is there but refuses the page (its token), said in those words.
+  onConnection(ok, refused = null) {
+    if (!ok) {
+      const text = refused ? refused.message : `${UNREACHABLE} This page reconnects by itself.`;
+      if (!this.offline) this.main.before(this.offline = h("div", { class: "notice error", id: "offline", role: "status" }));
+      if (this.offline.textContent !== text) this.offline.textContent = text;
     } else if (ok && this.offline) {
       this.offline.remove();
       this.offline = null;
       if (!this.views[this.state.view]) this.go(this.state.view);
+      this.catchUp();
     }
+  }
+
+  // Heard again after a gap: what the server published meanwhile never reached this page (a
+  // run that streamed on, or ended, while the server restarted), so the header, the views and
+  // the Doctor's count refetch as on a live step, and the graph's scrubber gets the steps
+  // captured meanwhile.
+  catchUp() {
+    this.onLive({ session: this.id, kind: "status" });
+    for (const [k, v] of Object.entries(this.views)) if (k !== "graph") v.obj.onStep?.({ session: this.id, kind: "step" });
+    if (!this.views.diagnostics) this.badge?.onStep();
+    const g = this.views.graph?.obj;
+    if (g) api(`${sessionPath(this.id)}/graphs?${rankQuery(this.rank)}`).then((gs) => { for (const x of gs) g.onCapturedStep(x.step); }, () => {});
   }
 
   debug() {

@@ -27,7 +27,9 @@ export class DiagnosticsView {
     this.onStatus();
     const worst = ["error", "warning"].find((sev) => this.findings.some((f) => f.severity === sev)) || "info";
     this.app.setFindingCount(this.findings.length, worst);
-    if (!this.findings.length) { this.list.append(h("p", { class: "muted" }, "No pitfall found in this session.")); return; }
+    // a live run is diagnosed again as it goes on: nothing found yet is no all-clear
+    const none = this.app.running ? "No pitfall found so far; the doctor looks again as the run goes on and when it ends." : "No pitfall found in this session.";
+    if (!this.findings.length) { this.list.append(h("p", { class: "muted", "data-testid": "no-findings" }, none)); return; }
     for (const f of this.findings) {
       this.list.append(h("button", { class: `finding ${f.severity}`, "data-code": f.code, onclick: () => this.open(f) },
         h("div", { class: "finding-head" }, h("span", { class: `badge ${f.severity === "error" ? "err" : f.severity === "warning" ? "warn" : ""}` }, f.code),

@@ -64,15 +64,15 @@ export function shape(s) {
 // and then again while events keep coming. Never a debounce (a timer reset by every event):
 // a run that steps faster than `ms` would then never refresh the view at all.
 // A refresh that finds the server gone (ApiError status 0: the header already shows
-// "disconnected", and the live channel refreshes again once it is back) is not an error of the
-// page; anything else still is.
+// "disconnected", and the live channel refreshes again once it is back) or refusing the page's
+// token (401: the header says so) is not an error of the page; anything else still is.
 export function coalesce(fn, ms) {
   let timer = null;
   return (...args) => {
     if (timer !== null) return;
     timer = setTimeout(() => {
       timer = null;
-      Promise.resolve(fn(...args)).catch((e) => { if (e?.status !== 0) throw e; });
+      Promise.resolve(fn(...args)).catch((e) => { if (e?.status !== 0 && e?.status !== 401) throw e; });
     }, ms);
   };
 }

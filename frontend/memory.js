@@ -34,6 +34,8 @@ export class MemoryView {
     this.hooks = new LineChart(this.hooksBox, { title: "bytes of tensors kept by forward hooks at each step boundary (P13: a hook storing activations)",
       height: 140, fmt: fmtBytes, vlines: mark });
     root.append(h("h2", {}, "Inside a step: live bytes op by op ", this.stepSel));
+    this.timelineNote = h("p", { class: "muted", "data-testid": "timeline-note", hidden: true });
+    root.append(this.timelineNote);
     this.timeline = new LineChart(root, { title: "live bytes after each recorded op (the forward's; in full mode the backward's too) — click a point to open the op in the graph", fmt: fmtBytes, xLabel: "op",
       onClick: (i) => this.openOp(i), tipLabel: (i) => this.opLabel(i), vlines: () => this.phaseLines() });
     this.top = h("div", { class: "top-allocs" });
@@ -57,6 +59,7 @@ export class MemoryView {
     const captured = [...new Set(graphs.map((g) => g.step))].sort((a, b) => a - b);
     if (this.captured && captured.length === this.captured.length && captured.every((st, i) => st === this.captured[i])) return;
     this.captured = captured;
+    this.onStatus();
     const chosen = this.stepSel.value;
     clear(this.stepSel).append(...captured.map((st) => h("option", { value: st }, `step ${st}`)));
     if (chosen !== "") this.stepSel.value = chosen;
@@ -109,6 +112,15 @@ export class MemoryView {
         ops.map((o) => h("tr", {}, h("td", {}, fmtBytes(o.alloc)), h("td", {}, o.name), h("td", {}, o.module || "(root)"),
           h("td", {}, shape(tensors.get((o.outputs || [])[0])?.shape)),
           h("td", {}, h("a", { href: "#", onclick: (e) => { e.preventDefault(); this.app.openNode(this.graph.step, "o" + o.id); } }, "show in graph"))))));
+  }
+
+  // No captured step (a light run; a run before its first captured step): a sentence saying
+  // why, not an empty step list over a chart that says "No data yet" for good.
+  onStatus() {
+    const none = !this.captured?.length;
+    this.timelineNote.hidden = !none;
+    this.stepSel.hidden = this.timeline.root.hidden = none;
+    if (none) this.timelineNote.textContent = `The op-by-op timeline comes from a captured step's graph. ${this.app.emptyText("graph")}`;
   }
 
   opLabel(i) {

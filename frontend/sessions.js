@@ -184,5 +184,11 @@ function initImport() {
 initTheme();
 initImport();
 initListTools();
-live(coalesce(refresh, 300), showConnection(document.getElementById("conn")));
+// A live channel refused (this page's token): the note says so at once, not at the next refresh;
+// heard again, the list is refetched (what changed meanwhile sent no event this page heard).
+const dot = showConnection(document.getElementById("conn"));
+live(coalesce(refresh, 300), (ok, refused) => {
+  dot(ok, refused);
+  if (refused) { say(refused.message, true); listFailed = true; } else if (ok && listFailed) refresh();
+});
 window.__torchscope = { ready: refresh(), refresh };

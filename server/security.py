@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -95,11 +96,38 @@ def token_page(reachable: bool) -> bytes:
     return _TOKEN_PAGE % {b"why": why}
 
 
-async def _reply_token_page(send: Send, page: bytes) -> None:
-    await send({"type": "http.response.start", "status": 401,
+def _page_load(scope: Scope, headers: dict[bytes, bytes]) -> bool:
+    """A browser opening a page (a person reads the answer), not a script's or a page's request."""
+    return scope.get("method") == "GET" and b"text/html" in headers.get(b"accept", b"")
+
+
+async def _reply_page(send: Send, status: int, page: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"text/html; charset=utf-8"),
                             (b"content-length", str(len(page)).encode())]})
     await send({"type": "http.response.body", "body": page})
+
+
+# What a browser shows at an address this server does not serve (``http://0.0.0.0:6150``, a name
+# of this machine): the way to one it serves, not the JSON refusal an API client gets
+_HOST_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>torchscope: open it at 127.0.0.1</title>
+<style>body{font:15px/1.5 system-ui,sans-serif;max-width:40em;margin:4em auto;padding:0 1em}code{background:#eee;padding:0 4px}</style>
+</head><body><h1>Open torchscope at <a href="%(url)s">%(url)s</a></h1>
+<p>This torchscope server answers only at the address it is bound to, <code>localhost</code> and
+<code>127.0.0.1</code>, not at <code>%(host)s</code>: so a web page whose name is made to point at this
+machine cannot read your runs (DNS rebinding). To open it under another name, start it with
+<code>torchscope serve --host 0.0.0.0</code>, which then asks for the token it prints.</p>
+</body></html>"""
+
+
+def host_page(host_header: str, server_port: int | None) -> bytes:
+    """The page for a refused ``Host``; its link keeps the port the browser used (a forwarded
+    port may not be the one the server is bound to)."""
+    host = host_name(host_header)
+    tail = host_header.rpartition(":")[2] if host_header != host else ""
+    port = tail if tail.isdigit() else str(server_port or "")
+    url = f"http://127.0.0.1{f':{port}' if port else ''}/"
+    return (_HOST_PAGE % {"url": url, "host": html.escape(host)}).encode()
 
 
 class SecurityMiddleware:
@@ -133,13 +161,17 @@ class SecurityMiddleware:
         if self.token is None:
             host = host_name(headers.get(b"host", b"").decode("latin-1"))
             if host not in self.allowed_hosts:
-                await _reply(send, 400, f"Host {host!r} is not served here (DNS rebinding protection)")
+                if _page_load(scope, headers):
+                    server_port = (scope.get("server") or (None, None))[1]
+                    await _reply_page(send, 400, host_page(headers.get(b"host", b"").decode("latin-1"), server_port))
+                else:
+                    await _reply(send, 400, f"Host {host!r} is not served here (DNS rebinding protection)")
                 return
         elif path not in OPEN_PATHS:
             given = self._token_of(scope, headers)
             if given is None or not secrets.compare_digest(given.encode(), self.token.encode()):
-                if scope.get("method") == "GET" and b"text/html" in headers.get(b"accept", b""):
-                    await _reply_token_page(send, self._token_page)  # a browser's page load
+                if _page_load(scope, headers):
+                    await _reply_page(send, 401, self._token_page)
                 elif given is None:
                     await _reply(send, 401, "this torchscope server needs its token (open the URL it printed)")
                 else:

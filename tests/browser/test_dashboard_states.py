@@ -5,7 +5,8 @@ real training script:
 - a run killed while its page is open turns from "running" to "ended unexpectedly" on that
   page, without a reload, and its empty state stops promising live updates;
 - an empty graph view says why: a light-mode run captures no graph, and its dead controls
-  (step scrubber, colour, "Expand all", which threw a TypeError) are not shown;
+  (step scrubber, colour, "Expand all", which threw a TypeError) are not shown; so does the
+  memory view's op-by-op timeline (an empty step list over "No data yet");
 - a step without a captured graph (from a chart, a finding, a URL) says which step is shown
   instead of silently showing another one;
 - the sessions page keeps what an import did (with a link to the new session) while a live
@@ -80,6 +81,29 @@ def test_a_light_run_says_it_has_no_graph_and_expand_all_is_harmless(page: Any, 
     page.evaluate("window.__torchscope.expandAll()")  # threw a TypeError
     page.evaluate("window.__torchscope.app.views.graph.obj.collapseAll()")
     page.wait_for_timeout(200)  # an error would reach the page's error list
+
+
+def test_the_memory_view_of_a_light_run_says_why_it_has_no_op_timeline(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    """Its "Inside a step" part was an empty step list over a chart saying "No data yet" (found by
+    QA): a light run captures no graph, so that never fills in; a running default-mode run's
+    first captured step still does, and its Doctor's "no pitfall" is "so far"."""
+    finish(train(srv, tmp_path, "light-memory", "--steps", "3", "--mode", "light"))
+    open_session(page, srv.url, session_id(srv, "light-memory", "finished"), "?view=memory")
+    page.wait_for_function("window.__torchscope.state().memory?.steps === 3")
+    note = page.locator("[data-testid=timeline-note]")
+    assert note.is_visible() and 'mode="light"' in note.inner_text() and "op-by-op timeline" in note.inner_text()
+    assert not page.locator("[data-testid=memory-step]").is_visible()
+    p = train(srv, tmp_path, "default-memory", "--steps", "1", "--hold", "60")
+    try:
+        open_session(page, srv.url, session_id(srv, "default-memory", "running"), "?view=memory")
+        page.wait_for_function("window.__torchscope.state().memory?.timeline > 0", timeout=30_000)
+        assert not note.is_visible() and page.locator("[data-testid=memory-step]").is_visible()
+        # nor is the Doctor's "nothing found" of a live run an all-clear (it said "in this session")
+        page.click("button[data-view=diagnostics]")
+        assert "so far" in page.locator("[data-testid=no-findings]").inner_text()
+    finally:
+        p.kill()
+        p.wait(10)
 
 
 def test_a_step_without_a_graph_says_which_step_is_shown(page: Any, srv: ServerProc, tmp_path: Path) -> None:

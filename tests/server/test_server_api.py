@@ -184,6 +184,19 @@ def test_host_header_rejected(client: TestClient) -> None:
         assert client.get("/api/health", headers={"Host": host}).status_code == 200
 
 
+def test_a_browser_at_a_refused_host_gets_the_address_to_open(client: TestClient) -> None:
+    """A person who opens ``http://0.0.0.0:6150`` (or a name of this machine) reads a page with the
+    address this server answers at, not a JSON refusal; the page says no data, and scripts
+    still get the JSON (found by QA)."""
+    page = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+    r = client.get("/", headers={**page, "Host": "0.0.0.0:6150"})
+    assert r.status_code == 400 and r.headers["content-type"].startswith("text/html")
+    assert 'href="http://127.0.0.1:6150/"' in r.text and "<code>0.0.0.0</code>" in r.text and "DNS rebinding" in r.text
+    r = client.get("/sessions/x", headers={**page, "Host": "<b>evil</b>:8080"})
+    assert 'href="http://127.0.0.1:8080/"' in r.text and "<b>evil" not in r.text  # the name is text
+    assert "DNS rebinding" in client.get("/", headers={"Host": "0.0.0.0:6150"}).json()["detail"]
+
+
 def test_cross_origin_writes_refused(client: TestClient, tmp_path: Path) -> None:
     """A page of another origin can send writes it cannot read (a form, a no-cors fetch) with
     our Host: the browser's Sec-Fetch-Site / Origin tell them from the dashboard's own."""
