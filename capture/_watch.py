@@ -573,7 +573,7 @@ class Watch:
         self._change_captures = 0  # steps captured for a new structure (held to a budget)
         self._nan_armed = False
         # CUDA: a step event waiting for its gradient statistics (see _finish)
-        self._deferred: tuple[StepEvent, StatsRead, int, list[int], bool, tuple[float, float] | None, list[int], list[int], dict[str, Any] | None] | None = None
+        self._deferred: tuple[StepEvent, StatsRead, int, list[int], bool, tuple[float, float] | None, list[int], list[int], dict[str, Any] | None, list[tuple[NodeRecord, weakref.ref[torch.Tensor]]]] | None = None
         self._sentinels: list[weakref.ref[_Sentinel]] = []
         # an earlier step's loss is kept alive (P7): the mode sees the user's calls outside the
         # forward, for the one that takes the loss in (_on_holder); for at most _PROBE_STEPS steps
@@ -2265,18 +2265,20 @@ class Watch:
             events.append({"what": what, "count": count, "bytes": nbytes, "src": src})
         if events:
             ev["events"] = events
-        if s.unregistered:
-            self._safe("graph", self._owned_elsewhere, s)
         sig = "+".join(dict.fromkeys(s.sigs)) if s.sigs else ""
         ev["graph_signature"] = sig
         self._follow_structure(sig, s.graph is not None)
         self._follow_failure(s)
         graph = dict(self._graph_event(s)) if s.graph is not None else None
         clip = s.clip[1:] if s.clip is not None else None
-        pending = (ev, read, len(s.losses), s.summed, isinstance(scale, torch.Tensor), clip, s.pre_nonzero, not_trained, graph)
+        pending = (ev, read, len(s.losses), s.summed, isinstance(scale, torch.Tensor), clip, s.pre_nonzero, not_trained, graph,
+                   s.unregistered)
         if self._deferred is not None:
             self._finish_deferred()  # the previous step's values, long on the host by now
-        if read.deferred:
+        if read.deferred or s.unregistered:
+            # Parameters outside the model in the captured graph: another optimizer may step
+            # them after the watched one (an encoder's, then its decoder's), so whether one
+            # does is asked at the next boundary
             self._deferred = pending
         else:
             self._finish(*pending)
@@ -2285,20 +2287,20 @@ class Watch:
         if self._gc_paused:
             self._resume_gc()
 
-    def _owned_elsewhere(self, s: _StepState) -> None:
-        """A Parameter outside the model that an optimizer steps (a GAN's other model, by the
-        end of the step its backward ran in) is trained, not unregistered: its mark goes; so
+    def _owned_elsewhere(self, unregistered: list[tuple[NodeRecord, weakref.ref[torch.Tensor]]]) -> None:
+        """A Parameter outside the model that an optimizer steps (a GAN's other model, an
+        encoder's decoder, stepped after the watched optimizer: asked at the next boundary) is
+        trained, not unregistered: its mark goes; so
         does one sharing its storage with the model's or those parameters (FSDP's FlatParameter,
         whose views the model's parameters are)."""
         held = [p for o in list(self._all_opts) for g in o.param_groups for p in g["params"]]
         ids = {id(p) for p in held}
         shared = {ptr for p in (*held, *(r() for r in self._params)) if p is not None
                   for ptr, _ in storage_parts(p)}
-        for rec, ref in s.unregistered:
+        for rec, ref in unregistered:
             var = ref()
             if var is None or id(var) in ids or any(ptr in shared for ptr, _ in storage_parts(var)):
                 rec.pop("unregistered", None)
-        s.unregistered = []
 
     def _follow_structure(self, sig: str, captured: bool) -> None:
         """Default mode captures a graph structure it has not captured yet: the step after one
@@ -2361,10 +2363,14 @@ class Watch:
         pre_nonzero: list[int],
         not_trained: list[int],
         graph: dict[str, Any] | None,
+        unregistered: list[tuple[NodeRecord, weakref.ref[torch.Tensor]]],
     ) -> None:
         """Complete a step event with its gradient statistics and losses, then emit it (and its
-        graph).  On CUDA this runs one step boundary later: a non-finite step arms the
-        capture of the step after the next."""
+        graph).  On CUDA, and after a captured step with parameters outside the model, this
+        runs one step boundary later: a non-finite step arms the capture of the step after
+        the next."""
+        if unregistered:
+            self._safe("graph", self._owned_elsewhere, unregistered)
         stats, values = read.result()
         losses = values[:n_losses]
         stats["pre_nonzero"] = pre_nonzero

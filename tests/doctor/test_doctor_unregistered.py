@@ -88,3 +88,29 @@ def test_a_gan_generator_stepped_by_its_own_optimizer_is_not_outside(tmp_path: P
     assert any(n["name"] == "AccumulateGrad" and "param" not in n for g in graphs for n in g["nodes"])  # G's, seen
     assert not any(n.get("unregistered") for g in graphs for n in g["nodes"])
     assert [f for f in diagnose(events) if f.get("title") == "Parameters outside the model"] == []
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_a_decoder_stepped_after_the_watched_encoder_is_not_outside(tmp_path: Path, mode: str) -> None:
+    """watch(enc, opt_enc) with the decoder's optimizer stepping right after the encoder's: at
+    the end of step 0 (the encoder's step()) the decoder's optimizer had not stepped yet, and
+    its parameters were called outside the model -- default mode captures step 0 alone."""
+    torch.manual_seed(0)
+    enc, dec = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+    opt_e, opt_d = torch.optim.Adam(enc.parameters(), 1e-2), torch.optim.SGD(dec.parameters(), 0.05)
+    path = tmp_path / "encdec.tscope"
+    with torchscope.watch(enc, opt_e, server=None, record=path, mode=mode):
+        for _ in range(4):
+            x = torch.randn(32, 8)
+            opt_e.zero_grad()
+            opt_d.zero_grad()
+            ((dec(enc(x)) - x) ** 2).mean().backward()
+            opt_e.step()
+            opt_d.step()
+    events = list(iter_events(path))
+    graphs = [ev for ev in events if ev["kind"] == "graph"]
+    assert graphs and graphs[0]["step"] == 0
+    assert any(n["name"] == "AccumulateGrad" and "param" not in n for g in graphs for n in g["nodes"])  # dec's, seen
+    assert not any(n.get("unregistered") for g in graphs for n in g["nodes"])
+    assert [f for f in diagnose(events) if f.get("title") == "Parameters outside the model"] == []
+    assert len([e for e in events if e["kind"] == "step"]) == 4
