@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Literal, NamedTuple, cast
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
+from torch.nn.utils import prune
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -661,6 +662,7 @@ class Watch:
         self._modes_key: tuple[bool, int] | None = None  # see _modes_now
         self._mode_facts: tuple[list[str], list[str], dict[str, bool]] = ([], [], {})
         self._hooked: list[tuple[str, weakref.ref[nn.Module]]] | None = None  # modules with forward hooks
+        self._pruned: set[int] = set()  # parameters torch.nn.utils.prune masks (said once)
         # parameters' and optimizer state's storages, their union and its bytes (see _memory)
         self._mem_static: tuple[dict[int, int], dict[int, int], dict[int, int], int] = ({}, {}, {}, 0)
         self._held_key: tuple[int, tuple[int, ...]] | None = None  # optimizer and group sizes (_not_stepped)
@@ -2237,6 +2239,10 @@ class Watch:
             ev["training"] = model.training
             ev["modes"] = dict(self._modes_now(model)[2])
             held = self._hook_bytes()
+            if self._step % GRAD_STATS_EVERY == 0 and self._hooked:  # the hooks were looked at again
+                pruned = self._newly_pruned()
+                if pruned:
+                    s.events.append({"what": "pruned", "params": pruned})
             ev["hooks"] = held.bytes
             if held.shared:
                 ev["hooks_shared"] = held.shared
@@ -2452,6 +2458,23 @@ class Watch:
             if user:
                 hooked.append((path, user))
         return retained(hooked)
+
+    def _newly_pruned(self) -> list[int]:
+        """Parameters ``torch.nn.utils.prune`` began masking since the last look (its forward
+        pre-hook renames ``weight`` to ``weight_orig`` and multiplies it by a mask): their
+        gradient is zero wherever the mask is, by design (P2).  Pruned after ``watch()``, they
+        keep the session's name."""
+        index = {id(p): i for i, r in enumerate(self._params) if (p := r()) is not None}
+        found = []
+        for _, ref in self._hooked or ():
+            m = ref()
+            for h in m._forward_pre_hooks.values() if m is not None else ():
+                name = getattr(h, "_tensor_name", None) if isinstance(h, prune.BasePruningMethod) else None
+                i = index.get(id(getattr(m, f"{name}_orig", None))) if name else None
+                if i is not None and i not in self._pruned:
+                    self._pruned.add(i)
+                    found.append(i)
+        return found
 
     def _activation_grads(self, s: _StepState) -> list[ActivationGrad]:
         ext = s.native
