@@ -2402,6 +2402,8 @@ class Watch:
         self._nan_armed = bool(nonfinite) or skipped
         if self._nan_armed and graph is None and self.mode != "light":
             self._capture_next = True
+        if graph is not None and self._transport.sheds(graph):
+            ev["graph_captured"] = False  # shed under back-pressure: counted in the end event
         self._transport.emit(dict(ev))
         if graph is not None:
             self._transport.emit(graph)

@@ -220,6 +220,17 @@ class Transport:
         self._thread.start()
 
     # ------------------------------------------------------------------ training thread side
+    def sheds(self, graph: dict[str, Any]) -> bool:
+        """Whether ``emit(graph)`` would shed it now: its step event says so first.  Only the
+        training thread adds pending graphs, so the answer holds until it emits it."""
+        with self._lock:
+            return self._over(graph)
+
+    def _over(self, graph: dict[str, Any]) -> bool:
+        ops = graph.get("ops")
+        n_ops = len(ops) if isinstance(ops, (list, RawJSON)) else 0
+        return self._pending_graphs >= _MAX_PENDING_GRAPHS or self._pending_ops + n_ops > _MAX_PENDING_OPS
+
     def emit(self, event: dict[str, Any]) -> None:
         """Queue one event; O(1), never blocks, never raises."""
         if self._closed or os.getpid() != self._pid:
@@ -228,7 +239,7 @@ class Transport:
             ops = event.get("ops")
             n_ops = len(ops) if isinstance(ops, (list, RawJSON)) else 0
             with self._lock:
-                if self._pending_graphs >= _MAX_PENDING_GRAPHS or self._pending_ops + n_ops > _MAX_PENDING_OPS:
+                if self._over(event):
                     self.shed += n_ops
                     self.shed_graphs += 1
                     return
