@@ -663,6 +663,7 @@ class Watch:
         self._mode_facts: tuple[list[str], list[str], dict[str, bool]] = ([], [], {})
         self._hooked: list[tuple[str, weakref.ref[nn.Module]]] | None = None  # modules with forward hooks
         self._pruned: set[int] = set()  # parameters torch.nn.utils.prune masks (said once)
+        self._grad_hooks: tuple[list[int], list[str]] = ([], [])  # as last said (_gradient_hooks)
         # parameters' and optimizer state's storages, their union and its bytes (see _memory)
         self._mem_static: tuple[dict[int, int], dict[int, int], dict[int, int], int] = ({}, {}, {}, 0)
         self._held_key: tuple[int, tuple[int, ...]] | None = None  # optimizer and group sizes (_not_stepped)
@@ -2239,10 +2240,14 @@ class Watch:
             ev["training"] = model.training
             ev["modes"] = dict(self._modes_now(model)[2])
             held = self._hook_bytes()
-            if self._step % GRAD_STATS_EVERY == 0 and self._hooked:  # the hooks were looked at again
+            if self._step % GRAD_STATS_EVERY == 0:  # the modules' hooks were looked at again
                 pruned = self._newly_pruned()
                 if pruned:
                     s.events.append({"what": "pruned", "params": pruned})
+                hooks = self._gradient_hooks()
+                if hooks != self._grad_hooks:  # said when they change
+                    self._grad_hooks = hooks
+                    s.events.append({"what": "gradient_hooks", "params": hooks[0], "modules": hooks[1]})
             ev["hooks"] = held.bytes
             if held.shared:
                 ev["hooks_shared"] = held.shared
@@ -2477,6 +2482,15 @@ class Watch:
                     self._pruned.add(i)
                     found.append(i)
         return found
+
+    def _gradient_hooks(self) -> tuple[list[int], list[str]]:
+        """The parameters with a tensor hook of the user's (``p.register_hook``) and the modules
+        with a backward hook (``register_full_backward_hook`` / ``_pre_hook``): what can change
+        or zero a gradient on its way (P2 names them)."""
+        params = [i for i, r in enumerate(self._params) if (p := r()) is not None and p._backward_hooks]
+        modules = [path for path, ref in self._hooked or () if (m := ref()) is not None and any(
+            not isinstance(h, ModuleHook) for h in (*m._backward_hooks.values(), *m._backward_pre_hooks.values()))]
+        return params, modules
 
     def _activation_grads(self, s: _StepState) -> list[ActivationGrad]:
         ext = s.native

@@ -9,7 +9,7 @@ from __future__ import annotations
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_float, as_list
+from ..run import Run, as_dict, as_float, as_int, as_list
 from ..settings import Settings
 from ._grads import applied_steps, column, floats, sparse_params, value
 
@@ -107,6 +107,22 @@ def _cancels_finding(run: Run, params: dict[int, list[int]]) -> Finding:
     return finding
 
 
+def _hooks_note(run: Run, dead: list[int]) -> str:
+    """The user's gradient hooks that can zero what reaches the dead parameters, as the capture
+    last saw them (``gradient_hooks`` events): tensor hooks on them, backward hooks on modules."""
+    params: list[int] = []
+    modules: list[str] = []
+    for _, ev in run.step_events():
+        for e in as_list(ev.get("events")):
+            if as_dict(e).get("what") == "gradient_hooks":
+                params = [as_int(i, -1) for i in as_list(as_dict(e).get("params"))]
+                modules = [str(m) for m in as_list(as_dict(e).get("modules"))]
+    on = [run.param_name(i) for i in dead if i in params]
+    parts = ([f"a tensor hook (register_hook) on {', '.join(on[:3])}"] if on else []) + (
+        [f"a backward hook on {', '.join(repr(m) if m else 'the root module' for m in modules[:3])}"] if modules else [])
+    return f" Gradient hooks of yours that can change it: {'; '.join(parts)} -- check what they return." if parts else ""
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
     need = max(1, min(settings.min_steps, len(run.steps)))
     dead = _dead_params(run, settings)
@@ -125,7 +141,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     what = [*names, *(f"the output of {m!r}" if m else "the root module's output" for m in sorted(acts))]
     shown = ", ".join(what[:4]) + (f" and {len(what) - 4} more" if len(what) > 4 else "")
     message = (f"Gradient reaching {shown} is {settings.dead_zero_frac:.0%}+ exact zeros "
-               f"({describe_steps(steps, run.last_step)}): this branch is dead and does not learn.")
+               f"({describe_steps(steps, run.last_step)}): this branch is dead and does not learn."
+               f"{_hooks_note(run, sorted(params))}")
     targets = [FindingTarget(step=steps[0], rank=run.rank, module=m) for m in modules]
     targets += [FindingTarget(step=params[i][0], rank=run.rank, param=run.param_name(i),
                               module=run.param_module(i)) for i in sorted(params)]
