@@ -25,7 +25,8 @@ def test_fsdp1_model_is_watched_per_rank_shard(tmp_path: Path, params: str, mode
         empty_somewhere |= 0 in facts["numel"]
         for ev, norms in zip(s.steps, facts["norms"], strict=True):
             assert ev["loss"] is not None and ev["grads"]["none"] == []
-            assert ev["grads"]["norm"] == pytest.approx(norms, rel=1e-5)  # None where the shard is empty
+            # None where the shard is empty, compared as is (pytest >= 9.1 rejects None inside approx())
+            assert ev["grads"]["norm"] == [n if n is None else pytest.approx(n, rel=1e-5) for n in norms]
         if mode != "light":
             assert s.graph_steps and s.graph_steps[0] == 0
         assert [f["code"] for f in s.diagnostics()] == []
