@@ -25,6 +25,12 @@ FIX_P10 = ("Call backward() once per graph: sum the losses first (loss = a + b; 
            "state carried between batches (hidden = hidden.detach()), or pass retain_graph=True only if you "
            "really must backward twice.")
 
+FIX_EMBEDDING = ("nn.Embedding(max_norm=...) renormalises the rows it looks up in place, in its forward: a "
+                 "differentiable use of its weight before the lookup (a tied output layer, a similarity against the "
+                 "embedding table) must use a copy -- w = emb.weight.clone() -- or come after the lookup; "
+                 "or drop max_norm.")
+_RENORM = "embedding_renorm"
+
 FIX_STALE = ("Detach the state carried from one batch to the next (h = h.detach() before the next forward) and "
              "drop retain_graph=True: each step then backpropagates through its own graph only (truncated BPTT), "
              "which optimizer.step() has not changed under it.")
@@ -182,6 +188,7 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
         # of MulBackward0 after h.mul_()), that op is the culprit and the nodes that needed the
         # tensor are the earlier ones that saved it
         own = None
+        saved_by = ""  # the node that saved the tensor, found from its shape when torch names none of the graph
         if culprit is None and node:
             own = next(((gstep, op) for graph in run.graphs_of(gstep) for op in g.ops(graph)
                         if as_int(op.get("id"), -1) == as_int(node.get("op"), -2) and "inplace" in g.flags(op)), None)
@@ -204,6 +211,19 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
             own = next(((s, op) for s in crash_steps for graph in run.graphs_of(s) for op in g.ops(graph)
                         if "inplace" in g.flags(op) and _op_named(op, node_name)), None)
             culprit = own
+            if culprit is None and shape is not None:
+                # nor an in-place op of it ("output 0 of AsStrided": a view such as emb.weight[:8],
+                # read by a linear layer, then nn.Embedding(max_norm=...) renormalising the weight
+                # in place): the op whose node saved a tensor of that shape and the in-place op
+                # that wrote its storage after
+                found = next(((s, hit) for s in crash_steps for graph in run.graphs_of(s)
+                              if (hit := _reader_overwritten(graph, shape)) is not None), None)
+                if found is not None:
+                    gstep, (op, node) = found
+                    culprit = (gstep, op)
+                    saved_by = str(node.get("name", "")) + (f" (in {node['module']!r})" if node.get("module") else "")
+                    targets = [FindingTarget(step=gstep, rank=run.rank, node=as_int(node.get("id")),
+                                             module=str(node.get("module", "")))]
         where = ""
         if culprit:
             targets.insert(0, FindingTarget(**g.target_of_op(culprit[0], run.rank, culprit[1])))  # type: ignore[typeddict-item]
@@ -213,14 +233,49 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
             needers = next((_needers(graph, own[1]) for graph in run.graphs_of(own[0])), [])
             size = f" ({shape})" if shape is not None else ""
             needed = f"{size} that {and_list(needers)} saved for backward" if needers else f"{size} that backward needed"
+        elif saved_by:
+            needed = f" ({shape}, output 0 of {node_name}) that {saved_by} saved for backward"
+        elif node_name and not node:
+            # a node of no captured graph ("AsStrided", a view): torch names what made the tensor
+            size = f"{shape}, " if shape is not None else ""
+            needed = f" ({size}output 0 of {node_name}) that backward needed"
         times = f" {len(crashes)} times" if len(crashes) > 1 else ""  # a loop that catches it goes on failing
         message = (f"backward() failed{times}: an in-place op{where} changed a tensor{needed} "
                    f"({describe_steps(crash_steps, run.last_step)}).")
         src = str(culprit[1].get("src", "")) if culprit else first.src
-        findings.append(make("P8", "error", message, FIX_P8, crash_steps, rank=run.rank,
+        renorm = culprit is not None and _RENORM in str(culprit[1].get("name", ""))
+        fix = FIX_EMBEDDING if renorm else FIX_P8
+        if renorm:
+            message += (" nn.Embedding(max_norm=...) renormalised the rows it looked up in place, in its forward, "
+                        "after an op had saved its weight (or a view of it) for backward.")
+        elif culprit is None and not any(run.graphs_of(s) for s in crash_steps):
+            light = " (mode='light' captures none)" if run.session.get("mode") == "light" else ""
+            message += f" No graph of a failing step was captured{light}, so the in-place op is not named."
+            suspects = _embeddings_of(run, shape) if not node else []
+            if suspects:
+                message += (f" The tensor could be a view of the weight of {and_list(suspects)} (nn.Embedding): "
+                            "with max_norm set, its forward renormalises that weight in place.")
+                fix = f"{FIX_P8} {FIX_EMBEDDING}"
+        findings.append(make("P8", "error", message, fix, crash_steps, rank=run.rank,
                              targets=targets, modules=[str(node.get("module"))] if node.get("module") else [],
                              src=src or None, data={"error": first.message[:500]}))
     return [*findings, *_silent_inplace(run, crash_steps)]
+
+
+def _embeddings_of(run: Run, shape: list[int] | None) -> list[str]:
+    """The ``Embedding``/``EmbeddingBag`` modules whose weight a 2-D tensor of ``shape`` could be
+    (or be a view of: rows of it, transposed or not), as the module paths."""
+    if shape is None or len(shape) != 2:
+        return []
+    out: list[str] = []
+    for i, p in enumerate(run.params):
+        module = run.param_module(i)
+        w = [as_int(x) for x in as_list(p.get("shape"))]
+        if run.module_type(module) not in ("Embedding", "EmbeddingBag") or len(w) != 2:
+            continue
+        if (shape[1] == w[1] and shape[0] <= w[0]) or (shape[0] == w[1] and shape[1] <= w[0]):
+            out.append(repr(module))
+    return list(dict.fromkeys(out))
 
 
 def _op_named(op: dict[str, Any], name: str) -> bool:

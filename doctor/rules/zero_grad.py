@@ -6,7 +6,7 @@ from typing import Any
 
 from torchscope.schema import Finding, FindingTarget
 
-from ..finding import Severity, describe_steps, make
+from ..finding import Severity, and_list, describe_steps, make
 from ..run import Run, as_dict, as_float, as_int, as_list, leaf_loss, trainable
 from ..settings import Settings
 
@@ -17,6 +17,14 @@ FIX_INSIDE = ("Call optimizer.zero_grad() once per optimizer step -- before the 
               "optimizer.step() -- not inside the loop over micro-batches.")
 FIX_FOREIGN = ("Build the optimizer from the model you train, after its last assignment: "
                "optimizer = torch.optim.AdamW(model.parameters()), and pass that optimizer to watch().")
+FIX_UNHELD_PARAMETRIZED = (
+    "Build the optimizer after weight_norm / spectral_norm / register_parametrization (or any change that replaces "
+    "parameters, such as assigning a new layer), or add these parameters to it: "
+    "optimizer.add_param_group({'params': [...]}).")
+FIX_UNHELD = ("If they should train, add them to the optimizer -- build it after the model's last change (a layer "
+              "assigned anew, weight_norm / spectral_norm / register_parametrization applied), or "
+              "optimizer.add_param_group({'params': [...]}); if they are frozen on purpose, call "
+              "requires_grad_(False) on them so backward() stops computing their gradients.")
 FIX_CROSSED = ("Detach what the other model's loss reads from this one (a GAN's discriminator step: D(fake.detach())), "
                "or call this optimizer's zero_grad() right before its own backward.")
 
@@ -74,8 +82,13 @@ def _missing(run: Run) -> list[Finding]:
             # later one: the step used fresh ones (a GAN's discriminator gets the generator
             # loss's gradients, then zero_grad() and its own backward)
             continue
-        for i in as_list(as_dict(ev.get("grads")).get("pre_nonzero")):
-            hits.setdefault(as_int(i, -1), []).append(step)
+        grads = as_dict(ev.get("grads"))
+        # a parameter no optimizer holds keeps its gradient through optimizer.zero_grad(): that
+        # is no missing zero_grad, it is never trained (_unheld)
+        unheld = {as_int(i, -1) for i in as_list(grads.get("not_trained"))}
+        for i in as_list(grads.get("pre_nonzero")):
+            if as_int(i, -1) not in unheld:
+                hits.setdefault(as_int(i, -1), []).append(step)
     hits.pop(-1, None)
     steps = sorted({s for v in hits.values() for s in v})
     if not steps or steps == [run.last_step]:
@@ -93,6 +106,54 @@ def _missing(run: Run) -> list[Finding]:
     return [make("P5", "error", message, FIX_MISSING, steps, rank=run.rank, targets=targets,
                  modules=sorted({run.param_module(i) for i in hits}), params=names, src=src, view="gradients",
                  data={"zero_grad_calls": zero_calls})]
+
+
+def _unheld(run: Run) -> list[Finding]:
+    """Parameters that get gradients while no optimizer stepping holds them (``grads.not_trained``
+    with a gradient at optimizer.step()): they never train, and optimizer.zero_grad() leaves their
+    .grad to pile up.  weight_norm applied after the optimizer was built is the usual cause: its
+    ``parametrizations.weight.original0/1`` are new tensors the optimizer never saw."""
+    foreign = set(_foreign_steps(run))  # the optimizer holds none of them: _foreign
+    got: dict[int, list[int]] = {}
+    piled: set[int] = set()
+    for step, ev in run.step_events():
+        if step in foreign or as_list(ev.get("backward_errors")):
+            continue
+        grads = as_dict(ev.get("grads"))
+        unheld = {as_int(i, -1) for i in as_list(grads.get("not_trained"))} - {-1}
+        if not unheld:
+            continue
+        norms = as_list(grads.get("norm"))
+        for i in sorted(unheld):
+            v = norms[i] if i < len(norms) else None
+            if v is not None and as_float(v) != 0.0:
+                got.setdefault(i, []).append(step)
+        piled |= unheld & {as_int(i, -1) for i in as_list(grads.get("pre_nonzero"))}
+    # on 2+ steps (a one-step run: its only step): a backward(inputs=...) leaving a parameter out once is no pattern
+    got = {i: s for i, s in got.items() if len(s) >= 2 or run.last_step == 0}
+    if not got:
+        return []
+    index = sorted(got)
+    steps = sorted({s for v in got.values() for s in v})
+    names = [run.param_name(i) for i in index]
+    shown = and_list(names[:6] + ([f"{len(names) - 6} more"] if len(names) > 6 else []))
+    parametrized = [n for n in names if ".parametrizations." in f".{n}"]
+    message = (f"{len(names)} parameter(s) get gradients but no optimizer updates them "
+               f"({describe_steps(steps, run.last_step)}): {shown} are in none of the stepping optimizer's "
+               "param groups, so they never train")
+    message += (" -- and optimizer.zero_grad() does not clear them, so their .grad piles up step after step."
+                if piled & set(index) else ".")
+    if parametrized:
+        message += (" They were made by a parametrization (weight_norm, spectral_norm, register_parametrization) "
+                    "applied after the optimizer was built: it replaced the layer's weight with new parameters, "
+                    "and the optimizer still steps the old weight, which the model no longer uses.")
+    severity: Severity = "error" if parametrized else "warning"
+    targets = [FindingTarget(step=got[i][0], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
+               for i in index]
+    src = next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
+    return [make("P5", severity, message, FIX_UNHELD_PARAMETRIZED if parametrized else FIX_UNHELD, steps,
+                 rank=run.rank, targets=targets, modules=sorted({run.param_module(i) for i in index}),
+                 params=names, src=src, view="gradients", title="Parameters no optimizer updates")]
 
 
 def _misplaced(run: Run) -> list[Finding]:
@@ -195,4 +256,4 @@ def _crossed(run: Run) -> list[Finding]:
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
-    return _foreign(run) + _missing(run) + _misplaced(run) + _inside(run) + _crossed(run)
+    return _foreign(run) + _missing(run) + _unheld(run) + _misplaced(run) + _inside(run) + _crossed(run)
