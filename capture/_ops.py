@@ -187,7 +187,7 @@ class OpRecorder(TorchDispatchMode):
                     self.nan_seen = True
                     # a NaN source checked for itself (check_nan off) made the NaN/Inf only if it
                     # came in through none of its inputs: `loss / accum_steps` of a NaN loss did not
-                    if self.check_nan or not _nonfinite_input(in_t, out_t):
+                    if self.check_nan or not _nonfinite_input(in_t, out_t, _has_nan(t)):
                         flags.append("nan")
                     break
         rec: Record = {
@@ -442,11 +442,13 @@ def has_storage(t: torch.Tensor) -> bool:
     return type(t) in _PLAIN or bool(storage_parts(t)) and not is_traceable_wrapper_subclass(t)
 
 
-def _nonfinite_input(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
+def _nonfinite_input(ins: list[torch.Tensor], outs: list[torch.Tensor], nan_out: bool = False) -> bool:
     """Whether a floating input of an op whose output is non-finite already held NaN/Inf: the op
-    passed it on, it did not make it.  An input sharing an output's storage (an in-place op's
-    ``self``, an ``out=``) holds the result, not what came in, and is not read.  Called only
-    once an output was found non-finite: the common path reads no input."""
+    passed it on, it did not make it -- for a NaN out (``nan_out``), a NaN in: an op that turns
+    infinities into NaN made it (a softmax over a row masked wholly with -inf, inf / inf).  An
+    input sharing an output's storage (an in-place op's ``self``, an ``out=``) holds the result,
+    not what came in, and is not read.  Called only once an output was found non-finite: the
+    common path reads no input."""
     held = {t.untyped_storage().data_ptr() for t in outs if has_storage(t)}
     for t in ins:
         if type(t) not in _PLAIN or t.is_meta or t.layout != torch.strided:
@@ -455,7 +457,7 @@ def _nonfinite_input(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
             continue
         if has_storage(t) and t.untyped_storage().data_ptr() in held:
             continue
-        if not _finite(t):
+        if _has_nan(t) if nan_out else not _finite(t):
             return True
     return False
 
@@ -494,6 +496,15 @@ def _device_name(d: torch.device) -> str:
     if n is None:
         n = _device_names[d] = str(d)
     return n
+
+
+def _has_nan(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds a NaN (its minimum or maximum is NaN: NaN propagates through aminmax)."""
+    with torch._C._DisableTorchDispatch():
+        if t.is_complex():
+            return bool(torch.isnan(t).any())
+        lo, hi = torch.aminmax(t)
+        return bool(torch.isnan(torch.stack((lo, hi))).any())
 
 
 def _finite(t: torch.Tensor) -> bool:

@@ -260,6 +260,8 @@ UNINITIALISED_OPS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_s
 NAN_SOURCE_OPS = frozenset(f"aten::{n}{inplace}" for inplace in ("", "_") for n in (
     "log", "log2", "log10", "log1p", "div", "sqrt", "rsqrt", "pow", "exp", "reciprocal", "acos", "asin", "atanh",
     "acosh", "xlogy", "logit", "erfinv",
+    # a row masked wholly with -inf (an empty sequence's attention) comes out NaN
+    "softmax", "_softmax", "log_softmax", "_log_softmax",
 ))  # fmt: skip
 
 

@@ -79,10 +79,12 @@ std::unordered_map<std::pair<const void*, const void*>, OpInfo, PairHash> g_info
 
 // capture/schema.py NAN_SOURCE_OPS: outputs checked on every recorded step's forward (in-place forms too)
 bool nan_source(const char* name) {
-  static const std::array<std::string_view, 17> kOps{
+  static const std::array<std::string_view, 21> kOps{
       "aten::log",  "aten::log2", "aten::log10", "aten::log1p",      "aten::div",  "aten::sqrt",
       "aten::rsqrt", "aten::pow", "aten::exp",   "aten::reciprocal", "aten::acos", "aten::asin",
-      "aten::atanh", "aten::acosh", "aten::xlogy", "aten::logit",    "aten::erfinv"};
+      "aten::atanh", "aten::acosh", "aten::xlogy", "aten::logit",    "aten::erfinv",
+      // a row masked wholly with -inf (an empty sequence's attention) comes out NaN
+      "aten::softmax", "aten::_softmax", "aten::log_softmax", "aten::_log_softmax"};
   std::string_view n(name);
   if (!n.empty() && n.back() == '_') n.remove_suffix(1);
   return std::find(kOps.begin(), kOps.end(), n) != kOps.end();
@@ -223,6 +225,14 @@ bool uninitialised(const char* name) {
 // activation on the device, which a model near its memory limit may not have room for.
 // Read with Python dispatch off (as torch._C._DisableTorchDispatch): the loop's own
 // TorchDispatchMode (a FLOP counter) must not see these ops; `t` is a plain tensor here.
+bool has_nan(const at::Tensor& t) {
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  if (t.is_complex()) return at::isnan(t).any().item<bool>();
+  auto [lo, hi] = at::aminmax(t);  // NaN propagates through aminmax
+  return at::stack({lo, hi}).isnan().any().item<bool>();
+}
+
 bool finite(const at::Tensor& t) {
   c10::impl::ExcludeDispatchKeyGuard no_python(
       c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
@@ -449,7 +459,8 @@ void collect_frees() {
 }
 
 // Whether a floating input of a NaN source whose output is non-finite already held NaN/Inf: the
-// op passed it on, it did not make it.  An input sharing an output's storage (an in-place op's
+// op passed it on, it did not make it -- for a NaN out (`nan_out`), a NaN in: an op that turns
+// infinities into NaN made it (a softmax over a row masked wholly with -inf, inf / inf).  An input sharing an output's storage (an in-place op's
 // `self`, an `out=`) holds the result, not what came in, and is not read.  Called only once an
 // output was found non-finite, with the recorder paused: the common path reads no input.
 c10::StorageImpl* storage_of(const at::Tensor& t) {
@@ -458,7 +469,7 @@ c10::StorageImpl* storage_of(const at::Tensor& t) {
   return impl->storage().unsafeGetStorageImpl();
 }
 
-bool nonfinite_input(const std::vector<at::Tensor>& ins, const std::vector<c10::IValue>& outs) {
+bool nonfinite_input(const std::vector<at::Tensor>& ins, const std::vector<c10::IValue>& outs, bool nan_out) {
   std::vector<c10::StorageImpl*> held;
   each_tensor(c10::ArrayRef<const c10::IValue>(outs.data(), outs.size()), [&](const at::Tensor& t) {
     if (c10::StorageImpl* s = storage_of(t)) held.push_back(s);
@@ -466,7 +477,7 @@ bool nonfinite_input(const std::vector<at::Tensor>& ins, const std::vector<c10::
   for (const at::Tensor& t : ins) {
     c10::StorageImpl* s = storage_of(t);
     if (s != nullptr && std::find(held.begin(), held.end(), s) != held.end()) continue;
-    if (!finite(t)) return true;
+    if (nan_out ? has_nan(t) : !finite(t)) return true;
   }
   return false;
 }
@@ -603,7 +614,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
           seen = nan = true;
           // a NaN source checked for itself (check_nan off) made the NaN/Inf only if it came in
           // through none of its inputs: `loss / accum_steps` of a NaN loss did not
-          if (!g_check_nan && ctx->kept && nonfinite_input(ctx->ins, fn.outputs())) nan = false;
+          if (!g_check_nan && ctx->kept && nonfinite_input(ctx->ins, fn.outputs(), has_nan(t))) nan = false;
           break;
         }
       }

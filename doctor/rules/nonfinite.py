@@ -22,6 +22,10 @@ FIX_UPDATE = ("Check the learning rate that optimizer.step() used (optimizer.par
 FIX = ("Look at the first op that produced it: log/sqrt/div of zero or negatives (add an eps, clamp), exp "
        "overflow (use log-softmax / logsumexp), a learning rate too high (lower it, clip gradients), or bad "
        "input data (check the batch for NaN).")
+FIX_SOFTMAX = ("A softmax over a row that is -inf everywhere gives NaN: an attention row whose keys are all masked "
+               "(an empty sequence, a key_padding_mask or attn_mask that is True across a whole row). Drop empty "
+               "sequences from the batch, keep at least one key unmasked (e.g. the first token), or fill masked "
+               "scores with a large negative number (torch.finfo(dtype).min) instead of -inf.")
 FIX_DATA = ("The batch held NaN/Inf before the model saw it: find the samples with torch.isfinite(x).all(dim=...) "
             "and fix them at their source (the dataset file, a transform dividing by a zero std, a log of 0), "
             "or drop them in the data loader.")
@@ -306,6 +310,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         fix = FIX_BACKWARD
     elif first_op:
         message = f"NaN/Inf first produced by {g.op_label(first_op)} at step {op_step} ({when})."
+        if "softmax" in str(first_op.get("name", "")):
+            fix = FIX_SOFTMAX
         if op_step > steps[0]:  # ops are checked from the step captured after a non-finite one
             message = (f"NaN/Inf since step {steps[0]}, produced by {g.op_label(first_op)}: the op was caught at "
                        f"step {op_step}, the first step checked op by op after step {steps[0]} went non-finite "

@@ -44,6 +44,10 @@ class Net(nn.Module):
             h = h + torch.log(h - h)  # log(0): -inf, made by the log
         elif self.poison == "div":
             h = h / torch.zeros(())  # x / 0: +-inf (NaN where x is 0), made by the div
+        elif self.poison == "masked_row":  # attention over keys all masked (an empty sequence)
+            mask = torch.zeros_like(h, dtype=torch.bool)
+            mask[0] = True  # the first row: -inf everywhere
+            h = torch.softmax(h.masked_fill(mask, float("-inf")), dim=-1)  # its -inf came in, its NaN did not
         elif self.poison == "div_":
             h = h.clone()
             h.div_(torch.zeros(()))  # in place: its `self` holds the result, not what came in
@@ -127,3 +131,17 @@ def test_an_inplace_source_is_flagged(tmp_path: Path, monkeypatch: pytest.Monkey
     flagged, said = _run(tmp_path, "div_")
     assert flagged == ["aten::div_"], flagged
     assert f"first produced by aten::div_ at step {BAD}" in said, said
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_softmax_over_a_row_masked_wholly_is_flagged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       native: bool) -> None:
+    """A softmax over a row of -inf only (attention whose keys are all masked: an empty
+    sequence) makes NaN of infinities: it read -inf, not NaN, so it made the NaN and is flagged,
+    and the doctor says what such a row is; partly masked rows (-inf among finite scores) come
+    out finite and flag nothing (the other steps)."""
+    _recorder(monkeypatch, native)
+    flagged, said = _run(tmp_path, "masked_row")
+    assert flagged == ["aten::_softmax"], flagged
+    assert f"first produced by aten::_softmax at step {BAD}" in said, said
+    assert "A softmax over a row that is -inf everywhere gives NaN" in said, said
