@@ -307,6 +307,9 @@ def cmd_open(args: argparse.Namespace) -> int:
     note = res.get("note") or found.note(path.name)  # (a server of an earlier build says nothing)
     if note:
         print(f"torchscope open: note: {note}", file=sys.stderr, flush=True)
+    if res.get("frames", 0) > 0 and res.get("new_frames") == 0:  # as the sessions page says it
+        print(f"torchscope open: {path.name} is already on this server (the same run): nothing new imported",
+              file=sys.stderr, flush=True)
     url = page_url(base + res["url"], token)
     print(url, flush=True)
     if not args.no_browser:

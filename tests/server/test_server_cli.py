@@ -151,6 +151,11 @@ def test_open_imports_into_a_running_server(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stderr
         assert res.stdout.strip() == f"{srv.url}/sessions/cli-open"
         assert srv.get("/api/sessions/cli-open")["steps"] == 4  # type: ignore[index]
+        assert "already on this server" not in res.stderr
+        again = cli("open", str(path), "--port", str(srv.port), "--no-browser")  # the same file twice
+        assert again.returncode == 0 and again.stdout == res.stdout, again.stderr
+        assert "run.tscope is already on this server (the same run): nothing new imported" in again.stderr
+        assert srv.get("/api/sessions/cli-open")["steps"] == 4  # type: ignore[index]
     finally:
         srv.stop()
 
