@@ -2192,6 +2192,11 @@ class Watch:
         params: list[torch.Tensor | None] = [r() for r in self._params]
         opt = self._optimizer() if self._optimizer is not None else None
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
+        if s.stats is not None and s.step_began is not None and s.micro > s.step_began:
+            # backward passes ran inside step() after the gradients were read at its start:
+            # Lightning's accumulation does the last micro-batch in the closure it hands to
+            # optimizer.step(closure) (and clips there): read again, all of them in
+            s.stats = None
         read = s.stats if s.stats is not None else self._safe("grads", self._grad_stats, s, params)
         if read is None:  # gradient statistics failed (and are off): the step keeps its losses
             read = self._grad_stats(s, [])

@@ -118,3 +118,40 @@ def test_a_closure_that_resets_the_gradients_starts_over(tmp_path: Path) -> None
     assert last[0] != last[-1]  # the evaluations differ: the test tells them apart
     assert [st["loss"] for st in steps] == pytest.approx(returned, rel=1e-6)
     assert steps[-1]["loss"] == pytest.approx(last[0], rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_the_last_micro_batch_in_the_closure_is_read_with_the_others(tmp_path: Path, mode: str) -> None:
+    """Lightning's accumulate_grad_batches=4: three micro-batches backward before
+    optimizer.step(closure), the fourth (and the clipping) inside the closure.  The step's loss,
+    gradient statistics and clip are those of all four -- they were read at step()'s start,
+    without the closure's micro-batch and clip, so a NaN in it went unseen."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "closure_accum.tscope"
+    seen: list[tuple[float, list[float], float]] = []
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(3):
+            opt.zero_grad()
+            total = 0.0
+            for _ in range(3):
+                loss = model(torch.randn(5, 6)).pow(2).mean() / 4
+                loss.backward()
+                total += loss.item()
+
+            def closure() -> torch.Tensor:
+                nonlocal total
+                loss = model(torch.randn(5, 6)).pow(2).mean() / 4
+                loss.backward()
+                total += loss.item()
+                before = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.05))
+                seen.append((total, [float(p.grad.norm()) for p in model.parameters()], before))
+                return loss
+
+            opt.step(closure)
+    steps = _steps(path)
+    assert [len(st["losses"]) for st in steps] == [4, 4, 4]
+    assert [st["loss"] for st in steps] == pytest.approx([t for t, _, _ in seen], rel=1e-6)
+    for st, (_, norms, before) in zip(steps, seen, strict=True):
+        assert st["grads"]["norm"] == pytest.approx(norms, rel=1e-5)  # clipped, as optimizer.step() used them
+        assert st["grads"]["clip"]["norm"] == pytest.approx(before, rel=1e-5)
