@@ -60,7 +60,9 @@ _BREAKS = {
 _DATA_GET = _T.data.__get__  # type: ignore[attr-defined]
 # Gradient clipping calls one of these from torch/nn/utils/clip_grad.py (P14): clip_grad_norm_
 # takes the norm, clip_grad_value_ clamps (foreach, or each gradient)
-_CLIP_NORMS = {torch._foreach_norm, torch.linalg.vector_norm, torch._foreach_clamp_min_, _T.clamp_}
+# (torch.clamp: _clip_grads_with_norm_'s coefficient, where a total taken apart -- accelerate's
+# get_total_norm, then clip_grads_with_norm_ -- meets the max_norm)
+_CLIP_NORMS = {torch._foreach_norm, torch.linalg.vector_norm, torch._foreach_clamp_min_, _T.clamp_, torch.clamp}
 _CLIP_FILE = "clip_grad.py"
 _VECTOR_NORM = torch.linalg.vector_norm
 _SCALER_FILE = "grad_scaler.py"
@@ -110,6 +112,8 @@ class Interposer(TorchFunctionMode):
                     out = func(*args, **kwargs)
                     self.watch._safe("grads", self.watch._on_clip_norm, out, sys._getframe(1))
                     return out
+                if func is torch.clamp:
+                    self.watch._safe("grads", self.watch._on_clip_with_norm, sys._getframe(1))
             return func(*args, **kwargs)
         if kind == "data":
             if not _compiling():

@@ -1388,6 +1388,33 @@ class Watch:
             return  # another model's clipping (a GAN's other network)
         self._s.clip = (total, float(loc.get("max_norm", math.nan)), float(loc.get("norm_type", 2.0)))
 
+    def _on_clip_with_norm(self, frame: Any) -> None:
+        """``clip_grads_with_norm_(parameters, max_norm, total_norm)`` of the watched parameters'
+        gradients, clamping its coefficient: a total taken apart (``get_total_norm``, as
+        accelerate's ``clip_grad_norm_`` and so the HF Trainer do) is clipped here, where the
+        total and ``max_norm`` meet.  ``clip_grad_norm_``'s own call comes here too, with the
+        total already kept from its norm."""
+        if frame.f_code.co_name != "_clip_grads_with_norm_":
+            return
+        loc = frame.f_locals
+        total, grads = loc.get("total_norm"), loc.get("grads")
+        if not isinstance(total, torch.Tensor) or not isinstance(grads, list):
+            return
+        if self._s.clip is not None and self._s.clip[0] is total:
+            return
+        ours = {id(p.grad) for r in self._params if (p := r()) is not None and p.grad is not None}
+        if not any(id(g) in ours for g in grads):
+            return  # another model's clipping (a GAN's other network)
+        f, norm_type = frame.f_back, 2.0  # the norm's type is the caller's (accelerate's norm_type)
+        for _ in range(3):
+            if f is None:
+                break
+            if isinstance(f.f_locals.get("norm_type"), (int, float)):
+                norm_type = float(f.f_locals["norm_type"])
+                break
+            f = f.f_back
+        self._s.clip = (total, float(loc.get("max_norm", math.nan)), norm_type)
+
     def _on_move(self, inp: torch.Tensor, out: Any, same_place: bool = False) -> None:
         """``same_place``: ``clone()`` or ``torch.tensor(t)``, a copy on the same device in the
         same dtype, counted only when the same tensor is copied again in a later step."""

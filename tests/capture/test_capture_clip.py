@@ -72,3 +72,40 @@ def test_the_clip_reaches_the_gradient_series(tmp_path: Path) -> None:
     assert [c["norm"] for c in g["clip"]] == pytest.approx(norms, rel=1e-6)
     assert {c["max_norm"] for c in g["clip"]} == {1.0}
     assert g["total_norm"] == pytest.approx([1.0] * 16, rel=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_a_total_taken_apart_then_clipped_is_the_clip(tmp_path: Path, mode: str) -> None:
+    """accelerate's ``clip_grad_norm_`` (and so the HF Trainer's max_grad_norm) takes the total
+    with ``get_total_norm`` and clips with ``clip_grads_with_norm_``: never a frame named
+    clip_grad_norm_, and no clip was recorded.  The total clipped is the step's clip, with its
+    max_norm and the caller's norm_type; another model's clipping and a total taken alone
+    (logging) are not."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+    other = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "apart.tscope"
+    totals = []
+
+    def clip(params: list[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
+
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for i in range(4):
+            opt.zero_grad()
+            model(torch.randn(5, 6)).pow(2).mean().mul(10).backward()
+            if i == 3:  # a step that only logs its total: no clipping
+                torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+            else:
+                totals.append(float(clip(list(model.parameters()), 0.05, norm_type=3.0)))
+            other(torch.randn(2, 3)).sum().backward()
+            clip(list(other.parameters()), 0.5)
+            opt.step()
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    clips = [s["grads"].get("clip") for s in steps]
+    assert clips[3] is None
+    assert [c["norm"] for c in clips[:3]] == pytest.approx(totals, rel=1e-6)
+    assert all(c["max_norm"] == 0.05 and c["norm_type"] == 3.0 for c in clips[:3])
