@@ -1,4 +1,7 @@
-"""The user's call site ("file.py:123"): the first frame outside torch and torchscope.
+"""The user's call site ("file.py:123"): the first frame outside torch and torchscope -- and
+outside the training frameworks that call torch for the user (Lightning's ``manual_backward``,
+accelerate's ``backward``, the HF Trainer), whose own frame is named only when the stack holds
+no frame of the user's.
 
 Walking ``sys._getframe`` is much cheaper than ``traceback``/``inspect``; the per-file
 verdict is cached so a deep stack costs one dict lookup per frame.
@@ -18,13 +21,25 @@ _SKIP_DIRS = (
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
     os.path.dirname(os.path.abspath(__file__)) + os.sep,
 )
+# installed packages (site-packages/<name>/...) that run the user's training loop for them
+_FRAMEWORKS = frozenset({"lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "transformers",
+                         "deepspeed"})
 _base: dict[str, str | None] = {}  # filename -> basename for user files, None for internal ones
+
+
+def _framework(path: str) -> bool:
+    parts = path.split(os.sep)
+    for i, part in enumerate(parts[:-2]):
+        if part in ("site-packages", "dist-packages"):
+            return parts[i + 1] in _FRAMEWORKS
+    return False
 
 
 def _user_base(filename: str) -> str | None:
     b = _base.get(filename, "")
     if b == "":
-        internal = os.path.abspath(filename).startswith(_SKIP_DIRS) or filename.startswith("<frozen")
+        path = os.path.abspath(filename)
+        internal = path.startswith(_SKIP_DIRS) or filename.startswith("<frozen") or _framework(path)
         b = _base[filename] = None if internal else os.path.basename(filename)
     return b
 
@@ -54,9 +69,15 @@ def op_src(module_src: str, depth: int = 3) -> str:
 
 
 def user_src(depth: int = 1) -> str:
-    """``basename:line`` of the innermost frame that is neither torch nor torchscope."""
+    """``basename:line`` of the innermost frame that is neither torch nor torchscope nor a
+    training framework's -- or, with none, of the innermost framework frame."""
     f = _user_frame(depth)
-    return f"{_base[f.f_code.co_filename]}:{f.f_lineno}" if f is not None else ""
+    if f is not None:
+        return f"{_base[f.f_code.co_filename]}:{f.f_lineno}"
+    g: types.FrameType | None = sys._getframe(depth)
+    while g is not None and not _framework(os.path.abspath(g.f_code.co_filename)):
+        g = g.f_back
+    return f"{os.path.basename(g.f_code.co_filename)}:{g.f_lineno}" if g is not None else ""
 
 
 def _user_frame(depth: int) -> types.FrameType | None:
