@@ -116,7 +116,7 @@ class App {
       this.main.append(el);
       v = this.views[view] = { el, obj: new VIEWS[view][1](el, this) };
       try {
-        await withLoading(el, v.obj.load());
+        await withLoading(el, v.loaded = v.obj.load());
       } catch (e) {
         // the server gone: the page's banner says so, and the view loads once it is back
         // (or refusing this page's token: the banner says that instead)
@@ -192,7 +192,13 @@ class App {
       this.offline = null;
       if (!this.views[this.state.view]) this.go(this.state.view);
       this.catchUp();
+    } else if (ok && !this.heard) {
+      // the live channel's first opening: what a running session published between the
+      // page's first fetches and this moment reached neither (two graphs of a live run were
+      // missing from the step scrubber for good)
+      this.catchUp();
     }
+    if (ok) this.heard = true;
   }
 
   // Heard again after a gap: what the server published meanwhile never reached this page (a
@@ -203,8 +209,10 @@ class App {
     this.onLive({ session: this.id, kind: "status" });
     for (const [k, v] of Object.entries(this.views)) if (k !== "graph") v.obj.onStep?.({ session: this.id, kind: "step" });
     if (!this.views.diagnostics) this.badge?.onStep();
-    const g = this.views.graph?.obj;
-    if (g) api(`${sessionPath(this.id)}/graphs?${rankQuery(this.rank)}`).then((gs) => { for (const x of gs) g.onCapturedStep(x.step); }, () => {});
+    const g = this.views.graph;
+    // after the view's own first fetch (else that older list would land last)
+    if (g) Promise.resolve(g.loaded).catch(() => {}).then(() => api(`${sessionPath(this.id)}/graphs?${rankQuery(this.rank)}`))
+      .then((gs) => { for (const x of gs) g.obj.onCapturedStep(x.step); }, () => {});
   }
 
   debug() {

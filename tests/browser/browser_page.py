@@ -109,3 +109,20 @@ def train_side_by_side(server: Any, script: Path, out: Path, runs: dict[str, lis
             return {n: str(listed[n]["id"]) for n in runs}
         time.sleep(0.2)
     raise AssertionError(f"runs not finished (or not ready) on the server: {server.get('/api/sessions')}")
+
+
+DASHBOARD_TRAIN = Path(__file__).resolve().parent / "dashboard_train.py"
+
+
+def train(srv: Any, tmp: Path, name: str, *args: str) -> subprocess.Popen[str]:
+    """dashboard_train.py streaming to ``srv`` as run ``name`` (recorded under ``tmp`` too)."""
+    cmd = [sys.executable, str(DASHBOARD_TRAIN), "--server", srv.url, "--record", str(tmp / f"{name}.tscope"),
+           "--name", name, *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(p: subprocess.Popen[str]) -> str:
+    """A run of ``train`` to its end: its output, checked to have exited 0."""
+    out, _ = p.communicate(timeout=240)
+    assert p.returncode == 0, out[-3000:]
+    return out

@@ -12,29 +12,15 @@ concurrent live runs and server restarts):
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import checked_page, open_session, session_id
+from browser_page import checked_page, finish, open_session, session_id, train
 from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
-
-TRAIN = Path(__file__).resolve().parent / "dashboard_train.py"
-
-
-def train(srv: ServerProc, tmp: Path, name: str, *args: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, str(TRAIN), "--server", srv.url, "--record", str(tmp / f"{name}.tscope"), "--name", name, *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def finish(p: subprocess.Popen[str]) -> str:
-    out, _ = p.communicate(timeout=240)
-    assert p.returncode == 0, out[-3000:]
-    return out
 
 
 def header(page: Any) -> tuple[str, str, str]:
@@ -65,10 +51,12 @@ def test_two_live_runs_each_page_shows_its_own(tmp_path: Path) -> None:
                 assert header(page)[:2] == (name, "running")
                 page.click("button[data-view=memory]")
                 page.wait_for_function(f"window.__torchscope.state().memory?.steps === {n_steps}", timeout=30_000)
-                graph = page.evaluate("window.__torchscope.state().graph")
-                if name == "live-a":
-                    assert graph["captured"] == [g["step"] for g in srv.get(f"/api/sessions/{ids[name]}/graphs")]
+                if name == "live-a":  # every graph the server has, those published while the page loaded too
+                    want = json.dumps([g["step"] for g in srv.get(f"/api/sessions/{ids[name]}/graphs")], separators=(",", ":"))
+                    page.wait_for_function(f"JSON.stringify(window.__torchscope.state().graph.captured) === '{want}'",
+                                           timeout=10_000)
                 else:
+                    graph = page.evaluate("window.__torchscope.state().graph")
                     assert graph["captured"] == [] and "mode=\"light\"" in graph["status"]
         finally:
             for p in runs.values():

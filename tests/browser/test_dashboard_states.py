@@ -22,12 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import checked_page, killed_and_swept, open_session, session_id
+from browser_page import (
+    DASHBOARD_TRAIN,
+    checked_page,
+    finish,
+    killed_and_swept,
+    open_session,
+    session_id,
+    train,
+)
 from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
-TRAIN = Path(__file__).resolve().parent / "dashboard_train.py"
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +48,6 @@ def page(srv: ServerProc) -> Iterator[Any]:
     with checked_page() as pg:
         pg.on("dialog", lambda d: d.accept("x" * 300))  # the rename prompt: a name the server refuses
         yield pg
-
-
-def train(srv: ServerProc, tmp: Path, name: str, *args: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, str(TRAIN), "--server", srv.url, "--record", str(tmp / f"{name}.tscope"), "--name", name, *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def finish(p: subprocess.Popen[str]) -> None:
-    out, _ = p.communicate(timeout=240)
-    assert p.returncode == 0, out[-3000:]
 
 
 def test_a_killed_run_turns_ended_on_its_open_page(page: Any, srv: ServerProc, tmp_path: Path) -> None:
@@ -122,7 +119,7 @@ def test_a_step_without_a_graph_says_which_step_is_shown(page: Any, srv: ServerP
 
 
 def test_sessions_page_keeps_what_an_import_and_a_rename_did(page: Any, srv: ServerProc, tmp_path: Path) -> None:
-    finish(subprocess.Popen([sys.executable, str(TRAIN), "--record", str(tmp_path / "file.tscope"), "--steps", "2",
+    finish(subprocess.Popen([sys.executable, str(DASHBOARD_TRAIN), "--record", str(tmp_path / "file.tscope"), "--steps", "2",
                              "--name", "from-a-file"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     streaming = train(srv, tmp_path, "streaming", "--steps", "400", "--sleep", "0.02")
     try:
