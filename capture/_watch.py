@@ -369,6 +369,11 @@ class _StepState:
         # loss), weakly: read only if its forward gets no backward (a skipped batch)
         self.checked: weakref.ref[torch.Tensor] | None = None
 
+    def passes_in_step(self) -> int:
+        """Backward passes that ran inside the optimizer's step(): its closure's (LBFGS,
+        Lightning's last micro-batch)."""
+        return self.micro - self.step_began if self.step_began is not None else 0
+
 
 def _reached(s: _StepState) -> None:
     """Marks the forwards whose output a backward has reached, as the native hooks noted
@@ -1576,7 +1581,7 @@ class Watch:
         params = [r() for r in self._params]
         # a closure's second evaluation inside optimizer.step() (LBFGS): the step's loss stays
         # the first's, which step(closure) returns and the loop logs
-        later_closure = s.step_began is not None and s.micro > s.step_began
+        later_closure = s.passes_in_step() > 0
         if kind == "grad":
             # the gradients are returned, not accumulated into .grad: what .grad holds now says
             # nothing about zero_grad, and the doctor does not count this pass as accumulation
@@ -2219,7 +2224,7 @@ class Watch:
         params: list[torch.Tensor | None] = [r() for r in self._params]
         opt = self._optimizer() if self._optimizer is not None else None
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
-        if s.stats is not None and s.step_began is not None and s.micro > s.step_began:
+        if s.stats is not None and s.passes_in_step():
             # backward passes ran inside step() after the gradients were read at its start:
             # Lightning's accumulation does the last micro-batch in the closure it hands to
             # optimizer.step(closure) (and clips there): read again, all of them in
@@ -2300,8 +2305,8 @@ class Watch:
         if acts:
             ev["activation_grads"] = acts
         events = list(s.events)
-        if s.step_began is not None and s.micro > s.step_began:
-            events.append({"what": "closure", "passes": s.micro - s.step_began})
+        if s.passes_in_step():
+            events.append({"what": "closure", "passes": s.passes_in_step()})
         if s.noop_to:
             events.append({"what": "noop_to", "count": s.noop_to})
         for (what, src), (count, nbytes) in s.moves.items():
@@ -2503,6 +2508,8 @@ class Watch:
         pre-hook renames ``weight`` to ``weight_orig`` and multiplies it by a mask): their
         gradient is zero wherever the mask is, by design (P2).  Pruned after ``watch()``, they
         keep the session's name."""
+        if not self._hooked:  # the usual case: no module has a hook
+            return []
         index = {id(p): i for i, r in enumerate(self._params) if (p := r()) is not None}
         found = []
         for _, ref in self._hooked or ():

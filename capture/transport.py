@@ -162,6 +162,11 @@ os.register_at_fork(
 )
 
 
+def _n_ops(graph: dict[str, Any]) -> int:
+    ops = graph.get("ops")
+    return len(ops) if isinstance(ops, (list, RawJSON)) else 0
+
+
 class Transport:
     """Owns the session file and the connection of one rank.  ``emit`` from the training
     thread; everything else happens on the daemon thread."""
@@ -224,11 +229,9 @@ class Transport:
         """Whether ``emit(graph)`` would shed it now: its step event says so first.  Only the
         training thread adds pending graphs, so the answer holds until it emits it."""
         with self._lock:
-            return self._over(graph)
+            return self._over(_n_ops(graph))
 
-    def _over(self, graph: dict[str, Any]) -> bool:
-        ops = graph.get("ops")
-        n_ops = len(ops) if isinstance(ops, (list, RawJSON)) else 0
+    def _over(self, n_ops: int) -> bool:
         return self._pending_graphs >= _MAX_PENDING_GRAPHS or self._pending_ops + n_ops > _MAX_PENDING_OPS
 
     def emit(self, event: dict[str, Any]) -> None:
@@ -236,10 +239,9 @@ class Transport:
         if self._closed or os.getpid() != self._pid:
             return
         if event.get("kind") == "graph":
-            ops = event.get("ops")
-            n_ops = len(ops) if isinstance(ops, (list, RawJSON)) else 0
+            n_ops = _n_ops(event)
             with self._lock:
-                if self._over(event):
+                if self._over(n_ops):
                     self.shed += n_ops
                     self.shed_graphs += 1
                     return

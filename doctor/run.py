@@ -22,6 +22,11 @@ def as_dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def notes(ev: dict[str, Any], what: str) -> list[dict[str, Any]]:
+    """A step event's in-process facts of one kind (``events[{what: ...}]``)."""
+    return [e for e in as_list(ev.get("events")) if isinstance(e, dict) and e.get("what") == what]
+
+
 # Events come from JSON, so exact type checks suffice (and exclude bool); these run per parameter per step.
 def as_int(value: object, default: int = 0) -> int:
     kind = type(value)

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from ..run import Run, as_dict, as_float, as_int, as_list
+from ..run import Run, as_dict, as_float, as_int, as_list, notes
 
 # Gradients of these modules are sparse by design (only looked-up rows get one): never "dead".
 SPARSE_GRAD_TYPES = frozenset({"Embedding", "EmbeddingBag"})
@@ -75,8 +75,7 @@ def sparse_params(run: Run) -> set[int]:
     a pruned one (``torch.nn.utils.prune`` renames ``weight`` to ``weight_orig`` and multiplies
     it by a mask: its gradient is zero wherever the mask is, 99% of it at 99% pruning); pruned
     after ``watch()``, it keeps its name and the capture says so (``pruned`` events)."""
-    pruned = {as_int(i, -1) for _, ev in run.step_events() for e in as_list(ev.get("events"))
-              if as_dict(e).get("what") == "pruned" for i in as_list(as_dict(e).get("params"))}
+    pruned = {as_int(i, -1) for _, ev in run.step_events() for e in notes(ev, "pruned") for i in as_list(e.get("params"))}
     return pruned | {i for i in range(len(run.params))
                      if run.module_type(run.param_module(i)) in SPARSE_GRAD_TYPES or run.param_name(i).endswith("_orig")}
 

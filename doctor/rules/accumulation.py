@@ -16,7 +16,7 @@ from torchscope.schema import Finding, FindingTarget
 
 from .. import graph as g
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_float, as_int, as_list
+from ..run import Run, as_dict, as_float, as_int, as_list, notes
 from ..settings import Settings
 from ._grads import total_norm
 
@@ -301,7 +301,7 @@ def _micro_batches(ev: dict[str, Any]) -> int:
     """The backward passes of this step summed into .grad, each over its own forward."""
     # A backward that raised (P8/P10) accumulated nothing, nor does torch.autograd.grad
     # (it returns the gradients): don't count either as a micro-batch.
-    grad_calls = [e for e in as_list(ev.get("events")) if as_dict(e).get("what") == "autograd_grad"]
+    grad_calls = notes(ev, "autograd_grad")
     k = as_int(ev.get("micro_batches")) - len(as_list(ev.get("backward_errors"))) - len(grad_calls)
     if isinstance(ev.get("accumulated"), int):
         # the passes summed into .grad since it was last reset: an optimizer that zeroes
@@ -331,7 +331,7 @@ def _accumulated(run: Run, judged: dict[object, Judgement]) -> list[Accumulated]
         roots = [str(r) for r in as_list(ev.get("backward_roots"))]
         if k <= 1 or not roots or as_dict(ev.get("scaler")):
             continue  # GradScaler's own multiply hides whether the loss was divided: don't guess
-        if any(as_dict(e).get("what") == "foreign_step" for e in as_list(ev.get("events"))):
+        if notes(ev, "foreign_step"):
             continue  # optimizer.step() calls of other parameters between them: no accumulation (P5)
         judgement = judged.get(ev.get("graph_signature")) or _judge_roots(roots)
         if judgement.too_big:

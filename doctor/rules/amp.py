@@ -14,7 +14,7 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import contiguous_runs, describe_steps, make
-from ..run import Run, as_dict, as_float, as_list
+from ..run import Run, as_dict, as_float, notes
 from ..settings import Settings
 from ._grads import scaler_skipped
 from .nonfinite import loss_nonfinite, origin, origin_target, origin_text
@@ -133,7 +133,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             skipped.append(step)
         if scale is not None and scale < settings.min_scale:
             collapsed.append(step)
-        at = [as_dict(e) for e in as_list(ev.get("events")) if as_dict(e).get("what") == "clip_before_unscale"]
+        at = notes(ev, "clip_before_unscale")
         if at:
             clip.append(step)
             clip_src = clip_src or str(at[0].get("src") or "") or None  # the clip call's line

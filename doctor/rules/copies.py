@@ -13,16 +13,12 @@ from __future__ import annotations
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, fmt_bytes, make
-from ..run import Run, as_dict, as_int, as_list
+from ..run import Run, as_dict, as_int, notes
 from ..settings import Settings
 
 FIX = ("Move the model and constant tensors to the device once, before the loop; keep tensors on the device "
        "between ops (no .cpu()/.numpy() round trips, no dtype back-and-forth); move each batch once; copy a dataset "
        "(clone(), torch.tensor(t)) once, not every step.")
-
-
-def _events(ev: dict[str, object], what: str) -> list[dict[str, object]]:
-    return [as_dict(e) for e in as_list(ev.get("events")) if as_dict(e).get("what") == what]
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
@@ -39,9 +35,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             counted.append(step)
         copies = as_dict(ev.get("copies"))
         count = as_int(copies.get("count"))
-        trips = _events(ev, "round_trip")
-        repeats = _events(ev, "repeat_copy")
-        noops = _events(ev, "noop_to")
+        trips = notes(ev, "round_trip")
+        repeats = notes(ev, "repeat_copy")
+        noops = notes(ev, "noop_to")
         noop_count = sum(max(1, as_int(e.get("count"), 1)) for e in noops)
         per_step.append(count)
         bytes_moved.append(as_int(copies.get("bytes")) + sum(as_int(e.get("bytes")) for e in trips + repeats))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_float, as_int, as_list
+from ..run import Run, as_dict, as_float, as_int, as_list, notes
 from ..settings import Settings
 from ._grads import applied_steps, column, floats, sparse_params, value
 
@@ -113,10 +113,9 @@ def _hooks_note(run: Run, dead: list[int]) -> str:
     params: list[int] = []
     modules: list[str] = []
     for _, ev in run.step_events():
-        for e in as_list(ev.get("events")):
-            if as_dict(e).get("what") == "gradient_hooks":
-                params = [as_int(i, -1) for i in as_list(as_dict(e).get("params"))]
-                modules = [str(m) for m in as_list(as_dict(e).get("modules"))]
+        for e in notes(ev, "gradient_hooks"):
+            params = [as_int(i, -1) for i in as_list(e.get("params"))]
+            modules = [str(m) for m in as_list(e.get("modules"))]
     on = [run.param_name(i) for i in dead if i in params]
     parts = ([f"a tensor hook (register_hook) on {', '.join(on[:3])}"] if on else []) + (
         [f"a backward hook on {', '.join(repr(m) if m else 'the root module' for m in modules[:3])}"] if modules else [])

@@ -7,7 +7,7 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import Severity, and_list, describe_steps, make
-from ..run import Run, as_dict, as_float, as_int, as_list, leaf_loss, trainable
+from ..run import Run, as_dict, as_float, as_int, as_list, leaf_loss, notes, trainable
 from ..settings import Settings
 
 FIX_MISSING = ("Call optimizer.zero_grad() once per optimizer step, before the forward/backward of that step "
@@ -48,8 +48,7 @@ def _foreign_steps(run: Run) -> list[int]:
 
 def _foreign_count(ev: dict[str, Any]) -> int:
     """How many optimizer.step() calls of none of the model's parameters this step saw."""
-    return max((as_int(as_dict(e).get("count")) for e in as_list(ev.get("events"))
-                if as_dict(e).get("what") == "foreign_step"), default=0)
+    return max((as_int(e.get("count")) for e in notes(ev, "foreign_step")), default=0)
 
 
 def _foreign(run: Run) -> list[Finding]:
@@ -57,8 +56,7 @@ def _foreign(run: Run) -> list[Finding]:
     by_events = any(_foreign_count(ev) >= 2 for _, ev in run.step_events())
     if len(steps) < 2 and not (steps and by_events):  # (a last step closed at the run's end has no step())
         return []
-    named = [str(as_dict(e).get("optimizer")) for _, ev in run.step_events() for e in as_list(ev.get("events"))
-             if as_dict(e).get("what") == "foreign_step"]
+    named = [str(e.get("optimizer")) for _, ev in run.step_events() for e in notes(ev, "foreign_step")]
     opt = str(run.session.get("optimizer") or (named[0] if named else "The watched optimizer"))
     model = str(run.session.get("model") or "the model")
     message = (f"{opt} steps none of the {trainable(run)} trainable parameters of {model} "
