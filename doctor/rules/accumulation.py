@@ -252,7 +252,7 @@ def chunked_terms(lg: LossGraph) -> int:
 @dataclass(frozen=True)
 class Judgement:
     """What a step's loss says about its scale: the scales of its terms that k micro-batches
-    sum to k times one (none: scaled right) and, for a hand-made micro-batch mean, its size."""
+    sum to k times one (none: scaled right) and, for a hand-made micro-batch mean, the dimensions it divided by."""
 
     too_big: frozenset[Scale] = frozenset()
     micro_dims: tuple[int, ...] = ()  # the micro-batch's dimensions a summed loss was divided by ("micro_mean")
