@@ -18,6 +18,10 @@ other call straight through (one dict lookup):
   loop checks before it decides to skip the batch, read back if no backward follows.
 - While a loss of an earlier step is found kept alive (P7), every call of the user's that
   takes a one-value tensor with a graph into a new one (``total += loss``): its line.
+- ``add_`` / ``mul_`` / ``lerp_`` / ``copy_`` / ``+=`` and their ``_foreach`` forms, outside the
+  forward while autograd records, on a tensor that had no graph: a copy of the weights (an
+  EMA, a target network) updated from a parameter without ``no_grad`` now holds a graph to the
+  model's parameters that every update extends (P7).
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ _BREAKS = {
     _T.__array__: "torch::Tensor.__array__",
 }
 _DATA_GET = _T.data.__get__  # type: ignore[attr-defined]
+# in-place updates a copy of the weights is made with (P7 when autograd records them)
+_UPDATES = (_T.add_, _T.sub_, _T.mul_, _T.lerp_, _T.copy_, _T.addcmul_, _T.__iadd__, _T.__isub__,
+            torch._foreach_add_, torch._foreach_mul_, torch._foreach_lerp_, torch._foreach_copy_)
 # Gradient clipping calls one of these from torch/nn/utils/clip_grad.py (P14): clip_grad_norm_
 # takes the norm, clip_grad_value_ clamps (foreach, or each gradient)
 # (torch.clamp: _clip_grads_with_norm_'s coefficient, where a total taken apart -- accelerate's
@@ -80,6 +87,7 @@ _HANDLED: dict[Any, str] = {
     # looked up with the rest: every other call (the loss, optimizer.step()'s record_function)
     # passes through after one lookup, not three
     **dict.fromkeys(_CLIP_NORMS, "clip"),
+    **dict.fromkeys(_UPDATES, "update"),
     _DATA_GET: "data",
 }
 
@@ -134,6 +142,20 @@ class Interposer(TorchFunctionMode):
                 # not bound to a name: this frame would hold its own traceback (a cycle)
                 unlink_own_frames(sys.exc_info()[2])
                 raise
+        if kind == "update":
+            target = args[0] if args else None
+            first = target[0] if isinstance(target, (list, tuple)) and target else target
+            # a tensor without a graph that gains one here, or one that did in an earlier step:
+            # the loss's own ``+=`` (a penalty added to it) and the optimizer's updates
+            # (no_grad) never qualify
+            if isinstance(first, torch.Tensor) and torch.is_grad_enabled() and not self.watch._depth:
+                fresh = not first.requires_grad
+                if fresh or id(first) in self.watch._weight_copies:
+                    out = func(*args, **kwargs)
+                    if first.grad_fn is not None:
+                        self.watch._safe("copies", self.watch._on_graph_copy, first, func, fresh)
+                    return out
+            return func(*args, **kwargs)
         if kind == "scale":
             self.watch._safe("grads", self.watch._on_scale_update)
             return func(*args, **kwargs)

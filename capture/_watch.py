@@ -550,6 +550,10 @@ class Watch:
         self._scaler = scaler
         self._disabled: set[str] = set()
         self._told_cap = False  # the per-step op cap was reached (said once)
+        # tensors seen updated from a parameter with autograd on (id -> (ref, step, param, line, op)),
+        # and the lines said (_on_graph_copy)
+        self._weight_copies: dict[int, tuple[weakref.ref[torch.Tensor], int, str, str, str]] = {}
+        self._graph_copies: set[str] = set()
         self._direct_noted = isinstance(model, torch.jit.ScriptModule)  # told at watch() already
         self._model_name = _class_name(model)
         named = list(model.named_parameters())
@@ -1455,6 +1459,44 @@ class Watch:
                 del self._converted[k]
         if not same_place:
             s.conversions[_first_storage(out)] = (inp.dtype, inp.device)
+
+    def _on_graph_copy(self, target: torch.Tensor, func: Any, fresh: bool) -> None:
+        """A tensor without a graph (``fresh``), updated in place outside the forward while
+        autograd records, now has one: when it leads back (a few nodes away) to a watched
+        parameter of its own shape, it may be a copy of the weights -- an EMA, a target
+        network -- updated without ``no_grad``.  It is one when the same tensor, its graph still
+        on, is updated again in a later step (a penalty built in a fresh tensor each step and
+        added to the loss is not): it holds a graph that each update extends (P7).  Said once
+        a line."""
+        copies = self._weight_copies
+        if not fresh:
+            seen = copies.get(id(target))
+            if seen is None or seen[0]() is not target or seen[1] >= self._step:
+                return
+            del copies[id(target)]
+            if seen[3] not in self._graph_copies:
+                self._graph_copies.add(seen[3])
+                self._s.events.append({"what": "graph_copy", "param": seen[2], "op": seen[4], "src": seen[3]})
+            return
+        names = self._param_names
+        todo: list[tuple[Any, int]] = [(target.grad_fn, 0)]
+        seen_nodes, found = 0, None
+        while todo and seen_nodes < 32 and found is None:
+            node, depth = todo.pop()
+            seen_nodes += 1
+            var = getattr(node, "variable", None)
+            if var is not None:
+                if id(var) in names and var.shape == target.shape:
+                    found = names[id(var)]
+                continue
+            if depth < 4:
+                todo.extend((n, depth + 1) for n, _ in node.next_functions if n is not None)
+        if found is None:
+            return
+        if len(copies) > 4096:  # bounded: forget the oldest
+            for k in list(copies)[:2048]:
+                del copies[k]
+        copies[id(target)] = (weakref.ref(target), self._step, found, user_src(), getattr(func, "__name__", ""))
 
     # ------------------------------------------------------------------ backward
     def _run_backward(self, func: Any, kind: str, args: Any, kwargs: dict[str, Any]) -> Any:

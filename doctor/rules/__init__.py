@@ -34,7 +34,7 @@ RULES: list[tuple[str, Rule]] = [
     ("P4", nonfinite.check),
     ("P5", zero_grad.check),
     ("P6", unused_graph.check),
-    ("P7", retention.check_graphs_alive),
+    ("P7", lambda run, settings: retention.check_graphs_alive(run, settings) + retention.check_weight_copies(run, settings)),
     ("P8", errors.check_inplace),
     # a loss without grad_fn is cut where it was computed: P1 for a detach or no_grad, P9 for an op
     ("P9", lambda run, settings: paths.check_non_differentiable(run, settings) + loss_cut.check(run, settings)),

@@ -9,11 +9,13 @@ from __future__ import annotations
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import and_list, contiguous_runs, describe_steps, fmt_bytes, make
-from ..run import Run, as_dict, as_int, as_list
+from ..run import Run, as_dict, as_int, as_list, notes
 from ..settings import Settings
 
 FIX_P7 = ("Don't keep tensors that carry a graph across steps: accumulate `loss.item()` (not `loss`), store "
           "`out.detach()`, detach recurrent state between batches, and drop retain_graph=True unless needed.")
+FIX_COPY = ("Update copies of the weights without autograd: inside `with torch.no_grad():` (e.g. "
+            "`with torch.no_grad(): ema_p.lerp_(p, 1 - decay)`), or from `p.detach()`.")
 FIX_P13 = ("Store `output.detach()` (or `.cpu()` copies of what you need) in the hook, keep only the latest "
            "value instead of appending every call, and remove the hook (handle.remove()) when done.")
 
@@ -104,6 +106,28 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], view="memory",
                  data={"graphs_alive": [n for _, n in alive], "live": [b for _, b in live],
                        "steps": [s for s, _ in live], "growth_per_step": per_step})]
+
+
+def check_weight_copies(run: Run, settings: Settings) -> list[Finding]:
+    """A copy of the weights (an EMA, a target network) updated in place from a parameter while
+    autograd records (``graph_copy`` events, one per line of the user's that does it)."""
+    lines: dict[str, tuple[list[int], list[str], str]] = {}
+    for step, ev in run.step_events():
+        for e in notes(ev, "graph_copy"):
+            steps, params, op = lines.setdefault(str(e.get("src") or ""), ([], [], str(e.get("op") or "")))
+            steps.append(step)
+            params.append(str(e.get("param") or ""))
+    findings: list[Finding] = []
+    for src, (steps, params, op) in lines.items():
+        where = f"`{op}` at {src}" if src else f"`{op}`"
+        message = (f"A copy of parameter {params[0]!r} is updated from it while autograd records ({where}, outside "
+                   "torch.no_grad()): the copy -- an EMA or a target network -- now carries a graph back to the "
+                   "model's parameters, and every update makes it longer: memory and time grow step after step, "
+                   "and a loss computed from the copy backpropagates into the model.")
+        findings.append(make("P7", "error", message, FIX_COPY, steps, rank=run.rank, src=src or None,
+                             params=params, targets=[FindingTarget(step=steps[0], rank=run.rank, param=params[0])],
+                             view="memory", title="Copy of the weights updated with autograd on"))
+    return findings
 
 
 def check_hooks(run: Run, settings: Settings) -> list[Finding]:

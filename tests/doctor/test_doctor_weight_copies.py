@@ -1,0 +1,113 @@
+"""P7 on real captures: a copy of the weights (an EMA, a target network) updated from the
+parameters outside ``torch.no_grad()`` carries a graph back to the model that every update
+extends; the same updates under ``no_grad`` and a penalty built in a fresh tensor each step
+and added to the loss are no finding.  Training is unchanged by the watch in every case."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+UPDATES = {
+    "mul_ add_": "pe.mul_(0.99).add_(pm, alpha=0.01)",
+    "lerp_": "pe.lerp_(pm, 0.01)",
+    "copy_": "pe.copy_(0.99 * pe + 0.01 * pm)",
+    "+=": "pe += 0.01 * pm",
+    "_foreach_lerp_": "torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 0.01)",
+}
+
+
+def _train(path: Path | None, how: str, no_grad: bool, mode: str = "default") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """30 Adam steps of an MLP with an EMA copy updated after each; the model's and the copy's
+    final tensors."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    ema = copy.deepcopy(model).requires_grad_(False)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    watch = torchscope.watch(model, opt, server=None, record=path, mode=mode) if path else None
+    for _ in range(30):
+        x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        with torch.no_grad() if no_grad else torch.enable_grad():
+            if how == "_foreach_lerp_":
+                torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 0.01)
+            for pe, pm in zip(ema.parameters(), model.parameters(), strict=True):
+                if how == "mul_ add_":
+                    pe.mul_(0.99).add_(pm, alpha=0.01)
+                elif how == "lerp_":
+                    pe.lerp_(pm, 0.01)
+                elif how == "copy_":
+                    pe.copy_(0.99 * pe + 0.01 * pm)
+                elif how == "+=":
+                    pe += 0.01 * pm
+    if watch is not None:
+        watch.close()
+    return [p.detach().clone() for p in model.parameters()], [p.detach().clone() for p in ema.parameters()]
+
+
+def _p7(path: Path) -> list[dict[str, Any]]:
+    return [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P7"]
+
+
+@pytest.mark.parametrize("how", list(UPDATES))
+def test_an_ema_updated_with_autograd_on_is_p7_at_its_line(tmp_path: Path, how: str) -> None:
+    path = tmp_path / "ema.tscope"
+    watched = _train(path, how, no_grad=False)
+    plain = _train(None, how, no_grad=False)
+    assert all(torch.equal(a, b) for a, b in zip(watched[0] + watched[1], plain[0] + plain[1], strict=True))
+    found = _p7(path)
+    assert len(found) == 1, found
+    f = found[0]
+    assert f["severity"] == "error" and f["title"] == "Copy of the weights updated with autograd on"
+    assert "outside torch.no_grad()" in f["message"] and "'0.weight'" in f["message"]
+    assert f["params"] and f["params"][0] == "0.weight"
+    lines = Path(__file__).read_text().splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if text.strip() == UPDATES[how])
+    assert f["src"] == f"test_doctor_weight_copies.py:{line}"
+    assert "torch.no_grad()" in f["fix"]
+
+
+@pytest.mark.parametrize("mode", ["light", "full"])
+def test_the_other_modes_see_it_too(tmp_path: Path, mode: str) -> None:
+    path = tmp_path / "ema.tscope"
+    _train(path, "lerp_", no_grad=False, mode=mode)
+    assert [f["title"] for f in _p7(path)] == ["Copy of the weights updated with autograd on"]
+
+
+@pytest.mark.parametrize("how", list(UPDATES))
+def test_the_same_updates_under_no_grad_are_no_finding(tmp_path: Path, how: str) -> None:
+    path = tmp_path / "ema.tscope"
+    _train(path, how, no_grad=True)
+    assert _p7(path) == []
+
+
+def test_a_penalty_built_from_the_weights_each_step_is_no_finding(tmp_path: Path) -> None:
+    """A fresh tensor of a weight's shape filled from it in place every step and summed into the
+    loss: it gains a graph from the parameter, and the backward uses it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "penalty.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(30):
+            x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+            opt.zero_grad()
+            penalty = torch.zeros(4, 64)
+            penalty += model[2].weight.abs()
+            reg = torch.zeros(())
+            for p in model.parameters():
+                reg += p.norm()
+            (nn.functional.cross_entropy(model(x), y) + 1e-4 * (penalty.sum() + reg)).backward()
+            opt.step()
+    assert _p7(path) == []
