@@ -677,6 +677,8 @@ class Watch:
         self._mem_static: tuple[dict[int, int], dict[int, int], dict[int, int], int] = ({}, {}, {}, 0)
         self._held_key: tuple[int, tuple[int, ...]] | None = None  # optimizer and group sizes (_not_stepped)
         self._unheld: list[int] = []  # parameter indices that optimizer does not hold
+        # what it holds that is not the model's (weakly): a layer's old parameters after a new one was assigned
+        self._orphans: list[weakref.ref[torch.Tensor]] = []
         # other optimizers stepping watched parameters beside the watched one (a backbone's SGD
         # beside the head's Adam) -> the step they last stepped at: theirs are trained too
         self._all_opts: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # every optimizer seen stepping
@@ -2163,6 +2165,12 @@ class Watch:
         """``_not_stepped`` and the parameters every backward(inputs=...) of the step left out.
         A parameter another optimizer of the loop steps (this step or the one before) is trained."""
         out = self._not_stepped(opt, params)
+        if out and self._orphans:
+            # the optimizer steps tensors that are not the model's and get no gradient while some
+            # of the model's get one it never uses: a layer assigned anew after it was built
+            stale = sum(1 for r in self._orphans if (p := r()) is not None and p.grad is None)
+            if stale:
+                s.events.append({"what": "stale_params", "count": stale})
         if out and self._co_opts:
             recent = [o for o, at in self._co_opts.items() if at >= self._step - 1]
             held = {id(p) for o in recent for g in o.param_groups for p in g["params"]}
@@ -2184,6 +2192,9 @@ class Watch:
             held = {id(p) for g in groups for p in g["params"]}
             self._held_key = key
             self._unheld = [i for i, p in enumerate(params) if p is not None and id(p) not in held]
+            ours = {id(p) for p in params if p is not None}
+            self._orphans = [weakref.ref(p) for g in groups for p in g["params"]
+                             if id(p) not in ours and isinstance(p, torch.Tensor)] if self._unheld else []
         if not self._unheld:  # the optimizer holds them all (the usual loop): no list to filter
             return []
         return [i for i in self._unheld if (p := params[i]) is not None and p.requires_grad]

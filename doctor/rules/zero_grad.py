@@ -114,9 +114,11 @@ def _unheld(run: Run) -> list[Finding]:
     foreign = set(_foreign_steps(run))  # the optimizer holds none of them: _foreign
     got: dict[int, list[int]] = {}
     piled: set[int] = set()
+    stale = 0  # the optimizer's parameters that are not the model's and get no gradient
     for step, ev in run.step_events():
         if step in foreign or as_list(ev.get("backward_errors")):
             continue
+        stale = max([stale, *(as_int(e.get("count")) for e in notes(ev, "stale_params"))])
         grads = as_dict(ev.get("grads"))
         unheld = {as_int(i, -1) for i in as_list(grads.get("not_trained"))} - {-1}
         if not unheld:
@@ -145,11 +147,15 @@ def _unheld(run: Run) -> list[Finding]:
         message += (" They were made by a parametrization (weight_norm, spectral_norm, register_parametrization) "
                     "applied after the optimizer was built: it replaced the layer's weight with new parameters, "
                     "and the optimizer still steps the old weight, which the model no longer uses.")
-    severity: Severity = "error" if parametrized else "warning"
+    elif stale:
+        message += (f" The optimizer steps {stale} tensor(s) that are not the model's parameters and get no gradient: "
+                    "a layer assigned anew after the optimizer was built (`model.fc = nn.Linear(...)`) leaves it "
+                    "stepping the old layer's parameters, and the new layer never trains.")
+    severity: Severity = "error" if parametrized or stale else "warning"
     targets = [FindingTarget(step=got[i][0], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
                for i in index]
     src = next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
-    return [make("P5", severity, message, FIX_UNHELD_PARAMETRIZED if parametrized else FIX_UNHELD, steps,
+    return [make("P5", severity, message, FIX_UNHELD_PARAMETRIZED if parametrized or stale else FIX_UNHELD, steps,
                  rank=run.rank, targets=targets, modules=sorted({run.param_module(i) for i in index}),
                  params=names, src=src, view="gradients", title="Parameters no optimizer updates")]
 

@@ -102,15 +102,33 @@ def test_both_bugs_at_once_are_told_apart(tmp_path: Path) -> None:
     assert unheld["params"] == WN_PARAMS and unheld["severity"] == "error"
 
 
-def test_a_layer_replaced_after_the_optimizer_is_a_warning(tmp_path: Path) -> None:
-    """A head assigned anew after the optimizer was built (or a backbone left trainable beside
-    an optimizer of the head only: the doctor cannot tell the two apart) -- no parametrization
-    to prove the mistake: a warning, with both fixes."""
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_a_layer_replaced_after_the_optimizer_is_an_error(tmp_path: Path, mode: str) -> None:
+    """A head assigned anew after the optimizer was built: the optimizer still steps the old
+    head's parameters, which are no longer the model's and get no gradient -- that proves the
+    mistake (a backbone merely left trainable beside a head-only optimizer has no such tensors)."""
     model = _mlp()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     model[4] = nn.Linear(32, 1)
-    found = _train(model, opt, tmp_path / "head.tscope", "default")
+    before = model[4].weight.detach().clone()
+    found = _train(model, opt, tmp_path / "head.tscope", mode)
+    assert torch.equal(model[4].weight, before)  # the bug: the new head never trained
     assert not _missing(found), [f["message"] for f in found]
     (f,) = _unheld(found)
-    assert f["severity"] == "warning" and f["params"] == ["4.weight", "4.bias"], f
+    assert f["severity"] == "error" and f["params"] == ["4.weight", "4.bias"], f
+    assert "steps 2 tensor(s) that are not the model's parameters" in f["message"], f["message"]
+    assert "a layer assigned anew after the optimizer was built" in f["message"], f["message"]
+    assert "add these parameters" in f["fix"], f["fix"]
+
+
+def test_a_trainable_backbone_beside_a_head_only_optimizer_is_a_warning(tmp_path: Path) -> None:
+    """An optimizer of the head only, the backbone left requiring grad: wasteful, maybe meant
+    (a linear probe written loosely) -- a warning, with both fixes."""
+    model = _mlp()
+    opt = torch.optim.Adam(model[4].parameters(), lr=1e-2)
+    found = _train(model, opt, tmp_path / "probe.tscope", "default")
+    assert not _missing(found), [f["message"] for f in found]
+    (f,) = _unheld(found)
+    assert f["severity"] == "warning" and f["params"] == ["0.weight", "0.bias", "2.weight", "2.bias"], f
+    assert "not the model's parameters" not in f["message"], f["message"]
     assert "requires_grad_(False)" in f["fix"] and "add_param_group" in f["fix"], f["fix"]
