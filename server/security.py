@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import html
+import ipaddress
 import json
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -110,7 +111,7 @@ async def _reply_page(send: Send, status: int, page: bytes) -> None:
 
 # What a browser shows at an address this server does not serve (``http://0.0.0.0:6150``, a name
 # of this machine): the way to one it serves, not the JSON refusal an API client gets
-_HOST_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>torchscope: open it at 127.0.0.1</title>
+_HOST_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>torchscope: open it at its own address</title>
 <style>body{font:15px/1.5 system-ui,sans-serif;max-width:40em;margin:4em auto;padding:0 1em}code{background:#eee;padding:0 4px}</style>
 </head><body><h1>Open torchscope at <a href="%(url)s">%(url)s</a></h1>
 <p>This torchscope server answers only at the address it is bound to, <code>localhost</code> and
@@ -120,13 +121,19 @@ machine cannot read your runs (DNS rebinding). To open it under another name, st
 </body></html>"""
 
 
-def host_page(host_header: str, server_port: int | None) -> bytes:
-    """The page for a refused ``Host``; its link keeps the port the browser used (a forwarded
-    port may not be the one the server is bound to)."""
+def host_page(host_header: str, server: tuple[str | None, int | None]) -> bytes:
+    """The page for a refused ``Host``; its link is the address the connection came in on (the
+    server's socket: ``[::1]`` for a server bound there) and keeps the port the browser used (a
+    forwarded port may not be the one the server is bound to)."""
     host = host_name(host_header)
     tail = host_header.rpartition(":")[2] if host_header != host else ""
-    port = tail if tail.isdigit() else str(server_port or "")
-    url = f"http://127.0.0.1{f':{port}' if port else ''}/"
+    port = tail if tail.isdigit() else str(server[1] or "")
+    try:
+        ip = ipaddress.ip_address(server[0] or "")
+        local = f"[{ip}]" if ip.version == 6 else str(ip)
+    except ValueError:  # no socket address (an in-process client)
+        local = "127.0.0.1"
+    url = f"http://{local}{f':{port}' if port else ''}/"
     return (_HOST_PAGE % {"url": url, "host": html.escape(host)}).encode()
 
 
@@ -162,8 +169,8 @@ class SecurityMiddleware:
             host = host_name(headers.get(b"host", b"").decode("latin-1"))
             if host not in self.allowed_hosts:
                 if _page_load(scope, headers):
-                    server_port = (scope.get("server") or (None, None))[1]
-                    await _reply_page(send, 400, host_page(headers.get(b"host", b"").decode("latin-1"), server_port))
+                    server = scope.get("server") or (None, None)
+                    await _reply_page(send, 400, host_page(headers.get(b"host", b"").decode("latin-1"), server))
                 else:
                     await _reply(send, 400, f"Host {host!r} is not served here (DNS rebinding protection)")
                 return

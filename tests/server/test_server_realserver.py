@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -143,3 +144,20 @@ def test_watched_script_streams_everything_to_the_server(tmp_path: Path) -> None
             assert resp.read() == record.read_bytes()
     finally:
         srv.stop()
+
+
+def test_a_refused_host_page_links_to_the_address_the_server_is_bound_to(tmp_path: Path) -> None:
+    """A real server bound to IPv6's loopback only: a browser arriving under a name it does not
+    serve gets a link to ``[::1]`` -- where it answers -- not to 127.0.0.1, where nothing does."""
+    srv = ServerProc(tmp_path / "data", extra=["--host", "::1"])
+    srv.url = f"http://[::1]:{srv.port}"
+    with srv:
+        req = urllib.request.Request(srv.url + "/", headers={"Host": f"0.0.0.0:{srv.port}", "Accept": "text/html"})
+        try:
+            urllib.request.urlopen(req, timeout=5)
+            raise AssertionError("a refused Host was served")
+        except urllib.error.HTTPError as err:
+            assert err.code == 400
+            page = err.read().decode()
+        assert f'href="http://[::1]:{srv.port}/"' in page and "127.0.0.1:" not in page, page
+        assert http_json(srv.url + "/api/health")  # the link's address answers
