@@ -596,9 +596,10 @@ class Watch:
         # _FAILURE_TRIES) until one with a failing backward is, so the doctor can name the op
         self._failure_wanted = False
         self._failure_tries = 0
-        # (tensor id, target dtype, target device) of conversions -> (weak tensor, last step): P12 repeats
+        # (tensor id, target dtype, target device) of conversions -> (weak tensor, last step,
+        # its version counter then): P12 repeats
         self._converted: dict[
-            tuple[int, torch.dtype, torch.device], tuple[weakref.ref[torch.Tensor], int]
+            tuple[int, torch.dtype, torch.device], tuple[weakref.ref[torch.Tensor], int, int]
         ] = {}
         self._depth = 0
         # the thread running the training loop: watch()'s until a forward with grad, a backward
@@ -1449,13 +1450,16 @@ class Watch:
             origin = s.conversions.get(_first_storage(inp))
             if origin is not None and origin == (out.dtype, out.device):
                 _bump(s.moves, ("round_trip", src), nbytes)  # converted there and back within the step
-        # the same tensor object converted again in a later step: work that belongs before the loop.
-        # Keyed by the object (held weakly), not its address, which a new batch may reuse.
+        # the same tensor object converted again in a later step, its values unchanged: work that
+        # belongs before the loop.  Keyed by the object (held weakly), not its address, which a
+        # new batch may reuse; its version counter tells a tensor written in place since (a
+        # parameter the optimizer updated, a .grad accumulated into) from the same data.
         key = (id(inp), out.dtype, out.device)
         seen = self._converted.get(key)
-        if seen is not None and seen[0]() is inp and seen[1] < self._step:
+        version = -1 if inp.is_inference() else inp._version  # an inference tensor has no counter
+        if seen is not None and seen[0]() is inp and seen[1] < self._step and seen[2] == version:
             _bump(s.moves, ("repeat_copy", src), nbytes)
-        self._converted[key] = (weakref.ref(inp), self._step)
+        self._converted[key] = (weakref.ref(inp), self._step, version)
         if len(self._converted) > 4096:  # bounded: forget the oldest conversions
             for k in list(self._converted)[:2048]:
                 del self._converted[k]

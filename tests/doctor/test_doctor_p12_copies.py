@@ -65,3 +65,48 @@ def test_a_dataset_copied_every_step_is_p12(tmp_path: Path, how: str, mode: str)
 @pytest.mark.parametrize("how", ["no copy", "small clone", "clone with grad"])
 def test_small_or_graph_clones_are_no_p12(tmp_path: Path, how: str, mode: str) -> None:
     assert _p12(tmp_path, how, mode) == []
+
+
+@pytest.mark.parametrize("what", ["weight", "grad", "buffer"])
+def test_converting_a_tensor_written_in_place_since_is_no_p12(tmp_path: Path, what: str) -> None:
+    """A norm logged in float64 every step of a parameter (the optimizer updates it in place), of
+    a ``.grad`` kept by ``zero_grad(set_to_none=False)`` (zeroed and accumulated into), or of a
+    2 MiB buffer filled anew each step: the same tensor object, new values -- not the same data
+    converted again (found by QA); the same buffer left unchanged still is."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    buf = torch.empty(8192, 64)
+    path = tmp_path / f"{what}.tscope"
+    norms = []
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(8):
+            x, y = torch.randn(16, 512), torch.randn(16, 4)
+            opt.zero_grad(set_to_none=False)
+            nn.functional.mse_loss(model(x), y).backward()
+            if what == "weight":
+                norms.append(model[0].weight.double().norm().item())
+            elif what == "grad":
+                norms.append(model[0].weight.grad.double().norm().item())
+            else:
+                buf.normal_()
+                norms.append(buf.double().sum().item())
+            opt.step()
+    assert len(set(norms)) == 8  # the values changed every step
+    assert [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P12"] == []
+
+
+def test_converting_an_unchanged_buffer_every_step_is_still_p12(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(64, 1).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    table = torch.randn(8192, 64)
+    path = tmp_path / "table.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(8):
+            rows = table.double()[i * 16:(i + 1) * 16]
+            opt.zero_grad()
+            model(rows).pow(2).mean().backward()
+            opt.step()
+    (f,) = [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P12"]
+    assert "the same data converted/copied again every step" in f["message"]
