@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import inspect
 import logging
 import math
 import os
@@ -1170,8 +1171,8 @@ class Watch:
             if not self._module_hooks:
                 for path, ref in self._modules:
                     m = ref()
-                    if m is None or m is root or id(m) in self._entries:
-                        continue  # an entry's own hooks give its module context
+                    if m is None or m is root or id(m) in self._entries or isinstance(m, torch.jit.ScriptModule):
+                        continue  # an entry's own hooks give its module context; a ScriptModule takes none
                     self._module_hooks += hook_module(m, self._mod_pre(path, _torch_module(m)), self._mod_post)
         self._pause_gc()
         s.recorder.micro = len(s.forwards) - 1
@@ -2946,8 +2947,14 @@ def _bump(table: dict[tuple[str, str], list[int]], key: tuple[str, str], nbytes:
 
 
 def _torch_module(m: nn.Module) -> bool:
-    """Whether ``m``'s forward is torch's own code (nn.Linear...), not the user's."""
-    code = getattr(type(m).forward, "__code__", None)
+    """Whether ``m``'s forward is torch's own code (nn.Linear...), not the user's: read without
+    running descriptors (a ScriptModule's raises), through decorators (``@torch.autocast(...)``
+    on the user's forward wraps it in torch's code)."""
+    try:
+        fn = inspect.unwrap(inspect.getattr_static(type(m), "forward", None))
+    except ValueError:  # a cycle of __wrapped__
+        return False
+    code = getattr(fn, "__code__", None)
     return code is not None and _is_internal(code.co_filename)
 
 
