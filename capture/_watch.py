@@ -1974,6 +1974,10 @@ class Watch:
                     # one's replacement -- told apart at the next forward
                     self._stray_again = self._stray is not None and self._stray() is optimizer
                     self._stray = weakref.ref(optimizer)
+                    # the gradients as this step() found them: a replacement's step is ended at the
+                    # next forward, after the loop's zero_grad() (the watched one's step reads
+                    # them again if it comes)
+                    self._s.stats = self._safe("grads", self._grad_stats, self._s, [r() for r in self._params])
         elif watched is None and self._active and self._s.micro > 0:
             # watch(model), and the loop's optimizer steps none of the model's parameters
             # after a backward into them (built over another instance of the model): P5

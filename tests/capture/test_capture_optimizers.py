@@ -73,6 +73,38 @@ def test_a_new_optimizer_mid_run_is_followed(tmp_path: Path) -> None:
     assert [s["lr"] for s in steps] == [[0.1]] * 5 + [[0.001]] * 5
 
 
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_a_replacing_optimizers_first_step_has_the_gradients(mode: str, tmp_path: Path) -> None:
+    """Two-stage fine-tuning: the backbone unfrozen at step 4 and a new optimizer built, the first
+    one kept alive by its scheduler.  The new one's first step is told from a second optimizer
+    only at the next forward, after the loop's zero_grad(): its statistics are still the
+    gradients its step() found (they were all missing; found by QA)."""
+    model = _model()
+    model[0].requires_grad_(False)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2)
+    first_stage = (opt, sched)  # kept, as a loop's first-stage variables are
+    seen = []
+    with torchscope.watch(model, opt, server=None, record=tmp_path / "run.tscope", mode=mode):
+        for i, (x, y) in enumerate(_batches(7)):
+            if i == 4:
+                model.requires_grad_(True)
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+                sched = torch.optim.lr_scheduler.StepLR(opt, 2)
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            seen.append([None if p.grad is None else p.grad.double().norm().item() for p in model.parameters()])
+            opt.step()
+            sched.step()
+    steps = _steps(tmp_path / "run.tscope")
+    assert [s["step"] for s in steps] == list(range(7))
+    for s, norms in zip(steps, seen, strict=True):
+        assert s["grads"]["none"] == []
+        assert s["grads"]["norm"] == [None if n is None else pytest.approx(n, rel=1e-5) for n in norms], s["step"]
+    assert seen[4][0] is not None  # the unfrozen backbone's first gradient is in step 4's statistics
+    assert first_stage[0] is not opt
+
+
 def test_two_optimizers_of_one_model_in_one_loop(tmp_path: Path) -> None:
     """Two optimizers each stepping part of the model every iteration: the watched one ends the
     steps, the other is not taken for its replacement."""
