@@ -678,6 +678,7 @@ class Watch:
         # parameters' and optimizer state's storages, their union and its bytes (see _memory)
         self._mem_static: tuple[dict[int, int], dict[int, int], dict[int, int], int] = ({}, {}, {}, 0)
         self._held_key: tuple[int, tuple[int, ...]] | None = None  # optimizer and group sizes (_not_stepped)
+        self._told_new: set[str] = set()  # parameters gained after watch() the user was told of
         self._unheld: list[int] = []  # parameter indices that optimizer does not hold
         # what it holds that is not the model's (weakly): a layer's old parameters after a new one was assigned
         self._orphans: list[weakref.ref[torch.Tensor]] = []
@@ -2052,6 +2053,9 @@ class Watch:
         names = [new[id(p)] for p in stepped if id(p) in new]
         if not names:
             return False
+        if self._told_new >= set(names):
+            return True  # said already (asked again when the optimizer's groups change)
+        self._told_new.update(names)
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         msg = (
             f"torchscope: {type(optimizer).__name__} trains parameters {self._model_name} gained after "
@@ -2199,6 +2203,9 @@ class Watch:
         key = (id(opt), tuple(len(g["params"]) for g in groups))
         if key != self._held_key:
             held = {id(p) for g in groups for p in g["params"]}
+            if self._held_key is not None and self._held_key[0] == key[0]:
+                # its groups changed mid-run (add_param_group): parameters the model gained since?
+                self._of_new_params(opt, [p for g in groups for p in g["params"]])
             self._held_key = key
             self._unheld = [i for i, p in enumerate(params) if p is not None and id(p) not in held]
             ours = {id(p) for p in params if p is not None}

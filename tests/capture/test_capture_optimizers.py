@@ -357,3 +357,26 @@ def test_a_generator_trained_on_the_discriminators_loss_is_p5(fix: str, tmp_path
     assert f["title"] == "Gradients of another optimizer's loss" and f["steps"] == list(range(6))
     assert f["src"] == f"test_capture_optimizers.py:{line}" and "D(fake.detach())" in f["fix"]
     assert f["params"] == ["0.weight", "0.bias", "2.weight", "2.bias"]  # the generator's: the gradients view shows them
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_a_module_added_mid_run_with_add_param_group_is_told(given: bool, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A head added to the watched model after a few steps, its parameters given to the
+    optimizer with ``add_param_group``: its gradients are not in the statistics (their columns
+    follow the session's parameter list), and the user is told so once (was: nothing said)."""
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt if given else None, server=None, record=path):
+        for i, (x, y) in enumerate(_batches(6)):
+            if i == 3:
+                model.append(nn.Linear(1, 1))
+                opt.add_param_group({"params": list(model[3].parameters())})
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    told = [e["message"] for e in iter_events(path) if e["kind"] == "log" and "after watch()" in e["message"]]
+    assert len(told) == 1 and "(3.weight, 3.bias)" in told[0], told
+    assert capsys.readouterr().err.count("after watch()") == 1
+    assert [s["step"] for s in _steps(path)] == list(range(6))
