@@ -2203,7 +2203,7 @@ class Watch:
         key = (id(opt), tuple(len(g["params"]) for g in groups))
         if key != self._held_key:
             held = {id(p) for g in groups for p in g["params"]}
-            if self._held_key is not None and self._held_key[0] == key[0]:
+            if opt is not None and self._held_key is not None and self._held_key[0] == key[0]:
                 # its groups changed mid-run (add_param_group): parameters the model gained since?
                 self._of_new_params(opt, [p for g in groups for p in g["params"]])
             self._held_key = key
