@@ -72,17 +72,31 @@ def _trained_steps(run: Run) -> list[int]:
 
 
 def _norm_eval(run: Run, settings: Settings, train_in_eval: dict[str, list[int]]) -> bool:
-    """Whether the modules in eval mode while training are the deliberate frozen batch-norm
-    statistics of fine-tuning (``model.train(); model.apply(freeze_bn)``, mmdetection's
-    ``norm_eval=True``): the root trains, only normalisation modules with running statistics are
-    in eval, each on every training step from the first (set by the loop, not left over from an
-    evaluation), over at least ``min_steps`` steps (a shorter run cannot tell)."""
+    """Whether the modules in eval mode while training are deliberately frozen batch-norm
+    statistics: the root trains, only normalisation modules with running statistics are in eval,
+    over at least ``min_steps`` steps (a shorter run cannot tell), either on every training step
+    from the first -- set by the loop, not left over from an evaluation: fine-tuning's
+    ``model.train(); model.apply(freeze_bn)``, mmdetection's ``norm_eval=True`` -- or from some
+    step to the end inside quantization-aware training's fused conv-bn modules
+    (``torch.ao.nn.intrinsic.qat.freeze_bn_stats`` late in training, as its tutorial does)."""
     if not train_in_eval or "" in train_in_eval:
         return False
     if not all(run.module_type(m).startswith(_RUNNING_STATS) for m in train_in_eval):
         return False
     trained = _trained_steps(run)
-    return len(trained) >= settings.min_steps and all(sorted(set(s)) == trained for s in train_in_eval.values())
+    for module, steps in train_in_eval.items():
+        frozen = sorted(set(steps))
+        if len(frozen) < settings.min_steps:
+            return False
+        if frozen != trained and not (_in_fused_qat(run, module) and frozen == trained[len(trained) - len(frozen):]):
+            return False
+    return True
+
+
+def _in_fused_qat(run: Run, module: str) -> bool:
+    """Whether ``module`` is the batch norm of a QAT conv-bn module (``ConvBn2d``, ``ConvBnReLU2d``...)."""
+    parent, _, name = module.rpartition(".")
+    return name == "bn" and run.module_type(parent).startswith("ConvBn")
 
 
 def _norm_eval_finding(run: Run, train_in_eval: dict[str, list[int]], owned: dict[str, list[int]]) -> Finding:
@@ -91,7 +105,8 @@ def _norm_eval_finding(run: Run, train_in_eval: dict[str, list[int]], owned: dic
     affine = "while their weight and bias train" if any(owned.get(m) for m in mods) else "while the model trains"
     message = (f"Batch-norm statistics frozen (norm_eval): {_named(mods)} in eval mode on every training step "
                f"({describe_steps(steps, run.last_step)}) {affine}, normalising with running_mean/running_var "
-               "instead of each batch's statistics: deliberate in fine-tuning with small batches.")
+               "instead of each batch's statistics: deliberate in fine-tuning with small batches, and late in "
+               "quantization-aware training (freeze_bn_stats).")
     finding = make("P11", "info", message, FIX_NORM_EVAL, steps, rank=run.rank,
                    targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in mods],
                    modules=mods, data={"mode": "eval", "steps_by_module": train_in_eval})
