@@ -1580,6 +1580,9 @@ class Watch:
         at = 3 if kind == "grad" else 2  # torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph, ...)
         retain = kwargs.get("retain_graph", args[at] if len(args) > at else None)
         create = kwargs.get("create_graph", args[at + 1] if len(args) > at + 1 else False)
+        weights = _root_weights(kind, args, kwargs, len(roots))
+        if weights is not None:
+            weights = [w for t, w in zip(roots, weights, strict=True) if isinstance(t, torch.Tensor)]
         roots = [t for t in roots if isinstance(t, torch.Tensor)]
         s = self._s
         # light and default mode may reuse the last walk for a backward with this key (see _reuse_walk)
@@ -1653,14 +1656,17 @@ class Watch:
         # the line of a call that took a root in before this backward (probing, _on_holder)
         holder_src = {id(t): src for ref, src in s.holders if (t := ref()) is not None} if s.holders else {}
         held_at = [holder_src.get(id(t), "") for t in roots] if holder_src else [""] * len(roots)
-        for t in roots:
+        for i, t in enumerate(roots):
             fn = t.grad_fn
             s.roots.append(type(fn).__name__ if fn is not None else "None")
             if t.numel() == 1 and len(s.losses) < 1024:
                 if kind != "grad" and not later_closure:
                     s.summed.append(len(s.losses))
                 with _unseen():  # the loop's dispatch modes do not see the alias
-                    s.losses.append(t.detach())  # read with the gradients at the boundary
+                    w = weights[i] if weights is not None else None
+                    # read with the gradients at the boundary; a root backpropagated with an
+                    # explicit gradient (``backward([l1, l2], [1, 0.01])``) counts as weighted
+                    s.losses.append(t.detach() if w is None else (t.detach() * w.detach()).reshape(t.shape))
             fns.append(fn)
         s.backward_src.append(user_src(3))  # 3: past this method and _safe, ours
         s.sigs.append(sig)
@@ -2955,6 +2961,23 @@ def _bump(table: dict[tuple[str, str], list[int]], key: tuple[str, str], nbytes:
     entry = table.setdefault(key, [0, 0])
     entry[0] += 1
     entry[1] += nbytes
+
+
+def _root_weights(kind: str, args: Any, kwargs: dict[str, Any], n: int) -> list[torch.Tensor | None] | None:
+    """The gradients a backward was given for its roots, one-element tensors or None each
+    (``Tensor.backward(gradient)``, ``autograd.backward(tensors, grad_tensors)``); None when none."""
+    if kind == "tensor":
+        given = args[1] if len(args) > 1 else kwargs.get("gradient")
+    elif kind == "autograd":
+        given = args[1] if len(args) > 1 else kwargs.get("grad_tensors", kwargs.get("grad_variables"))
+    else:
+        return None
+    if given is None:
+        return None
+    listed = [given] if isinstance(given, torch.Tensor) else list(given)
+    if len(listed) != n:
+        return None
+    return [g if isinstance(g, torch.Tensor) and g.numel() == 1 else None for g in listed]
 
 
 def _torch_module(m: nn.Module) -> bool:

@@ -155,3 +155,30 @@ def test_the_last_micro_batch_in_the_closure_is_read_with_the_others(tmp_path: P
     for st, (_, norms, before) in zip(steps, seen, strict=True):
         assert st["grads"]["norm"] == pytest.approx(norms, rel=1e-5)  # clipped, as optimizer.step() used them
         assert st["grads"]["clip"]["norm"] == pytest.approx(before, rel=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+@pytest.mark.parametrize("how", ["autograd.backward", "Tensor.backward"])
+def test_roots_given_a_gradient_count_weighted(tmp_path: Path, mode: str, how: str) -> None:
+    """``autograd.backward([l1, l2], [1, 0.01])`` differentiates l1 + 0.01·l2, and
+    ``loss.backward(gradient=w)`` w·loss: the step's loss is that weighted sum, each root as
+    weighted (was: l1 + l2; found by QA)."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    expected = []
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(4):
+            opt.zero_grad()
+            out = model(torch.randn(8, 6))
+            l1, l2 = out.pow(2).mean(), out.abs().sum()
+            if how == "autograd.backward":
+                torch.autograd.backward([l1, l2], [torch.tensor(1.0), torch.tensor(0.01)])
+                expected.append(((l1 + 0.01 * l2).item(), [l1.item(), 0.01 * l2.item()]))
+            else:
+                l2.backward(gradient=torch.tensor(0.5))
+                expected.append((0.5 * l2.item(), [0.5 * l2.item()]))
+            opt.step()
+    steps = _steps(path)
+    assert [s["loss"] for s in steps] == pytest.approx([e[0] for e in expected], rel=1e-6)
+    assert [s["losses"] for s in steps] == [pytest.approx(e[1], rel=1e-6) for e in expected]
