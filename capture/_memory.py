@@ -64,6 +64,10 @@ def grad_storages(params: Iterable[torch.Tensor]) -> dict[int, int]:
                 out[st.data_ptr()] = st.nbytes()
             except RuntimeError:  # a wrapper subclass (a DTensor's gradient)
                 out.update(storage_parts(g))
+        elif g is not None and g.layout == torch.sparse_coo:  # an Embedding(sparse=True)'s
+            for part in (g._indices(), g._values()):
+                st = part.untyped_storage()
+                out[st.data_ptr()] = st.nbytes()
     return out
 
 

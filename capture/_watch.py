@@ -210,7 +210,7 @@ class _Together:
     """Optimizers seen as one for their state (optimizer in backward: one per parameter)."""
 
     def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:
-        self.state = {k: v for o in optimizers for k, v in o.state.items()}
+        self.state = {k: v for o in dict.fromkeys(optimizers) for k, v in o.state.items()}
 
 
 class _StepState:
@@ -2233,11 +2233,12 @@ class Watch:
 
     def _state_holder(self) -> Any:
         """Whose state is the optimizer state: the watched optimizer's, and that of the
-        optimizers stepping inside the backward (all of them together)."""
+        optimizers stepping inside the backward and of the loop's other optimizers of the
+        model's parameters (a SparseAdam of its embeddings beside an Adam), all together."""
         opt = self._optimizer() if self._optimizer is not None else None
-        if not self._in_backward:
+        if not self._in_backward and not self._co_opts:
             return opt
-        return _Together([o for o in (opt, *self._in_backward) if o is not None])
+        return _Together([o for o in (opt, *self._in_backward, *self._co_opts.keys()) if o is not None])
 
     def _live_bytes(self) -> int:
         """Bytes of the parameters, gradients and optimizer state now (a recorder's baseline)."""

@@ -16,7 +16,8 @@ using torchscope_native::tensor_at;
 namespace {
 
 // _memory.grad_storages: {storage data pointer: bytes} of the strided gradients of `params`
-// (None items skipped), or None.
+// (None items skipped), or None: the Python path's for a sparse gradient (its indices' and
+// values' storages) too.
 py::object grad_storages(const py::list& params) {
   py::dict out;
   for (const py::handle& h : params) {
@@ -24,7 +25,8 @@ py::object grad_storages(const py::list& params) {
     if (p == nullptr) continue;
     if (!p->is_leaf()) return py::none();  // a non-leaf's .grad warns when read: the Python path's
     const at::Tensor& g = p->grad();
-    if (!g.defined() || g.layout() != c10::kStrided) continue;
+    if (!g.defined()) continue;
+    if (g.layout() != c10::kStrided) return py::none();
     if (!owns_storage(g)) return py::none();
     const c10::Storage& st = g.storage();
     out[py::int_(reinterpret_cast<intptr_t>(st.data()))] = py::int_(st.nbytes());

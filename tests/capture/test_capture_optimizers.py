@@ -380,3 +380,44 @@ def test_a_module_added_mid_run_with_add_param_group_is_told(given: bool, tmp_pa
     assert len(told) == 1 and "(3.weight, 3.bias)" in told[0], told
     assert capsys.readouterr().err.count("after watch()") == 1
     assert [s["step"] for s in _steps(path)] == list(range(6))
+
+
+class _SparseModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(5000, 32, sparse=True)
+        self.fc = nn.Linear(32, 2)
+
+    def forward(self, i: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.emb(i).mean(1))
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(st.nbytes() for st in {t.untyped_storage().data_ptr(): t.untyped_storage() for t in tensors}.values())
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_sparse_gradients_and_a_second_optimizers_state_are_in_the_memory(mode: str, tmp_path: Path) -> None:
+    """An ``Embedding(sparse=True)`` trained by a SparseAdam beside the watched Adam of the rest:
+    its sparse gradient (indices and values) is in ``memory.grads`` and the SparseAdam's state in
+    ``memory.optimizer`` (both were left out; found by QA)."""
+    torch.manual_seed(0)
+    model = _SparseModel()
+    sparse = torch.optim.SparseAdam(list(model.emb.parameters()), lr=1e-2)
+    dense = torch.optim.Adam(model.fc.parameters(), lr=1e-2)
+    grads, state = [], []
+    with torchscope.watch(model, dense, server=None, record=tmp_path / "run.tscope", mode=mode):
+        for _ in range(4):
+            sparse.zero_grad()
+            dense.zero_grad()
+            model(torch.randint(0, 5000, (8, 5))).pow(2).mean().backward()
+            g = model.emb.weight.grad
+            assert g is not None and g.layout == torch.sparse_coo
+            grads.append(_storage_bytes([g._indices(), g._values(), *(p.grad for p in model.fc.parameters())]))
+            sparse.step()
+            dense.step()
+            state.append(_storage_bytes([t for o in (sparse, dense) for v in o.state.values() for t in v.values()
+                                         if isinstance(t, torch.Tensor) and t.dim() > 0]))
+    mem = [s["memory"] for s in _steps(tmp_path / "run.tscope")]
+    assert [m["grads"] for m in mem] == grads
+    assert [m["optimizer"] for m in mem] == state and state[0] > 5000 * 32 * 4 * 2  # both of SparseAdam's moments
