@@ -148,14 +148,15 @@ class Interposer(TorchFunctionMode):
             # a tensor without a graph that gains one here, or one that did in an earlier step:
             # the loss's own ``+=`` (a penalty added to it) and the optimizer's updates
             # (no_grad) never qualify
-            if isinstance(first, torch.Tensor) and torch.is_grad_enabled() and not self.watch._depth:
-                fresh = not first.requires_grad
-                if fresh or id(first) in self.watch._weight_copies:
-                    out = func(*args, **kwargs)
-                    if first.grad_fn is not None:
-                        self.watch._safe("copies", self.watch._on_graph_copy, first, func, fresh)
-                    return out
-            return func(*args, **kwargs)
+            fresh = False
+            copy = (isinstance(first, torch.Tensor) and torch.is_grad_enabled() and not self.watch._depth
+                    and ((fresh := not first.requires_grad) or id(first) in self.watch._weight_copies))
+            out = func(*args, **kwargs)
+            if copy and isinstance(first, torch.Tensor) and first.grad_fn is not None:
+                self.watch._safe("copies", self.watch._on_graph_copy, first, func, fresh)
+            if self.watch._probing and isinstance(out, torch.Tensor) and out.grad_fn is not None and _from_user():
+                self.watch._safe("holder", self.watch._on_holder, args)  # ``running += loss``, as below
+            return out
         if kind == "scale":
             self.watch._safe("grads", self.watch._on_scale_update)
             return func(*args, **kwargs)
