@@ -628,7 +628,9 @@ class Watch:
                 file=sys.stderr,
             )
         else:
-            self._handles += hook_module(model, self._fwd_pre, self._fwd_post, with_kwargs=True)
+            # first among its pre-hooks: the ops of the user's own pre-hooks (registered before
+            # watch()) belong to the step's forward
+            self._handles += hook_module(model, self._fwd_pre, self._fwd_post, with_kwargs=True, prepend=True)
         # Every torch optimizer's step passes through torch.optim's global step hooks: the
         # watched optimizer's steps end steps; with watch(model) alone, the first optimizer that
         # steps the model's parameters becomes the watched one, and one that replaces it mid-run

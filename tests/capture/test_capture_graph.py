@@ -504,3 +504,27 @@ def test_a_loss_reduction_and_divisor_are_recorded(tmp_path: Path, mode: str) ->
     assert facts(0) == [("DivBackward0", None, 4.0), ("MseLossBackward0", "sum", None)]
     assert facts(1) == [("MulBackward0", None, 0.25), ("NllLossBackward0", "mean", None)]
     assert facts(2) == [("MseLossBackward0", "none", None)]
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_a_root_pre_hook_registered_before_watch_is_in_the_forward(tmp_path: Path, mode: str) -> None:
+    """The user's forward pre-hook on the model itself (registered before ``watch()``) runs inside
+    the step's forward: its ops are recorded, as the root's, and its grad_fn node has its op
+    (was: neither; found by QA)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 1))
+    scale = nn.Parameter(torch.tensor(2.0))
+    model.register_parameter("scale", scale)
+    model.register_forward_pre_hook(lambda mod, args: (args[0] * mod.scale,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "hook.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(5, 4)).pow(2).mean().backward()
+            opt.step()
+    g = next(e for e in iter_events(path) if e["kind"] == "graph")
+    fwd = [o for o in g["ops"] if o["phase"] == "forward"]
+    assert (fwd[0]["name"], fwd[0]["module"]) == ("aten::mul", ""), fwd[:3]
+    (mul,) = [n for n in g["nodes"] if n["name"] == "MulBackward0"]
+    assert mul.get("op") == fwd[0]["id"], mul
