@@ -11,6 +11,7 @@ from torchscope.schema import Finding, FindingTarget
 from ..finding import describe_steps, make
 from ..run import Run, as_dict, as_float, as_int, as_list, notes
 from ..settings import Settings
+from . import paths
 from ._grads import applied_steps, column, floats, sparse_params, value
 
 FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large negative bias: try LeakyReLU/"
@@ -18,7 +19,10 @@ FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large 
        "the loss ignores.")
 
 
-def _dead_params(run: Run, settings: Settings) -> dict[int, list[int]]:
+def _dead_params(run: Run, settings: Settings, whole: bool = False) -> dict[int, list[int]]:
+    """Parameters with (almost) all-zero gradients, by step, on steps where others learn; with
+    ``whole``, only the steps where every gradient is zero although the loss is not and no
+    ``zero_grad(set_to_none=False)`` could have cleared them (that is P5's): the whole model."""
     dead: dict[int, list[int]] = {}
     sparse = sparse_params(run)
     for step, ev in applied_steps(run):
@@ -31,9 +35,15 @@ def _dead_params(run: Run, settings: Settings) -> dict[int, list[int]]:
         flagged = [i for i, frac in enumerate(zf) if frac is not None and frac >= settings.dead_zero_frac
                    and i < len(norms) and norms[i] is not None and i not in sparse]
         observed = sum(1 for frac in zf if frac is not None)
-        if flagged and len(flagged) < observed:  # every gradient zero: not a branch (see P5)
-            for i in flagged:
-                dead.setdefault(i, []).append(step)
+        if whole:
+            loss = as_float(ev.get("loss"))
+            if (not flagged or len(flagged) < observed or ev.get("zero_grad_set_to_none") is False
+                    or loss is None or loss == 0.0):
+                continue
+        elif not flagged or len(flagged) == observed:  # every gradient zero: the whole model (whole=True)
+            continue
+        for i in flagged:
+            dead.setdefault(i, []).append(step)
     return dead
 
 
@@ -122,10 +132,33 @@ def _hooks_note(run: Run, dead: list[int]) -> str:
     return f" Gradient hooks of yours that can change it: {'; '.join(parts)} -- check what they return." if parts else ""
 
 
+FIX_WHOLE = ("Look at what the loss sees last: an output activation that cannot produce the targets (a ReLU or "
+             "clamp at the end of a regression net whose targets are negative or out of range), or a layer "
+             "saturated everywhere; re-initialise or remove it.")
+
+
+def _whole_finding(run: Run, params: dict[int, list[int]]) -> Finding:
+    """Every gradient exactly zero while the loss is not: nothing reaches the model."""
+    steps = sorted({s for v in params.values() for s in v})
+    names = [run.param_name(i) for i in sorted(params)]
+    message = (f"Every parameter's gradient is exactly zero although the loss is not "
+               f"({describe_steps(steps, run.last_step)}): no gradient reaches the model, so it does not learn -- "
+               "something between the model's output and the loss passes none (an output ReLU or clamp that is "
+               "always off, a saturated activation).")
+    finding = make("P2", "warning", message, FIX_WHOLE, steps, rank=run.rank, params=names, view="gradients",
+                   modules=sorted({run.param_module(i) for i in params}),
+                   targets=[FindingTarget(step=steps[0], rank=run.rank)])
+    finding["title"] = "No gradient reaches the model"
+    return finding
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
     need = max(1, min(settings.min_steps, len(run.steps)))
     dead = _dead_params(run, settings)
     params = {i: s for i, s in dead.items() if len(s) >= need}
+    everything = {i: s for i, s in _dead_params(run, settings, whole=True).items() if len(s) >= need}
+    if everything and not paths.check_non_differentiable(run, settings):  # P9's zeros are told there
+        return [_whole_finding(run, everything)]
     cancels = _cancelling(run, dead, params)
     params = {i: s for i, s in params.items() if i not in cancels}
     acts = {m: s for m, s in _dead_activations(run, settings).items() if len(s) >= need}

@@ -105,3 +105,47 @@ def test_a_gan_watched_whole_clears_its_discriminator_each_step(tmp_path: Path) 
     steps = [e for e in events if e["kind"] == "step"][1:-1]  # the last: the generator's backward, closed at the end
     assert steps and all(e["micro_batches"] == 2 and e["zero_grad"] == 1 and e["accumulated"] == 1 for e in steps), steps
     assert not [f for f in diagnose(events) if f["severity"] in ("error", "warning")]
+
+
+def _dead_end(tmp_path: Path, mode: str, end: str) -> list[dict[str, Any]]:
+    """A regression net whose last module passes no gradient: an output ReLU under negative
+    targets (its bias pushed below zero), or a clamp that is always saturated."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    with torch.no_grad():
+        model[2].bias.fill_(-5.0 if end == "relu" else 5.0)
+    last = nn.ReLU() if end == "relu" else nn.Hardtanh(-1.0, 1.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    path = tmp_path / f"{end}-{mode}.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(12):
+            x, y = torch.randn(64, 8), -1.0 - torch.rand(64, 1)
+            opt.zero_grad()
+            nn.functional.mse_loss(last(model(x)), y).backward()
+            opt.step()
+    return [dict(f) for f in diagnose(iter_events(path))]
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+@pytest.mark.parametrize("end", ["relu", "clamp"])
+def test_a_model_no_gradient_reaches_is_p2(tmp_path: Path, mode: str, end: str) -> None:
+    """Every gradient exactly zero, the loss not zero, gradients None before each backward (so no
+    zero_grad cleared them): nothing reaches the model (was: no finding outside full mode, whose
+    activation gradients showed it; found by QA)."""
+    findings = _dead_end(tmp_path, mode, end)
+    (p2,) = [f for f in findings if f["code"] == "P2"]
+    assert p2["severity"] == "warning" and p2["title"] == "No gradient reaches the model", p2
+    assert "Every parameter's gradient is exactly zero although the loss is not" in p2["message"]
+    assert p2["steps"] == list(range(12)) and len(p2["params"]) == 4
+    assert not [f for f in findings if f["code"] in ("P5", "P9")], findings
+
+
+def test_a_loss_of_zero_is_no_dead_model(tmp_path: Path) -> None:
+    """Satisfied margins: the loss is exactly 0 and so is every gradient -- nothing to learn, no bug."""
+    findings = _run(tmp_path, lambda out, y: torch.relu(-out - 100.0).mean())
+    assert not [f for f in findings if f["severity"] in ("error", "warning")], findings
+
+
+def test_a_rounded_prediction_is_not_also_a_dead_model(tmp_path: Path) -> None:
+    findings = _run(tmp_path, lambda out, y: nn.functional.l1_loss(out.round(), y))
+    assert [f["code"] for f in findings if f["severity"] != "info"] == ["P9"], findings
