@@ -161,6 +161,25 @@ class LossGraph:
         """The terms of the loss that are means left unscaled: ``k`` of them sum to k times one."""
         return [t for t in self.terms(self.root) if self.scale(t, k) in TOO_BIG]
 
+    def forwards_read(self, term: int) -> set[int]:
+        """The forwards (micro indices) whose outputs the loss ``term``'s ops read, through the ops
+        outside the model that lead to them -- ``.detach()`` too, which leaves no graph edge."""
+        op = self.ops.get(self.node_ops.get(term, -1))
+        pending = [as_int(t, -1) for t in as_list(op.get("inputs"))] if op is not None else []
+        seen: set[int] = set()
+        micros: set[int] = set()
+        while pending and len(seen) < 256:
+            tid = pending.pop()
+            writer = self.writers.get(tid)
+            if tid in seen or writer is None:
+                continue
+            seen.add(tid)
+            if "outside_model" in g.flags(writer):
+                pending += [as_int(t, -1) for t in as_list(writer.get("inputs"))]
+            elif writer.get("phase") == "forward":
+                micros.add(as_int(writer.get("micro"), -1))
+        return micros
+
     def forward_of(self, term: int) -> int | None:
         """The forward (its micro index) whose graph the loss ``term`` backpropagates through, when it is one."""
         ops = (self.ops.get(self.node_ops.get(n, -1)) for n in g.descendants(self.children, term))
@@ -239,8 +258,18 @@ def chunked_terms(lg: LossGraph) -> int:
     """k when the loss of this backward adds up k unscaled mean losses, each of its own forward,
     over slices of one batch; else 0."""
     means = lg.mean_terms()
-    forwards = {f for f in (lg.forward_of(t) for t in means) if f is not None} if len(means) >= 2 else set()
+    of = {t: lg.forward_of(t) for t in means} if len(means) >= 2 else {}
+    forwards = {f for f in of.values() if f is not None}
     if len(forwards) < 2:
+        return 0
+    # micro-batches are one loss of one model output each: not two different losses (a
+    # multi-task sum, CE + MSE), not two heads, not terms that read another forward's output
+    # (SimSiam's D(p1, z2.detach()) + D(p2, z1.detach()): two views, one loss)
+    if len({lg.names.get(t, "") for t, f in of.items() if f is not None}) > 1:
+        return 0
+    if len({str(ops[-1].get("module", "")) for m in forwards if (ops := lg.forwards.get(m))}) > 1:
+        return 0
+    if any(f is not None and lg.forwards_read(t) - {f} for t, f in of.items()):
         return 0
     slices = _slices_of_one_batch({m: _batch_blocks(lg.tensors, lg.writers, lg.forwards.get(m, []))
                                    for m in forwards})

@@ -1,0 +1,82 @@
+"""P15's "one batch cut into slices, each slice's mean loss added up" on real captures (QA round
+29): micro-batches are one loss of one model output each.  A multi-task sum over the halves of a
+mixed batch (cross-entropy of one head + MSE of another) and SimSiam's symmetric loss over two
+views stacked in one tensor (each term reads the other view's output, detached) are no
+accumulation; the same loss of the same output over the slices, added up undivided, still is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+
+class Heads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(10, 32), nn.ReLU())
+        self.cls = nn.Linear(32, 3)
+        self.reg = nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor, task: str = "a") -> torch.Tensor:
+        h = self.trunk(x)
+        return self.cls(h) if task == "a" else self.reg(h)
+
+
+class SimSiam(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 16))
+        self.predictor = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 16))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.encoder(x)
+        return z, self.predictor(z)
+
+
+def _d(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    return -F.cosine_similarity(p, z.detach(), dim=-1).mean()
+
+
+def _p15(tmp_path: Path, how: str, mode: str) -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    model: nn.Module = SimSiam() if how == "simsiam" else Heads()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    path = tmp_path / f"{how}-{mode}.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(12):
+            batch = torch.randn(32, 10)
+            if how == "simsiam":
+                views = torch.stack([batch + 0.1 * torch.randn_like(batch), batch + 0.1 * torch.randn_like(batch)])
+                (z1, p1), (z2, p2) = model(views[0]), model(views[1])
+                loss = _d(p1, z2) + _d(p2, z1)
+            elif how == "multitask":
+                loss = (F.cross_entropy(model(batch[:16], "a"), torch.randint(0, 3, (16,)))
+                        + F.mse_loss(model(batch[16:], "b"), torch.randn(16, 1)))
+            else:  # the bug: one batch's slices through the same head, their means added up
+                y = torch.randint(0, 3, (32,))
+                loss = sum(F.cross_entropy(model(xs), ys) for xs, ys in zip(batch.chunk(4), y.chunk(4), strict=True))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P15"]
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+@pytest.mark.parametrize("how", ["multitask", "simsiam"])
+def test_different_losses_or_views_of_one_batch_are_no_accumulation(tmp_path: Path, how: str, mode: str) -> None:
+    assert _p15(tmp_path, how, mode) == []
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_the_same_loss_over_slices_added_up_is_still_p15(tmp_path: Path, mode: str) -> None:
+    (f,) = _p15(tmp_path, "chunks", mode)
+    assert f["severity"] == "warning" and "4" in f["message"], f["message"]
