@@ -12,8 +12,9 @@ other call straight through (one dict lookup):
   no-op (P12); one that changes device is a copy, with its bytes; a conversion of a storage
   already converted in an earlier step is a repeat, one that undoes a conversion of the same
   step a round trip.
-- ``.item()`` / ``.tolist()`` / ``.numpy()`` / ``detach()`` / ``.data`` on a tensor that
-  requires grad: where a graph is cut (P1), noted on captured steps.
+- ``.item()`` / ``.tolist()`` / ``.numpy()`` / ``detach()`` / ``.data`` / ``torch.tensor(t)`` /
+  ``x.new_tensor(t)`` on a tensor that requires grad: where a graph is cut (P1), noted on
+  captured steps.
 - ``torch.isfinite`` / ``isnan`` / ``isinf`` of a one-value tensor in the graph: the loss a
   loop checks before it decides to skip the batch, read back if no backward follows.
 - While a loss of an earlier step is found kept alive (P7), every call of the user's that
@@ -61,6 +62,8 @@ _BREAKS = {
     _T.detach: "torch::Tensor.detach",
     _T.__array__: "torch::Tensor.__array__",
 }
+# copy constructors: of a tensor that requires grad, a copy without its graph (a cut, P1)
+_COPY_CUTS = {torch.tensor: "torch::tensor", _T.new_tensor: "torch::Tensor.new_tensor"}
 _DATA_GET = _T.data.__get__  # type: ignore[attr-defined]
 # in-place updates a copy of the weights is made with (P7 when autograd records them)
 _UPDATES = (_T.add_, _T.sub_, _T.mul_, _T.lerp_, _T.copy_, _T.addcmul_, _T.__iadd__, _T.__isub__,
@@ -88,6 +91,7 @@ _HANDLED: dict[Any, str] = {
     # passes through after one lookup, not three
     **dict.fromkeys(_CLIP_NORMS, "clip"),
     **dict.fromkeys(_UPDATES, "update"),
+    _T.new_tensor: "new_tensor",
     _DATA_GET: "data",
 }
 
@@ -165,6 +169,10 @@ class Interposer(TorchFunctionMode):
             if isinstance(t, torch.Tensor) and t.grad_fn is not None and t.numel() == 1:
                 self.watch._safe("forward", self.watch._on_loss_check, t)
             return func(*args, **kwargs)
+        if kind == "new_tensor":
+            if _from_user():
+                self._copy_cut(func, args[1] if len(args) > 1 else kwargs.get("data"))
+            return func(*args, **kwargs)
         if kind == "break":
             if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad and _from_user():
                 self.watch._safe("breaks", self.watch._on_break, _BREAKS[func], args[0])
@@ -188,7 +196,15 @@ class Interposer(TorchFunctionMode):
                 rec.explicit_casts -= 1
         if args and isinstance(args[0], torch.Tensor) and _from_user():
             self.watch._safe("copies", self.watch._on_move, args[0], out, func in SAME_PLACE_COPIES)
+            if func is torch.tensor:
+                self._copy_cut(func, args[0])
         return out
+
+    def _copy_cut(self, func: Any, data: Any) -> None:
+        """``torch.tensor(t)`` / ``x.new_tensor(t)``, called by the user, of a ``t`` that requires
+        grad: where a graph is cut."""
+        if isinstance(data, torch.Tensor) and data.requires_grad:
+            self.watch._safe("breaks", self.watch._on_break, _COPY_CUTS[func], data)
 
 
 def insert_mode(mode: TorchFunctionMode) -> None:

@@ -17,7 +17,8 @@ from ..run import Run, as_dict, as_int, as_list, errors, leaf_loss, trainable
 from ..settings import Settings
 
 _CUT_FIX = ("Keep the path differentiable: don't call .detach()/.data/.item()/.numpy()/.tolist() on tensors the "
-            "loss depends on, and don't run the training forward under torch.no_grad(); if the parameter is "
+            "loss depends on, nor copy them with torch.tensor(t) or x.new_tensor(t) (t is a tensor already: use "
+            "it, or t.to(dtype)), and don't run the training forward under torch.no_grad(); if the parameter is "
             "meant to stay fixed, set requires_grad_(False).")
 # A forward op run with grad mode off inside a forward that had it on: a no_grad block, or
 # reentrant activation checkpointing, which runs its function under no_grad and gives it
@@ -32,8 +33,14 @@ def _forward_ops(graph: dict[str, Any]) -> list[dict[str, Any]]:
     return [op for op in g.ops(graph) if op.get("phase", "forward") == "forward"]
 
 
-def _is_cut(op: dict[str, Any]) -> bool:
-    return op.get("grad_mode") is False or op.get("inference_mode") is True or bool(g.flags(op) & g.BREAK_FLAGS)
+# the dispatcher's own detach: a copy constructor's (torch.tensor(t), t.new_tensor(t)) where no
+# marker of the function mode names the call
+_DETACHES = frozenset({"aten::detach", "aten::detach_"})
+
+
+def _is_cut(op: dict[str, Any], detach: bool = True) -> bool:
+    return (op.get("grad_mode") is False or op.get("inference_mode") is True or bool(g.flags(op) & g.BREAK_FLAGS)
+            or (detach and op.get("name") in _DETACHES))
 
 
 def break_op(graph: dict[str, Any], param: str) -> tuple[dict[str, Any], bool]:
@@ -44,7 +51,8 @@ def break_op(graph: dict[str, Any], param: str) -> tuple[dict[str, Any], bool]:
     if not readers:
         return {}, False
     flow = g.downstream(fwd, readers)
-    cut = [op for op in flow if _is_cut(op)]
+    # the function mode's marker of the user's call (it follows the detach it made) first
+    cut = [op for op in flow if _is_cut(op, detach=False)] or [op for op in flow if _is_cut(op)]
     # With no flagged op, the path ends where the dataflow stops: point at its last op.
     return (cut[0] if cut else flow[-1]), True
 
