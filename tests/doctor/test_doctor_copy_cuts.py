@@ -46,7 +46,7 @@ def test_a_copy_constructor_on_the_loss_path_is_the_cut(tmp_path: Path, how: str
                 out, aux = model(x)
                 if how == "torch.tensor":
                     aux = torch.tensor(aux)
-                else:
+                if how == "new_tensor":
                     aux = aux.new_tensor(aux)
                 loss = F.cross_entropy(out, y) + 0.5 * F.mse_loss(aux, ya)
                 opt.zero_grad()
