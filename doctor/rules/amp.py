@@ -14,7 +14,7 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import contiguous_runs, describe_steps, make
-from ..run import Run, as_dict, as_float, notes
+from ..run import Run, as_dict, as_float, as_int, as_list, notes
 from ..settings import Settings
 from ._grads import scaler_skipped
 from .nonfinite import loss_nonfinite, origin, origin_target, origin_text
@@ -118,6 +118,35 @@ def _traced(run: Run, skipped: list[int]) -> tuple[int, dict[str, Any], dict[str
     return None
 
 
+FIX_UNSCALED = ("Call backward() on what the scaler returns: scaler.scale(loss).backward() -- scaler.scale(loss) "
+                "alone makes a new tensor and leaves loss as it was.")
+
+
+def _unscaled(run: Run, settings: Settings) -> list[Finding]:
+    """Steps a GradScaler unscales (it has a scale) whose backward passes ran on no scaled loss:
+    a scaled loss is ``loss * scale`` (a MulBackward root); ``scaler.scale(loss)`` with its
+    result dropped and ``loss.backward()`` leaves every gradient divided by the scale at step()."""
+    steps: list[int] = []
+    scale: float | None = None
+    src: str | None = None
+    for step, ev in run.step_events():
+        this = as_float(as_dict(ev.get("scaler")).get("scale"))
+        roots = [str(r) for r in as_list(ev.get("backward_roots"))]
+        if this is None or this == 1.0 or as_int(ev.get("micro_batches")) <= 0 or not roots:
+            continue
+        if not any(r.startswith("MulBackward") for r in roots):
+            steps.append(step)
+            scale = scale or this
+            src = src or next((str(b) for b in as_list(ev.get("backward_src")) if b), None)
+    if len(steps) < settings.min_steps:
+        return []
+    message = (f"backward() ran on a loss the GradScaler did not scale ({describe_steps(steps, run.last_step)}), "
+               f"while scaler.step() divides the gradients by its scale ({scale:g}) before the update: every update "
+               f"is {scale:g} times too small, and float16 gradients underflow.")
+    return [make("P14", "error", message, FIX_UNSCALED, steps, rank=run.rank, src=src, view="gradients",
+                 targets=[FindingTarget(step=steps[0], rank=run.rank)], title="Loss not scaled by the GradScaler")]
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
     skipped: list[int] = []
     collapsed: list[int] = []
@@ -153,4 +182,4 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                              f"({describe_steps(clip, run.last_step)}): call scaler.unscale_(optimizer) first.",
                              FIX, clip, rank=run.rank, targets=[FindingTarget(step=clip[0], rank=run.rank)],
                              src=clip_src, view="gradients", data=data))
-    return findings
+    return findings + _unscaled(run, settings)
