@@ -373,13 +373,31 @@ def _diverged_before(run: Run, step: int) -> str | None:
     """The loss's blow-up over the steps before ``step`` (norms.loss_blowup), in words."""
     blowup = loss_blowup(run, before=step)
     if blowup is None:
-        return None
+        return _huge_gradients_before(run, step)
     low_step, low, at, loss, lr = blowup
     last = max((v, s) for s, ev in run.step_events() if s < step and (v := as_float(ev.get("loss"))) is not None
                and math.isfinite(v))
     to = f"{last[0]:.3g} at step {last[1]}" if last[1] != at else f"{loss:.3g} at step {at}"
     return (f"the loss had gone from {low:.3g} at step {low_step} to {to}"
             + (f" (learning rate {lr:g})" if lr is not None else ""))
+
+
+HUGE_GRAD_NORM = 1e4  # a total gradient norm no healthy step reaches (they are ~1e-2..1e2)
+
+
+def _huge_gradients_before(run: Run, step: int) -> str | None:
+    """The step before ``step``, in words, when its gradients were finite but huge (a run that
+    explodes from its first step: no loss history to show a blow-up, and P3 has no baseline)."""
+    prev = max(((s, ev) for s, ev in run.step_events() if s < step), default=None, key=lambda item: item[0])
+    if prev is None:
+        return None
+    norms = [v for v in (as_float(x) for x in column(prev[1], "norm")) if v is not None]
+    total = math.sqrt(sum(v * v for v in norms)) if norms and all(math.isfinite(v) for v in norms) else 0.0
+    if total < HUGE_GRAD_NORM:
+        return None
+    lr = next((as_float(x) for x in as_list(prev[1].get("lr"))), None)
+    return (f"the gradients of step {prev[0]} were already huge (total norm {total:.3g}"
+            + (f", learning rate {lr:g}" if lr is not None else "") + ")")
 
 
 def _forward_made(ev: dict[str, Any], held: list[int] | None, before: dict[str, Any] | None,
@@ -389,7 +407,7 @@ def _forward_made(ev: dict[str, Any], held: list[int] | None, before: dict[str, 
         return "check that step's loss inputs, or run its backward under torch.autograd.set_detect_anomaly(True)."
     if diverged is not None:  # the updates ran away: the parameters grew until an op overflowed
         return (f"{diverged}: training diverged, and the parameters the updates grew made an op of the "
-                "forward overflow; lower the learning rate (or add warm-up).")
+                "forward overflow; lower the learning rate, clip the gradients (clip_grad_norm_) or add warm-up.")
     inputs = _inputs_read(ev)
     bad = _bad_batch(inputs, as_int(ev.get("step")))
     if bad is not None:

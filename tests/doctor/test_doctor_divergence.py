@@ -79,3 +79,42 @@ def test_slow_growth_and_small_spikes_are_no_blowup(losses: list[float]) -> None
 def test_a_jump_of_orders_of_magnitude_within_a_few_steps_is_a_blowup() -> None:
     found = [f for f in diagnose(_curve([2.0, 1.8, 1.7, 40.0, 900.0, 5000.0, 3000.0])) if f.get("title") == "Training diverged"]
     assert len(found) == 1 and found[0]["steps"][0] == 4 and "from 1.7 at step 2 to 900 at step 4" in found[0]["message"]
+
+
+class _RNN(nn.Module):
+    """A ReLU RNN over 60 time steps whose recurrent weights are initialised with gain 1.6: its
+    gradients explode on the first step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.RNN(4, 32, batch_first=True, nonlinearity="relu")
+        self.fc = nn.Linear(32, 1)
+        nn.init.orthogonal_(self.rnn.weight_hh_l0, gain=1.6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.rnn(x)[0][:, -1])
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_a_nan_after_a_first_step_of_huge_gradients_blames_that_update(tmp_path: Path, mode: str) -> None:
+    """No loss history to show a blow-up (the first step's update alone overflows the next
+    forward), and P3 has no baseline: P4 names the huge gradients of the step before and says to
+    clip them or lower the learning rate (it said an op of the forward or the target made the
+    NaN; found by QA)."""
+    torch.manual_seed(0)
+    model = _RNN()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    path = tmp_path / "rnn.tscope"
+    losses = []
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(6):
+            x = torch.randn(8, 60, 4)
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), x[:, :5, 0].sum(1, keepdim=True))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    assert math.isfinite(losses[0]) and not any(math.isfinite(v) for v in losses[1:])
+    (p4,) = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P4"]
+    assert "the gradients of step 0 were already huge (total norm" in p4["message"], p4["message"]
+    assert "learning rate 0.001" in p4["message"] and "clip the gradients" in p4["message"]
