@@ -682,7 +682,8 @@ class Watch:
         self._held_key: tuple[int, tuple[int, ...]] | None = None  # optimizer and group sizes (_not_stepped)
         self._told_new: set[str] = set()  # parameters gained after watch() the user was told of
         self._unheld: list[int] = []  # parameter indices that optimizer does not hold
-        # what it holds that is not the model's (weakly): a layer's old parameters after a new one was assigned
+        # what it holds that is not the model's (weakly): a layer's old parameters after a new one
+        # was assigned, a learnable loss weight kept beside the model
         self._orphans: list[weakref.ref[torch.Tensor]] = []
         # other optimizers stepping watched parameters beside the watched one (a backbone's SGD
         # beside the head's Adam) -> the step they last stepped at: theirs are trained too
@@ -1643,6 +1644,8 @@ class Watch:
             s.events.append({"what": "autograd_grad", "micro": s.micro})
         elif s.micro == 0:
             s.pre_nonzero, all_none, all_zero = nonzero_grads(params)
+            if self._orphans:
+                self._outside_grads(s)
             s.zero_grad = 1 if (all_zero or all_none) else 0
             s.set_to_none = all_none
             s.accumulated = 1
@@ -2182,6 +2185,16 @@ class Watch:
         index = {id(p): i for i, r in enumerate(self._params) if (p := r()) is not None}
         s.asked = (s.asked or set()) | {index[id(t)] for t in ts if id(t) in index}
 
+    def _outside_grads(self, s: _StepState) -> None:
+        """Before the step's first backward: the tensors the watched optimizer steps that are not
+        the model's (a learnable loss weight, an ArcFace head kept beside it) whose gradient is
+        not zero -- ``model.zero_grad()`` leaves them to pile up (P5)."""
+        outside = [p for r in self._orphans if (p := r()) is not None]
+        nonzero = nonzero_grads(outside)[0] if outside else []
+        if nonzero:
+            s.events.append({"what": "outside_params", "count": len(outside), "pre_nonzero": len(nonzero),
+                             "shapes": [list(outside[i].shape) for i in nonzero[:3]]})
+
     def _not_trained(self, opt: torch.optim.Optimizer | None, params: list[torch.Tensor | None], s: _StepState) -> list[int]:
         """``_not_stepped`` and the parameters every backward(inputs=...) of the step left out.
         A parameter another optimizer of the loop steps (this step or the one before) is trained."""
@@ -2218,7 +2231,7 @@ class Watch:
             self._unheld = [i for i, p in enumerate(params) if p is not None and id(p) not in held]
             ours = {id(p) for p in params if p is not None}
             self._orphans = [weakref.ref(p) for g in groups for p in g["params"]
-                             if id(p) not in ours and isinstance(p, torch.Tensor)] if self._unheld else []
+                             if id(p) not in ours and isinstance(p, torch.Tensor)]
         if not self._unheld:  # the optimizer holds them all (the usual loop): no list to filter
             return []
         return [i for i in self._unheld if (p := params[i]) is not None and p.requires_grad]

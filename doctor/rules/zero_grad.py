@@ -160,6 +160,36 @@ def _unheld(run: Run) -> list[Finding]:
                  params=names, src=src, view="gradients", title="Parameters no optimizer updates")]
 
 
+FIX_OUTSIDE = ("Clear every gradient the optimizer steps: optimizer.zero_grad() instead of model.zero_grad() "
+               "(or zero those tensors' gradients too).")
+
+
+def _outside(run: Run) -> list[Finding]:
+    """Tensors the optimizer steps outside the model (``outside_params``) whose gradients were
+    not zero before a step's first backward, while the model's were: ``model.zero_grad()``
+    clears the model only, and their gradients pile up."""
+    steps: list[int] = []
+    shapes: list[object] = []
+    count = 0
+    for step, ev in run.step_events():
+        if as_list(as_dict(ev.get("grads")).get("pre_nonzero")):
+            continue  # the model's too: a missing zero_grad (that finding)
+        for e in notes(ev, "outside_params"):
+            steps.append(step)
+            count = max(count, as_int(e.get("pre_nonzero")))
+            shapes = shapes or as_list(e.get("shapes"))
+    if len(steps) < 2:
+        return []
+    shown = ", ".join(str(tuple(as_list(sh))) for sh in shapes)
+    message = (f"zero_grad() cleared the model's gradients but not those of {count} tensor(s) the optimizer steps "
+               f"that are not the model's parameters (shape {shown}): their gradients pile up from step to step "
+               f"({describe_steps(steps, run.last_step)}), so each update adds up every earlier step's gradient.")
+    src = next((str(b) for step, ev in run.step_events() if step == steps[0]
+                for b in as_list(ev.get("backward_src"))[:1] if b), None)
+    return [make("P5", "error", message, FIX_OUTSIDE, steps, rank=run.rank, src=src, view="gradients",
+                 targets=[FindingTarget(step=steps[0], rank=run.rank)], title="Gradients outside the model never cleared")]
+
+
 def _misplaced(run: Run) -> list[Finding]:
     n = trainable(run)
     steps: list[int] = []
@@ -260,4 +290,5 @@ def _crossed(run: Run) -> list[Finding]:
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
-    return _foreign(run) + _missing(run) + _unheld(run) + _misplaced(run) + _inside(run) + _crossed(run)
+    return (_foreign(run) + _missing(run) + _unheld(run) + _outside(run) + _misplaced(run) + _inside(run)
+            + _crossed(run))

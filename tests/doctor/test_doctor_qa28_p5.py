@@ -132,3 +132,39 @@ def test_a_trainable_backbone_beside_a_head_only_optimizer_is_a_warning(tmp_path
     assert f["severity"] == "warning" and f["params"] == ["0.weight", "0.bias", "2.weight", "2.bias"], f
     assert "not the model's parameters" not in f["message"], f["message"]
     assert "requires_grad_(False)" in f["fix"] and "add_param_group" in f["fix"], f["fix"]
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+@pytest.mark.parametrize("clear", ["model", "optimizer"])
+def test_gradients_of_tensors_outside_the_model_piling_up_are_p5(tmp_path: Path, mode: str, clear: str) -> None:
+    """Kendall's uncertainty weighting: ``log_vars`` outside the model, in the optimizer, and the
+    loop's ``model.zero_grad()``, which clears the model's gradients only -- log_vars' pile up
+    (was: no finding; found by QA).  ``optimizer.zero_grad()`` clears both: no finding."""
+    model = _mlp()
+    log_vars = nn.Parameter(torch.zeros(2))
+    opt = torch.optim.Adam([*model.parameters(), log_vars], lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    path = tmp_path / f"{clear}-{mode}.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(8):
+            x = torch.randn(32, 8, generator=g)
+            out = model(x)
+            losses = torch.stack([(out - x.sum(1, keepdim=True)).pow(2).mean(), out.abs().mean()])
+            loss = (torch.exp(-log_vars) * losses + log_vars).sum()
+            if clear == "model":
+                model.zero_grad()
+            else:
+                opt.zero_grad()
+            loss.backward()  # the step's backward
+            opt.step()
+    found = [f for f in diagnose(iter_events(path)) if f["code"] == "P5"]
+    if clear == "optimizer":
+        assert found == [], [f["message"] for f in found]
+        return
+    (f,) = found
+    assert f["severity"] == "error" and f["title"] == "Gradients outside the model never cleared", f
+    # step 1's backward is the first to add onto an earlier step's gradient
+    assert "not those of 1 tensor(s)" in f["message"] and "(2,)" in f["message"] and f["steps"] == list(range(1, 8)), f
+    assert "optimizer.zero_grad()" in f["fix"]
+    lines = Path(__file__).read_text().splitlines()
+    assert f["src"] == f"{Path(__file__).name}:{next(n for n, t in enumerate(lines, 1) if '# the step' in t and 'backward' in t)}"
