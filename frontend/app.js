@@ -144,7 +144,8 @@ class App {
 
   async openTargets(step, targets) {
     const g = await this.go("graph");
-    if (step !== undefined && g.step !== step && g.captured.includes(step)) await g.showStep(step);
+    // a step without a graph opens the nearest captured one, which showStep says (not silently)
+    if (step !== undefined && g.step !== step) await g.showStep(step);
     await g.highlightTargets(targets);
   }
 

@@ -27,9 +27,7 @@ export class DiagnosticsView {
     this.onStatus();
     const worst = ["error", "warning"].find((sev) => this.findings.some((f) => f.severity === sev)) || "info";
     this.app.setFindingCount(this.findings.length, worst);
-    // a live run is diagnosed again as it goes on: nothing found yet is no all-clear
-    const none = this.app.running ? "No pitfall found so far; the doctor looks again as the run goes on and when it ends." : "No pitfall found in this session.";
-    if (!this.findings.length) { this.list.append(h("p", { class: "muted", "data-testid": "no-findings" }, none)); return; }
+    if (!this.findings.length) { this.list.append(h("p", { class: "muted", "data-testid": "no-findings" }, this.noneText())); return; }
     for (const f of this.findings) {
       this.list.append(h("button", { class: `finding ${f.severity}`, "data-code": f.code, onclick: () => this.open(f) },
         h("div", { class: "finding-head" }, h("span", { class: `badge ${f.severity === "error" ? "err" : f.severity === "warning" ? "warn" : ""}` }, f.code),
@@ -50,6 +48,15 @@ export class DiagnosticsView {
     this.note.hidden = s.status !== "ended unexpectedly";
     this.note.textContent = this.note.hidden ? "" : `This recording is incomplete: it has no end event (the training process was killed, ` +
       `or its file was cut short). The findings cover the ${s.steps ?? 0} step${(s.steps ?? 0) === 1 ? "" : "s"} it holds.`;
+    // the run's end (or its death) changes what "nothing found" means: said anew, not left as
+    // the live run's "so far"
+    const none = this.list.querySelector("[data-testid=no-findings]");
+    if (none) none.textContent = this.noneText();
+  }
+
+  // a live run is diagnosed again as it goes on: nothing found yet is no all-clear
+  noneText() {
+    return this.app.running ? "No pitfall found so far; the doctor looks again as the run goes on and when it ends." : "No pitfall found in this session.";
   }
 
   open(f) {

@@ -153,6 +153,7 @@ async function download(s) {
 async function importFiles(files) {
   const links = [];
   const notes = []; // what the server left out of a damaged or cut file: never read short silently
+  let added = 0; // files that brought a run (or frames) this server did not have
   for (const f of files) {
     const fd = new FormData();
     fd.append("file", f, f.name);
@@ -161,12 +162,14 @@ async function importFiles(files) {
       const res = await api("/api/sessions/import", { method: "POST", body: fd });
       // a file of a run this server has already (imported before, or streamed live): no new row
       const known = res.frames > 0 && res.new_frames === 0;
+      added += known ? 0 : 1;
       links.push(h("a", { href: res.url, class: "imported" }, known ? `open ${f.name} (already here: the same run)` : `open ${f.name}`));
       if (res.note) notes.push(res.note);
     } catch (e) { say(`Could not import ${f.name}: ${e.detail}`, true); refresh(); return; } // words, not "400: …"
   }
   const told = notes.length ? [h("br"), ...notes.flatMap((n, i) => (i ? [h("br"), `Note: ${n}.`] : [`Note: ${n}.`]))] : [];
-  say(`Imported ${files.length === 1 ? files[0].name : `${files.length} files`}: `, false, ...links.flatMap((a, i) => (i ? [", ", a] : [a])), ...told);
+  const what = files.length === 1 ? files[0].name : `${files.length} files`;
+  say(added ? `Imported ${what}: ` : `${what}: nothing new to import, `, false, ...links.flatMap((a, i) => (i ? [", ", a] : [a])), ...told);
   refresh();
 }
 

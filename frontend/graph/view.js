@@ -173,7 +173,8 @@ export class GraphView {
     const params = this.app.meta?.params || [];
     const g = this.stepEvent?.grads || {};
     this.paramNorm = new Map();
-    (g.norm || []).forEach((v, i) => { if (params[i] && v !== null) this.paramNorm.set(params[i].name, v); });
+    // Number(): a non-finite norm comes as the JSON string "NaN"/"Infinity", which the colour scale counts as NaN
+    (g.norm || []).forEach((v, i) => { if (params[i] && v !== null) this.paramNorm.set(params[i].name, Number(v)); });
     const notTrained = new Set(g.not_trained || []);  // no gradient by design: no optimizer trains them
     const none = (g.none || []).filter((i) => !notTrained.has(i)).map((i) => params[i]?.name).filter(Boolean);
     const idle = [...notTrained].map((i) => params[i]?.name).filter(Boolean);

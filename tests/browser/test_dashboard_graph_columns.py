@@ -214,3 +214,17 @@ def test_nested_frame_titles_keep_their_end_and_show_in_full_on_hover(srv: Serve
         assert r["fit"] == whole or (r["fit"].startswith("…") and whole.endswith(r["fit"][1:])), r
         page.mouse.move(r["x"], r["y"])
         assert page.locator("canvas").first.get_attribute("title") == r["title"]
+
+
+def test_nan_gradients_are_in_the_legend_with_every_module_expanded(srv: ServerProc, runs: dict[str, str]) -> None:
+    """The gradient overlay of a step whose gradients are NaN: each AccumulateGrad is drawn in
+    the NaN colour, and the legend names it -- expanded too (the norms came as the JSON string
+    "NaN", which the colour scale did not count as non-finite; found by QA)."""
+    with checked_page() as page:
+        open_graph(page, srv, runs["nan"])
+        page.locator("[data-testid=overlay]").select_option("grad")
+        page.wait_for_function("document.querySelector('[data-testid=legend]').textContent.includes('NaN / Inf')")
+        page.evaluate("window.__torchscope.expandAll()")  # awaited: laid out and drawn
+        page.wait_for_timeout(300)
+        assert page.evaluate("window.__torchscope.app.views.graph.obj.expandedIdx.size") > 0
+        assert "NaN / Inf" in page.locator("[data-testid=legend]").inner_text()

@@ -98,9 +98,16 @@ def test_the_memory_view_of_a_light_run_says_why_it_has_no_op_timeline(page: Any
         # nor is the Doctor's "nothing found" of a live run an all-clear (it said "in this session")
         page.click("button[data-view=diagnostics]")
         assert "so far" in page.locator("[data-testid=no-findings]").inner_text()
+        # killed with that page open: the note says the recording is incomplete, and "so far"
+        # goes (the two contradicted each other until a reload; found by QA)
+        killed_and_swept(page, p, srv.data, session_id(srv, "default-memory", "running"))
+        page.wait_for_function("document.querySelector('[data-testid=no-findings]').textContent"
+                               " === 'No pitfall found in this session.'")
+        assert "This recording is incomplete" in page.locator("[data-testid=doctor-note]").inner_text()
     finally:
-        p.kill()
-        p.wait(10)
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
 
 
 def test_a_step_without_a_graph_says_which_step_is_shown(page: Any, srv: ServerProc, tmp_path: Path) -> None:
@@ -116,6 +123,15 @@ def test_a_step_without_a_graph_says_which_step_is_shown(page: Any, srv: ServerP
     # a captured step chosen on the scrubber is no such case: the note goes
     page.evaluate(f"window.__torchscope.showStep({captured[1]})")
     assert "no captured graph" not in page.evaluate("window.__torchscope.state().graph.status")
+    # a heat-map cell of step 1 opens the graph at the nearest captured step and says so (it
+    # kept showing the step it was on, silently; found by QA)
+    page.click("button[data-view=gradients]")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.steps >= 4; })()")
+    geom = page.evaluate("window.__torchscope.state().gradients.geom")
+    page.locator("[data-testid=heatmap]").click(position={"x": geom["L"] + 2 + geom["cellW"], "y": 6})
+    page.wait_for_function("(() => { const g = window.__torchscope.state().graph;"
+                           " return g && (g.status || '').includes('Step 1 has no captured graph'); })()")
+    assert page.evaluate("window.__torchscope.state().graph.step") in captured
 
 
 def test_sessions_page_keeps_what_an_import_and_a_rename_did(page: Any, srv: ServerProc, tmp_path: Path) -> None:
