@@ -11,7 +11,7 @@ const FLAGS = {
   non_differentiable: "output cannot carry a gradient (integer / bool)",
   autocast: "ran under autocast",
   autocast_cast: "a dtype cast autocast inserted",
-  breaks_graph: "leaves the graph (.item() / .numpy() / .tolist())",
+  breaks_graph: "the graph is cut here: a value taken out of it (.item(), .numpy(), .tolist(), .detach(), .data, torch.tensor(t))",
   new_leaf: "a new leaf enters the graph from outside",
   copy_h2d: "host → device copy",
 };
@@ -96,7 +96,10 @@ function groupDetails(panel, model, key, ctx) {
   panel.append(h("h3", { class: "details-title" }, G.path), h("div", { class: "muted" }, `module group · ${G.phase}`));
   const t = h("table", { class: "kv" });
   t.append(row("module type", mtype), row(G.phase === "backward" ? "grad_fn nodes" : "ops", ops), row("time", fmtUs(dur)),
-    row("allocated", fmtBytes(alloc)), row("saved for backward", fmtBytes(saved)));
+    row("allocated", fmtBytes(alloc)),
+    // a module's saved activations are its grad_fn nodes' (the backward group's); a forward
+    // group's ops carry none of their own, so 0 B there would be wrong
+    ...(G.phase === "backward" ? [row("saved for backward", fmtBytes(saved))] : []));
   const params = (ctx.params || []).filter((p) => p.module === G.path || (p.module || "").startsWith(G.path + "."));
   if (params.length) t.append(row("parameters", params.length));
   panel.append(t, h("div", { class: "actions" },

@@ -197,7 +197,7 @@ export class GraphView {
     if (this.askedStep !== undefined) {
       const mode = this.app.meta?.mode;
       const every = this.app.meta?.settings?.sample_every;
-      notes.push(`Step ${this.askedStep} has no captured graph${mode === "default" ? ` (mode="default" captures the first step, every ${every || "N"} steps and each step whose structure changes)` : ""}; showing step ${this.step}, the nearest captured.`);
+      notes.push(`Step ${this.askedStep} has no captured graph${mode === "default" ? ` (mode="default" captures the first step, every ${every || "N"} steps, each step whose structure changes and the steps after a NaN/Inf)` : ""}; showing step ${this.step}, the nearest captured.`);
     }
     if (ev.complete === false) notes.push(partialNote(ev, this.app.meta?.settings?.max_ops));
     const errors = this.stepEvent?.backward_errors || [];

@@ -195,9 +195,16 @@ def test_expanding_a_module_opens_its_forward_and_its_backward(page: Any, srv: S
     shot(page, "graph-residual-module-list-both-phases")
     # from the backward side (its details panel's button) a block opens in both phases too
     page.evaluate("window.__torchscope.select('g:backward:layers.3')")
+    # its saved activations are its grad_fn nodes': shown on the backward group only (a forward
+    # group's said "saved for backward 0 B"; found by QA)
+    assert "saved for backward" in page.locator("[data-testid=details]").inner_text()
     page.locator("[data-testid=toggle-group]").click()
     wait_drawn(page, "g:forward:layers.3", False)
     assert "g:backward:layers.3" not in drawn_keys(page)
+    page.evaluate("window.__torchscope.select('g:forward:layers')")
+    page.wait_for_selector("[data-testid=details] .details-title")
+    assert "saved for backward" not in page.locator("[data-testid=details]").inner_text()
+    page.evaluate("window.__torchscope.select('g:backward:layers.3')")
     # and closes in both
     page.locator("[data-testid=toggle-group]").click()
     wait_drawn(page, "g:forward:layers.3")
