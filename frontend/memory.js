@@ -35,7 +35,9 @@ export class MemoryView {
       height: 140, fmt: fmtBytes, vlines: mark });
     root.append(h("h2", {}, "Inside a step: live bytes op by op ", this.stepSel));
     this.timelineNote = h("p", { class: "muted", "data-testid": "timeline-note", hidden: true });
-    root.append(this.timelineNote);
+    // a step asked for (a finding's, a chart click's) that has no graph: which one is shown instead
+    this.stepNote = h("p", { class: "notice", "data-testid": "memory-step-note", hidden: true });
+    root.append(this.timelineNote, this.stepNote);
     this.timeline = new LineChart(root, { title: "live bytes after each recorded op (the forward's; in full mode the backward's too) — click a point to open the op in the graph", fmt: fmtBytes, xLabel: "op",
       onClick: (i) => this.openOp(i), tipLabel: (i) => this.opLabel(i), vlines: () => this.phaseLines() });
     this.top = h("div", { class: "top-allocs" });
@@ -86,9 +88,12 @@ export class MemoryView {
     if (!this.aliveBox.hidden) this.alive.draw();
     if (!this.hooksBox.hidden) this.hooks.draw();
     if (!this.captured?.length) return;
+    const asked = step;
     if (!this.captured.includes(step)) step = nearest(this.captured, step);
+    this.stepNote.hidden = auto || asked === step;
+    this.stepNote.textContent = this.stepNote.hidden ? "" : `Step ${asked} has no captured graph: the op-by-op timeline below is step ${step}'s, the nearest captured.`;
     this.stepSel.value = step;
-    if (!auto) this.app.setState({ step });
+    if (!auto) this.app.setState({ step: asked }); // the step asked for stays in the URL
     const ev = await api(`${sessionPath(this.app.id)}/graph?step=${step}${this.app.rank !== undefined ? "&rank=" + this.app.rank : ""}`);
     this.graph = ev;
     this.opById = new Map((ev.ops || []).map((o) => [o.id, o]));

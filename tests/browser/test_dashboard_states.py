@@ -132,6 +132,13 @@ def test_a_step_without_a_graph_says_which_step_is_shown(page: Any, srv: ServerP
     page.wait_for_function("(() => { const g = window.__torchscope.state().graph;"
                            " return g && (g.status || '').includes('Step 1 has no captured graph'); })()")
     assert page.evaluate("window.__torchscope.state().graph.step") in captured
+    # the Memory view asked for step 1 (a P7 finding's step): its op-by-op timeline is a captured
+    # step's, which it says, and the URL keeps the step asked for (it became step=0, silently)
+    open_session(page, srv.url, sid, "?view=memory&step=1")
+    note = page.locator("[data-testid=memory-step-note]")
+    note.wait_for()
+    assert note.inner_text().startswith("Step 1 has no captured graph: the op-by-op timeline below is step ")
+    assert "step=1" in page.url
 
 
 def test_sessions_page_keeps_what_an_import_and_a_rename_did(page: Any, srv: ServerProc, tmp_path: Path) -> None:
