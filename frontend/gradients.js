@@ -189,9 +189,10 @@ export class GradientsView {
     const ctx = (this.measure ||= document.createElement("canvas").getContext("2d"));
     ctx.font = cs.font;
     const room = col.clientWidth - 12;  // .heat-label's padding, and a pixel to spare
-    const row = (name) => h("div", { class: "heat-label", title: name, style: `height:${cellH}px;line-height:${cellH}px` },
-      room > 0 ? fit(ctx, name, room) : name);
-    clear(this.heatLabels).append(...this.modules.map((m) => row(m || "(root)")),
+    const names = this.modules.map((m) => m || "(root)");
+    const labels = room > 0 ? distinctLabels(names, (t, head) => fit(ctx, t, room, head)) : names;
+    const row = (name, label) => h("div", { class: "heat-label", title: name, style: `height:${cellH}px;line-height:${cellH}px` }, label);
+    clear(this.heatLabels).append(...names.map((m, i) => row(m, labels[i])),
       h("div", { class: "heat-label muted", style: `height:${axisH}px;line-height:${axisH}px` }, "step →"));
   }
 
@@ -365,4 +366,32 @@ function clipSentence(steps, clip) {
   return `${call} ran on ${ran.length} of ${steps.length} steps and scaled the gradients down on ${scaled} of them: ` +
     (scaled ? `the norms in this view are after clipping; before it, the total norm peaked at ${peakAt}.`
       : `the total norm peaked at ${peakAt}, within max_norm.`);
+}
+
+// Row labels cut to fit that stay told apart: rows whose cut names came out the same
+// ("encoder_s…_purposes" for blocks 0, 1 and 2) show instead what differs between them, the
+// dotted parts they share at either end given up for "…".
+export function distinctLabels(names, cut) {
+  const labels = names.map((n) => cut(n, 1 / 3));
+  const groups = new Map();
+  labels.forEach((l, i) => { const g = groups.get(l); if (g) g.push(i); else groups.set(l, [i]); });
+  for (const rows of groups.values()) {
+    if (rows.length < 2) continue;
+    const parts = rows.map((i) => names[i].split("."));
+    const shortest = Math.min(...parts.map((p) => p.length));
+    let pre = 0, suf = 0;
+    while (pre < shortest - 1 && parts.every((p) => p[pre] === parts[0][pre])) pre++;
+    while (suf < shortest - pre - 1 && parts.every((p) => p[p.length - 1 - suf] === parts[0][parts[0].length - 1 - suf])) suf++;
+    // give back the shared parts nearest the difference while every row's label fits uncut
+    const label = (p, a, b) => `${a ? "…." : ""}${p.slice(a, p.length - b).join(".")}${b ? ".…" : ""}`;
+    const fits = (a, b) => parts.every((p) => { const t = label(p, a, b); return cut(t, 1 / 2) === t; });
+    let a = pre, b = suf;
+    while (a > 0 || b > 0) {
+      if (b > 0 && fits(a, b - 1)) b--;
+      else if (a > 0 && fits(a - 1, b)) a--;
+      else break;
+    }
+    rows.forEach((i, k) => { labels[i] = cut(label(parts[k], a, b), 1 / 2); });
+  }
+  return labels;
 }

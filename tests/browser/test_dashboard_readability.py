@@ -134,6 +134,27 @@ def test_an_expanded_frame_keeps_its_own_name_and_type(page: Any, srv: ServerPro
         assert f["fit"] and "blocks (TransformerEncoder)" in f["fit"], r
 
 
+def test_heat_map_rows_of_long_module_names_stay_told_apart(page: Any, srv: ServerProc, runs: dict[str, str]) -> None:
+    """Modules whose long names differ only in the middle (blocks 0, 1, 2 of a long-named stack
+    with a long leaf name): their heat-map labels, cut to the label column, keep the part that
+    differs (they all read "encoder_s…_purposes"; found by QA), and short names stay whole."""
+    open_session(page, srv.url, runs["transformer"], "?view=gradients")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.steps > 0; })()")
+    names = [f"encoder_stack_with_a_long_name.{i}.a_really_long_suffix_for_testing_purposes" for i in range(3)]
+    labels = page.evaluate("""async (names) => {
+      const [{ distinctLabels }, { fit }] = await Promise.all([import('/static/gradients.js'), import('/static/graph/render.js')]);
+      const col = document.querySelector('.heat-label'), ctx = document.createElement('canvas').getContext('2d');
+      ctx.font = getComputedStyle(col).font;
+      const room = col.parentElement.clientWidth - 12;
+      return [room, distinctLabels([...names, 'head'], (t, head) => fit(ctx, t, room, head)),
+              names.map((n) => fit(ctx, n, room))];
+    }""", names)
+    room, shown, plain = labels
+    assert room > 40 and len(set(plain)) == 1  # cut as they were: one label for three rows
+    assert len(set(shown[:3])) == 3 and all(f".{i}." in shown[i] or shown[i].startswith(f"….{i}") for i in range(3)), shown
+    assert shown[3] == "head", shown
+
+
 def test_an_unknown_session_says_so_once_with_the_way_back(page: Any, srv: ServerProc) -> None:
     open_session(page, srv.url, "deadbeef00000000", "?view=ranks")
     page.wait_for_selector("#fatal")
