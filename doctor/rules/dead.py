@@ -37,7 +37,9 @@ def _dead_params(run: Run, settings: Settings, whole: bool = False) -> dict[int,
         observed = sum(1 for frac in zf if frac is not None)
         if whole:
             loss = as_float(ev.get("loss"))
-            if (not flagged or len(flagged) < observed or ev.get("zero_grad_set_to_none") is False
+            # the gradients were None before the backward (recorded: a file without the fact
+            # cannot tell a zero_grad(set_to_none=False) after it, P5's case)
+            if (not flagged or len(flagged) < observed or ev.get("zero_grad_set_to_none") is not True
                     or loss is None or loss == 0.0):
                 continue
         elif not flagged or len(flagged) == observed:  # every gradient zero: the whole model (whole=True)

@@ -41,6 +41,8 @@ def step(i: int, **over: Any) -> dict[str, Any]:
                                         "backward": True, "src": "train.py:18"}],
                           "no_backward_forwards": 0, "graphs_alive": 0,
                           "memory": {"live": 1_000_000, "params": 500_000}, "copies": {"count": 0, "bytes": 0}}
+    if "scaler" in over and "backward_roots" not in over:
+        ev["backward_roots"] = ["MulBackward0"]  # a loss the GradScaler scaled, as real captures record it
     ev.update(over)
     return ev
 

@@ -228,6 +228,12 @@ def test_p2_silent_for_embeddings_short_blips_and_all_zero_steps() -> None:
     assert "P2" not in codes(diagnose([session(), *blip]))
     everything = grads(zero_frac=[1.0] * 4, norm=[0.0] * 4)
     assert "P2" not in codes(diagnose([session(), *[step(i, grads=everything) for i in range(4)]]))
+    # the same with the gradients known to be None before each backward and a loss that is not 0:
+    # nothing reaches the model (a zeroing zero_grad cannot explain it)
+    none_before = [step(i, grads=everything, zero_grad_set_to_none=True) for i in range(4)]
+    assert [f["title"] for f in diagnose([session(), *none_before])] == ["No gradient reaches the model"]
+    zero_loss = [step(i, grads=everything, zero_grad_set_to_none=True, loss=0.0, losses=[0.0]) for i in range(4)]
+    assert "P2" not in codes(diagnose([session(), *zero_loss]))
 
 
 def test_p3_exploding_norm_over_steps() -> None:
