@@ -19,11 +19,12 @@ FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large 
        "the loss ignores.")
 
 
-def _dead_params(run: Run, settings: Settings, whole: bool = False) -> dict[int, list[int]]:
-    """Parameters with (almost) all-zero gradients, by step, on steps where others learn; with
-    ``whole``, only the steps where every gradient is zero although the loss is not and no
-    ``zero_grad(set_to_none=False)`` could have cleared them (that is P5's): the whole model."""
+def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Parameters with (almost) all-zero gradients, by step: on steps where others learn (a dead
+    branch), and on steps where every gradient is zero although the loss is not and no
+    ``zero_grad(set_to_none=False)`` could have zeroed them (P5's case): the whole model."""
     dead: dict[int, list[int]] = {}
+    whole: dict[int, list[int]] = {}
     sparse = sparse_params(run)
     for step, ev in applied_steps(run):
         norms = floats(ev, "norm")
@@ -34,19 +35,20 @@ def _dead_params(run: Run, settings: Settings, whole: bool = False) -> dict[int,
               else None if n is None else 1.0 if n == 0.0 else 0.0 for i, n in enumerate(norms)]
         flagged = [i for i, frac in enumerate(zf) if frac is not None and frac >= settings.dead_zero_frac
                    and i < len(norms) and norms[i] is not None and i not in sparse]
-        observed = sum(1 for frac in zf if frac is not None)
-        if whole:
+        if not flagged:
+            continue
+        if len(flagged) < sum(1 for frac in zf if frac is not None):
+            into = dead
+        else:
             loss = as_float(ev.get("loss"))
             # the gradients were None before the backward (recorded: a file without the fact
             # cannot tell a zero_grad(set_to_none=False) after it, P5's case)
-            if (not flagged or len(flagged) < observed or ev.get("zero_grad_set_to_none") is not True
-                    or loss is None or loss == 0.0):
+            if ev.get("zero_grad_set_to_none") is not True or loss is None or loss == 0.0:
                 continue
-        elif not flagged or len(flagged) == observed:  # every gradient zero: the whole model (whole=True)
-            continue
+            into = whole
         for i in flagged:
-            dead.setdefault(i, []).append(step)
-    return dead
+            into.setdefault(i, []).append(step)
+    return dead, whole
 
 
 def _dead_activations(run: Run, settings: Settings) -> dict[str, list[int]]:
@@ -156,9 +158,9 @@ def _whole_finding(run: Run, params: dict[int, list[int]]) -> Finding:
 
 def check(run: Run, settings: Settings) -> list[Finding]:
     need = max(1, min(settings.min_steps, len(run.steps)))
-    dead = _dead_params(run, settings)
+    dead, whole = _dead_params(run, settings)
     params = {i: s for i, s in dead.items() if len(s) >= need}
-    everything = {i: s for i, s in _dead_params(run, settings, whole=True).items() if len(s) >= need}
+    everything = {i: s for i, s in whole.items() if len(s) >= need}
     if everything and not paths.check_non_differentiable(run, settings):  # P9's zeros are told there
         return [_whole_finding(run, everything)]
     cancels = _cancelling(run, dead, params)
