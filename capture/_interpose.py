@@ -22,7 +22,8 @@ other call straight through (one dict lookup):
 - ``add_`` / ``mul_`` / ``lerp_`` / ``copy_`` / ``+=`` and their ``_foreach`` forms, outside the
   forward while autograd records, on a tensor that had no graph: a copy of the weights (an
   EMA, a target network) updated from a parameter without ``no_grad`` now holds a graph to the
-  model's parameters that every update extends (P7).
+  model's parameters that every update extends (P7).  Their out-of-place forms (``+``, ``*``,
+  ``lerp``...) between optimizer.step() and the next forward: the same, rebuilt each step.
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ _DATA_GET = _T.data.__get__  # type: ignore[attr-defined]
 # in-place updates a copy of the weights is made with (P7 when autograd records them)
 _UPDATES = (_T.add_, _T.sub_, _T.mul_, _T.lerp_, _T.copy_, _T.addcmul_, _T.__iadd__, _T.__isub__,
             torch._foreach_add_, torch._foreach_mul_, torch._foreach_lerp_, torch._foreach_copy_)
+# ... and the out-of-place arithmetic of one (``shadow = 0.99 * shadow + 0.01 * p``): looked at
+# only between optimizer.step() and the next forward on the steps the mode watches
+_ARITH = (_T.__add__, _T.__radd__, _T.__sub__, _T.__rsub__, _T.__mul__, _T.__rmul__, _T.add, _T.sub, _T.mul,
+          _T.lerp, torch.add, torch.sub, torch.mul, torch.lerp, torch._foreach_add, torch._foreach_mul,
+          torch._foreach_lerp)
 # Gradient clipping calls one of these from torch/nn/utils/clip_grad.py (P14): clip_grad_norm_
 # takes the norm, clip_grad_value_ clamps (foreach, or each gradient)
 # (torch.clamp: _clip_grads_with_norm_'s coefficient, where a total taken apart -- accelerate's
@@ -91,6 +97,7 @@ _HANDLED: dict[Any, str] = {
     # passes through after one lookup, not three
     **dict.fromkeys(_CLIP_NORMS, "clip"),
     **dict.fromkeys(_UPDATES, "update"),
+    **dict.fromkeys(_ARITH, "arith"),
     _T.new_tensor: "new_tensor",
     _DATA_GET: "data",
 }
@@ -109,12 +116,17 @@ class Interposer(TorchFunctionMode):
             if isinstance(rec, OpRecorder):  # the native recorder reads autocast itself, per op
                 rec.autocast = autocast_on()
         # ``_compiling()``: Dynamo is tracing through the mode; nothing of ours goes into its graph
-        if kind is None:
-            if not self.watch._probing:
+        if kind is None or kind == "arith":
+            after = kind == "arith" and self.watch._after_update
+            if not self.watch._probing and not after:
                 return func(*args, **kwargs)
             out = func(*args, **kwargs)
-            if isinstance(out, torch.Tensor) and out.grad_fn is not None and not _compiling() and _from_user():
+            if _compiling() or not torch.is_grad_enabled() or not _from_user():
+                return out
+            if self.watch._probing and isinstance(out, torch.Tensor) and out.grad_fn is not None:
                 self.watch._safe("holder", self.watch._on_holder, args)
+            if after and not self.watch._depth:
+                self.watch._safe("copies", self.watch._on_copy_arith, out, args, func)
             return out
         if kind == "clip":
             if not _compiling() and _caller_file().endswith(_CLIP_FILE):

@@ -29,6 +29,7 @@ from typing import Any, cast
 
 import torch
 
+from ._evalprobe import EvalDropoutProbe
 from ._interpose import Interposer
 
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -43,8 +44,8 @@ _lock = threading.Lock()
 _users = 0
 _shown: Any = None  # warnings._showwarnmsg as found at install
 _reentry = threading.local()
-# the mode's frame through which a user's torch call passes (``func(*args, **kwargs)``)
-_PASSING = Interposer.__torch_function__.__code__
+# the modes' frames through which a user's torch call passes (``func(*args, **kwargs)``)
+_PASSING = frozenset({Interposer.__torch_function__.__code__, EvalDropoutProbe.__torch_function__.__code__})
 
 
 def _ours(filename: str) -> bool:
@@ -146,7 +147,7 @@ def _frames(
         (i for i, fr in enumerate(stack) if fr.f_code.co_filename == filename and fr.f_lineno == lineno),
         None,
     )
-    if level is None or not any(fr.f_code is _PASSING for fr in stack[: level + 1]):
+    if level is None or not any(fr.f_code in _PASSING for fr in stack[: level + 1]):
         return None
     plain: list[types.FrameType] = []
     i = 0

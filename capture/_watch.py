@@ -41,6 +41,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _compile, _cuda, _native, _sigterm, _warnings
 from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin
+from ._evalprobe import EvalDropoutProbe
 from ._grads import GradRead, PiecewiseRead, StatsRead, count_nonzero, nonzero_grads
 from ._holders import container_of
 from ._hooks import Retained, retained
@@ -193,6 +194,7 @@ class _ThreadFlags(threading.local):
     ``getattr(threading.local(), name, default)`` raises and catches inside (~1.3 us)."""
 
     pushed = False  # our function mode is on this thread's stack (_mode_on)
+    eval_probe = False  # the eval-mode dropout probe is on this thread's stack (_on_forward_pre)
     skipped = 0  # root forwards of another thread being skipped (_fwd_pre)
 
 
@@ -555,6 +557,14 @@ class Watch:
         # and the lines said (_on_graph_copy)
         self._weight_copies: dict[int, tuple[weakref.ref[torch.Tensor], int, str, str, str]] = {}
         self._graph_copies: set[str] = set()
+        # from optimizer.step() to the next forward on the steps the mode watches: where a copy
+        # of the weights is updated out of place (``shadow = 0.99 * shadow + 0.01 * p``)
+        self._after_update = False
+        # functional dropout left on in eval mode (P11): the first eval-mode forward from each
+        # call site runs under a probe (its line), and what it finds is said once a line
+        self._eval_probe = EvalDropoutProbe(self._safe, self._on_eval_dropout)
+        self._eval_probed: set[str] = set()
+        self._eval_dropouts: set[str] = set()
         self._direct_noted = isinstance(model, torch.jit.ScriptModule)  # told at watch() already
         self._model_name = _class_name(model)
         named = list(model.named_parameters())
@@ -744,6 +754,9 @@ class Watch:
                 h.remove()
             self._resume_gc()
             self._mode_remove()
+            if self._tls.eval_probe:  # closed inside an evaluation's forward
+                remove_mode(self._eval_probe)
+                self._tls.eval_probe = False
             _warnings.uninstall()
             _native.release(id(self))
             if self._history is not None and self.path is not None:
@@ -1016,6 +1029,7 @@ class Watch:
         self._depth += 1
         if self._depth > 1:
             return  # the root called itself: one forward
+        self._after_update = False
         if torch.is_grad_enabled():
             self._owner = threading.get_ident()
         s = self._s
@@ -1064,6 +1078,10 @@ class Watch:
         s.forwards.append(fwd)
         if not s.capture and self._tls.pushed:  # (off already on most steps: see _opt_post)
             self._mode_off()
+        if not module.training and fwd["src"] not in self._eval_probed and len(self._eval_probed) < 64:
+            self._eval_probed.add(fwd["src"])
+            insert_mode(self._eval_probe)
+            self._tls.eval_probe = True
         if not s.autocast:
             s.autocast = autocast_on()
         if s.capture and "ops" not in self._disabled:
@@ -1074,6 +1092,9 @@ class Watch:
         self._depth -= 1
         if self._depth > 0:
             return
+        if self._tls.eval_probe:
+            remove_mode(self._eval_probe)
+            self._tls.eval_probe = False
         if self._session_pending:
             self._emit_session(module)
         if self._gc_paused:  # tested here, not in the call: once a step, rarely with work to do
@@ -1479,35 +1500,72 @@ class Watch:
         on, is updated again in a later step (a penalty built in a fresh tensor each step and
         added to the loss is not): it holds a graph that each update extends (P7).  Said once
         a line."""
-        copies = self._weight_copies
         if not fresh:
-            seen = copies.get(id(target))
-            if seen is None or seen[0]() is not target or seen[1] >= self._step:
-                return
-            del copies[id(target)]
-            if seen[3] not in self._graph_copies:
-                self._graph_copies.add(seen[3])
-                self._s.events.append({"what": "graph_copy", "param": seen[2], "op": seen[4], "src": seen[3]})
+            self._copy_again(target)
+        else:
+            self._maybe_copy(target, func, user_src())
+
+    def _on_eval_dropout(self, module: nn.Module | None, src: str, name: str) -> None:
+        """A dropout function called at ``src`` with ``training`` at its default, in ``module``
+        (None: a helper of the forward's) while it evaluates: once a line."""
+        if src in self._eval_dropouts:
             return
+        self._eval_dropouts.add(src)
+        path = next((p for p, r in self._modules if r() is module), "") if module is not None else ""
+        s = self._s
+        s.events.append({"what": "eval_dropout", "fn": name, "module": path, "src": src, "forward": len(s.forwards) - 1})
+
+    def _on_copy_arith(self, out: Any, args: tuple[Any, ...], func: Any) -> None:
+        """The out-of-place form, between optimizer.step() and the next forward while autograd
+        records: ``shadow = 0.99 * shadow + 0.01 * p`` makes a new tensor each step whose graph
+        holds the last one's.  A result leading back to a watched parameter of its shape is
+        remembered; one taken into such a call again in a later step is a copy of the weights
+        whose graph each update extends (P7)."""
+        for a in args:
+            for t in a if isinstance(a, (list, tuple)) else (a,):
+                if isinstance(t, torch.Tensor) and id(t) in self._weight_copies and self._copy_again(t):
+                    return
+        src = user_src(1)
+        for t in out if isinstance(out, (list, tuple)) else (out,):
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                self._maybe_copy(t, func, src)
+
+    def _copy_again(self, t: torch.Tensor) -> bool:
+        """``t``, remembered by ``_maybe_copy`` in an earlier step, its graph still on, is updated
+        again: a copy of the weights (said once a line)."""
+        copies = self._weight_copies
+        seen = copies.get(id(t))
+        if seen is None or seen[0]() is not t or seen[1] >= self._step:
+            return False
+        del copies[id(t)]
+        if seen[3] not in self._graph_copies:
+            self._graph_copies.add(seen[3])
+            self._s.events.append({"what": "graph_copy", "param": seen[2], "op": seen[4], "src": seen[3]})
+        return True
+
+    def _maybe_copy(self, t: torch.Tensor, func: Any, src: str) -> None:
+        """Remember ``t`` when its graph leads back, a few nodes away, to a watched parameter of
+        its own shape."""
         names = self._param_names
-        todo: list[tuple[Any, int]] = [(target.grad_fn, 0)]
+        todo: list[tuple[Any, int]] = [(t.grad_fn, 0)]
         seen_nodes, found = 0, None
         while todo and seen_nodes < 32 and found is None:
             node, depth = todo.pop()
             seen_nodes += 1
             var = getattr(node, "variable", None)
             if var is not None:
-                if id(var) in names and var.shape == target.shape:
+                if id(var) in names and var.shape == t.shape:
                     found = names[id(var)]
                 continue
             if depth < 4:
                 todo.extend((n, depth + 1) for n, _ in node.next_functions if n is not None)
         if found is None:
             return
+        copies = self._weight_copies
         if len(copies) > 4096:  # bounded: forget the oldest
             for k in list(copies)[:2048]:
                 del copies[k]
-        copies[id(target)] = (weakref.ref(target), self._step, found, user_src(), getattr(func, "__name__", ""))
+        copies[id(t)] = (weakref.ref(t), self._step, found, src, getattr(func, "__name__", ""))
 
     # ------------------------------------------------------------------ backward
     def _run_backward(self, func: Any, kind: str, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -2160,6 +2218,7 @@ class Watch:
         self._safe("step", self._close_step, False)
         if self._counts_copies(self._step):
             self._safe("mode", self._mode_on)
+            self._after_update = True
         else:
             self._s.track_copies = False
 

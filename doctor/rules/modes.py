@@ -11,9 +11,10 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_int, as_list
+from ..run import Run, as_dict, as_int, as_list, notes
 from ..settings import Settings
 from .loss_cut import no_grad_fn_forwards
+from .unused_graph import train_mode_evaluations
 
 # Only these behave differently in train and eval mode; elsewhere the mode changes nothing.
 _MODE_SENSITIVE = ("Dropout", "BatchNorm", "InstanceNorm", "SyncBatchNorm", "AlphaDropout", "LazyBatchNorm")
@@ -114,15 +115,52 @@ def _norm_eval_finding(run: Run, train_in_eval: dict[str, list[int]], owned: dic
     return finding
 
 
+FIX_DROPOUT = ("Pass the module's mode: F.dropout(x, p, training=self.training) -- or use an nn.Dropout module, "
+               "which follows model.train() and model.eval(). (Monte Carlo dropout on purpose: pass training=True "
+               "explicitly, and this is no finding.)")
+
+
+def _functional_dropout(run: Run) -> list[Finding]:
+    """``F.dropout(x, p)`` called in a forward with ``training`` at its default (True) while the
+    model evaluates (``eval_dropout`` notes: the capture's probe of each call site's first
+    eval-mode forward)."""
+    lines: dict[str, tuple[list[int], str, str]] = {}
+    for step, ev in run.step_events():
+        forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
+        for e in notes(ev, "eval_dropout"):
+            i = as_int(e.get("forward"), -1)
+            at = run.step_of_forward(step, forwards, forwards[i]) if 0 <= i < len(forwards) else step
+            steps, _, _ = lines.setdefault(str(e.get("src") or ""), ([], str(e.get("module") or ""), str(e.get("fn") or "dropout")))
+            steps.append(at)
+    findings: list[Finding] = []
+    for src, (steps, module, fn) in lines.items():
+        where = f"{module!r}" if module else "the model's forward"
+        message = (f"F.{fn}() in {where}{f' ({src})' if src else ''} runs with training=True, its default, while the "
+                   f"model is in eval mode (its first evaluation: {describe_steps(steps, run.last_step)}): model.eval() does not reach a "
+                   "dropout function, so evaluation and inference still drop activations at random -- noisy, and "
+                   "worse than the trained model.")
+        findings.append(make("P11", "warning", message, FIX_DROPOUT, steps, rank=run.rank, src=src or None,
+                             targets=[FindingTarget(step=steps[0], rank=run.rank, module=module)],
+                             modules=[module], data={"mode": "eval", "function": fn},
+                             title="Dropout function left on in eval mode"))
+    return findings
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
+    found = _functional_dropout(run)
     if not _has_sensitive(run):
-        return []  # no dropout/batch-norm: train and eval compute the same thing
+        return found  # no dropout/batch-norm module: train and eval compute the same thing
     train_in_eval: dict[str, list[int]] = {}  # module ("" = whole model) -> steps
     owned: dict[str, list[int]] = {}  # module -> indices of its own parameters
     for i in range(len(run.params)):
         owned.setdefault(run.param_module(i), []).append(i)
     eval_in_train: dict[str, list[int]] = {}
     srcs: list[str] = []
+    # evaluations left in train mode without no_grad (P6 tells the graph): every module whose
+    # mode matters, less those the forward found in eval
+    evaluations = train_mode_evaluations(run)
+    sensitive = [str(as_dict(m).get("path")) for m in as_list(run.session.get("modules"))
+                 if str(as_dict(m).get("type", "")).startswith(_MODE_SENSITIVE)]
     for step, ev in run.forward_events():
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
         if not forwards and ev.get("training") is False and as_int(ev.get("micro_batches")) > 0:
@@ -143,6 +181,12 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("train_modules"))]):
                     eval_in_train.setdefault(m, []).append(run.step_of_forward(step, forwards, f))
                     srcs.append(str(f.get("src", "")))
+            elif not trained and f.get("training") is not False and f.get("src") in evaluations:
+                left = set(map(str, as_list(f.get("eval_modules"))))
+                for m in sensitive:
+                    if m not in left:
+                        eval_in_train.setdefault(m, []).append(run.step_of_forward(step, forwards, f))
+                srcs.append(str(f.get("src", "")))
     findings: list[Finding] = []
     src = next((s for s in srcs if s), None)
     if _norm_eval(run, settings, train_in_eval):
@@ -171,4 +215,4 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         findings.append(make("P11", "warning", message, FIX_EVAL, steps, rank=run.rank,
                              targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in mods],
                              modules=mods, src=src, data={"mode": "train", "steps_by_module": eval_in_train}))
-    return findings
+    return findings + found

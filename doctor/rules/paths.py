@@ -111,12 +111,17 @@ def _graph_near(run: Run, steps: list[int]) -> tuple[int, dict[str, Any]]:
     return -1, {}
 
 
-def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
-    """P1: trainable parameters whose .grad is still None at optimizer.step()."""
-    # (break op label, op id, used, whether it got a gradient on other steps) -> param indices
-    groups: dict[tuple[str, int, bool, bool], list[int]] = {}
+_GroupKey = tuple[str, int, bool, bool]
+
+
+def _cut_groups(run: Run) -> tuple[dict[_GroupKey, list[int]], dict[_GroupKey, tuple[int, dict[str, Any]]],
+                                   dict[int, list[int]], dict[int, int]]:
+    """The parameters whose .grad was None at optimizer.step(), grouped by where their path to
+    the loss breaks: (break op label, op id, used, whether it got a gradient on other steps) ->
+    param indices; each group's (graph step, break op); ``_none_steps``'s two maps."""
+    groups: dict[_GroupKey, list[int]] = {}
     steps_of, got = _none_steps(run)
-    where: dict[tuple[str, int, bool, bool], tuple[int, dict[str, Any]]] = {}
+    where: dict[_GroupKey, tuple[int, dict[str, Any]]] = {}
     for index, steps in steps_of.items():
         gstep, graph = _graph_near(run, steps)
         op, used = break_op(graph, run.param_name(index)) if graph else ({}, True)
@@ -131,9 +136,35 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
             key = (g.op_label(op) if op else "", as_int(op.get("id"), -1) if op else -1, used, sometimes)
         groups.setdefault(key, []).append(index)
         where[key] = (gstep, op)
+    return groups, where, steps_of, got
+
+
+def cut_steps(run: Run) -> set[int]:
+    """The steps on which a parameter got no gradient because its path to the loss breaks at a
+    cut (a detach, a no_grad block, a non-differentiable op): a forward whose output the loss
+    reaches only through the cut goes unused by the backward (P6 leaves it to P1/P9)."""
+    groups, where, steps_of, _ = _cut_groups(run)
+    out: set[int] = set()
+    for key, indices in groups.items():
+        op = where[key][1]
+        if op and (_is_cut(op) or _stops_gradient(op)):
+            out.update(s for i in indices for s in steps_of[i])
+    return out
+
+
+def _op_key(op: dict[str, Any]) -> tuple[str, str, str]:
+    return str(op.get("name", "")), str(op.get("module", "")), str(op.get("src", ""))
+
+
+def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
+    """P1: trainable parameters whose .grad is still None at optimizer.step()."""
+    groups, where, steps_of, got = _cut_groups(run)
+    told = set(_non_differentiable(run))  # a non-differentiable op P9 names: told there, with these parameters
     findings: list[Finding] = []
     for key, indices in groups.items():
         gstep, op = where[key]
+        if op and _stops_gradient(op) and _op_key(op) in told:
+            continue
         names = [run.param_name(i) for i in indices]
         steps = sorted({s for i in indices for s in steps_of[i]})
         severity, message, fix = _cut_text(run, key, names, steps, op,
@@ -321,8 +352,9 @@ def _stops_gradient(op: dict[str, Any]) -> bool:
     return ("non_differentiable" in g.flags(op) and name not in _SAMPLERS) or name in _STEP_FUNCTIONS
 
 
-def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
-    """P9: an op that cannot be differentiated (argmax, comparison, integer cast) feeds the loss."""
+def _non_differentiable(run: Run) -> dict[tuple[str, str, str], tuple[list[int], dict[str, Any], int]]:
+    """(op name, module, src) -> (the steps, the first op, its step) of each op that cannot be
+    differentiated and feeds the loss, the first such op of each captured step's loss path."""
     hits: dict[tuple[str, str, str], tuple[list[int], dict[str, Any], int]] = {}
     for step, graph in run.all_graphs():
         fwd = _forward_ops(graph)
@@ -335,18 +367,45 @@ def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
         facts = floating, _carrying(fwd, grads)
         for op in path:
             if op.get("grad_mode") is not False and _stops_gradient(op) and _feeds_as_value(path, op, on_path, facts):
-                key = (str(op.get("name", "")), str(op.get("module", "")), str(op.get("src", "")))
+                key = _op_key(op)
                 steps, first, fstep = hits.get(key, ([], op, step))
                 hits[key] = ([*steps, step], first, fstep)
                 break  # the first one in execution order is where differentiability ends
+    return hits
+
+
+def check_non_differentiable(run: Run, settings: Settings) -> list[Finding]:
+    """P9: an op that cannot be differentiated (argmax, comparison, integer cast) feeds the loss,
+    with the parameters left without a gradient because their path breaks there (P1 leaves
+    them to this finding: one cause, one finding)."""
+    hits = _non_differentiable(run)
+    if not hits:
+        return []
+    groups, where, _, _ = _cut_groups(run)
+    cut: dict[tuple[str, str, str], list[int]] = {}
+    for key, indices in groups.items():
+        op = where[key][1]
+        if op and _stops_gradient(op):
+            cut.setdefault(_op_key(op), []).extend(indices)
     findings: list[Finding] = []
     for (name, module, src), (steps, op, fstep) in hits.items():
-        where = f" in {module!r}" if module else ""
+        where_txt = f" in {module!r}" if module else ""
         what = ("has a gradient of zero everywhere" if name.rstrip("_") in _STEP_FUNCTIONS
                 else "is not differentiable")
-        message = (f"{name}{where} {what} but the loss depends on it: gradient silently stops there "
-                   f"({describe_steps(steps, run.last_step)}).")
-        findings.append(make("P9", "error", message, P9_FIX, steps, rank=run.rank,
-                             targets=[FindingTarget(**g.target_of_op(fstep, run.rank, op))],  # type: ignore[typeddict-item]
-                             modules=[module] if module else [], src=src or None, data={"op": name}))
+        indices = cut.get((name, module, src), [])
+        names = [run.param_name(i) for i in indices]
+        lost = ""
+        if names:
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            one = len(names) == 1
+            lost = (f" {shown} {'gets' if one else 'get'} no gradient at all: {'its' if one else 'their'} only path to "
+                    "the loss goes through it.")
+        message = (f"{name}{where_txt} {what} but the loss depends on it: gradient silently stops there "
+                   f"({describe_steps(steps, run.last_step)}).{lost}")
+        targets = [FindingTarget(**g.target_of_op(fstep, run.rank, op))]  # type: ignore[typeddict-item]
+        targets += [FindingTarget(step=steps[0], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
+                    for i in indices]
+        findings.append(make("P9", "error", message, P9_FIX, steps, rank=run.rank, targets=targets,
+                             modules=[module] if module else [], params=names or None, src=src or None,
+                             data={"op": name}))
     return findings

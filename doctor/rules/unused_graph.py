@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from torchscope.schema import Finding, FindingTarget
 
@@ -10,6 +11,7 @@ from ..finding import Severity, describe_steps, fmt_bytes, make
 from ..run import Run, as_dict, as_float, as_int, as_list, leaf_loss
 from ..settings import Settings
 from .loss_cut import no_grad_fn_forwards
+from .paths import cut_steps
 
 FIX = ("Wrap evaluation/inference in `with torch.no_grad():` (or torch.inference_mode()) and call model.eval(); "
        "then no graph is built and no activations are kept.")
@@ -18,26 +20,58 @@ FIX_TRAINING = ("Run that forward under `with torch.no_grad():` -- no graph is b
                 "changes autograd only. If it is an evaluation, call model.eval() as well.")
 
 
+def _late(run: Run) -> set[tuple[int, int]]:
+    """(step, micro) of the forwards whose graph a backward of the next step used (a GAN's
+    generator output, made before the critic's step ended the step): used, not unused."""
+    return {(as_int(p[0]), as_int(p[1])) for _, ev in run.step_events() for p in as_list(ev.get("late_backward"))
+            if isinstance(p, list) and len(p) == 2}
+
+
+def _trained_srcs(run: Run, late: set[tuple[int, int]]) -> set[Any]:
+    """The call sites whose forwards training used: a training-mode forward from one of them
+    that no backward used is a batch the loop skipped (a non-finite loss, a caught error)."""
+    return {f.get("src") for step, ev in run.step_events() for f in map(as_dict, as_list(ev.get("forwards")))
+            if (f.get("backward") is True or (step, as_int(f.get("micro"))) in late) and f.get("src")}
+
+
+def train_mode_evaluations(run: Run) -> dict[str, list[int]]:
+    """Call site -> steps (each told with the step it ran after) of training-mode forwards that
+    look like an evaluation left in train mode without no_grad: a graph built and no backward
+    used it, from a call site of their own that ran on at most half of the run's steps (every
+    N steps, or once at the end) -- not a GAN's generator pass or a target computed every step."""
+    late = _late(run)
+    trained = _trained_srcs(run, late)
+    at: dict[str, list[int]] = {}
+    for step, ev in run.forward_events():
+        forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
+        for f in forwards:
+            src = f.get("src")
+            if (f.get("training") is not False and f.get("built_graph") is True and f.get("backward") is False
+                    and (step, as_int(f.get("micro"))) not in late and isinstance(src, str) and src and src not in trained):
+                at.setdefault(src, []).append(run.step_of_forward(step, forwards, f))
+    n = sum(1 for _, ev in run.step_events() if as_int(ev.get("micro_batches"), 1) > 0)
+    return {src: steps for src, steps in at.items() if n >= 4 and 2 * len(set(steps)) <= n}
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
     steps: list[int] = []
     count = 0
     held = 0
     srcs: list[str] = []
     in_eval = False
-    # the call sites whose forwards training used: a training-mode forward from one of them
-    # that no backward used is a batch the loop skipped (a non-finite loss, a caught error)
-    # forwards whose graph a backward of the next step used (a GAN's generator output, made
-    # before the critic's step ended the step): used, not unused
-    late = {(as_int(p[0]), as_int(p[1])) for _, ev in run.step_events() for p in as_list(ev.get("late_backward"))
-            if isinstance(p, list) and len(p) == 2}
-    trained = {f.get("src") for step, ev in run.step_events() for f in map(as_dict, as_list(ev.get("forwards")))
-               if (f.get("backward") is True or (step, as_int(f.get("micro"))) in late) and f.get("src")}
+    late = _late(run)
+    trained = _trained_srcs(run, late)
+    evaluations = train_mode_evaluations(run)
+    as_evaluation = False  # some unused training-mode forwards look like evaluations
     skipped: list[int] = []  # the steps of the skipped batches
     checked: list[float] = []  # and their losses, where the loop checked them
+    broken = cut_steps(run)
     for step, ev in run.forward_events():
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
         cut = set(no_grad_fn_forwards(ev))  # the loss was cut from its graph: the backward failed (P1/P9)
-        if leaf_loss(ev):  # the training forward's graph was cut off from the loss (P1): no evaluation
+        # the training forward's graph was cut off from the loss (P1; P9 for an integer cast
+        # between it and the loss, a weight penalty still giving the loss a graph): no evaluation
+        if leaf_loss(ev) or step in broken:
             cut |= {i for i, f in enumerate(forwards) if f.get("training") is not False}
         unused = [f for i, f in enumerate(forwards) if f.get("built_graph") is True and f.get("backward") is False
                   and (step, as_int(f.get("micro"))) not in late and i not in cut]
@@ -49,13 +83,15 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         if n <= 0:
             continue
         for f in unused or [{}] * n:  # an evaluation is told with the step it ran after
-            steps.append(run.step_of_forward(step, forwards, f) if f.get("training") is False else step)
+            told_after = f.get("training") is False or f.get("src") in evaluations
+            steps.append(run.step_of_forward(step, forwards, f) if told_after else step)
         count += n
         # one forward's: evaluations one after another free each graph with the output the next
         # one replaces, so their sum is more than was ever held at once
         held = max(held, *(as_int(f.get("saved_bytes")) for f in unused), 0)
         srcs += [str(f["src"]) for f in unused if f.get("src")]
         in_eval = in_eval or any(f.get("training") is False for f in unused)
+        as_evaluation = as_evaluation or any(f.get("src") in evaluations for f in unused)
     if not steps:
         return _skipped(run, skipped, checked)
     steps = sorted(set(steps))
@@ -73,6 +109,12 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                    f"({describe_steps(steps, run.last_step)}){held_txt}. A batch skipped before backward (a "
                    "non-finite loss) does this and is harmless; an evaluation or a forward for metrics wants "
                    "torch.no_grad().")
+    elif not in_eval and as_evaluation:
+        # in training mode, from a call site of its own that runs every N steps: an evaluation
+        # left in train mode (P11 tells the mode)
+        message = (f"{count} {passes} in training mode from a call site of their own built an autograd graph that "
+                   f"no backward() used ({describe_steps(steps, run.last_step)}){held_txt}: evaluations without "
+                   "torch.no_grad() (and without model.eval()).")
     elif not in_eval:
         # in training mode, from a call site of its own: an output used only without its
         # gradient -- a GAN's fake batch for the critic's step (``G(z).detach()``), a target or

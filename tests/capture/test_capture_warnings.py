@@ -126,3 +126,36 @@ def test_closing_the_last_watch_leaves_warnings_as_they_were(tmp_path: Path) -> 
     b.close()
     assert warnings.filters == before_filters
     assert warnings._showwarnmsg is before_show  # type: ignore[attr-defined]
+
+
+class _Drops(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout2d(self.fc(x).unsqueeze(-1)).squeeze(-1)  # warns: a 3-D input
+
+
+def _evaluated(watch: Any) -> list[tuple[str, int, str]]:
+    """A training step and an evaluation of a model whose forward warns: the evaluation runs
+    under the capture's eval-mode dropout probe, a second function mode."""
+    torch.manual_seed(0)
+    model = _Drops()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt) if watch else contextlib.nullcontext(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model(torch.randn(8, 4)).sum().backward()
+        opt.step()
+        model.eval()
+        with torch.no_grad():
+            model(torch.randn(8, 4))
+    return [(w.filename, w.lineno, str(w.message)) for w in seen if w.category is UserWarning]
+
+
+def test_a_warning_inside_a_probed_evaluation_names_the_users_line(tmp_path: Path) -> None:
+    plain = _evaluated(None)
+    watched = _evaluated(lambda model, opt: torchscope.watch(model, opt, server=None, record=tmp_path / "w.tscope"))
+    assert len(plain) == 2 and watched == plain
+    line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1) if text.strip().endswith("3-D input"))
+    assert {(f, n) for f, n, _ in watched} == {(__file__, line)}

@@ -111,3 +111,82 @@ def test_a_penalty_built_from_the_weights_each_step_is_no_finding(tmp_path: Path
             (nn.functional.cross_entropy(model(x), y) + 1e-4 * (penalty.sum() + reg)).backward()
             opt.step()
     assert _p7(path) == []
+
+
+OUT_OF_PLACE = {
+    "* +": "shadow[i] = 0.99 * shadow[i] + 0.01 * pm",
+    "lerp": "shadow[i] = torch.lerp(shadow[i], pm, 0.01)",
+    "_foreach_lerp": "shadow = list(torch._foreach_lerp(shadow, list(model.parameters()), 0.01))",
+}
+
+
+def _train_shadow(path: Path | None, how: str, no_grad: bool) -> list[torch.Tensor]:
+    """30 SGD steps with a shadow copy of the weights rebuilt out of place after each (the
+    EMA of a hand-written loop); the model's final parameters, then the shadow's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    shadow = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    watch = torchscope.watch(model, opt, server=None, record=path) if path else None
+    for _ in range(30):
+        x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        with torch.no_grad() if no_grad else torch.enable_grad():
+            if how == "_foreach_lerp":
+                shadow = list(torch._foreach_lerp(shadow, list(model.parameters()), 0.01))
+            for i, pm in enumerate(model.parameters()):
+                if how == "* +":
+                    shadow[i] = 0.99 * shadow[i] + 0.01 * pm
+                elif how == "lerp":
+                    shadow[i] = torch.lerp(shadow[i], pm, 0.01)
+    if watch is not None:
+        watch.close()
+    # what plain PyTorch says: with autograd on, the shadow's graph reaches back to the weights
+    assert all((s.grad_fn is None) == no_grad for s in shadow)
+    return [p.detach().clone() for p in [*model.parameters(), *shadow]]
+
+
+@pytest.mark.parametrize("how", list(OUT_OF_PLACE))
+def test_an_ema_rebuilt_out_of_place_with_autograd_on_is_p7_at_its_line(tmp_path: Path, how: str) -> None:
+    path = tmp_path / "shadow.tscope"
+    watched = _train_shadow(path, how, no_grad=False)
+    plain = _train_shadow(None, how, no_grad=False)
+    assert all(torch.equal(a, b) for a, b in zip(watched, plain, strict=True))
+    found = _p7(path)
+    assert [f["title"] for f in found] == ["Copy of the weights updated with autograd on"], found
+    lines = Path(__file__).read_text().splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if text.strip() == OUT_OF_PLACE[how])
+    assert found[0]["src"] == f"test_doctor_weight_copies.py:{line}"
+    assert found[0]["params"][0] == "0.weight"
+
+
+@pytest.mark.parametrize("how", list(OUT_OF_PLACE))
+def test_the_same_rebuilds_under_no_grad_are_no_finding(tmp_path: Path, how: str) -> None:
+    path = tmp_path / "shadow.tscope"
+    _train_shadow(path, how, no_grad=True)
+    assert _p7(path) == []
+
+
+def test_a_weight_change_taken_fresh_each_step_is_no_finding(tmp_path: Path) -> None:
+    """``p - prev`` after every step, with autograd on, for a log of how far the weights moved:
+    a tensor of a weight's shape leading back to it, made anew each step and never taken into
+    the next one."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    prev = [p.detach().clone() for p in model.parameters()]
+    moved = []
+    path = tmp_path / "moved.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(30):
+            x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            deltas = [pm - pp for pm, pp in zip(model.parameters(), prev, strict=True)]
+            moved.append(sum(d.norm().item() for d in deltas))
+            prev = [p.detach().clone() for p in model.parameters()]
+    assert moved[-1] > 0
+    assert _p7(path) == []

@@ -43,6 +43,32 @@ def test_a_rounded_prediction_is_p9_not_a_misplaced_zero_grad(tmp_path: Path) ->
     assert p9["src"] == f"{Path(__file__).name}:{test_a_rounded_prediction_is_p9_not_a_misplaced_zero_grad.__code__.co_firstlineno + 1}"
 
 
+def test_an_integer_cast_in_the_loss_is_one_p9_naming_the_parameters_it_cuts_off(tmp_path: Path) -> None:
+    """Predictions binned with ``.long()`` inside the loss beside a weight penalty (so backward
+    runs): the cast is the one cause -- P9 names the parameters behind it, without a P1 for
+    the same op nor a P6 for the forward whose graph the cast left unused."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="default"):
+        for _ in range(6):
+            x, y = torch.randn(16, 6), torch.randint(18, 80, (16, 1)).float()
+            binned = (model(x) * 20 / 5).long().float() * 5
+            loss = nn.functional.l1_loss(binned, y) + 1e-4 * model[0].weight.pow(2).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            # what plain PyTorch says: only the penalised weight gets a gradient
+            assert [n for n, p in model.named_parameters() if p.grad is None] == ["0.bias", "2.weight", "2.bias"]
+    findings = [dict(f) for f in diagnose(iter_events(path))]
+    assert [f["code"] for f in findings] == ["P9"], findings
+    p9 = findings[0]
+    assert "aten::_to_copy" in p9["message"] and p9["params"] == ["0.bias", "2.weight", "2.bias"], p9
+    assert "0.bias, 2.weight, 2.bias get no gradient at all" in p9["message"]
+    assert {t.get("param") for t in p9["targets"]} >= {"0.bias", "2.weight", "2.bias"}
+
+
 class _STESign(torch.autograd.Function):
     """A binarised net's straight-through sign: its hand-written backward passes the gradient."""
 
