@@ -9,7 +9,8 @@ export class LineChart {
   constructor(parent, opts = {}) {
     this.opts = opts;
     this.root = h("div", { class: "chart" });
-    this.head = h("div", { class: "chart-head" }, h("span", { class: "chart-title" }, opts.title || ""));
+    this.title = h("span", { class: "chart-title" }, opts.title || "");
+    this.head = h("div", { class: "chart-head" }, this.title);
     this.legend = h("span", { class: "chart-legend" });
     this.head.append(this.legend);
     this.canvas = h("canvas", { height: opts.height || 220 });
@@ -23,6 +24,8 @@ export class LineChart {
     window.addEventListener(THEME_EVENT, () => this.draw());
     this.markers = [];
   }
+
+  setTitle(text) { this.title.textContent = text; }
 
   // x: number[]; series: [{name, y: number[] (null = gap), color?, dash?}] (dash: a threshold
   // such as clip_grad_norm_'s max_norm, drawn dashed to read as a limit, not as data)

@@ -18,8 +18,14 @@ export function ramp(t) {
 // the smallest norm of the log ramp -- a colour outside the ramp, named in the legends.
 export const ZERO = "#c026d3";
 
+// Zero bytes or time (a view allocates nothing, a grad_fn that saved nothing): no amount at
+// all, which must not read as the smallest of the ramp (a 4-byte scalar loss) -- a neutral
+// grey outside the ramp, named in the legend.
+export const NOTHING = "#9ca3af";
+
 // A log scale over the positive values; returns colour(v), legend stops and whether any value
-// is zero.  With ``zero``, zero gets that colour; else the ramp's lowest (bytes, time).
+// is zero.  With ``zero``, zero gets that colour (and ``zeros`` says whether there is one);
+// else the ramp's lowest.
 export function logScale(values, zero = null) {
   let lo = Infinity, hi = -Infinity, zeros = false, nonfinite = false;
   for (const v of values) {

@@ -11,6 +11,14 @@ const CATEGORIES = [["live", "live state (params + grads + optimizer)"], ["peak"
   ["grads", "gradients"], ["optimizer", "optimizer state"], ["saved", "saved activations"],
   ["temporaries", "temporaries (captured steps)"], ["kept", "saved by earlier steps' graphs still alive (P7)"], ["other", "other (CUDA allocator)"]];
 
+// The two peaks this view shows, and why they differ, in PyTorch's words.
+const STEP_PEAK = "peak: the most bytes a step held at once — the state kept between steps (parameters, their .grad, " +
+  "the optimizer state) plus the activations autograd saved for backward, or, on a captured step, the op ledger's highest " +
+  "point when that is higher.";
+const OP_PEAK = "The in-step peak below is one captured step's op ledger alone: the live bytes after each recorded op. In " +
+  "default mode those are the forward's ops only (full mode records the backward's too): the .grad tensors backward() " +
+  "writes and what optimizer.step() allocates come after them. So this peak is at most the per-step peak above, often lower.";
+
 export class MemoryView {
   constructor(root, app) {
     this.app = app;
@@ -18,7 +26,7 @@ export class MemoryView {
     this.info = h("p", { class: "muted" });
     this.stepSel = h("select", { "aria-label": "step for the in-step timeline", "data-testid": "memory-step", onchange: () => this.loadTimeline(+this.stepSel.value) });
     root.append(h("h2", {}, "Memory per step"), this.info);
-    this.perStep = new LineChart(root, { title: "bytes at each step boundary (allocated / reserved come from the CUDA allocator)", fmt: fmtBytes,
+    this.perStep = new LineChart(root, { title: "bytes at each step boundary", fmt: fmtBytes,
       vlines: () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []),
       onClick: (i) => { const s = this.series.step[i]; if (this.captured.includes(s)) { this.stepSel.value = s; this.loadTimeline(s); } } });
     // a graph kept across steps (P7): its node count, shown once there is any (the bytes it
@@ -27,7 +35,8 @@ export class MemoryView {
     this.aliveBox = h("div", { "data-testid": "graphs-alive", hidden: true });
     // tensors user forward hooks keep (P13: a hook appending activations to a list): its bytes
     this.hooksBox = h("div", { "data-testid": "hook-bytes", hidden: true });
-    root.append(this.aliveBox, this.hooksBox);
+    this.perStepNote = h("p", { class: "muted", "data-testid": "step-peak-note" }, STEP_PEAK);
+    root.append(this.perStepNote, this.aliveBox, this.hooksBox);
     const mark = () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []);
     this.alive = new LineChart(this.aliveBox, { title: "autograd nodes of earlier steps' graphs still alive at each step boundary (P7: a graph kept across steps)",
       height: 140, vlines: mark });
@@ -37,7 +46,8 @@ export class MemoryView {
     this.timelineNote = h("p", { class: "muted", "data-testid": "timeline-note", hidden: true });
     // a step asked for (a finding's, a chart click's) that has no graph: which one is shown instead
     this.stepNote = h("p", { class: "notice", "data-testid": "memory-step-note", hidden: true });
-    root.append(this.timelineNote, this.stepNote);
+    this.peakNote = h("p", { class: "muted", "data-testid": "peak-note" }, OP_PEAK);
+    root.append(this.timelineNote, this.stepNote, this.peakNote);
     this.timeline = new LineChart(root, { title: "live bytes after each recorded op (the forward's; in full mode the backward's too) — click a point to open the op in the graph", fmt: fmtBytes, xLabel: "op",
       onClick: (i) => this.openOp(i), tipLabel: (i) => this.opLabel(i), vlines: () => this.phaseLines() });
     this.top = h("div", { class: "top-allocs" });
@@ -67,10 +77,21 @@ export class MemoryView {
     if (chosen !== "") this.stepSel.value = chosen;
   }
 
+  // Whether the run's memory is a CUDA device's: the allocator's figures (allocated, reserved,
+  // "other") exist only there, and a CPU run must not read as if it had them.
+  cuda() {
+    const s = this.series || {};
+    return /^cuda/.test(this.app.meta?.device || "") || ["allocated", "reserved", "other"].some((k) => (s[k] || []).some((v) => v !== null && v !== undefined));
+  }
+
   drawPerStep() {
     const s = this.series;
+    const cuda = this.cuda();
+    this.perStep.setTitle(cuda ? "bytes at each step boundary (allocated / reserved come from the CUDA caching allocator)"
+      : "bytes at each step boundary, counted from the tensors' storages");
     // a category with no value anywhere (no CUDA, no captured step) is left out of the legend
-    const shown = CATEGORIES.filter(([k]) => (s[k] || []).some((v) => v !== null && v !== undefined));
+    const shown = CATEGORIES.filter(([k]) => (s[k] || []).some((v) => v !== null && v !== undefined))
+      .map(([k, name]) => [k, k === "other" && !cuda ? "other (not in a named tensor)" : name]);
     const alive = s.graphs_alive || [];
     this.aliveBox.hidden = !alive.some((v) => v > 0);
     if (!this.aliveBox.hidden) this.alive.setData(s.step || [], [{ name: "nodes alive", y: alive }]);
@@ -112,7 +133,7 @@ export class MemoryView {
     const upTo = new Set(tl.slice(0, peakI + 1).map((p) => p[0]));
     const tensors = new Map((ev.tensors || []).map((t) => [t.id, t]));
     const ops = (ev.ops || []).filter((o) => upTo.has(o.id) && o.alloc > 0).sort((a, b) => b.alloc - a.alloc).slice(0, 10);
-    this.top.append(h("h3", {}, `Peak ${fmtBytes(tl[peakI][1])} after op #${tl[peakI][0]} — largest allocations before it`),
+    this.top.append(h("h3", { title: OP_PEAK }, `In-step peak ${fmtBytes(tl[peakI][1])} after op #${tl[peakI][0]} — largest allocations before it`),
       h("table", { class: "tensors" }, h("tr", {}, ...["bytes", "op", "module", "output shape", ""].map((x) => h("th", {}, x))),
         ops.map((o) => h("tr", {}, h("td", {}, fmtBytes(o.alloc)), h("td", {}, o.name), h("td", {}, o.module || "(root)"),
           h("td", {}, shape(tensors.get((o.outputs || [])[0])?.shape)),
@@ -124,7 +145,7 @@ export class MemoryView {
   onStatus() {
     const none = !this.captured?.length;
     this.timelineNote.hidden = !none;
-    this.stepSel.hidden = this.timeline.root.hidden = none;
+    this.stepSel.hidden = this.timeline.root.hidden = this.peakNote.hidden = none;
     if (none) this.timelineNote.textContent = `The op-by-op timeline comes from a captured step's graph. ${this.app.emptyText("graph")}`;
   }
 

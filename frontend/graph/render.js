@@ -122,7 +122,11 @@ export class GraphCanvas {
     // wider than the canvas even so: the first op in the middle, no margin beyond the graph's edges
     const tx = width * scale <= this.w - 40 ? (this.w - width * scale) / 2
       : Math.min(20, Math.max(this.w - 20 - width * scale, this.w / 2 - start[0] * scale));
-    return { scale, tx, ty: 20 + this.topInset() - start[1] * scale };
+    // what lies above the start (side by side: the end of a backward column a few rows taller
+    // than the forward) is in view too when it is short: cut by a row, the top of the backward
+    // read as lost; a tall one stays above, where the overview shows it
+    const top = start[1] * scale <= (this.h - this.topInset()) / 5 ? 0 : start[1];
+    return { scale, tx, ty: 20 + this.topInset() - top * scale };
   }
 
   // Where the step starts, in world coordinates: the centre of its first item in execution
@@ -224,9 +228,6 @@ export class GraphCanvas {
       ctx.stroke(ep.path);
       if (text) ctx.stroke(ep.heads);
     }
-    ctx.strokeStyle = th.edge[2]; ctx.setLineDash([6 / this.scale, 4 / this.scale]); // dashes in screen pixels
-    ctx.stroke(sc.linkPath);
-    ctx.setLineDash([]);
     if (sc.hiPath) { ctx.strokeStyle = th.hiEdge; ctx.lineWidth = Math.max(2.5 * lw, 2.5); ctx.stroke(sc.hiPath); }
 
     ctx.font = "12px system-ui, sans-serif";
@@ -263,6 +264,12 @@ export class GraphCanvas {
       }
     }
     ctx.globalAlpha = 1;
+    // the selected node's link to its op / grad_fn, over the boxes: it crosses the column
+    // between them, and under the boxes there it was lost
+    ctx.strokeStyle = th.edge[2]; ctx.lineWidth = Math.max(1.5 * lw, 1.5);
+    ctx.setLineDash([6 / this.scale, 4 / this.scale]); // dashes in screen pixels
+    ctx.stroke(sc.linkPath);
+    ctx.setLineDash([]);
   }
 
   theme() {

@@ -2,7 +2,7 @@
 // highlight, selection).  Linear in the visible items and the edges (each skip edge routed
 // in about log time); a new selection or highlight redoes only the marks (buildScene).
 import { representatives } from "./model.js";
-import { logScale, categorical, ZERO } from "../colors.js";
+import { logScale, categorical, ZERO, NOTHING } from "../colors.js";
 
 const PHASE_COLORS = { forward: "--op-fwd", backward: "--op-bwd", optimizer: "--op-opt", other: "--op-opt" };
 
@@ -22,7 +22,8 @@ export function overlayValues(model, overlay, ctx) {
   const { leaves, tensors } = model;
   const vals = new Array(leaves.length).fill(undefined);
   if (overlay === "time") leaves.forEach((l, i) => { vals[i] = l.rec.dur_us; });
-  else if (overlay === "memory") leaves.forEach((l, i) => { vals[i] = l.kind === "op" ? l.rec.alloc : l.rec.saved_bytes; });
+  // a grad_fn node has saved_bytes only when it saved tensors: without, it saved 0 B
+  else if (overlay === "memory") leaves.forEach((l, i) => { vals[i] = l.kind === "op" ? l.rec.alloc : l.rec.saved_bytes ?? 0; });
   else if (overlay === "dtype") {
     leaves.forEach((l, i) => {
       if (l.kind === "op") vals[i] = tensors.get((l.rec.outputs || [])[0])?.dtype;
@@ -65,6 +66,24 @@ function addHead(p, [ax, ay, bx, by]) {
 function edgeSeg(A, B, type) {
   const up = B[1] + B[3] <= A[1];
   return [A[0] + A[2] / 2, up ? A[1] : A[1] + A[3], B[0] + B[2] / 2, up ? B[1] + B[3] : B[1], type];
+}
+
+// The dashed link from a forward op to the grad_fn node it created, drawn over the boxes
+// (behind them it vanished under every box between the columns): boxes apart across (side by
+// side: a grad_fn in the other column, across from its op) joined from side to side, so the
+// line crosses neither end's label; else as an edge.
+function linkSeg(A, B) {
+  const ay = A[1] + A[3] / 2, by = B[1] + B[3] / 2;
+  if (B[0] >= A[0] + A[2]) return [A[0] + A[2], ay, B[0], by, 2, undefined, true];
+  if (B[0] + B[2] <= A[0]) return [A[0], ay, B[0] + B[2], by, 2, undefined, true];
+  return edgeSeg(A, B, 2);
+}
+
+function addLink(p, seg) {
+  if (!seg[6]) { addSeg(p, seg); return; }
+  const [ax, ay, bx, by] = seg, mx = (ax + bx) / 2; // leaves and enters its boxes level
+  p.moveTo(ax, ay);
+  p.bezierCurveTo(mx, ay, mx, by, bx, by);
 }
 
 const DETOUR = 30, SCAN = 2000;
@@ -147,6 +166,8 @@ function buildBase(model, layout, st, css) {
   const { rep } = representatives(model, st.expandedIdx);
   const colours = new Map(); // a CSS variable read once, not once a node
   const cv = (n) => { let c = colours.get(n); if (c === undefined) colours.set(n, c = css.getPropertyValue(n).trim()); return c; };
+  // an item the overlay has no value for (the legend names it when there is one)
+  const none = () => { if (legend) legend.missing = true; return cv("--node-none"); };
 
   // overlay colours, aggregated over collapsed groups: sums for time and memory; for gradient
   // norms the module's own norm, sqrt of the sum of its parameters' squared norms (what
@@ -168,10 +189,12 @@ function buildBase(model, layout, st, css) {
         agg.set(r, prev + (st.overlay === "grad" ? v * v : v));
       });
       if (st.overlay === "grad") for (const [r, v] of agg) agg.set(r, Math.sqrt(v));
-      const scale = logScale([...vals.filter((v) => typeof v === "number"), ...agg.values()], st.overlay === "grad" ? ZERO : null);
+      // zero: a colour of its own, outside the ramp (a dead branch's gradient; no bytes, no time)
+      const zero = st.overlay === "grad" ? ZERO : NOTHING;
+      const scale = logScale([...vals.filter((v) => typeof v === "number"), ...agg.values()], zero);
       colorOf = scale.color;
-      legend = { kind: "ramp", overlay: st.overlay, lo: scale.lo, hi: scale.hi, zeros: scale.zeros, positive: scale.positive,
-                 nonfinite: scale.nonfinite };
+      legend = { kind: "ramp", overlay: st.overlay, lo: scale.lo, hi: scale.hi, zeros: scale.zeros, zero, positive: scale.positive,
+                 nonfinite: scale.nonfinite, missing: false };
     }
   }
 
@@ -186,7 +209,7 @@ function buildBase(model, layout, st, css) {
     const b = layout.leafBox;
     const box = [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]];
     const phaseVar = l.kind === "node" && l.rec.name === "AccumulateGrad" ? "--op-acc" : PHASE_COLORS[l.phase] || "--op-fwd";
-    const color = colorOf ? colorOf(vals[i]) || cv("--node-none") : cv(phaseVar);
+    const color = colorOf ? colorOf(vals[i]) || none() : cv(phaseVar);
     const it = { key: l.key, leaf: i, order: i, box, label: l.label, sub: leafSub(model, l), color, hi: false, cut: false };
     items.push(it); byKey.set(l.key, it);
   });
@@ -200,7 +223,7 @@ function buildBase(model, layout, st, css) {
     if (s === 2) { frames.push({ key: "g:" + G.key, group: g, box, depth: G.depth, phase: G.phase, path: G.path, type: mtype, title: `${G.path}${mtype ? " (" + mtype + ")" : ""} · ${G.phase}` }); continue; }
     const r = -1 - g;
     const v = agg.get(r);
-    const color = colorOf ? (v !== undefined ? (CATEGORICAL.has(st.overlay) ? colorOf(v) : colorOf(v)) : cv("--node-none"))
+    const color = colorOf ? (v !== undefined ? colorOf(v) : none())
       : cv(G.phase === "backward" ? "--group-bwd" : "--group-fwd");
     // "≡ 0": same structure as sibling 0 (repeated blocks)
     const it = { key: "g:" + G.key, group: g, rep: r, order: firstLeaf.get(r), box, label: `${G.label}${mtype ? ": " + mtype : ""}${G.repeatOf ? "  ≡ " + groups[G.repeatOf].label : ""}`,
@@ -230,8 +253,8 @@ function buildBase(model, layout, st, css) {
     const k = (ra + groups.length) * N + (rb + groups.length);
     if (seen.has(k)) continue;
     seen.add(k);
+    if (type === 2) { links.push({ seg: linkSeg(boxOf(ra), boxOf(rb)), a, b }); continue; }
     const seg = edgeSeg(boxOf(ra), boxOf(rb), type);
-    if (type === 2) { links.push({ seg, a, b }); continue; }
     // an edge from one column to the other (full mode's backward kernels read the forward's
     // saved tensors) crosses the gap between them: routed right of the backward column it
     // would only add a long line down the graph's edge
@@ -284,7 +307,7 @@ function markScene(model, base, st) {
     base.marked = { hi, edgePaths, hiPath };
   }
   const linkPath = new Path2D();
-  if (sel) for (const e of base.links) if (leaves[e.a].key === sel || leaves[e.b].key === sel) addSeg(linkPath, e.seg);
+  if (sel) for (const e of base.links) if (leaves[e.a].key === sel || leaves[e.b].key === sel) addLink(linkPath, e.seg);
   return { base, marks: base.marked, items: base.items, byKey: base.byKey, frames: base.frames, edgePaths: base.marked.edgePaths, linkPath, hiPath: base.marked.hiPath,
            width: base.width, height: base.height, selected: sel, dimOthers: !!(hi && hi.size), legend: base.legend };
 }

@@ -6,10 +6,11 @@ import { buildModel, ancestors } from "./model.js";
 import { buildScene, pathToLoss, leafSub } from "./scene.js";
 import { GraphCanvas } from "./render.js";
 import { renderDetails } from "./details.js";
-import { ZERO, NONFINITE, rampLegend, legendItem } from "../colors.js";
+import { NONFINITE, rampLegend, legendItem } from "../colors.js";
 import { THEME_EVENT } from "../theme.js";
 
 const CANCEL_MS = 300;
+const SEARCH_MS = 150; // typing pauses this long before the matches are marked (a 10k-node graph redraws)
 const CONTAINERS = new Set(["ModuleList", "ModuleDict"]);
 
 // The captured step closest to `step` (the last one at or before it, else the first).
@@ -18,6 +19,8 @@ export function nearest(captured, step) {
   for (const s of captured) if (s <= step) best = s;
   return best;
 }
+// What a zero of each numeric overlay means (its own colour, outside the ramp)
+const ZERO_TEXT = { grad: "exactly zero", memory: "0 B: allocated / saved nothing (a view, an in-place op)", time: "0 µs" };
 const OVERLAYS = [["phase", "phase (forward / backward)"], ["grad", "gradient norm"], ["memory", "memory allocated / saved"], ["time", "time"], ["dtype", "dtype"], ["diff", "diff vs another step"]];
 
 // Why a graph is partial: a step past max_ops records its first ops and counts the rest; a
@@ -28,6 +31,15 @@ function partialNote(ev, cap) {
   const ran = (ev.ops || []).length + shed;
   return `Partial graph: this step ran ${ran.toLocaleString("en-US")} ops and its graph holds the first ${(cap || ran - shed).toLocaleString("en-US")} ` +
     `(watch(..., max_ops=N) records more); ${shed.toLocaleString("en-US")} are not shown.`;
+}
+
+// Whether keys typed into ``el`` are text: a text-like input, a textarea, a select (its
+// type-ahead), an editable element.  A button, checkbox or the step slider is not.
+const NOT_TEXT = new Set(["button", "checkbox", "radio", "range", "submit", "reset", "color", "file", "image"]);
+export function typingIn(el) {
+  if (!el) return false;
+  if (el.tagName === "INPUT") return !NOT_TEXT.has((el.type || "text").toLowerCase());
+  return el.tagName === "TEXTAREA" || el.tagName === "SELECT" || el.isContentEditable;
 }
 
 export class GraphView {
@@ -68,7 +80,8 @@ export class GraphView {
     // a placeholder that fits the box (cut, "Search name, module, sha" read as a typo); the
     // rest is the tooltip
     this.search = h("input", { type: "search", placeholder: "Find op, module, shape (/)", "aria-label": "search", "data-testid": "search",
-                               title: "op name, grad_fn class, module path or type, or shape; Enter: next match, Shift+Enter: previous; / from anywhere",
+                               title: "op name, grad_fn class, module path or type, or shape: matches light up as you type; Enter: next match, Shift+Enter: previous; / from anywhere",
+                               oninput: () => { clearTimeout(this.searchTimer); this.searchTimer = setTimeout(() => this.searchMark(), SEARCH_MS); },
                                onkeydown: (e) => { if (e.key === "Enter") { e.preventDefault(); this.searchNext(e.shiftKey ? -1 : 1); } } });
     this.searchInfo = h("span", { class: "muted" });
     this.cutInfo = h("span", { class: "cut-info" });
@@ -98,12 +111,17 @@ export class GraphView {
       // the status line floats over the canvas's top: a fitted graph starts below it
       topInset: () => (this.status.textContent ? this.status.offsetHeight + 10 : 0),
     });
-    this.canvasEl.addEventListener("keydown", (e) => this.onKey(e));
     window.addEventListener(THEME_EVENT, () => this.redraw());
-    document.addEventListener("keydown", (e) => { // "/" jumps to search from anywhere on the page
-      if (e.key === "/" && !this.root.hidden && !/^(INPUT|SELECT|TEXTAREA)$/.test(document.activeElement?.tagName || "")) {
-        e.preventDefault(); this.search.focus();
-      }
+    // The view's keys work wherever the focus is, not on the canvas alone: a toolbar button
+    // keeps the focus once clicked, and "f" after "Expand all" did nothing.  Not while the
+    // user types (the search box, a select's type-ahead), nor with Ctrl / Alt / Meta (the
+    // browser's own keys), nor Enter on a button or link, which it presses.
+    document.addEventListener("keydown", (e) => {
+      if (this.root.hidden || e.ctrlKey || e.altKey || e.metaKey || typingIn(document.activeElement)) return;
+      if (e.key === "/") { e.preventDefault(); this.search.focus(); return; } // the search box from anywhere
+      const el = document.activeElement;
+      if (e.key === "Enter" && el && el !== document.body && el !== this.canvasEl) return;
+      this.onKey(e);
     });
     renderDetails(this.details, null, null, this.ctx());
   }
@@ -316,9 +334,10 @@ export class GraphView {
       const name = lg.overlay === "grad" ? "‖grad‖" : lg.overlay;
       if (!lg.positive) this.legend.append(h("span", {}, `${name}: no positive value in this step`));
       else this.legend.append(...rampLegend(name, lg.lo, lg.hi, fmt));
-      if (lg.zeros) this.legend.append(legendItem(ZERO, "exactly zero"));
+      if (lg.zeros) this.legend.append(legendItem(lg.zero, ZERO_TEXT[lg.overlay]));
       if (lg.nonfinite) this.legend.append(legendItem(NONFINITE, "NaN / Inf"));
       if (lg.overlay === "grad") this.legend.append(legendItem("var(--node-none)", "no gradient (.grad is None) or not a parameter"));
+      else if (lg.missing) this.legend.append(legendItem("var(--node-none)", "not recorded"));
     }
     if (this.diffSummary && this.overlay === "diff") this.legend.append(h("span", { class: "muted" }, this.diffSummary));
   }
@@ -466,13 +485,27 @@ export class GraphView {
     return this.model.leaves.filter((l) => `${l.label} ${l.rec.name} ${l.module} ${type?.get(l.module) || ""} ${leafSub(this.model, l)}`.toLowerCase().includes(q));
   }
 
-  searchNext(dir) {
+  // As the user types: every match highlighted (the rest dimmed, a collapsed module holding
+  // one marked) and counted, without moving the view; Enter then walks through them.  An
+  // emptied box takes back the highlight it made, and no other.
+  searchMark() {
+    clearTimeout(this.searchTimer);
+    const q = this.search.value.trim();
     const ms = this.matches();
-    this.searchInfo.textContent = ms.length ? "" : "no match";
+    this.searchInfo.textContent = !q ? "" : ms.length ? `${ms.length} match${ms.length === 1 ? "" : "es"}` : "no match";
+    if (!q && this.highlight !== this.searchHi) return ms;
+    this.highlight = this.searchHi = q ? new Set(ms.map((l) => l.key)) : null;
+    this.redraw();
+    return ms;
+  }
+
+  searchNext(dir) {
+    const ms = this.searchMark();
     if (!ms.length) return;
     const cur = ms.findIndex((l) => l.key === this.selected);
     const next = ms[(cur + dir + ms.length) % ms.length];
     this.searchInfo.textContent = `${ms.indexOf(next) + 1}/${ms.length}`;
+    this.keepHighlight = true; // the other matches stay marked
     this.select(next.key, true);
   }
 
