@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from . import _compile, _cuda, _native, _sigterm, _warnings
 from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin
 from ._evalprobe import EvalDropoutProbe
+from ._fastpath import FAST_PATHS, FastPathGuard
 from ._grads import GradRead, PiecewiseRead, StatsRead, count_nonzero, nonzero_grads
 from ._holders import container_of
 from ._hooks import Retained, retained
@@ -91,6 +92,16 @@ COPY_STEPS = 4  # steps counted for copies before sampling every GRAD_STATS_EVER
 _BIG_COPY = 1 << 20  # bytes from which the same tensor cloned every step is P12's (see _on_move)
 _PROBE_STEPS = 3  # steps the mode looks for the holder of a kept loss (Watch._probe)
 _MODE_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+
+
+def _mode_inert(m: nn.Module) -> bool:
+    """A dropout or batch-norm module whose mode changes nothing: ``p=0`` (a transformer built with
+    ``dropout=0.0``), or batch statistics in both modes (``track_running_stats=False``)."""
+    if isinstance(m, nn.modules.dropout._DropoutNd):
+        return not m.p
+    return isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is None
+
+
 # activation-gradient slot whose hook has not run yet (no row: left out of the step's event)
 _NO_STATS: tuple[float, ...] = ()
 _STATS_DTYPES = (torch.float32, torch.float64)
@@ -421,10 +432,13 @@ def _first_tensor(x: Any) -> torch.Tensor | None:
 def _output_tensors(x: Any, limit: int = 8) -> list[torch.Tensor]:
     """The tensors a forward returned that carry a graph, one per distinct ``grad_fn`` node, at
     most ``limit``: top level (a tensor, or the items of a tuple, list or dict -- a
-    ``ModelOutput``'s loss and logits), else the first one found deeper.  Every one counts: a
-    loss built from the second output alone (an embedding and logits, the embedding kept
-    detached) still uses the forward."""
+    ``ModelOutput``'s loss and logits -- and of a tuple or list among them), else the first one
+    found deeper.  Every one counts: a loss built from the second output alone (an embedding
+    and logits, the embedding kept detached) still uses the forward."""
     items = x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else (x,)
+    # and one level down: an RNN's ``(output, (h, c))``, whose state the loop may carry into
+    # the next forward without ``.detach()`` (P7)
+    items = [u for v in items for u in (v if isinstance(v, (list, tuple)) else (v,))]
     out: list[torch.Tensor] = []
     nodes: list[Any] = []
     for v in items:
@@ -564,6 +578,8 @@ class Watch:
         # call site runs under a probe (its line), and what it finds is said once a line
         self._eval_probe = EvalDropoutProbe(self._safe, self._on_eval_dropout)
         self._eval_probed: set[str] = set()
+        # while one of these modes is on the stack, PyTorch's fast paths are taken without it
+        self._fast = FastPathGuard(lambda: (self._interposer, self._eval_probe))
         self._eval_dropouts: set[str] = set()
         self._direct_noted = isinstance(model, torch.jit.ScriptModule)  # told at watch() already
         self._model_name = _class_name(model)
@@ -861,12 +877,15 @@ class Watch:
         if not self._tls.pushed and self._active:
             insert_mode(self._interposer)  # below the loop's own modes: see insert_mode
             self._tls.pushed = True
+            self._fast.on()
 
     def _mode_off(self) -> None:
         # not on the stack: torch took it off while its handler runs (a hook of the user's
         # backward stepping an optimizer) and puts it back after; it comes off next time
         if self._tls.pushed and remove_mode(self._interposer):
             self._tls.pushed = False
+            if not self._tls.eval_probe:
+                self._fast.off()
 
     def _mode_remove(self) -> None:
         """At close: our mode off this thread's stack wherever it sits.  Left below another
@@ -875,6 +894,7 @@ class Watch:
         if self._tls.pushed:
             remove_mode(self._interposer)
             self._tls.pushed = False
+        self._fast.off()
 
     # ------------------------------------------------------------------ session
     def _emit_session(self, model: nn.Module) -> None:
@@ -892,9 +912,10 @@ class Watch:
             own = list(m.named_parameters(recurse=False))
             for pname, _ in own:
                 owner[f"{path}.{pname}" if path else pname] = path
-            modules.append(
-                {"path": path, "type": type(m).__name__, "n_params": len(own), "training": m.training}
-            )
+            info: ModuleInfo = {"path": path, "type": type(m).__name__, "n_params": len(own), "training": m.training}
+            if _mode_inert(m):
+                info["mode_inert"] = True
+            modules.append(info)
         params: list[ParamInfo] = []
         for n, p in model.named_parameters():
             lazy = is_lazy(p)  # still without a shape: closed before its first forward
@@ -1078,10 +1099,12 @@ class Watch:
         s.forwards.append(fwd)
         if not s.capture and self._tls.pushed:  # (off already on most steps: see _opt_post)
             self._mode_off()
-        if not module.training and fwd["src"] not in self._eval_probed and len(self._eval_probed) < 64:
+        if (not module.training and fwd["src"] not in self._eval_probed and len(self._eval_probed) < 64
+                and not isinstance(module, FAST_PATHS)):  # (its fast path is taken before any hook could lift the probe)
             self._eval_probed.add(fwd["src"])
             insert_mode(self._eval_probe)
             self._tls.eval_probe = True
+            self._fast.on()
         if not s.autocast:
             s.autocast = autocast_on()
         if s.capture and "ops" not in self._disabled:
@@ -1095,6 +1118,8 @@ class Watch:
         if self._tls.eval_probe:
             remove_mode(self._eval_probe)
             self._tls.eval_probe = False
+            if not self._tls.pushed:
+                self._fast.off()
         if self._session_pending:
             self._emit_session(module)
         if self._gc_paused:  # tested here, not in the call: once a step, rarely with work to do
@@ -2625,7 +2650,8 @@ class Watch:
         key = (model.training, self._step // GRAD_STATS_EVERY)
         if key != self._modes_key:
             self._modes_key = key
-            modes = [(p, m.training, isinstance(m, _MODE_SENSITIVE)) for p, r in self._modules if (m := r()) is not None]
+            modes = [(p, m.training, isinstance(m, _MODE_SENSITIVE) and not _mode_inert(m))
+                     for p, r in self._modules if (m := r()) is not None]
             self._mode_facts = (
                 [p for p, training, _ in modes if not training],
                 [p for p, training, sensitive in modes if training and sensitive],

@@ -39,6 +39,7 @@ class ModuleInfo(TypedDict, total=False):
     type: str  # class name, e.g. "Linear"
     n_params: int  # parameters directly owned (not recursive)
     training: bool
+    mode_inert: bool  # only True, where set: a dropout with p=0 or a batch norm without running statistics
 
 
 class ParamInfo(TypedDict, total=False):

@@ -320,6 +320,11 @@ def _judged_signatures(run: Run) -> tuple[dict[object, Judgement], dict[object, 
             verdict = judge(lg, step, run.rank, _micro_batches(ev))
             if sig not in judged or not verdict.too_big:
                 judged[sig] = verdict
+            if not verdict.too_big and isinstance(sig, str):
+                # each micro-batch's structure ("a+b+c"): scaled right here, it is in any order
+                # (variable-length batches combine their structures anew from step to step)
+                for part in sig.split("+"):
+                    judged.setdefault(("part", part), verdict)
             k = chunked_terms(lg)
             if k >= 2 and sig not in chunked:
                 chunked[sig] = (k, step, lg.root)
@@ -362,10 +367,18 @@ def _accumulated(run: Run, judged: dict[object, Judgement]) -> list[Accumulated]
             continue  # GradScaler's own multiply hides whether the loss was divided: don't guess
         if notes(ev, "foreign_step"):
             continue  # optimizer.step() calls of other parameters between them: no accumulation (P5)
-        judgement = judged.get(ev.get("graph_signature")) or _judge_roots(roots)
+        judgement = judged.get(ev.get("graph_signature")) or _by_parts(judged, ev.get("graph_signature")) or _judge_roots(roots)
         if judgement.too_big:
             out.append(Accumulated(step, ev, k, judgement))
     return out
+
+
+def _by_parts(judged: dict[object, Judgement], sig: object) -> Judgement | None:
+    """A step never captured whole whose every micro-batch structure a capture showed scaled right."""
+    if not isinstance(sig, str) or "+" not in sig:
+        return None
+    parts = [judged.get(("part", p)) for p in sig.split("+")]
+    return parts[0] if all(v is not None for v in parts) else None
 
 
 # optimizers that divide each step by a running scale of the gradients: k times the gradients

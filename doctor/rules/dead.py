@@ -66,9 +66,19 @@ def _dead_activations(run: Run, settings: Settings) -> dict[str, list[int]]:
                 continue
             if learning is None:
                 learning = _learning_modules(run, ev, settings)
-            if str(act["module"]) not in learning:
-                dead.setdefault(str(act["module"]), []).append(step)
+            module = str(act["module"])
+            parent = module.rpartition(".")[0]
+            # a module without parameters (a ReLU) whose block learned: its output got a
+            # gradient in another pass (SAC's policy loss takes min(q1, q2): no gradient for q2
+            # there, while q2 learns from the critic's loss)
+            if module not in learning and not (parent and parent in learning and not _owns_params(run, module)):
+                dead.setdefault(module, []).append(step)
     return dead
+
+
+def _owns_params(run: Run, module: str) -> bool:
+    prefix = f"{module}."
+    return any(run.param_module(i) == module or run.param_module(i).startswith(prefix) for i in range(len(run.params)))
 
 
 def _learning_modules(run: Run, ev: dict[str, object], settings: Settings) -> set[str]:

@@ -31,14 +31,21 @@ FIX_NORM_EVAL = ("Nothing to fix if intended (fine-tuning with small batches, wh
 _RUNNING_STATS = ("BatchNorm", "SyncBatchNorm", "LazyBatchNorm", "InstanceNorm", "LazyInstanceNorm")
 
 
+def _sensitive_modules(run: Run) -> list[str]:
+    """The modules whose train/eval mode changes what they compute: dropout and batch-norm types,
+    less those the capture found inert (``mode_inert``: a dropout with p=0)."""
+    return [str(m.get("path")) for m in map(as_dict, as_list(run.session.get("modules")))
+            if str(m.get("type", "")).startswith(_MODE_SENSITIVE) and m.get("mode_inert") is not True]
+
+
 def _sensitive(run: Run, modules: list[str]) -> list[str]:
     known = {str(as_dict(m).get("path")) for m in as_list(run.session.get("modules"))}
-    return [m for m in modules if m not in known or run.module_type(m).startswith(_MODE_SENSITIVE)]
+    sensitive = set(_sensitive_modules(run))
+    return [m for m in modules if m not in known or m in sensitive]
 
 
 def _has_sensitive(run: Run) -> bool:
-    mods = [as_dict(m) for m in as_list(run.session.get("modules"))]
-    return not mods or any(str(m.get("type", "")).startswith(_MODE_SENSITIVE) for m in mods)
+    return not as_list(run.session.get("modules")) or bool(_sensitive_modules(run))
 
 
 def _frozen(ev: dict[str, Any], own: list[int]) -> bool:
@@ -159,8 +166,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     # evaluations left in train mode without no_grad (P6 tells the graph): every module whose
     # mode matters, less those the forward found in eval
     evaluations = train_mode_evaluations(run)
-    sensitive = [str(as_dict(m).get("path")) for m in as_list(run.session.get("modules"))
-                 if str(as_dict(m).get("type", "")).startswith(_MODE_SENSITIVE)]
+    sensitive = _sensitive_modules(run)
     for step, ev in run.forward_events():
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
         if not forwards and ev.get("training") is False and as_int(ev.get("micro_batches")) > 0:
@@ -196,8 +202,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         mods = sorted(train_in_eval)
         who = "the model is" if "" in mods else f"{_named(mods)} {'is' if len(mods) == 1 else 'are'}"
         if "" in mods:  # the whole model: what it changes is in its dropout and batch-norm modules
-            inside = [str(as_dict(m).get("path")) for m in as_list(run.session.get("modules"))
-                      if str(as_dict(m).get("type", "")).startswith(_MODE_SENSITIVE)]
+            inside = _sensitive_modules(run)
             effects = f"{_effects(run, inside)} (in {_named(inside)})" if inside else _effects(run, mods)
         else:
             effects = _effects(run, mods)

@@ -35,7 +35,18 @@ def _keeps_growing(counts: list[int]) -> bool:
     0, 11, 11, 11... nodes; a WGAN-GP's generator loss: 0, 20, 0, 20... -- which is no leak."""
     body = counts[1:-1] if len(counts) > 3 else counts[1:]
     k = max(1, len(body) // 3)
-    return max(body[-k:]) > max(body[:k])
+    return max(body[-k:]) > max(body[:k]) or _rising(body, 8)
+
+
+def _rising(counts: list[int], need: int) -> bool:
+    """``need`` rises in a row: a graph piled up over an epoch and let go at its end (``total_loss
+    += loss``, reset to 0. every epoch) peaks as high in the last third as in the first."""
+    streak = 0
+    for a, b in zip(counts, counts[1:], strict=False):
+        streak = streak + 1 if b > a else 0
+        if streak >= need:
+            return True
+    return False
 
 
 # what the capture saw the latest kept graph hang from (a step event's graphs_kept)
@@ -88,14 +99,16 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
     growth = f", live memory +{fmt_bytes(per_step)} per step" if per_step > 0 else ""
     kept = _kept(run)
     if known:
-        span = alive[-1][0] - alive[0][0]
-        nodes = f", +{(alive[-1][1] - alive[0][1]) / span:.0f} per step" if span > 0 and alive[-1][1] > alive[0][1] else ""
+        # at the most alive (the run's end may have let them go: an epoch's accumulator reset)
+        top_step, top = max(alive, key=lambda a: a[1])
+        span = top_step - alive[0][0]
+        nodes = f", +{(top - alive[0][1]) / span:.0f} per step" if span > 0 and top > alive[0][1] else ""
         why = _KEPT.get(str(kept.get("of")), _KEPT[""])
         if kept.get("held_in"):  # the container the garbage collector found holding them
             why = (f"the losses that backward() was called on stay referenced after their step, held by "
                    f"{kept['held_in']}: each keeps its step's graph (`history.append(loss)`); keep "
                    "`loss.item()` or `loss.detach()` there instead.")
-        message = (f"Autograd graphs of earlier steps are still alive ({alive[-1][1]} nodes at step {alive[-1][0]}{nodes}"
+        message = (f"Autograd graphs of earlier steps are still alive (up to {top} nodes, at step {top_step}{nodes}"
                    f"{growth}, {describe_steps(steps, run.last_step)}): {why}")
     else:
         message = (f"Live memory at step boundaries grows every step (+{fmt_bytes(per_step)} per step, "

@@ -63,3 +63,27 @@ def test_a_detached_second_forward_or_a_proper_validation_is_no_warning(tmp_path
     found = _run(tmp_path / "run.tscope", how)
     assert [f for f in found if f["severity"] != "info"] == [], found
     assert [f["code"] for f in found] == (["P6"] if how == "consistency" else []), found
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5])
+def test_a_dropout_of_p_zero_has_no_mode_to_be_wrong_in(tmp_path: Path, p: float) -> None:
+    """A ``no_grad`` forward in train mode every step (features for a queue, GradCache's first
+    pass): with a real dropout it evaluates with dropout on (P11); ``Dropout(0.0)`` -- what a
+    transformer built with ``dropout=0.0`` holds -- computes the same in both modes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(p), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(10):
+            x = torch.randn(16, 8)
+            with torch.no_grad():
+                cached = model(x)
+            loss = ((model(x) - cached.flip(0)) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    session = next(e for e in iter_events(path) if e.get("kind") == "session")
+    assert [m["path"] for m in session["modules"] if m.get("mode_inert")] == (["1"] if p == 0 else [])
+    found = [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P11"]
+    assert [f["modules"] for f in found] == ([] if p == 0 else [["1"]]), found
