@@ -6,6 +6,7 @@ and added to the loss are no finding.  Training is unchanged by the watch in eve
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,13 @@ UPDATES = {
 }
 
 
-def _train(path: Path | None, how: str, no_grad: bool, mode: str = "default") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """30 Adam steps of an MLP with an EMA copy updated after each; the model's and the copy's
-    final tensors."""
+def _steps(path: Path | None, mode: str, no_grad: bool, start: Callable[[nn.Module], Any],
+           update: Callable[[nn.Module, Any], Any]) -> tuple[nn.Module, Any]:
+    """30 Adam steps of an MLP; after each, ``update(model, copy)`` (under no_grad or not) gives
+    the copy of the weights ``start(model)`` began: the model and the final copy."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
-    ema = copy.deepcopy(model).requires_grad_(False)
+    kept = start(model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     watch = torchscope.watch(model, opt, server=None, record=path, mode=mode) if path else None
     for _ in range(30):
@@ -40,19 +42,30 @@ def _train(path: Path | None, how: str, no_grad: bool, mode: str = "default") ->
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         with torch.no_grad() if no_grad else torch.enable_grad():
-            if how == "_foreach_lerp_":
-                torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 0.01)
-            for pe, pm in zip(ema.parameters(), model.parameters(), strict=True):
-                if how == "mul_ add_":
-                    pe.mul_(0.99).add_(pm, alpha=0.01)
-                elif how == "lerp_":
-                    pe.lerp_(pm, 0.01)
-                elif how == "copy_":
-                    pe.copy_(0.99 * pe + 0.01 * pm)
-                elif how == "+=":
-                    pe += 0.01 * pm
+            kept = update(model, kept)
     if watch is not None:
         watch.close()
+    return model, kept
+
+
+def _train(path: Path | None, how: str, no_grad: bool, mode: str = "default") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """An EMA model updated in place after each step; the model's and the copy's final tensors."""
+
+    def update(model: nn.Module, ema: nn.Module) -> nn.Module:
+        if how == "_foreach_lerp_":
+            torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 0.01)
+        for pe, pm in zip(ema.parameters(), model.parameters(), strict=True):
+            if how == "mul_ add_":
+                pe.mul_(0.99).add_(pm, alpha=0.01)
+            elif how == "lerp_":
+                pe.lerp_(pm, 0.01)
+            elif how == "copy_":
+                pe.copy_(0.99 * pe + 0.01 * pm)
+            elif how == "+=":
+                pe += 0.01 * pm
+        return ema
+
+    model, ema = _steps(path, mode, no_grad, lambda m: copy.deepcopy(m).requires_grad_(False), update)
     return [p.detach().clone() for p in model.parameters()], [p.detach().clone() for p in ema.parameters()]
 
 
@@ -85,11 +98,6 @@ def test_the_other_modes_see_it_too(tmp_path: Path, mode: str) -> None:
     assert [f["title"] for f in _p7(path)] == ["Copy of the weights updated with autograd on"]
 
 
-@pytest.mark.parametrize("how", list(UPDATES))
-def test_the_same_updates_under_no_grad_are_no_finding(tmp_path: Path, how: str) -> None:
-    path = tmp_path / "ema.tscope"
-    _train(path, how, no_grad=True)
-    assert _p7(path) == []
 
 
 def test_a_penalty_built_from_the_weights_each_step_is_no_finding(tmp_path: Path) -> None:
@@ -121,28 +129,20 @@ OUT_OF_PLACE = {
 
 
 def _train_shadow(path: Path | None, how: str, no_grad: bool) -> list[torch.Tensor]:
-    """30 SGD steps with a shadow copy of the weights rebuilt out of place after each (the
-    EMA of a hand-written loop); the model's final parameters, then the shadow's."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
-    shadow = [p.detach().clone() for p in model.parameters()]
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    watch = torchscope.watch(model, opt, server=None, record=path) if path else None
-    for _ in range(30):
-        x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        with torch.no_grad() if no_grad else torch.enable_grad():
-            if how == "_foreach_lerp":
-                shadow = list(torch._foreach_lerp(shadow, list(model.parameters()), 0.01))
-            for i, pm in enumerate(model.parameters()):
-                if how == "* +":
-                    shadow[i] = 0.99 * shadow[i] + 0.01 * pm
-                elif how == "lerp":
-                    shadow[i] = torch.lerp(shadow[i], pm, 0.01)
-    if watch is not None:
-        watch.close()
+    """A shadow copy of the weights rebuilt out of place after each step (the EMA of a
+    hand-written loop); the model's final parameters, then the shadow's."""
+
+    def update(model: nn.Module, shadow: list[torch.Tensor]) -> list[torch.Tensor]:
+        if how == "_foreach_lerp":
+            shadow = list(torch._foreach_lerp(shadow, list(model.parameters()), 0.01))
+        for i, pm in enumerate(model.parameters()):
+            if how == "* +":
+                shadow[i] = 0.99 * shadow[i] + 0.01 * pm
+            elif how == "lerp":
+                shadow[i] = torch.lerp(shadow[i], pm, 0.01)
+        return shadow
+
+    model, shadow = _steps(path, "default", no_grad, lambda m: [p.detach().clone() for p in m.parameters()], update)
     # what plain PyTorch says: with autograd on, the shadow's graph reaches back to the weights
     assert all((s.grad_fn is None) == no_grad for s in shadow)
     return [p.detach().clone() for p in [*model.parameters(), *shadow]]
@@ -162,10 +162,10 @@ def test_an_ema_rebuilt_out_of_place_with_autograd_on_is_p7_at_its_line(tmp_path
     assert found[0]["params"][0] == "0.weight"
 
 
-@pytest.mark.parametrize("how", list(OUT_OF_PLACE))
-def test_the_same_rebuilds_under_no_grad_are_no_finding(tmp_path: Path, how: str) -> None:
-    path = tmp_path / "shadow.tscope"
-    _train_shadow(path, how, no_grad=True)
+@pytest.mark.parametrize(("train", "how"), [(_train, h) for h in UPDATES] + [(_train_shadow, h) for h in OUT_OF_PLACE])
+def test_the_same_updates_under_no_grad_are_no_finding(tmp_path: Path, train: Any, how: str) -> None:
+    path = tmp_path / "ema.tscope"
+    train(path, how, no_grad=True)
     assert _p7(path) == []
 
 

@@ -18,7 +18,7 @@ from torchscope.sessionfile import iter_events
 
 
 def _run(tmp_path: Path, loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], misplaced: bool = False,
-         set_to_none: bool = True) -> list[dict[str, Any]]:
+         set_to_none: bool = True, penalty: float = 0.0) -> list[dict[str, Any]]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -28,7 +28,7 @@ def _run(tmp_path: Path, loss_of: Callable[[torch.Tensor, torch.Tensor], torch.T
             x, y = torch.randn(16, 6), torch.randint(0, 4, (16, 1)).float()
             if not misplaced:
                 opt.zero_grad(set_to_none=set_to_none)
-            loss_of(model(x), y).backward()
+            (loss_of(model(x), y) + penalty * model[0].weight.pow(2).sum()).backward()
             if misplaced:
                 opt.zero_grad(set_to_none=set_to_none)  # "clean up before stepping"
             opt.step()
@@ -47,21 +47,14 @@ def test_an_integer_cast_in_the_loss_is_one_p9_naming_the_parameters_it_cuts_off
     """Predictions binned with ``.long()`` inside the loss beside a weight penalty (so backward
     runs): the cast is the one cause -- P9 names the parameters behind it, without a P1 for
     the same op nor a P6 for the forward whose graph the cast left unused."""
-    torch.manual_seed(0)
+    def binned(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.l1_loss((out * 4).long().float() / 4, y)
+
+    findings = _run(tmp_path, binned, penalty=1e-4)
+    # what plain PyTorch says: only the penalised weight gets a gradient
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    path = tmp_path / "run.tscope"
-    with torchscope.watch(model, opt, server=None, record=path, mode="default"):
-        for _ in range(6):
-            x, y = torch.randn(16, 6), torch.randint(18, 80, (16, 1)).float()
-            binned = (model(x) * 20 / 5).long().float() * 5
-            loss = nn.functional.l1_loss(binned, y) + 1e-4 * model[0].weight.pow(2).sum()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            # what plain PyTorch says: only the penalised weight gets a gradient
-            assert [n for n, p in model.named_parameters() if p.grad is None] == ["0.bias", "2.weight", "2.bias"]
-    findings = [dict(f) for f in diagnose(iter_events(path))]
+    (binned(model(torch.randn(16, 6)), torch.zeros(16, 1)) + 1e-4 * model[0].weight.pow(2).sum()).backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == ["0.bias", "2.weight", "2.bias"]
     assert [f["code"] for f in findings] == ["P9"], findings
     p9 = findings[0]
     assert "aten::_to_copy" in p9["message"] and p9["params"] == ["0.bias", "2.weight", "2.bias"], p9
