@@ -17,6 +17,11 @@ FIX = ("Hold submodules in nn.ModuleList / nn.ModuleDict (and loose parameters i
        "attributes), then build the optimizer from model.parameters(). A model run only to make targets "
        "(a frozen teacher) goes under torch.no_grad() or requires_grad_(False).")
 
+FIX_COPY = ("Run the copy without autograd: compute its outputs under torch.no_grad() (a DQN's "
+            "`with torch.no_grad(): next_q = target_net(next_state).max(1).values`), or call "
+            "requires_grad_(False) on it once. If it is a submodule kept in a plain list or dict instead, hold it in "
+            "nn.ModuleList / nn.ModuleDict and build the optimizer from model.parameters().")
+
 
 def _unregistered(graph: dict[str, Any]) -> tuple[list[int], list[str]]:
     """The graph's AccumulateGrad nodes marked unregistered, and the modules of the ops that used them."""
@@ -44,11 +49,21 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     model = str(run.session.get("model") or "the model")
     used = [m if m else "(root)" for m in modules]
     in_ops = f", used by ops of {', '.join(used[:3])}" if used else ""
-    message = (f"Gradients flow into {len(nodes)} nn.Parameter tensor{'s' if len(nodes) != 1 else ''} that "
-               f"{'are' if len(nodes) != 1 else 'is'} not {model}'s and that no optimizer steps "
-               f"({describe_steps(steps, run.last_step)}{in_ops}): a submodule kept in a plain Python list or dict "
-               "is not registered, so model.parameters() and the optimizer miss it -- it never trains, and its "
-               ".grad keeps growing.")
+    head = (f"Gradients flow into {len(nodes)} nn.Parameter tensor{'s' if len(nodes) != 1 else ''} that "
+            f"{'are' if len(nodes) != 1 else 'is'} not {model}'s and that no optimizer steps "
+            f"({describe_steps(steps, run.last_step)}{in_ops})")
+    fix = FIX
+    if len(nodes) == len(run.params):
+        # as many as the model has: a copy of it (a DQN's target network, a teacher made with
+        # copy.deepcopy) run with autograd on, more often than a forgotten ModuleList
+        message = (f"{head}: as many as {model} has -- a copy of the model (a target network or a teacher made "
+                   "with copy.deepcopy) run with autograd on: its targets build a graph into the copy's weights "
+                   "and fill their .grad, which nothing uses. (A submodule kept in a plain Python list or dict "
+                   "looks the same: not registered, never trained.)")
+        fix = FIX_COPY
+    else:
+        message = (f"{head}: a submodule kept in a plain Python list or dict is not registered, so "
+                   "model.parameters() and the optimizer miss it -- it never trains, and its .grad keeps growing.")
     targets = [FindingTarget(step=step, rank=run.rank, node=n) for n in nodes]
-    return [make("P1", "warning", message, FIX, steps, rank=run.rank, targets=targets,
+    return [make("P1", "warning", message, fix, steps, rank=run.rank, targets=targets,
                  modules=[m for m in modules if m], title="Parameters outside the model")]

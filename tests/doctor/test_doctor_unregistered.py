@@ -4,6 +4,7 @@ A GAN's other model, which its own optimizer steps, is not that."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +115,26 @@ def test_a_decoder_stepped_after_the_watched_encoder_is_not_outside(tmp_path: Pa
     assert not any(n.get("unregistered") for g in graphs for n in g["nodes"])
     assert [f for f in diagnose(events) if f.get("title") == "Parameters outside the model"] == []
     assert len([e for e in events if e["kind"] == "step"]) == 4
+
+
+def test_a_target_network_run_with_autograd_on_is_told_as_a_copy_of_the_model(tmp_path: Path) -> None:
+    """A DQN's target network, ``copy.deepcopy(policy)``, run without ``no_grad`` for the
+    targets: as many outside parameters as the model has, so the finding leads with a copy of
+    the model and its fix with ``no_grad``."""
+    torch.manual_seed(0)
+    policy = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2))
+    target_net = copy.deepcopy(policy)
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    path = tmp_path / "dqn.tscope"
+    with torchscope.watch(policy, opt, server=None, record=path):
+        for _ in range(6):
+            s, a, r, s2 = torch.randn(16, 4), torch.randint(0, 2, (16, 1)), torch.randn(16), torch.randn(16, 4)
+            q = policy(s).gather(1, a).squeeze(1)
+            target = r + 0.99 * target_net(s2).max(1).values  # the tutorial's no_grad forgotten
+            opt.zero_grad()
+            F.smooth_l1_loss(q, target).backward()
+            opt.step()
+    assert all(p.grad is not None for p in target_net.parameters())  # plain PyTorch: the copy got gradients
+    (f,) = [dict(f) for f in diagnose(iter_events(path)) if f["title"] == "Parameters outside the model"]
+    assert "as many as Sequential has -- a copy of the model" in f["message"], f["message"]
+    assert f["fix"].startswith("Run the copy without autograd")
