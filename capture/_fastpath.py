@@ -17,6 +17,7 @@ all but captured steps.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -58,12 +59,16 @@ class FastPathGuard:
             h.remove()
         self.handles = []
 
+    # Global hooks run in every module call of the process, the user's own code's included: they
+    # must never raise into it (at worst a fast path is not taken, as before this guard).
     def _pre(self, module: nn.Module, args: Any) -> None:
         if isinstance(module, FAST_PATHS):
-            # an inner one (a layer of a taken encoder) finds none of them on the stack
-            self.taken.stack.append([m for m in self.modes() if remove_mode(m)])
+            with contextlib.suppress(Exception):
+                # an inner one (a layer of a taken encoder) finds none of them on the stack
+                self.taken.stack.append([m for m in self.modes() if remove_mode(m)])
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
         if isinstance(module, FAST_PATHS) and self.taken.stack:
-            for m in reversed(self.taken.stack.pop()):
-                insert_mode(m)
+            with contextlib.suppress(Exception):
+                for m in reversed(self.taken.stack.pop()):
+                    insert_mode(m)
