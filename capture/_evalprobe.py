@@ -1,8 +1,8 @@
 """Functional dropout left on in eval mode (P11).
 
 ``F.dropout(x, 0.5)`` in a module's ``forward`` drops activations whatever the module's mode:
-the function's ``training`` argument defaults to True, and nothing ties it to
-``model.eval()`` unless the call passes ``training=self.training``.  An evaluation of such a
+the function's ``training`` argument defaults to True, and nothing ties it to the model's
+eval mode unless the call passes ``training=self.training``.  An evaluation of such a
 model is randomised, and no module of it says so -- nn.Dropout modules follow the mode, the
 function does not.
 
