@@ -104,6 +104,9 @@ def _mode_inert(m: nn.Module) -> bool:
 
 # activation-gradient slot whose hook has not run yet (no row: left out of the step's event)
 _NO_STATS: tuple[float, ...] = ()
+# a module's calls in one step whose output gradients are watched (an RNN cell over 1,000 time
+# steps: a hook each on the first 32, told as one row with their count)
+ACT_CALLS = 32
 _STATS_DTYPES = (torch.float32, torch.float64)
 
 
@@ -291,6 +294,7 @@ class _StepState:
         "act_slots",
         "act_epoch",
         "act_numel",
+        "act_calls",
         "fwd_t0",
         "saved_now",
         "checked",
@@ -370,13 +374,14 @@ class _StepState:
         # the latest forward's floating-point inputs, weakly: read only at a first NaN/Inf loss
         # (_inputs_at_bad_loss), while the loop still holds its batch
         self.in_refs: list[weakref.ref[torch.Tensor]] = []
-        # module path -> [norm, min, max, non-zeros(, nan, inf)]: floats from the native pass, or
-        # a tensor on the gradient's device, read at the step's end
-        self.act_grads: dict[str, torch.Tensor | tuple[float, ...]] = {}
+        # (module path, its call in the step) -> [norm, min, max, non-zeros(, nan, inf)]: floats
+        # from the native pass, or a tensor on the gradient's device, read at the step's end
+        self.act_grads: dict[tuple[str, int], torch.Tensor | tuple[float, ...]] = {}
         self.native = _native.loaded()  # the extension, looked up once a step, not per module
-        self.act_slots: list[str] = []  # module paths whose statistics the native hooks take, by slot
+        self.act_slots: list[tuple[str, int]] = []  # the calls whose statistics the native hooks take, by slot
         self.act_epoch = 0  # their hooks' epoch (_native.next_epoch), 0 before the first
-        self.act_numel: dict[str, int] = {}
+        self.act_numel: dict[tuple[str, int], int] = {}
+        self.act_calls: dict[str, int] = {}  # module path -> its calls watched this step
         self.fwd_t0: float | None = None  # the root forward's start (_on_forward_pre)
         self.saved_now = 0  # saved-for-backward bytes of the latest backward
         # the one-value tensor of the graph the loop last checked with isfinite/isnan/isinf (its
@@ -411,6 +416,31 @@ def _token_reached(token: int) -> bool:
 
 def _no_module(op: int) -> str:
     return ""
+
+
+def _activation_row(path: str, rows: list[tuple[list[float], int]]) -> ActivationGrad:
+    """One module's output-gradient statistics from its calls' rows ``[norm, min, max,
+    non-zeros(, nan, inf)]`` and element counts: the norm of all of them together, the largest
+    magnitude, the fraction of zeros among all their elements."""
+    norm = math.sqrt(sum(r[0] * r[0] for r, _ in rows))
+    lo, hi = min(r[1] for r, _ in rows), max(r[2] for r, _ in rows)
+    if any(math.isnan(r[1]) or math.isnan(r[2]) for r, _ in rows):
+        lo = hi = math.nan  # min()/max() skip past a NaN; aminmax, like abs().max(), does not
+    numel = sum(n for _, n in rows)
+    nonzero = sum(r[3] for r, _ in rows)
+    a: ActivationGrad = {
+        "module": path,
+        "norm": norm,
+        "max_abs": math.nan if math.isnan(lo) else max(abs(lo), abs(hi)),
+        "zero_frac": 1.0 - nonzero / numel if numel else 0.0,
+    }
+    if all(len(r) == 6 for r, _ in rows):
+        a["nan"], a["inf"] = int(sum(r[4] for r, _ in rows)), int(sum(r[5] for r, _ in rows))
+    elif math.isfinite(norm):  # a finite norm: no NaN or Inf anywhere in the gradients
+        a["nan"] = a["inf"] = 0
+    if len(rows) > 1:
+        a["calls"] = len(rows)
+    return a
 
 
 def _first_tensor(x: Any) -> torch.Tensor | None:
@@ -1301,13 +1331,20 @@ class Watch:
             self._safe("activation_grads", self._watch_activation, path, out)
 
     def _watch_activation(self, path: str, out: Any) -> None:
-        """On captured steps: statistics of the gradient flowing into this module's output."""
+        """On captured steps: statistics of the gradient flowing into this module's output, of
+        each of its calls (an RNN cell over the time steps, a block shared by two branches, the
+        micro-batches' forwards) up to ``ACT_CALLS``, told together at the step's end."""
         s = self._s
         t = _first_tensor(out)
-        if t is None or not t.requires_grad or path in s.act_grads or not t.is_floating_point():
+        if t is None or not t.requires_grad or not t.is_floating_point():
             return
-        s.act_grads[path] = _NO_STATS  # a shared placeholder: no tensor op inside the recorded step
-        s.act_numel[path] = t.numel()
+        call = s.act_calls.get(path, 0)
+        if call >= ACT_CALLS:
+            return
+        s.act_calls[path] = call + 1
+        key = (path, call)
+        s.act_grads[key] = _NO_STATS  # a shared placeholder: no tensor op inside the recorded step
+        s.act_numel[key] = t.numel()
         ext = s.native
         if ext is not None:
             # a C++ pre-hook on the output's node takes them in the backward (CPU tensors;
@@ -1315,7 +1352,7 @@ class Watch:
             if s.act_epoch == 0:
                 s.act_epoch = _native.next_epoch()
             if ext.watch_grad(t, s.act_epoch, len(s.act_slots)):
-                s.act_slots.append(path)
+                s.act_slots.append(key)
                 return
 
         def hook(g: torch.Tensor, s: _StepState = s) -> None:
@@ -1328,7 +1365,7 @@ class Watch:
                 except Exception:  # a tensor pybind cannot take (a subclass): the torch path
                     r = None
                 if r is not None:
-                    s.act_grads[path] = r
+                    s.act_grads[key] = r
                     return
             # Otherwise torch ops that no Python mode sees (both C guards are cheap; a tensor
             # subclass that needs its mode fails here and is skipped), as few passes as possible
@@ -1345,7 +1382,7 @@ class Watch:
                     parts = [torch.linalg.vector_norm(gf), lo, hi, count_nonzero(gf).to(gf.dtype)]
                     if s.check_nan:
                         parts += [torch.isnan(gf).sum().to(gf.dtype), torch.isinf(gf).sum().to(gf.dtype)]
-                    s.act_grads[path] = torch.stack(parts)
+                    s.act_grads[key] = torch.stack(parts)
             except Exception:
                 pass
 
@@ -2712,30 +2749,17 @@ class Watch:
         if s.act_slots and ext is not None:
             for slot, row in ext.take_grads(s.act_epoch):
                 s.act_grads[s.act_slots[slot]] = row
-        items = [(p, v) for p, v in s.act_grads.items() if len(v) >= 4]
+        items = [(k, v) for k, v in s.act_grads.items() if len(v) >= 4]
         if not items:
             return []
         # the torch path's tensors are read with one transfer; the native pass's are floats
         stacked = [v for _, v in items if isinstance(v, torch.Tensor)]
         read = iter(torch.cat([v.to(stacked[0].device, torch.float64) for v in stacked]).tolist() if stacked else [])
-        out: list[ActivationGrad] = []
-        for path, v in items:
-            row = [next(read) for _ in range(len(v))] if isinstance(v, torch.Tensor) else v
-            norm, lo, hi, nonzero = row[:4]
-            numel = s.act_numel.get(path, 0)
-            a: ActivationGrad = {
-                "module": path,
-                "norm": norm,
-                # NaN propagates through aminmax, as it would through abs().max()
-                "max_abs": math.nan if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi)),
-                "zero_frac": 1.0 - nonzero / numel if numel else 0.0,
-            }
-            if len(row) == 6:
-                a["nan"], a["inf"] = int(row[4]), int(row[5])
-            elif math.isfinite(norm):  # a finite norm: no NaN or Inf anywhere in the gradient
-                a["nan"] = a["inf"] = 0
-            out.append(a)
-        return out
+        calls: dict[str, list[tuple[list[float], int]]] = {}  # module path -> its calls' rows, numels
+        for key, v in items:
+            row = [next(read) for _ in range(len(v))] if isinstance(v, torch.Tensor) else list(v)
+            calls.setdefault(key[0], []).append((row, s.act_numel.get(key, 0)))
+        return [_activation_row(path, rows) for path, rows in calls.items()]
 
     def _graph_event(self, s: _StepState) -> GraphEvent:
         g = s.graph

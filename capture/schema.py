@@ -125,6 +125,7 @@ class ActivationGrad(TypedDict, total=False):
     zero_frac: float
     nan: int  # counted on steps after a non-finite one; 0 when norm is finite; absent otherwise
     inf: int
+    calls: int  # the module's calls in the step these gather (up to 32), when more than one
 
 
 class ForwardInfo(TypedDict, total=False):

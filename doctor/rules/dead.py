@@ -54,8 +54,9 @@ def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], di
 def _dead_activations(run: Run, settings: Settings) -> dict[str, list[int]]:
     """Modules whose output's gradient was (almost) all zeros, by step -- unless a parameter of
     the module learned that step: its output got a gradient in some pass.  A step's output
-    statistics are one forward's, and a WGAN-GP critic's last forward is the gradient penalty's
-    ``D(x_hat)``, whose double backward leaves exact zeros at a LeakyReLU's input."""
+    statistics gather its calls' (up to 32), and one of them may be all but zeros where
+    another is not: a WGAN-GP critic's gradient penalty ``D(x_hat)``, whose double backward
+    leaves exact zeros at a LeakyReLU's input."""
     dead: dict[str, list[int]] = {}
     for step, ev in applied_steps(run):
         learning: set[str] | None = None

@@ -1,0 +1,115 @@
+"""A module called several times in one step: its output gradient is all its calls' together.
+
+An RNN cell unrolled over the time steps, one block applied to two branches, a layer run on
+each micro-batch: the gradient flowing out of the module is every call's, not the first
+call's only.  Checked against tensor hooks the test registers on every call's output, with and
+without the native extension (its C++ pass and the torch path take the statistics apart).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import torchscope
+from torchscope.sessionfile import iter_events
+
+STEPS_T = 6  # the cell's calls per forward
+LONG_T = 40  # past the calls watched per module (ACT_CALLS)
+
+
+class Unrolled(nn.Module):
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.steps = steps
+        self.cell = nn.RNNCell(4, 8)
+        self.shared = nn.Linear(8, 8)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros(x.shape[0], 8)
+        for t in range(self.steps):
+            h = self.cell(x[:, t % x.shape[1]], h)
+        # one block, two branches: its two calls' gradients differ
+        return self.head(torch.relu(torch.cat([self.shared(h), self.shared(h * 2 - 1)], dim=1)))
+
+
+def _train(tmp_path: Path, steps_t: int, accum: int) -> tuple[list[dict[str, Any]], list[dict[str, list[torch.Tensor]]]]:
+    torch.manual_seed(0)
+    model = Unrolled(steps_t)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    by_hand: list[dict[str, list[torch.Tensor]]] = []
+
+    def keep(path: str) -> Any:
+        def fwd_hook(m: nn.Module, args: Any, out: torch.Tensor) -> None:
+            grads = by_hand[-1].setdefault(path, [])
+            out.register_hook(lambda g: grads.append(g.detach().clone()))
+
+        return fwd_hook
+
+    for path in ("cell", "shared", "head"):
+        model.get_submodule(path).register_forward_hook(keep(path))
+    path = tmp_path / "unrolled.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for _ in range(3):
+            by_hand.append({})
+            opt.zero_grad()
+            for _ in range(accum):
+                x, y = torch.randn(5, 3, 4), torch.randint(0, 3, (5,))
+                (nn.functional.cross_entropy(model(x), y) / accum).backward()
+            opt.step()
+    return list(iter_events(path)), by_hand
+
+
+def _expected(grads: list[torch.Tensor]) -> dict[str, float]:
+    flat = torch.cat([g.flatten() for g in grads]).double()
+    return {
+        "norm": flat.norm().item(),
+        "max_abs": flat.abs().max().item(),
+        "zero_frac": (flat == 0).double().mean().item(),
+    }
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_every_call_of_a_module_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    events, by_hand = _train(tmp_path, STEPS_T, accum=2)
+    steps = [e for e in events if e["kind"] == "step"]
+    assert len(steps) == 3
+    for st, hand in zip(steps, by_hand, strict=True):
+        got = {a["module"]: a for a in st["activation_grads"]}
+        # the cell: 6 calls in each of 2 micro-batches; the shared block: 2 in each
+        assert len(hand["cell"]) == 2 * STEPS_T and len(hand["shared"]) == 4 and len(hand["head"]) == 2
+        for path, grads in hand.items():
+            a = got[path]
+            want = _expected(grads)
+            assert a["norm"] == pytest.approx(want["norm"], rel=1e-5)
+            assert a["max_abs"] == pytest.approx(want["max_abs"], rel=1e-6)
+            assert a["zero_frac"] == pytest.approx(want["zero_frac"], abs=1e-9)
+            assert a["nan"] == 0 and a["inf"] == 0
+            assert a["calls"] == len(grads)
+        # the first call alone is not the answer (the test could tell the two apart)
+        first = hand["shared"][0].double().norm().item()
+        assert not math.isclose(got["shared"]["norm"], first, rel_tol=1e-3)
+        # the zeros the ReLU after it leaves are counted over both branches' outputs
+        assert 0 < got["shared"]["zero_frac"] < 1
+
+
+def test_a_long_unrolled_cell_is_capped(tmp_path: Path) -> None:
+    """Past ACT_CALLS calls in a step, the rest go unwatched (no hook each): the row gathers
+    the first ones, and says how many."""
+    from torchscope._watch import ACT_CALLS
+
+    assert LONG_T > ACT_CALLS
+    events, by_hand = _train(tmp_path, LONG_T, accum=1)
+    for st, hand in zip([e for e in events if e["kind"] == "step"], by_hand, strict=True):
+        cell = next(a for a in st["activation_grads"] if a["module"] == "cell")
+        assert cell["calls"] == ACT_CALLS
+        # the hooks of the test see the gradients in backward order: the latest call first
+        first_calls = list(reversed(hand["cell"]))[:ACT_CALLS]
+        assert cell["norm"] == pytest.approx(_expected(first_calls)["norm"], rel=1e-5)
