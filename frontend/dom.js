@@ -47,9 +47,20 @@ export function fmtShort(x) {
   return a >= 1e4 || a < 1e-3 ? x.toExponential(2) : String(+x.toPrecision(3));
 }
 
+// Two significant digits under 10 µs: most views and reshapes take well under a microsecond,
+// and "0 µs" for a measured 0.47 µs read as the time overlay's zero (an op not timed at all).
 export function fmtUs(us) {
   if (us === undefined || us === null) return "–";
+  if (us > 0 && us < 10) return `${+us.toPrecision(2)} µs`;
   return us >= 1e6 ? `${(us / 1e6).toFixed(2)} s` : us >= 1e3 ? `${(us / 1e3).toFixed(1)} ms` : `${us.toFixed(0)} µs`;
+}
+
+// A module path as the views name it: "(root)" for the model itself, and a numbered child of
+// an nn.Sequential / nn.ModuleList ("0", "layers.3") with its type ("0 (Conv2d)"): an index
+// alone says nothing of what the module is.
+export function moduleLabel(path, type) {
+  if (!path) return "(root)";
+  return type && /(^|\.)\d+$/.test(path) ? `${path} (${type})` : path;
 }
 
 export function fmtTime(t) {

@@ -42,6 +42,15 @@ export function frameTitle(ctx, f, width) {
   return fits("…" + own) ? fit(ctx, whole, width, 0) : fit(ctx, own, width, 1 / 2);
 }
 
+// A collapsed module's label ("blocks: TransformerEncoder  ≡ 0") cut to ``width``: its name
+// and its "≡ n" kept, its type cut at the end ("blocks: TransformerEnc…"); cut in the
+// middle as one string it read "blocks: …nsformerEncoder".
+export function groupLabel(ctx, it, width) {
+  if (!it.type || ctx.measureText(it.label).width <= width) return fit(ctx, it.label, width);
+  const head = `${it.name}: `, room = width - ctx.measureText(head + it.mark).width;
+  return room >= ctx.measureText("Xxx…").width ? head + fit(ctx, it.type, room, 1) + it.mark : fit(ctx, it.label, width);
+}
+
 export class GraphCanvas {
   constructor(canvas, { onSelect, onDblClick, topInset = () => 0 }) {
     this.canvas = canvas;
@@ -117,16 +126,32 @@ export class GraphCanvas {
     const all = this.overviewView();
     const start = this.startPoint();
     if (all.scale >= TEXT_MIN_SCALE || !start) return all;
-    const width = this.scene.width;
-    const scale = Math.max(TEXT_MIN_SCALE, Math.min(1, (this.w - 40) / Math.max(width, 1)));
-    // wider than the canvas even so: the first op in the middle, no margin beyond the graph's edges
-    const tx = width * scale <= this.w - 40 ? (this.w - width * scale) / 2
-      : Math.min(20, Math.max(this.w - 20 - width * scale, this.w / 2 - start[0] * scale));
     // what lies above the start (side by side: the end of a backward column a few rows taller
     // than the forward) is in view too when it is short: cut by a row, the top of the backward
     // read as lost; a tall one stays above, where the overview shows it
-    const top = start[1] * scale <= (this.h - this.topInset()) / 5 ? 0 : start[1];
-    return { scale, tx, ty: 20 + this.topInset() - top * scale };
+    const inset = this.topInset(), room = this.h - 40 - inset;
+    const topAt = (s) => (start[1] * s <= (this.h - inset) / 5 ? 0 : start[1]);
+    // Fitted to the width of what the first screen shows, not the whole graph's: in full mode
+    // the last rows (the "(outside modules)" backward group: a detach per AccumulateGrad, a
+    // dozen a row) are the widest, 35,000 px below, and fitting them left both columns small
+    // with a third of the canvas empty.  The band is the one seen at the label zoom (the
+    // tallest a fitted view shows), so what it holds fits at any larger zoom too.
+    const [x0, x1] = this.extentAcross(topAt(TEXT_MIN_SCALE), start[1] + room / TEXT_MIN_SCALE);
+    const width = x1 - x0;
+    const scale = Math.max(TEXT_MIN_SCALE, Math.min(1, (this.w - 40) / Math.max(width, 1)));
+    // wider than the canvas even so: the first op in the middle, no margin beyond the band's edges
+    const tx = width * scale <= this.w - 40 ? this.w / 2 - (x0 + x1) / 2 * scale
+      : Math.min(20 - x0 * scale, Math.max(this.w - 20 - x1 * scale, this.w / 2 - start[0] * scale));
+    return { scale, tx, ty: 20 + inset - topAt(scale) * scale };
+  }
+
+  // The horizontal extent (world x0, x1) of the boxes and frames across rows y0..y1.
+  extentAcross(y0, y1) {
+    let x0 = Infinity, x1 = -Infinity;
+    const take = (b) => { if (b[1] < y1 && b[1] + b[3] > y0) { x0 = Math.min(x0, b[0]); x1 = Math.max(x1, b[0] + b[2]); } };
+    for (const it of this.scene.items) take(it.box);
+    for (const f of this.scene.frames) take(f.box);
+    return x0 <= x1 ? [x0, x1] : [0, this.scene.width];
   }
 
   // Where the step starts, in world coordinates: the centre of its first item in execution
@@ -153,17 +178,22 @@ export class GraphCanvas {
     this.show(there ? this.overviewView() : v);
   }
 
-  // Centre boxes[0] at a readable zoom; with the other boxes when all of them fit on the
-  // canvas at a zoom where labels are drawn (a grad_fn node and the forward op that created
-  // it, one column apart), zooming out that far if need be.  The canvas below the status
-  // line floating over its top counts.
-  centerOn(boxes, minScale = 0.8) {
-    const x0 = Math.min(...boxes.map((b) => b[0])), x1 = Math.max(...boxes.map((b) => b[0] + b[2]));
-    const y0 = Math.min(...boxes.map((b) => b[1])), y1 = Math.max(...boxes.map((b) => b[1] + b[3]));
+  // Centre ``must`` (boxes) at a readable zoom, zooming out as far as it takes to show all of
+  // them (a finding's targets: an in-place op and the grad_fn that needed the value it
+  // overwrote, rows and a column apart); with ``extra`` too when everything fits at a zoom
+  // where labels are drawn (a grad_fn node and the forward op that created it, one column
+  // away).  The canvas below the status line floating over its top counts.
+  centerOn(must, minScale = 0.8, extra = []) {
     const top = this.topInset(), room = this.h - top;
-    const all = Math.min((this.w - 40) / (x1 - x0), (room - 40) / (y1 - y0));
-    let s = Math.max(this.scale, minScale), box = boxes[0];
-    if (all >= TEXT_MIN_SCALE) { s = Math.min(s, all); box = [x0, y0, x1 - x0, y1 - y0]; }
+    const bbox = (bs) => {
+      const x0 = Math.min(...bs.map((b) => b[0])), y0 = Math.min(...bs.map((b) => b[1]));
+      return [x0, y0, Math.max(...bs.map((b) => b[0] + b[2])) - x0, Math.max(...bs.map((b) => b[1] + b[3])) - y0];
+    };
+    const fits = (b) => Math.min((this.w - 40) / Math.max(b[2], 1), (room - 40) / Math.max(b[3], 1));
+    const want = Math.max(this.scale, minScale);
+    let box = bbox([...must, ...extra]);
+    if (!extra.length || fits(box) < TEXT_MIN_SCALE) box = bbox(must);
+    const s = Math.max(MIN_SCALE, Math.min(want, fits(box)));
     this.scale = s;
     this.tx = this.w / 2 - (box[0] + box[2] / 2) * s;
     this.ty = top + room / 2 - (box[1] + box[3] / 2) * s;
@@ -255,7 +285,7 @@ export class GraphCanvas {
       if (text) {
         const ink = it.color ? inkOn(it.color) : null; // an overlay's fill: text that contrasts with it
         ctx.fillStyle = ink ? ink[0] : th.text;
-        if (it.fitLabel === undefined) it.fitLabel = fit(ctx, it.label, b[2] - 10);
+        if (it.fitLabel === undefined) it.fitLabel = it.group !== undefined ? groupLabel(ctx, it, b[2] - 10) : fit(ctx, it.label, b[2] - 10);
         ctx.fillText(it.fitLabel, b[0] + 5, b[1] + 14);
         ctx.fillStyle = ink ? ink[1] : th.sub; ctx.font = "10px system-ui, sans-serif";
         if (it.fitSub === undefined) it.fitSub = fit(ctx, it.sub, b[2] - 10);
@@ -265,8 +295,12 @@ export class GraphCanvas {
     }
     ctx.globalAlpha = 1;
     // the selected node's link to its op / grad_fn, over the boxes: it crosses the column
-    // between them, and under the boxes there it was lost
-    ctx.strokeStyle = th.edge[2]; ctx.lineWidth = Math.max(1.5 * lw, 1.5);
+    // between them, and under the boxes there it was lost.  Cased in the canvas's colour: over
+    // a grey box (a view's 0 B, an op's 0 µs) the dark theme's grey dashes were invisible
+    const linkW = Math.max(1.5 * lw, 1.5);
+    ctx.strokeStyle = th.bg; ctx.lineWidth = linkW + 3 * lw;
+    ctx.stroke(sc.linkPath);
+    ctx.strokeStyle = th.edge[2]; ctx.lineWidth = linkW;
     ctx.setLineDash([6 / this.scale, 4 / this.scale]); // dashes in screen pixels
     ctx.stroke(sc.linkPath);
     ctx.setLineDash([]);

@@ -226,7 +226,8 @@ function buildBase(model, layout, st, css) {
     const color = colorOf ? (v !== undefined ? colorOf(v) : none())
       : cv(G.phase === "backward" ? "--group-bwd" : "--group-fwd");
     // "≡ 0": same structure as sibling 0 (repeated blocks)
-    const it = { key: "g:" + G.key, group: g, rep: r, order: firstLeaf.get(r), box, label: `${G.label}${mtype ? ": " + mtype : ""}${G.repeatOf ? "  ≡ " + groups[G.repeatOf].label : ""}`,
+    const mark = G.repeatOf ? "  ≡ " + groups[G.repeatOf].label : "";
+    const it = { key: "g:" + G.key, group: g, rep: r, order: firstLeaf.get(r), box, label: `${G.label}${mtype ? ": " + mtype : ""}${mark}`, name: G.label, type: mtype, mark,
                  sub: `${G.count} ${G.phase === "backward" ? "node" : "op"}${G.count === 1 ? "" : "s"} · ${G.path}`, color, hi: false, cut: false };
     items.push(it); byKey.set(it.key, it);
   }

@@ -323,9 +323,11 @@ export class GraphView {
     clear(this.legend);
     const lg = this.scene.legend;
     if (!lg) {
-      for (const [name, v] of [["forward op", "--op-fwd"], ["grad_fn node, backward op", "--op-bwd"], ["AccumulateGrad", "--op-acc"], ["module (collapsed)", "--group-fwd"]]) {
+      for (const [name, v] of [["forward op", "--op-fwd"], ["grad_fn node, backward op", "--op-bwd"], ["AccumulateGrad", "--op-acc"]]) {
         this.legend.append(legendItem(`var(${v})`, name));
       }
+      // a collapsed module is a box in each column: its forward's colour and its backward's
+      this.legend.append(legendItem("linear-gradient(90deg, var(--group-fwd) 50%, var(--group-bwd) 50%)", "module, collapsed (forward | backward)"));
       this.legend.append(h("span", { class: "muted" }, "≡ n: same structure as sibling n"));
     } else if (lg.kind === "cats") {
       for (const [k, c] of lg.entries) this.legend.append(legendItem(c, k));
@@ -443,12 +445,14 @@ export class GraphView {
 
   // The selected item in the middle, and with it, for a grad_fn node, the forward op that
   // created it (a finding about the node highlights both; the op is one column away).
-  centerOnSelected() {
+  // ``also``: more keys that must be in view with it (a finding's other targets).
+  centerOnSelected(also = []) {
     const it = this.scene.byKey.get(this.selectedVisibleKey());
     if (!it) return;
     const l = this.model.byKey.get(this.selected);
     const op = l && l.kind === "node" && l.rec.op !== undefined && l.rec.op !== null ? this.scene.byKey.get(this.visibleKey("o" + l.rec.op)) : null;
-    this.canvas.centerOn(op && op !== it ? [it.box, op.box] : [it.box]);
+    const more = new Set(also.map((k) => this.scene.byKey.get(this.visibleKey(k))).filter((x) => x && x !== it));
+    this.canvas.centerOn([it.box, ...[...more].map((x) => x.box)], 0.8, op && op !== it && !more.has(op) ? [op.box] : []);
   }
 
   togglePath(key) {
@@ -470,7 +474,12 @@ export class GraphView {
     const first = [...keys].find((k) => this.model.byKey.has(k));
     this.keepHighlight = true;
     this.highlight = keys;
-    if (first) await this.select(first, true); else this.redraw();
+    if (!first) { this.redraw(); return; }
+    // the first target selected, and every target in view: P8's in-place op and the grad_fn
+    // whose saved tensor it overwrote are rows and a column apart, and centred on the op the
+    // grad_fn was off the canvas
+    await this.select(first);
+    if (this.scene && this.selected === first) this.centerOnSelected([...keys].filter((k) => this.model.byKey.has(k)));
   }
 
   stepBy(d) {
