@@ -75,6 +75,7 @@ MODES = ("default", "full", "light")
 # parts of the capture that only compute on tensors (no mode pushed or popped: see _safe)
 _PURE = frozenset({"grads", "activation_grads"})
 _MAX_OPS = 50_000  # per captured step; the rest is counted as shed
+_CALL_IMPL = nn.Module._call_impl.__code__  # the frame a module's call runs its hooks from
 _MAX_FORWARDS = 1024  # forwards (or backward passes) one step holds before it is closed anyway
 # input shapes whose saved bytes are remembered per structure: dynamic padding makes a shape
 # per sequence length, and a shape not remembered costs a walk of the graph
@@ -1030,6 +1031,8 @@ class Watch:
         if path is None:
             return
         model = self._model()
+        if self._entered is module and self._depth and not self._forward_running(module):
+            self._end_cut_forward()  # the call it began was cut short (see _end_cut_forward)
         if self._depth == 0 and model is not None and self._entered is None:
             if self._other_thread():
                 return
@@ -1077,6 +1080,8 @@ class Watch:
         return bool(scale._version != self._s.scale_version)
 
     def _on_forward_pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        if self._depth and not self._forward_running(module):
+            self._end_cut_forward()
         self._depth += 1
         if self._depth > 1:
             return  # the root called itself: one forward
@@ -1140,6 +1145,31 @@ class Watch:
         if s.capture and "ops" not in self._disabled:
             self._start_recorder(s, module)
         s.fwd_t0 = time.perf_counter()
+
+    def _forward_running(self, module: nn.Module | None) -> bool:
+        """Whether the forward the capture counts as running (``_depth``) is still on the
+        stack, asked only where one is counted: the model's call begun (or the submodule's
+        whose call began it) has a ``Module._call_impl`` frame besides the current call's."""
+        began = self._entered or self._model()
+        frame: Any = sys._getframe(1)
+        calls = 0
+        while frame is not None:
+            if frame.f_code is _CALL_IMPL and frame.f_locals.get("self") is began:
+                calls += 1
+            frame = frame.f_back
+        return calls > (1 if began is module else 0)
+
+    def _end_cut_forward(self) -> None:
+        """A forward that never returned nor raised an ``Exception``: a ``KeyboardInterrupt``
+        (a notebook's Stop, Ctrl-C) leaves ``Module.__call__`` without its ``always_call``
+        hooks, which torch runs for ``Exception`` only.  It is ended here, as one that returned
+        nothing, before the next one begins; otherwise every later forward would count as
+        nested in it and none would be recorded."""
+        model = self._model()
+        self._depth, self._entered = 1, None
+        if model is not None:
+            self._on_forward_post(model, None)
+        self._depth = 0
 
     def _on_forward_post(self, module: nn.Module, output: Any) -> None:
         self._depth -= 1
@@ -1695,6 +1725,8 @@ class Watch:
         return any(id(t) in ids for t in ts)
 
     def _before_backward(self, kind: str, args: Any, kwargs: dict[str, Any]) -> bool:
+        if self._depth and not self._forward_running(None):  # a backward after a forward cut short
+            self._end_cut_forward()
         if kind == "tensor":
             roots = [args[0]]
         else:

@@ -1,0 +1,126 @@
+"""A forward cut short by KeyboardInterrupt (a notebook's Stop button, Ctrl-C), then training
+goes on in the next cell.
+
+torch runs a module's ``always_call`` forward hooks when the forward raises an ``Exception``,
+not a ``KeyboardInterrupt``: the capture must notice the forward that never ended, or every
+later forward counts as nested in it and none is recorded (nor judged by the doctor).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 32)
+        self.drop = nn.Dropout(0.3)
+        self.b = nn.Linear(32, 2)
+        self.stop = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(torch.relu(self.a(x)))
+        if self.stop:
+            self.stop = False
+            raise KeyboardInterrupt  # what SIGINT does to a cell stopped mid-forward
+        return self.b(h)
+
+
+class Stoppable(nn.Linear):
+    stop = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if Stoppable.stop:
+            Stoppable.stop = False
+            raise KeyboardInterrupt
+        return super().forward(x)
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, forward: Any, steps: int, data: Any) -> None:
+    for _ in range(steps):
+        x, y = data()
+        opt.zero_grad()
+        nn.functional.cross_entropy(forward(x), y).backward()
+        opt.step()
+
+
+def _interrupted_run(tmp_path: Path, mode: str, watched: bool, evaluate: bool) -> tuple[Path, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
+    path = tmp_path / f"{mode}.tscope"
+    w = torchscope.watch(model, opt, server=None, record=path, mode=mode) if watched else None
+    _train(model, opt, model, 4, lambda: (x, y))
+    model.stop = True
+    with pytest.raises(KeyboardInterrupt):
+        _train(model, opt, model, 4, lambda: (x, y))
+    for _ in range(4):  # the next cells: epochs, each with an evaluation
+        model.train()
+        _train(model, opt, model, 4, lambda: (x, y))
+        model.eval()
+        if evaluate:
+            (model(x).argmax(1) == y).float().mean()  # without no_grad: a graph nobody uses (P6)
+    if w is not None:
+        w.close()
+    return path, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_forwards_after_a_stop_are_recorded(tmp_path: Path, mode: str) -> None:
+    path, params = _interrupted_run(tmp_path, mode, watched=True, evaluate=False)
+    _, plain = _interrupted_run(tmp_path / "plain", mode, watched=False, evaluate=False)
+    assert all(torch.equal(params[k], plain[k]) for k in plain)
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    assert len(steps) == 4 + 16
+    # the interrupted step's forward, and every one after it
+    assert [e["step"] for e in steps if not e.get("forwards")] == []
+    assert all(e["forwards"][-1].get("built_graph") for e in steps[5:])
+    if mode == "full":  # every step's graph has its forward ops
+        graphs = [e for e in iter_events(path) if e["kind"] == "graph"]
+        assert all(any(o["phase"] == "forward" for o in g["ops"]) for g in graphs[5:])
+
+
+def test_the_doctor_still_sees_the_evaluations_after_a_stop(tmp_path: Path) -> None:
+    path, _ = _interrupted_run(tmp_path, "default", watched=True, evaluate=True)
+    codes = {(f["code"], f["severity"]) for f in diagnose(iter_events(path))}
+    assert ("P6", "warning") in codes
+
+
+def test_a_forward_begun_by_a_submodule_and_stopped(tmp_path: Path) -> None:
+    """A loop that calls the model's layers itself (``for layer in model: h = layer(h)``): each
+    layer's call is a forward of the model; a Stop inside the last one cuts it short, and it
+    is told as a forward that built no graph, not merged with the next call of that layer."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), Stoppable(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+
+    def by_layers(h: torch.Tensor) -> torch.Tensor:
+        for layer in model:
+            h = layer(h)
+        return h
+
+    path = tmp_path / "layers.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        _train(model, opt, by_layers, 3, lambda: (x, y))
+        Stoppable.stop = True
+        with pytest.raises(KeyboardInterrupt):
+            _train(model, opt, by_layers, 1, lambda: (x, y))
+        _train(model, opt, by_layers, 6, lambda: (x, y))
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    assert len(steps) == 3 + 6
+    stopped = steps[3]["forwards"]
+    assert [f["built_graph"] for f in stopped[:3]] == [True, True, False]
+    for e in steps[4:]:  # three layers' calls each, every one with its graph
+        assert [f["built_graph"] for f in e["forwards"]] == [True, True, True]
