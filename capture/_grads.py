@@ -420,17 +420,26 @@ def nonzero_grads(params: Sequence[torch.Tensor | None]) -> tuple[list[int], boo
         return native
     present: list[int] = []
     gl: list[torch.Tensor] = []
+    nonzero: list[int] = []
+    seen = False  # any .grad at all
     for i, p in enumerate(params):
         g = None if p is None else p.grad
-        if g is not None and not g.is_sparse and g.numel() > 0:
+        if g is None:
+            continue
+        seen = True
+        if g.is_sparse:
+            # a sparse embedding's gradient (SparseAdam's) holds the rows it was given: rows left
+            # in it from the last step are gradients piling up (its zero_grad() forgotten)
+            if g._nnz() > 0:
+                nonzero.append(i)
+        elif g.numel() > 0:
             present.append(i)
             gl.append(g if type(g) is _TENSOR else local(g))
     if not gl:
-        return [], True, True
+        return nonzero, not seen, not nonzero
     by_dev: dict[torch.device, list[int]] = {}
     for k, g in enumerate(gl):
         by_dev.setdefault(g.device, []).append(k)
-    nonzero: list[int] = []
     for dev, ks in by_dev.items():
         on = [gl[k] for k in ks]
         if dev.type == "cpu":  # a zero_grad(set_to_none=False) loop pays this every step

@@ -258,6 +258,7 @@ class _StepState:
         "backward_errors",
         "zero_grad",
         "set_to_none",
+        "grad_mark",
         "accumulated",
         "step_began",
         "unregistered",
@@ -331,6 +332,9 @@ class _StepState:
         self.backward_errors: list[str] = []
         self.zero_grad = 0
         self.set_to_none = False
+        # (parameter index, its .grad's version counter) as the last backward left it: a
+        # zero_grad(set_to_none=False) before the next one moves it (see _grads_reset)
+        self.grad_mark: tuple[int, int] | None = None
         self.accumulated = 0  # backward passes summed into .grad since its last reset
         self.step_began: int | None = None  # backward passes before the optimizer's step() began
         # captured graph's AccumulateGrad records of Parameters not the model's, with the Parameter
@@ -990,6 +994,8 @@ class Watch:
         }
         if optimizer is not None:
             ev["optimizer"] = type(optimizer).__name__
+        if any(hasattr(p, "grad_sample") for p in model.parameters()):  # Opacus marks the trainable ones
+            ev["per_sample_grads"] = True
         return ev
 
     # ------------------------------------------------------------------ forward
@@ -2073,6 +2079,7 @@ class Watch:
             s.stats = self._safe("grads", self._grad_stats, s, [r() for r in self._params])
         returned = time.perf_counter()
         s.backward_us += (returned - t0) * 1e6
+        s.grad_mark = self._grad_mark()
         if self._gc_paused:
             self._resume_gc()
         if s.recorder is not None:
@@ -2397,7 +2404,25 @@ class Watch:
         opt = self._optimizer() if self._optimizer is not None else None
         other = set(self._not_stepped(opt, params)) if opt is not None else set()
         held = [p for i, p in enumerate(params) if p is not None and i not in other]
-        return all(p.grad is None for p in held)
+        if all(p.grad is None for p in held):
+            return True
+        # zero_grad(set_to_none=False) (an LBFGS closure's, Opacus's): the gradients are zeros
+        # written in place, which moved one's version counter; read them only then (a sync)
+        mark = self._s.grad_mark
+        p = params[mark[0]] if mark is not None and mark[0] < len(params) else None
+        g = p.grad if p is not None else None
+        if mark is None or g is None or g._version == mark[1]:
+            return False
+        return nonzero_grads(held)[2]
+
+    def _grad_mark(self) -> tuple[int, int] | None:
+        """The first parameter with a gradient, and that gradient's version counter."""
+        for i, r in enumerate(self._params):
+            p = r()
+            g = p.grad if p is not None else None
+            if g is not None:
+                return i, g._version
+        return None
 
     def _state_holder(self) -> Any:
         """Whose state is the optimizer state: the watched optimizer's, and that of the
@@ -3013,9 +3038,12 @@ def _pause_for_compile(on: bool) -> None:
 
 def _hookable(optimizer: Any) -> torch.optim.Optimizer | None:
     """The torch optimizer whose step hooks mark step boundaries: ``optimizer`` itself, or the
-    one a wrapper holds (accelerate's ``.optimizer``, Lightning's ``._optimizer``); None for a
-    hand-rolled optimizer.  A subclass that never ran ``Optimizer.__init__`` has no hooks."""
-    for o in (optimizer, getattr(optimizer, "optimizer", None), getattr(optimizer, "_optimizer", None)):
+    one a wrapper holds (accelerate's ``.optimizer``, Lightning's ``._optimizer``, Opacus's
+    ``.original_optimizer``, whose step sees the clipped and noised gradients the update
+    applies); None for a hand-rolled optimizer.  A subclass that never ran
+    ``Optimizer.__init__`` has no hooks."""
+    inner = ("optimizer", "_optimizer", "original_optimizer")
+    for o in (optimizer, *(getattr(optimizer, name, None) for name in inner)):
         if isinstance(o, torch.optim.Optimizer) and hasattr(o, "_optimizer_step_pre_hooks"):
             return o
     return None

@@ -72,6 +72,9 @@ class SessionEvent(TypedDict, total=False):
     modules: list[ModuleInfo]
     params: list[ParamInfo]
     optimizer: str  # class name, when an optimizer is watched
+    # the parameters carry per-sample gradients (Opacus's GradSampleModule): the update is made
+    # from those, clipped and summed by the optimizer itself, not from what .grad accumulates
+    per_sample_grads: bool
     settings: dict[str, object]  # capture settings in force (sample_every, ...)
 
 

@@ -383,7 +383,9 @@ py::object grads_nonzero(const py::list& params) {
     if (p == nullptr) continue;
     if (!p->is_leaf()) return py::none();
     const at::Tensor& g = p->grad();
-    if (!g.defined() || g.is_sparse() || g.numel() == 0) continue;
+    if (!g.defined()) continue;
+    if (g.is_sparse()) return py::none();  // the torch path counts a sparse gradient's rows
+    if (g.numel() == 0) continue;
     if (!readable(g)) return py::none();
     gl.push_back(g);
     at_idx.push_back(i);
