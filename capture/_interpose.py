@@ -119,8 +119,8 @@ class Interposer(TorchFunctionMode):
         if kind is None or kind == "arith":
             after = kind == "arith" and self.watch._after_update
             if not self.watch._probing and not after:
-                return func(*args, **kwargs)
-            out = func(*args, **kwargs)
+                return func(*args, **kwargs)  # torchscope runs your call unchanged
+            out = func(*args, **kwargs)  # torchscope runs your call unchanged
             if _compiling() or not torch.is_grad_enabled() or not _from_user():
                 return out
             if self.watch._probing and isinstance(out, torch.Tensor) and out.grad_fn is not None:
@@ -133,21 +133,21 @@ class Interposer(TorchFunctionMode):
                 if self.watch._scaler is not None:
                     self.watch._safe("amp", self.watch._on_clip)
                 if func is _VECTOR_NORM:  # clip_grad_norm_'s total: the norm before clipping
-                    out = func(*args, **kwargs)
+                    out = func(*args, **kwargs)  # torchscope runs your call unchanged
                     self.watch._safe("grads", self.watch._on_clip_norm, out, sys._getframe(1))
                     return out
                 if func is torch.clamp:
                     self.watch._safe("grads", self.watch._on_clip_with_norm, sys._getframe(1))
-            return func(*args, **kwargs)
+            return func(*args, **kwargs)  # torchscope runs your call unchanged
         if kind == "data":
             if not _compiling():
                 if self.watch._optimizer is None and args and id(args[0]) in self.watch._param_names:
                     self.watch._param_data_taken = True  # a hand-written update (_updated_by_hand)
                 if self.watch._capturing_ops and _from_user():
                     self.watch._safe("breaks", self.watch._on_break, "torch::Tensor.data", args[0])
-            return func(*args, **kwargs)
+            return func(*args, **kwargs)  # torchscope runs your call unchanged
         if _compiling():
-            return func(*args, **kwargs)
+            return func(*args, **kwargs)  # torchscope runs your call unchanged
         if kind == "tensor" or kind == "autograd" or kind == "grad":
             try:
                 # a user's traceback shows these lines, so their comments speak to the user
@@ -167,7 +167,7 @@ class Interposer(TorchFunctionMode):
             fresh = False
             copy = (isinstance(first, torch.Tensor) and torch.is_grad_enabled() and not self.watch._depth
                     and ((fresh := not first.requires_grad) or id(first) in self.watch._weight_copies))
-            out = func(*args, **kwargs)
+            out = func(*args, **kwargs)  # torchscope runs your call unchanged
             if copy and isinstance(first, torch.Tensor) and first.grad_fn is not None:
                 self.watch._safe("copies", self.watch._on_graph_copy, first, func, fresh)
             if self.watch._probing and isinstance(out, torch.Tensor) and out.grad_fn is not None and _from_user():
@@ -175,20 +175,20 @@ class Interposer(TorchFunctionMode):
             return out
         if kind == "scale":
             self.watch._safe("grads", self.watch._on_scale_update)
-            return func(*args, **kwargs)
+            return func(*args, **kwargs)  # torchscope runs your call unchanged
         if kind == "check":
             t = args[0] if args else None
             if isinstance(t, torch.Tensor) and t.grad_fn is not None and t.numel() == 1:
                 self.watch._safe("forward", self.watch._on_loss_check, t)
-            return func(*args, **kwargs)
+            return func(*args, **kwargs)  # torchscope runs your call unchanged
         if kind == "new_tensor":
             if _from_user():
                 self._copy_cut(func, args[1] if len(args) > 1 else kwargs.get("data"))
-            return func(*args, **kwargs)
+            return func(*args, **kwargs)  # torchscope runs your call unchanged
         if kind == "break":
             if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad and _from_user():
                 self.watch._safe("breaks", self.watch._on_break, _BREAKS[func], args[0])
-            return func(*args, **kwargs)
+            return func(*args, **kwargs)  # torchscope runs your call unchanged
         if self.watch._scaler is None and _caller_file().endswith(_SCALER_FILE):
             # GradScaler.scale() moves its scale to the loss's device: a scaler the user did not
             # pass to watch() (P14, skipped steps, the scale over time)
@@ -199,11 +199,11 @@ class Interposer(TorchFunctionMode):
         # names this frame, which _warnings renames after the user's
         rec = self.watch._s.recorder if self.watch._capturing_ops else None
         if rec is None:
-            out = func(*args, **kwargs)
+            out = func(*args, **kwargs)  # torchscope runs your call unchanged
         else:
             rec.explicit_casts += 1
             try:
-                out = func(*args, **kwargs)
+                out = func(*args, **kwargs)  # torchscope runs your call unchanged
             finally:
                 rec.explicit_casts -= 1
         if args and isinstance(args[0], torch.Tensor) and _from_user():

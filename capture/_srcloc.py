@@ -40,8 +40,23 @@ def _user_base(filename: str) -> str | None:
     if b == "":
         path = os.path.abspath(filename)
         internal = path.startswith(_SKIP_DIRS) or filename.startswith("<frozen") or _framework(path)
-        b = _base[filename] = None if internal else os.path.basename(filename)
+        b = _base[filename] = None if internal else (_cell_name(filename) or os.path.basename(filename))
     return b
+
+
+def _cell_name(filename: str) -> str | None:
+    """A notebook cell's name as IPython's tracebacks give it ("Cell In[8]"), for the file a
+    Jupyter kernel compiled it to (``/tmp/ipykernel_<pid>/<hash>.py``, whose name says nothing
+    to the user) or the terminal's ``<ipython-input-8-...>``; None for any other file."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return None
+    try:
+        shell = ipython.get_ipython()
+        count = shell.compile._filename_map.get(filename) if shell is not None else None
+    except Exception:  # another IPython's internals: the file's own name, as elsewhere
+        return None
+    return f"Cell In[{count}]" if isinstance(count, int) else None
 
 
 def _is_internal(filename: str) -> bool:

@@ -491,12 +491,18 @@ def _output_tensors(x: Any, limit: int = 8) -> list[torch.Tensor]:
 def _default_name(model: nn.Module) -> str:
     """The training script's name (``python train_gan.py`` -> ``train_gan``; a package's
     ``__main__.py`` -> the package), which tells runs apart where the model class often does not
-    (every ``nn.Sequential``); the class, lower-cased, where there is no script (a notebook, -c)."""
+    (every ``nn.Sequential``); a notebook's name; the class, lower-cased, where there is neither
+    (a console, -c)."""
     script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-") else ""
     stem = os.path.splitext(os.path.basename(script))[0]
     if stem == "__main__":
         stem = os.path.basename(os.path.dirname(os.path.abspath(script)))
-    if not stem or not os.path.isfile(script) or "ipykernel" in script:
+    if "ipykernel" in script or stem in ("ipython", "ipython3"):
+        # a notebook: its own name where the Jupyter server gave it to the kernel
+        notebook = os.environ.get("JPY_SESSION_NAME", "")
+        stem = os.path.splitext(os.path.basename(notebook))[0] if notebook.endswith(".ipynb") else ""
+        return stem or _class_name(model).lower()
+    if not stem or not os.path.isfile(script):
         return _class_name(model).lower()
     return stem
 

@@ -420,3 +420,30 @@ def test_a_dispatch_mode_of_the_loop_sees_only_the_loops_ops(
     assert run(True) == plain
     steps = [ev for ev in iter_events(tmp_path / "c.tscope") if ev["kind"] == "step"]
     assert len(steps) == 5 and steps[0]["graph_captured"] == (mode != "light")
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_user_forward_and_loss_errors_name_no_torchscope_line_but_one_that_says_so(tmp_path: Path, mode: str) -> None:
+    """A shape error in the loss (the function mode is on between forward and step) or in the
+    forward of a captured step (full mode's dispatch mode): each torchscope frame the traceback
+    shows is a line that says it runs the user's call unchanged."""
+    model, batch = make("mlp")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchscope.watch(model, opt, server=None, record=tmp_path / f"{mode}.tscope", mode=mode):
+        x, y = batch(0)
+        for _ in range(2):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        out = model(x)
+        with pytest.raises(RuntimeError, match="target") as in_loss:
+            nn.functional.cross_entropy(out, y[:, None].expand(-1, 3))
+        with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as in_forward:
+            model(x[:, :-1])
+    root = os.path.dirname(torchscope.__file__) + os.sep
+    for raised in (in_loss, in_forward):
+        ours = [f for f in traceback.extract_tb(raised.value.__traceback__) if f.filename.startswith(root)]
+        # the loss runs under the function mode (torch calls its frame); the forward only in full
+        # mode, under its dispatch mode (default mode's uncaptured forward runs with none)
+        assert ours or (raised is in_forward and mode == "default")
+        assert all(f.line and f.line.endswith("# torchscope runs your call unchanged") for f in ours), ours
