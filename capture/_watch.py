@@ -785,6 +785,17 @@ class Watch:
         if self._active and self._s.started:
             self._safe("step", self._close_step, False)
 
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Write what was recorded so far to the session file and wait for it (at most
+        ``timeout`` seconds; False if it took longer): for reading the run while it goes on,
+        from the same process -- a notebook's next cell.  ``torchscope.load()`` of this
+        watch's file calls it.  The open step, the one now running, is not in it."""
+        if not self._active or self._closed:
+            return True
+        if self._deferred is not None:  # the last closed step's statistics, still to be read
+            self._safe("step", self._finish_deferred)
+        return bool(self._transport.flush(timeout))
+
     def close(self) -> None:
         """End the session: flush the last step, write the end event.  Idempotent."""
         if self._closed or not self._active:
@@ -3022,6 +3033,14 @@ def _first_storage(t: torch.Tensor) -> int:
     return parts[0][0] if parts else 0
 # the active watch of each model (weak keys: a watch never keeps its model alive)
 _watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
+
+
+def flush_writers(path: str | os.PathLike[str]) -> None:
+    """``Watch.flush()`` of this process's running watches that write ``path``."""
+    want = os.path.abspath(path)
+    for w in list(_watching.values()):
+        if w.path is not None and os.path.abspath(w.path) == want:
+            w.flush()
 _paused_before: dict[int, bool] = {}  # id(recorder) -> its pause before a compile (_pause_for_compile)
 
 

@@ -146,7 +146,7 @@ class Session:
         if end is not None:
             status = end.get("status")
             return status if status in END_STATUSES else "finished"
-        return "running" if _writer_alive(self.meta) else "ended unexpectedly"
+        return "running" if writer_alive(self.meta) else "ended unexpectedly"
 
     @property
     def logs(self) -> list[dict[str, Any]]:
@@ -235,7 +235,7 @@ def _plain(frame: FrameInfo) -> bool:
     return not frame.flags & (FLAG_GRAPH | FLAG_SERIES)
 
 
-def _writer_alive(meta: dict[str, Any] | SessionEvent) -> bool:
+def writer_alive(meta: dict[str, Any] | SessionEvent) -> bool:
     """Is the process that wrote this file still running here?  Guards against pid reuse by
     comparing the process's start time with the session's (Linux /proc; elsewhere: no)."""
     pid, started = meta.get("pid"), meta.get("started_at")
@@ -255,5 +255,10 @@ def _writer_alive(meta: dict[str, Any] | SessionEvent) -> bool:
 
 
 def load(path: str | os.PathLike[str]) -> Session:
-    """Open a ``.tscope`` session file read-only; ``SessionFileError`` (one line) if it is not one."""
+    """Open a ``.tscope`` session file read-only; ``SessionFileError`` (one line) if it is not one.
+    A file a watch of this process is still writing is brought up to date first: a notebook
+    reads its run in the cell after the training one, before the writer's next flush."""
+    from ._watch import flush_writers  # the reader needs the capture only for this
+
+    flush_writers(path)
     return Session(path)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from torchscope.session import writer_alive
 from torchscope.sessionfile import (
     FLAG_GRAPH,
     FLAG_SERIES,
@@ -96,7 +97,7 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
         "status": (
             f"{end.get('status', 'finished')}" + (f" — {end['message']}" if end.get("message") else "")
             if end
-            else "ended unexpectedly"
+            else "running" if writer_alive(session) else "ended unexpectedly"
         ),
         "graphs captured": graphs,
         "size": _size(os.path.getsize(path)),
