@@ -5,7 +5,7 @@ import { SERIES, legendItem } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
 
 export class LineChart {
-  // opts: {title, fmt(y), onClick(index), height}
+  // opts: {title, fmt(y), onClick(index), height, xTitle}
   constructor(parent, opts = {}) {
     this.opts = opts;
     this.root = h("div", { class: "chart" });
@@ -86,7 +86,14 @@ export class LineChart {
       prevLabel = label;
     }
     const tick = Math.max(1, niceStep((xmax - xmin) / 6)); // steps are whole numbers
-    for (let v = Math.ceil(xmin / tick) * tick; v <= xmax; v += tick) ctx.fillText(String(v), X(v) - 8, H - 6);
+    // opts.xTitle: the x axis's name at its right end ("op # →"), the tick labels it would
+    // overlap left out
+    const xTitle = this.opts.xTitle, titleX = xTitle ? W - R - ctx.measureText(xTitle).width : Infinity;
+    if (xTitle) { ctx.fillText(xTitle, titleX, H - 6); this.axis.xTitle = xTitle; }
+    for (let v = Math.ceil(xmin / tick) * tick; v <= xmax; v += tick) {
+      const label = String(v), x = X(v) - 8;
+      if (x + ctx.measureText(label).width + 6 < titleX) ctx.fillText(label, x, H - 6);
+    }
     // series, decimated to min/max per pixel column
     const cols = Math.max(1, Math.floor(pw));
     // earlier series drawn wider: two equal series show both colours, not only the last one

@@ -8,6 +8,7 @@ import { LineChart } from "./chart.js";
 import { logScale, ZERO, rampLegend } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
 import { fit } from "./graph/render.js";
+import { ActivationGradsPanel } from "./activations.js";
 
 const NO_PARAMS = "The watched model has no parameters: tensors an optimizer trains outside the model are not watched.";
 
@@ -36,8 +37,12 @@ export class GradientsView {
     this.total = new LineChart(totalCol, { title: "‖grad‖₂ of all parameters together, per step (log scale; red dots: NaN/Inf)", vlines: mark, log: true });
     this.total.root.dataset.testid = "total-norm";
     this.clipNote = h("p", { "data-testid": "clip-note", hidden: true });
-    root.append(this.clipNote, h("h2", {}, "Gradient norm per module and step"), h("div", { class: "heat-wrap" }, this.heatLabels, this.heatScroll), this.heatHover, this.heatInfo,
-      h("h2", {}, "Chosen parameters"), this.pick);
+    root.append(this.clipNote, h("h2", {}, "Gradient norm per module and step"), h("div", { class: "heat-wrap" }, this.heatLabels, this.heatScroll), this.heatHover, this.heatInfo);
+    // one step's gradient w.r.t. each module's output, as it flows back through the layers
+    this.acts = new ActivationGradsPanel(root, app, (step) => { this.app.setState({ step }); this.focusOn(); });
+    root.append(h("h2", {}, "Chosen parameters"),
+      h("p", { class: "muted small", "data-testid": "param-pick-hint" }, "Ctrl-click (⌘-click on a Mac) to pick several parameters; Shift-click picks a range."),
+      this.pick);
     this.lines = new LineChart(root, { title: "‖grad‖ per step (red dots: NaN/Inf)", vlines: mark });
     root.append(h("h2", {}, "Parameters without a gradient"), this.noGrad);
     this.heat.addEventListener("click", (e) => this.onHeatClick(e));
@@ -49,7 +54,7 @@ export class GradientsView {
   // each drawn as it arrives.
   async load() {
     this.focus = this.app.state.step;
-    await Promise.all([this.loadGrads(), this.lossSeries.update().then(() => this.drawLoss())]);
+    await Promise.all([this.loadGrads(), this.lossSeries.update().then(() => this.drawLoss()), this.acts.load(this.focus)]);
   }
 
   async loadGrads() {
@@ -279,6 +284,7 @@ export class GradientsView {
     this.loss.draw();
     this.drawHeat();
     this.drawLines();
+    this.acts.load(this.focus).catch(() => {}); // (the server gone: the page's banner says so)
   }
 
   onStep() { (this.reload ||= coalesce(() => this.load(), 800))(); }
@@ -286,7 +292,7 @@ export class GradientsView {
     const notTrained = this.noGrad.querySelector("[data-testid=not-trained]");
     return { modules: this.modules || [], steps: this.g?.steps?.length || 0, noGrad: this.noGrad.textContent,
       chosen: [...this.pick.selectedOptions].map((o) => o.textContent), focus: this.focus, zeroCells: this.zeroCells,
-      legend: this.heatInfo.textContent, geom: this.heatGeom,
+      legend: this.heatInfo.textContent, geom: this.heatGeom, acts: this.acts.debug(),
       total: this.total.series?.map((s) => s.name) || [], totalAxis: this.total.axis, totalMarks: this.total.markers.map((m) => m.x), clipNote: this.clipNote.hidden ? "" : this.clipNote.textContent,
       notTrained: notTrained ? notTrained.nextElementSibling.textContent : "",
       loss: { x: this.loss.x || [], y: (this.loss.series?.[0]?.y || []).map(wire), marks: this.loss.markers.map((m) => m.x),

@@ -48,7 +48,7 @@ export class MemoryView {
     this.stepNote = h("p", { class: "notice", "data-testid": "memory-step-note", hidden: true });
     this.peakNote = h("p", { class: "muted", "data-testid": "peak-note" }, OP_PEAK);
     root.append(this.timelineNote, this.stepNote, this.peakNote);
-    this.timeline = new LineChart(root, { title: "live bytes after each recorded op (the forward's; in full mode the backward's too) — click a point to open the op in the graph", fmt: fmtBytes, xLabel: "op",
+    this.timeline = new LineChart(root, { title: "live bytes after each recorded op (the forward's; in full mode the backward's too) — click a point to open the op in the graph", fmt: fmtBytes, xLabel: "op", xTitle: "op # (recorded order) →",
       onClick: (i) => this.openOp(i), tipLabel: (i) => this.opLabel(i), vlines: () => this.phaseLines() });
     this.top = h("div", { class: "top-allocs" });
     root.append(this.top);
@@ -187,6 +187,6 @@ export class MemoryView {
       info: this.info.textContent, options: [...this.stepSel.options].map((o) => +o.value), selected: this.stepSel.value,
       graphsAlive: this.aliveBox.hidden ? null : Math.max(...(this.series?.graphs_alive || []).map((v) => v || 0)),
       hookBytes: this.hooksBox.hidden ? null : Math.max(...(this.series?.hook_bytes || []).map((v) => v || 0)),
-      categories: (this.perStep.series || []).map((s) => s.name) };
+      categories: (this.perStep.series || []).map((s) => s.name), timelineAxis: this.timeline.axis };
   }
 }

@@ -2,10 +2,11 @@
 // tests/browser/test_dashboard_schema.py parses this file as text and checks every name
 // here exists in the Python TypedDict of the same kind, so a rename there fails a test.
 export const FIELDS = {
-  session: ["kind", "session_id", "name", "started_at", "rank", "world_size", "model", "modules", "params", "torch_version", "device", "script"],
+  session: ["kind", "session_id", "name", "started_at", "rank", "world_size", "mode", "model", "modules", "params", "torch_version", "device", "script", "settings"],
   ModuleInfo: ["path", "type", "n_params", "training"],
   ParamInfo: ["name", "module", "shape", "dtype", "numel", "nbytes", "requires_grad"],
-  step: ["kind", "step", "rank", "t", "duration_us", "forward_us", "backward_us", "loss", "losses", "graph_captured", "graph_signature", "grads", "memory"],
+  step: ["kind", "step", "rank", "t", "duration_us", "forward_us", "backward_us", "loss", "losses", "graph_captured", "graph_signature", "grads", "activation_grads", "memory"],
+  ActivationGrad: ["module", "norm", "max_abs", "zero_frac", "nan", "inf", "calls"],
   GradStats: ["norm", "max_abs", "mean", "std", "zero_frac", "nan", "inf", "none", "clip"],
   ClipInfo: ["norm", "max_norm", "norm_type"],
   MemoryStats: ["params", "grads", "optimizer", "saved", "temporaries", "kept", "live", "peak", "device"],

@@ -104,8 +104,12 @@ function row(s) {
     h("td", {}, h("a", { href, class: "session-link" }, s.name || s.id), h("div", { class: "muted small" }, s.model || "")),
     h("td", {}, h("span", { class: `badge status-${(s.status || "").replace(/ /g, "-")}` }, s.status)),
     h("td", {}, fmtTime(s.started_at)), h("td", { class: "num" }, String(s.steps ?? 0)), h("td", { class: "num" }, String(ranksOf(s))),
-    h("td", {}, s.errors ? h("span", { class: "badge err", title: "doctor errors" }, `${s.errors} error${s.errors > 1 ? "s" : ""}`) : null,
-      s.warnings ? h("span", { class: "badge warn" }, `${s.warnings} warning${s.warnings > 1 ? "s" : ""}`) : null),
+    h("td", { "data-testid": "doctor-cell" }, s.errors ? h("span", { class: "badge err", title: "doctor errors" }, `${s.errors} error${s.errors > 1 ? "s" : ""}`) : null,
+      s.warnings ? h("span", { class: "badge warn" }, `${s.warnings} warning${s.warnings > 1 ? "s" : ""}`) : null,
+      // a clean run says so, not a blank cell (the list counts errors and warnings only: notes
+      // are on the session's Doctor tab); a running one may still get some
+      s.errors || s.warnings ? null : h("span", { class: "muted small", title: "the doctor's errors and warnings (notes: on the session's Doctor tab)" },
+        s.status === "running" ? "none so far" : "no errors or warnings")),
     h("td", {}, tags),
     h("td", { class: "row-actions" },
       h("button", { title: "rename", onclick: () => rename(s) }, "Rename"),
