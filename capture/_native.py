@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._console import say
 from ._overlap import Region, region, writes_saved
 from ._srcloc import _user_base, user_src
 from .sessionfile import RawJSON
@@ -126,12 +127,12 @@ def _build(loud: bool = False) -> None:
         log.debug("torchscope: native op recorder loaded in %.1f s", took)
         _ext = ext
         if loud:
-            print(f"torchscope: C++ op recorder built in {took:.0f} s; full mode uses it from the next step", file=sys.stderr)
+            say(f"torchscope: C++ op recorder built in {took:.0f} s; full mode uses it from the next step")
     except Exception as exc:  # no compiler, a failed build: the Python recorder records
         _error, _error_log = describe_failure(exc), str(exc)
         log.info("torchscope: full mode records ops in Python (native recorder: %s)", _error)
         if loud:
-            print(f"torchscope: full mode records ops in Python, ~2x slower ({_error[:200]})", file=sys.stderr)
+            say(f"torchscope: full mode records ops in Python, ~2x slower ({_error[:200]})")
 
 
 def describe_failure(exc: Exception) -> str:
@@ -195,10 +196,9 @@ def get(block: bool = False, build: bool = True) -> ModuleType | None:
                 else:
                     _build()
             elif _building is None:
-                print(
+                say(
                     "torchscope: building full mode's C++ op recorder in the background (~30 s, once per "
                     "torch version); ops are recorded in Python until then",
-                    file=sys.stderr,
                 )
                 _building = threading.Thread(target=_build, args=(True,), name="torchscope-native-build", daemon=True)
                 _building.start()
@@ -467,8 +467,8 @@ if __name__ == "__main__":
     t0 = time.perf_counter()
     mod = get(block=True)
     if mod is None:
-        print(f"torchscope: native recorder not available: {_error or 'TORCHSCOPE_NATIVE=0'}", file=sys.stderr)
+        say(f"torchscope: native recorder not available: {_error or 'TORCHSCOPE_NATIVE=0'}")
         if _error_log:
-            print("\n".join(_error_log.splitlines()[-40:]), file=sys.stderr)
+            say("\n".join(_error_log.splitlines()[-40:]))
         raise SystemExit(1)
     print(f"torchscope: native recorder ready in {time.perf_counter() - t0:.1f} s ({build_dir()})")

@@ -41,6 +41,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _compile, _cuda, _native, _sigterm, _warnings
 from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin
+from ._console import say
 from ._evalprobe import EvalDropoutProbe
 from ._fastpath import FAST_PATHS, FastPathGuard
 from ._grads import GradRead, PiecewiseRead, StatsRead, count_nonzero, nonzero_grads
@@ -563,10 +564,9 @@ class Watch:
         if prev is not None and prev._active:
             # a notebook cell run again, or watch() inside an epoch loop: one watch per model,
             # not hooks stacking up and the same steps recorded twice
-            print(
+            say(
                 f"torchscope: {_class_name(model)} is already watched (recording to {prev.path}); "
                 "closing that watch first",
-                file=sys.stderr,
             )
             prev.close()
         self.mode = mode
@@ -593,11 +593,10 @@ class Watch:
         self._model = weakref.ref(model)
         hookable = _hookable(optimizer)
         if optimizer is not None and hookable is None:
-            print(
+            say(
                 f"torchscope: {type(optimizer).__name__} has no step hooks (not a torch.optim.Optimizer): "
                 "a step ends when the parameters changed between a backward and the next forward "
                 "(or call .step() on the watch)",
-                file=sys.stderr,
             )
         # the optimizer whose hooks end steps: a wrapper's inner one (accelerate, Lightning)
         optimizer = hookable or optimizer
@@ -689,10 +688,9 @@ class Watch:
         if scripted:
             # TorchScript runs no Python module hooks: its forwards are not seen, its backward,
             # gradients, memory and optimizer steps are (the function mode stays on for them)
-            print(
+            say(
                 f"torchscope: {_class_name(model)} is a TorchScript module: its forward ops and "
                 "modules are not recorded, its backward, gradients and memory are",
-                file=sys.stderr,
             )
         else:
             # first among its pre-hooks: the ops of the user's own pre-hooks (registered before
@@ -769,8 +767,8 @@ class Watch:
         self._mode_on()
         atexit.register(self.close)
         where = f" → {self.url}" if self.url else ""
-        print(
-            f"torchscope: watching {_class_name(model)}{where}  (recording to {self.path})", file=sys.stderr
+        say(
+            f"torchscope: watching {_class_name(model)}{where}  (recording to {self.path})",
         )
 
     # ------------------------------------------------------------------ public
@@ -829,7 +827,7 @@ class Watch:
             _native.release(id(self))
             if self._history is not None and self.path is not None:
                 for p in self._safe("cuda_history", self._history.write, self.path) or ():
-                    print(f"torchscope: CUDA allocator history in {p}", file=sys.stderr)
+                    say(f"torchscope: CUDA allocator history in {p}")
             self._active = False
             Watch._n_active -= 1
             end = self._end_event()
@@ -2055,7 +2053,7 @@ class Watch:
 
     def _tell(self, msg: str, level: str) -> None:
         """A line for the person at the terminal that the session keeps as a log event too."""
-        print(msg, file=sys.stderr)
+        say(msg)
         self._transport.emit({"kind": "log", "t": time.time(), "level": level, "message": msg, "step": self._step})
 
     def _backward_failed(self, exc: BaseException) -> None:
@@ -3114,16 +3112,19 @@ def _install_excepthook() -> None:
     """An uncaught exception ends a script's run before atexit closes its watches: note it on
     them first, so the session says "error" and why, then let the previous hook print it."""
     prev = sys.excepthook
-    if getattr(prev, "_torchscope", False):
-        return
+    if not getattr(prev, "_torchscope", False):
 
-    def hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
-        _note_ending(_ending(value), None)
-        prev(tp, value, tb)
+        def hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+            _note_ending(_ending(value), None)
+            prev(tp, value, tb)
 
-    hook._torchscope = True  # type: ignore[attr-defined]
-    sys.excepthook = hook
+        hook._torchscope = True  # type: ignore[attr-defined]
+        sys.excepthook = hook
+    # asked apart: IPython puts its own sys.excepthook back around every cell, so a notebook's
+    # watch() finds ours gone each time, while threading's stays -- wrapped once, not per cell
     prev_thread = threading.excepthook
+    if getattr(prev_thread, "_torchscope", False):
+        return
 
     def thread_hook(args: Any) -> None:
         # a loop run in a thread of its own: only the watches that thread trained end with it
@@ -3131,6 +3132,7 @@ def _install_excepthook() -> None:
             _note_ending(_ending(args.exc_value), args.thread.ident)
         prev_thread(args)
 
+    thread_hook._torchscope = True  # type: ignore[attr-defined]
     threading.excepthook = thread_hook
 
 

@@ -39,6 +39,7 @@ import weakref
 from collections import deque
 from typing import Any
 
+from ._console import say
 from .sessionfile import RawJSON, SessionFileWriter, dumps_event
 
 # What a server that refuses the token is told as, here and by the `torchscope` CLI
@@ -84,8 +85,7 @@ def resolve_server(server: str | None) -> tuple[str | None, bool]:
     text = os.environ.get("TORCHSCOPE_SERVER") or DEFAULT_SERVER
     url = server_url(text)
     if url is None:
-        print(f"torchscope: TORCHSCOPE_SERVER={text!r} is not an http(s) URL; recording to the file only",
-              file=sys.stderr)
+        say(f"torchscope: TORCHSCOPE_SERVER={text!r} is not an http(s) URL; recording to the file only")
     return url, url is not None
 
 
@@ -186,8 +186,7 @@ class Transport:
         if server and server_url(server) is None:
             # (watch() checks its URL; $TORCHSCOPE_SERVER came here unchecked before resolve_server)
             origin = "TORCHSCOPE_SERVER" if server == os.environ.get("TORCHSCOPE_SERVER") else "server"
-            print(f"torchscope: {origin}={server!r} is not an http(s) URL; recording to the file only",
-                  file=sys.stderr)
+            say(f"torchscope: {origin}={server!r} is not an http(s) URL; recording to the file only")
             server, autostart = None, False
         self.server = server.rstrip("/") if server else None
         self.token = token
@@ -485,7 +484,7 @@ class Transport:
             fix = f"torchscope open {self.path}{port} shows the whole run there"
         else:
             fix = f"import {self.path} on its sessions page to see the whole run there"
-        print(f"torchscope: {what}; the file is complete: {fix}", file=sys.stderr)
+        say(f"torchscope: {what}; the file is complete: {fix}")
 
     def _next_seq(self, have: int) -> int:
         seq = int(self._request("/next").get("next_seq", 0))
@@ -540,8 +539,7 @@ class Transport:
             )
             self._backoff = 0.25
             self._autostarted_at = time.monotonic()
-            print(f"torchscope: no server answered at {self.server}; {started_line(self.server, proc.pid)}",
-                  file=sys.stderr)
+            say(f"torchscope: no server answered at {self.server}; {started_line(self.server, proc.pid)}")
             return True
         except OSError as exc:
             self._warn_once("autostart", f"torchscope: could not start a server ({exc}); recording to the file only")
@@ -554,7 +552,7 @@ class Transport:
             # an answer from some other web server (an HTML error page) is not pasted in whole
             message = " ".join(message.split())
             message = message if len(message) <= 300 else message[:297] + "..."
-            print(message, file=sys.stderr)
+            say(message)
             log.warning(message)
 
 

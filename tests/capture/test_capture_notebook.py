@@ -95,6 +95,12 @@ def test_a_run_in_a_notebook(kernel: Kernel, tmp_path: Path) -> None:
     assert kernel.run("train(4)") == []  # In[3]
     assert ("error", "KeyboardInterrupt") in kernel.run(STOPPED)  # In[4]
     kernel.run("train(4)\nw.close()")  # In[5]
+    # a watch per cell: IPython swaps sys.excepthook around each cell, threading's hook stays,
+    # and is wrapped once, not once more per watch() (a chain a thread's error would recurse down)
+    kernel.run("import threading\nfirst = threading.excepthook")
+    for i in range(3):
+        kernel.run(f"torchscope.watch(nn.Linear(2, 2), server=None, record={str(tmp_path / f'{i}.tscope')!r}).close()")
+    assert kernel.run("print(threading.excepthook is first)") == [("stdout", "True\n")]
     events = list(iter_events(record))
     session = events[0]
     assert session["name"] == "debug my model"  # the notebook's, not "net"
