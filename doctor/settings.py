@@ -68,8 +68,8 @@ SETTING_HELP: dict[str, str] = {
     "vanish_factor": "P3: total gradient norm this many times below the largest earlier norm, while the loss stayed "
                      "within 100x of its value then, = vanishing (a loss going to zero is convergence)",
     "layer_ratio": "P3: per-element gradient size (norm/sqrt(numel)) at the model's output end over its input "
-                   "end (medians of the last and first quarter of its weights), within one step, from which "
-                   "gradients vanish layer by layer",
+                   "end (the median of its last quarter of weights over the largest of its first), within one step, "
+                   "from which gradients vanish layer by layer",
     "memory_growth_bytes": "P7: live bytes at step boundaries must grow by at least this much per step",
     "growth_steps": "P7/P13: consecutive steps of growth before memory growth is reported",
     "hook_bytes": "P13: bytes held by a module's forward hooks that are reported even when they do not grow",

@@ -367,6 +367,12 @@ def _accumulated(run: Run, judged: dict[object, Judgement]) -> list[Accumulated]
             continue  # GradScaler's own multiply hides whether the loss was divided: don't guess
         if notes(ev, "foreign_step"):
             continue  # optimizer.step() calls of other parameters between them: no accumulation (P5)
+        if max((as_int(e.get("passes")) for e in notes(ev, "closure")), default=0) >= k:
+            # every summed pass ran inside optimizer.step(closure): the closure evaluated again
+            # and again on one batch (LBFGS's line search), not k micro-batches -- dividing the
+            # loss is no fix; without zero_grad() in the closure they pile up (P5 says so).
+            # Lightning's accumulation runs only the last micro-batch in the closure: still judged.
+            continue
         judgement = judged.get(ev.get("graph_signature")) or _by_parts(judged, ev.get("graph_signature")) or _judge_roots(roots)
         if judgement.too_big:
             out.append(Accumulated(step, ev, k, judgement))

@@ -257,23 +257,30 @@ def _layer_sizes(weights: dict[int, float], ev: dict[str, Any]) -> dict[int, flo
 
 
 def _depth_ratio(sizes: dict[int, float]) -> tuple[float, int, int]:
-    """(ratio, first, last): how much larger the per-element gradient sizes are at the output
-    end of the model than at its input end, and the first and last weight.  In parameter order
-    (the order modules are built in: the forward's for nearly every model) each weight stands
-    for the largest size among it and the next ones (up to 3), and the ratio is the median of
-    the last quarter over the median of the first.
+    """(ratio, first, large): how much larger the per-element gradient sizes are at the output
+    end of the model than anywhere at its input end, the first weight, and the output end's
+    largest.  In parameter order (the order modules are built in: the forward's for nearly
+    every model) the output end is the median of its last quarter, each weight standing for the
+    largest size among it and the next ones (up to 3); the input end is the largest size of its
+    first quarter.
 
-    Not the smallest weight against the largest: some weights carry small gradients by design
-    at every depth -- a transformer's attention query and key weights get theirs only through
-    the attention scores, 1e-5 of a fresh BERT classifier's, while the value weight beside them
-    is of the usual size -- whereas vanishing gradients shrink whole layers, more the further
-    they are from the loss."""
+    Not the smallest weight against the largest, nor a median at the input end: some weights
+    carry small gradients by design at every depth -- a transformer's attention query and key
+    weights get theirs only through the attention scores, 1e-5 of a fresh BERT classifier's,
+    and the weights of a residual branch scaled by a learnable LayerScale (ConvNeXt, CaiT,
+    DeiT-III: ``x + gamma * f(x)``, gamma starting at 1e-6) get gamma times the gradient of the
+    main path beside them, at every depth.  Vanishing gradients shrink whole layers, more the
+    further they are from the loss: every weight at the input end is small.  One there with a
+    gradient as large as the output end's (a ConvNeXt's stem) shows the gradient does reach it."""
     order = sorted(sizes)
     vals = [sizes[i] for i in order]
     q = max(1, len(vals) // 4)
     w = min(3, q)  # a window no wider than a quarter: a short model keeps its resolution
     env = [max(vals[k : k + w]) for k in range(len(vals))]
-    return statistics.median(env[-q:]) / statistics.median(env[:q]), order[0], order[-1]
+    # the output end's largest weight (the latest on a tie): the name beside the ratio is one
+    # whose gradient is large, and the first weight's is at most the input end's largest
+    large = max(reversed(order[-q:]), key=lambda i: sizes[i])
+    return statistics.median(env[-q:]) / max(vals[:q]), order[0], large
 
 
 def _across_layers(run: Run, settings: Settings) -> list[Finding]:

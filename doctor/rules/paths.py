@@ -36,6 +36,8 @@ def _forward_ops(graph: dict[str, Any]) -> list[dict[str, Any]]:
 # the dispatcher's own detach: a copy constructor's (torch.tensor(t), t.new_tensor(t)) where no
 # marker of the function mode names the call
 _DETACHES = frozenset({"aten::detach", "aten::detach_"})
+# the function mode's markers of a cut the user wrote: .detach(), .data, torch.tensor(t)
+_USER_CUTS = frozenset({"breaks_graph", "new_leaf"})
 
 
 def _is_cut(op: dict[str, Any], detach: bool = True) -> bool:
@@ -53,8 +55,27 @@ def break_op(graph: dict[str, Any], param: str) -> tuple[dict[str, Any], bool]:
     flow = g.downstream(fwd, readers)
     # the function mode's marker of the user's call (it follows the detach it made) first
     cut = [op for op in flow if _is_cut(op, detach=False)] or [op for op in flow if _is_cut(op)]
+    if cut and cut[0].get("grad_mode") is False and _cut_later(graph, fwd, cut[0]):
+        # An autograd.Function runs its forward with grad mode off -- a custom one, or the
+        # BackwardHookFunction a full backward hook (Opacus, captum) wraps a module's output in --
+        # and its output carries a grad_fn all the same: the explicit cut the user made after it
+        # (a recorded .detach(), .data) is where the path really breaks.  (After a real no_grad
+        # block such a cut must go too: it is named first, the block on the next run.)
+        cut = [op for op in g.downstream(fwd, [cut[0]]) if op.get("grad_mode") is not False
+               and g.flags(op) & _USER_CUTS] or cut
     # With no flagged op, the path ends where the dataflow stops: point at its last op.
     return (cut[0] if cut else flow[-1]), True
+
+
+def _cut_later(graph: dict[str, Any], fwd: list[dict[str, Any]], op: dict[str, Any]) -> bool:
+    """Whether every path from ``op`` to the loss goes through an explicit cut (``.detach()``):
+    the loss is downstream of ``op``, and no longer is once the detaches are left out.  A
+    ``.item()`` taken off to the side of a no_grad block's output cuts nothing on its path."""
+    loss = as_int(g.loss_op(graph).get("id"), -1)
+    if loss < 0 or loss not in {as_int(o.get("id"), -1) for o in g.downstream(fwd, [op])}:
+        return False
+    uncut = [o for o in fwd if o.get("name") not in _DETACHES and not g.flags(o) & _USER_CUTS]
+    return loss not in {as_int(o.get("id"), -1) for o in g.downstream(uncut, [op])}
 
 
 def _none_steps(run: Run) -> tuple[dict[int, list[int]], dict[int, int]]:
@@ -105,7 +126,9 @@ def _graph_near(run: Run, steps: list[int]) -> tuple[int, dict[str, Any]]:
     graph of another step, where it may well have got one, would name a break that is not
     there (a mixture-of-experts expert idle at step 1 'breaking' at the loss of step 0)."""
     for step in steps:
-        graphs = run.graphs_of(step)
+        # a graph with ops: a step the capture could not record op by op (its first, when the
+        # loop calls the model's submodules directly) holds none, and would say "never used"
+        graphs = [graph for graph in run.graphs_of(step) if _forward_ops(graph)]
         if graphs:
             return step, graphs[0]
     return -1, {}
@@ -125,6 +148,8 @@ def _cut_groups(run: Run) -> tuple[dict[_GroupKey, list[int]], dict[_GroupKey, t
     for index, steps in steps_of.items():
         gstep, graph = _graph_near(run, steps)
         op, used = break_op(graph, run.param_name(index)) if graph else ({}, True)
+        if not used and graph.get("complete") is False:
+            used = True  # ops were shed: the parameter may be read in those not recorded
         sometimes = got.get(index, 0) > 0
         if op and op.get("grad_mode") is False:
             # one no_grad block cuts every parameter in it, each at its own first op: one

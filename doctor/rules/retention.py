@@ -94,6 +94,9 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
     if not grows and not (mem_steps and (not known or any(n > 0 for _, n in alive))):
         # Memory growth with no old graph alive is some other hoard (caches, lists of numbers).
         return []
+    held = _held(run, settings) if grows and not mem_steps else None
+    if held is not None:
+        return [_held_finding(run, held, alive)]
     steps = alive_steps if grows else mem_steps
     per_step = (live[-1][1] - live[0][1]) / max(1, live[-1][0] - live[0][0]) if len(live) >= 2 else 0.0
     growth = f", live memory +{fmt_bytes(per_step)} per step" if per_step > 0 else ""
@@ -102,7 +105,8 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
         # at the most alive (the run's end may have let them go: an epoch's accumulator reset)
         top_step, top = max(alive, key=lambda a: a[1])
         span = top_step - alive[0][0]
-        nodes = f", +{(top - alive[0][1]) / span:.0f} per step" if span > 0 and top > alive[0][1] else ""
+        nodes_per_step = (top - alive[0][1]) / span if span > 0 and top > alive[0][1] else 0.0
+        nodes = f", +{nodes_per_step:.0f} per step" if nodes_per_step >= 0.5 else ""
         why = _KEPT.get(str(kept.get("of")), _KEPT[""])
         if kept.get("held_in"):  # the container the garbage collector found holding them
             why = (f"the losses that backward() was called on stay referenced after their step, held by "
@@ -118,7 +122,42 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
     return [make("P7", "warning", message, FIX_P7, steps, rank=run.rank, src=src,
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], view="memory",
                  data={"graphs_alive": [n for _, n in alive], "live": [b for _, b in live],
-                       "steps": [s for s, _ in live], "growth_per_step": per_step})]
+                       "steps": [s for s, _ in live], "growth_per_step": per_step,
+                       **({"nodes_per_step": nodes_per_step} if known else {})})]
+
+
+FIX_HELD = ("Nothing piles up in the loop. If the step was stopped by an error or an interrupt in a notebook, the "
+            "last error's traceback keeps that step's frame (its `loss`, outputs) alive until the next error or a "
+            "kernel restart; otherwise `del` the variable or container that outlived its step.")
+
+
+def _held(run: Run, settings: Settings) -> tuple[int, int] | None:
+    """(the kept graph's step, the run's last boundary with graphs alive) when the latest graph
+    alive at the run's end is an old step's: no graph of the last ``growth_steps`` steps was
+    kept, so nothing piles up -- the alive count can only fall.  One graph held from a step cut
+    short by an error or the notebook's Stop (IPython keeps the last traceback, and with it that
+    step's frame and loss) looks like growth against the run's start, but does not grow."""
+    last = [(s, as_dict(ev.get("graphs_kept"))) for s, ev in run.step_events() if as_int(ev.get("graphs_alive")) > 0]
+    if not last or "step" not in last[-1][1]:
+        return None  # no record of which step's graph is kept: judged by the counts alone
+    step, kept = last[-1][0], as_int(last[-1][1].get("step"), -1)
+    return (kept, step) if 0 <= kept < step - settings.growth_steps else None
+
+
+def _held_finding(run: Run, held: tuple[int, int], alive: list[tuple[int, int]]) -> Finding:
+    kept, last = held
+    steps = [s for s, n in alive if n > 0 and s > kept]
+    now = next((n for s, n in reversed(alive) if s == last), 0)
+    src = next((str(k.get("held_at") or k.get("src") or "") for _, ev in run.step_events()
+                if as_int((k := as_dict(ev.get("graphs_kept"))).get("step"), -1) == kept), "") or None
+    message = (f"An autograd graph of an earlier step is still alive ({now} nodes at step {last}, the latest of "
+               f"step {kept}), but no later step's graph was kept in the {last - kept - 1} steps since: it is held, "
+               "not piling up (the count does not grow). A step cut short by an error or an interrupt leaves its "
+               "graph in the exception's traceback, which IPython and Jupyter keep.")
+    return make("P7", "info", message, FIX_HELD, steps or [last], rank=run.rank, src=src,
+                targets=[FindingTarget(step=(steps or [last])[0], rank=run.rank)], view="memory",
+                data={"graphs_alive": [n for _, n in alive], "kept_step": kept, "nodes_per_step": 0.0},
+                title="Graph of an earlier step held")
 
 
 def check_weight_copies(run: Run, settings: Settings) -> list[Finding]:

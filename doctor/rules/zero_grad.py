@@ -89,8 +89,12 @@ def _missing(run: Run) -> list[Finding]:
                 hits.setdefault(as_int(i, -1), []).append(step)
     hits.pop(-1, None)
     steps = sorted({s for v in hits.values() for s in v})
-    if not steps or steps == [run.last_step]:
-        return []  # the last step alone: a backward after the loop's last optimizer step, closed at the end
+    # The last step alone is a backward after the loop's last optimizer step, closed at the end --
+    # unless the run died in that step: then it is the step that proved the gradients piled up
+    # (an optimizer that checks, such as Opacus' DPOptimizer, raises right there).
+    crashed = run.end.get("status") == "error"
+    if not steps or (steps == [run.last_step] and not crashed):
+        return []
     names = [run.param_name(i) for i in sorted(hits)]
     message = (f"Gradients were already non-zero before backward ({describe_steps(steps, run.last_step)}): "
                f"zero_grad() is missing, so each step adds onto the old gradients of {len(names)} parameter(s).")
