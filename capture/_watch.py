@@ -2131,6 +2131,8 @@ class Watch:
 
     # ------------------------------------------------------------------ step boundary
     def _any_opt_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if _inner_step(optimizer):
+            return
         watched = self._optimizer() if self._optimizer is not None else None
         self._all_opts.add(optimizer)
         if (
@@ -2189,7 +2191,7 @@ class Watch:
                 s.events.append({"what": "other_step", "micro": s.micro, "optimizer": type(optimizer).__name__})
 
     def _any_opt_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self._optimizer is not None and optimizer is self._optimizer():
+        if self._optimizer is not None and optimizer is self._optimizer() and not _inner_step(optimizer):
             self._opt_post(optimizer, args, kwargs)
 
     def _stepped_in_backward(self, optimizer: torch.optim.Optimizer) -> None:
@@ -3057,6 +3059,34 @@ def _pause_for_compile(on: bool) -> None:
             rec.paused = True
         else:
             rec.paused = _paused_before.pop(id(rec), False)
+
+
+# the function torch wraps every optimizer class's step() in (Optimizer.__init__ patches each
+# class once), which runs the step hooks: one code object for all of them
+_STEP_WRAPPER = torch.optim.Optimizer.profile_hook_step(lambda self: None).__code__
+_subclassed_steps: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def _inner_step(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether this step call is inside another of the same optimizer: a subclass whose
+    ``step()`` calls ``super().step()`` (clipping first, a SAM-style second pass) runs two
+    wrapped steps, its class's and its base's, and torch runs the step hooks in each -- one
+    optimizer step, not two.  The stack is looked at only for such a subclass."""
+    cls = type(optimizer)
+    own = _subclassed_steps.get(cls)
+    if own is None:
+        # a step of its own over a base's own (not Optimizer's abstract one)
+        bases = [c for c in cls.__mro__[1:] if issubclass(c, torch.optim.Optimizer) and c is not torch.optim.Optimizer]
+        own = _subclassed_steps[cls] = "step" in cls.__dict__ and any("step" in c.__dict__ for c in bases)
+    if not own:
+        return False
+    calls = 0
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _STEP_WRAPPER and frame.f_locals.get("self") is optimizer:
+            calls += 1
+        frame = frame.f_back
+    return calls > 1
 
 
 def _hookable(optimizer: Any) -> torch.optim.Optimizer | None:

@@ -136,3 +136,33 @@ def test_zeros_written_in_place_between_closure_passes_are_a_reset(tmp_path: Pat
         assert st["micro_batches"] >= 2  # several passes in each step
         assert st["zero_grad"] == st["micro_batches"]  # each one from zeros
     assert [f for f in diagnose(iter_events(path)) if f["code"] in ("P5", "P15")] == []
+
+
+class ClippedSGD(torch.optim.SGD):
+    """A subclass whose step() clips, then calls SGD's: torch wraps both classes' step() (each
+    patched by the first Optimizer.__init__ of its class) and runs the step hooks in each."""
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        for group in self.param_groups:
+            torch.nn.utils.clip_grad_norm_(group["params"], 0.5)
+        return super().step(closure)
+
+
+def test_a_subclass_step_calling_super_is_one_step(tmp_path: Path) -> None:
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # SGD's own step() is wrapped now
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = ClippedSGD(model.parameters(), lr=0.1)
+    hooks_ran: list[int] = []
+    opt.register_step_pre_hook(lambda o, a, k: hooks_ran.append(1))
+    path = tmp_path / "sub.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(5):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(torch.randn(8, 6)), torch.randn(8, 2)).backward()
+            opt.step()
+    assert len(hooks_ran) == 10  # torch's own behaviour: the hooks run twice a step
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    assert [e["step"] for e in steps] == [0, 1, 2, 3, 4]
+    assert all(e["micro_batches"] == 1 and e["grads"]["norm"][0] is not None for e in steps)
+    assert [f for f in diagnose(iter_events(path)) if f["severity"] != "info"] == []
