@@ -3064,7 +3064,7 @@ def _pause_for_compile(on: bool) -> None:
 # the function torch wraps every optimizer class's step() in (Optimizer.__init__ patches each
 # class once), which runs the step hooks: one code object for all of them
 _STEP_WRAPPER = torch.optim.Optimizer.profile_hook_step(lambda self: None).__code__
-_subclassed_steps: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+_subclassed_steps: dict[type, bool] = {}  # (a plain dict: asked twice a step, a weak one costs more)
 
 
 def _inner_step(optimizer: torch.optim.Optimizer) -> bool:

@@ -485,4 +485,8 @@ def _check_chunks(run: Run, chunked: dict[object, tuple[int, int, int]]) -> list
 
 def check(run: Run, settings: Settings) -> list[Finding]:
     judged, chunked = _judged_signatures(run)
-    return [*_check_backwards(run, judged), *_check_chunks(run, chunked)]
+    # Opacus's optimizer makes the update from the per-sample gradients it sums over the
+    # backward passes itself, divided by the samples it expects (times the passes): what the
+    # losses were divided by does not scale it
+    passes = [] if run.session.get("per_sample_grads") else _check_backwards(run, judged)
+    return [*passes, *_check_chunks(run, chunked)]

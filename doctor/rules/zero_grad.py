@@ -230,8 +230,12 @@ def _inside(run: Run) -> list[Finding]:
     the same line, only those after the last reset reached optimizer.step().  Passes run inside
     step() (an LBFGS closure), other optimizers' losses (a GAN's) and passes from different lines
     (an adversarial example's input-gradient pass, then the real one) are not that."""
+    if run.session.get("per_sample_grads"):
+        return []  # Opacus clears .grad between physical batches; its per-sample sums accumulate
     hits: list[tuple[int, int, int]] = []  # step, its passes, the passes step() used
+    stepped = 0  # steps with a backward pass
     for step, ev in run.step_events():
+        stepped += as_int(ev.get("micro_batches")) > 0
         events = [as_dict(e) for e in as_list(ev.get("events"))]
         if any(e.get("what") in ("closure", "other_step", "foreign_step", "autograd_grad") for e in events):
             continue
@@ -241,6 +245,10 @@ def _inside(run: Run) -> list[Finding]:
         if passes >= 2 and 1 <= used < passes and as_int(ev.get("zero_grad")) >= 2 and len(srcs) == 1:
             hits.append((step, passes, used))
     if len(hits) < 2 and not (hits and hits[0][0] == run.last_step == 0):
+        return []
+    if len(hits) * 2 < stepped:
+        # the loop's pattern is on every step; on a few, it is a step cut short -- a Ctrl-C
+        # (a notebook's Stop) between backward() and step(), the next cell's zero_grad()
         return []
     steps = [h[0] for h in hits]
     step, passes, used = hits[0]
