@@ -126,3 +126,17 @@ def finish(p: subprocess.Popen[str]) -> str:
     out, _ = p.communicate(timeout=240)
     assert p.returncode == 0, out[-3000:]
     return out
+
+
+def recorded(srv: Any, path: Path, script: Path, *args: str) -> str:
+    """The session id of a real run of ``script`` recorded to ``path`` and then imported into
+    ``srv``, as a colleague's ``torchscope open`` would (``args``: the script's own options)."""
+    import httpx
+
+    run = subprocess.run([sys.executable, str(script), "--record", str(path), *args],
+                         capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    with open(path, "rb") as f:
+        res = httpx.post(srv.url + "/api/sessions/import", files={"file": (path.name, f)}, timeout=120)
+    res.raise_for_status()
+    return str(res.json()["id"])

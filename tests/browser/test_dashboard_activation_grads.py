@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import re
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import DASHBOARD_TRAIN, checked_context, chromium, open_session, shot
+from browser_page import DASHBOARD_TRAIN, checked_context, chromium, open_session, recorded, shot
 from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -60,33 +58,20 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("act-runs")
 
 
-def record(srv: ServerProc, path: Path, script: Path, *args: str) -> str:
-    """The session id of a real run of ``script`` recorded to ``path`` and imported into ``srv``."""
-    import httpx
-
-    run = subprocess.run([sys.executable, str(script), "--record", str(path), *args],
-                         capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    with open(path, "rb") as f:
-        res = httpx.post(srv.url + "/api/sessions/import", files={"file": (path.name, f)}, timeout=120)
-    res.raise_for_status()
-    return str(res.json()["id"])
-
-
 @pytest.fixture(scope="module")
 def full(srv: ServerProc, runs_dir: Path) -> tuple[str, Path]:
     path = runs_dir / "full.tscope"
-    return record(srv, path, SCRIPT, "--mode", "full", "--steps", "3", "--poison-last"), path
+    return recorded(srv, path, SCRIPT, "--mode", "full", "--steps", "3", "--poison-last"), path
 
 
 @pytest.fixture(scope="module")
 def default(srv: ServerProc, runs_dir: Path) -> str:
-    return record(srv, runs_dir / "default.tscope", SCRIPT, "--mode", "default", "--steps", "4")
+    return recorded(srv, runs_dir / "default.tscope", SCRIPT, "--mode", "default", "--steps", "4")
 
 
 @pytest.fixture(scope="module")
 def light(srv: ServerProc, runs_dir: Path) -> str:
-    return record(srv, runs_dir / "light.tscope", SCRIPT, "--mode", "light", "--steps", "2")
+    return recorded(srv, runs_dir / "light.tscope", SCRIPT, "--mode", "light", "--steps", "2")
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +267,7 @@ def test_the_parameter_list_says_ctrl_click_picks_several(page: Any, srv: Server
 
 def test_the_sessions_list_says_a_clean_run_has_no_findings(page: Any, srv: ServerProc, runs_dir: Path,
                                                             full: tuple[str, Path]) -> None:
-    clean = record(srv, runs_dir / "clean.tscope", DASHBOARD_TRAIN, "--steps", "2", "--name", "clean-run")
+    clean = recorded(srv, runs_dir / "clean.tscope", DASHBOARD_TRAIN, "--steps", "2", "--name", "clean-run")
     listed = {s["id"]: s for s in srv.get("/api/sessions")}  # type: ignore[union-attr]
     assert listed[clean]["errors"] == listed[clean]["warnings"] == 0
     assert listed[full[0]]["warnings"] > 0  # P3: the gradients vanish through the scaled-down layers

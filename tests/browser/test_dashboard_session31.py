@@ -20,14 +20,12 @@ real `torchscope serve`, with runs recorded by the real example and pitfall scri
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import checked_page, open_session, shot
+from browser_page import checked_page, open_session, recorded, shot
 from conftest import EXAMPLES, ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -45,17 +43,8 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def record(srv: ServerProc, out: Path, script: Path, *args: str) -> str:
-    """The session id of a real run of ``script`` recorded to a file and imported into ``srv``."""
-    import httpx
-
-    path = out / f"{script.stem}-{len(list(out.iterdir()))}.tscope"
-    run = subprocess.run([sys.executable, str(script), "--server", "none", "--record", str(path), *args],
-                         capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    with open(path, "rb") as f:
-        res = httpx.post(srv.url + "/api/sessions/import", files={"file": (path.name, f)}, timeout=120)
-    res.raise_for_status()
-    return str(res.json()["id"])
+    """The session id of a real run of ``script``, recorded to a new file in ``out`` and imported."""
+    return recorded(srv, out / f"{script.stem}-{len(list(out.iterdir()))}.tscope", script, "--server", "none", *args)
 
 
 @pytest.fixture(scope="module")
