@@ -150,7 +150,7 @@ def _skipped(run: Run, steps: list[int], losses: list[float]) -> list[Finding]:
     message = (f"{skipped} training forward pass{'' if skipped == 1 else 'es'} from the loop's own call site "
                f"built an autograd graph that no backward() used ({describe_steps(sorted(set(steps)), run.last_step)}): "
                "batches the loop skipped before backward (a guard such as `if not torch.isfinite(loss): "
-               f"continue`, a caught error). {said}")
+               f"continue`, a caught error, a notebook cell stopped or failed mid-step). {said}")
     return [make("P6", "info", message, FIX_SKIPPED, steps, rank=run.rank, view="memory", data={"forwards": skipped},
                  title="Batches skipped before backward")]
 
