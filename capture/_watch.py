@@ -1112,6 +1112,12 @@ class Watch:
         s = self._s
         if s.checked is not None:
             self._skipped_loss(s)
+        if s.step_began is not None and s.micro > 0 and "step" not in self._disabled and not self._in_step_call():
+            # optimizer.step() began and never returned: a Ctrl-C inside it (a notebook's Stop
+            # during Adam's update), its step hooks' post never ran; the step it began ends here
+            s.events.append({"what": "step_cut_short"})
+            self._safe("step", self._close_step, False)
+            s = self._s
         if s.micro > 0 and self._scale_changed():
             self._close_step(True)  # GradScaler.update() ran without optimizer.step(): skipped
             s = self._s
@@ -1166,6 +1172,11 @@ class Watch:
         if s.capture and "ops" not in self._disabled:
             self._start_recorder(s, module)
         s.fwd_t0 = time.perf_counter()
+
+    def _in_step_call(self) -> bool:
+        """Whether this forward runs inside the step() that began (an LBFGS closure's)."""
+        opt = self._optimizer() if self._optimizer is not None else None
+        return opt is None or _step_calls(opt) > 0
 
     def _forward_running(self, module: nn.Module | None) -> bool:
         """Whether the forward the capture counts as running (``_depth``) is still on the
@@ -3067,6 +3078,17 @@ _STEP_WRAPPER = torch.optim.Optimizer.profile_hook_step(lambda self: None).__cod
 _subclassed_steps: dict[type, bool] = {}  # (a plain dict: asked twice a step, a weak one costs more)
 
 
+def _step_calls(optimizer: Any) -> int:
+    """How many of ``optimizer``'s wrapped ``step()`` calls are on this thread's stack."""
+    calls = 0
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _STEP_WRAPPER and frame.f_locals.get("self") is optimizer:
+            calls += 1
+        frame = frame.f_back
+    return calls
+
+
 def _inner_step(optimizer: torch.optim.Optimizer) -> bool:
     """Whether this step call is inside another of the same optimizer: a subclass whose
     ``step()`` calls ``super().step()`` (clipping first, a SAM-style second pass) runs two
@@ -3078,15 +3100,7 @@ def _inner_step(optimizer: torch.optim.Optimizer) -> bool:
         # a step of its own over a base's own (not Optimizer's abstract one)
         bases = [c for c in cls.__mro__[1:] if issubclass(c, torch.optim.Optimizer) and c is not torch.optim.Optimizer]
         own = _subclassed_steps[cls] = "step" in cls.__dict__ and any("step" in c.__dict__ for c in bases)
-    if not own:
-        return False
-    calls = 0
-    frame: Any = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is _STEP_WRAPPER and frame.f_locals.get("self") is optimizer:
-            calls += 1
-        frame = frame.f_back
-    return calls > 1
+    return own and _step_calls(optimizer) > 1
 
 
 def _hookable(optimizer: Any) -> torch.optim.Optimizer | None:

@@ -124,3 +124,31 @@ def test_a_forward_begun_by_a_submodule_and_stopped(tmp_path: Path) -> None:
     assert [f["built_graph"] for f in stopped[:3]] == [True, True, False]
     for e in steps[4:]:  # three layers' calls each, every one with its graph
         assert [f["built_graph"] for f in e["forwards"]] == [True, True, True]
+
+
+def test_a_step_stopped_inside_optimizer_step_is_still_a_step(tmp_path: Path) -> None:
+    """A Stop that lands inside ``optimizer.step()`` (after its pre-hooks: mid-update) leaves
+    the step's post-hooks unrun; the next forward ends the step it began."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
+    path = tmp_path / "in_step.tscope"
+    began = [0]
+
+    def stop_in_step(o: torch.optim.Optimizer, a: Any, k: Any) -> None:
+        began[0] += 1
+        if began[0] == 4:
+            raise KeyboardInterrupt  # the capture's pre-hook (a global one) ran before this
+
+    with torchscope.watch(model, opt, server=None, record=path):
+        opt.register_step_pre_hook(stop_in_step)
+        with pytest.raises(KeyboardInterrupt):
+            _train(model, opt, model, 6, lambda: (x, y))
+        _train(model, opt, model, 5, lambda: (x, y))  # the next cell
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    assert began[0] == 3 + 1 + 5 and len(steps) == began[0]
+    cut = [e["step"] for e in steps if {"what": "step_cut_short"} in e.get("events", [])]
+    assert cut == [3]
+    assert all(e["micro_batches"] == 1 for e in steps)  # no step took two backward passes
+    assert [f["code"] for f in diagnose(iter_events(path)) if f["severity"] != "info"] == []
