@@ -13,6 +13,14 @@ off the stack for the call of such a module, and a forward hook (``always_call``
 back.  Registered only then (a handful of dict operations a step): every module call pays
 the hooks while they are there, and the watched model's own forward runs with the mode off on
 all but captured steps.
+
+Under ``torch.compile`` a compiled forward guards on the global hooks' ids, so the hooks come
+back under the ids they had (new ones each step made Dynamo recompile every captured step
+until its recompile limit, then run the model uncompiled: other numbers); and once a compiled
+forward has run, the guard stays off -- torch warns at every compiled module's call while any
+global module hook is there (once, then, for a model compiled after watch(): its first call
+comes while the guard is on).  An eager transformer beside a compiled model then takes its slow
+path while the capture's mode is on (documented in docs/capture.md).
 """
 
 from __future__ import annotations
@@ -23,9 +31,9 @@ from collections.abc import Callable
 from typing import Any
 
 from torch import nn
+from torch.nn.modules import module as _module
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
-from torch.utils.hooks import RemovableHandle
 
 from ._interpose import insert_mode, remove_mode
 
@@ -46,18 +54,40 @@ class FastPathGuard:
 
     def __init__(self, modes: Callable[[], tuple[TorchFunctionMode, ...]]) -> None:
         self.modes = modes
-        self.handles: list[RemovableHandle] = []
         self.taken = _Taken()
+        self.compiled = False  # a compiled forward ran: off for good (see the module's docstring)
+        self.hooked = False
+        # one id each for the whole watch, taken once from torch's own registration, and one
+        # function object each (a bound method is a new object at every attribute read)
+        pre_fn, post_fn = self._pre, self._post
+        pre = register_module_forward_pre_hook(pre_fn)
+        post = register_module_forward_hook(post_fn, always_call=True)
+        self.entries: tuple[tuple[dict[int, Any], int, Any], ...] = (
+            (_module._global_forward_pre_hooks, pre.id, pre_fn),
+            (_module._global_forward_hooks, post.id, post_fn),
+        )
+        self.always = post.id
+        pre.remove()
+        post.remove()
 
     def on(self) -> None:
-        if not self.handles:
-            self.handles = [register_module_forward_pre_hook(self._pre),
-                            register_module_forward_hook(self._post, always_call=True)]
+        if not self.hooked and not self.compiled:
+            for hooks, key, fn in self.entries:
+                hooks[key] = fn
+            _module._global_forward_hooks_always_called[self.always] = True
+            self.hooked = True
 
     def off(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
+        if self.hooked:
+            for hooks, key, _ in self.entries:
+                hooks.pop(key, None)
+            _module._global_forward_hooks_always_called.pop(self.always, None)
+            self.hooked = False
+
+    def compiled_forward(self) -> None:
+        """A compiled forward of the watched model ran (its hooks were traced): off for good."""
+        self.compiled = True
+        self.off()
 
     # Global hooks run in every module call of the process, the user's own code's included: they
     # must never raise into it (at worst a fast path is not taken, as before this guard).

@@ -620,6 +620,8 @@ class Watch:
         self._eval_probed: set[str] = set()
         # while one of these modes is on the stack, PyTorch's fast paths are taken without it
         self._fast = FastPathGuard(lambda: (self._interposer, self._eval_probe))
+        if type(model).__name__ == "OptimizedModule":  # watch(torch.compile(model))
+            self._fast.compiled_forward()
         self._eval_dropouts: set[str] = set()
         self._direct_noted = isinstance(model, torch.jit.ScriptModule)  # told at watch() already
         self._model_name = _class_name(model)
@@ -2012,6 +2014,7 @@ class Watch:
         ``CompiledFunctionBackward`` node; it gets its ``forwards`` entry now.  Whether it was one."""
         if not any(type(n).__name__ == "CompiledFunctionBackward" for n in walk.nodes):
             return False
+        self._fast.compiled_forward()  # no more global module hooks of ours (see _fastpath)
         model = self._model()
         s.forwards.append(
             {

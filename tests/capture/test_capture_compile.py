@@ -92,3 +92,43 @@ def test_ops_that_compile_runs_are_not_the_models(tmp_path: Path) -> None:
     assert sorted(compiled) == [0, 2]
     assert compiled[0] == compiled[2]  # the compiling step is like any later one
     assert set(compiled[0]) <= set(eager[0]) and len(compiled[0]) <= len(eager[0])
+
+
+@pytest.mark.parametrize("order", ["watch_then_compile", "watch_the_compiled"])
+def test_captured_steps_do_not_recompile_the_model(tmp_path: Path, order: str) -> None:
+    """Full mode captures every step: the capture's hooks and modes must not make Dynamo
+    compile the model again on each (its global module hooks once came back under new ids every
+    step; after 8 recompiles Dynamo runs the model uncompiled, with other numbers)."""
+    from torch._dynamo.utils import counters
+
+    def train(watched: bool) -> tuple[list[float], int, list[str]]:
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.GELU(), nn.Linear(16, 2))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        w = None
+        if watched and order == "watch_then_compile":
+            w = torchscope.watch(model, opt, server=None, record=tmp_path / f"{order}.tscope", mode="full")
+        compiled = torch.compile(model, backend="aot_eager")
+        if watched and order == "watch_the_compiled":
+            w = torchscope.watch(compiled, opt, server=None, record=tmp_path / f"{order}.tscope", mode="full")
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            for _ in range(12):
+                opt.zero_grad()
+                compiled(torch.randn(16, 8)).pow(2).mean().backward()
+                opt.step()
+        if w is not None:
+            w.close()
+        graphs = int(counters["stats"]["unique_graphs"])
+        return [float(p.detach().double().sum()) for p in model.parameters()], graphs, [str(x.message) for x in said]
+
+    plain, plain_graphs, _ = train(False)
+    watched, graphs, said = train(True)
+    assert watched == plain
+    # the forward with the capture's function mode on the stack (a captured step) and, when
+    # watched before compiling, with its fast-path hooks there at the first call: a variant each
+    assert plain_graphs == 1 and graphs <= 2
+    hook_warnings = [m for m in said if "global hooks" in m]
+    assert len(hook_warnings) <= (1 if order == "watch_then_compile" else 0)
