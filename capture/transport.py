@@ -67,9 +67,11 @@ def server_url(text: str) -> str | None:
     """``text`` as a server's base URL (no trailing slash), or None when it is not an http(s)
     URL with a host (and a valid port, if it names one)."""
     text = text.strip()
-    u = urllib.parse.urlsplit(text)
     try:
-        u.port  # noqa: B018 - raises ValueError on a port that is no number, or out of range
+        # urlsplit raises ValueError on a bracketed host it cannot read ("http://[::1"), .port
+        # on a port that is no number or out of range
+        u = urllib.parse.urlsplit(text)
+        u.port  # noqa: B018
     except ValueError:
         return None
     return text.rstrip("/") if u.scheme in ("http", "https") and u.hostname else None

@@ -1,0 +1,108 @@
+"""Which file a run records to: never one another running watch or process is writing (two runs
+started in one second once shared a default name and both were lost; an explicit ``record=``
+path was truncated under a live run), yet a finished run's file is written over when the user
+names it again.  And a malformed ``$TORCHSCOPE_SERVER`` never stops the training."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import torchscope
+from torchscope.sessionfile import iter_events
+
+HOLDER = textwrap.dedent("""
+    import sys, time, torch, torchscope
+    from torch import nn
+    model = nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    def train(n):
+        for _ in range(n):
+            opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
+    w = torchscope.watch(model, opt, server=None, record=sys.argv[1])
+    train(5)
+    w.flush()
+    print("ready", flush=True)
+    sys.stdin.readline()  # until the test has started its own run on the same path
+    train(5)
+    w.close()
+""")
+
+
+def _train(w_model: nn.Module, steps: int) -> None:
+    opt = torch.optim.SGD(w_model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        w_model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+
+
+def _steps(path: str | Path) -> int:
+    return sum(1 for e in iter_events(path) if e["kind"] == "step")
+
+
+def test_a_path_another_process_is_writing_is_left_to_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "run.tscope"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        model = nn.Linear(4, 2)
+        w = torchscope.watch(model, server=None, record=path)
+        assert w.path == str(tmp_path / "run-2.tscope")
+        assert "being written by another run" in capsys.readouterr().err
+        _train(model, 3)
+        w.close()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("go\n")
+        holder.stdin.close()
+        assert holder.wait(timeout=120) == 0
+    assert _steps(path) == 10  # the other process's run, whole
+    assert _steps(tmp_path / "run-2.tscope") == 3
+
+
+def test_two_watches_of_one_process_and_a_finished_file(tmp_path: Path) -> None:
+    path = tmp_path / "gan.tscope"
+    gen, disc = nn.Linear(4, 2), nn.Linear(4, 2)
+    w1 = torchscope.watch(gen, server=None, record=path)
+    w2 = torchscope.watch(disc, server=None, record=path)  # the same path, by mistake
+    assert (w1.path, w2.path) == (str(path), str(tmp_path / "gan-2.tscope"))
+    _train(gen, 2)
+    _train(disc, 4)
+    w2.close()
+    w1.close()
+    assert (_steps(path), _steps(tmp_path / "gan-2.tscope")) == (2, 4)
+    # a re-run of the script names the finished file again: it is written over, as it always was
+    again = torchscope.watch(nn.Linear(4, 2), server=None, record=path)
+    assert again.path == str(path)
+    again.close()
+    assert _steps(path) == 0
+
+
+def test_default_names_started_in_one_second_differ(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    models = [nn.Linear(4, 2) for _ in range(3)]
+    watches = [torchscope.watch(m, server=None, name="sweep") for m in models]
+    paths = [w.path for w in watches]
+    for w in watches:
+        w.close()
+    assert len(set(paths)) == 3 and all(p is not None and os.path.exists(p) for p in paths)
+
+
+def test_a_malformed_server_url_in_the_environment_never_stops_training(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TORCHSCOPE_SERVER", "http://[::1")
+    model = nn.Linear(4, 2)
+    w = torchscope.watch(model, record=tmp_path / "env.tscope")  # server="auto" reads it
+    _train(model, 2)
+    w.close()
+    assert "is not an http(s) URL; recording to the file only" in capsys.readouterr().err
+    assert _steps(tmp_path / "env.tscope") == 2
