@@ -351,9 +351,9 @@ class _StepState:
         self.clip_flagged = False
         self.clip: tuple[torch.Tensor, float, float] | None = None  # clip_grad_norm_'s total, max_norm, norm_type
         self.moves: dict[tuple[str, str], list[int]] = {}  # (what, src) -> [count, bytes]
-        self.conversions: dict[
-            int, tuple[torch.dtype, torch.device]
-        ] = {}  # output storage -> source dtype/device
+        # output storage -> source dtype/device, and the output (weakly): a storage address is
+        # the same data only while that output lives (a new tensor may reuse a freed address)
+        self.conversions: dict[int, tuple[torch.dtype, torch.device, weakref.ref[torch.Tensor]]] = {}
         self.breaks: list[dict[str, object]] = []
         self.events: list[dict[str, object]] = []
         self.saved_peak = 0  # largest saved-for-backward total of one backward in this step
@@ -1649,7 +1649,7 @@ class Watch:
                 s.copies += 1
                 s.copy_bytes += nbytes
             origin = s.conversions.get(_first_storage(inp))
-            if origin is not None and origin == (out.dtype, out.device):
+            if origin is not None and origin[:2] == (out.dtype, out.device) and origin[2]() is not None:
                 _bump(s.moves, ("round_trip", src), nbytes)  # converted there and back within the step
         # the same tensor object converted again in a later step, its values unchanged: work that
         # belongs before the loop.  Keyed by the object (held weakly), not its address, which a
@@ -1665,7 +1665,7 @@ class Watch:
             for k in list(self._converted)[:2048]:
                 del self._converted[k]
         if not same_place:
-            s.conversions[_first_storage(out)] = (inp.dtype, inp.device)
+            s.conversions[_first_storage(out)] = (inp.dtype, inp.device, weakref.ref(out))
 
     def _on_graph_copy(self, target: torch.Tensor, func: Any, fresh: bool) -> None:
         """A tensor without a graph (``fresh``), updated in place outside the forward while

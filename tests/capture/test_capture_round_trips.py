@@ -1,0 +1,54 @@
+"""P12's round trip (a tensor converted to another dtype or device and back within a step) is
+the same data only while the converted tensor lives: a new tensor the allocator put at a freed
+converted tensor's address, converted in its turn, is no round trip (a false P12 on
+transformers' ``generate()``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import torchscope
+from torchscope.sessionfile import iter_events
+
+
+def _round_trips(path: Path) -> int:
+    return sum(int(e["count"]) for st in iter_events(path) if st["kind"] == "step"
+               for e in st.get("events", []) if e.get("what") == "round_trip")
+
+
+def _run(tmp_path: Path, keep: bool) -> tuple[int, int]:
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / f"keep_{keep}.tscope"
+    reused = 0
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for _ in range(20):
+            x = torch.randn(4096, dtype=torch.float64)
+            half = x.float()
+            if keep:
+                half.double()  # there and back: the pitfall
+            else:
+                where = half.data_ptr()
+                del half  # its block goes back to the allocator
+                fresh = torch.randn(4096)
+                reused += fresh.data_ptr() == where
+                fresh.double()  # another tensor's conversion
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+    return _round_trips(path), reused
+
+
+def test_a_freed_conversions_address_reused_is_no_round_trip(tmp_path: Path) -> None:
+    trips, reused = _run(tmp_path, keep=False)
+    assert reused > 0, "the allocator never reused the freed block: this test shows nothing here"
+    assert trips == 0
+
+
+def test_a_real_round_trip_is_still_counted(tmp_path: Path) -> None:
+    trips, _ = _run(tmp_path, keep=True)
+    assert trips == 20
