@@ -217,6 +217,11 @@ def decode_payload(info: FrameInfo, payload: bytes, header: bytes | None = None)
             raise SessionFileError("frame holds a record that is not JSON") from exc
         if not isinstance(ev, dict) or not isinstance(ev.get("kind"), str):
             raise SessionFileError("frame holds a record without a kind")
+        if b"\\ud" in line or b"\\uD" in line:  # a surrogate escape: json.loads lets a lone one through
+            try:
+                json.dumps(ev, ensure_ascii=False).encode()  # which no UTF-8 writer or database takes
+            except UnicodeEncodeError:
+                raise SessionFileError("frame holds text that is not valid Unicode") from None
         events.append(ev)
     check_records(info, events)
     return events

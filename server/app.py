@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
 
@@ -21,7 +25,7 @@ from .routes_ingest import router as ingest_router
 from .routes_pages import router as pages_router
 from .routes_sessions import router as sessions_router
 from .security import SecurityMiddleware
-from .store import Store
+from .store import DiskFull, Store, StoreClosed, disk_full
 
 log = logging.getLogger("torchscope.server")
 GZIP_MIN_BYTES = 1024  # a smaller body gains less than the header and the CPU cost
@@ -60,6 +64,39 @@ async def _sweep(app: FastAPI, schedule: Callable[[str, int], None]) -> None:
         await asyncio.sleep(SILENT_SWEEP_S)
 
 
+def _json_error(status: int, detail: Any) -> Response:
+    # ASCII JSON: a lone surrogate from the request is escaped, not an encoding error
+    return Response(json.dumps({"detail": detail}, ensure_ascii=True, default=str), status_code=status,
+                    media_type="application/json")
+
+
+def _add_error_handlers(app: FastAPI, data_dir: Path) -> None:
+    """Errors that are no bug of the server answer a one-line detail, not a 500."""
+
+    async def full(request: Request, exc: Exception) -> Response:
+        err = disk_full(exc, data_dir)
+        if err is None:
+            raise exc
+        log.error("torchscope: %s %s: %s", request.method, request.url.path, err)
+        return _json_error(507, str(err))
+
+    async def closed(request: Request, exc: Exception) -> Response:
+        return _json_error(503, str(exc))
+
+    async def invalid(request: Request, exc: Exception) -> Response:
+        # FastAPI's own handler echoes each error's input back, which fails on what JSON cannot
+        # hold (NaN, a lone surrogate): the errors' place and message only
+        assert isinstance(exc, RequestValidationError)
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+                  for e in exc.errors()]
+        return _json_error(422, errors)
+
+    for cls in (DiskFull, sqlite3.OperationalError, OSError):
+        app.add_exception_handler(cls, full)
+    app.add_exception_handler(StoreClosed, closed)
+    app.add_exception_handler(RequestValidationError, invalid)
+
+
 def create_app(settings: Settings | None = None) -> Any:
     """The ASGI app (FastAPI wrapped in the security middleware); ``.fastapi`` is the inner app."""
     settings = settings or Settings()
@@ -93,6 +130,7 @@ def create_app(settings: Settings | None = None) -> Any:
     app = FastAPI(title="torchscope", version=version(), lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Live view of PyTorch training runs: sessions, steps, graphs, memory, gradients.")
     app.state.settings = settings
+    _add_error_handlers(app, settings.data_dir)
     app.state.store = Store(settings.db_path)
     app.state.hub = LiveHub()
     app.state.schedule_diagnostics = lambda session_id, rank: None  # replaced at startup

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -199,10 +200,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import create_app
+    from .client import page_url
 
     app = create_app(settings)
     if not args.quiet:
-        url = settings.base_url() + "/" + (f"?token={settings.token}" if settings.token else "")
+        url = page_url(settings.base_url() + "/", settings.token)  # the token URL-encoded
         print(f"torchscope dashboard: {url}  (data: {settings.data_dir})", flush=True)
     # uvicorn's own lines ("INFO: Started server process", one per request) only with --verbose:
     # the dashboard line above is what a user needs, and warnings and errors still show
@@ -274,6 +276,15 @@ def _server_base(args: argparse.Namespace) -> str:
     if url is None:
         sep = " " if origin.startswith("-") else "="
         raise CliError(f"{origin}{sep}{text!r} is not an http(s) URL (e.g. {DEFAULT_SERVER})", 2)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        extra = parts.path.strip("/") or parts.query or parts.username is not None
+    except ValueError:  # what server_url let through and urlsplit refuses
+        extra = True
+    if extra:  # the server is served at its root, and asks for a token, not a password
+        sep = " " if origin.startswith("-") else "="
+        raise CliError(f"{origin}{sep}{text!r}: give the server's base URL ({DEFAULT_SERVER}), "
+                       "without a path or user:password", 2)
     return url
 
 

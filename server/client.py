@@ -166,9 +166,16 @@ def upload(base: str, path: Path, token: str | None = None) -> dict[str, Any]:
             detail = json.loads(exc.read()).get("detail", exc.reason)
         except ValueError:
             detail = exc.reason
+        if exc.code in (503, 507):  # the server cannot store anything now: its words alone
+            raise ClientError(f"the server at {base} could not import {path.name}: {detail}") from None
         # 4xx: the file (a body the server could not read), in the server's words when they name it
         if exc.code < 500 and path.name in str(detail):
             raise ClientError(str(detail), 2) from None
         raise ClientError(f"the server refused {path}: {detail}", 2 if exc.code < 500 else 1) from None
     except OSError as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        if isinstance(reason, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+            # it answered the connection, then dropped it mid-upload: it is there, the upload failed
+            raise ClientError(f"the server at {base} closed the connection during the upload of {path.name} "
+                              f"({reason}); see its log") from None
         raise ClientError(f"could not reach the server at {base} ({exc})") from None

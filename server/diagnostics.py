@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from torchscope.sessionfile import decode_frame
 
-from .store import Store
+from .store import DiskFull, Store
 
 log = logging.getLogger("torchscope.server")
 DOCTOR_TIMEOUT_S = 600  # per rank
@@ -246,6 +246,8 @@ class DoctorQueue:
                     self._done(key, findings)
                 except DoctorStopped:
                     return  # the server is stopping (or the machine is out of memory)
+                except DiskFull as exc:  # the sweep retries once there is room: one line, no traceback
+                    log.error("torchscope: diagnostics of %s not stored: %s", key, exc)
                 except Exception:  # the queue goes on; the sweep retries the key's next frames
                     log.exception("torchscope: diagnostics of %s failed", key)
         finally:

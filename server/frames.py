@@ -144,7 +144,22 @@ def _decode(raw: bytes, info: FrameInfo) -> list[dict[str, Any]]:
     body = decompress_payload(info, raw[FRAME_HEADER_SIZE:], raw)
     events = [_event(line, info.flags) for line in body.splitlines() if line]
     check_records(info, events)
+    if b"\\ud" in body or b"\\uD" in body:  # a surrogate escape: refused alone, as the reader refuses it
+        _check_unicode(body)
     return events
+
+
+def _check_unicode(body: bytes) -> None:
+    """A lone surrogate escape (``\\ud800``) is no text: JSON parsers let it through, the file
+    reader (``sessionfile.decode_payload``) refuses it, and SQLite cannot store it."""
+    for line in body.splitlines():
+        if b"\\ud" in line or b"\\uD" in line:
+            try:
+                json.dumps(json.loads(line), ensure_ascii=False).encode()
+            except UnicodeEncodeError:
+                raise SessionFileError("frame holds text that is not valid Unicode") from None
+            except (ValueError, RecursionError):  # parsed already; the exact path decided on it
+                pass
 
 
 def split_frames(body: bytes) -> list[Frame]:

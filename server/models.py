@@ -16,6 +16,7 @@ from torchscope.schema import SessionStatus as Status
 class Health(BaseModel):
     ok: bool
     version: str
+    error: str | None = Field(None, description="why not ok (a 503): the store cannot take writes")
 
 
 class NextSeq(BaseModel):

@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from .config import TOKEN_COOKIE, version
-from .deps import HubDep, SessionId, SettingsDep
+from .deps import HubDep, SessionId, SettingsDep, StoreDep
 from .models import Health
+from .store import WRITER_DEAD
 
 router = APIRouter()
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -36,9 +37,12 @@ def _render(name: str, request: Request, token: str | None, **context: Any) -> R
     return resp
 
 
-@router.get("/api/health", response_model=Health, tags=["server"])
-def health() -> Health:
-    return Health(ok=True, version=version())
+@router.get("/api/health", response_model=Health, tags=["server"], response_model_exclude_none=True,
+            responses={503: {"model": Health, "description": "the store's writer stopped: writes cannot be stored"}})
+def health(store: StoreDep) -> Any:
+    if not store.writer_alive:
+        return JSONResponse(Health(ok=False, version=version(), error=WRITER_DEAD).model_dump(), status_code=503)
+    return Health(ok=True, version=version(), error=None)
 
 
 @router.get("/api/live", tags=["server"], response_class=StreamingResponse,

@@ -61,9 +61,19 @@ def get_session(session_id: SessionId, store: StoreDep) -> dict[str, Any]:
 @router.patch("/sessions/{session_id}", response_model=SessionDetail)
 async def patch_session(session_id: SessionId, patch: SessionPatch, store: StoreDep) -> dict[str, Any]:
     tags = None if patch.tags is None else [str(t)[:100] for t in patch.tags]
+    if tags is not None and not all(_unicode(t) for t in tags):  # a lone surrogate: JSON lets it through
+        raise HTTPException(422, "tags: a tag holds text that is not valid Unicode")
     if not await asyncio.wrap_future(store.update(session_id, patch.name, tags)):
         raise HTTPException(404, f"no session {session_id!r}")
     return store.session(session_id)
+
+
+def _unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @router.delete("/sessions/{session_id}", response_model=Deleted)

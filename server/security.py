@@ -199,20 +199,39 @@ class SecurityMiddleware:
                 await _reply(send, 413, f"request body over the {limit} byte limit")
                 return
         received = 0
+        refused = False  # the body went over the limit: the 413 sent is the answer
+        started = False
 
         async def limited_receive() -> Message:
-            nonlocal received
+            # Counted as it arrives (a chunked body has no Content-Length): over the limit, the
+            # 413 goes out here and the app sees the client gone (it would turn an exception
+            # raised into its body parser's 400 or a 500)
+            nonlocal received, refused
+            if refused:
+                return {"type": "http.disconnect"}
             msg = await receive()
             if msg["type"] == "http.request":
                 received += len(msg.get("body", b""))
                 if received > limit:
-                    raise BodyTooLarge(limit)
+                    refused = True
+                    if not started:
+                        await _reply(send, 413, f"request body over the {limit} byte limit")
+                    return {"type": "http.disconnect"}
             return msg
 
+        async def guarded_send(msg: Message) -> None:
+            nonlocal started
+            if refused:
+                return  # the app's answer to a body it never got whole
+            started = started or msg["type"] == "http.response.start"
+            await send(msg)
+
         try:
-            await self.app(scope, limited_receive, send)
-        except BodyTooLarge as exc:
-            await _reply(send, 413, f"request body over the {exc.limit} byte limit")
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not refused:
+                raise
+            # the app failed on the body it did not get (ClientDisconnect): answered already
 
 
 class BodyTooLarge(Exception):

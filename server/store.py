@@ -19,15 +19,18 @@ outside this module writes SQL.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import itertools
 import json
+import logging
 import math
 import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -40,6 +43,7 @@ from torchscope.series import check_columns, columns, concat, memory_series
 from .frames import Frame
 
 T = TypeVar("T")
+log = logging.getLogger("torchscope.server")
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -141,6 +145,35 @@ class StoreClosed(RuntimeError):
     pass
 
 
+WRITER_DEAD = "the store's writer stopped (see the server's log): restart the server"
+
+
+class DiskFull(OSError):
+    """A write the store (or an import's scratch files) could not make for lack of space; the
+    message is one line, "the server's disk is full: ...", for a 507."""
+
+
+_SQLITE_FULL = 13  # SQLITE_FULL, sqlite3.OperationalError.sqlite_errorcode & 0xff
+
+
+def disk_full(exc: BaseException, where: Path | str) -> DiskFull | None:
+    """``exc`` as a ``DiskFull`` naming ``where`` when it says the disk is full (SQLite's
+    SQLITE_FULL, an OSError ENOSPC or EDQUOT), else None."""
+    if isinstance(exc, DiskFull):
+        return exc
+    full = False
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        full = (code is not None and code & 0xFF == _SQLITE_FULL) or "disk is full" in str(exc)
+    elif isinstance(exc, OSError):
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not full:
+        return None
+    err = DiskFull(f"the server's disk is full: no space left for {where}")
+    err.errno = errno.ENOSPC
+    return err
+
+
 @dataclass
 class IngestResult:
     next_seq: int
@@ -212,8 +245,9 @@ class Store:
                 job = self._jobs.get_nowait()
             except queue.Empty:
                 return
-            if job is not None:
-                job.fut.set_exception(StoreClosed("the store is closed"))
+            if job is not None and not job.fut.cancelled():
+                with contextlib.suppress(InvalidStateError):
+                    job.fut.set_exception(StoreClosed("the store is closed" if self._closed else WRITER_DEAD))
 
     # ------------------------------------------------------------------ the writer thread
     def write(self, fn: Callable[[sqlite3.Connection], T], attach: Path | None = None) -> Future[T]:
@@ -224,12 +258,28 @@ class Store:
         if self._closed:
             fut.set_exception(StoreClosed("the store is closed"))
             return fut
+        if not self._writer.is_alive():  # it never should stop: no caller may wait on it forever
+            fut.set_exception(StoreClosed(WRITER_DEAD))
+            return fut
         self._jobs.put(_Job(fn, fut, attach))
-        if self._closed:  # closed meanwhile: the writer may be gone already
+        if self._closed or not self._writer.is_alive():  # closed meanwhile: the writer may be gone already
             self._fail_pending()
         return fut
 
+    @property
+    def writer_alive(self) -> bool:
+        """Whether the writer thread runs (a read-only store has none: False)."""
+        return hasattr(self, "_writer") and self._writer.is_alive()
+
     def _write_loop(self, conn: sqlite3.Connection) -> None:
+        try:
+            self._serve_writes(conn)
+        except BaseException:
+            # never meant to happen: /api/health says so, and no write waits on a dead writer
+            log.critical("torchscope: the store's writer stopped", exc_info=True)
+            self._fail_pending()
+
+    def _serve_writes(self, conn: sqlite3.Connection) -> None:
         carried: _Job | None = None  # a job with an attachment, taken while batching others
         while True:
             job = carried or self._jobs.get()
@@ -252,33 +302,80 @@ class Store:
                     carried = nxt
                     break
                 batch.append(nxt)
-            if job.attach is not None:
-                conn.execute("ATTACH DATABASE ? AS staged", (str(job.attach),))
             try:
-                results = self._run_batch(conn, batch)
-            finally:
-                if job.attach is not None:
-                    conn.execute("DETACH DATABASE staged")
+                results = self._run_attached(conn, batch, job.attach)
+            except BaseException as exc:  # noqa: BLE001 - the batch as a whole failed (disk full at COMMIT...)
+                # nothing of it is stored: each of its callers gets the error, and the writer
+                # goes on with the next batch (the disk may have room again by then)
+                failed: BaseException = disk_full(exc, self.path.parent) or exc
+                if failed is exc:
+                    log.error("torchscope: a write to the store failed: %s", exc)
+                results = [(j.fut, None, failed) for j in batch]
+                conn = self._recover(conn)
             for fut, res, err in results:
-                if err is not None:
-                    fut.set_exception(err)
-                else:
-                    fut.set_result(res)
+                if fut.cancelled():  # its request went away (asyncio.wrap_future cancels it)
+                    continue
+                with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
+                    if err is not None:
+                        fut.set_exception(disk_full(err, self.path.parent) or err)
+                    else:
+                        fut.set_result(res)
+
+    def _run_attached(self, conn: sqlite3.Connection, batch: list[_Job],
+                      attach: Path | None) -> list[tuple[Future[Any], Any, BaseException | None]]:
+        if attach is None:
+            return self._run_batch(conn, batch)
+        conn.execute("ATTACH DATABASE ? AS staged", (str(attach),))
+        try:
+            return self._run_batch(conn, batch)
+        finally:
+            conn.execute("DETACH DATABASE staged")
+
+    def _recover(self, conn: sqlite3.Connection) -> sqlite3.Connection:
+        """The write connection after a failed batch: its transaction rolled back and any
+        attachment gone; a fresh connection when it cannot be made so."""
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if any(row[1] == "staged" for row in conn.execute("PRAGMA database_list")):
+                conn.execute("DETACH DATABASE staged")
+            return conn
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            while True:  # the next batch needs a connection; the disk may hold the way
+                try:
+                    return self._connect()
+                except sqlite3.Error as exc:
+                    log.error("torchscope: cannot reopen the store (%s); retrying", exc)
+                    time.sleep(1.0)
 
     @staticmethod
     def _run_batch(conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[Future[Any], Any, BaseException | None]]:
+        """The batch in one transaction, each job in a savepoint: a job's own error goes to its
+        caller alone.  Anything else (BEGIN or COMMIT failing, a savepoint that cannot be rolled
+        back) rolls the whole transaction back and raises."""
         results: list[tuple[Future[Any], Any, BaseException | None]] = []
         conn.execute("BEGIN IMMEDIATE")
-        for fn, fut, _ in batch:
-            conn.execute("SAVEPOINT job")
-            try:
-                results.append((fut, fn(conn), None))
-                conn.execute("RELEASE job")
-            except BaseException as exc:  # the job's own error goes to its caller
-                conn.execute("ROLLBACK TO job")
-                conn.execute("RELEASE job")
-                results.append((fut, None, exc))
-        conn.execute("COMMIT")
+        try:
+            for fn, fut, _ in batch:
+                conn.execute("SAVEPOINT job")
+                try:
+                    results.append((fut, fn(conn), None))
+                    conn.execute("RELEASE job")
+                except BaseException as exc:  # the job's own error goes to its caller
+                    try:
+                        conn.execute("ROLLBACK TO job")
+                        conn.execute("RELEASE job")
+                    except sqlite3.Error:  # SQLite rolled the transaction back itself (SQLITE_FULL)
+                        raise exc from None
+                    results.append((fut, None, exc))
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            raise
         return results
 
     # ------------------------------------------------------------------ writes

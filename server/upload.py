@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 
 from fastapi import HTTPException, Request
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 try:  # the package's import name since python-multipart 0.0.13
     from python_multipart.multipart import MultipartParser, parse_options_header
@@ -36,7 +37,7 @@ from .deps import SESSION_ID_PATTERN
 from .frames import Frame, file_frames, file_index
 from .live import ingest_messages
 from .security import BodyTooLarge
-from .store import StagedImport, Store
+from .store import StagedImport, Store, disk_full
 
 FIELD = "file"
 # What OpenAPI (/docs) shows for the body the route parses itself.
@@ -131,42 +132,65 @@ async def _write(out: BinaryIO, receiver: _Receiver) -> None:
     await run_in_threadpool(out.write, data)
 
 
+async def _drain(request: Request) -> None:
+    """Read the rest of a body that will not be stored: a client answered before it has sent
+    it all sees its connection reset, not the answer."""
+    with contextlib.suppress(BodyTooLarge, ClientDisconnect, RuntimeError):  # RuntimeError: read already
+        async for _ in request.stream():
+            pass
+
+
 @contextlib.asynccontextmanager
 async def received_file(request: Request, data_dir: Path) -> AsyncIterator[Path]:
     """The upload's ``file`` part as a file in a fresh directory under ``DATA/tmp``, removed
-    on exit.  A body that is not such an upload answers 400, one over the limit 413."""
+    on exit.  A body that is not such an upload answers 400, one over the limit 413, one the
+    disk has no room for 507 (once the body is read: the client then reads the answer)."""
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
     boundary = params.get(b"boundary")
     if ctype != b"multipart/form-data" or not boundary:
         raise HTTPException(400, f"send the session file as multipart/form-data, field {FIELD!r}")
     root = data_dir / "tmp"
-    root.mkdir(parents=True, exist_ok=True)
-    _sweep(root)
-    workdir = Path(tempfile.mkdtemp(prefix="import-", dir=root))
+    workdir: Path | None = None
     try:
-        receiver = _Receiver()
-        callbacks: Any = {name: getattr(receiver, name) for name in dir(receiver) if name.startswith("on_")}
-        parser = MultipartParser(boundary, callbacks=callbacks)
-        part = workdir / "upload"
-        with open(part, "wb") as out:
-            try:
-                async for chunk in request.stream():
-                    parser.write(chunk)
-                    if len(receiver.pending) >= _WRITE_BYTES:
-                        await _write(out, receiver)
-                parser.finalize()
-            except BodyTooLarge as exc:
-                raise HTTPException(413, f"request body over the {exc.limit} byte limit") from None
-            except ValueError:  # python-multipart's parse errors are ValueErrors
-                raise HTTPException(400, "the upload is not valid multipart/form-data") from None
-            await _write(out, receiver)
-        if not receiver.found:
-            raise HTTPException(400, f"the upload has no {FIELD!r} field")
-        path = workdir / safe_name(receiver.filename)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            _sweep(root)
+            workdir = Path(tempfile.mkdtemp(prefix="import-", dir=root))
+            part = workdir / "upload"
+            name = await _receive(request, part, boundary)
+        except OSError as exc:
+            if (full := disk_full(exc, root)) is None:
+                raise
+            await _drain(request)
+            raise HTTPException(507, str(full)) from None
+        path = workdir / name
         part.rename(path)
         yield path
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _receive(request: Request, part: Path, boundary: bytes) -> str:
+    """The body's ``file`` part written to ``part``; its safe name."""
+    receiver = _Receiver()
+    callbacks: Any = {name: getattr(receiver, name) for name in dir(receiver) if name.startswith("on_")}
+    parser = MultipartParser(boundary, callbacks=callbacks)
+    with open(part, "wb") as out:
+        try:
+            async for chunk in request.stream():
+                parser.write(chunk)
+                if len(receiver.pending) >= _WRITE_BYTES:
+                    await _write(out, receiver)
+            parser.finalize()
+        except BodyTooLarge as exc:
+            raise HTTPException(413, f"request body over the {exc.limit} byte limit") from None
+        except ValueError:  # python-multipart's parse errors are ValueErrors
+            raise HTTPException(400, "the upload is not valid multipart/form-data") from None
+        await _write(out, receiver)
+    if not receiver.found:
+        raise HTTPException(400, f"the upload has no {FIELD!r} field")
+    return safe_name(receiver.filename)
 
 
 # ---------------------------------------------------------------------- reading it into the store
