@@ -91,7 +91,13 @@ def test_heat_map_names_stay_in_view_when_scrolled_to_later_steps(page: Any, srv
     box = scrolled["box"]
     starts = page.evaluate(ROW_STARTS, [len(modules) + 1, geom["cellH"]])
     shot(page, "gradients-scrolled")
-    for name, at in zip([*modules, "step →"], starts, strict=True):
+    # a numbered child of an nn.Sequential / ModuleList is named with its type ("...0 (Linear)")
+    import httpx
+
+    meta = httpx.get(f"{srv.url}/api/sessions/{runs['long']}", timeout=30).json()["meta"]
+    types = {m["path"]: m["type"] for m in meta["modules"]}
+    labels = [f"{m} ({types[m]})" if m.rpartition(".")[2].isdigit() and m in types else m for m in modules]
+    for name, at in zip([*labels, "step →"], starts, strict=True):
         assert at["title"] == name, f"row {name!r} starts with {at['tag']} {at['title']!r} after scrolling, not its name"
         assert at["scrollWidth"] <= at["clientWidth"], f"{name!r} overflows its column: {at}"
         if name != "step →":
@@ -110,7 +116,7 @@ def test_heat_map_names_stay_in_view_when_scrolled_to_later_steps(page: Any, srv
     for x, step in ((last_x, LONG_STEPS - 1), (first_x, first_step)):
         for m in (0, len(modules) - 1):
             page.mouse.move(x, scrolled["heat"]["top"] + m * geom["cellH"] + geom["cellH"] / 2)
-            assert page.locator("[data-testid=heat-hover]").inner_text().startswith(f"{modules[m]} · step {step} ·")
+            assert page.locator("[data-testid=heat-hover]").inner_text().startswith(f"{labels[m]} · step {step} ·")
     assert page.evaluate(SCROLL_TO_END)["scrollLeft"] == scrolled["scrollLeft"]  # the pointer moved nothing
 
 
