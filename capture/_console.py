@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 
-def say(*parts: object) -> None:
+def say(msg: str) -> None:
     """One line to stderr in one write: ``print`` writes the text and its newline apart, and a
     line from the writer thread (a server it started) could land between the two -- a
     notebook's output showed them run together."""
-    sys.stderr.write(" ".join(map(str, parts)) + "\n")
+    sys.stderr.write(msg + "\n")

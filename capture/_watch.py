@@ -28,6 +28,7 @@ import socket
 import sys
 import threading
 import time
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal, NamedTuple, cast
@@ -557,8 +558,7 @@ def _first_event(path: str) -> dict[str, Any] | None:
 def _being_written(path: str) -> bool:
     """Whether a running watch of this process or a live process on this host writes ``path``
     (its session event's pid); a file too new to hold that event yet counts as written."""
-    want = os.path.abspath(path)
-    if any(w._active and w.path is not None and os.path.abspath(w.path) == want for w in list(_watching.values())):
+    if _writing(path):
         return True
     first = _first_event(path)
     if isinstance(first, dict) and first.get("kind") == "session":
@@ -1227,20 +1227,14 @@ class Watch:
     def _in_step_call(self) -> bool:
         """Whether this forward runs inside the step() that began (an LBFGS closure's)."""
         opt = self._optimizer() if self._optimizer is not None else None
-        return opt is None or _step_calls(opt) > 0
+        return opt is None or _calls_on_stack(_STEP_WRAPPER, opt) > 0
 
     def _forward_running(self, module: nn.Module | None) -> bool:
         """Whether the forward the capture counts as running (``_depth``) is still on the
         stack, asked only where one is counted: the model's call begun (or the submodule's
         whose call began it) has a ``Module._call_impl`` frame besides the current call's."""
         began = self._entered or self._model()
-        frame: Any = sys._getframe(1)
-        calls = 0
-        while frame is not None:
-            if frame.f_code is _CALL_IMPL and frame.f_locals.get("self") is began:
-                calls += 1
-            frame = frame.f_back
-        return calls > (1 if began is module else 0)
+        return _calls_on_stack(_CALL_IMPL, began) > (1 if began is module else 0)
 
     def _end_cut_forward(self) -> None:
         """A forward that never returned nor raised an ``Exception``: a ``KeyboardInterrupt``
@@ -3098,12 +3092,16 @@ def _first_storage(t: torch.Tensor) -> int:
 _watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
 
 
+def _writing(path: str | os.PathLike[str]) -> list[Watch]:
+    """This process's running watches that write ``path``."""
+    want = os.path.abspath(path)
+    return [w for w in list(_watching.values()) if w._active and w.path is not None and os.path.abspath(w.path) == want]
+
+
 def flush_writers(path: str | os.PathLike[str]) -> None:
     """``Watch.flush()`` of this process's running watches that write ``path``."""
-    want = os.path.abspath(path)
-    for w in list(_watching.values()):
-        if w.path is not None and os.path.abspath(w.path) == want:
-            w.flush()
+    for w in _writing(path):
+        w.flush()
 _paused_before: dict[int, bool] = {}  # id(recorder) -> its pause before a compile (_pause_for_compile)
 
 
@@ -3130,12 +3128,13 @@ _STEP_WRAPPER = torch.optim.Optimizer.profile_hook_step(lambda self: None).__cod
 _subclassed_steps: dict[type, bool] = {}  # (a plain dict: asked twice a step, a weak one costs more)
 
 
-def _step_calls(optimizer: Any) -> int:
-    """How many of ``optimizer``'s wrapped ``step()`` calls are on this thread's stack."""
+def _calls_on_stack(code: types.CodeType, owner: Any) -> int:
+    """How many frames of ``code`` whose ``self`` is ``owner`` are on this thread's stack: a
+    module's ``_call_impl``, an optimizer's wrapped ``step()`` (asked only off the hot path)."""
     calls = 0
     frame: Any = sys._getframe(1)
     while frame is not None:
-        if frame.f_code is _STEP_WRAPPER and frame.f_locals.get("self") is optimizer:
+        if frame.f_code is code and frame.f_locals.get("self") is owner:
             calls += 1
         frame = frame.f_back
     return calls
@@ -3152,7 +3151,7 @@ def _inner_step(optimizer: torch.optim.Optimizer) -> bool:
         # a step of its own over a base's own (not Optimizer's abstract one)
         bases = [c for c in cls.__mro__[1:] if issubclass(c, torch.optim.Optimizer) and c is not torch.optim.Optimizer]
         own = _subclassed_steps[cls] = "step" in cls.__dict__ and any("step" in c.__dict__ for c in bases)
-    return own and _step_calls(optimizer) > 1
+    return own and _calls_on_stack(_STEP_WRAPPER, optimizer) > 1
 
 
 def _hookable(optimizer: Any) -> torch.optim.Optimizer | None:
