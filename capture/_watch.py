@@ -2189,6 +2189,10 @@ class Watch:
     # ------------------------------------------------------------------ step boundary
     def _any_opt_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if _inner_step(optimizer):
+            if self._s.step_began is not None and self._optimizer is not None and optimizer is self._optimizer():
+                # the subclass's own step() ran first (a clipping before super().step()): the
+                # gradients are read again as its base's update will find them
+                self._s.stats = self._safe("grads", self._grad_stats, self._s, [r() for r in self._params])
             return
         watched = self._optimizer() if self._optimizer is not None else None
         self._all_opts.add(optimizer)
@@ -2553,6 +2557,21 @@ class Watch:
         return reached
 
     def _close_step(self, skipped: bool) -> None:
+        # The step number moves on and the next step's state begins however the record ends:
+        # a KeyboardInterrupt (Ctrl-C, a notebook's Stop) landing in it loses at most this
+        # step's record.  Made first, the next state is put in place by one line that calls
+        # nothing (a signal is raised only at a call or a loop's jump back), so the next
+        # step never merges into the number already written.
+        fresh = _StepState(0.0)
+        try:
+            self._record_step(skipped)
+        finally:
+            self._step, self._s = self._step + 1, fresh
+            fresh.t0 = time.perf_counter()
+            if self._gc_paused:
+                self._resume_gc()
+
+    def _record_step(self, skipped: bool) -> None:
         s = self._s
         if s.checked is not None:
             self._skipped_loss(s)
@@ -2673,10 +2692,6 @@ class Watch:
             self._deferred = pending
         else:
             self._finish(*pending)
-        self._step += 1
-        self._s = _StepState(time.perf_counter())
-        if self._gc_paused:
-            self._resume_gc()
 
     def _owned_elsewhere(self, unregistered: list[tuple[NodeRecord, weakref.ref[torch.Tensor]]]) -> None:
         """A Parameter outside the model that an optimizer steps (a GAN's other model, an

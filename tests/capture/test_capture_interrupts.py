@@ -8,6 +8,7 @@ later forward counts as nested in it and none is recorded (nor judged by the doc
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,83 @@ def test_a_step_stopped_inside_optimizer_step_is_still_a_step(tmp_path: Path) ->
     assert cut == [3]
     assert all(e["micro_batches"] == 1 for e in steps)  # no step took two backward passes
     assert [f["code"] for f in diagnose(iter_events(path)) if f["severity"] != "info"] == []
+
+
+class _StopAtCall:
+    """Raises KeyboardInterrupt at the n-th Python call made while the capture closes a step
+    at the end of ``optimizer.step()`` (its ``Watch._close_step`` under the step's post-hook
+    on the stack): where a real SIGINT lands, since the
+    interpreter raises it at a function's entry (or a loop's jump back), not mid-line."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls, self.fired = n, 0, False
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if event != "call" or self.fired:
+            return None
+        names = []
+        f = frame.f_back
+        while f is not None:
+            names.append(f.f_code.co_name)
+            f = f.f_back
+        if "_close_step" not in names or "_opt_post" not in names:  # the close that optimizer.step() ends with
+            return None
+        self.calls += 1
+        if self.calls == self.n:
+            self.fired = True
+            raise KeyboardInterrupt
+        return None
+
+
+def _count_close_calls(model: nn.Module, opt: torch.optim.Optimizer, data: Any) -> int:
+    probe = _StopAtCall(0)
+    sys.settrace(probe)
+    try:
+        _train(model, opt, model, 1, data)
+    finally:
+        sys.settrace(None)
+    return probe.calls
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_a_stop_inside_the_capture_closing_a_step_never_repeats_its_number(tmp_path: Path, mode: str) -> None:
+    """A Ctrl-C that lands while the capture writes a step's record (after optimizer.step()'s
+    update, in its post-hook): at every call of that close in turn.  Each step keeps its own
+    number (the next step used to be merged into the number already written), the training is
+    unchanged, and the capture goes on recording."""
+
+    def run(watched: bool, stops: int = 0) -> tuple[Path, dict[str, torch.Tensor], int]:
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
+        path = tmp_path / f"{mode}-{watched}.tscope"
+        w = torchscope.watch(model, opt, server=None, record=path, mode=mode) if watched else None
+        _train(model, opt, model, 2, lambda: (x, y))
+        total = _count_close_calls(model, opt, lambda: (x, y)) if watched else 0
+        stride = max(1, total // 60)
+        for n in range(1, total + 1, stride):  # a Stop at the n-th call of one step's close
+            sys.settrace(_StopAtCall(n))
+            try:
+                _train(model, opt, model, 1, lambda: (x, y))
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+        if not watched:  # the same number of steps, none stopped
+            _train(model, opt, model, 1 + stops, lambda: (x, y))
+        _train(model, opt, model, 3, lambda: (x, y))
+        if w is not None:
+            w.close()
+        return path, {k: v.clone() for k, v in model.state_dict().items()}, total
+
+    path, params, total = run(True)
+    assert total > 20  # the close made calls to stop at
+    _, plain, _ = run(False, stops=len(range(1, total + 1, max(1, total // 60))))
+    assert all(torch.equal(params[k], plain[k]) for k in plain)
+    numbers = [e["step"] for e in iter_events(path) if e["kind"] == "step"]
+    assert numbers == sorted(set(numbers)), [n for n in numbers if numbers.count(n) > 1]
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    assert all(e["micro_batches"] <= 1 for e in steps)  # no step took the next one's backward
+    assert [e["micro_batches"] for e in steps[-3:]] == [1, 1, 1]  # and it goes on recording
+    assert all(e["forwards"] for e in steps[-3:])

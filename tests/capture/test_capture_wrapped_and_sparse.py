@@ -166,3 +166,27 @@ def test_a_subclass_step_calling_super_is_one_step(tmp_path: Path) -> None:
     assert [e["step"] for e in steps] == [0, 1, 2, 3, 4]
     assert all(e["micro_batches"] == 1 and e["grads"]["norm"][0] is not None for e in steps)
     assert [f for f in diagnose(iter_events(path)) if f["severity"] != "info"] == []
+
+
+def test_a_subclass_step_calling_super_has_the_gradients_it_applied(tmp_path: Path) -> None:
+    """ClippedSGD clips in its own step(), then calls SGD's: the gradient statistics are those
+    SGD's update used, clipped, not those backward left (read before the subclass's step ran)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = ClippedSGD(model.parameters(), lr=0.1)
+    applied: list[list[float]] = []  # each parameter gradient's norm after the step: what SGD applied
+    path = tmp_path / "clipped.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for _ in range(4):
+            opt.zero_grad()
+            (10.0 * nn.functional.mse_loss(model(torch.randn(8, 6)), torch.randn(8, 2))).backward()
+            raw = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
+            opt.step()
+            applied.append([float(p.grad.norm()) for p in model.parameters()])
+            assert raw > 0.5  # the clip did something
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    assert len(steps) == 4
+    for e, norms in zip(steps, applied, strict=True):
+        assert e["grads"]["norm"] == pytest.approx(norms, rel=1e-5)
+        total = sum(n * n for n in e["grads"]["norm"]) ** 0.5
+        assert total <= 0.5 + 1e-5
