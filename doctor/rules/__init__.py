@@ -19,6 +19,7 @@ from . import (
     nonfinite,
     norms,
     paths,
+    ranks,
     retention,
     unregistered,
     unused_graph,
@@ -28,7 +29,8 @@ from . import (
 Rule = Callable[[Run, Settings], list[Finding]]
 
 RULES: list[tuple[str, Rule]] = [
-    ("P1", lambda run, settings: paths.check_cut_paths(run, settings) + unregistered.check(run, settings)),
+    ("P1", lambda run, settings: (paths.check_cut_paths(run, settings) + unregistered.check(run, settings)
+                                  + ranks.check(run, settings))),
     ("P2", dead.check),
     ("P3", norms.check),
     ("P4", nonfinite.check),
