@@ -809,6 +809,7 @@ class Watch:
         self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
         self._gc_paused = False
         self._ended_by: tuple[str, str] | None = None  # (status, message) when the run raised
+        self._seen_error = id(getattr(sys, "last_value", None))  # IPython's last shown exception (_close_at_exit)
         self._active = True
         Watch._n_active += 1
         _watching[model] = self
@@ -816,7 +817,7 @@ class Watch:
         _warnings.install()
         _sigterm.install(_end_on_sigterm)
         self._mode_on()
-        atexit.register(self.close)
+        atexit.register(self._close_at_exit)
         where = f" → {self.url}" if self.url else ""
         say(
             f"torchscope: watching {_class_name(model)}{where}  (recording to {self.path})",
@@ -887,7 +888,20 @@ class Watch:
             self._transport.close(end)
         except Exception as exc:  # closing must not raise into an atexit or a with-block
             log.warning("torchscope: close failed: %r", exc)
-        atexit.unregister(self.close)
+        atexit.unregister(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        """``close()`` as the interpreter exits.  IPython shows a cell's exception itself (no
+        ``sys.excepthook``) and keeps it in ``sys.last_value``: a kernel restarted or shut down
+        while a cell trains first interrupts that cell, and an exception shown since the last
+        step ended -- an interrupt, or an error with a step left half done -- is how the run ended."""
+        last = getattr(sys, "last_value", None)
+        if (self._ended_by is None and isinstance(last, BaseException) and id(last) != self._seen_error
+                and (isinstance(last, KeyboardInterrupt) or self._s.micro > 0)):
+            self._ended_by = _ending(last) if not isinstance(last, KeyboardInterrupt) else (
+                "interrupted", "stopped by KeyboardInterrupt (a notebook's Stop, or its kernel restarted or shut "
+                "down while a cell ran)")
+        self.close()
 
     def _end_now(self) -> None:
         """The end record, written from a signal handler just before the process dies: what
@@ -2573,6 +2587,7 @@ class Watch:
 
     def _record_step(self, skipped: bool) -> None:
         s = self._s
+        self._seen_error = id(getattr(sys, "last_value", None))  # shown before this step's end: not how the run ends
         if s.checked is not None:
             self._skipped_loss(s)
         self._stray, self._stray_again = None, False  # the watched optimizer (or a boundary) ended the step after all

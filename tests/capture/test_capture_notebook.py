@@ -15,6 +15,7 @@ from typing import Any
 
 import jupyter_client
 import pytest
+from conftest import wait_for
 
 from torchscope.doctor import diagnose
 from torchscope.sessionfile import iter_events
@@ -113,3 +114,46 @@ def test_a_run_in_a_notebook(kernel: Kernel, tmp_path: Path) -> None:
     p5 = [f for f in diagnose(events) if f["code"] == "P5"]
     assert p5 and p5[0].get("src") == "Cell In[2]:4"
     assert not any(re.search(r"ipykernel_\d+|\d{6,}\.py", str(f.get("src", "")) + f["message"]) for f in p5)
+
+
+def _end(record: Path) -> dict[str, Any]:
+    return next(e for e in iter_events(record) if e["kind"] == "end")
+
+
+def test_a_kernel_restarted_while_a_cell_trains_ends_the_run_interrupted(tmp_path: Path) -> None:
+    """Restart (or shut down) a kernel whose cell is training: ipykernel interrupts the cell,
+    IPython shows the KeyboardInterrupt (no sys.excepthook: it keeps it in sys.last_value), and
+    atexit closes the watch -- the run stopped, it did not finish."""
+    k = Kernel(tmp_path, {"OMP_NUM_THREADS": "1"})
+    record = tmp_path / "restarted.tscope"
+    try:
+        k.run(f"RECORD = {str(record)!r}\n" + SETUP)
+        k.run(TRAIN)
+        k.kc.execute("train(10**7)")
+        assert wait_for(lambda: len([e for e in iter_events(record) if e["kind"] == "step"]) > 3, timeout=60)
+        k.km.restart_kernel(now=False)
+        assert wait_for(lambda: any(e["kind"] == "end" for e in iter_events(record)), timeout=60)
+    finally:
+        k.close()
+    end = _end(record)
+    assert end["status"] == "interrupted", end
+    assert "restarted" in end["message"]
+
+
+def test_a_kernel_shut_down_after_a_stopped_cell_and_more_training_finished(tmp_path: Path) -> None:
+    """The Stop button in one cell, training on in the next, then the kernel shut down: the
+    interrupt shown before the last steps is not how the run ended."""
+    k = Kernel(tmp_path, {"OMP_NUM_THREADS": "1"})
+    record = tmp_path / "shut.tscope"
+    try:
+        k.run(f"RECORD = {str(record)!r}\n" + SETUP)
+        k.run(TRAIN)
+        assert ("error", "KeyboardInterrupt") in k.run(STOPPED)
+        k.run("train(4)")
+        k.run("1 / 0")  # an error in a cell that trains nothing (a plot's typo) is not the run's
+        k.km.shutdown_kernel(now=False)
+        assert wait_for(lambda: any(e["kind"] == "end" for e in iter_events(record)), timeout=60)
+    finally:
+        k.kc.stop_channels()
+    end = _end(record)
+    assert end["status"] == "finished", end
