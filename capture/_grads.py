@@ -423,7 +423,9 @@ def nonzero_grads(params: Sequence[torch.Tensor | None]) -> tuple[list[int], boo
     nonzero: list[int] = []
     seen = False  # any .grad at all
     for i, p in enumerate(params):
-        g = None if p is None else p.grad
+        # a frozen parameter's .grad (left from before requires_grad_(False), beside an optimizer
+        # rebuilt over the others) is no gradient piling up: no backward adds to it
+        g = None if p is None or not p.requires_grad else p.grad
         if g is None:
             continue
         seen = True

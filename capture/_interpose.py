@@ -35,7 +35,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ._ops import OpRecorder, autocast_on
-from ._srcloc import _is_internal, unlink_own_frames
+from ._srcloc import _is_internal, in_package, unlink_own_frames
 
 if TYPE_CHECKING:
     from ._watch import Watch
@@ -206,7 +206,7 @@ class Interposer(TorchFunctionMode):
                 out = func(*args, **kwargs)  # torchscope runs your call unchanged
             finally:
                 rec.explicit_casts -= 1
-        if args and isinstance(args[0], torch.Tensor) and _from_user():
+        if args and isinstance(args[0], torch.Tensor) and _from_user() and not (out is args[0] and in_package(_caller_file())):
             self.watch._safe("copies", self.watch._on_move, args[0], out, func in SAME_PLACE_COPIES)
             if func is torch.tensor:
                 self._copy_cut(func, args[0])

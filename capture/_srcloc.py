@@ -63,6 +63,20 @@ def _is_internal(filename: str) -> bool:
     return _user_base(filename) is None
 
 
+_packaged: dict[str, bool] = {}  # filename -> whether an installed package's
+
+
+def in_package(filename: str) -> bool:
+    """Whether ``filename`` is torch's, ours or an installed package's (under site-packages or
+    dist-packages): code the user did not write and cannot change, whose habits (Opacus's
+    clipping calling ``.to()`` on tensors already there) are no finding of theirs."""
+    known = _packaged.get(filename)
+    if known is None:
+        parts = os.path.abspath(filename).split(os.sep)
+        known = _packaged[filename] = _is_internal(filename) or "site-packages" in parts or "dist-packages" in parts
+    return known
+
+
 def op_src(module_src: str, depth: int = 3) -> str:
     """``user_src`` for an aten op, without the stack walk where it is not needed.
 

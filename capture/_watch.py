@@ -675,7 +675,14 @@ class Watch:
         self._direct_noted = isinstance(model, torch.jit.ScriptModule)  # told at watch() already
         self._model_name = _class_name(model)
         named = list(model.named_parameters())
-        self._params = [weakref.ref(p) for _, p in named]
+        # a parameter object that dies (to_empty() of a model built on meta, load_state_dict
+        # (assign=True), each making new ones under the old names) marks this, read where a
+        # forward begins: the parameters are then followed by name (_rebind).  The callback
+        # holds no reference to the watch.
+        self._dead = dead = [False]
+        self._on_dead: Callable[[Any], None] = lambda _ref: dead.__setitem__(0, True)
+        self._names = [n for n, _ in named]
+        self._params = [weakref.ref(p, self._on_dead) for _, p in named]
         self._param_names = {id(p): n for n, p in named}
         self._param_ptrs = set(storages(p for _, p in named))  # refreshed once lazy ones exist
         # LazyLinear & co. make their parameters in the first forward: the session event (their
@@ -1171,6 +1178,8 @@ class Watch:
         self._depth += 1
         if self._depth > 1:
             return  # the root called itself: one forward
+        if self._dead[0]:
+            self._rebind()
         self._after_update = False
         if torch.is_grad_enabled():
             self._owner = threading.get_ident()
@@ -1663,6 +1672,11 @@ class Watch:
         # belongs before the loop.  Keyed by the object (held weakly), not its address, which a
         # new batch may reuse; its version counter tells a tensor written in place since (a
         # parameter the optimizer updated, a .grad accumulated into) from the same data.
+        if self._depth and (inp.element_size() == 1 or isinstance(inp, nn.Parameter)):
+            # a weight cast in the forward -- an int8/float8 (or packed 4-bit) weight dequantized,
+            # as weight-only quantization and QLoRA do on purpose to keep it small; a parameter
+            # cast to its input's dtype -- is the model's design, not data moved again
+            return
         key = (id(inp), out.dtype, out.device)
         seen = self._converted.get(key)
         version = -1 if inp.is_inference() else inp._version  # an inference tensor has no counter
@@ -2311,6 +2325,7 @@ class Watch:
         model = self._model()
         if model is None:
             return False
+        self._rebind()  # new objects under the old names are the same parameters, not gained ones
         new = {id(p): n for n, p in model.named_parameters() if id(p) not in self._param_names}
         names = [new[id(p)] for p in stepped if id(p) in new]
         if not names:
@@ -2326,6 +2341,27 @@ class Watch:
         )
         self._tell(msg, "warning")
         return True
+
+    def _rebind(self) -> None:
+        """Follow the parameters by name: ``model.to_empty()`` of a model built on the meta
+        device, ``load_state_dict(..., assign=True)`` (a resume, a mmap'd checkpoint) put new
+        tensor objects under the names ``watch()`` found.  Their columns of the gradient
+        statistics, their memory and their names in captured graphs are those of the new
+        ones from now on -- never a dead one's, whose ``id()`` a new tensor may reuse."""
+        self._dead[0] = False
+        model = self._model()
+        if model is None:
+            return
+        now = dict(model.named_parameters())
+        for i, name in enumerate(self._names):
+            new = now.get(name)
+            if new is not None and self._params[i]() is not new:
+                self._params[i] = weakref.ref(new, self._on_dead)
+        # the dead ones' ids go too (a layer deleted)
+        live = [(n, p) for n, r in zip(self._names, self._params, strict=True) if (p := r()) is not None]
+        self._param_names = {id(p): n for n, p in live}
+        self._param_ptrs = set(storages(p for _, p in live))
+        self._held_key = None  # which of them the optimizer holds: asked again
 
     def _shares_params(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` steps a parameter the watched optimizer steps."""

@@ -382,6 +382,7 @@ py::object grads_nonzero(const py::list& params) {
     const at::Tensor* p = tensor_at(params[i]);
     if (p == nullptr) continue;
     if (!p->is_leaf()) return py::none();
+    if (!p->requires_grad()) continue;  // frozen: no backward adds to what its .grad holds
     const at::Tensor& g = p->grad();
     if (!g.defined()) continue;
     if (g.is_sparse()) return py::none();  // the torch path counts a sparse gradient's rows

@@ -465,6 +465,32 @@ def test_p12_noop_to(tmp_path: Path) -> None:
         assert {"what": "noop_to", "count": 2} in st["events"]
 
 
+@pytest.mark.parametrize("where", ["site-packages", "my_project"])
+def test_noop_to_inside_an_installed_package_is_not_the_users(tmp_path: Path, where: str) -> None:
+    """A library that calls ``.to()`` on tensors already there (Opacus's clipping, 16 a step)
+    is no finding of the user's: counted only when the calls come from code outside
+    site-packages (the user's own, an editable install of their project included)."""
+    import importlib.util
+
+    lib = tmp_path / where / "tolib.py"
+    lib.parent.mkdir()
+    lib.write_text("def prepare(x):\n    for _ in range(5):\n        x = x.to(x.dtype)\n    return x\n")
+    spec = importlib.util.spec_from_file_location(f"tolib_{where.replace('-', '_')}", lib)
+    assert spec is not None and spec.loader is not None
+    tolib = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tolib)
+
+    def body(model: nn.Module, opt: Any, i: int, state: dict[str, Any]) -> None:
+        loss = model(tolib.prepare(torch.randn(4, 8))).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    for st in _steps_of(tmp_path, body, mode="full"):  # full mode: every step counts copies
+        noops = [e for e in st.get("events", []) if e["what"] == "noop_to"]
+        assert noops == ([] if where == "site-packages" else [{"what": "noop_to", "count": 5}])
+
+
 def test_copies_counted_on_sampled_steps(tmp_path: Path) -> None:
     """Outside full mode, data movement before the forward is watched on the first COPY_STEPS
     steps, then every GRAD_STATS_EVERY steps and on captured steps (the function mode is off in between: zero_grad's per-parameter
@@ -726,6 +752,45 @@ def test_p12_repeated_conversion_and_round_trip(tmp_path: Path) -> None:
             assert whats["repeat_copy"]["src"].startswith("test_capture_facts.py:")
         # float64 data -> float32 -> .double() (back: 4*8*8 bytes) -> .float() (back: 4*8*4 bytes)
         assert (whats["round_trip"]["count"], whats["round_trip"]["bytes"]) == (2, 4 * 8 * 8 + 4 * 8 * 4)
+
+
+class _QLoRALinear(nn.Module):
+    """Weight-only quantization with a LoRA adapter (QLoRA's shape): a frozen int8 weight,
+    dequantized in every forward on purpose -- kept int8 it takes a quarter of the memory."""
+
+    def __init__(self, n_in: int, n_out: int, as_param: bool) -> None:
+        super().__init__()
+        w = torch.randn(n_out, n_in) * 0.1
+        scale = w.abs().amax(1, keepdim=True) / 127
+        q = torch.round(w / scale).to(torch.int8)
+        if as_param:
+            self.qweight = nn.Parameter(q, requires_grad=False)
+        else:
+            self.register_buffer("qweight", q)
+        self.register_buffer("scale", scale)
+        self.a, self.b = nn.Parameter(torch.randn(4, n_in) * 0.01), nn.Parameter(torch.zeros(n_out, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.qweight.to(torch.float32) * self.scale  # dequantized
+        return x @ w.t() + (x @ self.a.t()) @ self.b.t()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("as_param", [True, False])
+def test_weights_dequantized_in_the_forward_are_no_repeated_copy(tmp_path: Path, as_param: bool) -> None:
+    """The same int8 weight converted every step -- inside the forward, as dequantizing does --
+    is the model's design, not a dataset moved again (that one, in the loop, still is: the
+    test above)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(_QLoRALinear(16, 16, as_param), nn.ReLU(), _QLoRALinear(16, 4, as_param))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    path = tmp_path / "qlora.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for _ in range(6):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(torch.randn(8, 16)), torch.randint(0, 4, (8,))).backward()
+            opt.step()
+    assert [e for st in _steps(path) for e in st.get("events", []) if e["what"] == "repeat_copy"] == []
+    assert [f for f in diagnose(list(iter_events(path))) if f["code"] == "P12"] == []
 
 
 @pytest.mark.parametrize(("clip", "passed"), [("norm", True), ("value", True), ("value-each", True), ("norm", False)])

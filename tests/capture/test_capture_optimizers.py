@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import torchscope
+from torchscope.doctor import diagnose
 from torchscope.sessionfile import iter_events
 
 
@@ -421,3 +422,38 @@ def test_sparse_gradients_and_a_second_optimizers_state_are_in_the_memory(mode: 
     mem = [s["memory"] for s in _steps(tmp_path / "run.tscope")]
     assert [m["grads"] for m in mem] == grads
     assert [m["optimizer"] for m in mem] == state and state[0] > 5000 * 32 * 4 * 2  # both of SparseAdam's moments
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("forget", [False, True])
+def test_a_frozen_backbones_old_gradients_are_no_missing_zero_grad(tmp_path: Path, native: bool, forget: bool,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fine-tuning in phases: the backbone frozen (``requires_grad_(False)``) and the optimizer
+    rebuilt over the head alone keeps the backbone's last gradients -- no backward adds to
+    them, nothing steps them: no P5.  The head's own zero_grad forgotten still is one."""
+    from torchscope import _native
+
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    if native:
+        assert _native.get(block=True) is not None, _native._error
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    path = tmp_path / "phases.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for step in range(12):
+            if step == 4:  # phase 2: the head alone
+                model[0].requires_grad_(False)
+                opt = torch.optim.Adam(model[2].parameters(), lr=1e-3)
+            if not (forget and step >= 4):
+                opt.zero_grad()
+            nn.functional.cross_entropy(model(torch.randn(16, 10)), torch.randint(0, 3, (16,))).backward()
+            opt.step()
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    assert model[0].weight.grad is not None and model[0].weight.grad.abs().sum() > 0  # still there
+    assert all(0 not in e["grads"]["pre_nonzero"] and 1 not in e["grads"]["pre_nonzero"] for e in steps)
+    p5 = [f for f in diagnose(iter_events(path)) if f["code"] == "P5" and f["severity"] != "info"]
+    if forget:
+        assert p5 and set(p5[0]["params"]) >= {"2.weight", "2.bias"}, p5
+    else:
+        assert p5 == []
