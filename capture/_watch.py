@@ -1282,6 +1282,8 @@ class Watch:
                 self._fast.off()
         if self._session_pending:
             self._emit_session(module)
+            if self._s.forwards:  # the dry run that made the lazy modules' parameters (no evaluation)
+                self._s.forwards[-1]["materialized"] = True
         if self._gc_paused:  # tested here, not in the call: once a step, rarely with work to do
             self._resume_gc()
         self._mode_on()

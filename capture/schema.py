@@ -146,6 +146,9 @@ class ForwardInfo(TypedDict, total=False):
     src: str  # user's call site "file.py:123"
     compiled: bool  # seen only in the backward graph: a torch.compile'd forward (its hooks were traced away)
     loss: float  # no backward used it: the loss the loop checked (isfinite/isnan/isinf) before skipping it
+    # its call made the parameters of the model's lazy modules (nn.LazyLinear...): the dry run
+    # PyTorch's docs have before the optimizer is built, not an evaluation
+    materialized: bool
 
 
 class GraphsKept(TypedDict, total=False):

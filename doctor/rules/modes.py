@@ -13,6 +13,7 @@ from torchscope.schema import Finding, FindingTarget
 from ..finding import describe_steps, make
 from ..run import Run, as_dict, as_int, as_list, notes
 from ..settings import Settings
+from .dry_run import lazy_dry_run
 from .loss_cut import no_grad_fn_forwards
 from .unused_graph import train_mode_evaluations
 
@@ -167,6 +168,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     # mode matters, less those the forward found in eval
     evaluations = train_mode_evaluations(run)
     sensitive = _sensitive_modules(run)
+    # the dry run that made a lazy model's parameters (PyTorch's way to build one): its output
+    # is thrown away, so its train mode evaluated nothing
+    dry = lazy_dry_run(run)
     for step, ev in run.forward_events():
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
         if not forwards and ev.get("training") is False and as_int(ev.get("micro_batches")) > 0:
@@ -174,6 +178,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         # the training forward run under no_grad by mistake (its loss had no grad_fn: P1), no evaluation
         cut = set(no_grad_fn_forwards(ev))
         for i, f in enumerate(forwards):
+            if f is dry:
+                continue
             trained = f.get("backward") is True
             evaluating = f.get("grad_mode") is False or f.get("inference_mode") is True
             if trained and f.get("training") is False:

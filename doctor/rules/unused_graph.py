@@ -10,6 +10,7 @@ from torchscope.schema import Finding, FindingTarget
 from ..finding import Severity, describe_steps, fmt_bytes, make
 from ..run import Run, as_dict, as_float, as_int, as_list, leaf_loss
 from ..settings import Settings
+from .dry_run import lazy_dry_run
 from .loss_cut import no_grad_fn_forwards
 from .paths import cut_steps
 
@@ -41,12 +42,13 @@ def train_mode_evaluations(run: Run) -> dict[str, list[int]]:
     N steps, or once at the end) -- not a GAN's generator pass or a target computed every step."""
     late = _late(run)
     trained = _trained_srcs(run, late)
+    dry = lazy_dry_run(run)  # a lazy model's dry run: a call site of its own, once, and no evaluation
     at: dict[str, list[int]] = {}
     for step, ev in run.forward_events():
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
         for f in forwards:
             src = f.get("src")
-            if (f.get("training") is not False and f.get("built_graph") is True and f.get("backward") is False
+            if (f is not dry and f.get("training") is not False and f.get("built_graph") is True and f.get("backward") is False
                     and (step, as_int(f.get("micro"))) not in late and isinstance(src, str) and src and src not in trained):
                 at.setdefault(src, []).append(run.step_of_forward(step, forwards, f))
     n = sum(1 for _, ev in run.step_events() if as_int(ev.get("micro_batches"), 1) > 0)
@@ -66,6 +68,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     skipped: list[int] = []  # the steps of the skipped batches
     checked: list[float] = []  # and their losses, where the loop checked them
     broken = cut_steps(run)
+    # the dry run that made a lazy model's parameters: its graph (one built without no_grad,
+    # as PyTorch's docs do) is thrown away on purpose, before training starts
+    dry = lazy_dry_run(run)
     for step, ev in run.forward_events():
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
         cut = set(no_grad_fn_forwards(ev))  # the loss was cut from its graph: the backward failed (P1/P9)
@@ -74,7 +79,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         if leaf_loss(ev) or step in broken:
             cut |= {i for i, f in enumerate(forwards) if f.get("training") is not False}
         unused = [f for i, f in enumerate(forwards) if f.get("built_graph") is True and f.get("backward") is False
-                  and (step, as_int(f.get("micro"))) not in late and i not in cut]
+                  and (step, as_int(f.get("micro"))) not in late and i not in cut and f is not dry]
         skips = [f for f in unused if f.get("training") is not False and f.get("src") in trained]
         skipped += [step] * len(skips)
         checked += [v for f in skips if (v := as_float(f.get("loss"))) is not None]
