@@ -40,7 +40,10 @@ def session_id(name: str, info: RankInfo, now: float | None = None) -> str:
         return uuid.uuid4().hex[:16]
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
     if run_id and run_id != "none":
-        seed = f"run:{run_id}|{name}"
+        # torchrun restarts a failed job's workers under the same run id: each attempt is a run
+        # of its own (the server refuses frames after a stored run's end)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        seed = f"run:{run_id}|{name}" if restart == "0" else f"run:{run_id}|{name}|attempt {restart}"
     else:
         addr = os.environ.get("MASTER_ADDR", "")
         port = os.environ.get("MASTER_PORT", "")

@@ -9,14 +9,16 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
+from starlette.types import Scope
 
 from .config import RUNNING_TIMEOUT_S, SILENT_SWEEP_S, Settings, is_loopback, version
 from .diagnostics import DoctorQueue, stop_children
@@ -35,6 +37,18 @@ def _frontend_dir() -> Path:
     import torchscope.frontend
 
     return Path(torchscope.frontend.__file__).resolve().parent
+
+
+class FrontendFiles(StaticFiles):
+    """The dashboard's files under /static.  Its folder is a Python package (``torchscope.frontend``,
+    so that it installs with torchscope): its ``__init__.py`` and compiled files are no part of
+    the dashboard and are not served."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        name = PurePath(path)
+        if name.suffix.lower() in (".py", ".pyc", ".pyo") or "__pycache__" in name.parts:
+            raise StarletteHTTPException(404)
+        return await super().get_response(path, scope)
 
 
 async def _sweep(app: FastAPI, schedule: Callable[[str, int], None]) -> None:
@@ -144,7 +158,8 @@ def create_app(settings: Settings | None = None) -> Any:
     app.include_router(pages_router)
     app.include_router(ingest_router)
     app.include_router(sessions_router)
-    app.mount("/static", StaticFiles(directory=_frontend_dir()), name="static")
-    wrapped = SecurityMiddleware(app, settings.allowed_hosts, settings.token, not is_loopback(settings.host))
+    app.mount("/static", FrontendFiles(directory=_frontend_dir()), name="static")
+    wrapped = SecurityMiddleware(app, settings.allowed_hosts, settings.token, not is_loopback(settings.host),
+                                 settings.read_timeout_s)
     wrapped.fastapi = app  # type: ignore[attr-defined]
     return wrapped

@@ -111,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token", help="require this token for ingest and viewing (default $TORCHSCOPE_TOKEN)")
     s.add_argument("--db", metavar="URL", help="store URL; only sqlite:///PATH today (default $TORCHSCOPE_DB "
                                                "or DIR/torchscope.db)")
-    s.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    s.add_argument("--verbose", action="store_true", help="print uvicorn's log, with one line per request")
+    talk = s.add_mutually_exclusive_group()  # "--quiet --verbose" is a mistake: say so, not pick one
+    talk.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    talk.add_argument("--verbose", action="store_true", help="print uvicorn's log, with one line per request")
 
     o = command("open", "import a session file into the server and open it in the browser", (
         "Import a .tscope session file (a colleague's, or a run recorded without a server) into the "
@@ -183,9 +184,9 @@ def _bind(host: str, port: int) -> socket.socket:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .config import ConfigError, Settings, default_data_dir
 
-    settings = Settings(data_dir=Path(args.data).expanduser() if args.data else default_data_dir(),
-                        host=args.host, port=args.port, token=args.token, db_url=args.db)
     try:
+        settings = Settings(data_dir=Path(args.data).expanduser() if args.data else default_data_dir(),
+                            host=args.host, port=args.port, token=args.token, db_url=args.db)
         settings.db_path  # noqa: B018 - validates the --db URL before anything starts
     except ConfigError as exc:
         raise CliError(str(exc), 2) from None
@@ -201,6 +202,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .app import create_app
     from .client import page_url
+    from .connections import timed_protocol
 
     app = create_app(settings)
     if not args.quiet:
@@ -208,8 +210,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"torchscope dashboard: {url}  (data: {settings.data_dir})", flush=True)
     # uvicorn's own lines ("INFO: Started server process", one per request) only with --verbose:
     # the dashboard line above is what a user needs, and warnings and errors still show
+    # Slow clients: a connection idle between requests is closed after timeout_keep_alive (the
+    # transport reconnects, retrying once), one slow to send its headers after the read timeout
+    # (timed_protocol), a stalled body answered 408 (the security middleware).  No
+    # limit_concurrency: uvicorn counts open connections against it, so slow clients holding
+    # connections would make it refuse everyone else (503), while descriptors are not bounded.
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=args.verbose,
-                            timeout_graceful_shutdown=3)
+                            timeout_graceful_shutdown=3, timeout_keep_alive=5,
+                            http=timed_protocol(settings.read_timeout_s))
     uvicorn.Server(config).run(sockets=[sock])
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -20,6 +21,15 @@ MAX_INGEST_BYTES = 80 * 1024 * 1024
 MAX_IMPORT_BYTES = 4 * 1024 * 1024 * 1024
 MAX_OTHER_BYTES = 64 * 1024
 TOKEN_COOKIE = "torchscope_token"
+# Slow clients (slowloris): a connection must send a request's headers within this many
+# seconds (of connecting, or of starting its next request), and a request body may not pause
+# longer than this, nor arrive slower than MIN_BODY_RATE bytes/s on average once this much
+# time has passed; otherwise the connection is closed (a slow body is answered 408 first).  Far
+# more than any client needs on a slow link, and it bounds how long a client that sends
+# nothing, or a byte now and then, holds a connection (uvicorn has no such limit).
+# $TORCHSCOPE_READ_TIMEOUT sets another (seconds).
+READ_TIMEOUT_S = 30.0
+MIN_BODY_RATE = 500  # bytes/s, as Apache's mod_reqtimeout asks of a body by default
 
 
 class ConfigError(ValueError):
@@ -45,6 +55,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def read_timeout() -> float:
+    """``READ_TIMEOUT_S``, or $TORCHSCOPE_READ_TIMEOUT when set."""
+    text = os.environ.get("TORCHSCOPE_READ_TIMEOUT", "").strip()
+    if not text:
+        return READ_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"TORCHSCOPE_READ_TIMEOUT={text!r}: give a number of seconds above 0")
+    return value
+
+
 def default_data_dir() -> Path:
     return Path(os.environ.get("TORCHSCOPE_DATA", "~/.torchscope")).expanduser()
 
@@ -67,6 +91,7 @@ class Settings:
     port: int = DEFAULT_PORT
     token: str | None = None  # required for ingest and viewing when set
     db_url: str | None = None
+    read_timeout_s: float = field(default_factory=read_timeout)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).expanduser()

@@ -174,7 +174,7 @@ def split_frames(body: bytes) -> list[Frame]:
                 raise SessionFileError("truncated frame")
             raw = body[offset:end]
             events = _decode(raw, info)
-        except SessionFileError as exc:
+        except (SessionFileError, BadFrames) as exc:  # (BadFrames: an event the schema refuses)
             raise BadFrames(f"frame {len(frames)} (byte {offset}): {exc}") from None
         frames.append(Frame(raw, info, events))
         offset = end
@@ -201,6 +201,6 @@ def file_frames(path: Path, infos: list[FrameInfo], start: int = 0) -> Iterator[
     for info, raw in zip(infos[start:], raw_frames(path, infos[start:]), strict=True):
         try:
             events = _decode(raw, info)
-        except SessionFileError as exc:
+        except (SessionFileError, BadFrames) as exc:  # (BadFrames: an event the schema refuses)
             raise BadFrames(f"{path.name} is corrupt at byte {info.offset}: {exc}") from None
         yield Frame(raw, info, events)

@@ -56,7 +56,8 @@ class SessionDetail(SessionSummary):
 class SessionPatch(BaseModel):
     model_config = {"extra": "forbid"}
     name: str | None = Field(None, min_length=1, max_length=200)
-    tags: list[Any] | None = Field(None, max_length=50)
+    # strings; any JSON is taken here so that the route refuses the rest in one line
+    tags: list[Any] | None = Field(None, max_length=50, description="strings (at most 100 characters kept)")
 
 
 class GraphIndexEntry(BaseModel):

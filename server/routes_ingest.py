@@ -16,6 +16,7 @@ from .deps import HubDep, Rank, SessionId, SettingsDep, StoreDep
 from .frames import BadFrames, split_frames
 from .live import ingest_messages
 from .models import ImportResult, NextSeq
+from .store import RunConflict
 from .upload import OPENAPI_BODY, Imports, import_file, received_file
 
 # The prefix is /api, not /api/ingest, so that the import is served here too.  app.py includes
@@ -44,7 +45,8 @@ async def next_seq(session_id: SessionId, rank: Rank, store: StoreDep) -> NextSe
 
 
 @router.post("/ingest/{session_id}/{rank}", response_model=NextSeq,
-             responses={400: {"description": "a bad frame"}, 409: {"description": "gap: rewind to next_seq"}})
+             responses={400: {"description": "a bad frame"}, 409: {"description": "gap: rewind to next_seq"},
+                        410: {"description": "the rank has ended: no frame but series frames goes after its end"}})
 async def ingest(session_id: SessionId, rank: Rank, request: Request, store: StoreDep, hub: HubDep) -> JSONResponse:
     body = await request.body()
     if not body:
@@ -54,7 +56,12 @@ async def ingest(session_id: SessionId, rank: Rank, request: Request, store: Sto
         frames = await run_in_threadpool(split_frames, body)
     except BadFrames as exc:
         raise HTTPException(400, str(exc)) from None
-    res = await asyncio.wrap_future(store.ingest(session_id, rank, frames))
+    try:
+        res = await asyncio.wrap_future(store.ingest(session_id, rank, frames))
+    except RunConflict as exc:
+        # not 409: to the transport a 409 means "rewind to next_seq", and it would resend these
+        # frames until its deadline; any other refusal makes it back off and say why, once
+        raise HTTPException(410, str(exc)) from None
     for msg in ingest_messages(session_id, rank, [f.events for f in res.stored]):
         hub.publish(msg)
     if any(ev.get("kind") == "end" for f in res.stored for ev in f.events):
@@ -69,7 +76,9 @@ def imports_in_progress(imports: ImportsDep) -> list[dict[str, Any]]:
 
 
 @router.post("/sessions/import", tags=["sessions"], response_model=ImportResult, openapi_extra=OPENAPI_BODY,
-             responses={400: {"description": "not a readable session file"}, 413: {"description": "over 4 GiB"}})
+             responses={400: {"description": "not a readable session file"},
+                        409: {"description": "another run's frames are stored under the file's session id"},
+                        413: {"description": "over 4 GiB"}})
 async def import_session_file(request: Request, store: StoreDep, hub: HubDep, settings: SettingsDep,
                               imports: ImportsDep) -> ImportResult:
     """A ``.tscope`` file as multipart field ``file``: streamed to disk, then read once, frame
@@ -80,6 +89,8 @@ async def import_session_file(request: Request, store: StoreDep, hub: HubDep, se
             done = await run_in_threadpool(import_file, store, path, imports)
         except BadFrames as exc:
             raise HTTPException(400, str(exc)) from None
+        except RunConflict as exc:
+            raise HTTPException(409, str(exc)) from None
     for msg in done.messages:
         hub.publish(msg)
     if done.next_seq > done.before:

@@ -60,7 +60,10 @@ def get_session(session_id: SessionId, store: StoreDep) -> dict[str, Any]:
 
 @router.patch("/sessions/{session_id}", response_model=SessionDetail)
 async def patch_session(session_id: SessionId, patch: SessionPatch, store: StoreDep) -> dict[str, Any]:
-    tags = None if patch.tags is None else [str(t)[:100] for t in patch.tags]
+    if patch.tags is not None and not all(isinstance(t, str) for t in patch.tags):
+        # (the model takes any JSON so that this says it in one line, not pydantic's error list)
+        raise HTTPException(422, "tags: every tag must be a string")
+    tags = None if patch.tags is None else [t[:100] for t in patch.tags]
     if tags is not None and not all(_unicode(t) for t in tags):  # a lone surrogate: JSON lets it through
         raise HTTPException(422, "tags: a tag holds text that is not valid Unicode")
     if not await asyncio.wrap_future(store.update(session_id, patch.name, tags)):

@@ -2,8 +2,9 @@
 
 - Host header check against DNS rebinding: a page on evil.example whose name re-resolves
   to 127.0.0.1 still sends ``Host: evil.example``; only the bound address and the loopback
-  names are served.  (With a token required the token is the guard, so any Host is fine:
-  behind Docker or a LAN the name the client uses is not known in advance.)
+  names are served, compared as DNS compares names (``LOCALHOST`` and ``localhost.`` too).
+  (With a token required the token is the guard, so any Host is fine: behind Docker or a
+  LAN the name the client uses is not known in advance.)
 - Token: when set, every request but /api/health needs it as ``Authorization: Bearer``,
   ``?token=``, or the cookie set when a page was opened with ``?token=``.
 - Cross-origin writes: a page of another site can send a POST/PATCH/DELETE without reading
@@ -13,10 +14,13 @@
   names the host the request went to).  Clients that are not browsers (the training
   process, ``torchscope open``, curl) send neither and pass.
 - Body size limits per route family; CORS stays closed (no CORS headers are ever sent).
+- Slow bodies: one that pauses too long, or trickles in a byte at a time, is answered 408 and
+  its connection closed (uvicorn has no read timeout; ``connections.py`` times the headers).
 """
 
 from __future__ import annotations
 
+import asyncio
 import html
 import ipaddress
 import json
@@ -26,7 +30,7 @@ from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .config import MAX_IMPORT_BYTES, MAX_INGEST_BYTES, MAX_OTHER_BYTES, TOKEN_COOKIE
+from .config import MAX_IMPORT_BYTES, MAX_INGEST_BYTES, MAX_OTHER_BYTES, MIN_BODY_RATE, TOKEN_COOKIE
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -70,10 +74,21 @@ def host_name(host_header: str) -> str:
     return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
-async def _reply(send: Send, status: int, detail: str) -> None:
+def canonical_host(host: str) -> str:
+    """A host name as DNS compares it: case does not count, and ``localhost.`` (the fully
+    qualified form, with its root dot) is ``localhost``."""
+    host = host.lower()
+    return host[:-1] if host.endswith(".") else host
+
+
+async def _reply(send: Send, status: int, detail: str, close: bool = False) -> None:
+    """A one-line JSON answer; ``close``: the connection ends with it (uvicorn honours the
+    header), as after a body that stalled: its rest would never be read."""
     body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -138,10 +153,14 @@ def host_page(host_header: str, server: tuple[str | None, int | None]) -> bytes:
 
 
 class SecurityMiddleware:
-    def __init__(self, app: ASGIApp, allowed_hosts: set[str], token: str | None, reachable: bool = True) -> None:
+    def __init__(self, app: ASGIApp, allowed_hosts: set[str], token: str | None, reachable: bool = True,
+                 read_timeout: float | None = None) -> None:
+        """``read_timeout``: the longest a request body may pause, and its grace before it must
+        keep ``MIN_BODY_RATE`` (``_body_wait``); None: no limit."""
         self.app = app
-        self.allowed_hosts = allowed_hosts
+        self.allowed_hosts = {canonical_host(h) for h in allowed_hosts}
         self.token = token
+        self.read_timeout = read_timeout
         self._token_page = token_page(reachable)  # ``reachable``: bound to a non-loopback address
 
     def _token_of(self, scope: Scope, headers: dict[bytes, bytes]) -> str | None:
@@ -167,7 +186,7 @@ class SecurityMiddleware:
         path: str = scope.get("path", "")
         if self.token is None:
             host = host_name(headers.get(b"host", b"").decode("latin-1"))
-            if host not in self.allowed_hosts:
+            if canonical_host(host) not in self.allowed_hosts:
                 if _page_load(scope, headers):
                     server = scope.get("server") or (None, None)
                     await _reply_page(send, 400, host_page(headers.get(b"host", b"").decode("latin-1"), server))
@@ -199,18 +218,37 @@ class SecurityMiddleware:
                 await _reply(send, 413, f"request body over the {limit} byte limit")
                 return
         received = 0
-        refused = False  # the body went over the limit: the 413 sent is the answer
+        refused = False  # the body went over the limit, or stalled: the 413 or 408 sent is the answer
         started = False
+        body_done = False
+        body_began: float | None = None
 
         async def limited_receive() -> Message:
             # Counted as it arrives (a chunked body has no Content-Length): over the limit, the
             # 413 goes out here and the app sees the client gone (it would turn an exception
-            # raised into its body parser's 400 or a 500)
-            nonlocal received, refused
+            # raised into its body parser's 400 or a 500).  Paced while the body is incomplete
+            # (``_body_wait``): a client that stops sending it, or sends a byte now and then
+            # (slowloris), gets a 408 and the connection closed.  Once the body is whole, a
+            # receive waits for the client to leave (a streamed answer, such as the live
+            # channel's, listens for that): no limit then.
+            nonlocal received, refused, body_done, body_began
             if refused:
                 return {"type": "http.disconnect"}
-            msg = await receive()
+            if body_done or self.read_timeout is None:
+                msg = await receive()
+            else:
+                now = asyncio.get_running_loop().time()
+                body_began = now if body_began is None else body_began
+                try:
+                    msg = await asyncio.wait_for(receive(), _body_wait(self.read_timeout, body_began, received, now))
+                except asyncio.TimeoutError:
+                    refused = True
+                    if not started:
+                        await _reply(send, 408, f"the request body came too slowly (a pause over {self.read_timeout:g} s, "
+                                                f"or under {MIN_BODY_RATE} bytes/s)", close=True)
+                    return {"type": "http.disconnect"}
             if msg["type"] == "http.request":
+                body_done = not msg.get("more_body", False)
                 received += len(msg.get("body", b""))
                 if received > limit:
                     refused = True
@@ -232,6 +270,14 @@ class SecurityMiddleware:
             if not refused:
                 raise
             # the app failed on the body it did not get (ClientDisconnect): answered already
+
+
+def _body_wait(timeout: float, began: float, received: int, now: float) -> float:
+    """How long to wait for the next piece of a request body: a pause may last ``timeout``,
+    and the body must come at ``MIN_BODY_RATE`` on average after a first ``timeout`` of grace
+    (as Apache's mod_reqtimeout paces bodies): a byte every few seconds resets no clock."""
+    due = began + timeout + received / MIN_BODY_RATE
+    return max(min(timeout, due - now), 0.001)
 
 
 class BodyTooLarge(Exception):

@@ -37,7 +37,7 @@ from .deps import SESSION_ID_PATTERN
 from .frames import Frame, file_frames, file_index
 from .live import ingest_messages
 from .security import BodyTooLarge
-from .store import StagedImport, Store, disk_full
+from .store import RunConflict, StagedImport, Store, disk_full
 
 FIELD = "file"
 # What OpenAPI (/docs) shows for the body the route parses itself.
@@ -321,7 +321,8 @@ _collector_paused = _CollectorPause()
 def import_file(store: Store, path: Path, imports: Imports) -> Imported:
     """Read a session file on disk into the store, decoding each frame once.  A new rank is
     staged next to the file and committed whole; a rank the store holds already gets the
-    frames it lacks, after the whole file was checked.  Raises ``BadFrames`` (nothing stored)."""
+    frames it lacks, after the whole file was checked and found to be the same run.  Raises
+    ``BadFrames`` or ``RunConflict`` (nothing stored)."""
     with _collector_paused():
         found = file_index(path)
         version, infos = found.version, found.frames
@@ -335,6 +336,8 @@ def import_file(store: Store, path: Path, imports: Imports) -> Imported:
             if imported.before == 0 and _staged(store, path, version, itertools.chain([first], batches),
                                                 imported, progress):
                 return imported
+            if imported.before:  # another run's frames under this id: said now, not after reading it all
+                _check_same_run(store, path, imported, infos, imported.before)
             for batch in batches:  # a rank stored already: the file checked to the end first
                 progress.done += sum(len(f.raw) for f in batch)
             progress.stage = "storing"
@@ -364,10 +367,33 @@ def _staged(store: Store, path: Path, version: tuple[int, int], batches: Iterato
 
 def _ingest_missing(store: Store, path: Path, imported: Imported, version: tuple[int, int],
                     infos: list[FrameInfo]) -> None:
-    """The frames of a checked file that the store's rank lacks, ingested as a live run's."""
+    """The frames of a checked file that the store's rank lacks, ingested as a live run's, once
+    the file is known to be the same run (``_check_same_run``)."""
     start = store.frame_count(imported.session_id, imported.rank)
+    if start != imported.before:  # (checked already as it was; a live writer or an import since)
+        _check_same_run(store, path, imported, infos, start)
     imported.next_seq = start
     for batch in _batches(file_frames(path, infos, start=start)):
         res = store.ingest(imported.session_id, imported.rank, batch, imported=True, version=version).result()
         imported.next_seq = res.next_seq
         _last_messages(imported, res.stored)
+
+
+def _check_same_run(store: Store, path: Path, imported: Imported, infos: list[FrameInfo], stored: int) -> None:
+    """Raise ``RunConflict`` unless the file is the run the store's rank holds ``stored``
+    frames of: the same frames where both have them (compared by header, whose CRC covers the
+    payload: the wire and the file carry the same bytes), and, if that run's end is stored, no
+    frame after it but the series frames its writer puts there.  A session id names one run;
+    a different file claiming it (a crafted one, a reused id) would otherwise be spliced onto
+    it, after its end."""
+    where = f"session {imported.session_id} rank {imported.rank}"
+    with open(path, "rb") as f:
+        for info, head in zip(infos, store.frame_headers(imported.session_id, imported.rank, stored), strict=False):
+            f.seek(info.offset)
+            if f.read(FRAME_HEADER_SIZE) != head:
+                raise RunConflict(f"{path.name}: another run with the same session id is already stored "
+                                  f"({where}: its frame {info.seq} differs from the file's)")
+    extra = next((info for info in infos[stored:] if series_part(info) is None), None)
+    if extra is not None and store.ended(imported.session_id, imported.rank):
+        raise RunConflict(f"{path.name}: another run with the same session id is already stored ({where} "
+                          "has ended, and the file goes on after its end)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import ServerProc, run_two_ranks
 
 from torchscope.session import load
@@ -47,3 +48,21 @@ def test_dist_two_ranks_one_session(tmp_path: Path, server: ServerProc) -> None:
     workers = [json.loads(p.read_text()) for p in out.glob("worker-*.json")]
     assert len(workers) == 4, workers  # 2 workers per rank produced items and checked
     assert all(w["max_sockets"] == 0 for w in workers), workers
+
+
+def test_an_elastic_restart_is_a_session_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun restarts a failed job's workers with the same TORCHELASTIC_RUN_ID: the ranks of
+    one attempt share a session, the next attempt is another (its frames would follow the first
+    attempt's end, which the server refuses)."""
+    from torchscope.distributed import RankInfo, session_id
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
+    ids = {}
+    for restart in ("0", "1", "2"):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restart)
+        ranks = {session_id("train", RankInfo(rank=r, world_size=2, distributed=True)) for r in (0, 1)}
+        assert len(ranks) == 1  # every rank of the attempt, one session
+        ids[restart] = ranks.pop()
+    assert len(set(ids.values())) == 3
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
+    assert session_id("train", RankInfo(rank=0, world_size=2, distributed=True)) == ids["0"]  # as before
