@@ -54,8 +54,9 @@ from ._modhook import ModuleHook, hook_module
 from ._native import NativeRecorder
 from ._ops import OpRecorder, StorageIds, autocast_on
 from ._overlap import Region, itemsize, region
+from ._record import claim_record, default_record
 from ._srcloc import _is_internal, call_as_user, op_src, user_src
-from .distributed import RankInfo, rank_info, rank_path, session_id
+from .distributed import RankInfo, rank_info, session_id
 from .schema import (
     SCHEMA_VERSION,
     ActivationGrad,
@@ -70,8 +71,6 @@ from .schema import (
     StepEvent,
     TensorMeta,
 )
-from .session import writer_alive
-from .sessionfile import FRAME_HEADER_SIZE, HEADER_SIZE, check_file_header, decode_frame, parse_frame_header
 
 log = logging.getLogger("torchscope")
 
@@ -511,63 +510,6 @@ def _default_name(model: nn.Module) -> str:
     return stem
 
 
-def _default_record(name: str) -> str:
-    """``torchscope-runs/<name>-<time>.tscope`` (``_claim_record`` makes it ``-2``, ``-3``...
-    when another run has it)."""
-    return os.path.join("torchscope-runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.tscope")
-
-
-def _claim_record(base: str, rank: RankInfo, chosen: bool) -> str:
-    """The file this run records to, created here, exclusively (``O_EXCL``): two runs started in
-    one second -- a GAN's two watches, a sweep launched with ``&`` -- would otherwise get one
-    default name and write one file, and lose both runs.  ``base``, or ``-2``, ``-3``... beside
-    it while another run holds that name.  A path the user ``chose`` (``record=``) that a finished
-    run wrote is written over, as re-running a script expects; one that a running watch or
-    process is still writing is not."""
-    stem = base[: -len(".tscope")] if base.endswith(".tscope") else base
-    for n in range(1, 1000):
-        path = rank_path(base if n == 1 else f"{stem}-{n}.tscope", rank)
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            if chosen and n == 1 and os.path.exists(path) and not _being_written(path):
-                os.remove(path)
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        except FileExistsError:
-            continue
-        except OSError:
-            return path  # the writer meets the same error and says it in one line
-        if n > 1:
-            say(f"torchscope: {rank_path(base, rank)} is being written by another run; recording to {path}")
-        return path
-    return rank_path(base, rank)
-
-
-def _first_event(path: str) -> dict[str, Any] | None:
-    """The first event of a session file (its first frame only, however long the file), or None."""
-    try:
-        with open(path, "rb") as f:
-            check_file_header(f.read(HEADER_SIZE))
-            head = f.read(FRAME_HEADER_SIZE)
-            frame = head + f.read(parse_frame_header(head).length)
-        events = decode_frame(frame)[1]
-    except Exception:  # not (yet) a readable session file
-        return None
-    return events[0] if events else None
-
-
-def _being_written(path: str) -> bool:
-    """Whether a running watch of this process or a live process on this host writes ``path``
-    (its session event's pid); a file too new to hold that event yet counts as written."""
-    if _writing(path):
-        return True
-    first = _first_event(path)
-    if isinstance(first, dict) and first.get("kind") == "session":
-        return first.get("pid") != os.getpid() and writer_alive(first)
-    with contextlib.suppress(OSError):
-        return time.time() - os.path.getmtime(path) < 10
-    return False
-
-
 class Watch:
     """``torchscope.watch(model, optimizer=None, ...)``: watch ``model`` (and ``optimizer``) for
     the rest of the run; the returned handle is also a context manager (``close()`` on exit).
@@ -629,8 +571,10 @@ class Watch:
         self.name = name or _default_name(model)
         self._rank: RankInfo = rank_info()
         self.session_id = session_id(self.name, self._rank)
-        base = os.fspath(record) if record is not None else _default_record(self.name)
-        self.path = _claim_record(base, self._rank, chosen=record is not None)
+        base = os.fspath(record) if record is not None else default_record(self.name)
+        self.path = claim_record(base, self._rank, record is not None, lambda p: bool(_writing(p)), self.name)
+        if self.path is None:
+            return  # no file can be written: not watched (said), the training runs as it would
         from .transport import resolve_server  # imported with the transport, not by `import torchscope`
 
         self._server, autostart = resolve_server(server)
@@ -736,9 +680,11 @@ class Watch:
 
         from .transport import Transport  # H3's writer/sender thread
 
-        self._transport = Transport(
-            self.path, self.session_id, self._rank.rank, self._server, token, autostart
-        )
+        try:
+            self._transport = Transport(self.path, self.session_id, self._rank.rank, self._server, token, autostart)
+        except OSError as exc:  # the file claimed, then its header not written (a disk full)
+            say(f"torchscope: cannot record to {self.path} ({exc.strerror or exc!r}): not watching this run")
+            return
         if not self._session_pending:
             self._transport.emit(self._session_event(model, optimizer))
         self._handles: list[Any] = []

@@ -106,3 +106,58 @@ def test_a_malformed_server_url_in_the_environment_never_stops_training(tmp_path
     w.close()
     assert "is not an http(s) URL; recording to the file only" in capsys.readouterr().err
     assert _steps(tmp_path / "env.tscope") == 2
+
+
+def test_a_file_that_is_no_session_is_never_written_over(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``record=`` naming the user's checkpoint (a typo, a path reused) left it a session file."""
+    ckpt = tmp_path / "checkpoint.pt"
+    ckpt.write_bytes(b"PK\x03\x04 the user's weights")
+    model = nn.Linear(4, 2)
+    with torchscope.watch(model, server=None, record=ckpt) as w:
+        _train(model, 3)
+    assert ckpt.read_bytes() == b"PK\x03\x04 the user's weights"
+    assert w.path == str(tmp_path / "checkpoint.pt-2.tscope") and _steps(w.path) == 3
+    assert "is not a torchscope session file (left as it is)" in capsys.readouterr().err
+
+
+def test_a_directory_given_as_record_holds_the_run(tmp_path: Path) -> None:
+    model = nn.Linear(4, 2)
+    with torchscope.watch(model, server=None, record=tmp_path, name="probe") as w:
+        _train(model, 2)
+    assert w.path is not None and Path(w.path).parent == tmp_path and Path(w.path).name.startswith("probe-")
+    assert _steps(w.path) == 2
+
+
+def test_a_pipe_or_device_is_never_written_into_nor_removed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``record="/dev/null"`` as root removed the device node; a FIFO stands in for it here."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    w = torchscope.watch(model, server=None, record=fifo)
+    _train(model, 2)  # trains as it would: nothing watched
+    w.close()
+    assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+    assert "is not a regular file: not watching this run" in capsys.readouterr().err
+
+
+def test_a_folder_that_cannot_be_written_sends_the_run_to_the_temporary_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only record folder (a container's working directory, without ``record=``) made
+    ``watch()`` raise and the training never start.  A file where a folder should be fails the
+    same way for root too."""
+    import tempfile
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    model = nn.Linear(4, 2)
+    with torchscope.watch(model, server=None, record=blocker / "run.tscope") as w:
+        _train(model, 2)
+    assert w.path == str(tmp_path / "tmp" / "torchscope-runs" / "run.tscope") and _steps(w.path) == 2
+    assert f"cannot record to {blocker / 'run.tscope'}" in capsys.readouterr().err
+    monkeypatch.setattr(tempfile, "tempdir", str(blocker / "tmp"))  # and no temporary folder either
+    w = torchscope.watch(model, server=None, record=blocker / "run.tscope")
+    _train(model, 2)
+    w.close()
+    assert w.path is None and "not watching this run" in capsys.readouterr().err
