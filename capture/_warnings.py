@@ -119,6 +119,10 @@ def _show(msg: warnings.WarningMessage) -> None:
             )
     finally:
         _reentry.on = False
+        # under -W error the warning raised is msg.message, whose traceback holds this frame:
+        # its locals would make a cycle keeping the user's frame (a step's loss, its graph)
+        # alive until the cyclic collector runs
+        del msg, frames, frame
 
 
 def _forget(msg: warnings.WarningMessage, named: types.FrameType) -> None:

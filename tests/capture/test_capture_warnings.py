@@ -159,3 +159,46 @@ def test_a_warning_inside_a_probed_evaluation_names_the_users_line(tmp_path: Pat
     assert len(plain) == 2 and watched == plain
     line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1) if text.strip().endswith("3-D input"))
     assert {(f, n) for f, n, _ in watched} == {(__file__, line)}
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_a_warning_raised_as_an_error_and_caught_keeps_nothing_alive(mode: str, tmp_path: Path) -> None:
+    """Warnings as errors (``-W error``, pytest's ``filterwarnings = error``) and a loop that
+    catches one: the warning re-raised under the user's line held, through its traceback, the
+    capture's frame, whose locals held the warning -- a cycle keeping each step's loss and graph
+    alive until the cyclic collector ran (and a false P7)."""
+    import gc
+    import weakref
+
+    from torchscope.doctor import diagnose
+    from torchscope.sessionfile import iter_events
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "errors.tscope"
+    refs = []
+    gc.disable()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # as -W error sets it, before watch()
+            w = torchscope.watch(model, opt, server=None, record=path, mode=mode)
+            for _ in range(12):
+                opt.zero_grad()
+                loss = F.cross_entropy(model(torch.randn(16, 8)), torch.randint(0, 3, (16,)))
+                try:
+                    torch.tensor(loss)  # torch warns: copy-constructing from a tensor
+                except UserWarning:
+                    pass
+                else:
+                    raise AssertionError("torch did not warn")
+                loss.backward()
+                opt.step()
+                refs.append(weakref.ref(loss))
+                del loss
+            alive = [i for i, r in enumerate(refs[:-1]) if r() is not None]
+            w.close()
+    finally:
+        gc.enable()
+    assert alive == []
+    assert [f for f in diagnose(iter_events(path)) if f["code"] == "P7"] == []
