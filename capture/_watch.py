@@ -771,6 +771,7 @@ class Watch:
         _sigterm.install(_end_on_sigterm)
         self._mode_on()
         atexit.register(self._close_at_exit)
+        self._mp_exit = _multiprocessing_exit(self._close_at_exit)
         where = f" → {self.url}" if self.url else ""
         say(
             f"torchscope: watching {_class_name(model)}{where}  (recording to {self.path})",
@@ -842,6 +843,8 @@ class Watch:
         except Exception as exc:  # closing must not raise into an atexit or a with-block
             log.warning("torchscope: close failed: %r", exc)
         atexit.unregister(self._close_at_exit)
+        if self._mp_exit is not None:
+            self._mp_exit.cancel()
 
     def _close_at_exit(self) -> None:
         """``close()`` as the interpreter exits.  IPython shows a cell's exception itself (no
@@ -3104,6 +3107,29 @@ def _first_storage(t: torch.Tensor) -> int:
     return parts[0][0] if parts else 0
 # the active watch of each model (weak keys: a watch never keeps its model alive)
 _watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
+
+
+def _multiprocessing_exit(close: Callable[[], None]) -> Any:
+    """In a worker process multiprocessing started (``mp.Process``, a ``Pool``: mnist_hogwild's
+    workers), ``close`` as the worker ends: a forked worker leaves by ``os._exit``, which runs no
+    ``atexit`` -- only multiprocessing's own finalizers -- so its run read "ended unexpectedly"
+    and lost its last steps.  The finalizer (None elsewhere) is cancelled by ``close()``."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None or mp.parent_process() is None:
+        return None
+    from multiprocessing import util
+
+    return util.Finalize(None, close, exitpriority=10)
+
+
+def _forked() -> None:
+    """In a child forked from a watching process: the parent's watches are the parent's (their
+    writer thread and file are not here), so they capture nothing in the child."""
+    for w in list(_watching.values()):
+        w._active = False
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _writing(path: str | os.PathLike[str]) -> list[Watch]:
