@@ -523,6 +523,7 @@ class Watch:
     """
 
     _n_active: ClassVar[int] = 0  # watches running in this process (see _reuse_walk)
+    _model: weakref.ref[nn.Module]
 
     def __init__(
         self,
@@ -551,6 +552,10 @@ class Watch:
         self._closed = False
         if torch.utils.data.get_worker_info() is not None:
             return  # a DataLoader worker: the main process is the one being watched
+        for orphan in [w for w in list(_every) if w._active and w._model() is None]:
+            # a run whose model is gone (a sweep's run() returned without close()): its hooks
+            # would see this run's steps and write into its file -- it ends here, "finished"
+            orphan.close()
         prev = _watching.get(model)
         if prev is not None and prev._active:
             # a notebook cell run again, or watch() inside an epoch loop: one watch per model,
@@ -766,6 +771,7 @@ class Watch:
         self._active = True
         Watch._n_active += 1
         _watching[model] = self
+        _every.add(self)
         _install_excepthook()
         _warnings.install()
         _sigterm.install(_end_on_sigterm)
@@ -3107,6 +3113,7 @@ def _first_storage(t: torch.Tensor) -> int:
     return parts[0][0] if parts else 0
 # the active watch of each model (weak keys: a watch never keeps its model alive)
 _watching: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
+_every: weakref.WeakSet[Watch] = weakref.WeakSet()  # every watch not closed (atexit holds them), its model gone or not
 
 
 def _multiprocessing_exit(close: Callable[[], None]) -> Any:

@@ -457,3 +457,32 @@ def test_a_frozen_backbones_old_gradients_are_no_missing_zero_grad(tmp_path: Pat
         assert p5 and set(p5[0]["params"]) >= {"2.weight", "2.bias"}, p5
     else:
         assert p5 == []
+
+
+def test_a_sweep_of_runs_never_closed_keeps_each_run_to_its_own(tmp_path: Path) -> None:
+    """Each run of a sweep a function that watches its own model and returns without close():
+    the model dies with the function, and its watch used to stay active -- its hooks saw the
+    next runs' steps (false warnings into its file: "steps none of Sequential's parameters")
+    and its mode stayed on their stack (ops they never ran in their graphs)."""
+
+    def run(k: int) -> None:
+        torch.manual_seed(k)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        torchscope.watch(model, opt, server=None, record=tmp_path / f"run{k}.tscope", mode="full")
+        for _ in range(6):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(torch.randn(8, 8)), torch.randint(0, 2, (8,))).backward()
+            opt.step()
+
+    for k in range(3):
+        run(k)
+    torchscope.watch(nn.Linear(2, 2), server=None, record=tmp_path / "last.tscope").close()
+    ops = []
+    for k in range(3):
+        events = list(iter_events(tmp_path / f"run{k}.tscope"))
+        assert sum(e["kind"] == "step" for e in events) == 6
+        assert [e["message"] for e in events if e["kind"] == "log"] == []
+        assert [e["status"] for e in events if e["kind"] == "end"] == ["finished"]
+        ops.append([o["name"] for g in events if g["kind"] == "graph" for o in g["ops"]])
+    assert ops[1] == ops[0] and ops[2] == ops[0]  # no op of an earlier run's watch in a later run's graphs
