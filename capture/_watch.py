@@ -689,6 +689,9 @@ class Watch:
             self._transport = Transport(self.path, self.session_id, self._rank.rank, self._server, token, autostart)
         except OSError as exc:  # the file claimed, then its header not written (a disk full)
             say(f"torchscope: cannot record to {self.path} ({exc.strerror or exc!r}): not watching this run")
+            with contextlib.suppress(OSError):
+                if os.path.getsize(self.path) == 0:  # ours, empty: a later run may have the name
+                    os.remove(self.path)
             return
         if not self._session_pending:
             self._transport.emit(self._session_event(model, optimizer))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import signal
@@ -154,3 +156,36 @@ def one_line_error(read: Callable[[Path], object], path: Path) -> str:
     msg = str(info.value)
     assert msg and "\n" not in msg and len(msg) < 300
     return msg
+
+
+@contextlib.contextmanager
+def tiny_disk(where: Path, size: str = "16m") -> Iterator[Path]:
+    """A small tmpfs mounted at ``where`` (root only), unmounted on exit."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    where.mkdir(parents=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Fill ``disk`` to the last byte with one file; removing it frees the space."""
+    filler = disk / "filler"
+    block = b"\0" * (1 << 16)
+    with open(filler, "wb", buffering=0) as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(block)
+        with contextlib.suppress(OSError):  # the last partial block
+            while True:
+                f.write(b"\0" * 512)
+    with pytest.raises(OSError) as full:
+        (disk / "probe").write_bytes(b"x" * 8192)
+    assert full.value.errno == errno.ENOSPC
+    return filler

@@ -161,3 +161,23 @@ def test_a_folder_that_cannot_be_written_sends_the_run_to_the_temporary_folder(
     _train(model, 2)
     w.close()
     assert w.path is None and "not watching this run" in capsys.readouterr().err
+
+
+def test_a_full_disk_at_watch_leaves_no_empty_file_behind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The file claimed, its header not written (no space left): the run is not watched, and
+    the empty file goes -- left there, a later run naming it found "no session file" and went
+    to ``-2``."""
+    from conftest import fill, tiny_disk
+
+    with tiny_disk(tmp_path / "disk", "1m") as disk:
+        filler = fill(disk)
+        model = nn.Linear(4, 2)
+        w = torchscope.watch(model, server=None, record=disk / "run.tscope")
+        _train(model, 2)  # trains as it would: nothing watched
+        w.close()
+        assert "not watching this run" in capsys.readouterr().err
+        assert not (disk / "run.tscope").exists()
+        filler.unlink()
+        with torchscope.watch(model, server=None, record=disk / "run.tscope") as w:
+            _train(model, 2)
+        assert w.path == str(disk / "run.tscope") and _steps(w.path) == 2

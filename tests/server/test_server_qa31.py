@@ -5,7 +5,6 @@ hold.  Real servers (`torchscope serve` on a real port) and real files; no mocks
 from __future__ import annotations
 
 import contextlib
-import errno
 import http.client
 import json
 import os
@@ -14,12 +13,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ServerProc, wait_for
+from conftest import ServerProc, fill, tiny_disk, wait_for
 from fastapi.testclient import TestClient
 from server_helpers import run_frames, session_event, step_event, write_file
 
@@ -74,37 +72,6 @@ def no_traceback(log: Path) -> None:
 
 
 # ---------------------------------------------------------------------- a full disk
-@contextlib.contextmanager
-def tiny_disk(where: Path, size: str = "16m") -> Iterator[Path]:
-    """A small tmpfs mounted at ``where`` (root only), unmounted on exit."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    where.mkdir(parents=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Fill ``disk`` to the last byte with one file; removing it frees the space."""
-    filler = disk / "filler"
-    block = b"\0" * (1 << 16)
-    with open(filler, "wb", buffering=0) as f:
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(block)
-        with contextlib.suppress(OSError):  # the last partial block
-            while True:
-                f.write(b"\0" * 512)
-    with pytest.raises(OSError) as full:
-        (disk / "probe").write_bytes(b"x" * 8192)
-    assert full.value.errno == errno.ENOSPC
-    return filler
 
 
 def test_disk_full_fails_the_request_with_507_and_the_server_stores_again_once_space_is_back(
