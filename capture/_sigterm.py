@@ -30,9 +30,11 @@ def install(end: Callable[[bool], None]) -> None:
     if _installed_in == os.getpid() or threading.current_thread() is not threading.main_thread():
         return
     try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return  # the process handles it already: its handling stays as it is
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        current = signal.getsignal(signal.SIGTERM)
+        if current is not _on_sigterm:  # (ours, inherited from a forked parent: this process's now)
+            if current is not signal.SIG_DFL:
+                return  # the process handles it already: its handling stays as it is
+            signal.signal(signal.SIGTERM, _on_sigterm)
     except (ValueError, OSError, AttributeError):  # no signals here (an embedded interpreter)
         return
     _installed_in, _end = os.getpid(), end

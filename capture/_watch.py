@@ -872,7 +872,15 @@ class Watch:
         """The end record, written from a signal handler just before the process dies: what
         the file and server already have stays, the open step is lost, nothing is undone.
         The transport's close takes no lock the interrupted code might hold."""
-        if not self._active or self._closed:
+        if self._closed:
+            # a SIGTERM landing inside close() (a Pool's workers are terminated as they end
+            # their last task's watch): the record it was writing is finished here, then the
+            # process dies -- not left without its last steps and end
+            if getattr(self, "_transport", None) is not None:
+                self._transport.close(self._end_event(), timeout=3.0)  # (nothing, if close() got there)
+                self._transport._file_closed.wait(3.0)
+            return
+        if not self._active:
             return
         self._active, self._closed = False, True
         Watch._n_active -= 1
@@ -3135,7 +3143,7 @@ def _multiprocessing_exit(close: Callable[[], None]) -> Any:
 def _forked() -> None:
     """In a child forked from a watching process: the parent's watches are the parent's (their
     writer thread and file are not here), so they capture nothing in the child."""
-    for w in list(_watching.values()):
+    for w in list(_every):
         w._active = False
 
 
@@ -3145,7 +3153,7 @@ os.register_at_fork(after_in_child=_forked)
 def _writing(path: str | os.PathLike[str]) -> list[Watch]:
     """This process's running watches that write ``path``."""
     want = os.path.abspath(path)
-    return [w for w in list(_watching.values()) if w._active and w.path is not None and os.path.abspath(w.path) == want]
+    return [w for w in list(_every) if w._active and w.path is not None and os.path.abspath(w.path) == want]
 
 
 def flush_writers(path: str | os.PathLike[str]) -> None:
@@ -3161,7 +3169,7 @@ def _pause_for_compile(on: bool) -> None:
     resumes as it was (a forward's recorder left on another thread's stack stays paused)."""
     _native.pause_thread(on)
     me = threading.get_ident()
-    for w in list(_watching.values()):
+    for w in list(_every):
         rec = w._s.recorder
         if not isinstance(rec, OpRecorder) or not w._capturing_ops or w._rec_thread != me:
             continue
@@ -3240,7 +3248,7 @@ def _ending(exc: BaseException) -> tuple[str, str]:
 def _note_ending(ending: tuple[str, str], thread: int | None) -> None:
     """Mark the active watches (those trained by ``thread``, if given) as ended so."""
     with contextlib.suppress(Exception):
-        for w in list(_watching.values()):
+        for w in list(_every):
             if w._active and w._ended_by is None and (thread is None or thread == w._owner):
                 w._ended_by = ending
 
@@ -3249,7 +3257,7 @@ def _end_on_sigterm(dying: bool) -> None:
     """SIGTERM (``_sigterm``): the runs ended "interrupted"; ``dying``: end them now."""
     _note_ending(("interrupted", "stopped by SIGTERM (kill, a scheduler's preemption, docker stop)"), None)
     if dying:
-        for w in list(_watching.values()):
+        for w in list(_every):
             w._end_now()
 
 

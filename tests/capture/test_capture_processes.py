@@ -49,6 +49,64 @@ def test_a_watch_in_a_forked_worker_ends_with_the_worker(tmp_path: Path) -> None
         assert [e["status"] for e in events if e["kind"] == "end"] == ["finished"]
 
 
+GONE = textwrap.dedent("""
+    import os, signal, sys, torch, torchscope
+    from torch import nn
+    def task(path):
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        torchscope.watch(model, opt, server=None, record=path)  # never closed: the model goes with task()
+        for _ in range(30):
+            opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
+    task(sys.argv[1])
+    os.kill(os.getpid(), signal.SIGTERM)  # a Pool's exit terminating its worker
+""")
+
+
+def test_a_sigterm_ends_a_watch_whose_model_is_gone(tmp_path: Path) -> None:
+    """A Pool's task that watched its own model and returned: the pool's exit terminates the
+    worker (SIGTERM), and the watch, no longer found by its model, lost its last steps and read
+    "ended unexpectedly"."""
+    path = tmp_path / "task.tscope"
+    res = subprocess.run([sys.executable, "-c", GONE, str(path)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == -15, res.stderr  # it still dies of the signal
+    events = list(iter_events(path))
+    assert sum(e["kind"] == "step" for e in events) == 30
+    assert [e["status"] for e in events if e["kind"] == "end"] == ["interrupted"]
+
+
+CHILD_KILLED = textwrap.dedent("""
+    import multiprocessing, os, signal, sys, torch, torchscope
+    from torch import nn
+    def child(path):
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        torchscope.watch(model, opt, server=None, record=path)
+        for _ in range(30):
+            opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
+        os.kill(os.getpid(), signal.SIGTERM)
+    if __name__ == "__main__":
+        w = torchscope.watch(nn.Linear(2, 2), server=None, record=sys.argv[1] + ".parent")  # its SIGTERM handler
+        p = multiprocessing.get_context("fork").Process(target=child, args=(sys.argv[1],))
+        p.start(); p.join(60)
+        w.close()
+        print("child", p.exitcode)
+""")
+
+
+def test_a_forked_child_with_a_watch_of_its_own_ends_it_on_sigterm(tmp_path: Path) -> None:
+    """The child inherits the parent's SIGTERM handler, which ended only the parent's runs: the
+    child's own watch read "ended unexpectedly", without its last steps."""
+    path = tmp_path / "child.tscope"
+    res = subprocess.run([sys.executable, "-c", CHILD_KILLED, str(path)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert "child -15" in res.stdout, res.stderr
+    events = list(iter_events(path))
+    assert sum(e["kind"] == "step" for e in events) == 30
+    assert [e["status"] for e in events if e["kind"] == "end"] == ["interrupted"]
+
+
 PARENT = textwrap.dedent("""
     import multiprocessing, sys, torch, torchscope
     from torch import nn
