@@ -49,42 +49,24 @@ def test_a_watch_in_a_forked_worker_ends_with_the_worker(tmp_path: Path) -> None
         assert [e["status"] for e in events if e["kind"] == "end"] == ["finished"]
 
 
-GONE = textwrap.dedent("""
-    import os, signal, sys, torch, torchscope
-    from torch import nn
-    def task(path):
-        model = nn.Linear(4, 2)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        torchscope.watch(model, opt, server=None, record=path)  # never closed: the model goes with task()
-        for _ in range(30):
-            opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
-    task(sys.argv[1])
-    os.kill(os.getpid(), signal.SIGTERM)  # a Pool's exit terminating its worker
-""")
-
-
-def test_a_sigterm_ends_a_watch_whose_model_is_gone(tmp_path: Path) -> None:
-    """A Pool's task that watched its own model and returned: the pool's exit terminates the
-    worker (SIGTERM), and the watch, no longer found by its model, lost its last steps and read
-    "ended unexpectedly"."""
-    path = tmp_path / "task.tscope"
-    res = subprocess.run([sys.executable, "-c", GONE, str(path)], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert res.returncode == -15, res.stderr  # it still dies of the signal
-    events = list(iter_events(path))
-    assert sum(e["kind"] == "step" for e in events) == 30
-    assert [e["status"] for e in events if e["kind"] == "end"] == ["interrupted"]
-
-
-CHILD_KILLED = textwrap.dedent("""
+# a process that watches its own model, trains 30 steps and never closes the watch
+_SCRIPT_HEAD = textwrap.dedent("""
     import multiprocessing, os, signal, sys, torch, torchscope
     from torch import nn
-    def child(path):
+    def watch_and_train(path):
         model = nn.Linear(4, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        torchscope.watch(model, opt, server=None, record=path)
+        torchscope.watch(model, opt, server=None, record=path)  # never closed
         for _ in range(30):
             opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
+""")
+GONE = _SCRIPT_HEAD + textwrap.dedent("""
+    watch_and_train(sys.argv[1])  # the model goes with the function
+    os.kill(os.getpid(), signal.SIGTERM)  # a Pool's exit terminating its worker
+""")
+CHILD_KILLED = _SCRIPT_HEAD + textwrap.dedent("""
+    def child(path):
+        watch_and_train(path)
         os.kill(os.getpid(), signal.SIGTERM)
     if __name__ == "__main__":
         w = torchscope.watch(nn.Linear(2, 2), server=None, record=sys.argv[1] + ".parent")  # its SIGTERM handler
@@ -95,16 +77,29 @@ CHILD_KILLED = textwrap.dedent("""
 """)
 
 
+def _interrupted_whole(script: str, path: Path) -> subprocess.CompletedProcess[str]:
+    """Runs ``script``; its run recorded to ``path`` has all 30 steps and ended "interrupted"."""
+    res = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    events = list(iter_events(path))
+    assert sum(e["kind"] == "step" for e in events) == 30, res.stderr
+    assert [e["status"] for e in events if e["kind"] == "end"] == ["interrupted"]
+    return res
+
+
+def test_a_sigterm_ends_a_watch_whose_model_is_gone(tmp_path: Path) -> None:
+    """A Pool's task that watched its own model and returned: the pool's exit terminates the
+    worker (SIGTERM), and the watch, no longer found by its model, lost its last steps and read
+    "ended unexpectedly"."""
+    res = _interrupted_whole(GONE, tmp_path / "task.tscope")
+    assert res.returncode == -15, res.stderr  # it still dies of the signal
+
+
 def test_a_forked_child_with_a_watch_of_its_own_ends_it_on_sigterm(tmp_path: Path) -> None:
     """The child inherits the parent's SIGTERM handler, which ended only the parent's runs: the
     child's own watch read "ended unexpectedly", without its last steps."""
-    path = tmp_path / "child.tscope"
-    res = subprocess.run([sys.executable, "-c", CHILD_KILLED, str(path)], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = _interrupted_whole(CHILD_KILLED, tmp_path / "child.tscope")
     assert "child -15" in res.stdout, res.stderr
-    events = list(iter_events(path))
-    assert sum(e["kind"] == "step" for e in events) == 30
-    assert [e["status"] for e in events if e["kind"] == "end"] == ["interrupted"]
 
 
 PARENT = textwrap.dedent("""
