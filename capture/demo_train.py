@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> None:
             mse.backward()
             mlp_opt.step()
             if step % 20 == 0 or step == args.steps - 1:
-                print(f"step {step}: lm loss {loss.item():.3f}, mlp loss {mse.item():.4f}", flush=True)
+                # one write a line: `torchscope demo` prints its URL into the same terminal
+                sys.stdout.write(f"step {step}: lm loss {loss.item():.3f}, mlp loss {mse.item():.4f}\n")
+                sys.stdout.flush()
             time.sleep(args.sleep)
 
 

@@ -403,7 +403,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
                              "--steps", str(args.steps)])
     try:
         url = page_url(_demo_session(base, token, known, proc) or base + "/", token)
-        print(url, flush=True)
+        # one write: the demo's training prints its losses into the same terminal (or pipe),
+        # and print()'s separate write of the newline let a loss line land inside the URL's
+        sys.stdout.write(url + "\n")
+        sys.stdout.flush()
         if not args.no_browser:
             import webbrowser
 
