@@ -222,7 +222,9 @@ def test_demo_shows_its_transformer_run_and_ctrl_c_ends_it_quietly(tmp_path: Pat
         assert proc.stdout is not None
         url = ""
         while not url.startswith("http"):  # the demo's training prints its losses here too
-            url = proc.stdout.readline().strip()
+            line = proc.stdout.readline()
+            assert line, "the demo ended without printing its URL on a line of its own"
+            url = line.strip()
         sid = url.rsplit("/", 1)[-1]
         assert url == f"{srv.url}/sessions/{sid}"
         detail = srv.get(f"/api/sessions/{sid}")
