@@ -876,9 +876,7 @@ class Watch:
             # a SIGTERM landing inside close() (a Pool's workers are terminated as they end
             # their last task's watch): the record it was writing is finished here, then the
             # process dies -- not left without its last steps and end
-            if getattr(self, "_transport", None) is not None:
-                self._transport.close(self._end_event(), timeout=3.0)  # (nothing, if close() got there)
-                self._transport._file_closed.wait(3.0)
+            self._transport.close(self._end_event(), timeout=3.0)  # (only waits, if close() got there)
             return
         if not self._active:
             return

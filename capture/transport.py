@@ -277,8 +277,13 @@ class Transport:
     def close(self, end_event: dict[str, Any] | None = None, timeout: float = 5.0) -> None:
         """Write the remaining events (and ``end_event``) and close the file, then give the
         server at most the rest of ``timeout`` (``_BOOTING_WAIT_S`` while a server this run
-        started has not answered yet).  Idempotent; returns within that time."""
-        if self._closed or os.getpid() != self._pid:
+        started has not answered yet).  Idempotent; returns within that time.  Called again
+        while a first call is under way (a SIGTERM handler inside it), it waits for the file
+        the first call is completing: the process may die right after."""
+        if os.getpid() != self._pid:
+            return
+        if self._closed:
+            self._file_closed.wait(timeout)
             return
         if end_event is not None:
             # ops the capture itself dropped (its own count, if any) plus those shed here

@@ -25,7 +25,7 @@ FIX = ("Make the forward the same on every rank: a branch on dist.get_rank() (lo
 def _accumulated(graphs: list[dict[str, Any]]) -> set[str]:
     """The parameters the step's AccumulateGrad nodes name."""
     return {str(n["param"]) for g in graphs for n in (as_dict(x) for x in as_list(g.get("nodes")))
-            if n.get("param") and "AccumulateGrad" in str(n.get("name", ""))}
+            if n.get("param") and n.get("name") == "AccumulateGrad"}
 
 
 def _skipped_here(run: Run, step: int, ev: dict[str, Any], names: list[str]) -> list[int]:
