@@ -1,8 +1,8 @@
 """Per-parameter gradient statistics, batched: one host sync per device per step, none on CUDA.
 
-The L2 norms come from ``torch._foreach_norm``; min/max, non-zero counts and sums (the "full"
-statistics, not taken every step: see ``watch``) are one small reduction per tensor on its
-own device.  On the CPU each value is read with ``.item()``; elsewhere everything is stacked
+The L2 norms come from ``torch._foreach_norm``; min/max, non-zero counts, sums and variances
+(the "full" statistics, not taken every step: see ``watch``) are one small reduction per tensor
+on its own device.  On the CPU each value is read with ``.item()``; elsewhere everything is stacked
 into one small tensor and read back with a single ``tolist()`` (on CUDA later, without a
 wait).  No gradient is ever copied to the host.  NaN/Inf counts cost a second pass only on
 steps whose norms are not finite.
@@ -148,9 +148,9 @@ class GradRead:
             cols = (stats["max_abs"], stats["mean"], stats["std"], stats["zero_frac"])  # type: ignore[typeddict-item]
             for pos, k in enumerate(pos_d):
                 _full_columns(cols, idx[k], self.numel[k], vals[pos], vals[k_n + pos], vals[2 * k_n + pos],
-                              vals[3 * k_n + pos], vals[4 * k_n + pos])
+                              vals[3 * k_n + pos], vals[4 * k_n + pos], vals[5 * k_n + pos])
         for pos, j in enumerate(ex_d):
-            extras[j] = vals[(5 if self.full else 1) * k_n + pos]
+            extras[j] = vals[(_FULL_COLS if self.full else 1) * k_n + pos]
         if math.isfinite(math.fsum(vals[:k_n])):
             return
         for pos, k in enumerate(pos_d):
@@ -223,8 +223,9 @@ StatsRead = GradRead | PiecewiseRead
 def _parts(
     gl: list[torch.Tensor], extra: list[torch.Tensor], full: bool
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The norms of ``gl``, then (with ``full``) min, max, non-zero count and sum per tensor
-    and the one value of each ``extra`` tensor: the values ``_fill`` reads, in its order."""
+    """The norms of ``gl``, then (with ``full``) min, max, non-zero count, sum and variance
+    per tensor and the one value of each ``extra`` tensor: the values ``_fill`` reads, in its
+    order."""
     norms: list[torch.Tensor] = _norms(gl) if gl else []
     rest: list[torch.Tensor] = []
     if full and gl:
@@ -237,6 +238,7 @@ def _parts(
         rest += [m.min for m in mm] + [m.max for m in mm]
         rest += [count_nonzero(g) for g in gl]
         rest += [g.sum(dtype=torch.float32) if g.dtype in _LOW else g.sum() for g in gl]  # no fp16 overflow
+        rest += [torch.var(g, correction=0) for g in gl]  # see _full_columns
     rest += [local(e).detach().reshape(-1)[0] for e in extra]
     return norms, rest
 
@@ -276,12 +278,12 @@ def _by_shape(gl: list[torch.Tensor]) -> tuple[list[list[int]], list[int]]:
 
 def _cpu_values(gl: list[torch.Tensor], full: bool) -> list[float]:
     """``_parts`` of CPU gradients as the list of values ``_fill`` reads (norms, then with
-    ``full`` min, max, non-zero count and sum per gradient)."""
+    ``full`` min, max, non-zero count, sum and variance per gradient)."""
     got: list[float] | None = _native.ask("grads_stats", gl, full)
     if got is not None:  # one pass per gradient in C++, where every gradient allows it
         return got
     k_n = len(gl)
-    cols = 5 if full else 1
+    cols = _FULL_COLS if full else 1
     vals: list[float] = [0.0] * (cols * k_n)
     stacks, single = _by_shape(gl)
     for chunk in stacks:
@@ -313,13 +315,13 @@ def _rows(gl: list[torch.Tensor], chunk: list[int]) -> torch.Tensor:
 
 def _stacked_columns(st: torch.Tensor, full: bool) -> list[list[float]]:
     """Per row of ``st`` (``_rows``): the L2 norm, then with ``full`` the min, max, non-zero
-    count and sum."""
+    count, sum and variance."""
     wide = torch.float32 if st.dtype in _LOW else None  # no fp16 overflow in sums and counts
     out = [torch.linalg.vector_norm(st, dim=1, dtype=wide)]
     if full:
         # amin/amax (one pass each) and |sign| summed for the count: several times faster on
         # the CPU than aminmax and bool-sum along a dimension
-        out += [st.amin(1), st.amax(1), st.sum(1, dtype=wide)]
+        out += [st.amin(1), st.amax(1), st.sum(1, dtype=wide), st.var(1, correction=0)]
         # the stack is ours: |sign| in place (no two more buffers of its size) for the count
         out.insert(3, st.sign_().abs_().sum(1, dtype=wide))
     f64 = torch.float64
@@ -372,6 +374,7 @@ def _stack(norms: list[torch.Tensor], rest: list[torch.Tensor]) -> torch.Tensor:
 
 
 _LOW = (torch.float16, torch.bfloat16)
+_FULL_COLS = 6  # values per gradient with ``full``: norm, min, max, non-zero count, sum, variance
 
 
 def count_nonzero(t: torch.Tensor) -> torch.Tensor:
@@ -396,16 +399,31 @@ def _elements_of(ts: list[torch.Tensor]) -> torch.Tensor | None:
 
 
 def _full_columns(
-    cols: tuple[list[float | None], ...], i: int, numel: int, l2: float, lo: float, hi: float, l0: float, s: float
+    cols: tuple[list[float | None], ...],
+    i: int,
+    numel: int,
+    l2: float,
+    lo: float,
+    hi: float,
+    l0: float,
+    s: float,
+    var: float,
 ) -> None:
     """max |g|, mean, std and zero fraction of gradient ``i`` into ``cols`` (those columns, in
-    that order) from its norm, min, max, non-zero count and sum."""
+    that order) from its norm, min, max, non-zero count, sum and (population) variance."""
     max_abs, mean, std, zero_frac = cols
     max_abs[i] = math.nan if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi))
     mean[i] = s / numel
     zero_frac[i] = 1.0 - l0 / numel
     if numel > 1 and math.isfinite(l2):
-        std[i] = math.sqrt(max(l2 * l2 - s * s / numel, 0.0) / (numel - 1))
+        sq = l2 * l2
+        if s * s / numel > 0.5 * sq and math.isfinite(var):
+            # |mean| near the root mean square: the sums' formula below would cancel (off by
+            # 8% at |mean| = 1000 std in float32), so torch's own variance; it is in the
+            # gradient's dtype (3 digits in fp16/bf16, inf past fp16's range: the formula then)
+            std[i] = math.sqrt(var * numel / (numel - 1))
+        else:
+            std[i] = math.sqrt(max(sq - s * s / numel, 0.0) / (numel - 1))
     elif numel == 1:
         std[i] = math.nan
 

@@ -5,7 +5,7 @@ recorder with the Python ``OpRecorder``'s interface.
 A Python dispatch mode costs 1.6-1.9x a small-op step before recording anything; this observer
 records every op at ~1-2 us (see docs/capture.md).  It is compiled on the user's machine with
 ``torch.utils.cpp_extension`` -- once per torch and Python version, ~45 s, into
-``$TORCHSCOPE_NATIVE_BUILD`` or ``~/.cache/torchscope/native/<version>`` -- in a background
+``$TORCHSCOPE_NATIVE_BUILD`` or ``~/.cache/torchscope/native/<versions>-<source hash>`` -- in a background
 thread the first time ``full`` mode runs, so training never waits for the compiler: until it is
 loaded (or where there is no compiler, or ``TORCHSCOPE_NATIVE=0``) the Python recorder records.
 ``python -m torchscope._native`` builds it ahead of time.
@@ -14,6 +14,7 @@ loaded (or where there is no compiler, or ``TORCHSCOPE_NATIVE=0``) the Python re
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -56,9 +57,11 @@ def build_dir() -> Path:
     root = os.environ.get("TORCHSCOPE_NATIVE_BUILD") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "torchscope", "native"
     )
-    # an extension is valid only for the libtorch it was compiled against
+    # an extension is valid only for the libtorch it was compiled against, and is its own
+    # source's: two torchscope versions on one machine (two virtual environments) keep a build
+    # each instead of rebuilding over each other
     tag = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}".replace("+", "_")
-    return Path(root) / tag
+    return Path(root) / f"{tag}-{_source_hash()[:12]}"
 
 
 # ``os.environ.get`` of an unset variable raises and catches a KeyError inside (~2 us, and
@@ -165,6 +168,7 @@ def _import_built(out: Path) -> ModuleType | None:
     return mod
 
 
+@functools.cache
 def _source_hash() -> str:
     h = hashlib.sha256()
     for p in SOURCES + HEADERS:

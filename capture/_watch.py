@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import types
+import urllib.parse
 import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal, NamedTuple, cast
@@ -580,14 +581,18 @@ class Watch:
         self.path = claim_record(base, self._rank, record is not None, lambda p: bool(_writing(p)), self.name)
         if self.path is None:
             return  # no file can be written: not watched (said), the training runs as it would
-        from .transport import resolve_server  # imported with the transport, not by `import torchscope`
+        # imported with the transport, not by `import torchscope`
+        from .transport import UNSENDABLE_TOKEN, read_token, resolve_server, sendable
 
         self._server, autostart = resolve_server(server)
-        token = token or os.environ.get("TORCHSCOPE_TOKEN")
+        token = read_token(token)
+        if self._server and not sendable(token):
+            say(f"torchscope: {UNSENDABLE_TOKEN}: not sending to {self._server}, recording to {self.path} only")
+            self._server, autostart = None, False
         if self._server:
             self.url = f"{self._server}/sessions/{self.session_id}"
             if token:
-                self.url += f"?token={token}"
+                self.url += "?" + urllib.parse.urlencode({"token": token})
         self._model = weakref.ref(model)
         hookable = _hookable(optimizer)
         if optimizer is not None and hookable is None:
@@ -1432,7 +1437,7 @@ class Watch:
         micro-batches' forwards) up to ``ACT_CALLS``, told together at the step's end."""
         s = self._s
         t = _first_tensor(out)
-        if t is None or not t.requires_grad or not t.is_floating_point():
+        if t is None or not t.requires_grad or not (t.is_floating_point() or t.is_complex()):
             return
         call = s.act_calls.get(path, 0)
         if call >= ACT_CALLS:
@@ -1472,6 +1477,8 @@ class Watch:
                     gf = g.detach()
                     if not gf.numel():
                         return
+                    if gf.is_complex():  # by magnitudes, as a complex parameter's gradient
+                        gf = gf.abs()
                     if gf.dtype not in _STATS_DTYPES:
                         gf = gf.float()
                     lo, hi = torch.aminmax(gf)

@@ -45,6 +45,18 @@ from .sessionfile import RawJSON, SessionFileWriter, dumps_event
 # What a server that refuses the token is told as, here and by the `torchscope` CLI
 NEEDS_TOKEN = "needs its token: set TORCHSCOPE_TOKEN to the one in the URL it printed"
 WRONG_TOKEN = "refused TORCHSCOPE_TOKEN: it is not this server's token (see the URL it printed)"
+UNSENDABLE_TOKEN = "the token holds a control character (a newline?), which no browser or HTTP client can send"
+
+
+def read_token(given: str | None = None) -> str | None:
+    """The token given, else ``$TORCHSCOPE_TOKEN``, as the server and every client read it:
+    stripped (a token read from a file keeps its newline), empty meaning none."""
+    return (given or "").strip() or (os.environ.get("TORCHSCOPE_TOKEN") or "").strip() or None
+
+
+def sendable(token: str | None) -> bool:
+    """Whether ``token`` can travel in a URL and an Authorization header (see UNSENDABLE_TOKEN)."""
+    return token is None or token.isprintable()
 
 log = logging.getLogger("torchscope")
 # A library's logger stays silent unless the user configures logging: the one-line messages

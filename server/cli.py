@@ -305,11 +305,21 @@ def _say_started(args: argparse.Namespace, base: str, started: subprocess.Popen[
         print(f"torchscope {args.command}: {started_line(base, started.pid)}", file=sys.stderr, flush=True)
 
 
+def _env_token() -> str | None:
+    """$TORCHSCOPE_TOKEN as the server reads it; one that cannot be sent is a one-line error."""
+    from torchscope.transport import UNSENDABLE_TOKEN, read_token, sendable
+
+    token = read_token()
+    if not sendable(token):
+        raise CliError(f"TORCHSCOPE_TOKEN: {UNSENDABLE_TOKEN}", 2)
+    return token
+
+
 def cmd_open(args: argparse.Namespace) -> int:
     from .client import ClientError, ensure_server, page_url, sessions, stop_server, upload
 
     path, found = _check_file(args.file)
-    token = os.environ.get("TORCHSCOPE_TOKEN") or None
+    token = _env_token()
     started = None
     try:
         base, started = ensure_server(_server_base(args), args.data)
@@ -391,7 +401,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise CliError("--steps must be at least 1", 2)
-    token = os.environ.get("TORCHSCOPE_TOKEN") or None
+    token = _env_token()
     try:
         base, started = ensure_server(_server_base(args), args.data)
         known = {s["id"] for s in sessions(base, token)}  # and a server that wants a token says so now

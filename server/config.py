@@ -9,6 +9,8 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchscope.transport import UNSENDABLE_TOKEN, read_token, sendable
+
 DEFAULT_PORT = 6150
 DEFAULT_HOST = "127.0.0.1"
 # A session whose writer has not been heard from for this long is "ended unexpectedly".
@@ -97,7 +99,9 @@ class Settings:
         self.data_dir = Path(self.data_dir).expanduser()
         # an empty token is no token (``--token "$TORCHSCOPE_TOKEN"`` with the variable unset):
         # never one that an empty cookie or ``?token=`` would match
-        self.token = (self.token or "").strip() or (os.environ.get("TORCHSCOPE_TOKEN") or "").strip() or None
+        self.token = read_token(self.token)
+        if not sendable(self.token):
+            raise ConfigError(f"{UNSENDABLE_TOKEN}: choose one without")
         if self.db_url is None:
             self.db_url = os.environ.get("TORCHSCOPE_DB") or None
         # Exposed beyond this machine: never without a token.

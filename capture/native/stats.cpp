@@ -36,6 +36,9 @@ namespace {
 
 struct Part {
   double sumsq = 0, sum = 0;
+  // the sums of x - c and (x - c)^2 for one of the tensor's own values c (its first): the
+  // variance from these does not cancel when |mean| >> std, as sumsq - sum^2/n would
+  double dsum = 0, dsumsq = 0;
   double lo = std::numeric_limits<double>::infinity();
   double hi = -std::numeric_limits<double>::infinity();
   int64_t nonzero = 0, nan = 0, inf = 0;
@@ -43,6 +46,8 @@ struct Part {
   void add(const Part& q) {
     sumsq += q.sumsq;
     sum += q.sum;
+    dsum += q.dsum;
+    dsumsq += q.dsumsq;
     lo = std::min(lo, q.lo);
     hi = std::max(hi, q.hi);
     nonzero += q.nonzero;
@@ -51,8 +56,8 @@ struct Part {
   }
 };
 
-// What a pass computes: the sum of squares only (a norm), or also min, max, non-zeros and sum,
-// and NaN/Inf counts on top.
+// What a pass computes: the sum of squares only (a norm), or also min, max, non-zeros, sum and
+// the shifted sums (the variance), and NaN/Inf counts on top.
 enum Cols { kNorm = 0, kFull = 1, kFullNan = 2 };
 
 // Lanes of floats over short blocks, so the compiler keeps them in vector registers (the
@@ -62,7 +67,8 @@ constexpr int kLanes = 16;
 constexpr int64_t kBlock = 256;
 
 template <typename T, int kCols>
-__attribute__((target_clones("avx2", "default"))) void scan(const T* p, int64_t n, Part& out) {
+__attribute__((target_clones("avx2", "default"))) void scan(const T* p, int64_t n, double shift, Part& out) {
+  const float c = static_cast<float>(shift);  // one of the tensor's own values: exact
   float lo[kLanes], hi[kLanes];
   for (int k = 0; k < kLanes; ++k) {
     lo[k] = std::numeric_limits<float>::infinity();
@@ -70,7 +76,7 @@ __attribute__((target_clones("avx2", "default"))) void scan(const T* p, int64_t 
   }
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-    float ss[kLanes] = {}, sm[kLanes] = {};
+    float ss[kLanes] = {}, sm[kLanes] = {}, ds[kLanes] = {}, dq[kLanes] = {};
     int32_t nz[kLanes] = {}, nan[kLanes] = {}, inf[kLanes] = {};
     for (int64_t j = i; j < i + kBlock; j += kLanes) {
       for (int k = 0; k < kLanes; ++k) {
@@ -78,6 +84,9 @@ __attribute__((target_clones("avx2", "default"))) void scan(const T* p, int64_t 
         ss[k] += x * x;
         if (kCols >= kFull) {
           sm[k] += x;
+          const float d = x - c;
+          ds[k] += d;
+          dq[k] += d * d;
           lo[k] = x < lo[k] ? x : lo[k];  // a NaN compares false: never lo or hi (see finish)
           hi[k] = x > hi[k] ? x : hi[k];
           nz[k] += x != 0.0f;  // NaN != 0: counted, as torch.count_nonzero counts it
@@ -88,16 +97,20 @@ __attribute__((target_clones("avx2", "default"))) void scan(const T* p, int64_t 
         }
       }
     }
-    double b = 0, bs = 0;
+    double b = 0, bs = 0, bd = 0, bq = 0;
     for (int k = 0; k < kLanes; ++k) {
       b += ss[k];
       bs += sm[k];
+      bd += ds[k];
+      bq += dq[k];
       out.nonzero += nz[k];
       out.nan += nan[k];
       out.inf += inf[k];
     }
     out.sumsq += b;
     out.sum += bs;
+    out.dsum += bd;
+    out.dsumsq += bq;
   }
   for (int k = 0; k < kLanes; ++k) {
     out.lo = std::min(out.lo, static_cast<double>(lo[k]));
@@ -107,6 +120,8 @@ __attribute__((target_clones("avx2", "default"))) void scan(const T* p, int64_t 
     const double x = static_cast<float>(p[i]);
     out.sumsq += x * x;
     out.sum += x;
+    out.dsum += x - c;
+    out.dsumsq += (x - c) * (x - c);
     out.lo = x < out.lo ? x : out.lo;
     out.hi = x > out.hi ? x : out.hi;
     out.nonzero += x != 0;
@@ -117,18 +132,20 @@ __attribute__((target_clones("avx2", "default"))) void scan(const T* p, int64_t 
 
 // doubles: no float lanes (they would round), one plain pass
 template <>
-void scan<double, kNorm>(const double* p, int64_t n, Part& out) {
+void scan<double, kNorm>(const double* p, int64_t n, double, Part& out) {
   for (int64_t i = 0; i < n; ++i) {
     out.sumsq += p[i] * p[i];
   }
 }
 
 template <>
-void scan<double, kFull>(const double* p, int64_t n, Part& out) {
+void scan<double, kFull>(const double* p, int64_t n, double c, Part& out) {
   for (int64_t i = 0; i < n; ++i) {
     const double x = p[i];
     out.sumsq += x * x;
     out.sum += x;
+    out.dsum += x - c;
+    out.dsumsq += (x - c) * (x - c);
     out.lo = x < out.lo ? x : out.lo;
     out.hi = x > out.hi ? x : out.hi;
     out.nonzero += x != 0;
@@ -136,8 +153,8 @@ void scan<double, kFull>(const double* p, int64_t n, Part& out) {
 }
 
 template <>
-void scan<double, kFullNan>(const double* p, int64_t n, Part& out) {
-  scan<double, kFull>(p, n, out);
+void scan<double, kFullNan>(const double* p, int64_t n, double c, Part& out) {
+  scan<double, kFull>(p, n, c, out);
   for (int64_t i = 0; i < n; ++i) {
     out.nan += std::isnan(p[i]);
     out.inf += std::isinf(p[i]);
@@ -150,12 +167,13 @@ Part reduce_as(const at::Tensor& t, int cols) {
   const int64_t n = t.numel();
   constexpr int64_t kChunk = 1 << 16;  // small tensors: one chunk, no thread pool
   const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const double shift = n ? static_cast<double>(p[0]) : 0.0;  // the same in every chunk
   auto one = [&](int64_t c, Part& part) {
     const int64_t start = c * kChunk, len = std::min(kChunk, n - start);
     switch (cols) {
-      case kNorm: scan<T, kNorm>(p + start, len, part); break;
-      case kFull: scan<T, kFull>(p + start, len, part); break;
-      default: scan<T, kFullNan>(p + start, len, part); break;
+      case kNorm: scan<T, kNorm>(p + start, len, shift, part); break;
+      case kFull: scan<T, kFull>(p + start, len, shift, part); break;
+      default: scan<T, kFullNan>(p + start, len, shift, part); break;
     }
   };
   Part all;
@@ -192,6 +210,9 @@ Part reduce(const at::Tensor& t, int cols) {
   }
 }
 
+// The population variance from the shifted sums (the sums of x - c and (x - c)^2).
+double variance(const Part& s, double n) { return std::max(s.dsumsq - s.dsum * s.dsum / n, 0.0) / n; }
+
 // min and max as torch reports them: NaN where the tensor holds one (only a NaN makes a sum of
 // squares NaN)
 void nan_extremes(Part& s) {
@@ -225,7 +246,7 @@ py::object tensor_stats(const at::Tensor& t, bool check_nan) {
 }
 
 // The parameters' gradients in the layout of _grads._cpu_values: the k norms, then with
-// `full` k minima, k maxima, k non-zero counts and k sums.  None if one of them is not
+// `full` k minima, k maxima, k non-zero counts, k sums and k (population) variances.  None if one of them is not
 // readable here (the torch path then takes them all).
 py::object grads_stats(const std::vector<at::Tensor>& ts, bool full) {
   for (const at::Tensor& t : ts) {
@@ -241,7 +262,7 @@ py::object grads_stats(const std::vector<at::Tensor>& ts, bool full) {
       parts[i] = reduce(ts[i], full ? kFull : kNorm);
     }
   }
-  py::list out(full ? 5 * k : k);
+  py::list out(full ? 6 * k : k);
   for (size_t i = 0; i < k; ++i) {
     Part& s = parts[i];
     out[i] = py::float_(std::sqrt(s.sumsq));
@@ -251,6 +272,7 @@ py::object grads_stats(const std::vector<at::Tensor>& ts, bool full) {
       out[2 * k + i] = py::float_(s.hi);
       out[3 * k + i] = py::float_(static_cast<double>(s.nonzero));
       out[4 * k + i] = py::float_(s.sum);
+      out[5 * k + i] = py::float_(variance(s, static_cast<double>(ts[i].numel())));
     }
   }
   return std::move(out);
@@ -310,7 +332,7 @@ py::object param_grads(const py::list& params, bool full) {
     const size_t i = at_idx[j];
     const double l2 = std::sqrt(s.sumsq);
     norm[i] = py::float_(l2);
-    if (full) {  // as _grads._full_columns computes them from the same values
+    if (full) {  // as _grads._full_columns computes them, the variance from the shifted sums
       nan_extremes(s);
       const double numel = static_cast<double>(gl[j].numel());
       max_abs[i] = py::float_(std::isnan(s.lo) || std::isnan(s.hi) ? std::numeric_limits<double>::quiet_NaN()
@@ -318,7 +340,7 @@ py::object param_grads(const py::list& params, bool full) {
       mean[i] = py::float_(s.sum / numel);
       zero_frac[i] = py::float_(1.0 - static_cast<double>(s.nonzero) / numel);
       if (numel > 1 && std::isfinite(l2)) {
-        std_[i] = py::float_(std::sqrt(std::max(l2 * l2 - s.sum * s.sum / numel, 0.0) / (numel - 1)));
+        std_[i] = py::float_(std::sqrt(variance(s, numel) * numel / (numel - 1)));
       } else if (numel == 1) {
         std_[i] = py::float_(std::numeric_limits<double>::quiet_NaN());
       }

@@ -113,3 +113,56 @@ def test_a_long_unrolled_cell_is_capped(tmp_path: Path) -> None:
         # the hooks of the test see the gradients in backward order: the latest call first
         first_calls = list(reversed(hand["cell"]))[:ACT_CALLS]
         assert cell["norm"] == pytest.approx(_expected(first_calls)["norm"], rel=1e-5)
+
+
+class _ComplexMixer(nn.Module):
+    """A complex-valued layer (spectral or signal models): its output gradient is complex."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8, dtype=torch.complex64) / 8)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.w
+
+
+class _ComplexNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 8)
+        self.mix = _ComplexMixer()
+        self.out = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.mix(self.inp(x).to(torch.complex64))
+        return self.out(torch.cat([z.real, z.imag], dim=-1))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_a_complex_output_has_its_gradient_row(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    """A module whose output is complex gets an activation-gradient row, by magnitudes: the
+    norm of |g| (the complex norm), max |g| and the zero fraction of the output's gradient."""
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    torch.manual_seed(0)
+    model = _ComplexNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen: list[torch.Tensor] = []
+
+    def keep(m: nn.Module, args: Any, out: torch.Tensor) -> None:
+        out.register_hook(lambda g: seen.append(g.detach().clone()))
+
+    model.mix.register_forward_hook(keep)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        opt.zero_grad()
+        model(torch.randn(5, 4)).pow(2).mean().backward()
+        opt.step()
+    st = next(e for e in iter_events(path) if e["kind"] == "step")
+    row = next((a for a in st["activation_grads"] if a["module"] == "mix"), None)
+    assert row is not None, [a["module"] for a in st["activation_grads"]]
+    assert len(seen) == 1
+    mag = seen[0].abs().double()
+    assert row["norm"] == pytest.approx(mag.norm().item(), rel=1e-5)
+    assert row["max_abs"] == pytest.approx(mag.max().item(), rel=1e-6)
+    assert row["zero_frac"] == pytest.approx((mag == 0).double().mean().item(), abs=1e-9)

@@ -7,6 +7,7 @@ complex gradients included."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,3 +101,63 @@ def test_a_sparse_gradient_has_the_stats_of_its_dense_form() -> None:
             for k in ["norm", "max_abs", "mean", "std", "zero_frac"] if full else ["norm"]:
                 assert stats[k][i] == pytest.approx(exp[k], rel=1e-5, abs=1e-7), (i, k)  # type: ignore[literal-required]
         assert stats["none"] == [] and stats["nan"] == [0, 0]
+
+
+def _offset_grads() -> list[torch.Tensor]:
+    """Gradients whose |mean| is ~1000x their std (a bias fed a near-constant signal, a scale
+    parameter): sum(g^2) - sum(g)^2 / n cancels to a few digits there in float32."""
+    torch.manual_seed(1)
+    out = [5.0 + 0.005 * torch.randn(4096), -3.0 + 0.003 * torch.randn(300)]
+    out += [2.0 + 0.002 * torch.randn(8, 16) for _ in range(6)]  # one shape: the stacked path
+    out.append(1e3 + 1e-3 * torch.randn(5000, dtype=torch.float64))
+    return out
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_std_of_a_gradient_far_from_zero_mean(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorded std equals the gradient's own to float32 precision however far its mean is
+    from zero, in C++ (shifted sums) and through torch (its variance), stacked or one by one."""
+    from torchscope import _native
+
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    if native:
+        assert _native.get(block=True) is not None, _native._error
+    params = [_param(g) for g in _offset_grads()]
+    stats, _ = grad_stats(params, full=True)
+    for i, p in enumerate(params):
+        assert p.grad is not None
+        exp = p.grad.double()
+        assert stats["std"][i] == pytest.approx(exp.std().item(), rel=1e-5), i  # type: ignore[typeddict-item]
+        assert stats["mean"][i] == pytest.approx(exp.mean().item(), rel=1e-6), i  # type: ignore[typeddict-item]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_watched_runs_std_of_an_offset_gradient(
+        tmp_path: Path, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a run: a Linear fed inputs near 5 (unnormalised features), its weight's gradient
+    about 1000x its spread from zero -- the step's std is the .grad's own."""
+    import torchscope
+    from torchscope import _native
+    from torchscope.sessionfile import iter_events
+
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    if native:
+        assert _native.get(block=True) is not None, _native._error
+    torch.manual_seed(0)
+    model = torch.nn.Linear(512, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    seen: list[float] = []
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(3):
+            x = 5.0 + 0.005 * torch.randn(64, 512)
+            opt.zero_grad()
+            model(x).sum().backward()
+            seen.append(model.weight.grad.double().std().item())  # type: ignore[union-attr]
+            opt.step()
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    got = [st["grads"]["std"][0] for st in steps if st["grads"].get("std")]
+    assert got, "no step recorded the full columns"
+    for st in steps:
+        if st["grads"].get("std"):
+            assert st["grads"]["std"][0] == pytest.approx(seen[st["step"]], rel=1e-5), st["step"]

@@ -287,7 +287,7 @@ def test_first_full_watch_builds_in_the_background(tmp_path: Path) -> None:
     from conftest import run_script
 
     build = tmp_path / "build"
-    lock = build / _native.build_dir().name / "lock"  # one folder per torch and Python version
+    lock = build / _native.build_dir().name / "lock"  # one folder per torch and Python version and source
     lock.parent.mkdir(parents=True)
     lock.write_text("")
     os.utime(lock, (time.time() - 3600, time.time() - 3600))

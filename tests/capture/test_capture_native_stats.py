@@ -32,8 +32,9 @@ def _sample(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     return t.to(dtype)
 
 
-def _by_torch(t: torch.Tensor) -> tuple[float, float, float, int, float]:
-    """norm, min, max, non-zeros, sum -- in float64, from the tensor's own values."""
+def _by_torch(t: torch.Tensor) -> tuple[float, float, float, int, float, float]:
+    """norm, min, max, non-zeros, sum, population variance -- in float64, from the tensor's own
+    values."""
     d = t.double()
     return (
         torch.linalg.vector_norm(d).item(),
@@ -41,6 +42,7 @@ def _by_torch(t: torch.Tensor) -> tuple[float, float, float, int, float]:
         d.max().item(),
         int(torch.count_nonzero(t)),
         d.sum().item(),
+        d.var(correction=0).item(),
     )
 
 
@@ -58,13 +60,14 @@ def test_statistics_equal_torchs(ext: Any, n: int, dtype: torch.dtype) -> None:
     rel = 1e-6 if dtype == torch.float64 else 1e-5  # float lanes sum blocks of 16 values
     vals = ext.grads_stats(ts, True)
     k = len(ts)
-    assert len(vals) == 5 * k
+    assert len(vals) == 6 * k
     for i, t in enumerate(ts):
-        norm, lo, hi, nz, total = _by_torch(t)
+        norm, lo, hi, nz, total, var = _by_torch(t)
         assert _close(vals[i], norm, rel)
         assert vals[k + i] == lo and vals[2 * k + i] == hi  # exact: min and max round nothing
         assert vals[3 * k + i] == nz
         assert vals[4 * k + i] == pytest.approx(total, rel=1e-4, abs=1e-6 * norm * math.sqrt(n))
+        assert vals[5 * k + i] == pytest.approx(var, rel=1e-5)
     assert ext.grads_stats(ts, False) == pytest.approx(vals[:k], rel=1e-12)
     one = ext.tensor_stats(ts[0], False)
     assert list(one) == pytest.approx([vals[0], vals[k], vals[2 * k], vals[3 * k]], rel=1e-12)

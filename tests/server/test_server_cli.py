@@ -409,3 +409,28 @@ def test_every_command_help_has_examples(command: str) -> None:
     assert res.returncode == 0 and "\nexamples:\n  torchscope " + command in res.stdout
     if command in ("open", "demo"):
         assert "TORCHSCOPE_SERVER" in res.stdout and "TORCHSCOPE_TOKEN" in res.stdout and "--server" in res.stdout
+
+
+def test_a_token_no_request_can_carry_is_one_line(tmp_path: Path) -> None:
+    """A token with a newline inside (pasted from two lines): `serve` and `open` refuse it in
+    one line -- no server that nobody could open, no header error from http.client."""
+    bad = "first\nsecond"
+    res = cli("serve", "--port", str(free_port()), "--data", str(tmp_path / "d"), "--token", bad, env=_bare_env())
+    assert one_line_error(res) == ("torchscope serve: the token holds a control character (a newline?), which no "
+                                   "browser or HTTP client can send: choose one without") and res.returncode == 2
+    path = write_file(tmp_path / "run.tscope", run_frames("cli-bad-token", steps=1))
+    res = cli("open", str(path), "--no-browser", "--server", "http://127.0.0.1:1", env=_bare_env(TORCHSCOPE_TOKEN=bad))
+    assert one_line_error(res).startswith("torchscope open: TORCHSCOPE_TOKEN: the token holds a control character")
+    assert res.returncode == 2
+
+
+def test_a_token_read_from_a_file_keeps_no_newline(tmp_path: Path) -> None:
+    """TORCHSCOPE_TOKEN=$(cat token.txt) keeps the file's last newline in some shells' uses
+    (`export TORCHSCOPE_TOKEN="$(<f)"` does not, `read`-less env files do): stripped, as the
+    server strips its own, and URL-encoded in the printed URL."""
+    token = "a+b/c=d"
+    path = write_file(tmp_path / "run.tscope", run_frames("cli-nl-token", steps=2))
+    with ServerProc(tmp_path / "data", extra=["--token", token]) as srv:
+        res = cli("open", str(path), "--no-browser", "--server", srv.url, env=_bare_env(TORCHSCOPE_TOKEN=token + "\n"))
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == f"{srv.url}/sessions/cli-nl-token?token=a%2Bb%2Fc%3Dd"
