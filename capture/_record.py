@@ -68,8 +68,10 @@ def _claim(base: str, rank: RankInfo, chosen: bool, written_here: Callable[[str]
             if not _ours(path):
                 taken = "is not a torchscope session file (left as it is)"
                 continue
-            if chosen and not _being_written(path, written_here):
-                os.remove(path)
+            if chosen:
+                taken = _kept(path, written_here)
+                if not taken:
+                    os.remove(path)
         try:
             os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
         except FileExistsError:
@@ -77,6 +79,7 @@ def _claim(base: str, rank: RankInfo, chosen: bool, written_here: Callable[[str]
             continue
         if n > 1:
             say(f"torchscope: {rank_path(base, rank)} {taken}; recording to {path}")
+        _claimed.add(os.path.abspath(path))
         return path
     raise FileExistsError(f"{rank_path(base, rank)} and 998 more names beside it are taken")
 
@@ -114,14 +117,27 @@ def first_event(path: str) -> dict[str, Any] | None:
     return events[0] if events else None
 
 
-def _being_written(path: str, written_here: Callable[[str], bool]) -> bool:
-    """Whether a running watch of this process or a live process on this host writes ``path``
-    (its session event's pid); a file too new to hold that event yet counts as written."""
+_claimed: set[str] = set()  # the files this interpreter's watches recorded to
+
+
+def _kept(path: str, written_here: Callable[[str], bool]) -> str:
+    """Why the session file ``path`` must not be written over, or "": a running watch of this
+    process or a live process on this host writes it (its session event's pid; a file too new
+    to hold that event yet counts as written), or this process recorded it before it exec'd
+    itself (a self-restart goes on in a second file, not over its first half)."""
     if written_here(path):
-        return True
+        return "is being written by another run"
     first = first_event(path)
     if isinstance(first, dict) and first.get("kind") == "session":
-        return first.get("pid") != os.getpid() and writer_alive(first)
+        if first.get("pid") != os.getpid():
+            return "is being written by another run" if writer_alive(first) else ""
+        # this very process: an earlier watch of this interpreter (a notebook's cell run again:
+        # written over), or the program this process was before an exec (its start time is
+        # this process's, which writer_alive checks)
+        if os.path.abspath(path) not in _claimed and writer_alive(first):
+            return "holds this process's run from before it exec'd itself (kept)"
+        return ""
     with contextlib.suppress(OSError):
-        return time.time() - os.path.getmtime(path) < 10
-    return False
+        if time.time() - os.path.getmtime(path) < 10:
+            return "is being written by another run"
+    return ""

@@ -86,6 +86,35 @@ def test_two_watches_of_one_process_and_a_finished_file(tmp_path: Path) -> None:
     assert _steps(path) == 0
 
 
+RESTARTS = textwrap.dedent("""
+    import os, sys, torch, torchscope
+    from torch import nn
+    model = nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = torchscope.watch(model, opt, server=None, record=sys.argv[1])
+    for _ in range(3):
+        opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
+    if len(sys.argv) == 2:  # the first incarnation restarts itself (a resumable job's self-restart)
+        w.flush()  # what the writer thread has written by then, all of it: the count below exact
+        os.execv(sys.executable, [sys.executable, __file__, sys.argv[1], "again"])
+""")
+
+
+def test_a_self_restart_by_exec_keeps_its_first_half(tmp_path: Path) -> None:
+    """A process that exec's itself has the same pid: its first program's file was taken for a
+    finished earlier run's and written over.  Now the second program records beside it."""
+    script = tmp_path / "restarts.py"
+    script.write_text(RESTARTS)
+    path = tmp_path / "run.tscope"
+    res = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert (f"torchscope: {path} holds this process's run from before it exec'd itself (kept); "
+            f"recording to {tmp_path / 'run-2.tscope'}") in res.stderr
+    first, second = list(iter_events(path)), list(iter_events(tmp_path / "run-2.tscope"))
+    assert first[0]["pid"] == second[0]["pid"]  # one process, two programs
+    assert first[0]["started_at"] < second[0]["started_at"]
+    assert sum(e["kind"] == "step" for e in first) == 3 and sum(e["kind"] == "step" for e in second) == 3
+
+
 def test_default_names_started_in_one_second_differ(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     models = [nn.Linear(4, 2) for _ in range(3)]
