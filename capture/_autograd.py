@@ -239,6 +239,17 @@ class AutogradWalk:
                 return i
         return -1
 
+    def outside_params(self, param_ids: dict[int, str]) -> list[tuple[NodeRecord, weakref.ref[torch.Tensor]]]:
+        """The ``nn.Parameter`` leaves of this graph not in ``param_ids`` (a layer kept in a plain
+        list or dict), each with a bare record marked ``unregistered``, as ``records`` gives them:
+        light mode, which writes no node records, counts what ``Watch._owned_elsewhere`` leaves."""
+        out: list[tuple[NodeRecord, weakref.ref[torch.Tensor]]] = []
+        for n in self.nodes:
+            var = getattr(n, "variable", None) if type(n) is _ACCUMULATE else None
+            if isinstance(var, torch.nn.Parameter) and id(var) not in param_ids:
+                out.append(({"unregistered": True}, weakref.ref(var)))
+        return out
+
     def stamp_new(self, known: set[int]) -> int:
         """Mark every node not in ``known`` (ids of the nodes that existed before a
         ``create_graph=True`` pass) as made by that pass; the mark lives in the node's own

@@ -1846,6 +1846,8 @@ class Watch:
             if len(self._touches) > 64:
                 self._touches.clear()
             self._touches[sig] = hit
+            if self.mode == "light":  # no graph records: the parameters outside the model counted
+                s.unregistered += walk.outside_params(self._param_names)
         self._owner = threading.get_ident()
         if kind != "grad":  # Tensor.backward(gradient, retain_graph, create_graph, inputs); autograd.backward(..., grad_variables, inputs)
             at = 4 if kind == "tensor" else 5
@@ -2801,6 +2803,11 @@ class Watch:
         the next."""
         if unregistered:
             self._safe("graph", self._owned_elsewhere, unregistered)
+            if self.mode == "light":
+                # distinct: each backward pass of the step that walked its graph named them
+                n_out = len({id(v) for rec, ref in unregistered if rec.get("unregistered") and (v := ref()) is not None})
+                if n_out:
+                    ev.setdefault("events", []).append({"what": "unregistered_params", "count": n_out})
         stats, values = read.result()
         losses = values[:n_losses]
         stats["pre_nonzero"] = pre_nonzero

@@ -10,7 +10,7 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_int, as_list
+from ..run import Run, as_dict, as_int, as_list, notes
 from ..settings import Settings
 
 FIX = ("Hold submodules in nn.ModuleList / nn.ModuleDict (and loose parameters in nn.ParameterList, or as "
@@ -36,24 +36,42 @@ def _unregistered(graph: dict[str, Any]) -> tuple[list[int], list[str]]:
     return sorted(marked), sorted(set(users))
 
 
+def _counted(run: Run) -> tuple[list[int], int]:
+    """Light mode's steps with ``events[{what: "unregistered_params", count}]`` (it writes no
+    graph: the capture counts such parameters in its own walk of the backward's graph), and
+    the largest count."""
+    steps, most = [], 0
+    for ev in run.steps:
+        n = max((as_int(e.get("count")) for e in notes(ev, "unregistered_params")), default=0)
+        if n > 0:
+            steps.append(as_int(ev.get("step")))
+            most = max(most, n)
+    return steps, most
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
     hits: list[tuple[int, int, list[int], list[str]]] = []  # step, micro, node ids, modules
     for step, graph in run.all_graphs():
         nodes, modules = _unregistered(graph)
         if nodes:
             hits.append((step, as_int(graph.get("micro")), nodes, modules))
-    if not hits:
-        return []
-    step, _, nodes, modules = hits[0]
-    steps = sorted({h[0] for h in hits})
+    if hits:
+        step, _, nodes, modules = hits[0]
+        steps = sorted({h[0] for h in hits})
+        count = len(nodes)
+    else:
+        steps, count = _counted(run)
+        if not steps:
+            return []
+        step, nodes, modules = steps[0], [], []
     model = str(run.session.get("model") or "the model")
     used = [m if m else "(root)" for m in modules]
     in_ops = f", used by ops of {', '.join(used[:3])}" if used else ""
-    head = (f"Gradients flow into {len(nodes)} nn.Parameter tensor{'s' if len(nodes) != 1 else ''} that "
-            f"{'are' if len(nodes) != 1 else 'is'} not {model}'s and that no optimizer steps "
+    head = (f"Gradients flow into {count} nn.Parameter tensor{'s' if count != 1 else ''} that "
+            f"{'are' if count != 1 else 'is'} not {model}'s and that no optimizer steps "
             f"({describe_steps(steps, run.last_step)}{in_ops})")
     fix = FIX
-    if len(nodes) == len(run.params):
+    if count == len(run.params):
         # as many as the model has: a copy of it (a DQN's target network, a teacher made with
         # copy.deepcopy) run with autograd on, more often than a forgotten ModuleList
         message = (f"{head}: as many as {model} has -- a copy of the model (a target network or a teacher made "
@@ -64,6 +82,6 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     else:
         message = (f"{head}: a submodule kept in a plain Python list or dict is not registered, so "
                    "model.parameters() and the optimizer miss it -- it never trains, and its .grad keeps growing.")
-    targets = [FindingTarget(step=step, rank=run.rank, node=n) for n in nodes]
+    targets = [FindingTarget(step=step, rank=run.rank, node=n) for n in nodes] or [FindingTarget(step=step, rank=run.rank)]
     return [make("P1", "warning", message, fix, steps, rank=run.rank, targets=targets,
                  modules=[m for m in modules if m], title="Parameters outside the model")]

@@ -60,6 +60,34 @@ def test_layers_in_a_plain_list_are_found(tmp_path: Path, mode: str) -> None:
     assert {t["node"] for t in f["targets"]} == {n["id"] for n in marked}
 
 
+def test_layers_in_a_plain_list_are_found_in_light_mode(tmp_path: Path) -> None:
+    """light writes no graph: the capture counts the outside parameters in its own walk of the
+    backward's graph (the first step's, and a changed structure's), and the finding is the same."""
+    found, graphs, model = _train(tmp_path, registered=False, mode="light")
+    assert graphs == []
+    (f,) = [f for f in found if f["title"] == "Parameters outside the model"]
+    assert f["code"] == "P1" and f["severity"] == "warning"
+    assert f["message"].startswith("Gradients flow into 4 nn.Parameter tensors that are not Stack's and that no optimizer steps (at step 0)")
+    assert f["targets"] == [{"step": 0, "rank": 0}]
+
+
+@pytest.mark.parametrize("registered", [True, False])
+def test_light_modes_count_of_outside_parameters(tmp_path: Path, registered: bool) -> None:
+    """The count on the step event: 4 (the list's two layers), and none when they are registered."""
+    torch.manual_seed(0)
+    model = Stack(registered)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "light.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for _ in range(3):
+            opt.zero_grad()
+            F.cross_entropy(model(torch.randn(8, 6)), torch.randint(0, 2, (8,))).backward()
+            opt.step()
+    steps = [ev for ev in iter_events(path) if ev["kind"] == "step"]
+    counts = [[e["count"] for e in ev.get("events", []) if e["what"] == "unregistered_params"] for ev in steps]
+    assert counts == ([[], [], []] if registered else [[4], [], []])  # walked once: the structure stays
+
+
 def test_layers_in_a_module_list_are_no_finding(tmp_path: Path) -> None:
     found, graphs, _ = _train(tmp_path, registered=True, mode="full")
     assert not any(n.get("unregistered") for g in graphs for n in g["nodes"])
@@ -89,6 +117,41 @@ def test_a_gan_generator_stepped_by_its_own_optimizer_is_not_outside(tmp_path: P
     assert any(n["name"] == "AccumulateGrad" and "param" not in n for g in graphs for n in g["nodes"])  # G's, seen
     assert not any(n.get("unregistered") for g in graphs for n in g["nodes"])
     assert [f for f in diagnose(events) if f.get("title") == "Parameters outside the model"] == []
+
+
+def test_a_gan_and_a_decoder_in_light_mode_are_not_outside(tmp_path: Path) -> None:
+    """The light count leaves out what an optimizer steps, as the graph marks do: a GAN's
+    generator (its own Adam) and a decoder stepped right after the watched encoder."""
+    torch.manual_seed(0)
+    G, D = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 6)), nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt_g, opt_d = torch.optim.Adam(G.parameters(), 1e-3), torch.optim.Adam(D.parameters(), 1e-3)
+    path = tmp_path / "gan.tscope"
+    with torchscope.watch(D, opt_d, server=None, record=path, mode="light"):
+        for _ in range(4):
+            real, z = torch.randn(8, 6), torch.randn(8, 4)
+            opt_d.zero_grad()
+            fake = G(z)
+            (F.softplus(-D(real)).mean() + F.softplus(D(fake.detach())).mean()).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            F.softplus(-D(fake)).mean().backward()
+            opt_g.step()
+    enc, dec = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+    opt_e, opt_dec = torch.optim.Adam(enc.parameters(), 1e-2), torch.optim.SGD(dec.parameters(), 0.05)
+    path2 = tmp_path / "encdec.tscope"
+    with torchscope.watch(enc, opt_e, server=None, record=path2, mode="light"):
+        for _ in range(4):
+            x = torch.randn(32, 8)
+            opt_e.zero_grad()
+            opt_dec.zero_grad()
+            ((dec(enc(x)) - x) ** 2).mean().backward()
+            opt_e.step()
+            opt_dec.step()
+    for p in (path, path2):
+        events = list(iter_events(p))
+        assert not any(e["what"] == "unregistered_params" for ev in events if ev["kind"] == "step"
+                       for e in ev.get("events", []))
+        assert [f for f in diagnose(events) if f.get("title") == "Parameters outside the model"] == []
 
 
 @pytest.mark.parametrize("mode", ["default", "full"])
