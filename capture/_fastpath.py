@@ -18,9 +18,10 @@ Under ``torch.compile`` a compiled forward guards on the global hooks' ids, so t
 back under the ids they had (new ones each step made Dynamo recompile every captured step
 until its recompile limit, then run the model uncompiled: other numbers); and once a compiled
 forward has run, the guard stays off -- torch warns at every compiled module's call while any
-global module hook is there (once, then, for a model compiled after watch(): its first call
-comes while the guard is on).  An eager transformer beside a compiled model then takes its slow
-path while the capture's mode is on (documented in docs/capture.md).
+global module hook is there (a model compiled after watch() meets them at its first call: that
+warning is filtered while a watch is open, see ``_warnings._COMPILE_HOOKS``).  An eager
+transformer beside a compiled model then takes its slow path while the capture's mode is on
+(documented in docs/capture.md).
 """
 
 from __future__ import annotations

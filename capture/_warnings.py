@@ -38,6 +38,18 @@ _DISPATCH_FILE = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), 
 # the capture's private modules (torchscope._interpose, torchscope._watch, ...); module names
 # this filter does not match are where a warning with no user frame is shown once (_show)
 _FILTER = ("always", None, Warning, re.compile(r"torchscope\._"), 0)
+# torch warns at a compiled module's call while any global module hook is registered; the only
+# ones then may be the fast-path guard's (_fastpath.py), which the capture puts there itself and
+# which change nothing a compiled module does: its warning would be a false one, and under
+# ``-W error::UserWarning`` an exception in the user's forward.  Ignored while a watch is open
+# -- unless the user has global module hooks of their own when it opens (theirs it is about).
+_COMPILE_HOOKS = (
+    "ignore",
+    re.compile(r"Using `torch\.compile\(module\)` when there are global hooks on modules"),
+    UserWarning,
+    None,
+    0,
+)
 _OWN_MODULE = "torchscope"
 _own_registry: dict[Any, Any] = {}
 _lock = threading.Lock()
@@ -62,6 +74,8 @@ def install() -> None:
         _shown = warnings._showwarnmsg  # type: ignore[attr-defined]
         warnings._showwarnmsg = _show  # type: ignore[attr-defined]
         _filters().insert(0, _FILTER)
+        if not getattr(torch.nn.modules.module, "_has_any_global_hook", lambda: True)():
+            _filters().insert(0, _COMPILE_HOOKS)
         warnings._filters_mutated()  # type: ignore[attr-defined]
 
 
@@ -77,8 +91,12 @@ def uninstall() -> None:
             return
         if warnings._showwarnmsg is _show:  # type: ignore[attr-defined]
             warnings._showwarnmsg = _shown  # type: ignore[attr-defined]
-        if _FILTER in _filters():
-            _filters().remove(_FILTER)
+        mutated = False
+        for f in (_FILTER, _COMPILE_HOOKS):
+            if f in _filters():
+                _filters().remove(f)
+                mutated = True
+        if mutated:
             warnings._filters_mutated()  # type: ignore[attr-defined]
 
 

@@ -132,3 +132,42 @@ def test_captured_steps_do_not_recompile_the_model(tmp_path: Path, order: str) -
     assert plain_graphs == 1 and graphs <= 2
     hook_warnings = [m for m in said if "global hooks" in m]
     assert len(hook_warnings) <= (1 if order == "watch_then_compile" else 0)
+
+
+_COMPILED_AFTER = """
+import sys, torch, torchscope
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+if sys.argv[2] == "own-hook":  # the user's own global hook: torch's warning is about it
+    nn.modules.module.register_module_forward_hook(lambda m, a, out: None)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+w = torchscope.watch(model, opt, server=None, record=sys.argv[1])
+compiled = torch.compile(model, backend="aot_eager")
+for _ in range(3):
+    opt.zero_grad()
+    compiled(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()
+w.close()
+print("trained")
+"""
+
+
+@pytest.mark.parametrize("hooks", ["none", "own-hook"])
+def test_the_capture_s_own_global_hooks_raise_no_compile_warning(tmp_path: Path, hooks: str) -> None:
+    """torch warns at a compiled module's call while any global module hook is registered: the
+    fast-path guard's own made it warn falsely -- and, under ``-W error::UserWarning`` (a
+    strict test suite's setting), raise in the user's first forward.  A hook of the user's
+    still gets torch's warning."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "compiled_after.py"
+    script.write_text(_COMPILED_AFTER)
+    res = subprocess.run([sys.executable, "-W", "error::UserWarning", str(script), str(tmp_path / "run.tscope"), hooks],
+                         capture_output=True, text=True, timeout=300)
+    if hooks == "none":
+        assert res.returncode == 0 and "trained" in res.stdout, res.stderr[-2000:]
+        assert "global hooks" not in res.stderr
+    else:  # as without torchscope: the user's hook, the user's -W error
+        assert res.returncode != 0 and "UserWarning: Using `torch.compile(module)` when there are global hooks" in res.stderr
