@@ -94,22 +94,42 @@ def compile_extension(name: str, sources: tuple[Path, ...], out: Path, verbose: 
     from torch.utils.cpp_extension import load
 
     out.mkdir(parents=True, exist_ok=True)
-    # cpp_extension's lock file outlives a process killed mid-build (a short script ends while
-    # the daemon build thread runs): a later build would wait on it forever
-    lock = out / "lock"
-    if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
-        lock.unlink(missing_ok=True)
-    return load(
-        name=name,
-        sources=[str(p) for p in sources],
-        build_directory=str(out),
-        # -DNDEBUG is required, not an optimisation: ATen/record_function.h declares a member
-        # only under #ifndef NDEBUG, and cpp_extension does not define it, so without it the
-        # file's at::RecordFunction would not be the release libtorch's ("Called inputs()
-        # outside RecordFunction start callback" on every read of an op's inputs)
-        extra_cflags=["-O2", "-DNDEBUG"],
-        verbose=verbose,
-    )
+    with _one_build(out):
+        return load(
+            name=name,
+            sources=[str(p) for p in sources],
+            build_directory=str(out),
+            # -DNDEBUG is required, not an optimisation: ATen/record_function.h declares a member
+            # only under #ifndef NDEBUG, and cpp_extension does not define it, so without it the
+            # file's at::RecordFunction would not be the release libtorch's ("Called inputs()
+            # outside RecordFunction start callback" on every read of an op's inputs)
+            extra_cflags=["-O2", "-DNDEBUG"],
+            verbose=verbose,
+        )
+
+
+@contextlib.contextmanager
+def _one_build(out: Path) -> Iterator[None]:
+    """One build of ``out`` at a time across processes.  cpp_extension's own lock file outlives
+    a process that ends mid-build (a short full-mode script exits while the daemon build
+    thread runs), and its wait for that file has no timeout: every later build of the folder
+    waited forever.  An ``flock`` is released by the system however its holder ends, so while
+    this process holds it no build runs, and a ``lock`` file there is a dead build's."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: the file's age tells a dead build's
+        lock = out / "lock"
+        if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink(missing_ok=True)
+        yield
+        return
+    with open(out / "build.flock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            (out / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _build(loud: bool = False) -> None:

@@ -257,6 +257,7 @@ class _StepState:
         "micro",
         "losses",
         "summed",
+        "pass_summed",
         "roots",
         "backward_src",
         "backward_errors",
@@ -331,6 +332,7 @@ class _StepState:
         # indices in ``losses`` of the roots of the backwards that accumulated into the
         # gradients since they were last reset (not torch.autograd.grad's): the step's loss
         self.summed: list[int] = []
+        self.pass_summed = 0  # len(summed) before the running backward's roots were added
         self.roots: list[str] = []
         self.backward_src: list[str] = []
         self.backward_errors: list[str] = []
@@ -1424,11 +1426,14 @@ class Watch:
         if self._s.recorder is None or _compiling() or _transformed() or threading.get_ident() != self._owner:
             return
         st = self._s.module_stack
-        if len(st) > 1:
+        # the root's own entry ("", under every module of its forward) is left to the root's
+        # hook; a submodule run with no root forward around it -- a reentrant checkpoint's
+        # recompute, inside the backward -- is the bottom of the stack itself
+        if len(st) > 1 or (st and st[0][0]):
             path = st.pop()[0]
             self._module_changed()
             if self._history is not None:
-                self._history.label(f"step {self._step} {st[-1][0]}")  # back in the caller's module
+                self._history.label(f"step {self._step} {st[-1][0] if st else ''}")  # back in the caller's module
             self._safe("activation_grads", self._watch_activation, path, out)
 
     def _watch_activation(self, path: str, out: Any) -> None:
@@ -1889,6 +1894,7 @@ class Watch:
                 s.summed = []
         else:
             s.accumulated += 1
+        s.pass_summed = len(s.summed)
         fns = []
         # the line of a call that took a root in before this backward (probing, _on_holder)
         holder_src = {id(t): src for ref, src in s.holders if (t := ref()) is not None} if s.holders else {}
@@ -2122,6 +2128,7 @@ class Watch:
         if self.mode == "default" and not self._s.capture and self._failure_tries < _FAILURE_TRIES:
             self._failure_wanted = True  # a loop that skips the batch fails again later, maybe captured
         self._s.accumulated = max(self._s.accumulated - 1, 0)  # it raised before accumulating
+        del self._s.summed[self._s.pass_summed:]  # nor is its loss in the gradients
 
     def _versions(self) -> int:
         return sum(p._version for r in self._params if (p := r()) is not None)

@@ -166,3 +166,56 @@ def test_a_complex_output_has_its_gradient_row(
     assert row["norm"] == pytest.approx(mag.norm().item(), rel=1e-5)
     assert row["max_abs"] == pytest.approx(mag.max().item(), rel=1e-6)
     assert row["zero_frac"] == pytest.approx((mag == 0).double().mean().item(), abs=1e-9)
+
+
+class _Checkpointed(nn.Module):
+    """Two blocks inside one reentrant checkpoint: their forward runs again inside the backward,
+    with no root forward around it."""
+
+    def __init__(self, reentrant: bool | None) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 8)
+        self.b1 = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.b2 = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.out = nn.Linear(8, 1)
+        self.reentrant = reentrant
+
+    def _inner(self, h: torch.Tensor) -> torch.Tensor:
+        return self.b2(self.b1(h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        if self.reentrant is None:
+            return self.out(self._inner(h))
+        from torch.utils.checkpoint import checkpoint
+
+        return self.out(checkpoint(self._inner, h, use_reentrant=self.reentrant))
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_modules_inside_a_checkpoint_have_their_rows(tmp_path: Path, reentrant: bool) -> None:
+    """Every block inside a checkpoint gets its row, equal to the same model's uncheckpointed
+    output gradients: the reentrant recompute's outermost block was left on the module stack
+    and had none."""
+    x = torch.randn(6, 4)
+    torch.manual_seed(0)
+    plain = _Checkpointed(None)
+    outs: dict[str, torch.Tensor] = {}
+    for name in ("b1", "b2", "b1.0", "b2.0"):
+        plain.get_submodule(name).register_forward_hook(
+            lambda m, a, o, name=name: (o.retain_grad(), outs.__setitem__(name, o), None)[-1])
+    plain(x).pow(2).mean().backward()
+    torch.manual_seed(0)
+    model = _Checkpointed(reentrant)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "ckpt.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    st = next(e for e in iter_events(path) if e["kind"] == "step")
+    got = {a["module"]: a for a in st["activation_grads"]}
+    for name, o in outs.items():
+        assert name in got, (name, sorted(got))
+        assert o.grad is not None
+        assert got[name]["norm"] == pytest.approx(o.grad.double().norm().item(), rel=1e-6), name

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -283,14 +282,15 @@ assert kinds == ["python", "native"], kinds
 
 def test_first_full_watch_builds_in_the_background(tmp_path: Path) -> None:
     """A user's first full-mode run: training goes on with the Python recorder while the
-    extension compiles (past a lock file a killed build left behind), then switches."""
+    extension compiles (past the lock file of a build that died a moment ago: a short script
+    that exited mid-build left it, and cpp_extension waited on it with no timeout), then
+    switches."""
     from conftest import run_script
 
     build = tmp_path / "build"
     lock = build / _native.build_dir().name / "lock"  # one folder per torch and Python version and source
     lock.parent.mkdir(parents=True)
-    lock.write_text("")
-    os.utime(lock, (time.time() - 3600, time.time() - 3600))
+    lock.write_text("")  # fresh: no age tells it from a live build's, the flock no one holds does
     script = tmp_path / "first.py"
     script.write_text(_FIRST_USE)
     res = run_script(script, str(tmp_path / "first.tscope"), env={"TORCHSCOPE_NATIVE_BUILD": str(build)}, timeout=400)

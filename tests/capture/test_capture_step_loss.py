@@ -4,6 +4,7 @@ mean -- what a loop logs), not the last micro-batch's alone; a ``torch.autograd.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,26 @@ def test_roots_given_a_gradient_count_weighted(tmp_path: Path, mode: str, how: s
     steps = _steps(path)
     assert [s["loss"] for s in steps] == pytest.approx([e[0] for e in expected], rel=1e-6)
     assert [s["losses"] for s in steps] == [pytest.approx(e[1], rel=1e-6) for e in expected]
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_a_backward_that_raised_adds_no_loss(tmp_path: Path, mode: str) -> None:
+    """A second backward through a freed graph raises (P10) and the loop carries on: it put
+    nothing into the gradients, so its loss is not in the step's (it was counted twice)."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "raised.tscope"
+    logged: list[float] = []
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(3):
+            opt.zero_grad()
+            loss = model(torch.randn(5, 6)).pow(2).mean()
+            loss.backward()
+            with contextlib.suppress(RuntimeError):
+                loss.backward()  # "Trying to backward through the graph a second time"
+            opt.step()
+            logged.append(loss.item())
+    steps = _steps(path)
+    assert [st["accumulated"] for st in steps] == [1, 1, 1]
+    assert all(len(st["backward_errors"]) == 1 for st in steps)
+    assert [st["loss"] for st in steps] == pytest.approx(logged, rel=1e-6)
