@@ -642,8 +642,10 @@ class Watch:
         self._param_names = {id(p): n for n, p in named}
         self._param_ptrs = set(storages(p for _, p in named))  # refreshed once lazy ones exist
         # LazyLinear & co. make their parameters in the first forward: the session event (their
-        # shapes) waits for it
-        self._session_pending = any(is_lazy(p) for _, p in named)
+        # shapes) waits for it; so does a model built on the meta device (``to_empty()`` after
+        # watch() gives it its device)
+        self._lazy = any(is_lazy(p) for _, p in named)
+        self._session_pending = self._lazy or any(p.is_meta for _, p in named)
         self._sizes = StorageSizes()
         self._modules = [(path, weakref.ref(m)) for path, m in model.named_modules()]
         # the submodules' hooks of recorded steps (module context of each op): registered for a
@@ -1253,7 +1255,7 @@ class Watch:
                 self._fast.off()
         if self._session_pending:
             self._emit_session(module)
-            if self._s.forwards:  # the dry run that made the lazy modules' parameters (no evaluation)
+            if self._lazy and self._s.forwards:  # the dry run that made the lazy modules' parameters (no evaluation)
                 self._s.forwards[-1]["materialized"] = True
         if self._gc_paused:  # tested here, not in the call: once a step, rarely with work to do
             self._resume_gc()

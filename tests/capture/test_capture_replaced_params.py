@@ -83,6 +83,14 @@ def test_a_model_watched_on_meta_then_materialised(tmp_path: Path, mode: str) ->
             _train(model, opt, 6, norms, walked)
         logs = _check(path, model, norms, walked)
         assert not [e for e in logs if "gained" in e["message"]]
+        # the session is the materialised model's: where it trains, not "meta" (it waits for the
+        # first forward, as a lazy model's does); that forward is no lazy dry run
+        events = list(iter_events(path))
+        session = events[0]
+        assert session["kind"] == "session" and session["device"] == "cpu"
+        assert {p["device"] for p in session["params"]} == {"cpu"}
+        first = next(e for e in events if e["kind"] == "step")
+        assert not any(f.get("materialized") for f in first["forwards"])
 
 
 @pytest.mark.parametrize("mode", ["light", "full"])
