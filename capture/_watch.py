@@ -2552,18 +2552,18 @@ class Watch:
         return static_live + sum(v for ptr, v in grad_storages(params).items() if ptr not in static)
 
     def _static_storages(
-        self, live_params: list[torch.Tensor], opt: Any, periodic: bool
+        self, live_params: list[torch.Tensor], opt: Any, periodic: bool, fresh: bool = False
     ) -> tuple[dict[int, int], dict[int, int], dict[int, int], int]:
         """Storages (pointer -> bytes) of the parameters, of the optimizer state, their union
         and its bytes.  They keep their storages from step to step: re-read when a parameter's
         data pointer (``p.data = ...``) or the count of state tensors (lazily created state, a
         new param group) changes, and with ``periodic`` every GRAD_STATS_EVERY steps (state
-        replaced by ``load_state_dict``), not at every boundary."""
+        replaced by ``load_state_dict``), not at every boundary; ``fresh``: now."""
         state = getattr(opt, "state", None)
         if not isinstance(state, dict):  # no optimizer, or a hand-rolled one without state
             state = {}
         key = (_ptr_sum(live_params), len(state), _entries(state))
-        if self._mem_key != key or (periodic and self._step % GRAD_STATS_EVERY == 0):
+        if fresh or self._mem_key != key or (periodic and self._step % GRAD_STATS_EVERY == 0):
             p_st, o_st = self._param_storages(live_params), self._sizes(optimizer_tensors(opt))
             static = {**p_st, **o_st}  # their union and its bytes, kept with them
             self._mem_key, self._mem_static = key, (p_st, o_st, static, sum(static.values()))
@@ -2980,6 +2980,12 @@ class Watch:
         # a gradient sharing a parameter's or the state's storage counts once (found by a set
         # intersection in C: most steps have none to subtract)
         shared = g_st.keys() & static.keys()
+        if shared:
+            # ... or a gradient at the address of a state tensor that is gone: state replaced by
+            # as many new tensors (``state.clear()``, ``load_state_dict``) keeps the cache's key,
+            # and the allocator hands the old tensors' memory to the next gradients
+            p_st, o_st, static, static_live = self._static_storages(live_params, opt, True, fresh=True)
+            shared = g_st.keys() & static.keys()
         live = static_live + g_bytes - (sum(g_st[ptr] for ptr in shared) if shared else 0)
         saved = s.saved_peak
         mem: MemoryStats = {
