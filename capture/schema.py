@@ -113,11 +113,13 @@ class MemoryStats(TypedDict, total=False):
     saved: int  # activations saved for backward (peak during the step)
     temporaries: int  # captured steps: bytes at the ledger's peak beyond state and saved activations
     other: int  # CUDA: allocator bytes that no named storage accounts for
-    live: int  # all live storages the capture knows of
+    live: int  # the union of the parameters', gradients' and optimizer state's storages (not the process's)
     # bytes saved for backward by earlier steps' graphs still alive at the boundary (P7: a
     # graph kept with retain_graph=True, or built in eval mode and kept); absent when none
     kept: int
-    peak: int  # peak live bytes during the step (measured by the op ledger on captured steps)
+    # live + saved: an estimate on steps without a graph; on captured steps at least the op
+    # ledger's highest point over the recorded forward and backward (not optimizer.step())
+    peak: int
     device: dict[str, int]  # CUDA allocator view: allocated, reserved, active, inactive, peak, num_alloc_retries...
 
 

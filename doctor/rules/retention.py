@@ -99,7 +99,8 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
         return [_held_finding(run, held, alive)]
     steps = alive_steps if grows else mem_steps
     per_step = (live[-1][1] - live[0][1]) / max(1, live[-1][0] - live[0][0]) if len(live) >= 2 else 0.0
-    growth = f", live memory +{fmt_bytes(per_step)} per step" if per_step > 0 else ""
+    # both columns: what kept graphs hold is ``kept``, not ``live`` (the storages of the step's state)
+    growth = f", memory (live + kept) +{fmt_bytes(per_step)} per step" if per_step > 0 else ""
     kept = _kept(run)
     if known:
         # at the most alive (the run's end may have let them go: an epoch's accumulator reset)

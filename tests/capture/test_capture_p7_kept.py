@@ -107,7 +107,7 @@ def test_p7_a_state_never_detached_counts_each_steps_graph_once(tmp_path: Path, 
     assert len({st["memory"]["saved"] for st in steps}) == 1
     assert [st["graphs_kept"]["of"] for st in steps[1:]] == ["state"] * (STEPS - 1)
     (p7,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P7"]
-    assert "without `.detach()`" in p7["message"] and "live memory +" in p7["message"]
+    assert "without `.detach()`" in p7["message"] and "memory (live + kept) +" in p7["message"]
     assert p7["src"] is not None and p7["src"].endswith(f":{_forward_line()}")
 
 
