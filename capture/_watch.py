@@ -2548,8 +2548,27 @@ class Watch:
     def _live_bytes(self) -> int:
         """Bytes of the parameters, gradients and optimizer state now (a recorder's baseline)."""
         params: list[torch.Tensor] = [p for r in self._params if (p := r()) is not None]
-        _, _, static, static_live = self._static_storages(params, self._state_holder(), False)
-        return static_live + sum(v for ptr, v in grad_storages(params).items() if ptr not in static)
+        return self._union(params, self._state_holder(), False)[3]
+
+    def _union(
+        self, live_params: list[torch.Tensor], opt: Any, periodic: bool
+    ) -> tuple[dict[int, int], dict[int, int], dict[int, int], int]:
+        """The parameters', optimizer state's and gradients' storages (pointer -> bytes) and the
+        bytes of their union."""
+        p_st, o_st, static, static_live = self._static_storages(live_params, opt, periodic)
+        # gradients set to None come back as new tensors each step: nothing to remember
+        g_st = grad_storages(live_params)
+        # a gradient sharing a parameter's or the state's storage counts once (found by a set
+        # intersection in C: most steps have none to subtract)
+        shared = g_st.keys() & static.keys()
+        if shared:
+            # ... or a gradient at the address of a state tensor that is gone: state replaced by
+            # as many new tensors (``state.clear()``, ``load_state_dict``) keeps the cache's key,
+            # and the allocator hands the old tensors' memory to the next gradients
+            p_st, o_st, static, static_live = self._static_storages(live_params, opt, periodic, fresh=True)
+            shared = g_st.keys() & static.keys()
+        live = static_live + sum(g_st.values()) - (sum(g_st[ptr] for ptr in shared) if shared else 0)
+        return p_st, o_st, g_st, live
 
     def _static_storages(
         self, live_params: list[torch.Tensor], opt: Any, periodic: bool, fresh: bool = False
@@ -2973,24 +2992,11 @@ class Watch:
 
     def _memory(self, params: list[torch.Tensor | None], opt: Any, s: _StepState) -> MemoryStats:
         live_params = [p for p in params if p is not None]
-        p_st, o_st, static, static_live = self._static_storages(live_params, opt, True)
-        # gradients set to None come back as new tensors each step: nothing to remember
-        g_st = grad_storages(live_params)
-        g_bytes = sum(g_st.values())
-        # a gradient sharing a parameter's or the state's storage counts once (found by a set
-        # intersection in C: most steps have none to subtract)
-        shared = g_st.keys() & static.keys()
-        if shared:
-            # ... or a gradient at the address of a state tensor that is gone: state replaced by
-            # as many new tensors (``state.clear()``, ``load_state_dict``) keeps the cache's key,
-            # and the allocator hands the old tensors' memory to the next gradients
-            p_st, o_st, static, static_live = self._static_storages(live_params, opt, True, fresh=True)
-            shared = g_st.keys() & static.keys()
-        live = static_live + g_bytes - (sum(g_st[ptr] for ptr in shared) if shared else 0)
+        p_st, o_st, g_st, live = self._union(live_params, opt, True)
         saved = s.saved_peak
         mem: MemoryStats = {
             "params": sum(p_st.values()),
-            "grads": g_bytes,
+            "grads": sum(g_st.values()),
             "optimizer": sum(o_st.values()),
             "saved": saved,
             "live": live,
