@@ -152,7 +152,7 @@ class OpRecorder(TorchDispatchMode):
         for t in out_t:
             # one storage object per output serves the ledger and the tensor table
             st = t.untyped_storage() if has_storage(t) else None
-            alloc += self._ledger(t, st)
+            alloc += self._ledger(t, st, in_t)
             outputs.append(self._tensor(t, st))
         freed, self._freed = self._freed, 0
         self.live += alloc - freed
@@ -278,15 +278,19 @@ class OpRecorder(TorchDispatchMode):
         self._tref[key] = weakref.ref(t)
         return tid
 
-    def _ledger(self, t: torch.Tensor, st: Any) -> int:
+    def _ledger(self, t: torch.Tensor, st: Any, inputs: list[torch.Tensor]) -> int:
         """Bytes newly allocated if ``t``'s storage ``st`` is new (None: not strided, no
-        storage); track its lifetime by weakref."""
+        storage); track its lifetime by weakref.  An output in an input's storage that the
+        ledger does not watch (a view of a parameter, of a flat buffer's slice, an in-place
+        add into a gradient bucket) is that input's memory, allocated before: not new."""
         if st is None:
             return 0
         ptr = st.data_ptr()
         n = self._storage_refs.get(ptr)
         new = 0
         if n is None:
+            if any(has_storage(x) and x.untyped_storage().data_ptr() == ptr for x in inputs):
+                return 0
             nbytes = st.nbytes()
             self._storage_bytes[ptr] = nbytes
             self._storage_refs[ptr] = 0
