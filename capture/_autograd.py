@@ -239,16 +239,25 @@ class AutogradWalk:
                 return i
         return -1
 
-    def outside_params(self, param_ids: dict[int, str]) -> list[tuple[NodeRecord, weakref.ref[torch.Tensor]]]:
-        """The ``nn.Parameter`` leaves of this graph not in ``param_ids`` (a layer kept in a plain
-        list or dict), each with a bare record marked ``unregistered``, as ``records`` gives them:
-        light mode, which writes no node records, counts what ``Watch._owned_elsewhere`` leaves."""
-        out: list[tuple[NodeRecord, weakref.ref[torch.Tensor]]] = []
+    def leaves(
+        self, param_ids: dict[int, str]
+    ) -> tuple[set[str], list[tuple[NodeRecord, weakref.ref[torch.Tensor]]]]:
+        """What light mode, which writes no node records, tells of this graph's leaves: the names
+        of the parameters in ``param_ids`` it reaches, and the ``nn.Parameter`` leaves not in it
+        (a layer kept in a plain list or dict), each with a bare record marked ``unregistered``,
+        as ``records`` gives them (``Watch._owned_elsewhere`` keeps those no optimizer steps)."""
+        reached: set[str] = set()
+        outside: list[tuple[NodeRecord, weakref.ref[torch.Tensor]]] = []
         for n in self.nodes:
             var = getattr(n, "variable", None) if type(n) is _ACCUMULATE else None
-            if isinstance(var, torch.nn.Parameter) and id(var) not in param_ids:
-                out.append(({"unregistered": True}, weakref.ref(var)))
-        return out
+            if var is None:
+                continue
+            name = param_ids.get(id(var))
+            if name is not None:
+                reached.add(name)
+            elif isinstance(var, torch.nn.Parameter):
+                outside.append(({"unregistered": True}, weakref.ref(var)))
+        return reached, outside
 
     def stamp_new(self, known: set[int]) -> int:
         """Mark every node not in ``known`` (ids of the nodes that existed before a

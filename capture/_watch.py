@@ -267,6 +267,7 @@ class _StepState:
         "accumulated",
         "step_began",
         "unregistered",
+        "reached",
         "pre_nonzero",
         "copies",
         "copy_bytes",
@@ -346,6 +347,9 @@ class _StepState:
         # captured graph's AccumulateGrad records of Parameters not the model's, with the Parameter
         # (weakly): the step's end keeps the mark of those no optimizer stepped (_owned_elsewhere)
         self.unregistered: list[tuple[NodeRecord, weakref.ref[torch.Tensor]]] = []
+        # light mode: names of the parameters whose AccumulateGrad the step's walked graphs hold
+        # (None: no graph walked this step -- the last walk's structure ran again)
+        self.reached: set[str] | None = None
         self.pre_nonzero: list[int] = []
         self.copies = 0
         self.copy_bytes = 0
@@ -1853,8 +1857,10 @@ class Watch:
             if len(self._touches) > 64:
                 self._touches.clear()
             self._touches[sig] = hit
-            if self.mode == "light":  # no graph records: the parameters outside the model counted
-                s.unregistered += walk.outside_params(self._param_names)
+            if self.mode == "light":  # no graph records: the leaves the backward reaches, told
+                reached, outside = walk.leaves(self._param_names)
+                s.unregistered += outside
+                s.reached = reached if s.reached is None else s.reached | reached
         self._owner = threading.get_ident()
         if kind != "grad":  # Tensor.backward(gradient, retain_graph, create_graph, inputs); autograd.backward(..., grad_variables, inputs)
             at = 4 if kind == "tensor" else 5
@@ -2727,6 +2733,11 @@ class Watch:
             events.append({"what": "noop_to", "count": s.noop_to})
         for (what, src), (count, nbytes) in s.moves.items():
             events.append({"what": what, "count": count, "bytes": nbytes, "src": src})
+        if s.reached is not None:
+            # which trainable parameters the backward's graph does not reach (P1 tells a layer
+            # the forward never uses from a gradient cleared between backward and step())
+            events.append({"what": "unreached", "params": [i for i, n in enumerate(self._names) if n not in s.reached
+                                                           and (p := self._params[i]()) is not None and p.requires_grad]})
         if events:
             ev["events"] = events
         sig = "+".join(dict.fromkeys(s.sigs)) if s.sigs else ""

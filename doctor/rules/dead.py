@@ -108,9 +108,13 @@ def _cancelling(run: Run, dead: dict[int, list[int]], candidates: dict[int, list
     """The biases among ``candidates`` whose gradient is zero while a weight of their own module
     gets one: the output gradient is not zero (the weight's is its product with the input) but
     sums to zero, so the loss does not change when the layer's outputs shift together.  A dead
-    branch zeroes the weights' gradients too."""
+    branch zeroes the weights' gradients too.  A bias with a tensor hook of the user's is left
+    out: the hook may be what zeroes it (``g * 0``), and the dead-branch finding names it."""
     out: dict[int, list[int]] = {}
+    hooked = set(_gradient_hooks(run)[0])
     for i, steps in candidates.items():
+        if i in hooked:
+            continue
         name, module = run.param_name(i), run.param_module(i)
         siblings = [j for j in range(len(run.params)) if j != i and run.param_module(j) == module]
         if name.rpartition(".")[2] == "bias" and siblings and any(j not in dead for j in siblings):
@@ -132,15 +136,22 @@ def _cancels_finding(run: Run, params: dict[int, list[int]]) -> Finding:
     return finding
 
 
-def _hooks_note(run: Run, dead: list[int]) -> str:
-    """The user's gradient hooks that can zero what reaches the dead parameters, as the capture
-    last saw them (``gradient_hooks`` events): tensor hooks on them, backward hooks on modules."""
+def _gradient_hooks(run: Run) -> tuple[list[int], list[str]]:
+    """The parameters with a tensor hook (``register_hook``) and the modules with a backward hook
+    of the user's, as the capture last saw them (``gradient_hooks`` events)."""
     params: list[int] = []
     modules: list[str] = []
     for _, ev in run.step_events():
         for e in notes(ev, "gradient_hooks"):
             params = [as_int(i, -1) for i in as_list(e.get("params"))]
             modules = [str(m) for m in as_list(e.get("modules"))]
+    return params, modules
+
+
+def _hooks_note(run: Run, dead: list[int]) -> str:
+    """The user's gradient hooks that can zero what reaches the dead parameters: tensor hooks on
+    them, backward hooks on modules."""
+    params, modules = _gradient_hooks(run)
     on = [run.param_name(i) for i in dead if i in params]
     parts = ([f"a tensor hook (register_hook) on {', '.join(on[:3])}"] if on else []) + (
         [f"a backward hook on {', '.join(repr(m) if m else 'the root module' for m in modules[:3])}"] if modules else [])

@@ -13,7 +13,7 @@ from torchscope.schema import Finding, FindingTarget
 
 from .. import graph as g
 from ..finding import and_list, describe_steps, make
-from ..run import Run, RunError, as_dict, as_int, as_list, errors
+from ..run import Run, RunError, as_dict, as_int, as_list, errors, notes
 from ..settings import Settings
 
 INPLACE_TEXT = "modified by an inplace operation"
@@ -56,14 +56,6 @@ def _stale_params(run: Run, shape: list[int] | None, steps: list[int]) -> list[s
             if p.get("requires_grad", True) and [as_int(x) for x in as_list(p.get("shape"))] in shapes]
 
 
-# grad_fn nodes that save no tensor of their inputs or outputs (shapes and scalars at most):
-# an op of theirs that read the overwritten tensor did not need it
-_SAVE_NOTHING = tuple(f"{n}Backward" for n in (
-    "Add", "Sub", "Sum", "Mean", "View", "Reshape", "UnsafeView", "Expand", "Clone", "Neg", "Permute", "Transpose",
-    "T", "Unsqueeze", "Squeeze", "Cat", "Select", "Slice", "AsStrided", "Copy", "ToCopy", "Split", "Stack",
-))
-
-
 def _tensors(graph: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
 
@@ -83,26 +75,67 @@ def _first_write_after(graph: dict[str, Any], tensors: dict[int, dict[str, Any]]
     return None
 
 
-def _needers(graph: dict[str, Any], culprit: dict[str, Any]) -> list[str]:
-    """The grad_fn nodes that needed what ``culprit`` (an in-place op) overwrote: those of the
-    earlier ops that read or wrote its storage, but for nodes that save none of it (the saved
-    tensors themselves cannot be read once stale: the capture does not have them)."""
+def _stale_fields(run: Run, step: int) -> set[tuple[str, str]]:
+    """(node class, saved field) of the nodes of ``step`` whose saved tensors torch refused to
+    read because an in-place op modified them (``saved_unreadable`` events, "MulBackward0._saved_other:
+    ..."): those tensors are missing from their node's ``saved`` list, the capture could not read them."""
+    out: set[tuple[str, str]] = set()
+    for s, ev in run.step_events():
+        for e in notes(ev, "saved_unreadable") if s == step else []:
+            text = str(e.get("node", ""))
+            if INPLACE_TEXT in text:
+                name, _, rest = text.partition(".")
+                out.add((name, rest.partition(":")[0]))
+    return out
+
+
+def _saves(node: dict[str, Any], storage: Any, stale: set[tuple[str, str]]) -> str:
+    """How ``node`` (one whose op read or made ``storage``) is known to have saved that storage:
+    "listed" in its readable saved tensors; "stale" when a saved field of its class could not be
+    read, modified in place, and its own list has no readable field of that name (the events name
+    a class, not a node: the Linear whose readable ``_saved_mat1`` is its input is not the
+    AddmmBackward0 whose ``_saved_mat1`` went stale); "" when its saved list is whole and lacks
+    the storage -- it did not need the tensor (the op that produced it, e.g.)."""
+    saved = [as_dict(t) for t in as_list(node.get("saved"))]
+    if any(t.get("storage") == storage for t in saved):
+        return "listed"
+    name, fields = str(node.get("name", "")), {str(t.get("name")) for t in saved}
+    return "stale" if any(cls == name and attr not in fields for cls, attr in stale) else ""
+
+
+def _needers(graph: dict[str, Any], culprit: dict[str, Any],
+             stale: set[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """(all, inferred): the grad_fn nodes that needed what ``culprit`` (an in-place op) overwrote:
+    of the nodes whose forward read or made its storage before it, those that saved it
+    (``_saves``); the inferred ones are known from an unreadable saved field, not the storage."""
     tensors = _tensors(graph)
     storage = _written(culprit, tensors)
     if storage is None:
-        return []
+        return [], []
     cid = as_int(culprit.get("id"), -1)
-    nodes = {as_int(n.get("op"), -1): n for n in as_list(graph.get("nodes")) if isinstance(n, dict) and "op" in n}
-    names: list[str] = []
-    for op in g.ops(graph):
-        oid = as_int(op.get("id"), -1)
-        node = nodes.get(oid)
-        if oid >= cid or node is None:
-            continue
-        touched = [tensors.get(as_int(t, -1), {}) for t in [*as_list(op.get("inputs")), *as_list(op.get("outputs"))]]
-        if any(t.get("storage") == storage for t in touched) and not str(node.get("name", "")).startswith(_SAVE_NOTHING):
-            names.append(f"{node.get('name')}" + (f" (in {op.get('module')!r})" if op.get("module") else ""))
-    return list(dict.fromkeys(names))
+    ops = {as_int(op.get("id"), -1): op for op in g.ops(graph)}
+
+    def holds(op: dict[str, Any], kinds: tuple[str, ...]) -> bool:
+        return any(tensors.get(as_int(t, -1), {}).get("storage") == storage for k in kinds for t in as_list(op.get(k)))
+
+    nodes = [as_dict(n) for n in as_list(graph.get("nodes"))]
+    op_of = {as_int(n.get("id"), -1): as_int(n.get("op"), -1) for n in nodes}
+    children = g.node_children(graph)
+    names: dict[str, str] = {}
+    for node in sorted(nodes, key=lambda n: as_int(n.get("op"), cid)):
+        op = ops.get(as_int(node.get("op"), -1))
+        if op is not None:
+            touched = as_int(op.get("id"), -1) < cid and holds(op, ("inputs", "outputs"))
+        else:  # a node no op made (a custom autograd.Function's: its forward's ops ran under no_grad)
+            # read what the ops of the nodes in its next_functions made
+            made = [ops.get(op_of.get(c, -1)) for c in children.get(as_int(node.get("id"), -1), [])]
+            touched = any(m is not None and as_int(m.get("id"), -1) < cid and holds(m, ("outputs",)) for m in made)
+        how = _saves(node, storage, stale) if touched else ""
+        if how:
+            module = op.get("module") if op is not None else None
+            label = f"{node.get('name')}" + (f" (in {module!r})" if module else "")
+            names[label] = "listed" if names.get(label) == "listed" else how
+    return list(names), [n for n, how in names.items() if how == "stale"]
 
 
 def _node_named(run: Run, steps: list[int], name: str) -> tuple[int, dict[str, Any]]:
@@ -143,18 +176,20 @@ def _overwrote_output(graph: dict[str, Any], node: dict[str, Any]) -> dict[str, 
     return _first_write_after(graph, tensors, made, storages)
 
 
-def _reader_overwritten(graph: dict[str, Any], shape: list[int]) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """(the in-place forward op, the node) when an op whose grad_fn node saves tensors read or
-    made a tensor of ``shape`` whose storage a later in-place forward op wrote."""
+def _reader_overwritten(graph: dict[str, Any], shape: list[int],
+                        stale: set[tuple[str, str]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(the in-place forward op, the node) when an op whose grad_fn node saved (``_saves``) a
+    tensor of ``shape`` it read or made had that storage written by a later in-place forward op."""
     tensors = _tensors(graph)
     nodes = {as_int(n.get("op"), -1): n for n in as_list(graph.get("nodes")) if isinstance(n, dict) and "op" in n}
     for op in g.ops(graph):
         node = nodes.get(as_int(op.get("id"), -1))
-        if op.get("phase", "forward") != "forward" or node is None or str(node.get("name", "")).startswith(_SAVE_NOTHING):
+        if op.get("phase", "forward") != "forward" or node is None:
             continue
         for t in [*as_list(op.get("inputs")), *as_list(op.get("outputs"))]:
             meta = tensors.get(as_int(t, -1), {})
-            if [as_int(x) for x in as_list(meta.get("shape"))] != shape or meta.get("storage") is None:
+            if ([as_int(x) for x in as_list(meta.get("shape"))] != shape or meta.get("storage") is None
+                    or not _saves(node, meta["storage"], stale)):
                 continue
             later = _first_write_after(graph, tensors, as_int(op.get("id"), -1), {meta["storage"]})
             if later is not None:
@@ -199,7 +234,7 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
             # no_grad -- a MoCo queue enqueued in place): the op that read a tensor of that shape
             # for a node that saves tensors, and the in-place op that wrote its storage after
             found = next(((s, hit) for s in crash_steps for graph in run.graphs_of(s)
-                          if (hit := _reader_overwritten(graph, shape)) is not None), None)
+                          if (hit := _reader_overwritten(graph, shape, _stale_fields(run, s))) is not None), None)
             if found is not None:
                 gstep, (op, node) = found
                 culprit, node_name = (gstep, op), str(node.get("name", ""))
@@ -217,7 +252,7 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
                 # in place): the op whose node saved a tensor of that shape and the in-place op
                 # that wrote its storage after
                 found = next(((s, hit) for s in crash_steps for graph in run.graphs_of(s)
-                              if (hit := _reader_overwritten(graph, shape)) is not None), None)
+                              if (hit := _reader_overwritten(graph, shape, _stale_fields(run, s))) is not None), None)
                 if found is not None:
                     gstep, (op, node) = found
                     culprit = (gstep, op)
@@ -230,9 +265,15 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
             where = f" ({g.op_label(culprit[1])})"
         needed = f" that {node_name} needed for backward" if node_name else " that backward needed"
         if own is not None:
-            needers = next((_needers(graph, own[1]) for graph in run.graphs_of(own[0])), [])
+            needers, inferred = next((_needers(graph, own[1], _stale_fields(run, own[0]))
+                                      for graph in run.graphs_of(own[0])), ([], []))
             size = f" ({shape})" if shape is not None else ""
             needed = f"{size} that {and_list(needers)} saved for backward" if needers else f"{size} that backward needed"
+            if inferred:  # not seen saving it: what they saved could not be read any more
+                one = len(inferred) == 1
+                who = "" if inferred == needers else f"{and_list(inferred)}: "
+                needed += (f" ({who}{'it' if one else 'they'} read that tensor in the forward, and torch found what "
+                           f"{'it' if one else 'they'} saved modified in place)")
         elif saved_by:
             needed = f" ({shape}, output 0 of {node_name}) that {saved_by} saved for backward"
         elif node_name and not node:

@@ -13,7 +13,7 @@ from torchscope.schema import Finding, FindingTarget
 
 from .. import graph as g
 from ..finding import Severity, describe_steps, make
-from ..run import Run, as_dict, as_int, as_list, errors, leaf_loss, trainable
+from ..run import Run, as_dict, as_int, as_list, errors, leaf_loss, notes, trainable
 from ..settings import Settings
 
 _CUT_FIX = ("Keep the path differentiable: don't call .detach()/.data/.item()/.numpy()/.tolist() on tensors the "
@@ -135,6 +135,8 @@ def _graph_near(run: Run, steps: list[int]) -> tuple[int, dict[str, Any]]:
 
 
 _GroupKey = tuple[str, int, bool, bool]
+_CLEARED = "cleared after backward"  # the group of parameters whose AccumulateGrad ran (_cut_groups)
+_UNREACHED = "not in the graph"  # light mode: the walked graph holds no AccumulateGrad of theirs
 
 
 def _cut_groups(run: Run) -> tuple[dict[_GroupKey, list[int]], dict[_GroupKey, tuple[int, dict[str, Any]]],
@@ -145,13 +147,26 @@ def _cut_groups(run: Run) -> tuple[dict[_GroupKey, list[int]], dict[_GroupKey, t
     groups: dict[_GroupKey, list[int]] = {}
     steps_of, got = _none_steps(run)
     where: dict[_GroupKey, tuple[int, dict[str, Any]]] = {}
+    walked = _walked(run)
     for index, steps in steps_of.items():
         gstep, graph = _graph_near(run, steps)
         op, used = break_op(graph, run.param_name(index)) if graph else ({}, True)
         if not used and graph.get("complete") is False:
             used = True  # ops were shed: the parameter may be read in those not recorded
         sometimes = got.get(index, 0) > 0
-        if op and op.get("grad_mode") is False:
+        reached = [index not in walked[s] for s in steps if s in walked] if not graph else []
+        if reached and all(reached):
+            # light mode: the backward's graph held its AccumulateGrad on the steps it walked
+            key = (_CLEARED, -1, used, sometimes)
+        elif reached:
+            key = (_UNREACHED, -1, used, sometimes)  # not in the graph: unused, or cut
+        elif op and not _is_cut(op) and not _stops_gradient(op) and "order" in g.accumulate_node(graph, run.param_name(index)):
+            # nothing cuts its dataflow and the backward ran its AccumulateGrad: it got a gradient,
+            # cleared before optimizer.step() (``p.grad = None``) -- no cut, no dead end.  (One
+            # through a custom Function that returned None for it is cut at that Function's
+            # forward, run under no_grad.)
+            key = (_CLEARED, -1, used, sometimes)
+        elif op and op.get("grad_mode") is False:
             # one no_grad block cuts every parameter in it, each at its own first op: one
             # finding per block (its source line), shown at its earliest op
             key = (f"no_grad {op.get('src', '')}", -1, used, sometimes)
@@ -162,6 +177,16 @@ def _cut_groups(run: Run) -> tuple[dict[_GroupKey, list[int]], dict[_GroupKey, t
         groups.setdefault(key, []).append(index)
         where[key] = (gstep, op)
     return groups, where, steps_of, got
+
+
+def _walked(run: Run) -> dict[int, set[int]]:
+    """Light mode's steps whose backward graph it walked (the first, a changed structure): step
+    -> the trainable parameters that graph does not reach (``events[{what: "unreached"}]``)."""
+    out: dict[int, set[int]] = {}
+    for step, ev in run.step_events():
+        for e in notes(ev, "unreached"):
+            out[step] = out.get(step, set()) | {as_int(i, -1) for i in as_list(e.get("params"))}
+    return out
 
 
 def cut_steps(run: Run) -> set[int]:
@@ -202,7 +227,8 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
         findings.append(make("P1", severity, message, fix, steps, rank=run.rank, targets=targets,
                              modules=sorted({run.param_module(i) for i in indices}), params=names,
                              src=str(op.get("src", "")) if op else None,
-                             data={"break_op": g.op_label(op) if op else "", "graph_step": gstep}))
+                             data={"break_op": g.op_label(op) if op else "", "graph_step": gstep},
+                             title="Gradient cleared before optimizer.step()" if key[0] == _CLEARED else None))
     return findings
 
 
@@ -212,6 +238,10 @@ _UNUSED_FIX = ("Call the layer in forward() if the model is meant to use it (a l
 _DEAD_END_FIX = ("Add the missing term to the loss (an auxiliary head's loss forgotten: loss = main_loss + "
                  "aux_weight * aux_loss); if that output is only for monitoring, compute it under torch.no_grad() "
                  "or leave its layer out of the optimizer.")
+_CLEARED_FIX = ("If they are frozen on purpose, call requires_grad_(False) on them (or leave them out of the "
+                "optimizer): backward() then stops computing gradients that are thrown away. If they should train, "
+                "clear gradients before loss.backward() or after optimizer.step(), never between them.")
+_CLEARERS = "p.grad = None, or a zero_grad() placed after backward()"
 _VARYING = ("a path that changes from step to step (layer drop, early exit, a mixture-of-experts expert no "
             "token was routed to)")
 _VARYING_FIX = ("Nothing to fix if the model picks its path per step: the optimizer skips a parameter whose .grad "
@@ -225,9 +255,14 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
     """Severity, message and fix of one P1 group.  A parameter that got a gradient on other
     steps is not cut for good: left out of the forward on some steps it is a path chosen per
     step (info); with no captured graph of such a step, that or a cut (warning)."""
-    _, _, used, sometimes = key
+    label, _, used, sometimes = key
     shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     when = describe_steps(steps, run.last_step)
+    if label == _CLEARED:
+        return ("warning", f"{shown} had no gradient at optimizer.step() ({when}) although the backward reached "
+                f"{_them(names)}: the backward's graph holds {'its' if len(names) == 1 else 'their'} AccumulateGrad, "
+                f"and nothing cuts the path to the loss -- .grad was cleared between backward() and step() "
+                f"({_CLEARERS}), so the optimizer skips {_them(names)}.", _CLEARED_FIX)
     fix = _NO_GRAD_FIX if op and op.get("grad_mode") is False else _CUT_FIX
     if sometimes:
         lo, hi, total = min(missed), max(missed), max(m + n for m, n in zip(missed, got, strict=True))
@@ -256,9 +291,20 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
     if op:
         why = "it ran under torch.no_grad()" if op.get("grad_mode") is False else "gradient cannot flow through it"
         return "error", f"{head}: its path to the loss breaks at {g.op_label(op)} ({why}).", fix
-    # no captured graph of such a step (mode='light'): both causes are possible
-    return ("error", f"{head}: the forward never uses {_them(names)}, or the path to the loss is cut; a captured graph "
-            "tells which (mode='default' captures the first step).", fix)
+    if label == _UNREACHED:  # light mode: its walk of the graph knows this much
+        return ("error", f"{head}: the backward's graph does not reach {_them(names)} -- the forward never uses "
+                f"{_them(names)}, or the path to the loss is cut; a captured graph tells which (mode='default' "
+                "captures the first step).", fix)
+    if all(leaf_loss(ev) for s, ev in run.step_events() if s in steps):
+        # every backward ran on a leaf: no parameter can get a gradient, the cut is known (not where)
+        return ("error", f"{head}: each backward() ran on a loss without a graph (one made anew from a number, "
+                "torch.tensor(loss.item(), requires_grad=True)), so the path to the loss is cut; a captured graph "
+                "tells where (mode='default' captures the first step).", fix)
+    # no captured graph of such a step (mode='light'): .grad was None at step(), which an unused
+    # parameter, a cut path and a gradient cleared after backward all leave -- none is known
+    return ("warning", f"{shown} had no gradient at optimizer.step() ({when}): the forward never uses {_them(names)}, "
+            f"the path to the loss is cut, or .grad was cleared between backward() and step() ({_CLEARERS}); a "
+            "captured graph tells which (mode='default' captures the first step).", fix)
 
 
 def _them(names: list[str]) -> str:

@@ -173,9 +173,12 @@ def test_p1_silent_when_backward_failed_or_grads_present() -> None:
     failed = step(0, grads=grads(none=[0, 1, 2, 3]), backward_errors=["Trying to backward through the graph a "
                                                                         "second time"])
     assert "P1" not in codes(diagnose([session(), failed]))
-    # no graph (mode='light'): an unused parameter and a cut path look alike, and both are named
+    # no graph (mode='light'): an unused parameter, a cut path and a gradient cleared after
+    # backward look alike, and all three are named (a warning: none is known)
     light = only(diagnose([session(), *[step(i, grads=grads(none=[0, 1], norm=[None, None, 1.0, 1.0])) for i in range(3)]]), "P1")
-    assert "never received a gradient" in light["message"] and "never uses them, or the path to the loss is cut" in light["message"]
+    assert "had no gradient at optimizer.step()" in light["message"] and "never received" not in light["message"]
+    assert "never uses them, the path to the loss is cut, or .grad was cleared" in light["message"]
+    assert light["severity"] == "warning"
     assert "P1" not in codes(diagnose([session(), step(0), _detach_graph(0)]))
 
 
