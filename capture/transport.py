@@ -232,6 +232,7 @@ class Transport:
         self._autostarted_at: float | None = None
         self._close_deadline = 0.0  # when close() stops waiting for this thread
         self._answered = False  # a server has answered this run once: never start another
+        self._refused: int | None = None  # the HTTP status of the server's last refusal
         self._warned: set[str] = set()
         self._http: http.client.HTTPConnection | None = None
         self._thread = threading.Thread(target=self._run, name="torchscope-transport", daemon=True)
@@ -465,6 +466,7 @@ class Transport:
         except _NET_ERRORS as exc:
             self.server_ok = False
             refused = exc if isinstance(exc, ServerRefused) else None
+            self._refused = refused.status if refused is not None else None
             started_now = refused is None and self._maybe_autostart()  # a server that answered is there
             self._backoff_until = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, 10.0)
@@ -495,6 +497,8 @@ class Transport:
         where = f"the server {self.server}"
         if self._answered:
             what = f"{where} did not get the end of this run ({missing} frame{'s' if missing != 1 else ''})"
+        elif self._refused is not None:  # it answered, with a refusal (said when it came)
+            what = f"{where} refused this run"
         else:
             what = f"{where} never answered"
         url = urllib.parse.urlsplit(self.server or "")
@@ -503,6 +507,8 @@ class Transport:
             fix = f"torchscope open {self.path}{port} shows the whole run there"
         else:
             fix = f"import {self.path} on its sessions page to see the whole run there"
+        if self._refused == 401:
+            fix = f"with TORCHSCOPE_TOKEN set to its token, {fix}"
         say(f"torchscope: {what}; the file is complete: {fix}")
 
     def _next_seq(self, have: int) -> int:

@@ -56,3 +56,16 @@ def test_a_token_with_a_newline_inside_is_said_and_the_run_recorded(
         assert "not reachable" not in err and "?token=go" not in err
         assert _sessions(srv, "good") == []  # nothing was sent
     assert sum(e["kind"] == "step" for e in iter_events(path)) == 3
+
+
+def test_a_wrong_token_is_said_as_a_refusal_to_the_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The server answers a wrong token with 401: the run's last line said it "never answered",
+    after the line saying it refused the token."""
+    with ServerProc(tmp_path / "data", extra=["--token", "good"]) as srv:
+        path = tmp_path / "run.tscope"
+        _run(path, srv.url, "bad")
+        err = capsys.readouterr().err
+    assert "refused TORCHSCOPE_TOKEN" in err and "never answered" not in err, err
+    assert (f"torchscope: the server {srv.url} refused this run; the file is complete: with TORCHSCOPE_TOKEN set to "
+            f"its token, torchscope open {path} --port {srv.port} shows the whole run there") in err, err
+    assert sum(e["kind"] == "step" for e in iter_events(path)) == 3
