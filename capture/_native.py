@@ -126,10 +126,38 @@ def _one_build(out: Path) -> Iterator[None]:
     with open(out / "build.flock", "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
+            _await_orphans(out)
             (out / "lock").unlink(missing_ok=True)
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+_ORPHAN_WAIT_S = 300.0  # a build takes about a minute on 2 cores
+
+
+def _await_orphans(out: Path) -> None:
+    """Wait for the compilers of a build whose process is gone: cpp_extension runs ninja in the
+    build folder, and ninja and its compilers outlive a script that exits mid-build (the flock
+    does not: it is the script's).  Two builds writing the same objects race; the dead one's,
+    finished, leaves this one nothing to compile.  Linux's /proc tells who runs in the folder."""
+    deadline = time.monotonic() + _ORPHAN_WAIT_S
+    while _running_in(out) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def _running_in(folder: Path) -> bool:
+    """Whether another process has ``folder`` as its working directory (False without /proc)."""
+    target, me = os.path.realpath(folder), str(os.getpid())
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit() and d != me]
+    except OSError:
+        return False
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/cwd") == target:
+                return True
+    return False
 
 
 def _build(loud: bool = False) -> None:

@@ -404,3 +404,24 @@ def test_a_failed_build_says_what_the_compiler_said(tmp_path: Path) -> None:
     assert first.startswith("torchscope: native recorder not available: RuntimeError: C++ build failed: "), first
     assert "fatal error: torchscope_planted_missing.h: No such file or directory" in first
     assert "ninja: build stopped" in res.stderr  # the log's end follows the line
+
+
+def test_a_build_waits_for_a_dead_builds_compilers(tmp_path: Path) -> None:
+    """ninja and its compilers outlive a script that exits mid-build, and went on writing the
+    objects the next build compiled in the same folder: a build now waits for whatever still
+    runs there (a process whose working directory the folder is, as ninja's is)."""
+    import subprocess
+    import time
+
+    out = tmp_path / "build"
+    out.mkdir()
+    orphan = subprocess.Popen(["sleep", "3"], cwd=out)  # stands in for the dead build's ninja
+    t0 = time.monotonic()
+    try:
+        with _native._one_build(out):
+            waited = time.monotonic() - t0
+            assert orphan.poll() is not None  # it had ended before this build began
+    finally:
+        orphan.kill()
+        orphan.wait()
+    assert waited >= 2.0, waited
