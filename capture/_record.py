@@ -75,7 +75,7 @@ def _claim(base: str, rank: RankInfo, chosen: bool, written_here: Callable[[str]
         try:
             os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
         except FileExistsError:
-            taken = taken or "is being written by another run"
+            taken = taken or _WRITTEN
             continue
         if n > 1:
             say(f"torchscope: {rank_path(base, rank)} {taken}; recording to {path}")
@@ -118,6 +118,7 @@ def first_event(path: str) -> dict[str, Any] | None:
 
 
 _claimed: set[str] = set()  # the files this interpreter's watches recorded to
+_WRITTEN = "is being written by another run"
 
 
 def _kept(path: str, written_here: Callable[[str], bool]) -> str:
@@ -126,11 +127,11 @@ def _kept(path: str, written_here: Callable[[str], bool]) -> str:
     to hold that event yet counts as written), or this process recorded it before it exec'd
     itself (a self-restart goes on in a second file, not over its first half)."""
     if written_here(path):
-        return "is being written by another run"
+        return _WRITTEN
     first = first_event(path)
     if isinstance(first, dict) and first.get("kind") == "session":
         if first.get("pid") != os.getpid():
-            return "is being written by another run" if writer_alive(first) else ""
+            return _WRITTEN if writer_alive(first) else ""
         # this very process: an earlier watch of this interpreter (a notebook's cell run again:
         # written over), or the program this process was before an exec (its start time is
         # this process's, which writer_alive checks)
@@ -139,5 +140,5 @@ def _kept(path: str, written_here: Callable[[str], bool]) -> str:
         return ""
     with contextlib.suppress(OSError):
         if time.time() - os.path.getmtime(path) < 10:
-            return "is being written by another run"
+            return _WRITTEN
     return ""
