@@ -189,10 +189,10 @@ class Interposer(TorchFunctionMode):
             if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad and _from_user():
                 self.watch._safe("breaks", self.watch._on_break, _BREAKS[func], args[0])
             return func(*args, **kwargs)  # torchscope runs your call unchanged
-        if self.watch._scaler is None and _caller_file().endswith(_SCALER_FILE):
+        if _caller_file().endswith(_SCALER_FILE):
             # GradScaler.scale() moves its scale to the loss's device: a scaler the user did not
-            # pass to watch() (P14, skipped steps, the scale over time)
-            self.watch._safe("amp", self.watch._found_scaler, sys._getframe(1).f_locals.get("self"))
+            # pass to watch() (P14, skipped steps, the scale over time), and the loss it scales
+            self.watch._safe("amp", self.watch._on_scaling, sys._getframe(1).f_locals, sys._getframe(1).f_code.co_name)
         # the user's own ``.to()`` / ``.half()`` / ``clone()``: while a captured step records
         # ops, the ``_to_copy`` it makes is marked theirs, not autocast's.  Called here, in
         # this frame, as every other call the mode passes on: a warning torch raises in it

@@ -73,17 +73,13 @@ def grad_storages(params: Iterable[torch.Tensor]) -> dict[int, int]:
 
 def optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:
     """State tensors of ``optimizer`` (a torch optimizer, or a hand-rolled one with a dict of
-    dicts ``state``, or none), scalar step counters skipped."""
+    dicts ``state``, or none): all of them, a 1-element parameter's momentum and Adam's scalar
+    step counters too (before the thirty-fourth session those of one element were skipped, to
+    leave out the counters: a 1-element parameter's state went with them)."""
     state = getattr(optimizer, "state", None)
     if not isinstance(state, dict):
         return []
-    return [
-        v
-        for st in state.values()
-        if isinstance(st, dict)
-        for v in st.values()
-        if isinstance(v, torch.Tensor) and v.numel() > 1
-    ]
+    return [v for st in state.values() if isinstance(st, dict) for v in st.values() if isinstance(v, torch.Tensor)]
 
 
 class StorageSizes:

@@ -307,6 +307,8 @@ class _StepState:
         "saved_now",
         "checked",
         "in_backward",
+        "unscaled",
+        "lr",
     )
 
     def __init__(self, t0: float) -> None:
@@ -402,11 +404,30 @@ class _StepState:
         # the one-value tensor of the graph the loop last checked with isfinite/isnan/isinf (its
         # loss), weakly: read only if its forward gets no backward (a skipped batch)
         self.checked: weakref.ref[torch.Tensor] | None = None
+        # the losses GradScaler.scale() scaled in this step, by their graph node (_node_key):
+        # a root made from one is recorded as the loss it scaled (_on_scaling)
+        self.unscaled: dict[tuple[int, int], torch.Tensor] | None = None
+        self.lr: list[float] | None = None  # read before the step's end (a skipped step's), else at it
 
     def passes_in_step(self) -> int:
         """Backward passes that ran inside the optimizer's step(): its closure's (LBFGS,
         Lightning's last micro-batch)."""
         return self.micro - self.step_began if self.step_began is not None else 0
+
+
+def _lrs(opt: Any) -> list[float] | None:
+    """The learning rate of each param group of ``opt`` (None: no torch-like optimizer)."""
+    groups = getattr(opt, "param_groups", None) if opt is not None else None
+    if not isinstance(groups, list):
+        return None
+    return [float(g.get("lr", 0.0)) for g in groups if isinstance(g, dict)]
+
+
+def _node_key(fn: Any) -> tuple[int, int]:
+    """A graph node's key while it lives, held without holding it: its id, and its sequence
+    number, so a node made at an earlier one's freed address is another key."""
+    number = getattr(fn, "_sequence_nr", None)
+    return id(fn), int(number()) if callable(number) else -1
 
 
 def _reached(s: _StepState) -> None:
@@ -1530,11 +1551,30 @@ class Watch:
         if s.recorder is not None and self._capturing_ops:
             s.recorder.add_marker(name, t, ["breaks_graph"])
 
-    def _found_scaler(self, scaler: Any) -> None:
-        """A GradScaler seen scaling a loss of the step (``scaler.scale(loss)``) when none was
-        passed to watch(): followed as if it had been."""
+    def _on_scaling(self, local: dict[str, Any], func: str) -> None:
+        """Inside ``GradScaler.scale(loss)`` (its locals): a scaler not passed to watch() is
+        followed as if it had been, and the loss it scales is kept (an alias, to the step's
+        end) as the value of the root ``loss * scale`` a backward then takes: the step's loss
+        is the one the loop logs, not 65,536 times it, moving with every change of the scale."""
+        scaler = local.get("self")
         if isinstance(scaler, torch.amp.GradScaler) and self._scaler is None:
             self._scaler = scaler
+        loss = local.get("outputs")
+        if func != "scale" or not isinstance(loss, torch.Tensor) or loss.grad_fn is None or loss.numel() != 1:
+            return  # (a list of losses is scaled one by one by an inner function: not followed)
+        s = self._s
+        if s.unscaled is None:
+            s.unscaled = {}
+        if len(s.unscaled) < 1024:
+            with _unseen():  # the loop's dispatch modes do not see the alias
+                s.unscaled[_node_key(loss.grad_fn)] = loss.detach()
+
+    def _before_scaling(self, s: _StepState, fn: Any) -> torch.Tensor | None:
+        """The loss a root ``scaler.scale(loss)`` was made from (``_on_scaling``), or None."""
+        if s.unscaled is None or type(fn).__name__ != "MulBackward0" or not fn.next_functions:
+            return None
+        made_from = fn.next_functions[0][0]
+        return s.unscaled.get(_node_key(made_from)) if made_from is not None else None
 
     def _on_clip(self) -> None:
         """Gradients clipped while the GradScaler has not unscaled them: the threshold is
@@ -1559,6 +1599,9 @@ class Watch:
         s = self._s
         if s.micro > 0 and s.stats is None:
             s.stats = self._grad_stats(s, [r() for r in self._params])
+            # the step ends at the next forward, after the loop's scheduler.step(): its learning
+            # rates are the ones in force now
+            s.lr = _lrs(self._optimizer() if self._optimizer is not None else None)
 
     def _on_loss_check(self, t: torch.Tensor) -> None:
         self._s.checked = weakref.ref(t)
@@ -1916,8 +1959,11 @@ class Watch:
                 with _unseen():  # the loop's dispatch modes do not see the alias
                     w = weights[i] if weights is not None else None
                     # read with the gradients at the boundary; a root backpropagated with an
-                    # explicit gradient (``backward([l1, l2], [1, 0.01])``) counts as weighted
-                    s.losses.append(t.detach() if w is None else (t.detach() * w.detach()).reshape(t.shape))
+                    # explicit gradient (``backward([l1, l2], [1, 0.01])``) counts as weighted;
+                    # a GradScaler's scaled loss as the loss it scaled
+                    value = self._before_scaling(s, fn) if s.unscaled is not None else None
+                    value = t.detach() if value is None else value
+                    s.losses.append(value if w is None else (value * w.detach()).reshape(t.shape))
             fns.append(fn)
         s.backward_src.append(user_src(3))  # 3: past this method and _safe, ours
         s.sigs.append(sig)
@@ -2712,10 +2758,9 @@ class Watch:
                 ev["hooks_shared"] = held.shared
             if held.src:
                 ev["hooks_src"] = held.src
-        if opt is not None:
-            groups = getattr(opt, "param_groups", None)
-            if isinstance(groups, list):
-                ev["lr"] = [float(g.get("lr", 0.0)) for g in groups if isinstance(g, dict)]
+        lr = s.lr if s.lr is not None else _lrs(opt)
+        if lr is not None:
+            ev["lr"] = lr
         if self._scaler is not None:
             ev["scaler"] = {"skipped": bool(skipped)}
         # at the root forward's start; a region begun inside the forward shows on captured steps

@@ -109,7 +109,7 @@ class MemoryStats(TypedDict, total=False):
 
     params: int
     grads: int
-    optimizer: int  # optimizer state tensors (exp_avg, momentum buffers, ...)
+    optimizer: int  # optimizer state tensors, all of them (exp_avg, momentum buffers, step counters, ...)
     saved: int  # activations saved for backward (peak during the step)
     temporaries: int  # captured steps: bytes at the ledger's peak beyond state and saved activations
     other: int  # CUDA: allocator bytes that no named storage accounts for
@@ -180,14 +180,14 @@ class StepEvent(TypedDict, total=False):
     accumulated: int  # of those, the ones summed into .grad since its last reset (P15; LBFGS's closure resets it each pass)
     # value of the tensor backward() was called on; the sum of those of the step's micro-batches
     # (every backward since the gradients were last reset: with `loss / accum_steps`, their mean)
-    loss: float | None  # the step's loss as the loop logs it: the backward losses since .grad was last reset, added up (a closure called several times inside step(): the first)
+    loss: float | None  # the step's loss as the loop logs it: the backward losses since .grad was last reset, added up (a closure called several times inside step(): the first; under a GradScaler, before scaling)
     losses: list[float]  # every micro-batch loss
     graph_signature: str  # cheap hash of the step's graph structure (M1)
     graph_captured: bool  # a GraphEvent exists for this step
     grads: GradStats
     activation_grads: list[ActivationGrad]  # sampled module-output gradient stats
     memory: MemoryStats
-    lr: list[float]  # per param group
+    lr: list[float]  # per param group, as in force during the step (a step the GradScaler skipped: before the scheduler stepped)
     # gradient resets seen by the step's backward passes, read from the gradients (zero_grad() is
     # not hooked): every watched .grad None or zero before its first pass (zero_grad(), or none
     # yet on the first step), and again between passes (an LBFGS closure's)

@@ -554,9 +554,13 @@ class Readable:
             return f"{name} is corrupt at byte {self.damage_at}: {self.damage}"
         return _no_frames(name, self.size)
 
-    def note(self, name: str) -> str | None:
+    def note(self, name: str, writing: bool = False) -> str | None:
         """One line saying what readers left out, None when nothing: a file must never be read
-        short silently."""
+        short silently.  ``writing``: its run is still writing it (``session.writer_alive``),
+        so the bytes after its last whole frame are the frame being written, not a loss."""
+        if writing and not self.damage:
+            return (f"{name} is still being written (its run is going on): what it holds so far is read; "
+                    "read it again for the rest") if self.dropped else None
         if self.damage:
             return (f"{name} is damaged at byte {self.damage_at:,} ({self.damage}): the {self.dropped:,} "
                     f"bytes from there to its end were dropped; the {len(self.frames):,} frame"

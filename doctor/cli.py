@@ -57,6 +57,7 @@ def _count(n: int, noun: str) -> str:
 def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = None) -> int:
     """Print the findings of the session file at `path`; 1 if any is an error, 0 if none, 2 on bad input."""
     # Imported here: the codec pulls zlib/struct only, but keeping the doctor's import light matters in the server.
+    from torchscope.session import writer_alive
     from torchscope.sessionfile import SessionFileError, iter_events, salvage
 
     try:
@@ -75,11 +76,15 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
                 last_step = max(last_step, ev["step"])
                 if tell and ev["step"] % 5000 == 4999:
                     _status(f"read {ev['step'] + 1:,} steps")
-        left_out = found.note(os.path.basename(path))  # damage or a torn tail, in one line
+        ended = any(ev.get("kind") == "end" for ev in events)
+        session = next((ev for ev in events if ev.get("kind") == "session"), None)
+        # a run still training (this machine's process that wrote the file is alive): its
+        # file has no end yet, and maybe half a frame, and nothing is lost
+        writing = not ended and isinstance(session, dict) and writer_alive(session)
+        left_out = found.note(os.path.basename(path), writing)  # damage or a torn tail, in one line
     except (SessionFileError, OSError, ValueError) as exc:
         print(f"torchscope doctor: {exc}", file=sys.stderr)
         return 2
-    ended = any(ev.get("kind") == "end" for ev in events)
     if tell and last_step >= 5000:
         _status(f"read {last_step + 1:,} steps; checking P1-P15")
     findings = diagnose(events, settings)
@@ -96,7 +101,10 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         print(f"{path}: {_count(len(findings), 'finding')}, {_count(errors, 'error')}, {_count(last_step + 1, 'step')}\n")
         print("\n\n".join(format_finding(f, last_step) for f in findings))
     # on stderr: --json's output stays the findings alone
-    if left_out:
+    if writing and not found.damage:
+        print(f"torchscope doctor: note: {path} is still being written (its run is going on); the findings cover "
+              f"the {_count(last_step + 1, 'step')} it holds so far.", file=sys.stderr)
+    elif left_out:
         print(f"torchscope doctor: note: {left_out}; the findings cover the {_count(last_step + 1, 'step')} it "
               "holds.", file=sys.stderr)
     elif not ended:
@@ -104,7 +112,6 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
               f"findings cover the {_count(last_step + 1, 'step')} it holds.", file=sys.stderr)
     partial = sorted({ev.get("step", -1) for ev in events if ev.get("kind") == "graph" and ev.get("shed_ops")})
     if partial:
-        session = next((ev for ev in events if ev.get("kind") == "session"), None)
         settings_of = session.get("settings") if isinstance(session, dict) else None
         cap = settings_of.get("max_ops") if isinstance(settings_of, dict) else None
         first = f"its first {cap:,} ops" if isinstance(cap, int) else "its first ops"

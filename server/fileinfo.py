@@ -101,6 +101,7 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
     finished = end.get("t") if end else None
     begin = started if isinstance(started, (int, float)) else t_first
     stop = finished if isinstance(finished, (int, float)) else t_last
+    writing = not end and writer_alive(session)
     info = {
         "name": session.get("name", path.stem),
         "model": session.get("model", "?"),
@@ -109,13 +110,13 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
         "status": (
             f"{end.get('status', 'finished')}" + (f" — {end['message']}" if end.get("message") else "")
             if end
-            else "running" if writer_alive(session) else "ended unexpectedly"
+            else "running" if writing else "ended unexpectedly"
         ),
         "graphs captured": graphs,
         "size": _size(os.path.getsize(path)),
         "duration": f"{stop - begin:.1f} s" if begin is not None and stop is not None else "?",
     }
-    note = found.note(path.name)
+    note = found.note(path.name, writing)
     if note:
         info["note"] = note
     return info

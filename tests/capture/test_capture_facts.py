@@ -716,6 +716,40 @@ def test_p14_grad_scaler_skipped_step(passed: bool, tmp_path: Path) -> None:
     assert steps[0]["scaler"]["scale"] == 1024.0 and steps[2]["scaler"]["scale"] == 512.0
 
 
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+@pytest.mark.parametrize("passed", [True, False])
+def test_grad_scaler_step_loss_and_lr_are_the_loops(mode: str, passed: bool, tmp_path: Path) -> None:
+    """Under a GradScaler the step's loss is the loss the loop logs, not ``scaler.scale(loss)``
+    (the scale times it, moving with every change of the scale), and a step the scaler skips
+    keeps the learning rate in force during it: it ends at the next forward, after the loop's
+    ``scheduler.step()``."""
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.8)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    path = tmp_path / "amp.tscope"
+    logged: list[float] = []
+    lrs: list[float] = []
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode, scaler=scaler if passed else None):
+        for i in range(5):
+            opt.zero_grad()
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            if i == 2:
+                loss = loss * float("inf")  # the scaler skips this step and halves its scale
+            scaler.scale(loss).backward()
+            lrs.append(opt.param_groups[0]["lr"])
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+            logged.append(loss.item())
+    steps = _steps(path)
+    assert [st["scaler"]["skipped"] for st in steps] == [False, False, True, False, False]
+    assert [st["loss"] for st in steps] == pytest.approx(logged, rel=1e-6)
+    assert [st["losses"] for st in steps] == [pytest.approx([v], rel=1e-6) for v in logged]
+    assert [st["lr"] for st in steps] == [[v] for v in lrs]
+
+
 def test_dataloader_worker_captures_nothing(tmp_path: Path) -> None:
     """Inside a worker process ``watch`` is inert (the main process is the one recording)."""
 

@@ -23,7 +23,7 @@ from torchscope.sessionfile import iter_events
 
 def _union(model: nn.Module, opt: torch.optim.Optimizer) -> int:
     tensors = [*model.parameters(), *(p.grad for p in model.parameters())]
-    tensors += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor) and v.numel() > 1]
+    tensors += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t is not None}
     return sum(storages.values())
 
@@ -112,3 +112,39 @@ def test_views_of_a_flat_parameter_allocate_nothing(tmp_path: Path, monkeypatch:
     assert views and all(op["alloc"] == 0 for op in views), [(op["name"], op["alloc"]) for op in views]
     for key in ("peak", "temporaries"):
         assert py_step["memory"][key] == nat_step["memory"][key], key
+
+
+class _WithScalars(nn.Module):
+    """A 0-dim temperature and a Linear(32, 1) whose bias has one element."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.temp = nn.Parameter(torch.tensor(1.5))
+        self.body = nn.Linear(8, 32)
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(x))) / self.temp
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_the_state_of_one_element_parameters_is_optimizer_memory(tmp_path: Path, optimizer: str, mode: str) -> None:
+    """``memory.optimizer`` is every state tensor's bytes: a 0-dim or 1-element parameter's
+    momentum buffer and moments (left out before, with Adam's step counters)."""
+    torch.manual_seed(0)
+    model = _WithScalars()
+    opt: Any = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd"
+                else torch.optim.Adam(model.parameters(), lr=1e-2))
+    path = tmp_path / "run.tscope"
+    expected = []
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(16, 8)).pow(2).mean().backward()
+            opt.step()
+            expected.append(sum(t.untyped_storage().nbytes() for st in opt.state.values() for t in st.values()
+                                if isinstance(t, torch.Tensor)))
+    mem = [ev["memory"] for ev in iter_events(path) if ev["kind"] == "step"]
+    assert [m["optimizer"] for m in mem] == expected
+    assert [m["live"] for m in mem][-1] == _union(model, opt)

@@ -161,3 +161,35 @@ def test_a_finding_with_many_targets_says_how_many_it_leaves_out() -> None:
     assert where.count("param=") == 6 and where.endswith("; and 1 more (--json lists them)")
     six = format_finding(make("P5", "error", "m", "f", [0], targets=targets[:6]), 0)
     assert "more" not in six
+
+
+def test_a_file_its_run_is_still_writing_is_not_called_killed(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The doctor (and ``torchscope info``) on the file of a run still training -- here, this
+    process's, and a copy taken mid-write with half a frame at its end: no end event yet is a
+    run going on, not one killed, and the half frame is no loss."""
+    import torch
+
+    import torchscope
+    from torchscope.server.fileinfo import summarize
+
+    path = tmp_path / "live.tscope"
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+        torchscope.load(path)  # brings the file up to date (the writer's flush)
+        copy = tmp_path / "copy.tscope"
+        copy.write_bytes(path.read_bytes() + b"FRM1" + bytes(20))  # a frame its writer has begun
+        for f in (path, copy):
+            assert run(str(f)) == 0
+            err = capsys.readouterr().err
+            assert "is still being written (its run is going on)" in err and "3 steps it holds so far" in err, err
+            assert "killed" not in err and "dropped" not in err
+            info = summarize(f)
+            assert info["status"] == "running" and "killed" not in info.get("note", ""), info
+    assert run(str(path)) == 0
+    assert capsys.readouterr().err == ""  # ended: nothing to say
