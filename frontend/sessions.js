@@ -107,9 +107,10 @@ function row(s) {
     h("td", { "data-testid": "doctor-cell" }, s.errors ? h("span", { class: "badge err", title: "doctor errors" }, `${s.errors} error${s.errors > 1 ? "s" : ""}`) : null,
       s.warnings ? h("span", { class: "badge warn" }, `${s.warnings} warning${s.warnings > 1 ? "s" : ""}`) : null,
       // a clean run says so, not a blank cell (the list counts errors and warnings only: notes
-      // are on the session's Doctor tab); a running one may still get some
+      // are on the session's Doctor tab); a running one may still get some, and one the doctor
+      // has not looked at yet (just imported or ended) is no verdict
       s.errors || s.warnings ? null : h("span", { class: "muted small", title: "the doctor's errors and warnings (notes: on the session's Doctor tab)" },
-        s.status === "running" ? "none so far" : "no errors or warnings")),
+        s.status === "running" ? "none so far" : s.diagnosed === false ? "checking…" : "no errors or warnings")),
     h("td", {}, tags),
     h("td", { class: "row-actions" },
       h("button", { title: "rename", onclick: () => rename(s) }, "Rename"),

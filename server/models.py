@@ -35,6 +35,7 @@ class SessionSummary(BaseModel):
     model: str | None
     errors: int = Field(description="doctor findings of severity error (last computed)")
     warnings: int
+    diagnosed: bool = Field(description="whether the doctor has computed findings yet: 0 errors before it did are no verdict")
 
 
 class RankInfo(BaseModel):

@@ -450,7 +450,8 @@ class Store:
             """SELECT s.id, s.name, s.tags, s.model, s.started_at, s.created_at, s.updated_at,
                       (SELECT COALESCE(MAX(steps), 0) FROM ranks r WHERE r.session_id = s.id),
                       (SELECT COALESCE(SUM(errors), 0) FROM diagnostics d WHERE d.session_id = s.id),
-                      (SELECT COALESCE(SUM(warnings), 0) FROM diagnostics d WHERE d.session_id = s.id)
+                      (SELECT COALESCE(SUM(warnings), 0) FROM diagnostics d WHERE d.session_id = s.id),
+                      EXISTS (SELECT 1 FROM diagnostics d WHERE d.session_id = s.id)
                FROM sessions s ORDER BY s.created_at DESC"""
         ).fetchall()
         ranks = self._all_ranks()
@@ -478,13 +479,14 @@ class Store:
                       (SELECT COALESCE(MAX(steps), 0) FROM ranks r WHERE r.session_id = s.id),
                       (SELECT COALESCE(SUM(errors), 0) FROM diagnostics d WHERE d.session_id = s.id),
                       (SELECT COALESCE(SUM(warnings), 0) FROM diagnostics d WHERE d.session_id = s.id),
+                      EXISTS (SELECT 1 FROM diagnostics d WHERE d.session_id = s.id),
                       s.meta
                FROM sessions s WHERE s.id=?""", (session_id,)).fetchone()
         if row is None:
             raise NotFound(f"no session {session_id!r}")
         ranks = self._all_ranks(session_id).get(session_id, [])
-        out = _session_row(row[:10], ranks)
-        out["meta"] = json.loads(row[10]) if row[10] else None
+        out = _session_row(row[:11], ranks)
+        out["meta"] = json.loads(row[11]) if row[11] else None
         out["rank_info"] = ranks
         return out
 
@@ -733,6 +735,8 @@ def _session_row(r: tuple[Any, ...], ranks: list[dict[str, Any]]) -> dict[str, A
         "id": r[0], "name": r[1] or r[0], "tags": json.loads(r[2]), "model": r[3],
         "started_at": r[4], "created_at": r[5], "updated_at": r[6], "steps": r[7],
         "errors": r[8], "warnings": r[9],
+        # whether the doctor has looked yet: 0 errors of an undiagnosed run are no verdict
+        "diagnosed": bool(r[10]),
         "ranks": [x["rank"] for x in ranks],
         "status": session_status([x["status"] for x in ranks]),
     }

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -268,7 +269,10 @@ def test_the_parameter_list_says_ctrl_click_picks_several(page: Any, srv: Server
 def test_the_sessions_list_says_a_clean_run_has_no_findings(page: Any, srv: ServerProc, runs_dir: Path,
                                                             full: tuple[str, Path]) -> None:
     clean = recorded(srv, runs_dir / "clean.tscope", DASHBOARD_TRAIN, "--steps", "2", "--name", "clean-run")
-    listed = {s["id"]: s for s in srv.get("/api/sessions")}  # type: ignore[union-attr]
+    deadline = time.monotonic() + 60  # the doctor looks at a run once it ended: "checking…" until then
+    while not (listed := {s["id"]: s for s in srv.get("/api/sessions")})[clean]["diagnosed"]:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "the clean run was never diagnosed"
+        time.sleep(0.2)
     assert listed[clean]["errors"] == listed[clean]["warnings"] == 0
     assert listed[full[0]]["warnings"] > 0  # P3: the gradients vanish through the scaled-down layers
     page.goto(srv.url + "/")

@@ -70,6 +70,11 @@ def test_restart_diagnoses_what_the_last_server_left(tmp_path: Path, monkeypatch
         for f in files:
             import_file(srv, f)
         time.sleep(1.0)  # the doctor child is running (and stuck) when the server stops
+        # not diagnosed yet: 0 errors and 0 warnings are no verdict, and the list says so
+        listed = {s["id"]: s for s in srv.get("/api/sessions")}  # type: ignore[union-attr]
+        assert [listed[f"bulk{i}"]["diagnosed"] for i in range(n)] == [False] * n
+        assert listed["grown"]["diagnosed"] is True  # its first frames were
+        assert srv.get("/api/sessions/bulk0")["diagnosed"] is False  # type: ignore[index]
     monkeypatch.delenv("PYTHONPATH")
     left = diagnosed(db)
     assert left["grown"] == (4, len(grown))  # stale: the doctor saw 4 of its frames
@@ -84,5 +89,6 @@ def test_restart_diagnoses_what_the_last_server_left(tmp_path: Path, monkeypatch
                 break
             time.sleep(0.5)
         assert len(counts) == n + 1
+        assert all(s["diagnosed"] for s in srv.get("/api/sessions"))  # type: ignore[union-attr]
         assert all(counts.values()), f"sessions without findings after the restart: {[k for k, v in counts.items() if not v]}"
         assert all(seen == held for seen, held in diagnosed(db).values()), diagnosed(db)
