@@ -310,7 +310,7 @@ class GraphEvent(TypedDict, total=False):
     kind: Literal["graph"]
     step: int
     rank: int
-    micro: int  # micro-batch the autograd graph belongs to
+    micro: int  # micro-batch the autograd graph belongs to: a captured step's first backward (the ops are the whole step's, every micro-batch's forward with its OpRecord.micro; the nodes, that first backward's graph -- the later micro-batches' graphs have the same structure unless the signature changed)
     complete: bool  # False when ops were shed under back-pressure
     shed_ops: int
     ops: list[OpRecord]
