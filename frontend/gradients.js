@@ -44,6 +44,11 @@ export class GradientsView {
       h("p", { class: "muted small", "data-testid": "param-pick-hint" }, "Ctrl-click (⌘-click on a Mac) to pick several parameters; Shift-click picks a range."),
       this.pick);
     this.lines = new LineChart(root, { title: "‖grad‖ per step (red dots: NaN/Inf)", vlines: mark });
+    // the schedule the optimizer followed (warmup, decay, restarts), a line per param group:
+    // a loss that stalls or explodes is read against it
+    root.append(h("h2", {}, "Learning rate"));
+    this.lr = new LineChart(root, { title: "lr per step", vlines: mark, height: 160 });
+    this.lr.root.dataset.testid = "lr";
     root.append(h("h2", {}, "Parameters without a gradient"), this.noGrad);
     this.heat.addEventListener("click", (e) => this.onHeatClick(e));
     this.heat.addEventListener("mousemove", (e) => this.onHeatHover(e));
@@ -54,7 +59,8 @@ export class GradientsView {
   // each drawn as it arrives.
   async load() {
     this.focus = this.app.state.step;
-    await Promise.all([this.loadGrads(), this.lossSeries.update().then(() => this.drawLoss()), this.acts.load(this.focus)]);
+    await Promise.all([this.loadGrads(), this.lossSeries.update().then(() => { this.drawLoss(); this.drawLr(); }),
+      this.acts.load(this.focus)]);
   }
 
   async loadGrads() {
@@ -94,6 +100,19 @@ export class GradientsView {
     this.loss.root.querySelector(".chart-title").textContent =
       `backward()'s loss per step (${log ? "log scale; " : ""}red dots: a NaN/Inf loss, of any micro-batch; click a point: mark its step)`;
     this.loss.setData(x, [{ name: "loss", y }], marks);
+  }
+
+  // Each param group's learning rate per step (StepEvent.lr, read at the step's end as in
+  // force during it), on a log axis once it spans two decades (a warmup from 1e-7).
+  drawLr() {
+    const { x, groups } = this.lossSeries.lrSeries();
+    let lo = Infinity, hi = -Infinity;
+    for (const y of groups) for (const v of y) if (v > 0) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    const log = hi / lo >= 100;
+    this.lr.opts.log = log;
+    this.lr.opts.empty = this.app.running ? "No learning rate recorded yet." : "No step recorded a learning rate (no optimizer was watched or found).";
+    this.lr.setTitle(`each param group's lr per step, as in force during the step${log ? " (log scale)" : ""}`);
+    this.lr.setData(x, groups.map((y, k) => ({ name: groups.length > 1 ? `param group ${k}` : "lr", y })));
   }
 
   // A point of the loss chart marks its step across the view, as a finding's link does (the
@@ -282,6 +301,7 @@ export class GradientsView {
     if (asked) for (const o of this.pick.options) o.selected = asked.includes(o.textContent);
     this.total.draw();
     this.loss.draw();
+    this.lr.draw();
     this.drawHeat();
     this.drawLines();
     this.acts.load(this.focus).catch(() => {}); // (the server gone: the page's banner says so)
@@ -296,7 +316,9 @@ export class GradientsView {
       total: this.total.series?.map((s) => s.name) || [], totalAxis: this.total.axis, totalMarks: this.total.markers.map((m) => m.x), clipNote: this.clipNote.hidden ? "" : this.clipNote.textContent,
       notTrained: notTrained ? notTrained.nextElementSibling.textContent : "",
       loss: { x: this.loss.x || [], y: (this.loss.series?.[0]?.y || []).map(wire), marks: this.loss.markers.map((m) => m.x),
-        axis: this.loss.axis, title: this.loss.root.querySelector(".chart-title").textContent } };
+        axis: this.loss.axis, title: this.loss.root.querySelector(".chart-title").textContent },
+      lr: { x: this.lr.x || [], series: (this.lr.series || []).map((s) => ({ name: s.name, y: s.y })), log: !!this.lr.opts.log,
+        title: this.lr.title.textContent } };
   }
 }
 
@@ -313,6 +335,7 @@ class LossSeries {
     this.app = app;
     this.steps = []; // step numbers, increasing
     this.losses = []; // each one's loss (a number, NaN/Inf included; null: the step has none)
+    this.lrs = []; // each one's learning rates, one per param group (null: none recorded)
     this.bad = []; // steps whose loss was NaN/Inf
     this.next = 0; // the first step not fetched yet
     this.queue = Promise.resolve();
@@ -328,7 +351,7 @@ class LossSeries {
     const got = await api(`${sessionPath(this.app.id)}/loss?${rankQuery(this.app.rank)}&start=${this.next}`);
     // the server's JSON writes a non-finite float as the string "NaN" / "Infinity" / "-Infinity"
     const num = (v) => (typeof v === "string" ? Number(v) : v);
-    got.step.forEach((s, i) => { this.steps.push(s); this.losses.push(num(got.loss[i])); });
+    got.step.forEach((s, i) => { this.steps.push(s); this.losses.push(num(got.loss[i])); this.lrs.push(got.lr?.[i] ?? null); });
     for (const s of got.nonfinite) this.bad.push(s); // (not push(...): a diverged run has 100,000s)
     if (got.step.length) this.next = got.step.at(-1) + 1;
   }
@@ -354,6 +377,21 @@ class LossSeries {
       x.push(steps[i]); y.push(losses[i]);
     }
     return { x, y, marks: this.bad.map((s) => ({ x: s })) };
+  }
+
+  // x (steps) and one y column per param group (the most any step has; a group added later by
+  // add_param_group starts there), with the same gaps as the loss
+  lrSeries() {
+    const x = [], groups = [];
+    const { steps, lrs } = this;
+    const n = lrs.reduce((m, g) => Math.max(m, g ? g.length : 0), 0);
+    for (let k = 0; k < n; k++) groups.push([]);
+    const add = (step, g) => { x.push(step); groups.forEach((y, k) => y.push(g && k < g.length ? g[k] : null)); };
+    for (let i = 0; i < steps.length; i++) {
+      if (i && steps[i] - steps[i - 1] > 1) add(steps[i - 1] + 1, null);
+      add(steps[i], lrs[i]);
+    }
+    return { x, groups };
   }
 }
 

@@ -154,7 +154,8 @@ def grads(session_id: SessionId, store: StoreDep, rank: RankQ = 0, start: StepQ 
 
 @router.get("/sessions/{session_id}/loss",
             response_description="columns step and loss (every step of the range; NaN/Infinity as strings, "
-                                 "null: no loss) and nonfinite: the steps whose loss was NaN or infinite")
+                                 "null: no loss), lr (each param group's learning rate per step; null: no "
+                                 "optimizer) and nonfinite: the steps whose loss was NaN or infinite")
 def loss(session_id: SessionId, store: StoreDep, rank: RankQ = 0, start: StepQ = None,
          end: StepQ = None) -> Response:
     require_session(store, session_id)

@@ -86,7 +86,7 @@ CREATE TABLE IF NOT EXISTS steps (
     t REAL, duration_us INTEGER, forward_us INTEGER, backward_us INTEGER, loss REAL,
     live INTEGER, peak INTEGER, allocated INTEGER, reserved INTEGER, grad_norm REAL,
     graph_signature TEXT,
-    -- nonfinite_losses and the m_<key> columns of MEMORY_KEYS are added by _add_missing_columns
+    -- nonfinite_losses, lr and the m_<key> columns of MEMORY_KEYS are added by _add_missing_columns
     event TEXT NOT NULL,
     memory TEXT,
     grads TEXT,
@@ -584,27 +584,33 @@ class Store:
 
     def loss_series(self, session_id: str, rank: int, start: int | None = None,
                     end: int | None = None) -> dict[str, list[Any]]:
-        """The loss of every step in the range, as columns ``{step, loss, nonfinite}``
-        (``nonfinite``: the steps whose loss, or a micro-batch's loss, was NaN or infinite).
-        One index range scan of the ``loss`` and ``nonfinite_losses`` columns, no JSON decoded
-        but in one case: SQLite stores a NaN as NULL, as it stores "no loss", so for those rows
-        alone the event tells which."""
+        """The loss of every step in the range, as columns ``{step, loss, nonfinite, lr}``
+        (``nonfinite``: the steps whose loss, or a micro-batch's loss, was NaN or infinite;
+        ``lr``: each param group's learning rate, a list per step, None without an optimizer).
+        One index range scan of the ``loss``, ``nonfinite_losses`` and ``lr`` columns, no event
+        decoded but in one case: SQLite stores a NaN as NULL, as it stores "no loss", so for
+        those rows alone the event tells which."""
         rows = self._read().execute(
-            "SELECT step, loss, CASE WHEN loss IS NULL THEN json_extract(event, '$.loss') END, nonfinite_losses "
+            "SELECT step, loss, CASE WHEN loss IS NULL THEN json_extract(event, '$.loss') END, nonfinite_losses, lr "
             "FROM steps "
             "WHERE session_id=? AND rank=? AND step>=? AND step<=? ORDER BY step",
             (session_id, rank, -1 if start is None else start, 2**62 if end is None else end)).fetchall()
         steps: list[int] = []
         losses: list[Any] = []
         nonfinite: list[int] = []
-        for step, loss, in_event, bad in rows:
+        lrs: list[Any] = []
+        last: tuple[str | None, Any] = (None, None)  # a schedule's LR holds for many steps: decoded once
+        for step, loss, in_event, bad, lr in rows:
             if in_event is not None:  # a non-finite loss, as api_json wrote it into the event ("NaN")
                 loss = _NONFINITE.get(in_event) if isinstance(in_event, str) else in_event
             steps.append(step)
             losses.append(loss)
             if bad or (loss is not None and not math.isfinite(loss)):
                 nonfinite.append(step)
-        return {"step": steps, "loss": losses, "nonfinite": nonfinite}
+            if lr != last[0]:
+                last = (lr, json.loads(lr) if lr else None)
+            lrs.append(last[1])
+        return {"step": steps, "loss": losses, "nonfinite": nonfinite, "lr": lrs}
 
     def graphs(self, session_id: str, rank: int) -> list[dict[str, Any]]:
         rows = self._read().execute(
@@ -817,8 +823,8 @@ def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Fram
 
 _INSERT_STEP = (
     f"INSERT OR REPLACE INTO steps (session_id, rank, step, {', '.join(_STEP_COLS)}, "
-    f"{', '.join(_MEMORY_COLS)}, nonfinite_losses, event, memory, grads) "
-    f"VALUES (?,?,?,{','.join('?' * (len(_STEP_COLS) + len(_MEMORY_COLS)))},?,?,?,?)")
+    f"{', '.join(_MEMORY_COLS)}, nonfinite_losses, lr, event, memory, grads) "
+    f"VALUES (?,?,?,{','.join('?' * (len(_STEP_COLS) + len(_MEMORY_COLS)))},?,?,?,?,?)")
 # A stored event writes a non-finite float as api_json does: one of these strings
 _NONFINITE_SQL = "('NaN','Infinity','-Infinity')"
 
@@ -839,6 +845,11 @@ def _add_missing_columns(c: sqlite3.Connection) -> None:
         c.execute("ALTER TABLE steps ADD COLUMN nonfinite_losses INTEGER NOT NULL DEFAULT 0")
         c.execute("UPDATE steps SET nonfinite_losses=(SELECT count(*) FROM json_each(event, '$.losses') "
                   f"WHERE value IN {_NONFINITE_SQL}) WHERE instr(event, '\"losses\"')")
+    if "lr" not in have:
+        # each param group's learning rate (a JSON list), for /loss beside the loss: taken once
+        # here from the events of the steps stored before
+        c.execute("ALTER TABLE steps ADD COLUMN lr TEXT")
+        c.execute("UPDATE steps SET lr=json_extract(event, '$.lr') WHERE instr(event, '\"lr\"')")
     if "mem_chunks" not in {row[1] for row in c.execute("PRAGMA table_info(ranks)")}:
         # 0: ranks stored before memory_chunks existed have none; /memory builds them by SQL
         c.execute("ALTER TABLE ranks ADD COLUMN mem_chunks INTEGER NOT NULL DEFAULT 0")
@@ -881,6 +892,7 @@ def _put_steps(c: sqlite3.Connection, session_id: str, rank: int, steps: list[di
     rows = zip([session_id] * n, [rank] * n, summary["step"],
                *(summary[k] for k in _STEP_COLS), *(mem[k] for k in MEMORY_KEYS),
                [_nonfinite_count(ev.get("losses")) for ev in steps],
+               [_raw_json(ev.get("lr")) for ev in steps],
                [api_json(ev).decode() for ev in steps],
                [_raw_json(ev.get("memory")) for ev in steps], [_raw_json(ev.get("grads")) for ev in steps],
                strict=True)

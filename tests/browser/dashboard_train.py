@@ -67,13 +67,22 @@ def main() -> None:
     ap.add_argument("--clip", type=float, default=None, metavar="MAX", help="clip_grad_norm_'s max_norm (default: no clipping)")
     ap.add_argument("--backward-nan", action="store_true", help="a loss term whose gradient is NaN (sqrt of 0)")
     ap.add_argument("--hold", type=float, default=0.0, help="seconds to wait after the steps (a test kills it meanwhile)")
+    ap.add_argument("--schedule", action="store_true",
+                    help="two param groups (the head's lr 10x) and a linear warmup over the first 4 steps (LambdaLR)")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = Net()
     model.probe = args.probe
     trained = [p for n, p in model.named_parameters() if not (args.probe and n.startswith("embed."))]
-    opt = torch.optim.SGD(trained, lr=0.01)
+    if args.schedule:
+        head = {id(p) for p in model.head.parameters()}
+        groups = [{"params": [p for p in trained if id(p) not in head]},
+                  {"params": [p for p in trained if id(p) in head], "lr": 0.1}]
+        opt = torch.optim.SGD(groups, lr=0.01)
+    else:
+        opt = torch.optim.SGD(trained, lr=0.01)
+    warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 4)) if args.schedule else None
     w = torchscope.watch(model, opt, server=args.server, record=args.record, name=args.name, sample_every=2,
                          mode=args.mode)
     for _ in range(args.steps):
@@ -88,6 +97,8 @@ def main() -> None:
         if args.clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
+        if warmup is not None:
+            warmup.step()
         if args.sleep:
             time.sleep(args.sleep)
     time.sleep(args.hold)

@@ -48,7 +48,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def runs(srv: ServerProc, recorded: Path) -> dict[str, str]:
     """Session ids of finished real runs of dashboard_train.py (its recording: ``<name>.tscope``)."""
-    return train_side_by_side(srv, TRAIN, recorded, {"losses": ["--steps", str(STEPS), "--name", "losses"]})
+    return train_side_by_side(srv, TRAIN, recorded, {"losses": ["--steps", str(STEPS), "--name", "losses"],
+                                                     "schedule": ["--steps", "8", "--name", "schedule", "--schedule"]})
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +100,7 @@ def test_the_loss_chart_plots_the_losses_the_run_recorded(page: Any, srv: Server
     assert sorted(in_file) == list(range(STEPS)) and all(isinstance(v, float) and math.isfinite(v) for v in in_file.values())
     assert server_losses(srv, sid) == in_file
     assert srv.get(f"/api/sessions/{sid}/loss") == {"step": list(range(STEPS)), "loss": [in_file[s] for s in range(STEPS)],
-                                                    "nonfinite": []}
+                                                    "nonfinite": [], "lr": [[0.01]] * STEPS}
     assert loss["x"] == list(range(STEPS))
     assert loss["y"] == [in_file[s] for s in range(STEPS)]
     assert loss["marks"] == []
@@ -113,6 +114,36 @@ def test_the_loss_chart_plots_the_losses_the_run_recorded(page: Any, srv: Server
     click_step(page, "loss", 7)
     assert gradients(page)["focus"] == 7 and "step=7" in page.url
     shot(page, "loss-chart")
+
+
+def test_the_learning_rate_chart_plots_each_param_groups_schedule(page: Any, srv: ServerProc, runs: dict[str, str],
+                                                                   recorded: Path) -> None:
+    """Two param groups (the head's lr 10x) under a linear warmup over 4 steps: a line per
+    group, the values the run recorded -- the schedule as the optimizer followed it."""
+    from torchscope.session import load
+
+    sid = runs["schedule"]
+    warm = [min(1.0, (i + 1) / 4) for i in range(8)]
+    expected = [[pytest.approx(0.01 * f, rel=1e-12), pytest.approx(0.1 * f, rel=1e-12)] for f in warm]
+    in_file = [ev["lr"] for ev in load(recorded / "schedule.tscope").steps]
+    assert in_file == expected
+    assert srv.get(f"/api/sessions/{sid}/loss")["lr"] == in_file  # type: ignore[index]
+    open_session(page, srv.url, sid, "?view=gradients")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.lr.x.length >= 8; })()",
+                           timeout=60_000)
+    lr = gradients(page)["lr"]
+    assert lr["x"] == list(range(8))
+    assert [s["name"] for s in lr["series"]] == ["param group 0", "param group 1"]
+    assert [[s["y"][i] for s in lr["series"]] for i in range(8)] == in_file
+    assert lr["log"] is False and "as in force during the step" in lr["title"]  # 0.0025 to 0.1: not two decades
+    page.locator("[data-testid=lr]").scroll_into_view_if_needed()
+    assert page.locator("[data-testid=lr] canvas").is_visible()
+    shot(page, "lr-chart")
+    # a run whose one group's lr never changes: one line, named lr
+    open_session(page, srv.url, runs["losses"], "?view=gradients")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.lr.x.length >= 1; })()",
+                           timeout=60_000)
+    assert [s["name"] for s in gradients(page)["lr"]["series"]] == ["lr"]
 
 
 def _stream(srv: ServerProc, tmp_path: Path, name: str, steps: dict[int, dict[str, Any]]) -> str:
