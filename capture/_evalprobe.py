@@ -18,14 +18,17 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 from torch.overrides import TorchFunctionMode
 
 from ._srcloc import _is_internal, _user_base
 
-# the dropout functions whose ``training`` defaults to True (alpha_dropout's defaults to False)
+# the dropout functions whose ``training`` defaults to True (alpha_dropout's defaults to False),
+# their third argument: ``F.dropout(input, p, training, inplace)``, as nn.Dropout calls it
 _DROPOUTS = {f: f.__code__ for f in (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d)}
+_compiling = torch.compiler.is_compiling
 
 
 class EvalDropoutProbe(TorchFunctionMode):
@@ -41,7 +44,9 @@ class EvalDropoutProbe(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         code = _DROPOUTS.get(func)
-        if code is not None and kwargs.get("training", True) is True:
+        # ``_compiling()``: Dynamo traces the forward of a watched torch.compile'd model through
+        # this mode; looking at frames there is a graph break (fullgraph=True: an error)
+        if code is not None and kwargs.get("training", args[2] if len(args) > 2 else True) is True and not _compiling():
             self.safe("modes", self._look, code, func.__name__)
         return func(*args, **kwargs)  # torchscope runs your call unchanged
 

@@ -171,3 +171,95 @@ def test_the_capture_s_own_global_hooks_raise_no_compile_warning(tmp_path: Path,
         assert "global hooks" not in res.stderr
     else:  # as without torchscope: the user's hook, the user's -W error
         assert res.returncode != 0 and "UserWarning: Using `torch.compile(module)` when there are global hooks" in res.stderr
+
+
+def _compiled_step_run(mode: str | None, path: Path, how: str) -> tuple[list[float], list[str]]:
+    """A loop whose optimizer.step() is compiled: ``torch.compile(opt.step)``, or the whole train
+    step.  Returns its losses and parameters, and the warnings it raised."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    w = torchscope.watch(model, opt, server=None, record=path, mode=mode) if mode else None
+    step = torch.compile(opt.step, backend="aot_eager")
+
+    def train_step(x: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    whole = torch.compile(train_step, backend="aot_eager")
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(5):
+            x = torch.randn(4, 8, generator=gen)
+            if how == "step":
+                opt.zero_grad()
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                step()
+            else:
+                loss = whole(x)
+            out.append(loss.item())
+    if w is not None:
+        w.close()
+    return out + [float(p.detach().double().sum()) for p in model.parameters()], [str(c.message) for c in caught]
+
+
+@pytest.mark.parametrize("how", ["step", "train-step"])
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_a_compiled_optimizer_step_is_recorded_without_tracing_the_capture(tmp_path: Path, mode: str, how: str) -> None:
+    """``torch.compile(opt.step)`` (PyTorch's compiled-optimizer recipe) or a compiled train
+    step: the capture's optimizer hooks ran as Dynamo traced the step, so every step was lost
+    (0 recorded), with graph breaks, recompiles and Dynamo warnings inside the capture.  They
+    run uncompiled now: every step recorded with its gradients, training unchanged."""
+    plain, _ = _compiled_step_run(None, tmp_path / "plain.tscope", how)
+    path = tmp_path / f"{mode}.tscope"
+    watched, caught = _compiled_step_run(mode, path, how)
+    assert watched == plain  # bit-for-bit
+    assert [m for m in caught if "Dynamo" in m or "torchscope" in m] == []
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    assert len(steps) == 5
+    assert all(len(s["grads"]["norm"]) == 4 and all(n > 0 for n in s["grads"]["norm"]) for s in steps)
+    if how == "step":  # (a compiled backward() is inside the compiled region: no loss of it)
+        assert [s["loss"] for s in steps] == pytest.approx(plain[:5], rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_a_fullgraph_compiled_model_with_dropout_evaluates(tmp_path: Path, mode: str) -> None:
+    """``watch(torch.compile(model, fullgraph=True))``: the eval-mode forward's dropout probe
+    (P11) ran as Dynamo traced it, and its frame lookup broke the graph -- with
+    ``fullgraph=True`` an error in the user's first validation.  A ``training`` argument passed
+    by position (``nn.Dropout``'s own call) is no longer taken for one left at its default."""
+
+    def run(watched: bool) -> list[float]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Dropout(0.1), nn.Linear(16, 2))
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        w = torchscope.watch(compiled, opt, server=None, record=tmp_path / f"{mode}.tscope", mode=mode) if watched else None
+        gen = torch.Generator().manual_seed(1)
+        out = []
+        for i in range(4):
+            compiled.train()
+            opt.zero_grad()
+            loss = compiled(torch.randn(4, 8, generator=gen)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+            if i % 2 == 1:
+                compiled.eval()
+                with torch.no_grad():
+                    out.append(compiled(torch.randn(16, 8, generator=gen)).pow(2).mean().item())
+        if w is not None:
+            w.close()
+        return out + [float(p.detach().double().sum()) for p in model.parameters()]
+
+    assert run(True) == run(False)
+    steps = [e for e in iter_events(tmp_path / f"{mode}.tscope") if e["kind"] == "step"]
+    assert len(steps) == 4
