@@ -75,11 +75,20 @@ def optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:
     """State tensors of ``optimizer`` (a torch optimizer, or a hand-rolled one with a dict of
     dicts ``state``, or none): all of them, a 1-element parameter's momentum and Adam's scalar
     step counters too (before the thirty-fourth session those of one element were skipped, to
-    leave out the counters: a 1-element parameter's state went with them)."""
+    leave out the counters: a 1-element parameter's state went with them), and those in a list
+    or tuple (LBFGS's history, ``old_dirs``/``old_stps``: ~200x the parameters at its default
+    history size, left out before)."""
     state = getattr(optimizer, "state", None)
     if not isinstance(state, dict):
         return []
-    return [v for st in state.values() if isinstance(st, dict) for v in st.values() if isinstance(v, torch.Tensor)]
+    out = []
+    for st in state.values():
+        for v in st.values() if isinstance(st, dict) else ():
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+            elif isinstance(v, (list, tuple)):
+                out += [t for t in v if isinstance(t, torch.Tensor)]
+    return out
 
 
 class StorageSizes:

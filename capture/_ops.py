@@ -502,9 +502,18 @@ def _device_name(d: torch.device) -> str:
     return n
 
 
+def _stored(t: torch.Tensor) -> torch.Tensor:
+    """The values a tensor stores: a sparse one's (an ``Embedding(sparse=True)``'s gradient),
+    which aminmax does not take -- its error turned the op capture off for the run."""
+    if t.layout == torch.strided:
+        return t
+    return t._values() if t.layout == torch.sparse_coo else t.values()
+
+
 def _has_nan(t: torch.Tensor) -> bool:
     """Whether ``t`` holds a NaN (its minimum or maximum is NaN: NaN propagates through aminmax)."""
     with torch._C._DisableTorchDispatch():
+        t = _stored(t)
         if t.is_complex():
             return bool(torch.isnan(t).any())
         lo, hi = torch.aminmax(t)
@@ -517,6 +526,7 @@ def _finite(t: torch.Tensor) -> bool:
     tensor's: read with Python dispatch off, so the loop's own modes under ours (a FLOP
     counter) do not see these reads."""
     with torch._C._DisableTorchDispatch():
+        t = _stored(t)
         if t.is_complex():
             return bool(torch.isfinite(t).all())
         lo, hi = torch.aminmax(t)

@@ -786,7 +786,8 @@ class Watch:
         self._walked_nodes = 0  # nodes of the last graph_key walk (sizes the next one's table)
         # (signature, input shapes) -> bytes saved for backward, unreadable saved tensors
         self._saved_cache: dict[tuple[str, tuple[tuple[int, ...], ...]], tuple[int, list[str]]] = {}
-        self._mem_key: tuple[int, int, int] | None = None
+        self._mem_key: tuple[int, int, int, int] | None = None
+        self._state_lists = False  # the optimizer state held lists of tensors at the last reading
         self._modes_key: tuple[bool, int] | None = None  # see _modes_now
         self._mode_facts: tuple[list[str], list[str], dict[str, bool]] = ([], [], {})
         self._hooked: list[tuple[str, weakref.ref[nn.Module]]] | None = None  # modules with forward hooks
@@ -2637,10 +2638,16 @@ class Watch:
         state = getattr(opt, "state", None)
         if not isinstance(state, dict):  # no optimizer, or a hand-rolled one without state
             state = {}
-        key = (_ptr_sum(live_params), len(state), _entries(state))
+        # state that keeps lists of tensors (LBFGS's history grows for its first steps): their
+        # lengths too, counted only for an optimizer whose state had any at the last reading
+        key = (_ptr_sum(live_params), len(state), _entries(state), _listed(state) if self._state_lists else 0)
         if fresh or self._mem_key != key or (periodic and self._step % GRAD_STATS_EVERY == 0):
-            p_st, o_st = self._param_storages(live_params), self._sizes(optimizer_tensors(opt))
+            state_tensors = optimizer_tensors(opt)
+            p_st, o_st = self._param_storages(live_params), self._sizes(state_tensors)
             static = {**p_st, **o_st}  # their union and its bytes, kept with them
+            self._state_lists = _listed(state) > 0
+            if self._state_lists:
+                key = (*key[:3], _listed(state))
             self._mem_key, self._mem_static = key, (p_st, o_st, static, sum(static.values()))
         return self._mem_static
 
@@ -3209,6 +3216,11 @@ def _entries(state: dict[Any, Any]) -> int:
         return sum(map(len, state.values()))
     except TypeError:  # a hand-rolled optimizer's state holding other values than dicts
         return sum(len(v) for v in state.values() if isinstance(v, dict))
+
+
+def _listed(state: dict[Any, Any]) -> int:
+    """Items of the lists and tuples in an optimizer's per-parameter state dicts."""
+    return sum(len(v) for st in state.values() if isinstance(st, dict) for v in st.values() if isinstance(v, (list, tuple)))
 
 
 def _first_storage(t: torch.Tensor) -> int:

@@ -190,3 +190,25 @@ def test_a_subclass_step_calling_super_has_the_gradients_it_applied(tmp_path: Pa
         assert e["grads"]["norm"] == pytest.approx(norms, rel=1e-5)
         total = sum(n * n for n in e["grads"]["norm"]) ** 0.5
         assert total <= 0.5 + 1e-5
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_full_mode_records_every_step_of_a_sparse_embedding(tmp_path: Path, native: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Embedding(sparse=True)`` in ``full`` mode: the Python recorder's NaN check of an op's
+    output ran aminmax on the sparse gradient, which it does not take -- an internal error that
+    turned the op capture off for the rest of the run (graphs of 0 ops from step 1 on)."""
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", native)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(20, 4, sparse=True), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "sparse.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randint(0, 20, (8,))).pow(2).mean().backward()
+            opt.step()
+    events = list(iter_events(path))
+    graphs = [e for e in events if e["kind"] == "graph"]
+    assert len(graphs) == 3 and all(len(g["ops"]) == len(graphs[0]["ops"]) > 0 for g in graphs)
+    assert [e for e in events if e["kind"] == "log" and e["level"] == "error"] == []
