@@ -93,6 +93,9 @@ _CHANGE_CAPTURES_FIRST, _CHANGE_CAPTURES_EVERY = 8, 10
 # gradient) every this many steps, on captured steps, every step in full mode, and after a
 # non-finite gradient; the other steps record norms, NaN/Inf counts and missing grads only.
 GRAD_STATS_EVERY = 10
+# forwards inside torch.func transforms before a run that has ended no step is told that its
+# loop records none (a MAML outer step makes tens of them before its first step ends)
+_TRANSFORMED_TELL = 100
 COPY_STEPS = 4  # steps counted for copies before sampling every GRAD_STATS_EVERY (see _counts_copies)
 _BIG_COPY = 1 << 20  # bytes from which the same tensor cloned every step is P12's (see _on_move)
 _PROBE_STEPS = 3  # steps the mode looks for the holder of a kept loss (Watch._probe)
@@ -1101,6 +1104,8 @@ class Watch:
             # into the step's records: it is counted, not recorded
             if module is self._model():
                 self._s.transformed += 1
+                if self._s.transformed == _TRANSFORMED_TELL and self._step == 0:
+                    self._safe("forward", self._tell_transformed)
             return
         if module is not self._model():
             return  # a shallow copy (copy.copy) shares the watched model's hook dicts
@@ -1108,6 +1113,16 @@ class Watch:
             self._tls.skipped += 1
             return
         self._safe("forward", self._on_forward_pre, module, args, kwargs)
+
+    def _tell_transformed(self) -> None:
+        """Many forwards inside torch.func transforms and not one step ended: a functional loop
+        (``grad_and_value`` and an update by hand), whose gradients never reach ``.grad`` and
+        which calls no backward() nor optimizer.step() -- nothing torchscope sees as a step."""
+        self._tell(
+            f"torchscope: {_TRANSFORMED_TELL} forwards of {self._model_name} ran inside torch.func transforms (grad, "
+            "vmap, ...) and no step has ended: torchscope records a step at optimizer.step() or after backward(), "
+            "and reads gradients from .grad -- a loop that applies torch.func's gradients by hand records no step "
+            "(write them into p.grad and call an optimizer's step() to have them recorded)", "warning")
 
     def _fwd_post(self, module: nn.Module, args: Any, output: Any) -> None:
         if _compiling() or _tracing() or _transformed() or module is not self._model():

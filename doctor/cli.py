@@ -94,6 +94,11 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         # NaN/Infinity (a diverging run's losses) as strings, as the server's API writes them:
         # strict JSON parsers (jq, JSON.parse) refuse the bare literals
         print(pydantic_core.to_json(findings, indent=2, inf_nan_mode="strings").decode())
+    elif not findings and last_step < 0:
+        # not "no problems found": a run whose loop torchscope never saw end a step (no
+        # optimizer.step() nor backward() it could see) holds nothing to diagnose
+        print(f"{path}: no step recorded, nothing to diagnose (the run ended before its first optimizer step, or "
+              "torchscope saw none: a loop without optimizer.step() or backward() calls watch.step() itself).")
     elif not findings:
         print(f"{path}: no problems found ({last_step + 1} steps).")
     else:

@@ -90,3 +90,41 @@ def test_torch_func_transforms_keep_every_step(
         assert not [e for e in events if e["kind"] == "log" and "without a call" in e.get("message", "")]
         if mode == "full":
             assert [e["step"] for e in events if e["kind"] == "graph"] == [0, 1, 2, 3]
+
+
+def test_a_functional_loop_that_records_no_step_is_told(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``grad_and_value`` over ``functional_call`` and an update by hand (no optimizer, no
+    backward): nothing torchscope sees ends a step, so none is recorded -- said once, on
+    stderr and in the session's log, not left to a file of 0 steps; a loop that writes the
+    gradients into ``.grad`` and steps an optimizer records each step and is told nothing."""
+    from torch.func import grad_and_value
+
+    def run(name: str, with_optimizer: bool) -> tuple[list[dict[str, Any]], str]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1) if with_optimizer else None
+        path = tmp_path / f"{name}.tscope"
+
+        def loss_fn(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+            return functional_call(model, params, (x,)).pow(2).mean()
+
+        with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+            for _ in range(120):
+                params = {k: v.detach() for k, v in model.named_parameters()}
+                grads, _ = grad_and_value(loss_fn)(params, torch.randn(4, 4))
+                if opt is None:
+                    with torch.no_grad():
+                        for k, p in model.named_parameters():
+                            p -= 0.1 * grads[k]
+                else:
+                    for k, p in model.named_parameters():
+                        p.grad = grads[k]
+                    opt.step()
+        return list(iter_events(path)), capsys.readouterr().err
+
+    events, err = run("by-hand", False)
+    told = [e["message"] for e in events if e["kind"] == "log" and "torch.func transforms" in e["message"]]
+    assert len(told) == 1 and err.count("ran inside torch.func transforms") == 1
+    assert "records no step" in told[0] and not [e for e in events if e["kind"] == "step"]
+    events, err = run("optimizer", True)
+    assert len([e for e in events if e["kind"] == "step"]) == 120 and "torch.func transforms" not in err

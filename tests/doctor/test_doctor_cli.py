@@ -123,7 +123,7 @@ def test_an_incomplete_file_is_said_to_be(tmp_path: Path, capsys: pytest.Capture
     cut.write_bytes(data[: len(data) - 5])  # the last frame (with the end event) torn
     assert run(str(cut)) == 0
     out, err = capsys.readouterr()
-    assert "no problems found" in out
+    assert "nothing to diagnose" in out  # its one frame, every step in it, was the one torn
     assert "is incomplete" in err and "bytes after its last whole frame were dropped" in err
     assert run(str(cut), as_json=True) == 0
     assert json.loads(capsys.readouterr().out) == []  # --json stays the findings alone
@@ -193,3 +193,12 @@ def test_a_file_its_run_is_still_writing_is_not_called_killed(tmp_path: Path,
             assert info["status"] == "running" and "killed" not in info.get("note", ""), info
     assert run(str(path)) == 0
     assert capsys.readouterr().err == ""  # ended: nothing to say
+
+
+def test_a_file_without_steps_is_not_said_to_have_no_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run of which no step was recorded (ended before its first, or a loop torchscope could
+    not see end one) has nothing to diagnose: said so, not "no problems found (0 steps)"."""
+    path = write(tmp_path / "empty.tscope", [session(), {"kind": "end", "t": 0.0, "status": "finished", "steps": 0}])
+    assert run(str(path)) == 0
+    out = capsys.readouterr().out
+    assert "no step recorded, nothing to diagnose" in out and "no problems found" not in out
