@@ -312,6 +312,7 @@ class _StepState:
         "in_backward",
         "unscaled",
         "lr",
+        "grad_st",
     )
 
     def __init__(self, t0: float) -> None:
@@ -411,6 +412,7 @@ class _StepState:
         # a root made from one is recorded as the loss it scaled (_on_scaling)
         self.unscaled: dict[tuple[int, int], torch.Tensor] | None = None
         self.lr: list[float] | None = None  # read before the step's end (a skipped step's), else at it
+        self.grad_st: dict[int, int] | None = None  # the gradients' storages, read as self.lr is
 
     def passes_in_step(self) -> int:
         """Backward passes that ran inside the optimizer's step(): its closure's (LBFGS,
@@ -668,7 +670,7 @@ class Watch:
         self._names = [n for n, _ in named]
         self._params = [weakref.ref(p, self._on_dead) for _, p in named]
         self._param_names = {id(p): n for n, p in named}
-        self._param_ptrs = set(storages(p for _, p in named))  # refreshed once lazy ones exist
+        self._set_param_ptrs(set(storages(p for _, p in named)), model)  # refreshed once lazy ones exist
         # LazyLinear & co. make their parameters in the first forward: the session event (their
         # shapes) waits for it; so does a model built on the meta device (``to_empty()`` after
         # watch() gives it its device)
@@ -1029,7 +1031,7 @@ class Watch:
         """The session event of a model whose lazy parameters now exist (or of whatever exists
         at close): first in the file, since no step can end before a forward."""
         self._session_pending = False
-        self._param_ptrs = set(storages(p for _, p in model.named_parameters()))
+        self._set_param_ptrs(set(storages(p for _, p in model.named_parameters())), model)
         opt = self._optimizer() if self._optimizer is not None else None
         self._transport.emit(self._session_event(model, opt))
 
@@ -1334,7 +1336,7 @@ class Watch:
             s.out_sentinels.append(ref)
         if not module.training or not torch.is_grad_enabled():
             # a graph built in eval mode may never be consumed (P6): size it now, while it exists
-            saved, _ = AutogradWalk(nodes).saved(self._param_ptrs)
+            saved, _ = AutogradWalk(nodes).saved(self._not_activations)
             fwd["saved_bytes"] = sum(saved.values())
             for ref in s.out_sentinels[-len(nodes):]:  # this forward's: kept, they hold this much
                 if (o := ref()) is not None:
@@ -1622,6 +1624,8 @@ class Watch:
             # the step ends at the next forward, after the loop's scheduler.step(): its learning
             # rates are the ones in force now
             s.lr = _lrs(self._optimizer() if self._optimizer is not None else None)
+            # ... and its gradients' bytes are those there now: the loop's zero_grad() frees them
+            s.grad_st = grad_storages([p for r in self._params if (p := r()) is not None])
 
     def _on_loss_check(self, t: torch.Tensor) -> None:
         self._s.checked = weakref.ref(t)
@@ -1994,7 +1998,7 @@ class Watch:
             assert walk is not None  # a reused walk requires its cached saved bytes
             records_next = s.capture and s.graph is None and "graph" not in self._disabled
             with _unseen():  # unpacking a saved output detaches it
-                by_storage, unreadable = walk.saved(self._param_ptrs, keep=records_next)
+                by_storage, unreadable = walk.saved(self._not_activations, keep=records_next)
             cached = (sum(by_storage.values()), unreadable)
             if len(self._saved_cache) >= _SAVED_SHAPES:
                 self._saved_cache.clear()
@@ -2005,7 +2009,7 @@ class Watch:
         outputs: list[tuple[_Sentinel, int, int]] = []
         if nested and walk is not None:
             with _unseen():
-                inner = _nested(walk, self._step, self._param_ptrs, not retain)
+                inner = _nested(walk, self._step, self._not_activations, not retain)
             own_nodes, own_saved, outputs = max(n_nodes - inner.nodes, 0), max(saved - inner.saved, 0), inner.outputs
         s.saved_peak = max(s.saved_peak, own_saved)
         for b in broken:
@@ -2416,7 +2420,7 @@ class Watch:
         # the dead ones' ids go too (a layer deleted)
         live = [(n, p) for n, r in zip(self._names, self._params, strict=True) if (p := r()) is not None]
         self._param_names = {id(p): n for n, p in live}
-        self._param_ptrs = set(storages(p for _, p in live))
+        self._set_param_ptrs(set(storages(p for _, p in live)), self._model())
         self._held_key = None  # which of them the optimizer holds: asked again
 
     def _shares_params(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -2623,13 +2627,13 @@ class Watch:
         return self._union(params, self._state_holder(), False)[3]
 
     def _union(
-        self, live_params: list[torch.Tensor], opt: Any, periodic: bool
+        self, live_params: list[torch.Tensor], opt: Any, periodic: bool, grads: dict[int, int] | None = None
     ) -> tuple[dict[int, int], dict[int, int], dict[int, int], int]:
         """The parameters', optimizer state's and gradients' storages (pointer -> bytes) and the
-        bytes of their union."""
+        bytes of their union; ``grads``: the gradients' as read earlier in the step."""
         p_st, o_st, static, static_live = self._static_storages(live_params, opt, periodic)
         # gradients set to None come back as new tensors each step: nothing to remember
-        g_st = grad_storages(live_params)
+        g_st = grad_storages(live_params) if grads is None else grads
         # a gradient sharing a parameter's or the state's storage counts once (found by a set
         # intersection in C: most steps have none to subtract)
         shared = g_st.keys() & static.keys()
@@ -3074,7 +3078,7 @@ class Watch:
 
     def _memory(self, params: list[torch.Tensor | None], opt: Any, s: _StepState) -> MemoryStats:
         live_params = [p for p in params if p is not None]
-        p_st, o_st, g_st, live = self._union(live_params, opt, True)
+        p_st, o_st, g_st, live = self._union(live_params, opt, True, s.grad_st)
         saved = s.saved_peak
         mem: MemoryStats = {
             "params": sum(p_st.values()),
@@ -3102,13 +3106,21 @@ class Watch:
                 mem["other"] = max(dev.get("allocated", 0) - live, 0)
         return mem
 
+    def _set_param_ptrs(self, ptrs: set[int], model: nn.Module | None) -> None:
+        """The parameters' storages and, with them, the buffers' (BatchNorm's running
+        statistics, which batch_norm saves for backward): what a backward saves of these is the
+        model's own state, not activations (``saved``)."""
+        self._param_ptrs = ptrs
+        buffers = set(storages(list(model.buffers()))) if model is not None else set()
+        self._not_activations = ptrs | buffers
+
     def _param_storages(self, live_params: list[torch.Tensor]) -> dict[int, int]:
         """The parameters' storages (data pointer -> bytes).  When they are not the ones known
         (``model.to(device)`` or ``.half()`` after ``watch()``, ``p.data = ...``), what a
         backward saves is told from parameters by the new ones from now on."""
         p_st = self._sizes(live_params)
         if p_st.keys() != self._param_ptrs:
-            self._param_ptrs = set(p_st)
+            self._set_param_ptrs(set(p_st), self._model())
             self._saved_cache.clear()
         return p_st
 

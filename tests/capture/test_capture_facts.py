@@ -731,6 +731,7 @@ def test_grad_scaler_step_loss_and_lr_are_the_loops(mode: str, passed: bool, tmp
     path = tmp_path / "amp.tscope"
     logged: list[float] = []
     lrs: list[float] = []
+    grad_bytes: list[int] = []
     with torchscope.watch(model, opt, server=None, record=path, mode=mode, scaler=scaler if passed else None):
         for i in range(5):
             opt.zero_grad()
@@ -740,11 +741,14 @@ def test_grad_scaler_step_loss_and_lr_are_the_loops(mode: str, passed: bool, tmp
             scaler.scale(loss).backward()
             lrs.append(opt.param_groups[0]["lr"])
             scaler.step(opt)
+            grad_bytes.append(sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p.grad is not None))
             scaler.update()
             sched.step()
             logged.append(loss.item())
     steps = _steps(path)
     assert [st["scaler"]["skipped"] for st in steps] == [False, False, True, False, False]
+    # the skipped step's gradients too, though the loop's zero_grad() freed them before it ended
+    assert [st["memory"]["grads"] for st in steps] == grad_bytes and min(grad_bytes) > 0
     assert [st["loss"] for st in steps] == pytest.approx(logged, rel=1e-6)
     assert [st["losses"] for st in steps] == [pytest.approx([v], rel=1e-6) for v in logged]
     assert [st["lr"] for st in steps] == [[v] for v in lrs]

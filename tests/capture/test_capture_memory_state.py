@@ -176,3 +176,32 @@ def test_lbfgs_history_is_optimizer_memory(tmp_path: Path, mode: str) -> None:
             expected.append(sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}.values()))
     assert len(set(expected)) > 1  # the history grew
     assert [ev["memory"]["optimizer"] for ev in iter_events(path) if ev["kind"] == "step"] == expected
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_batchnorm_running_statistics_are_not_saved_activations(tmp_path: Path, mode: str) -> None:
+    """batch_norm saves the module's running mean and variance for backward: the model's own
+    buffers, as its parameters are, not activations -- ``memory.saved`` leaves both out (the
+    buffers were counted before).  The bytes saved are counted here by a pack hook."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    path = tmp_path / "bn.tscope"
+    expected = []
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(3):
+            seen: dict[int, int] = {}
+
+            def pack(t: torch.Tensor, seen: dict[int, int] = seen) -> torch.Tensor:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+                return t
+
+            opt.zero_grad()
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss = model(torch.randn(32, 16)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            assert any(ptr in seen for ptr in {b.untyped_storage().data_ptr() for b in model.buffers()})
+            expected.append(sum(n for ptr, n in seen.items() if ptr not in own))
+    assert [ev["memory"]["saved"] for ev in iter_events(path) if ev["kind"] == "step"] == expected
