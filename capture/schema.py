@@ -195,7 +195,7 @@ class StepEvent(TypedDict, total=False):
     zero_grad_set_to_none: bool  # those gradients were None, not zeros, before the first pass
     modes: dict[str, bool]  # module path -> training flag, only modules that differ from the root
     training: bool  # root module's mode
-    scaler: dict[str, float | bool]  # GradScaler: scale, skipped (bool), growth_tracker
+    scaler: dict[str, float | bool]  # GradScaler: scale (the one this step's loss was scaled by), skipped (bool)
     autocast: bool  # an autocast region was on at the forward's start (captured steps: anywhere in it)
     copies: dict[str, int]  # host<->device copies: count, bytes (P12); absent on steps not counted (see docs/capture.md)
     graphs_alive: int  # autograd nodes from earlier steps still reachable at this boundary (P7)
