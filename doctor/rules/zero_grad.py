@@ -12,6 +12,8 @@ from ..settings import Settings
 
 FIX_MISSING = ("Call optimizer.zero_grad() once per optimizer step, before the forward/backward of that step "
                "(with accumulation: after optimizer.step(), not after every backward).")
+FIX_CLOSURE = ("Call optimizer.zero_grad() inside the closure, before loss.backward(): step(closure) calls it "
+               "several times, and each call must start from empty gradients.")
 FIX_MISPLACED = "Call optimizer.zero_grad() before loss.backward() (or after optimizer.step()), never between them."
 FIX_INSIDE = ("Call optimizer.zero_grad() once per optimizer step -- before the accumulation loop, or right after "
               "optimizer.step() -- not inside the loop over micro-batches.")
@@ -35,8 +37,13 @@ def _foreign_steps(run: Run) -> list[int]:
     n = trainable(run)
     if not n:
         return []
+    # the parameters trainable at watch(), by index: every one of them untrained, not as many
+    # (a backbone unfrozen mid-run outside the optimizer is that many untrained parameters,
+    # while the optimizer steps the head: P5's "no optimizer updates", below)
+    held = {i for i, p in enumerate(run.params) if p.get("requires_grad", True)} if run.params else None
     steps = [step for step, ev in run.step_events()
-             if len({as_int(i, -1) for i in as_list(as_dict(ev.get("grads")).get("not_trained"))} - {-1}) >= n]
+             for untrained in [{as_int(i, -1) for i in as_list(as_dict(ev.get("grads")).get("not_trained"))} - {-1}]
+             if (held <= untrained if held is not None else len(untrained) >= n)]
     if steps:
         return steps
     # watch(model) and no optimizer of the model's: the loop's optimizer.step() calls were of
@@ -105,7 +112,8 @@ def _missing(run: Run) -> list[Finding]:
     src = next((str(b) for step, ev in run.step_events() if step == steps[0]
                 for b in as_list(ev.get("backward_src"))[:1] if b), None)
     src = src or next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
-    return [make("P5", "error", message, FIX_MISSING, steps, rank=run.rank, targets=targets,
+    closure = any(e.get("what") == "closure" for _, ev in run.step_events() for e in map(as_dict, as_list(ev.get("events"))))
+    return [make("P5", "error", message, FIX_CLOSURE if closure else FIX_MISSING, steps, rank=run.rank, targets=targets,
                  modules=sorted({run.param_module(i) for i in hits}), params=names, src=src, view="gradients",
                  data={"zero_grad_calls": zero_calls})]
 
@@ -268,6 +276,31 @@ def _inside(run: Run) -> list[Finding]:
                  title="zero_grad() inside the accumulation loop")]
 
 
+def _closure_piled(run: Run) -> list[Finding]:
+    """zero_grad() outside the closure of an optimizer that calls it several times per step
+    (LBFGS): the gradients of its passes add up, and each line search reads their sum.  (One
+    pass inside step() -- Lightning's last micro-batch of an accumulation -- is no such loop.)"""
+    hits: list[tuple[int, int, int]] = []  # step, closure passes, passes summed into .grad
+    for step, ev in run.step_events():
+        passes = max((as_int(e.get("passes")) for e in notes(ev, "closure")), default=0)
+        summed = as_int(ev.get("accumulated"))
+        if passes >= 2 and summed >= 2:
+            hits.append((step, passes, summed))
+    if not hits:
+        return []
+    steps = [h[0] for h in hits]
+    step, passes, summed = hits[0]
+    ev = next(ev for s, ev in run.step_events() if s == step)
+    src = next((str(b) for b in as_list(ev.get("backward_src")) if b), None)
+    message = (f"optimizer.step(closure) ran the closure {passes} times and its gradients piled up "
+               f"({describe_steps(steps, run.last_step)}): step {step} summed {summed} backward passes into .grad, "
+               "so each evaluation after the first read the sum of all before it -- zero_grad() is outside the closure.")
+    return [make("P5", "error", message, FIX_CLOSURE, steps, rank=run.rank,
+                 targets=[FindingTarget(step=step, rank=run.rank)], src=src, view="gradients",
+                 data={"passes": [h[1] for h in hits], "accumulated": [h[2] for h in hits]},
+                 title="zero_grad() outside the closure")]
+
+
 def _crossed(run: Run) -> list[Finding]:
     """Another optimizer stepped between backward passes that all went into the watched
     parameters' .grad: the passes before it were that optimizer's loss's, and this step used
@@ -302,5 +335,8 @@ def _crossed(run: Run) -> list[Finding]:
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
-    return (_foreign(run) + _missing(run) + _unheld(run) + _outside(run) + _misplaced(run) + _inside(run)
-            + _crossed(run))
+    missing = _missing(run)
+    # no zero_grad() at all piles a closure's passes up too: said once, by _missing (its fix
+    # then says "inside the closure")
+    return (_foreign(run) + missing + _unheld(run) + _outside(run) + _misplaced(run) + _inside(run)
+            + ([] if missing else _closure_piled(run)) + _crossed(run))

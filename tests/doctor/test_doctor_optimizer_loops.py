@@ -105,6 +105,61 @@ def test_an_lbfgs_closure_that_zeroes_before_each_pass_is_no_finding(tmp_path: P
     assert [f for f in found if f["code"] == "P5"] == []
 
 
+@pytest.mark.parametrize("mode", ["light", "default"])
+@pytest.mark.parametrize("zero", ["outside", "none"])
+def test_an_lbfgs_closure_without_zero_grad_inside_is_found(tmp_path: Path, mode: str, zero: str) -> None:
+    """zero_grad() once per step, before step(closure) (what "once per optimizer step" reads
+    as): LBFGS runs the closure several times and each evaluation reads the sum of all the
+    passes before it -- it was no finding.  With no zero_grad() at all, P5's "missing" alone
+    says it, its fix pointing inside the closure."""
+    model = _model()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    path = tmp_path / "lbfgs.tscope"
+    x, y = _batches(1)[0]
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(3):
+            if zero == "outside":
+                opt.zero_grad()
+
+            def closure() -> torch.Tensor:
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()  # marker: closure backward
+                return loss
+
+            opt.step(closure)
+    found, steps = _diagnose(path)
+    assert all(s["accumulated"] >= 2 for s in steps)
+    p5 = [f for f in found if f["code"] == "P5"]
+    assert len(p5) == 1 and "inside the closure" in p5[0]["fix"]
+    if zero == "outside":
+        assert p5[0]["title"] == "zero_grad() outside the closure" and p5[0]["steps"] == [0, 1, 2]
+        assert p5[0]["src"] == f"test_doctor_optimizer_loops.py:{_line('marker: closure backward')}"
+    else:
+        assert p5[0]["title"] != "zero_grad() outside the closure"
+
+
+def test_an_optimizer_of_the_head_while_the_backbone_is_unfrozen_is_no_foreign_model(tmp_path: Path) -> None:
+    """Progressive unfreezing with the optimizer built over the head alone: from the unfreezing
+    on, the backbone gets gradients no optimizer applies -- "Parameters no optimizer updates",
+    naming them.  It was told as an optimizer of another instance of the model (the backbone's
+    4 untrained parameters outnumbered the 2 trainable at watch())."""
+    model = _model()
+    model[0].requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    path = tmp_path / "unfreeze.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i, (x, y) in enumerate(_batches(8)):
+            if i == 3:
+                model[0].requires_grad_(True)  # unfrozen, but never added to the optimizer
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    found, _ = _diagnose(path)
+    p5 = [f for f in found if f["code"] == "P5"]
+    assert [f["title"] for f in p5] == ["Parameters no optimizer updates"], p5
+    assert p5[0]["params"] == ["0.weight", "0.bias"] and p5[0]["steps"] == list(range(3, 8))
+
+
 def test_an_input_gradient_pass_before_the_training_pass_is_no_finding(tmp_path: Path) -> None:
     """FGSM adversarial training: backward for the input's gradient, zero_grad(), the real backward."""
     model = _model()
