@@ -178,6 +178,16 @@ def leaf_loss(ev: dict[str, Any]) -> bool:
     return bool(roots) and all(r == "None" for r in roots)
 
 
+def capture_hint(run: Run, what: str = "the first step") -> str:
+    """The parenthesis after "a captured graph tells ...": for a light run (or one that does
+    not say its mode), how to get one; a default or full run had its graphs captured, and none
+    shows it (a compiled forward, whose ops are not recorded) -- not told to use its own mode."""
+    settings = as_dict(run.session.get("settings"))
+    if (settings.get("mode") or run.session.get("mode")) in ("default", "full"):
+        return "(none of this run's captured graphs shows it)"
+    return f"(mode='default' captures {what})"
+
+
 def trainable(run: Run) -> int:
     """How many parameters require grad (from the session header, else from the grad stats' width)."""
     params = run.params

@@ -21,6 +21,9 @@ from .nonfinite import loss_nonfinite, origin, origin_target, origin_text
 
 FIX = ("Find the overflow: normalise inputs, keep losses/softmax in float32 (autocast does for its own ops), "
        "check the data for inf/NaN; with clipping call scaler.unscale_(optimizer) before clip_grad_norm_.")
+FIX_CLIP = ("Call scaler.unscale_(optimizer) after scaler.scale(loss).backward() and before clip_grad_norm_ / "
+            "clip_grad_value_: clipping compares the threshold with the gradients as they are, and until then "
+            "they are the scale times too large (scaler.step(optimizer) then does not unscale them again).")
 FIX_CALIBRATION = ("Nothing to fix: a GradScaler starts at a large scale and halves it on each overflow until the "
                    "scaled gradients fit in float16; the steps it skips meanwhile do not update the model. Pass a "
                    "smaller init_scale to torch.amp.GradScaler to skip fewer.")
@@ -180,6 +183,6 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     if clip:
         findings.append(make("P14", "warning", f"Gradients were clipped while still scaled by the GradScaler "
                              f"({describe_steps(clip, run.last_step)}): call scaler.unscale_(optimizer) first.",
-                             FIX, clip, rank=run.rank, targets=[FindingTarget(step=clip[0], rank=run.rank)],
+                             FIX_CLIP, clip, rank=run.rank, targets=[FindingTarget(step=clip[0], rank=run.rank)],
                              src=clip_src, view="gradients", data=data))
     return findings + _unscaled(run, settings)

@@ -13,7 +13,7 @@ from torchscope.schema import Finding, FindingTarget
 
 from .. import graph as g
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_int, as_list, errors
+from ..run import Run, as_dict, as_int, as_list, capture_hint, errors
 from ..settings import Settings
 from .paths import _CUT_FIX, P9_FIX, _forward_ops, _tensor_facts
 
@@ -202,7 +202,7 @@ _GENERIC = ("it was computed from tensors cut from the graph -- a .detach(), .da
             "forward under torch.no_grad(), or a non-differentiable op")
 
 
-def _cause_text(c: _Cause, when: str, p9_fix: str) -> tuple[str, str]:
+def _cause_text(c: _Cause, when: str, p9_fix: str, hint: str) -> tuple[str, str]:
     """(message, fix) of one kind of failing backward."""
     if c.kind == "detach":
         return f"{_HEAD}: it was computed from a tensor detached from the graph at {c.src} ({c.label}), {_NOTHING} ({when}).", _DETACH_FIX
@@ -224,7 +224,7 @@ def _cause_text(c: _Cause, when: str, p9_fix: str) -> tuple[str, str]:
                 f"flows back past it, {_NOTHING} ({when}).", p9_fix)
     if c.kind == "after_forward":
         where = f" (the forward at {c.label})" if c.label else ""
-        tell = c.hint or "; a captured graph names the op (mode='default' captures the first step)"
+        tell = c.hint or f"; a captured graph names the op {hint}"
         return (f"{_HEAD}: the model's output{where} had a graph, but the loss was computed from tensors cut from it "
                 "-- a .detach(), .data, an .item()/.numpy() round trip, ops under torch.no_grad(), or a "
                 f"non-differentiable op ({when}){tell}.", _AFTER_FIX)
@@ -266,7 +266,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         groups[c.key()] = ([*steps, step], first)
     findings: list[Finding] = []
     for steps, c in groups.values():
-        message, fix = _cause_text(c, describe_steps(sorted(steps), run.last_step), P9_FIX)
+        message, fix = _cause_text(c, describe_steps(sorted(steps), run.last_step), P9_FIX, capture_hint(run))
         target: dict[str, Any] = g.target_of_op(c.gstep, run.rank, c.op) if c.op else {"step": min(steps), "rank": run.rank}
         if c.kind == "no_grad_forward":
             target.pop("module", None)  # the whole forward ran so, not the module of the op the walk met first

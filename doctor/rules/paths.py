@@ -13,7 +13,7 @@ from torchscope.schema import Finding, FindingTarget
 
 from .. import graph as g
 from ..finding import Severity, describe_steps, make
-from ..run import Run, as_dict, as_int, as_list, errors, leaf_loss, notes, trainable
+from ..run import Run, as_dict, as_int, as_list, capture_hint, errors, leaf_loss, notes, trainable
 from ..settings import Settings
 
 _CUT_FIX = ("Keep the path differentiable: don't call .detach()/.data/.item()/.numpy()/.tolist() on tensors the "
@@ -279,7 +279,7 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
                     f"with other parameters in their place -- {_VARYING}.", _VARYING_FIX)
         if not op:
             return ("warning", f"{head}: {_VARYING}, or a path to the loss cut on those steps only; a captured "
-                    "graph of such a step tells which (mode='default' captures steps whose graph structure is new).",
+                    f"graph of such a step tells which {capture_hint(run, 'steps whose graph structure is new')}.",
                     fix)
     else:
         head = f"{shown} never received a gradient ({when})"
@@ -299,12 +299,12 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
         # every backward ran on a leaf: no parameter can get a gradient, the cut is known (not where)
         return ("error", f"{head}: each backward() ran on a loss without a graph (one made anew from a number, "
                 "torch.tensor(loss.item(), requires_grad=True)), so the path to the loss is cut; a captured graph "
-                "tells where (mode='default' captures the first step).", fix)
+                f"tells where {capture_hint(run)}.", fix)
     # no captured graph of such a step (mode='light'): .grad was None at step(), which an unused
     # parameter, a cut path and a gradient cleared after backward all leave -- none is known
     return ("warning", f"{shown} had no gradient at optimizer.step() ({when}): the forward never uses {_them(names)}, "
             f"the path to the loss is cut, or .grad was cleared between backward() and step() ({_CLEARERS}); a "
-            "captured graph tells which (mode='default' captures the first step).", fix)
+            f"captured graph tells which {capture_hint(run)}.", fix)
 
 
 def _them(names: list[str]) -> str:

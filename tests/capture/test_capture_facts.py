@@ -856,6 +856,9 @@ def test_p14_clip_before_unscale(clip: str, passed: bool, tmp_path: Path) -> Non
         clipped = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P14" and "clipped" in f["message"]]
         assert len(clipped) == (0 if unscale_first else 1)
         assert all(f["src"].startswith("test_capture_facts.py:") for f in clipped)  # the clip call's line
+        # its fix is the unscale_() call, not the overflow advice of P14's other findings (QA 34e)
+        assert all(f["fix"].startswith("Call scaler.unscale_(optimizer) after scaler.scale(loss).backward()")
+                   for f in clipped)
 
 
 def test_loop_in_another_thread(tmp_path: Path) -> None:
