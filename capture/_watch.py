@@ -2661,13 +2661,11 @@ class Watch:
         # lengths too, counted only for an optimizer whose state had any at the last reading
         key = (_ptr_sum(live_params), len(state), _entries(state), _listed(state) if self._state_lists else 0)
         if fresh or self._mem_key != key or (periodic and self._step % GRAD_STATS_EVERY == 0):
-            state_tensors = optimizer_tensors(opt)
-            p_st, o_st = self._param_storages(live_params), self._sizes(state_tensors)
+            p_st, o_st = self._param_storages(live_params), self._sizes(optimizer_tensors(opt))
             static = {**p_st, **o_st}  # their union and its bytes, kept with them
-            self._state_lists = _listed(state) > 0
-            if self._state_lists:
-                key = (*key[:3], _listed(state))
-            self._mem_key, self._mem_static = key, (p_st, o_st, static, sum(static.values()))
+            listed = _listed(state)
+            self._state_lists = listed > 0
+            self._mem_key, self._mem_static = (*key[:3], listed), (p_st, o_st, static, sum(static.values()))
         return self._mem_static
 
     def _late_reached(self, s: _StepState, forwards: list[ForwardInfo]) -> list[list[int]]:

@@ -98,7 +98,7 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         # not "no problems found": a run whose loop torchscope never saw end a step (no
         # optimizer.step() nor backward() it could see) holds nothing to diagnose
         print(f"{path}: no step recorded, nothing to diagnose (the run ended before its first optimizer step, or "
-              "torchscope saw none: a loop without optimizer.step() or backward() calls watch.step() itself).")
+              "no step of its loop ended where torchscope could see it).")
     elif not findings:
         print(f"{path}: no problems found ({last_step + 1} steps).")
     else:

@@ -107,8 +107,8 @@ export class GradientsView {
   drawLr() {
     const { x, groups } = this.lossSeries.lrSeries();
     let lo = Infinity, hi = -Infinity;
-    for (const y of groups) for (const v of y) if (v > 0) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
-    const log = hi / lo >= 100;
+    for (const y of groups) for (const v of y) if (typeof v === "number") { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    const log = lo > 0 && hi / lo >= 100; // (a warmup from 0 stays linear)
     this.lr.opts.log = log;
     this.lr.opts.empty = this.app.running ? "No learning rate recorded yet." : "No step recorded a learning rate (no optimizer was watched or found).";
     this.lr.setTitle(`each param group's lr per step, as in force during the step${log ? " (log scale)" : ""}`);

@@ -26,7 +26,12 @@ def _run(tmp_path: Path, keep: bool) -> tuple[int, int]:
     path = tmp_path / f"keep_{keep}.tscope"
     reused = 0
     with torchscope.watch(model, opt, server=None, record=path, mode="full"):
-        for _ in range(20):
+        # whether malloc hands the freed block to the next tensor depends on the heap the
+        # earlier tests left (in one CI run of the whole suite, none of 20 steps had it): the
+        # loop goes on until it did a few times (a real round trip: 20 steps)
+        for _ in range(20 if keep else 400):
+            if not keep and reused >= 3:
+                break
             x = torch.randn(4096, dtype=torch.float64)
             half = x.float()
             if keep:
