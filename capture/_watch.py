@@ -428,11 +428,17 @@ def _lrs(opt: Any) -> list[float] | None:
     return [float(g.get("lr", 0.0)) for g in groups if isinstance(g, dict)]
 
 
+def _sequence_nr(fn: Any) -> int:
+    """A graph node's sequence number (one counter per thread, one number per node made); -1
+    for none (no node, or one without the method)."""
+    number = getattr(fn, "_sequence_nr", None)
+    return int(number()) if callable(number) else -1
+
+
 def _node_key(fn: Any) -> tuple[int, int]:
     """A graph node's key while it lives, held without holding it: its id, and its sequence
     number, so a node made at an earlier one's freed address is another key."""
-    number = getattr(fn, "_sequence_nr", None)
-    return id(fn), int(number()) if callable(number) else -1
+    return id(fn), _sequence_nr(fn)
 
 
 def _reached(s: _StepState) -> None:
@@ -2109,9 +2115,7 @@ class Watch:
         """Autograd nodes this thread made since the previous backward's root was made -- the
         forward and loss of this micro-batch (from the roots' sequence numbers: one counter per
         thread, one number per node made): a loop whose length or branches change changes it."""
-        fn = roots[0].grad_fn if roots else None
-        number = getattr(fn, "_sequence_nr", None)
-        seq = number() if callable(number) else -1
+        seq = _sequence_nr(roots[0].grad_fn if roots else None)
         since, self._last_seq = seq - self._last_seq, seq
         return since
 

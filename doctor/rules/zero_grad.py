@@ -112,7 +112,7 @@ def _missing(run: Run) -> list[Finding]:
     src = next((str(b) for step, ev in run.step_events() if step == steps[0]
                 for b in as_list(ev.get("backward_src"))[:1] if b), None)
     src = src or next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
-    closure = any(e.get("what") == "closure" for _, ev in run.step_events() for e in map(as_dict, as_list(ev.get("events"))))
+    closure = any(notes(ev, "closure") for _, ev in run.step_events())
     return [make("P5", "error", message, FIX_CLOSURE if closure else FIX_MISSING, steps, rank=run.rank, targets=targets,
                  modules=sorted({run.param_module(i) for i in hits}), params=names, src=src, view="gradients",
                  data={"zero_grad_calls": zero_calls})]
