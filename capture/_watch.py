@@ -1597,12 +1597,25 @@ class Watch:
             with _unseen():  # the loop's dispatch modes do not see the alias
                 s.unscaled[_node_key(loss.grad_fn)] = loss.detach()
 
-    def _before_scaling(self, s: _StepState, fn: Any) -> torch.Tensor | None:
-        """The loss a root ``scaler.scale(loss)`` was made from (``_on_scaling``), or None."""
+    def _before_scaling(self, s: _StepState, fn: Any) -> tuple[str, torch.Tensor] | None:
+        """The loss a root ``scaler.scale(loss)`` was made from (``_on_scaling``): its grad_fn's
+        class and its value; or None."""
         if s.unscaled is None or type(fn).__name__ != "MulBackward0" or not fn.next_functions:
             return None
         made_from = fn.next_functions[0][0]
-        return s.unscaled.get(_node_key(made_from)) if made_from is not None else None
+        loss = s.unscaled.get(_node_key(made_from)) if made_from is not None else None
+        return (type(made_from).__name__, loss) if loss is not None else None
+
+    @staticmethod
+    def _note_scaled(s: _StepState, root: int, made_from: str) -> None:
+        """Root ``root`` of the step is ``scaler.scale(loss)`` of a loss whose grad_fn is
+        ``made_from``: the doctor judges that loss's scale (P15), not the scaler's multiply."""
+        note = next((e for e in s.events if e.get("what") == "scaled_roots"), None)
+        if note is None:
+            note = {"what": "scaled_roots", "roots": [], "made_from": []}
+            s.events.append(note)
+        cast(list[int], note["roots"]).append(root)
+        cast(list[str], note["made_from"]).append(made_from)
 
     def _on_clip(self) -> None:
         """Gradients clipped while the GradScaler has not unscaled them: the threshold is
@@ -1991,8 +2004,10 @@ class Watch:
                     # read with the gradients at the boundary; a root backpropagated with an
                     # explicit gradient (``backward([l1, l2], [1, 0.01])``) counts as weighted;
                     # a GradScaler's scaled loss as the loss it scaled
-                    value = self._before_scaling(s, fn) if s.unscaled is not None else None
-                    value = t.detach() if value is None else value
+                    scaled = self._before_scaling(s, fn) if s.unscaled is not None else None
+                    value = t.detach() if scaled is None else scaled[1]
+                    if scaled is not None:
+                        self._note_scaled(s, len(s.roots) - 1, scaled[0])
                     s.losses.append(value if w is None else (value * w.detach()).reshape(t.shape))
             fns.append(fn)
         s.backward_src.append(user_src(3))  # 3: past this method and _safe, ours

@@ -49,12 +49,16 @@ TOO_BIG: frozenset[Scale] = frozenset({"mean", "micro_mean", "unknown"})
 class LossGraph:
     """One captured backward's autograd graph, read from its root as the loss it was called on."""
 
-    def __init__(self, graph: dict[str, Any]) -> None:
+    def __init__(self, graph: dict[str, Any], scaled: bool = False) -> None:
+        """``scaled``: the backward roots of its step were ``scaler.scale(loss)`` (a GradScaler's
+        note): the loss is read past the scaler's multiply, whose factor is no division."""
         self.graph = graph
         self.root = as_int(graph.get("root"), -1)
         self.nodes = {as_int(n.get("id"), -1): n for n in as_list(graph.get("nodes")) if isinstance(n, dict)}
         self.names = {i: str(n.get("name", "")) for i, n in self.nodes.items()}
         self.children = g.node_children(graph)
+        if scaled and self.names.get(self.root, "").startswith("MulBackward") and len(self._inputs(self.root)) == 1:
+            self.root = self._inputs(self.root)[0]
         self.ops = {as_int(op.get("id"), -1): op for op in g.ops(graph)}
         self.node_ops = {i: as_int(n.get("op"), -1) for i, n in self.nodes.items() if "op" in n}
         self.tensors = {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
@@ -316,7 +320,7 @@ def _judged_signatures(run: Run) -> tuple[dict[object, Judgement], dict[object, 
         for graph in run.graphs_of(step) if sig else []:
             if "root" not in graph:
                 continue
-            lg = LossGraph(graph)
+            lg = LossGraph(graph, scaled=bool(notes(ev, "scaled_roots")))
             verdict = judge(lg, step, run.rank, _micro_batches(ev))
             if sig not in judged or not verdict.too_big:
                 judged[sig] = verdict
@@ -362,9 +366,9 @@ def _accumulated(run: Run, judged: dict[object, Judgement]) -> list[Accumulated]
     out: list[Accumulated] = []
     for step, ev in run.step_events():
         k = _micro_batches(ev)
-        roots = [str(r) for r in as_list(ev.get("backward_roots"))]
-        if k <= 1 or not roots or as_dict(ev.get("scaler")):
-            continue  # GradScaler's own multiply hides whether the loss was divided: don't guess
+        roots = _unscaled_roots(ev)
+        if k <= 1 or not roots:
+            continue
         if notes(ev, "foreign_step"):
             continue  # optimizer.step() calls of other parameters between them: no accumulation (P5)
         if max((as_int(e.get("passes")) for e in notes(ev, "closure")), default=0) >= k:
@@ -377,6 +381,18 @@ def _accumulated(run: Run, judged: dict[object, Judgement]) -> list[Accumulated]
         if judgement.too_big:
             out.append(Accumulated(step, ev, k, judgement))
     return out
+
+
+def _unscaled_roots(ev: dict[str, Any]) -> list[str]:
+    """The grad_fn class of each backward() root of the step, a GradScaler's ``scaler.scale(loss)``
+    read as its ``loss``; [] when a scaler scaled a root the capture did not say of what: its own
+    multiply hides whether the loss was divided, so that is not guessed."""
+    roots = [str(r) for r in as_list(ev.get("backward_roots"))]
+    made_from = {as_int(i, -1): str(name) for note in notes(ev, "scaled_roots")
+                 for i, name in zip(as_list(note.get("roots")), as_list(note.get("made_from")), strict=False)}
+    if as_dict(ev.get("scaler")) and any(r.startswith("MulBackward") and i not in made_from for i, r in enumerate(roots)):
+        return []
+    return [made_from.get(i, r) for i, r in enumerate(roots)]
 
 
 def _by_parts(judged: dict[object, Judgement], sig: object) -> Judgement | None:
@@ -469,7 +485,7 @@ def _check_backwards(run: Run, judged: dict[object, Judgement]) -> list[Finding]
 def _check_chunks(run: Run, chunked: dict[object, tuple[int, int, int]]) -> list[Finding]:
     """One backward() through the unscaled sum of the losses of k slices of one batch."""
     hits = [(step, ev) for step, ev in run.step_events()
-            if ev.get("graph_signature") in chunked and not as_dict(ev.get("scaler"))]
+            if ev.get("graph_signature") in chunked and (not as_dict(ev.get("scaler")) or notes(ev, "scaled_roots"))]
     if not hits:
         return []
     steps = [step for step, _ in hits]

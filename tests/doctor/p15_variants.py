@@ -149,6 +149,18 @@ def chunk_sum_divided_by_micro_batch(x: torch.Tensor, y: torch.Tensor) -> None:
     loss.backward()  # type: ignore[union-attr]
 
 
+# under a GradScaler (main() makes one for scaler_*): scaler.scale(loss) multiplies by a tensor,
+# which tells nothing of whether the loss it scales was divided
+
+def scaler_not_divided(x: torch.Tensor, y: torch.Tensor) -> None:
+    for xb, yb in zip(x.chunk(K), y.chunk(K), strict=True):
+        scaler.scale(mse(model(xb), yb)).backward()
+
+
+def scaler_chunk_sum(x: torch.Tensor, y: torch.Tensor) -> None:
+    scaler.scale(sum(mse(model(xc), yc) for xc, yc in zip(x.chunk(K), y.chunk(K), strict=True))).backward()
+
+
 # --- right: the gradient of the batch's mean loss (or of the sum the learning rate was chosen for)
 
 def chunk_sum_divided(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -186,6 +198,11 @@ def tokens_divided_by_batch_tokens(x: torch.Tensor, y: torch.Tensor) -> None:
     inputs, targets = _tokens()
     for ib, tb in zip(inputs.chunk(K), targets.chunk(K), strict=True):
         (_token_loss_sum(ib, tb) / (K * tb.numel())).backward()
+
+
+def scaler_divided(x: torch.Tensor, y: torch.Tensor) -> None:
+    for xb, yb in zip(x.chunk(K), y.chunk(K), strict=True):
+        scaler.scale(mse(model(xb), yb) / K).backward()
 
 
 def sum_reduction(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -226,8 +243,10 @@ VARIANTS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
                             sum_scaled_by_full_batch, sum_reduction, explicit_sum, chunk_explicit_sum,
                             two_datasets, two_views, label_smoothing_not_divided, weighted_not_divided,
                             adam_not_divided, adam_clip_not_divided, label_smoothing_divided,
-                            tokens_divided_by_micro_batch_tokens, tokens_divided_by_batch_tokens)
+                            tokens_divided_by_micro_batch_tokens, tokens_divided_by_batch_tokens,
+                            scaler_not_divided, scaler_chunk_sum, scaler_divided)
 }
+scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
 
 
 def main() -> None:
@@ -236,6 +255,7 @@ def main() -> None:
     parser.add_argument("--record", required=True, metavar="PATH")
     parser.add_argument("--server", default="none", help="accepted for doctor_runs.record; always none")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--mode", default="default", choices=["light", "default", "full"])
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)  # the tests run several of these side by side
@@ -243,12 +263,16 @@ def main() -> None:
     optimizer = (torch.optim.Adam(net.parameters(), lr=1e-3) if args.variant.startswith("adam")
                  else torch.optim.SGD(net.parameters(), lr=0.01))
     train = VARIANTS[args.variant]
-    with torchscope.watch(net, optimizer, server=None, record=args.record):
+    with torchscope.watch(net, optimizer, server=None, record=args.record, mode=args.mode):
         for _ in range(args.steps):
             x, y = torch.randn(K * B, 16), torch.randn(K * B, 3)
             optimizer.zero_grad()
             train(x, y)
-            optimizer.step()
+            if args.variant.startswith("scaler"):
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
 
 
 if __name__ == "__main__":

@@ -24,12 +24,15 @@ CHUNKED = ["chunk_sum", "chunk_stack_sum", "chunk_outputs_first", "chunk_of_pixe
 MICRO_MEANS = ["sum_divided_by_micro_batch", "sum_times_inverse_micro_batch", "explicit_sum_divided_by_micro_batch"]
 CORRECT = ["chunk_sum_divided", "chunk_stack_mean", "mean_divided", "sum_divided_by_batch", "sum_scaled_by_full_batch",
            "sum_reduction", "explicit_sum", "chunk_explicit_sum", "two_datasets", "two_views", "label_smoothing_divided",
-           "tokens_divided_by_batch_tokens"]
+           "tokens_divided_by_batch_tokens", "scaler_divided", "scaler_divided_light"]
 # a loss multiplied by numbers that are weights, not 1 / K: label smoothing's, 2.0 * loss
 WEIGHTED = ["label_smoothing_not_divided", "weighted_not_divided"]
 ADAM = ["adam_not_divided", "adam_clip_not_divided"]
 TOKENS = "tokens_divided_by_micro_batch_tokens"
-VARIANTS = [*CHUNKED, "mean_not_divided", "custom_function_not_divided", *MICRO_MEANS, *CORRECT, *WEIGHTED, *ADAM, TOKENS]
+# under a GradScaler, whose scaler.scale(loss) multiplies by a tensor, in the modes with and without graphs
+SCALED = ["scaler_not_divided", "scaler_not_divided_light", "scaler_chunk_sum"]
+VARIANTS = [*CHUNKED, "mean_not_divided", "custom_function_not_divided", *MICRO_MEANS, *CORRECT, *WEIGHTED, *ADAM, TOKENS,
+            *SCALED]
 HEDGE = "reduction='sum'"  # the warning's caveat when no loss node tells its reduction
 
 Findings = list[dict[str, Any]]
@@ -38,7 +41,8 @@ Findings = list[dict[str, Any]]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Findings | BaseException]]:
     tmp = tmp_path_factory.mktemp("p15-variants")
-    jobs = [(name, SCRIPT, ("--variant", name)) for name in VARIANTS]
+    jobs = [(name, SCRIPT, ("--variant", name.removesuffix("_light"), "--mode", "light" if name.endswith("_light") else "default"))
+            for name in VARIANTS]
     return tmp, diagnose_all(jobs, tmp, workers=2)  # the machine's two cores are shared
 
 
@@ -83,6 +87,31 @@ def test_micro_batch_means_summed_into_grad_still_p15(runs: tuple[Path, dict[str
     assert "backward()" in _line(f["src"])
     # MseLossBackward0 recorded reduction='mean': the warning says so without a caveat
     assert HEDGE not in f["message"]
+
+
+@pytest.mark.parametrize("name", ["scaler_not_divided", "scaler_not_divided_light"])
+def test_micro_batch_means_scaled_by_a_grad_scaler_still_p15(
+        runs: tuple[Path, dict[str, Findings | BaseException]], name: str) -> None:
+    """scaler.scale(loss) is loss times the scale, a tensor: the loss it scaled is judged, from
+    the captured graph (default) or from the roots' names alone (light)."""
+    found = p15(runs, name)
+    assert len(found) == 1 and found[0]["severity"] == "warning", found
+    f = found[0]
+    assert f"by {K}" in f["message"] and f"{K}x larger" in f["message"]
+    # light captures no graph, whose MseLossBackward0 node would have told reduction='mean'
+    assert (HEDGE in f["message"]) == name.endswith("_light")
+    assert f["data"]["micro_batches"] == [K] * int(STEPS)
+    assert "scaler.scale(" in _line(f["src"])
+
+
+def test_chunked_losses_scaled_by_a_grad_scaler_still_p15(runs: tuple[Path, dict[str, Findings | BaseException]]) -> None:
+    """The sum of K slices' losses under scaler.scale(): the finding opens the sum, below the scaler's multiply."""
+    (f,) = p15(runs, "scaler_chunk_sum")
+    assert "added into one loss before backward()" in f["message"] and f"{K}x larger" in f["message"], f
+    graph = next(e for e in iter_events(runs[0] / "scaler_chunk_sum.tscope") if e["kind"] == "graph")
+    names = {n["id"]: n["name"] for n in graph["nodes"]}
+    assert names[graph["root"]] == "MulBackward0"
+    assert f["targets"][0]["node"] != graph["root"] and names[f["targets"][0]["node"]] == "AddBackward0", f
 
 
 @pytest.mark.parametrize("name", WEIGHTED)
