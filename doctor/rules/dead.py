@@ -1,22 +1,34 @@
 """P2: dead branch: gradient reaches a parameter (or a module's output) but is (almost) all zeros.
 
 Steps the GradScaler skipped are left out: their gradients overflowed (and clip_grad_norm_ then
-zeroes the finite ones), so their zeros say nothing about the branch.
+zeroes the finite ones), so their zeros say nothing about the branch; so are the steps of a
+diverged loss (P3's "Training diverged"), whose huge weights saturate the activations.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from torchscope.schema import Finding, FindingTarget
 
+from .. import graph as g
 from ..finding import describe_steps, make
 from ..run import Run, as_dict, as_float, as_int, as_list, notes
 from ..settings import Settings
 from . import paths
 from ._grads import applied_steps, column, floats, sparse_params, value
+from .norms import diverged_steps
 
 FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large negative bias: try LeakyReLU/"
        "GELU or re-initialise), a gate multiplied by 0, a mask that is always off, or a branch whose output "
        "the loss ignores.")
+
+
+def _judged_steps(run: Run) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The steps whose zero gradients can tell a dead branch: not skipped by the GradScaler, not diverged."""
+    diverged = diverged_steps(run)
+    return ((step, ev) for step, ev in applied_steps(run) if step not in diverged)
 
 
 def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
@@ -26,7 +38,7 @@ def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], di
     dead: dict[int, list[int]] = {}
     whole: dict[int, list[int]] = {}
     sparse = sparse_params(run)
-    for step, ev in applied_steps(run):
+    for step, ev in _judged_steps(run):
         norms = floats(ev, "norm")
         # zero_frac may be sampled every few steps; meanwhile a norm of exactly 0 says "all zeros"
         # (and a non-zero norm, conservatively, "not dead").
@@ -58,7 +70,7 @@ def _dead_activations(run: Run, settings: Settings) -> dict[str, list[int]]:
     another is not: a WGAN-GP critic's gradient penalty ``D(x_hat)``, whose double backward
     leaves exact zeros at a LeakyReLU's input."""
     dead: dict[str, list[int]] = {}
-    for step, ev in applied_steps(run):
+    for step, ev in _judged_steps(run):
         learning: set[str] | None = None
         for act in as_list(ev.get("activation_grads")):
             act = as_dict(act)
@@ -158,6 +170,42 @@ def _hooks_note(run: Run, dead: list[int]) -> str:
     return f" Gradient hooks of yours that can change it: {'; '.join(parts)} -- check what they return." if parts else ""
 
 
+def _gate(run: Run, settings: Settings, steps: set[int]) -> tuple[str, str] | None:
+    """(module, the module it reads) where the gradient stops, on the first captured step of
+    ``steps``: the first module, in the forward's order, whose output gets a gradient while the
+    output of a module it reads gets (almost) none -- a ReLU that never fires, a gate
+    multiplied by 0.  Everything before it is dead because of it."""
+    events = dict(run.step_events())
+    for step, graph in run.all_graphs():
+        if step not in steps:
+            continue
+        fracs = {str(a.get("module")): frac for act in as_list(events.get(step, {}).get("activation_grads"))
+                 if (a := as_dict(act)).get("module") is not None and (frac := as_float(a.get("zero_frac"))) is not None}
+        ops = g.ops(graph)
+        written = g.writers(ops)
+        for op in ops:
+            module = str(op.get("module", ""))
+            if op.get("phase") != "forward" or not module or fracs.get(module, 1.0) >= settings.dead_zero_frac:
+                continue
+            for t in as_list(op.get("inputs")):
+                w = g.writer_before(written, as_int(t, -1), as_int(op.get("id"), -1))
+                fed = str(w.get("module", "")) if w is not None else ""
+                inside = fed.startswith(f"{module}.") or module.startswith(f"{fed}.")
+                if fed and fed != module and not inside and fracs.get(fed, 0.0) >= settings.dead_zero_frac:
+                    return module, fed
+    return None
+
+
+def _gate_note(run: Run, gate: tuple[str, str] | None) -> str:
+    if gate is None:
+        return ""
+    module, fed = gate
+    kind, fed_kind = run.module_type(module), run.module_type(fed)
+    why = ": a ReLU whose input is never positive" if "ReLU" in kind else ""
+    return (f" The gradient stops at {module!r}{f' ({kind})' if kind else ''}: its output gets a gradient, but its "
+            f"input, the output of {fed!r}{f' ({fed_kind})' if fed_kind else ''}, gets none{why}.")
+
+
 FIX_WHOLE = ("Look at what the loss sees last: an output activation that cannot produce the targets (a ReLU or "
              "clamp at the end of a regression net whose targets are negative or out of range), or a layer "
              "saturated everywhere; re-initialise or remove it.")
@@ -191,16 +239,18 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     found = [_cancels_finding(run, cancels)] if cancels else []
     if not params and not acts:
         return found
-    modules = sorted({run.param_module(i) for i in params} | set(acts))
     names = [run.param_name(i) for i in sorted(params)]
     steps = sorted({s for v in [*params.values(), *acts.values()] for s in v})
+    gate = _gate(run, settings, set(steps))
+    # the module where the gradient stops first: the dashboard opens it
+    modules = list(dict.fromkeys([*(gate[:1] if gate else ()), *sorted({run.param_module(i) for i in params} | set(acts))]))
     # the parameters themselves, not their modules: a layer after a dead one gets zero weight
     # gradients (its input is all zeros) while its bias still learns
     what = [*names, *(f"the output of {m!r}" if m else "the root module's output" for m in sorted(acts))]
     shown = ", ".join(what[:4]) + (f" and {len(what) - 4} more" if len(what) > 4 else "")
     message = (f"Gradient reaching {shown} is {settings.dead_zero_frac:.0%}+ exact zeros "
                f"({describe_steps(steps, run.last_step)}): this branch is dead and does not learn."
-               f"{_hooks_note(run, sorted(params))}")
+               f"{_gate_note(run, gate)}{_hooks_note(run, sorted(params))}")
     targets = [FindingTarget(step=steps[0], rank=run.rank, module=m) for m in modules]
     targets += [FindingTarget(step=params[i][0], rank=run.rank, param=run.param_name(i),
                               module=run.param_module(i)) for i in sorted(params)]

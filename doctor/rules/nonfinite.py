@@ -12,7 +12,7 @@ from ..finding import describe_steps, make
 from ..run import Run, as_dict, as_float, as_int, as_list
 from ..settings import Settings
 from ._grads import column, scaler_skipped
-from .norms import loss_blowup
+from .norms import FIX_DIVERGING, loss_blowup
 
 FIX_UPDATE = ("Check the learning rate that optimizer.step() used (optimizer.param_groups[i]['lr']) and what sets "
               "it: a warm-up or scheduler dividing by zero (0/0 at step 0), a learning rate computed from a NaN "
@@ -105,10 +105,16 @@ def culprit(graph: dict[str, Any], loss_bad: bool = False) -> dict[str, Any] | N
     flagged (a NaN born in the backward) or not known, to the last flagged op.  An attention
     mask of -inf is flagged but absorbed (the softmax that reads it is finite) or left unused:
     no chain runs from it, so it is no cause."""
+    chain = _chain(graph, loss_bad)
+    return chain[0] if chain else None
+
+
+def _chain(graph: dict[str, Any], loss_bad: bool) -> list[dict[str, Any]]:
+    """The ops flagged non-finite from which the loss's values came (``culprit``), in order."""
     ops = g.ops(graph)
     bad = [op for op in ops if _flagged(op)]
     if not bad:
-        return None
+        return []
     loss = g.loss_op(graph)
     if loss and loss_bad and not _flagged(loss):
         # a non-finite loss whose op was not checked: a step on which only the ops that turn
@@ -117,7 +123,7 @@ def culprit(graph: dict[str, Any], loss_bad: bool = False) -> dict[str, Any] | N
         up = {as_int(op.get("id"), -1) for op in g.upstream(ops, loss)}
         first = next((op for op in bad if as_int(op.get("id"), -1) in up), None)
         if first is not None:
-            return first
+            return [first]
     end = loss if loss and _flagged(loss) else bad[-1]
     written = g.writers(ops)
     chain = {as_int(end.get("id"), -1): end}
@@ -131,7 +137,25 @@ def culprit(graph: dict[str, Any], loss_bad: bool = False) -> dict[str, Any] | N
             if w is not None and wid not in chain and _flagged(w):
                 chain[wid] = w
                 todo.append(w)
-    return chain[min(chain)]
+    return [chain[i] for i in sorted(chain)]
+
+
+def _carrier(graph: dict[str, Any], chain: list[dict[str, Any]], nonfinite: set[str]) -> dict[str, Any] | None:
+    """The first op of ``chain`` that reads one of the parameters ``nonfinite`` (those an earlier
+    step's optimizer.step() updated with NaN/Inf gradients) and no non-finite value of another
+    op: its NaN is the parameter's.  A -inf attention mask earlier in the chain (``masked_fill_``)
+    only met the NaN in the softmax."""
+    if not nonfinite:
+        return None
+    ids = {as_int(op.get("id"), -1) for op in chain}
+    written = g.writers(g.ops(graph))
+    for op in chain:
+        oid = as_int(op.get("id"), -1)
+        fed = any(as_int(w.get("id"), -1) in ids for t in as_list(op.get("inputs"))
+                  if (w := g.writer_before(written, as_int(t, -1), oid)) is not None)
+        if not fed and _param_input(graph, op) in nonfinite:
+            return op
+    return None
 
 
 def _nonfinite_steps(run: Run) -> tuple[list[int], dict[int, int]]:
@@ -199,9 +223,21 @@ def _first_culprit(run: Run, bad_steps: set[int]) -> tuple[dict[str, Any], dict[
         if step not in bad_steps:
             continue
         op, node = origin(graph, step in loss_bad)
+        if op and not node and step > min(bad_steps):
+            # a step after the first non-finite one: the parameters its updates wrote NaN into
+            # feed the chain wherever they are read, which may be after an op of its own
+            carried = _carrier(graph, _chain(graph, step in loss_bad), _updated_nonfinite(run, step))
+            op = carried or op
         if op or node:
             return op, node, step, None if node else _param_input(graph, op)
     return {}, {}, -1, None
+
+
+def _updated_nonfinite(run: Run, before: int) -> set[str]:
+    """The parameters whose gradients were NaN/Inf on a step before ``before`` that the
+    GradScaler did not skip: its optimizer.step() wrote them in."""
+    return {run.param_name(i) for step, ev in run.step_events() if step < before and not scaler_skipped(ev)
+            for i in _bad_params(ev)}
 
 
 def _isolated(run: Run, steps: list[int]) -> bool:
@@ -316,6 +352,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             message = (f"NaN/Inf since step {steps[0]}, produced by {g.op_label(first_op)}: the op was caught at "
                        f"step {op_step}, the first step checked op by op after step {steps[0]} went non-finite "
                        f"({when}).")
+        if diverged is not None:  # the op overflowed on what the runaway updates made of the parameters
+            message += f" Before it, {diverged}: training diverged, and the values the updates grew made that op overflow."
+            fix = FIX_DIVERGING
     elif names:
         message = f"NaN/Inf in the gradients of {', '.join(names[:3])}{' ...' if len(names) > 3 else ''} ({when})."
         if _backward_made(ev0):

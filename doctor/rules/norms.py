@@ -177,6 +177,25 @@ def loss_blowup(run: Run, before: int | None = None) -> tuple[int, float, int, f
     return None
 
 
+def diverged_steps(run: Run) -> set[int]:
+    """The steps of a loss blow-up (``loss_blowup``) while the loss stays up (BLOWUP_OVER_START
+    times the low before it) or is NaN/Inf: weights grown huge there saturate tanh and sigmoid
+    and switch ReLUs off for good, zeroing gradients as a symptom of the divergence."""
+    blowup = loss_blowup(run)
+    if blowup is None:
+        return set()
+    _, low, start, _, _ = blowup
+    out: set[int] = set()
+    for step, ev in run.step_events():
+        if step < start:
+            continue
+        loss = _loss(ev)
+        if loss is not None and loss < low * BLOWUP_OVER_START:
+            break
+        out.add(step)
+    return out
+
+
 def _stays(events: list[tuple[int, dict[str, Any]]], k: int, low: float) -> bool:
     """Whether the loss after the k-th step stays up (BLOWUP_OVER_START times ``low``, or NaN/Inf),
     or the run ends there: one outlier batch whose loss falls back at once is no divergence."""

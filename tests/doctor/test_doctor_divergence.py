@@ -118,3 +118,35 @@ def test_a_nan_after_a_first_step_of_huge_gradients_blames_that_update(tmp_path:
     (p4,) = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P4"]
     assert "the gradients of step 0 were already huge (total norm" in p4["message"], p4["message"]
     assert "learning rate 0.001" in p4["message"] and "clip the gradients" in p4["message"]
+
+
+def test_a_diverged_tanh_nets_saturated_layer_is_no_dead_branch_and_its_nan_is_the_divergence(tmp_path: Path) -> None:
+    """A learning rate 100x too high after warm-up: the weights grow until every tanh saturates,
+    so the first layer's gradients are exact zeros on the diverged steps, and then the loss
+    overflows to NaN.  That is the divergence (P3), not a dead branch (P2); and P4's op, caught
+    on the step after the first NaN, overflowed on what the updates grew (found by QA: P2 "Dead
+    branch" on three diverged steps, P4 naming aten::mse_loss without the divergence)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=5.0, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.01, total_iters=5)
+    x = torch.randn(30, 64, 10)
+    y = x[..., :3].sum(-1, keepdim=True)
+    path = tmp_path / "tanh.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="default"):
+        for i in range(30):
+            opt.zero_grad()
+            F.mse_loss(model(x[i]), y[i]).backward()
+            opt.step()
+            warm.step()
+    events = list(iter_events(path))
+    steps = [e for e in events if e["kind"] == "step"]
+    first_nan = next(e["step"] for e in steps if not math.isfinite(e["loss"]))
+    # the precondition: the saturated first layer got exact-zero gradients before the NaN
+    assert any(e["grads"]["norm"][0] == 0.0 for e in steps if e["step"] < first_nan)
+    found = [dict(f) for f in diagnose(events)]
+    assert "Training diverged" in [f.get("title") for f in found if f["code"] == "P3"]
+    assert [f for f in found if f["code"] == "P2"] == [], found
+    (p4,) = [f for f in found if f["code"] == "P4"]
+    assert "training diverged, and the values the updates grew made that op overflow" in p4["message"], p4["message"]
+    assert "Lower the learning rate" in p4["fix"]

@@ -85,3 +85,52 @@ def test_an_inplace_op_reading_nan_parameters_is_not_the_cause(mode: str, inplac
     else:
         assert "first appeared at step 2 in the loss" in p4["message"], p4["message"]
         assert "optimizer.step() wrote it into the parameters" in p4["message"]
+
+
+class _MaskedPool(nn.Module):
+    """Self-attention with a key padding mask, then a mean over the tokens kept: a sequence of
+    padding only divides 0 by 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(40, 16, padding_idx=0)
+        self.mha = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, tok: torch.Tensor) -> torch.Tensor:
+        pad = tok == 0
+        x = self.emb(tok)
+        h, _ = self.mha(x, x, x, key_padding_mask=pad, need_weights=False)
+        keep = (~pad).unsqueeze(-1).float()
+        return self.head(((x + h) * keep).sum(1) / keep.sum(1))
+
+
+def test_a_minus_inf_mask_before_the_nan_parameters_is_not_the_cause(tmp_path: Path) -> None:
+    """An empty sequence from step 2 makes the loss NaN; Adam writes it into the parameters.
+    Step 3, checked op by op, begins its flagged ops with the attention's key padding mask, a
+    masked_fill_ of -inf that reads no parameter and only met the NaN in the softmax: the doctor
+    named it as the op that produced the NaN (found by QA).  The NaN is the parameters': the
+    first op reading one is no cause either, and step 2's op is not known in default mode."""
+    torch.manual_seed(0)
+    model = _MaskedPool()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(1)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="default"):
+        for i in range(6):
+            tok = torch.randint(1, 40, (8, 10), generator=g)
+            tok[:, 7:] = 0
+            if i >= 2:
+                tok[3] = 0  # padding only
+            opt.zero_grad()
+            F.cross_entropy(model(tok), torch.randint(0, 3, (8,), generator=g)).backward()
+            opt.step()
+    events = list(iter_events(path))
+    graph = next(e for e in events if e["kind"] == "graph" and e["step"] == 3)
+    flagged = [op["name"] for op in graph["ops"] if "nan" in op.get("flags", [])]
+    assert flagged and flagged[0].startswith("aten::masked_fill"), flagged  # the precondition
+    (p4,) = [f for f in diagnose(events) if f["code"] == "P4"]
+    message = p4["message"]
+    assert p4["steps"][0] == 2 and "masked_fill" not in message, message
+    assert "first appeared at step 2 in the loss" in message and "from step 3 the first op reading 'mha." in message
+    assert "that op is not the cause" in message and "op that produced it at step 2 is not known" in message
