@@ -816,6 +816,8 @@ class Watch:
         # beside the head's Adam) -> the step they last stepped at: theirs are trained too
         self._all_opts: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # every optimizer seen stepping
         self._told_foreign = False  # an optimizer of none of the model's parameters was said (foreign_step)
+        # (id of the optimizer, the recorder) whose step() paused the op recorder (_pause_for_step)
+        self._paused_for: tuple[int, Any] | None = None
         self._co_opts: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
         self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
         self._gc_paused = False
@@ -1844,7 +1846,7 @@ class Watch:
             self._safe("step", self._close_step, False)
         ours = self._safe("backward", self._before_backward, kind, args, kwargs)
         if not ours:
-            return call_as_user(func, args, kwargs)
+            return self._unwatched_backward(func, args, kwargs)
         t0 = time.perf_counter()
         try:
             out = call_as_user(func, args, kwargs)
@@ -2295,6 +2297,13 @@ class Watch:
 
     # ------------------------------------------------------------------ step boundary
     def _any_opt_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._opt_seen(optimizer, args, kwargs)
+        if self._active and not _inner_step(optimizer) and (self._optimizer is None or optimizer is not self._optimizer()):
+            self._safe("ops", self._pause_for_step, optimizer)
+
+    def _opt_seen(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Any optimizer's step() is about to run: the watched one's begins the step's end; another's
+        is followed, adopted or noted."""
         if _inner_step(optimizer):
             if self._s.step_began is not None and self._optimizer is not None and optimizer is self._optimizer():
                 # the subclass's own step() ran first (a clipping before super().step()): the
@@ -2359,8 +2368,38 @@ class Watch:
                 s.events.append({"what": "other_step", "micro": s.micro, "optimizer": type(optimizer).__name__})
 
     def _any_opt_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._paused_for is not None and self._paused_for[0] == id(optimizer):
+            self._paused_for[1].paused = False
+            self._paused_for = None
         if self._optimizer is not None and optimizer is self._optimizer() and not _inner_step(optimizer):
             self._opt_post(optimizer, args, kwargs)
+
+    def _forward_recording(self) -> Any:
+        """The op recorder while it records the watched step's forward (not paused), else None."""
+        rec = self._s.recorder
+        return rec if self._capturing_ops and rec is not None and rec.phase == "forward" and not rec.paused else None
+
+    def _pause_for_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Another optimizer's step() between the watched forward and its backward (a GAN's
+        discriminator, stepped before the generator's loss): its update is no op of the
+        forward, and is not recorded -- its post-hook resumes the recorder."""
+        rec = self._forward_recording()
+        if rec is not None:  # (one whose step() raised, its post-hook never run, paused an earlier recorder)
+            rec.paused = True
+            self._paused_for = (id(optimizer), rec)
+
+    def _unwatched_backward(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """A backward that reaches none of the watched parameters (a GAN's discriminator loss on
+        detached fakes), run inside the watched step's forward: its kernels are no forward
+        ops, and are not recorded."""
+        rec = self._forward_recording()
+        if rec is None:
+            return call_as_user(func, args, kwargs)
+        rec.paused = True
+        try:
+            return call_as_user(func, args, kwargs)
+        finally:
+            rec.paused = False
 
     def _stepped_in_backward(self, optimizer: torch.optim.Optimizer) -> None:
         """PyTorch's "optimizer in backward": an optimizer per parameter stepped (and its

@@ -307,7 +307,7 @@ def test_adapters_added_after_watch(when: str, tmp_path: Path, capsys: pytest.Ca
         assert "0.A.weight" in told[0]["message"] and told[0]["level"] == "warning"
 
 
-def _gan(path: Path, fix: str) -> list[float]:
+def _gan(path: Path, fix: str, mode: str = "light") -> list[float]:
     """A GAN, its generator watched: ``fix`` '' (the bug: D's loss reads G's output undetached,
     zero_grad of both at the loop's top), 'detach' or 'zero_grad' (G's, right before its backward)."""
     torch.manual_seed(0)
@@ -317,7 +317,7 @@ def _gan(path: Path, fix: str) -> list[float]:
     bce = nn.BCEWithLogitsLoss()
     g = torch.Generator().manual_seed(1)
     losses = []
-    with torchscope.watch(gen, opt_g, server=None, record=path, mode="light"):
+    with torchscope.watch(gen, opt_g, server=None, record=path, mode=mode):
         for _ in range(6):
             opt_g.zero_grad()
             opt_d.zero_grad()
@@ -358,6 +358,26 @@ def test_a_generator_trained_on_the_discriminators_loss_is_p5(fix: str, tmp_path
     assert f["title"] == "Gradients of another optimizer's loss" and f["steps"] == list(range(6))
     assert f["src"] == f"test_capture_optimizers.py:{line}" and "D(fake.detach())" in f["fix"]
     assert f["params"] == ["0.weight", "0.bias", "2.weight", "2.bias"]  # the generator's: the gradients view shows them
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_the_discriminators_backward_and_step_are_no_forward_ops_of_the_generator(mode: str, tmp_path: Path) -> None:
+    """Between the generator's forward and its backward, the discriminator's backward (its loss
+    on detached fakes reaches no generator parameter) and its optimizer's step run: their kernels
+    were recorded as forward ops outside the model (QA: 127 of a step's 132 ops, Adam's
+    ``lerp_``/``addcdiv_`` and ``leaky_relu_backward`` among them).  The discriminator's forward
+    on the fakes, on the path to the generator's loss, stays."""
+    _gan(tmp_path / "g.tscope", "detach", mode)
+    graph = next(e for e in iter_events(tmp_path / "g.tscope") if e["kind"] == "graph")
+    forward = [op for op in graph["ops"] if op["phase"] == "forward"]
+    names = [op["name"] for op in forward]
+    assert not [n for n in names if "backward" in n or n.split("::")[-1] in ("lerp_", "addcdiv_", "addcmul_", "sqrt")], names
+    # what ran: the generator's two Linear layers, then the discriminator's three forwards
+    # (real, detached fakes, fakes) of two Linear layers each, outside the model
+    in_model = [op for op in forward if "outside_model" not in op.get("flags", [])]
+    assert sorted({op["module"] for op in in_model if op["name"] == "aten::addmm"}) == ["0", "2"]
+    outside = [op for op in forward if "outside_model" in op.get("flags", []) and op["name"] == "aten::addmm"]
+    assert len(outside) == 6, [op["name"] for op in forward]
 
 
 @pytest.mark.parametrize("given", [True, False])
