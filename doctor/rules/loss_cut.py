@@ -163,6 +163,33 @@ def _graph_cause(gstep: int, graph: dict[str, Any],
     return _Cause("P1", kind, src, g.op_label(op), op=op, gstep=gstep), []
 
 
+def _param_copies(run: Run, gstep: int, graph: dict[str, Any], forwards: list[dict[str, Any]]) -> _Cause | None:
+    """The forward's ops read, in place of a module's parameters, tensors of their shapes that are
+    not them and carry no gradient (``functional_call(model, {k: v.detach() ...})``, ``p.data``):
+    the loss has no path to any parameter."""
+    shapes: dict[tuple[str, tuple[int, ...]], list[str]] = {}  # a module's parameters by shape (a norm's weight and bias share one)
+    for i, p in enumerate(run.params):
+        shapes.setdefault((run.param_module(i), tuple(as_int(d) for d in as_list(p.get("shape")))), []).append(run.param_name(i))
+    tensors = {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
+    copies: dict[str, dict[str, Any]] = {}
+    for op in _forward_ops(graph):
+        if "outside_model" in g.flags(op):
+            continue
+        for tid in as_list(op.get("inputs")):
+            t = tensors.get(as_int(tid, -1), {})
+            if t and "param" not in t and not t.get("requires_grad"):
+                for name in shapes.get((str(op.get("module", "")), tuple(as_int(d) for d in as_list(t.get("shape")))), []):
+                    copies.setdefault(name, op)
+    if not copies:
+        return None
+    op = next(iter(copies.values()))
+    micro = as_int(op.get("micro"), -1)
+    src = str((forwards[micro] if 0 <= micro < len(forwards) else {}).get("src") or op.get("src", ""))
+    names = list(copies)
+    label = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return _Cause("P1", "param_copies", src, label, op=op, gstep=gstep)
+
+
 def _forward_cause(forwards: list[dict[str, Any]], suspects: list[int], backward_src: str) -> _Cause:
     """What the forwards of a failing step tell without its ops: the training forward ran with
     grad mode off, or built a graph the loss was cut from afterwards, or nothing -- no forward
@@ -196,6 +223,9 @@ _AFTER_FIX = ("Find the cut between the model's output and the loss: remove a .d
               "only for values you log or store), keep the loss in torch ops (no .item()/.numpy() round trip), "
               "compute it outside torch.no_grad(), and replace a non-differentiable op (a hard decision, a "
               "comparison, an integer cast) with a differentiable surrogate such as probabilities.")
+_COPIES_FIX = ("Hand the forward the parameters themselves: for torch.func.functional_call, "
+               "dict(model.named_parameters()) (not {k: v.detach() ...}); in a forward of your own, the parameter, "
+               "not its .data or a copy.")
 _UNKNOWN_FIX = (f"{_CUT_FIX} A non-differentiable op on the loss's path (a hard decision, a comparison, an integer "
                 "cast) wants a differentiable surrogate such as probabilities.")
 _GENERIC = ("it was computed from tensors cut from the graph -- a .detach(), .data, an .item()/.numpy() round trip, a "
@@ -222,6 +252,11 @@ def _cause_text(c: _Cause, when: str, p9_fix: str, hint: str) -> tuple[str, str]
     if c.kind == "non_differentiable":
         return (f"{_HEAD}: it was computed through {c.label} at {c.src}, which is not differentiable: no gradient "
                 f"flows back past it, {_NOTHING} ({when}).", p9_fix)
+    if c.kind == "param_copies":
+        return (f"{_HEAD}: the forward at {c.src} computed with copies of the parameters cut from the graph ({c.label}): "
+                "its ops read tensors of their shapes that are not them and carry no gradient -- a params dict of "
+                ".detach()ed tensors for torch.func.functional_call, .data, or a copy -- so the loss has no path to "
+                f"any parameter and backward() had nothing to differentiate ({when}).", _COPIES_FIX)
     if c.kind == "after_forward":
         where = f" (the forward at {c.label})" if c.label else ""
         tell = c.hint or f"; a captured graph names the op {hint}"
@@ -255,6 +290,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                 gc = _Cause("P1", "after_forward", str(m.get("src", "")) or e.src, fc.label,
                             hint=f"; this step called {m.get('name')} at {m.get('src')} on a tensor that carries a "
                                  "gradient", op=m, gstep=e.step)
+            if gc is None and fc.kind == "unknown":
+                gc = _param_copies(run, e.step, graph, forwards)
             if gc is not None:
                 causes[e.step] = gc
                 by_forward.setdefault(fc.key(), gc)

@@ -41,6 +41,9 @@ for i in range(3):
         with torch.no_grad():
             x_mix = 0.7 * x + 0.3 * x.flip(0)
             out = model(x_mix)  # FORWARD_NO_GRAD: belongs outside the no_grad block
+    elif variant == "functional_call":
+        params = {k: v.detach() for k, v in model.named_parameters()}  # the torch.func habit, here a bug
+        out = torch.func.functional_call(model, (params, dict(model.named_buffers())), (x,))  # FUNCTIONAL
     else:
         out = model(x)
     if variant == "detach":
@@ -123,3 +126,16 @@ def test_a_loss_through_argmax_is_still_p9_at_the_argmax(tmp_path: Path) -> None
     assert p9["severity"] == "error" and p9["src"] == f"train.py:{_line('ARGMAX')}"
     assert "aten::argmax" in p9["message"] and "surrogate" in p9["fix"]
     assert [f for f in _of(found, "P1") if f["severity"] == "error"] == []
+
+
+def test_a_forward_on_detached_copies_of_the_parameters_is_p1_at_that_forward(tmp_path: Path) -> None:
+    """``functional_call`` with a params dict of detached tensors: the forward's ops read tensors
+    of the parameters' shapes that are not them, and the loss reaches no parameter.  The doctor
+    said only "computed from tensors cut from the graph -- a .detach(), .data, ..." (QA)."""
+    found = _findings(tmp_path, "functional_call", "default")
+    (p1,) = _of(found, "P1")
+    assert p1["severity"] == "error" and p1["steps"] == [0, 1, 2] and p1["data"]["cut"] == "param_copies"
+    assert p1["src"] == f"train.py:{_line('FUNCTIONAL')}"
+    assert "copies of the parameters cut from the graph (0.weight, 0.bias, 1.weight and 3 more)" in p1["message"]
+    assert "functional_call" in p1["message"] and "dict(model.named_parameters())" in p1["fix"]
+    assert _of(found, "P9") == []
