@@ -7,6 +7,7 @@ diverged loss (P3's "Training diverged"), whose huge weights saturate the activa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -196,6 +197,28 @@ def _gate(run: Run, settings: Settings, steps: set[int]) -> tuple[str, str] | No
     return None
 
 
+SURGE_FACTOR = 5.0  # a loss this many times its low before, on two steps or more: updates too large
+SURGE_WINDOW = 20
+
+
+def _surge_note(run: Run, first: int) -> str:
+    """Whether the loss surged in the SURGE_WINDOW steps before the branch died (``first``), in
+    words: a learning rate too high sends weights far enough to switch ReLUs off for good,
+    short of P3's blow-up (a CNN whose loss rose 12x in two steps under SGD, then died)."""
+    losses = [(step, v, ev) for step, ev in run.step_events() if first - SURGE_WINDOW <= step < first
+              and (v := as_float(ev.get("loss"))) is not None and math.isfinite(v) and v > 0]
+    for k, (low_step, low, _) in enumerate(losses):
+        high = [(step, v, ev) for step, v, ev in losses[k + 1:] if v >= low * SURGE_FACTOR]
+        if len(high) >= 2:
+            step, peak, ev = max(high, key=lambda h: h[1])
+            lrs = [v for v in (as_float(x) for x in as_list(ev.get("lr"))) if v is not None]
+            at_lr = f", learning rate {max(lrs):g}" if lrs else ""
+            return (f" It died after the loss surged {peak / low:.3g}x (from {low:.3g} at step {low_step} to {peak:.3g} "
+                    f"at step {step}{at_lr}): updates that large can push a ReLU's inputs below zero for good -- "
+                    "lower the learning rate (or warm it up).")
+    return ""
+
+
 def _gate_note(run: Run, gate: tuple[str, str] | None) -> str:
     if gate is None:
         return ""
@@ -250,7 +273,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     shown = ", ".join(what[:4]) + (f" and {len(what) - 4} more" if len(what) > 4 else "")
     message = (f"Gradient reaching {shown} is {settings.dead_zero_frac:.0%}+ exact zeros "
                f"({describe_steps(steps, run.last_step)}): this branch is dead and does not learn."
-               f"{_gate_note(run, gate)}{_hooks_note(run, sorted(params))}")
+               f"{_gate_note(run, gate)}{_surge_note(run, steps[0])}{_hooks_note(run, sorted(params))}")
     targets = [FindingTarget(step=steps[0], rank=run.rank, module=m) for m in modules]
     targets += [FindingTarget(step=params[i][0], rank=run.rank, param=run.param_name(i),
                               module=run.param_module(i)) for i in sorted(params)]

@@ -150,3 +150,36 @@ def test_a_diverged_tanh_nets_saturated_layer_is_no_dead_branch_and_its_nan_is_t
     (p4,) = [f for f in found if f["code"] == "P4"]
     assert "training diverged, and the values the updates grew made that op overflow" in p4["message"], p4["message"]
     assert "Lower the learning rate" in p4["fix"]
+
+
+def test_relus_killed_by_a_loss_surge_say_so(tmp_path: Path) -> None:
+    """A BatchNorm CNN under SGD at lr 0.05 with momentum on random labels: the loss rises about
+    12x in two steps -- short of P3's blow-up -- and its updates switch every ReLU off for a
+    few steps.  P2's dead branch says the surge came first and to lower the learning rate (QA:
+    the fix spoke only of initialisation and negative biases)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(32 * 8 * 8, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    halve = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+    path = tmp_path / "cnn.tscope"
+    losses = []
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for _ in range(16):
+            x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            halve.step()
+            losses.append(loss.item())
+    events = list(iter_events(path))
+    dead = [e["step"] for e in events if e["kind"] == "step" and not any(e["grads"]["norm"][:-1])]
+    assert dead and max(losses[:dead[0]]) > 5 * losses[0], (losses, dead)  # the precondition
+    found = [dict(f) for f in diagnose(events)]
+    assert not [f for f in found if f.get("title") == "Training diverged"]
+    (p2,) = [f for f in found if f["code"] == "P2"]
+    assert f"It died after the loss surged {max(losses[:dead[0]]) / losses[0]:.3g}x (from {losses[0]:.3g} at step 0" \
+        in p2["message"], p2["message"]
+    assert "learning rate 0.05" in p2["message"] and "lower the learning rate" in p2["message"]
