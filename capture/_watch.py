@@ -1957,14 +1957,15 @@ class Watch:
             self._stop_recorder()
         if not s.started:
             self._start_step(s)
-        if walk is not None and walk.nodes and not _forward_pending(s):
-            if not s.forwards:
-                # no forward of the root module this step (compiled, or parts of the model
-                # called directly): only the function mode sees such a backward, so it stays
-                # on (a second backward through one forward, retain_graph, is not that)
-                self._mode_always = True
-            if not self._compiled_forward(s, walk) and not s.forwards and not s.transformed:
-                self._note_direct_calls()
+        if not s.forwards and not _forward_pending(s):
+            # no forward of the root module this step (compiled, or parts of the model called
+            # directly), be the loss's graph walked or not (a leaf made anew from a number has
+            # none): only the function mode sees such a backward, so it stays on (a second
+            # backward through one forward, retain_graph, is not that)
+            self._mode_always = True
+        if (walk is not None and walk.nodes and not _forward_pending(s)
+                and not self._compiled_forward(s, walk) and not s.forwards and not s.transformed):
+            self._note_direct_calls()
         if s.scale_version is None and self._scaler is not None:
             self._snapshot_scale(s)  # GradScaler creates its scale lazily, in its first scale()
         params = [r() for r in self._params]

@@ -263,3 +263,31 @@ def test_a_fullgraph_compiled_model_with_dropout_evaluates(tmp_path: Path, mode:
     assert run(True) == run(False)
     steps = [e for e in iter_events(tmp_path / f"{mode}.tscope") if e["kind"] == "step"]
     assert len(steps) == 4
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_every_backward_on_a_leaf_loss_of_a_compiled_model_is_a_step_pass(tmp_path: Path, mode: str) -> None:
+    """A compiled model runs no module hooks, so only the function mode sees the backward, and
+    a loss made anew from a number (``torch.tensor(loss.item(), requires_grad=True)``) has no
+    graph to walk: the fifth step, the first whose copies are not counted, had its backward
+    unseen (0 micro-batches, no loss), and P1 left it out of its steps (found by QA)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        model.compile(backend="aot_eager")
+        for _ in range(8):
+            opt.zero_grad()
+            value = model(torch.randn(4, 8)).pow(2).mean().item()
+            torch.tensor(value, requires_grad=True).backward()
+            opt.step()
+    from torchscope.doctor import diagnose
+
+    events = list(iter_events(path))
+    steps = [e for e in events if e["kind"] == "step"]
+    assert [(e["micro_batches"], e["backward_roots"]) for e in steps] == [(1, ["None"])] * 8
+    assert all(e["loss"] is not None for e in steps)
+    (p1,) = [f for f in diagnose(events) if f["code"] == "P1"]
+    assert p1["steps"] == list(range(8)), p1
