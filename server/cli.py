@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    from torchscope.sessionfile import Readable
+    from torchscope.sessionfile import FrameInfo, Readable
 
 DESCRIPTION = "torchscope: see your PyTorch training live — graph, gradients and memory of every step."
 EPILOG = """examples:
@@ -72,6 +72,7 @@ _EXAMPLES = {
     "open": """examples:
   torchscope open run.tscope                     the server on 127.0.0.1:6150 (started if none answers)
   torchscope open run.tscope --no-browser        print the URL only
+  torchscope open run.tscope --no-follow         a run still writing it: import what it holds now
   torchscope open run.tscope --port 7000         the server on 127.0.0.1:7000
   torchscope open run.tscope --server http://gpu-box:6150
   TORCHSCOPE_SERVER=http://gpu-box:6150 TORCHSCOPE_TOKEN=... torchscope open run.tscope""",
@@ -117,11 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     o = command("open", "import a session file into the server and open it in the browser", (
         "Import a .tscope session file (a colleague's, or a run recorded without a server) into the "
-        "dashboard server and open its page. The file is read, never changed. " + _SERVER_ENV))
+        "dashboard server and open its page. The file is read, never changed. A file its run is still "
+        "writing is followed: imported again as it grows, until the run ends (Ctrl-C stops following). "
+        + _SERVER_ENV))
     o.add_argument("file", help="a .tscope session file")
     _server_options(o, DEFAULT_PORT)
     o.add_argument("--data", metavar="DIR", help="data directory of a server started here")
     o.add_argument("--no-browser", action="store_true", help="print the URL only")
+    o.add_argument("--no-follow", action="store_true",
+                   help="import a file its run is still writing as it is now, and return")
 
     d = command("demo", "run a small CPU training with capture and show it live", (
         "Train a small model on the CPU with torchscope.watch() and open its live dashboard. The run is "
@@ -333,8 +338,9 @@ def cmd_open(args: argparse.Namespace) -> int:
             stop_server(started)
         raise CliError(str(exc), exc.code) from None
     _say_started(args, base, started)
-    note = res.get("note") or found.note(path.name)  # (a server of an earlier build says nothing)
-    if note:
+    writer = _writer(path, found)
+    note = res.get("note") or found.note(path.name, writer is not None)  # (a server of an earlier build says nothing)
+    if note and not (writer is not None and not args.no_follow):  # followed: said below
         print(f"torchscope open: note: {note}", file=sys.stderr, flush=True)
     if res.get("frames", 0) > 0 and res.get("new_frames") == 0:  # as the sessions page says it
         print(f"torchscope open: {path.name} is already on this server (the same run): nothing new imported",
@@ -345,7 +351,74 @@ def cmd_open(args: argparse.Namespace) -> int:
         import webbrowser
 
         webbrowser.open(url)
+    if writer is not None and not args.no_follow:
+        return _follow(base, path, token, writer)
     return 0
+
+
+FOLLOW_EVERY_S = 1.0  # how often a followed file is looked at (longer while its imports take longer)
+
+
+def _writer(path: Path, found: Readable) -> dict[str, Any] | None:
+    """The session event of a file whose run is still writing it on this machine (its process
+    runs, and the file has no end event yet), else None."""
+    from torchscope.session import writer_alive
+    from torchscope.sessionfile import FLAG_SERIES, SessionFileError, iter_events
+
+    frames = [f for f in found.frames if not f.flags & FLAG_SERIES]
+    try:
+        session = next((ev for ev in iter_events(path, frames[:4]) if ev.get("kind") == "session"), None)
+    except (SessionFileError, OSError, ValueError):
+        return None
+    return session if session is not None and writer_alive(session) and not _ended(path, frames) else None
+
+
+def _ended(path: Path, frames: list[FrameInfo] | None = None) -> bool:
+    """Whether the file holds its run's end event (the last frame but the series frames after it)."""
+    from torchscope.sessionfile import FLAG_SERIES, SessionFileError, index, iter_events
+
+    try:
+        if frames is None:
+            frames = [f for f in index(path)[1] if not f.flags & FLAG_SERIES]
+        return any(ev.get("kind") == "end" for ev in iter_events(path, frames[-1:]))
+    except (SessionFileError, OSError, ValueError):
+        return False
+
+
+def _follow(base: str, path: Path, token: str | None, session: dict[str, Any]) -> int:
+    """Import a file again whenever it grew, until its run ends (its process is gone), so the
+    page shows the run as it goes on; Ctrl-C stops following and leaves what was imported."""
+    from torchscope.session import writer_alive
+
+    from .client import ClientError, upload
+
+    print(f"torchscope open: {path.name} is still being written by its run (pid {session.get('pid')}): following it, "
+          "the page shows each step as it comes -- Ctrl-C stops following (what was imported stays)",
+          file=sys.stderr, flush=True)
+    size = -1  # (it may have grown since the first import read it)
+    wait = FOLLOW_EVERY_S
+    try:
+        while True:
+            time.sleep(wait)
+            # read before the size: the bytes that made it so are in what is imported next
+            ended = _ended(path)
+            gone = not writer_alive(session)
+            now = path.stat().st_size
+            if now != size:
+                t0 = time.monotonic()
+                upload(base, path, token, quiet=True)
+                size = now
+                wait = max(FOLLOW_EVERY_S, 2 * (time.monotonic() - t0))  # a big file: fewer imports
+            if ended or gone:
+                how = "has ended" if ended else "stopped without ending it (killed?)"
+                print(f"torchscope open: {path.name}'s run {how}; the whole file is imported", file=sys.stderr, flush=True)
+                return 0
+    except KeyboardInterrupt:
+        print(f"torchscope open: stopped following {path.name}; what was imported stays on the server",
+              file=sys.stderr, flush=True)
+        return 0
+    except (ClientError, OSError) as exc:
+        raise CliError(f"following {path.name} stopped: {exc}", 1) from None
 
 
 @contextlib.contextmanager

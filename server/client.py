@@ -128,20 +128,21 @@ def _progress(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
-def upload(base: str, path: Path, token: str | None = None) -> dict[str, Any]:
-    """POST the file to /api/sessions/import as multipart; a progress bar for big files."""
+def upload(base: str, path: Path, token: str | None = None, quiet: bool = False) -> dict[str, Any]:
+    """POST the file to /api/sessions/import as multipart; a progress bar for big files (not
+    ``quiet``).  The bytes it has now: a file its run still writes grows as it is read."""
     boundary = uuid.uuid4().hex
     head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{path.name}\"\r\n"
             "Content-Type: application/octet-stream\r\n\r\n").encode()
     tail = f"\r\n--{boundary}--\r\n".encode()
     size = path.stat().st_size
-    show = size > 1024 * 1024 and sys.stderr.isatty()  # a terminal: a person waiting on it
+    show = size > 1024 * 1024 and sys.stderr.isatty() and not quiet  # a terminal: a person waiting on it
 
     def body() -> Iterator[bytes]:
         yield head
         sent = 0
         with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
+            while sent < size and (chunk := f.read(min(1 << 20, size - sent))):
                 sent += len(chunk)
                 if show:
                     _progress(sent, size, "importing")

@@ -78,6 +78,9 @@ class ImportResult(BaseModel):
     # what of the file could not be read and was left out (a torn tail, or everything from a
     # damaged frame on), one line; null when the whole file was read
     note: str | None = None
+    # its run is still writing it, on the server's host: the run reads "running" while it is
+    # imported again (what `torchscope open` does until the run ends)
+    writing: bool = False
 
 
 class Deleted(BaseModel):

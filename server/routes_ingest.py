@@ -16,7 +16,7 @@ from .deps import HubDep, Rank, SessionId, SettingsDep, StoreDep
 from .frames import BadFrames, split_frames
 from .live import ingest_messages
 from .models import ImportResult, NextSeq
-from .store import RunConflict
+from .store import RunConflict, Store
 from .upload import OPENAPI_BODY, Imports, import_file, received_file
 
 # The prefix is /api, not /api/ingest, so that the import is served here too.  app.py includes
@@ -75,6 +75,16 @@ def imports_in_progress(imports: ImportsDep) -> list[dict[str, Any]]:
     return imports.snapshot()
 
 
+def _goes_on(store: Store, session_id: str, rank: int) -> bool:
+    """An imported file whose run still writes it: unless its end is stored, the rank reads
+    "running" (contact recorded now) while the file is imported again -- what `torchscope open`
+    does until the run ends."""
+    if store.ended(session_id, rank):
+        return False
+    store.touch(session_id, rank).result()
+    return True
+
+
 @router.post("/sessions/import", tags=["sessions"], response_model=ImportResult, openapi_extra=OPENAPI_BODY,
              responses={400: {"description": "not a readable session file"},
                         409: {"description": "another run's frames are stored under the file's session id"},
@@ -93,7 +103,9 @@ async def import_session_file(request: Request, store: StoreDep, hub: HubDep, se
             raise HTTPException(409, str(exc)) from None
     for msg in done.messages:
         hub.publish(msg)
-    if done.next_seq > done.before:
+    going_on = done.writing and await run_in_threadpool(_goes_on, store, done.session_id, done.rank)
+    if done.next_seq > done.before and not going_on:  # (a run going on: the doctor waits for its end or silence)
         request.app.state.schedule_diagnostics(done.session_id, done.rank)
     return ImportResult(id=done.session_id, url=f"/sessions/{done.session_id}", frames=done.next_seq,
-                        new_frames=done.next_seq - done.before, rank=done.rank, note=done.note)
+                        new_frames=done.next_seq - done.before, rank=done.rank, note=done.note,
+                        writing=done.writing)

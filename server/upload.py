@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - older python-multipart
     from multipart.multipart import MultipartParser, parse_options_header  # type: ignore[no-redef]
 
 from torchscope.series import PARTS
+from torchscope.session import writer_alive
 from torchscope.sessionfile import FRAME_HEADER_SIZE, FrameInfo, series_part
 
 from .deps import SESSION_ID_PATTERN
@@ -242,6 +243,7 @@ class Imported:
     before: int  # frames of this rank the store held already
     next_seq: int
     note: str | None = None  # what of the file was dropped (``Readable.note``): a torn tail, damage
+    writing: bool = False  # its run is still writing it, on this host (``session.writer_alive``)
     # what the browsers are told once it is stored: the last session/graph/step/end message
     messages: list[dict[str, Any]] = field(default_factory=list)
 
@@ -258,6 +260,13 @@ def _identity(frames: list[Frame]) -> tuple[str, int]:
                     return sid, rank
                 return fallback, 0
     return fallback, 0
+
+
+def _writing(frames: list[Frame]) -> bool:
+    """Whether the process that writes this file still runs here (its session event's pid and
+    start time): the bytes after its last whole frame are the frame being written."""
+    session = next((ev for f in frames for ev in f.events if ev.get("kind") == "session"), None)
+    return session is not None and writer_alive(session)
 
 
 def _batches(frames: Iterator[Frame]) -> Iterator[list[Frame]]:
@@ -331,7 +340,8 @@ def import_file(store: Store, path: Path, imports: Imports) -> Imported:
             batches = _batches(file_frames(path, infos))
             first = next(batches)
             imported = Imported(*_identity(first[:4]), 0, 0)  # the capture writes the session event first
-            imported.note = found.note(path.name)
+            imported.writing = _writing(first[:4])
+            imported.note = found.note(path.name, imported.writing)
             imported.before = store.frame_count(imported.session_id, imported.rank)
             if imported.before == 0 and _staged(store, path, version, itertools.chain([first], batches),
                                                 imported, progress):

@@ -434,3 +434,91 @@ def test_a_token_read_from_a_file_keeps_no_newline(tmp_path: Path) -> None:
         res = cli("open", str(path), "--no-browser", "--server", srv.url, env=_bare_env(TORCHSCOPE_TOKEN=token + "\n"))
         assert res.returncode == 0, res.stderr
         assert res.stdout.strip() == f"{srv.url}/sessions/cli-nl-token?token=a%2Bb%2Fc%3Dd"
+
+
+SLOW_RUN = '''
+import sys, time
+import torch
+import torchscope
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with torchscope.watch(model, opt, server=None, record=sys.argv[1]):
+    for _ in range(int(sys.argv[2])):
+        opt.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+        time.sleep(0.05)
+print("trained", flush=True)
+time.sleep(float(sys.argv[3]))  # the process outlives its run: a notebook's kernel
+'''
+
+
+def _wait_for_steps(path: Path, steps: int, proc: subprocess.Popen[str]) -> None:
+    import time
+
+    from torchscope.sessionfile import iter_events
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and sum(1 for e in iter_events(path) if e["kind"] == "step") >= steps:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{path} never held {steps} steps")
+
+
+def test_open_follows_a_file_its_run_is_still_writing(tmp_path: Path) -> None:
+    """`torchscope open` of a file its run (this machine's process) still writes: the server
+    says "running", not "ended unexpectedly" (what it said before), and the command imports the
+    file again as it grows until the run's end event is in -- although the process lives on --
+    so the server ends with every step and "finished"."""
+    import time
+
+    script, path = tmp_path / "slow.py", tmp_path / "slow.tscope"
+    script.write_text(SLOW_RUN)
+    train = subprocess.Popen([sys.executable, str(script), str(path), "120", "30"], stdout=subprocess.PIPE, text=True)
+    srv = ServerProc(tmp_path / "data").start()
+    try:
+        _wait_for_steps(path, 5, train)
+        opener = subprocess.Popen([sys.executable, "-m", "torchscope.server.cli", "open", str(path), "--port",
+                                   str(srv.port), "--no-browser"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        sid = None
+        statuses, seen = set(), []
+        while opener.poll() is None:
+            for row in srv.get("/api/sessions"):  # type: ignore[union-attr]
+                sid = row["id"]
+                statuses.add(row["status"])
+                seen.append(row["steps"])
+            time.sleep(0.2)
+        out, err = opener.communicate()
+        assert opener.returncode == 0, err
+        assert out.strip() == f"{srv.url}/sessions/{sid}"
+        assert "slow.tscope is still being written by its run" in err and "slow.tscope's run has ended" in err, err
+        assert train.poll() is None  # the process lives on: its end event stopped the following
+        assert "running" in statuses and statuses <= {"running", "finished"}, statuses  # never "ended unexpectedly"
+        assert len(set(seen)) > 2 and seen == sorted(seen)  # imported again and again as it grew
+        row = srv.get(f"/api/sessions/{sid}")
+        assert row["steps"] == 120 and row["status"] == "finished", row  # type: ignore[index]
+    finally:
+        train.kill()
+        train.wait()
+        srv.stop()
+
+
+def test_open_no_follow_imports_a_growing_file_as_it_is(tmp_path: Path) -> None:
+    script, path = tmp_path / "slow.py", tmp_path / "slow.tscope"
+    script.write_text(SLOW_RUN)
+    train = subprocess.Popen([sys.executable, str(script), str(path), "400", "0"], stdout=subprocess.PIPE, text=True)
+    srv = ServerProc(tmp_path / "data").start()
+    try:
+        _wait_for_steps(path, 5, train)
+        res = cli("open", str(path), "--port", str(srv.port), "--no-browser", "--no-follow")
+        assert res.returncode == 0 and "following" not in res.stderr, res.stderr
+        assert train.poll() is None  # (returned while the run goes on)
+        sid = res.stdout.strip().rsplit("/", 1)[1]
+        row = srv.get(f"/api/sessions/{sid}")
+        assert row["status"] == "running" and 5 <= row["steps"] < 400, row  # type: ignore[index]
+    finally:
+        train.kill()
+        train.wait()
+        srv.stop()
