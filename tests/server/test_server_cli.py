@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -454,17 +456,28 @@ time.sleep(float(sys.argv[3]))  # the process outlives its run: a notebook's ker
 '''
 
 
-def _wait_for_steps(path: Path, steps: int, proc: subprocess.Popen[str]) -> None:
+@contextlib.contextmanager
+def _slow_run(tmp_path: Path, steps: int, linger: float) -> Iterator[tuple[Path, subprocess.Popen[str], ServerProc]]:
+    """A run of ``steps`` steps recording to a file (its process living ``linger`` s after it),
+    once the file holds 5 steps, and a server; both stopped after."""
     import time
 
     from torchscope.sessionfile import iter_events
 
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        if path.exists() and sum(1 for e in iter_events(path) if e["kind"] == "step") >= steps:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{path} never held {steps} steps")
+    script, path = tmp_path / "slow.py", tmp_path / "slow.tscope"
+    script.write_text(SLOW_RUN)
+    train = subprocess.Popen([sys.executable, str(script), str(path), str(steps), str(linger)], stdout=subprocess.PIPE, text=True)
+    srv = ServerProc(tmp_path / "data").start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (path.exists() and sum(1 for e in iter_events(path) if e["kind"] == "step") >= 5):
+            assert time.monotonic() < deadline and train.poll() is None, f"{path} never held 5 steps"
+            time.sleep(0.1)
+        yield path, train, srv
+    finally:
+        train.kill()
+        train.wait()
+        srv.stop()
 
 
 def test_open_follows_a_file_its_run_is_still_writing(tmp_path: Path) -> None:
@@ -474,12 +487,7 @@ def test_open_follows_a_file_its_run_is_still_writing(tmp_path: Path) -> None:
     so the server ends with every step and "finished"."""
     import time
 
-    script, path = tmp_path / "slow.py", tmp_path / "slow.tscope"
-    script.write_text(SLOW_RUN)
-    train = subprocess.Popen([sys.executable, str(script), str(path), "120", "30"], stdout=subprocess.PIPE, text=True)
-    srv = ServerProc(tmp_path / "data").start()
-    try:
-        _wait_for_steps(path, 5, train)
+    with _slow_run(tmp_path, 120, 30) as (path, train, srv):
         opener = subprocess.Popen([sys.executable, "-m", "torchscope.server.cli", "open", str(path), "--port",
                                    str(srv.port), "--no-browser"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         sid = None
@@ -499,26 +507,13 @@ def test_open_follows_a_file_its_run_is_still_writing(tmp_path: Path) -> None:
         assert len(set(seen)) > 2 and seen == sorted(seen)  # imported again and again as it grew
         row = srv.get(f"/api/sessions/{sid}")
         assert row["steps"] == 120 and row["status"] == "finished", row  # type: ignore[index]
-    finally:
-        train.kill()
-        train.wait()
-        srv.stop()
 
 
 def test_open_no_follow_imports_a_growing_file_as_it_is(tmp_path: Path) -> None:
-    script, path = tmp_path / "slow.py", tmp_path / "slow.tscope"
-    script.write_text(SLOW_RUN)
-    train = subprocess.Popen([sys.executable, str(script), str(path), "400", "0"], stdout=subprocess.PIPE, text=True)
-    srv = ServerProc(tmp_path / "data").start()
-    try:
-        _wait_for_steps(path, 5, train)
+    with _slow_run(tmp_path, 400, 0) as (path, train, srv):
         res = cli("open", str(path), "--port", str(srv.port), "--no-browser", "--no-follow")
         assert res.returncode == 0 and "following" not in res.stderr, res.stderr
         assert train.poll() is None  # (returned while the run goes on)
         sid = res.stdout.strip().rsplit("/", 1)[1]
         row = srv.get(f"/api/sessions/{sid}")
         assert row["status"] == "running" and 5 <= row["steps"] < 400, row  # type: ignore[index]
-    finally:
-        train.kill()
-        train.wait()
-        srv.stop()
