@@ -19,6 +19,13 @@ const NOTE = "The gradient w.r.t. each module's output (grad_output, what regist
   `of its elements that are exactly zero — ${DEAD_ZERO_FRAC * 100} % or more (red) and nothing flows back into the ` +
   "module (a ReLU after it that never fires). ×n: the row gathers the module's n calls (a block used twice, an RNN cell).";
 
+// The steps mode="default" captures (docs/capture.md, "Modes"), in words.  "Step 0, every
+// 50th step and steps whose graph changed" left a step captured after a NaN unexplained.
+export function defaultCaptures(every) {
+  const sampled = every === 1 ? "every step" : `every ${every || "sample_every"} steps`;
+  return `step 0, ${sampled}, and the step after a new graph structure, a NaN/Inf or a failed backward`;
+}
+
 export class ActivationGradsPanel {
   // ``onPick(step)``: the user chose another step in the panel's menu
   constructor(parent, app, onPick) {
@@ -65,7 +72,7 @@ export class ActivationGradsPanel {
     const meta = this.app.meta || {};
     if (meta.mode === "light") {
       return 'No gradients w.r.t. module outputs: this run was watched with mode="light", which records none. ' +
-        'Watch with mode="default" (step 0, every sample_every-th step and steps whose graph changed) or mode="full" ' +
+        `Watch with mode="default" (it captures ${defaultCaptures("sample_every")}) or mode="full" ` +
         "(every step) to see them.";
     }
     return this.app.running ? "No captured step yet: the gradient reaching each module's output is recorded on captured steps, " +
@@ -85,8 +92,7 @@ export class ActivationGradsPanel {
   // Which step is shown, when it is not the one asked for, and why.
   explain(step, focus) {
     const every = this.app.meta?.settings?.sample_every;
-    const which = this.app.meta?.mode === "full" ? "every step in full mode"
-      : `step 0, every ${every ? `${every}th` : "sample_every-th"} step and steps whose graph changed`;
+    const which = this.app.meta?.mode === "full" ? "every step in full mode" : defaultCaptures(every);
     if (focus === undefined) {
       return `Step ${step}, the latest captured step (captured steps only: ${which}). Pick another above, or click a point of the loss chart.`;
     }

@@ -27,8 +27,10 @@ export class LineChart {
 
   setTitle(text) { this.title.textContent = text; }
 
-  // x: number[]; series: [{name, y: number[] (null = gap), color?, dash?}] (dash: a threshold
-  // such as clip_grad_norm_'s max_norm, drawn dashed to read as a limit, not as data)
+  // x: number[]; series: [{name, y: number[] (null = gap), color?, dash?, steps?}] (dash: a
+  // threshold such as clip_grad_norm_'s max_norm, drawn dashed to read as a limit, not as data;
+  // steps: a value in force from its x to the next one's, the learning rate, drawn as a step
+  // line: a ramp between two points read as a warmup or a decay that never happened)
   setData(x, series, markers = []) {
     this.x = x; this.series = series.filter((s) => s.y && s.y.some((v) => v !== null && v !== undefined));
     this.markers = markers;
@@ -71,7 +73,7 @@ export class LineChart {
     for (const y of ys) for (const v of y) if (v !== null) { if (v < ymin) ymin = v; if (v > ymax) ymax = v; }
     const { lo, hi, ystep, fmt } = log ? logAxis(ymin, ymax) : this.linearAxis(ymin, ymax);
     ymin = lo; ymax = hi;
-    this.geom = { L, pw, xmin, xmax };
+    this.geom = { L, pw, xmin, xmax, T, ph }; // (T, ph: the plot's top and height, for the tests' pixels)
     this.axis = { lo, hi, log, labels: [] }; // (the browser tests read the range: in decades on a log axis)
     const X = (v) => L + ((v - xmin) / (xmax - xmin)) * pw;
     const Y = (v) => T + ph - ((v - ymin) / (ymax - ymin)) * ph;
@@ -108,6 +110,7 @@ export class LineChart {
         for (let i = 0; i < n; i++) {
           const v = y[i];
           if (gap(i)) { pen = false; continue; }
+          if (pen && s.steps) ctx.lineTo(X(this.x[i]), Y(y[i - 1])); // across at the last value, then up or down
           if (pen) ctx.lineTo(X(this.x[i]), Y(v)); else ctx.moveTo(X(this.x[i]), Y(v));
           // a value between two gaps (e.g. only captured steps have it) is a dot, not nothing
           if (!pen && gap(i + 1)) { ctx.moveTo(X(this.x[i]) + 2.5, Y(v)); ctx.arc(X(this.x[i]), Y(v), 2.5, 0, 2 * Math.PI); ctx.moveTo(X(this.x[i]), Y(v)); }

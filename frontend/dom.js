@@ -63,6 +63,15 @@ export function moduleLabel(path, type) {
   return type && /(^|\.)\d+$/.test(path) ? `${path} (${type})` : path;
 }
 
+// Where an op ran, as the views name it: an op the capture flagged outside_model (the loss a
+// training loop computes after the forward) ran in no module, "(outside the model)"; "(root)"
+// is the top-level module's own forward, and the two read alike.
+export const OUTSIDE_MODEL = "(outside the model)";
+export function opWhere(op, types) {
+  if (!op.module && (op.flags || []).includes("outside_model")) return OUTSIDE_MODEL;
+  return moduleLabel(op.module, types?.get(op.module));
+}
+
 export function fmtTime(t) {
   return t ? new Date(t * 1000).toLocaleString() : "–";
 }

@@ -112,7 +112,7 @@ export class GradientsView {
     this.lr.opts.log = log;
     this.lr.opts.empty = this.app.running ? "No learning rate recorded yet." : "No step recorded a learning rate (no optimizer was watched or found).";
     this.lr.setTitle(`each param group's lr per step, as in force during the step${log ? " (log scale)" : ""}`);
-    this.lr.setData(x, groups.map((y, k) => ({ name: groups.length > 1 ? `param group ${k}` : "lr", y })));
+    this.lr.setData(x, groups.map((y, k) => ({ name: groups.length > 1 ? `param group ${k}` : "lr", y, steps: true })));
   }
 
   // A point of the loss chart marks its step across the view, as a finding's link does (the
@@ -202,7 +202,7 @@ export class GradientsView {
       this.heatInfo.append(...rampLegend("‖grad‖", scale.lo, scale.hi, fmtShort), " · ");
     }
     this.heatInfo.append(h("span", { class: "swatch", style: `background:${ZERO}` }), " = exactly zero (nothing flowed) · ",
-      `dark red "!" = NaN/Inf · grey = no gradient · click a cell to open that step's graph`);
+      `dark red "!" = NaN/Inf · grey = no gradient · ${this.noGraphs() ? "click a cell to mark its step (a light run captures no graph)" : "click a cell to open that step's graph"}`);
   }
 
   // One name per row, as text, then the step axis's name in the axis row. A long module path
@@ -233,9 +233,15 @@ export class GradientsView {
     return s >= 0 && s < S && m >= 0 && m < M ? [s, m] : null;
   }
 
+  // A light run has no graph to open: a cell marks its step across the view, as a point of
+  // the loss chart does (opening the Graph tab only said it had nothing).
+  noGraphs() { return this.app.meta?.mode === "light"; }
+
   onHeatClick(e) {
     const at = this.cellAt(e);
-    if (at) this.app.openModule(this.g.steps[at[0]], this.modules[at[1]]);
+    if (!at) return;
+    if (this.noGraphs()) { this.app.setState({ step: this.g.steps[at[0]] }); this.focusOn(); return; }
+    this.app.openModule(this.g.steps[at[0]], this.modules[at[1]]);
   }
 
   onHeatHover(e) {
@@ -244,7 +250,7 @@ export class GradientsView {
     const [s, m] = at, i = s * this.modules.length + m, { sq, bad, has } = this.cells;
     const norm = Math.sqrt(sq[i]);
     const what = bad[i] ? "NaN/Inf" : !has[i] ? "no gradient" : norm === 0 ? "exactly zero" : fmtNum(norm);
-    this.heatHover.textContent = `${moduleLabel(this.modules[m], this.app.moduleType?.get(this.modules[m]))} · step ${this.g.steps[s]} · ‖grad‖ ${what} — click to open its graph`;
+    this.heatHover.textContent = `${moduleLabel(this.modules[m], this.app.moduleType?.get(this.modules[m]))} · step ${this.g.steps[s]} · ‖grad‖ ${what} — click to ${this.noGraphs() ? "mark its step" : "open its graph"}`;
   }
 
   drawLines() {

@@ -1,6 +1,6 @@
 // Memory view: per-step bytes by category over the run (from /memory, columnar), and the
 // in-step timeline of live bytes op by op (GraphEvent.memory_timeline); click -> the op.
-import { h, clear, fmtBytes, shape, coalesce, moduleLabel } from "./dom.js";
+import { h, clear, fmtBytes, shape, coalesce, opWhere } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
 import { nearest } from "./graph/view.js";
@@ -135,7 +135,7 @@ export class MemoryView {
     const ops = (ev.ops || []).filter((o) => upTo.has(o.id) && o.alloc > 0).sort((a, b) => b.alloc - a.alloc).slice(0, 10);
     this.top.append(h("h3", { title: OP_PEAK }, `In-step peak ${fmtBytes(tl[peakI][1])} after op #${tl[peakI][0]} — largest allocations before it`),
       h("table", { class: "tensors" }, h("tr", {}, ...["bytes", "op", "module", "output shape", ""].map((x) => h("th", {}, x))),
-        ops.map((o) => h("tr", {}, h("td", {}, fmtBytes(o.alloc)), h("td", {}, o.name), h("td", {}, moduleLabel(o.module, this.app.moduleType?.get(o.module))),
+        ops.map((o) => h("tr", {}, h("td", {}, fmtBytes(o.alloc)), h("td", {}, o.name), h("td", {}, opWhere(o, this.app.moduleType)),
           h("td", {}, shape(tensors.get((o.outputs || [])[0])?.shape)),
           h("td", {}, h("a", { href: "#", onclick: (e) => { e.preventDefault(); this.app.openNode(this.graph.step, "o" + o.id); } }, "show in graph"))))));
   }
@@ -151,7 +151,7 @@ export class MemoryView {
 
   opLabel(i) {
     const op = this.opById?.get(this.tl[i][0]);
-    return op ? `#${op.id} ${op.name} · ${op.module || "(root)"} · ${op.phase || "forward"}` : `op ${this.tl[i][0]}`;
+    return op ? `#${op.id} ${op.name} · ${opWhere(op, this.app.moduleType)} · ${op.phase || "forward"}` : `op ${this.tl[i][0]}`;
   }
 
   // A dashed line where each phase (forward, backward, optimizer) starts.

@@ -69,8 +69,10 @@ function render() {
 
 // A column header's click sorts by it; a second click reverses the order.
 function initListTools() {
+  // the whole header cell sorts, not its text alone (a wide column's centre missed the
+  // button); the button inside stays for the keyboard, and its click reaches the cell
   for (const th of document.querySelectorAll("th[data-sort]")) {
-    th.querySelector("button").addEventListener("click", () => {
+    th.addEventListener("click", () => {
       const key = th.dataset.sort;
       view.dir = view.sort === key ? (view.dir === "asc" ? "desc" : "asc") : SORTS[key][1];
       view.sort = key;

@@ -1,6 +1,7 @@
 // The node details panel: everything the capture recorded about one op, grad_fn node or
 // module group, in PyTorch's words.  Text only (h() never parses markup).
 import { h, clear, fmtBytes, fmtNum, fmtUs, shape } from "../dom.js";
+import { leafWhere } from "./scene.js";
 
 // An op record's flags (capture/schema.py OpRecord.flags) in words.
 const FLAGS = {
@@ -45,7 +46,7 @@ export function renderDetails(panel, model, key, ctx) {
   panel.append(h("h3", { class: "details-title" }, l.kind === "op" ? r.name : r.name),
     h("div", { class: "muted" }, l.kind === "op" ? `forward op #${r.id} · ${r.phase || "forward"}` : `grad_fn node #${r.id}`));
   const t = h("table", { class: "kv" });
-  t.append(row("module", l.module || "(root)"));
+  t.append(row("module", leafWhere(model, l))); // "(outside the model)" for the loop's loss, not "(root)"
   if (l.kind === "op") {
     t.append(row("call", r.call), row("micro-batch", r.micro), row("grad mode", r.grad_mode === undefined ? "–" : String(r.grad_mode)),
       row("in-place", r.inplace ? "yes" : "no"), row("duration", fmtUs(r.dur_us)), row("allocated", fmtBytes(r.alloc)),

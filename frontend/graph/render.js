@@ -51,6 +51,27 @@ export function groupLabel(ctx, it, width) {
   return room >= ctx.measureText("Xxx…").width ? head + fit(ctx, it.type, room, 1) + it.mark : fit(ctx, it.label, width);
 }
 
+// A box's sub-label ("[16, 8, 32] · blocks.layers.0.self_attn", a module's "3 ops · blocks.0")
+// cut to ``width``: the shape (the op count) kept whole, the path cut from its start
+// ("[16, 8, 32] · …self_attn": its end tells sibling blocks apart, the frames around say where
+// it lives), and left out when not even a few of its characters fit.  Cut in the middle as one
+// string, "[16, 8, 3…layers.0.self_attn" read as a shape whose last dimension is 3.
+export function subLabel(ctx, it, width) {
+  const fits = (t) => ctx.measureText(t).width <= width;
+  if (!it.subHead || fits(it.sub)) return fit(ctx, it.sub, width);
+  const room = width - ctx.measureText(`${it.subHead} · `).width;
+  if (room >= ctx.measureText("…" + it.subPath.slice(-4)).width) return `${it.subHead} · ${fit(ctx, it.subPath, room, 0)}`;
+  if (fits(it.subHead)) return it.subHead;
+  if (!it.subHead.startsWith("[")) return fit(ctx, it.subHead, width, 1);
+  // a shape wider than its box: whole dimensions dropped from its end, "[16, 8, …]"
+  const dims = it.subHead.slice(1, -1).split(", ");
+  for (let k = dims.length - 1; k >= 0; k--) {
+    const t = `[${[...dims.slice(0, k), "…"].join(", ")}]`;
+    if (fits(t)) return t;
+  }
+  return "…";
+}
+
 export class GraphCanvas {
   constructor(canvas, { onSelect, onDblClick, topInset = () => 0 }) {
     this.canvas = canvas;
@@ -288,7 +309,7 @@ export class GraphCanvas {
         if (it.fitLabel === undefined) it.fitLabel = it.group !== undefined ? groupLabel(ctx, it, b[2] - 10) : fit(ctx, it.label, b[2] - 10);
         ctx.fillText(it.fitLabel, b[0] + 5, b[1] + 14);
         ctx.fillStyle = ink ? ink[1] : th.sub; ctx.font = "10px system-ui, sans-serif";
-        if (it.fitSub === undefined) it.fitSub = fit(ctx, it.sub, b[2] - 10);
+        if (it.fitSub === undefined) it.fitSub = subLabel(ctx, it, b[2] - 10);
         ctx.fillText(it.fitSub, b[0] + 5, b[1] + 28);
         ctx.font = "12px system-ui, sans-serif";
       }

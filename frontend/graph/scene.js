@@ -3,18 +3,31 @@
 // in about log time); a new selection or highlight redoes only the marks (buildScene).
 import { representatives } from "./model.js";
 import { logScale, categorical, ZERO, NOTHING } from "../colors.js";
+import { OUTSIDE_MODEL } from "../dom.js";
 
 const PHASE_COLORS = { forward: "--op-fwd", backward: "--op-bwd", optimizer: "--op-opt", other: "--op-opt" };
 
-export function leafSub(model, l) {
-  if (l.kind === "op") {
-    const t = model.tensors.get((l.rec.outputs || [])[0]);
-    return `${t ? "[" + (t.shape || []).join(", ") + "] · " : ""}${l.module || "(root)"}`;
-  }
-  if (l.rec.param) return l.rec.param;
-  const op = l.rec.op !== undefined ? model.byKey.get("o" + l.rec.op) : null;
+// A leaf's sub-label in two parts: its output's shape (null when it has none) and where it ran
+// (a module path, an AccumulateGrad's parameter).  The renderer keeps the shape whole and cuts
+// only the path.
+export function leafSubParts(model, l) {
+  if (l.kind === "node" && l.rec.param) return [null, l.rec.param];
+  const op = l.kind === "op" ? l : l.rec.op !== undefined ? model.byKey.get("o" + l.rec.op) : null;
   const t = op ? model.tensors.get((op.rec.outputs || [])[0]) : null;
-  return `${t ? "[" + (t.shape || []).join(", ") + "] · " : ""}${l.module || "(root)"}`;
+  return [t ? "[" + (t.shape || []).join(", ") + "]" : null, leafWhere(model, l)];
+}
+
+export function leafSub(model, l) {
+  const [shape, where] = leafSubParts(model, l);
+  return shape ? `${shape} · ${where}` : where;
+}
+
+// Where a leaf ran: its module path; for an op outside the model's forward (the loss a
+// training loop computes), and a grad_fn such an op created, "(outside the model)" (opWhere).
+export function leafWhere(model, l) {
+  if (l.module) return l.module;
+  const op = l.kind === "op" ? l : l.rec.op !== undefined ? model.byKey.get("o" + l.rec.op) : null;
+  return op && (op.rec.flags || []).includes("outside_model") ? OUTSIDE_MODEL : "(root)";
 }
 
 // Per-leaf numeric (or categorical) value for an overlay.
@@ -210,7 +223,9 @@ function buildBase(model, layout, st, css) {
     const box = [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]];
     const phaseVar = l.kind === "node" && l.rec.name === "AccumulateGrad" ? "--op-acc" : PHASE_COLORS[l.phase] || "--op-fwd";
     const color = colorOf ? colorOf(vals[i]) || none() : cv(phaseVar);
-    const it = { key: l.key, leaf: i, order: i, box, label: l.label, sub: leafSub(model, l), color, hi: false, cut: false };
+    const [subHead, subPath] = leafSubParts(model, l);
+    const it = { key: l.key, leaf: i, order: i, box, label: l.label, sub: subHead ? `${subHead} · ${subPath}` : subPath,
+                 subHead, subPath, color, hi: false, cut: false };
     items.push(it); byKey.set(l.key, it);
   });
   const frames = [];
@@ -227,8 +242,9 @@ function buildBase(model, layout, st, css) {
       : cv(G.phase === "backward" ? "--group-bwd" : "--group-fwd");
     // "≡ 0": same structure as sibling 0 (repeated blocks)
     const mark = G.repeatOf ? "  ≡ " + groups[G.repeatOf].label : "";
+    const count = `${G.count} ${G.phase === "backward" ? "node" : "op"}${G.count === 1 ? "" : "s"}`;
     const it = { key: "g:" + G.key, group: g, rep: r, order: firstLeaf.get(r), box, label: `${G.label}${mtype ? ": " + mtype : ""}${mark}`, name: G.label, type: mtype, mark,
-                 sub: `${G.count} ${G.phase === "backward" ? "node" : "op"}${G.count === 1 ? "" : "s"} · ${G.path}`, color, hi: false, cut: false };
+                 sub: `${count} · ${G.path}`, subHead: count, subPath: G.path, color, hi: false, cut: false };
     items.push(it); byKey.set(it.key, it);
   }
 

@@ -217,6 +217,11 @@ export class GraphView {
       const every = this.app.meta?.settings?.sample_every;
       notes.push(`Step ${this.askedStep} has no captured graph${mode === "default" ? ` (mode="default" captures the first step, every ${every || "N"} steps, each step whose structure changes and the steps after a NaN/Inf)` : ""}; showing step ${this.step}, the nearest captured.`);
     }
+    // gradient accumulation: the ops are every micro-batch's (OpRecord.micro), the autograd
+    // graph the first backward's only (GraphEvent.micro); unsaid, one forward read as making
+    // several losses that a single backward went through
+    const micros = new Set((ev.ops || []).map((o) => o.micro ?? 0));
+    if (micros.size > 1) notes.push(`${micros.size} micro-batches: forward ops of all, backward (grad_fn) of micro-batch ${ev.micro ?? 0}.`);
     if (ev.complete === false) notes.push(partialNote(ev, this.app.meta?.settings?.max_ops));
     const errors = this.stepEvent?.backward_errors || [];
     if (errors.length) {
