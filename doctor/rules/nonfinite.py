@@ -210,7 +210,8 @@ def origin_target(step: int, rank: int, op: dict[str, Any], node: dict[str, Any]
     target = FindingTarget(step=step, rank=rank, node=as_int(node.get("id"), -1))
     if op:
         target["op"] = as_int(op.get("id"), -1)
-    if node.get("module") is not None:
+    outside = op and node.get("module") == "" and "outside_model" in g.flags(op)  # the loss's node: in no module
+    if node.get("module") is not None and not outside:
         target["module"] = str(node.get("module"))
     return target
 
@@ -395,7 +396,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     if not targets:
         targets.append(FindingTarget(step=steps[0], rank=run.rank))
     if node or first_op:
-        modules = sorted({str(node.get("module") if node else first_op.get("module", ""))})
+        at = origin_target(op_step, run.rank, first_op, node)
+        modules = [str(at["module"])] if "module" in at else []  # (none for the loss the loop computed)
     else:
         modules = sorted({run.param_module(i) for i in params})
     # every non-finite loss one the loop caught and skipped: it guards against them, and the

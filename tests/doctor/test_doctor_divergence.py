@@ -150,6 +150,9 @@ def test_a_diverged_tanh_nets_saturated_layer_is_no_dead_branch_and_its_nan_is_t
     (p4,) = [f for f in found if f["code"] == "P4"]
     assert "training diverged, and the values the updates grew made that op overflow" in p4["message"], p4["message"]
     assert "Lower the learning rate" in p4["fix"]
+    # the op is the loop's mse_loss, outside the model: in no module, not the root module ("(root)")
+    (at_op,) = [t for t in p4["targets"] if "op" in t]
+    assert "module" not in at_op and "" not in p4["modules"], p4
 
 
 def test_relus_killed_by_a_loss_surge_say_so(tmp_path: Path) -> None:
