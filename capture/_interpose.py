@@ -207,7 +207,8 @@ class Interposer(TorchFunctionMode):
             finally:
                 rec.explicit_casts -= 1
         if args and isinstance(args[0], torch.Tensor) and _from_user() and not (out is args[0] and in_package(_caller_file())):
-            self.watch._safe("copies", self.watch._on_move, args[0], out, func in SAME_PLACE_COPIES)
+            self.watch._safe("copies", self.watch._on_move, args[0], out, func in SAME_PLACE_COPIES,
+                             _names_device(func, args, kwargs))
             if func is torch.tensor:
                 self._copy_cut(func, args[0])
         return out
@@ -217,6 +218,16 @@ class Interposer(TorchFunctionMode):
         grad: where a graph is cut."""
         if isinstance(data, torch.Tensor) and data.requires_grad:
             self.watch._safe("breaks", self.watch._on_break, _COPY_CUTS[func], data)
+
+
+def _names_device(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a move call names a device: ``.cuda()``, ``.cpu()``, ``.to(device)``,
+    ``.to(other_tensor)`` -- not ``.float()``, ``.to(torch.float32)``."""
+    if func is _T.cuda or func is _T.cpu:
+        return True
+    return func is _T.to and ("device" in kwargs or "other" in kwargs
+                              or any(isinstance(a, (torch.device, str, torch.Tensor))
+                                     or (isinstance(a, int) and not isinstance(a, bool)) for a in args[1:]))
 
 
 def insert_mode(mode: TorchFunctionMode) -> None:

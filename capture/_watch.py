@@ -276,6 +276,7 @@ class _StepState:
         "copy_bytes",
         "track_copies",
         "noop_to",
+        "noop_src",
         "clip_flagged",
         "clip",
         "moves",
@@ -361,6 +362,7 @@ class _StepState:
         self.copy_bytes = 0
         self.track_copies = True  # the mode watched the whole step for copies (see _opt_post)
         self.noop_to = 0
+        self.noop_src = ""  # the line of the step's first no-op move
         self.clip_flagged = False
         self.clip: tuple[torch.Tensor, float, float] | None = None  # clip_grad_norm_'s total, max_norm, norm_type
         self.moves: dict[tuple[str, str], list[int]] = {}  # (what, src) -> [count, bytes]
@@ -1717,12 +1719,18 @@ class Watch:
             f = f.f_back
         self._s.clip = (total, float(loc.get("max_norm", math.nan)), norm_type)
 
-    def _on_move(self, inp: torch.Tensor, out: Any, same_place: bool = False) -> None:
+    def _on_move(self, inp: torch.Tensor, out: Any, same_place: bool = False, to_device: bool = True) -> None:
         """``same_place``: ``clone()`` or ``torch.tensor(t)``, a copy on the same device in the
-        same dtype, counted only when the same tensor is copied again in a later step."""
+        same dtype, counted only when the same tensor is copied again in a later step.
+        ``to_device``: the call names a device (``.to(device)``, ``.cuda()``, ``.cpu()``): one
+        that finds its tensor there already is placement code run every step; a no-op dtype
+        conversion (``.float()`` of a float32 gradient, for its norm) is a safeguard, not counted."""
         s = self._s
         if out is inp:
-            s.noop_to += 1
+            if to_device:
+                s.noop_to += 1
+                if not s.noop_src:
+                    s.noop_src = user_src()
             return
         if not isinstance(out, torch.Tensor) or out.layout != torch.strided or inp.layout != torch.strided:
             return
@@ -2862,7 +2870,7 @@ class Watch:
         if s.passes_in_step():
             events.append({"what": "closure", "passes": s.passes_in_step()})
         if s.noop_to:
-            events.append({"what": "noop_to", "count": s.noop_to})
+            events.append({"what": "noop_to", "count": s.noop_to, "src": s.noop_src})
         for (what, src), (count, nbytes) in s.moves.items():
             events.append({"what": what, "count": count, "bytes": nbytes, "src": src})
         if s.reached is not None:
