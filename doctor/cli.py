@@ -100,7 +100,7 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         print(f"{path}: no step recorded, nothing to diagnose (the run ended before its first optimizer step, or "
               "no step of its loop ended where torchscope could see it).")
     elif not findings:
-        print(f"{path}: no problems found ({last_step + 1} steps).")
+        print(f"{path}: no problems found ({last_step + 1:,} steps).")
     else:
         errors = sum(1 for f in findings if f.get("severity") == "error")
         print(f"{path}: {_count(len(findings), 'finding')}, {_count(errors, 'error')}, {_count(last_step + 1, 'step')}\n")

@@ -28,7 +28,7 @@ FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large 
 
 def _judged_steps(run: Run) -> Iterator[tuple[int, dict[str, Any]]]:
     """The steps whose zero gradients can tell a dead branch: not skipped by the GradScaler, not diverged."""
-    diverged = diverged_steps(run)
+    diverged = set(diverged_steps(run))
     return ((step, ev) for step, ev in applied_steps(run) if step not in diverged)
 
 

@@ -117,7 +117,7 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
         # within a few steps, never rising at every step for DIVERGE_STEPS nor (clipped, or
         # under Adam) taking the gradient norm along
         low_step, low, step, loss, lr = blowup
-        steps = [s for s, _, v in history if s >= step and v is not None and v >= loss / 10]
+        steps = diverged_steps(run, blowup)  # while it stays up: a later lone spike is no part of it
         at_lr = f", the learning rate {lr:g} then" if lr is not None else ""
         out.append(make("P3", "warning",
                         f"Training diverged: the loss went from {low:.3g} at step {low_step} to {loss:.3g} at step "
@@ -169,7 +169,8 @@ def loss_blowup(run: Run, before: int | None = None) -> tuple[int, float, int, f
     for k, step, loss, ev in losses:
         if window:
             low_step, low = min(window, key=lambda w: w[1])
-            if loss >= low * BLOWUP_FACTOR and loss >= start * BLOWUP_OVER_START and _stays(events, k, low):
+            if (loss >= low * BLOWUP_FACTOR and loss >= start * BLOWUP_OVER_START
+                    and _stays(events, k, statistics.median(v for _, v in window))):
                 lrs = [v for v in (as_float(x) for x in as_list((prev or ev).get("lr"))) if v is not None]
                 return low_step, low, step, loss, max(lrs) if lrs else None
         window.append((step, loss))
@@ -177,32 +178,37 @@ def loss_blowup(run: Run, before: int | None = None) -> tuple[int, float, int, f
     return None
 
 
-def diverged_steps(run: Run) -> set[int]:
-    """The steps of a loss blow-up (``loss_blowup``) while the loss stays up (BLOWUP_OVER_START
-    times the low before it) or is NaN/Inf: weights grown huge there saturate tanh and sigmoid
-    and switch ReLUs off for good, zeroing gradients as a symptom of the divergence."""
-    blowup = loss_blowup(run)
+def diverged_steps(run: Run, blowup: tuple[int, float, int, float, float | None] | None = None) -> list[int]:
+    """The steps of a loss blow-up (``loss_blowup``, or the one given) while the loss stays up
+    (BLOWUP_OVER_START times the low before it) or is NaN/Inf: weights grown huge there saturate
+    tanh and sigmoid and switch ReLUs off for good, zeroing gradients as a symptom of the divergence."""
+    blowup = blowup or loss_blowup(run)
     if blowup is None:
-        return set()
+        return []
     _, low, start, _, _ = blowup
-    out: set[int] = set()
+    out: list[int] = []
     for step, ev in run.step_events():
         if step < start:
             continue
         loss = _loss(ev)
         if loss is not None and loss < low * BLOWUP_OVER_START:
             break
-        out.add(step)
+        out.append(step)
     return out
 
 
-def _stays(events: list[tuple[int, dict[str, Any]]], k: int, low: float) -> bool:
-    """Whether the loss after the k-th step stays up (BLOWUP_OVER_START times ``low``, or NaN/Inf),
-    or the run ends there: one outlier batch whose loss falls back at once is no divergence."""
-    if k + 1 >= len(events):
-        return True
-    nxt = as_float(events[k + 1][1].get("loss"))
-    return nxt is None or not math.isfinite(nxt) or nxt >= low * BLOWUP_OVER_START
+BLOWUP_STAYS = 5  # the steps after a blow-up whose median loss must stay up
+
+
+def _stays(events: list[tuple[int, dict[str, Any]]], k: int, typical: float) -> bool:
+    """Whether the loss after the k-th step stays up -- the median of the next BLOWUP_STAYS
+    losses (NaN/Inf counting as up) at BLOWUP_OVER_START times ``typical``, the median of the
+    window before -- or the run ends there: outlier batches whose loss falls back within a step
+    or two to its noisy level are no divergence (two in a row passed a look at the next step
+    alone, against the window's lowest batch: a long run with a few bad targets "diverged")."""
+    after = [as_float(ev.get("loss")) for _, ev in events[k + 1:k + 1 + BLOWUP_STAYS]]
+    ups = sorted(math.inf if v is None or not math.isfinite(v) else v for v in after)
+    return not ups or ups[len(ups) // 2] >= typical * BLOWUP_OVER_START
 
 
 DIVERGE_STEPS = 8  # consecutive steps of growth that make a divergence, not a hard batch or two
