@@ -171,8 +171,9 @@ def _hooks_note(run: Run, dead: list[int]) -> str:
     return f" Gradient hooks of yours that can change it: {'; '.join(parts)} -- check what they return." if parts else ""
 
 
-def _gate(run: Run, settings: Settings, steps: set[int]) -> tuple[str, str] | None:
-    """(module, the module it reads) where the gradient stops, on the first captured step of
+def _gate(run: Run, settings: Settings, steps: set[int]) -> tuple[str, str, float] | None:
+    """(module, the module it reads, the share of zeros in the gradient of the latter's output)
+    where the gradient stops, on the first captured step of
     ``steps``: the first module, in the forward's order, whose output gets a gradient while the
     output of a module it reads gets (almost) none -- a ReLU that never fires, a gate
     multiplied by 0.  Everything before it is dead because of it."""
@@ -193,7 +194,7 @@ def _gate(run: Run, settings: Settings, steps: set[int]) -> tuple[str, str] | No
                 fed = str(w.get("module", "")) if w is not None else ""
                 inside = fed.startswith(f"{module}.") or module.startswith(f"{fed}.")
                 if fed and fed != module and not inside and fracs.get(fed, 0.0) >= settings.dead_zero_frac:
-                    return module, fed
+                    return module, fed, fracs[fed]
     return None
 
 
@@ -219,14 +220,32 @@ def _surge_note(run: Run, first: int) -> str:
     return ""
 
 
-def _gate_note(run: Run, gate: tuple[str, str] | None) -> str:
+def _sampled_note(run: Run, steps: list[int]) -> str:
+    """How many steps had their gradients' share of zeros read (every tenth and captured ones,
+    outside full mode), when fewer than all: "386 steps" of 5,000 are 386 of the 500 read."""
+    read = {step for step, ev in applied_steps(run) if any(v is not None for v in floats(ev, "zero_frac"))}
+    # (a step not read whose gradient norm was exactly 0 is flagged too: then the count is no share)
+    return (f"; {len(steps):,} of the {len(read):,} steps whose share of zeros was read"
+            if len(read) < len(run.steps) and set(steps) <= read else "")
+
+
+def _all_zero(run: Run, params: dict[int, list[int]], steps: list[int]) -> bool:
+    """Whether the flagged parameters' gradients were all exact zeros wherever it was read (not
+    99% of them: a layer with a few live units still learns through them)."""
+    at = set(steps)
+    return all(frac == 1.0 for step, ev in applied_steps(run) if step in at
+               for i, frac in enumerate(floats(ev, "zero_frac")) if i in params and frac is not None)
+
+
+def _gate_note(run: Run, gate: tuple[str, str, float] | None) -> str:
     if gate is None:
         return ""
-    module, fed = gate
+    module, fed, frac = gate
     kind, fed_kind = run.module_type(module), run.module_type(fed)
-    why = ": a ReLU whose input is never positive" if "ReLU" in kind else ""
+    none = "none" if frac == 1.0 else f"almost none ({frac:.1%} exact zeros)"
+    why = f": a ReLU whose input is {'never' if frac == 1.0 else 'rarely'} positive" if "ReLU" in kind else ""
     return (f" The gradient stops at {module!r}{f' ({kind})' if kind else ''}: its output gets a gradient, but its "
-            f"input, the output of {fed!r}{f' ({fed_kind})' if fed_kind else ''}, gets none{why}.")
+            f"input, the output of {fed!r}{f' ({fed_kind})' if fed_kind else ''}, gets {none}{why}.")
 
 
 FIX_WHOLE = ("Look at what the loss sees last: an output activation that cannot produce the targets (a ReLU or "
@@ -272,7 +291,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     what = [*names, *(f"the output of {m!r}" if m else "the root module's output" for m in sorted(acts))]
     shown = ", ".join(what[:4]) + (f" and {len(what) - 4} more" if len(what) > 4 else "")
     message = (f"Gradient reaching {shown} is {settings.dead_zero_frac:.0%}+ exact zeros "
-               f"({describe_steps(steps, run.last_step)}): this branch is dead and does not learn."
+               f"({describe_steps(steps, run.last_step)}{_sampled_note(run, steps)}): "
+               f"{'this branch is dead and does not learn' if _all_zero(run, params, steps) else 'this branch is (nearly) dead: it barely learns'}."
                f"{_gate_note(run, gate)}{_surge_note(run, steps[0])}{_hooks_note(run, sorted(params))}")
     targets = [FindingTarget(step=steps[0], rank=run.rank, module=m) for m in modules]
     targets += [FindingTarget(step=params[i][0], rank=run.rank, param=run.param_name(i),

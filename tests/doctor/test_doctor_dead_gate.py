@@ -52,3 +52,20 @@ def test_light_names_no_stop_it_did_not_see(tmp_path: Path) -> None:
     (p2,), events = _p2(tmp_path, "light", bias=-20.0)
     assert not any(e.get("activation_grads") for e in events if e["kind"] == "step")
     assert "3.bias" in p2["params"] and "The gradient stops at" not in p2["message"]
+
+
+def test_a_mostly_dead_layer_read_every_tenth_step_is_told_as_such() -> None:
+    """A layer whose gradient is 99.5% zeros (a few live units still learn) on the steps whose
+    share of zeros was read, every tenth: "(nearly) dead", and its steps counted against those
+    read -- "on 3 steps" of 30 were 3 of the 3 read (found by QA on a 5,000-step run)."""
+    from doctor_events import grads, session, step
+
+    events = [session(), *[
+        step(i, grads=grads(norm=[0.01, 0.02, 0.5, 0.5], zero_frac=[0.995, 0.0, 0.0, 0.0]) if i % 10 == 0
+             else {k: v for k, v in grads(norm=[0.01, 0.02, 0.5, 0.5]).items() if k != "zero_frac"})
+        for i in range(30)]]
+    (p2,) = [f for f in diagnose(events) if f["code"] == "P2"]
+    assert p2["params"] == ["enc.weight"] and p2["steps"] == [0, 10, 20], p2
+    assert "3 of the 3 steps whose share of zeros was read" in p2["message"], p2["message"]
+    assert "this branch is (nearly) dead: it barely learns" in p2["message"]
+    assert "does not learn" not in p2["message"]
