@@ -52,7 +52,11 @@ def break_op(graph: dict[str, Any], param: str) -> tuple[dict[str, Any], bool]:
     readers = [op for op in fwd if ids & {as_int(t, -1) for t in as_list(op.get("inputs"))}]
     if not readers:
         return {}, False
-    flow = g.downstream(fwd, readers)
+    # a forward run under no_grad as well (an RL rollout choosing actions, a TD target, an
+    # evaluation) is no path the gradient could have taken: where the training forward's
+    # path breaks is the cut (a .detach() on the critic's value), not that block
+    graded = [op for op in readers if op.get("grad_mode") is not False and op.get("inference_mode") is not True]
+    flow = g.downstream(fwd, graded or readers)
     # the function mode's marker of the user's call (it follows the detach it made) first
     cut = [op for op in flow if _is_cut(op, detach=False)] or [op for op in flow if _is_cut(op)]
     if cut and cut[0].get("grad_mode") is False and _cut_later(graph, fwd, cut[0]):
@@ -63,8 +67,36 @@ def break_op(graph: dict[str, Any], param: str) -> tuple[dict[str, Any], bool]:
         # block such a cut must go too: it is named first, the block on the next run.)
         cut = [op for op in g.downstream(fwd, [cut[0]]) if op.get("grad_mode") is not False
                and g.flags(op) & _USER_CUTS] or cut
+    if len(cut) > 1:
+        # a detached coefficient of a tensor that carries a gradient (an advantage times the
+        # log-probabilities, a target) is meant; a cut whose readers get no gradient from
+        # anything else (mse_loss(v.detach(), target): the whole term) is where it is lost
+        coefficient = _coefficients(graph, fwd)
+        cut = [op for op in cut if as_int(op.get("id"), -1) not in coefficient] or cut
     # With no flagged op, the path ends where the dataflow stops: point at its last op.
     return (cut[0] if cut else flow[-1]), True
+
+
+def _coefficients(graph: dict[str, Any], fwd: list[dict[str, Any]]) -> set[int]:
+    """The ops whose every output is read only beside a tensor that requires grad: a detached
+    factor of a term that still carries a gradient."""
+    grads = {as_int(t.get("id"), -1) for t in as_list(graph.get("tensors"))
+             if isinstance(t, dict) and t.get("requires_grad")}
+    readers = g.consumers(fwd)
+    out: set[int] = set()
+    for op in fwd:
+        outs = [as_int(t, -1) for t in as_list(op.get("outputs"))]
+        uses = [r for t in outs for r in readers.get(t, [])]
+        if uses and all(any(as_int(t, -1) in grads and as_int(t, -1) not in outs for t in as_list(r.get("inputs")))
+                        for r in uses):
+            out.add(as_int(op.get("id"), -1))
+    # the function mode's marker of a .detach() the user wrote (no outputs) goes with the
+    # dispatcher's detach right after it, of the same input
+    for marker, nxt in zip(fwd, fwd[1:], strict=False):
+        if g.flags(marker) & _USER_CUTS and nxt.get("name") in _DETACHES and nxt.get("inputs") == marker.get("inputs") \
+                and as_int(nxt.get("id"), -1) in out:
+            out.add(as_int(marker.get("id"), -1))
+    return out
 
 
 def _cut_later(graph: dict[str, Any], fwd: list[dict[str, Any]], op: dict[str, Any]) -> bool:
