@@ -163,7 +163,26 @@ class LossGraph:
 
     def mean_terms(self, k: int = 0) -> list[int]:
         """The terms of the loss that are means left unscaled: ``k`` of them sum to k times one."""
-        return [t for t in self.terms(self.root) if self.scale(t, k) in TOO_BIG]
+        terms = self.terms(self.root)
+        return [t for t in self._averaged(terms, k) or terms if self.scale(t, k) in TOO_BIG]
+
+    def _averaged(self, terms: list[int], k: int) -> list[int]:
+        """The losses that ``terms`` weight by numbers summing to 1 (``a * kd + (1 - a) * ce``, a
+        distillation loss): a weighted average, whose weights are no division by ``k`` -- unless
+        there are as many terms as micro-batches (``kd / 2 + ce / 2`` at k=2 reads the same);
+        else []."""
+        if k < 2 or len(terms) < 2 or len(terms) == k:
+            return []
+        weights: list[float] = []
+        inner: list[int] = []
+        for t in terms:
+            number = as_float(self.nodes.get(t, {}).get("scalar"))
+            inputs = self._inputs(t)
+            if not self.names.get(t, "").startswith(_SCALED_ROOTS) or not number or len(inputs) != 1:
+                return []
+            weights.append(1 / number if self.names.get(t, "").startswith("DivBackward") else number)
+            inner.append(inputs[0])
+        return inner if math.isclose(sum(weights), 1.0, rel_tol=0.02) else []
 
     def forwards_read(self, term: int) -> set[int]:
         """The forwards (micro indices) whose outputs the loss ``term``'s ops read, through the ops
@@ -477,7 +496,9 @@ def _divided_by_micro_batch(run: Run, hits: list[Accumulated]) -> list[Finding]:
 def _check_backwards(run: Run, judged: dict[object, Judgement]) -> list[Finding]:
     """k backward() calls of micro-batch means summed into .grad before one step()."""
     hits = _accumulated(run, judged)
-    by_hand = ["micro_mean" in h.judgement.too_big for h in hits]
+    # a sum divided by the micro-batch size alone (a mean beside it, a distillation's
+    # batchmean KL beside its cross-entropy: the plain "not divided")
+    by_hand = [h.judgement.too_big == {"micro_mean"} for h in hits]
     return [*_not_divided(run, [h for h, m in zip(hits, by_hand, strict=True) if not m]),
             *_divided_by_micro_batch(run, [h for h, m in zip(hits, by_hand, strict=True) if m])]
 

@@ -109,6 +109,22 @@ def weighted_not_divided(x: torch.Tensor, y: torch.Tensor) -> None:
         (2.0 * mse(model(xb), yb)).backward()
 
 
+def weighted_average_not_divided(x: torch.Tensor, y: torch.Tensor) -> None:
+    """Two losses averaged with weights summing to 1: the weights are no division by K."""
+    for xb, yb in zip(x.chunk(K), y.chunk(K), strict=True):
+        out = model(xb)
+        (0.5 * mse(out, yb) + 0.5 * F.l1_loss(out, yb)).backward()
+
+
+def distillation_not_divided(x: torch.Tensor, y: torch.Tensor) -> None:
+    """Hinton's distillation loss: alpha times the batchmean KL to a teacher's soft targets
+    (a sum divided by the micro-batch size) plus (1 - alpha) times the mean loss, not / K."""
+    for xb, yb in zip(x.chunk(K), y.chunk(K), strict=True):
+        out = model(xb)
+        kd = F.kl_div(F.log_softmax(out / 2, 1), F.softmax(yb / 2, 1), reduction="batchmean") * 4
+        (0.9 * kd + 0.1 * F.cross_entropy(out, yb.argmax(1))).backward()
+
+
 def adam_not_divided(x: torch.Tensor, y: torch.Tensor) -> None:
     """Under Adam (main() picks it for adam_*): k times the gradients, about the same step."""
     mean_not_divided(x, y)
@@ -205,6 +221,12 @@ def scaler_divided(x: torch.Tensor, y: torch.Tensor) -> None:
         scaler.scale(mse(model(xb), yb) / K).backward()
 
 
+def weighted_average_divided(x: torch.Tensor, y: torch.Tensor) -> None:
+    for xb, yb in zip(x.chunk(K), y.chunk(K), strict=True):
+        out = model(xb)
+        ((0.5 * mse(out, yb) + 0.5 * F.l1_loss(out, yb)) / K).backward()
+
+
 def sum_reduction(x: torch.Tensor, y: torch.Tensor) -> None:
     """reduction='sum' with a learning rate chosen for it: K micro-batch sums are the batch's sum."""
     for xb, yb in zip(x.chunk(K), y.chunk(K), strict=True):
@@ -244,7 +266,8 @@ VARIANTS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
                             two_datasets, two_views, label_smoothing_not_divided, weighted_not_divided,
                             adam_not_divided, adam_clip_not_divided, label_smoothing_divided,
                             tokens_divided_by_micro_batch_tokens, tokens_divided_by_batch_tokens,
-                            scaler_not_divided, scaler_chunk_sum, scaler_divided)
+                            scaler_not_divided, scaler_chunk_sum, scaler_divided, weighted_average_not_divided,
+                            distillation_not_divided, weighted_average_divided)
 }
 scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
 

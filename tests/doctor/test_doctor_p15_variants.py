@@ -24,9 +24,10 @@ CHUNKED = ["chunk_sum", "chunk_stack_sum", "chunk_outputs_first", "chunk_of_pixe
 MICRO_MEANS = ["sum_divided_by_micro_batch", "sum_times_inverse_micro_batch", "explicit_sum_divided_by_micro_batch"]
 CORRECT = ["chunk_sum_divided", "chunk_stack_mean", "mean_divided", "sum_divided_by_batch", "sum_scaled_by_full_batch",
            "sum_reduction", "explicit_sum", "chunk_explicit_sum", "two_datasets", "two_views", "label_smoothing_divided",
-           "tokens_divided_by_batch_tokens", "scaler_divided", "scaler_divided_light"]
+           "tokens_divided_by_batch_tokens", "scaler_divided", "scaler_divided_light", "weighted_average_divided"]
 # a loss multiplied by numbers that are weights, not 1 / K: label smoothing's, 2.0 * loss
-WEIGHTED = ["label_smoothing_not_divided", "weighted_not_divided"]
+# (and losses averaged with weights summing to 1: a distillation's alpha * kd + (1 - alpha) * ce)
+WEIGHTED = ["label_smoothing_not_divided", "weighted_not_divided", "weighted_average_not_divided", "distillation_not_divided"]
 ADAM = ["adam_not_divided", "adam_clip_not_divided"]
 TOKENS = "tokens_divided_by_micro_batch_tokens"
 # under a GradScaler, whose scaler.scale(loss) multiplies by a tensor, in the modes with and without graphs
