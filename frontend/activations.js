@@ -3,7 +3,7 @@
 // module in forward order, its norm as a bar on a log scale, its largest magnitude and its
 // fraction of exact zeros, so how the gradient changes on its way back through the layers
 // (vanishing, exploding, cut by a dead ReLU) reads from top to bottom.
-import { h, clear, fmtNum, moduleLabel } from "./dom.js";
+import { h, clear, fmtNum, moduleLabel, decadeFormat } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { logScale, ZERO, NONFINITE, legendItem } from "./colors.js";
 
@@ -121,12 +121,10 @@ export class ActivationGradsPanel {
     // whole decades, so the grid lines fall on 1e-3, 1e-2, ...
     const lo = Math.floor(Math.log10(scale.lo)), hi = Math.max(Math.ceil(Math.log10(scale.hi)), lo + 1);
     const at = (v) => (100 * (Math.log10(v) - lo)) / (hi - lo);
-    const ticks = [];
-    const every = Math.max(1, Math.ceil((hi - lo) / 8));
-    for (let k = hi; k >= lo; k -= every) ticks.unshift(h("span", { class: "act-tick", style: `left:${(100 * (k - lo)) / (hi - lo)}%` }, decade(k)));
+    const axis = h("span", { class: "act-axis", "data-testid": "act-axis" });
+    this.axis = { el: axis, lo, hi };
     const grid = `background-size:${100 / (hi - lo)}% 100%`;
-    const head = h("div", { class: "act-row act-head" }, h("span", {}, "module (forward order)"),
-      h("span", { class: "act-axis", "data-testid": "act-axis" }, ...ticks),
+    const head = h("div", { class: "act-row act-head" }, h("span", {}, "module (forward order)"), axis,
       h("span", { class: "num" }, "‖grad_output‖₂"), h("span", { class: "num" }, "max |g|"), h("span", {}, "zeros"), h("span", {}, ""));
     // indented by the rows that contain it (a ModuleList, never called, has no row of its own)
     const paths = new Set(rows.map((r) => r.module));
@@ -157,8 +155,36 @@ export class ActivationGradsPanel {
     });
     this.body.onmouseleave = () => { this.hover.textContent = "\u00a0"; };
     clear(this.body).append(head, ...lines);
+    this.placeTicks();
     clear(this.legend).append(legendItem(ZERO, "‖grad_output‖₂ exactly zero (nothing flowed back)"), " · ",
       legendItem(NONFINITE, "NaN/Inf"), " · bar colours as the heat map's log scale · hover a row for exact numbers, click it to open the module in the graph at this step");
+  }
+
+  // The axis's decade labels, as many as its width holds: one a decade at 1920 px, every
+  // few at 1024 px, where a label a decade ran together ("1e101e111e12").  Placed again when
+  // the axis changes width (the window, the view shown after being hidden).
+  placeTicks() {
+    const { el, lo, hi } = this.axis || {};
+    if (!el) return;
+    if (!this.axisObserver) this.axisObserver = new ResizeObserver(() => this.placeTicks());
+    this.axisObserver.disconnect();
+    this.axisObserver.observe(el);
+    const width = el.clientWidth;
+    if (width === this.axis.width) return;
+    this.axis.width = width;
+    const fmt = decadeFormat(lo, hi, -2, 3);
+    // the widest label's text, measured in the axis's font, and a gap of two spaces
+    const ctx = (this.measure ||= document.createElement("canvas").getContext("2d"));
+    ctx.font = `11px ${getComputedStyle(el).fontFamily || "system-ui"}`;
+    let widest = 0;
+    for (let k = lo; k <= hi; k++) widest = Math.max(widest, ctx.measureText(fmt(k)).width);
+    // labels a decade apart are centred on their tick, the end ones inside the axis: apart
+    // by half a label each side, one more at an end, and a gap
+    const room = width ? (hi - lo) * (1.5 * widest + 8) / width : 0;
+    const every = Math.max(1, Math.ceil(room), Math.ceil((hi - lo) / 8));
+    const ticks = [];
+    for (let k = hi; k >= lo; k -= every) ticks.unshift(h("span", { class: "act-tick", style: `left:${(100 * (k - lo)) / (hi - lo)}%` }, fmt(k)));
+    clear(el).append(...ticks);
   }
 
   open(module) {
@@ -173,7 +199,6 @@ export class ActivationGradsPanel {
 
 const depth = (path) => (path ? path.split(".").length : 0);
 const pct = (f) => (f === undefined || f === null ? "–" : `${f > 0 && f < 0.001 ? "<0.1" : f < 1 && f > 0.999 ? ">99.9" : +(100 * f).toFixed(1)} %`);
-const decade = (k) => (k >= -2 && k <= 3 ? String(+(10 ** k).toPrecision(1)) : `1e${k}`);
 
 function nonfiniteText(r) {
   const parts = [];

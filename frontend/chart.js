@@ -1,6 +1,6 @@
 // A small canvas line chart for long series: each series is reduced to one min/max pair per
 // pixel column (linear in the number of points), so 100,000 steps draw in a few ms.
-import { h, clear, fmtNum, fmtBytes, fmtUs } from "./dom.js";
+import { h, clear, fmtNum, fmtBytes, fmtUs, decadeFormat } from "./dom.js";
 import { SERIES, legendItem } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
 
@@ -42,7 +42,7 @@ export class LineChart {
       // (two series of NaN alone are not "equal": they say nothing about each other)
       s.same = s.y.some((v) => typeof v === "number" && Number.isFinite(v)) &&
         this.series.slice(0, k).find((o) => o.y.length === s.y.length && o.y.every((v, i) => v === s.y[i]));
-      this.legend.append(legendItem(s.color, s.same ? `${s.name} (= ${s.same.name})` : s.name));
+      this.legend.append(legendItem(s.color, s.same ? `${s.name} (= ${s.same.name})` : s.dash ? thresholdName(s, this.series) : s.name));
     });
     return this.draw();
   }
@@ -196,19 +196,32 @@ export class LineChart {
   }
 }
 
+// A threshold's legend name (a dashed series: clip_grad_norm_'s max_norm), with its value when
+// another series lies on it at every step it has (a run clipped at every step: the norm after
+// clipping is max_norm), where the dashed line is hidden under the other: "max_norm (= 0.5)".
+function thresholdName(s, series) {
+  const near = (a, b) => typeof b === "number" && Math.abs(a - b) <= 1e-4 * Math.max(Math.abs(a), Math.abs(b));
+  const at = s.y.map((v, i) => [v, i]).filter(([v]) => typeof v === "number" && Number.isFinite(v));
+  const under = at.length ? series.find((o) => o !== s && at.every(([v, i]) => near(v, o.y[i]))) : null;
+  if (!under) return s.name;
+  const values = [...new Set(at.map(([v]) => v))];
+  return `${s.name} (= ${values.length === 1 ? String(+values[0].toPrecision(6)) : under.name})`;
+}
+
 // The units of an axis of bytes or of durations (µs), largest first.
 const UNITS = new Map([[fmtBytes, [[1024 ** 4, "TiB"], [1024 ** 3, "GiB"], [1024 ** 2, "MiB"], [1024, "KiB"], [1, "B"]]],
   [fmtUs, [[1e6, "s"], [1e3, "ms"], [1, "µs"]]]]);
 
 // A log10 axis over [lmin, lmax] (log values): whole decades, a label every decade (every
-// few when there are many), "0.01 / 0.1 / 1 / 10" near 1 and "1e-6" / "1e+6" beyond.
+// few when there are many), in one format for the whole axis (decadeFormat).
 function logAxis(lmin, lmax) {
   if (lmin === Infinity) { lmin = 0; lmax = 1; }
   const lo = Math.floor(lmin), hi = Math.max(Math.ceil(lmax), lo + 1);
   const ystep = Math.max(1, Math.ceil((hi - lo) / 6));
-  const fmt = (k) => { const v = 10 ** Math.round(k); return k >= -3 && k <= 4 ? String(+v.toPrecision(1)) : v.toExponential(0); };
-  return { lo, hi: lo + Math.ceil((hi - lo) / ystep) * ystep, ystep, fmt };
+  const top = lo + Math.ceil((hi - lo) / ystep) * ystep;
+  return { lo, hi: top, ystep, fmt: decadeFormat(lo, top) };
 }
+
 
 // The smallest of 1, 2, 5 times a power of ten that is at least ``raw``.
 function niceStep(raw) {

@@ -103,3 +103,11 @@ export async function withLoading(el, promise, label = "Loading…") {
   el.dataset.loadingLabel = label;
   try { return await promise; } finally { clearTimeout(timer); el.classList.remove("loading"); }
 }
+
+// Labels for the decades 10^lo..10^hi, one format for all of them: plain ("0.01 / 0.1 / 1 /
+// 10 / 1000") while every one is short, else all as powers of ten ("1e-2 / 1e0 / 1e2 / 1e4");
+// formatted each on its own, an axis read "1e+8, 1e+6, 10000, 100, 1", and "1000, 1e4".
+export function decadeFormat(lo, hi, plainFrom = -3, plainTo = 4) {
+  const plain = lo >= plainFrom && hi <= plainTo;
+  return (k) => { const e = Math.round(k); return plain ? String(+(10 ** e).toPrecision(1)) : `1e${e}`; };
+}

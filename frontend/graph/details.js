@@ -79,8 +79,10 @@ export function renderDetails(panel, model, key, ctx) {
     for (const [from, to] of model.ev.edges || []) if ("n" + from === key && model.byKey.has("n" + to)) succ.push("n" + to);
     if (succ.length) panel.append(h("h4", {}, "next_functions"), h("ul", { class: "links" }, succ.map((k) => h("li", {}, link(k, model.byKey.get(k).label)))));
   }
-  panel.append(h("div", { class: "actions" },
-    h("button", { onclick: () => ctx.togglePath(key), "data-testid": "path-to-loss" }, "Path to loss")));
+  // what the highlight cannot say by itself: that the path ends short of the loss
+  const note = h("p", { class: "path-note", "data-testid": "path-note", hidden: true });
+  const path = () => { const t = ctx.togglePath(key) || ""; note.textContent = t; note.hidden = !t; };
+  panel.append(h("div", { class: "actions" }, h("button", { onclick: path, "data-testid": "path-to-loss" }, "Path to loss")), note);
 }
 
 function groupDetails(panel, model, key, ctx) {

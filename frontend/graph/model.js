@@ -92,7 +92,10 @@ export function buildModel(ev) {
   for (const l of placing) for (let g = l.group; g > 0 && groups[g].pos === Infinity; g = groups[g].parent) groups[g].pos = l.pos;
 
   // Repeated blocks: numbered children (ModuleList / Sequential) with the same structure (op
-  // names at the same relative depth, in order) under the same parent; the first names the rest.
+  // names at the same relative depth, in order) under the same parent; the lowest-numbered
+  // names the rest, in both phases: the backward groups are made in the backward's order (the
+  // last block first), and marked in that order the backward column read "0 ≡ 4" across
+  // from the forward's "4 ≡ 0".
   const sig = new Int32Array(groups.length);
   for (const l of leaves) {
     let hsh = 0;
@@ -100,8 +103,10 @@ export function buildModel(ev) {
     for (let g = l.group; g > 0; g = groups[g].parent) sig[g] = (Math.imul(sig[g], 1000003) + hsh + groups[l.group].depth - groups[g].depth) | 0;
   }
   const firstOf = new Map();
-  for (let g = 1; g < groups.length; g++) {
-    if (!/^\d+$/.test(groups[g].label)) continue; // repeated blocks live in ModuleList / Sequential
+  const numbered = []; // repeated blocks live in ModuleList / Sequential
+  for (let g = 1; g < groups.length; g++) if (/^\d+$/.test(groups[g].label)) numbered.push(g);
+  numbered.sort((a, b) => +groups[a].label - +groups[b].label || a - b);
+  for (const g of numbered) {
     const k = `${groups[g].parent}|${sig[g]}|${groups[g].count}`;
     if (firstOf.has(k)) groups[g].repeatOf = firstOf.get(k); else firstOf.set(k, g);
   }

@@ -117,6 +117,14 @@ export class GraphCanvas {
     this.requestDraw();
   }
 
+  // The canvas's size now, not as the last ResizeObserver call saw it: a fit or a centring
+  // right after the legend bar below the canvas was filled (or the details panel beside it
+  // changed) used the old height, and the first view cut the loss off under the legend.
+  measure() {
+    const r = this.canvas.parentElement.getBoundingClientRect();
+    if (Math.max(1, r.width) !== this.w || Math.max(1, r.height) !== this.h) this.resize();
+  }
+
   resize() {
     const r = this.canvas.parentElement.getBoundingClientRect();
     const dpr = window.devicePixelRatio || 1;
@@ -131,6 +139,7 @@ export class GraphCanvas {
 
   // The whole graph, however small that makes it: centred across, from its top.
   overviewView() {
+    this.measure();
     const { width, height } = this.scene;
     const s = Math.max(MIN_SCALE, Math.min(1, (this.w - 40) / Math.max(width, 1), (this.h - 40 - this.topInset()) / Math.max(height, 1)));
     return { scale: s, tx: (this.w - width * s) / 2, ty: 20 + this.topInset() };
@@ -144,7 +153,7 @@ export class GraphCanvas {
   // place side by side: the columns end level at the loss, so above a short forward column
   // there is only the tall backward's end.
   fitView() {
-    const all = this.overviewView();
+    const all = this.overviewView(); // (measured the canvas)
     const start = this.startPoint();
     if (all.scale >= TEXT_MIN_SCALE || !start) return all;
     // what lies above the start (side by side: the end of a backward column a few rows taller
@@ -205,6 +214,7 @@ export class GraphCanvas {
   // where labels are drawn (a grad_fn node and the forward op that created it, one column
   // away).  The canvas below the status line floating over its top counts.
   centerOn(must, minScale = 0.8, extra = []) {
+    this.measure();
     const top = this.topInset(), room = this.h - top;
     const bbox = (bs) => {
       const x0 = Math.min(...bs.map((b) => b[0])), y0 = Math.min(...bs.map((b) => b[1]));

@@ -243,8 +243,11 @@ function buildBase(model, layout, st, css) {
     // "≡ 0": same structure as sibling 0 (repeated blocks)
     const mark = G.repeatOf ? "  ≡ " + groups[G.repeatOf].label : "";
     const count = `${G.count} ${G.phase === "backward" ? "node" : "op"}${G.count === 1 ? "" : "s"}`;
+    // the path after the count only where it says more than the label's name: a top-level
+    // child of an nn.Sequential read "1 op · 0", its index as if a second count
+    const where = G.path !== G.label;
     const it = { key: "g:" + G.key, group: g, rep: r, order: firstLeaf.get(r), box, label: `${G.label}${mtype ? ": " + mtype : ""}${mark}`, name: G.label, type: mtype, mark,
-                 sub: `${count} · ${G.path}`, subHead: count, subPath: G.path, color, hi: false, cut: false };
+                 sub: where ? `${count} · ${G.path}` : count, subHead: where ? count : null, subPath: where ? G.path : count, color, hi: false, cut: false };
     items.push(it); byKey.set(it.key, it);
   }
 

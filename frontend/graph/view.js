@@ -21,7 +21,12 @@ export function nearest(captured, step) {
 }
 // What a zero of each numeric overlay means (its own colour, outside the ramp)
 const ZERO_TEXT = { grad: "exactly zero", memory: "0 B: allocated / saved nothing (a view, an in-place op)", time: "0 µs" };
-const OVERLAYS = [["phase", "phase (forward / backward)"], ["grad", "gradient norm"], ["memory", "memory allocated / saved"], ["time", "time"], ["dtype", "dtype"], ["diff", "diff vs another step"]];
+// Short names (the legend under the canvas says the rest): with the diff's step menu beside
+// it, "phase (forward / backward)" made the toolbar two rows at 1280 px; in full on hover.
+const OVERLAYS = [["phase", "phase", "forward / backward"], ["grad", "gradient norm", "the gradient norm of each parameter (AccumulateGrad) and module"],
+  ["memory", "memory", "bytes an op allocated, bytes a grad_fn saved"], ["time", "time", "an op's or a grad_fn's duration"], ["dtype", "dtype", "the output's dtype"],
+  ["diff", "diff", "added / changed / same against another captured step (the menu beside it)"]];
+const NO_DIFF = "only one step is captured: no other step to compare with";
 
 // Why a graph is partial: a step past max_ops records its first ops and counts the rest; a
 // recorder that failed partway (its error is in the run's log) has no count.
@@ -40,6 +45,18 @@ export function typingIn(el) {
   if (!el) return false;
   if (el.tagName === "INPUT") return !NOT_TEXT.has((el.type || "text").toLowerCase());
   return el.tagName === "TEXTAREA" || el.tagName === "SELECT" || el.isContentEditable;
+}
+
+// The keys that stand for the loss: its grad_fn (GraphEvent.root) and the op that created it,
+// with gradient accumulation each micro-batch's like op (the same name where the root's ran:
+// the first backward's graph only is kept, but every micro-batch's forward reaches a loss).
+function lossKeys(model) {
+  const root = model.rootKey ? model.byKey.get(model.rootKey) : null;
+  if (!root) return [];
+  const op = root.rec.op !== undefined && root.rec.op !== null ? model.byKey.get("o" + root.rec.op) : null;
+  if (!op) return [root.key];
+  const like = model.leaves.filter((x) => x.kind === "op" && x.rec.name === op.rec.name && x.module === op.module && (x.rec.micro ?? 0) !== (op.rec.micro ?? 0));
+  return [root.key, op.key, ...like.map((x) => x.key)];
 }
 
 export class GraphView {
@@ -75,7 +92,7 @@ export class GraphView {
                                 oninput: () => this.showStep(this.captured[+this.stepSel.value]) });
     this.stepLabel = h("span", { class: "step-label", "data-testid": "step-label" }, "–");
     this.overlaySel = h("select", { "aria-label": "overlay", "data-testid": "overlay", onchange: () => this.setOverlay(this.overlaySel.value) },
-      OVERLAYS.map(([v, t]) => h("option", { value: v }, t)));
+      OVERLAYS.map(([v, t, title]) => h("option", { value: v, title }, t)));
     this.diffSel = h("select", { "aria-label": "diff against step", hidden: true, onchange: () => this.loadDiff() });
     // a placeholder that fits the box (cut, "Search name, module, sha" read as a typo); the
     // rest is the tooltip
@@ -307,7 +324,9 @@ export class GraphView {
     if (!this.model || !this.layout) return;
     const ctx = this.ctx();
     // the scene drawn until now: what a new selection or highlight leaves as it was is kept
-    this.scene = buildScene(this.model, this.layout, { expandedIdx: this.expandedIdx, overlay: this.overlay, ctx,
+    // a diff with nothing to compare against colours nothing (every node "same" said nothing)
+    const overlay = this.overlay === "diff" && !this.diff ? "phase" : this.overlay;
+    this.scene = buildScene(this.model, this.layout, { expandedIdx: this.expandedIdx, overlay, ctx,
       highlight: this.highlight, cut: this.cut, selected: this.selectedVisibleKey(), sideBySide: this.sideBySide }, this.scene);
     this.canvas.setScene(this.scene);
     this.drawLegend();
@@ -362,6 +381,11 @@ export class GraphView {
     const chosen = keepChoice ? this.diffSel.value : "";
     const others = this.captured.filter((s) => s !== this.step);
     clear(this.diffSel).append(...others.map((s) => h("option", { value: s }, `diff vs step ${s}`)));
+    // one captured step: nothing to diff against, so no "diff" to choose (painted all "same"
+    // grey, every node read as unchanged); the option says why
+    const opt = this.overlaySel.querySelector("option[value=diff]");
+    opt.disabled = !others.length;
+    opt.title = others.length ? OVERLAYS.find(([v]) => v === "diff")[2] : NO_DIFF;
     if (others.some((s) => String(s) === chosen)) { this.diffSel.value = chosen; return; }
     const i = this.captured.indexOf(this.step);
     const other = this.captured[i > 0 ? i - 1 : i + 1];
@@ -380,9 +404,9 @@ export class GraphView {
 
   async loadDiff(redraw = true) {
     if (!this.model) return;
-    if (this.diffSel.value === "") { // one captured step: nothing to compare with
-      this.diff = new Map();
-      this.diffSummary = "no other captured step to compare with";
+    if (this.diffSel.value === "") { // one captured step (diff asked by the URL): nothing to compare with
+      this.diff = null; // uncoloured: the phase's colours, and the legend says why
+      this.diffSummary = `diff: ${NO_DIFF}`;
       if (redraw) this.redraw();
       return;
     }
@@ -460,9 +484,18 @@ export class GraphView {
     this.canvas.centerOn([it.box, ...[...more].map((x) => x.box)], 0.8, op && op !== it && !more.has(op) ? [op.box] : []);
   }
 
+  // The path highlighted (or taken off); returns what to say when it does not reach the loss
+  // (a mask built and never used lit up its few descendants and said nothing), else "".
   togglePath(key) {
     this.highlight = this.highlight && this.highlight.has(key) ? null : pathToLoss(this.model, key);
     this.redraw();
+    if (!this.highlight) return "";
+    const l = this.model.byKey.get(key), losses = lossKeys(this.model);
+    if (!l || !losses.length || losses.some((k) => this.highlight.has(k))) return "";
+    const n = this.highlight.size - 1;
+    return l.kind === "op"
+      ? `This op does not reach the loss: nothing computed from its output feeds the loss (${n ? `highlighted: the ${n} op${n === 1 ? "" : "s"} computed from it` : "nothing uses its output"}).`
+      : "This grad_fn node is not on the way back from the loss's grad_fn.";
   }
 
   // Highlight a finding's targets (diagnostics panel).
@@ -528,11 +561,20 @@ export class GraphView {
     const items = this.scene.items;
     if (e.key === "n" || e.key === "p") { // next/previous visible node or collapsed module, in execution order
       const order = items.filter((it) => it.order !== undefined).sort((a, b) => a.order - b.order);
-      const i = order.findIndex((it) => it.key === this.selected);
-      const next = order[(i + (e.key === "n" ? 1 : -1) + order.length) % order.length];
+      const dir = e.key === "n" ? 1 : -1;
+      let i = order.findIndex((it) => it.key === this.selected);
+      // a module expanded by Enter stays selected, a frame now, in no place of that order:
+      // it stands just before its first op, so "n" goes into it (and "p" to what ran before
+      // it), not back to the graph's first node
+      const first = i < 0 ? this.firstLeafOf(this.selected) : -1;
+      if (first >= 0) {
+        const j = order.findIndex((it) => it.order >= first);
+        i = (j < 0 ? order.length : j) - (dir > 0 ? 1 : 0);
+      }
+      const next = order[(i + dir + order.length) % order.length];
       if (next) this.select(next.key, true);
     } else if (e.key === "Enter") {
-      const it = this.scene.byKey.get(this.selected);
+      const it = this.scene.byKey.get(this.selected) || this.scene.frames.find((f) => f.key === this.selected);
       if (it && it.group !== undefined) this.toggleGroup(it.group);
     } else if (e.key === "Backspace") {
       const l = this.model.byKey.get(this.selected);
@@ -544,6 +586,14 @@ export class GraphView {
     else if (e.key === "+" || e.key === "-") this.canvas.zoomAt(this.canvas.w / 2, this.canvas.h / 2, e.key === "+" ? 1.25 : 0.8);
     else return;
     e.preventDefault();
+  }
+
+  // The first leaf (in execution order) of a group's key ("g:forward:2"), -1 for none.
+  firstLeafOf(key) {
+    const g = key?.startsWith("g:") && this.model ? this.model.gIndex.get(key.slice(2)) : undefined;
+    if (g === undefined) return -1;
+    const l = this.model.leaves.find((x) => ancestors(this.model, x.group).includes(g));
+    return l ? l.index : -1;
   }
 
   // Live: a newly captured step joins the scrubber; the current view stays as it is.
