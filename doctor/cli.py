@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 import pydantic_core
 
@@ -115,6 +116,11 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
     elif not ended:
         print(f"torchscope doctor: note: {path} is incomplete (it has no end event: the run was killed); the "
               f"findings cover the {_count(last_step + 1, 'step')} it holds.", file=sys.stderr)
+    end: dict[str, Any] = next((ev for ev in events if ev.get("kind") == "end"), {})
+    if end.get("status") == "error" and end.get("message"):
+        # a crash no rule explains is still the first thing to look at
+        print(f"torchscope doctor: note: the run stopped with an error after {_count(last_step + 1, 'step')}: "
+              f"{str(end['message'])[:300]}", file=sys.stderr)
     partial = sorted({ev.get("step", -1) for ev in events if ev.get("kind") == "graph" and ev.get("shed_ops")})
     if partial:
         settings_of = session.get("settings") if isinstance(session, dict) else None

@@ -92,9 +92,11 @@ class Run:
 
     def forward_events(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """``step_events()``, then the root forwards after the last step (the end event's: an
-        evaluation that ends the run), told with the last step."""
+        evaluation that ends the run), told with the last step -- not those of a run that ended
+        with an error: the step they began raised before its backward (its loss, an op of its
+        forward), no graph built for nothing."""
         yield from self.step_events()
-        if as_list(self.end.get("forwards")):
+        if as_list(self.end.get("forwards")) and self.end.get("status") != "error":
             yield max(self.last_step, 0), {"forwards": self.end["forwards"]}
 
     @staticmethod

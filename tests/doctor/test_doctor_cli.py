@@ -202,3 +202,37 @@ def test_a_file_without_steps_is_not_said_to_have_no_problems(tmp_path: Path, ca
     assert run(str(path)) == 0
     out = capsys.readouterr().out
     assert "no step recorded, nothing to diagnose" in out and "no problems found" not in out
+
+
+CRASHING = """
+import sys
+import torch
+import torch.nn.functional as F
+import torchscope
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Sigmoid())
+opt = torch.optim.Adam(model.parameters())
+torchscope.watch(model, opt, server=None, record=sys.argv[1])
+for i in range(5):
+    opt.zero_grad()
+    out = model(torch.randn(16, 4))
+    if i == 2:
+        out = out - 1.5  # a bug: out of [0, 1], which binary_cross_entropy refuses
+    F.binary_cross_entropy(out, torch.rand(16, 8)).backward()
+    opt.step()
+"""
+
+
+def test_a_run_that_crashed_in_its_loss_is_said_so_and_its_forward_is_no_unused_graph(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The script raised in its loss at step 2, before that step's backward: its forward is the
+    crash, not "a graph built but never used" with advice to wrap evaluations in no_grad (P6,
+    found by QA), and the doctor says how the run stopped."""
+    script, path = tmp_path / "crash.py", tmp_path / "crash.tscope"
+    script.write_text(CRASHING)
+    res = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "between 0 and 1" in res.stderr
+    assert run(str(path)) == 0
+    out, err = capsys.readouterr()
+    assert "no problems found (2 steps)" in out and "P6" not in out, out
+    assert "note: the run stopped with an error after 2 steps: RuntimeError: all elements of input should be between 0 and 1" in err
