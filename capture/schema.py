@@ -272,6 +272,8 @@ NAN_SOURCE_OPS = frozenset(f"aten::{n}{inplace}" for inplace in ("", "_") for n 
     "acosh", "xlogy", "logit", "erfinv",
     # a row masked wholly with -inf (an empty sequence's attention) comes out NaN
     "softmax", "_softmax", "log_softmax", "_log_softmax",
+    # the unbiased spread of one element (a one-step episode's returns normalised) is NaN
+    "std", "var", "std_mean", "var_mean",
 ))  # fmt: skip
 
 

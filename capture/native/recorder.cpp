@@ -79,12 +79,14 @@ std::unordered_map<std::pair<const void*, const void*>, OpInfo, PairHash> g_info
 
 // capture/schema.py NAN_SOURCE_OPS: outputs checked on every recorded step's forward (in-place forms too)
 bool nan_source(const char* name) {
-  static const std::array<std::string_view, 21> kOps{
+  static const std::array<std::string_view, 25> kOps{
       "aten::log",  "aten::log2", "aten::log10", "aten::log1p",      "aten::div",  "aten::sqrt",
       "aten::rsqrt", "aten::pow", "aten::exp",   "aten::reciprocal", "aten::acos", "aten::asin",
       "aten::atanh", "aten::acosh", "aten::xlogy", "aten::logit",    "aten::erfinv",
       // a row masked wholly with -inf (an empty sequence's attention) comes out NaN
-      "aten::softmax", "aten::_softmax", "aten::log_softmax", "aten::_log_softmax"};
+      "aten::softmax", "aten::_softmax", "aten::log_softmax", "aten::_log_softmax",
+      // the unbiased spread of one element (a one-step episode's returns normalised) is NaN
+      "aten::std", "aten::var", "aten::std_mean", "aten::var_mean"};
   std::string_view n(name);
   if (!n.empty() && n.back() == '_') n.remove_suffix(1);
   return std::find(kOps.begin(), kOps.end(), n) != kOps.end();

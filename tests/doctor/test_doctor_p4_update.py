@@ -134,3 +134,27 @@ def test_a_minus_inf_mask_before_the_nan_parameters_is_not_the_cause(tmp_path: P
     assert p4["steps"][0] == 2 and "masked_fill" not in message, message
     assert "first appeared at step 2 in the loss" in message and "from step 3 the first op reading 'mha." in message
     assert "that op is not the cause" in message and "op that produced it at step 2 is not known" in message
+
+
+@pytest.mark.filterwarnings("ignore:std\\(\\). degrees of freedom:UserWarning")  # torch's own, on the user's line
+def test_the_spread_of_one_element_is_named_in_full_mode(tmp_path: Path) -> None:
+    """Returns normalised by their std, an episode of one step at step 2: torch's unbiased std of
+    one element is NaN.  mode='full' checks the ops that make NaN from finite values on every
+    step; std was not among them, so it said none of them made it (found by QA)."""
+    torch.manual_seed(0)
+    policy = nn.Linear(4, 2)
+    opt = torch.optim.SGD(policy.parameters(), lr=0.01)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(policy, opt, server=None, record=path, mode="full"):
+        for i in range(4):
+            n = 1 if i == 2 else 8  # the episode's length
+            logp = torch.log_softmax(policy(torch.randn(n, 4)), 1)[:, 0]
+            returns = torch.rand(n)
+            returns = (returns - returns.mean()) / (returns.std() + 1e-8)  # STD
+            opt.zero_grad()
+            (-(logp * returns).sum()).backward()
+            opt.step()
+    (p4,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P4"]
+    line = next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if t.endswith("# STD"))
+    assert "NaN/Inf first produced by aten::std at step 2" in p4["message"], p4["message"]
+    assert p4["src"] == f"{Path(__file__).name}:{line}"
