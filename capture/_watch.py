@@ -686,6 +686,7 @@ class Watch:
         self._session_pending = self._lazy or any(p.is_meta for _, p in named)
         self._sizes = StorageSizes()
         self._modules = [(path, weakref.ref(m)) for path, m in model.named_modules()]
+        self._held = self._held_tensors()
         # the submodules' hooks of recorded steps (module context of each op): registered for a
         # captured step and removed after it -- in full mode, where every step is captured, kept
         # (registering ~2 per module cost ~1 ms a transformer step); inert while nothing records
@@ -1954,7 +1955,7 @@ class Watch:
                 self._touches.clear()
             self._touches[sig] = hit
             if self.mode == "light":  # no graph records: the leaves the backward reaches, told
-                reached, outside = walk.leaves(self._param_names)
+                reached, outside = walk.leaves(self._param_names, self._held)
                 s.unregistered += outside
                 s.reached = reached if s.reached is None else s.reached | reached
         self._owner = threading.get_ident()
@@ -2069,7 +2070,8 @@ class Watch:
         if s.capture and walk is not None and s.graph is None and "graph" not in self._disabled:
             rec = s.recorder
             ops_of, tids_of = rec.node_links(walk) if rec is not None else ({}, {})
-            nodes = walk.records(self._param_names, rec.op_module if rec is not None else _no_module, s.micro, s.sid, ops_of)
+            nodes = walk.records(self._param_names, rec.op_module if rec is not None else _no_module, s.micro, s.sid, ops_of,
+                                 self._held)
             s.unregistered = walk.unregistered
             casts = rec.cast_ops() if rec is not None else set()
             if casts:
@@ -2841,6 +2843,7 @@ class Watch:
             ev["modes"] = dict(self._modes_now(model)[2])
             held = self._hook_bytes()
             if self._step % GRAD_STATS_EVERY == 0:  # the modules' hooks were looked at again
+                self._held = self._held_tensors()  # (and their attributes: one set after watch())
                 pruned = self._newly_pruned()
                 if pruned:
                     s.events.append({"what": "pruned", "params": pruned})
@@ -2985,8 +2988,10 @@ class Watch:
             if self.mode == "light":
                 # distinct: each backward pass of the step that walked its graph named them
                 n_out = len({id(v) for rec, ref in unregistered if rec.get("unregistered") and (v := ref()) is not None})
+                held = sorted({str(rec["held_as"]) for rec, _ in unregistered if rec.get("unregistered") and "held_as" in rec})
                 if n_out:
-                    ev.setdefault("events", []).append({"what": "unregistered_params", "count": n_out})
+                    ev.setdefault("events", []).append({"what": "unregistered_params", "count": n_out,
+                                                        **({"held_as": held} if held else {})})
         stats, values = read.result()
         losses = values[:n_losses]
         stats["pre_nonzero"] = pre_nonzero
@@ -3090,6 +3095,20 @@ class Watch:
                     self._pruned.add(i)
                     found.append(i)
         return found
+
+    def _held_tensors(self) -> dict[int, tuple[weakref.ref[torch.Tensor], str]]:
+        """Leaf tensors that require grad held as plain attributes of the model's modules
+        (``self.cls = torch.zeros(1, 1, d, requires_grad=True)``, not an ``nn.Parameter``):
+        ``parameters()`` misses them, so the optimizer never steps them (P1).  id -> (the
+        tensor, weakly; "path.attr").  A leaf made in the loop (an adversarial input) is no
+        module's attribute."""
+        held: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
+        for path, ref in self._modules:
+            m = ref()
+            for attr, v in vars(m).items() if m is not None else ():
+                if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter) and v.requires_grad and v.is_leaf:
+                    held[id(v)] = (weakref.ref(v), f"{path}.{attr}" if path else attr)
+        return held
 
     def _gradient_hooks(self) -> tuple[list[int], list[str]]:
         """The parameters with a tensor hook of the user's (``p.register_hook``) and the modules

@@ -306,6 +306,7 @@ class NodeRecord(TypedDict, total=False):
     scalar: float  # DivBackward0 / MulBackward0 by a number (a 0-dim CPU tensor), Div/MulBackward1 by a Scalar: its value
     made_nonfinite: bool  # turned finite incoming gradients into NaN/Inf (on steps checked for NaN)
     unregistered: bool  # AccumulateGrad of an nn.Parameter neither of the model nor of an optimizer seen stepping (a module in a plain list)
+    held_as: str  # with unregistered: a plain tensor that requires grad, held as this attribute of a module ("path.attr"), not an nn.Parameter
 
 
 class GraphEvent(TypedDict, total=False):

@@ -23,6 +23,20 @@ FIX_COPY = ("Run the copy without autograd: compute its outputs under torch.no_g
             "nn.ModuleList / nn.ModuleDict and build the optimizer from model.parameters().")
 
 
+FIX_HELD = ("Make it a parameter: self.{attr} = nn.Parameter(...) (a learnable token, a scale); then "
+            "model.parameters() holds it, the optimizer built from them steps it, zero_grad() clears it, and it "
+            "moves with .to() and is saved in state_dict(). A constant goes in register_buffer() without requires_grad.")
+
+
+def _held(run: Run) -> list[str]:
+    """The module attributes ("path.attr") holding plain tensors that require grad which the
+    backward reached: NodeRecord.held_as on captured graphs, the light steps' events."""
+    names = {str(n["held_as"]) for _, graph in run.all_graphs() for n in map(as_dict, as_list(graph.get("nodes")))
+             if n.get("unregistered") and n.get("held_as")}
+    names |= {str(h) for ev in run.steps for e in notes(ev, "unregistered_params") for h in as_list(e.get("held_as"))}
+    return sorted(names)
+
+
 def _unregistered(graph: dict[str, Any]) -> tuple[list[int], list[str]]:
     """The graph's AccumulateGrad nodes marked unregistered, and the modules of the ops that used them."""
     nodes = [as_dict(n) for n in as_list(graph.get("nodes"))]
@@ -65,6 +79,17 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             return []
         step, nodes, modules = steps[0], [], []
     model = str(run.session.get("model") or "the model")
+    held = _held(run)
+    if held and count == len(held):  # every one is a module's plain tensor: told by its name
+        shown = ", ".join(f"'{h}'" for h in held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        message = (f"{shown} of {model} {'is a tensor' if len(held) == 1 else 'are tensors'} with requires_grad=True, "
+                   f"not {'an nn.Parameter' if len(held) == 1 else 'nn.Parameters'}: model.parameters() and the optimizer "
+                   f"miss {'it' if len(held) == 1 else 'them'} -- never trained, and the .grad keeps growing "
+                   f"({describe_steps(steps, run.last_step)}).")
+        fix = FIX_HELD.replace("{attr}", held[0].rpartition(".")[2])
+        targets = [FindingTarget(step=step, rank=run.rank, node=n) for n in nodes] or [FindingTarget(step=step, rank=run.rank)]
+        return [make("P1", "warning", message, fix, steps, rank=run.rank, targets=targets,
+                     modules=[m for m in modules if m], title="Parameters outside the model")]
     used = [m if m else "(root)" for m in modules]
     in_ops = f", used by ops of {', '.join(used[:3])}" if used else ""
     head = (f"Gradients flow into {count} nn.Parameter tensor{'s' if count != 1 else ''} that "

@@ -179,3 +179,42 @@ def test_a_target_network_run_with_autograd_on_is_told_as_a_copy_of_the_model(tm
     (f,) = [dict(f) for f in diagnose(iter_events(path)) if f["title"] == "Parameters outside the model"]
     assert "as many as Sequential has -- a copy of the model" in f["message"], f["message"]
     assert f["fix"].startswith("Run the copy without autograd")
+
+
+class _Tokens(nn.Module):
+    """A learnable class token made a plain tensor that requires grad, not an nn.Parameter."""
+
+    def __init__(self, as_parameter: bool) -> None:
+        super().__init__()
+        token = torch.zeros(1, 1, 6, requires_grad=True)
+        self.cls = nn.Parameter(token) if as_parameter else token
+        self.proj = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.cat([self.cls.expand(len(x), 1, 6), x], 1).mean(1))
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+@pytest.mark.parametrize("as_parameter", [False, True])
+def test_a_module_tensor_that_requires_grad_but_is_no_parameter(tmp_path: Path, mode: str, as_parameter: bool) -> None:
+    """`self.cls = torch.zeros(..., requires_grad=True)`: parameters() misses it, the optimizer
+    never steps it and its .grad piles up -- told by its name (all modes missed it: QA).  A
+    leaf the loop makes (an adversarial input) is no module's and stays unsaid."""
+    torch.manual_seed(0)
+    model = _Tokens(as_parameter)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    path = tmp_path / f"{mode}.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(4):
+            x = torch.randn(8, 5, 6, requires_grad=True)  # an input whose gradient the loop reads
+            opt.zero_grad()
+            F.cross_entropy(model(x), torch.randint(0, 2, (8,))).backward()
+            opt.step()
+    found = [f for f in diagnose(iter_events(path)) if f.get("title") == "Parameters outside the model"]
+    if as_parameter:
+        assert found == [] and len(list(model.parameters())) == 3
+        return
+    assert len(list(model.parameters())) == 2 and model.cls.grad is not None  # plain PyTorch: it got a gradient
+    (f,) = found
+    assert f["message"].startswith("'cls' of _Tokens is a tensor with requires_grad=True, not an nn.Parameter"), f
+    assert f["fix"].startswith("Make it a parameter: self.cls = nn.Parameter(...)")
