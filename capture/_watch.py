@@ -3106,8 +3106,13 @@ class Watch:
         for path, ref in self._modules:
             m = ref()
             for attr, v in vars(m).items() if m is not None else ():
-                if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter) and v.requires_grad and v.is_leaf:
-                    held[id(v)] = (weakref.ref(v), f"{path}.{attr}" if path else attr)
+                if not isinstance(v, torch.Tensor) or isinstance(v, nn.Parameter):
+                    continue
+                try:
+                    if v.requires_grad and v.is_leaf:
+                        held[id(v)] = (weakref.ref(v), f"{path}.{attr}" if path else attr)
+                except Exception:  # noqa: BLE001 -- a view FSDP made of its flat parameter raises when asked is_leaf
+                    continue
         return held
 
     def _gradient_hooks(self) -> tuple[list[int], list[str]]:
