@@ -36,6 +36,9 @@ FIX_EXPLODE_CLIPPED = ("Clipping bounds the update, not its cause: look at those
                        "normalise inputs/activations.")
 FIX_DIVERGING = ("Lower the learning rate (by 3-10x; for SGD on a quadratic loss, below 2 / the largest curvature), "
                  "or add a warm-up; clip the gradient norm (torch.nn.utils.clip_grad_norm_) to stop the runaway.")
+FIX_UNBOUNDED = ("Check the sign of each term of the loss (a VAE's KL divergence is added: recon + kl), keep "
+                 "log-variances bounded (clamp them, or parameterise a variance with softplus), and constrain a "
+                 "critic (gradient penalty, spectral norm); print each term of the loss for a few steps.")
 FIX_LAYERS = ("Keep signal size constant through depth: use ReLU/GELU instead of sigmoid/tanh stacks, proper "
               "init (kaiming/xavier), normalisation layers (LayerNorm/BatchNorm) or residual connections.")
 
@@ -79,6 +82,19 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
             peak, peak_loss = norm, loss
     data = {"norm": [n for _, n, _ in history], "steps": [s for s, _, _ in history]}
     out = []
+    below = _unbounded_below(history)
+    if below is not None:
+        # a loss term with no floor: the norms grow as the loss falls, a consequence
+        first, low_step, low, start = below
+        out.append(make("P3", "warning",
+                        f"The loss fell without bound: below zero from step {first}, down to {low:.3g} at step {low_step}, "
+                        f"{-low / start:.3g}x the size it started at ({start:.3g}). A loss that started positive and "
+                        "keeps falling has a term unbounded below: a sign error (a KL or a penalty subtracted instead of "
+                        "added), a log-likelihood whose variance collapses, or a critic without a Lipschitz constraint.",
+                        FIX_UNBOUNDED, [s for s, _, v in history if s >= first and (v is None or v < 0)], rank=run.rank,
+                        targets=[FindingTarget(step=first, rank=run.rank)], view="gradients",
+                        data={**data, "loss": [v for _, _, v in history]}, title="Loss unbounded below"))
+        exploding = [s for s in exploding if s < first]
     diverging = _diverging(history)
     if diverging is not None and (not exploding or diverging[1] < exploding[0]):
         # the usual level a median of all earlier steps gives rises with the run itself: a
@@ -132,6 +148,29 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
                         f"({describe_steps(vanishing, run.last_step)}).", FIX_LAYERS, vanishing, rank=run.rank,
                         targets=[FindingTarget(step=vanishing[0], rank=run.rank)], view="gradients", data=data))
     return out
+
+
+UNBOUNDED_FACTOR = 10.0  # below zero by this many times the size the loss started at
+
+
+def _unbounded_below(history: list[tuple[int, float | None, float | None]]) -> tuple[int, int, float, float] | None:
+    """(the step from which the loss stayed below zero, the step of its lowest, that loss, the
+    size it started at) when a loss that started positive (the median of its first three)
+    fell below zero to UNBOUNDED_FACTOR times that size and is still down there (its last at
+    a tenth of the lowest or lower): no loss a model fits has no floor."""
+    losses = [(s, v) for s, _, v in history if v is not None]
+    if len(losses) < 4:
+        return None
+    start = statistics.median(v for _, v in losses[:3])
+    low_step, low = min(losses, key=lambda x: x[1])
+    if start <= 0 or low >= 0 or -low < UNBOUNDED_FACTOR * start or losses[-1][1] > low / 10:
+        return None
+    first = low_step
+    for s, v in reversed([x for x in losses if x[0] <= low_step]):
+        if v >= 0:
+            break
+        first = s
+    return first, low_step, low, start
 
 
 def _clip_note(run: Run, steps: list[int]) -> str:

@@ -189,3 +189,22 @@ def test_relus_killed_by_a_loss_surge_say_so(tmp_path: Path) -> None:
     assert f"It died after the loss surged {max(losses[:dead[0]]) / losses[0]:.3g}x (from {losses[0]:.3g} at step 0" \
         in p2["message"], p2["message"]
     assert "learning rate 0.05" in p2["message"] and "lower the learning rate" in p2["message"]
+
+
+def test_a_loss_that_falls_without_bound_is_told() -> None:
+    """A VAE whose KL is subtracted: the loss falls through zero to thousands below it (found
+    by QA: told 14 steps late as "exploding" gradients, with a clipping fix)."""
+    losses = [44.7, 44.0, 43.1, 40.0, 30.0, 20.0, 10.0, 0.9, -13.0, -136.0, -1676.0, -16903.0]
+    found = [f for f in diagnose(_curve(losses)) if f.get("title") == "Loss unbounded below"]
+    assert len(found) == 1 and found[0]["steps"] == [8, 9, 10, 11], found
+    assert "below zero from step 8, down to -1.69e+04 at step 11" in found[0]["message"]
+    assert "sign error" in found[0]["message"] and "recon + kl" in found[0]["fix"]
+
+
+@pytest.mark.parametrize("losses", [
+    [-2.0, -3.0, -5.0, -9.0, -15.0, -30.0, -31.0],  # a density's log-likelihood, negative by design
+    [5.0, 4.0, 2.0, 0.5, -0.4, -0.6, -0.5],  # a little below zero: a floor
+    [5.0, 3.0, 1.0, -80.0, -2.0, 0.5, 0.4],  # one batch far below, and back
+])
+def test_a_loss_with_a_floor_is_not_unbounded(losses: list[float]) -> None:
+    assert [f for f in diagnose(_curve(losses)) if f.get("title") == "Loss unbounded below"] == []
