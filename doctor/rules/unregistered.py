@@ -17,7 +17,7 @@ FIX = ("Hold submodules in nn.ModuleList / nn.ModuleDict (and loose parameters i
        "attributes), then build the optimizer from model.parameters(). A model run only to make targets "
        "(a frozen teacher) goes under torch.no_grad() or requires_grad_(False).")
 
-FIX_COPY = ("Run the copy without autograd: compute its outputs under torch.no_grad() (a DQN's "
+FIX_COPY = ("Run that model (a copy, a teacher) without autograd: compute its outputs under torch.no_grad() (a DQN's "
             "`with torch.no_grad(): next_q = target_net(next_state).max(1).values`), or call "
             "requires_grad_(False) on it once. If it is a submodule kept in a plain list or dict instead, hold it in "
             "nn.ModuleList / nn.ModuleDict and build the optimizer from model.parameters().")
@@ -37,17 +37,20 @@ def _held(run: Run) -> list[str]:
     return sorted(names)
 
 
-def _unregistered(graph: dict[str, Any]) -> tuple[list[int], list[str]]:
-    """The graph's AccumulateGrad nodes marked unregistered, and the modules of the ops that used them."""
+def _unregistered(graph: dict[str, Any]) -> tuple[list[int], list[str], bool]:
+    """The graph's AccumulateGrad nodes marked unregistered, the modules of the recorded ops that
+    used them, and whether none of those was recorded: their ops ran outside the watched
+    model's forward (a second model -- a teacher, a target network -- not a submodule of it)."""
     nodes = [as_dict(n) for n in as_list(graph.get("nodes"))]
     marked = {as_int(n.get("id"), -1) for n in nodes if n.get("unregistered")}
     marked.discard(-1)
     if not marked:
-        return [], []
-    module_of = {as_int(n.get("id"), -1): str(n.get("module", "")) for n in nodes}
-    users = [module_of.get(as_int(e[0], -1), "") for e in as_list(graph.get("edges"))
+        return [], [], False
+    module_of = {as_int(n.get("id"), -1): n.get("module") for n in nodes}
+    users = [module_of.get(as_int(e[0], -1)) for e in as_list(graph.get("edges"))
              if isinstance(e, list) and len(e) >= 2 and as_int(e[1], -1) in marked]
-    return sorted(marked), sorted(set(users))
+    known = sorted({str(m) for m in users if m is not None})
+    return sorted(marked), known, bool(users) and not known
 
 
 def _counted(run: Run) -> tuple[list[int], int]:
@@ -64,20 +67,20 @@ def _counted(run: Run) -> tuple[list[int], int]:
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
-    hits: list[tuple[int, int, list[int], list[str]]] = []  # step, micro, node ids, modules
+    hits: list[tuple[int, int, list[int], list[str], bool]] = []  # step, micro, node ids, modules, outside
     for step, graph in run.all_graphs():
-        nodes, modules = _unregistered(graph)
+        nodes, modules, outside = _unregistered(graph)
         if nodes:
-            hits.append((step, as_int(graph.get("micro")), nodes, modules))
+            hits.append((step, as_int(graph.get("micro")), nodes, modules, outside))
     if hits:
-        step, _, nodes, modules = hits[0]
+        step, _, nodes, modules, outside = hits[0]
         steps = sorted({h[0] for h in hits})
         count = len(nodes)
     else:
         steps, count = _counted(run)
         if not steps:
             return []
-        step, nodes, modules = steps[0], [], []
+        step, nodes, modules, outside = steps[0], [], [], False
     model = str(run.session.get("model") or "the model")
     held = _held(run)
     if held and count == len(held):  # every one is a module's plain tensor: told by its name
@@ -96,11 +99,13 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             f"{'are' if count != 1 else 'is'} not {model}'s and that no optimizer steps "
             f"({describe_steps(steps, run.last_step)}{in_ops})")
     fix = FIX
-    if count == len(run.params):
+    if count == len(run.params) or outside:
         # as many as the model has: a copy of it (a DQN's target network, a teacher made with
         # copy.deepcopy) run with autograd on, more often than a forgotten ModuleList
-        message = (f"{head}: as many as {model} has -- a copy of the model (a target network or a teacher made "
-                   "with copy.deepcopy) run with autograd on: its targets build a graph into the copy's weights "
+        what = (f"as many as {model} has -- a copy of the model (a target network or a teacher made with copy.deepcopy)"
+                if count == len(run.params) else
+                f"used outside {model}'s forward -- a second model (a teacher, a target network)")
+        message = (f"{head}: {what} run with autograd on: its outputs build a graph into its weights "
                    "and fill their .grad, which nothing uses. (A submodule kept in a plain Python list or dict "
                    "looks the same: not registered, never trained.)")
         fix = FIX_COPY

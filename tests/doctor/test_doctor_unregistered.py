@@ -178,7 +178,7 @@ def test_a_target_network_run_with_autograd_on_is_told_as_a_copy_of_the_model(tm
     assert all(p.grad is not None for p in target_net.parameters())  # plain PyTorch: the copy got gradients
     (f,) = [dict(f) for f in diagnose(iter_events(path)) if f["title"] == "Parameters outside the model"]
     assert "as many as Sequential has -- a copy of the model" in f["message"], f["message"]
-    assert f["fix"].startswith("Run the copy without autograd")
+    assert f["fix"].startswith("Run that model (a copy, a teacher) without autograd")
 
 
 class _Tokens(nn.Module):
@@ -218,3 +218,26 @@ def test_a_module_tensor_that_requires_grad_but_is_no_parameter(tmp_path: Path, 
     (f,) = found
     assert f["message"].startswith("'cls' of _Tokens is a tensor with requires_grad=True, not an nn.Parameter"), f
     assert f["fix"].startswith("Make it a parameter: self.cls = nn.Parameter(...)")
+
+
+def test_a_teacher_run_with_autograd_is_told_as_a_second_model(tmp_path: Path) -> None:
+    """Distillation with the teacher's forward outside no_grad: its parameters get gradients,
+    none of its ops in the student's forward -- a second model, not a submodule kept in a
+    plain list (the lead cause the doctor gave: QA)."""
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3)).eval()
+    student = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3))
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    path = tmp_path / "kd.tscope"
+    with torchscope.watch(student, opt, server=None, record=path, mode="default"):
+        for _ in range(4):
+            x = torch.randn(8, 6)
+            soft = F.softmax(teacher(x) / 2, 1)  # the bug: no torch.no_grad()
+            opt.zero_grad()
+            F.kl_div(F.log_softmax(student(x) / 2, 1), soft, reduction="batchmean").backward()
+            opt.step()
+    assert all(p.grad is not None for p in teacher.parameters())  # plain PyTorch: the teacher got gradients
+    (f,) = [f for f in diagnose(iter_events(path)) if f.get("title") == "Parameters outside the model"]
+    assert "used outside Sequential's forward -- a second model (a teacher, a target network) run with autograd on" \
+        in f["message"], f["message"]
+    assert "used by ops of" not in f["message"] and f["fix"].startswith("Run that model (a copy, a teacher) without autograd")
