@@ -22,8 +22,9 @@ FREED_TEXT = "backward through the graph a second time"
 FIX_P8 = ("Use the out-of-place form (x = x + 1, torch.relu(x) instead of x.relu_()/ReLU(inplace=True)) on "
           "tensors that backward still needs, or .clone() before modifying; never write through .data.")
 FIX_P10 = ("Call backward() once per graph: sum the losses first (loss = a + b; loss.backward()), detach "
-           "state carried between batches (hidden = hidden.detach()), or pass retain_graph=True only if you "
-           "really must backward twice.")
+           "state carried between batches (hidden = hidden.detach()), empty a list of outputs kept for the loss "
+           "after each update (a policy's saved log-probabilities: del saved_log_probs[:]), or pass "
+           "retain_graph=True only if you really must backward twice.")
 
 FIX_EMBEDDING = ("nn.Embedding(max_norm=...) renormalises the rows it looks up in place, in its forward: a "
                  "differentiable use of its weight before the lookup (a tied output layer, a similarity against the "

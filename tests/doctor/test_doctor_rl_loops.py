@@ -1,7 +1,8 @@
-"""P1 where a parameter's gradient is lost in a loop that also runs the model under no_grad (an
-RL rollout choosing actions, a TD target) and detaches on purpose (the advantage): the cut is
-the training path's, not the no_grad block's.  A real actor-critic capture; the doctor blamed
-the rollout's first op and told the user to remove its no_grad (found by QA)."""
+"""Reinforcement-learning loops, real captures.  P1 where a parameter's gradient is lost in a
+loop that also runs the model under no_grad (an RL rollout choosing actions, a TD target) and
+detaches on purpose (the advantage): the cut is the training path's, not the no_grad block's
+(the doctor blamed the rollout's first op and told the user to remove its no_grad: QA).  P10
+where REINFORCE's saved log-probabilities are never cleared: the fix names that list."""
 
 from __future__ import annotations
 
@@ -65,3 +66,30 @@ def test_the_critics_detach_is_the_cut_not_the_rollouts_no_grad(tmp_path: Path, 
 
 def test_the_correct_loop_is_clean(tmp_path: Path) -> None:
     assert [f for f in _run(tmp_path, "default", bug=False) if f["severity"] in ("error", "warning")] == []
+
+
+def test_saved_log_probs_never_cleared_are_p10_with_that_fix(tmp_path: Path) -> None:
+    """The PyTorch REINFORCE example without its ``del policy.saved_log_probs[:]``: the second
+    episode's backward goes through the first one's freed graph."""
+    torch.manual_seed(0)
+    policy = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    saved: list[torch.Tensor] = []
+    path = tmp_path / "reinforce.tscope"
+    failed = 0
+    with torchscope.watch(policy, opt, server=None, record=path, mode="default"):
+        for _ in range(3):
+            for _ in range(5):  # an episode
+                dist = torch.distributions.Categorical(logits=policy(torch.randn(1, 4)))
+                saved.append(dist.log_prob(dist.sample()))
+            loss = -(torch.cat(saved) * torch.randn(len(saved))).sum()
+            opt.zero_grad()
+            try:
+                loss.backward()
+            except RuntimeError as exc:  # the user's loop would stop here
+                assert "backward through the graph a second time" in str(exc)
+                failed += 1
+            opt.step()
+    assert failed == 2
+    (p10,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P10"]
+    assert "del saved_log_probs[:]" in p10["fix"], p10["fix"]
