@@ -171,9 +171,13 @@ def check_weight_copies(run: Run, settings: Settings) -> list[Finding]:
             steps.append(step)
             params.append(str(e.get("param") or ""))
     findings: list[Finding] = []
-    for src, (steps, params, op) in lines.items():
+    for src, (seen, params, op) in lines.items():
         where = f"`{op}` at {src}" if src else f"`{op}`"
-        message = (f"A copy of parameter {params[0]!r} is updated from it while autograd records ({where}, outside "
+        # (said once a line) the copy carries its graph from then on, each update making it longer
+        steps = list(range(seen[0], max(run.last_step, seen[-1]) + 1))
+        what = (f"Copies of the parameters ({params[0]!r} and the others that call updates at once) are updated "
+                "from them" if op.startswith("_foreach") else f"A copy of parameter {params[0]!r} is updated from it")
+        message = (f"{what} while autograd records ({where}, outside "
                    "torch.no_grad()): the copy -- an EMA or a target network -- now carries a graph back to the "
                    "model's parameters, and every update makes it longer: memory and time grow step after step, "
                    "and a loss computed from the copy backpropagates into the model.")

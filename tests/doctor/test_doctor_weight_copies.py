@@ -89,6 +89,11 @@ def test_an_ema_updated_with_autograd_on_is_p7_at_its_line(tmp_path: Path, how: 
     line = next(n for n, text in enumerate(lines, 1) if text.strip() == UPDATES[how])
     assert f["src"] == f"test_doctor_weight_copies.py:{line}"
     assert "torch.no_grad()" in f["fix"]
+    # the copy carries its graph from the first step it was seen on to the run's end (it was
+    # said "at step 2" alone: QA), and a _foreach_ update names all the parameters it took
+    steps = [e["step"] for e in iter_events(path) if e["kind"] == "step"]
+    assert f["steps"] == list(range(f["steps"][0], steps[-1] + 1)) and len(f["steps"]) > 1, f["steps"]
+    assert ("and the others that call updates at once" in f["message"]) == how.startswith("_foreach")
 
 
 @pytest.mark.parametrize("mode", ["light", "full"])
