@@ -11,7 +11,8 @@ import { DiagnosticsView } from "./diagnostics.js";
 import { initTheme } from "./theme.js";
 
 const VIEWS = { graph: ["Graph", GraphView], memory: ["Memory", MemoryView], gradients: ["Loss & gradients", GradientsView],
-  ranks: ["Ranks", RanksView], diagnostics: ["Doctor", DiagnosticsView] };
+  // the step time of every run (a line per rank): a single-GPU user looks for it too
+  ranks: ["Step time & ranks", RanksView], diagnostics: ["Doctor", DiagnosticsView] };
 // what the tabs say, as a URL's view= may name them too
 const ALIASES = { doctor: "diagnostics" };
 

@@ -1,4 +1,6 @@
-// Ranks view: step time and memory per rank side by side (distributed sessions).
+// "Step time & ranks" view: the time and peak memory of each step, a line per rank (side by side
+// in a distributed session).  A single-process run's only step-time chart is here, so the tab
+// names the step time first, not the ranks alone.
 import { h, fmtBytes, fmtUs, coalesce } from "./dom.js";
 import { allSteps } from "./api.js";
 import { LineChart } from "./chart.js";
@@ -6,15 +8,21 @@ import { LineChart } from "./chart.js";
 export class RanksView {
   constructor(root, app) {
     this.app = app;
-    this.info = h("p", { class: "muted" });
-    root.append(h("h2", {}, "Ranks"), this.info);
-    this.time = new LineChart(root, { title: "step time per rank", fmt: fmtUs });
-    this.mem = new LineChart(root, { title: "peak live bytes per rank", fmt: fmtBytes });
+    this.info = h("p", { class: "muted", "data-testid": "ranks-info" });
+    this.heading = h("h2", {}, "Step time");
+    root.append(this.heading, this.info);
+    this.time = new LineChart(root, { title: "step time", fmt: fmtUs });
+    this.mem = new LineChart(root, { title: "peak live bytes", fmt: fmtBytes });
   }
 
   async load() {
     const ranks = (this.app.summary?.ranks || [0]).map((r) => (typeof r === "object" ? r.rank : r));
-    this.info.textContent = ranks.length > 1 ? `${ranks.length} ranks` : "This session has a single rank.";
+    const many = ranks.length > 1;
+    this.heading.textContent = many ? "Step time and memory per rank" : "Step time and memory";
+    this.info.textContent = (many ? `${ranks.length} ranks, a line each. ` : "This session has a single rank. ")
+      + "A step's time runs from the previous optimizer.step() (the first step's: from watch()) to its own: data loading, forward, backward and update.";
+    this.time.setTitle(many ? "step time per rank" : "step time");
+    this.mem.setTitle(many ? "peak live bytes per rank" : "peak live bytes");
     const per = await Promise.all(ranks.map((r) => allSteps(this.app.id, r).then((s) => [r, s])));
     const steps = [...new Set(per.flatMap(([, s]) => s.map((e) => e.step)))].sort((a, b) => a - b);
     const col = (list, f) => { const m = new Map(list.map((e) => [e.step, f(e)])); return steps.map((s) => m.get(s) ?? null); };

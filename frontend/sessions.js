@@ -13,12 +13,20 @@ const shown = document.getElementById("shown");
 // start time most / newest first, words from A).  Unsorted, the list is the server's: newest
 // added first.  Ties keep that order (the sort is stable).
 const ranksOf = (s) => (Array.isArray(s.ranks) ? s.ranks.length : s.ranks ?? 1);
+// The capture mode (watch(mode=...)), in the order of what it records: light < default < full.
+const MODES = {
+  light: "light: step facts only (loss, gradients, memory, timings), no graph",
+  default: "default: step facts every step, the graph of step 0 and of sampled steps",
+  full: "full: the graph of every step, the backward's ops too",
+};
+const modeRank = (s) => { const i = Object.keys(MODES).indexOf(s.mode); return i < 0 ? -1 : i; };
 const SORTS = {
   name: [(s) => (s.name || s.id).toLowerCase(), "asc"],
   status: [(s) => s.status || "", "asc"],
   started: [(s) => s.started_at ?? -Infinity, "desc"],
   steps: [(s) => s.steps ?? 0, "desc"],
   ranks: [ranksOf, "desc"],
+  mode: [modeRank, "asc"],
   doctor: [(s) => (s.errors || 0) * 1e9 + (s.warnings || 0), "desc"], // errors first, then warnings
 };
 
@@ -26,6 +34,7 @@ const SORTS = {
 const params = new URLSearchParams(location.search);
 const view = { sort: SORTS[params.get("sort")] ? params.get("sort") : null, dir: params.get("dir") === "asc" ? "asc" : "desc" };
 filter.value = params.get("q") || "";
+const COLUMNS = 9; // name, status, started, steps, ranks, doctor, mode, tags, actions
 let sessions = null; // the last list the server sent; the filter and the sort apply to it
 
 // The note says what the user's last action did (an import, a refused rename) and stays
@@ -51,19 +60,19 @@ function render() {
   clear(body);
   if (!sessions.length) {
     shown.textContent = "";
-    body.append(h("tr", {}, h("td", { colspan: 8, class: "muted", id: "empty" }, "No sessions yet. Add torchscope.watch(model) to a training script, run `torchscope demo`, or drop a .tscope file here.")));
+    body.append(h("tr", {}, h("td", { colspan: COLUMNS, class: "muted", id: "empty" }, "No sessions yet. Add torchscope.watch(model) to a training script, run `torchscope demo`, or drop a .tscope file here.")));
     return;
   }
-  // every word somewhere in the row's name, id, status, model or tags, in any case
+  // every word somewhere in the row's name, id, status, mode, model or tags, in any case
   const words = filter.value.toLowerCase().split(/\s+/).filter(Boolean);
-  const rows = sessions.filter((s) => { const text = [s.name, s.id, s.status, s.model, ...(s.tags || [])].join("\n").toLowerCase(); return words.every((w) => text.includes(w)); });
+  const rows = sessions.filter((s) => { const text = [s.name, s.id, s.status, s.mode, s.model, ...(s.tags || [])].join("\n").toLowerCase(); return words.every((w) => text.includes(w)); });
   if (view.sort) {
     const [key] = SORTS[view.sort], sign = view.dir === "asc" ? 1 : -1;
     const cmp = (a, b) => (typeof a === "string" ? a.localeCompare(b, undefined, { numeric: true }) : a - b);
     rows.sort((a, b) => sign * cmp(key(a), key(b)));
   }
   shown.textContent = words.length ? `${rows.length} of ${sessions.length} sessions` : `${sessions.length} session${sessions.length > 1 ? "s" : ""}`;
-  if (!rows.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "muted", id: "no-match" }, `No session matches "${filter.value.trim()}".`)));
+  if (!rows.length) body.append(h("tr", {}, h("td", { colspan: COLUMNS, class: "muted", id: "no-match" }, `No session matches "${filter.value.trim()}".`)));
   for (const s of rows) body.append(row(s));
 }
 
@@ -113,6 +122,7 @@ function row(s) {
       // has not looked at yet (just imported or ended) is no verdict
       s.errors || s.warnings ? null : h("span", { class: "muted small", title: "the doctor's errors and warnings (notes: on the session's Doctor tab)" },
         s.status === "running" ? "none so far" : s.diagnosed === false ? "checking…" : "no errors or warnings")),
+    h("td", { class: "mode", "data-testid": "mode-cell", title: MODES[s.mode] || "" }, s.mode || "–"),
     h("td", {}, tags),
     h("td", { class: "row-actions" },
       h("button", { title: "rename", onclick: () => rename(s) }, "Rename"),

@@ -6,7 +6,7 @@ they are served as stored, not re-modelled here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -36,6 +36,8 @@ class SessionSummary(BaseModel):
     errors: int = Field(description="doctor findings of severity error (last computed)")
     warnings: int
     diagnosed: bool = Field(description="whether the doctor has computed findings yet: 0 errors before it did are no verdict")
+    mode: Literal["light", "default", "full"] | None = Field(
+        None, description="the capture mode (rank 0's session event); null before that event arrives")
 
 
 class RankInfo(BaseModel):

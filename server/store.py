@@ -451,7 +451,8 @@ class Store:
                       (SELECT COALESCE(MAX(steps), 0) FROM ranks r WHERE r.session_id = s.id),
                       (SELECT COALESCE(SUM(errors), 0) FROM diagnostics d WHERE d.session_id = s.id),
                       (SELECT COALESCE(SUM(warnings), 0) FROM diagnostics d WHERE d.session_id = s.id),
-                      EXISTS (SELECT 1 FROM diagnostics d WHERE d.session_id = s.id)
+                      EXISTS (SELECT 1 FROM diagnostics d WHERE d.session_id = s.id),
+                      json_extract(s.meta, '$.mode')
                FROM sessions s ORDER BY s.created_at DESC"""
         ).fetchall()
         ranks = self._all_ranks()
@@ -480,13 +481,13 @@ class Store:
                       (SELECT COALESCE(SUM(errors), 0) FROM diagnostics d WHERE d.session_id = s.id),
                       (SELECT COALESCE(SUM(warnings), 0) FROM diagnostics d WHERE d.session_id = s.id),
                       EXISTS (SELECT 1 FROM diagnostics d WHERE d.session_id = s.id),
-                      s.meta
+                      json_extract(s.meta, '$.mode'), s.meta
                FROM sessions s WHERE s.id=?""", (session_id,)).fetchone()
         if row is None:
             raise NotFound(f"no session {session_id!r}")
         ranks = self._all_ranks(session_id).get(session_id, [])
-        out = _session_row(row[:11], ranks)
-        out["meta"] = json.loads(row[11]) if row[11] else None
+        out = _session_row(row[:12], ranks)
+        out["meta"] = json.loads(row[12]) if row[12] else None
         out["rank_info"] = ranks
         return out
 
@@ -743,6 +744,8 @@ def _session_row(r: tuple[Any, ...], ranks: list[dict[str, Any]]) -> dict[str, A
         "errors": r[8], "warnings": r[9],
         # whether the doctor has looked yet: 0 errors of an undiagnosed run are no verdict
         "diagnosed": bool(r[10]),
+        # the capture mode of rank 0's session event: "light", "default" or "full"
+        "mode": r[11] if r[11] in ("light", "default", "full") else None,
         "ranks": [x["rank"] for x in ranks],
         "status": session_status([x["status"] for x in ranks]),
     }

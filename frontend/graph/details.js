@@ -55,7 +55,12 @@ export function renderDetails(panel, model, key, ctx) {
     if (r.grad_fn !== undefined && model.byKey.has("n" + r.grad_fn)) t.append(h("tr", {}, h("th", {}, "grad_fn"), h("td", {}, link("n" + r.grad_fn, model.byKey.get("n" + r.grad_fn).label))));
     panel.append(...[t, tensorTable(model, r.inputs, "inputs"), tensorTable(model, r.outputs, "outputs")].filter(Boolean));
   } else {
-    if (r.param) t.append(row("parameter", r.param));
+    if (r.param) {
+      // the parameter's shape and dtype (the session event's list; its .grad has the same),
+      // beside the gradient's statistics below
+      const p = (ctx.params || []).find((x) => x.name === r.param);
+      t.append(row("parameter", r.param), row("shape", shape(p?.shape)), row("dtype", p?.dtype));
+    }
     if (r.op !== undefined && model.byKey.has("o" + r.op)) t.append(h("tr", {}, h("th", {}, "created by"), h("td", {}, link("o" + r.op, model.byKey.get("o" + r.op).label))));
     t.append(row("backward order", r.order), row("duration", fmtUs(r.dur_us)), row("saved bytes", fmtBytes(r.saved_bytes)));
     if (r.higher_order) t.append(row("higher-order", "built by a create_graph=True backward / autograd.grad"));
