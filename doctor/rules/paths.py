@@ -41,8 +41,15 @@ _USER_CUTS = frozenset({"breaks_graph", "new_leaf"})
 
 
 def _is_cut(op: dict[str, Any], detach: bool = True) -> bool:
-    return (op.get("grad_mode") is False or op.get("inference_mode") is True or bool(g.flags(op) & g.BREAK_FLAGS)
-            or (detach and op.get("name") in _DETACHES))
+    return ((op.get("grad_mode") is False and not _compiled(op)) or op.get("inference_mode") is True
+            or bool(g.flags(op) & g.BREAK_FLAGS) or (detach and op.get("name") in _DETACHES))
+
+
+def _compiled(op: dict[str, Any]) -> bool:
+    """An op of a torch.compile'd forward (FX's generated code, ``<eval_with_key>.3:12``): AOTAutograd
+    runs it with grad mode off inside an autograd.Function whose output carries a grad_fn all
+    the same -- no cut."""
+    return str(op.get("src", "")).startswith("<eval_with_key>")
 
 
 def break_op(graph: dict[str, Any], param: str) -> tuple[dict[str, Any], bool]:

@@ -291,3 +291,28 @@ def test_every_backward_on_a_leaf_loss_of_a_compiled_model_is_a_step_pass(tmp_pa
     assert all(e["loss"] is not None for e in steps)
     (p1,) = [f for f in diagnose(events) if f["code"] == "P1"]
     assert p1["steps"] == list(range(8)), p1
+
+
+def test_a_loss_remade_from_item_behind_a_compiled_model_is_cut_at_the_item(tmp_path: Path) -> None:
+    """``watch(torch.compile(model))``: the compiled forward's ops run with grad mode off inside
+    AOTAutograd's function (their output carries a grad_fn all the same).  P1 named the first
+    of them, "breaks at aten::t (it ran under torch.no_grad())", with a fix to remove a no_grad
+    the user never wrote; the cut is the loop's ``.item()`` (found by QA)."""
+    from torchscope.doctor import diagnose
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(compiled, opt, server=None, record=path, mode="default"):
+        for _ in range(4):
+            opt.zero_grad()
+            value = compiled(torch.randn(4, 8)).pow(2).mean().item()  # ITEM
+            torch.tensor(value, requires_grad=True).backward()
+            opt.step()
+    found = [f for f in diagnose(iter_events(path)) if f["code"] == "P1"]
+    line = next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if t.endswith("# ITEM"))
+    assert found and all("no_grad" not in f["message"] for f in found), [f["message"] for f in found]
+    assert any(f["src"] == f"{Path(__file__).name}:{line}" and "Tensor.item()" in f["message"] for f in found), found

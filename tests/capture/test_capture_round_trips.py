@@ -26,9 +26,13 @@ def _run(tmp_path: Path, keep: bool) -> tuple[int, int]:
     path = tmp_path / f"keep_{keep}.tscope"
     reused = 0
     with torchscope.watch(model, opt, server=None, record=path, mode="full"):
-        # whether malloc hands the freed block to the next tensor depends on the heap the
-        # earlier tests left (in one CI run of the whole suite, none of 20 steps had it): the
-        # loop goes on until it did a few times (a real round trip: 20 steps)
+        # whether malloc hands the freed block to a new tensor depends on the heap the earlier
+        # tests left (in CI runs of the whole suite, none of 400 steps had it for the next
+        # tensor of its size): torch allocates 64-byte aligned, which a freed block of exactly
+        # the size rarely serves.  Each step makes several somewhat smaller tensors and
+        # converts the one at the freed address (99 of 100 steps had one on a heap fragmented
+        # on purpose, 10 of 100 with the next same-size tensor alone), until that happened a few times
+        # (a real round trip: 20 steps)
         for _ in range(20 if keep else 400):
             if not keep and reused >= 3:
                 break
@@ -39,9 +43,11 @@ def _run(tmp_path: Path, keep: bool) -> tuple[int, int]:
             else:
                 where = half.data_ptr()
                 del half  # its block goes back to the allocator
-                fresh = torch.randn(4096)
+                made = [torch.randn(3000) for _ in range(8)]
+                fresh = next((t for t in made if t.data_ptr() == where), made[0])
                 reused += fresh.data_ptr() == where
                 fresh.double()  # another tensor's conversion
+                del made, fresh
             opt.zero_grad()
             model(torch.randn(4, 8)).pow(2).mean().backward()
             opt.step()
