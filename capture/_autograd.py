@@ -160,12 +160,6 @@ def _seq(node: Any) -> int:
     return -1 if seq == _NO_SEQ else seq
 
 
-def _held_as(held: dict[int, tuple[weakref.ref[torch.Tensor], str]] | None, var: torch.Tensor) -> str | None:
-    """The module attribute ("path.attr") that holds the leaf ``var``, when one of ``held`` does."""
-    entry = held.get(id(var)) if held else None
-    return entry[1] if entry is not None and entry[0]() is var else None
-
-
 class AutogradWalk:
     """One walk of the graph below ``roots`` (in node discovery order, roots first)."""
 
@@ -246,7 +240,7 @@ class AutogradWalk:
         return -1
 
     def leaves(
-        self, param_ids: dict[int, str], held: dict[int, tuple[weakref.ref[torch.Tensor], str]] | None = None
+        self, param_ids: dict[int, str], held_as: Callable[[torch.Tensor], str | None] | None = None
     ) -> tuple[set[str], list[tuple[NodeRecord, weakref.ref[torch.Tensor]]]]:
         """What light mode, which writes no node records, tells of this graph's leaves: the names
         of the parameters in ``param_ids`` it reaches, and the ``nn.Parameter`` leaves not in it
@@ -263,7 +257,7 @@ class AutogradWalk:
                 reached.add(name)
             elif isinstance(var, torch.nn.Parameter):
                 outside.append(({"unregistered": True}, weakref.ref(var)))
-            elif (at := _held_as(held, var)) is not None:
+            elif held_as is not None and (at := held_as(var)) is not None:
                 outside.append(({"unregistered": True, "held_as": at}, weakref.ref(var)))
         return reached, outside
 
@@ -309,7 +303,7 @@ class AutogradWalk:
         micro: int,
         sid: Callable[[int], int],
         ops: dict[int, int],
-        held: dict[int, tuple[weakref.ref[torch.Tensor], str]] | None = None,
+        held_as: Callable[[torch.Tensor], str | None] | None = None,
     ) -> list[NodeRecord]:
         """Full node records: class, parameter of AccumulateGrad, saved tensors (bytes only),
         forward op (``ops``: node index -> the op that made it, from the op recorder)."""
@@ -332,7 +326,7 @@ class AutogradWalk:
                     # either (Watch._owned_elsewhere, at the step's end; weakly until then)
                     rec["unregistered"] = True
                     self.unregistered.append((rec, weakref.ref(var)))
-                elif (at := _held_as(held, var)) is not None:
+                elif held_as is not None and (at := held_as(var)) is not None:
                     # a tensor a module holds that requires grad, not a Parameter: the same, by its name
                     rec["unregistered"] = True
                     rec["held_as"] = at

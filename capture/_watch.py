@@ -686,7 +686,6 @@ class Watch:
         self._session_pending = self._lazy or any(p.is_meta for _, p in named)
         self._sizes = StorageSizes()
         self._modules = [(path, weakref.ref(m)) for path, m in model.named_modules()]
-        self._held = self._held_tensors()
         # the submodules' hooks of recorded steps (module context of each op): registered for a
         # captured step and removed after it -- in full mode, where every step is captured, kept
         # (registering ~2 per module cost ~1 ms a transformer step); inert while nothing records
@@ -1955,7 +1954,7 @@ class Watch:
                 self._touches.clear()
             self._touches[sig] = hit
             if self.mode == "light":  # no graph records: the leaves the backward reaches, told
-                reached, outside = walk.leaves(self._param_names, self._held)
+                reached, outside = walk.leaves(self._param_names, self._held_as)
                 s.unregistered += outside
                 s.reached = reached if s.reached is None else s.reached | reached
         self._owner = threading.get_ident()
@@ -2071,7 +2070,7 @@ class Watch:
             rec = s.recorder
             ops_of, tids_of = rec.node_links(walk) if rec is not None else ({}, {})
             nodes = walk.records(self._param_names, rec.op_module if rec is not None else _no_module, s.micro, s.sid, ops_of,
-                                 self._held)
+                                 self._held_as)
             s.unregistered = walk.unregistered
             casts = rec.cast_ops() if rec is not None else set()
             if casts:
@@ -2309,7 +2308,7 @@ class Watch:
     # ------------------------------------------------------------------ step boundary
     def _any_opt_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._opt_seen(optimizer, args, kwargs)
-        if self._active and not _inner_step(optimizer) and (self._optimizer is None or optimizer is not self._optimizer()):
+        if self._active and (self._optimizer is None or optimizer is not self._optimizer()) and not _inner_step(optimizer):
             self._safe("ops", self._pause_for_step, optimizer)
 
     def _opt_seen(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -2843,7 +2842,6 @@ class Watch:
             ev["modes"] = dict(self._modes_now(model)[2])
             held = self._hook_bytes()
             if self._step % GRAD_STATS_EVERY == 0:  # the modules' hooks were looked at again
-                self._held = self._held_tensors()  # (and their attributes: one set after watch())
                 pruned = self._newly_pruned()
                 if pruned:
                     s.events.append({"what": "pruned", "params": pruned})
@@ -3096,24 +3094,20 @@ class Watch:
                     found.append(i)
         return found
 
-    def _held_tensors(self) -> dict[int, tuple[weakref.ref[torch.Tensor], str]]:
-        """Leaf tensors that require grad held as plain attributes of the model's modules
-        (``self.cls = torch.zeros(1, 1, d, requires_grad=True)``, not an ``nn.Parameter``):
-        ``parameters()`` misses them, so the optimizer never steps them (P1).  id -> (the
-        tensor, weakly; "path.attr").  A leaf made in the loop (an adversarial input) is no
-        module's attribute."""
-        held: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
+    def _held_as(self, leaf: torch.Tensor) -> str | None:
+        """The model's module attribute ("path.attr") holding ``leaf``, a leaf of a walked graph
+        that requires grad and is no parameter (``self.cls = torch.zeros(1, 1, d,
+        requires_grad=True)``, not an ``nn.Parameter``): ``parameters()`` misses it, so the
+        optimizer never steps it (P1).  None for one no module holds (an input the loop made to
+        read its gradient).  Looked up only when a walk meets such a leaf: they are rare."""
+        if isinstance(leaf, nn.Parameter) or not leaf.requires_grad:
+            return None
         for path, ref in self._modules:
             m = ref()
             for attr, v in vars(m).items() if m is not None else ():
-                if not isinstance(v, torch.Tensor) or isinstance(v, nn.Parameter):
-                    continue
-                try:
-                    if v.requires_grad and v.is_leaf:
-                        held[id(v)] = (weakref.ref(v), f"{path}.{attr}" if path else attr)
-                except Exception:  # noqa: BLE001 -- a view FSDP made of its flat parameter raises when asked is_leaf
-                    continue
-        return held
+                if v is leaf:
+                    return f"{path}.{attr}" if path else attr
+        return None
 
     def _gradient_hooks(self) -> tuple[list[int], list[str]]:
         """The parameters with a tensor hook of the user's (``p.register_hook``) and the modules

@@ -77,7 +77,8 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
                 last_step = max(last_step, ev["step"])
                 if tell and ev["step"] % 5000 == 4999:
                     _status(f"read {ev['step'] + 1:,} steps")
-        ended = any(ev.get("kind") == "end" for ev in events)
+        end: dict[str, Any] = next((ev for ev in events if ev.get("kind") == "end"), {})
+        ended = bool(end)
         session = next((ev for ev in events if ev.get("kind") == "session"), None)
         # a run still training (this machine's process that wrote the file is alive): its
         # file has no end yet, and maybe half a frame, and nothing is lost
@@ -116,7 +117,6 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
     elif not ended:
         print(f"torchscope doctor: note: {path} is incomplete (it has no end event: the run was killed); the "
               f"findings cover the {_count(last_step + 1, 'step')} it holds.", file=sys.stderr)
-    end: dict[str, Any] = next((ev for ev in events if ev.get("kind") == "end"), {})
     if end.get("status") == "error" and end.get("message"):
         # a crash no rule explains is still the first thing to look at
         print(f"torchscope doctor: note: the run stopped with an error after {_count(last_step + 1, 'step')}: "
