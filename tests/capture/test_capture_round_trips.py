@@ -26,28 +26,26 @@ def _run(tmp_path: Path, keep: bool) -> tuple[int, int]:
     path = tmp_path / f"keep_{keep}.tscope"
     reused = 0
     with torchscope.watch(model, opt, server=None, record=path, mode="full"):
-        # whether malloc hands the freed block to a new tensor depends on the heap the earlier
-        # tests left (in CI runs of the whole suite, none of 400 steps had it for the next
-        # tensor of its size): torch allocates 64-byte aligned, which a freed block of exactly
-        # the size rarely serves.  Each step makes several somewhat smaller tensors and
-        # converts the one at the freed address (99 of 100 steps had one on a heap fragmented
-        # on purpose, 10 of 100 with the next same-size tensor alone), until that happened a few times
-        # (a real round trip: 20 steps)
-        for _ in range(20 if keep else 400):
+        # whether malloc hands a freed block to a new tensor of its size depends on the heap the
+        # earlier tests left (CI runs of the whole suite saw none in 400 steps, for the next
+        # tensor and for any of 8 smaller ones): a block of 36 MB is mapped and unmapped on
+        # its own, and the next mapping of its size lands where it was (20 of 20 steps on a
+        # heap fragmented on purpose).  A real round trip: 20 steps of a small one.
+        n = 4096 if keep else 9_000_000
+        for _ in range(20 if keep else 50):
             if not keep and reused >= 3:
                 break
-            x = torch.randn(4096, dtype=torch.float64)
+            x = torch.randn(n, dtype=torch.float64)
             half = x.float()
             if keep:
                 half.double()  # there and back: the pitfall
             else:
                 where = half.data_ptr()
                 del half  # its block goes back to the allocator
-                made = [torch.randn(3000) for _ in range(8)]
-                fresh = next((t for t in made if t.data_ptr() == where), made[0])
+                fresh = torch.randn(n)
                 reused += fresh.data_ptr() == where
                 fresh.double()  # another tensor's conversion
-                del made, fresh
+                del fresh, x
             opt.zero_grad()
             model(torch.randn(4, 8)).pow(2).mean().backward()
             opt.step()
