@@ -79,8 +79,9 @@ _TENSOR = torch.Tensor
 
 
 # a saved field: its name and (tensor, its storage parts) of each strided tensor it holds, or
-# the exception reading it raised
-_Field = tuple[str, "list[tuple[torch.Tensor, list[tuple[int, int]]]] | Exception"]
+# the exception reading it raised; a part is (storage pointer, bytes held, their first byte's
+# offset in the storage)
+_Field = tuple[str, "list[tuple[torch.Tensor, list[tuple[int, int, int]]]] | Exception"]
 
 
 def _saved_of(node: Any) -> list[_Field]:
@@ -107,7 +108,7 @@ def _saved_of(node: Any) -> list[_Field]:
     return out
 
 
-def _held_parts(t: torch.Tensor) -> list[tuple[int, int]]:
+def _held_parts(t: torch.Tensor) -> list[tuple[int, int, int]]:
     """What the graph holds for a saved tensor: its storage, or, for a view of data that
     needs no gradient (``X[i:i + 32]``, a batch sliced out of a dataset kept in memory, or its
     labels), the part of the storage the view spans: the rest is the dataset's, which the loop
@@ -118,12 +119,27 @@ def _held_parts(t: torch.Tensor) -> list[tuple[int, int]]:
         span = 1
         for size, stride in zip(t.shape, t.stride(), strict=True):
             if size == 0:
-                return [(ptr, 0)]
+                return [(ptr, 0, 0)]
             span += (size - 1) * abs(stride)
         span *= t.element_size()
         if span < nbytes:
-            return [(ptr, span)]
-    return parts
+            return [(ptr, span, int(t.storage_offset()) * t.element_size())]
+    return [(ptr, nbytes, 0) for ptr, nbytes in parts]
+
+
+def _union(spans: list[tuple[int, int]]) -> int:
+    """Bytes covered by (offset, bytes) spans of one storage: the slices of one batch that
+    several nodes saved (an RNN cell unrolled over ``x[t]``, GRU's zero hidden state saved as
+    four slices) each hold their own part -- they were counted as the last one read."""
+    if len(spans) == 1:
+        return spans[0][1]
+    total, end = 0, -1
+    for start, nbytes in sorted(spans):
+        stop = start + nbytes
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
 
 
 _NO_FIELDS: list[_Field] = []  # shared, never appended to
@@ -207,7 +223,7 @@ class AutogradWalk:
         """Storages saved for backward (data pointer -> bytes, parameters excluded) and the
         nodes whose saved tensors can no longer be read (freed, or modified in place: P8/P10).
         ``keep``: hold what was read for the ``records()`` call that follows (which drops it)."""
-        out: dict[int, int] = {}
+        spans: dict[int, list[tuple[int, int]]] = {}
         broken: list[str] = []
         fields = [_saved_of(n) for n in self.nodes]
         if keep:
@@ -218,10 +234,14 @@ class AutogradWalk:
                     broken.append(f"{type(n).__name__}.{attr}: {str(held).splitlines()[0][:200]}")
                     continue
                 for _, parts in held:
-                    for ptr, nbytes in parts:
+                    for ptr, nbytes, start in parts:
                         if ptr not in param_ptrs:
-                            out[ptr] = nbytes
-        return out, broken
+                            at = spans.get(ptr)
+                            if at is None:
+                                spans[ptr] = [(start, nbytes)]
+                            elif (start, nbytes) not in at:  # (one tensor saved by several nodes: once)
+                                at.append((start, nbytes))
+        return {ptr: _union(at) for ptr, at in spans.items()}, broken
 
     def forget_saved(self) -> None:
         self._fields = None
@@ -397,7 +417,7 @@ def _saved_tensors(fields: Iterable[_Field], sid: Callable[[int], int]) -> list[
                     "name": attr,
                     "shape": list(t.shape),
                     "dtype": dtype,
-                    "nbytes": parts[0][1] if len(parts) == 1 else sum(n for _, n in parts),
+                    "nbytes": parts[0][1] if len(parts) == 1 else sum(p[1] for p in parts),
                     "storage": sid(parts[0][0] if parts else 0),
                     "offset": int(t.storage_offset()),
                     "stride": list(t.stride()),

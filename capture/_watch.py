@@ -876,14 +876,19 @@ class Watch:
             # the open step: one with a backward, or, in a watch without optimizer (inference),
             # one with forwards (a training loop's trailing evaluation is not a step of its own)
             # (optimizers stepping inside the backward end steps too: no inference watch)
+            failed_in: tuple[dict[str, Any] | None, list[dict[str, object]]] | None = None
             if self._s.micro > 0 or (self._s.forwards and self._optimizer is None and not self._in_backward):
                 skipped = self._scale_changed()  # the loop's last step, skipped by its GradScaler: a step
                 if self._an_unapplied_step() and not skipped:
                     self._s.forwards = [f for f in self._s.forwards if not f.get("backward")]
                 else:
                     self._safe("step", self._close_step, skipped)
+            elif self._s.forwards and self._ended_by is not None and self._ended_by[0] == "error":
+                failed_in = self._safe("step", self._failed_forward, self._s)
             trailing = list(self._s.forwards)  # none once closed: an evaluation after the last step
             self._safe("step", self._finish_deferred)
+            if failed_in is not None and failed_in[0] is not None:
+                self._transport.emit(failed_in[0])  # after the step before it (deferred till now)
             self._safe("step", self._drop_open_step)
             for h in self._handles:
                 h.remove()
@@ -902,6 +907,8 @@ class Watch:
             end = self._end_event()
             if trailing:
                 end["forwards"] = trailing
+            if failed_in is not None and failed_in[1]:
+                end["events"] = failed_in[1]
             self._transport.close(end)
         except Exception as exc:  # closing must not raise into an atexit or a with-block
             log.warning("torchscope: close failed: %r", exc)
@@ -971,6 +978,27 @@ class Watch:
         s.marks = []
         self._late_reached(s, [])
         self._remove_module_hooks()
+
+    def _failed_forward(self, s: _StepState) -> tuple[dict[str, Any] | None, list[dict[str, object]]]:
+        """The step a run failed in before its backward -- the loop raised on a NaN loss it
+        checked (``if torch.isnan(loss): raise``), an op of the loss raised on one: what the
+        doctor needs to say where the NaN began, which the step's record (never written: no
+        backward, no step) would have held.  The loss the loop checked (kept with the trailing
+        forward), which parameters and inputs its forward read non-finite, and, on a step whose
+        ops were recorded, their graph (``failed``: ops only, no backward nodes)."""
+        rec = s.recorder if s.graph is None else None
+        if rec is not None:
+            self._stop_recorder()  # before our own reads below (and the C++ recorder counts its ops as it stops)
+        if s.checked is not None:
+            self._skipped_loss(s)  # the loss, and on a non-finite one the inputs it read
+        if not math.isfinite(s.forwards[-1].get("loss", 0.0)):
+            self._params_nonfinite(s)
+        facts = [e for e in s.events if e.get("what") in ("inputs_nonfinite", "params_nonfinite")]
+        if rec is None or not rec.n_ops:
+            return None, facts
+        s.graph = {"kind": "graph", "step": self._step, "rank": self._rank.rank, "micro": 0, "nodes": [], "edges": [],
+                   "failed": True}
+        return dict(self._graph_event(s)), facts
 
     def _remove_module_hooks(self) -> None:
         for h in self._module_hooks:
@@ -2537,11 +2565,14 @@ class Watch:
             return
         if all(math.isfinite(v) for v in read.result()[1][: len(s.losses)]):
             return
+        self._params_nonfinite(s)
+        self._inputs_at_bad_loss(s)
+
+    def _params_nonfinite(self, s: _StepState) -> None:
         with _native.unrecorded(), torch.no_grad():
             params = [(i, p) for i, r in enumerate(self._params) if (p := r()) is not None]
             bad = [i for i, p in params if p.is_floating_point() and p.numel() and not bool(torch.isfinite(p).all())]
         s.events.append({"what": "params_nonfinite", "params": bad})
-        self._inputs_at_bad_loss(s)
 
     def _inputs_at_bad_loss(self, s: _StepState) -> None:
         """With a first NaN/Inf loss: which of the latest forward's floating-point inputs the

@@ -249,7 +249,6 @@ class OpRecord(TypedDict, total=False):
     alloc: int  # bytes of storages newly allocated by this op
     free: int  # bytes of storages freed during this op
     live: int  # live bytes after the op
-    grad_fn: int  # node id created by this op
     # e.g. "breaks_graph" (numpy/.item()), "new_leaf", "copy_h2d", "non_differentiable", "nan",
     # "autocast" (ran inside an autocast region), "autocast_cast" (a dtype cast autocast inserted),
     # "inplace_saved" (a forward in-place op writing a storage a graph node saved earlier: P8)
@@ -326,6 +325,9 @@ class GraphEvent(TypedDict, total=False):
     # which recorder saw the ops: "native" (full mode's C++ observer: no aten::detach that
     # autograd redispatches, allocations by storage lifetime) or "python" (a dispatch mode)
     recorder: Literal["native", "python"]
+    # the ops of the step a run failed in before any backward (an error raised on its NaN loss):
+    # no step event has this step number, and the graph holds no nodes
+    failed: bool
 
 
 # ----------------------------------------------------------------------------- log / end
@@ -351,6 +353,9 @@ class EndEvent(TypedDict, total=False):
     message: str
     # root forwards after the last step, of no step (a trailing evaluation: P11), as in StepEvent
     forwards: list[ForwardInfo]
+    # a run that failed before the backward of its open step (status "error"): what that step's
+    # forward read non-finite, as StepEvent.events ("inputs_nonfinite", "params_nonfinite")
+    events: list[dict[str, object]]
 
 
 # ----------------------------------------------------------------------------- series (1.1)

@@ -33,6 +33,7 @@ docs/session-format.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -259,6 +260,30 @@ def check_records(info: FrameInfo, events: list[dict[str, Any]]) -> None:
         raise SessionFileError("frame header does not match its records")
 
 
+def _create(path: str) -> BinaryIO:
+    """A new file at ``path`` holding the file header, which no reader ever sees empty: the
+    header goes into a file beside it that then replaces ``path`` in one rename.  (Opening
+    ``path`` itself left a moment where ``torchscope open`` -- or a poll of a live run's file
+    -- read 0 bytes and called it "not a torchscope session file".)  A path that is not a
+    regular file -- a FIFO, /dev/null -- is opened as it is: it must not be renamed over."""
+    target = os.path.realpath(path)  # write through a symlink, as open() does
+    renamed = not os.path.exists(target) or os.path.isfile(target)
+    tmp = f"{target}.{os.getpid()}.new" if renamed else target
+    f = open(tmp, "wb")  # noqa: SIM115 - lives as long as the writer
+    try:
+        f.write(file_header())
+        f.flush()
+        if renamed:
+            os.replace(tmp, target)
+    except BaseException:
+        f.close()
+        if renamed:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+    return f
+
+
 class SessionFileWriter:
     """Append-only writer.  Owned by the capture's background thread; never the training thread."""
 
@@ -268,9 +293,7 @@ class SessionFileWriter:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._f: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - lives as long as the writer
-        self._f.write(file_header())
-        self._f.flush()
+        self._f: BinaryIO = _create(self.path)
         self.seq = 0  # frames written so far
         # Where each frame lies, for resending (``spans``) -- kept small however long the run:
         # the offsets of the latest frames, and of every MARK_EVERY-th frame since the start;

@@ -175,8 +175,6 @@ def accumulate_node(graph: dict[str, Any], param: str) -> dict[str, Any]:
 
 def target_of_op(step: int, rank: int, op: dict[str, Any]) -> dict[str, Any]:
     target: dict[str, Any] = {"step": step, "rank": rank, "op": as_int(op.get("id"), -1)}
-    if "grad_fn" in op:
-        target["node"] = as_int(op.get("grad_fn"), -1)
     if op.get("module") is not None and not (op.get("module") == "" and "outside_model" in flags(op)):
         target["module"] = str(op.get("module"))  # (an op the loop ran outside the model is in none: the loss)
     return target

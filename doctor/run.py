@@ -54,6 +54,9 @@ class Run:
     graphs: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     logs: list[dict[str, Any]] = field(default_factory=list)
     end: dict[str, Any] = field(default_factory=dict)
+    # the ops of the step the run failed in before its backward (capture's GraphEvent.failed):
+    # apart from ``graphs``, whose every step has a step event and a backward
+    failed_graph: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ parameters
     # Cached: rules ask per parameter per step, and the server diagnoses long runs repeatedly.
@@ -108,6 +111,15 @@ class Run:
         used_at = next((i for i, x in enumerate(forwards) if x.get("backward") is True), len(forwards))
         return step - 1 if step > 0 and f in forwards and forwards.index(f) < used_at < len(forwards) else step
 
+    def failed_step(self) -> dict[str, Any] | None:
+        """The step a run that ended with an error failed in before its backward, as a step
+        event would have it as far as the end event tells (its forwards, with the loss the loop
+        checked, and what they read non-finite); None for a run that did not."""
+        if self.end.get("status") != "error" or not as_list(self.end.get("forwards")):
+            return None
+        return {"step": as_int(self.end.get("steps"), self.last_step + 1), "forwards": self.end["forwards"],
+                "events": as_list(self.end.get("events"))}
+
     @property
     def last_step(self) -> int:
         return as_int(self.steps[-1].get("step"), -1) if self.steps else -1
@@ -134,6 +146,8 @@ def split_by_rank(events: Iterable[dict[str, Any]]) -> list[Run]:
             run.session = ev
         elif kind == "step":
             run.steps.append(ev)
+        elif kind == "graph" and ev.get("failed") is True:
+            run.failed_graph = ev
         elif kind == "graph":
             run.graphs.setdefault(as_int(ev.get("step"), -1), []).append(ev)
         elif kind == "log":

@@ -11,7 +11,7 @@ export const FIELDS = {
   ClipInfo: ["norm", "max_norm", "norm_type"],
   MemoryStats: ["params", "grads", "optimizer", "saved", "temporaries", "kept", "live", "peak", "device"],
   graph: ["kind", "step", "rank", "micro", "complete", "shed_ops", "ops", "tensors", "nodes", "edges", "root", "memory_timeline"],
-  OpRecord: ["id", "name", "module", "call", "phase", "micro", "grad_mode", "inputs", "outputs", "inplace", "src", "dur_us", "alloc", "free", "live", "grad_fn", "flags"],
+  OpRecord: ["id", "name", "module", "call", "phase", "micro", "grad_mode", "inputs", "outputs", "inplace", "src", "dur_us", "alloc", "free", "live", "flags"],
   TensorMeta: ["id", "shape", "dtype", "device", "requires_grad", "is_leaf", "stride", "storage", "offset", "nbytes", "param", "grad_fn"],
   NodeRecord: ["id", "name", "param", "module", "op", "saved", "saved_bytes", "order", "dur_us", "higher_order", "autocast_cast", "made_nonfinite"],
   SavedTensor: ["name", "shape", "dtype", "nbytes"],

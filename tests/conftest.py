@@ -23,6 +23,27 @@ EXAMPLES = REPO / "examples"
 ARTIFACTS = REPO / "test-artifacts"  # screenshots and logs the test run leaves for people
 
 
+# A script that dies on its first NaN loss in full mode (recording to argv[1]): its step 3 divides
+# by zero, and the loop raises before that step's backward (P4 of a failed step).
+NAN_CRASH = """
+import sys, torch, torchscope
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+opt = torch.optim.Adam(model.parameters())
+torchscope.watch(model, opt, server=None, record=sys.argv[1], mode="full")
+for step in range(10):
+    opt.zero_grad()
+    out = model(torch.randn(16, 8))
+    if step == 3:
+        out = out / torch.zeros_like(out)  # 0/0 and x/0: NaN and Inf
+    loss = out.mean()
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"non-finite loss at step {step}")
+    loss.backward()
+    opt.step()
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

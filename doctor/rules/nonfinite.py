@@ -294,7 +294,7 @@ def _update_finding(run: Run, steps: list[int], params: dict[int, int], before: 
 def check(run: Run, settings: Settings) -> list[Finding]:
     steps, params = _nonfinite_steps(run)
     if not steps:
-        return []
+        return _failed_step_finding(run)
     first_op, node, op_step, reads = _first_culprit(run, set(steps))
     before = _step_before(run, steps[0])
     ev0 = next((ev for step, ev in run.step_events() if step == steps[0]), {})
@@ -407,6 +407,44 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     return [make("P4", "warning" if guarded else "error", message, fix, steps, rank=run.rank, targets=targets, modules=modules,
                  params=names, src=str(first_op.get("src", "")) if first_op else forward_src if data else None,
                  view="graph" if first_op or node else "gradients",
+                 data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
+
+
+def _failed_step_finding(run: Run) -> list[Finding]:
+    """A run whose steps were all finite and that failed in a step before its backward, on a
+    NaN/Inf: the loop checked the loss and raised (``if torch.isnan(loss): raise``), or an op
+    raised on it.  Where the NaN began, from that step's recorded ops where it has them (full
+    mode; a captured step), else what its loss and the values its forward read tell."""
+    fev = run.failed_step()
+    if fev is None:
+        return []
+    step = as_int(fev.get("step"))
+    loss_bad = bool(skipped_nonfinite(fev))
+    graph = run.failed_graph if as_int(run.failed_graph.get("step"), -1) == step else {}
+    op = culprit(graph, loss_bad) if graph else None
+    if op is None and not loss_bad:
+        return []
+    error = str(run.end.get("message", "an error"))
+    stopped = f"where the run stopped before its backward ({error[:160]})"
+    before = _step_before(run, step)
+    data = _bad_batch(_inputs_read(fev), step)
+    if op is not None:
+        message = f"NaN/Inf first produced by {g.op_label(op)} at step {step}, {stopped}."
+        fix = FIX_SOFTMAX if "softmax" in str(op.get("name", "")) else FIX
+        targets = [origin_target(step, run.rank, op, {})]
+        modules = [str(targets[0]["module"])] if "module" in targets[0] else []
+        src: str | None = str(op.get("src", "")) or None
+    else:
+        held = _held_at_forward(fev)
+        made = _forward_made(fev, held, before, _diverged_before(run, step), run.session.get("mode") == "full")
+        message = f"The loss was NaN/Inf at step {step}, {stopped}: {made}"
+        fix = FIX_DATA if data is not None else FIX
+        targets = [FindingTarget(step=step, rank=run.rank)]
+        modules = []
+        src = next((str(f.get("src")) for f in reversed(as_list(fev.get("forwards")))
+                    if isinstance(f, dict) and f.get("src")), None)
+    return [make("P4", "error", message, fix, [step], rank=run.rank, targets=targets, modules=modules, src=src,
+                 view="graph" if op is not None else "gradients",
                  data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
 
 

@@ -52,7 +52,9 @@ export function renderDetails(panel, model, key, ctx) {
       row("in-place", r.inplace ? "yes" : "no"), row("duration", fmtUs(r.dur_us)), row("allocated", fmtBytes(r.alloc)),
       row("freed", fmtBytes(r.free)), row("live after", fmtBytes(r.live)), row("source", r.src));
     if (r.flags && r.flags.length) t.append(row("flags", r.flags.map((f) => FLAGS[f] || f).join("; ")));
-    if (r.grad_fn !== undefined && model.byKey.has("n" + r.grad_fn)) t.append(h("tr", {}, h("th", {}, "grad_fn"), h("td", {}, link("n" + r.grad_fn, model.byKey.get("n" + r.grad_fn).label))));
+    // the grad_fn node(s) this op created: the capture links node -> op (NodeRecord.op) only
+    const made = model.leaves.filter((x) => x.kind === "node" && x.rec.op === r.id);
+    if (made.length) t.append(h("tr", {}, h("th", {}, "grad_fn"), h("td", {}, ...made.map((x, i) => [i ? ", " : "", link(x.key, x.label)]).flat())));
     panel.append(...[t, tensorTable(model, r.inputs, "inputs"), tensorTable(model, r.outputs, "outputs")].filter(Boolean));
   } else {
     if (r.param) {

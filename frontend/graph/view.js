@@ -240,6 +240,8 @@ export class GraphView {
     const micros = new Set((ev.ops || []).map((o) => o.micro ?? 0));
     if (micros.size > 1) notes.push(`${micros.size} micro-batches: forward ops of all, backward (grad_fn) of micro-batch ${ev.micro ?? 0}.`);
     if (ev.complete === false) notes.push(partialNote(ev, this.app.meta?.settings?.max_ops));
+    // GraphEvent.failed: no step event, no backward -- the run raised (on a NaN loss, say) first
+    if (ev.failed) notes.push(`The run stopped with an error in step ${ev.step}, before its backward: these are the ops its forward (and loss) ran, with no grad_fn graph.`);
     const errors = this.stepEvent?.backward_errors || [];
     if (errors.length) {
       const first = String(errors[0]).split(/[.:]/)[0];

@@ -177,6 +177,12 @@ def test_graph_collapsed_then_expand_and_read_shapes(page: Any, srv: ServerProc,
     assert "blocks.0.mlp.0" in details.inner_text()
     shapes = details.locator("td.shape").all_inner_texts()
     assert "[" + ", ".join(map(str, out_shape)) + "]" in shapes
+    # the grad_fn it created, a link to that node (the capture links node -> op; the panel
+    # read a field of the op that no recorder writes, so it never showed: QA 36b)
+    made = next(n for n in graph["nodes"] if n.get("op") == addmm["id"])
+    details.locator("a.nodelink", has_text=made["name"]).click()
+    page.wait_for_function(f"window.__torchscope.state().graph.selected === 'n{made['id']}'")
+    page.evaluate(f"window.__torchscope.select('o{addmm['id']}')")
     g = state(page)["graph"]
     assert g["selected"] == f"o{addmm['id']}"
     assert "forward:blocks.0.mlp" in g["expanded"]  # selecting a hidden op expanded its module

@@ -1039,6 +1039,47 @@ def test_a_batch_sliced_out_of_a_dataset_in_memory_is_saved_at_its_own_size(mode
         assert [b for n, t, b in saved if t == "_saved_target"] == [32 * 8]
 
 
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_slices_of_one_batch_saved_by_several_nodes_each_count(mode: str, tmp_path: Path) -> None:
+    """A cell unrolled over the time steps of one time-major batch (``x[t]``, an RNN written by
+    hand) saves a slice of the batch per time step: the graph holds all of them -- it counted
+    the last slice read (QA 36b: 784 bytes of a 904-byte truth), one storage being one key.
+    The truth: the same steps with each slice copied to a storage of its own."""
+
+    class Unrolled(nn.Module):
+        def __init__(self, copies: bool) -> None:
+            super().__init__()
+            self.cell, self.copies = nn.Linear(16, 16), copies
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.zeros(x.shape[1], 16)
+            for t in range(x.shape[0]):
+                xt = x[t].clone() if self.copies else x[t]
+                h = torch.tanh(self.cell(h)) * xt  # mul saves xt, a slice of x that needs no gradient
+                h = h * xt[:, :1]  # and a part of that slice again: no more bytes
+            return h
+
+    def saved(copies: bool) -> list[int]:
+        torch.manual_seed(0)
+        model = Unrolled(copies)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        path = tmp_path / f"unrolled-{copies}.tscope"
+        with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+            for _ in range(2):
+                x = torch.randn(6, 8, 16)  # (time, batch, features)
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                opt.step()
+        return [s["memory"]["saved"] for s in _steps(path)]
+
+    sliced, copied = saved(False), saved(True)
+    assert sliced == copied, (sliced, copied)
+    # per time step: the cell's input h (8x16 float32: zeros at t=0, then the second mul's
+    # product), tanh's output and the slice (a mul by what needs no gradient saves only that);
+    # then pow's input -- 512 bytes each
+    assert copied == [(6 * 3 + 1) * 8 * 16 * 4] * 2
+
+
 @pytest.mark.parametrize("mode", ["light", "full"])
 def test_saved_bytes_of_a_custom_autograd_function(mode: str, tmp_path: Path) -> None:
     """What ``ctx.save_for_backward`` keeps counts as saved like a built-in op's saved tensors

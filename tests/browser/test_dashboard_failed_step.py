@@ -1,0 +1,53 @@
+"""A run that died on its first NaN loss (``if not torch.isfinite(loss): raise``) before that
+step's backward, recorded in full mode and opened by a colleague: the Doctor's P4 finding leads
+to that step's graph -- its forward's ops, which the capture now keeps (``GraphEvent.failed``)
+-- with the op that made the NaN selected, and the graph says why it has no grad_fn column."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from browser_page import checked_page, shot
+from conftest import NAN_CRASH, ServerProc
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    with ServerProc(tmp_path_factory.mktemp("failed-step-server")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def crashed(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("failed-step-run")
+    script, path = out / "crash.py", out / "crash.tscope"
+    script.write_text(NAN_CRASH)
+    res = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "FloatingPointError" in res.stderr, res.stderr[-2000:]
+    with open(path, "rb") as f:
+        imported = httpx.post(srv.url + "/api/sessions/import", files={"file": (path.name, f)}, timeout=120)
+    imported.raise_for_status()
+    return str(imported.json()["id"])
+
+
+def test_the_nan_finding_opens_the_failed_steps_ops(srv: ServerProc, crashed: str) -> None:
+    row: Any = srv.get(f"/api/sessions/{crashed}")
+    assert row["status"] == "error" and row["steps"] == 3, row
+    with checked_page() as page:
+        page.goto(f"{srv.url}/sessions/{crashed}?view=diagnostics")
+        page.locator("button.finding", has_text="P4").first.click()
+        page.wait_for_function("(() => { const g = window.__torchscope.state().graph; return g && g.selected && g.step === 3; })()")
+        shot(page, "failed-step-graph")
+        g = page.evaluate("window.__torchscope.state().graph")
+        labels = {n["key"]: n["label"] for n in g["nodes"]}
+        assert labels.get(g["selected"]) == "div", (g["selected"], labels)
+        assert "The run stopped with an error in step 3, before its backward" in g["status"], g["status"]
+        assert not any(k.startswith("n") for k in labels), labels  # ops only: no grad_fn node drawn
