@@ -272,6 +272,8 @@ class _StepState:
         "unregistered",
         "reached",
         "pre_nonzero",
+        "pre_grads",
+        "pre_checked",
         "copies",
         "copy_bytes",
         "track_copies",
@@ -358,6 +360,10 @@ class _StepState:
         # (None: no graph walked this step -- the last walk's structure ran again)
         self.reached: set[str] | None = None
         self.pre_nonzero: list[int] = []
+        # those gradients as the first backward found them (param index, the tensor, its
+        # _version): one no backward of the step added onto is no accumulation (P5)
+        self.pre_grads: list[tuple[int, weakref.ref[torch.Tensor], int]] = []
+        self.pre_checked = False  # a backward returned since: pre_grads holds the untouched ones
         self.copies = 0
         self.copy_bytes = 0
         self.track_copies = True  # the mode watched the whole step for copies (see _opt_post)
@@ -2014,6 +2020,9 @@ class Watch:
             s.events.append({"what": "autograd_grad", "micro": s.micro})
         elif s.micro == 0:
             s.pre_nonzero, all_none, all_zero = nonzero_grads(params)
+            if s.pre_nonzero:
+                s.pre_grads = [(i, weakref.ref(g), g._version) for i in s.pre_nonzero
+                               if (p := params[i]) is not None and (g := p.grad) is not None and not g.is_sparse]
             if self._orphans:
                 self._outside_grads(s)
             s.zero_grad = 1 if (all_zero or all_none) else 0
@@ -2298,6 +2307,8 @@ class Watch:
             s.stats = self._safe("grads", self._grad_stats, s, [r() for r in self._params])
         returned = time.perf_counter()
         s.backward_us += (returned - t0) * 1e6
+        if s.pre_grads:
+            self._safe("grads", self._added_onto, s)
         s.grad_mark = self._grad_mark()
         if self._gc_paused:
             self._resume_gc()
@@ -2567,6 +2578,21 @@ class Watch:
             return
         self._params_nonfinite(s)
         self._inputs_at_bad_loss(s)
+
+    def _added_onto(self, s: _StepState) -> None:
+        """After a backward: the stale gradients it added onto (their tensor's version moved)
+        stay in ``pre_nonzero``; the others leave the list for good.  A head trained by its own
+        optimizer on alternate steps keeps the gradient of its last turn, which the step's
+        backward never reaches: no zero_grad() is missing there (QA 36a: an error on a clean
+        multi-task loop).  Read as each backward returns, before clipping or an unscale can
+        change the gradients in place; its version alone, no tensor op."""
+        untouched = []
+        for i, ref, version in s.pre_grads:
+            p = self._params[i]()
+            g = ref()
+            if p is not None and g is not None and p.grad is g and g._version == version:
+                untouched.append((i, ref, version))
+        s.pre_grads, s.pre_checked = untouched, True
 
     def _params_nonfinite(self, s: _StepState) -> None:
         with _native.unrecorded(), torch.no_grad():
@@ -2918,6 +2944,9 @@ class Watch:
         self._follow_failure(s)
         graph = dict(self._graph_event(s)) if s.graph is not None else None
         clip = s.clip[1:] if s.clip is not None else None
+        if s.pre_checked and s.pre_grads:  # stale gradients no backward of this step reached
+            untouched = {i for i, _, _ in s.pre_grads}
+            s.pre_nonzero = [i for i in s.pre_nonzero if i not in untouched]
         pending = (ev, read, len(s.losses), s.summed, isinstance(scale, torch.Tensor), clip, s.pre_nonzero, not_trained, graph,
                    s.unregistered)
         if self._deferred is not None:

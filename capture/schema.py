@@ -99,7 +99,7 @@ class GradStats(TypedDict, total=False):
     nan: list[int]  # count of NaN entries (0 where .grad is None)
     inf: list[int]
     none: list[int]  # indices of trainable parameters whose .grad is None at optimizer step
-    pre_nonzero: list[int]  # indices whose .grad was already non-zero before this step's first backward (P5)
+    pre_nonzero: list[int]  # indices whose .grad was already non-zero before this step's first backward and that a backward of the step added onto (P5)
     not_trained: list[int]  # indices that require grad but were not trained this step: in none of the stepping optimizer's param groups (a part run under no_grad on purpose), or left out of every backward(inputs=...): not P1
     clip: ClipInfo  # clip_grad_norm_ ran on the watched parameters (the other columns are after it)
 

@@ -39,6 +39,10 @@ def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], di
     dead: dict[int, list[int]] = {}
     whole: dict[int, list[int]] = {}
     sparse = sparse_params(run)
+    # a parameter the step's backward never reached keeps whatever .grad it had -- zeros after
+    # zero_grad(set_to_none=False): not dead, unused that step (the idle head of a multi-task
+    # loop whose heads take turns; QA 36a: a "dead branch" on every step)
+    unreached = paths.unreached_by_step(run)
     for step, ev in _judged_steps(run):
         norms = floats(ev, "norm")
         # zero_frac may be sampled every few steps; meanwhile a norm of exactly 0 says "all zeros"
@@ -46,8 +50,9 @@ def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], di
         sampled = floats(ev, "zero_frac")
         zf = [sampled[i] if i < len(sampled) and sampled[i] is not None
               else None if n is None else 1.0 if n == 0.0 else 0.0 for i, n in enumerate(norms)]
+        idle = unreached.get(step, set())
         flagged = [i for i, frac in enumerate(zf) if frac is not None and frac >= settings.dead_zero_frac
-                   and i < len(norms) and norms[i] is not None and i not in sparse]
+                   and i < len(norms) and norms[i] is not None and i not in sparse and i not in idle]
         if not flagged:
             continue
         if len(flagged) < sum(1 for frac in zf if frac is not None):

@@ -228,6 +228,29 @@ def _walked(run: Run) -> dict[int, set[int]]:
     return out
 
 
+def unreached_by_step(run: Run) -> dict[int, set[int]]:
+    """Step -> the trainable parameters its backward did not reach, wherever a graph of the same
+    structure (``graph_signature``) tells: a captured graph's AccumulateGrad nodes, light mode's
+    walked steps.  A multi-task loop's heads take turns: the idle one's backward graph has no
+    node of it, on every step of that structure, captured or not.  Only steps of one structure:
+    a step whose backward passes differ (a critic's loss, then the policy's: "sig1+sig2") has
+    its first pass's graph captured, which tells nothing of the others."""
+    by_sig: dict[str, set[int]] = {}
+    sig_of = {step: sig for step, ev in run.step_events() if "+" not in (sig := str(ev.get("graph_signature") or ""))}
+    names = {run.param_name(i): i for i in range(len(run.params))}
+    trainable_ids = {i for i, p in enumerate(run.params) if p.get("requires_grad", True)}
+    for step, graph in run.all_graphs():
+        sig = sig_of.get(step, "")
+        if sig and sig not in by_sig and as_int(graph.get("micro")) == 0 and as_list(graph.get("nodes")):
+            reached = {names[str(n.get("param"))] for n in as_list(graph.get("nodes"))
+                       if isinstance(n, dict) and str(n.get("param")) in names}
+            by_sig[sig] = trainable_ids - reached
+    for step, unreached in _walked(run).items():
+        by_sig.setdefault(sig_of.get(step, ""), unreached)
+    by_sig.pop("", None)
+    return {step: by_sig[sig] for step, sig in sig_of.items() if sig in by_sig}
+
+
 def cut_steps(run: Run) -> set[int]:
     """The steps on which a parameter got no gradient because its path to the loss breaks at a
     cut (a detach, a no_grad block, a non-differentiable op): a forward whose output the loss
