@@ -324,9 +324,12 @@ class AutogradWalk:
         sid: Callable[[int], int],
         ops: dict[int, int],
         held_as: Callable[[torch.Tensor], str | None] | None = None,
+        near: dict[int, int] | None = None,
     ) -> list[NodeRecord]:
         """Full node records: class, parameter of AccumulateGrad, saved tensors (bytes only),
-        forward op (``ops``: node index -> the op that made it, from the op recorder)."""
+        forward op (``ops``: node index -> the op that made it, from the op recorder; ``near``:
+        node index -> an op of the module it was made in, for a node no op made -- a custom
+        autograd.Function's)."""
         out: list[NodeRecord] = []
         # (record, its Parameter) of AccumulateGrad nodes of Parameters not the model's
         self.unregistered: list[tuple[NodeRecord, weakref.ref[torch.Tensor]]] = []
@@ -357,6 +360,8 @@ class AutogradWalk:
             if op is not None:
                 rec["op"] = op
                 rec["module"] = op_module(op)
+            elif near and (made_in := near.get(i)) is not None:
+                rec["module"] = op_module(made_in)
             _loss_facts(n, rec)
             node_fields = fields[i] if fields is not None else _saved_of(n)
             saved = _saved_tensors(node_fields, sid) if node_fields else None

@@ -363,6 +363,7 @@ class NativeRecorder:
         self.autocast_seen = False
         self.failed: str | None = None
         self.links: dict[int, tuple[int, tuple[int, ...]]] = {}  # grad_fn sequence number -> (op, tensors)
+        self.near: dict[int, int] = {}  # node index -> an op whose module it is in (node_links)
         self.node_times: list[tuple[int, int, int]] = []  # (sequence number, start ns, end ns) of nodes run
         self._timed: dict[int, int] = {}  # sequence number -> node index, of this backward's timed nodes
         self._contexts: dict[tuple[str, int, bool, str, bool], int] = {}
@@ -473,10 +474,25 @@ class NativeRecorder:
         ops: dict[int, int] = {}
         tensors: dict[int, tuple[int, ...]] = {}
         links = self.links
+        unlinked: list[tuple[int, int]] = []
         for i, seq in enumerate(walk.seqs()):
             hit = links.get(seq)
             if hit is not None:
                 ops[i], tensors[i] = hit
+            elif seq >= 0:
+                unlinked.append((seq, i))
+        self.near = {}
+        if unlinked:
+            # an in-place op on a view makes its CopySlices, a custom autograd.Function its node,
+            # without an output whose grad_fn links them: found by the sequence counter instead
+            unlinked.sort()
+            for (_, i), (op, during) in zip(unlinked, self.ext.made_by([seq for seq, _ in unlinked]), strict=True):
+                if op < 0:
+                    continue
+                if during:
+                    ops[i] = op
+                else:
+                    self.near[i] = op  # its module's op, not its maker: the Function ran no op of its own
         return ops, tensors
 
     def time_nodes(self, walk: AutogradWalk) -> set[int]:

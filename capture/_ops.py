@@ -11,12 +11,14 @@ strongly: the tensor table keeps weak references only.
 
 from __future__ import annotations
 
+import bisect
 import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.autograd.function import BackwardCFunction
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from ._memory import _PLAIN, storage_parts
@@ -61,6 +63,9 @@ class StorageIds:
         if i is None:
             i = self.ids[ptr] = len(self.ids)
         return i
+
+
+_peek_seq: Callable[[], int] = torch._C._autograd._get_sequence_nr  # the next node's number, this thread
 
 
 class OpRecorder(TorchDispatchMode):
@@ -119,6 +124,10 @@ class OpRecorder(TorchDispatchMode):
         self.autocast = False
         self.autocast_seen = False
         self.failed: str | None = None
+        # (the thread's autograd sequence counter as it ran, op id) of the forward ops: below
+        # autograd, an op runs before the nodes it makes (node_links)
+        self._seqs: list[tuple[int, int]] = []
+        self.near: dict[int, int] = {}  # node index -> an op of the module it was made in (node_links)
 
     # ------------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -213,6 +222,8 @@ class OpRecorder(TorchDispatchMode):
         self.ops.append(rec)
         self._timeline_ops.append(op_id)
         self._timeline_live.append(self.live)
+        if self.phase == "forward":
+            self._seqs.append((_peek_seq(), op_id))
         if differentiable and self.phase == "forward":
             for t in out_t:
                 self._pending_ops.append(op_id)
@@ -386,18 +397,44 @@ class OpRecorder(TorchDispatchMode):
 
     def node_links(self, walk: AutogradWalk) -> tuple[dict[int, int], dict[int, list[int]]]:
         """For each graph node (by index) the op that made it and that op's output tensors,
-        from the stamps ``_link_pending`` left in the nodes' metadata."""
+        from the stamps ``_link_pending`` left in the nodes' metadata; a node no output links,
+        by the sequence counter (``_made_by``)."""
         ops: dict[int, int] = {}
         tensors: dict[int, list[int]] = {}
+        unlinked: list[int] = []
         for i, n in enumerate(walk.nodes):
             meta = n.metadata
             op = meta.get("torchscope_op")
             if op is not None:
                 ops[i] = op
+            elif self._seqs:
+                unlinked.append(i)
             tids = meta.get("torchscope_tensors")
             if tids:
                 tensors[i] = tids
+        self.near = {}
+        if unlinked:
+            self._made_by(walk, unlinked, ops)
         return ops, tensors
+
+    def _made_by(self, walk: AutogradWalk, unlinked: list[int], ops: dict[int, int]) -> None:
+        """As the native recorder's ``made_by``, from below autograd, where an op runs before
+        the nodes it makes: a custom ``autograd.Function``'s node (made by ``apply``, before the
+        ops of its forward) takes the module of the op the counter shows right after it; another
+        (an in-place op on a view makes its ``CopySlices``) was made by the last op before it,
+        when an op follows."""
+        seqs = walk.seqs()
+        firsts = [seq for seq, _ in self._seqs]
+        for i in unlinked:
+            s = seqs[i]
+            k = bisect.bisect_right(firsts, s)  # ops [0, k) ran before the counter passed s
+            if s < 0 or k == 0:
+                continue
+            if isinstance(walk.nodes[i], BackwardCFunction):
+                if k < len(firsts) and firsts[k] == s + 1:
+                    self.near[i] = self._seqs[k][1]
+            elif k < len(firsts):
+                ops[i] = self._seqs[k - 1][1]
 
     def finish(self) -> None:
         """Link the last ops and stop watching frees (later frees are not this step's)."""

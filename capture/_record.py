@@ -24,7 +24,14 @@ from typing import Any
 from ._console import say
 from .distributed import RankInfo, rank_path
 from .session import writer_alive
-from .sessionfile import FRAME_HEADER_SIZE, HEADER_SIZE, check_file_header, decode_frame, parse_frame_header
+from .sessionfile import (
+    FRAME_HEADER_SIZE,
+    HEADER_SIZE,
+    check_file_header,
+    claim,
+    decode_frame,
+    parse_frame_header,
+)
 
 
 def default_record(name: str) -> str:
@@ -73,7 +80,7 @@ def _claim(base: str, rank: RankInfo, chosen: bool, written_here: Callable[[str]
                 if not taken:
                     os.remove(path)
         try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            claim(path)  # (its header in it from the start: never read as an empty file)
         except FileExistsError:
             taken = taken or _WRITTEN
             continue

@@ -2107,7 +2107,7 @@ class Watch:
             rec = s.recorder
             ops_of, tids_of = rec.node_links(walk) if rec is not None else ({}, {})
             nodes = walk.records(self._param_names, rec.op_module if rec is not None else _no_module, s.micro, s.sid, ops_of,
-                                 self._held_as)
+                                 self._held_as, rec.near if rec is not None else None)
             s.unregistered = walk.unregistered
             casts = rec.cast_ops() if rec is not None else set()
             if casts:
@@ -2152,7 +2152,7 @@ class Watch:
         of the module whose forward op made it (the native recorder does this itself)."""
         made: dict[int, tuple[str, int, bool]] = {}
         for n in nodes:
-            o = n.get("op")
+            o = n.get("op", rec.near.get(n["id"]))  # (a custom Function's node: its module's op)
             if o is not None and 0 <= o < len(rec.ops):
                 op = rec.ops[o]
                 made[n["id"]] = (str(op["module"]), int(op["call"]), "outside_model" not in op.get("flags", ()))

@@ -292,7 +292,7 @@ class NodeRecord(TypedDict, total=False):
     id: int
     name: str  # grad_fn class name: "AddmmBackward0", "AccumulateGrad"
     param: str  # for AccumulateGrad: the parameter's qualified name
-    module: str  # module path of the forward op that created it
+    module: str  # module path of the forward op that created it (a custom Function's: where its forward ran)
     op: int  # OpRecord.id of that forward op
     saved: list[SavedTensor]
     saved_bytes: int

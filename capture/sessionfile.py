@@ -34,6 +34,7 @@ docs/session-format.md.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import struct
@@ -258,6 +259,35 @@ def check_records(info: FrameInfo, events: list[dict[str, Any]]) -> None:
         raise SessionFileError("frame event count mismatch")
     if _step_range(events) != (info.step_lo, info.step_hi) or _flags(events) != info.flags:
         raise SessionFileError("frame header does not match its records")
+
+
+def claim(path: str) -> None:
+    """Create ``path`` holding only the file header, failing with ``FileExistsError`` where it
+    exists: a run reserves its record path so (its writer, on a background thread, replaces it
+    later).  The header is there from the first moment the name is -- written beside it, then
+    hard-linked to the name, which fails where it is taken (an exclusive create that cannot be
+    seen empty: the empty file O_EXCL left was read as "not a torchscope session file" by a
+    reader polling a run just started).  A file system without hard links: O_EXCL, then write."""
+    tmp = f"{path}.{os.getpid()}.claim"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(file_header())
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        try:
+            if os.write(fd, file_header()) != HEADER_SIZE:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None
+        except OSError:
+            os.unlink(path)  # (a full disk: no empty file left behind under the name)
+            raise
+        finally:
+            os.close(fd)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def _create(path: str) -> BinaryIO:

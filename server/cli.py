@@ -65,10 +65,10 @@ _SERVER_ENV = ("server: --server URL, else $TORCHSCOPE_SERVER, else http://127.0
                "server that needs one, as for watch().")
 _EXAMPLES = {
     "serve": """examples:
-  torchscope serve                          dashboard at http://127.0.0.1:6150
-  torchscope serve --port 7000 --data runs/ another port, sessions stored under runs/
-  torchscope serve --host 0.0.0.0           reachable from other machines (a token is generated)
-  torchscope serve --verbose                uvicorn's log and one line per request""",
+  torchscope serve                            dashboard at http://127.0.0.1:6150
+  torchscope serve --port 7000 --data runs/   another port, sessions stored under runs/
+  torchscope serve --host 0.0.0.0             reachable from other machines (a token is generated)
+  torchscope serve --verbose                  uvicorn's log and one line per request""",
     "open": """examples:
   torchscope open run.tscope                     the server on 127.0.0.1:6150 (started if none answers)
   torchscope open run.tscope --no-browser        print the URL only
@@ -86,7 +86,7 @@ _EXAMPLES = {
     "doctor": """examples:
   torchscope doctor run.tscope
   torchscope doctor run.tscope --json | jq '.[].code'
-  torchscope doctor run.tscope --set KEY=VALUE   (keys below)""",
+  torchscope doctor run.tscope --set min_steps=5 --set dead_zero_frac=0.999""",
 }
 
 
@@ -110,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port (default %(default)s)")
     s.add_argument("--data", metavar="DIR", help="data directory (default $TORCHSCOPE_DATA or ~/.torchscope)")
     s.add_argument("--token", help="require this token for ingest and viewing (default $TORCHSCOPE_TOKEN)")
-    s.add_argument("--db", metavar="URL", help="store URL; only sqlite:///PATH today (default $TORCHSCOPE_DB "
-                                               "or DIR/torchscope.db)")
+    s.add_argument("--db", metavar="URL", help="store URL; only sqlite:///PATH today -- relative to here, "
+                                               "sqlite:////abs/path absolute (default $TORCHSCOPE_DB or DIR/torchscope.db)")
     talk = s.add_mutually_exclusive_group()  # "--quiet --verbose" is a mistake: say so, not pick one
     talk.add_argument("--quiet", action="store_true", help="print nothing but errors")
     talk.add_argument("--verbose", action="store_true", help="print uvicorn's log, with one line per request")
@@ -212,7 +212,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(settings)
     if not args.quiet:
         url = page_url(settings.base_url() + "/", settings.token)  # the token URL-encoded
-        print(f"torchscope dashboard: {url}  (data: {settings.data_dir})", flush=True)
+        # the store's file where --db put it elsewhere (sqlite:///runs/ts.db is relative to here,
+        # sqlite:////var/ts.db absolute, as SQLAlchemy reads them: QA 36c looked in the wrong place)
+        where = settings.data_dir if settings.db_path.parent == settings.data_dir else settings.db_path.resolve()
+        print(f"torchscope dashboard: {url}  (data: {where})", flush=True)
     # uvicorn's own lines ("INFO: Started server process", one per request) only with --verbose:
     # the dashboard line above is what a user needs, and warnings and errors still show
     # Slow clients: a connection idle between requests is closed after timeout_keep_alive (the
@@ -540,9 +543,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 COMMANDS = {"serve": cmd_serve, "open": cmd_open, "demo": cmd_demo, "info": cmd_info, "doctor": cmd_doctor}
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The subcommand's parser (the top-level one for none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]  # type: ignore[no-any-return]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # said by the command's own parser ("torchscope doctor: unrecognized arguments: b.tscope
+        # (see torchscope doctor --help)"): argparse says it as the top-level one's
+        _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 2

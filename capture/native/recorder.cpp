@@ -21,6 +21,7 @@
 #include <frameobject.h>
 
 #include <ATen/ATen.h>
+#include <ATen/SequenceNumber.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
@@ -168,6 +169,9 @@ struct OpRec {
   int64_t alloc = 0, free = 0, live = 0;
   uint32_t flags = 0;
   PyObject* marker_flags = nullptr;  // owned tuple of str, markers only
+  // a forward op's thread's autograd sequence counter as it began and as it ended: the graph
+  // nodes made during it, or right after (made_by), for nodes no output of it links
+  int64_t seq0 = -1, seq1 = -1;
   bool done = false;
 };
 
@@ -575,6 +579,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
       g_autocast_seen = true;
     }
     r.to_copy = info.to_copy;
+    if (phase == 0) r.seq0 = r.seq1 = static_cast<int64_t>(at::sequence_number::peek());
     r.t0 = now_ns();
     ctx->op = static_cast<int64_t>(g_ops.size());
     ctx->gen = g_gen;
@@ -684,6 +689,8 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
     r.free = g_freed;
     g_freed = 0;
     r.live = g_live;
+    // (after reading the outputs' grad_fn: a view's is made when first asked for)
+    if (r.seq0 >= 0) r.seq1 = static_cast<int64_t>(at::sequence_number::peek());
     r.done = true;
   } catch (const std::exception& e) {
     if (g_failed.empty()) g_failed = e.what();
@@ -1089,6 +1096,41 @@ void tensor_json(Json& j, const TensorRec& r, int64_t id) {
   j.raw("}");
 }
 
+// For graph nodes no op's output links (their sequence numbers, ascending), the forward op that
+// made each: the one during which the counter passed it (an in-place op on a view makes its
+// CopySlices there), or -- made between ops -- the op that ran right after it, the counter one
+// past it (a custom autograd.Function's node, made before the ops of its forward run, which are
+// the Function's module's).  [(op, made during it)], op -1 where none tells.  Asked as a captured
+// backward begins, before its nodes run.
+py::list made_by(const std::vector<int64_t>& seqs) {
+  std::lock_guard<std::mutex> g(g_mu);
+  py::list out;
+  size_t lo = 0;
+  for (int64_t s : seqs) {
+    int64_t hit = -1;
+    bool during = false;
+    for (size_t k = lo; k < g_ops.size(); ++k) {
+      const OpRec& r = g_ops[k];
+      if (r.seq0 < 0) continue;  // a backward op, a marker
+      if (r.seq1 <= s && r.seq0 != s + 1) {
+        lo = k + 1;  // (the seqs ascend: no later node is made at or before this op)
+        continue;
+      }
+      if (r.seq0 <= s && s < r.seq1) {
+        hit = static_cast<int64_t>(k), during = true;
+      } else if (r.seq0 == s + 1) {
+        hit = static_cast<int64_t>(k);
+      }
+      break;
+    }
+    // and the ops its backward runs are that module's, as a linked node's are (on_enter), not
+    // the root's; not in g_seq_order: Python has this link already
+    if (hit >= 0) g_seq.emplace(static_cast<uint64_t>(s), SeqLink{hit, {}});
+    out.append(py::make_tuple(hit, during));
+  }
+  return out;
+}
+
 // The drained ops and tensors as two JSON arrays (str); call after the last drain.
 py::tuple encode() {
   std::lock_guard<std::mutex> g(g_mu);
@@ -1143,6 +1185,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("marker", &marker);
   m.def("drain", &drain);
   m.def("set_grad_fn", &set_grad_fn);
+  m.def("made_by", &made_by);
   m.def("inplace_candidates", &inplace_candidates);
   m.def("flag_op_inplace_saved", &flag_op_inplace_saved);
   m.def("encode", &encode);

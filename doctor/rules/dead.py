@@ -43,6 +43,9 @@ def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], di
     # zero_grad(set_to_none=False): not dead, unused that step (the idle head of a multi-task
     # loop whose heads take turns; QA 36a: a "dead branch" on every step)
     unreached = paths.unreached_by_step(run)
+    # ... on the steps it is idle: one never reached at all (a layer the forward never uses,
+    # zeros from zero_grad(set_to_none=False) at every step) is still told
+    alive = {i for _, ev in _judged_steps(run) for i, n in enumerate(floats(ev, "norm")) if n} if unreached else set()
     for step, ev in _judged_steps(run):
         norms = floats(ev, "norm")
         # zero_frac may be sampled every few steps; meanwhile a norm of exactly 0 says "all zeros"
@@ -50,7 +53,7 @@ def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], di
         sampled = floats(ev, "zero_frac")
         zf = [sampled[i] if i < len(sampled) and sampled[i] is not None
               else None if n is None else 1.0 if n == 0.0 else 0.0 for i, n in enumerate(norms)]
-        idle = unreached.get(step, set())
+        idle = unreached.get(step, set()) & alive
         flagged = [i for i, frac in enumerate(zf) if frac is not None and frac >= settings.dead_zero_frac
                    and i < len(norms) and norms[i] is not None and i not in sparse and i not in idle]
         if not flagged:

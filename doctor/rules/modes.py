@@ -58,6 +58,20 @@ def _frozen(ev: dict[str, Any], own: list[int]) -> bool:
     return bool(own) and all(i < len(norms) and norms[i] is None and i not in missing for i in own)
 
 
+def _eval_all_along(run: Run, before: int) -> set[str]:
+    """The modules in eval mode in every trained forward, in training mode, of the steps before
+    ``before`` (none when there is no such forward)."""
+    common: set[str] | None = None
+    for step, ev in run.step_events():
+        if step >= before:
+            break
+        for f in (as_dict(x) for x in as_list(ev.get("forwards"))):
+            if f.get("backward") is True and f.get("training") is True:
+                mods = {str(m) for m in as_list(f.get("eval_modules"))}
+                common = mods if common is None else common & mods
+    return common or set()
+
+
 def _named(mods: list[str]) -> str:
     return ", ".join(repr(m) for m in mods[:4]) + (f" and {len(mods) - 4} more" if len(mods) > 4 else "")
 
@@ -209,6 +223,11 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         who = "the model is" if "" in mods else f"{_named(mods)} {'is' if len(mods) == 1 else 'are'}"
         if "" in mods:  # the whole model: what it changes is in its dropout and batch-norm modules
             inside = _sensitive_modules(run)
+            # less those in eval mode on every trained step before (batch-norm frozen on purpose:
+            # QA 36a, "forgot train()" named them beside the dropout that did change)
+            frozen = _eval_all_along(run, steps[0])
+            if set(inside) - frozen:
+                inside = [m for m in inside if m not in frozen]
             effects = f"{_effects(run, inside)} (in {_named(inside)})" if inside else _effects(run, mods)
         else:
             effects = _effects(run, mods)

@@ -351,7 +351,10 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
         return ("error", f"{head}: what it computes ends at {g.op_label(op)}, whose result the loss never uses "
                 "(an output computed and then left out of the loss).", _DEAD_END_FIX)
     if op:
-        why = "it ran under torch.no_grad()" if op.get("grad_mode") is False else "gradient cannot flow through it"
+        # (both causes of grad mode off inside a training forward, which the op alone cannot tell
+        # apart: QA 36a's reentrant checkpoint read as a no_grad block the user never wrote)
+        why = ("it ran under torch.no_grad(), or in torch.utils.checkpoint(use_reentrant=True) with no input that "
+               "requires grad" if op.get("grad_mode") is False else "gradient cannot flow through it")
         return "error", f"{head}: its path to the loss breaks at {g.op_label(op)} ({why}).", fix
     if label == _UNREACHED:  # light mode: its walk of the graph knows this much
         return ("error", f"{head}: the backward's graph does not reach {_them(names)} -- the forward never uses "

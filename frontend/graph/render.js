@@ -2,6 +2,8 @@
 // pan and zoom smoothly.  Draws only what intersects the viewport; below a zoom threshold
 // nodes become plain rectangles without text (level of detail).  Edges are cached as one
 // Path2D per kind in world coordinates and rebuilt only when the layout changes.
+import { OUTSIDE_MODEL } from "../dom.js";
+
 export const TEXT_MIN_SCALE = 0.45;
 const MIN_SCALE = 0.002; // the overview (a second "Fit") reaches a 10k-node graph's full height
 
@@ -60,7 +62,12 @@ export function subLabel(ctx, it, width) {
   const fits = (t) => ctx.measureText(t).width <= width;
   if (!it.subHead || fits(it.sub)) return fit(ctx, it.sub, width);
   const room = width - ctx.measureText(`${it.subHead} · `).width;
-  if (room >= ctx.measureText("…" + it.subPath.slice(-4)).width) return `${it.subHead} · ${fit(ctx, it.subPath, room, 0)}`;
+  // a word in parentheses, no path: "(outside the model)" cut from its start read "…tside the
+  // model" (QA 36c); its short form, else cut at its end
+  if (it.subPath.startsWith("(")) {
+    const short = it.subPath === OUTSIDE_MODEL ? "(outside)" : it.subPath;
+    if (room >= ctx.measureText(short.slice(0, 4) + "…").width) return `${it.subHead} · ${fit(ctx, short, room, 1)}`;
+  } else if (room >= ctx.measureText("…" + it.subPath.slice(-4)).width) return `${it.subHead} · ${fit(ctx, it.subPath, room, 0)}`;
   if (fits(it.subHead)) return it.subHead;
   if (!it.subHead.startsWith("[")) return fit(ctx, it.subHead, width, 1);
   // a shape wider than its box: whole dimensions dropped from its end, "[16, 8, …]"

@@ -118,6 +118,9 @@ def test_a_sub_label_keeps_its_tensor_shape_whole(page: Any, srv: ServerProc, tr
     for it in cut:
         # the shape whole, then the path's end after an ellipsis, or the shape alone
         shape, fit, path = shapes[it["key"]], it["fit"], it["sub"][len(shapes[it["key"]]) + 3:]
+        if path.startswith("("):  # "(outside the model)": its short form, or cut at its end (QA 36c)
+            assert fit == shape or fit.startswith(f"{shape} · (out"), it
+            continue
         assert fit == shape or (fit.startswith(f"{shape} · …") and path.endswith(fit[len(shape) + 4:])), it
     assert any(it["fit"].startswith(shapes[it["key"]] + " · …") for it in cut), cut
 
@@ -134,6 +137,9 @@ def test_the_loss_outside_the_model_is_not_called_root(page: Any, srv: ServerPro
     subs = {it["key"]: it["sub"] for it in page.evaluate(ITEMS)}
     for k in outside:
         assert subs[k].endswith(" · (outside the model)") or subs[k] == "(outside the model)", (k, subs[k])
+    # as drawn: never cut from its start ("…tside the model", QA 36c)
+    fits = {it["key"]: it["fit"] for it in page.evaluate(ITEMS) if it["key"] in outside and it["fit"] is not None}
+    assert fits and not [f for f in fits.values() if "…t" in f or "…i" in f], fits
     for k in root:
         assert subs[k].endswith("(root)"), (k, subs[k])
     # the loss's grad_fn, made by an op outside the model, says where its op ran

@@ -193,18 +193,22 @@ def test_a_folder_that_cannot_be_written_sends_the_run_to_the_temporary_folder(
 
 
 def test_a_full_disk_at_watch_leaves_no_empty_file_behind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The file claimed, its header not written (no space left): the run is not watched, and
-    the empty file goes -- left there, a later run naming it found "no session file" and went
-    to ``-2``."""
+    """No space for the file's header: the run records to the temporary directory's spare file
+    instead, said, and leaves no empty file under the name -- left there, a later run naming it
+    found "no session file" and went to ``-2``.  (Until the thirty-sixth session the empty
+    file was claimed first, its header failing later: the run was not watched at all.)"""
     from conftest import fill, tiny_disk
 
     with tiny_disk(tmp_path / "disk", "1m") as disk:
         filler = fill(disk)
         model = nn.Linear(4, 2)
         w = torchscope.watch(model, server=None, record=disk / "run.tscope")
-        _train(model, 2)  # trains as it would: nothing watched
+        _train(model, 2)  # trains as it would
         w.close()
-        assert "not watching this run" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert f"cannot record to {disk / 'run.tscope'} (No space left on device); recording to " in err, err
+        assert w.path is not None and not w.path.startswith(str(disk)) and _steps(w.path) == 2
+        os.unlink(w.path)
         assert not (disk / "run.tscope").exists()
         filler.unlink()
         with torchscope.watch(model, server=None, record=disk / "run.tscope") as w:

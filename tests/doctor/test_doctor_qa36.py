@@ -96,3 +96,42 @@ def test_an_idle_heads_zero_gradient_is_no_dead_branch(tmp_path: Path, mode: str
     assert "P2" not in codes and all(sev == "info" for sev in codes.values()), diagnose(events)
     zero_norm = [s["step"] for s in (e for e in events if e["kind"] == "step") if s["grads"]["norm"][-1] == 0.0]
     assert len(zero_norm) >= 10  # (the reg head's gradient is exactly zero on the cls steps)
+
+
+class FineTunedCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.MaxPool2d(2))
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.2), nn.Linear(8 * 4 * 4, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_forgetting_train_names_the_modules_it_changed_not_a_batch_norm_frozen_on_purpose(tmp_path: Path,
+                                                                                         mode: str) -> None:
+    """The backbone's batch-norm is in eval mode from the start (frozen on purpose); an evaluation
+    at step 5 calls model.eval() and the loop never calls model.train() again: P11 names the
+    dropout that changed -- it named the frozen batch-norm beside it (QA 36a finding 5)."""
+    torch.manual_seed(0)
+    model = FineTunedCNN()
+    model.backbone[1].requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    path = tmp_path / f"bn-{mode}.tscope"
+    model.train()
+    model.backbone[1].eval()
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for step in range(12):
+            loss = F.cross_entropy(model(torch.randn(8, 3, 8, 8)), torch.randint(0, 5, (8,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step == 5:
+                model.eval()  # an evaluation; the loop never calls model.train() again
+                with torch.no_grad():
+                    model(torch.randn(8, 3, 8, 8))
+    (f,) = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P11" and f["severity"] == "warning"]
+    assert f["message"].startswith("Training while the model is in eval mode (since step 6"), f["message"]
+    assert "'head.1'" in f["message"] and "backbone.1" not in f["message"], f["message"]

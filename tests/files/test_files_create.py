@@ -19,13 +19,11 @@ from torchscope.sessionfile import (
 )
 
 
-def test_a_reader_never_sees_a_new_file_without_its_header(tmp_path: Path) -> None:
-    path = tmp_path / "run.tscope"
-    writer = subprocess.Popen([sys.executable, "-c", (
-        "import sys\nfrom torchscope.sessionfile import SessionFileWriter\n"
-        "for _ in range(3000):\n    SessionFileWriter(sys.argv[1])._f.close()\n"), str(path)])
+def _poll_headers(proc: subprocess.Popen[bytes], path: Path) -> None:
+    """Read ``path``'s header over and over while ``proc`` runs: every read that found the file
+    found a header (and there were plenty of reads)."""
     reads, bad = 0, []
-    while writer.poll() is None:
+    while proc.poll() is None:
         try:
             data = path.read_bytes()[:HEADER_SIZE]
         except FileNotFoundError:
@@ -35,8 +33,16 @@ def test_a_reader_never_sees_a_new_file_without_its_header(tmp_path: Path) -> No
             check_file_header(data, path.name)
         except SessionFileError as e:
             bad.append(str(e))
-    assert writer.returncode == 0
-    assert reads > 100 and not bad, (reads, len(bad), bad[:1])  # (the old writer: ~40% of reads)
+    assert proc.returncode == 0
+    assert reads > 100 and not bad, (reads, len(bad), bad[:1])
+
+
+def test_a_reader_never_sees_a_new_file_without_its_header(tmp_path: Path) -> None:
+    path = tmp_path / "run.tscope"
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys\nfrom torchscope.sessionfile import SessionFileWriter\n"
+        "for _ in range(3000):\n    SessionFileWriter(sys.argv[1])._f.close()\n"), str(path)])
+    _poll_headers(writer, path)  # (the old writer: ~40% of reads were empty)
     assert sorted(os.listdir(tmp_path)) == ["run.tscope"]  # no file beside it left over
 
 
@@ -51,3 +57,25 @@ def test_a_record_path_through_a_symlink_writes_the_file_it_points_to(tmp_path: 
     assert link.is_symlink() and os.readlink(link) == str(real)
     assert [e["kind"] for e in iter_events(real)] == ["session"]
     assert sorted(os.listdir(real.parent)) == ["real.tscope"]
+
+
+WATCHING = """
+import sys, torch, torchscope
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for k in range(int(sys.argv[2])):  # a notebook running its watch cell again: the same record path
+    with torchscope.watch(model, opt, server=None, record=sys.argv[1]):
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+"""
+
+
+def test_a_watched_runs_file_has_its_header_from_the_moment_its_name_exists(tmp_path: Path) -> None:
+    """``watch()`` reserves its record path before its writer thread makes the file: that
+    reservation was an empty file (O_EXCL) -- CI's poll of a run just started read it (stop 42)."""
+    script, path = tmp_path / "run.py", tmp_path / "run.tscope"
+    script.write_text(WATCHING)
+    _poll_headers(subprocess.Popen([sys.executable, str(script), str(path), "20"]), path)
+    assert sorted(os.listdir(tmp_path)) == ["run.py", "run.tscope"]

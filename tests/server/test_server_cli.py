@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ServerProc, free_port
+from conftest import EXAMPLES, ServerProc, free_port, run_script
 from server_helpers import frame_of_line, run_frames, write_file
 
 from torchscope.sessionfile import FRAME_HEADER_SIZE, file_header
@@ -517,3 +517,42 @@ def test_open_no_follow_imports_a_growing_file_as_it_is(tmp_path: Path) -> None:
         sid = res.stdout.strip().rsplit("/", 1)[1]
         row = srv.get(f"/api/sessions/{sid}")
         assert row["status"] == "running" and 5 <= row["steps"] < 400, row  # type: ignore[index]
+
+
+def test_an_extra_argument_is_told_by_its_commands_parser(tmp_path: Path) -> None:
+    """``torchscope doctor a.tscope b.tscope`` said "torchscope: unrecognized arguments: b.tscope
+    (see torchscope --help)", the top-level parser's words for a command's mistake (QA 36c)."""
+    res = cli("doctor", "a.tscope", "b.tscope")
+    assert res.returncode == 2
+    assert one_line_error(res) == "torchscope doctor: unrecognized arguments: b.tscope (see torchscope doctor --help)"
+    res = cli("info", "--port", "1", "a.tscope")
+    assert one_line_error(res) == "torchscope info: unrecognized arguments: --port (see torchscope info --help)"
+    assert one_line_error(cli("--bogus")) == "torchscope: unrecognized arguments: --bogus (see torchscope --help)"
+
+
+def test_the_doctor_help_example_with_settings_runs(tmp_path: Path) -> None:
+    """Its example read "--set KEY=VALUE   (keys below)", with nothing below; it is a command
+    that runs now."""
+    path = tmp_path / "p05.tscope"
+    run_script(EXAMPLES / "pitfalls" / "p05_missing_zero_grad.py", "--record", str(path))
+    example = next(line.strip() for line in cli("doctor", "--help").stdout.splitlines() if "--set" in line
+                   and line.strip().startswith("torchscope doctor"))
+    res = cli(*example.replace("run.tscope", str(path)).split()[1:])
+    assert res.returncode == 1 and "P5" in res.stdout, (example, res.stdout, res.stderr)
+
+
+def test_serve_says_where_a_db_url_put_the_store(tmp_path: Path) -> None:
+    """``--db sqlite:///dir/x.db`` is relative to the working directory (SQLAlchemy's form); the
+    startup line named only --data, and QA 36c looked for the store there."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "torchscope.server.cli", "serve", "--port", str(port), "--data",
+                             str(tmp_path / "data"), "--db", "sqlite:///rel/x.db"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("torchscope dashboard: http://127.0.0.1:") and f"(data: {tmp_path / 'rel' / 'x.db'})" in line, line
+        assert (tmp_path / "rel" / "x.db").exists()
+    finally:
+        proc.kill()
+        proc.communicate()
