@@ -37,6 +37,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import struct
 import zlib
 from array import array
@@ -466,6 +467,11 @@ def _walk(f: BinaryIO, size: int, crcs: bool) -> tuple[list[FrameInfo], str | No
 
 def _open(path: str | os.PathLike[str]) -> BinaryIO:
     try:
+        # a pipe (`torchscope info <(...)`, `... | torchscope info /dev/stdin`) cannot be read
+        # by seeking from frame header to frame header: it read as "63 holds no complete frame",
+        # and one with no writer hung the open (QA 36c)
+        if stat.S_ISFIFO(os.stat(path).st_mode):
+            raise SessionFileError(f"{path} is a pipe, not a session file: save it to a file and give that")
         # unbuffered: index() reads 40-byte headers between seeks, and a buffered reader
         # would pull 8 kB per header, i.e. most of a file of small frames
         return open(path, "rb", buffering=0)  # noqa: SIM115 - the caller closes it

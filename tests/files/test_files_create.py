@@ -10,12 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import one_line_error
+
 from torchscope.sessionfile import (
     HEADER_SIZE,
     SessionFileError,
     SessionFileWriter,
     check_file_header,
+    index,
     iter_events,
+    salvage,
 )
 
 
@@ -79,3 +83,17 @@ def test_a_watched_runs_file_has_its_header_from_the_moment_its_name_exists(tmp_
     script.write_text(WATCHING)
     _poll_headers(subprocess.Popen([sys.executable, str(script), str(path), "20"]), path)
     assert sorted(os.listdir(tmp_path)) == ["run.py", "run.tscope"]
+
+
+def test_a_pipe_is_said_to_be_one_and_never_waited_on(tmp_path: Path) -> None:
+    """``torchscope info <(cat run.tscope)`` read as "63 holds no complete frame (truncated or
+    corrupt)", and a pipe with no writer hung ``info``/``doctor``/``open`` (QA 36c): a pipe is
+    told as such at once, by every reader, and the CLI exits 2 with that one line."""
+    fifo = tmp_path / "run.tscope"
+    os.mkfifo(fifo)
+    for read in (iter_events, index, salvage):
+        msg = one_line_error(lambda p, read=read: list(read(p)) if read is iter_events else read(p), fifo)
+        assert msg == f"{fifo} is a pipe, not a session file: save it to a file and give that", msg
+    res = subprocess.run([sys.executable, "-m", "torchscope.server.cli", "info", str(fifo)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2 and "is a pipe, not a session file" in res.stderr and "Traceback" not in res.stderr
