@@ -111,7 +111,7 @@ class MemoryStats(TypedDict, total=False):
     grads: int
     optimizer: int  # optimizer state tensors, all of them (exp_avg, momentum buffers, step counters, ...)
     saved: int  # activations saved for backward (peak during the step)
-    temporaries: int  # captured steps: bytes at the ledger's peak beyond state and saved activations
+    temporaries: int  # captured steps: the ledger's peak less its starting state and the saved activations (see docs/capture.md)
     other: int  # CUDA: allocator bytes that no named storage accounts for
     live: int  # the union of the parameters', gradients' and optimizer state's storages (not the process's)
     # bytes saved for backward by earlier steps' graphs still alive at the boundary (P7: a
@@ -387,7 +387,7 @@ class FindingTarget(TypedDict, total=False):
 class Finding(TypedDict, total=False):
     """A diagnosis of the doctor (not an event: derived from events, never written by capture)."""
 
-    code: str  # "P1" ... "P15", stable (see docs/pitfalls.md)
+    code: str  # "P1" ... "P15", stable (see docs/pitfalls.md); "doctor": a check that could not run
     severity: Literal["error", "warning", "info"]
     title: str  # short name of the pitfall
     message: str  # one line a newcomer understands

@@ -41,7 +41,7 @@ class Session:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._name = os.path.basename(self.path)
+        self._name = self.path
         self.version, self._frames = index(self.path)
         if not self._frames:
             raise SessionFileError(f"{self._name} holds no records (empty or cut off before its first frame)")

@@ -426,7 +426,7 @@ def index(path: str | os.PathLike[str]) -> tuple[tuple[int, int], list[FrameInfo
     and raises ``SessionFileError``.  CRCs of earlier frames are checked when a frame is
     read, not here, so indexing costs one small read per frame.
     """
-    name = os.path.basename(os.fspath(path))
+    name = os.fspath(path)
     with _open(path) as f:
         version = check_file_header(f.read(HEADER_SIZE), name)
         frames, damage, at = _walk(f, os.fstat(f.fileno()).st_size, crcs=False)
@@ -521,7 +521,7 @@ def _crc_ok(f: BinaryIO, info: FrameInfo) -> bool:
 def read_frames(path: str | os.PathLike[str], frames: Iterable[FrameInfo]) -> Iterator[list[dict[str, Any]]]:
     """Decode the given frames (from ``index``); a frame that fails its CRC or does not
     decode raises ``SessionFileError`` naming its offset (``index`` already dropped a torn tail)."""
-    name = os.path.basename(os.fspath(path))
+    name = os.fspath(path)
     with _open(path) as f:
         for info in frames:
             f.seek(info.offset)
@@ -546,7 +546,7 @@ def check_frames(path: str | os.PathLike[str], frames: Iterable[FrameInfo]) -> I
     """The given frames (from ``index``), each checked against its CRC but not decoded (a
     summary that only counts graph frames); a frame that fails raises ``SessionFileError``
     naming its offset, as ``read_frames`` does."""
-    name = os.path.basename(os.fspath(path))
+    name = os.fspath(path)
     with _open(path) as f:
         for info in frames:
             if not _crc_ok(f, info):
@@ -563,7 +563,7 @@ def torn_bytes(path: str | os.PathLike[str]) -> int:
 def no_frames(path: str | os.PathLike[str]) -> str:
     """Why a file with no whole frame has none, in one line: a header alone is a run that
     ended (or was killed) before its writer's first write; anything else is cut or damaged."""
-    return _no_frames(os.path.basename(path), os.path.getsize(path))
+    return _no_frames(os.fspath(path), os.path.getsize(path))
 
 
 def _no_frames(name: str, size: int) -> str:
@@ -643,7 +643,7 @@ def salvage(path: str | os.PathLike[str]) -> Readable:
     headers (outside the checksum) all assume an unbroken file, and a reader that skipped a
     frame would get a session no writer wrote.  Raises ``SessionFileError`` only for a file
     that is not a session file at all (missing, foreign, newer major version)."""
-    name = os.path.basename(os.fspath(path))
+    name = os.fspath(path)
     with _open(path) as f:
         version = check_file_header(f.read(HEADER_SIZE), name)
         size = os.fstat(f.fileno()).st_size

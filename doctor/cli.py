@@ -83,7 +83,7 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         # a run still training (this machine's process that wrote the file is alive): its
         # file has no end yet, and maybe half a frame, and nothing is lost
         writing = not ended and isinstance(session, dict) and writer_alive(session)
-        left_out = found.note(os.path.basename(path), writing)  # damage or a torn tail, in one line
+        left_out = found.note(path, writing)  # damage or a torn tail, in one line
     except (SessionFileError, OSError, ValueError) as exc:
         print(f"torchscope doctor: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ from typing import Any
 
 from torchscope.schema import Finding
 
-from .finding import sort_key
+from .finding import make, sort_key
 from .rules import RULES
 from .run import split_by_rank
 from .settings import Settings
@@ -19,8 +19,9 @@ log = logging.getLogger("torchscope.doctor")
 def diagnose(events: Iterable[dict[str, Any]], settings: Settings | None = None) -> list[Finding]:
     """Findings (P1..P15) over the events of a run (a file, the store, a live stream so far).
 
-    A rule that trips over a malformed event is skipped and logged: a diagnosis is never worth
-    an exception in the server or the CLI.
+    A rule that trips over a malformed event (or a bug of ours) is no exception in the server or
+    the CLI: it gives a ``doctor`` finding naming the check that did not run, so a failure never
+    reads as "no problems found".
     """
     settings = settings or Settings()
     findings: list[Finding] = []
@@ -28,6 +29,21 @@ def diagnose(events: Iterable[dict[str, Any]], settings: Settings | None = None)
         for code, rule in RULES:
             try:
                 findings.extend(rule(run, settings))
-            except Exception:  # noqa: BLE001 - one broken rule must not hide the others
-                log.exception("doctor rule %s failed on rank %d", code, run.rank)
+            except Exception as exc:  # noqa: BLE001 - one broken rule must not hide the others
+                log.debug("doctor rule %s failed on rank %d", code, run.rank, exc_info=True)
+                findings.append(_unchecked(code, exc, run.rank))
     return sorted(findings, key=sort_key)
+
+
+def _unchecked(code: str, exc: Exception, rank: int) -> Finding:
+    """The finding of a check that raised: what was not checked, and the error in one line."""
+    where = exc.__traceback__
+    while where is not None and where.tb_next is not None:
+        where = where.tb_next
+    at = f" in {where.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{where.tb_lineno}" if where else ""
+    error = f"{type(exc).__name__}: {exc}"[:200]
+    return make("doctor", "warning", f"The {code} check failed on this run ({error}{at}), so {code} "
+                f"was not checked; the other findings stand.",
+                "This is a torchscope bug: please report it with the error above and, if you can, the session "
+                "file.", [], rank=rank,
+                title=f"The doctor could not check {code}", data={"check": code, "error": error})

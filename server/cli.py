@@ -243,7 +243,7 @@ def _check_file(path_text: str) -> tuple[Path, Readable]:
     except SessionFileError as exc:
         raise CliError(str(exc), 2) from None
     if not found.frames:
-        raise CliError(found.error(path.name), 2)
+        raise CliError(found.error(str(path)), 2)
     return path, found
 
 
@@ -306,11 +306,15 @@ def _server_base(args: argparse.Namespace) -> str:
 
 def _say_started(args: argparse.Namespace, base: str, started: subprocess.Popen[bytes] | None) -> None:
     """Where the server this command started in the background is, and how to stop it (said
-    once it stays: one started for a file the server then refused is stopped again)."""
+    once it stays: one started for a file the server then refused is stopped again); or that
+    --data went unused, the server already running."""
     if started is not None:
         from torchscope.transport import started_line
 
         print(f"torchscope {args.command}: {started_line(base, started.pid)}", file=sys.stderr, flush=True)
+    elif args.data:
+        print(f"torchscope {args.command}: note: a server was already running at {base}; it stores the run in "
+              f"its own data directory, not in --data {args.data}", file=sys.stderr, flush=True)
 
 
 def _env_token() -> str | None:
@@ -342,11 +346,11 @@ def cmd_open(args: argparse.Namespace) -> int:
         raise CliError(str(exc), exc.code) from None
     _say_started(args, base, started)
     writer = _writer(path, found)
-    note = res.get("note") or found.note(path.name, writer is not None)  # (a server of an earlier build says nothing)
+    note = res.get("note") or found.note(str(path), writer is not None)  # (a server of an earlier build says nothing)
     if note and not (writer is not None and not args.no_follow):  # followed: said below
         print(f"torchscope open: note: {note}", file=sys.stderr, flush=True)
     if res.get("frames", 0) > 0 and res.get("new_frames") == 0:  # as the sessions page says it
-        print(f"torchscope open: {path.name} is already on this server (the same run): nothing new imported",
+        print(f"torchscope open: {path} is already on this server (the same run): nothing new imported",
               file=sys.stderr, flush=True)
     url = page_url(base + res["url"], token)
     print(url, flush=True)
@@ -395,7 +399,7 @@ def _follow(base: str, path: Path, token: str | None, session: dict[str, Any]) -
 
     from .client import ClientError, upload
 
-    print(f"torchscope open: {path.name} is still being written by its run (pid {session.get('pid')}): following it, "
+    print(f"torchscope open: {path} is still being written by its run (pid {session.get('pid')}): following it, "
           "the page shows each step as it comes -- Ctrl-C stops following (what was imported stays)",
           file=sys.stderr, flush=True)
     size = -1  # (it may have grown since the first import read it)
@@ -414,14 +418,14 @@ def _follow(base: str, path: Path, token: str | None, session: dict[str, Any]) -
                 wait = max(FOLLOW_EVERY_S, 2 * (time.monotonic() - t0))  # a big file: fewer imports
             if ended or gone:
                 how = "has ended" if ended else "stopped without ending it (killed?)"
-                print(f"torchscope open: {path.name}'s run {how}; the whole file is imported", file=sys.stderr, flush=True)
+                print(f"torchscope open: {path}'s run {how}; the whole file is imported", file=sys.stderr, flush=True)
                 return 0
     except KeyboardInterrupt:
-        print(f"torchscope open: stopped following {path.name}; what was imported stays on the server",
+        print(f"torchscope open: stopped following {path}; what was imported stays on the server",
               file=sys.stderr, flush=True)
         return 0
     except (ClientError, OSError) as exc:
-        raise CliError(f"following {path.name} stopped: {exc}", 1) from None
+        raise CliError(f"following {path} stopped: {exc}", 1) from None
 
 
 @contextlib.contextmanager
@@ -488,11 +492,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     proc = subprocess.Popen([sys.executable, "-m", "torchscope.demo_train", "--server", base,
                              "--steps", str(args.steps)])
     try:
-        url = page_url(_demo_session(base, token, known, proc) or base + "/", token)
+        page = _demo_session(base, token, known, proc)
+        url = page_url(page or base + "/", token)
         # one write: the demo's training prints its losses into the same terminal (or pipe),
         # and print()'s separate write of the newline let a loss line land inside the URL's
         sys.stdout.write(url + "\n")
         sys.stdout.flush()
+        if page:
+            print(f"torchscope demo: that page is its transformer run; its MLP run is beside it in the sessions "
+                  f"list at {page_url(base + '/', token)}", file=sys.stderr, flush=True)
         if not args.no_browser:
             import webbrowser
 

@@ -78,7 +78,8 @@ def ensure_server(
     if port is None:
         raise ClientError(f"no torchscope server answers at {base}")
     if _listening(port):
-        raise ClientError(f"port {port} is in use by another program (not a torchscope server); choose another with --port")
+        # 2 as `serve` says it: the --port given cannot be used
+        raise ClientError(f"port {port} is in use by another program (not a torchscope server); choose another with --port", 2)
     cmd = [sys.executable, "-m", "torchscope.server.cli", "serve", "--port", str(port), "--quiet"]
     if data:
         cmd += ["--data", data]

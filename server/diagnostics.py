@@ -7,7 +7,8 @@ stdin and answers each with one ``[session, rank, findings]`` line: starting Pyt
 importing the doctor (0.3-1 s) costs more than diagnosing a small run (~25 ms), so the
 background queue keeps one child for as long as it has ranks to diagnose, and a bulk import
 does not pay the start-up per session.  ``torchscope.doctor`` is imported there, guarded: a
-missing or failing doctor means "no findings" (logged), never a 500.
+missing or failing doctor gives one ``doctor`` finding that says so (and is logged), never a 500,
+and never an empty list the dashboard would show as "no pitfall found".
 
 ``DoctorQueue`` is the server's background diagnosis: ranks that ended, were imported, went
 silent, or were left undiagnosed by a server that stopped (the store's ``undiagnosed``) are
@@ -45,17 +46,27 @@ _doctor_lock = threading.Lock()
 _waiting: list[None] = []  # append and pop are atomic under the GIL
 
 
-def _diagnose(events: Iterator[dict[str, Any]]) -> Findings:
+def undiagnosed(rank: int, why: str) -> Findings:
+    """The one finding of a rank the doctor could not diagnose (``why``: one line)."""
+    return [{"code": "doctor", "severity": "warning", "title": "Not diagnosed",
+             "message": f"The doctor could not diagnose this run: {why}. Its pitfalls were not checked.",
+             "fix": "Run `torchscope doctor FILE` on the session file to diagnose it; if the doctor fails "
+                    "there too, please report it with the error.",
+             "steps": [], "since": 0, "rank": rank, "targets": [], "modules": [], "params": [],
+             "view": "graph", "data": {"error": why}}]
+
+
+def _diagnose(events: Iterator[dict[str, Any]], rank: int) -> Findings:
     try:
         from torchscope.doctor import diagnose
     except Exception as exc:  # the doctor is optional to the server
-        log.warning("torchscope: doctor unavailable (%s); diagnostics are empty", exc)
-        return []
+        log.warning("torchscope: doctor unavailable (%s); this run is not diagnosed", exc)
+        return undiagnosed(rank, f"the doctor is not installed in the server's Python ({exc})")
     try:
         return [dict(f) for f in diagnose(events)]
-    except Exception:  # a doctor bug on odd data is logged, never a 500 for the dashboard
+    except Exception as exc:  # a doctor bug on odd data is logged, never a 500 for the dashboard
         log.exception("torchscope: the doctor failed on this session")
-        return []
+        return undiagnosed(rank, f"{type(exc).__name__}: {exc}"[:200])
 
 
 def stored_events(store: Store, session_id: str, rank: int) -> Iterator[dict[str, Any]]:
@@ -94,7 +105,7 @@ class DoctorChild:
 
     def diagnose(self, session_id: str, rank: int) -> Findings:
         """The findings of one rank.  A child that fails or takes over DOCTOR_TIMEOUT_S gives
-        none (logged) and is done with (``alive`` is false); ``DoctorStopped`` when it was
+        the ``undiagnosed`` finding (logged) and is done with (``alive`` is false); ``DoctorStopped`` when it was
         killed from outside."""
         proc = self._proc
         assert proc.stdin is not None and proc.stdout is not None
@@ -128,9 +139,9 @@ class DoctorChild:
             raise DoctorStopped(f"the doctor process was stopped (signal {-proc.returncode})")
         self._err.seek(0)
         tail = self._err.read()[-500:].decode(errors="replace")
-        log.warning("torchscope: the doctor %s on %s; no findings for it: %s",
-                    why[0] if why else f"process ended with {proc.returncode}", session_id, tail)
-        return []
+        what = why[0] if why else f"process ended with {proc.returncode}"
+        log.warning("torchscope: the doctor %s on %s: %s", what, session_id, tail)
+        return undiagnosed(rank, f"the doctor {what}")
 
     def close(self, kill: bool = False) -> None:
         """End the child: its stdin closed, it exits; ``kill`` when it may not."""
@@ -272,7 +283,7 @@ def _child_main(argv: list[str]) -> int:
     store = Store(Path(argv[0]), read_only=True)
     for request in sys.stdin.buffer:
         session_id, rank = json.loads(request)
-        findings = _diagnose(stored_events(store, session_id, rank))
+        findings = _diagnose(stored_events(store, session_id, rank), rank)
         line = pydantic_core.to_json([session_id, rank, findings], inf_nan_mode="strings")
         sys.stdout.buffer.write(line + b"\n")
         sys.stdout.buffer.flush()

@@ -116,7 +116,7 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
         "size": _size(os.path.getsize(path)),
         "duration": f"{stop - begin:.1f} s" if begin is not None and stop is not None else "?",
     }
-    note = found.note(path.name, writing)
+    note = found.note(str(path), writing)
     if note:
         info["note"] = note
     return info

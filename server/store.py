@@ -389,12 +389,14 @@ class Store:
                version: tuple[int, int] | None = None) -> Future[IngestResult]:
         return self.write(lambda c: _ingest(c, session_id, rank, frames, imported, version))
 
-    def commit_staged(self, staged: StagedImport) -> Future[IngestResult | None]:
+    def commit_staged(self, staged: StagedImport, writing: bool = False) -> Future[IngestResult | None]:
         """Copy a staged import into the store in one transaction (SQL only: no event is
         decoded again).  None when its rank was stored meanwhile (another import or a live
-        run): the caller then ingests the file's frames as any other."""
+        run): the caller then ingests the file's frames as any other.  ``writing``: the file's
+        run still writes it, so the rank is heard from now (it reads "running" from the moment
+        it is listed, not "ended unexpectedly" until the import's caller touches it)."""
         staged.close()
-        return self.write(lambda c: _commit_staged(c, staged.session_id, staged.rank), attach=staged.path)
+        return self.write(lambda c: _commit_staged(c, staged.session_id, staged.rank, writing), attach=staged.path)
 
     def touch(self, session_id: str, rank: int) -> Future[int]:
         """The transport's heartbeat: record contact, answer the next expected seq."""
@@ -699,13 +701,16 @@ class StagedImport:
 _STAGED_TABLES = ("ranks", "frames", "steps", "graphs", "memory_chunks")
 
 
-def _commit_staged(c: sqlite3.Connection, session_id: str, rank: int) -> IngestResult | None:
+def _commit_staged(c: sqlite3.Connection, session_id: str, rank: int, writing: bool) -> IngestResult | None:
     if c.execute("SELECT 1 FROM ranks WHERE session_id=? AND rank=?", (session_id, rank)).fetchone():
         return None
     now = time.time()
     for table in _STAGED_TABLES:  # the scratch holds this one rank; its columns are the store's
         cols = ", ".join(row[1] for row in c.execute(f"PRAGMA staged.table_info({table})"))
         c.execute(f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM staged.{table}")  # noqa: S608
+    if writing:
+        c.execute("UPDATE ranks SET last_seen=? WHERE session_id=? AND rank=? AND end_status IS NULL",
+                  (now, session_id, rank))
     created = c.execute("INSERT OR IGNORE INTO sessions (id, created_at, updated_at) VALUES (?,?,?)",
                         (session_id, now, now)).rowcount > 0
     next_seq, meta = c.execute("SELECT next_seq, meta FROM staged.ranks").fetchone()

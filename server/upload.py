@@ -366,7 +366,7 @@ def _staged(store: Store, path: Path, version: tuple[int, int], batches: Iterato
             _last_messages(imported, batch)
             progress.done += sum(len(f.raw) for f in batch)
         progress.stage = "storing"
-        res = store.commit_staged(staged).result()
+        res = store.commit_staged(staged, imported.writing).result()
     finally:
         staged.close()
     if res is None:

@@ -98,10 +98,12 @@ def http_json(url: str, timeout: float = 5.0) -> object:
 class ServerProc:
     """A real `torchscope serve` in a subprocess on a free port, restartable on the same data dir."""
 
-    def __init__(self, data: Path, port: int | None = None, extra: list[str] | None = None) -> None:
+    def __init__(self, data: Path, port: int | None = None, extra: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.data = data
         self.port = port or free_port()
         self.extra = extra or []
+        self.env = env
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = data / f"server-{self.port}.log"
@@ -111,7 +113,8 @@ class ServerProc:
                "--data", str(self.data), "--quiet", *self.extra]
         self.data.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env=self.env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

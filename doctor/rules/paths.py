@@ -348,14 +348,16 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
     if not used:
         return "error", f"{head}: the forward never used {_them(names)}.", _UNUSED_FIX
     if op and not _is_cut(op):  # nothing cuts the dataflow: it ends, unused by the loss
-        return ("error", f"{head}: what it computes ends at {g.op_label(op)}, whose result the loss never uses "
+        return ("error", f"{head}: what {'it computes' if len(names) == 1 else 'they compute'} ends at "
+                f"{g.op_label(op)}, whose result the loss never uses "
                 "(an output computed and then left out of the loss).", _DEAD_END_FIX)
     if op:
         # (both causes of grad mode off inside a training forward, which the op alone cannot tell
         # apart: QA 36a's reentrant checkpoint read as a no_grad block the user never wrote)
         why = ("it ran under torch.no_grad(), or in torch.utils.checkpoint(use_reentrant=True) with no input that "
                "requires grad" if op.get("grad_mode") is False else "gradient cannot flow through it")
-        return "error", f"{head}: its path to the loss breaks at {g.op_label(op)} ({why}).", fix
+        return ("error", f"{head}: {'its path' if len(names) == 1 else 'their paths'} to the loss break"
+                f"{'s' if len(names) == 1 else ''} at {g.op_label(op)} ({why}).", fix)
     if label == _UNREACHED:  # light mode: its walk of the graph knows this much
         return ("error", f"{head}: the backward's graph does not reach {_them(names)} -- the forward never uses "
                 f"{_them(names)}, or the path to the loss is cut; a captured graph tells which (mode='default' "

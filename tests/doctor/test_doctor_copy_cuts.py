@@ -54,7 +54,7 @@ def test_a_copy_constructor_on_the_loss_path_is_the_cut(tmp_path: Path, how: str
                 opt.step()
     (p1,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P1"]
     assert p1["severity"] == "error" and p1["params"] == ["aux.0.weight", "aux.0.bias", "aux.2.weight", "aux.2.bias"]
-    assert f"its path to the loss breaks at {LABELS[how]}" in p1["message"], p1["message"]
+    assert f"their paths to the loss break at {LABELS[how]}" in p1["message"], p1["message"]
     lines = Path(__file__).read_text().splitlines()
     line = next(n for n, text in enumerate(lines, 1) if text.strip() == COPIES[how])
     assert p1["src"] == f"{Path(__file__).name}:{line}"

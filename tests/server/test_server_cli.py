@@ -105,9 +105,21 @@ def test_info_summarizes(tmp_path: Path) -> None:
     res = cli("info", str(torn))
     assert res.returncode == 0, res.stderr
     fields = dict(line.split(":", 1) for line in res.stdout.splitlines())
-    assert fields["note"].strip() == ("torn.tscope is incomplete: the 30 bytes after its last whole frame were "
+    assert fields["note"].strip() == (f"{torn} is incomplete: the 30 bytes after its last whole frame were "
                                       "dropped (the run was killed, or the file was cut short)")
     assert fields["status"].strip() == "ended unexpectedly"
+
+
+@pytest.mark.parametrize("command", ["info", "doctor", "open"])
+def test_a_bad_file_is_named_by_the_path_given(tmp_path: Path, command: str) -> None:
+    """Runs of one experiment grid are all called run.tscope: the error names the one given,
+    not its basename (it said only "run.tscope is empty")."""
+    (tmp_path / "lr-0.01").mkdir()
+    bad = tmp_path / "lr-0.01" / "run.tscope"
+    bad.write_bytes(b"")
+    extra = ["--no-browser", "--port", "1"] if command == "open" else []
+    line = one_line_error(cli(command, str(bad), *extra))
+    assert f"{bad} is empty" in line, line
 
 
 def test_open_on_a_port_another_program_holds_says_so(tmp_path: Path) -> None:
@@ -119,7 +131,7 @@ def test_open_on_a_port_another_program_holds_says_so(tmp_path: Path) -> None:
         port = s.getsockname()[1]
         res = cli("open", str(path), "--port", str(port), "--no-browser", "--data", str(tmp_path / "data"))
     line = one_line_error(res)
-    assert res.returncode != 0 and f"port {port} is in use by another program" in line
+    assert res.returncode == 2 and f"port {port} is in use by another program" in line  # as `serve` exits
 
 
 def test_version() -> None:
@@ -153,10 +165,16 @@ def test_open_imports_into_a_running_server(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stderr
         assert res.stdout.strip() == f"{srv.url}/sessions/cli-open"
         assert srv.get("/api/sessions/cli-open")["steps"] == 4  # type: ignore[index]
-        assert "already on this server" not in res.stderr
+        assert "already on this server" not in res.stderr and "--data" not in res.stderr
         again = cli("open", str(path), "--port", str(srv.port), "--no-browser")  # the same file twice
         assert again.returncode == 0 and again.stdout == res.stdout, again.stderr
-        assert "run.tscope is already on this server (the same run): nothing new imported" in again.stderr
+        assert f"{path} is already on this server (the same run): nothing new imported" in again.stderr
+        # --data is for a server the command starts: this one stores elsewhere, and the user is told
+        other = cli("open", str(path), "--port", str(srv.port), "--no-browser", "--data", str(tmp_path / "mine"))
+        assert other.returncode == 0, other.stderr
+        assert (f"note: a server was already running at {srv.url}; it stores the run in its own data directory, "
+                f"not in --data {tmp_path / 'mine'}") in other.stderr
+        assert not (tmp_path / "mine").exists()
         assert srv.get("/api/sessions/cli-open")["steps"] == 4  # type: ignore[index]
     finally:
         srv.stop()
@@ -238,6 +256,9 @@ def test_demo_shows_its_transformer_run_and_ctrl_c_ends_it_quietly(tmp_path: Pat
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
         assert "Traceback" not in err and "demo stopped" in err, err
+        # it trains two models: the page printed is one, and the user is told where the other is
+        assert f"its MLP run is beside it in the sessions list at {srv.url}/" in err, err
+        assert sum(str(s["name"]).endswith("mlp") for s in srv.get("/api/sessions")) == 1  # type: ignore[union-attr]
         for s in srv.get("/api/sessions"):  # type: ignore[union-attr]
             # closed by their watches, not "ended unexpectedly"; a run the Ctrl-C stopped says so
             assert s["status"] in ("interrupted", "finished"), s
@@ -268,7 +289,9 @@ def test_open_follows_TORCHSCOPE_SERVER_and_its_token(tmp_path: Path) -> None:
                   env=_bare_env(TORCHSCOPE_SERVER=srv.url + "/", TORCHSCOPE_TOKEN=token))
         assert res.returncode == 0, res.stderr
         assert res.stdout.strip() == f"{srv.url}/sessions/cli-env?token={token}"
-        assert res.stderr == ""  # no server started, nothing to say
+        # no server started: only that --data (for a server started here) went unused
+        assert res.stderr == (f"torchscope open: note: a server was already running at {srv.url}; it stores the run in "
+                              f"its own data directory, not in --data {tmp_path / 'elsewhere'}\n"), res.stderr
         assert not (tmp_path / "elsewhere").exists()
         again = write_file(tmp_path / "again.tscope", run_frames("cli-flag", steps=2))
         res = cli("open", str(again), "--no-browser", "--server", srv.url,
