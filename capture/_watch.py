@@ -261,6 +261,8 @@ class _StepState:
         "losses",
         "summed",
         "pass_summed",
+        "tentative_from",
+        "closure_reset",
         "roots",
         "backward_src",
         "backward_errors",
@@ -343,6 +345,12 @@ class _StepState:
         # gradients since they were last reset (not torch.autograd.grad's): the step's loss
         self.summed: list[int] = []
         self.pass_summed = 0  # len(summed) before the running backward's roots were added
+        # inside optimizer.step(closure), passes after its first: the closure's micro-batches
+        # (summed from this index on) unless it reset the gradients again (closure_reset: an
+        # LBFGS re-evaluation, whose loss is not the step's); with no reset, each pass is told
+        # apart from a micro-batch by nothing, and counts as a re-evaluation (the first pass's loss)
+        self.tentative_from: int | None = None
+        self.closure_reset = False
         self.roots: list[str] = []
         self.backward_src: list[str] = []
         self.backward_errors: list[str] = []
@@ -1724,7 +1732,22 @@ class Watch:
         params = loc.get("parameters")
         if not isinstance(params, list) or not any(id(p) in self._param_names for p in params):
             return  # another model's clipping (a GAN's other network)
+        if not self._clip_after_backward():
+            return
         self._s.clip = (total, float(loc.get("max_norm", math.nan)), float(loc.get("norm_type", 2.0)))
+
+    def _clip_after_backward(self) -> bool:
+        """Whether a clipping of the watched gradients follows a backward of its step.  One
+        before the step's first backward (or after its optimizer.step(), the next step's state)
+        clips gradients no optimizer.step() of this step reads -- last step's, or zeros -- and
+        leaves this step's unclipped: noted once with its line, and its norm (0 after a
+        zero_grad(set_to_none=False)) is not the step's (it read as P3's "vanished", QA 37a)."""
+        s = self._s
+        if s.micro > 0:
+            return True
+        if not any(e.get("what") == "clip_before_backward" for e in s.events):
+            s.events.append({"what": "clip_before_backward", "src": user_src()})
+        return False
 
     def _on_clip_with_norm(self, frame: Any) -> None:
         """``clip_grads_with_norm_(parameters, max_norm, total_norm)`` of the watched parameters'
@@ -1743,6 +1766,8 @@ class Watch:
         ours = {id(p.grad) for r in self._params if (p := r()) is not None and p.grad is not None}
         if not any(id(g) in ours for g in grads):
             return  # another model's clipping (a GAN's other network)
+        if not self._clip_after_backward():
+            return
         f, norm_type = frame.f_back, 2.0  # the norm's type is the caller's (accelerate's norm_type)
         for _ in range(3):
             if f is None:
@@ -2032,7 +2057,9 @@ class Watch:
         elif self._grads_reset(params):
             s.zero_grad += 1  # grads were reset between micro-batches (an LBFGS closure does)
             s.accumulated = 1
-            if not later_closure:
+            if later_closure:
+                s.closure_reset = True
+            else:
                 s.summed = []
         else:
             s.accumulated += 1
@@ -2045,7 +2072,9 @@ class Watch:
             fn = t.grad_fn
             s.roots.append(type(fn).__name__ if fn is not None else "None")
             if t.numel() == 1 and len(s.losses) < 1024:
-                if kind != "grad" and not later_closure:
+                if kind != "grad" and not (later_closure and s.closure_reset):
+                    if later_closure and s.tentative_from is None:
+                        s.tentative_from = len(s.summed)
                     s.summed.append(len(s.losses))
                 with _unseen():  # the loop's dispatch modes do not see the alias
                     w = weights[i] if weights is not None else None
@@ -2543,6 +2572,9 @@ class Watch:
 
     def _adopt(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizer = weakref.ref(optimizer)
+        # the session event named no optimizer (watch(model)), or another: its class for the
+        # doctor (P15 tells an SGD step k times too large from an Adam one)
+        self._s.events.append({"what": "optimizer", "optimizer": type(optimizer).__name__})
         self._mem_key = None  # its state is the optimizer state from now on
         self._shares = weakref.WeakKeyDictionary()  # asked of the watched one
         msg = f"torchscope: following {type(optimizer).__name__}: each of its steps is a step of {self.name}"
@@ -2947,7 +2979,10 @@ class Watch:
         if s.pre_checked and s.pre_grads:  # stale gradients no backward of this step reached
             untouched = {i for i, _, _ in s.pre_grads}
             s.pre_nonzero = [i for i in s.pre_nonzero if i not in untouched]
-        pending = (ev, read, len(s.losses), s.summed, isinstance(scale, torch.Tensor), clip, s.pre_nonzero, not_trained, graph,
+        # a closure's passes after its first are its first evaluation's micro-batches only where
+        # it reset the gradients to evaluate again (see tentative_from)
+        summed = s.summed if s.closure_reset or s.tentative_from is None else s.summed[:s.tentative_from]
+        pending = (ev, read, len(s.losses), summed, isinstance(scale, torch.Tensor), clip, s.pre_nonzero, not_trained, graph,
                    s.unregistered)
         if self._deferred is not None:
             self._finish_deferred()  # the previous step's values, long on the host by now

@@ -180,7 +180,7 @@ class StepEvent(TypedDict, total=False):
     accumulated: int  # of those, the ones summed into .grad since its last reset (P15; LBFGS's closure resets it each pass)
     # value of the tensor backward() was called on; the sum of those of the step's micro-batches
     # (every backward since the gradients were last reset: with `loss / accum_steps`, their mean)
-    loss: float | None  # the step's loss as the loop logs it: the backward losses since .grad was last reset, added up (a closure called several times inside step(): the first; under a GradScaler, before scaling)
+    loss: float | None  # the step's loss as the loop logs it: the backward losses since .grad was last reset, added up (a closure called several times inside step(): its first evaluation's, micro-batches summed where it resets the gradients between evaluations; under a GradScaler, before scaling)
     losses: list[float]  # every micro-batch loss
     graph_signature: str  # cheap hash of the step's graph structure (M1)
     graph_captured: bool  # a GraphEvent exists for this step

@@ -93,6 +93,18 @@ class Run:
         for ev in self.steps:
             yield as_int(ev.get("step"), -1), ev
 
+    def optimizer_at(self, step: int) -> str:
+        """The class of the optimizer whose steps were the run's at ``step``: watch()'s, or one
+        the capture followed (``watch(model)`` adopts the first that steps the model's
+        parameters, or one that replaced the watched optimizer): ``events[{what: "optimizer"}]``."""
+        name = str(self.session.get("optimizer") or "")
+        for s, ev in self.step_events():
+            if s > step:
+                break
+            for note in notes(ev, "optimizer"):
+                name = str(note.get("optimizer") or name)
+        return name
+
     def forward_events(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """``step_events()``, then the root forwards after the last step (the end event's: an
         evaluation that ends the run), told with the last step -- not those of a run that ended

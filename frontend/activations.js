@@ -3,7 +3,7 @@
 // module in forward order, its norm as a bar on a log scale, its largest magnitude and its
 // fraction of exact zeros, so how the gradient changes on its way back through the layers
 // (vanishing, exploding, cut by a dead ReLU) reads from top to bottom.
-import { h, clear, fmtNum, moduleLabel, decadeFormat } from "./dom.js";
+import { h, clear, moduleLabel, decadeFormat, columnFormat } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { logScale, ZERO, NONFINITE, legendItem } from "./colors.js";
 
@@ -129,6 +129,8 @@ export class ActivationGradsPanel {
     // indented by the rows that contain it (a ModuleList, never called, has no row of its own)
     const paths = new Set(rows.map((r) => r.module));
     const indent = (path) => { let n = 0; for (let p = path; p; p = p.includes(".") ? p.slice(0, p.lastIndexOf(".")) : "") if (p !== path && paths.has(p)) n++; return n + (path && paths.has("") ? 1 : 0); };
+    // one number format a column (fmtNum chose per value: "6.67e-4" above "0.001159")
+    const fmtNorm = columnFormat(rows.map((r) => r.norm)), fmtMax = columnFormat(rows.map((r) => r.max_abs));
     const lines = rows.map((r) => {
       const label = moduleLabel(r.module, this.app.moduleType?.get(r.module));
       const nonfinite = bad(r), dead = !nonfinite && r.zero_frac >= DEAD_ZERO_FRAC;
@@ -146,8 +148,8 @@ export class ActivationGradsPanel {
         onkeydown: (e) => { if (e.key === "Enter") this.open(r.module); } },
         h("span", { class: "act-name", style: `padding-left:${4 + 12 * indent(r.module)}px` }, label),
         h("span", { class: "act-track", style: grid }, bar),
-        h("span", { class: `num${nonfinite ? " act-red" : ""}`, "data-testid": "act-norm" }, fmtNum(r.norm)),
-        h("span", { class: "num", "data-testid": "act-max" }, fmtNum(r.max_abs)),
+        h("span", { class: `num${nonfinite ? " act-red" : ""}`, "data-testid": "act-norm" }, fmtNorm(r.norm)),
+        h("span", { class: "num", "data-testid": "act-max" }, fmtMax(r.max_abs)),
         h("span", { class: `act-zeros${dead ? " act-red" : ""}`, "data-testid": "act-zeros" },
           h("span", { class: "act-zbar" }, h("span", { style: `width:${100 * (r.zero_frac || 0)}%` })), pct(r.zero_frac)),
         h("span", { class: "act-flags" }, flags));

@@ -42,7 +42,8 @@ export class LineChart {
       // (two series of NaN alone are not "equal": they say nothing about each other)
       s.same = s.y.some((v) => typeof v === "number" && Number.isFinite(v)) &&
         this.series.slice(0, k).find((o) => o.y.length === s.y.length && o.y.every((v, i) => v === s.y[i]));
-      this.legend.append(legendItem(s.color, s.same ? `${s.name} (= ${s.same.name})` : s.dash ? thresholdName(s, this.series) : s.name));
+      // (worded as equal values: "gradients (= parameters)" read as gradients counted as parameters)
+      this.legend.append(legendItem(s.color, s.same ? sameName(s, s.same, this.opts.fmt) : s.dash ? thresholdName(s, this.series) : s.name));
     });
     return this.draw();
   }
@@ -194,6 +195,13 @@ export class LineChart {
     this.tip.style.left = Math.min(e.offsetX + 12, this.root.clientWidth - 180) + "px";
     this.tip.style.top = "10px";
   }
+}
+
+// The legend name of a series equal to an earlier one at every step: "gradients (same bytes as
+// parameters)", "… (same durations as …)", "… (same values as …)".
+function sameName(s, same, fmt) {
+  const what = fmt === fmtBytes ? "bytes" : fmt === fmtUs ? "durations" : "values";
+  return `${s.name} (same ${what} as ${same.name})`;
 }
 
 // A threshold's legend name (a dashed series: clip_grad_norm_'s max_norm), with its value when

@@ -39,6 +39,17 @@ export function fmtNum(x) {
   return a >= 1e4 || a < 1e-3 ? x.toExponential(2) : x.toPrecision(4);
 }
 
+// One format for a column of numbers, read down the column: four significant digits, plain
+// ("0.1234", "12.50") while every value is between 1e-3 and 1e4, else every one with an
+// exponent ("6.675e-4", "1.159e-3"); fmtNum's per-value choice put "6.67e-4" above "0.001159".
+export function columnFormat(values) {
+  const plain = values.every((x) => typeof x !== "number" || !Number.isFinite(x) || x === 0 || (Math.abs(x) >= 1e-3 && Math.abs(x) < 1e4));
+  return (x) => {
+    if (typeof x !== "number" || !Number.isFinite(x) || x === 0) return fmtNum(x);
+    return plain ? x.toPrecision(4) : x.toExponential(3);
+  };
+}
+
 // A value a reader compares at a glance (a colour scale's ends): 3 significant digits, no
 // trailing zeros ("2.12", "36.6", "0.099"), an exponent for the very large or small.
 export function fmtShort(x) {
@@ -61,6 +72,14 @@ export function fmtUs(us) {
 export function moduleLabel(path, type) {
   if (!path) return "(root)";
   return type && /(^|\.)\d+$/.test(path) ? `${path} (${type})` : path;
+}
+
+// A module path with its type wherever the type is known ("inp (Linear)", "net.0 (Linear)"):
+// the gradients heat map's rows, where "net.0 (Linear)" beside a bare "emb" read as if only
+// numbered modules had a type.  "(root)" for the model itself.
+export function moduleTyped(path, type) {
+  if (!path) return "(root)";
+  return type ? `${path} (${type})` : path;
 }
 
 // Where an op ran, as the views name it: an op the capture flagged outside_model (the loss a

@@ -2,7 +2,7 @@
 // (and clip_grad_norm_'s, before clipping, when the loop clips), a module x step heat map of gradient norms (per-parameter norms from
 // /grads combined per module as sqrt(sum of squares)), NaN/Inf markers, lines for chosen
 // parameters, and the parameters that got no gradient.
-import { h, clear, fmtNum, fmtShort, coalesce, moduleLabel } from "./dom.js";
+import { h, clear, fmtNum, fmtShort, coalesce, moduleTyped } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
 import { logScale, ZERO, rampLegend } from "./colors.js";
@@ -213,7 +213,7 @@ export class GradientsView {
     const ctx = (this.measure ||= document.createElement("canvas").getContext("2d"));
     ctx.font = cs.font;
     const room = col.clientWidth - 12;  // .heat-label's padding, and a pixel to spare
-    const names = this.modules.map((m) => moduleLabel(m, this.app.moduleType?.get(m)));
+    const names = this.modules.map((m) => moduleTyped(m, this.app.moduleType?.get(m)));
     const labels = room > 0 ? distinctLabels(names, (t, head) => fit(ctx, t, room, head)) : names;
     const row = (name, label) => h("div", { class: "heat-label", title: name, style: `height:${cellH}px;line-height:${cellH}px` }, label);
     clear(this.heatLabels).append(...names.map((m, i) => row(m, labels[i])),
@@ -250,7 +250,7 @@ export class GradientsView {
     const [s, m] = at, i = s * this.modules.length + m, { sq, bad, has } = this.cells;
     const norm = Math.sqrt(sq[i]);
     const what = bad[i] ? "NaN/Inf" : !has[i] ? "no gradient" : norm === 0 ? "exactly zero" : fmtNum(norm);
-    this.heatHover.textContent = `${moduleLabel(this.modules[m], this.app.moduleType?.get(this.modules[m]))} · step ${this.g.steps[s]} · ‖grad‖ ${what} — click to ${this.noGraphs() ? "mark its step" : "open its graph"}`;
+    this.heatHover.textContent = `${moduleTyped(this.modules[m], this.app.moduleType?.get(this.modules[m]))} · step ${this.g.steps[s]} · ‖grad‖ ${what} — click to ${this.noGraphs() ? "mark its step" : "open its graph"}`;
   }
 
   drawLines() {

@@ -7,7 +7,9 @@ Tables
 - ``ranks``: per (session, rank): next expected frame seq, last contact, end status.
 - ``frames``: raw frames exactly as received, keyed (session, rank, seq): export is the file.
 - ``steps``: derived, one row per StepEvent with the scalar columns of
-  ``torchscope.series.step_summary`` plus the event JSON and its memory/grads parts.
+  ``torchscope.series.step_summary`` plus the event JSON and its memory/grads parts -- the
+  event stored without them (``_SPLIT``; put back by ``steps_json``): kept twice, they were over
+  a third of the store's bytes (rows stored before keep them in the event too).
 - ``graphs``: the graph index (session, rank, step, micro) -> frame seq, so ``/graph``
   decodes exactly one frame.
 - ``diagnostics``: doctor findings cached by the frame count they were computed on (the
@@ -532,9 +534,10 @@ class Store:
 
     def steps_json(self, session_id: str, rank: int, start: int | None, end: int | None,
                    limit: int, offset: int) -> str:
-        """StepEvents as one JSON array, concatenated from the stored texts (no re-encoding)."""
+        """StepEvents as one JSON array, concatenated from the stored texts: the event with its
+        memory and grads parts put back by SQLite's json_set (which keeps every number's text)."""
         rows = self._read().execute(
-            "SELECT event FROM steps WHERE session_id=? AND rank=? AND step>=? AND step<=? "
+            f"SELECT {_WHOLE_EVENT} FROM steps WHERE session_id=? AND rank=? AND step>=? AND step<=? "  # noqa: S608
             "ORDER BY step LIMIT ? OFFSET ?",
             (session_id, rank, -1 if start is None else start, 2**62 if end is None else end, limit, offset),
         ).fetchall()
@@ -582,7 +585,7 @@ class Store:
                    "AND step IN (SELECT value FROM json_each(?)) ORDER BY step")
             args = (session_id, rank, _dumps(numbers[::stride]))
         rows = conn.execute(sql, args).fetchall()
-        parts = [{"step": s, "t": t, column: json.loads(v) if v else None} for s, t, v in rows]
+        parts = [{"step": s, "t": t, column: _finite_back(json.loads(v)) if v else None} for s, t, v in rows]
         return parts, len(numbers), stride
 
     def loss_series(self, session_id: str, rank: int, start: int | None = None,
@@ -864,8 +867,34 @@ def _add_missing_columns(c: sqlite3.Connection) -> None:
 
 
 def _raw_json(obj: Any) -> str | None:
-    # NaN stays a NaN literal here: these parts are read back by json.loads, not browsers
+    # NaN stays a NaN literal here: read back by json.loads, not browsers
     return None if obj is None else pydantic_core.to_json(obj, inf_nan_mode="constants").decode()
+
+
+# A step event's parts stored in columns of their own (read alone by step_parts), and so not
+# again in its ``event`` text: as api_json writes them, JSON SQLite's json() reads (a NaN
+# literal it refuses), put back into the event by _WHOLE_EVENT.
+_SPLIT = ("memory", "grads")
+_WHOLE_EVENT = ("CASE WHEN grads IS NULL AND memory IS NULL OR json_type(event, '$.grads') IS NOT NULL THEN event "
+                "WHEN grads IS NULL THEN json_set(event, '$.memory', json(memory)) "
+                "WHEN memory IS NULL THEN json_set(event, '$.grads', json(grads)) "
+                "ELSE json_set(event, '$.grads', json(grads), '$.memory', json(memory)) END")
+
+
+def _part_json(obj: Any) -> str | None:
+    return None if obj is None else api_json(obj).decode()
+
+
+def _finite_back(obj: Any) -> Any:
+    """A stored memory/grads part as the capture wrote it: api_json's "NaN"/"Infinity" strings
+    floats again (parts stored before hold NaN literals, which json.loads read as floats)."""
+    if isinstance(obj, str):
+        return _NONFINITE.get(obj, obj)
+    if isinstance(obj, list):
+        return [_finite_back(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _finite_back(v) for k, v in obj.items()}
+    return obj
 
 
 # the parts of torchscope.series whose columns are together step_summary's
@@ -901,8 +930,8 @@ def _put_steps(c: sqlite3.Connection, session_id: str, rank: int, steps: list[di
                *(summary[k] for k in _STEP_COLS), *(mem[k] for k in MEMORY_KEYS),
                [_nonfinite_count(ev.get("losses")) for ev in steps],
                [_raw_json(ev.get("lr")) for ev in steps],
-               [api_json(ev).decode() for ev in steps],
-               [_raw_json(ev.get("memory")) for ev in steps], [_raw_json(ev.get("grads")) for ev in steps],
+               [api_json({k: v for k, v in ev.items() if k not in _SPLIT}).decode() for ev in steps],
+               [_part_json(ev.get("memory")) for ev in steps], [_part_json(ev.get("grads")) for ev in steps],
                strict=True)
     c.executemany(_INSERT_STEP, rows)
     return mem

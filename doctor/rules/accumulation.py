@@ -390,11 +390,14 @@ def _accumulated(run: Run, judged: dict[object, Judgement]) -> list[Accumulated]
             continue
         if notes(ev, "foreign_step"):
             continue  # optimizer.step() calls of other parameters between them: no accumulation (P5)
-        if max((as_int(e.get("passes")) for e in notes(ev, "closure")), default=0) >= k:
-            # every summed pass ran inside optimizer.step(closure): the closure evaluated again
-            # and again on one batch (LBFGS's line search), not k micro-batches -- dividing the
-            # loss is no fix; without zero_grad() in the closure they pile up (P5 says so).
-            # Lightning's accumulation runs only the last micro-batch in the closure: still judged.
+        if (max((as_int(e.get("passes")) for e in notes(ev, "closure")), default=0) >= k
+                and as_int(ev.get("zero_grad")) < 2):
+            # every summed pass ran inside optimizer.step(closure) with no reset between them:
+            # the closure evaluated again and again on one batch (LBFGS's line search), not k
+            # micro-batches -- dividing the loss is no fix; without zero_grad() in the closure
+            # they pile up (P5 says so).  A closure that resets the gradients itself and sums k
+            # passes between resets accumulates k micro-batches per evaluation: judged (QA 37a).
+            # Lightning's accumulation runs only the last micro-batch in the closure: judged too.
             continue
         judgement = judged.get(ev.get("graph_signature")) or _by_parts(judged, ev.get("graph_signature")) or _judge_roots(roots)
         if judgement.too_big:
@@ -432,11 +435,11 @@ def _consequence(run: Run, hits: list[Accumulated], k: int) -> tuple[str, Litera
     """What k times the gradients does to training, by the watched optimizer: an SGD step is k
     times larger; an adaptive optimizer's is about the same, but a clipping threshold is
     not: clipping k times the gradients at max_norm is clipping them at max_norm / k."""
-    opt = str(run.session.get("optimizer") or "")
-    if opt not in _ADAPTIVE:
-        return f"each optimizer step is {k}x larger than intended.", "warning"
+    opt = run.optimizer_at(hits[0].step)
     clip = next((as_dict(as_dict(h.ev.get("grads")).get("clip")) for h in hits
                  if as_dict(as_dict(h.ev.get("grads")).get("clip"))), {})
+    if opt not in _ADAPTIVE:
+        return _sgd_consequence(clip, k), "warning"
     grads = f"the gradients are {k}x those of the mean loss. {opt} divides each step by the gradients' running scale, " \
             "so its steps barely change"
     if clip:
@@ -445,6 +448,22 @@ def _consequence(run: Run, hits: list[Accumulated], k: int) -> tuple[str, Litera
         return (f"{grads}, but clip_grad_norm_ sees norms {k}x too large: it clips as if {lower}."), "warning"
     return (f"{grads}; gradient norms read {k}x too large, and clipping them would act as if max_norm were {k}x lower."), \
         "info"
+
+
+def _sgd_consequence(clip: dict[str, Any], k: int) -> str:
+    """An SGD step k times too large -- unless clip_grad_norm_ caps it (QA 37a: "4x larger" of a
+    loop clipping a norm of 2.36 at 1, whose steps were 1.7x): the size clipping leaves it,
+    from the first clipped step's norm before clipping."""
+    before, max_norm = as_float(clip.get("norm")), as_float(clip.get("max_norm"))
+    if before is None or max_norm is None or not before > max_norm > 0:
+        return f"each optimizer step is {k}x larger than intended."
+    meant = before / k  # the norm of the mean loss's gradients
+    if meant >= max_norm:
+        return (f"the gradients are {k}x those of the mean loss, but clip_grad_norm_(max_norm={max_norm:g}) scales "
+                f"both to the same norm, so the steps are as intended while the gradients stay this large; "
+                f"clipping acts as if max_norm were {k}x lower.")
+    return (f"clip_grad_norm_(max_norm={max_norm:g}) caps the summed gradients (norm {before:.3g}), so each "
+            f"optimizer step is {max_norm / meant:.1f}x larger than intended, not {k}x.")
 
 
 def _warning(run: Run, hits: list[Accumulated], message: str, fix: str, target: FindingTarget,

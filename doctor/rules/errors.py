@@ -22,7 +22,9 @@ FREED_TEXT = "backward through the graph a second time"
 FIX_P8 = ("Use the out-of-place form (x = x + 1, torch.relu(x) instead of x.relu_()/ReLU(inplace=True)) on "
           "tensors that backward still needs, or .clone() before modifying; never write through .data.")
 FIX_P10 = ("Call backward() once per graph: sum the losses first (loss = a + b; loss.backward()), detach "
-           "state carried between batches (hidden = hidden.detach()), empty a list of outputs kept for the loss "
+           "state carried between batches (hidden = hidden.detach()), detach an output another loss already "
+           "backpropagated through (a GAN's fakes for the discriminator: netD(fake.detach())), empty a list of "
+           "outputs kept for the loss "
            "after each update (a policy's saved log-probabilities: del saved_log_probs[:]), or pass "
            "retain_graph=True only if you really must backward twice.")
 
@@ -329,7 +331,11 @@ def _op_named(op: dict[str, Any], name: str) -> bool:
 def _stale_graph(run: Run, params: list[str], steps: list[int], first: RunError) -> list[Finding]:
     """The failing backward went through a graph built before an optimizer.step() that updated a
     parameter it saved: state carried across steps without detach, kept with retain_graph."""
-    message = (f"backward() failed: optimizer.step() had updated {and_list(params)} in place, and this "
+    # several parameters of the shape torch's message names: which one it was, the message does not
+    # say (QA 37a: an encoder's and a decoder's weight_hh_l0, both [32, 96], read as both updated)
+    which = (and_list(params) if len(params) == 1
+             else f"one of {', '.join(params[:-1])} or {params[-1]} (torch's error names only their shape)")
+    message = (f"backward() failed: optimizer.step() had updated {which} in place, and this "
                "backward went through a graph built before that step which still needed it: state carried from "
                "one batch to the next without .detach() (an RNN's hidden state), its graph kept with "
                f"retain_graph=True ({describe_steps(steps, run.last_step)}).")
@@ -367,12 +373,16 @@ def check_double_backward(run: Run, settings: Settings) -> list[Finding]:
     if not crashes:
         return []
     first = crashes[0]
-    # The first backward that freed the graph ran at the same step (two backward calls) or the step before
-    # (state carried across batches, e.g. an RNN hidden state that was never detached).
-    earlier = [s for s, _ in run.step_events() if s < first.step]
-    prev = earlier[-1] if earlier else first.step
-    prev_src = next((str(as_list(ev.get("backward_src"))[0]) for s, ev in run.step_events()
-                     if s == prev and as_list(ev.get("backward_src"))), "")
+    # The backward that freed the graph is the latest before the failing one: of the same step
+    # (two backward calls) or the step before (state carried across batches, an RNN hidden state
+    # never detached; a GAN's generator loss through the critic's backward of G(z) undetached --
+    # the step's last backward, not its first: QA 37a named the critic's real-batch backward)
+    srcs = {s: [str(b) for b in as_list(ev.get("backward_src"))] for s, ev in run.step_events()}
+    failing = srcs.get(first.step, [])
+    at = len(failing) - 1  # the failing backward: its step's last (the run stopped there, or the loop skipped on)
+    earlier = [s for s in srcs if s < first.step and srcs[s]]
+    prev = first.step if at > 0 or not earlier else earlier[-1]
+    prev_src = failing[at - 1] if at > 0 else srcs[prev][-1] if srcs.get(prev) and prev != first.step else ""
     freed_by = f" (first freed by the backward at {prev_src})" if prev_src else ""
     message = (f"backward() ran through a graph whose saved tensors were already freed by an earlier backward"
                f"{freed_by} ({describe_steps(sorted({e.step for e in crashes}), run.last_step)}).")

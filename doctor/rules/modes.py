@@ -72,8 +72,13 @@ def _eval_all_along(run: Run, before: int) -> set[str]:
     return common or set()
 
 
-def _named(mods: list[str]) -> str:
-    return ", ".join(repr(m) for m in mods[:4]) + (f" and {len(mods) - 4} more" if len(mods) > 4 else "")
+def _named(run: Run, mods: list[str]) -> str:
+    """'1' (BatchNorm2d), 'head.drop' (Dropout) and 3 more: a Sequential's bare index says
+    nothing without its type (QA 37a)."""
+    def one(m: str) -> str:
+        kind = run.module_type(m)
+        return f"{m!r} ({kind})" if kind else repr(m)
+    return ", ".join(one(m) for m in mods[:4]) + (f" and {len(mods) - 4} more" if len(mods) > 4 else "")
 
 
 def _effects(run: Run, mods: list[str]) -> str:
@@ -126,7 +131,7 @@ def _norm_eval_finding(run: Run, train_in_eval: dict[str, list[int]], owned: dic
     mods = sorted(train_in_eval)
     steps = sorted({s for v in train_in_eval.values() for s in v})
     affine = "while their weight and bias train" if any(owned.get(m) for m in mods) else "while the model trains"
-    message = (f"Batch-norm statistics frozen (norm_eval): {_named(mods)} in eval mode on every training step "
+    message = (f"Batch-norm statistics frozen (norm_eval): {_named(run, mods)} in eval mode on every training step "
                f"({describe_steps(steps, run.last_step)}) {affine}, normalising with running_mean/running_var "
                "instead of each batch's statistics: deliberate in fine-tuning with small batches, and late in "
                "quantization-aware training (freeze_bn_stats).")
@@ -166,6 +171,46 @@ def _functional_dropout(run: Run) -> list[Finding]:
                              modules=[module], data={"mode": "eval", "function": fn},
                              title="Dropout function left on in eval mode"))
     return findings
+
+
+FIX_FROZEN_NORM = ("If the frozen layers are meant to compute what they were trained to, put their batch-norm "
+                   "modules in eval() after every model.train() (for m in backbone.modules(): if isinstance(m, "
+                   "nn.modules.batchnorm._BatchNorm): m.eval()); if adapting their statistics to the new data is "
+                   "intended, nothing to fix.")
+
+
+def _frozen_norms_updating(run: Run, settings: Settings, owned: dict[str, list[int]]) -> list[Finding]:
+    """Batch-norm modules whose affine parameters train on no step while they run in train mode
+    on every training step (of at least ``min_steps``): the rest of the model trains, and their
+    running statistics keep moving with its batches -- a backbone frozen with
+    requires_grad_(False) whose features still change, and which evaluates with the fine-tuning
+    batches' statistics (QA 37a: no finding).  An info: torchvision's feature-extraction tutorial
+    does this, and adapting the statistics can be meant."""
+    norms = [str(m.get("path")) for m in map(as_dict, as_list(run.session.get("modules")))
+             if str(m.get("type", "")).startswith(_RUNNING_STATS) and m.get("mode_inert") is not True
+             and owned.get(str(m.get("path")))]
+    steps: list[int] = []
+    updating = set(norms)
+    for step, ev in run.step_events():
+        trained = [f for f in map(as_dict, as_list(ev.get("forwards"))) if f.get("backward") is True]
+        if not trained or not updating:
+            continue
+        steps.append(step)
+        for f in trained:
+            updating -= set(map(str, as_list(f.get("eval_modules")))) if f.get("training") is not False else updating
+        updating = {m for m in updating if _frozen(ev, owned[m])}
+    mods = sorted(updating, key=norms.index)
+    if not mods or len(steps) < settings.min_steps:
+        return []
+    one = len(mods) == 1
+    message = (f"{_named(run, mods)} {'trains' if one else 'train'} none of {'its' if one else 'their'} parameters "
+               f"(requires_grad_(False)) but {'runs' if one else 'run'} in train mode on every training "
+               f"step ({describe_steps(steps, run.last_step)}): running_mean and running_var keep moving with each "
+               "batch, so the frozen layers' outputs still change, and evaluation normalises with the statistics of "
+               "the fine-tuning batches.")
+    return [make("P11", "info", message, FIX_FROZEN_NORM, steps, rank=run.rank,
+                 targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in mods[:20]], modules=mods,
+                 title="Batch-norm statistics updating in frozen layers", data={"mode": "train"})]
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
@@ -220,7 +265,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     elif train_in_eval:
         steps = sorted({s for v in train_in_eval.values() for s in v})
         mods = sorted(train_in_eval)
-        who = "the model is" if "" in mods else f"{_named(mods)} {'is' if len(mods) == 1 else 'are'}"
+        who = "the model is" if "" in mods else f"{_named(run, mods)} {'is' if len(mods) == 1 else 'are'}"
         if "" in mods:  # the whole model: what it changes is in its dropout and batch-norm modules
             inside = _sensitive_modules(run)
             # less those in eval mode on every trained step before (batch-norm frozen on purpose:
@@ -228,7 +273,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             frozen = _eval_all_along(run, steps[0])
             if set(inside) - frozen:
                 inside = [m for m in inside if m not in frozen]
-            effects = f"{_effects(run, inside)} (in {_named(inside)})" if inside else _effects(run, mods)
+            effects = f"{_effects(run, inside)} (in {_named(run, inside)})" if inside else _effects(run, mods)
         else:
             effects = _effects(run, mods)
         message = (f"Training while {who} in eval mode ({describe_steps(steps, run.last_step)}): "
@@ -239,10 +284,10 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     if eval_in_train:
         steps = sorted({s for v in eval_in_train.values() for s in v})
         mods = sorted(eval_in_train)
-        message = (f"Evaluating with {_named(mods)} in train mode "
+        message = (f"Evaluating with {_named(run, mods)} in train mode "
                    f"({describe_steps(steps, run.last_step)}): dropout randomises and batch-norm updates its "
                    "statistics during evaluation.")
         findings.append(make("P11", "warning", message, FIX_EVAL, steps, rank=run.rank,
                              targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in mods],
                              modules=mods, src=src, data={"mode": "train", "steps_by_module": eval_in_train}))
-    return findings + found
+    return findings + found + _frozen_norms_updating(run, settings, owned)

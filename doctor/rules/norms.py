@@ -14,7 +14,7 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_float, as_list
+from ..run import Run, as_dict, as_float, as_int, as_list, notes
 from ..settings import Settings
 from ._grads import (
     applied_steps,
@@ -375,5 +375,38 @@ def _across_layers(run: Run, settings: Settings) -> list[Finding]:
                  view="gradients", data={"ratio": ratio, "norm_by_param": per_layer})]
 
 
+FIX_CLIP_EARLY = ("Clip between backward and step: loss.backward(), then torch.nn.utils.clip_grad_norm_("
+                  "model.parameters(), max_norm), then optimizer.step() (with a GradScaler, after "
+                  "scaler.unscale_(optimizer)).")
+
+
+def _clipped_before_backward(run: Run) -> list[Finding]:
+    """clip_grad_norm_ of the watched gradients where no backward of its step had run (before
+    loss.backward(), or after optimizer.step()): it clipped gradients this step's update does not
+    use, and the ones it does use went unclipped (``events[{what: "clip_before_backward"}]``; a
+    step that also clipped after its backward is left alone)."""
+    hits: list[tuple[int, str]] = []
+    for step, ev in run.step_events():
+        early = notes(ev, "clip_before_backward")
+        if early and as_int(ev.get("micro_batches")) > 0 and "clip" not in as_dict(ev.get("grads")):
+            hits.append((step, str(as_dict(early[0]).get("src") or "")))
+    if not hits:
+        return []
+    steps = [s for s, _ in hits]
+    src = hits[0][1]
+    # light/default watch that part of a step (optimizer.step() to the forward) on their first
+    # steps and every few after: a loop that clips there does so on the steps between too
+    partial = run.session.get("mode") != "full" and steps[-1] < run.last_step
+    seen = (f"seen {describe_steps(steps, run.last_step)}; the capture looks there on some steps only, and a loop "
+            "does it on every step" if partial else describe_steps(steps, run.last_step))
+    message = (f"clip_grad_norm_(){f' at {src}' if src else ''} ran where no backward of its step had ({seen}): "
+               "before loss.backward(), or after optimizer.step(). It clipped gradients this step's update does not "
+               "use (the last step's, or zeros after zero_grad()), so optimizer.step() applied this step's "
+               "gradients unclipped.")
+    return [make("P3", "error", message, FIX_CLIP_EARLY, steps, rank=run.rank,
+                 targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src or None, view="gradients",
+                 title="Gradients clipped before backward()")]
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
-    return _over_time(run, settings) + _across_layers(run, settings)
+    return _over_time(run, settings) + _across_layers(run, settings) + _clipped_before_backward(run)

@@ -37,20 +37,32 @@ def _held(run: Run) -> list[str]:
     return sorted(names)
 
 
-def _unregistered(graph: dict[str, Any]) -> tuple[list[int], list[str], bool]:
+def _unregistered(graph: dict[str, Any]) -> tuple[list[int], list[str], bool, str]:
     """The graph's AccumulateGrad nodes marked unregistered, the modules of the recorded ops that
-    used them, and whether none of those was recorded: their ops ran outside the watched
-    model's forward (a second model -- a teacher, a target network -- not a submodule of it)."""
+    used them, whether none of those was recorded (their ops ran outside the watched model's
+    forward: a second model -- a teacher, a target network -- not a submodule of it), and the
+    user's line of the first recorded op that used them ('' when none is known)."""
     nodes = [as_dict(n) for n in as_list(graph.get("nodes"))]
     marked = {as_int(n.get("id"), -1) for n in nodes if n.get("unregistered")}
     marked.discard(-1)
     if not marked:
-        return [], [], False
-    module_of = {as_int(n.get("id"), -1): n.get("module") for n in nodes}
-    users = [module_of.get(as_int(e[0], -1)) for e in as_list(graph.get("edges"))
-             if isinstance(e, list) and len(e) >= 2 and as_int(e[1], -1) in marked]
+        return [], [], False, ""
+    by_id = {as_int(n.get("id"), -1): n for n in nodes}
+    user_ids = [as_int(e[0], -1) for e in as_list(graph.get("edges"))
+                if isinstance(e, list) and len(e) >= 2 and as_int(e[1], -1) in marked]
+    users = [by_id.get(i, {}).get("module") for i in user_ids]
     known = sorted({str(m) for m in users if m is not None})
-    return sorted(marked), known, bool(users) and not known
+    ops = {as_int(o.get("id"), -1): o for o in map(as_dict, as_list(graph.get("ops")))}
+    src = next((str(ops[op].get("src")) for i in user_ids if (op := as_int(by_id.get(i, {}).get("op"), -1)) in ops
+                and ops[op].get("src")), "")
+    return sorted(marked), known, bool(users) and not known, src
+
+
+def _same_structure(run: Run, steps: list[int]) -> list[int]:
+    """``steps`` and the steps whose graph had the structure of one of them (default mode
+    captures one step per structure: the same graph reaches the same parameters)."""
+    sigs = {ev.get("graph_signature") for s, ev in run.step_events() if s in steps} - {None, ""}
+    return sorted(set(steps) | {s for s, ev in run.step_events() if ev.get("graph_signature") in sigs})
 
 
 def _counted(run: Run) -> tuple[list[int], int]:
@@ -67,20 +79,22 @@ def _counted(run: Run) -> tuple[list[int], int]:
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
-    hits: list[tuple[int, int, list[int], list[str], bool]] = []  # step, micro, node ids, modules, outside
+    hits: list[tuple[int, int, list[int], list[str], bool, str]] = []  # step, micro, node ids, modules, outside, src
     for step, graph in run.all_graphs():
-        nodes, modules, outside = _unregistered(graph)
+        nodes, modules, outside, src = _unregistered(graph)
         if nodes:
-            hits.append((step, as_int(graph.get("micro")), nodes, modules, outside))
+            hits.append((step, as_int(graph.get("micro")), nodes, modules, outside, src))
     if hits:
-        step, _, nodes, modules, outside = hits[0]
-        steps = sorted({h[0] for h in hits})
+        step, _, nodes, modules, outside, src = hits[0]
+        # the uncaptured steps of a captured structure too (QA 37a: "at step 0" in default
+        # mode for a target network run with autograd on every step, "every step" in full)
+        steps = _same_structure(run, sorted({h[0] for h in hits}))
         count = len(nodes)
     else:
         steps, count = _counted(run)
         if not steps:
             return []
-        step, nodes, modules, outside = steps[0], [], [], False
+        step, nodes, modules, outside, src = steps[0], [], [], False, ""
     model = str(run.session.get("model") or "the model")
     held = _held(run)
     if held and count == len(held):  # every one is a module's plain tensor: told by its name
@@ -92,14 +106,16 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         fix = FIX_HELD.replace("{attr}", held[0].rpartition(".")[2])
         targets = [FindingTarget(step=step, rank=run.rank, node=n) for n in nodes] or [FindingTarget(step=step, rank=run.rank)]
         return [make("P1", "warning", message, fix, steps, rank=run.rank, targets=targets,
-                     modules=[m for m in modules if m], title="Parameters outside the model")]
+                     modules=[m for m in modules if m], title="Parameters outside the model", src=src or None)]
     used = [m if m else "(root)" for m in modules]
-    in_ops = f", used by ops of {', '.join(used[:3])}" if used else ""
+    copy = count == len(run.params) or outside
+    # a copy of the model is used by its own ops, which ran in no watched module: "(root)" says nothing
+    in_ops = f", used by ops of {', '.join(used[:3])}" if used and not (copy and used == ["(root)"]) else ""
     head = (f"Gradients flow into {count} nn.Parameter tensor{'s' if count != 1 else ''} that "
             f"{'are' if count != 1 else 'is'} not {model}'s and that no optimizer steps "
             f"({describe_steps(steps, run.last_step)}{in_ops})")
     fix = FIX
-    if count == len(run.params) or outside:
+    if copy:
         # as many as the model has: a copy of it (a DQN's target network, a teacher made with
         # copy.deepcopy) run with autograd on, more often than a forgotten ModuleList
         what = (f"as many as {model} has -- a copy of the model (a target network or a teacher made with copy.deepcopy)"
@@ -114,4 +130,4 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                    "model.parameters() and the optimizer miss it -- it never trains, and its .grad keeps growing.")
     targets = [FindingTarget(step=step, rank=run.rank, node=n) for n in nodes] or [FindingTarget(step=step, rank=run.rank)]
     return [make("P1", "warning", message, fix, steps, rank=run.rank, targets=targets,
-                 modules=[m for m in modules if m], title="Parameters outside the model")]
+                 modules=[m for m in modules if m], title="Parameters outside the model", src=src or None)]

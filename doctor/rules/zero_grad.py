@@ -82,6 +82,11 @@ def _missing(run: Run) -> list[Finding]:
     for step, ev in run.step_events():
         if step in foreign:
             continue
+        if as_list(ev.get("backward_errors")) and len(as_list(ev.get("backward_errors"))) >= as_int(ev.get("micro_batches")):
+            # every backward of the step raised (P10's freed graph, P8): none added onto the old
+            # gradients, and the step ended there (a DCGAN's generator loss backpropagated
+            # through the critic's freed graph, before the loop's next zero_grad(): QA 37a)
+            continue
         if as_int(ev.get("micro_batches")) > 1 and as_int(ev.get("zero_grad")) > 0:
             # stale gradients at the first backward (zero_grad counts 0 there), cleared before a
             # later one: the step used fresh ones (a GAN's discriminator gets the generator
@@ -284,7 +289,10 @@ def _closure_piled(run: Run) -> list[Finding]:
     for step, ev in run.step_events():
         passes = max((as_int(e.get("passes")) for e in notes(ev, "closure")), default=0)
         summed = as_int(ev.get("accumulated"))
-        if passes >= 2 and summed >= 2:
+        # a closure that resets the gradients itself (zero_grad() inside it: a reset seen
+        # between its passes) sums only its own micro-batches (QA 37a: an error on a correct
+        # LBFGS closure accumulating 4 micro-batches, "16 passes piled up")
+        if passes >= 2 and summed >= 2 and as_int(ev.get("zero_grad")) < 2:
             hits.append((step, passes, summed))
     if not hits:
         return []
@@ -292,7 +300,7 @@ def _closure_piled(run: Run) -> list[Finding]:
     step, passes, summed = hits[0]
     ev = next(ev for s, ev in run.step_events() if s == step)
     src = next((str(b) for b in as_list(ev.get("backward_src")) if b), None)
-    message = (f"optimizer.step(closure) ran the closure {passes} times and its gradients piled up "
+    message = (f"optimizer.step(closure) ran {passes} backward passes in its closure and their gradients piled up "
                f"({describe_steps(steps, run.last_step)}): step {step} summed {summed} backward passes into .grad, "
                "so each evaluation after the first read the sum of all before it -- zero_grad() is outside the closure.")
     return [make("P5", "error", message, FIX_CLOSURE, steps, rank=run.rank,

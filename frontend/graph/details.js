@@ -2,6 +2,7 @@
 // module group, in PyTorch's words.  Text only (h() never parses markup).
 import { h, clear, fmtBytes, fmtNum, fmtUs, shape } from "../dom.js";
 import { leafWhere } from "./scene.js";
+import { savedActivations, groupTotals, groupLeaves } from "./model.js";
 
 // An op record's flags (capture/schema.py OpRecord.flags) in words.
 const FLAGS = {
@@ -17,7 +18,24 @@ const FLAGS = {
   copy_h2d: "host → device copy",
 };
 
-function row(k, v) { return h("tr", {}, h("th", {}, k), h("td", {}, v ?? "–")); }
+function row(k, v, title) { return h("tr", {}, h("th", { title }, k), h("td", { title }, v ?? "–")); }
+
+// An op record's kind, by its phase (OpRecord.phase): full mode records the backward's aten
+// kernels and the optimizer's ops too, and "forward op #14 · backward" read as a contradiction.
+const OP_KINDS = { forward: "forward op", backward: "aten op run by backward()", optimizer: "optimizer op (optimizer.step())",
+  other: "op outside the forward, backward and optimizer step" };
+export function opKind(r) { return OP_KINDS[r.phase || "forward"] || `${r.phase} op`; }
+
+// "1.25 KiB of it net.4.weight, a parameter" / "2.50 KiB of it parameters (a.weight, b.weight)"
+function paramPart(params) {
+  const names = [...params.keys()], bytes = [...params.values()].reduce((a, b) => a + b, 0);
+  return names.length === 1 ? `${fmtBytes(bytes)} of it ${names[0]}, a parameter` : `${fmtBytes(bytes)} of it parameters (${names.join(", ")})`;
+}
+
+const SAVED_GROUP = "The activations this module's grad_fn nodes hold saved for backward: each storage counted once (an " +
+  "activation saved by two nodes, a ReLU's output by ReluBackward0 and by the next AddmmBackward0, is one tensor), " +
+  "parameters left out (the weight.t() an AddmmBackward0 saves is the parameter's own memory, no extra bytes) -- " +
+  "what the Memory view's \"saved activations\" counts for the whole step.";
 
 function tensorTable(model, ids, title) {
   if (!ids || !ids.length) return null;
@@ -44,7 +62,7 @@ export function renderDetails(panel, model, key, ctx) {
   const r = l.rec;
   const link = (k, text) => h("a", { href: "#", class: "nodelink", onclick: (e) => { e.preventDefault(); ctx.select(k); } }, text);
   panel.append(h("h3", { class: "details-title" }, l.kind === "op" ? r.name : r.name),
-    h("div", { class: "muted" }, l.kind === "op" ? `forward op #${r.id} · ${r.phase || "forward"}` : `grad_fn node #${r.id}`));
+    h("div", { class: "muted", "data-testid": "details-kind" }, l.kind === "op" ? `${opKind(r)} #${r.id}` : `grad_fn node #${r.id}`));
   const t = h("table", { class: "kv" });
   t.append(row("module", leafWhere(model, l))); // "(outside the model)" for the loop's loss, not "(root)"
   if (l.kind === "op") {
@@ -64,7 +82,11 @@ export function renderDetails(panel, model, key, ctx) {
       t.append(row("parameter", r.param), row("shape", shape(p?.shape)), row("dtype", p?.dtype));
     }
     if (r.op !== undefined && model.byKey.has("o" + r.op)) t.append(h("tr", {}, h("th", {}, "created by"), h("td", {}, link("o" + r.op, model.byKey.get("o" + r.op).label))));
-    t.append(row("backward order", r.order), row("duration", fmtUs(r.dur_us)), row("saved bytes", fmtBytes(r.saved_bytes)));
+    // what of it is a parameter's storage (a weight.t() saved): no extra memory, and said so
+    const sv = savedActivations(model, [r]);
+    const savedText = r.saved_bytes === undefined ? undefined
+      : sv.params.size ? `${fmtBytes(r.saved_bytes)} (${paramPart(sv.params)}: not extra memory)` : fmtBytes(r.saved_bytes);
+    t.append(row("backward order", r.order), row("duration", fmtUs(r.dur_us)), row("saved bytes", savedText));
     if (r.higher_order) t.append(row("higher-order", "built by a create_graph=True backward / autograd.grad"));
     if (r.autocast_cast) t.append(row("autocast", "a dtype cast autocast inserted (its backward casts the gradient back)"));
     if (r.made_nonfinite) t.append(row("NaN / Inf", "made here: a finite gradient came in, NaN or ±Inf went out (P4)"));
@@ -72,7 +94,11 @@ export function renderDetails(panel, model, key, ctx) {
     if (r.saved && r.saved.length) {
       panel.append(h("h4", {}, "saved tensors"), h("table", { class: "tensors" },
         h("tr", {}, h("th", {}, "name"), h("th", {}, "shape"), h("th", {}, "dtype"), h("th", {}, "bytes")),
-        r.saved.map((s) => h("tr", {}, h("td", {}, s.name), h("td", { class: "shape" }, shape(s.shape)), h("td", {}, s.dtype), h("td", {}, fmtBytes(s.nbytes))))));
+        r.saved.map((s) => {
+          const p = model.paramStorage?.get(s.storage);
+          return h("tr", {}, h("td", {}, s.name, p ? h("div", { class: "param" }, `parameter ${p}`) : null), h("td", { class: "shape" }, shape(s.shape)),
+            h("td", {}, s.dtype), h("td", {}, fmtBytes(s.nbytes)));
+        })));
     }
     if (r.param && ctx.gradStats) {
       const gs = ctx.gradStats(r.param);
@@ -95,21 +121,29 @@ export function renderDetails(panel, model, key, ctx) {
 function groupDetails(panel, model, key, ctx) {
   const g = model.gIndex.get(key.slice(2));
   const G = model.groups[g];
-  let ops = 0, dur = 0, alloc = 0, saved = 0;
-  for (const l of model.leaves) {
-    let x = l.group;
-    while (x > 0 && x !== g) x = model.groups[x].parent;
-    if (x !== g) continue;
-    ops++; dur += l.rec.dur_us || 0; alloc += (l.kind === "op" ? l.rec.alloc : 0) || 0; saved += l.rec.saved_bytes || 0;
-  }
+  const tot = groupTotals(model, groupLeaves(model, g));
   const mtype = ctx.moduleType?.get(G.path);
   panel.append(h("h3", { class: "details-title" }, G.path), h("div", { class: "muted" }, `module group · ${G.phase}`));
   const t = h("table", { class: "kv" });
-  t.append(row("module type", mtype), row(G.phase === "backward" ? "grad_fn nodes" : "ops", ops), row("time", fmtUs(dur)),
-    row("allocated", fmtBytes(alloc)),
-    // a module's saved activations are its grad_fn nodes' (the backward group's); a forward
-    // group's ops carry none of their own, so 0 B there would be wrong
-    ...(G.phase === "backward" ? [row("saved for backward", fmtBytes(saved))] : []));
+  const back = G.phase === "backward";
+  const timeTitle = tot.timedBy === "nodes" && tot.ops
+    ? "the grad_fn nodes' durations: each holds the aten kernels it ran (the backward kernels row), not added again"
+    : tot.timedBy === "nodes" ? "the grad_fn nodes' durations" : tot.timedBy === "ops" ? "the ops' durations" : undefined;
+  t.append(row("module type", mtype));
+  // a backward group in full mode holds grad_fn nodes and the aten kernels they ran: counted apart
+  if (back) {
+    t.append(row("grad_fn nodes", tot.nodes));
+    if (tot.ops) t.append(row("backward kernels (aten ops)", tot.ops, "aten ops the grad_fn nodes ran (full mode records them)"));
+  } else t.append(row("ops", tot.ops));
+  t.append(row("time", fmtUs(tot.time), timeTitle), row("allocated", fmtBytes(tot.alloc)));
+  // a module's saved activations are its grad_fn nodes' (the backward group's); a forward
+  // group's ops carry none of their own, so 0 B there would be wrong (nor a group of backward
+  // kernels alone: no grad_fn node of it saved anything)
+  if (back && tot.nodes) {
+    const left = [...tot.savedParams.values()].reduce((a, b) => a + b, 0);
+    const text = left ? `${fmtBytes(tot.saved)} (left out: ${fmtBytes(left)} of parameters it saves, not extra memory)` : fmtBytes(tot.saved);
+    t.append(row("saved for backward (activations)", text, SAVED_GROUP));
+  }
   const params = (ctx.params || []).filter((p) => p.module === G.path || (p.module || "").startsWith(G.path + "."));
   if (params.length) t.append(row("parameters", params.length));
   panel.append(t, h("div", { class: "actions" },

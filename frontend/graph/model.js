@@ -80,7 +80,12 @@ export function buildModel(ev) {
   };
   for (const l of leaves) {
     l.group = groupOf(l.phase, l.module);
-    for (let g = l.group; g > 0; g = groups[g].parent) groups[g].count++;
+    // count: every leaf; nodes / ops: of each kind (a backward group in full mode holds
+    // grad_fn nodes and the aten kernels they ran)
+    for (let g = l.group; g > 0; g = groups[g].parent) {
+      groups[g].count++;
+      if (l.kind === "node") groups[g].nodes = (groups[g].nodes || 0) + 1; else groups[g].ops = (groups[g].ops || 0) + 1;
+    }
   }
   // A group's place among its siblings (the layout ranks only edges that follow it) is its
   // first leaf's, for a backward group its first grad_fn node's: full mode's backward kernels
@@ -124,8 +129,105 @@ export function buildModel(ev) {
   }
   const nodeOfParam = new Map();
   for (const n of nodes) if (n.param) nodeOfParam.set(n.param, "n" + n.id);
-  return { ev, leaves, byKey, edges, groups, gIndex, tensors, paramOps, nodeOfParam,
+  // storage id -> parameter name: a saved tensor in a parameter's storage (AddmmBackward0's
+  // _saved_mat2 is weight.t()) is that parameter's memory, not an activation
+  const paramStorage = new Map();
+  for (const t of ev.tensors || []) if (t.param && t.storage !== undefined && !paramStorage.has(t.storage)) paramStorage.set(t.storage, t.param);
+  return { ev, leaves, byKey, edges, groups, gIndex, tensors, paramOps, nodeOfParam, paramStorage,
            rootKey: ev.root !== undefined ? "n" + ev.root : null };
+}
+
+// Bytes of one element of a dtype as the events name it ("float32"); 1 for one unknown here
+// (as capture/_overlap.py's itemsize for a name torch does not know).
+const ITEMSIZE = { float64: 8, float32: 4, float16: 2, bfloat16: 2, complex128: 16, complex64: 8, complex32: 4,
+  int64: 8, int32: 4, int16: 2, int8: 1, uint64: 8, uint32: 4, uint16: 2, uint8: 1, bool: 1 };
+const itemsize = (dtype) => ITEMSIZE[dtype] ?? 1;
+
+// The part of its storage a saved tensor holds, [first byte, bytes]: the whole storage (its
+// nbytes are the storage's, more than the view spans), or, for a view of data that needs no
+// gradient (a batch sliced out of a dataset), the span the capture recorded as its nbytes.
+function savedSpan(s) {
+  const n = s.nbytes || 0;
+  if (!Array.isArray(s.shape) || !Array.isArray(s.stride) || s.offset === undefined) return [0, n];
+  let span = 1;
+  for (let i = 0; i < s.shape.length; i++) {
+    if (s.shape[i] === 0) return [0, 0];
+    span += (s.shape[i] - 1) * Math.abs(s.stride[i] ?? 0);
+  }
+  span *= itemsize(s.dtype);
+  return n !== span ? [0, n] : [s.offset * itemsize(s.dtype), n];
+}
+
+// Bytes covered by [start, bytes] spans of one storage (capture/_autograd.py's _union).
+function union(spans) {
+  if (spans.length === 1) return spans[0][1];
+  let total = 0, end = -1;
+  for (const [start, n] of spans.slice().sort((a, b) => a[0] - b[0] || a[1] - b[1])) {
+    const stop = start + n;
+    if (stop > end) { total += stop - Math.max(start, end); end = stop; }
+  }
+  return total;
+}
+
+// What the grad_fn node records ``recs`` hold saved for backward, as the Memory view's "saved
+// activations" counts a step's: each storage once (a ReLU's output saved by ReluBackward0 and
+// by the next AddmmBackward0 is one tensor), parameters apart (a weight.t() AddmmBackward0
+// saves is the parameter's own memory, there anyway).  {bytes: the activations', params:
+// Map parameter name -> bytes of its storage saved}.
+export function savedActivations(model, recs) {
+  const spans = new Map(); // storage id -> [[start, bytes]] (a saved tensor with no storage id: its own key)
+  let loose = 0;
+  for (const r of recs) {
+    for (const s of r.saved || []) {
+      const key = s.storage;
+      if (key === undefined || key === null) { loose++; spans.set("loose" + loose, [savedSpan(s)]); continue; }
+      const sp = savedSpan(s), at = spans.get(key);
+      if (!at) spans.set(key, [sp]);
+      else if (!at.some((x) => x[0] === sp[0] && x[1] === sp[1])) at.push(sp);
+    }
+  }
+  let bytes = 0;
+  const params = new Map();
+  for (const [key, at] of spans) {
+    const p = model.paramStorage?.get(key);
+    if (p !== undefined) params.set(p, (params.get(p) || 0) + union(at));
+    else bytes += union(at);
+  }
+  return { bytes, params };
+}
+
+// What a module group's leaves (indices into model.leaves) add up to.  Time: the grad_fn
+// nodes' durations where any node was timed -- a node's duration holds the aten kernels it ran
+// (full mode's backward ops, in the same group), so adding both counted the backward twice --
+// else the ops' (a forward group; a backward group of kernels alone).  Saved: the nodes' saved
+// activations (savedActivations).
+export function groupTotals(model, idx) {
+  let nodes = 0, ops = 0, nodeUs = 0, opUs = 0, timedNodes = 0, timedOps = 0, alloc = 0;
+  const recs = [];
+  for (const i of idx) {
+    const l = model.leaves[i], d = l.rec.dur_us;
+    if (l.kind === "node") {
+      nodes++; recs.push(l.rec);
+      if (typeof d === "number") { timedNodes++; nodeUs += d; }
+    } else {
+      ops++; alloc += l.rec.alloc || 0;
+      if (typeof d === "number") { timedOps++; opUs += d; }
+    }
+  }
+  const saved = savedActivations(model, recs);
+  return { nodes, ops, alloc, timedBy: timedNodes ? "nodes" : timedOps ? "ops" : null, time: timedNodes ? nodeUs : timedOps ? opUs : undefined,
+           saved: saved.bytes, savedParams: saved.params };
+}
+
+// The leaves (indices) inside group ``g``, at any depth.
+export function groupLeaves(model, g) {
+  const res = [];
+  for (const l of model.leaves) {
+    let x = l.group;
+    while (x > 0 && x !== g) x = model.groups[x].parent;
+    if (x === g) res.push(l.index);
+  }
+  return res;
 }
 
 export function shortOp(name) {

@@ -1,7 +1,7 @@
 // Builds what the renderer draws from the model, a layout and the view state (overlay,
 // highlight, selection).  Linear in the visible items and the edges (each skip edge routed
 // in about log time); a new selection or highlight redoes only the marks (buildScene).
-import { representatives } from "./model.js";
+import { representatives, groupTotals } from "./model.js";
 import { logScale, categorical, ZERO, NOTHING } from "../colors.js";
 import { OUTSIDE_MODEL } from "../dom.js";
 
@@ -182,9 +182,11 @@ function buildBase(model, layout, st, css) {
   // an item the overlay has no value for (the legend names it when there is one)
   const none = () => { if (legend) legend.missing = true; return cv("--node-none"); };
 
-  // overlay colours, aggregated over collapsed groups: sums for time and memory; for gradient
-  // norms the module's own norm, sqrt of the sum of its parameters' squared norms (what
-  // clip_grad_norm_ computes), so a module reads dead only when all of it got zero
+  // overlay colours, aggregated over collapsed groups: for time and memory what the group's
+  // details say (groupTotals: a backward group's grad_fn nodes' time, not their kernels' again;
+  // its saved activations, each storage once, parameters left out; else its ops' sums); for
+  // gradient norms the module's own norm, sqrt of the sum of its parameters' squared norms
+  // (what clip_grad_norm_ computes), so a module reads dead only when all of it got zero
   const vals = overlayValues(model, st.overlay, st.ctx);
   let colorOf = null, legend = null;
   const agg = new Map();
@@ -202,6 +204,15 @@ function buildBase(model, layout, st, css) {
         agg.set(r, prev + (st.overlay === "grad" ? v * v : v));
       });
       if (st.overlay === "grad") for (const [r, v] of agg) agg.set(r, Math.sqrt(v));
+      if (st.overlay === "time" || st.overlay === "memory") {
+        const inside = new Map(); // collapsed group -> its leaves
+        leaves.forEach((l, i) => { const r = rep[i]; if (agg.has(r)) { if (!inside.has(r)) inside.set(r, []); inside.get(r).push(i); } });
+        for (const [r, idx] of inside) {
+          const tot = groupTotals(model, idx);
+          const v = st.overlay === "time" ? tot.time : tot.nodes ? tot.saved : tot.alloc;
+          if (v === undefined) agg.delete(r); else agg.set(r, v);
+        }
+      }
       // zero: a colour of its own, outside the ramp (a dead branch's gradient; no bytes, no time)
       const zero = st.overlay === "grad" ? ZERO : NOTHING;
       const scale = logScale([...vals.filter((v) => typeof v === "number"), ...agg.values()], zero);
@@ -242,11 +253,13 @@ function buildBase(model, layout, st, css) {
       : cv(G.phase === "backward" ? "--group-bwd" : "--group-fwd");
     // "≡ 0": same structure as sibling 0 (repeated blocks)
     const mark = G.repeatOf ? "  ≡ " + groups[G.repeatOf].label : "";
-    const count = `${G.count} ${G.phase === "backward" ? "node" : "op"}${G.count === 1 ? "" : "s"}`;
+    // a backward group's grad_fn nodes and the aten kernels they ran (full mode) counted apart
+    const n = G.nodes || 0, o = G.ops || 0, plural = (k, w) => `${k} ${w}${k === 1 ? "" : "s"}`;
+    const count = G.phase !== "backward" || !n ? plural(o, "op") : o ? `${plural(n, "node")} + ${plural(o, "op")}` : plural(n, "node");
     // the path after the count only where it says more than the label's name: a top-level
     // child of an nn.Sequential read "1 op · 0", its index as if a second count
     const where = G.path !== G.label;
-    const it = { key: "g:" + G.key, group: g, rep: r, order: firstLeaf.get(r), box, label: `${G.label}${mtype ? ": " + mtype : ""}${mark}`, name: G.label, type: mtype, mark,
+    const it = { key: "g:" + G.key, group: g, rep: r, order: firstLeaf.get(r), box, value: v, label: `${G.label}${mtype ? ": " + mtype : ""}${mark}`, name: G.label, type: mtype, mark,
                  sub: where ? `${count} · ${G.path}` : count, subHead: where ? count : null, subPath: where ? G.path : count, color, hi: false, cut: false };
     items.push(it); byKey.set(it.key, it);
   }

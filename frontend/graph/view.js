@@ -24,7 +24,8 @@ const ZERO_TEXT = { grad: "exactly zero", memory: "0 B: allocated / saved nothin
 // Short names (the legend under the canvas says the rest): with the diff's step menu beside
 // it, "phase (forward / backward)" made the toolbar two rows at 1280 px; in full on hover.
 const OVERLAYS = [["phase", "phase", "forward / backward"], ["grad", "gradient norm", "the gradient norm of each parameter (AccumulateGrad) and module"],
-  ["memory", "memory", "bytes an op allocated, bytes a grad_fn saved"], ["time", "time", "an op's or a grad_fn's duration"], ["dtype", "dtype", "the output's dtype"],
+  ["memory", "memory", "bytes an op allocated, bytes a grad_fn saved; a collapsed backward module: its saved activations, each storage once, parameters left out"],
+  ["time", "time", "an op's or a grad_fn's duration; a collapsed backward module: its grad_fn nodes' (their aten kernels are inside them)"], ["dtype", "dtype", "the output's dtype"],
   ["diff", "diff", "added / changed / same against another captured step (the menu beside it)"]];
 const NO_DIFF = "only one step is captured: no other step to compare with";
 

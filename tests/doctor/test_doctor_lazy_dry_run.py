@@ -99,7 +99,7 @@ def test_a_real_evaluation_in_train_mode_in_a_lazy_models_run_is_still_p11(tmp_p
     found = _run(tmp_path / "x.tscope", mode, evaluate=True)
     p11 = [f for f in found if f["code"] == "P11"]
     assert len(p11) == 1, found
-    assert p11[0]["severity"] == "warning" and "Evaluating with '2' in train mode" in p11[0]["message"], p11
+    assert p11[0]["severity"] == "warning" and "Evaluating with '2' (Dropout) in train mode" in p11[0]["message"], p11
     assert p11[0]["src"] == _line("# validation"), p11  # the validation's line, not the dry run's
     assert p11[0]["steps"] == [4, 9, 14, 19], p11  # each told with the step it ran after; not the dry run's 0
 

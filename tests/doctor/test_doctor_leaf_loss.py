@@ -37,7 +37,7 @@ def test_a_loss_remade_from_its_item_is_a_cut_at_the_item(tmp_path: Path, mode: 
     assert p1["severity"] == "error" and len(p1["params"]) == 4
     if mode == "default":  # a captured step names the op and its line
         line = next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if "# the cut" in t and "next(" not in t)
-        assert "breaks at Tensor.item()" in p1["message"] and p1["src"].endswith(f":{line}")
+        assert "to the loss break" in p1["message"] and "at Tensor.item()" in p1["message"] and p1["src"].endswith(f":{line}")
     else:  # a light run is told how to get a graph that names it
         assert "mode='default' captures the first step" in p1["message"]
 

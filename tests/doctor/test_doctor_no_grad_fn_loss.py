@@ -116,7 +116,7 @@ def test_an_evaluation_in_train_mode_beside_it_is_still_p11(tmp_path: Path) -> N
     (p1,) = _of(found, "P1")
     assert p1["src"] == f"train.py:{_line('FORWARD_NO_GRAD')}" and "ran under torch.no_grad()" in p1["message"]
     (p11,) = _of(found, "P11")
-    assert p11["severity"] == "warning" and "Evaluating with '1' in train mode" in p11["message"]
+    assert p11["severity"] == "warning" and "Evaluating with '1' (BatchNorm1d) in train mode" in p11["message"]
     assert p11["src"] == f"train.py:{_line('EVAL')}"
 
 

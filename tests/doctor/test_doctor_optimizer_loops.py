@@ -138,6 +138,40 @@ def test_an_lbfgs_closure_without_zero_grad_inside_is_found(tmp_path: Path, mode
         assert p5[0]["title"] != "zero_grad() outside the closure"
 
 
+@pytest.mark.parametrize("mode", ["light", "default"])
+@pytest.mark.parametrize("divided", [True, False])
+def test_an_lbfgs_closure_accumulating_micro_batches(tmp_path: Path, mode: str, divided: bool) -> None:
+    """A closure that zeroes the gradients and sums 4 micro-batches (`loss / 4` each) is right:
+    it was an error ("16 passes piled up", QA 37a), its step loss the first micro-batch's alone
+    (a quarter of what step(closure) returns), and without the division no P15 was said."""
+    model = _model()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    path = tmp_path / "lbfgs.tscope"
+    batches = _batches(4)
+    returned = []
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(3):
+            def closure() -> torch.Tensor:
+                opt.zero_grad()
+                total = torch.zeros(())
+                for x, y in batches:
+                    loss = F.cross_entropy(model(x), y)
+                    if divided:
+                        loss = loss / 4
+                    loss.backward()
+                    total += loss.detach()
+                return total
+
+            returned.append(float(opt.step(closure)))
+    found, steps = _diagnose(path)
+    assert all(s["accumulated"] == 4 and s["zero_grad"] >= 2 for s in steps), steps
+    assert [f for f in found if f["code"] == "P5"] == [], found
+    # the loss of each step is the closure's first evaluation, as step(closure) returned it
+    assert [s["loss"] for s in steps] == pytest.approx(returned, rel=1e-6)
+    p15 = [f for f in found if f["code"] == "P15"]
+    assert len(p15) == (0 if divided else 1), p15
+
+
 def test_an_optimizer_of_the_head_while_the_backbone_is_unfrozen_is_no_foreign_model(tmp_path: Path) -> None:
     """Progressive unfreezing with the optimizer built over the head alone: from the unfreezing
     on, the backbone gets gradients no optimizer applies -- "Parameters no optimizer updates",
@@ -254,3 +288,26 @@ def test_two_optimizers_of_one_model_are_no_finding(tmp_path: Path) -> None:
 
 def _line(marker: str) -> int:
     return next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if marker in text and "_line(" not in text)
+
+
+def test_an_optimizer_followed_under_watch_model_is_named_to_p15(tmp_path: Path) -> None:
+    """`watch(model)` (the README's one line) follows the first optimizer that steps the model:
+    its class was lost, and P15 judged an AdamW loop's undivided accumulation as SGD's ("each
+    optimizer step is 4x larger") -- QA 37a."""
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    path = tmp_path / "adamw.tscope"
+    data = iter(_batches(16))
+    with torchscope.watch(model, server=None, record=path):
+        for _ in range(4):
+            opt.zero_grad()
+            for _ in range(4):
+                x, y = next(data)
+                F.cross_entropy(model(x), y).backward()
+            opt.step()
+    found, steps = _diagnose(path)
+    assert [e for s in steps for e in s.get("events", []) if e["what"] == "optimizer"] == [
+        {"what": "optimizer", "optimizer": "AdamW"}]
+    (p15,) = [f for f in found if f["code"] == "P15"]
+    assert "AdamW divides each step by the gradients' running scale" in p15["message"], p15
+    assert "larger than intended" not in p15["message"]

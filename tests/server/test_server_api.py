@@ -304,3 +304,22 @@ def test_diagnostics_cached_and_counted(client: TestClient) -> None:
     assert summary["errors"] == sum(1 for f in findings if f.get("severity") == "error")
     assert summary["warnings"] == sum(1 for f in findings if f.get("severity") == "warning")
     assert client.get("/api/sessions/dx/diagnostics").json() == findings  # served from the cache
+
+
+def test_a_step_is_served_whole_with_its_non_finite_gradients(client: TestClient) -> None:
+    """The store keeps a step's memory and grads in columns of their own and no longer twice (in
+    the event too): /steps puts them back, every number as written, NaN/Infinity as the strings
+    the browser parses, and /grads reads the same columns as floats again."""
+    import json
+
+    ev = step_event(0)
+    ev["grads"] = {"norm": [float("nan"), 0.1 + 0.2], "nan": [3, 0], "inf": [0, 0], "none": [],
+                   "clip": {"norm": float("inf"), "max_norm": 1.0, "norm_type": 2.0}}
+    ev["memory"] = {"live": 1000, "peak": 2**40 + 1, "params": 400, "grads": 400}
+    post(client, "s9", [encode_frame(0, [session_event("s9"), ev, step_event(1)])])
+    served = json.loads(client.get("/api/sessions/s9/steps").text)
+    expected = json.loads(json.dumps(ev).replace("NaN", '"NaN"').replace("Infinity", '"Infinity"'))
+    assert served[0] == expected and served[0]["grads"]["norm"][1] == 0.1 + 0.2
+    assert served[1] == step_event(1)
+    grads = json.loads(client.get("/api/sessions/s9/grads").text)
+    assert grads["norm"][0][0] == "NaN" and grads["norm"][0][1] == 0.1 + 0.2

@@ -80,6 +80,8 @@ def test_real_run_imported_frame_by_frame_equals_the_file(server: ServerProc, re
     ]
     served = server.get(f"/api/sessions/{sid}/steps?limit=10000")
     assert isinstance(served, list) and [s["step"] for s in served] == [s["step"] for s in steps]
+    # each whole, as the file holds it: the store keeps memory and grads apart from the event
+    assert served == steps
     with urllib.request.urlopen(server.url + f"/api/sessions/{sid}/export", timeout=30) as resp:
         assert resp.read() == real_run.read_bytes()
     assert _upload_dirs(server) == []  # the temporary upload is gone
