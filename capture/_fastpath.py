@@ -58,6 +58,9 @@ class FastPathGuard:
         self.taken = _Taken()
         self.compiled = False  # a compiled forward ran: off for good (see the module's docstring)
         self.hooked = False
+        # a call the next module call makes first, outside any function mode's handler (where
+        # a mode cannot be taken off the stack: torch pushes it back after): see Watch._idle
+        self.pending: Callable[[], None] | None = None
         # one id each for the whole watch, taken once from torch's own registration, and one
         # function object each (a bound method is a new object at every attribute read)
         pre_fn, post_fn = self._pre, self._post
@@ -93,6 +96,10 @@ class FastPathGuard:
     # Global hooks run in every module call of the process, the user's own code's included: they
     # must never raise into it (at worst a fast path is not taken, as before this guard).
     def _pre(self, module: nn.Module, args: Any) -> None:
+        if self.pending is not None:
+            call, self.pending = self.pending, None
+            with contextlib.suppress(Exception):
+                call()
         if isinstance(module, FAST_PATHS):
             with contextlib.suppress(Exception):
                 # an inner one (a layer of a taken encoder) finds none of them on the stack

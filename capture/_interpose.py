@@ -103,6 +103,9 @@ _HANDLED: dict[Any, str] = {
 }
 
 
+IDLE_EVERY = 4096  # torch calls through the mode between looks at whether its loop stopped (Watch._idle)
+
+
 class Interposer(TorchFunctionMode):
     def __init__(self, watch: Watch) -> None:
         super().__init__()
@@ -111,6 +114,13 @@ class Interposer(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         kind = _HANDLED.get(func)
+        watch = self.watch
+        # (a mode left on by a loop that stopped: see Watch._idle); not while Dynamo traces
+        # this handler: a counter it saw change would be a guard failing at every call
+        if not _compiling():
+            watch._calls += 1
+            if not watch._calls % IDLE_EVERY:
+                watch._safe("mode", watch._idle)
         if self.watch._capturing_ops:  # inline: every torch-level call of a recorded pass
             rec = self.watch._s.recorder
             if isinstance(rec, OpRecorder):  # the native recorder reads autocast itself, per op

@@ -97,6 +97,8 @@ GRAD_STATS_EVERY = 10
 # loop records none (a MAML outer step makes tens of them before its first step ends)
 _TRANSFORMED_TELL = 100
 COPY_STEPS = 4  # steps counted for copies before sampling every GRAD_STATS_EVERY (see _counts_copies)
+# a function mode left on with the loop gone idle this long is taken off (Watch._idle)
+_IDLE_S = 60.0
 _BIG_COPY = 1 << 20  # bytes from which the same tensor cloned every step is P12's (see _on_move)
 _PROBE_STEPS = 3  # steps the mode looks for the holder of a kept loss (Watch._probe)
 _MODE_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
@@ -677,6 +679,9 @@ class Watch:
         self._eval_probed: set[str] = set()
         # while one of these modes is on the stack, PyTorch's fast paths are taken without it
         self._fast = FastPathGuard(lambda: (self._interposer, self._eval_probe))
+        self._calls = 0  # torch calls through the function mode (every IDLE_EVERY-th looks at _idle)
+        self._last_event = time.monotonic()  # the watched loop's last forward, backward or step
+        self._backward_running = False  # inside a backward of the loop's (_run_backward)
         if type(model).__name__ == "OptimizedModule":  # watch(torch.compile(model))
             self._fast.compiled_forward()
         self._eval_dropouts: set[str] = set()
@@ -1061,6 +1066,28 @@ class Watch:
             self._tls.pushed = True
             self._fast.on()
 
+    def _idle(self) -> None:
+        """Every _interpose.IDLE_EVERY torch calls through the mode: one left on after the loop stopped --
+        optimizer.step() put it on for the data movement before the next forward, a forward's
+        end for its loss and backward, and neither came (the loop is over, its model deleted;
+        a notebook's next cells) -- would tax every later torch call of the process 1.5-2.4x
+        (QA 37c).  After _IDLE_S without a forward, backward or step of the watched loop, or
+        with its model gone, the next module call (outside this handler, where a mode can be
+        taken off) ends it: the mode off, or the watch of a dead model closed."""
+        if self._depth or self._capturing_ops or self._backward_running:
+            return  # inside the watched forward or backward (a slow model's step is no idle loop)
+        if self._model() is not None and time.monotonic() - self._last_event < _IDLE_S:
+            return
+        self._fast.on()  # its global module pre-hook makes the pending call
+        self._fast.pending = self._leave_idle
+
+    def _leave_idle(self) -> None:
+        if self._model() is None:
+            self.close()  # what the next watch() would do to a run whose model is gone
+            return
+        self._after_update = False
+        self._mode_off()
+
     def _mode_off(self) -> None:
         # not on the stack: torch took it off while its handler runs (a hook of the user's
         # backward stepping an optimizer) and puts it back after; it comes off next time
@@ -1250,6 +1277,7 @@ class Watch:
         self._depth += 1
         if self._depth > 1:
             return  # the root called itself: one forward
+        self._last_event = time.monotonic()
         if self._dead[0]:
             self._rebind()
         self._after_update = False
@@ -1907,6 +1935,7 @@ class Watch:
     def _run_backward(self, func: Any, kind: str, args: Any, kwargs: dict[str, Any]) -> Any:
         if not self._active:
             return call_as_user(func, args, kwargs)
+        self._last_event = time.monotonic()
         if self._s.in_backward and self._s.micro > 0 and self._unhooked():
             # optimizers stepped inside the last backward and no forward hook ended that step
             # (a compiled model's hooks do not run): this backward begins the next one
@@ -1915,6 +1944,7 @@ class Watch:
         if not ours:
             return self._unwatched_backward(func, args, kwargs)
         t0 = time.perf_counter()
+        self._backward_running = True
         try:
             out = call_as_user(func, args, kwargs)
         except BaseException:
@@ -1924,6 +1954,8 @@ class Watch:
             self._safe("backward", self._backward_failed, sys.exc_info()[1])
             raise  # the user's own exception, unchanged
         finally:
+            self._backward_running = False
+            self._last_event = time.monotonic()
             self._safe("backward", self._after_backward, t0)
         if kind == "grad":
             self._safe("grads", self._returned, args, kwargs, out)
@@ -2582,6 +2614,7 @@ class Watch:
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._owner = threading.get_ident()
+        self._last_event = time.monotonic()
         self._s.step_began = self._s.micro  # passes after it ran inside step(): its closure's (LBFGS)
         if self._tls.pushed:
             self._safe("mode", self._mode_off)

@@ -463,6 +463,9 @@ class Transport:
             self.server_ok = True
             self._answered = True
             self._backoff = 0.5
+            if "server" in self._warned:  # said "not reachable": the user is told it is over (QA 37d)
+                self._warned.discard("server")  # a later outage is said again
+                say(f"torchscope: server {self.server} reachable again; the run streams to it, with the steps it missed")
         except _NET_ERRORS as exc:
             self.server_ok = False
             refused = exc if isinstance(exc, ServerRefused) else None

@@ -15,6 +15,7 @@ const VIEWS = { graph: ["Graph", GraphView], memory: ["Memory", MemoryView], gra
   ranks: ["Step time & ranks", RanksView], diagnostics: ["Doctor", DiagnosticsView] };
 // what the tabs say, as a URL's view= may name them too
 const ALIASES = { doctor: "diagnostics" };
+const QUIET_S = 10; // a running session's silence worth saying (showQuiet)
 
 class App {
   constructor() {
@@ -45,7 +46,9 @@ class App {
     this.meta = this.summary.meta || {};
     this.moduleType = new Map((this.meta.modules || []).map((m) => [m.path, m.type]));
     this.paramDtype = new Map((this.meta.params || []).map((p) => [p.name, p.dtype]));
+    this.openedAt = Date.now();
     this.renderHeader();
+    setInterval(() => this.showQuiet(), 1000);
     if (!this.summary.steps && !(this.summary.graphs > 0)) this.main.before(h("div", { class: "notice", id: "empty-note" }, this.emptyText()));
     const dot = showConnection(this.conn);
     live((ev) => this.onLive(ev), (ok, refused) => { dot(ok, refused); this.onConnection(ok, refused); });
@@ -59,7 +62,9 @@ class App {
     const s = this.summary;
     this.title.textContent = s.name || s.id;
     this.statusEl.textContent = s.status || "";
+    this.statusEl.title = "";
     this.statusEl.className = `badge status-${(s.status || "").replace(/ /g, "-")}`;
+    this.showQuiet();
     document.title = `${s.name || s.id} · torchscope`;
     const sub = document.getElementById("session-sub");
     const ranks = (s.ranks || []).map((r) => (typeof r === "object" ? r.rank : r));
@@ -159,10 +164,31 @@ class App {
     if (c) { c.textContent = n ? String(n) : ""; c.className = `count ${n ? { error: "err", warning: "warn" }[worst] || "note" : ""}`; }
   }
 
+  // A running session none of whose steps has arrived for a while -- five of its usual gaps,
+  // at least QUIET_S -- says since when: a killed script reads "running" until the server's
+  // 30 s of silence (QA 37d: 32 s of "running", the counter frozen, nothing said).  Neutral
+  // words: a long evaluation or a slow step is as quiet.
+  showQuiet() {
+    if (!this.running) return;
+    const quiet = (Date.now() - (this.lastStepAt ?? this.openedAt)) / 1000;
+    const over = quiet >= Math.max(QUIET_S, 5 * (this.stepGap || 0) / 1000);
+    const text = over ? `running · last step ${Math.round(quiet)} s ago` : "running";
+    if (this.statusEl.textContent !== text) {
+      this.statusEl.textContent = text;
+      this.statusEl.title = over ? "No step of this run has arrived for a while: the script may be evaluating, slow, paused " +
+        "or stopped. The server calls a run it has not heard from for 30 s \"ended unexpectedly\"." : "";
+    }
+  }
+
   onLive(ev) {
     if (ev.session !== this.id) return;
     if (this.rank !== undefined && ev.rank !== undefined && ev.rank !== this.rank) return;
     if (ev.kind === "deleted") return this.fatal("This session was deleted.");
+    if (ev.kind === "step") {
+      const now = Date.now();
+      if (this.lastStepAt !== undefined) this.stepGap = this.stepGap === undefined ? now - this.lastStepAt : 0.8 * this.stepGap + 0.2 * (now - this.lastStepAt);
+      this.lastStepAt = now;
+    }
     if (ev.kind === "step" || ev.kind === "end" || ev.kind === "session" || ev.kind === "status") {
       if (ev.kind === "step") document.getElementById("empty-note")?.remove();
       this.refreshSummary ||= coalesce(async () => { this.summary = await api(sessionPath(this.id)); this.meta = this.summary.meta || this.meta; this.renderHeader(); this.onStatus(); }, 300);

@@ -126,19 +126,25 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
                         rank=run.rank, targets=targets, modules=list(dict.fromkeys(t["module"] for t in targets if t.get("module"))),
                         params=names, view="gradients", data=data))
     blowup = loss_blowup(run)
-    if blowup is not None and exploding and exploding[0] <= blowup[2]:
+    # while it stays up: a later lone spike is no part of it
+    stayed = diverged_steps(run, blowup) if blowup is not None else []
+    # up from the blow-up to the run's end, over a window: the run never recovered (QA 37d: a
+    # learning rate jumped to 50, the loss stayed 50x up and two layers dead for 244 steps, and
+    # the explosion's 3-step warning was all that was said)
+    for_good = bool(stayed) and stayed[-1] >= run.last_step and len(stayed) >= BLOWUP_WINDOW
+    if blowup is not None and exploding and exploding[0] <= blowup[2] and not for_good:
         blowup = None  # the gradients jumped with the loss: the explosion's finding (a batch's scale) says it
     if blowup is not None and diverging is None:
         # a learning rate far past the stability limit: the loss jumps by orders of magnitude
         # within a few steps, never rising at every step for DIVERGE_STEPS nor (clipped, or
         # under Adam) taking the gradient norm along
         low_step, low, step, loss, lr = blowup
-        steps = diverged_steps(run, blowup)  # while it stays up: a later lone spike is no part of it
         at_lr = f", the learning rate {lr:g} then" if lr is not None else ""
-        out.append(make("P3", "warning",
+        out.append(make("P3", "error" if for_good else "warning",
                         f"Training diverged: the loss went from {low:.3g} at step {low_step} to {loss:.3g} at step "
                         f"{step}, {loss / low:.3g}x within {step - low_step} step{'s' if step - low_step != 1 else ''}"
-                        f"{at_lr}.", FIX_DIVERGING, steps or [step], rank=run.rank,
+                        f"{at_lr}.{_never_recovered(run, low, step, stayed) if for_good else ''}",
+                        FIX_DIVERGING, stayed or [step], rank=run.rank,
                         targets=[FindingTarget(step=step, rank=run.rank)], view="gradients",
                         data={**data, "loss": [v for _, _, v in history]}, title="Training diverged"))
     if vanishing:
@@ -237,6 +243,32 @@ def diverged_steps(run: Run, blowup: tuple[int, float, int, float, float | None]
 
 
 BLOWUP_STAYS = 5  # the steps after a blow-up whose median loss must stay up
+
+
+def _never_recovered(run: Run, low: float, step: int, stayed: list[int]) -> str:
+    """What a divergence the run never came back from left: the loss's level after it, and the
+    parameters whose gradients were exactly zero on most steps since (the weights it grew switch
+    ReLUs off and saturate tanh/sigmoid for good: no dead-branch finding says it, P2 leaves a
+    diverged run's steps out)."""
+    after = [s for s in stayed if s > step]
+    at = set(after)
+    losses = sorted(v for s, ev in run.step_events() if s in at and (v := _loss(ev)) is not None)
+    level = (f" It never recovered: over the {len(after)} steps to the run's end the loss stayed at "
+             f"{losses[len(losses) // 2]:.3g} (median), {losses[len(losses) // 2] / low:.3g}x where it was."
+             if losses else " It never recovered: the loss stayed up to the run's end.")
+    zeros: dict[int, int] = {}
+    for s, ev in run.step_events():
+        if s in at:
+            for i, n in enumerate(floats(ev, "norm")):
+                if n == 0.0:
+                    zeros[i] = zeros.get(i, 0) + 1
+    dead = [i for i, c in sorted(zeros.items()) if 2 * c >= len(after)]
+    if not dead:
+        return level
+    modules = list(dict.fromkeys(run.param_module(i) or "(root)" for i in dead))
+    shown = ", ".join(modules[:4]) + (f" and {len(modules) - 4} more" if len(modules) > 4 else "")
+    return (f"{level} {shown} got exactly zero gradients on most of those steps: the weights it grew switched "
+            "their units off, and they no longer learn.")
 
 
 def _stays(events: list[tuple[int, dict[str, Any]]], k: int, typical: float) -> bool:

@@ -330,8 +330,13 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
         lo, hi, total = min(missed), max(missed), max(m + n for m, n in zip(missed, got, strict=True))
         each = f"{lo}" if lo == hi else f"{lo}-{hi}"
         at = ", ".join(str(x) for x in steps[:6]) + (", ..." if len(steps) > 6 else "")
-        head = (f"{shown} got no gradient on {each} of {total} steps{' each' if len(names) > 1 else ''} "
-                f"(step{'s' if len(steps) > 1 else ''} {at}) and one on the others")
+        if len(steps) > 2 and steps == list(range(steps[0], run.last_step + 1)):
+            # lost for good from some step on (a layer detached mid-run): said as such (QA 37d:
+            # "on 106 of 226 steps each (steps 120, 121, ...) and one on the others")
+            head = f"{shown} got no gradient since step {steps[0]}, every step, after getting one before"
+        else:
+            head = (f"{shown} got no gradient on {each} of {total} steps{' each' if len(names) > 1 else ''} "
+                    f"(step{'s' if len(steps) > 1 else ''} {at}) and one on the others")
         if not used:
             return "info", f"{head}: the forward did not use {_them(names)} on those steps -- {_VARYING}.", _VARYING_FIX
         if not op and same_structure:

@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 
 
@@ -38,6 +40,20 @@ def checked_context(browser: Any, width: int = 1280, height: int = 800) -> Itera
     finally:
         ctx.close()
     assert errors == [], f"JavaScript errors: {errors}"
+
+
+@pytest.fixture(scope="module")
+def module_browser() -> Iterator[Any]:
+    """One Chromium for a test module (import it, with ``checked``, into the module)."""
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def checked(module_browser: Any) -> Iterator[Any]:
+    """A checked page (``checked_context``) of the module's Chromium."""
+    with checked_context(module_browser) as p:
+        yield p
 
 
 @contextlib.contextmanager

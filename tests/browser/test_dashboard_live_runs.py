@@ -48,7 +48,8 @@ def test_two_live_runs_each_page_shows_its_own(tmp_path: Path) -> None:
                 page.wait_for_function("window.__torchscope && window.__torchscope.ready")
                 page.evaluate("window.__torchscope.ready")
                 page.wait_for_function(f"document.getElementById('session-sub').textContent.includes('{n_steps} steps')", timeout=60_000)
-                assert header(page)[:2] == (name, "running")
+                title, status, _ = header(page)
+                assert title == name and status.split(" · ")[0] == "running", status
                 page.click("button[data-view=memory]")
                 page.wait_for_function(f"window.__torchscope.state().memory?.steps === {n_steps}", timeout=30_000)
                 if name == "live-a":  # every graph the server has, those published while the page loaded too
@@ -58,6 +59,11 @@ def test_two_live_runs_each_page_shows_its_own(tmp_path: Path) -> None:
                 else:
                     graph = page.evaluate("window.__torchscope.state().graph")
                     assert graph["captured"] == [] and "mode=\"light\"" in graph["status"]
+            # live-a holds after its last step, its process alive: "running" says since when nothing
+            # came (QA 37d: a killed run read "running" for 30 s with nothing said)
+            page.wait_for_function("/^running · last step \\d+ s ago$/.test(document.getElementById('session-status').textContent)",
+                                   timeout=30_000)
+            assert "ended unexpectedly" in page.locator("#session-status").get_attribute("title")
         finally:
             for p in runs.values():
                 p.kill()
@@ -79,7 +85,8 @@ def test_a_page_catches_up_with_what_it_missed_while_not_hearing_the_server(tmp_
             # (what a browser retrying every few seconds meets when the run ends meanwhile)
             page.route("**/api/live*", lambda route: route.abort())
             srv.start()
-            assert "training continues" in finish(run)
+            said = finish(run)
+            assert "training continues" in said and "reachable again; the run streams to it" in said, said
             summary: Any = None
             for _ in range(100):
                 summary = srv.get(f"/api/sessions/{sid}")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import checked_context, chromium, open_session, recorded, shot
+from browser_page import checked, module_browser, open_session, recorded, shot  # noqa: F401 - fixtures
 from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -56,16 +56,9 @@ def run(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
             "types": {m["path"]: m["type"] for m in meta["meta"]["modules"]}}
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as b:
-        yield b
-
-
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    with checked_context(browser) as p:
-        yield p
+def page(checked: Any) -> Any:  # noqa: F811 - the fixture, by the name these tests use
+    return checked
 
 
 def fmt_bytes(n: float) -> str:

@@ -208,3 +208,47 @@ def test_a_loss_that_falls_without_bound_is_told() -> None:
 ])
 def test_a_loss_with_a_floor_is_not_unbounded(losses: list[float]) -> None:
     assert [f for f in diagnose(_curve(losses)) if f.get("title") == "Loss unbounded below"] == []
+
+
+def test_a_divergence_the_run_never_recovers_from_is_an_error_naming_its_dead_layers(tmp_path: Path) -> None:
+    """A CNN whose learning rate jumps to 50 at step 40: the loss and the gradients blow up
+    together, the loss stays far up to the end, and both convolutions get exactly zero gradients
+    (their ReLUs off).  The explosion's warning on a few steps was all that was said (QA 37d)."""
+    torch.manual_seed(0)
+
+    class CNN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(1, 8, 3, padding=1), nn.Conv2d(8, 16, 3, padding=1)
+            self.pool, self.head = nn.MaxPool2d(2), nn.Linear(16 * 3 * 3, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.pool(torch.relu(self.conv1(x)))
+            return self.head(self.pool(torch.relu(self.conv2(x))).flatten(1))
+
+    model = CNN()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    x_all, y_all = torch.randn(256, 1, 12, 12, generator=g), torch.randint(0, 10, (256,), generator=g)
+    path = tmp_path / "diverged.tscope"
+    losses, zero = [], []
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for i in range(100):
+            if i == 40:
+                for group in opt.param_groups:
+                    group["lr"] = 50.0
+            idx = torch.randint(0, 256, (32,), generator=g)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            zero.append(model.conv1.weight.grad.abs().sum().item() == 0 and model.conv2.weight.grad.abs().sum().item() == 0)
+    # the precondition, from plain PyTorch: up for good, both convolutions dead
+    assert min(losses[50:]) > 10 * max(losses[30:40]) and sum(zero[50:]) > 25, (losses, zero)
+    found = [dict(f) for f in diagnose(iter_events(path))]
+    (div,) = [f for f in found if f.get("title") == "Training diverged"]
+    assert div["severity"] == "error" and div["steps"][-1] == 99, div
+    msg = div["message"]
+    assert "It never recovered" in msg and "got exactly zero gradients on most of those steps" in msg, msg
+    assert "where it was. conv1, conv2" in msg, msg  # (then head: its weight reads the dead features, all zeros)

@@ -173,3 +173,32 @@ def test_an_undivided_accumulation_clipped_by_sgd_says_the_size_clipping_leaves(
     (p15,) = [dict(f) for f in diagnose(iter_events(tmp_path / "acc.tscope")) if f["code"] == "P15"]
     assert (f"caps the summed gradients (norm {norms[0]:.3g}), so each optimizer step is "
             f"{1.0 / (norms[0] / 4):.1f}x larger than intended, not 4x") in p15["message"], p15["message"]
+
+
+def test_a_layer_detached_mid_run_is_said_to_get_no_gradient_since_then(tmp_path: Path) -> None:
+    """A layer cut off by a .detach() from step 6 on, to the run's end: "since step 6, every
+    step", not "on 6 of 12 steps each (steps 6, 7, 8, ...) and one on the others" (QA 37d)."""
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.head, self.cut = nn.Linear(6, 8), nn.Linear(8, 1), False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.body(x))
+            return self.head(h.detach() if self.cut else h)
+
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    path = tmp_path / "cut.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(12):
+            model.cut = i >= 6
+            opt.zero_grad()
+            model(torch.randn(8, 6, generator=g)).pow(2).mean().backward()
+            opt.step()
+    (p1,) = [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P1"]
+    assert p1["message"].startswith("body.weight, body.bias got no gradient since step 6, every step, after getting one "
+                                    "before"), p1["message"]

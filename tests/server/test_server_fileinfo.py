@@ -47,6 +47,6 @@ def test_info_notices_a_damaged_graph_frame_it_does_not_decode(tmp_path: Path) -
     assert res.returncode == 0, res.stderr
     fields = {k: v.strip() for k, v in (line.split(":", 1) for line in res.stdout.splitlines())}
     assert fields["graphs captured"] == "1" and fields["steps"] == "1" and fields["status"] == "ended unexpectedly"
-    assert fields["note"] == (f"bad.tscope is damaged at byte {offset:,} (frame checksum mismatch): the "
+    assert fields["note"] == (f"{path} is damaged at byte {offset:,} (frame checksum mismatch): the "
                               f"{len(data) - offset:,} bytes from there to its end were dropped; the 3 frames "
                               "before it are read")
