@@ -60,7 +60,7 @@ class FastPathGuard:
         self.hooked = False
         # a call the next module call makes first, outside any function mode's handler (where
         # a mode cannot be taken off the stack: torch pushes it back after): see Watch._idle
-        self.pending: Callable[[], None] | None = None
+        self.pending: Callable[[nn.Module], None] | None = None
         # one id each for the whole watch, taken once from torch's own registration, and one
         # function object each (a bound method is a new object at every attribute read)
         pre_fn, post_fn = self._pre, self._post
@@ -99,7 +99,7 @@ class FastPathGuard:
         if self.pending is not None:
             call, self.pending = self.pending, None
             with contextlib.suppress(Exception):
-                call()
+                call(module)
         if isinstance(module, FAST_PATHS):
             with contextlib.suppress(Exception):
                 # an inner one (a layer of a taken encoder) finds none of them on the stack

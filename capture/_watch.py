@@ -1081,12 +1081,13 @@ class Watch:
         self._fast.on()  # its global module pre-hook makes the pending call
         self._fast.pending = self._leave_idle
 
-    def _leave_idle(self) -> None:
-        if self._model() is None:
+    def _leave_idle(self, module: nn.Module) -> None:
+        model = self._model()
+        if model is None:
             self.close()  # what the next watch() would do to a run whose model is gone
-            return
-        self._after_update = False
-        self._mode_off()
+        elif module is not model:  # (the loop itself back: its forward takes it from here)
+            self._after_update = False
+            self._mode_off()
 
     def _mode_off(self) -> None:
         # not on the stack: torch took it off while its handler runs (a hook of the user's

@@ -19,16 +19,20 @@ from torchscope import _watch
 from torchscope.sessionfile import iter_events
 
 
-def _train(path: Path, steps: int) -> tuple[nn.Module, torchscope.Watch]:
+def _steps(model: nn.Module, opt: torch.optim.Optimizer, n: int) -> None:
+    for _ in range(n):
+        opt.zero_grad()
+        model(torch.randn(16, 4)).pow(2).mean().backward()
+        opt.step()
+
+
+def _train(path: Path, steps: int) -> tuple[nn.Module, torch.optim.Optimizer, torchscope.Watch]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     w = torchscope.watch(model, opt, server=None, record=path)
-    for _ in range(steps):
-        opt.zero_grad()
-        model(torch.randn(16, 4)).pow(2).mean().backward()
-        opt.step()
-    return model, w
+    _steps(model, opt, steps)
+    return model, opt, w
 
 
 def _busy(n: int = 5000) -> None:
@@ -44,7 +48,8 @@ def quick_idle(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_loop_gone_idle_leaves_no_mode_on_the_stack(tmp_path: Path, quick_idle: None) -> None:
-    model, w = _train(tmp_path / "idle.tscope", 20)  # step 20 counts copies: the mode stays on after it
+    path = tmp_path / "idle.tscope"
+    model, opt, w = _train(path, 20)  # step 20 counts copies: the mode stays on after it
     try:
         assert torch._C._len_torch_function_stack() == 1  # the precondition: left on
         import time
@@ -54,14 +59,22 @@ def test_a_loop_gone_idle_leaves_no_mode_on_the_stack(tmp_path: Path, quick_idle
         nn.Linear(2, 2)(torch.ones(1, 2))  # a module call of the next cell: outside the mode's handler
         assert torch._C._len_torch_function_stack() == 0
         assert not w._closed  # its model lives: the watch goes on, only the mode is off
+        _steps(model, opt, 10)  # the loop goes on: the mode is on again after its 30th step
+        assert torch._C._len_torch_function_stack() == 1
+        time.sleep(0.3)
+        _busy()  # idle again, and the loop comes back: its own forward is no idle module call
+        _steps(model, opt, 5)
     finally:
         w.close()
     assert torch._C._len_torch_function_stack() == 0
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    assert [e["step"] for e in steps] == list(range(35))
 
 
 def test_a_watch_whose_model_is_gone_is_closed_at_the_next_module_call(tmp_path: Path, quick_idle: None) -> None:
     path = tmp_path / "gone.tscope"
-    model, w = _train(path, 20)
+    model, opt, w = _train(path, 20)
+    del opt
     ref = weakref.ref(model)
     del model
     gc.collect()
