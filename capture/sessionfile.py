@@ -109,7 +109,9 @@ def _step_range(events: list[dict[str, Any]]) -> tuple[int, int]:
     steps = [e["step"] for e in events if isinstance(e.get("step"), int)]
     for e in events:  # a series record's steps are a column
         cols = e.get("columns") if e.get("kind") == "series" else None
-        if isinstance(cols, dict) and isinstance(cols.get("step"), list):
+        if isinstance(cols, _EncodedColumns) and cols.lo != NO_STEP:
+            steps += (cols.lo, cols.hi)
+        elif isinstance(cols, dict) and isinstance(cols.get("step"), list):
             steps.extend(s for s in cols["step"] if isinstance(s, int) and not isinstance(s, bool))
     return (min(steps), max(steps)) if steps else (NO_STEP, NO_STEP)
 
@@ -172,12 +174,57 @@ def encode_frame(seq: int, events: list[dict[str, Any]], level: int = 1) -> byte
 
 def series_record(steps: list[dict[str, Any]], part: str) -> dict[str, Any]:
     """The ``series`` record (``schema.SeriesRecord``) of one part over these step events."""
-    rank = next((r for e in steps if isinstance(r := e.get("rank"), int) and not isinstance(r, bool)), None)
-    record: dict[str, Any] = {"kind": "series", "part": part}
-    if rank is not None:  # readers that group records by rank (the doctor) file it with its steps
-        record["rank"] = rank
-    record["columns"] = series.columns(steps, part)
-    return record
+    pending = _SeriesRows(part)
+    pending.add(steps)
+    return pending.record()
+
+
+class _EncodedColumns(RawJSON):
+    """A series record's columns as JSON text, with the step range its frame header needs."""
+
+    __slots__ = ("lo", "hi")
+
+    def __init__(self, text: str, lo: int, hi: int) -> None:
+        super().__init__(text, 1)
+        self.lo, self.hi = lo, hi
+
+
+class _SeriesRows:
+    """The rows of one series part over the step events written since its last series frame,
+    encoded as they come.  Encoding 256 steps' columns at once held the GIL for 10-25 ms on
+    the writer thread (json's float formatting of the per-parameter gradient lists): the
+    training step running then waited that long, every 256 steps.  Encoded per flush, each
+    piece is a few steps' worth, and no step event is kept until its series frame."""
+
+    __slots__ = ("part", "texts", "n", "lo", "hi", "rank")
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+        self.texts: list[list[str]] = [[] for _ in series.PARTS[part]]  # per column, JSON pieces
+        self.n = 0
+        self.lo = self.hi = NO_STEP
+        self.rank: int | None = None
+
+    def add(self, steps: list[dict[str, Any]]) -> None:
+        if not steps:
+            return
+        for texts, values in zip(self.texts, series.columns(steps, self.part).values(), strict=True):
+            texts.append(json.dumps(values, separators=(",", ":"), allow_nan=True)[1:-1])
+        self.n += len(steps)
+        numbers = [s for e in steps if isinstance(s := e.get("step"), int) and not isinstance(s, bool)]
+        if numbers:
+            self.lo = min(numbers) if self.lo == NO_STEP else min(self.lo, *numbers)
+            self.hi = max(self.hi, *numbers)
+        if self.rank is None:
+            self.rank = next((r for e in steps if isinstance(r := e.get("rank"), int) and not isinstance(r, bool)), None)
+
+    def record(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"kind": "series", "part": self.part}
+        if self.rank is not None:  # readers that group records by rank (the doctor) file it with its steps
+            record["rank"] = self.rank
+        body = ",".join(f'"{k}":[{",".join(texts)}]' for k, texts in zip(series.PARTS[self.part], self.texts, strict=True))
+        record["columns"] = _EncodedColumns("{" + body + "}", self.lo, self.hi)
+        return record
 
 
 def parse_frame_header(data: bytes, offset: int = 0) -> FrameInfo:
@@ -334,8 +381,8 @@ class SessionFileWriter:
         self._recent_base = 0
         self._marks = array("q")  # offset of frame k * MARK_EVERY
         self._end = HEADER_SIZE  # offset just past the last frame
-        # per series part: the step events appended since that part's last series frame
-        self._unseries: dict[str, list[dict[str, Any]]] = {part: [] for part in series.PARTS}
+        # per series part: the rows of the step events appended since that part's last series frame
+        self._unseries = {part: _SeriesRows(part) for part in series.PARTS}
 
     def append(self, events: list[dict[str, Any]]) -> FrameInfo:
         frame = encode_frame(self.seq, events)
@@ -362,13 +409,13 @@ class SessionFileWriter:
         if not info.flags & (FLAG_GRAPH | FLAG_SERIES) and info.step_lo != NO_STEP:
             steps = [e for e in events if e.get("kind") == "step"]
             for pending in self._unseries.values():
-                pending.extend(steps)
+                pending.add(steps)
         return info
 
     @property
     def series_pending(self) -> int:
         """Step events appended and not yet in a series frame (of every part)."""
-        return max(map(len, self._unseries.values()))
+        return max(pending.n for pending in self._unseries.values())
 
     def append_series(self) -> None:
         """Write the series frames of the step events appended since the last ones: one frame
@@ -376,9 +423,9 @@ class SessionFileWriter:
         steps for the next call, so a series frame always covers exactly the step frames
         between it and the previous series frame of its part."""
         for part, pending in self._unseries.items():
-            if pending:
-                self.append([series_record(pending, part)])
-                pending.clear()
+            if pending.n:
+                self.append([pending.record()])
+                self._unseries[part] = _SeriesRows(part)
 
     def spans(self, start: int) -> Iterator[tuple[int, int]]:
         """(file offset, bytes) of each frame written, from seq ``start`` on: the latest from

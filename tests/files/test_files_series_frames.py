@@ -199,6 +199,29 @@ def test_files_cut_file_has_series_up_to_its_last_whole_frame(tmp_path: Path, re
     assert survivors == sorted(survivors) and survivors[0] < survivors[-1] == 120
 
 
+def test_files_writer_keeps_no_step_event_until_its_series_frame(tmp_path: Path, watched: Path) -> None:
+    """The writer encodes a flush's series rows as it writes the flush, and lets the step
+    events go: it used to keep up to 256 of them per part and encode them all at the series
+    frame, holding the GIL for 10-25 ms on the writer thread (a stall of the training step
+    running then, every 256 steps).  The series frame it writes later is the same."""
+    _, frames = index(watched)
+    plain = [events for events in read_frames(watched, [f for f in frames if not f.flags & FLAG_SERIES])]
+    w = SessionFileWriter(tmp_path / "again.tscope")
+    held = []
+    for events in plain:
+        before = [sys.getrefcount(e) for e in events]
+        w.append(events)
+        after = [sys.getrefcount(e) for e in events]
+        held += [a - b for a, b in zip(after, before, strict=True)]
+    assert w.series_pending == 120
+    assert held and set(held) == {0}  # no reference to any event outlives append()
+    w.append_series()
+    w.close(fsync=False)
+    s = _assert_series_match(tmp_path / "again.tscope")
+    assert s.memory() == load(watched).memory() and s.grads() == load(watched).grads()
+    assert s.summary() == load(watched).summary()
+
+
 def test_files_killed_training_run_keeps_its_series(tmp_path: Path) -> None:
     """A real run killed mid-flight (SIGKILL) after the transport wrote series frames: the
     file opens and its series cover every step event in its whole frames.  (The ``watch``
