@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from torchscope.sessionfile import FrameInfo, Readable
+
+    from .live import LiveHub
 
 DESCRIPTION = "torchscope: see your PyTorch training live — graph, gradients and memory of every step."
 EPILOG = """examples:
@@ -226,8 +230,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=args.verbose,
                             timeout_graceful_shutdown=3, timeout_keep_alive=5,
                             http=timed_protocol(settings.read_timeout_s))
-    uvicorn.Server(config).run(sockets=[sock])
+    _server(config, app.fastapi.state.hub).run(sockets=[sock])
     return 0
+
+
+def _server(config: uvicorn.Config, hub: LiveHub) -> uvicorn.Server:
+    """uvicorn's server, ending the dashboards' live streams as it starts to stop: they never
+    end by themselves, so a SIGTERM with a tab open waited the 3 s graceful timeout and logged
+    "ERROR: Cancel 2 running task(s)" (QA 37d)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            hub.close()
+            await super().shutdown(sockets)
+
+    return Server(config)
 
 
 # ---------------------------------------------------------------------- files

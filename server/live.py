@@ -19,6 +19,7 @@ KEEPALIVE_S = 15.0
 class LiveHub:
     def __init__(self) -> None:
         self._subs: set[asyncio.Queue[str | None]] = set()
+        self._closed = False  # the server is stopping: streams end, new ones at once
 
     @property
     def subscribers(self) -> int:
@@ -37,6 +38,9 @@ class LiveHub:
                 q.put_nowait(None)
 
     def close(self) -> None:
+        """End every stream (the server is stopping): an open dashboard's stream never ends by
+        itself, so uvicorn would wait its graceful-shutdown timeout for it and log an ERROR."""
+        self._closed = True
         for q in list(self._subs):
             self._subs.discard(q)
             while not q.empty():
@@ -46,6 +50,8 @@ class LiveHub:
     async def stream(self) -> AsyncIterator[str]:
         """SSE text: one ``data: {json}`` per event, a comment line as keepalive."""
         q: asyncio.Queue[str | None] = asyncio.Queue(QUEUE_SIZE)
+        if self._closed:  # a browser reconnecting while the server stops
+            return
         self._subs.add(q)
         try:
             yield ": connected\n\n"
