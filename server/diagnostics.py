@@ -177,14 +177,16 @@ def _diagnose_into(store: Store, child: DoctorChild, key: Key, frames: int) -> F
     return findings
 
 
-def diagnostics(store: Store, session_id: str, rank: int) -> tuple[Findings, bool]:
-    """Findings for one rank, and whether they were freshly computed (a finding event is due)."""
+def diagnostics(store: Store, session_id: str, rank: int) -> tuple[Findings, bool, bool]:
+    """Findings for one rank, whether they were freshly computed (a finding event is due), and
+    whether they are behind the rank's frames because another rank's doctor was running (the
+    caller queues the rank: its "finding" live event then brings the page the update)."""
     if not _doctor_lock.acquire(blocking=False):
         # a doctor is running: answer with what we have rather than queueing requests
         # (each would hold a server thread); the "finding" live event announces the update
         stale = store.diagnostics(session_id, rank)
         if stale is not None:
-            return stale[1], False
+            return stale[1], False, stale[0] != store.frame_count(session_id, rank)
         _waiting.append(None)  # the background queue lets us go first (at its next rank)
         try:
             _doctor_lock.acquire()
@@ -196,12 +198,12 @@ def diagnostics(store: Store, session_id: str, rank: int) -> tuple[Findings, boo
         frames = _stale(store, (session_id, rank))
         if frames is None:
             cached = store.diagnostics(session_id, rank)
-            return (cached[1] if cached else []), False
+            return (cached[1] if cached else []), False, False
         child = DoctorChild(store.path)
         try:
-            return _diagnose_into(store, child, (session_id, rank), frames), True
+            return _diagnose_into(store, child, (session_id, rank), frames), True, False
         except DoctorStopped:
-            return [], False
+            return [], False, False
         finally:
             child.close()
     finally:

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -167,11 +167,17 @@ def loss(session_id: SessionId, store: StoreDep, rank: RankQ = 0, start: StepQ =
 
 
 @router.get("/sessions/{session_id}/diagnostics", response_description="a list of Finding (torchscope.schema)")
-async def diagnostics(session_id: SessionId, store: StoreDep, hub: HubDep, rank: RankQ = 0) -> Response:
+async def diagnostics(request: Request, session_id: SessionId, store: StoreDep, hub: HubDep,
+                      rank: RankQ = 0) -> Response:
     require_session(store, session_id)
-    findings, fresh = await run_in_threadpool(run_diagnostics, store, session_id, rank)
+    findings, fresh, behind = await run_in_threadpool(run_diagnostics, store, session_id, rank)
     if fresh:
         hub.publish({"session": session_id, "rank": rank, "kind": "finding", "count": len(findings)})
+    elif behind:
+        # another run's doctor held the lock: this rank's turn comes right after it, and its
+        # "finding" event reloads the page (it used to wait for a poll that found the lock
+        # free: a NaN on one of two live runs reached its page ~12 s late, QA 37d)
+        request.app.state.schedule_diagnostics(session_id, rank)
     return Response(api_json(findings), media_type=JSON)
 
 
