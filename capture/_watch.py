@@ -61,6 +61,7 @@ from .distributed import RankInfo, rank_info, session_id
 from .schema import (
     SCHEMA_VERSION,
     ActivationGrad,
+    ActivationStats,
     ForwardInfo,
     GraphEvent,
     GraphsKept,
@@ -77,7 +78,7 @@ log = logging.getLogger("torchscope")
 
 MODES = ("default", "full", "light")
 # parts of the capture that only compute on tensors (no mode pushed or popped: see _safe)
-_PURE = frozenset({"grads", "activation_grads"})
+_PURE = frozenset({"grads", "activation_grads", "activations"})
 _MAX_OPS = 50_000  # per captured step; the rest is counted as shed
 _CALL_IMPL = nn.Module._call_impl.__code__  # the frame a module's call runs its hooks from
 _MAX_FORWARDS = 1024  # forwards (or backward passes) one step holds before it is closed anyway
@@ -313,6 +314,9 @@ class _StepState:
         "act_epoch",
         "act_numel",
         "act_calls",
+        "out_stats",
+        "out_numel",
+        "out_calls",
         "fwd_t0",
         "saved_now",
         "checked",
@@ -421,6 +425,10 @@ class _StepState:
         self.act_epoch = 0  # their hooks' epoch (_native.next_epoch), 0 before the first
         self.act_numel: dict[tuple[str, int], int] = {}
         self.act_calls: dict[str, int] = {}  # module path -> its calls watched this step
+        # the same of the modules' outputs themselves (the forward's values), read as they are made
+        self.out_stats: dict[tuple[str, int], torch.Tensor | tuple[float, ...]] = {}
+        self.out_numel: dict[tuple[str, int], int] = {}
+        self.out_calls: dict[str, int] = {}
         self.fwd_t0: float | None = None  # the root forward's start (_on_forward_pre)
         self.saved_now = 0  # saved-for-backward bytes of the latest backward
         # the one-value tensor of the graph the loop last checked with isfinite/isnan/isinf (its
@@ -483,6 +491,53 @@ def _no_module(op: int) -> str:
     return ""
 
 
+def _module_rows(
+    stats: dict[tuple[str, int], torch.Tensor | tuple[float, ...]], numel: dict[tuple[str, int], int]
+) -> dict[str, list[tuple[list[float], int]]]:
+    """Per module path, its calls' statistics rows ``[norm, min, max, non-zeros(, nan, inf)]``
+    and element counts, the calls whose statistics came (placeholders left out).  The torch
+    path's tensors are read with one transfer; the native pass's are floats already."""
+    items = [(k, v) for k, v in stats.items() if len(v) >= 4]
+    stacked = [v for _, v in items if isinstance(v, torch.Tensor)]
+    read = iter(torch.cat([v.to(stacked[0].device, torch.float64) for v in stacked]).tolist() if stacked else [])
+    calls: dict[str, list[tuple[list[float], int]]] = {}
+    for key, v in items:
+        row = [next(read) for _ in range(len(v))] if isinstance(v, torch.Tensor) else list(v)
+        calls.setdefault(key[0], []).append((row, numel.get(key, 0)))
+    return calls
+
+
+def _nonfinite_counts(a: dict[str, Any], rows: list[tuple[list[float], int]], norm: float) -> None:
+    if all(len(r) == 6 for r, _ in rows):
+        a["nan"], a["inf"] = int(sum(r[4] for r, _ in rows)), int(sum(r[5] for r, _ in rows))
+    elif math.isfinite(norm):  # a finite norm: no NaN or Inf anywhere
+        a["nan"] = a["inf"] = 0
+    if len(rows) > 1:
+        a["calls"] = len(rows)
+
+
+def _output_row(path: str, rows: list[tuple[list[float], int]]) -> ActivationStats:
+    """One module's output statistics from its calls' rows: the norm of all of them together,
+    their root mean square, smallest and largest value, the fraction of exact zeros."""
+    norm = math.sqrt(sum(r[0] * r[0] for r, _ in rows))
+    lo, hi = min(r[1] for r, _ in rows), max(r[2] for r, _ in rows)
+    if any(math.isnan(r[1]) or math.isnan(r[2]) for r, _ in rows):
+        lo = hi = math.nan  # min()/max() skip past a NaN; aminmax does not
+    numel = sum(n for _, n in rows)
+    nonzero = sum(r[3] for r, _ in rows)
+    a: ActivationStats = {
+        "module": path,
+        "norm": norm,
+        "rms": norm / math.sqrt(numel) if numel else 0.0,
+        "min": lo,
+        "max": hi,
+        "zero_frac": 1.0 - nonzero / numel if numel else 0.0,
+        "numel": numel,
+    }
+    _nonfinite_counts(cast("dict[str, Any]", a), rows, norm)
+    return a
+
+
 def _activation_row(path: str, rows: list[tuple[list[float], int]]) -> ActivationGrad:
     """One module's output-gradient statistics from its calls' rows ``[norm, min, max,
     non-zeros(, nan, inf)]`` and element counts: the norm of all of them together, the largest
@@ -499,12 +554,7 @@ def _activation_row(path: str, rows: list[tuple[list[float], int]]) -> Activatio
         "max_abs": math.nan if math.isnan(lo) else max(abs(lo), abs(hi)),
         "zero_frac": 1.0 - nonzero / numel if numel else 0.0,
     }
-    if all(len(r) == 6 for r, _ in rows):
-        a["nan"], a["inf"] = int(sum(r[4] for r, _ in rows)), int(sum(r[5] for r, _ in rows))
-    elif math.isfinite(norm):  # a finite norm: no NaN or Inf anywhere in the gradients
-        a["nan"] = a["inf"] = 0
-    if len(rows) > 1:
-        a["calls"] = len(rows)
+    _nonfinite_counts(cast("dict[str, Any]", a), rows, norm)
     return a
 
 
@@ -1402,6 +1452,7 @@ class Watch:
             return
         fwd["built_graph"] = True
         if s.capture:
+            self._safe("activations", self._watch_output, "", outs[0])
             self._safe("activation_grads", self._watch_activation, "", outs[0])
         nodes: list[Any] = [t.grad_fn for t in outs]  # each has one (_output_tensors)
         self._watch_used(s, fwd, outs, nodes)
@@ -1564,7 +1615,43 @@ class Watch:
             self._module_changed()
             if self._history is not None:
                 self._history.label(f"step {self._step} {st[-1][0] if st else ''}")  # back in the caller's module
+            self._safe("activations", self._watch_output, path, out)
             self._safe("activation_grads", self._watch_activation, path, out)
+
+    def _watch_output(self, path: str, out: Any) -> None:
+        """On captured steps: statistics of this module's output itself (its values, as the
+        forward made them: a ReLU that never fires, a saturated tanh, a residual stream that
+        grows layer by layer), of each call up to ``ACT_CALLS``.  Read at once and only read:
+        on the CPU in one C++ pass with no op dispatched, else by torch ops no recorder or mode
+        sees, kept as one small tensor until the step's end (no sync inside the forward)."""
+        s = self._s
+        t = _first_tensor(out)
+        if t is None or not t.is_floating_point() or not (t.requires_grad or torch.is_grad_enabled()):
+            return  # (an evaluation under no_grad inside the step is not the training forward)
+        call = s.out_calls.get(path, 0)
+        if call >= ACT_CALLS or not t.numel():
+            return
+        s.out_calls[path] = call + 1
+        key = (path, call)
+        s.out_numel[key] = t.numel()
+        ext = s.native
+        if ext is not None:
+            try:
+                r = ext.tensor_stats(t, s.check_nan)
+            except Exception:  # a tensor pybind cannot take (a subclass): the torch path
+                r = None
+            if r is not None:
+                s.out_stats[key] = r
+                return
+        with _native.unrecorded():
+            v = t.detach()
+            if v.dtype not in _STATS_DTYPES:
+                v = v.float()
+            lo, hi = torch.aminmax(v)
+            parts = [torch.linalg.vector_norm(v), lo, hi, count_nonzero(v).to(v.dtype)]
+            if s.check_nan:
+                parts += [torch.isnan(v).sum().to(v.dtype), torch.isinf(v).sum().to(v.dtype)]
+            s.out_stats[key] = torch.stack(parts)
 
     def _watch_activation(self, path: str, out: Any) -> None:
         """On captured steps: statistics of the gradient flowing into this module's output, of
@@ -2990,6 +3077,11 @@ class Watch:
                 acts = self._activation_grads(s)
         if acts:
             ev["activation_grads"] = acts
+        if s.out_stats:
+            with _unseen():
+                outputs = self._activations(s)
+            if outputs:
+                ev["activations"] = outputs
         events = list(s.events)
         if s.passes_in_step():
             events.append({"what": "closure", "passes": s.passes_in_step()})
@@ -3252,17 +3344,10 @@ class Watch:
         if s.act_slots and ext is not None:
             for slot, row in ext.take_grads(s.act_epoch):
                 s.act_grads[s.act_slots[slot]] = row
-        items = [(k, v) for k, v in s.act_grads.items() if len(v) >= 4]
-        if not items:
-            return []
-        # the torch path's tensors are read with one transfer; the native pass's are floats
-        stacked = [v for _, v in items if isinstance(v, torch.Tensor)]
-        read = iter(torch.cat([v.to(stacked[0].device, torch.float64) for v in stacked]).tolist() if stacked else [])
-        calls: dict[str, list[tuple[list[float], int]]] = {}  # module path -> its calls' rows, numels
-        for key, v in items:
-            row = [next(read) for _ in range(len(v))] if isinstance(v, torch.Tensor) else list(v)
-            calls.setdefault(key[0], []).append((row, s.act_numel.get(key, 0)))
-        return [_activation_row(path, rows) for path, rows in calls.items()]
+        return [_activation_row(path, rows) for path, rows in _module_rows(s.act_grads, s.act_numel).items()]
+
+    def _activations(self, s: _StepState) -> list[ActivationStats]:
+        return [_output_row(path, rows) for path, rows in _module_rows(s.out_stats, s.out_numel).items()]
 
     def _graph_event(self, s: _StepState) -> GraphEvent:
         g = s.graph

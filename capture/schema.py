@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 6)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src
+SCHEMA_VERSION: tuple[int, int] = (1, 7)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations
 
 # Bounds that keep a hostile or runaway file/payload from exhausting memory.
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # compressed payload of one frame
@@ -133,6 +133,21 @@ class ActivationGrad(TypedDict, total=False):
     calls: int  # the module's calls in the step these gather (up to 32), when more than one
 
 
+class ActivationStats(TypedDict, total=False):
+    """A module's output on a captured step: its values as the forward made them (1.7)."""
+
+    module: str
+    norm: float
+    rms: float  # norm / sqrt(numel): the typical magnitude of its elements
+    min: float
+    max: float
+    zero_frac: float  # exact zeros: ~1 for a ReLU that never fires
+    numel: int  # elements, all its calls together
+    nan: int  # counted on steps after a non-finite one; 0 when norm is finite; absent otherwise
+    inf: int
+    calls: int  # the module's calls in the step these gather (up to 32), when more than one
+
+
 class ForwardInfo(TypedDict, total=False):
     """One call of the watched model's root forward since the previous step boundary (P6, P11)."""
 
@@ -186,6 +201,7 @@ class StepEvent(TypedDict, total=False):
     graph_captured: bool  # a GraphEvent exists for this step
     grads: GradStats
     activation_grads: list[ActivationGrad]  # sampled module-output gradient stats
+    activations: list[ActivationStats]  # captured steps: module outputs' values (forward), in forward order of their ends
     memory: MemoryStats
     lr: list[float]  # per param group, as in force during the step (a step the GradScaler skipped: before the scheduler stepped)
     # gradient resets seen by the step's backward passes, read from the gradients (zero_grad() is
