@@ -317,6 +317,7 @@ class _StepState:
         "out_stats",
         "out_numel",
         "out_calls",
+        "upd_before",
         "fwd_t0",
         "saved_now",
         "checked",
@@ -429,6 +430,8 @@ class _StepState:
         self.out_stats: dict[tuple[str, int], torch.Tensor | tuple[float, ...]] = {}
         self.out_numel: dict[tuple[str, int], int] = {}
         self.out_calls: dict[str, int] = {}
+        # on steps with full statistics: the parameters sampled, and their samples before optimizer.step()
+        self.upd_before: tuple[list[int], torch.Tensor] | None = None
         self.fwd_t0: float | None = None  # the root forward's start (_on_forward_pre)
         self.saved_now = 0  # saved-for-backward bytes of the latest backward
         # the one-value tensor of the graph the loop last checked with isfinite/isnan/isinf (its
@@ -489,6 +492,31 @@ def _token_reached(token: int) -> bool:
 
 def _no_module(op: int) -> str:
     return ""
+
+
+UPDATE_SAMPLE = 4096  # elements of a parameter the update's size is read from
+
+
+def _strided(n: int) -> tuple[int, int]:
+    """The stride and the count of a parameter's sample (see _samples)."""
+    stride = max(1, n // UPDATE_SAMPLE) | 1
+    return stride, min(UPDATE_SAMPLE, (n + stride - 1) // stride)
+
+
+def _samples(params: list[torch.Tensor]) -> torch.Tensor:
+    """Of each parameter, at most UPDATE_SAMPLE elements evenly strided through it (the stride
+    odd, so that it runs across the columns of a matrix whose rows are a power of two long),
+    all in one new tensor, in float32 where the parameters' dtypes differ."""
+    views = []
+    for p in params:
+        stride, k = _strided(p.numel())
+        if p.is_contiguous():  # one op, no copy: the elements at 0, stride, 2 * stride, ...
+            views.append(torch.as_strided(p, (k,), (stride,), p.storage_offset()))
+        else:
+            views.append(p.reshape(-1)[: k * stride : stride])
+    if len({v.dtype for v in views}) > 1:
+        views = [v.float() for v in views]
+    return torch.cat(views)
 
 
 def _module_rows(
@@ -773,7 +801,7 @@ class Watch:
         self._change_captures = 0  # steps captured for a new structure (held to a budget)
         self._nan_armed = False
         # CUDA: a step event waiting for its gradient statistics (see _finish)
-        self._deferred: tuple[StepEvent, StatsRead, int, list[int], bool, tuple[float, float] | None, list[int], list[int], dict[str, Any] | None, list[tuple[NodeRecord, weakref.ref[torch.Tensor]]]] | None = None
+        self._deferred: tuple[StepEvent, StatsRead, int, list[int], bool, tuple[float, float] | None, list[int], list[int], dict[str, Any] | None, list[tuple[NodeRecord, weakref.ref[torch.Tensor]]], tuple[list[int], torch.Tensor] | None] | None = None
         self._sentinels: list[weakref.ref[_Sentinel]] = []
         # an earlier step's loss is kept alive (P7): the mode sees the user's calls outside the
         # forward, for the one that takes the loss in (_on_holder); for at most _PROBE_STEPS steps
@@ -2716,6 +2744,37 @@ class Watch:
             self._s.stats = self._safe("grads", self._grad_stats, self._s, [r() for r in self._params])
             if not self._nan_armed:  # the step before was finite
                 self._safe("grads", self._params_at_bad_loss, self._s)
+        if self.mode != "light" and self._full_stats(self._s):  # (light keeps to the fewest passes)
+            self._safe("updates", self._before_update, self._s)
+
+    def _before_update(self, s: _StepState) -> None:
+        """A strided sample of each parameter with a gradient, before the optimizer changes it:
+        one copy of them all on the device (torch.cat), the update's size read from it after
+        the step."""
+        with _native.unrecorded():
+            of = [(i, p) for i, r in enumerate(self._params)
+                  if (p := r()) is not None and p.grad is not None and p.is_floating_point() and p.numel()]
+            if of:
+                s.upd_before = ([i for i, _ in of], _samples([p for _, p in of]))
+
+    def _updates(self, s: _StepState) -> tuple[list[int], torch.Tensor] | None:
+        """After optimizer.step(): per sampled parameter, the norm of its sample's change, of
+        its sample before, and of the parameter now, as one tensor (read with the step's
+        statistics; the ratio is taken on the host)."""
+        before, s.upd_before = s.upd_before, None
+        if before is None:
+            return None
+        of, old = before
+        params = [self._params[i]() for i in of]
+        if any(p is None for p in params):
+            return None
+        live = cast("list[torch.Tensor]", params)
+        with _native.unrecorded():
+            sizes = [_strided(p.numel())[1] for p in live]
+            change = torch._foreach_norm(list(torch.split(_samples(live) - old, sizes)))
+            size = torch._foreach_norm(list(torch.split(old, sizes)))
+            weight = torch._foreach_norm([p.detach() for p in live])
+            return of, torch.stack([t.to(torch.float64) for t in (*change, *size, *weight)])
 
     def _params_at_bad_loss(self, s: _StepState) -> None:
         """On the first step whose loss is NaN/Inf after finite ones: which parameters its forward
@@ -3108,8 +3167,9 @@ class Watch:
         # a closure's passes after its first are its first evaluation's micro-batches only where
         # it reset the gradients to evaluate again (see tentative_from)
         summed = s.summed if s.closure_reset or s.tentative_from is None else s.summed[:s.tentative_from]
+        upd = self._safe("updates", self._updates, s) if s.upd_before is not None else None
         pending = (ev, read, len(s.losses), summed, isinstance(scale, torch.Tensor), clip, s.pre_nonzero, not_trained, graph,
-                   s.unregistered)
+                   s.unregistered, upd)
         if self._deferred is not None:
             self._finish_deferred()  # the previous step's values, long on the host by now
         if read.deferred or s.unregistered:
@@ -3180,6 +3240,19 @@ class Watch:
         else:
             self._failure_wanted = False
 
+    def _put_updates(self, ev: StepEvent, of: list[int], values: torch.Tensor) -> None:
+        read = values.tolist()  # on CUDA a step later (_finish): long computed by then
+        n, m = len(self._params), len(of)
+        ratio: list[float | None] = [None] * n
+        weight: list[float | None] = [None] * n
+        for k, i in enumerate(of):
+            if i < n:
+                change, size = read[k], read[m + k]
+                # (a parameter that was all zeros, a bias initialised so: no ratio)
+                ratio[i] = change / size if size > 0 and math.isfinite(change / size) else None
+                weight[i] = read[2 * m + k]
+        ev["updates"] = {"weight": weight, "ratio": ratio, "sample": UPDATE_SAMPLE}
+
     def _finish_deferred(self) -> None:
         if self._deferred is not None:
             pending, self._deferred = self._deferred, None
@@ -3197,6 +3270,7 @@ class Watch:
         not_trained: list[int],
         graph: dict[str, Any] | None,
         unregistered: list[tuple[NodeRecord, weakref.ref[torch.Tensor]]],
+        updates: tuple[list[int], torch.Tensor] | None = None,
     ) -> None:
         """Complete a step event with its gradient statistics and losses, then emit it (and its
         graph).  On CUDA, and after a captured step with parameters outside the model, this
@@ -3223,6 +3297,8 @@ class Watch:
         ev["loss"] = (picked[0] if len(picked) == 1 else sum(picked)) if picked else losses[-1] if losses else None
         ev["losses"] = losses
         ev["grads"] = stats
+        if updates is not None:
+            self._safe("updates", self._put_updates, ev, *updates)
         if has_scale:  # the scaler's scale tensor was read after the losses
             ev["scaler"]["scale"] = values[n_losses]
         at = n_losses + int(has_scale)
