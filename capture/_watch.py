@@ -63,6 +63,7 @@ from .schema import (
     ActivationGrad,
     ActivationStats,
     ForwardInfo,
+    GradStats,
     GraphEvent,
     GraphsKept,
     MemoryStats,
@@ -3240,7 +3241,7 @@ class Watch:
         else:
             self._failure_wanted = False
 
-    def _put_updates(self, ev: StepEvent, of: list[int], values: torch.Tensor) -> None:
+    def _put_updates(self, stats: GradStats, of: list[int], values: torch.Tensor) -> None:
         read = values.tolist()  # on CUDA a step later (_finish): long computed by then
         n, m = len(self._params), len(of)
         ratio: list[float | None] = [None] * n
@@ -3251,7 +3252,7 @@ class Watch:
                 # (a parameter that was all zeros, a bias initialised so: no ratio)
                 ratio[i] = change / size if size > 0 and math.isfinite(change / size) else None
                 weight[i] = read[2 * m + k]
-        ev["updates"] = {"weight": weight, "ratio": ratio, "sample": UPDATE_SAMPLE}
+        stats["update_ratio"], stats["weight_norm"] = ratio, weight
 
     def _finish_deferred(self) -> None:
         if self._deferred is not None:
@@ -3298,7 +3299,7 @@ class Watch:
         ev["losses"] = losses
         ev["grads"] = stats
         if updates is not None:
-            self._safe("updates", self._put_updates, ev, *updates)
+            self._safe("updates", self._put_updates, stats, *updates)
         if has_scale:  # the scaler's scale tensor was read after the losses
             ev["scaler"]["scale"] = values[n_losses]
         at = n_losses + int(has_scale)

@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 7)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations and .updates
+SCHEMA_VERSION: tuple[int, int] = (1, 7)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm
 
 # Bounds that keep a hostile or runaway file/payload from exhausting memory.
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # compressed payload of one frame
@@ -102,16 +102,13 @@ class GradStats(TypedDict, total=False):
     pre_nonzero: list[int]  # indices whose .grad was already non-zero before this step's first backward and that a backward of the step added onto (P5)
     not_trained: list[int]  # indices that require grad but were not trained this step: in none of the stepping optimizer's param groups (a part run under no_grad on purpose), or left out of every backward(inputs=...): not P1
     clip: ClipInfo  # clip_grad_norm_ ran on the watched parameters (the other columns are after it)
-
-
-class UpdateStats(TypedDict, total=False):
-    """What the watched optimizer's step() did to each parameter, in modes default and full on
-    the steps with full gradient statistics (every 10th, captured ones; 1.7); lists aligned
-    with SessionEvent.params, None where the parameter had no gradient."""
-
-    weight: list[float | None]  # L2 norm of the parameter after the step
-    ratio: list[float | None]  # |update| / |weight before|: RMS of the change over RMS of the values before, on a strided sample of at most `sample` elements (all of a smaller parameter)
-    sample: int  # elements sampled per parameter
+    # what the watched optimizer's step() then did to each parameter (1.7), in modes default and
+    # full on the steps with full statistics (every 10th, captured ones); None where it had no
+    # gradient: |update| / |weight before| -- the RMS of the change over the RMS of the values
+    # before, on a strided sample of at most 4096 elements (all of a smaller parameter) -- and
+    # the parameter's L2 norm after the step
+    update_ratio: list[float | None]
+    weight_norm: list[float | None]
 
 
 class MemoryStats(TypedDict, total=False):
@@ -212,7 +209,6 @@ class StepEvent(TypedDict, total=False):
     grads: GradStats
     activation_grads: list[ActivationGrad]  # sampled module-output gradient stats
     activations: list[ActivationStats]  # captured steps: module outputs' values (forward), in forward order of their ends
-    updates: UpdateStats  # steps with full gradient statistics: the optimizer's update of each parameter
     memory: MemoryStats
     lr: list[float]  # per param group, as in force during the step (a step the GradScaler skipped: before the scheduler stepped)
     # gradient resets seen by the step's backward passes, read from the gradients (zero_grad() is

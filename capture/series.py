@@ -31,6 +31,8 @@ _MEMORY_KEYS = ("live", "peak", "params", "grads", "optimizer", "saved", "tempor
 _DEVICE_KEYS = ("allocated", "reserved")
 _MEMORY_COLUMNS = (*_MEMORY_KEYS, *_DEVICE_KEYS)
 _GRAD_LISTS = ("norm", "max_abs", "nan", "inf", "zero_frac")
+# what the optimizer's step did to each parameter (1.7): on some steps only, None on the others
+_UPDATE_LISTS = ("update_ratio", "weight_norm")
 _SUMMARY_KEYS = (
     "step",
     "rank",
@@ -64,10 +66,10 @@ PARTS: dict[str, tuple[str, ...]] = {
     # step_summary's other columns
     "steps": tuple(k for k in _SUMMARY_KEYS if k not in _MEMORY_COLUMNS and k != "t"),
     # per step the step's lists, None where absent
-    "grads": ("step", *_GRAD_LISTS, "none", "not_trained", "clip"),
+    "grads": ("step", *_GRAD_LISTS, "none", "not_trained", "clip", *_UPDATE_LISTS),
 }
 # columns added to a part after format 1.1: a record written before them reads as None per row
-_LATER: frozenset[str] = frozenset({"not_trained", "graphs_alive", "hook_bytes", "clip", "kept"})
+_LATER: frozenset[str] = frozenset({"not_trained", "graphs_alive", "hook_bytes", "clip", "kept", *_UPDATE_LISTS})
 
 _NONE: type = type(None)
 _INTS: frozenset[type] = frozenset({int, _NONE})
@@ -85,7 +87,7 @@ _COLUMN_TYPES: dict[str, frozenset[type]] = {
 }
 # the grads part's columns hold a list (or None) per step, with items of these types
 _ITEM_TYPES: dict[str, frozenset[type]] = {
-    **dict.fromkeys(_GRAD_LISTS, _NUMBERS),
+    **dict.fromkeys((*_GRAD_LISTS, *_UPDATE_LISTS), _NUMBERS),
     **dict.fromkeys(("none", "not_trained"), frozenset({int})),
 }
 
@@ -219,6 +221,7 @@ def _grads_row(ev: Mapping[str, Any]) -> tuple[Any, ...]:
         _indices(grads.get("none")),
         _indices(grads.get("not_trained")),
         _clip(grads.get("clip")),
+        *map(_numbers, map(grads.get, _UPDATE_LISTS)),
     )
 
 
@@ -307,6 +310,8 @@ def grads_from_columns(grads: Mapping[str, list[Any]], params: Sequence[Mapping[
     }
     for k in _GRAD_LISTS:
         out[k] = [_aligned(v, n) for v in grads[k]]
+    for k in _UPDATE_LISTS:  # read on some steps only: None on the others, not a row of Nones
+        out[k] = [None if v is None else _aligned(v, n) for v in grads[k]]
     out["total_norm"] = [total_grad_norm(v) for v in out["norm"]]
     return out
 
@@ -326,6 +331,8 @@ def grad_series(steps: Sequence[Mapping[str, Any]], params: Sequence[Mapping[str
     ``norm``, ``max_abs``, ``nan``, ``inf``, ``zero_frac`` (each a list aligned with
     ``params``), ``none`` (indices whose ``.grad`` was None), ``not_trained`` (those of them no
     optimizer trains, or every ``backward(inputs=...)`` left out), ``clip`` (``GradStats.clip``
-    or None) and ``total_norm`` (of the statistics: after clipping where the loop clips).
+    or None), ``total_norm`` (of the statistics: after clipping where the loop clips) and
+    ``update_ratio``, ``weight_norm`` (what the optimizer's step did: a list aligned with
+    ``params`` on the steps that read it, None on the others).
     """
     return grads_from_columns(columns(steps, "grads"), params)

@@ -1,4 +1,4 @@
-"""What optimizer.step() did to each parameter (``StepEvent.updates``): the size of its update
+"""What optimizer.step() did to each parameter (``GradStats.update_ratio``, ``.weight_norm``): the size of its update
 over the size of its values (the update-to-weight ratio W&B and Karpathy read a learning rate
 from: ~1e-3 is healthy, 1e-1 too fast, 1e-6 barely learning) and its norm after the step, on
 the steps with full gradient statistics.  Checked against the parameters copied before and
@@ -17,6 +17,7 @@ from torch import nn
 
 import torchscope
 from torchscope._watch import GRAD_STATS_EVERY, UPDATE_SAMPLE
+from torchscope.session import load
 from torchscope.sessionfile import iter_events
 
 STEPS = 2 * GRAD_STATS_EVERY + 1
@@ -59,16 +60,16 @@ def test_update_to_weight_ratio_and_norm_equal_what_the_step_did(tmp_path: Path,
     events = list(iter_events(path))
     params = next(e for e in events if e["kind"] == "session")["params"]
     steps = [e for e in events if e["kind"] == "step"]
-    with_updates = [e["step"] for e in steps if "updates" in e]
+    with_updates = [e["step"] for e in steps if "update_ratio" in e["grads"]]
     assert set(range(0, STEPS, GRAD_STATS_EVERY)) <= set(with_updates)
     if mode == "full":
         assert with_updates == list(range(STEPS))
     for e in steps:
-        if "updates" not in e:
+        if "update_ratio" not in e["grads"]:
             continue
-        u = e["updates"]
+        u = {"ratio": e["grads"]["update_ratio"], "weight": e["grads"]["weight_norm"]}
         ratio, weight = truth[e["step"]]
-        assert u["sample"] == UPDATE_SAMPLE and len(u["ratio"]) == len(u["weight"]) == len(params)
+        assert len(u["ratio"]) == len(u["weight"]) == len(params)
         for k, p in enumerate(params):
             if ratio[k] is None:  # the unused layer (no gradient), or the bias of zeros on its first step
                 assert u["ratio"][k] is None, (p["name"], e["step"])
@@ -80,9 +81,13 @@ def test_update_to_weight_ratio_and_norm_equal_what_the_step_did(tmp_path: Path,
         assert len(unused) == 2 and all(u["weight"][k] is None and u["ratio"][k] is None for k in unused)
         big = next(k for k, p in enumerate(params) if p["name"] == "2.weight")
         assert params[big]["numel"] > UPDATE_SAMPLE and math.isfinite(u["ratio"][big])  # sampled
+    # the whole-run series (the file's series frames, what the server's /grads serves) carry them
+    series = load(path).grads()
+    assert series["update_ratio"] == [e["grads"].get("update_ratio") for e in steps]
+    assert series["weight_norm"] == [e["grads"].get("weight_norm") for e in steps]
 
 
 def test_light_mode_reads_no_update(tmp_path: Path) -> None:
     path = tmp_path / "light.tscope"
     _train(path, "light", "adamw")
-    assert not [e for e in iter_events(path) if e["kind"] == "step" and "updates" in e]
+    assert not [e for e in iter_events(path) if e["kind"] == "step" and "update_ratio" in e["grads"]]
