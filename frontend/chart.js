@@ -1,5 +1,9 @@
 // A small canvas line chart for long series: each series is reduced to one min/max pair per
 // pixel column (linear in the number of points), so 100,000 steps draw in a few ms.
+// One finite spike (a diverging run's loss of 7e27 at one step) no longer sets the y range:
+// when values lie far outside the bulk of the data (its 1st to 99th percentile), the axis
+// fits the rest and those points are drawn at the plot's edge as ▲ / ▼ (a per-chart
+// "ignore outliers" checkbox gives the whole range back).
 import { h, clear, fmtNum, fmtBytes, fmtUs, decadeFormat } from "./dom.js";
 import { SERIES, legendItem } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
@@ -12,7 +16,14 @@ export class LineChart {
     this.title = h("span", { class: "chart-title" }, opts.title || "");
     this.head = h("div", { class: "chart-head" }, this.title);
     this.legend = h("span", { class: "chart-legend" });
-    this.head.append(this.legend);
+    // what the outlier fit left out ("1 point off scale ▲"), and the checkbox that undoes it;
+    // both shown only on a chart that has values far outside the bulk of its data
+    this.offNote = h("span", { class: "chart-offscale", hidden: true });
+    this.fitBox = h("input", { type: "checkbox", onchange: () => this.setFit(this.fitBox.checked) });
+    this.fitLabel = h("label", { class: "chart-fit", hidden: true,
+      title: "Scale the y axis to the bulk of the values: points far outside it (a spike) are drawn as ▲ / ▼ at the plot's edge, " +
+        "their true values in the tooltip. Unchecked: the whole range." }, this.fitBox, "ignore outliers");
+    this.head.append(this.legend, this.offNote, this.fitLabel);
     this.canvas = h("canvas", { height: opts.height || 220 });
     this.tip = h("div", { class: "chart-tip", hidden: true });
     this.root.append(this.head, h("div", { class: "chart-body" }, this.canvas, this.tip));
@@ -23,6 +34,20 @@ export class LineChart {
     new ResizeObserver(() => this.draw()).observe(this.root);
     window.addEventListener(THEME_EVENT, () => this.draw());
     this.markers = [];
+    this.version = 0; // (setData's count: the bulk range is computed once per data, not per draw)
+  }
+
+  // Whether the y axis fits the bulk of the data: the user's choice for this chart, else the
+  // last one made on any chart (kept in localStorage), else yes.
+  get fitOutliers() {
+    if (this.fitChoice !== undefined) return this.fitChoice;
+    try { return localStorage.getItem(FIT_KEY) !== "0"; } catch { return true; }
+  }
+
+  setFit(on) {
+    this.fitChoice = !!on;
+    try { localStorage.setItem(FIT_KEY, on ? "1" : "0"); } catch { /* (storage off: this chart keeps it) */ }
+    return this.draw();
   }
 
   setTitle(text) { this.title.textContent = text; }
@@ -34,6 +59,7 @@ export class LineChart {
   setData(x, series, markers = []) {
     this.x = x; this.series = series.filter((s) => s.y && s.y.some((v) => v !== null && v !== undefined));
     this.markers = markers;
+    this.version++;
     clear(this.legend);
     this.series.forEach((s, k) => {
       s.color = s.color || SERIES[k % SERIES.length];
@@ -58,6 +84,7 @@ export class LineChart {
     const css = getComputedStyle(document.documentElement);
     ctx.fillStyle = css.getPropertyValue("--panel").trim(); ctx.fillRect(0, 0, W, H);
     if (!this.x || !this.x.length || !this.series.length) {
+      this.fitLabel.hidden = this.offNote.hidden = true;
       ctx.fillStyle = css.getPropertyValue("--muted").trim(); ctx.font = "13px system-ui";
       ctx.fillText(this.opts.empty || "No data yet", 12, 24);
       return 0;
@@ -72,12 +99,35 @@ export class LineChart {
     const ys = this.series.map((s) => s.y.map((v) => (typeof v !== "number" || !Number.isFinite(v) || (log && v <= 0) ? null : log ? Math.log10(v) : v)));
     let ymin = Infinity, ymax = -Infinity;
     for (const y of ys) for (const v of y) if (v !== null) { if (v < ymin) ymin = v; if (v > ymax) ymax = v; }
-    const { lo, hi, ystep, fmt } = log ? logAxis(ymin, ymax) : this.linearAxis(ymin, ymax);
+    // the bulk of the values, when some lie far outside it (else null: the whole range, as ever)
+    const key = `${this.version} ${log}`;
+    if (this.bulkKey !== key) { this.bulkKey = key; this.bulk = bulkRange(ys, log); }
+    const fit = !!this.bulk && this.fitOutliers;
+    let ax = log ? logAxis(ymin, ymax) : this.linearAxis(ymin, ymax);
+    let off = null; // the points outside the fitted axis: counts by direction, per series
+    if (fit) {
+      const bulk = log ? logAxis(this.bulk.lo, this.bulk.hi) : this.linearAxis(this.bulk.lo, this.bulk.hi);
+      off = offScale(ys, bulk.lo, bulk.hi);
+      if (off.above + off.below) ax = bulk; else off = null; // (rounded out to whole steps, the axis took them in)
+    }
+    const { lo, hi, ystep, fmt } = ax;
     ymin = lo; ymax = hi;
     this.geom = { L, pw, xmin, xmax, T, ph }; // (T, ph: the plot's top and height, for the tests' pixels)
-    this.axis = { lo, hi, log, labels: [] }; // (the browser tests read the range: in decades on a log axis)
+    // (the browser tests read the range: in decades on a log axis; fit: whether it leaves
+    // outliers out, offScale: how many points it leaves out)
+    this.axis = { lo, hi, log, labels: [], fit: !!off, offScale: off ? off.above + off.below : 0 };
+    this.fitLabel.hidden = !this.bulk;
+    this.fitBox.checked = fit;
+    this.offNote.hidden = !off;
+    if (off) {
+      const n = off.above + off.below;
+      this.offNote.textContent = `${n} point${n === 1 ? "" : "s"} off scale ${off.above ? "▲" : ""}${off.below ? "▼" : ""}`;
+      this.offNote.title = "Far outside the bulk of the values: drawn at the plot's edge, their values in the tooltip " +
+        "(uncheck \"ignore outliers\" for the whole range)";
+    }
     const X = (v) => L + ((v - xmin) / (xmax - xmin)) * pw;
-    const Y = (v) => T + ph - ((v - ymin) / (ymax - ymin)) * ph;
+    // (a value off scale is drawn at the plot's edge: clamped, its line runs into the edge)
+    const Y = (v) => Math.min(T + ph, Math.max(T, T + ph - ((v - ymin) / (ymax - ymin)) * ph));
     // axes
     ctx.strokeStyle = css.getPropertyValue("--border").trim(); ctx.fillStyle = css.getPropertyValue("--muted").trim();
     ctx.font = "11px system-ui"; ctx.lineWidth = 1;
@@ -99,6 +149,7 @@ export class LineChart {
     }
     // series, decimated to min/max per pixel column
     const cols = Math.max(1, Math.floor(pw));
+    this.offMarks = []; // the ▲ / ▼ drawn: {x, y, up, color} (one per pixel column and series)
     // earlier series drawn wider: two equal series show both colours, not only the last one
     const last = this.series.length - 1;
     for (const [k, s] of this.series.entries()) {
@@ -133,6 +184,7 @@ export class LineChart {
         }
       }
       ctx.stroke();
+      if (off?.series[k]) this.drawOffScale(ctx, s, y, X, T, ph, cols);
     }
     ctx.setLineDash([]);
     for (const v of this.opts.vlines?.() || []) { // phase boundaries and the like
@@ -140,9 +192,17 @@ export class LineChart {
       ctx.beginPath(); ctx.moveTo(X(v.x), T); ctx.lineTo(X(v.x), T + ph); ctx.stroke(); ctx.setLineDash([]);
       ctx.fillStyle = css.getPropertyValue("--muted").trim(); ctx.fillText(v.label, X(v.x) + 4, T + 12);
     }
-    for (const m of this.markers) { // NaN/Inf and other point markers
-      ctx.fillStyle = m.color || "#b91c1c";
-      ctx.beginPath(); ctx.arc(X(m.x), T + 6, 4, 0, 2 * Math.PI); ctx.fill();
+    // NaN/Inf (and other point) markers: a thin row of ticks just inside the top edge, one a
+    // pixel column (dots 8 px wide, at a few px a step, were a thick bar along the top of a
+    // diverged run, over the line's first pixels)
+    this.markRow = { top: T + 1, height: MARK_H, width: MARK_W };
+    let lastCol = null, lastColor = null;
+    for (const m of this.markers) {
+      const col = Math.round(X(m.x)), color = m.color || "#b91c1c";
+      if (col === lastCol && color === lastColor) continue;
+      lastCol = col; lastColor = color;
+      ctx.fillStyle = color;
+      ctx.fillRect(col - MARK_W / 2, T + 1, MARK_W, MARK_H);
     }
     this.lastDrawMs = performance.now() - t0;
     return this.lastDrawMs;
@@ -175,6 +235,33 @@ export class LineChart {
     return { lo: Math.floor(ymin / ystep) * ystep, hi: Math.ceil(ymax / ystep - 1e-9) * ystep, ystep, fmt };
   }
 
+  // The ▲ (above the axis) or ▼ (below) at the plot's edge of each point of series ``s`` (its
+  // values ``y`` on the axis's scale) outside the axis, in the series' colour; one a pixel
+  // column (a long run's columns hold many steps).
+  drawOffScale(ctx, s, y, X, T, ph, cols) {
+    const { lo, hi } = this.axis, seen = new Uint8Array(cols + 1);
+    const { L, pw } = this.geom;
+    ctx.fillStyle = s.color; ctx.setLineDash([]);
+    for (let i = 0; i < y.length; i++) {
+      const v = y[i];
+      if (v === null || (v >= lo && v <= hi)) continue;
+      const up = v > hi, px = X(this.x[i]), col = Math.max(0, Math.min(cols, Math.round(((px - L) / pw) * cols)));
+      if (seen[col] & (up ? 1 : 2)) continue;
+      seen[col] |= up ? 1 : 2;
+      const tip = up ? T : T + ph, base = up ? T + TRI_H : T + ph - TRI_H;
+      ctx.beginPath(); ctx.moveTo(px, tip); ctx.lineTo(px + TRI_W / 2, base); ctx.lineTo(px - TRI_W / 2, base); ctx.closePath(); ctx.fill();
+      this.offMarks.push({ x: this.x[i], px, y: tip, up, color: s.color });
+    }
+  }
+
+  // Whether a value is off the drawn axis: " (off scale ▲)", " (off scale ▼)" or "" (tooltips).
+  offLabel(v) {
+    const a = this.axis;
+    if (!a?.fit || typeof v !== "number" || !Number.isFinite(v) || (a.log && v <= 0)) return "";
+    const t = a.log ? Math.log10(v) : v;
+    return t > a.hi ? " (off scale ▲)" : t < a.lo ? " (off scale ▼)" : "";
+  }
+
   indexAt(px) {
     if (!this.geom || !this.x) return -1;
     const { L, pw, xmin, xmax } = this.geom;
@@ -190,7 +277,7 @@ export class LineChart {
     if (i < 0) return;
     const fmt = this.opts.fmt || fmtNum;
     clear(this.tip).append(h("b", {}, this.opts.tipLabel ? this.opts.tipLabel(i) : `${this.opts.xLabel || "step"} ${this.x[i]}`),
-      ...this.series.map((s) => h("div", {}, `${s.name}: ${fmt(s.y[i])}`)));
+      ...this.series.map((s) => h("div", {}, `${s.name}: ${fmt(s.y[i])}${this.offLabel(s.y[i])}`)));
     this.tip.hidden = false;
     this.tip.style.left = Math.min(e.offsetX + 12, this.root.clientWidth - 180) + "px";
     this.tip.style.top = "10px";
@@ -214,6 +301,73 @@ function thresholdName(s, series) {
   if (!under) return s.name;
   const values = [...new Set(at.map(([v]) => v))];
   return `${s.name} (= ${values.length === 1 ? String(+values[0].toPrecision(6)) : under.name})`;
+}
+
+const FIT_KEY = "torchscope-chart-fit"; // localStorage: "0" once the user asked for the whole range
+const MARK_W = 2, MARK_H = 5; // a NaN/Inf tick
+const TRI_W = 9, TRI_H = 6; // an off-scale triangle
+
+// The range [lo, hi] (on the axis's scale: log10 on a log axis) of the values of ``ys`` (the
+// series, null: no value) that are not far outside the bulk of them, or null when none is
+// (the axis is then the whole range, as it always was). The bulk: the values between the
+// 1st and the 99th percentile (at least one value left out at each end), found by selection,
+// in time linear in the number of values. Far: on a linear axis, more than ten times the
+// bulk's width or magnitude beyond it (a first step of 5 s among steps of 50 ms is; a loss
+// curve's first steps, a memory peak of 10x are not); on a log axis, more than three times
+// its width in decades (at least three decades) beyond it (a loss of 7e27 among losses of
+// 0.01 to 2 is).
+function bulkRange(ys, log) {
+  let n = 0;
+  for (const y of ys) for (const v of y) if (v !== null) n++;
+  if (n < 8) return null;
+  const a = new Float64Array(n);
+  let j = 0;
+  for (const y of ys) for (const v of y) if (v !== null) a[j++] = v;
+  const t = Math.max(1, Math.round(n * 0.01));
+  select(a, n - 1 - t, 0, n - 1);
+  const qhi = a[n - 1 - t];
+  select(a, t, 0, n - 1 - t);
+  const qlo = a[t];
+  const width = qhi - qlo;
+  const room = log ? 3 * Math.max(width, 1) : 10 * Math.max(width, Math.abs(qlo), Math.abs(qhi));
+  if (!(room > 0) || !Number.isFinite(room)) return null;
+  const below = qlo - room, above = qhi + room;
+  let lo = Infinity, hi = -Infinity, far = 0;
+  for (let i = 0; i < n; i++) {
+    const v = a[i];
+    if (v < below || v > above) far++;
+    else { if (v < lo) lo = v; if (v > hi) hi = v; }
+  }
+  return far ? { lo, hi } : null;
+}
+
+// Rearranges a[l..r] so that a[k] holds the value a sorted a would, none greater before it
+// and none smaller after (Hoare's selection, the pivot the median of three: linear on average,
+// and on the sorted or reversed series a chart gets).
+function select(a, k, l, r) {
+  while (r > l) {
+    const p = a[l], q = a[(l + r) >> 1], s = a[r];
+    const x = p < q ? (q < s ? q : p < s ? s : p) : (p < s ? p : q < s ? s : q);
+    let i = l, j = r;
+    do {
+      while (a[i] < x) i++;
+      while (x < a[j]) j--;
+      if (i <= j) { const t = a[i]; a[i] = a[j]; a[j] = t; i++; j--; }
+    } while (i <= j);
+    if (j < k) l = i;
+    if (k < i) r = j;
+  }
+}
+
+// The points of ``ys`` outside [lo, hi]: how many above, how many below, and which series have any.
+function offScale(ys, lo, hi) {
+  let above = 0, below = 0;
+  const series = ys.map((y) => {
+    let any = false;
+    for (const v of y) if (v !== null) { if (v > hi) { above++; any = true; } else if (v < lo) { below++; any = true; } }
+    return any;
+  });
+  return { above, below, series };
 }
 
 // The units of an axis of bytes or of durations (µs), largest first.
