@@ -418,30 +418,66 @@ function clipSentence(steps, clip) {
       : `the total norm peaked at ${peakAt}, within max_norm.`);
 }
 
-// Row labels cut to fit that stay told apart: rows whose cut names came out the same
-// ("encoder_s…_purposes" for blocks 0, 1 and 2) show instead what differs between them, the
-// dotted parts they share at either end given up for "…".
+// Row labels cut to fit, keeping each module's own (last) name and told apart.  A name is a
+// dotted path, maybe with its type ("blocks.layers.0.self_attn (MultiheadAttention)").  Too
+// long, it gives up the start of its path first, a whole dotted part at a time
+// ("….layers.0.self_attn (MultiheadAttention)"), its own name last; then its type, cut at its
+// end, or left out.  Rows whose labels came out the same (blocks 0 and 1: "….self_attn (…)")
+// show what differs between them and their own name, and give up the parts they share: at
+// the start, and between the part that differs and the own name ("….0.….out_proj").  Cut by characters
+// from the middle, the first row of a layer read "blocks.layers.0.…", as if it were the layer.
 export function distinctLabels(names, cut) {
-  const labels = names.map((n) => cut(n, 1 / 3));
+  const split = (n) => {
+    const sp = n.indexOf(" ("); // a path has no spaces; the type follows it
+    return sp > 0 ? [n.slice(0, sp).split("."), n.slice(sp)] : [n.split("."), ""];
+  };
+  const fits = (t) => cut(t, 1 / 2) === t;
+  // the best label of rows (their [parts, type]) that share ``pre`` leading and ``suf``
+  // trailing parts: the same parts given up in every row, every row's label fitting
+  const best = (rows, pre, suf) => {
+    const mid = Math.max(0, suf - 1); // shared parts between what differs and the own name
+    const text = (p, a, b) => {
+      const e = p.length - suf; // end of the parts that differ
+      const front = p.slice(a, suf ? e + mid - b : p.length).join(".");
+      return `${a ? "…." : ""}${front}${suf ? `${b ? ".…" : ""}${front ? "." : ""}${p[p.length - 1]}` : ""}`;
+    };
+    // a row's label at (a, b): with its type whole (mode 0), its type cut at its end with its
+    // first few letters left (1), without its type (2); null where that does not fit
+    const at = (a, b, mode) => rows.map(([p, type]) => {
+      const path = text(p, a, b), whole = path + type;
+      if (fits(whole)) return whole;
+      if (mode === 1) { const t = cut(whole, 1); return t.startsWith(path + type.slice(0, 10)) ? t : null; }
+      return mode === 2 && fits(path) ? path : null;
+    });
+    const ok = (ls) => ls.every((l) => l !== null);
+    for (const mode of [0, 1, 2]) {
+      if (!ok(at(pre, mid, mode))) continue;
+      let a = pre, b = mid;
+      while (a > 0 || b > 0) { // give back the parts nearest the own name first
+        if (b > 0 && ok(at(a, b - 1, mode))) b--;
+        else if (a > 0 && ok(at(a - 1, b, mode))) a--;
+        else break;
+      }
+      // a type cut short is worth less than the parts between what differs and the own name:
+      // "….0.self_attn.out_proj" over "….0.….out_proj (NonDynami…"
+      if (mode !== 1 || b === 0) return at(a, b, mode);
+    }
+    // not even the own name fits: cut in the middle
+    return rows.map(([p]) => { const t = text(p, pre, mid); return fits(t) ? t : cut(t, 1 / 2); });
+  };
+  const split1 = names.map(split);
+  const labels = split1.map((r, i) => (fits(names[i]) ? names[i] : best([r], r[0].length - 1, 0)[0]));
   const groups = new Map();
   labels.forEach((l, i) => { const g = groups.get(l); if (g) g.push(i); else groups.set(l, [i]); });
   for (const rows of groups.values()) {
     if (rows.length < 2) continue;
-    const parts = rows.map((i) => names[i].split("."));
+    const parts = rows.map((i) => split1[i][0]);
     const shortest = Math.min(...parts.map((p) => p.length));
     let pre = 0, suf = 0;
     while (pre < shortest - 1 && parts.every((p) => p[pre] === parts[0][pre])) pre++;
     while (suf < shortest - pre - 1 && parts.every((p) => p[p.length - 1 - suf] === parts[0][parts[0].length - 1 - suf])) suf++;
-    // give back the shared parts nearest the difference while every row's label fits uncut
-    const label = (p, a, b) => `${a ? "…." : ""}${p.slice(a, p.length - b).join(".")}${b ? ".…" : ""}`;
-    const fits = (a, b) => parts.every((p) => { const t = label(p, a, b); return cut(t, 1 / 2) === t; });
-    let a = pre, b = suf;
-    while (a > 0 || b > 0) {
-      if (b > 0 && fits(a, b - 1)) b--;
-      else if (a > 0 && fits(a - 1, b)) a--;
-      else break;
-    }
-    rows.forEach((i, k) => { labels[i] = cut(label(parts[k], a, b), 1 / 2); });
+    const shown = best(rows.map((i) => split1[i]), pre, suf);
+    rows.forEach((i, k) => { labels[i] = shown[k]; });
   }
   return labels;
 }

@@ -118,6 +118,24 @@ export function renderDetails(panel, model, key, ctx) {
   panel.append(h("div", { class: "actions" }, h("button", { onclick: path, "data-testid": "path-to-loss" }, "Path to loss")), note);
 }
 
+// A module's parameters as PyTorch counts them (sum(p.numel() for p in m.parameters())), then
+// the tensors by name, relative to the module, with their shapes: "448 (weight [16, 3, 3, 3],
+// bias [16])".  The count of tensors alone ("2") read as the parameter count.  A module with
+// many tensors lists its first few (the tooltip has them all).  [text, tooltip]
+const LISTED = 4;
+function paramSummary(params, path) {
+  const numel = (p) => p.numel ?? (Array.isArray(p.shape) ? p.shape.reduce((a, b) => a * b, 1) : undefined);
+  const counts = params.map(numel);
+  const known = counts.every((c) => typeof c === "number");
+  const total = known ? counts.reduce((a, b) => a + b, 0) : undefined;
+  const tensors = params.map((p) => `${path && p.name.startsWith(path + ".") ? p.name.slice(path.length + 1) : p.name} ${shape(p.shape)}`);
+  const more = tensors.length - LISTED;
+  const list = more > 1 ? `${tensors.slice(0, LISTED).join(", ")}, … ${more} more tensors` : tensors.join(", ");
+  const n = tensors.length, head = total !== undefined ? total.toLocaleString("en-US") : `${n} tensor${n === 1 ? "" : "s"}`;
+  const title = `${total !== undefined ? `${head} parameters (the sum of p.numel()) in ` : ""}${n} tensor${n === 1 ? "" : "s"}:\n${tensors.join("\n")}`;
+  return [`${head} (${list})`, title];
+}
+
 function groupDetails(panel, model, key, ctx) {
   const g = model.gIndex.get(key.slice(2));
   const G = model.groups[g];
@@ -145,7 +163,7 @@ function groupDetails(panel, model, key, ctx) {
     t.append(row("saved for backward (activations)", text, SAVED_GROUP));
   }
   const params = (ctx.params || []).filter((p) => p.module === G.path || (p.module || "").startsWith(G.path + "."));
-  if (params.length) t.append(row("parameters", params.length));
+  if (params.length) { const [text, title] = paramSummary(params, G.path); t.append(row("parameters", text, title)); }
   panel.append(t, h("div", { class: "actions" },
     h("button", { onclick: () => ctx.toggleGroup(g), "data-testid": "toggle-group" }, ctx.isExpanded(g) ? "Collapse" : "Expand")));
 }

@@ -345,20 +345,75 @@ function markScene(model, base, st) {
            width: base.width, height: base.height, selected: sel, dimOthers: !!(hi && hi.size), legend: base.legend };
 }
 
-// Leaves on the way from a leaf to the loss: forward dataflow descendants for an op,
-// autograd ancestors (towards the loss's grad_fn) for a grad_fn node.
-export function pathToLoss(model, key) {
+// The keys that stand for the loss: its grad_fn (GraphEvent.root) and the op that created it,
+// with gradient accumulation each micro-batch's like op (the same name where the root's ran:
+// the first backward's graph only is kept, but every micro-batch's forward reaches a loss).
+export function lossKeys(model) {
+  const root = model.rootKey ? model.byKey.get(model.rootKey) : null;
+  if (!root) return [];
+  const op = root.rec.op !== undefined && root.rec.op !== null ? model.byKey.get("o" + root.rec.op) : null;
+  if (!op) return [root.key];
+  const like = model.leaves.filter((x) => x.kind === "op" && x.phase === op.phase && x.rec.name === op.rec.name && x.module === op.module &&
+    (x.rec.micro ?? 0) !== (op.rec.micro ?? 0));
+  return [root.key, op.key, ...like.map((x) => x.key)];
+}
+
+// The way from a leaf to the loss, {keys, reaches}: ``reaches`` false when it does not get
+// there (the view says so), null when the graph cannot tell.
+// - a forward op: its dataflow descendants in the forward (through tensor ids, op to op).  In
+//   full mode the backward's kernels read the tensors the forward saved, and walking every
+//   dataflow edge went on into the backward column and lit up nearly all of it;
+// - a grad_fn node: its autograd ancestors, back to the loss's grad_fn;
+// - an aten op run by backward() (full mode): the same way as a grad_fn's, in the backward's
+//   kernels: those whose outputs it reads, back to the loss op the backward started from (its
+//   first kernel reads the loss: ones_like), keeping only the kernels the loss's gradient
+//   flows through (a weight's .t() it reads is no step of that way).
+export function lossPath(model, key) {
   const start = model.byKey.get(key);
-  if (!start) return new Set();
-  const n = model.leaves.length;
+  if (!start) return { keys: new Set(), reaches: null };
+  const { leaves } = model, n = leaves.length;
+  const losses = new Set(lossKeys(model));
+  const walk = (adj) => {
+    const seen = new Set([start.index]), stack = [start.index];
+    while (stack.length) for (const x of adj[stack.pop()]) if (!seen.has(x)) { seen.add(x); stack.push(x); }
+    return seen;
+  };
+  const result = (idx) => {
+    const keys = new Set([...idx].map((i) => leaves[i].key));
+    return { keys, reaches: losses.size ? [...losses].some((k) => keys.has(k)) : null };
+  };
   const adj = Array.from({ length: n }, () => []);
-  const forwardWalk = start.kind === "op";
-  for (const [a, b, type] of model.edges) {
-    if (forwardWalk && type === 0) adj[a].push(b);
-    if (!forwardWalk && type === 1) adj[b].push(a);
+  if (start.kind === "node") {
+    for (const [a, b, type] of model.edges) if (type === 1) adj[b].push(a);
+    return result(walk(adj));
   }
-  const seen = new Set([start.index]);
-  const stack = [start.index];
-  while (stack.length) for (const x of adj[stack.pop()]) if (!seen.has(x)) { seen.add(x); stack.push(x); }
-  return new Set([...seen].map((i) => model.leaves[i].key));
+  const phase = start.phase || "forward";
+  if (phase !== "backward") { // forward (or optimizer) dataflow, within its own phase
+    for (const [a, b, type] of model.edges) if (type === 0 && (leaves[b].phase || "forward") === phase) adj[a].push(b);
+    return result(walk(adj));
+  }
+  // a backward kernel: back through the backward's kernels, and into the loss op they start from
+  const isLoss = (i) => losses.has(leaves[i].key);
+  const fromLoss = new Set(); // backward kernels that read a loss op's output
+  for (const [a, b, type] of model.edges) {
+    if (type !== 0 || leaves[b].phase !== "backward") continue;
+    if (leaves[a].phase === "backward") adj[b].push(a);
+    else if (isLoss(a)) { adj[b].push(a); fromLoss.add(b); }
+  }
+  const up = walk(adj);
+  // of those, the ones on a way from the loss: reached going down from the loss ops inside ``up``
+  const down = Array.from({ length: n }, () => []);
+  for (const b of up) for (const a of adj[b]) down[a].push(b);
+  const on = new Set(), stack = [...up].filter(isLoss);
+  stack.forEach((i) => on.add(i));
+  while (stack.length) for (const x of down[stack.pop()]) if (!on.has(x)) { on.add(x); stack.push(x); }
+  if (on.has(start.index)) return result(on);
+  // off the loss's way (or a backward not started from a recorded loss: nothing to tell)
+  const res = result(up);
+  return { keys: res.keys, reaches: fromLoss.size ? false : null };
+}
+
+// Leaves on the way from a leaf to the loss (lossPath's keys).
+export function pathToLoss(model, key) {
+  return lossPath(model, key).keys;
 }

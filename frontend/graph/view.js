@@ -3,7 +3,7 @@
 import { h, clear, fmtShort, fmtBytes, fmtUs, withLoading } from "../dom.js";
 import { api, sessionPath, rankQuery } from "../api.js";
 import { buildModel, ancestors } from "./model.js";
-import { buildScene, pathToLoss, leafSub } from "./scene.js";
+import { buildScene, lossPath, leafSub } from "./scene.js";
 import { GraphCanvas } from "./render.js";
 import { renderDetails } from "./details.js";
 import { NONFINITE, rampLegend, legendItem } from "../colors.js";
@@ -46,18 +46,6 @@ export function typingIn(el) {
   if (!el) return false;
   if (el.tagName === "INPUT") return !NOT_TEXT.has((el.type || "text").toLowerCase());
   return el.tagName === "TEXTAREA" || el.tagName === "SELECT" || el.isContentEditable;
-}
-
-// The keys that stand for the loss: its grad_fn (GraphEvent.root) and the op that created it,
-// with gradient accumulation each micro-batch's like op (the same name where the root's ran:
-// the first backward's graph only is kept, but every micro-batch's forward reaches a loss).
-function lossKeys(model) {
-  const root = model.rootKey ? model.byKey.get(model.rootKey) : null;
-  if (!root) return [];
-  const op = root.rec.op !== undefined && root.rec.op !== null ? model.byKey.get("o" + root.rec.op) : null;
-  if (!op) return [root.key];
-  const like = model.leaves.filter((x) => x.kind === "op" && x.rec.name === op.rec.name && x.module === op.module && (x.rec.micro ?? 0) !== (op.rec.micro ?? 0));
-  return [root.key, op.key, ...like.map((x) => x.key)];
 }
 
 export class GraphView {
@@ -490,15 +478,19 @@ export class GraphView {
   // The path highlighted (or taken off); returns what to say when it does not reach the loss
   // (a mask built and never used lit up its few descendants and said nothing), else "".
   togglePath(key) {
-    this.highlight = this.highlight && this.highlight.has(key) ? null : pathToLoss(this.model, key);
+    const path = this.highlight && this.highlight.has(key) ? null : lossPath(this.model, key);
+    this.highlight = path ? path.keys : null;
     this.redraw();
-    if (!this.highlight) return "";
-    const l = this.model.byKey.get(key), losses = lossKeys(this.model);
-    if (!l || !losses.length || losses.some((k) => this.highlight.has(k))) return "";
-    const n = this.highlight.size - 1;
-    return l.kind === "op"
-      ? `This op does not reach the loss: nothing computed from its output feeds the loss (${n ? `highlighted: the ${n} op${n === 1 ? "" : "s"} computed from it` : "nothing uses its output"}).`
-      : "This grad_fn node is not on the way back from the loss's grad_fn.";
+    if (!path || path.reaches !== false) return "";
+    const l = this.model.byKey.get(key);
+    if (!l) return "";
+    const n = path.keys.size - 1, ops = (k) => `${k} op${k === 1 ? "" : "s"}`;
+    if (l.kind === "node") return "This grad_fn node is not on the way back from the loss's grad_fn.";
+    if (l.phase === "backward") {
+      return "This op, run by backward(), is not on the gradient's way back from the loss: nothing it reads was computed from the loss's gradient " +
+        `(${n ? `highlighted: the ${ops(n)} of the backward it reads from` : "it reads only tensors the forward saved, or none"}).`;
+    }
+    return `This op does not reach the loss: nothing computed from its output feeds the loss (${n ? `highlighted: the ${ops(n)} computed from it` : "nothing uses its output"}).`;
   }
 
   // Highlight a finding's targets (diagnostics panel).
