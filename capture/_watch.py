@@ -59,6 +59,7 @@ from ._record import claim_record, default_record
 from ._srcloc import _is_internal, call_as_user, op_src, user_src
 from .distributed import RankInfo, rank_info, session_id
 from .schema import (
+    CAPTURE_OFF,
     SCHEMA_VERSION,
     ActivationGrad,
     ActivationStats,
@@ -1115,6 +1116,7 @@ class Watch:
     def _safe(self, part: str, fn: Callable[..., Any], *args: Any) -> Any:
         if part in self._disabled or not self._active:
             return None
+        at = self._step  # (a step's record moves it on even when it fails)
         try:
             with torch._C.DisableTorchFunction():  # our own tensor calls skip every function mode
                 # ... and the loop's dispatch modes, where they only read (_unseen, inlined:
@@ -1125,12 +1127,14 @@ class Watch:
                 return fn(*args)
         except Exception as exc:
             self._disabled.add(part)
-            msg = f"torchscope: capture of {part} turned off after an internal error: {exc!r}"
-            log.warning(msg)
+            # said at the terminal as well as kept: a run whose step recording turned off this
+            # way read as "0 steps, finished" with nothing said anywhere (QA 38a)
+            msg = (f"{CAPTURE_OFF}{part} turned off at step {at} after an internal error: "
+                   f"{exc!r}; your training goes on unchanged, the session records less from here "
+                   "(a torchscope bug: please report it)")
+            log.debug(msg, exc_info=True)
             with contextlib.suppress(Exception):
-                self._transport.emit(
-                    {"kind": "log", "t": time.time(), "level": "error", "message": msg, "step": self._step}
-                )
+                self._tell(msg, "error", at)
             return None
 
     # The function mode is on the stack only between a forward's end and optimizer.step()
@@ -2441,10 +2445,11 @@ class Watch:
             )
         self._tell(msg, "warning")
 
-    def _tell(self, msg: str, level: str) -> None:
+    def _tell(self, msg: str, level: str, step: int | None = None) -> None:
         """A line for the person at the terminal that the session keeps as a log event too."""
         say(msg)
-        self._transport.emit({"kind": "log", "t": time.time(), "level": level, "message": msg, "step": self._step})
+        self._transport.emit({"kind": "log", "t": time.time(), "level": level, "message": msg,
+                              "step": self._step if step is None else step})
 
     def _backward_failed(self, exc: BaseException) -> None:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -3131,15 +3136,16 @@ class Watch:
             ev["scaler"] = {"skipped": bool(skipped)}
         # at the root forward's start; a region begun inside the forward shows on captured steps
         ev["autocast"] = s.autocast or (s.recorder is not None and s.recorder.autocast_seen)
-        acts: list[ActivationGrad] = []
+        # (each its own part: one that fails turns itself off, not the step's record)
+        acts: list[ActivationGrad] | None = None
         if s.act_grads or s.act_slots:  # none on a step that watched no activation gradient
             with _unseen():  # reads only
-                acts = self._activation_grads(s)
+                acts = self._safe("activation_grads", self._activation_grads, s)
         if acts:
             ev["activation_grads"] = acts
         if s.out_stats:
             with _unseen():
-                outputs = self._activations(s)
+                outputs = self._safe("activations", self._activations, s)
             if outputs:
                 ev["activations"] = outputs
         events = list(s.events)

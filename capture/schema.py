@@ -24,6 +24,10 @@ from typing import Literal, TypedDict
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
 SCHEMA_VERSION: tuple[int, int] = (1, 7)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm
+# how a LogEvent of level "error" begins when a part of the capture turned itself off after an
+# internal error (what follows: the part, the step, the error): the doctor and `torchscope
+# info` tell the session is incomplete by it, apart from the loop's own errors
+CAPTURE_OFF = "torchscope: capture of "
 
 # Bounds that keep a hostile or runaway file/payload from exhausting memory.
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # compressed payload of one frame

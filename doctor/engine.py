@@ -6,11 +6,11 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from torchscope.schema import Finding
+from torchscope.schema import CAPTURE_OFF, Finding
 
 from .finding import make, sort_key
 from .rules import RULES
-from .run import split_by_rank
+from .run import Run, split_by_rank
 from .settings import Settings
 
 log = logging.getLogger("torchscope.doctor")
@@ -26,6 +26,7 @@ def diagnose(events: Iterable[dict[str, Any]], settings: Settings | None = None)
     settings = settings or Settings()
     findings: list[Finding] = []
     for run in split_by_rank(events):
+        findings.extend(_capture_off(run))
         for code, rule in RULES:
             try:
                 findings.extend(rule(run, settings))
@@ -33,6 +34,34 @@ def diagnose(events: Iterable[dict[str, Any]], settings: Settings | None = None)
                 log.debug("doctor rule %s failed on rank %d", code, run.rank, exc_info=True)
                 findings.append(_unchecked(code, exc, run.rank))
     return sorted(findings, key=sort_key)
+
+
+def _capture_off(run: Run) -> list[Finding]:
+    """A part of the capture that turned itself off after an internal error (its log event):
+    what the session holds from there is less than the run did, so no finding -- or "no step
+    recorded" -- may be read as the run's all.  One finding a part."""
+    out: list[Finding] = []
+    seen: set[str] = set()
+    for ev in run.logs:
+        msg = str(ev.get("message", ""))
+        if ev.get("level") != "error" or not msg.startswith(CAPTURE_OFF):
+            continue
+        part = msg[len(CAPTURE_OFF):].split(" ", 1)[0]
+        if part in seen:
+            continue
+        seen.add(part)
+        step = ev.get("step")
+        at = f" at step {step}" if isinstance(step, int) and not isinstance(step, bool) else ""
+        lost = ("no step after it is recorded" if part == "step" else
+                f"the session holds no {part} facts after it")
+        out.append(make("doctor", "warning",
+                        f"torchscope's capture of {part} turned itself off{at} after an internal error "
+                        f"({msg.split('internal error: ', 1)[-1].split('; your training', 1)[0][:200]}): {lost}, "
+                        "so the findings here (or their absence) do not cover the rest of the run.",
+                        "This is a torchscope bug: please report it with the error above and, if you can, the "
+                        "session file. Your training ran unchanged.", [], rank=run.rank,
+                        title=f"The capture stopped recording {part}", data={"part": part}))
+    return out
 
 
 def _unchecked(code: str, exc: Exception, rank: int) -> Finding:

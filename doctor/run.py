@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from torchscope.schema import CAPTURE_OFF
+
 
 def as_list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
@@ -187,7 +189,8 @@ def errors(run: Run) -> list[RunError]:
         for msg in as_list(ev.get("backward_errors")):
             out.append(RunError(step, str(msg), srcs[-1] if srcs else ""))
     for log in run.logs:
-        if log.get("level") == "error" and log.get("message"):
+        # (a part of the capture that turned itself off is torchscope's error, not the loop's)
+        if log.get("level") == "error" and log.get("message") and not str(log["message"]).startswith(CAPTURE_OFF):
             out.append(RunError(as_int(log.get("step"), run.last_step + 1), str(log["message"]), ""))
     if run.end.get("status") == "error" and run.end.get("message"):
         message = str(run.end["message"])
