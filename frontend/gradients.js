@@ -1,7 +1,8 @@
 // Gradients view: the loss per step (live, NaN/Inf marked), the total gradient norm per step
 // (and clip_grad_norm_'s, before clipping, when the loop clips), a module x step heat map of gradient norms (per-parameter norms from
-// /grads combined per module as sqrt(sum of squares)), NaN/Inf markers, lines for chosen
-// parameters, and the parameters that got no gradient.
+// /grads combined per module as sqrt(sum of squares)) or of what optimizer.step() did (the
+// update-to-weight ratio), NaN/Inf markers, lines of one statistic for chosen parameters, and
+// the parameters that got no gradient.
 import { h, clear, fmtNum, fmtShort, coalesce, moduleTyped } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
@@ -11,6 +12,29 @@ import { fit } from "./graph/render.js";
 import { ActivationGradsPanel } from "./activations.js";
 
 const NO_PARAMS = "The watched model has no parameters: tensors an optimizer trains outside the model are not watched.";
+
+// What the "Chosen parameters" chart can draw, a /grads column each (a list per step aligned
+// with the parameters): the L2 norm of each parameter's gradient is read every step; max |g|
+// and the share of zeros on the steps with full statistics (null elsewhere); the update
+// statistics (what optimizer.step() did) on those steps in default and full, and not in light
+// (null rows elsewhere). ``every``: read on every step (its gaps are real); ``log``: a log axis.
+const STATS = {
+  norm: { label: "‖grad‖", every: true },
+  max_abs: { label: "max |grad|", log: true, clipped: true },
+  zero_frac: { label: "share of zeros in grad" },
+  update_ratio: { label: "update ÷ weight", log: true, update: true },
+  weight_norm: { label: "‖weight‖", log: true, update: true },
+};
+const RATIO_AID = "~1e-3 typical; 1e-1 and up: the learning rate is too high for that parameter; under 1e-5 it barely moves";
+const TICKS = "red ticks at the top: NaN/Inf";
+// The heat map's statistics: a module's gradient norm, or its update-to-weight ratio.
+const HEAT_STATS = { norm: "‖grad‖", update_ratio: "update ÷ weight" };
+// The statistics the URL asked for (``stat``: the chart's, ``heat``: the heat map's), read when
+// this module loads: the app keeps only the keys it knows in the URL, and rewrites it before
+// this view exists.
+const ASKED = (() => {
+  try { const q = new URLSearchParams(location.search); return { stat: q.get("stat"), heat: q.get("heat") }; } catch { return {}; }
+})();
 
 export class GradientsView {
   constructor(root, app) {
@@ -26,6 +50,16 @@ export class GradientsView {
     this.heatHover = h("div", { class: "muted", "data-testid": "heat-hover" }, "\u00a0");
     this.pick = h("select", { multiple: true, size: 6, "aria-label": "parameters to plot", "data-testid": "param-pick", onchange: () => this.drawLines() });
     this.noGrad = h("div", { class: "nograd", "data-testid": "no-grad" });
+    // the statistic the chosen parameters' chart draws, and the heat map's; kept in the URL
+    // (``stat``, ``heat``) and across live reloads
+    const known = (table, k) => (typeof k === "string" && Object.hasOwn(table, k) ? k : null);
+    this.stat = known(STATS, app.state.stat) ?? known(STATS, ASKED.stat) ?? "norm";
+    this.heatStat = known(HEAT_STATS, app.state.heat) ?? known(HEAT_STATS, ASKED.heat) ?? "norm";
+    this.statPick = h("select", { "aria-label": "statistic to plot", "data-testid": "param-stat", onchange: () => this.setStat(this.statPick.value) },
+      Object.entries(STATS).map(([k, s]) => h("option", { value: k, selected: k === this.stat }, s.label)));
+    this.heatPick = h("select", { "aria-label": "statistic of the heat map", "data-testid": "heat-stat", onchange: () => this.setHeatStat(this.heatPick.value) },
+      Object.entries(HEAT_STATS).map(([k, label]) => h("option", { value: k, selected: k === this.heatStat }, label)));
+    this.heatTitle = h("h2", {}, this.heatStat === "norm" ? "Gradient norm per module and step" : "Update ÷ weight per module and step");
     const mark = () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []);
     // the loss first, the curve a PyTorch user looks for, beside the total gradient norm (side
     // by side on a wide window, so the heat map below stays in the first screenful)
@@ -34,16 +68,18 @@ export class GradientsView {
     this.lossSeries = new LossSeries(app);
     this.loss = new LineChart(lossCol, { title: "loss", vlines: mark, onClick: (i) => this.onLossClick(i) });
     this.loss.root.dataset.testid = "loss";
-    this.total = new LineChart(totalCol, { title: "‖grad‖₂ of all parameters together, per step (log scale; red dots: NaN/Inf)", vlines: mark, log: true });
+    this.total = new LineChart(totalCol, { title: `‖grad‖₂ of all parameters together, per step (log scale; ${TICKS})`, vlines: mark, log: true });
     this.total.root.dataset.testid = "total-norm";
     this.clipNote = h("p", { "data-testid": "clip-note", hidden: true });
-    root.append(this.clipNote, h("h2", {}, "Gradient norm per module and step"), h("div", { class: "heat-wrap" }, this.heatLabels, this.heatScroll), this.heatHover, this.heatInfo);
+    root.append(this.clipNote, this.heatTitle, h("p", { class: "muted small" }, h("label", {}, "per module: ", this.heatPick)),
+      h("div", { class: "heat-wrap" }, this.heatLabels, this.heatScroll), this.heatHover, this.heatInfo);
     // one step's gradient w.r.t. each module's output, as it flows back through the layers
     this.acts = new ActivationGradsPanel(root, app, (step) => { this.app.setState({ step }); this.focusOn(); });
     root.append(h("h2", {}, "Chosen parameters"),
       h("p", { class: "muted small", "data-testid": "param-pick-hint" }, "Ctrl-click (⌘-click on a Mac) to pick several parameters; Shift-click picks a range."),
-      this.pick);
-    this.lines = new LineChart(root, { title: "‖grad‖ per step (red dots: NaN/Inf)", vlines: mark });
+      this.pick, h("p", { class: "muted small" }, h("label", {}, "statistic: ", this.statPick)));
+    this.lines = new LineChart(root, { title: `‖grad‖ per step (${TICKS})`, vlines: mark, log: !!STATS[this.stat].log });
+    this.lines.root.dataset.testid = "param-lines";
     // the schedule the optimizer followed (warmup, decay, restarts), a line per param group:
     // a loss that stalls or explodes is read against it
     root.append(h("h2", {}, "Learning rate"));
@@ -53,6 +89,10 @@ export class GradientsView {
     this.heat.addEventListener("click", (e) => this.onHeatClick(e));
     this.heat.addEventListener("mousemove", (e) => this.onHeatHover(e));
     window.addEventListener(THEME_EVENT, () => { if (this.g) this.drawHeat(); });
+    // a choice the URL made stays in it as the view's other state does
+    if (this.stat !== "norm" || this.heatStat !== "norm") {
+      app.setState({ stat: this.stat === "norm" ? undefined : this.stat, heat: this.heatStat === "norm" ? undefined : this.heatStat });
+    }
   }
 
   // The loss (/loss, a few bytes a step) and the gradient statistics (/grads) side by side,
@@ -83,9 +123,68 @@ export class GradientsView {
     // a model without parameters (its optimizer trains tensors outside it): say so, not "no data yet"
     this.lines.opts.empty = this.total.opts.empty = g.params.length ? null : NO_PARAMS;
     this.drawTotal();
+    this.updateMenus();
     this.drawHeat();
     this.drawLines();
     this.drawNoGrad();
+  }
+
+  // Whether the run has any value of /grads column ``key`` (a statistic no step read: the
+  // update statistics of a light run, or of a file from before they were recorded).
+  hasStat(key) {
+    return (this.g?.[key] || []).some((row) => (row || []).some((v) => v !== null && v !== undefined));
+  }
+
+  // Why a statistic the run lacks is not there: said on its menu item, which is disabled.
+  missingWhy(key) {
+    const light = this.app.meta?.mode === "light";
+    if (STATS[key]?.update) {
+      return light ? "Not recorded: mode light reads no update statistics (default and full read what optimizer.step() did on step 0, every 10th step and the captured steps)."
+        : this.app.running ? "Not read yet: default and full read what optimizer.step() did on step 0, every 10th step and the captured steps."
+          : "Not recorded in this run: no step read what optimizer.step() did (mode light reads none; a recording from a torchscope before format 1.7 has none).";
+    }
+    return "Not recorded in this run: no step read the full gradient statistics.";
+  }
+
+  // Whether the menus offer statistic ``key``: the run has it, or may still read it (a running
+  // session, not in light mode, which reads no update statistics).
+  offers(key) {
+    const light = this.app.meta?.mode === "light";
+    return key === "norm" || this.hasStat(key) || (this.app.running && !(light && STATS[key]?.update));
+  }
+
+  // The menus' items for statistics the run lacks: disabled, saying why; a choice of one of
+  // them (from the URL) falls back to ‖grad‖.
+  updateMenus() {
+    const light = this.app.meta?.mode === "light";
+    for (const [sel, labels] of [[this.statPick, Object.fromEntries(Object.entries(STATS).map(([k, s]) => [k, s.label]))], [this.heatPick, HEAT_STATS]]) {
+      for (const o of sel.options) {
+        const have = this.offers(o.value);
+        o.disabled = !have;
+        o.title = have ? "" : this.missingWhy(o.value);
+        o.textContent = have ? labels[o.value] : `${labels[o.value]} — not recorded${light && STATS[o.value]?.update ? " in light mode" : ""}`;
+      }
+    }
+    if (!this.offers(this.stat)) { this.stat = "norm"; this.app.setState({ stat: undefined }); }
+    if (!this.offers(this.heatStat)) { this.heatStat = "norm"; this.app.setState({ heat: undefined }); }
+    this.statPick.value = this.stat;
+    this.heatPick.value = this.heatStat;
+    this.heatTitle.textContent = this.heatStat === "norm" ? "Gradient norm per module and step" : "Update ÷ weight per module and step";
+  }
+
+  setStat(key) {
+    if (!Object.hasOwn(STATS, key)) return;
+    this.stat = key;
+    this.app.setState({ stat: key === "norm" ? undefined : key });
+    this.drawLines();
+  }
+
+  setHeatStat(key) {
+    if (!Object.hasOwn(HEAT_STATS, key)) return;
+    this.heatStat = key;
+    this.app.setState({ heat: key === "norm" ? undefined : key });
+    this.heatTitle.textContent = key === "norm" ? "Gradient norm per module and step" : "Update ÷ weight per module and step";
+    this.drawHeat();
   }
 
   // The loss on a log axis once it spans two decades (a run from 10 down to 0.01 is flat on a
@@ -98,7 +197,7 @@ export class GradientsView {
     this.loss.opts.log = log;
     this.loss.opts.empty = this.app.running ? "No loss recorded yet." : "No step recorded a loss (the tensor backward() was called on).";
     this.loss.root.querySelector(".chart-title").textContent =
-      `backward()'s loss per step (${log ? "log scale; " : ""}red dots: a NaN/Inf loss, of any micro-batch; click a point: mark its step)`;
+      `backward()'s loss per step (${log ? "log scale; " : ""}red ticks at the top: a NaN/Inf loss, of any micro-batch; click a point: mark its step)`;
     this.loss.setData(x, [{ name: "loss", y }], marks);
   }
 
@@ -138,29 +237,48 @@ export class GradientsView {
     }
     this.total.setData(g.steps, series, this.nonFiniteSteps(g.params.map((_, p) => p)));
     this.clipNote.textContent = clipped ? clipSentence(g.steps, clip) : "";
-    // the chosen parameters' norms are the statistics too: after clipping, which their chart says
-    this.lines.root.querySelector(".chart-title").textContent =
-      `‖grad‖ per step${clipped ? ", after clip_grad_norm_" : ""} (red dots: NaN/Inf)`;
+    this.clipped = clipped; // (the chosen parameters' norms are after clipping too: their chart says so)
     this.clipNote.hidden = !clipped;
   }
 
+  // The heat map's cells: per module and step, the gradient norm (the root of the sum of its
+  // parameters' squared norms), or the update-to-weight ratio of what optimizer.step() did to
+  // the module, sqrt(Σ‖Δw‖² / Σ‖w‖²) over its parameters with a ratio, ‖Δw‖ taken as ratio ×
+  // ‖w‖ and ‖w‖ (before the step) as weight_norm (after it: within the ratio of it); a step
+  // that did not read the ratio is "not read", apart from a module with no gradient.
   drawHeat() {
     const { g } = this;
-    const S = g.steps.length, M = this.modules.length;
-    const sq = new Float64Array(S * M), bad = new Uint8Array(S * M), has = new Uint8Array(S * M);
+    const S = g.steps.length, M = this.modules.length, ratio = this.heatStat === "update_ratio";
+    const val = new Float64Array(S * M), bad = new Uint8Array(S * M), has = new Uint8Array(S * M), unread = new Uint8Array(S * M);
+    const den = ratio ? new Float64Array(S * M) : null;
     for (let s = 0; s < S; s++) {
       const row = g.norm[s] || [];
       for (let p = 0; p < row.length; p++) {
-        const m = this.paramModule[p], v = row[p];
-        if (v === null || v === undefined) continue;
-        has[s * M + m] = 1;
-        if (!Number.isFinite(v) || (g.nan?.[s]?.[p] || 0) > 0 || (g.inf?.[s]?.[p] || 0) > 0) bad[s * M + m] = 1;
-        else sq[s * M + m] += v * v;
+        if (!Number.isFinite(row[p] ?? 0) || (g.nan?.[s]?.[p] || 0) > 0 || (g.inf?.[s]?.[p] || 0) > 0) bad[s * M + this.paramModule[p]] = 1;
+      }
+      if (ratio) {
+        const r = g.update_ratio?.[s], w = g.weight_norm?.[s];
+        if (!r) { unread.fill(1, s * M, (s + 1) * M); continue; }
+        for (let p = 0; p < r.length; p++) {
+          const i = s * M + this.paramModule[p], v = r[p], wn = w?.[p];
+          if (typeof v !== "number" || typeof wn !== "number" || !Number.isFinite(v) || !Number.isFinite(wn) || wn <= 0) continue;
+          val[i] += v * v * wn * wn; den[i] += wn * wn; has[i] = 1;
+        }
+      } else {
+        for (let p = 0; p < row.length; p++) {
+          const i = s * M + this.paramModule[p], v = row[p];
+          if (v === null || v === undefined) continue;
+          has[i] = 1;
+          if (Number.isFinite(v)) val[i] += v * v;
+        }
       }
     }
+    for (let i = 0; i < S * M; i++) if (has[i]) val[i] = Math.sqrt(ratio ? val[i] / den[i] : val[i]);
     const vals = [];
-    for (let i = 0; i < S * M; i++) if (has[i]) vals.push(Math.sqrt(sq[i]));
-    const scale = logScale(vals, ZERO);
+    for (let i = 0; i < S * M; i++) if (has[i] && !bad[i]) vals.push(val[i]);
+    // the ratio's ramp spans 1e-6 to 1 at least, so its colours read the same in every run (a
+    // healthy 1e-3 in the middle, a too-fast 1e-1 red); the norm's spans the run's values
+    const scale = logScale(ratio ? [...vals, 1e-6, 1] : vals, ZERO);
     // the names sit beside the canvas (drawLabels); L leaves room for the focused column's outline
     const cellW = Math.max(2, Math.min(24, Math.floor(900 / Math.max(S, 1)))), cellH = 16, L = 2, AXIS = 24;
     const W = L + cellW * S + 10, H = cellH * M + AXIS;
@@ -176,7 +294,14 @@ export class GradientsView {
     for (let s = 0; s < S; s++) {
       for (let m = 0; m < M; m++) {
         const i = s * M + m;
-        ctx.fillStyle = bad[i] ? "#7f1d1d" : has[i] ? scale.color(Math.sqrt(sq[i])) : css.getPropertyValue("--node-none").trim();
+        // not read (the update statistics: some steps only): the panel's own colour with a
+        // dot, apart from the grey of "no gradient"
+        if (unread[i] && !bad[i]) {
+          ctx.fillStyle = css.getPropertyValue("--muted").trim();
+          ctx.fillRect(L + s * cellW + Math.floor((cellW - 1) / 2) - (cellW > 3 ? 1 : 0), m * cellH + 7, Math.min(2, cellW - 1) || 1, 2);
+          continue;
+        }
+        ctx.fillStyle = bad[i] ? "#7f1d1d" : has[i] ? scale.color(val[i]) : css.getPropertyValue("--node-none").trim();
         ctx.fillRect(L + s * cellW, m * cellH, cellW - (cellW > 3 ? 1 : 0), cellH - 1);
         if (bad[i]) { ctx.fillStyle = "#fff"; ctx.fillText("!", L + s * cellW + cellW / 2 - 2, m * cellH + 12); }
       }
@@ -188,7 +313,7 @@ export class GradientsView {
     const axisEvery = Math.min(Math.ceil(S / 10), Math.ceil(60 / cellW));
     for (let s = 0; s < S; s += axisEvery) ctx.fillText(String(g.steps[s]), L + s * cellW, H - 6);
     this.heatGeom = { L, cellW, cellH, S, M, axisEvery };
-    this.cells = { sq, bad, has };
+    this.cells = { val, bad, has, unread, ratio };
     const at = this.focus !== undefined ? g.steps.indexOf(this.focus) : -1;
     if (at >= 0) { // the step a finding (or the URL) asked for: its column outlined
       ctx.strokeStyle = css.getPropertyValue("--text").trim(); ctx.lineWidth = 2;
@@ -198,11 +323,21 @@ export class GradientsView {
     }
     this.zeroCells = vals.filter((v) => v === 0).length;
     clear(this.heatInfo);
-    if (scale.positive) {
-      this.heatInfo.append(...rampLegend("‖grad‖", scale.lo, scale.hi, fmtShort), " · ");
+    const click = this.noGraphs() ? "click a cell to mark its step (a light run captures no graph)" : "click a cell to open that step's graph";
+    if (!ratio) {
+      if (scale.positive) this.heatInfo.append(...rampLegend("‖grad‖", scale.lo, scale.hi, fmtShort), " · ");
+      this.heatInfo.append(h("span", { class: "swatch", style: `background:${ZERO}` }), " = exactly zero (nothing flowed) · ",
+        `dark red "!" = NaN/Inf · grey = no gradient · ${click}`);
+      return;
     }
-    this.heatInfo.append(h("span", { class: "swatch", style: `background:${ZERO}` }), " = exactly zero (nothing flowed) · ",
-      `dark red "!" = NaN/Inf · grey = no gradient · ${this.noGraphs() ? "click a cell to mark its step (a light run captures no graph)" : "click a cell to open that step's graph"}`);
+    if (scale.positive) this.heatInfo.append(...rampLegend("update ÷ weight", scale.lo, scale.hi, fmtShort), " · ");
+    this.heatInfo.append(
+      "a module's: sqrt(Σ‖Δw‖² / Σ‖w‖²) over its parameters, the RMS of their ratios weighted by their norms (‖Δw‖ = ratio × ‖w‖, ‖w‖ taken after the step) · ",
+      `${RATIO_AID} · `,
+      h("span", { class: "swatch", style: `background:${ZERO}` }), " = exactly zero (the step did not move it) · ",
+      `dark red "!" = NaN/Inf gradient · grey = no gradient (no ratio) · `,
+      h("span", { class: "swatch heat-unread", style: `background:${css.getPropertyValue("--panel").trim()};border:1px dotted ${css.getPropertyValue("--muted").trim()}` }),
+      ` = not read that step (${this.readWhen().replace("on the steps that read it: ", "read on ")}) · ${click}`);
   }
 
   // One name per row, as text, then the step axis's name in the axis row. A long module path
@@ -247,21 +382,57 @@ export class GradientsView {
   onHeatHover(e) {
     const at = this.cellAt(e);
     if (!at) { this.heatHover.textContent = "\u00a0"; return; }
-    const [s, m] = at, i = s * this.modules.length + m, { sq, bad, has } = this.cells;
-    const norm = Math.sqrt(sq[i]);
-    const what = bad[i] ? "NaN/Inf" : !has[i] ? "no gradient" : norm === 0 ? "exactly zero" : fmtNum(norm);
-    this.heatHover.textContent = `${moduleTyped(this.modules[m], this.app.moduleType?.get(this.modules[m]))} · step ${this.g.steps[s]} · ‖grad‖ ${what} — click to ${this.noGraphs() ? "mark its step" : "open its graph"}`;
+    const [s, m] = at, i = s * this.modules.length + m, { val, bad, has, unread, ratio } = this.cells;
+    const v = val[i];
+    const what = bad[i] ? "NaN/Inf" : unread[i] ? "not read that step" : !has[i] ? (ratio ? "none (no gradient)" : "no gradient")
+      : v === 0 ? "exactly zero" : fmtNum(v);
+    this.heatHover.textContent = `${moduleTyped(this.modules[m], this.app.moduleType?.get(this.modules[m]))} · step ${this.g.steps[s]} · ` +
+      `${ratio ? "update ÷ weight" : "‖grad‖"} ${what} — click to ${this.noGraphs() ? "mark its step" : "open its graph"}`;
   }
 
+  // The chosen parameters' lines of the chosen statistic.  One read on some steps only is drawn
+  // through the steps that read it (the others left out, not gaps: a line every 10th step, not
+  // dots), the run's first and last steps kept as the x range (the NaN/Inf ticks fall in it).
   drawLines() {
     const { g } = this;
     if (!g) return;
+    const key = this.stat, st = STATS[key];
     const chosen = [...this.pick.selectedOptions].map((o) => +o.value);
-    this.lines.setData(g.steps, chosen.map((p) => ({ name: g.params[p], y: g.steps.map((_, s) => (g.norm[s] || [])[p] ?? null) })),
+    const col = g[key] || [];
+    const read = (s) => { const row = col[s]; return !!row && row.some((v) => v !== null && v !== undefined); };
+    const at = st.every ? g.steps.map((_, s) => s) : g.steps.map((_, s) => s).filter((s, k, all) => read(s) || k === 0 || k === all.length - 1);
+    this.lines.opts.log = !!st.log;
+    this.lines.opts.empty = !g.params.length ? NO_PARAMS : st.every ? null
+      : chosen.length ? `No step read ${st.label} of the chosen parameters${this.app.running ? " yet" : ""}.` : null;
+    this.setLinesTitle();
+    this.lines.setData(at.map((s) => g.steps[s]), chosen.map((p) => ({ name: g.params[p], y: at.map((s) => (col[s] || [])[p] ?? null) })),
       this.nonFiniteSteps(chosen));
   }
 
-  // A red dot at each step where one of the parameters ``params`` had a NaN or Inf in its gradient.
+  // What the chosen parameters' chart draws, in PyTorch's words; the update-to-weight ratio
+  // with how to read it.
+  setLinesTitle() {
+    const clip = this.clipped && (this.stat === "norm" || STATS[this.stat].clipped) ? ", after clip_grad_norm_" : "";
+    const some = this.readWhen();
+    const text = {
+      norm: `‖grad‖ per step${clip} (${TICKS})`,
+      max_abs: `max |grad| per step: param.grad.abs().max()${clip} (log scale; ${some}; ${TICKS})`,
+      zero_frac: `share of zeros in grad per step: (param.grad == 0).float().mean() (${some}; ${TICKS})`,
+      update_ratio: `update ÷ weight per step: ‖param after optimizer.step() − before‖ / ‖param before‖ (log scale; ${some}; ${TICKS})`,
+      weight_norm: `‖weight‖ per step: param.norm() after optimizer.step() (log scale; ${some}; ${TICKS})`,
+    }[this.stat];
+    const title = this.lines.title;
+    clear(title).append(text);
+    if (this.stat === "update_ratio") title.append(h("br"), h("span", { "data-testid": "ratio-aid" }, RATIO_AID));
+  }
+
+  // Which steps read the statistics that are not read every step, as the session's settings say.
+  readWhen() {
+    const meta = this.app.meta || {}, every = meta.settings?.grad_stats_every || 10;
+    return meta.mode === "full" ? "read every step" : `on the steps that read it: step 0, every ${every === 10 ? "10th" : `${every} steps`}, the captured ones`;
+  }
+
+  // A red tick at each step where one of the parameters ``params`` had a NaN or Inf in its gradient.
   nonFiniteSteps(params) {
     const { g } = this;
     return g.steps.flatMap((st, s) => (params.some((p) => (g.nan?.[s]?.[p] || 0) + (g.inf?.[s]?.[p] || 0) > 0) ? [{ x: st }] : []));
@@ -319,6 +490,10 @@ export class GradientsView {
     return { modules: this.modules || [], steps: this.g?.steps?.length || 0, noGrad: this.noGrad.textContent,
       chosen: [...this.pick.selectedOptions].map((o) => o.textContent), focus: this.focus, zeroCells: this.zeroCells,
       legend: this.heatInfo.textContent, geom: this.heatGeom, acts: this.acts.debug(),
+      stat: this.stat, heatStat: this.heatStat,
+      lines: { x: this.lines.x || [], series: (this.lines.series || []).map((s) => ({ name: s.name, y: s.y.map(wire) })),
+        log: !!this.lines.opts.log, axis: this.lines.axis, title: this.lines.title.textContent },
+      heat: this.cells ? heatCells(this.cells, this.modules, this.g.steps) : null,
       total: this.total.series?.map((s) => s.name) || [], totalAxis: this.total.axis, totalMarks: this.total.markers.map((m) => m.x), clipNote: this.clipNote.hidden ? "" : this.clipNote.textContent,
       notTrained: notTrained ? notTrained.nextElementSibling.textContent : "",
       loss: { x: this.loss.x || [], y: (this.loss.series?.[0]?.y || []).map(wire), marks: this.loss.markers.map((m) => m.x),
@@ -326,6 +501,16 @@ export class GradientsView {
       lr: { x: this.lr.x || [], series: (this.lr.series || []).map((s) => ({ name: s.name, y: s.y })), log: !!this.lr.opts.log,
         title: this.lr.title.textContent } };
   }
+}
+
+// The heat map's cells for the tests: per module, per step, a number, "NaN/Inf", "not read"
+// or null (no gradient / no ratio).
+function heatCells({ val, bad, has, unread, ratio }, modules, steps) {
+  const M = modules.length;
+  return { stat: ratio ? "update_ratio" : "norm", cells: Object.fromEntries(modules.map((m, k) => [m, steps.map((_, s) => {
+    const i = s * M + k;
+    return bad[i] ? "NaN/Inf" : unread[i] ? "not read" : has[i] ? val[i] : null;
+  })])) };
 }
 
 // A number as the server's JSON writes it: NaN and Infinity as strings (for the tests' equality).
