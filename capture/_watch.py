@@ -2780,7 +2780,7 @@ class Watch:
             change = torch._foreach_norm(list(torch.split(_samples(live) - old, sizes)))
             size = torch._foreach_norm(list(torch.split(old, sizes)))
             weight = torch._foreach_norm([p.detach() for p in live])
-            return of, torch.stack([t.to(torch.float64) for t in (*change, *size, *weight)])
+            return of, torch.stack([*change, *size, *weight])  # (one dtype, or promoted: one op)
 
     def _params_at_bad_loss(self, s: _StepState) -> None:
         """On the first step whose loss is NaN/Inf after finite ones: which parameters its forward
