@@ -521,6 +521,34 @@ def _samples(params: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(views)
 
 
+def _stats_row(ext: Any, t: torch.Tensor, check_nan: bool) -> torch.Tensor | tuple[float, ...] | None:
+    """``[norm, min, max, non-zeros(, nan, inf)]`` of a module output or its gradient (a complex
+    one by its magnitudes), None for an empty one.  On the CPU, with the native extension, one
+    pass in C++ with no op dispatched (floats); otherwise torch ops no recorder or Python mode
+    sees (both C guards are cheap), as few passes as possible -- NaN/Inf counted only on steps
+    armed by an earlier non-finite one -- as one small tensor, read at the step's end."""
+    if ext is not None:
+        try:
+            r = ext.tensor_stats(t, check_nan)
+        except Exception:  # a tensor pybind cannot take (a subclass): the torch path
+            r = None
+        if r is not None:
+            return cast("tuple[float, ...]", r)
+    with _native.unrecorded():
+        v = t.detach()
+        if not v.numel():
+            return None
+        if v.is_complex():  # by magnitudes, as a complex parameter's gradient
+            v = v.abs()
+        if v.dtype not in _STATS_DTYPES:
+            v = v.float()
+        lo, hi = torch.aminmax(v)
+        parts = [torch.linalg.vector_norm(v), lo, hi, count_nonzero(v).to(v.dtype)]
+        if check_nan:
+            parts += [torch.isnan(v).sum().to(v.dtype), torch.isinf(v).sum().to(v.dtype)]
+        return torch.stack(parts)
+
+
 def _module_rows(
     stats: dict[tuple[str, int], torch.Tensor | tuple[float, ...]], numel: dict[tuple[str, int], int]
 ) -> dict[str, list[tuple[list[float], int]]]:
@@ -1667,24 +1695,9 @@ class Watch:
         s.out_calls[path] = call + 1
         key = (path, call)
         s.out_numel[key] = t.numel()
-        ext = s.native
-        if ext is not None:
-            try:
-                r = ext.tensor_stats(t, s.check_nan)
-            except Exception:  # a tensor pybind cannot take (a subclass): the torch path
-                r = None
-            if r is not None:
-                s.out_stats[key] = r
-                return
-        with _native.unrecorded():
-            v = t.detach()
-            if v.dtype not in _STATS_DTYPES:
-                v = v.float()
-            lo, hi = torch.aminmax(v)
-            parts = [torch.linalg.vector_norm(v), lo, hi, count_nonzero(v).to(v.dtype)]
-            if s.check_nan:
-                parts += [torch.isnan(v).sum().to(v.dtype), torch.isinf(v).sum().to(v.dtype)]
-            s.out_stats[key] = torch.stack(parts)
+        row = _stats_row(s.native, t, s.check_nan)
+        if row is not None:
+            s.out_stats[key] = row
 
     def _watch_activation(self, path: str, out: Any) -> None:
         """On captured steps: statistics of the gradient flowing into this module's output, of
@@ -1712,37 +1725,12 @@ class Watch:
                 return
 
         def hook(g: torch.Tensor, s: _StepState = s) -> None:
-            # Runs for every module output in a captured step's backward.  On the CPU, once the
-            # native extension is loaded: one pass over the gradient in C++, no op dispatched.
-            ext = s.native
-            if ext is not None:
-                try:
-                    r = ext.tensor_stats(g, s.check_nan)
-                except Exception:  # a tensor pybind cannot take (a subclass): the torch path
-                    r = None
-                if r is not None:
-                    s.act_grads[key] = r
-                    return
-            # Otherwise torch ops that no Python mode sees (both C guards are cheap; a tensor
-            # subclass that needs its mode fails here and is skipped), as few passes as possible
-            # -- norm, min/max, non-zeros; NaN/Inf are counted only on steps armed by an earlier
-            # non-finite one.
-            try:
-                with _native.unrecorded():
-                    gf = g.detach()
-                    if not gf.numel():
-                        return
-                    if gf.is_complex():  # by magnitudes, as a complex parameter's gradient
-                        gf = gf.abs()
-                    if gf.dtype not in _STATS_DTYPES:
-                        gf = gf.float()
-                    lo, hi = torch.aminmax(gf)
-                    parts = [torch.linalg.vector_norm(gf), lo, hi, count_nonzero(gf).to(gf.dtype)]
-                    if s.check_nan:
-                        parts += [torch.isnan(gf).sum().to(gf.dtype), torch.isinf(gf).sum().to(gf.dtype)]
-                    s.act_grads[key] = torch.stack(parts)
-            except Exception:
-                pass
+            # Runs for every module output in a captured step's backward (a tensor subclass
+            # that needs its mode fails in the torch path and is skipped)
+            with contextlib.suppress(Exception):
+                row = _stats_row(s.native, g, s.check_nan)
+                if row is not None:
+                    s.act_grads[key] = row
 
         fn = t.grad_fn
         if fn is None:  # a leaf as a module's output
