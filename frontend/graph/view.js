@@ -234,7 +234,12 @@ export class GraphView {
     const errors = this.stepEvent?.backward_errors || [];
     if (errors.length) {
       const first = String(errors[0]).split(/[.:]/)[0];
-      notes.push(`backward() raised in this step ("${first}…") and the loop went on: the graph holds every forward of the step, the one whose backward failed among them.`);
+      // the run's last step of a run that ended with an error: that backward's error ended it
+      const sum = this.app.summary || {};
+      const died = sum.status === "error" && ev.step >= (sum.steps ?? 0) - 1;
+      notes.push(died
+        ? `backward() raised in this step ("${first}…") and the run stopped with that error: the graph holds the forward whose backward failed.`
+        : `backward() raised in this step ("${first}…") and the loop went on: the graph holds every forward of the step, the one whose backward failed among them.`);
     }
     return notes.join(" ");
   }
