@@ -16,8 +16,10 @@ FIX_P7 = ("Don't keep tensors that carry a graph across steps: accumulate `loss.
           "`out.detach()`, detach recurrent state between batches, and drop retain_graph=True unless needed.")
 FIX_COPY = ("Update copies of the weights without autograd: inside `with torch.no_grad():` (e.g. "
             "`with torch.no_grad(): ema_p.lerp_(p, 1 - decay)`), or from `p.detach()`.")
-FIX_P13 = ("Store `output.detach()` (or `.cpu()` copies of what you need) in the hook, keep only the latest "
-           "value instead of appending every call, and remove the hook (handle.remove()) when done.")
+FIX_P13 = ("Keep only what you need from the hook: a summary (`output.mean().item()`), a `.cpu()` copy, or the "
+           "latest value instead of appending every call -- `output.detach()` drops the graph but shares the "
+           "output's storage, so appending it still holds every batch's activations -- and remove the hook "
+           "(`handle.remove()`) when done.")
 
 
 def _growing(values: list[tuple[int, int]], min_delta: int, need: int) -> list[int]:
