@@ -496,6 +496,14 @@ def _no_module(op: int) -> str:
     return ""
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """A plain strided tensor with its data here: what the module outputs' and the updates'
+    reads take.  A tensor subclass (DTensor, FSDP2's and tensor parallelism's parameters and
+    outputs: a wrapper whose own storage is empty, read by the C++ pass or with dispatch off,
+    crashed the process), a nested (jagged) tensor or one on the meta device is left out."""
+    return type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided and not t.is_nested and not t.is_meta
+
+
 UPDATE_SAMPLE = 4096  # elements of a parameter the update's size is read from
 
 
@@ -1687,7 +1695,7 @@ class Watch:
         sees, kept as one small tensor until the step's end (no sync inside the forward)."""
         s = self._s
         t = _first_tensor(out)
-        if t is None or not t.is_floating_point() or not (t.requires_grad or torch.is_grad_enabled()):
+        if t is None or not _dense(t) or not t.is_floating_point() or not (t.requires_grad or torch.is_grad_enabled()):
             return  # (an evaluation under no_grad inside the step is not the training forward)
         call = s.out_calls.get(path, 0)
         if call >= ACT_CALLS or not t.numel():
@@ -2747,7 +2755,7 @@ class Watch:
         the step."""
         with _native.unrecorded():
             of = [(i, p) for i, r in enumerate(self._params)
-                  if (p := r()) is not None and p.grad is not None and p.is_floating_point() and p.numel()]
+                  if (p := r()) is not None and p.grad is not None and _dense(p) and p.is_floating_point() and p.numel()]
             if of:
                 s.upd_before = ([i for i, _ in of], _samples([p for _, p in of]))
 

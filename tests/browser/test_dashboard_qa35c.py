@@ -117,7 +117,7 @@ def test_the_step_time_of_a_single_process_run_is_named_as_such(page: Any, srv: 
     view = page.locator(".view-ranks")
     assert view.locator("h2").first.inner_text() == "Step time and memory"
     titles = view.locator(".chart-title").all_inner_texts()
-    assert titles == ["step time", "peak live bytes"], titles  # one rank: no "per rank"
+    assert titles == ["step time, and where it went", "peak live bytes"], titles  # one rank: no "per rank"
     info = view.locator("[data-testid=ranks-info]").inner_text()
     assert "single rank" in info and "optimizer.step()" in info, info
     steps = srv.get(f"/api/sessions/{default}/steps")
