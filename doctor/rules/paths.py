@@ -466,9 +466,7 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
                 derived.update(outs)  # a constant scaled by a constant
             continue  # else a weight of what carries the gradient
         if name in _SELECTORS:
-            if not carries:  # picked from constants alone (``bins[logits.argmax(-1)]``): a constant
-                derived.update(outs)
-            continue  # else it picks, masks or routes: its values are the other operand's, not the constant's
+            continue  # it picks, masks or routes: its values are the other operand's, not the constant's
         if not carries:
             derived.update(outs)  # computed from constants alone: a constant too
         else:

@@ -54,12 +54,7 @@ CORRECT: dict[str, Loss] = {
     "reward_float": _reinforce(lambda a: a.float()),
     "advantage": _reinforce(lambda a: (r := (a == 1).float()) - r.mean()),  # a baseline subtracted
     "masked_tokens": _masked,
-    # an argmax that picks from what carries the gradient (the top logit's margin): a selector
-    "pick_by_argmax": lambda out, y: nn.functional.cross_entropy(out, y)
-    - 0.1 * out.gather(1, out.argmax(-1, keepdim=True)).mean(),
 }
-
-BINS = torch.linspace(-2.0, 2.0, 3)  # a value per class, no gradient
 
 
 @pytest.mark.parametrize("mode", ["default", "full"])
@@ -77,9 +72,6 @@ BUGS: dict[str, tuple[Loss, str]] = {
     # a thresholded prediction regressed: the mse term has no gradient at all
     "threshold": (lambda out, y: nn.functional.cross_entropy(out, y)
                   + nn.functional.mse_loss((out[:, 0] > 0).float(), (y == 0).float()), "aten::gt"),  # fmt: skip
-    # a table looked up by the argmax (QA 38a, the seed's "loss that uses argmax"): a constant
-    "lookup": (lambda out, y: nn.functional.cross_entropy(out, y)
-               + nn.functional.mse_loss(BINS[out.argmax(-1)], BINS[y]), "aten::argmax"),  # fmt: skip
 }
 
 
