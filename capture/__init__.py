@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ._watch import Watch, watch
 
 __version__ = "0.1.0"
-__all__ = ["Watch", "__version__", "load", "watch"]
+__all__ = ["Watch", "__version__", "load", "log", "watch"]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,6 +26,19 @@ def __getattr__(name: str) -> Any:
         globals().update(watch=_watch.watch, Watch=_watch.Watch)  # later lookups skip __getattr__
         return globals()[name]
     raise AttributeError(f"module 'torchscope' has no attribute {name!r}")
+
+
+def log(step: int | None = None, **values: Any) -> None:
+    """Record numbers of your own with a step (``torchscope.log(acc=0.91, val_loss=0.3)``),
+    plotted beside the loss: ``Watch.log`` of every running watch of this process.  Without
+    ``step``, the step running now (called after ``optimizer.step()`` and before the next
+    forward: the step that just ended).  Does nothing when no watch runs."""
+    import sys
+
+    mod = sys.modules.get(f"{__name__}._watch")  # never imports torch for a process that watches nothing
+    if mod is not None:
+        for w in list(mod._every):
+            w.log(step, **values)
 
 
 def load(path: str) -> Any:

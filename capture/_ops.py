@@ -457,6 +457,19 @@ def _autocast_on_old() -> bool:
     return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
+def autocast_dtype() -> str | None:
+    """The dtype an autocast region that is on casts to ("float16", "bfloat16"), CUDA's first;
+    None when none is on or this torch cannot tell.  Asked once per step, at the forward that
+    finds a region on (P14: float16 without a GradScaler)."""
+    try:
+        for device in ("cuda", "cpu"):
+            if torch.is_autocast_enabled(device):
+                return str(torch.get_autocast_dtype(device)).removeprefix("torch.")
+    except (TypeError, RuntimeError, AttributeError):  # torch 2.3: no per-device query
+        return None
+    return None
+
+
 # asked at every torch-level call of a recorded pass: one function chosen once, no loop, no try
 try:
     _autocast_on_fast()

@@ -53,7 +53,7 @@ from ._interpose import Interposer, insert_mode, remove_mode
 from ._memory import StorageSizes, grad_storages, optimizer_tensors, storage_parts, storages
 from ._modhook import ModuleHook, hook_module
 from ._native import NativeRecorder
-from ._ops import OpRecorder, StorageIds, autocast_on
+from ._ops import OpRecorder, StorageIds, autocast_dtype, autocast_on
 from ._overlap import Region, itemsize, region
 from ._record import claim_record, default_record
 from ._srcloc import _is_internal, call_as_user, op_src, user_src
@@ -115,6 +115,38 @@ def _mode_inert(m: nn.Module) -> bool:
     return isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is None
 
 
+def _extra_repr(m: nn.Module) -> str:
+    """What the module says of itself in ``print(model)`` (``in_features=8, out_features=4,
+    bias=True``), shortened; "" where it says nothing or its ``extra_repr`` fails (user code)."""
+    if type(m).extra_repr is nn.Module.extra_repr:
+        return ""
+    try:
+        text = str(m.extra_repr())
+    except Exception:  # a user's extra_repr reading what is not there yet: nothing to show
+        return ""
+    return text if len(text) <= EXTRA_REPR_CHARS else text[:EXTRA_REPR_CHARS - 1] + "…"
+
+
+EXTRA_REPR_CHARS = 240
+METRICS_PER_CALL = 64  # names one log() call records (a dict of every layer's stat splatted in is cut)
+METRIC_NAME_CHARS = 100
+
+
+def _metric_value(value: Any) -> float | None:
+    """A logged value as a float; None for what is no number (a string, a list, a big tensor)."""
+    if isinstance(value, bool | int | float):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        with _native.unrecorded():  # our read: no op of the step's graph, nor a FLOP counter's
+            return float(value.detach().reshape(()).item())
+    item = getattr(value, "item", None)  # a numpy scalar
+    if callable(item) and not isinstance(value, torch.Tensor):
+        try:
+            got = item()
+        except (TypeError, ValueError):
+            return None
+        return float(got) if isinstance(got, bool | int | float) else None
+    return None
 # activation-gradient slot whose hook has not run yet (no row: left out of the step's event)
 _NO_STATS: tuple[float, ...] = ()
 # a module's calls in one step whose output gradients are watched (an RNN cell over 1,000 time
@@ -308,6 +340,7 @@ class _StepState:
         "before_create",
         "retained",
         "autocast",
+        "autocast_dtype",
         "in_shapes",
         "in_refs",
         "act_grads",
@@ -416,6 +449,7 @@ class _StepState:
         self.before_create: AutogradWalk | None = None  # the graph before a create_graph=True backward
         self.retained = False
         self.autocast = False
+        self.autocast_dtype: str | None = None
         self.in_shapes: tuple[tuple[int, ...], ...] = ()
         # the latest forward's floating-point inputs, weakly: read only at a first NaN/Inf loss
         # (_inputs_at_bad_loss), while the loop still holds its batch
@@ -831,6 +865,7 @@ class Watch:
         self._entries: dict[int, str] = {}  # id(submodule) -> its path
         self._entered: nn.Module | None = None  # the submodule whose call is the running forward
         self._step = 0
+        self._bad_metrics: set[str] = set()  # names log() left out, told once each
         self._last_sig: str | None = None
         self._capture_next = False
         self._structures: set[str] = set()  # graph signatures captured (see _follow_structure)
@@ -986,6 +1021,42 @@ class Watch:
                 self._optimizer, self._followed = None, False
         if self._active and self._s.started:
             self._safe("step", self._close_step, False)
+
+    def log(self, step: int | None = None, **values: Any) -> None:
+        """Record numbers of your own with a step -- accuracy, a validation loss, a schedule's
+        temperature -- plotted beside the loss (``torchscope.log(acc=0.91)``).  Numbers, bools
+        and one-element tensors (read like ``.item()``: on a GPU that waits for the device, as
+        logging ``.item()`` does).  Without ``step``: the step running now, or, called after
+        ``optimizer.step()`` and before the next forward, the step that just ended.  Never
+        raises: a value that is no number is left out with one warning."""
+        if self._closed or not self._active:
+            return
+        try:
+            self._log(step, values)
+        except Exception as exc:  # never into the loop (the metrics part alone turns off)
+            self._safe("metrics", _raise, f"{type(exc).__name__}: {exc}")
+
+    def _log(self, step: int | None, values: dict[str, Any]) -> None:
+        if "metrics" in self._disabled:
+            return
+        kept: dict[str, float] = {}
+        for name, value in list(values.items())[:METRICS_PER_CALL]:
+            number = _metric_value(value)
+            if number is None or len(name) > METRIC_NAME_CHARS:
+                if name not in self._bad_metrics:
+                    self._bad_metrics.add(name)
+                    say(f"torchscope: log({name}=...) left out: a metric is a number, a bool or a one-element tensor "
+                        f"under a name of at most {METRIC_NAME_CHARS} characters (got {type(value).__name__})")
+                continue
+            kept[name] = number
+        if not kept:
+            return
+        if step is None or type(step) is not int or step < 0:
+            # after optimizer.step() and before the next forward: the step that ended
+            step = self._step - 1 if self._step > 0 and not self._s.started else self._step
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in kept.items())
+        self._transport.emit({"kind": "log", "t": time.time(), "level": "info", "message": f"step {step}: {shown}",
+                              "step": step, "metrics": kept})
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Write what was recorded so far to the session file and wait for it (at most
@@ -1244,6 +1315,12 @@ class Watch:
             info: ModuleInfo = {"path": path, "type": type(m).__name__, "n_params": len(own), "training": m.training}
             if _mode_inert(m):
                 info["mode_inert"] = True
+            described = _extra_repr(m)
+            if described:
+                info["extra_repr"] = described
+            flag = vars(m).get("requires_grad")  # an attribute of the instance: nn.Module has none
+            if isinstance(flag, bool):
+                info["requires_grad_attr"] = flag
             modules.append(info)
         params: list[ParamInfo] = []
         for n, p in model.named_parameters():
@@ -1463,6 +1540,8 @@ class Watch:
             self._fast.on()
         if not s.autocast:
             s.autocast = autocast_on()
+            if s.autocast:
+                s.autocast_dtype = autocast_dtype()
         if s.capture and "ops" not in self._disabled:
             self._start_recorder(s, module)
         s.fwd_t0 = time.perf_counter()
@@ -3132,6 +3211,8 @@ class Watch:
             ev["scaler"] = {"skipped": bool(skipped)}
         # at the root forward's start; a region begun inside the forward shows on captured steps
         ev["autocast"] = s.autocast or (s.recorder is not None and s.recorder.autocast_seen)
+        if s.autocast_dtype is not None:
+            ev["autocast_dtype"] = s.autocast_dtype
         # (each its own part: one that fails turns itself off, not the step's record)
         acts: list[ActivationGrad] | None = None
         if s.act_grads or s.act_slots:  # none on a step that watched no activation gradient

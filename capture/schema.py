@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 7)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm
+SCHEMA_VERSION: tuple[int, int] = (1, 8)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics
 # how a LogEvent of level "error" begins when a part of the capture turned itself off after an
 # internal error (what follows: the part, the step, the error): the doctor and `torchscope
 # info` tell the session is incomplete by it, apart from the loop's own errors
@@ -44,6 +44,10 @@ class ModuleInfo(TypedDict, total=False):
     n_params: int  # parameters directly owned (not recursive)
     training: bool
     mode_inert: bool  # only True, where set: a dropout with p=0 or a batch norm without running statistics
+    extra_repr: str  # what the module's extra_repr() says (``in_features=8, out_features=4, bias=True``), where not empty; at most 240 characters
+    # `module.requires_grad = <bool>` set as a plain attribute (not `requires_grad_()`): it
+    # freezes nothing, its parameters' flags are their own (P17); absent where not set
+    requires_grad_attr: bool
 
 
 class ParamInfo(TypedDict, total=False):
@@ -224,6 +228,7 @@ class StepEvent(TypedDict, total=False):
     training: bool  # root module's mode
     scaler: dict[str, float | bool]  # GradScaler: scale (the one this step's loss was scaled by), skipped (bool)
     autocast: bool  # an autocast region was on at the forward's start (captured steps: anywhere in it)
+    autocast_dtype: str  # the dtype that region casts to ("float16", "bfloat16"), where known
     copies: dict[str, int]  # host<->device copies: count, bytes (P12); absent on steps not counted (see docs/capture.md)
     graphs_alive: int  # autograd nodes from earlier steps still reachable at this boundary (P7)
     graphs_kept: GraphsKept  # what the latest of them hangs from, when any is alive
@@ -364,6 +369,9 @@ class LogEvent(TypedDict, total=False):
     level: Literal["info", "warning", "error"]
     message: str
     step: int
+    # the numbers of a torchscope.log() call (name -> value), of ``step``; its message shows them
+    # ("step 3: acc=0.91"), so a reader without this field still lists them as a line of the log
+    metrics: dict[str, float]
 
 
 # How a run ended: "interrupted" is the user's Ctrl-C (KeyboardInterrupt) or a SIGTERM during training.

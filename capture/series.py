@@ -336,3 +336,27 @@ def grad_series(steps: Sequence[Mapping[str, Any]], params: Sequence[Mapping[str
     ``params`` on the steps that read it, None on the others).
     """
     return grads_from_columns(columns(steps, "grads"), params)
+
+
+def metric_rows(logs: Iterable[Mapping[str, Any]]) -> list[tuple[int, str, float | None]]:
+    """``(step, name, value)`` of each number ``torchscope.log()`` recorded (``LogEvent.metrics``),
+    in the order logged; a value that is no number (a hand-edited file) is None."""
+    rows: list[tuple[int, str, float | None]] = []
+    for ev in logs:
+        values = ev.get("metrics") if ev.get("kind") == "log" else None
+        step = _int_or_none(ev.get("step"))
+        if not isinstance(values, Mapping) or step is None:
+            continue
+        for name, value in values.items():
+            number = _num_or_none(value)
+            rows.append((step, str(name), None if number is None else float(number)))
+    return rows
+
+
+def metric_series(rows: Iterable[tuple[int, str, float | None]]) -> dict[str, dict[str, list[Any]]]:
+    """Each logged name's ``{step, value}`` columns, in step order; of values logged more than
+    once for one step, the last."""
+    by_name: dict[str, dict[int, float | None]] = {}
+    for step, name, value in rows:
+        by_name.setdefault(name, {})[step] = value
+    return {name: {"step": sorted(vals), "value": [vals[s] for s in sorted(vals)]} for name, vals in by_name.items()}

@@ -154,6 +154,10 @@ class Session:
         assert self._tail is not None
         return [e for e in self._tail if e["kind"] == "log"]
 
+    def metrics(self) -> dict[str, dict[str, list[Any]]]:
+        """What ``torchscope.log()`` recorded: each name's ``{step, value}`` columns, in step order."""
+        return series.metric_series(series.metric_rows(self.logs))
+
     # ------------------------------------------------------------------ steps
     @property
     def steps(self) -> list[StepEvent]:

@@ -25,6 +25,8 @@ TITLES: dict[str, str] = {
     "P13": "Module hook keeps tensors alive",
     "P14": "AMP GradScaler skipping steps or clipping scaled gradients",
     "P15": "Gradient accumulation without dividing the loss",
+    "P16": "Loss given probabilities instead of logits",
+    "P17": "module.requires_grad = False froze nothing",
 }
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}

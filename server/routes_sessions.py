@@ -166,6 +166,15 @@ def loss(session_id: SessionId, store: StoreDep, rank: RankQ = 0, start: StepQ =
                     media_type=JSON)
 
 
+@router.get("/sessions/{session_id}/metrics",
+            response_description="each name torchscope.log() recorded -> columns step and value (in step order; "
+                                 "NaN/Infinity as strings)")
+def metrics(session_id: SessionId, store: StoreDep, rank: RankQ = 0) -> Response:
+    require_session(store, session_id)
+    key = ("metrics", session_id, rank, store.frame_count(session_id, rank))
+    return Response(_cached(key, lambda: api_json(store.metric_series(session_id, rank))), media_type=JSON)
+
+
 @router.get("/sessions/{session_id}/diagnostics", response_description="a list of Finding (torchscope.schema)")
 async def diagnostics(request: Request, session_id: SessionId, store: StoreDep, hub: HubDep,
                       rank: RankQ = 0) -> Response:

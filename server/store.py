@@ -40,7 +40,7 @@ from typing import Any, NamedTuple, TypeVar
 import pydantic_core
 
 from torchscope.schema import END_STATUSES, SCHEMA_VERSION
-from torchscope.series import check_columns, columns, concat, memory_series
+from torchscope.series import check_columns, columns, concat, memory_series, metric_rows, metric_series
 from torchscope.sessionfile import FRAME_HEADER_SIZE, series_part
 
 from .frames import Frame
@@ -110,6 +110,17 @@ CREATE TABLE IF NOT EXISTS memory_chunks (
     seq INTEGER NOT NULL,  -- last frame of the ingest batch the chunk was built from
     cols TEXT NOT NULL,  -- JSON array: per /memory column, that batch's values as JSON text sans brackets
     PRIMARY KEY (session_id, rank, seq)
+);
+-- the numbers of torchscope.log() (LogEvent.metrics): a logged name's value at a step, the last
+-- logged; a NaN or infinity in `nonfinite` ("NaN", "Infinity", "-Infinity"), as SQLite keeps no NaN
+CREATE TABLE IF NOT EXISTS metrics (
+    session_id TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    value REAL,
+    nonfinite TEXT,
+    PRIMARY KEY (session_id, rank, name, step)
 );
 CREATE TABLE IF NOT EXISTS diagnostics (
     session_id TEXT NOT NULL,
@@ -192,6 +203,13 @@ class IngestResult:
 
 # the non-finite floats as api_json writes them (into the stored step events too)
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _metric_value(value: float | None) -> tuple[float | None, str | None]:
+    """A metric as the ``value, nonfinite`` columns keep it."""
+    if value is None or math.isfinite(value):
+        return value, None
+    return None, "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
 
 
 def _dumps(obj: Any) -> str:
@@ -430,7 +448,7 @@ class Store:
     def delete(self, session_id: str) -> Future[bool]:
         def fn(c: sqlite3.Connection) -> bool:
             found = c.execute("DELETE FROM sessions WHERE id=?", (session_id,)).rowcount > 0
-            for table in ("ranks", "frames", "steps", "graphs", "memory_chunks", "diagnostics"):
+            for table in ("ranks", "frames", "steps", "graphs", "memory_chunks", "metrics", "diagnostics"):
                 c.execute(f"DELETE FROM {table} WHERE session_id=?", (session_id,))  # noqa: S608
             return found
 
@@ -618,6 +636,14 @@ class Store:
             lrs.append(last[1])
         return {"step": steps, "loss": losses, "nonfinite": nonfinite, "lr": lrs}
 
+    def metric_series(self, session_id: str, rank: int) -> dict[str, dict[str, list[Any]]]:
+        """Each name ``torchscope.log()`` recorded: ``{step, value}`` columns in step order."""
+        rows = self._read().execute(
+            "SELECT step, name, value, nonfinite FROM metrics WHERE session_id=? AND rank=? ORDER BY name, step",
+            (session_id, rank)).fetchall()
+        return metric_series((step, name, _NONFINITE.get(bad, value))
+                             for step, name, value, bad in rows)
+
     def graphs(self, session_id: str, rank: int) -> list[dict[str, Any]]:
         rows = self._read().execute(
             """SELECT g.step, g.micro, g.ops, g.nodes, s.graph_signature FROM graphs g
@@ -701,7 +727,7 @@ class StagedImport:
         self._conn.close()
 
 
-_STAGED_TABLES = ("ranks", "frames", "steps", "graphs", "memory_chunks")
+_STAGED_TABLES = ("ranks", "frames", "steps", "graphs", "memory_chunks", "metrics")
 
 
 def _commit_staged(c: sqlite3.Connection, session_id: str, rank: int, writing: bool) -> IngestResult | None:
@@ -788,6 +814,7 @@ def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Fram
     graphs = events = nbytes = 0
     frame_rows: list[tuple[str, int, int, bytes]] = []
     step_events: list[dict[str, Any]] = []
+    metrics: list[tuple[int, str, float | None]] = []
     series: dict[str, list[Any]] = {part: [] for part in _SUMMARY_PARTS}  # the frames' series records
     for f in frames:
         if f.info.seq < next_seq:
@@ -812,12 +839,17 @@ def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Fram
                           (ev.get("status", "finished"), session_id, rank))
             elif kind == "series" and ev.get("part") in series:
                 series[ev["part"]].append(ev.get("columns"))
+            elif kind == "log" and "metrics" in ev:
+                metrics += metric_rows([ev])
         events += len(f.events)
         nbytes += len(f.raw)
         next_seq += 1
         res.stored.append(f)
     res.next_seq = next_seq
     c.executemany("INSERT INTO frames VALUES (?,?,?,?)", frame_rows)
+    if metrics:  # in the order logged: a name logged twice for a step keeps the later value
+        c.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?,?,?)",
+                      [(session_id, rank, step, name, *_metric_value(value)) for step, name, value in metrics])
     # the batch's steps in one statement: one pass of torchscope.series over them, not one per step
     step_events = [ev for ev in step_events if type(ev.get("step")) is int]
     if step_events:

@@ -24,6 +24,9 @@ FIX = ("Find the overflow: normalise inputs, keep losses/softmax in float32 (aut
 FIX_CLIP = ("Call scaler.unscale_(optimizer) after scaler.scale(loss).backward() and before clip_grad_norm_ / "
             "clip_grad_value_: clipping compares the threshold with the gradients as they are, and until then "
             "they are the scale times too large (scaler.step(optimizer) then does not unscale them again).")
+FIX_NO_SCALER = ("Scale the loss with torch.amp.GradScaler: scaler.scale(loss).backward(); scaler.step(optimizer); "
+                 "scaler.update(). Keep the parameters float32 and let autocast cast per op (model.half() makes the "
+                 "updates float16 too), or autocast to torch.bfloat16, whose range is float32's and needs no scaler.")
 FIX_CALIBRATION = ("Nothing to fix: a GradScaler starts at a large scale and halves it on each overflow until the "
                    "scaled gradients fit in float16; the steps it skips meanwhile do not update the model. Pass a "
                    "smaller init_scale to torch.amp.GradScaler to skip fewer.")
@@ -150,6 +153,30 @@ def _unscaled(run: Run, settings: Settings) -> list[Finding]:
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], title="Loss not scaled by the GradScaler")]
 
 
+def _no_scaler(run: Run) -> list[Finding]:
+    """Backward passes of float16 -- a forward under ``autocast(dtype=torch.float16)``, or float16
+    parameters (``model.half()``) -- in a run no GradScaler scaled a loss of: gradients below
+    float16's smallest (6e-8) flush to zero, large ones overflow, and nothing tells."""
+    trained = [(step, ev) for step, ev in run.step_events() if as_int(ev.get("micro_batches")) > 0]
+    if not trained or any("scaler" in ev for _, ev in run.step_events()):
+        return []
+    half = [run.param_name(i) for i, p in enumerate(run.params)
+            if p.get("dtype") == "float16" and p.get("requires_grad", True)]
+    steps = [step for step, ev in trained if half or ev.get("autocast_dtype") == "float16"]
+    if not steps:
+        return []
+    if half:
+        shown = ", ".join(half[:3]) + (f" and {len(half) - 3} more" if len(half) > 3 else "")
+        what = f"{len(half)} trained parameter{'s are' if len(half) > 1 else ' is'} float16 ({shown})"
+    else:
+        what = "the forward ran under torch.autocast(dtype=torch.float16)"
+    message = (f"{what[0].upper()}{what[1:]} and no GradScaler scales the loss ({describe_steps(steps, run.last_step)}): gradients smaller than "
+               f"float16's 6e-8 flush to zero and large ones overflow to inf, without an error.")
+    return [make("P14", "warning", message, FIX_NO_SCALER, steps, rank=run.rank, params=half[:32], view="gradients",
+                 targets=[FindingTarget(step=steps[0], rank=run.rank)],
+                 title="float16 training without a GradScaler")]
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
     skipped: list[int] = []
     collapsed: list[int] = []
@@ -185,4 +212,4 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                              f"({describe_steps(clip, run.last_step)}): call scaler.unscale_(optimizer) first.",
                              FIX_CLIP, clip, rank=run.rank, targets=[FindingTarget(step=clip[0], rank=run.rank)],
                              src=clip_src, view="gradients", data=data))
-    return findings + _unscaled(run, settings)
+    return findings + _unscaled(run, settings) + _no_scaler(run)

@@ -104,10 +104,22 @@ def check_p15(f: dict[str, Any]) -> None:
     assert f["since"] == 0 and f["data"]["micro_batches"][0] == 4
 
 
+def check_p16(f: dict[str, Any]) -> None:
+    # the Softmax module and the loss's log_softmax, both ops of the captured step 0
+    assert f["since"] == 0 and f["modules"] == ["3"] and "cross_entropy" in f["message"]
+    assert len(targets(f, "op")) == 2 and "Softmax" in f["message"]
+
+
+def check_p17(f: dict[str, Any]) -> None:
+    assert f["modules"] == ["encoder"] and f["since"] == 0 and f["view"] == "gradients"
+    assert set(f["params"]) == {"encoder.0.weight", "encoder.0.bias", "encoder.2.weight", "encoder.2.bias"}
+    assert "model.encoder.requires_grad = False" in f["message"]
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "P1": check_p1, "P2": check_p2, "P3": check_p3, "P4": check_p4, "P5": check_p5, "P6": check_p6,
     "P7": check_p7, "P8": check_p8, "P9": check_p9, "P10": check_p10, "P11": check_p11, "P12": check_p12,
-    "P13": check_p13, "P14": check_p14, "P15": check_p15,
+    "P13": check_p13, "P14": check_p14, "P15": check_p15, "P16": check_p16, "P17": check_p17,
 }
 
 

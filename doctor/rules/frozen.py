@@ -1,0 +1,57 @@
+"""P17: ``module.requires_grad = False`` (an attribute, not ``requires_grad_(False)``) froze nothing.
+
+``nn.Module`` has no ``requires_grad`` flag of its own: assigning one sets a plain Python
+attribute and leaves every parameter's flag as it was, so the "frozen" layer still gets
+gradients and the optimizer still updates it.  The capture records the attribute where a
+module has one (``ModuleInfo.requires_grad_attr``); the parameters' flags are in the header and
+their gradients in the steps.
+"""
+
+from __future__ import annotations
+
+from torchscope.schema import Finding, FindingTarget
+
+from ..finding import and_list, describe_steps, make
+from ..run import Run, as_dict, as_list
+from ..settings import Settings
+
+FIX = ("Freeze with the method: module.requires_grad_(False) (with the underscore), or set p.requires_grad = False "
+       "for each p in module.parameters(); build the optimizer over the parameters that still require grad "
+       "(filter(lambda p: p.requires_grad, model.parameters())).")
+
+
+def _under(module: str, path: str) -> bool:
+    return not path or module == path or module.startswith(path + ".")
+
+
+def check(run: Run, settings: Settings) -> list[Finding]:
+    meant = [str(m.get("path", "")) for m in as_list(run.session.get("modules"))
+             if isinstance(m, dict) and m.get("requires_grad_attr") is False]
+    if not meant:
+        return []
+    # keep the outermost: `model.encoder.requires_grad = False` and its layers' the same
+    meant = [p for p in meant if not any(q != p and _under(p, q) for q in meant)]
+    findings: list[Finding] = []
+    for path in meant:
+        idx = [i for i, p in enumerate(run.params)
+               if p.get("requires_grad", True) and _under(run.param_module(i), path)]
+        if not idx:
+            continue
+        steps: list[int] = []
+        for step, ev in run.step_events():
+            norms = as_list(as_dict(ev.get("grads")).get("norm"))
+            if any(i < len(norms) and norms[i] is not None for i in idx):
+                steps.append(step)
+        if not steps:  # off the loss path as well: nothing trains them, nothing to tell
+            continue
+        names = [run.param_name(i) for i in idx]
+        shown = and_list(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        label = "model" + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in path.split(".") if part)
+        got = f"; they got gradients {describe_steps(steps, run.last_step)}"
+        message = (f"{label}.requires_grad = False set a plain attribute on the {run.module_type(path) or 'module'}: "
+                   f"its parameters {shown} still require grad{got}, and an optimizer given them updates them.")
+        findings.append(make("P17", "warning", message, FIX, steps, rank=run.rank,
+                             modules=[path], params=names,
+                             targets=[FindingTarget(step=steps[0], rank=run.rank, module=path)],
+                             view="gradients"))
+    return findings

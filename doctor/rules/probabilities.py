@@ -1,0 +1,99 @@
+"""P16: a loss that normalises its input itself given probabilities instead of logits.
+
+``nn.CrossEntropyLoss`` / ``F.cross_entropy`` apply ``log_softmax`` to their input and
+``nn.BCEWithLogitsLoss`` applies a sigmoid: fed the output of a ``Softmax`` / ``sigmoid`` layer,
+the model is squashed twice -- the loss cannot fall much below its start, and the gradient
+reaching the model shrinks by the softmax's Jacobian.  ``NLLLoss`` expects log-probabilities:
+fed probabilities, it maximises p instead of log p.  Found in the captured graph's dataflow:
+the loss op's input is, through ops that only move or cast it, the normaliser's output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchscope.schema import Finding
+
+from ..finding import describe_steps, make
+from ..graph import ops, producers, target_of_op
+from ..run import Run, as_int, as_list
+from ..settings import Settings
+
+# ops that hand their input on unchanged in value: a view, a copy, a cast (autocast's to float32)
+_PASS = frozenset({
+    "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::squeeze", "aten::unsqueeze", "aten::flatten",
+    "aten::transpose", "aten::permute", "aten::contiguous", "aten::clone", "aten::_to_copy", "aten::to",
+    "aten::alias", "aten::t", "aten::expand", "aten::slice", "aten::select", "aten::detach_", "aten::_reshape_alias",
+})
+_NLL = ("aten::nll_loss_forward", "aten::nll_loss2d_forward", "aten::nll_loss")
+# loss op -> (what feeds it wrongly, what the user called, what they meant)
+_CASES: dict[str, tuple[str, str, str]] = {
+    "aten::_log_softmax": ("aten::_softmax", "cross_entropy (CrossEntropyLoss)", "softmax"),
+    "aten::log_softmax": ("aten::_softmax", "cross_entropy (CrossEntropyLoss)", "softmax"),
+    **{n: ("aten::_softmax", "nll_loss (NLLLoss)", "softmax") for n in _NLL},
+    "aten::binary_cross_entropy_with_logits": ("aten::sigmoid", "binary_cross_entropy_with_logits (BCEWithLogitsLoss)",
+                                               "sigmoid"),
+}
+FIX = {
+    "softmax": ("Give the loss the logits, the output before the Softmax: nn.CrossEntropyLoss / F.cross_entropy "
+                "apply log_softmax themselves (for NLLLoss, use log_softmax instead of softmax). Keep the Softmax "
+                "for predictions only: torch.softmax(model(x), dim=-1) outside the loss."),
+    "sigmoid": ("Give BCEWithLogitsLoss the logits, the output before the sigmoid (it applies the sigmoid itself, "
+                "stably); keep torch.sigmoid for predictions only."),
+}
+
+
+def _source(op: dict[str, Any], made: dict[int, dict[str, Any]], want: str) -> dict[str, Any] | None:
+    """The ``want`` op whose output reaches ``op``'s first input through pass-through ops only."""
+    inputs = as_list(op.get("inputs"))
+    cur = made.get(as_int(inputs[0], -1)) if inputs else None
+    for _ in range(16):  # a chain of views and casts, never a long one
+        if cur is None:
+            return None
+        name = str(cur.get("name", ""))
+        if name == want:
+            return cur
+        if name not in _PASS:
+            return None
+        ins = as_list(cur.get("inputs"))
+        cur = made.get(as_int(ins[0], -1)) if ins else None
+    return None
+
+
+def check(run: Run, settings: Settings) -> list[Finding]:
+    found: dict[tuple[str, str], tuple[list[int], dict[str, Any], dict[str, Any], int]] = {}
+    for step, g in run.all_graphs():
+        graph_ops = ops(g)
+        made = producers(graph_ops)
+        for op in graph_ops:
+            case = _CASES.get(str(op.get("name", "")))
+            if case is None or op.get("phase", "forward") != "forward":
+                continue
+            src = _source(op, made, case[0])
+            if src is None:
+                continue
+            key = (case[1], str(src.get("src") or src.get("module") or ""))
+            if key in found:
+                found[key][0].append(step)
+            else:
+                found[key] = ([step], src, op, step)
+    findings: list[Finding] = []
+    for (loss, _), (steps, norm_op, loss_op, first) in found.items():
+        kind = _CASES[str(loss_op.get("name"))][2]
+        kind_of = run.module_type(str(norm_op.get("module")))
+        where = (f" of module {norm_op['module']!r}" + (f" ({kind_of})" if kind_of else "")) if norm_op.get("module") else ""
+        at = f" ({norm_op['src']})" if norm_op.get("src") else ""
+        if kind == "sigmoid":
+            why = "it applies a sigmoid itself, so the model's output is squashed twice and its gradient shrinks"
+        elif "nll" in loss:
+            why = "it expects log-probabilities (log_softmax), so it raises p instead of log p and its gradient is off"
+        else:
+            why = ("it applies log_softmax itself, so the scores are squashed twice: the loss stalls well above "
+                   "zero and the gradient reaching the model shrinks")
+        message = (f"{loss} was given probabilities: its input is the {kind} output{where}{at}, not the logits; "
+                   f"{why} (captured graph{'s' if len(steps) > 1 else ''} {describe_steps(steps, run.last_step)}).")
+        findings.append(make("P16", "warning", message, FIX[kind], steps, rank=run.rank,
+                             targets=[target_of_op(first, run.rank, norm_op), target_of_op(first, run.rank, loss_op)],
+                             modules=[str(norm_op["module"])] if norm_op.get("module") else [],
+                             src=str(norm_op.get("src") or loss_op.get("src") or "") or None))
+    return findings

@@ -1,0 +1,96 @@
+"""torchscope.log(): numbers of the user's own, each with its step, in the session file --
+without changing the training, without an op in the captured graph, never raising."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torchscope
+from torchscope.session import load
+
+
+def _train(path: Path | None, mode: str = "default", log: bool = True, steps: int = 4) -> list[float]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.2), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses: list[float] = []
+    watch = torchscope.watch(model, opt, server=None, record=path, mode=mode) if path is not None else None
+    try:
+        for step in range(steps):
+            x = torch.randn(8, 6)
+            loss = model(x).pow(2).mean()
+            if log:
+                torchscope.log(inside=loss)  # a tensor that requires grad, read in the step
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if log:
+                torchscope.log(acc=step / 4, np32=np.float32(0.25), flag=step % 2 == 0)  # the step that ended
+        if log:
+            torchscope.log(step=0, late=7)  # a step given: that one
+    finally:
+        if watch is not None:
+            watch.close()
+    return losses
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_logged_numbers_have_their_steps_and_change_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, native: bool) -> None:
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    plain = _train(None, log=False)
+    path = tmp_path / "run.tscope"
+    watched = _train(path, mode)
+    assert [x.hex() for x in watched] == [x.hex() for x in plain]  # bit-identical
+    run = load(path)
+    metrics = run.metrics()
+    assert metrics["acc"] == {"step": [0, 1, 2, 3], "value": [0.0, 0.25, 0.5, 0.75]}
+    assert metrics["inside"]["step"] == [0, 1, 2, 3]
+    assert [v for v in metrics["inside"]["value"]] == pytest.approx(watched, rel=1e-6)
+    assert metrics["np32"]["value"] == [0.25] * 4 and metrics["flag"]["value"] == [1.0, 0.0, 1.0, 0.0]
+    assert metrics["late"] == {"step": [0], "value": [7.0]}
+    # each call is one info line of the log, readable without the field
+    lines = [e for e in run.logs if "metrics" in e]
+    assert lines[0]["message"].startswith("step 0: inside=") and lines[1]["message"] == "step 0: acc=0, np32=0.25, flag=1"
+    # the read of `inside` is the capture's, not an op of the step's graph
+    for s in run.graph_steps:
+        assert not [op["name"] for op in run.graph(s)["ops"] if op["name"] == "aten::_local_scalar_dense"]
+
+
+def test_what_is_no_number_is_left_out_with_one_line_and_nothing_raises(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "bad.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(3):
+            model(torch.randn(2, 3)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            torchscope.log(name="resnet", vec=torch.ones(3), ok=float("inf"), cplx=torch.tensor(1j), **{"x" * 200: 1.0})
+            torchscope.log(step="three", also=1)  # a step that is no int: the step as if none were given
+    err = capsys.readouterr().err
+    for name in ("name", "vec", "cplx", "x" * 200):
+        assert err.count(f"log({name}=...) left out") == 1, err
+    metrics = load(path).metrics()
+    assert sorted(metrics) == ["also", "ok"] and metrics["ok"]["value"] == [math.inf] * 3
+    assert metrics["also"]["step"] == [0, 1, 2]
+    torchscope.log(after=1.0)  # the watch closed: nothing, no error
+    assert "after" not in load(path).metrics()
+
+
+def test_log_without_a_watch_does_nothing_and_imports_no_torch() -> None:
+    code = ("import sys, torchscope; torchscope.log(acc=1.0); torchscope.log(step=3, x=2);"
+            "print('torch' in sys.modules, 'torchscope._watch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["False", "False"] and out.stderr == ""

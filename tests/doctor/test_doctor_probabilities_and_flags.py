@@ -1,0 +1,168 @@
+"""Three mistakes beyond the seeds' fifteen, on real watched loops: a loss given probabilities
+instead of logits (P16), ``module.requires_grad = False`` that froze nothing (P17), and float16
+training with no GradScaler (P14) -- each against its correct twin, which must stay silent."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.session import load
+from torchscope.sessionfile import iter_events
+
+
+def _train(path: Path, model: nn.Module, loss_of: Callable[[nn.Module, torch.Tensor], torch.Tensor], *,
+           mode: str = "default", steps: int = 3, params: Any = None,
+           autocast: torch.dtype | None = None, scaler: bool = False) -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    opt = torch.optim.SGD(params if params is not None else model.parameters(), lr=0.05)
+    amp = torch.amp.GradScaler("cpu") if scaler else None
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(steps):
+            x = torch.randn(8, 6)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                loss = loss_of(model, x)
+            if amp is not None:
+                amp.scale(loss).backward()
+                amp.step(opt)
+                amp.update()
+            else:
+                loss.backward()
+                opt.step()
+    return [dict(f) for f in diagnose(iter_events(path))]
+
+
+def _codes(found: list[dict[str, Any]], code: str) -> list[dict[str, Any]]:
+    return [f for f in found if f["code"] == code]
+
+
+def _classes(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return torch.arange(x.shape[0]) % 3
+
+
+# ---------------------------------------------------------------- P16: probabilities into the loss
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_softmax_into_cross_entropy_is_found_at_the_softmax(tmp_path: Path, mode: str) -> None:
+    model = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 3), nn.Softmax(dim=-1))
+    found = _train(tmp_path / "ce.tscope", model,
+                   lambda m, x: nn.functional.cross_entropy(m(x), _classes(m, x)), mode=mode)
+    (f,) = _codes(found, "P16")
+    assert f["modules"] == ["3"] and f["severity"] == "warning" and "cross_entropy" in f["message"]
+    graph = load(tmp_path / "ce.tscope").graph(0)
+    by_id = {op["id"]: op for op in graph["ops"]}
+    names = [by_id[t["op"]]["name"] for t in f["targets"]]
+    assert names == ["aten::_softmax", "aten::_log_softmax"], names  # the Softmax, then the loss's own
+    assert f["steps"] == ([0, 1, 2] if mode == "full" else [0])  # the captured steps
+
+
+@pytest.mark.parametrize("loss_name", ["nll", "bce_with_logits"])
+def test_probabilities_into_nll_or_bce_with_logits_are_found(tmp_path: Path, loss_name: str) -> None:
+    def loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if loss_name == "nll":
+            return nn.functional.nll_loss(m(x), _classes(m, x))
+        return nn.functional.binary_cross_entropy_with_logits(m(x).view(-1), (_classes(m, x) > 0).float())
+
+    last = nn.Softmax(dim=1) if loss_name == "nll" else nn.Sigmoid()
+    model = nn.Sequential(nn.Linear(6, 3 if loss_name == "nll" else 1), last)
+    (f,) = _codes(_train(tmp_path / "p.tscope", model, loss), "P16")
+    assert f["modules"] == ["1"]
+    assert ("nll_loss" if loss_name == "nll" else "binary_cross_entropy_with_logits") in f["message"]
+    assert ("sigmoid" if loss_name != "nll" else "log-probabilities") in f["message"] + f["fix"]
+
+
+def test_logits_soft_targets_and_log_softmax_are_no_finding(tmp_path: Path) -> None:
+    """The correct twins: logits into cross_entropy (with label smoothing), a teacher's softmax
+    as soft targets, a KL divergence on log_softmax, NLLLoss on log_softmax, BCE on a sigmoid
+    (BCELoss wants probabilities) -- and softmax inside the model for attention."""
+    teacher = nn.Linear(6, 3)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            attn = torch.softmax(self.q(x) @ x.T, dim=-1)  # attention weights: a softmax, used as one
+            return self.head(attn @ x)
+
+    def loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        out = m(x)
+        with torch.no_grad():
+            soft = torch.softmax(teacher(x) / 2.0, dim=-1)
+        y = _classes(m, x)
+        return (nn.functional.cross_entropy(out, soft) + nn.functional.cross_entropy(out, y, label_smoothing=0.1)
+                + nn.functional.kl_div(torch.log_softmax(out, -1), soft, reduction="batchmean")
+                + nn.functional.nll_loss(torch.log_softmax(out, -1), y)
+                + nn.functional.binary_cross_entropy(torch.sigmoid(out[:, 0]), (y > 0).float()))
+
+    for mode in ("default", "full"):
+        found = _train(tmp_path / f"ok-{mode}.tscope", Net(), loss, mode=mode)
+        assert [(f["code"], f["message"]) for f in found if f["severity"] != "info"] == []
+
+
+# ---------------------------------------------------------------- P17: module.requires_grad = False
+def test_requires_grad_attribute_on_a_module_is_found_and_the_method_is_not(tmp_path: Path) -> None:
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 8)), nn.Linear(8, 3))
+
+    wrong = model()
+    wrong[0].requires_grad = False
+    wrong[0][0].requires_grad = False  # inside the first: told once, at the outermost
+    before = wrong[0][0].weight.detach().clone()
+    found = _train(tmp_path / "attr.tscope", wrong, lambda m, x: nn.functional.cross_entropy(m(x), _classes(m, x)))
+    assert not torch.equal(before, wrong[0][0].weight)  # plain PyTorch: it trained
+    (f,) = _codes(found, "P17")
+    assert f["modules"] == ["0"] and f["steps"] == [0, 1, 2]
+    assert set(f["params"]) == {"0.0.weight", "0.0.bias", "0.2.weight", "0.2.bias"}
+    assert "model[0].requires_grad = False" in f["message"] and "requires_grad_(False)" in f["fix"]
+
+    right = model()
+    right[0].requires_grad_(False)
+    found = _train(tmp_path / "method.tscope", right, lambda m, x: nn.functional.cross_entropy(m(x), _classes(m, x)),
+                   params=[p for p in right.parameters() if p.requires_grad])
+    assert _codes(found, "P17") == []
+    # the attribute with its parameters frozen by hand as well: nothing trains them
+    both = model()
+    both[0].requires_grad = False
+    for p in both[0].parameters():
+        p.requires_grad = False
+    found = _train(tmp_path / "both.tscope", both, lambda m, x: nn.functional.cross_entropy(m(x), _classes(m, x)))
+    assert _codes(found, "P17") == []
+    assert load(tmp_path / "both.tscope").meta["modules"][1]["requires_grad_attr"] is False
+
+
+# ---------------------------------------------------------------- P14: float16 without a GradScaler
+def _mse(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(m(x).float(), x[:, :2].float())
+
+
+@pytest.mark.parametrize("how", ["autocast", "half"])
+def test_float16_without_a_grad_scaler_is_found(tmp_path: Path, how: str) -> None:
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+    if how == "half":
+        model = model.half()
+        found = _train(tmp_path / "h.tscope", model, lambda m, x: _mse(m, x.half()))
+    else:
+        found = _train(tmp_path / "a.tscope", model, _mse, autocast=torch.float16)
+        assert [e.get("autocast_dtype") for e in load(tmp_path / "a.tscope").steps] == ["float16"] * 3
+    (f,) = _codes(found, "P14")
+    assert f["title"] == "float16 training without a GradScaler" and f["steps"] == [0, 1, 2]
+    assert ("float16 (0.weight" in f["message"]) == (how == "half"), f["message"]
+
+
+@pytest.mark.parametrize("how", ["bfloat16", "scaler"])
+def test_bfloat16_or_a_grad_scaler_is_no_finding(tmp_path: Path, how: str) -> None:
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+    found = _train(tmp_path / "ok.tscope", model, _mse, autocast=torch.bfloat16 if how == "bfloat16" else torch.float16,
+                   scaler=how == "scaler")
+    assert [f["message"] for f in found if f["severity"] != "info"] == []
+    assert load(tmp_path / "ok.tscope").steps[0]["autocast_dtype"] == ("bfloat16" if how == "bfloat16" else "float16")
