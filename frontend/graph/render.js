@@ -266,6 +266,61 @@ export class GraphCanvas {
 
   draw() {
     this.frames++;
+    this.paint();
+  }
+
+  // The graph drawn into a canvas of its own, for an image (Export PNG): the whole graph at
+  // ``ratio`` image pixels per CSS pixel, else at 1, else as small as the caps (``maxSide`` a
+  // side, ``maxPixels`` in all) need while its labels are still drawn; past that, the current
+  // view alone (whole: false).  ``header(whole, size)``: a title line above the graph, in the
+  // image (size: the whole graph's [width, height] at the ratio asked).  Returns {canvas,
+  // width, height, whole, scale, ratio, full}.
+  exportCanvas({ ratio = 1, maxSide = 8192, maxPixels = 32 * 1024 * 1024, header = () => "" } = {}) {
+    const sc = this.scene;
+    if (!sc) return null;
+    const M = 20, HEAD = 30;
+    const size = (w, h, r) => [Math.ceil(w * r), Math.ceil(h * r)];
+    const ok = ([W, H]) => W <= maxSide && H <= maxSide && W * H <= maxPixels;
+    const wholeAt = (s, r) => size(sc.width * s + 2 * M, sc.height * s + 2 * M + HEAD, r);
+    const full = wholeAt(1, ratio);
+    let plan = null;
+    for (const r of ratio > 1 ? [ratio, 1] : [ratio]) if (!plan && ok(wholeAt(1, r))) plan = { whole: true, scale: 1, ratio: r };
+    if (!plan) {
+      let s = Math.min(1, (maxSide - 2 * M) / Math.max(sc.width, 1), (maxSide - 2 * M - HEAD) / Math.max(sc.height, 1),
+        Math.sqrt(maxPixels / Math.max(sc.width * sc.height, 1)));
+      while (s > 0 && !ok(wholeAt(s, 1))) s *= 0.99;
+      if (s >= TEXT_MIN_SCALE) plan = { whole: true, scale: s, ratio: 1 };
+    }
+    let W, H, view;
+    if (plan) {
+      [W, H] = wholeAt(plan.scale, plan.ratio);
+      view = { scale: plan.scale, tx: M, ty: M + HEAD };
+    } else { // the current view, as the canvas shows it, under the title line
+      this.measure();
+      let r = ratio;
+      while (r > 0.25 && !ok(size(this.w, this.h + HEAD, r))) r /= 2;
+      plan = { whole: false, scale: this.scale, ratio: r };
+      [W, H] = size(this.w, this.h + HEAD, r);
+      view = { scale: this.scale, tx: this.tx, ty: this.ty + HEAD };
+    }
+    const canvas = document.createElement("canvas");
+    canvas.width = W; canvas.height = H;
+    const saved = { ctx: this.ctx, w: this.w, h: this.h, dpr: this.dpr, scale: this.scale, tx: this.tx, ty: this.ty };
+    Object.assign(this, { ctx: canvas.getContext("2d"), w: W / plan.ratio, h: H / plan.ratio, dpr: plan.ratio }, view);
+    try {
+      this.paint();
+      const ctx = this.ctx, th = this.theme();
+      ctx.setTransform(plan.ratio, 0, 0, plan.ratio, 0, 0);
+      ctx.fillStyle = th.bg; ctx.fillRect(0, 0, this.w, HEAD); // under the title: nothing of a panned view
+      ctx.fillStyle = th.text; ctx.font = "13px system-ui, sans-serif";
+      ctx.fillText(fit(ctx, header(plan.whole, full) || "", this.w - 2 * M), M, 20);
+    } finally {
+      Object.assign(this, saved);
+    }
+    return { canvas, width: W, height: H, whole: plan.whole, scale: plan.scale, ratio: plan.ratio, full };
+  }
+
+  paint() {
     const ctx = this.ctx, sc = this.scene, th = this.theme();
     ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
     ctx.fillStyle = th.bg; ctx.fillRect(0, 0, this.w, this.h);

@@ -6,6 +6,7 @@ import { buildModel, ancestors } from "./model.js";
 import { buildScene, lossPath, leafSub } from "./scene.js";
 import { GraphCanvas } from "./render.js";
 import { renderDetails } from "./details.js";
+import { TopOps } from "./topops.js";
 import { NONFINITE, rampLegend, legendItem } from "../colors.js";
 import { THEME_EVENT } from "../theme.js";
 
@@ -28,6 +29,14 @@ const OVERLAYS = [["phase", "phase", "forward / backward"], ["grad", "gradient n
   ["time", "time", "an op's or a grad_fn's duration; a collapsed backward module: its grad_fn nodes' (their aten kernels are inside them)"], ["dtype", "dtype", "the output's dtype"],
   ["diff", "diff", "added / changed / same against another captured step (the menu beside it)"]];
 const NO_DIFF = "only one step is captured: no other step to compare with";
+
+// The page's query as it was loaded, read before the app rewrites the URL from the state it
+// knows (which has no top= / topby=): ?top=1 opens the Top ops table (top=nodes: the grad_fn
+// nodes', top=backward / optimizer / all: those ops'), &topby=module groups it by module.
+const LOADED_QUERY = new URLSearchParams(location.search);
+const TOP_SECTION = { 1: "forward", true: "forward", forward: "forward", backward: "backward", optimizer: "optimizer", all: "all", nodes: "nodes" };
+// Export PNG: the caps on the image (a side, all its pixels), past which the current view is exported
+const PNG_MAX_SIDE = 8192, PNG_MAX_PIXELS = 32 * 1024 * 1024;
 
 // Why a graph is partial: a step past max_ops records its first ops and counts the rest; a
 // recorder that failed partway (its error is in the run's log) has no count.
@@ -67,7 +76,10 @@ export class GraphView {
     this.reqId = 0;
     this.startWorker();
     this.waiters = [];
+    const top = LOADED_QUERY.get("top");
+    this.topOps = new TopOps(this, { section: TOP_SECTION[top] || "forward", by: LOADED_QUERY.get("topby") || "name" });
     this.build();
+    if (top && TOP_SECTION[top] && top !== "0") this.toggleTopOps(true);
   }
 
   startWorker() {
@@ -103,6 +115,13 @@ export class GraphView {
           h("input", { type: "checkbox", checked: this.sideBySide || undefined, "data-testid": "side-by-side", onchange: (e) => this.setSideBySide(e.target.checked) }), " side by side"),
         btn("Fit", () => this.canvas.fitOrOverview(), "fit to screen, readable (f); again: the whole graph", "fit")),
       this.cutInfo);
+    // Top ops and Export PNG: at the right of the bar under the canvas, above the table the
+    // first opens -- the toolbar is one full row at 1280 px (with the diff's step menu), and
+    // two more buttons there moved a whole group to a second row
+    this.topBtn = h("button", { onclick: () => this.toggleTopOps(), "aria-pressed": "false", "data-testid": "top-ops-toggle",
+      title: "Top ops: this step's ops (or grad_fn nodes) by name or module -- calls, time, share, bytes -- as the profiler's table; a row lights its ops up in the graph" }, "Top ops");
+    this.pngBtn = btn("Export PNG", () => this.exportPng().catch((e) => this.exportNote(`Export failed: ${e.message}`)),
+      "the whole graph as laid out now (expanded modules, colours, highlight) as a PNG image; past 8192 px a side or 32 MP, the current view", "export-png");
     this.canvasEl = h("canvas", { tabindex: 0, "aria-label": "computation graph; n / p: next / previous node, Enter: expand, Backspace: collapse" });
     this.legend = h("div", { class: "legend", "data-testid": "legend" });
     this.status = h("div", { class: "graph-status" });
@@ -110,7 +129,8 @@ export class GraphView {
     this.details = h("aside", { class: "details", "data-testid": "details" });
     // the legend is a bar under the canvas, not over it: floating there it hid the nodes at
     // the bottom left of every graph taller than the canvas, wherever the user panned
-    this.root.append(this.toolbar, h("div", { class: "graph-body" }, h("div", { class: "graph-main" }, this.stage, this.legend), this.details));
+    this.root.append(this.toolbar, h("div", { class: "graph-body" }, h("div", { class: "graph-main" }, this.stage,
+      h("div", { class: "graph-foot" }, this.legend, h("span", { class: "graph-foot-tools" }, this.topBtn, this.pngBtn)), this.topOps.el), this.details));
     this.canvas = new GraphCanvas(this.canvasEl, {
       onSelect: (it) => this.select(it ? it.key : null),
       onDblClick: (it) => { if (it && it.group !== undefined) this.toggleGroup(it.group); },
@@ -176,6 +196,10 @@ export class GraphView {
     this.t0 = performance.now(); // data arrived: first paint is measured from here
     this.computeStepFacts();
     this.model = buildModel(ev);
+    // a Top ops row's highlight named the last step's ops ("o12" is another op here)
+    if (this.topHi && this.highlight === this.topHi) this.highlight = null;
+    this.topHi = null;
+    this.topOps.render();
     const m = this.model;
     this.workerInput = {
       leafGroup: Int32Array.from(m.leaves, (l) => l.group), leafPos: Int32Array.from(m.leaves, (l) => l.pos),
@@ -326,6 +350,79 @@ export class GraphView {
       highlight: this.highlight, cut: this.cut, selected: this.selectedVisibleKey(), sideBySide: this.sideBySide }, this.scene);
     this.canvas.setScene(this.scene);
     this.drawLegend();
+    if (this.highlight !== this.topHi || !this.highlight) this.topOps.unmark();
+  }
+
+  // The Top ops table shown (``on``), hidden, or toggled; kept in the URL (top=, topby=).
+  toggleTopOps(on = !this.topOps.open) {
+    this.topOps.el.hidden = !on;
+    this.topBtn.setAttribute("aria-pressed", String(on));
+    this.topBtn.classList.toggle("on", on);
+    if (on) this.topOps.render();
+    else if (this.topHi && this.highlight === this.topHi) { this.highlight = this.topHi = null; this.redraw(); }
+    this.onTopOpsState();
+  }
+
+  onTopOpsState() {
+    const t = this.topOps;
+    this.app.setState({ top: t.open ? (t.section === "forward" ? "1" : t.section) : undefined, topby: t.open && t.by === "module" ? "module" : undefined });
+  }
+
+  // A Top ops row: its leaves lit up (the rest dimmed, a collapsed module holding one marked)
+  // and the first of them selected and centred; the same row again: the next one.
+  async highlightKeys(keys) {
+    if (!this.model) return;
+    const ks = keys.filter((k) => this.model.byKey.has(k));
+    if (!ks.length) return;
+    const same = this.topHi && this.highlight === this.topHi && ks.length === this.topHi.size && ks.every((k) => this.topHi.has(k));
+    if (!same) this.highlight = this.topHi = new Set(ks);
+    const i = same ? ks.indexOf(this.selected) : -1;
+    const next = ks[(i + 1) % ks.length];
+    this.searchInfo.textContent = ks.length > 1 ? `${ks.indexOf(next) + 1}/${ks.length}` : "";
+    this.keepHighlight = true; // the others stay marked
+    await this.select(next, true);
+  }
+
+  // Export PNG: the graph as laid out now (expanded modules, overlay colours, highlight and
+  // selection) drawn by the canvas renderer into an image of its own and downloaded as
+  // "<session>-step<N>.png": the whole graph when it fits the caps, else the current view, which
+  // the image's title line says.  ``download: false`` only makes it; ``dataUrl``: the image as a
+  // data: URL too (tests).  Resolves to {width, height, bytes, whole, scale, filename, dataUrl?}.
+  async exportPng({ download = true, dataUrl = false } = {}) {
+    if (!this.scene) throw new Error("no graph shown");
+    const name = this.app.summary?.name || this.app.id || "graph";
+    const header = (whole, full) => `${name} · step ${this.step} · ${this.overlay === "phase" ? "forward / backward" : this.overlay}` +
+      (whole ? "" : ` · current view only: the whole graph (${full[0]}×${full[1]} px) is over the ${PNG_MAX_SIDE} px / 32 MP cap`);
+    const out = this.canvas.exportCanvas({ ratio: Math.min(2, Math.max(1, window.devicePixelRatio || 1)), maxSide: PNG_MAX_SIDE, maxPixels: PNG_MAX_PIXELS, header });
+    const blob = await new Promise((resolve, reject) => out.canvas.toBlob((b) => (b ? resolve(b) : reject(new Error("the browser made no image"))), "image/png"));
+    const filename = `${String(name).replace(/[^\w.-]+/g, "_").replace(/^_+|_+$/g, "") || "graph"}-step${this.step}.png`;
+    if (download) {
+      const url = URL.createObjectURL(blob);
+      const a = h("a", { href: url, download: filename });
+      document.body.append(a); a.click(); a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 10_000);
+    }
+    this.exportNote(out.whole ? `Saved ${filename} (${out.width}×${out.height} px${out.scale < 1 ? `, the whole graph at ${Math.round(out.scale * 100)} %` : ""})`
+      : `Saved ${filename}: the current view only (${out.width}×${out.height} px) -- the whole graph would be ${out.full[0]}×${out.full[1]} px, over the ${PNG_MAX_SIDE} px / 32 MP cap`, !download);
+    const res = { width: out.width, height: out.height, bytes: blob.size, whole: out.whole, scale: out.scale, ratio: out.ratio, filename };
+    if (dataUrl) {
+      res.dataUrl = await new Promise((resolve, reject) => {
+        const r = new FileReader();
+        r.onload = () => resolve(r.result); r.onerror = () => reject(r.error);
+        r.readAsDataURL(blob);
+      });
+    }
+    return res;
+  }
+
+  // What an export did, for a few seconds over the canvas's bottom (not in the toolbar: one row)
+  exportNote(text, quiet = false) {
+    if (quiet) return;
+    this.exportMsg?.remove();
+    this.exportMsg = h("div", { class: "export-note", role: "status", "data-testid": "export-note" }, text);
+    this.stage.append(this.exportMsg);
+    const el = this.exportMsg;
+    setTimeout(() => el.remove(), 6000);
   }
 
   selectedVisibleKey() { return this.visibleKey(this.selected); }
@@ -617,6 +714,7 @@ export class GraphView {
       nodes: (this.scene?.items || []).map((it) => ({ key: it.key, label: it.label, sub: it.sub, group: it.group !== undefined, hi: it.hi, cut: it.cut, color: it.color })),
       frames: (this.scene?.frames || []).map((f) => f.title),
       expanded: this.model ? this.expandedGroups().map((g) => this.model.groups[g].key) : [], leaves: this.model?.leaves.length || 0, status: this.status.textContent,
+      topOps: this.topOps.debug(), highlighted: this.highlight ? [...this.highlight] : [],
     };
   }
 }
