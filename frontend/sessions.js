@@ -1,5 +1,5 @@
 // Sessions page (/): every run on this server, filtered and sorted, import by drag-and-drop
-// or file picker, rename, tag, delete, download.  Refreshes on live events.
+// or file picker, rename, tag, delete, download, compare two.  Refreshes on live events.
 import { h, clear, fmtTime, coalesce } from "./dom.js";
 import { api, sessionPath, live, showConnection } from "./api.js";
 import { initTheme } from "./theme.js";
@@ -8,6 +8,7 @@ const body = document.getElementById("sessions");
 const note = document.getElementById("note");
 const filter = document.getElementById("filter");
 const shown = document.getElementById("shown");
+const compareBtn = document.getElementById("compare");
 
 // Each sortable column: the key a row sorts by, and the order of a first click (counts and the
 // start time most / newest first, words from A).  Unsorted, the list is the server's: newest
@@ -36,6 +37,9 @@ const view = { sort: SORTS[params.get("sort")] ? params.get("sort") : null, dir:
 filter.value = params.get("q") || "";
 const COLUMNS = 9; // name, status, started, steps, ranks, doctor, mode, tags, actions
 let sessions = null; // the last list the server sent; the filter and the sort apply to it
+// The runs ticked for comparison, in the order ticked (the first is run A): two at most, a
+// third tick drops the oldest.  Kept across refreshes while the sessions are still listed.
+let picked = [];
 
 // The note says what the user's last action did (an import, a refused rename) and stays
 // until the next action; a failed list refresh says so too, and is cleared by the next
@@ -53,10 +57,12 @@ async function refresh() {
   try { list = await api("/api/sessions"); } catch (e) { say(e.message, true); listFailed = true; return; }
   if (listFailed) say("");
   sessions = list;
+  picked = picked.filter((id) => list.some((s) => s.id === id));
   render();
 }
 
 function render() {
+  showPicked();
   clear(body);
   if (!sessions.length) {
     shown.textContent = "";
@@ -89,6 +95,7 @@ function initListTools() {
     });
   }
   filter.addEventListener("input", changed);
+  compareBtn?.addEventListener("click", openCompare);
   showSort();
 }
 
@@ -125,10 +132,33 @@ function row(s) {
     h("td", { class: "mode", "data-testid": "mode-cell", title: MODES[s.mode] || "" }, s.mode || "–"),
     h("td", {}, tags),
     h("td", { class: "row-actions" },
+      h("label", { class: "compare-pick", title: "tick two runs, then \"Compare\" above the list" },
+        h("input", { type: "checkbox", "data-testid": "compare-pick", checked: picked.includes(s.id), onchange: (e) => pick(s.id, e.target.checked) }), "compare"),
       h("button", { title: "rename", onclick: () => rename(s) }, "Rename"),
       h("button", { title: "tags, comma separated", onclick: () => tag(s) }, "Tag"),
       h("button", { title: "download the .tscope file", onclick: () => download(s) }, "Download"),
       h("button", { class: "danger", title: "delete", onclick: () => remove(s) }, "Delete")));
+}
+
+// A tick of a row's "compare" box: a third run ticked drops the first of the two before it.
+function pick(id, on) {
+  picked = picked.filter((x) => x !== id);
+  if (on) picked.push(id);
+  if (picked.length > 2) picked = picked.slice(-2);
+  for (const box of body.querySelectorAll("input[data-testid=compare-pick]")) box.checked = picked.includes(box.closest("tr").dataset.id);
+  showPicked();
+}
+
+// The "Compare" button: enabled with two runs ticked; it opens /compare?a=&b=.
+function showPicked() {
+  if (!compareBtn) return;
+  compareBtn.disabled = picked.length !== 2;
+  compareBtn.textContent = picked.length === 2 ? "Compare the 2 ticked runs" : `Compare runs (tick ${2 - picked.length} more)`;
+}
+
+function openCompare() {
+  if (picked.length !== 2) return;
+  location.href = `/compare?${new URLSearchParams({ a: picked[0], b: picked[1] })}`;
 }
 
 async function rename(s) {

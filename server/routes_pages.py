@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from .config import TOKEN_COOKIE, version
-from .deps import HubDep, SessionId, SettingsDep, StoreDep
+from .deps import SESSION_ID_PATTERN, HubDep, SessionId, SettingsDep, StoreDep
 from .models import Health
 from .store import WRITER_DEAD
 
@@ -60,3 +60,14 @@ def index(request: Request, settings: SettingsDep) -> Response:
 @router.get("/sessions/{session_id}", response_class=HTMLResponse, include_in_schema=False)
 def session_page(session_id: SessionId, request: Request, settings: SettingsDep) -> Response:
     return _render("session.html", request, settings.token, session_id=session_id)
+
+
+# /compare?a=<id>&b=<id>[&rank=N]: two runs side by side (frontend/compare.js).  The ids are
+# checked as a session page's are; one absent or unknown is said on the page, not here.
+CompareId = Annotated[str | None, Query(pattern=SESSION_ID_PATTERN)]
+
+
+@router.get("/compare", response_class=HTMLResponse, include_in_schema=False)
+def compare_page(request: Request, settings: SettingsDep, a: CompareId = None, b: CompareId = None,
+                 rank: Annotated[int, Query(ge=0, le=65535)] = 0) -> Response:
+    return _render("compare.html", request, settings.token, a=a or "", b=b or "", rank=rank)

@@ -1,0 +1,296 @@
+// Compare two runs (/compare?a=<id>&b=<id>[&rank=N]): "why did my change make it worse?".
+// The facts of both sessions side by side (model, mode, parameters, optimizer, torch, steps,
+// final loss, the doctor's findings by code), then one chart per quantity on a shared step
+// axis, a colour per run: the loss, the total gradient norm, the learning rate (param group 0),
+// the step time, and the peak and live memory.  Everything comes from the per-session
+// endpoints the session dashboard reads (/loss, /grads, /memory, /steps, /diagnostics); a run
+// still going is followed through the live channel (/api/live), as the other pages are.
+import { h, clear, fmtTime, fmtNum, fmtUs, fmtBytes, coalesce } from "./dom.js";
+import { api, sessionPath, allSteps, live, showConnection, ApiError } from "./api.js";
+import { LineChart } from "./chart.js";
+import { SERIES, legendItem } from "./colors.js";
+import { initTheme } from "./theme.js";
+
+const main = document.getElementById("compare");
+const ids = [document.body.dataset.a || "", document.body.dataset.b || ""];
+const rank = Number(document.body.dataset.rank || 0);
+const COLORS = [SERIES[0], SERIES[1]]; // run A blue, run B red, on every chart
+// The server's JSON writes a non-finite float as the string "NaN" / "Infinity" / "-Infinity".
+const num = (v) => (typeof v === "string" ? Number(v) : v ?? null);
+// ... and the tests compare the charts' values with the recorded files in that form
+const wire = (v) => (typeof v === "number" && !Number.isFinite(v) ? String(v) : v);
+
+// The charts: a key of Run.cols each, its title, its axis format; log: always on a log10
+// axis, autoLog: once the values span two decades (a loss from 10 down to 0.01), steps: a value
+// in force until the next one (the learning rate).
+const CHARTS = [
+  { key: "loss", title: "loss per step", autoLog: true, marks: true },
+  { key: "grad_norm", title: "total gradient norm ‖grad‖₂ of all parameters, per step (log scale)", log: true },
+  { key: "lr", title: "learning rate per step (param group 0)", autoLog: true, steps: true },
+  { key: "step_time", title: "step time (from the previous optimizer.step() to this one)", fmt: fmtUs },
+  { key: "peak", title: "peak memory per step (the most bytes the step held at once)", fmt: fmtBytes },
+  { key: "live", title: "live memory per step (parameters + gradients + optimizer state)", fmt: fmtBytes },
+];
+
+class Run {
+  constructor(id, k) {
+    this.id = id; this.k = k; this.color = COLORS[k];
+    this.cols = {}; // chart key -> Map(step -> value)
+    this.nonfinite = [];
+    this.findings = undefined; // undefined: not asked yet; null: the doctor could not answer
+  }
+
+  async loadSummary() {
+    this.summary = await api(sessionPath(this.id));
+    this.meta = this.summary.meta || {};
+  }
+
+  get name() { return this.summary?.name || this.id; }
+  get running() { return this.summary?.status === "running"; }
+
+  // The series of this page's rank, from the endpoints the dashboard's views read.
+  async loadSeries() {
+    const base = sessionPath(this.id), q = `rank=${rank}`;
+    const [loss, grads, mem, steps] = await Promise.all([api(`${base}/loss?${q}`),
+      api(`${base}/grads?${q}&max_steps=100000`), api(`${base}/memory?${q}`), allSteps(this.id, rank)]);
+    const col = (xs, ys, f = num) => new Map((xs || []).map((s, i) => [s, f((ys || [])[i])]));
+    this.cols = {
+      loss: col(loss.step, loss.loss),
+      lr: col(loss.step, loss.lr, (g) => (Array.isArray(g) && typeof g[0] === "number" ? g[0] : null)),
+      grad_norm: col(grads.steps, grads.total_norm),
+      step_time: new Map(steps.map((e) => [e.step, typeof e.duration_us === "number" ? e.duration_us : null])),
+      peak: col(mem.step, mem.peak),
+      live: col(mem.step, mem.live),
+    };
+    this.nonfinite = loss.nonfinite || [];
+  }
+
+  async loadFindings() {
+    try { this.findings = await api(`${sessionPath(this.id)}/diagnostics?rank=${rank}`); } catch (e) {
+      if (e?.status === 0 || e?.status === 401) throw e;
+      this.findings = null;
+    }
+  }
+
+  steps() {
+    const all = new Set();
+    for (const m of Object.values(this.cols)) for (const s of m.keys()) all.add(s);
+    return all;
+  }
+
+  // The last recorded loss and its step ("final loss"), and the lowest finite one.
+  lossFacts() {
+    const m = this.cols.loss || new Map();
+    let last = null, best = null;
+    for (const [s, v] of m) {
+      if (v === null) continue;
+      if (!last || s > last[0]) last = [s, v];
+      if (Number.isFinite(v) && (!best || v < best[1])) best = [s, v];
+    }
+    return { last, best };
+  }
+}
+
+const runs = ids.map((id, k) => new Run(id, k));
+let charts = null; // key -> LineChart, once both summaries are in
+let seq = 0; // the latest series load: an older one that lands late is dropped
+let stopped = false; // a fatal message is shown: nothing more draws
+
+// One sentence and the way back: no session behind the page (absent, unknown, deleted).
+function fatal(msg) {
+  stopped = true;
+  clear(main).append(h("div", { class: "notice error", id: "fatal", role: "alert" }, msg, " ", h("a", { href: "/" }, "All sessions")));
+}
+
+// Each run as the legends name it: its name and start time (and its id when both read alike).
+function labels() {
+  const base = runs.map((r) => `${r.name} (started ${fmtTime(r.summary?.started_at)})`);
+  return base[0] === base[1] && runs[0].id !== runs[1].id ? base.map((l, k) => `${l} [${runs[k].id}]`) : base;
+}
+
+async function start() {
+  initTheme();
+  const missing = ids.map((id, k) => (id ? null : "ab"[k])).filter(Boolean);
+  if (missing.length) {
+    return fatal(`Pick two sessions to compare: this page needs ?a=<session id>&b=<session id> (${missing.join(" and ")} ${missing.length > 1 ? "are" : "is"} missing). Tick two runs on the sessions page.`);
+  }
+  const got = await Promise.allSettled(runs.map((r) => r.loadSummary()));
+  const unknown = runs.filter((r, k) => got[k].status === "rejected" && got[k].reason instanceof ApiError && got[k].reason.status === 404);
+  if (unknown.length) return fatal(`No session ${unknown.map((r) => `"${r.id}"`).join(" or ")} on this server.`);
+  const failed = got.find((g) => g.status === "rejected");
+  if (failed) return fatal(`Could not open the runs: ${failed.reason?.message || failed.reason}.`);
+  document.title = `${runs[0].name} vs ${runs[1].name} · torchscope`;
+  initRanks();
+  layout();
+  const dot = showConnection(document.getElementById("conn"));
+  let heard = null;
+  live(onLive, (ok) => {
+    dot(ok);
+    if (ok && heard === false) { reloadAll(); reloadFindings(); } // heard again: catch up
+    heard = ok;
+  });
+  await loadSeries();
+  reloadFindings();
+}
+
+// A distributed run: the rank whose steps are compared (the same for both runs).
+function initRanks() {
+  const ranks = [...new Set(runs.flatMap((r) => (r.summary.ranks || []).map((x) => (typeof x === "object" ? x.rank : x))))].sort((a, b) => a - b);
+  const sel = document.getElementById("rank");
+  if (!sel || ranks.length < 2) return;
+  sel.append(...ranks.map((r) => h("option", { value: r }, `rank ${r}`)));
+  sel.value = String(rank);
+  sel.hidden = false;
+  sel.onchange = () => { const q = new URLSearchParams(location.search); q.set("rank", sel.value); location.search = String(q); };
+}
+
+function layout() {
+  clear(main);
+  const names = labels();
+  main.append(
+    h("h2", {}, "Compare runs"),
+    h("div", { class: "compare-runs", "data-testid": "compare-legend" }, runs.map((r, k) =>
+      h("a", { href: `/sessions/${encodeURIComponent(r.id)}${rank ? `?rank=${rank}` : ""}`, class: "compare-run", "data-run": "ab"[k] },
+        legendItem(r.color, `${"AB"[k]}: ${names[k]}`)))),
+    h("table", { class: "compare-facts", "data-testid": "compare-facts" }),
+    h("p", { class: "muted small", id: "compare-note" },
+      `Rank ${rank}. A step one run lacks is a gap in its line. Cells that differ between the runs are marked.`),
+  );
+  const grid = h("div", { class: "chart-pair compare-charts" });
+  main.append(grid);
+  charts = {};
+  for (const c of CHARTS) {
+    const box = h("div", { "data-testid": `compare-${c.key}` });
+    grid.append(box);
+    charts[c.key] = new LineChart(box, { title: c.title, fmt: c.fmt, log: !!c.log, height: 200 });
+  }
+  renderFacts();
+}
+
+async function loadSeries() {
+  const mine = ++seq;
+  await Promise.all(runs.map((r) => r.loadSeries()));
+  if (mine !== seq || stopped) return;
+  draw();
+  renderFacts();
+}
+
+function draw() {
+  const all = new Set();
+  for (const r of runs) for (const s of r.steps()) all.add(s);
+  const x = [...all].sort((a, b) => a - b);
+  const names = labels();
+  for (const c of CHARTS) {
+    const chart = charts[c.key];
+    const series = runs.map((r, k) => {
+      const m = r.cols[c.key] || new Map();
+      return { name: names[k], color: r.color, steps: !!c.steps, y: x.map((s) => (m.has(s) ? m.get(s) : null)) };
+    });
+    if (c.autoLog) {
+      let lo = Infinity, hi = -Infinity;
+      for (const s of series) for (const v of s.y) if (Number.isFinite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+      chart.opts.log = lo > 0 && hi / lo >= 100;
+    }
+    chart.setTitle(c.title + (c.autoLog && chart.opts.log ? " (log scale)" : "") + (c.marks ? " — ticks at the top: a NaN/Inf loss, in its run's colour" : ""));
+    chart.opts.empty = runs.some((r) => r.running) ? "Nothing recorded yet." : "Neither run recorded this.";
+    const marks = c.marks ? runs.flatMap((r) => r.nonfinite.map((s) => ({ x: s, color: r.color }))) : [];
+    chart.setData(x, series, marks);
+  }
+}
+
+// The facts table: a row per fact, a column per run; a row whose cells differ is marked.
+function renderFacts() {
+  const table = main.querySelector("table.compare-facts");
+  if (!table) return;
+  const names = labels();
+  const facts = factRows();
+  clear(table).append(
+    h("thead", {}, h("tr", {}, h("th", {}, ""), runs.map((r, k) => h("th", { "data-run": "ab"[k] }, legendItem(r.color, `${"AB"[k]}: ${names[k]}`))))),
+    h("tbody", {}, facts.map(([label, cells, key]) => {
+      const texts = cells.map((c) => (c instanceof Node ? c.textContent : String(c)));
+      const differ = texts[0] !== texts[1];
+      return h("tr", { "data-fact": key, class: differ ? "differs" : null, title: differ ? "the runs differ here" : null },
+        h("th", {}, label), cells.map((c) => h("td", {}, c)));
+    })));
+}
+
+function factRows() {
+  const v = (x) => (x === undefined || x === null || x === "" ? "–" : String(x));
+  const row = (key, label, f) => [label, runs.map((r) => f(r)), key];
+  return [
+    row("status", "status", (r) => h("span", { class: `badge status-${(r.summary.status || "").replace(/ /g, "-")}` }, r.summary.status || "–")),
+    row("model", "model class", (r) => v(r.meta.model)),
+    row("mode", "mode", (r) => v(r.meta.mode ?? r.summary.mode)),
+    row("params", "parameters", (r) => paramText(r.meta.params)),
+    row("optimizer", "optimizer", (r) => v(r.meta.optimizer)),
+    row("lr0", "lr (group 0) at its first step", (r) => { const m = r.cols.lr; const first = m && [...m.values()].find((x) => x !== null); return first === undefined ? "–" : String(+first.toPrecision(6)); }),
+    row("device", "device", (r) => v(r.meta.device)),
+    row("torch", "torch version", (r) => v(r.meta.torch_version)),
+    row("steps", "steps recorded", (r) => { const ri = (r.summary.rank_info || []).find((x) => x.rank === rank); return String(ri ? ri.steps : r.summary.steps ?? 0); }),
+    row("final_loss", "final loss", (r) => { const { last } = r.lossFacts(); return last ? `${fmtNum(last[1])} (step ${last[0]})` : "–"; }),
+    row("best_loss", "lowest loss", (r) => { const { best } = r.lossFacts(); return best ? `${fmtNum(best[1])} (step ${best[0]})` : "–"; }),
+    row("doctor", "doctor's findings", doctorCell),
+  ];
+}
+
+// "12,345 in 6 tensors": the elements of every watched parameter, and how many tensors hold them.
+function paramText(params) {
+  if (!Array.isArray(params) || !params.length) return "–";
+  const n = params.reduce((t, p) => t + (typeof p?.numel === "number" ? p.numel : 0), 0);
+  return `${n.toLocaleString("en-US")} in ${params.length} tensor${params.length === 1 ? "" : "s"}`;
+}
+
+// The doctor's findings by code ("P4 ×1"), in the colour of their severity; "none".
+function doctorCell(r) {
+  if (r.findings === undefined) return h("span", { class: "muted" }, "checking…");
+  if (r.findings === null) return "–";
+  if (!r.findings.length) return r.running ? "none so far" : "none";
+  const by = new Map();
+  for (const f of r.findings) {
+    const e = by.get(f.code) || { code: f.code, n: 0, severity: f.severity, title: f.title };
+    e.n++;
+    if (f.severity === "error" || (f.severity === "warning" && e.severity === "info")) e.severity = f.severity;
+    by.set(f.code, e);
+  }
+  const order = { error: 0, warning: 1, info: 2 };
+  return h("span", { class: "compare-codes" }, [...by.values()].sort((a, b) => order[a.severity] - order[b.severity] || String(a.code).localeCompare(String(b.code), undefined, { numeric: true }))
+    .map((e) => h("span", { class: `badge ${{ error: "err", warning: "warn" }[e.severity] || ""}`, "data-code": e.code, title: `${e.title || ""} (${e.severity})` }, `${e.code} ×${e.n}`)));
+}
+
+const reloadAll = coalesce(async () => {
+  if (stopped) return;
+  await Promise.all(runs.map((r) => r.loadSummary()));
+  if (stopped) return;
+  await loadSeries();
+}, 1000);
+
+const reloadFindings = coalesce(async () => {
+  if (stopped) return;
+  await Promise.all(runs.map((r) => r.loadFindings()));
+  if (!stopped) renderFacts();
+}, 300);
+
+// A step (or the end) of either run redraws; a finding refreshes the doctor's row.
+function onLive(ev) {
+  if (stopped || !ids.includes(ev.session)) return;
+  if (ev.rank !== undefined && ev.rank !== rank && ev.kind !== "deleted") return;
+  if (ev.kind === "deleted") return fatal(`Session "${ev.session}" was deleted.`);
+  if (["step", "end", "status", "session"].includes(ev.kind)) reloadAll();
+  if (ev.kind === "finding" || ev.kind === "end") reloadFindings();
+}
+
+// For the browser tests: what each chart holds, and the facts table's text.
+function state() {
+  const out = { ids, rank, charts: {}, legend: [], facts: {} };
+  if (!charts) return out;
+  for (const c of CHARTS) {
+    const ch = charts[c.key];
+    out.charts[c.key] = { x: ch.x || [], log: !!ch.opts.log, legend: [...ch.legend.children].map((e) => e.textContent),
+      series: (ch.series || []).map((s) => ({ name: s.name, color: s.color, y: s.y.map(wire) })) };
+  }
+  out.legend = [...main.querySelectorAll("[data-testid=compare-legend] .compare-run")].map((e) => e.textContent);
+  for (const tr of main.querySelectorAll("table.compare-facts tbody tr")) out.facts[tr.dataset.fact] = [...tr.cells].slice(1).map((td) => td.textContent);
+  return out;
+}
+
+window.__torchscope = { ready: start().catch((e) => fatal(e?.message || String(e))), state, reload: () => loadSeries() };
