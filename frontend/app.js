@@ -45,6 +45,8 @@ class App {
     }
     this.meta = this.summary.meta || {};
     this.moduleType = new Map((this.meta.modules || []).map((m) => [m.path, m.type]));
+    // what print(model) says of each module: Linear(in_features=8, out_features=4, bias=True)
+    this.moduleRepr = new Map((this.meta.modules || []).filter((m) => m.extra_repr).map((m) => [m.path, m.extra_repr]));
     this.paramDtype = new Map((this.meta.params || []).map((p) => [p.name, p.dtype]));
     this.openedAt = Date.now();
     this.renderHeader();

@@ -3,7 +3,7 @@
 // here exists in the Python TypedDict of the same kind, so a rename there fails a test.
 export const FIELDS = {
   session: ["kind", "session_id", "name", "started_at", "rank", "world_size", "mode", "model", "modules", "params", "torch_version", "device", "script", "settings"],
-  ModuleInfo: ["path", "type", "n_params", "training"],
+  ModuleInfo: ["path", "type", "n_params", "training", "extra_repr"],
   ParamInfo: ["name", "module", "shape", "dtype", "numel", "nbytes", "requires_grad"],
   step: ["kind", "step", "rank", "t", "duration_us", "forward_us", "backward_us", "loss", "losses", "graph_captured", "graph_signature", "grads", "activation_grads", "activations", "memory"],
   ActivationGrad: ["module", "norm", "max_abs", "zero_frac", "nan", "inf", "calls"],

@@ -147,7 +147,9 @@ function groupDetails(panel, model, key, ctx) {
   const timeTitle = tot.timedBy === "nodes" && tot.ops
     ? "the grad_fn nodes' durations: each holds the aten kernels it ran (the backward kernels row), not added again"
     : tot.timedBy === "nodes" ? "the grad_fn nodes' durations" : tot.timedBy === "ops" ? "the ops' durations" : undefined;
+  const described = ctx.moduleRepr?.get(G.path);
   t.append(row("module type", mtype));
+  if (described) t.append(row("module", `${mtype || ""}(${described})`, "what print(model) shows: the module's extra_repr()"));
   // a backward group in full mode holds grad_fn nodes and the aten kernels they ran: counted apart
   if (back) {
     t.append(row("grad_fn nodes", tot.nodes));

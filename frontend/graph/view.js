@@ -157,7 +157,7 @@ export class GraphView {
     return {
       select: (k) => this.select(k, true), togglePath: (k) => this.togglePath(k), toggleGroup: (g) => this.toggleGroup(g),
       isExpanded: (g) => this.isExpanded(g),
-      moduleType: app.moduleType, params: app.meta?.params || [], paramNorm: this.paramNorm, paramDtype: app.paramDtype,
+      moduleType: app.moduleType, moduleRepr: app.moduleRepr, params: app.meta?.params || [], paramNorm: this.paramNorm, paramDtype: app.paramDtype,
       diff: this.diff, gradStats: (p) => this.gradStats(p),
     };
   }

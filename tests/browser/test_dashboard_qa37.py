@@ -138,6 +138,9 @@ def test_a_backward_module_saves_its_distinct_activations_once(srv: ServerProc, 
         assert "once" in tip and "parameters left out" in tip, tip
         if path == "net":  # its AddmmBackward0s save weight.t(): said, not counted
             assert "of parameters it saves, not extra memory" in value, value
+            assert "module" not in rows  # a Sequential says nothing of itself in print(model)
+        else:  # what print(model) shows of it (ModuleInfo.extra_repr)
+            assert rows["module"][0] == "Linear(in_features=20, out_features=32, bias=True)", rows
     shot(page, "qa37-group-saved")
     # the memory overlay colours the collapsed group by the same figure
     page.evaluate("window.__torchscope.select(null)")
