@@ -1241,7 +1241,7 @@ class Watch:
                    "(a torchscope bug: please report it)")
             log.debug(msg, exc_info=True)
             with contextlib.suppress(Exception):
-                self._tell(msg, "error", at)
+                self._tell(msg, "error", at, {"capture_off": {"part": part, "error": repr(exc)[:500]}})
             return None
 
     # The function mode is on the stack only between a forward's end and optimizer.step()
@@ -2520,11 +2520,11 @@ class Watch:
             )
         self._tell(msg, "warning")
 
-    def _tell(self, msg: str, level: str, step: int | None = None) -> None:
+    def _tell(self, msg: str, level: str, step: int | None = None, fields: dict[str, Any] | None = None) -> None:
         """A line for the person at the terminal that the session keeps as a log event too."""
         say(msg)
         self._transport.emit({"kind": "log", "t": time.time(), "level": level, "message": msg,
-                              "step": self._step if step is None else step})
+                              "step": self._step if step is None else step, **(fields or {})})
 
     def _backward_failed(self, exc: BaseException) -> None:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

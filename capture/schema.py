@@ -23,10 +23,11 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 8)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics
+SCHEMA_VERSION: tuple[int, int] = (1, 8)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off
 # how a LogEvent of level "error" begins when a part of the capture turned itself off after an
-# internal error (what follows: the part, the step, the error): the doctor and `torchscope
-# info` tell the session is incomplete by it, apart from the loop's own errors
+# internal error (what follows: the part, the step, the error; since 1.8 also its capture_off
+# field): the doctor and `torchscope info` tell the session is incomplete by it (capture_off()),
+# apart from the loop's own errors
 CAPTURE_OFF = "torchscope: capture of "
 
 # Bounds that keep a hostile or runaway file/payload from exhausting memory.
@@ -372,6 +373,28 @@ class LogEvent(TypedDict, total=False):
     # the numbers of a torchscope.log() call (name -> value), of ``step``; its message shows them
     # ("step 3: acc=0.91"), so a reader without this field still lists them as a line of the log
     metrics: dict[str, float]
+    capture_off: CaptureOff  # an error line of a part of the capture that turned itself off
+
+
+class CaptureOff(TypedDict, total=False):
+    part: str  # the part ("step", "graph", "activations", ...): what the session lacks from ``step`` on
+    error: str  # the internal error, repr'd
+
+
+def capture_off(ev: dict[str, object]) -> tuple[str, str] | None:
+    """``(part, error)`` of a log event telling that a part of the capture turned itself off after
+    an internal error; None for any other event.  Files before 1.8 say it in the message alone
+    (``CAPTURE_OFF`` + "<part> turned off at step N after an internal error: <error>; ...")."""
+    if ev.get("kind", "log") != "log" or ev.get("level") != "error":
+        return None
+    off = ev.get("capture_off")
+    if isinstance(off, dict) and isinstance(off.get("part"), str):
+        return off["part"], str(off.get("error", ""))
+    msg = str(ev.get("message", ""))
+    if not msg.startswith(CAPTURE_OFF):
+        return None
+    return (msg[len(CAPTURE_OFF):].split(" ", 1)[0],
+            msg.split("internal error: ", 1)[-1].split("; your training", 1)[0])
 
 
 # How a run ended: "interrupted" is the user's Ctrl-C (KeyboardInterrupt) or a SIGTERM during training.

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from torchscope.schema import CAPTURE_OFF, Finding
+from torchscope.schema import Finding, capture_off
 
 from .finding import make, sort_key
 from .rules import RULES
@@ -43,10 +43,10 @@ def _capture_off(run: Run) -> list[Finding]:
     out: list[Finding] = []
     seen: set[str] = set()
     for ev in run.logs:
-        msg = str(ev.get("message", ""))
-        if ev.get("level") != "error" or not msg.startswith(CAPTURE_OFF):
+        off = capture_off(ev)
+        if off is None:
             continue
-        part = msg[len(CAPTURE_OFF):].split(" ", 1)[0]
+        part, error = off
         if part in seen:
             continue
         seen.add(part)
@@ -56,7 +56,7 @@ def _capture_off(run: Run) -> list[Finding]:
                 f"the session holds no {part} facts after it")
         out.append(make("doctor", "warning",
                         f"torchscope's capture of {part} turned itself off{at} after an internal error "
-                        f"({msg.split('internal error: ', 1)[-1].split('; your training', 1)[0][:200]}): {lost}, "
+                        f"({error[:200]}): {lost}, "
                         "so the findings here (or their absence) do not cover the rest of the run.",
                         "This is a torchscope bug: please report it with the error above and, if you can, the "
                         "session file. Your training ran unchanged.", [], rank=run.rank,

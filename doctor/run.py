@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from torchscope.schema import CAPTURE_OFF
+from torchscope.schema import capture_off
 
 
 def as_list(value: object) -> list[Any]:
@@ -190,7 +190,7 @@ def errors(run: Run) -> list[RunError]:
             out.append(RunError(step, str(msg), srcs[-1] if srcs else ""))
     for log in run.logs:
         # (a part of the capture that turned itself off is torchscope's error, not the loop's)
-        if log.get("level") == "error" and log.get("message") and not str(log["message"]).startswith(CAPTURE_OFF):
+        if log.get("level") == "error" and log.get("message") and capture_off(log) is None:
             out.append(RunError(as_int(log.get("step"), run.last_step + 1), str(log["message"]), ""))
     if run.end.get("status") == "error" and run.end.get("message"):
         message = str(run.end["message"])

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchscope.schema import CAPTURE_OFF
+from torchscope.schema import capture_off
 from torchscope.session import writer_alive
 from torchscope.sessionfile import (
     FLAG_GRAPH,
@@ -79,7 +79,7 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
     ranks: set[int] = set()
     graphs = 0
     t_first = t_last = None
-    capture_off: list[str] = []  # parts of the capture that turned themselves off (their log lines)
+    turned_off: list[str] = []  # parts of the capture that turned themselves off: when, and why
     for ev in _events(path, found.frames):
         kind = ev.get("kind")
         if kind == "session" and not session:
@@ -99,8 +99,10 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
             graphs += 1
         elif kind == "end":
             end = ev
-        elif kind == "log" and ev.get("level") == "error" and str(ev.get("message", "")).startswith(CAPTURE_OFF):
-            capture_off.append(str(ev["message"]))
+        elif kind == "log" and (off := capture_off(ev)) is not None:
+            step = ev.get("step")
+            at = f" at step {step}" if type(step) is int else ""
+            turned_off.append(f"capture of {off[0]} turned off{at} after an internal error: {off[1]}")
     started = session.get("started_at")
     finished = end.get("t") if end else None
     begin = started if isinstance(started, (int, float)) else t_first
@@ -120,10 +122,10 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
         "size": _size(os.path.getsize(path)),
         "duration": f"{stop - begin:.1f} s" if begin is not None and stop is not None else "?",
     }
-    if capture_off:
+    if turned_off:
         # the session holds less than the run did: said beside its numbers (a "0 steps, finished"
         # with nothing else read as a run that never stepped; QA 38a)
-        info["capture"] = "; ".join(m.removeprefix("torchscope: ").split("; your training", 1)[0] for m in capture_off)
+        info["capture"] = "; ".join(turned_off)
     note = found.note(str(path), writing)
     if note:
         info["note"] = note

@@ -38,6 +38,8 @@ def test_step_recording_turned_off_is_said_everywhere(tmp_path: Path, fail_at: i
                               "NameError(")
     assert "your training goes on unchanged" in told[0]
     assert len(load(record).steps) == fail_at
+    (off,) = [e for e in load(record).logs if e["level"] == "error"]
+    assert off["capture_off"]["part"] == "step" and off["capture_off"]["error"].startswith("NameError(")
 
     info = _cli("info", str(record))
     assert info.returncode == 0, info.stderr

@@ -738,3 +738,25 @@ def test_p2_between_zero_frac_samples_a_zero_norm_counts_as_dead() -> None:
     del between["zero_frac"]
     f = only(diagnose([session(), *[step(i, grads=sampled if i % 10 == 0 else between) for i in range(12)]]), "P2")
     assert f["steps"] == list(range(12)) and f["modules"] == ["enc"]
+
+
+@pytest.mark.parametrize("form", ["field", "message"])
+def test_a_part_of_the_capture_turned_off_is_told_from_its_field_or_an_older_files_message(form: str) -> None:
+    """Format 1.8 says which part turned off in ``LogEvent.capture_off``; a file before it, in
+    the message alone: both are the doctor's "capture stopped" finding, and neither is an
+    error of the loop's own (which a plain error line is)."""
+    if form == "field":  # the message is not read: any wording
+        off = {"kind": "log", "level": "error", "step": 2, "message": "graph recording stopped",
+               "capture_off": {"part": "graph", "error": "KeyError('x')"}}
+    else:
+        off = {"kind": "log", "level": "error", "step": 2, "message": "torchscope: capture of graph turned off at "
+               "step 2 after an internal error: KeyError('x'); your training goes on unchanged, ..."}
+    loop_error = {"kind": "log", "level": "error", "step": 3, "message": "RuntimeError: CUDA out of memory"}
+    found = [dict(f) for f in diagnose([session(), *(step(i) for i in range(4)), off, loop_error])]
+    told = [f for f in found if f["code"] == "doctor"]
+    assert len(told) == 1 and told[0]["title"] == "The capture stopped recording graph", found
+    assert "at step 2" in told[0]["message"] and "(KeyError('x'))" in told[0]["message"]
+    from torchscope.doctor.run import errors, split_by_rank
+
+    (run,) = split_by_rank([session(), *(step(i) for i in range(4)), off, loop_error])
+    assert [e.message for e in errors(run)] == ["RuntimeError: CUDA out of memory"]
