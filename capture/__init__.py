@@ -32,7 +32,7 @@ def log(step: int | None = None, **values: Any) -> None:
     """Record numbers of your own with a step (``torchscope.log(acc=0.91, val_loss=0.3)``),
     plotted beside the loss: ``Watch.log`` of every running watch of this process.  Without
     ``step``, the step running now (called after ``optimizer.step()`` and before the next
-    forward: the step that just ended).  Does nothing when no watch runs."""
+    training forward -- an evaluation between is none --: the step that just ended).  Does nothing when no watch runs."""
     import sys
 
     mod = sys.modules.get(f"{__name__}._watch")  # never imports torch for a process that watches nothing

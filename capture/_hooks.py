@@ -46,13 +46,24 @@ class Retained(NamedTuple):
     bytes: dict[str, int]  # module path -> bytes its hooks keep, each storage counted once
     shared: list[list[str]]  # modules whose hooks keep tensors in one container (bytes: the first's)
     src: dict[str, str]  # module path -> ``file:line`` of its first hook that keeps any
+    # modules whose hooks keep a module output of this step that an in-place op changed after
+    # its forward ended (P13: the hook reads values the forward overwrote)
+    changed: list[str] = []
 
 
-def retained(hooked: list[tuple[str, list[Any]]]) -> Retained:
+def retained(hooked: list[tuple[str, list[Any]]], outputs: dict[int, int] | None = None) -> Retained:
     """Per module (in ``hooked``'s order), the storages its hooks reach; modules reaching the
     same ones (three hooks appending to one dict) are one group whose bytes count once, under
-    its first module -- each alone would read the whole container's."""
-    found = {path: retained_storages(hooks) for path, hooks in hooked}
+    its first module -- each alone would read the whole container's.  ``outputs``: storage ->
+    version counter of the hooked modules' outputs as their forwards ended this step; a kept
+    tensor of one of those storages whose version is higher was changed in place since."""
+    changed: list[str] = []
+    found: dict[str, dict[int, int]] = {}
+    for path, hooks in hooked:
+        versions: dict[int, int] = {}
+        found[path] = retained_storages(hooks, versions if outputs else None)
+        if any(v > outputs[ptr] for ptr, v in versions.items() if outputs and ptr in outputs):
+            changed.append(path)
     order = {path: i for i, path in enumerate(found)}
     lead = {path: path for path in found}  # union-find: the earliest module of each group
 
@@ -77,7 +88,7 @@ def retained(hooked: list[tuple[str, list[Any]]]) -> Retained:
         members.setdefault(root(path), []).append(path)
     shared = [m for m in members.values() if len(m) > 1 and out[m[0]]]
     src = {path: where for path, hooks in hooked if found[path] and (where := _src(hooks))}
-    return Retained(out, shared, src)
+    return Retained(out, shared, src, changed)
 
 
 def _src(hooks: list[Any]) -> str:
@@ -89,8 +100,9 @@ def _src(hooks: list[Any]) -> str:
     return ""
 
 
-def retained_storages(hooks: Iterable[Any]) -> dict[int, int]:
-    """Storages (data pointer -> bytes) of tensors reachable from ``hooks`` (bounded search)."""
+def retained_storages(hooks: Iterable[Any], versions: dict[int, int] | None = None) -> dict[int, int]:
+    """Storages (data pointer -> bytes) of tensors reachable from ``hooks`` (bounded search);
+    into ``versions``, where given, each storage's highest version counter among them."""
     seen: set[int] = set()
     found: dict[int, int] = {}
     budget = _MAX_ITEMS
@@ -103,7 +115,12 @@ def retained_storages(hooks: Iterable[Any]) -> dict[int, int]:
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
             if obj.layout == torch.strided:
-                found.update(storage_parts(obj))
+                parts = storage_parts(obj)
+                found.update(parts)
+                if versions is not None and not obj.is_inference():  # (an inference tensor has no counter)
+                    v = obj._version
+                    for ptr, _ in parts:
+                        versions[ptr] = max(versions.get(ptr, v), v)
             continue
         if depth >= _MAX_DEPTH:
             continue

@@ -352,6 +352,7 @@ class _StepState:
         "out_stats",
         "out_numel",
         "out_calls",
+        "out_versions",
         "upd_before",
         "fwd_t0",
         "saved_now",
@@ -466,6 +467,9 @@ class _StepState:
         self.out_stats: dict[tuple[str, int], torch.Tensor | tuple[float, ...]] = {}
         self.out_numel: dict[tuple[str, int], int] = {}
         self.out_calls: dict[str, int] = {}
+        # storage -> version counter of a module output as its forward ended, of the modules
+        # with user forward hooks (_out_version): one changed in place later is P13's
+        self.out_versions: dict[int, int] = {}
         # on steps with full statistics: the parameters sampled, and their samples before optimizer.step()
         self.upd_before: tuple[list[int], torch.Tensor] | None = None
         self.fwd_t0: float | None = None  # the root forward's start (_on_forward_pre)
@@ -974,6 +978,7 @@ class Watch:
         self._modes_key: tuple[bool, int] | None = None  # see _modes_now
         self._mode_facts: tuple[list[str], list[str], dict[str, bool]] = ([], [], {})
         self._hooked: list[tuple[str, weakref.ref[nn.Module]]] | None = None  # modules with forward hooks
+        self._versioned: set[int] = set()  # ids of the modules _out_version is a forward hook of
         self._pruned: set[int] = set()  # parameters torch.nn.utils.prune masks (said once)
         self._grad_hooks: tuple[list[int], list[str]] = ([], [])  # as last said (_gradient_hooks)
         # parameters' and optimizer state's storages, their union and its bytes (see _memory)
@@ -1027,7 +1032,8 @@ class Watch:
         temperature -- plotted beside the loss (``torchscope.log(acc=0.91)``).  Numbers, bools
         and one-element tensors (read like ``.item()``: on a GPU that waits for the device, as
         logging ``.item()`` does).  Without ``step``: the step running now, or, called after
-        ``optimizer.step()`` and before the next forward, the step that just ended.  Never
+        ``optimizer.step()`` and before the next training forward (an evaluation between is
+        none), the step that just ended.  Never
         raises: a value that is no number is left out with one warning."""
         if self._closed or not self._active:
             return
@@ -1052,8 +1058,11 @@ class Watch:
         if not kept:
             return
         if step is None or type(step) is not int or step < 0:
-            # after optimizer.step() and before the next forward: the step that ended
-            step = self._step - 1 if self._step > 0 and not self._s.started else self._step
+            # after optimizer.step() and before the next training forward (an evaluation under
+            # no_grad or in eval mode between is none): the step that ended
+            s = self._s
+            began = s.micro > 0 or any(f.get("grad_mode") and f.get("training", True) for f in s.forwards)
+            step = self._step - 1 if self._step > 0 and not began else self._step
         shown = ", ".join(f"{k}={v:.4g}" for k, v in kept.items())
         self._transport.emit({"kind": "log", "t": time.time(), "level": "info", "message": f"step {step}: {shown}",
                               "step": step, "metrics": kept})
@@ -1653,6 +1662,8 @@ class Watch:
     def _start_step(self, s: _StepState) -> None:
         s.started = True
         step = self._step
+        if step == 0 and self._hooked is None:  # hooks registered before the first forward: from it on
+            self._safe("hook_versions", self._find_hooked)
         if step == 0:  # a model moved after watch() and before training: its storages are new
             self._param_storages([p for r in self._params if (p := r()) is not None])
         if self._history is not None:
@@ -3204,6 +3215,8 @@ class Watch:
                 ev["hooks_shared"] = held.shared
             if held.src:
                 ev["hooks_src"] = held.src
+            if held.changed:
+                s.events.append({"what": "hook_kept_changed", "modules": held.changed})
         lr = s.lr if s.lr is not None else _lrs(opt)
         if lr is not None:
             ev["lr"] = lr
@@ -3440,8 +3453,7 @@ class Watch:
         """Bytes kept by user module hooks -- forward, forward pre-, backward and backward pre-
         hooks (a full backward hook appending grad_output) -- per module that has any (P13)."""
         if self._hooked is None or self._step % GRAD_STATS_EVERY == 0:
-            self._hooked = [(p, r) for p, r in self._modules if (m := r()) is not None and (
-                m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)]
+            self._find_hooked()
         if not self._hooked:  # the usual case, every step
             return Retained({}, [], {})
         hooked: list[tuple[str, list[Any]]] = []
@@ -3454,7 +3466,31 @@ class Watch:
             user = [h for h in hooks if not isinstance(h, ModuleHook)]
             if user:
                 hooked.append((path, user))
-        return retained(hooked)
+        return retained(hooked, self._s.out_versions)
+
+    def _find_hooked(self) -> None:
+        """The modules with user hooks (P13), looked for every GRAD_STATS_EVERY steps and at the
+        first step's start; after those with forward hooks, _out_version notes their outputs."""
+        self._hooked = [(p, r) for p, r in self._modules if (m := r()) is not None and (
+            m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)]
+        for _, ref in self._hooked:
+            m = ref()
+            if m is not None and id(m) not in self._versioned and any(
+                    not isinstance(h, ModuleHook) for h in m._forward_hooks.values()):
+                self._versioned.add(id(m))
+                self._handles.append(m.register_forward_hook(ModuleHook(self._safe, "hook_versions", self._out_version)))
+
+    def _out_version(self, m: nn.Module, args: Any, out: Any) -> None:
+        """After the forward of a module with a user forward hook: its output's version counter
+        now, which a hook keeping the output sees (P13: an in-place op after it changes what
+        the hook kept)."""
+        if _compiling() or _tracing():
+            return
+        t = _first_tensor(out)
+        if t is not None and _dense(t) and not t.is_inference():
+            version = t._version
+            for ptr, _ in storage_parts(t):
+                self._s.out_versions[ptr] = version
 
     def _newly_pruned(self) -> list[int]:
         """Parameters ``torch.nn.utils.prune`` began masking since the last look (its forward

@@ -20,6 +20,9 @@ FIX_P13 = ("Keep only what you need from the hook: a summary (`output.mean().ite
            "latest value instead of appending every call -- `output.detach()` drops the graph but shares the "
            "output's storage, so appending it still holds every batch's activations -- and remove the hook "
            "(`handle.remove()`) when done.")
+FIX_CHANGED = ("Keep a copy in the hook -- `output.detach().clone()` (`.detach()` alone shares the storage, and the "
+               "in-place op writes into it) -- or compute what you need inside the hook; or make the later op out of "
+               "place (`nn.ReLU(inplace=False)`, `x = x + y` instead of `x += y`).")
 
 
 def _growing(values: list[tuple[int, int]], min_delta: int, need: int) -> list[int]:
@@ -203,7 +206,7 @@ def check_hooks(run: Run, settings: Settings) -> list[Finding]:
             if members:
                 shared[members[0]] = members
         src.update({str(k): str(v) for k, v in as_dict(ev.get("hooks_src")).items()})
-    findings: list[Finding] = []
+    findings: list[Finding] = _hooks_read_changed(run, src)
     for module, series in per_module.items():
         grow = _growing(series, 1, settings.growth_steps)
         big = [s for s, b in series if b >= settings.hook_bytes]
@@ -222,4 +225,26 @@ def check_hooks(run: Run, settings: Settings) -> list[Finding]:
                              targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in modules],
                              modules=modules, view="memory", src=src.get(module) or None,
                              data={"bytes": [b for _, b in series], "steps": [s for s, _ in series]}))
+    return findings
+
+
+def _hooks_read_changed(run: Run, src: dict[str, str]) -> list[Finding]:
+    """Hooks that keep a module output an in-place op changed after the module's forward
+    (``events[{what: "hook_kept_changed"}]``): what they read later is not what the module output."""
+    steps: dict[str, list[int]] = {}
+    for step, ev in run.step_events():
+        for note in notes(ev, "hook_kept_changed"):
+            for module in as_list(note.get("modules")):
+                steps.setdefault(str(module), []).append(step)
+    findings: list[Finding] = []
+    for module, at in steps.items():
+        name = repr(module) if module else "the root module"
+        kind = run.module_type(module)
+        message = (f"A forward hook on {name}{f' ({kind})' if kind else ''} keeps the module's output, and an in-place "
+                   f"op later in the forward changed it ({describe_steps(at, run.last_step)}): what the hook kept is "
+                   "not what the module output (an `nn.ReLU(inplace=True)` or `x += ...` after it writes into the "
+                   "same storage).")
+        findings.append(make("P13", "warning", message, FIX_CHANGED, at, rank=run.rank, modules=[module],
+                             targets=[FindingTarget(step=at[0], rank=run.rank, module=module)], src=src.get(module) or None,
+                             title="Module hook reads values changed in place"))
     return findings

@@ -35,6 +35,12 @@ def _train(path: Path | None, mode: str = "default", log: bool = True, steps: in
             losses.append(loss.item())
             if log:
                 torchscope.log(acc=step / 4, np32=np.float32(0.25), flag=step % 2 == 0)  # the step that ended
+            model.eval()
+            with torch.no_grad():  # an evaluation between: no step of its own
+                val = model(torch.randn(8, 6)).pow(2).mean()
+            model.train()
+            if log:
+                torchscope.log(val=val)
         if log:
             torchscope.log(step=0, late=7)  # a step given: that one
     finally:
@@ -59,6 +65,7 @@ def test_logged_numbers_have_their_steps_and_change_nothing(
     assert [v for v in metrics["inside"]["value"]] == pytest.approx(watched, rel=1e-6)
     assert metrics["np32"]["value"] == [0.25] * 4 and metrics["flag"]["value"] == [1.0, 0.0, 1.0, 0.0]
     assert metrics["late"] == {"step": [0], "value": [7.0]}
+    assert metrics["val"]["step"] == [0, 1, 2, 3]  # after the evaluation: still the step that ended
     # each call is one info line of the log, readable without the field
     lines = [e for e in run.logs if "metrics" in e]
     assert lines[0]["message"].startswith("step 0: inside=") and lines[1]["message"] == "step 0: acc=0, np32=0.25, flag=1"
