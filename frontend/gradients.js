@@ -10,6 +10,7 @@ import { logScale, ZERO, rampLegend } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
 import { fit } from "./graph/render.js";
 import { ActivationGradsPanel } from "./activations.js";
+import { MetricsPanel } from "./metrics.js";
 
 const NO_PARAMS = "The watched model has no parameters: tensors an optimizer trains outside the model are not watched.";
 
@@ -71,7 +72,11 @@ export class GradientsView {
     this.total = new LineChart(totalCol, { title: `‖grad‖₂ of all parameters together, per step (log scale; ${TICKS})`, vlines: mark, log: true });
     this.total.root.dataset.testid = "total-norm";
     this.clipNote = h("p", { "data-testid": "clip-note", hidden: true });
-    root.append(this.clipNote, this.heatTitle, h("p", { class: "muted small" }, h("label", {}, "per module: ", this.heatPick)),
+    root.append(this.clipNote);
+    // the script's own numbers (torchscope.log), beside the loss, on its steps
+    this.metrics = new MetricsPanel(root, app, { vlines: mark, onMark: (step) => { this.app.setState({ step }); this.focusOn(); },
+      range: () => (this.lossSeries.steps.length ? [this.lossSeries.steps[0], this.lossSeries.steps.at(-1)] : null) });
+    root.append(this.heatTitle, h("p", { class: "muted small" }, h("label", {}, "per module: ", this.heatPick)),
       h("div", { class: "heat-wrap" }, this.heatLabels, this.heatScroll), this.heatHover, this.heatInfo);
     // one step's gradient w.r.t. each module's output, as it flows back through the layers
     this.acts = new ActivationGradsPanel(root, app, (step) => { this.app.setState({ step }); this.focusOn(); });
@@ -99,8 +104,8 @@ export class GradientsView {
   // each drawn as it arrives.
   async load() {
     this.focus = this.app.state.step;
-    await Promise.all([this.loadGrads(), this.lossSeries.update().then(() => { this.drawLoss(); this.drawLr(); }),
-      this.acts.load(this.focus)]);
+    await Promise.all([this.loadGrads(), this.lossSeries.update().then(() => { this.drawLoss(); this.drawLr(); this.metrics.render(); }),
+      this.metrics.update(), this.acts.load(this.focus)]);
   }
 
   async loadGrads() {
@@ -479,18 +484,28 @@ export class GradientsView {
     this.total.draw();
     this.loss.draw();
     this.lr.draw();
+    this.metrics.redraw();
     this.drawHeat();
     this.drawLines();
     this.acts.load(this.focus).catch(() => {}); // (the server gone: the page's banner says so)
   }
 
   onStep() { (this.reload ||= coalesce(() => this.load(), 800))(); }
+
+  // The run's end (or silence): the metrics logged after its last step's event, which no step
+  // event announces, are fetched once more.
+  onStatus() {
+    const status = this.app.summary?.status;
+    if (status === this.lastStatus) return;
+    this.lastStatus = status;
+    if (this.metrics.loaded) this.metrics.update().catch(() => {});
+  }
   debug() {
     const notTrained = this.noGrad.querySelector("[data-testid=not-trained]");
     return { modules: this.modules || [], steps: this.g?.steps?.length || 0, noGrad: this.noGrad.textContent,
       chosen: [...this.pick.selectedOptions].map((o) => o.textContent), focus: this.focus, zeroCells: this.zeroCells,
       legend: this.heatInfo.textContent, geom: this.heatGeom, acts: this.acts.debug(),
-      stat: this.stat, heatStat: this.heatStat,
+      stat: this.stat, heatStat: this.heatStat, metrics: this.metrics.debug(),
       lines: { x: this.lines.x || [], series: (this.lines.series || []).map((s) => ({ name: s.name, y: s.y.map(wire) })),
         log: !!this.lines.opts.log, axis: this.lines.axis, title: this.lines.title.textContent },
       heat: this.cells ? heatCells(this.cells, this.modules, this.g.steps) : null,
