@@ -32,6 +32,18 @@ const CHARTS = [
   { key: "live", title: "live memory per step (parameters + gradients + optimizer state)", fmt: fmtBytes },
 ];
 
+// a torchscope.log() name's key among Run.cols and the charts; at most MAX_METRICS charts of them
+const METRIC = "metric:";
+const MAX_METRICS = 8;
+
+// The charts of this draw: CHARTS, then one per name either run logged (the first MAX_METRICS, A to Z).
+function chartList() {
+  const names = new Set();
+  for (const r of runs) for (const k of Object.keys(r.cols)) if (k.startsWith(METRIC)) names.add(k.slice(METRIC.length));
+  const logged = [...names].sort().slice(0, MAX_METRICS).map((n) => ({ key: METRIC + n, title: `${n} (torchscope.log)`, autoLog: false, metric: n }));
+  return [...CHARTS, ...logged];
+}
+
 class Run {
   constructor(id, k) {
     this.id = id; this.k = k; this.color = COLORS[k];
@@ -51,8 +63,9 @@ class Run {
   // The series of this page's rank, from the endpoints the dashboard's views read.
   async loadSeries() {
     const base = sessionPath(this.id), q = `rank=${rank}`;
-    const [loss, grads, mem, steps] = await Promise.all([api(`${base}/loss?${q}`),
-      api(`${base}/grads?${q}&max_steps=100000`), api(`${base}/memory?${q}`), allSteps(this.id, rank)]);
+    const [loss, grads, mem, steps, metrics] = await Promise.all([api(`${base}/loss?${q}`),
+      api(`${base}/grads?${q}&max_steps=100000`), api(`${base}/memory?${q}`), allSteps(this.id, rank),
+      api(`${base}/metrics?${q}`)]);
     const col = (xs, ys, f = num) => new Map((xs || []).map((s, i) => [s, f((ys || [])[i])]));
     this.cols = {
       loss: col(loss.step, loss.loss),
@@ -62,6 +75,8 @@ class Run {
       peak: col(mem.step, mem.peak),
       live: col(mem.step, mem.live),
     };
+    // what the loop logged with torchscope.log(): a chart per name either run logged
+    for (const [name, c] of Object.entries(metrics || {})) this.cols[METRIC + name] = col(c.step, c.value);
     this.nonfinite = loss.nonfinite || [];
   }
 
@@ -159,12 +174,14 @@ function layout() {
   const grid = h("div", { class: "chart-pair compare-charts" });
   main.append(grid);
   charts = {};
-  for (const c of CHARTS) {
-    const box = h("div", { "data-testid": `compare-${c.key}` });
-    grid.append(box);
-    charts[c.key] = new LineChart(box, { title: c.title, fmt: c.fmt, log: !!c.log, height: 200 });
-  }
+  for (const c of CHARTS) addChart(grid, c);
   renderFacts();
+}
+
+function addChart(grid, c) {
+  const box = h("div", { "data-testid": c.metric !== undefined ? "compare-metric" : `compare-${c.key}` });
+  grid.append(box);
+  charts[c.key] = new LineChart(box, { title: c.title, fmt: c.fmt, log: !!c.log, height: 200 });
 }
 
 async function loadSeries() {
@@ -180,7 +197,9 @@ function draw() {
   for (const r of runs) for (const s of r.steps()) all.add(s);
   const x = [...all].sort((a, b) => a - b);
   const names = labels();
-  for (const c of CHARTS) {
+  const grid = main.querySelector(".compare-charts");
+  for (const c of chartList()) {
+    if (!charts[c.key]) addChart(grid, c);
     const chart = charts[c.key];
     const series = runs.map((r, k) => {
       const m = r.cols[c.key] || new Map();
@@ -283,8 +302,9 @@ function onLive(ev) {
 function state() {
   const out = { ids, rank, charts: {}, legend: [], facts: {} };
   if (!charts) return out;
-  for (const c of CHARTS) {
+  for (const c of chartList()) {
     const ch = charts[c.key];
+    if (!ch) continue;
     out.charts[c.key] = { x: ch.x || [], log: !!ch.opts.log, legend: [...ch.legend.children].map((e) => e.textContent),
       series: (ch.series || []).map((s) => ({ name: s.name, color: s.color, y: s.y.map(wire) })) };
   }

@@ -61,8 +61,8 @@ def open_compare_through_the_list(page: Any, url: str, a: str, b: str) -> None:
 def test_compare_two_runs_opened_from_the_sessions_page(tmp_path: Path) -> None:
     slow, fast = tmp_path / "slow.tscope", tmp_path / "fast.tscope"
     with ServerProc(tmp_path / "data") as srv, checked_page(1400, 1000) as page:
-        a = recorded(srv, slow, SCRIPT, "--name", "lr 0.01", "--lr", "0.01", "--steps", "10")
-        b = recorded(srv, fast, SCRIPT, "--name", "lr 0.3", "--lr", "0.3", "--steps", "14")
+        a = recorded(srv, slow, SCRIPT, "--name", "lr 0.01", "--lr", "0.01", "--steps", "10", "--log", "acc,only_a")
+        b = recorded(srv, fast, SCRIPT, "--name", "lr 0.3", "--lr", "0.3", "--steps", "14", "--log", "acc")
         open_compare_through_the_list(page, srv.url, a, b)
         assert page.url.endswith(f"/compare?a={a}&b={b}"), page.url
         # the doctor's row fills in after the charts (it runs the doctor)
@@ -93,6 +93,20 @@ def test_compare_two_runs_opened_from_the_sessions_page(tmp_path: Path) -> None:
         # the chart's legend names both runs
         assert len(chart["legend"]) == 2 and all(n in t for n, t in zip(names, chart["legend"], strict=True)), (key, chart["legend"])
     assert got["charts"]["grad_norm"]["log"] is True
+    # what each run logged with torchscope.log(): a chart per name either logged, the other's line empty
+    logged = [load(slow).metrics(), load(fast).metrics()]
+    assert sorted(k for k in got["charts"] if k.startswith("metric:")) == ["metric:acc", "metric:only_a"]
+    for name in ("acc", "only_a"):
+        chart = got["charts"][f"metric:{name}"]
+        assert chart["x"] == steps
+        lines = {s["name"]: s["y"] for s in chart["series"]}  # (a run that logged none of it: no line)
+        assert list(lines) == [names[k] for k in (0, 1) if name in logged[k]], (name, list(lines))
+        for k in (0, 1):
+            if name in logged[k]:
+                by = dict(zip(logged[k][name]["step"], logged[k][name]["value"], strict=True))
+                assert lines[names[k]] == [by.get(s) for s in steps], (name, k, lines[names[k]])
+    assert got["charts"]["metric:acc"]["series"][1]["y"][13] == pytest.approx(14 * 0.3)
+    assert "only_a" not in logged[1] and len(logged[0]["only_a"]["step"]) == 10
     # the page's legend: each run by name and start time
     assert got["legend"] == [f"A: {names[0]}", f"B: {names[1]}"], got["legend"]
     facts = got["facts"]
