@@ -2520,14 +2520,11 @@ class Watch:
         else:
             msg = (
                 f"torchscope: a backward through {self._model_name}'s parameters came without a call of "
-                "the model itself (model.forward(x), another of its methods, or its submodules called "
-                "directly skip the model's hooks). "
-                + (f"From the next step on, calls of its submodules {names} are recorded as its forward (a "
-                   "call of a module inside them, by itself, as well); "
-                   "this step has no forward ops. " if entered else "These steps are recorded without their "
-                   "forward ops (call model(x)). ")
-                + "Under torch.compile(backend=\"eager\") no module hook runs at all: compile with the "
-                "default backend, whose compiled forward is recorded as one node."
+                "the model itself (model.forward(x) or its submodules called directly skip its hooks): "
+                + (f"from the next step on, calls of its submodules {names} are recorded as its forward; "
+                   "this step has no forward ops" if entered else "these steps have no forward ops (call model(x))")
+                + (". Under torch.compile(backend=\"eager\") no module hook runs: compile with the default "
+                   "backend, whose compiled forward is one node" if _compiled_any() else "")
             )
         self._tell(msg, "warning")
 
@@ -3980,6 +3977,15 @@ def _torch_module(m: nn.Module) -> bool:
         return False
     code = getattr(fn, "__code__", None)
     return code is not None and _is_internal(code.co_filename)
+
+
+def _compiled_any() -> bool:
+    """Whether torch.compile has compiled anything in this process (without importing dynamo)."""
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        return bool(dynamo_utils is not None and dynamo_utils.counters["stats"]["unique_graphs"])
+    except (AttributeError, KeyError, TypeError):
+        return False
 
 
 def _raise(message: str) -> None:

@@ -316,3 +316,24 @@ def test_a_loss_remade_from_item_behind_a_compiled_model_is_cut_at_the_item(tmp_
     line = next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if t.endswith("# ITEM"))
     assert found and all("no_grad" not in f["message"] for f in found), [f["message"] for f in found]
     assert any(f["src"] == f"{Path(__file__).name}:{line}" and "Tensor.item()" in f["message"] for f in found), found
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_note_on_a_forward_without_hooks_names_compile_only_under_compile(compiled: bool) -> None:
+    """A step whose backward reached the model without its hooks running is said once; the
+    torch.compile(backend="eager") hint only where something was compiled (it is the cause then;
+    a loop calling model.forward(x) had it in a note already long)."""
+    import subprocess
+    import sys
+
+    call = 'torch.compile(model, backend="eager")' if compiled else "model.forward"
+    code = ("import torch, torchscope\n"
+            "model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            f"run = {call}\n"
+            "with torchscope.watch(model, opt, server=None):\n"
+            "    for _ in range(3):\n"
+            "        opt.zero_grad(); run(torch.randn(2, 4)).sum().backward(); opt.step()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stderr.count("without a call of the model itself") == 1, out.stderr
+    assert ('torch.compile(backend="eager")' in out.stderr) == compiled, out.stderr
