@@ -7,7 +7,7 @@ op that cannot be differentiated.  (A backward() on a loss without grad_fn: loss
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from torchscope.schema import Finding, FindingTarget
 
@@ -395,19 +395,29 @@ _SELECTORS = frozenset(f"aten::{n}" for n in (
 ))  # fmt: skip
 
 
-def _tensor_facts(graph: dict[str, Any]) -> tuple[dict[int, bool], dict[int, bool]]:
-    """Tensor id -> whether its dtype is a floating (or complex) one, and -> whether it requires
-    grad, from the graph's table."""
+class _Facts(NamedTuple):
+    """Tensor id -> whether its dtype is a floating (or complex) one, -> whether it requires grad
+    (or is written from one that does), and the ids of bool tensors, from the graph's table."""
+
+    floating: dict[int, bool]
+    grads: dict[int, bool]
+    bools: set[int]
+
+
+def _tensor_facts(graph: dict[str, Any]) -> _Facts:
     floating: dict[int, bool] = {}
     grads: dict[int, bool] = {}
+    bools: set[int] = set()
     for t in as_list(graph.get("tensors")):
         if isinstance(t, dict):
             tid = as_int(t.get("id"), -1)
             if isinstance(t.get("dtype"), str):
                 floating[tid] = t["dtype"].startswith(("float", "bfloat", "complex"))
+                if t["dtype"] == "bool":
+                    bools.add(tid)
             if isinstance(t.get("requires_grad"), bool):
                 grads[tid] = t["requires_grad"]
-    return floating, grads
+    return _Facts(floating, grads, bools)
 
 
 def _carrying(ops: list[dict[str, Any]], grads: dict[int, bool]) -> dict[int, bool]:
@@ -426,10 +436,18 @@ def _carrying(ops: list[dict[str, Any]], grads: dict[int, bool]) -> dict[int, bo
 # Ops that take one operand as a factor of the other: a constant there weighs what carries the
 # gradient (REINFORCE's ``log_prob(a) * reward``, a per-token weight, a mask's count)
 _FACTORS = frozenset(("aten::mul", "aten::div"))
+# Selectors that look values up by integer positions: from a table nothing trains
+# (``bins[logits.argmax(-1)]``) they make a constant of the positions' -- unless what was looked
+# up is data that a layer then maps (a mixture of experts' ``x[token_ids]``: _LAYERS)
+_LOOKUPS = frozenset(f"aten::{n}" for n in ("index", "index_select", "gather", "take", "take_along_dim"))
+# Ops that map their data input by trained weights: looked-up data going through one is routing
+_LAYERS = frozenset(f"aten::{n}" for n in (
+    "addmm", "mm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "convolution", "_convolution",
+    "conv1d", "conv2d", "conv3d", "einsum",
+))  # fmt: skip
 
 
-def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: set[int],
-                    facts: tuple[dict[int, bool], dict[int, bool]]) -> bool:
+def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: set[int], facts: _Facts) -> bool:
     """Whether the result of ``start`` reaches the loss as a value the loss should learn through.
 
     A step function's (``round``, ``sign``: floating, with a grad_fn of zero) does once an op
@@ -442,8 +460,9 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
     (an index, routing, class targets) it weighs or picks what carries the gradient, by design.
     A tensor of unknown dtype counts as floating, one of unknown grad as carrying one (a file
     without a tensor table)."""
-    floating, grads = facts
+    floating, grads, bools = facts
     derived = {as_int(t, -1) for t in as_list(start.get("outputs"))}
+    looked_up: set[int] = set()  # constants a lookup made from a table nothing trains
     first = as_int(start.get("id"), -1)
     step_function = str(start.get("name", "")).rstrip("_") in _STEP_FUNCTIONS
     for op in path:
@@ -465,8 +484,14 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
             if not carries:
                 derived.update(outs)  # a constant scaled by a constant
             continue  # else a weight of what carries the gradient
+        if name in _LOOKUPS and not carries and not bools.intersection(derived.intersection(ins)):
+            derived.update(outs)  # a table looked up at the positions: as constant as they are
+            looked_up.update(outs)
+            continue
         if name in _SELECTORS:
             continue  # it picks, masks or routes: its values are the other operand's, not the constant's
+        if name in _LAYERS and carries and derived.intersection(ins) <= looked_up:
+            continue  # data looked up by the positions, through a layer: routing
         if not carries:
             derived.update(outs)  # computed from constants alone: a constant too
         else:
@@ -506,8 +531,8 @@ def _non_differentiable(run: Run) -> dict[tuple[str, str, str], tuple[list[int],
             continue
         path = g.upstream(fwd, loss, passes=g.passes_gradient)  # an op no gradient reaches cannot stop one
         on_path = {as_int(op.get("id"), -1) for op in path}
-        floating, grads = _tensor_facts(graph)
-        facts = floating, _carrying(fwd, grads)
+        known = _tensor_facts(graph)
+        facts = known._replace(grads=_carrying(fwd, known.grads))
         for op in path:
             if op.get("grad_mode") is not False and _stops_gradient(op) and _feeds_as_value(path, op, on_path, facts):
                 key = _op_key(op)

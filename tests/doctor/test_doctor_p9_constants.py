@@ -54,7 +54,12 @@ CORRECT: dict[str, Loss] = {
     "reward_float": _reinforce(lambda a: a.float()),
     "advantage": _reinforce(lambda a: (r := (a == 1).float()) - r.mean()),  # a baseline subtracted
     "masked_tokens": _masked,
+    # an argmax that picks from what carries the gradient (the top logit's margin): a selector
+    "pick_by_argmax": lambda out, y: nn.functional.cross_entropy(out, y)
+    - 0.1 * out.gather(1, out.argmax(-1, keepdim=True)).mean(),
 }
+
+BINS = torch.linspace(-2.0, 2.0, 3)  # a value per class, no gradient
 
 
 @pytest.mark.parametrize("mode", ["default", "full"])
@@ -72,6 +77,9 @@ BUGS: dict[str, tuple[Loss, str]] = {
     # a thresholded prediction regressed: the mse term has no gradient at all
     "threshold": (lambda out, y: nn.functional.cross_entropy(out, y)
                   + nn.functional.mse_loss((out[:, 0] > 0).float(), (y == 0).float()), "aten::gt"),  # fmt: skip
+    # a table looked up by the argmax (QA 38a, the seed's "loss that uses argmax"): a constant
+    "lookup": (lambda out, y: nn.functional.cross_entropy(out, y)
+               + nn.functional.mse_loss(BINS[out.argmax(-1)], BINS[y]), "aten::argmax"),  # fmt: skip
 }
 
 
@@ -110,3 +118,49 @@ def test_a_rollout_whose_next_observation_or_target_is_made_from_the_sample_is_n
             opt.step()
     assert all(p.grad is not None for p in model.parameters())  # plain PyTorch: every parameter trains
     assert [f for f in diagnose(iter_events(path)) if f["severity"] != "info"] == []
+
+
+@pytest.mark.parametrize("how", ["mask", "positions"])
+def test_tokens_routed_to_experts_by_mask_or_by_positions_are_no_p9(tmp_path: Path, how: str) -> None:
+    """A mixture of experts picks each expert's tokens by the gate's argmax, as a mask
+    (``x[route == k]``) or as positions (``x[(route == k).nonzero()]``, ``x[order]`` sorted by
+    expert): the data looked up goes through the expert's layer -- routing, by design."""
+
+    class Experts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = nn.Linear(8, 2)
+            self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            scores = self.gate(x)
+            route = scores.argmax(-1)
+            weight = torch.softmax(scores, -1)
+            if how == "positions":  # tokens sorted by expert, each expert's run of them
+                order = torch.argsort(route, stable=True)
+                counts = torch.bincount(route, minlength=2).tolist()
+                parts, start = [], 0
+                for k, (expert, n) in enumerate(zip(self.experts, counts, strict=True)):
+                    idx = order[start:start + n]
+                    parts.append(expert(x[idx]) * weight[idx, k:k + 1])
+                    start += n
+                y = torch.zeros_like(x).index_add(0, order, torch.cat(parts))
+            else:
+                y = torch.zeros_like(x)
+                for k, expert in enumerate(self.experts):
+                    sel = route == k
+                    y[sel] = expert(x[sel]) * weight[sel, k:k + 1]
+            return self.head(y)
+
+    torch.manual_seed(0)
+    model = Experts()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / f"{how}.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for _ in range(3):
+            x, target = torch.randn(16, 8), torch.randn(16, 1)
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), target).backward()
+            opt.step()
+    assert [(f["code"], f["message"]) for f in diagnose(iter_events(path)) if f["code"] == "P9"] == []
