@@ -267,6 +267,7 @@ export class GraphCanvas {
   draw() {
     this.frames++;
     this.paint();
+    if (this.afterDraw) this.afterDraw(); // the minimap's viewport follows
   }
 
   // The graph drawn into a canvas of its own, for an image (Export PNG): the whole graph at

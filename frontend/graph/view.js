@@ -7,6 +7,7 @@ import { buildScene, lossPath, leafSub } from "./scene.js";
 import { GraphCanvas } from "./render.js";
 import { renderDetails } from "./details.js";
 import { TopOps } from "./topops.js";
+import { Minimap } from "./minimap.js";
 import { NONFINITE, rampLegend, legendItem } from "../colors.js";
 import { THEME_EVENT } from "../theme.js";
 
@@ -137,6 +138,9 @@ export class GraphView {
       // the status line floats over the canvas's top: a fitted graph starts below it
       topInset: () => (this.status.textContent ? this.status.offsetHeight + 10 : 0),
     });
+    // the whole graph small in the canvas's corner, its viewport following the main view's
+    this.minimap = new Minimap(this.stage, this.canvas);
+    this.canvas.afterDraw = () => this.minimap.update();
     window.addEventListener(THEME_EVENT, () => this.redraw());
     // The view's keys work wherever the focus is, not on the canvas alone: a toolbar button
     // keeps the focus once clicked, and "f" after "Expand all" did nothing.  Not while the
