@@ -545,9 +545,15 @@ def _dense(t: torch.Tensor) -> bool:
 UPDATE_SAMPLE = 4096  # elements of a parameter the update's size is read from
 
 
+_NARROW = (torch.bfloat16, torch.float16)
+_WIDE = (torch.float64, torch.complex128, torch.complex64)
+
+
 def _strided(n: int) -> tuple[int, int]:
-    """The stride and the count of a parameter's sample (see _samples)."""
-    stride = max(1, n // UPDATE_SAMPLE) | 1
+    """The stride and the count of a parameter's sample (see _samples): through the whole of it
+    (a stride rounded down read only the first UPDATE_SAMPLE * stride elements: an embedding's
+    first rows, QA 39a)."""
+    stride = max(1, -(-n // UPDATE_SAMPLE)) | 1
     return stride, min(UPDATE_SAMPLE, (n + stride - 1) // stride)
 
 
@@ -562,8 +568,8 @@ def _samples(params: list[torch.Tensor]) -> torch.Tensor:
             views.append(torch.as_strided(p, (k,), (stride,), p.storage_offset()))
         else:
             views.append(p.reshape(-1)[: k * stride : stride])
-    if len({v.dtype for v in views}) > 1:
-        views = [v.float() for v in views]
+    if len({v.dtype for v in views}) > 1 or views and views[0].dtype in _NARROW:
+        views = [v.float() for v in views]  # (a few thousand elements each: the change in float32)
     return torch.cat(views)
 
 
@@ -1788,6 +1794,8 @@ class Watch:
         if t is None or not _dense(t) or not t.is_floating_point() or not (t.requires_grad or torch.is_grad_enabled()):
             return  # (an evaluation under no_grad inside the step is not the training forward)
         call = s.out_calls.get(path, 0)
+        if call and _in_a_backward():  # a non-reentrant checkpoint's recompute: no second call
+            return
         if call >= ACT_CALLS or not t.numel():
             return
         s.out_calls[path] = call + 1
@@ -1806,6 +1814,12 @@ class Watch:
         if t is None or not t.requires_grad or not (t.is_floating_point() or t.is_complex()):
             return
         call = s.act_calls.get(path, 0)
+        if t.is_leaf or (call and _in_a_backward()):
+            # a module that returns its own Parameter: a hook on it would stay for good (one a
+            # captured step, QA 39a), its gradient is the parameter's; a non-reentrant
+            # checkpoint's recompute inside the backward is no second call (a reentrant one's,
+            # whose forward ran under no_grad, is the only one there is)
+            return
         if call >= ACT_CALLS:
             return
         s.act_calls[path] = call + 1
@@ -2629,7 +2643,7 @@ class Watch:
         self._all_opts.add(optimizer)
         if (
             optimizer is not watched
-            and torch._C._current_graph_task_id() != -1
+            and _in_a_backward()
             and self._active
             and self._safe("step", self._of_ours, optimizer)
         ):
@@ -2862,7 +2876,10 @@ class Watch:
             sizes = [_strided(p.numel())[1] for p in live]
             change = torch._foreach_norm(list(torch.split(_samples(live) - old, sizes)))
             size = torch._foreach_norm(list(torch.split(old, sizes)))
-            weight = torch._foreach_norm([p.detach() for p in live])
+            # bfloat16/float16 weights' norms in float32: rounded to bfloat16 they read one value
+            # for many steps (QA 39a); float64 ones keep their own
+            wide = None if any(p.dtype in _WIDE for p in live) else torch.float32
+            weight = torch._foreach_norm([p.detach() for p in live], 2, dtype=wide)
             return of, torch.stack([*change, *size, *weight])  # (one dtype, or promoted: one op)
 
     def _params_at_bad_loss(self, s: _StepState) -> None:
@@ -3977,6 +3994,11 @@ def _torch_module(m: nn.Module) -> bool:
         return False
     code = getattr(fn, "__code__", None)
     return code is not None and _is_internal(code.co_filename)
+
+
+def _in_a_backward() -> bool:
+    """Whether this thread runs inside an autograd backward pass (a checkpoint's recompute)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def _compiled_any() -> bool:
