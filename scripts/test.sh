@@ -24,4 +24,6 @@ $PY -m torchscope._native
 
 $PY -m ruff check .
 $PY -m mypy
-$PY -m pytest -q "$@"
+# two workers, each taking whole test files (a file's module-scoped fixtures -- the doctor's
+# reproducer runs -- are made once); TEST_WORKERS=0 runs everything in this one process
+$PY -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile "$@"
