@@ -165,7 +165,7 @@ def test_import_without_end_is_ended_unexpectedly(client: TestClient, tmp_path: 
     (b"PK\x03\x04 a zip file", "not a torchscope session file"),
     (file_header((9, 0)) + encode_frame(0, [session_event("x")]), "newer torchscope"),
     (file_header() + b"FRM1" + b"\x00" * 10, "no complete frame"),
-])
+], ids=["empty", "zip", "newer", "torn"])  # (named: an encoded frame's bytes differ between processes)
 def test_import_rejects_bad_files_and_leaves_store_untouched(client: TestClient, tmp_path: Path,
                                                              data: bytes, needle: str) -> None:
     post(client, "keep", run_frames("keep", steps=3))
