@@ -300,16 +300,44 @@ def pause_thread(on: bool) -> None:
 
 
 @contextlib.contextmanager
-def unrecorded() -> Iterator[None]:
-    """The capture's own tensor ops inside a recorded pass (statistics in a gradient hook): no
-    recorder sees them -- the C++ observer paused on this thread, the Python dispatch and
-    function modes skipped -- and no graph is built."""
+def _unrecorded(open_: list[Any]) -> Iterator[None]:
     pause_thread(True)
     try:
         with torch.no_grad(), torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
             yield
     finally:
         pause_thread(False)
+        if open_:
+            open_.pop()
+
+
+_blocks = threading.local()  # .open: this thread's unrecorded() blocks entered and not left
+
+
+def unrecorded() -> contextlib.AbstractContextManager[None]:
+    """The capture's own tensor ops inside a recorded pass (statistics in a gradient hook): no
+    recorder sees them -- the C++ observer paused on this thread, the Python dispatch and
+    function modes skipped -- and no graph is built.  A Ctrl-C landing at the entry of its exit
+    leaves those guards on, the block suspended: ``settle()`` ends it."""
+    open_ = getattr(_blocks, "open", None)
+    if open_ is None:
+        open_ = _blocks.open = []
+    block = _unrecorded(open_)
+    open_.append(block)
+    return block
+
+
+def settle() -> None:
+    """End this thread's unrecorded() blocks that a KeyboardInterrupt left open (at a step's
+    close, where none is open otherwise): their guards off, the recorder's pause lifted --
+    else every later step of the run records nothing (no function mode, no backward seen)."""
+    open_ = getattr(_blocks, "open", None)
+    while open_:
+        block = open_[-1]
+        with contextlib.suppress(Exception):
+            block.gen.close()  # its finally: the guards' exits, the pause lifted, popped
+        if open_ and open_[-1] is block:  # one interrupted before it began
+            open_.pop()
 
 
 def claim(owner: int) -> ModuleType | None:

@@ -3144,6 +3144,7 @@ class Watch:
         finally:
             self._step, self._s = self._step + 1, fresh
             fresh.t0 = time.perf_counter()
+            _native.settle()  # a Ctrl-C at the exit of a block of ours left its guards on
             if self._gc_paused:
                 self._resume_gc()
 
@@ -3492,7 +3493,10 @@ class Watch:
             if m is not None and id(m) not in self._versioned and any(
                     not isinstance(h, ModuleHook) for h in m._forward_hooks.values()):
                 self._versioned.add(id(m))
-                self._handles.append(m.register_forward_hook(ModuleHook(self._safe, "hook_versions", self._out_version)))
+                hook = ModuleHook(self._safe, "hook_versions", self._out_version)
+                handle = m.register_forward_hook(hook)
+                hook._where = (weakref.ref(m), handle.id, False)  # (what a deep copy drops: _modhook)
+                self._handles.append(handle)
 
     def _out_version(self, m: nn.Module, args: Any, out: Any) -> None:
         """After the forward of a module with a user forward hook: its output's version counter
