@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import gc
 import inspect
 import logging
@@ -31,7 +32,7 @@ import time
 import types
 import urllib.parse
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal, NamedTuple, cast
 
 import torch
@@ -669,19 +670,33 @@ def _activation_row(path: str, rows: list[tuple[list[float], int]]) -> Activatio
 
 
 def _first_tensor(x: Any) -> torch.Tensor | None:
+    """A module output's tensor: its first floating-point (or complex) one -- of ``(indices,
+    probs)`` the probabilities (QA 39a) -- else its first; through lists, tuples, dicts
+    (ModelOutput) and dataclasses, and a ``.logits`` attribute."""
+    first: torch.Tensor | None = None
+    for t in _tensors_in(x, 4):
+        if t.is_floating_point() or t.is_complex():
+            return t
+        first = first if first is not None else t
+    return first
+
+
+def _tensors_in(x: Any, depth: int) -> Iterator[torch.Tensor]:
     if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, (list, tuple)):
+        yield x
+    elif depth < 0:
+        return
+    elif isinstance(x, (list, tuple)):
         for v in x:
-            t = _first_tensor(v)
-            if t is not None:
-                return t
-    if isinstance(x, dict):
+            yield from _tensors_in(v, depth - 1)
+    elif isinstance(x, dict):
         for v in x.values():
-            t = _first_tensor(v)
-            if t is not None:
-                return t
-    return getattr(x, "logits", None) if isinstance(getattr(x, "logits", None), torch.Tensor) else None
+            yield from _tensors_in(v, depth - 1)
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        for f in dataclasses.fields(x):
+            yield from _tensors_in(getattr(x, f.name, None), depth - 1)
+    elif isinstance(getattr(x, "logits", None), torch.Tensor):
+        yield x.logits
 
 
 def _output_tensors(x: Any, limit: int = 8) -> list[torch.Tensor]:
@@ -2854,9 +2869,14 @@ class Watch:
         """A strided sample of each parameter with a gradient, before the optimizer changes it:
         one copy of them all on the device (torch.cat), the update's size read from it after
         the step."""
+        opt = self._optimizer() if self._optimizer is not None else None
+        params: list[torch.Tensor | None] = [r() for r in self._params]
+        self._not_stepped(opt, params)  # (read again only when its groups change)
+        unheld = set(self._unheld)  # what the watched optimizer does not step: no update of its (None, not 0.0)
         with _native.unrecorded():
-            of = [(i, p) for i, r in enumerate(self._params)
-                  if (p := r()) is not None and p.grad is not None and _dense(p) and p.is_floating_point() and p.numel()]
+            of = [(i, p) for i, p in enumerate(params) if i not in unheld
+                  and p is not None and p.grad is not None and _dense(p) and p.is_floating_point() and p.numel()]
+            del params
             if of:
                 s.upd_before = ([i for i, _ in of], _samples([p for _, p in of]))
 

@@ -126,3 +126,76 @@ def test_a_bfloat16_weight_norm_is_not_rounded_to_bfloat16(tmp_path: Path) -> No
     got = [e["grads"]["weight_norm"][0] for e in load(path).steps]
     assert got == pytest.approx(exact, rel=1e-5), (got, exact)
     assert len(set(got)) == 4  # each step its own (rounded to bfloat16, one value for all four)
+
+
+def test_an_indices_and_probabilities_tuple_or_a_dataclass_output_has_its_rows(tmp_path: Path) -> None:
+    """A module returning ``(indices, probs)`` has the probabilities' row (its first tensor, the
+    indices, is no float: it had none); one returning a dataclass, its field's."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Out:
+        h: torch.Tensor
+
+    class Pick(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            p = torch.softmax(self.fc(x), -1)
+            return p.argmax(-1), p
+
+    class Wrap(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor) -> Out:
+            return Out(self.fc(x))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pick, self.wrap = Pick(), Wrap()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            _, p = self.pick(x)
+            return self.wrap(p).h
+
+    torch.manual_seed(0)
+    model = Net()
+    seen: dict[str, torch.Tensor] = {}
+    model.pick.register_forward_hook(lambda m, a, o: seen.__setitem__("pick", o[1].detach().clone()))
+    model.wrap.register_forward_hook(lambda m, a, o: seen.__setitem__("wrap", o.h.detach().clone()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "outs.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        opt.zero_grad()
+        model(torch.randn(5, 4)).pow(2).mean().backward()
+        opt.step()
+    step = load(path).steps[0]
+    rows = {r["module"]: r for r in step["activations"]}
+    grads = {r["module"] for r in step["activation_grads"]}
+    for name in ("pick", "wrap"):
+        assert rows[name]["norm"] == pytest.approx(float(seen[name].double().norm()), rel=1e-6), name
+        assert rows[name]["numel"] == seen[name].numel() and name in grads
+
+
+def test_a_parameter_the_optimizer_does_not_hold_has_no_update_ratio(tmp_path: Path) -> None:
+    """The update ratio is what the watched optimizer did: a parameter outside it (trained by
+    hand, or not at all) reads None, not 0.0 -- a zero learning rate on the chart."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model[2].parameters(), lr=0.1)  # the head only
+    path = tmp_path / "part.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(6, 4)).pow(2).mean().backward()
+            opt.step()
+    names = [p["name"] for p in load(path).meta["params"]]
+    for e in load(path).steps:
+        ratio = dict(zip(names, e["grads"]["update_ratio"], strict=True))
+        assert ratio["0.weight"] is None and ratio["0.bias"] is None, ratio
+        assert ratio["2.weight"] is not None and ratio["2.weight"] > 0, ratio
