@@ -673,6 +673,8 @@ def _first_tensor(x: Any) -> torch.Tensor | None:
     """A module output's tensor: its first floating-point (or complex) one -- of ``(indices,
     probs)`` the probabilities (QA 39a) -- else its first; through lists, tuples, dicts
     (ModelOutput) and dataclasses, and a ``.logits`` attribute."""
+    if isinstance(x, torch.Tensor):  # the usual output (and a no_grad evaluation's, every step): no generator
+        return x
     first: torch.Tensor | None = None
     for t in _tensors_in(x, 4):
         if t.is_floating_point() or t.is_complex():
