@@ -327,8 +327,9 @@ def test_a_transformers_sixty_rows_stay_readable_at_1000(module_browser: Any, sr
             path = label.split(" (")[0] if module else label
             assert path.endswith(own) and (path == module or path.startswith("….") or not module), (module, label)
         # a long table keeps its column names in view: the header row sticks to the view's top
-        last = page.locator("[data-testid=act-row]").last
-        last.scroll_into_view_if_needed()
+        # (found and scrolled in one call: the panel may be drawn again meanwhile -- a live refetch --,
+        # and a located row of the old drawing is gone)
+        page.evaluate("() => [...document.querySelectorAll('[data-testid=act-row]')].pop().scrollIntoView({ block: 'nearest' })")
         page.wait_for_timeout(100)
         top = page.evaluate("""() => { const v = document.querySelector('[data-testid=act-grads]').closest('.view').getBoundingClientRect();
           const h = [...document.querySelectorAll('[data-testid=act-grads] .act-head')].pop().getBoundingClientRect();
