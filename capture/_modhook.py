@@ -98,3 +98,23 @@ def hook_module(
     first._where = (weakref.ref(module), handles[0].id, True)
     second._where = (weakref.ref(module), handles[1].id, False)
     return handles
+
+
+def assignment_hooks(module_ids: set[int], flags: list[bool]) -> list[RemovableHandle]:
+    """torch's global registration hooks, flagging an assignment into one of the watched
+    model's modules (``model.head = nn.Linear(...)``, ``model.layers[2] = block``,
+    ``layer.weight = nn.Parameter(...)``, ``load_state_dict(..., assign=True)``): ``flags[0]``
+    for any (the parameters are followed by name again), ``flags[1]`` for a submodule (the
+    modules listed again).  Read where the next forward begins, so an assignment costs a set
+    lookup and no forward pays anything; the hooks hold no reference to the watch."""
+
+    def on_module(parent: nn.Module, _name: str, _value: Any) -> None:
+        if id(parent) in module_ids:
+            flags[0] = flags[1] = True
+
+    def on_parameter(parent: nn.Module, _name: str, _value: Any) -> None:
+        if id(parent) in module_ids:
+            flags[0] = True
+
+    return [nn.modules.module.register_module_module_registration_hook(on_module),
+            nn.modules.module.register_module_parameter_registration_hook(on_parameter)]

@@ -52,7 +52,7 @@ from ._holders import container_of
 from ._hooks import Retained, retained
 from ._interpose import Interposer, insert_mode, remove_mode
 from ._memory import StorageSizes, grad_storages, optimizer_tensors, storage_parts, storages
-from ._modhook import ModuleHook, hook_module
+from ._modhook import ModuleHook, assignment_hooks, hook_module
 from ._native import NativeRecorder
 from ._ops import OpRecorder, StorageIds, autocast_dtype, autocast_on
 from ._overlap import Region, itemsize, region
@@ -558,6 +558,12 @@ def _strided(n: int) -> tuple[int, int]:
     return stride, min(UPDATE_SAMPLE, (n + stride - 1) // stride)
 
 
+def _real(p: torch.Tensor) -> torch.Tensor:
+    """A complex parameter as its real view (twice the elements, the same norm): what the
+    update's sample and norms read."""
+    return torch.view_as_real(p.detach()) if p.is_complex() else p
+
+
 def _samples(params: list[torch.Tensor]) -> torch.Tensor:
     """Of each parameter, at most UPDATE_SAMPLE elements evenly strided through it (the stride
     odd, so that it runs across the columns of a matrix whose rows are a power of two long),
@@ -869,7 +875,9 @@ class Watch:
         # (assign=True), each making new ones under the old names) marks this, read where a
         # forward begins: the parameters are then followed by name (_rebind).  The callback
         # holds no reference to the watch.
-        self._dead = dead = [False]
+        # [1]: a submodule was assigned (``model.head = nn.Linear(...)``, ``model.layers[2] =
+        # block``): the modules are listed again there too, their hooks follow the new ones
+        self._dead = dead = [False, False]
         self._on_dead: Callable[[Any], None] = lambda _ref: dead.__setitem__(0, True)
         self._names = [n for n, _ in named]
         self._params = [weakref.ref(p, self._on_dead) for _, p in named]
@@ -882,6 +890,7 @@ class Watch:
         self._session_pending = self._lazy or any(p.is_meta for _, p in named)
         self._sizes = StorageSizes()
         self._modules = [(path, weakref.ref(m)) for path, m in model.named_modules()]
+        self._module_ids = {id(m) for m in model.modules()}  # read by the registration hooks below
         # the submodules' hooks of recorded steps (module context of each op): registered for a
         # captured step and removed after it -- in full mode, where every step is captured, kept
         # (registering ~2 per module cost ~1 ms a transformer step); inert while nothing records
@@ -940,6 +949,7 @@ class Watch:
         if not self._session_pending:
             self._transport.emit(self._session_event(model, optimizer))
         self._handles: list[Any] = []
+        self._handles += assignment_hooks(self._module_ids, self._dead)
         scripted = isinstance(model, torch.jit.ScriptModule)
         if scripted:
             # TorchScript runs no Python module hooks: its forwards are not seen, its backward,
@@ -1691,12 +1701,7 @@ class Watch:
             self._param_storages([p for r in self._params if (p := r()) is not None])
         if self._history is not None:
             self._safe("cuda_history", self._history.label, f"step {step}")
-        if self.mode == "full":
-            s.capture = True
-        elif self.mode == "default":
-            s.capture = step == 0 or step % self.sample_every == 0 or self._capture_next
-        else:
-            s.capture = False
+        s.capture = self._captures(step)
         # ops are checked for NaN/Inf after a non-finite step, and on the first captured one: a
         # loss that is NaN from the start (log of a zero probability) is otherwise never traced
         # to its op, the parameters being poisoned by the time the next step is checked
@@ -1704,6 +1709,12 @@ class Watch:
         self._capture_next = False
         if self._scaler is not None:  # (else scale_version stays None, as the state starts)
             self._snapshot_scale(s)
+
+    def _captures(self, step: int) -> bool:
+        """Whether ``step``'s ops and graph are recorded (decided as its first forward begins)."""
+        if self.mode == "default":
+            return step == 0 or step % self.sample_every == 0 or self._capture_next
+        return self.mode == "full"
 
     def _snapshot_scale(self, s: _StepState) -> None:
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
@@ -1714,12 +1725,12 @@ class Watch:
         if s.recorder is None:
             s.recorder = self._new_recorder(s)
             _compile.follow(_pause_for_compile)
-            if not self._module_hooks:
-                for path, ref in self._modules:
-                    m = ref()
-                    if m is None or m is root or id(m) in self._entries or isinstance(m, torch.jit.ScriptModule):
-                        continue  # an entry's own hooks give its module context; a ScriptModule takes none
-                    self._module_hooks += hook_module(m, self._mod_pre(path, _torch_module(m)), self._mod_post)
+        if not self._module_hooks:  # (and again after a module was assigned: _relist_modules)
+            for path, ref in self._modules:
+                m = ref()
+                if m is None or m is root or id(m) in self._entries or isinstance(m, torch.jit.ScriptModule):
+                    continue  # an entry's own hooks give its module context; a ScriptModule takes none
+                self._module_hooks += hook_module(m, self._mod_pre(path, _torch_module(m)), self._mod_post)
         self._pause_gc()
         s.recorder.micro = len(s.forwards) - 1
         s.module_stack.append(("", s.module_calls.get("", 0), ""))
@@ -2816,6 +2827,8 @@ class Watch:
         model = self._model()
         if model is None:
             return
+        if self._dead[1]:
+            self._relist_modules(model)
         now = dict(model.named_parameters())
         for i, name in enumerate(self._names):
             new = now.get(name)
@@ -2825,7 +2838,24 @@ class Watch:
         live = [(n, p) for n, r in zip(self._names, self._params, strict=True) if (p := r()) is not None]
         self._param_names = {id(p): n for n, p in live}
         self._set_param_ptrs(set(storages(p for _, p in live)), self._model())
-        self._held_key = None  # which of them the optimizer holds: asked again
+        # which of them the optimizer holds: asked again (its id kept: groups it gained since are
+        # still looked through for parameters the model gained, _not_stepped)
+        self._held_key = (self._held_key[0], ()) if self._held_key is not None else None
+
+    def _relist_modules(self, model: nn.Module) -> None:
+        """A submodule assigned after ``watch()`` (a new task head, a block swapped): the modules
+        listed again, so the new one gets its module context and output rows, and its
+        parameters under the old names are followed (the optimizer may still hold the old
+        ones, which then never die); the hooks of the modules gone are removed, the new ones
+        hooked where the next recorded forward begins (_start_recorder)."""
+        self._dead[1] = False
+        named = list(model.named_modules())
+        self._modules = [(path, weakref.ref(m)) for path, m in named]
+        self._module_ids.clear()  # (the same set the hooks read)
+        self._module_ids.update(id(m) for _, m in named)
+        self._remove_module_hooks()
+        self._modes_key = None  # train/eval flags read again
+        self._hooked = None  # and the user hooks (P13)
 
     def _shares_params(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` steps a parameter the watched optimizer steps."""
@@ -2864,23 +2894,28 @@ class Watch:
             self._s.stats = self._safe("grads", self._grad_stats, self._s, [r() for r in self._params])
             if not self._nan_armed:  # the step before was finite
                 self._safe("grads", self._params_at_bad_loss, self._s)
-        if self.mode != "light" and self._full_stats(self._s):  # (light keeps to the fewest passes)
-            self._safe("updates", self._before_update, self._s)
+        # (light keeps to the fewest passes); a step(closure) optimizer (LBFGS) steps before
+        # the step's first forward, which decides whether it is captured: decided ahead here
+        s = self._s
+        if self.mode != "light" and (self._full_stats(s) or (not s.started and self._captures(self._step))):
+            self._safe("updates", self._before_update, s)
 
     def _before_update(self, s: _StepState) -> None:
-        """A strided sample of each parameter with a gradient, before the optimizer changes it:
-        one copy of them all on the device (torch.cat), the update's size read from it after
-        the step."""
+        """A strided sample of each parameter that requires grad, before the optimizer changes
+        it: one copy of them all on the device (torch.cat), the update's size read from it after
+        the step.  Not only those with a gradient now: a ``step(closure)`` optimizer (LBFGS)
+        makes the gradients inside step(); one left without (listed in ``none``) has no ratio."""
         opt = self._optimizer() if self._optimizer is not None else None
         params: list[torch.Tensor | None] = [r() for r in self._params]
         self._not_stepped(opt, params)  # (read again only when its groups change)
         unheld = set(self._unheld)  # what the watched optimizer does not step: no update of its (None, not 0.0)
         with _native.unrecorded():
             of = [(i, p) for i, p in enumerate(params) if i not in unheld
-                  and p is not None and p.grad is not None and _dense(p) and p.is_floating_point() and p.numel()]
+                  and p is not None and p.requires_grad and _dense(p) and (p.is_floating_point() or p.is_complex())
+                  and p.numel()]
             del params
             if of:
-                s.upd_before = ([i for i, _ in of], _samples([p for _, p in of]))
+                s.upd_before = ([i for i, _ in of], _samples([_real(p) for _, p in of]))
 
     def _updates(self, s: _StepState) -> tuple[list[int], torch.Tensor] | None:
         """After optimizer.step(): per sampled parameter, the norm of its sample's change, of
@@ -2893,8 +2928,8 @@ class Watch:
         params = [self._params[i]() for i in of]
         if any(p is None for p in params):
             return None
-        live = cast("list[torch.Tensor]", params)
         with _native.unrecorded():
+            live = [_real(p) for p in cast("list[torch.Tensor]", params)]
             sizes = [_strided(p.numel())[1] for p in live]
             change = torch._foreach_norm(list(torch.split(_samples(live) - old, sizes)))
             size = torch._foreach_norm(list(torch.split(old, sizes)))
@@ -3379,8 +3414,9 @@ class Watch:
         n, m = len(self._params), len(of)
         ratio: list[float | None] = [None] * n
         weight: list[float | None] = [None] * n
+        none = set(stats["none"])  # sampled, but the step made no gradient for it: not updated
         for k, i in enumerate(of):
-            if i < n:
+            if i < n and i not in none:
                 change, size = read[k], read[m + k]
                 # (a parameter that was all zeros, a bias initialised so: no ratio)
                 ratio[i] = change / size if size > 0 and math.isfinite(change / size) else None

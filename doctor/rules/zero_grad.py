@@ -123,6 +123,10 @@ def _missing(run: Run) -> list[Finding]:
                  data={"zero_grad_calls": zero_calls})]
 
 
+def _shown(names: list[str]) -> str:
+    return and_list(names[:6] + ([f"{len(names) - 6} more"] if len(names) > 6 else []))
+
+
 def _unheld(run: Run) -> list[Finding]:
     """Parameters that get gradients while no optimizer stepping holds them (``grads.not_trained``
     with a gradient at optimizer.step()): they never train, and optimizer.zero_grad() leaves their
@@ -153,11 +157,20 @@ def _unheld(run: Run) -> list[Finding]:
     index = sorted(got)
     steps = sorted({s for v in got.values() for s in v})
     names = [run.param_name(i) for i in index]
-    shown = and_list(names[:6] + ([f"{len(names) - 6} more"] if len(names) > 6 else []))
     parametrized = [n for n in names if ".parametrizations." in f".{n}"]
-    message = (f"{len(names)} parameter(s) get gradients but no optimizer updates them "
-               f"({describe_steps(steps, run.last_step)}): {shown} are in none of the stepping optimizer's "
-               "param groups, so they never train")
+    # the steps of each: a group added later (optimizer.add_param_group at step 5) was left
+    # out on steps 0-4 only, which "since step 0, every step" for all of them misread
+    when: dict[str, list[str]] = {}
+    for i in index:
+        when.setdefault(describe_steps(got[i], run.last_step), []).append(run.param_name(i))
+    if len(when) == 1:
+        message = (f"{len(names)} parameter(s) get gradients but no optimizer updates them "
+                   f"({describe_steps(steps, run.last_step)}): {_shown(names)} are in none of the stepping "
+                   "optimizer's param groups, so they never train")
+    else:
+        parts = and_list([f"{_shown(ns)} ({w})" for w, ns in when.items()])
+        message = (f"{len(names)} parameter(s) get gradients but no optimizer updates them: {parts} were in none "
+                   "of the stepping optimizer's param groups on those steps, so they did not train then")
     message += (" -- and optimizer.zero_grad() does not clear them, so their .grad piles up step after step."
                 if piled & set(index) else ".")
     if parametrized:
