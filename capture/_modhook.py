@@ -90,14 +90,19 @@ def hook_module(
 ) -> list[RemovableHandle]:
     """``pre`` as a forward pre-hook and ``post`` as a forward hook (always called, an
     exception's too) of ``module``, each wrapped in a ModuleHook that knows where it sits."""
-    first, second = ModuleHook(pre), ModuleHook(post)
-    handles = [
-        module.register_forward_pre_hook(first, with_kwargs=with_kwargs, prepend=prepend),
-        module.register_forward_hook(second, always_call=True),
-    ]
-    first._where = (weakref.ref(module), handles[0].id, True)
-    second._where = (weakref.ref(module), handles[1].id, False)
-    return handles
+    first = ModuleHook(pre)
+    handle = module.register_forward_pre_hook(first, with_kwargs=with_kwargs, prepend=prepend)
+    first._where = (weakref.ref(module), handle.id, True)
+    return [handle, hook_forward(module, post, always_call=True)]
+
+
+def hook_forward(module: nn.Module, post: Callable[..., Any], *args: Any, always_call: bool = False) -> RemovableHandle:
+    """``post`` (given ``args`` first) as a forward hook of ``module``, wrapped in a ModuleHook
+    that knows where it sits."""
+    hook = ModuleHook(post, *args)
+    handle = module.register_forward_hook(hook, always_call=always_call)
+    hook._where = (weakref.ref(module), handle.id, False)
+    return handle
 
 
 def assignment_hooks(module_ids: set[int], flags: list[bool]) -> list[RemovableHandle]:

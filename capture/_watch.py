@@ -52,7 +52,7 @@ from ._holders import container_of
 from ._hooks import Retained, retained
 from ._interpose import Interposer, insert_mode, remove_mode
 from ._memory import StorageSizes, grad_storages, optimizer_tensors, storage_parts, storages
-from ._modhook import ModuleHook, assignment_hooks, hook_module
+from ._modhook import ModuleHook, assignment_hooks, hook_forward, hook_module
 from ._native import NativeRecorder
 from ._ops import OpRecorder, StorageIds, autocast_dtype, autocast_on
 from ._overlap import Region, itemsize, region
@@ -3551,10 +3551,7 @@ class Watch:
             if m is not None and id(m) not in self._versioned and any(
                     not isinstance(h, ModuleHook) for h in m._forward_hooks.values()):
                 self._versioned.add(id(m))
-                hook = ModuleHook(self._safe, "hook_versions", self._out_version)
-                handle = m.register_forward_hook(hook)
-                hook._where = (weakref.ref(m), handle.id, False)  # (what a deep copy drops: _modhook)
-                self._handles.append(handle)
+                self._handles.append(hook_forward(m, self._safe, "hook_versions", self._out_version))
 
     def _out_version(self, m: nn.Module, args: Any, out: Any) -> None:
         """After the forward of a module with a user forward hook: its output's version counter

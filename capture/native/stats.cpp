@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <array>
 #include <limits>
 #include <memory>
@@ -161,6 +162,25 @@ void scan<double, kFullNan>(const double* p, int64_t n, double c, Part& out) {
   }
 }
 
+// The sums again in doubles, element by element: a float lane's x * x overflows for |x| above
+// ~1.8e19 (a diverging bfloat16 run's activations, still finite), which read as a norm of inf
+// beside finite min and max (QA 39a).  Only after a pass whose sums came out non-finite: rare.
+template <typename T>
+void sums_in_double(const T* p, int64_t n, double c, Part& out) {
+  double sumsq = 0, sum = 0, dsum = 0, dsumsq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = static_cast<double>(p[i]);
+    sumsq += x * x;
+    sum += x;
+    dsum += x - c;
+    dsumsq += (x - c) * (x - c);
+  }
+  out.sumsq = sumsq;
+  out.sum = sum;
+  out.dsum = dsum;
+  out.dsumsq = dsumsq;
+}
+
 template <typename T>
 Part reduce_as(const at::Tensor& t, int cols) {
   const T* p = t.const_data_ptr<T>();
@@ -179,14 +199,17 @@ Part reduce_as(const at::Tensor& t, int cols) {
   Part all;
   if (chunks <= 1) {
     one(0, all);
-    return all;
+  } else {
+    std::vector<Part> parts(chunks);
+    // torch's own intra-op threads, as its reductions would use
+    at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) one(c, parts[c]);
+    });
+    for (const Part& q : parts) all.add(q);
   }
-  std::vector<Part> parts(chunks);
-  // torch's own intra-op threads, as its reductions would use
-  at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; ++c) one(c, parts[c]);
-  });
-  for (const Part& q : parts) all.add(q);
+  if (!std::is_same<T, double>::value && (!std::isfinite(all.sumsq) || !std::isfinite(all.dsumsq))) {
+    sums_in_double(p, n, shift, all);  // (a NaN or Inf among the values stays so)
+  }
   return all;
 }
 

@@ -145,3 +145,26 @@ def test_a_complex_parameter_has_its_update_ratio_and_weight_norm(tmp_path: Path
     for e, (ratio, norm) in zip(load(path).steps, true, strict=True):
         assert e["grads"]["update_ratio"][0] == pytest.approx(ratio, rel=1e-4)
         assert e["grads"]["weight_norm"][0] == pytest.approx(norm, rel=1e-5)
+
+
+def test_a_huge_but_finite_output_has_a_finite_norm(tmp_path: Path) -> None:
+    """Values ~1e20 (a diverging run's activations, still finite in float32): the C++ pass's
+    float lanes squared them past float32's range and read a norm of inf beside finite min
+    and max and no Inf counted; the sums are taken again in doubles then."""
+
+    class Scale(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 1e20
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), Scale())
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    path = tmp_path / "huge.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        out = model(torch.randn(16, 8))
+        out.mean().backward()
+        opt.step()
+    assert bool(torch.isfinite(out).all())
+    [row] = [r for r in load(path).steps[0]["activations"] if r["module"] == "1"]
+    assert row["norm"] == pytest.approx(float(out.detach().double().norm()), rel=1e-6)
+    assert row["rms"] == pytest.approx(float(out.detach().double().pow(2).mean().sqrt()), rel=1e-6)
