@@ -144,8 +144,28 @@ async function start() {
     if (ok && heard === false) { reloadAll(); reloadFindings(); } // heard again: catch up
     heard = ok;
   });
+  graphLink();
   await loadSeries();
   reloadFindings();
+}
+
+// "Compare graphs", once both runs have a captured graph: run A's Graph view coloured by its
+// diff against run B's captured step (docs/dashboard.md, the diff overlay) -- A's first captured
+// step against B's step of the same number, else B's first.
+let linked = false;
+async function graphLink() {
+  if (linked || stopped) return;
+  const steps = await Promise.all(runs.map((r) => api(`${sessionPath(r.id)}/graphs?rank=${rank}`)
+    .then((gs) => [...new Set(gs.map((g) => g.step))].sort((x, y) => x - y), () => [])));
+  const slot = document.getElementById("compare-graphs");
+  if (linked || stopped || !slot || steps.some((s) => !s.length)) return;
+  linked = true;
+  const a = steps[0][0], b = steps[1].includes(a) ? a : steps[1][0];
+  const q = new URLSearchParams({ view: "graph", step: a, overlay: "diff", diffrun: runs[1].id, diffstep: b });
+  if (rank) q.set("rank", rank);
+  slot.append(h("a", { href: `/sessions/${encodeURIComponent(runs[0].id)}?${q}`, class: "compare-graphs", "data-testid": "compare-graphs",
+    title: `run A's graph (step ${a}) coloured by what differs from run B's step ${b}: added, changed, same, and a count of what was removed` },
+  "Compare graphs"));
 }
 
 // A distributed run: the rank whose steps are compared (the same for both runs).
@@ -166,7 +186,7 @@ function layout() {
     h("h2", {}, "Compare runs"),
     h("div", { class: "compare-runs", "data-testid": "compare-legend" }, runs.map((r, k) =>
       h("a", { href: `/sessions/${encodeURIComponent(r.id)}${rank ? `?rank=${rank}` : ""}`, class: "compare-run", "data-run": "ab"[k] },
-        legendItem(r.color, `${"AB"[k]}: ${names[k]}`)))),
+        legendItem(r.color, `${"AB"[k]}: ${names[k]}`))), h("span", { id: "compare-graphs" })),
     h("table", { class: "compare-facts", "data-testid": "compare-facts" }),
     h("p", { class: "muted small", id: "compare-note" },
       `Rank ${rank}. A step one run lacks is a gap in its line. Cells that differ between the runs are marked.`),
@@ -280,6 +300,7 @@ const reloadAll = coalesce(async () => {
   if (stopped) return;
   await Promise.all(runs.map((r) => r.loadSummary()));
   if (stopped) return;
+  graphLink(); // a run still going may capture its first graph now
   await loadSeries();
 }, 1000);
 

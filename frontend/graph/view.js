@@ -3,6 +3,7 @@
 import { h, clear, fmtShort, fmtBytes, fmtUs, withLoading } from "../dom.js";
 import { api, sessionPath, rankQuery } from "../api.js";
 import { buildModel, ancestors } from "./model.js";
+import { diffGraphs } from "./diff.js";
 import { buildScene, lossPath, leafSub } from "./scene.js";
 import { GraphCanvas } from "./render.js";
 import { renderDetails } from "./details.js";
@@ -28,14 +29,21 @@ const ZERO_TEXT = { grad: "exactly zero", memory: "0 B: allocated / saved nothin
 const OVERLAYS = [["phase", "phase", "forward / backward"], ["grad", "gradient norm", "the gradient norm of each parameter (AccumulateGrad) and module"],
   ["memory", "memory", "bytes an op allocated, bytes a grad_fn saved; a collapsed backward module: its saved activations, each storage once, parameters left out"],
   ["time", "time", "an op's or a grad_fn's duration; a collapsed backward module: its grad_fn nodes' (their aten kernels are inside them)"], ["dtype", "dtype", "the output's dtype"],
-  ["diff", "diff", "added / changed / same against another captured step (the menu beside it)"]];
+  ["diff", "diff", "added / changed / same against another captured step (the menu beside it), of this run or of another (the run menu in the legend bar)"]];
 const NO_DIFF = "only one step is captured: no other step to compare with";
+// The other runs the diff offers (GET /api/sessions, newest first): the MAX_RUNS most recent
+// ones (light-mode runs, which capture no graph, left out first), those with a captured graph;
+// of each its first MAX_RUN_STEPS captured steps.  The menus say what they leave out.
+const MAX_RUNS = 20, MAX_RUN_STEPS = 10;
 
 // The page's query as it was loaded, read before the app rewrites the URL from the state it
 // knows (which has no top= / topby=): ?top=1 opens the Top ops table (top=nodes: the grad_fn
 // nodes', top=backward / optimizer / all: those ops'), &topby=module groups it by module.
 const LOADED_QUERY = new URLSearchParams(location.search);
 const TOP_SECTION = { 1: "forward", true: "forward", forward: "forward", backward: "backward", optimizer: "optimizer", all: "all", nodes: "nodes" };
+// &diffrun=<session id>&diffstep=N: the diff against that run's captured step (with overlay=diff)
+const ASKED_DIFF = LOADED_QUERY.get("diffrun")
+  ? { run: LOADED_QUERY.get("diffrun"), step: /^\d+$/.test(LOADED_QUERY.get("diffstep") || "") ? +LOADED_QUERY.get("diffstep") : undefined } : null;
 // Export PNG: the caps on the image (a side, all its pixels), past which the current view is exported
 const PNG_MAX_SIDE = 8192, PNG_MAX_PIXELS = 32 * 1024 * 1024;
 
@@ -75,6 +83,9 @@ export class GraphView {
     this.highlight = null;
     this.cut = new Set();
     this.reqId = 0;
+    this.diffRun = ""; // what the diff compares with: "" this run, else another session's id
+    this.otherRuns = new Map(); // session id -> {name, steps}: the other runs with a captured graph
+    this.diffSeq = 0;
     this.startWorker();
     this.waiters = [];
     const top = LOADED_QUERY.get("top");
@@ -95,7 +106,14 @@ export class GraphView {
     this.stepLabel = h("span", { class: "step-label", "data-testid": "step-label" }, "–");
     this.overlaySel = h("select", { "aria-label": "overlay", "data-testid": "overlay", onchange: () => this.setOverlay(this.overlaySel.value) },
       OVERLAYS.map(([v, t, title]) => h("option", { value: v, title }, t)));
-    this.diffSel = h("select", { "aria-label": "diff against step", hidden: true, onchange: () => this.loadDiff() });
+    this.diffSel = h("select", { "aria-label": "diff against step", hidden: true, onchange: () => { this.diffMissing = null; this.loadDiff(); } });
+    // whose step: this run's, or another run's (an extra layer, ReLU swapped for GELU); in the
+    // legend bar beside the diff's counts, once another run has a captured graph -- in the
+    // toolbar it made that two rows at 1280 px
+    this.runSel = h("select", { "aria-label": "diff against run", "data-testid": "diff-run", class: "diff-run",
+                                onchange: () => this.setDiffRun(this.runSel.value) });
+    this.runPick = h("label", { class: "diff-run-pick", title: "the run whose captured step the diff compares with: this one, or another on this server (newest first)" },
+      "run ", this.runSel);
     // a placeholder that fits the box (cut, "Search name, module, sha" read as a typo); the
     // rest is the tooltip
     this.search = h("input", { type: "search", placeholder: "Find op, module, shape (/)", "aria-label": "search", "data-testid": "search",
@@ -173,6 +191,14 @@ export class GraphView {
     // no graph: no step to scrub, nothing to colour or expand (a light run never has one)
     this.toolbar.hidden = !this.captured.length;
     if (!this.captured.length) { this.status.textContent = this.app.emptyText("graph"); return; }
+    // the other runs the diff can compare with: waited for only when the URL asks for one
+    const runs = this.loadOtherRuns().then(() => {
+      if (this.step === undefined) return;
+      this.fillDiff();
+      // the run menu joins the legend (and a diff with no step to compare with says it is there)
+      if (this.overlay === "diff" && this.scene) { if (this.diff) this.drawLegend(); else this.loadDiff(); }
+    }, () => {});
+    if (ASKED_DIFF) { await runs; await this.askDiff(ASKED_DIFF); }
     const asked = this.app.state.step;
     await this.showStep(asked ?? this.captured[0], asked === undefined);
   }
@@ -462,6 +488,7 @@ export class GraphView {
       if (lg.overlay === "grad") this.legend.append(legendItem("var(--node-none)", "no gradient (.grad is None) or not a parameter"));
       else if (lg.missing) this.legend.append(legendItem("var(--node-none)", "not recorded"));
     }
+    if (this.overlay === "diff" && this.otherRuns.size) this.legend.append(this.runPick);
     if (this.diffSummary && this.overlay === "diff") this.legend.append(h("span", { class: "muted" }, this.diffSummary));
   }
 
@@ -471,18 +498,84 @@ export class GraphView {
     if (this.model) { await this.relayout(); this.canvas.fit(); }
   }
 
-  // The steps a diff can compare with: every captured step but the one shown.  The choice is
-  // kept while it is one of them; else (at first, or now the step shown) the captured step
-  // before the one shown (after, for the first): what changed since last time.
+  // The other runs on this server with a captured graph (this page's rank), newest first.
+  async loadOtherRuns() {
+    const all = await api("/api/sessions");
+    const others = all.filter((s) => s.id !== this.app.id && s.mode !== "light");
+    const near = others.slice(0, MAX_RUNS);
+    const got = await Promise.all(near.map((s) => this.runSteps(s.id).then((steps) => ({ s, steps }), () => null)));
+    for (const x of got) if (x && x.steps.length) this.otherRuns.set(x.s.id, { name: x.s.name || x.s.id, steps: x.steps });
+    this.olderRuns = others.length - near.length;
+  }
+
+  async runSteps(id) {
+    const gs = await api(`${sessionPath(id)}/graphs?${rankQuery(this.app.rank)}`);
+    return [...new Set(gs.map((g) => g.step))].sort((a, b) => a - b);
+  }
+
+  // The URL's diffrun= / diffstep=: that run (one past the list's cut too) and that step; a
+  // run not on this server (or with no graph) is said in the legend, and this run's steps offered.
+  async askDiff({ run, step }) {
+    if (run === this.app.id) return;
+    if (!this.otherRuns.has(run)) {
+      try {
+        const [s, steps] = await Promise.all([api(sessionPath(run)), this.runSteps(run)]);
+        if (steps.length) this.otherRuns.set(run, { name: s.name || run, steps });
+      } catch { /* not on this server: said below */ }
+    }
+    if (!this.otherRuns.has(run)) { this.diffMissing = run; return; }
+    this.diffRun = run;
+    this.pendingDiffStep = step;
+  }
+
+  // The menu of runs: this one, then the others (newest first), and how many older ones are
+  // not listed; in the legend while the diff is on and another run has a captured graph.
+  fillRuns() {
+    const runs = [...this.otherRuns];
+    const named = new Map();
+    for (const [, r] of runs) named.set(r.name, (named.get(r.name) || 0) + 1);
+    const others = h("optgroup", { label: "other runs, newest first" }, runs.map(([id, r]) =>
+      h("option", { value: id, title: `${r.name} (${id}): captured steps ${r.steps.slice(0, MAX_RUN_STEPS).join(", ")}${r.steps.length > MAX_RUN_STEPS ? ", …" : ""}` },
+        `${r.name}${named.get(r.name) > 1 ? ` [${id}]` : ""}`)));
+    if (this.olderRuns > 0) others.append(h("option", { value: "-", disabled: true }, `… ${this.olderRuns} older run${this.olderRuns === 1 ? "" : "s"} not listed`));
+    clear(this.runSel).append(h("option", { value: "" }, "this run"), others);
+    this.runSel.value = this.diffRun;
+  }
+
+  setDiffRun(id) {
+    this.diffRun = this.otherRuns.has(id) ? id : "";
+    this.diffMissing = null;
+    this.fillDiff(false);
+    this.loadDiff();
+  }
+
+  // The steps a diff can compare with.  This run's: every captured step but the one shown.  The
+  // choice is kept while it is one of them; else (at first, or now the step shown) the captured
+  // step before the one shown (after, for the first): what changed since last time.  Another
+  // run's: its first MAX_RUN_STEPS captured steps (and the one asked for, past them); at first
+  // the step of the same number, else its first.
   fillDiff(keepChoice = true) {
-    const chosen = keepChoice ? this.diffSel.value : "";
+    let chosen = keepChoice ? this.diffSel.value : "";
     const others = this.captured.filter((s) => s !== this.step);
-    clear(this.diffSel).append(...others.map((s) => h("option", { value: s }, `diff vs step ${s}`)));
-    // one captured step: nothing to diff against, so no "diff" to choose (painted all "same"
-    // grey, every node read as unchanged); the option says why
+    // one captured step and no other run: nothing to diff against, so no "diff" to choose
+    // (painted all "same" grey, every node read as unchanged); the option says why
     const opt = this.overlaySel.querySelector("option[value=diff]");
-    opt.disabled = !others.length;
-    opt.title = others.length ? OVERLAYS.find(([v]) => v === "diff")[2] : NO_DIFF;
+    opt.disabled = !others.length && !this.otherRuns.size;
+    opt.title = opt.disabled ? NO_DIFF : OVERLAYS.find(([v]) => v === "diff")[2];
+    this.fillRuns();
+    const run = this.otherRuns.get(this.diffRun);
+    if (run) {
+      if (this.pendingDiffStep !== undefined) { chosen = String(this.pendingDiffStep); this.pendingDiffStep = undefined; }
+      const want = chosen !== "" && run.steps.includes(+chosen) ? +chosen : run.steps.includes(this.step) ? this.step : run.steps[0];
+      const listed = run.steps.slice(0, MAX_RUN_STEPS);
+      if (!listed.includes(want)) listed.push(want);
+      clear(this.diffSel).append(...listed.map((s) => h("option", { value: s }, `diff vs step ${s}`)));
+      const cut = run.steps.length - listed.length;
+      if (cut > 0) this.diffSel.append(h("option", { value: "-", disabled: true }, `… ${cut} later captured step${cut === 1 ? "" : "s"} not listed`));
+      this.diffSel.value = String(want);
+      return;
+    }
+    clear(this.diffSel).append(...others.map((s) => h("option", { value: s }, `diff vs step ${s}`)));
     if (others.some((s) => String(s) === chosen)) { this.diffSel.value = chosen; return; }
     const i = this.captured.indexOf(this.step);
     const other = this.captured[i > 0 ? i - 1 : i + 1];
@@ -494,36 +587,47 @@ export class GraphView {
     this.overlay = v;
     this.overlaySel.value = v;
     this.diffSel.hidden = v !== "diff";
-    if (v === "diff" && was !== "diff") this.fillDiff(false); // turned on: the step before; the user's later choice is kept
-    this.app.setState({ overlay: v === "phase" ? undefined : v });
+    if (v === "diff" && was !== "diff") {
+      // a run with one captured step has only other runs to compare with: the newest
+      if (!this.diffRun && this.captured.length < 2 && this.otherRuns.size) this.diffRun = this.otherRuns.keys().next().value;
+      // turned on: this run's step before; another run's step as chosen; the user's later choice is kept
+      this.fillDiff(!!this.diffRun);
+    }
+    this.app.setState({ overlay: v === "phase" ? undefined : v, ...(v === "diff" ? {} : { diffrun: undefined, diffstep: undefined }) });
     if (v === "diff") this.loadDiff(); else this.redraw();
   }
 
   async loadDiff(redraw = true) {
     if (!this.model) return;
-    if (this.diffSel.value === "") { // one captured step (diff asked by the URL): nothing to compare with
+    const mine = ++this.diffSeq;
+    const run = this.otherRuns.get(this.diffRun);
+    const value = this.diffSel.value;
+    // kept in the URL when it is another run's (this run's: the step before, as at first)
+    this.app.setState({ diffrun: run ? this.diffRun : undefined, diffstep: run && /^\d+$/.test(value) ? +value : undefined });
+    const missing = this.diffMissing ? `no run ${this.diffMissing} with a captured graph on this server; ` : "";
+    if (!/^\d+$/.test(value)) { // one captured step (diff asked by the URL): nothing to compare with
       this.diff = null; // uncoloured: the phase's colours, and the legend says why
-      this.diffSummary = `diff: ${NO_DIFF}`;
+      this.diffSummary = `diff: ${missing}${NO_DIFF}${this.otherRuns.size ? "; the run menu offers other runs' steps" : ""}`;
       if (redraw) this.redraw();
       return;
     }
-    const other = +this.diffSel.value;
-    const ev = await api(`${sessionPath(this.app.id)}/graph?step=${other}${this.app.rank !== undefined ? "&rank=" + this.app.rank : ""}`);
-    const om = buildModel(ev);
-    const sig = (m, l) => `${l.phase}|${l.module}|${l.label}`;
-    const full = (m, l) => `${sig(m, l)}|${leafSub(m, l)}`;
-    const count = (m, f) => { const c = new Map(); for (const l of m.leaves) { const k = f(m, l); c.set(k, (c.get(k) || 0) + 1); } return c; };
-    const of = count(om, full), os = count(om, sig);
-    const diff = new Map();
-    let added = 0, changed = 0;
-    for (const l of this.model.leaves) {
-      const f = full(this.model, l), s = sig(this.model, l);
-      if (of.get(f) > 0) { of.set(f, of.get(f) - 1); os.set(s, os.get(s) - 1); continue; }
-      if (os.get(s) > 0) { os.set(s, os.get(s) - 1); diff.set(l.key, "changed"); changed++; } else { diff.set(l.key, "added"); added++; }
+    const other = +value;
+    const url = `${sessionPath(run ? this.diffRun : this.app.id)}/graph?step=${other}${this.app.rank !== undefined ? "&rank=" + this.app.rank : ""}`;
+    let om;
+    try {
+      om = this.diffCache?.url === url ? this.diffCache.model : buildModel(await api(url));
+    } catch (e) {
+      if (mine !== this.diffSeq) return;
+      this.diff = null;
+      this.diffSummary = `diff: could not load ${run ? `${run.name} ` : ""}step ${other} (${e.message})`;
+      if (redraw) this.redraw();
+      return;
     }
-    const removed = [...os.values()].reduce((a, b) => a + Math.max(b, 0), 0);
-    this.diff = diff;
-    this.diffSummary = `vs step ${other}: ${added} added, ${changed} changed, ${removed} removed`;
+    if (mine !== this.diffSeq) return; // another choice (or step) meanwhile
+    this.diffCache = { url, model: om };
+    const d = diffGraphs(this.model, om);
+    this.diff = d.marks;
+    this.diffSummary = `${missing ? `diff: ${missing}` : ""}vs ${run ? `${run.name} step` : "step"} ${other}: ${d.added} added, ${d.changed} changed, ${d.removed} removed`;
     if (redraw) this.redraw();
   }
 
