@@ -77,6 +77,82 @@ def _held(node: Any, attr: str, raw_attr: str) -> list[torch.Tensor]:
 _SavedTensor = torch._C._autograd.SavedTensor
 _TENSOR = torch.Tensor
 
+# Each built-in node class's saved fields that hold no tensor (those without a ``_raw_`` twin:
+# ``_saved_stride``, ``_saved_dim``, ``_saved_alpha``...), each with its NodeRecord.attrs name.
+# Read from the class, so a custom Function's ctx attributes (instance ones) are not among them.
+_attr_names: dict[type, tuple[tuple[str, str], ...]] = {}
+_MAX_ATTRS = 16  # per node
+_MAX_ITEMS = 16  # per list attribute (its first ones)
+_MAX_CHARS = 80  # per string
+_U64, _I64 = 2**64, 2**63
+_INTS = frozenset({int})
+# what is written by its name: torch.float32 -> "float32", as TensorMeta.dtype; torch.channels_last -> "channels_last"
+_BY_NAME = (torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _attrs_of(node: Any) -> dict[str, int | float | bool | str | list[int | float | bool | str]] | None:
+    """What ``node`` saved for backward besides tensors -- a convolution's stride and padding, a
+    reduction's dim and keepdim, a view's sizes -- as torchviz's ``show_attrs`` lists them; None
+    when nothing.  Values JSON can hold only (see ``_attr_value``); one that cannot be read or
+    written is left out, so nothing here raises into the loop, and no tensor is kept."""
+    cls = type(node)
+    names = _attr_names.get(cls)
+    if names is None:
+        attrs = set(dir(cls))
+        names = _attr_names[cls] = tuple(
+            (a, a.removeprefix("_saved_")) for a in sorted(attrs) if a.startswith("_saved_") and "_raw" + a not in attrs
+        )
+    if not names:
+        return None
+    out: dict[str, int | float | bool | str | list[int | float | bool | str]] = {}
+    for attr, key in names:
+        try:
+            v = getattr(node, attr)
+            t = type(v)
+            # the usual kinds first, each without a call: a size, stride or dim tuple of plain
+            # ints, one int (int64 fields PyTorch reads back unsigned: see _attr_scalar), a bool
+            if t is tuple and len(v) <= _MAX_ITEMS and _INTS.issuperset(map(type, v)) and (not v or max(v) < _I64):
+                v = list(v)
+            elif not ((t is int and v < _I64) or t is bool):
+                v = _attr_value(v)
+        except Exception:  # a field this torch cannot read back: left out
+            continue
+        if v is None:
+            continue
+        out[key] = v
+        if len(out) == _MAX_ATTRS:
+            break
+    return out or None
+
+
+def _attr_value(v: Any) -> int | float | bool | str | list[int | float | bool | str] | None:
+    """``v`` as JSON holds it (a tuple or list as a list of its first ``_MAX_ITEMS``), or None
+    when it is none of the kinds a saved attribute holds (None itself, a tensor, a generator...)."""
+    if type(v) is tuple or type(v) is list:
+        items = [_attr_scalar(x) for x in v[:_MAX_ITEMS]]
+        return None if any(x is None for x in items) else items  # type: ignore[return-value]
+    return _attr_scalar(v)
+
+
+def _attr_scalar(v: Any) -> int | float | bool | str | None:
+    if isinstance(v, bool):
+        return bool(v)
+    if isinstance(v, int):
+        # an int64 field (a dim of -1, ignore_index=-100) reads back as its unsigned 64-bit
+        # value (18446744073709551516): what it is, as the C++ node holds it
+        v = int(v)
+        return v - _U64 if _I64 <= v < _U64 else v
+    if isinstance(v, float):
+        return float(v)  # NaN and ±inf as the schema's other floats: written as NaN / Infinity
+    if isinstance(v, str):
+        return str(v)[:_MAX_CHARS]
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        # a value known without guarding on it (int() of a symbol under tracing would add a guard)
+        return _attr_scalar(v.node.maybe_as_int() if isinstance(v, torch.SymInt) else None)
+    if isinstance(v, _BY_NAME):
+        return str(v).removeprefix("torch.")[:_MAX_CHARS]
+    return None
+
 
 # a saved field: its name and (tensor, its storage parts) of each strided tensor it holds, or
 # the exception reading it raised; a part is (storage pointer, bytes held, their first byte's
@@ -326,10 +402,10 @@ class AutogradWalk:
         held_as: Callable[[torch.Tensor], str | None] | None = None,
         near: dict[int, int] | None = None,
     ) -> list[NodeRecord]:
-        """Full node records: class, parameter of AccumulateGrad, saved tensors (bytes only),
-        forward op (``ops``: node index -> the op that made it, from the op recorder; ``near``:
-        node index -> an op of the module it was made in, for a node no op made -- a custom
-        autograd.Function's)."""
+        """Full node records: class, parameter of AccumulateGrad, saved tensors (bytes only) and
+        other saved attributes (stride, dim...), forward op (``ops``: node index -> the op that
+        made it, from the op recorder; ``near``: node index -> an op of the module it was made
+        in, for a node no op made -- a custom autograd.Function's)."""
         out: list[NodeRecord] = []
         # (record, its Parameter) of AccumulateGrad nodes of Parameters not the model's
         self.unregistered: list[tuple[NodeRecord, weakref.ref[torch.Tensor]]] = []
@@ -363,6 +439,9 @@ class AutogradWalk:
             elif near and (made_in := near.get(i)) is not None:
                 rec["module"] = op_module(made_in)
             _loss_facts(n, rec)
+            attrs = _attrs_of(n)
+            if attrs:
+                rec["attrs"] = attrs
             node_fields = fields[i] if fields is not None else _saved_of(n)
             saved = _saved_tensors(node_fields, sid) if node_fields else None
             if saved:

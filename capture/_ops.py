@@ -111,6 +111,7 @@ class OpRecorder(TorchDispatchMode):
         self._weak_ptr: dict[int, int] = {}  # id(weakref) -> storage data ptr
         self._on_free = self._freed_ref  # one bound method for every ledger weakref
         self._freed = 0
+        self._freed_ids: list[int] = []  # their storage ids (OpRecord.freed)
         self._pending_ops: list[int] = []  # (op id, output) pairs whose grad_fn is not set yet
         self._pending_refs: list[weakref.ref[torch.Tensor]] = []
         self.nan_seen = False
@@ -164,6 +165,7 @@ class OpRecorder(TorchDispatchMode):
             alloc += self._ledger(t, st, in_t)
             outputs.append(self._tensor(t, st))
         freed, self._freed = self._freed, 0
+        freed_ids, self._freed_ids = self._freed_ids, []
         self.live += alloc - freed
         flags: list[str] = []
         grad_mode = torch.is_grad_enabled()
@@ -217,6 +219,8 @@ class OpRecorder(TorchDispatchMode):
             "free": freed,
             "live": self.live,
         }
+        if freed_ids:
+            rec["freed"] = freed_ids
         if flags:
             rec["flags"] = tuple(flags)
         self.ops.append(rec)
@@ -325,6 +329,7 @@ class OpRecorder(TorchDispatchMode):
         if n <= 0:
             self._storage_refs.pop(ptr, None)
             self._freed += self._storage_bytes.pop(ptr, 0)
+            self._freed_ids.append(self.sid(ptr))
         else:
             self._storage_refs[ptr] = n
 

@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 8)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off
+SCHEMA_VERSION: tuple[int, int] = (1, 9)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off; 1.9: NodeRecord.attrs, OpRecord.freed
 # how a LogEvent of level "error" begins when a part of the capture turned itself off after an
 # internal error (what follows: the part, the step, the error; since 1.8 also its capture_off
 # field): the doctor and `torchscope info` tell the session is incomplete by it (capture_off()),
@@ -281,6 +281,10 @@ class OpRecord(TypedDict, total=False):
     dur_us: float
     alloc: int  # bytes of storages newly allocated by this op
     free: int  # bytes of storages freed during this op
+    # the storages (TensorMeta.storage) whose last tensor died during this op: with the op that
+    # made each (its output's storage, where ``alloc`` counted it), each allocation's lifetime,
+    # so what is alive at the step's peak is known (1.9; left out when none)
+    freed: list[int]
     live: int  # live bytes after the op
     # e.g. "breaks_graph" (numpy/.item()), "new_leaf", "copy_h2d", "non_differentiable", "nan",
     # "autocast" (ran inside an autocast region), "autocast_cast" (a dtype cast autocast inserted),
@@ -329,6 +333,11 @@ class NodeRecord(TypedDict, total=False):
     op: int  # OpRecord.id of that forward op
     saved: list[SavedTensor]
     saved_bytes: int
+    # names without their ``_saved_`` prefix; tuples as lists, dtypes and devices by name, an
+    # int64 as its signed value (PyTorch reads a dim of -1 back as 2**64 - 1); at most 16 names,
+    # 16 items a list (the first), 80 characters a string; None and other kinds left out.  float
+    # before int: the server's graph check tries a union's members in order (an eps of 1e-05 is no int)
+    attrs: dict[str, float | int | bool | str | list[float | int | bool | str]]  # what a built-in node saved for backward besides tensors (1.9), as torchviz's show_attrs: ConvolutionBackward0's {"stride": [2, 2], "padding": [1, 1], "groups": 1, ...}, SumBackward1's {"dim": [1], "keepdim": true}
     order: int  # position in backward execution (0 = first run), absent if never run
     dur_us: float
     micro: int

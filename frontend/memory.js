@@ -4,6 +4,9 @@ import { h, clear, fmtBytes, shape, coalesce, opWhere } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
 import { nearest } from "./graph/view.js";
+import { hasLifetimes, lifetimes, aliveAfter, baseline } from "./lifetimes.js";
+
+const MAX_ALIVE = 15; // rows of the "alive at the peak" table
 
 // "live" is the state every step keeps (parameters, gradients, optimizer state): activations
 // saved for backward come and go inside the step, so they may exceed it
@@ -124,12 +127,15 @@ export class MemoryView {
     this.drawTop(ev, tl);
   }
 
-  // The largest allocations made up to the peak: what was holding memory at that point.
+  // What was holding memory at the in-step peak: with the frees recorded (format 1.9), the
+  // tensors made in the step and still alive then; in an older file, the largest allocations
+  // made up to it (some of which may have been freed before it).
   drawTop(ev, tl) {
     clear(this.top);
     if (!tl.length) return;
     let peakI = 0;
     tl.forEach((p, i) => { if (p[1] > tl[peakI][1]) peakI = i; });
+    if (hasLifetimes(this.app.meta)) return this.drawAlive(ev, tl[peakI]);
     const upTo = new Set(tl.slice(0, peakI + 1).map((p) => p[0]));
     const tensors = new Map((ev.tensors || []).map((t) => [t.id, t]));
     const ops = (ev.ops || []).filter((o) => upTo.has(o.id) && o.alloc > 0).sort((a, b) => b.alloc - a.alloc).slice(0, 10);
@@ -138,6 +144,27 @@ export class MemoryView {
         ops.map((o) => h("tr", {}, h("td", {}, fmtBytes(o.alloc)), h("td", {}, o.name), h("td", {}, opWhere(o, this.app.moduleType)),
           h("td", {}, shape(tensors.get((o.outputs || [])[0])?.shape)),
           h("td", {}, h("a", { href: "#", onclick: (e) => { e.preventDefault(); this.app.openNode(this.graph.step, "o" + o.id); } }, "show in graph"))))));
+  }
+
+  drawAlive(ev, [peakId, peakLive]) {
+    const peakOp = this.opById.get(peakId);
+    if (!peakOp) return;
+    const alive = aliveAfter(lifetimes(ev), peakOp).sort((a, b) => b.bytes - a.bytes);
+    const made = alive.reduce((a, l) => a + l.bytes, 0), before = baseline(ev);
+    const show = (o) => h("a", { href: "#", onclick: (e) => { e.preventDefault(); this.app.openNode(this.graph.step, "o" + o.id); } }, `#${o.id}`);
+    const until = (l) => (l.freed ? h("span", {}, `freed in #${l.freed.id} ${l.freed.name} (${l.freed.phase || "forward"})`)
+      : h("span", { class: "muted" }, "still alive after the last recorded op"));
+    const rows = alive.slice(0, MAX_ALIVE).map((l) => h("tr", { "data-sid": l.sid },
+      h("td", {}, fmtBytes(l.bytes)), h("td", {}, show(l.made), " ", l.made.name), h("td", {}, opWhere(l.made, this.app.moduleType)),
+      h("td", {}, shape(l.tensor.shape)), h("td", {}, l.tensor.dtype || "–"), h("td", { class: "src" }, l.made.src || "–"), h("td", {}, until(l))));
+    this.top.append(
+      h("h3", { title: OP_PEAK }, `In-step peak ${fmtBytes(peakLive)} after op #${peakId} ${peakOp.name} — what was alive then`),
+      h("p", { class: "muted", "data-testid": "alive-summary" },
+        `${fmtBytes(before)} held when the step's recording began (parameters, their .grad, optimizer state) + ` +
+        `${fmtBytes(made)} in ${alive.length} tensor${alive.length === 1 ? "" : "s"} made in the step and not yet freed` +
+        (alive.length > MAX_ALIVE ? ` (the largest ${MAX_ALIVE} below)` : "") + "."),
+      h("table", { class: "tensors", "data-testid": "alive-at-peak" },
+        h("tr", {}, ...["bytes", "made by op", "module", "shape", "dtype", "source", "until"].map((x) => h("th", {}, x))), rows));
   }
 
   // No captured step (a light run; a run before its first captured step): a sentence saying

@@ -110,6 +110,7 @@ _GRAPH = (
 
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _FOLDED_LIST = re.compile(rb"\[o+\]")
+_FOLDED_OBJECT = re.compile(rb"\{o+\}")  # an object holding objects (NodeRecord.attrs inside a node)
 
 
 def _count_items(array: bytes | None) -> int | None:
@@ -123,6 +124,8 @@ def _count_items(array: bytes | None) -> int | None:
         folded = skeleton.replace(b"[]", b"").replace(b"{}", b"o")
         if b"[o" in folded:
             folded = _FOLDED_LIST.sub(b"", folded)
+        if b"{o" in folded:
+            folded = _FOLDED_OBJECT.sub(b"o", folded)
         if folded == skeleton:
             return len(skeleton) if skeleton.count(b"o") == len(skeleton) else None
         skeleton = folded

@@ -213,3 +213,29 @@ def fill(disk: Path) -> Path:
         (disk / "probe").write_bytes(b"x" * 8192)
     assert full.value.errno == errno.ENOSPC
     return filler
+
+
+def alive_after_each_op(ev: dict[str, Any]) -> list[tuple[int, dict[int, int]]]:
+    """The reference for OpRecord.freed (format 1.9): after each op of a graph event, by id, the
+    storages made in the step and still alive (storage id -> bytes).  An op's new storages are
+    its outputs' that no input shares and none alive has, as many as its ``alloc`` counted;
+    its ``freed`` ones go first.  Each freed storage was alive, and each op's new storages'
+    bytes are its ``alloc`` (asserted: a free or an allocation the ledger miscounted fails)."""
+    tensors = {t["id"]: t for t in ev["tensors"]}
+    alive: dict[int, int] = {}
+    out = []
+    for op in sorted(ev["ops"], key=lambda o: o["id"]):
+        for sid in op.get("freed", []):
+            assert sid in alive, (op["id"], op["name"], sid)
+            del alive[sid]
+        shared = {tensors[i].get("storage") for i in op["inputs"] if i in tensors}
+        made = 0
+        for i in op["outputs"]:
+            t = tensors.get(i, {})
+            sid = t.get("storage")
+            if op["alloc"] > made and sid is not None and sid not in alive and sid not in shared:
+                alive[sid] = t["nbytes"]
+                made += t["nbytes"]
+        assert made == op["alloc"], (op["id"], op["name"], made, op["alloc"])
+        out.append((op["id"], dict(alive)))
+    return out

@@ -167,6 +167,7 @@ struct OpRec {
   PyObject* src = nullptr;  // borrowed from g_srcs; null: the context's
   int64_t t0 = 0, dur_ns = 0;
   int64_t alloc = 0, free = 0, live = 0;
+  size_t freed_begin = 0, freed_end = 0;  // into g_freed_io: the storages freed during it
   uint32_t flags = 0;
   PyObject* marker_flags = nullptr;  // owned tuple of str, markers only
   // a forward op's thread's autograd sequence counter as it began and as it ended: the graph
@@ -189,6 +190,7 @@ struct TensorKey {
 struct StorageRec {
   c10::weak_intrusive_ptr<c10::StorageImpl> ref;
   int64_t bytes;
+  int64_t ptr;  // its data pointer: its storage id once drained (OpRecord.freed)
 };
 
 struct NodeTime {  // one autograd node's run in a recorded backward
@@ -203,6 +205,10 @@ struct SeqLink {
 std::mutex g_mu;  // the records below; never held while taking the GIL
 std::vector<OpRec> g_ops;
 std::vector<int64_t> g_io;
+// the data pointers of the storages freed since the last op (g_freed_ptrs), and per op (its
+// freed_begin..freed_end; storage ids once drained)
+std::vector<int64_t> g_freed_ptrs, g_freed_io;
+size_t g_freed_sent = 0;
 std::vector<TensorRec> g_tensors;
 std::unordered_map<c10::TensorImpl*, TensorKey> g_tids;
 std::vector<StorageRec> g_storages;
@@ -452,6 +458,7 @@ void collect_frees() {
   for (size_t i = 0; i < g_storages.size();) {
     if (g_storages[i].ref.expired()) {
       g_freed += g_storages[i].bytes;
+      g_freed_ptrs.push_back(g_storages[i].ptr);
       g_storage_index.erase(g_storages[i].ref._unsafe_get_target());
       if (i + 1 != g_storages.size()) {
         g_storages[i] = std::move(g_storages.back());
@@ -659,7 +666,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
         if (!known) {
           alloc += tr.nbytes;
           g_storage_index[si] = g_storages.size();
-          g_storages.push_back(StorageRec{impl->storage().getWeakStorageImpl(), tr.nbytes});
+          g_storages.push_back(StorageRec{impl->storage().getWeakStorageImpl(), tr.nbytes, tr.ptr});
         }
       }
       // autograd has set the output's grad_fn by now (the record wraps the autograd kernel)
@@ -688,6 +695,10 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext* base) {
     r.alloc = alloc;
     r.free = g_freed;
     g_freed = 0;
+    r.freed_begin = g_freed_io.size();
+    g_freed_io.insert(g_freed_io.end(), g_freed_ptrs.begin(), g_freed_ptrs.end());
+    r.freed_end = g_freed_io.size();
+    g_freed_ptrs.clear();
     r.live = g_live;
     // (after reading the outputs' grad_fn: a view's is made when first asked for)
     if (r.seq0 >= 0) r.seq1 = static_cast<int64_t>(at::sequence_number::peek());
@@ -783,6 +794,9 @@ void reset(int64_t baseline, bool check_nan, int64_t max_ops, py::dict params) {
   for (auto& r : g_ops) Py_XDECREF(r.marker_flags);
   g_ops.clear();
   g_io.clear();
+  g_freed_ptrs.clear();
+  g_freed_io.clear();
+  g_freed_sent = 0;
   g_tensors.clear();
   g_tids.clear();
   g_storages.clear();
@@ -880,6 +894,12 @@ py::tuple drain(py::dict storage_ids) {
   for (; g_ops_sent < g_ops.size(); ++g_ops_sent) {
     const OpRec& r = g_ops[g_ops_sent];
     if (!r.done) break;  // still running (a drain inside an op): next time
+    // its freed storages' pointers as their ids (each was an earlier op's output: drained)
+    for (; g_freed_sent < r.freed_end; ++g_freed_sent) {
+      PyObject* v = storage_id(ids, g_freed_io[g_freed_sent]);
+      g_freed_io[g_freed_sent] = PyLong_AsLongLong(v);
+      Py_DECREF(v);
+    }
     int64_t id = static_cast<int64_t>(g_ops_sent);
     const Context* c = r.ctx >= 0 && static_cast<size_t>(r.ctx) < g_ctx.size() ? &g_ctx[r.ctx] : nullptr;
     modules.append(c ? c->module : py::str(""));
@@ -1046,6 +1066,7 @@ void op_json(Json& j, const OpRec& r, int64_t id) {
   j.key("dur_us"), j.real(static_cast<double>(r.dur_ns) / 1000.0);
   j.key("alloc"), j.num(r.alloc);
   j.key("free"), j.num(r.free);
+  if (r.freed_end > r.freed_begin) j.key("freed"), j.ints(g_freed_io.data() + r.freed_begin, g_freed_io.data() + r.freed_end);
   j.key("live"), j.num(r.live);
   std::vector<const char*> fixed;
   if (!(c && c->inside)) fixed.push_back("outside_model");

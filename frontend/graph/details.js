@@ -20,6 +20,19 @@ const FLAGS = {
 
 function row(k, v, title) { return h("tr", {}, h("th", { title }, k), h("td", { title }, v ?? "–")); }
 
+// A saved attribute's value as Python prints it: a tuple (1, 1) or (1,), True, inf, 1e-05
+// (NodeRecord.attrs holds tuples as lists, numbers and bools as JSON has them).
+function pyValue(v) {
+  if (Array.isArray(v)) return `(${v.map(pyValue).join(", ")}${v.length === 1 ? "," : ""})`;
+  if (typeof v === "boolean") return v ? "True" : "False";
+  if (typeof v !== "number") return String(v);
+  if (!Number.isFinite(v)) return Number.isNaN(v) ? "nan" : v > 0 ? "inf" : "-inf";
+  const a = Math.abs(v); // Python's repr goes exponential below 1e-4 and from 1e16, with two exponent digits
+  return a && (a < 1e-4 || a >= 1e16) ? v.toExponential().replace(/e([+-])(\d)$/, "e$10$2") : String(v);
+}
+const ATTRS_TITLE = "What this node saved for backward besides tensors (its _saved_* fields, as torchviz's show_attrs " +
+  "lists them): a convolution's stride and padding, a reduction's dim, a view's sizes.";
+
 // An op record's kind, by its phase (OpRecord.phase): full mode records the backward's aten
 // kernels and the optimizer's ops too, and "forward op #14 · backward" read as a contradiction.
 const OP_KINDS = { forward: "forward op", backward: "aten op run by backward()", optimizer: "optimizer op (optimizer.step())",
@@ -91,6 +104,11 @@ export function renderDetails(panel, model, key, ctx) {
     if (r.autocast_cast) t.append(row("autocast", "a dtype cast autocast inserted (its backward casts the gradient back)"));
     if (r.made_nonfinite) t.append(row("NaN / Inf", "made here: a finite gradient came in, NaN or ±Inf went out (P4)"));
     panel.append(t);
+    const attrs = r.attrs && typeof r.attrs === "object" ? Object.entries(r.attrs) : [];
+    if (attrs.length) {
+      panel.append(h("h4", { title: ATTRS_TITLE }, "attributes (saved for backward)"),
+        h("table", { class: "kv attrs", "data-testid": "node-attrs" }, attrs.map(([k, v]) => row(k, pyValue(v)))));
+    }
     if (r.saved && r.saved.length) {
       panel.append(h("h4", {}, "saved tensors"), h("table", { class: "tensors" },
         h("tr", {}, h("th", {}, "name"), h("th", {}, "shape"), h("th", {}, "dtype"), h("th", {}, "bytes")),

@@ -303,7 +303,7 @@ def test_memory_view_and_click_through_to_the_op(page: Any, srv: ServerProc, run
     page.wait_for_function("(() => { const m = window.__torchscope.state().memory; return m && m.timeline > 0; })()")
     m = state(page)["memory"]
     assert m["steps"] == 4
-    assert "largest allocations" in page.locator(".top-allocs").inner_text()
+    assert "what was alive then" in page.locator(".top-allocs").inner_text()
     shot(page, "memory")
     canvases = page.locator(".view-memory > .chart canvas")  # not the graphs-alive chart's
     box = canvases.nth(1).bounding_box()
