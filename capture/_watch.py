@@ -870,6 +870,7 @@ class Watch:
         self._eval_dropouts: set[str] = set()
         self._direct_noted = isinstance(model, torch.jit.ScriptModule)  # told at watch() already
         self._model_name = _class_name(model)
+        self._grad_attrs: dict[str, bool] = {}  # module path -> its plain requires_grad attribute (P17)
         named = list(model.named_parameters())
         # a parameter object that dies (to_empty() of a model built on meta, load_state_dict
         # (assign=True), each making new ones under the old names) marks this, read where a
@@ -1362,7 +1363,7 @@ class Watch:
                 info["extra_repr"] = described
             flag = vars(m).get("requires_grad")  # an attribute of the instance: nn.Module has none
             if isinstance(flag, bool):
-                info["requires_grad_attr"] = flag
+                info["requires_grad_attr"] = self._grad_attrs[path] = flag
             modules.append(info)
         params: list[ParamInfo] = []
         for n, p in model.named_parameters():
@@ -3513,8 +3514,14 @@ class Watch:
         key = (model.training, self._step // GRAD_STATS_EVERY)
         if key != self._modes_key:
             self._modes_key = key
-            modes = [(p, m.training, isinstance(m, _MODE_SENSITIVE) and not _mode_inert(m))
-                     for p, r in self._modules if (m := r()) is not None]
+            live = [(p, m) for p, r in self._modules if (m := r()) is not None]
+            modes = [(p, m.training, isinstance(m, _MODE_SENSITIVE) and not _mode_inert(m)) for p, m in live]
+            # ``module.requires_grad = False`` set after watch() (the session event has those
+            # set before): a plain attribute, which freezes nothing (P17)
+            flags = {p: f for p, m in live if isinstance(f := vars(m).get("requires_grad"), bool)}
+            if flags != self._grad_attrs:
+                self._grad_attrs = flags
+                self._s.events.append({"what": "requires_grad_attr", "off": sorted(p for p, f in flags.items() if not f)})
             self._mode_facts = (
                 [p for p, training, _ in modes if not training],
                 [p for p, training, sensitive in modes if training and sensitive],

@@ -12,7 +12,7 @@ from __future__ import annotations
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import and_list, describe_steps, make
-from ..run import Run, as_dict, as_list
+from ..run import Run, as_dict, as_list, notes
 from ..settings import Settings
 
 FIX = ("Freeze with the method: module.requires_grad_(False) (with the underscore), or set p.requires_grad = False "
@@ -24,9 +24,19 @@ def _under(module: str, path: str) -> bool:
     return not path or module == path or module.startswith(path + ".")
 
 
+def _meant(run: Run) -> list[str]:
+    """The modules given ``requires_grad = False``: before watch() (the session event's
+    modules), or after it (a step's ``requires_grad_attr`` note, read every 10 steps)."""
+    meant = {str(m.get("path", "")) for m in as_list(run.session.get("modules"))
+             if isinstance(m, dict) and m.get("requires_grad_attr") is False}
+    for _, ev in run.step_events():
+        for note in notes(ev, "requires_grad_attr"):
+            meant.update(str(p) for p in as_list(note.get("off")))
+    return sorted(meant)
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
-    meant = [str(m.get("path", "")) for m in as_list(run.session.get("modules"))
-             if isinstance(m, dict) and m.get("requires_grad_attr") is False]
+    meant = _meant(run)
     if not meant:
         return []
     # keep the outermost: `model.encoder.requires_grad = False` and its layers' the same

@@ -140,6 +140,26 @@ def test_requires_grad_attribute_on_a_module_is_found_and_the_method_is_not(tmp_
     assert load(tmp_path / "both.tscope").meta["modules"][1]["requires_grad_attr"] is False
 
 
+def test_requires_grad_attribute_set_after_watch_is_found(tmp_path: Path) -> None:
+    """``torchscope.watch(model)`` at the top of the script, the "freezing" line after it: the
+    session event has no attribute yet; the capture reads it again (every 10 steps) and says so."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 8)), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    path = tmp_path / "late.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        model[0].requires_grad = False
+        for _ in range(3):
+            x = torch.randn(8, 6)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), _classes(model, x)).backward()
+            opt.step()
+    assert all("requires_grad_attr" not in m for m in load(path).meta["modules"])
+    (f,) = _codes([dict(f) for f in diagnose(iter_events(path))], "P17")
+    assert f["modules"] == ["0"] and f["steps"] == [0, 1, 2], f
+    assert "model[0].requires_grad = False" in f["message"]
+
+
 # ---------------------------------------------------------------- P14: float16 without a GradScaler
 def _mse(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(m(x).float(), x[:, :2].float())
