@@ -84,11 +84,16 @@ const pct = (x) => (x === undefined ? "–" : `${(x * 100).toFixed(x >= 0.1 ? 1 
 export class TopOps {
   // ``view``: the GraphView (its model, step, step event and highlightKeys); ``state``: the
   // section, grouping and sort to start with.
-  constructor(view, { section = "forward", by = "name" } = {}) {
+  constructor(view, { section = "forward", by = "name", sort = "" } = {}) {
     this.view = view;
     this.section = SECTION.has(section) ? section : "forward";
     this.by = by === "module" ? "module" : "name";
-    this.sort = "total"; this.dir = "desc";
+    // the sort, as the URL keeps it (topsort=mean, topsort=name-desc): a column and its order,
+    // the column's first order when none is given; "total", largest first, when none is
+    const [col, order] = String(sort || "").split("-");
+    const known = COLUMNS.find(([k]) => k === col);
+    this.sort = known ? col : "total";
+    this.dir = known && (order === "asc" || order === "desc") ? order : known ? known[3] : "desc";
     this.active = null; // the row whose ops are lit up in the graph
     this.sectionSel = h("select", { "aria-label": "top ops: what to list", "data-testid": "top-ops-section", onchange: () => this.set({ section: this.sectionSel.value }) });
     this.bySel = h("select", { "aria-label": "top ops: group by", "data-testid": "top-ops-by", onchange: () => this.set({ by: this.bySel.value }) },
@@ -139,6 +144,7 @@ export class TopOps {
         this.dir = this.sort === k ? (this.dir === "asc" ? "desc" : "asc") : first;
         this.sort = k;
         this.render();
+        this.view.onTopOpsState();
       });
       return th;
     }));
@@ -189,6 +195,14 @@ export class TopOps {
     if (this.active === null) return;
     this.active = null;
     for (const tr of this.table.querySelectorAll("tr.top-ops-row.on")) tr.classList.remove("on");
+  }
+
+  // The sort for the URL: undefined for the default (total time, largest first); the column
+  // alone in its first order.
+  sortParam() {
+    if (this.sort === "total" && this.dir === "desc") return undefined;
+    const first = COLUMNS.find(([k]) => k === this.sort)?.[3];
+    return this.dir === first ? this.sort : `${this.sort}-${this.dir}`;
   }
 
   debug() {

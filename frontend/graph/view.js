@@ -38,7 +38,8 @@ const MAX_RUNS = 20, MAX_RUN_STEPS = 10;
 
 // The page's query as it was loaded, read before the app rewrites the URL from the state it
 // knows (which has no top= / topby=): ?top=1 opens the Top ops table (top=nodes: the grad_fn
-// nodes', top=backward / optimizer / all: those ops'), &topby=module groups it by module.
+// nodes', top=backward / optimizer / all: those ops'), &topby=module groups it by module,
+// &topsort=mean (a column, in its first order) or &topsort=name-desc sorts it.
 const LOADED_QUERY = new URLSearchParams(location.search);
 const TOP_SECTION = { 1: "forward", true: "forward", forward: "forward", backward: "backward", optimizer: "optimizer", all: "all", nodes: "nodes" };
 // &diffrun=<session id>&diffstep=N: the diff against that run's captured step (with overlay=diff)
@@ -89,7 +90,8 @@ export class GraphView {
     this.startWorker();
     this.waiters = [];
     const top = LOADED_QUERY.get("top");
-    this.topOps = new TopOps(this, { section: TOP_SECTION[top] || "forward", by: LOADED_QUERY.get("topby") || "name" });
+    this.topOps = new TopOps(this, { section: TOP_SECTION[top] || "forward", by: LOADED_QUERY.get("topby") || "name",
+      sort: LOADED_QUERY.get("topsort") || "" });
     this.build();
     if (top && TOP_SECTION[top] && top !== "0") this.toggleTopOps(true);
   }
@@ -395,7 +397,8 @@ export class GraphView {
 
   onTopOpsState() {
     const t = this.topOps;
-    this.app.setState({ top: t.open ? (t.section === "forward" ? "1" : t.section) : undefined, topby: t.open && t.by === "module" ? "module" : undefined });
+    this.app.setState({ top: t.open ? (t.section === "forward" ? "1" : t.section) : undefined, topby: t.open && t.by === "module" ? "module" : undefined,
+      topsort: t.open ? t.sortParam() : undefined });
   }
 
   // A Top ops row: its leaves lit up (the rest dimmed, a collapsed module holding one marked)

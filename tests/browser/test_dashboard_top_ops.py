@@ -151,6 +151,28 @@ def test_top_ops_adds_up_the_recorded_step_and_sorts_by_a_column(run: tuple[Serv
         assert "top=1" in page.evaluate("location.search")
 
 
+def test_the_sort_is_kept_in_the_url(run: tuple[ServerProc, str, dict[str, Any]]) -> None:
+    """A sorted table shared as a link opens sorted the same way (topsort=); the default sort,
+    total time most first, leaves the URL alone."""
+    srv, sid, graph = run
+    want = expected(forward_ops(graph), lambda o: o["name"])
+    by_calls = sorted(want, key=lambda k: (want[k][0], k))  # fewest first, ties by name
+    with checked_page() as page:
+        open_top_ops(page, srv, sid)
+        assert "topsort" not in page.evaluate("location.search")
+        page.click("[data-testid=top-ops-table] th[data-sort=calls]")
+        assert "topsort=calls" in page.evaluate("location.search")
+        page.click("[data-testid=top-ops-table] th[data-sort=calls]")
+        assert "topsort=calls-asc" in page.evaluate("location.search")
+        assert [r["key"] for r in page.evaluate(TABLE_ROWS)] == by_calls
+        page.reload()
+        page.wait_for_selector("[data-testid=top-ops-table] tr.top-ops-row", timeout=10_000)
+        assert [r["key"] for r in page.evaluate(TABLE_ROWS)] == by_calls
+        assert {h["key"]: h["sort"] for h in page.evaluate(HEADERS)}["calls"] == "ascending"
+        page.click("[data-testid=top-ops-toggle]")  # closed: out of the URL with the rest
+        assert "topsort" not in page.evaluate("location.search")
+
+
 def test_a_row_lights_up_the_ops_of_its_name_in_the_graph(run: tuple[ServerProc, str, dict[str, Any]]) -> None:
     srv, sid, graph = run
     addmm = [f"o{o['id']}" for o in sorted(forward_ops(graph), key=lambda o: o["id"]) if o["name"] == "aten::addmm"]
