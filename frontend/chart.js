@@ -9,7 +9,9 @@ import { SERIES, legendItem } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
 
 export class LineChart {
-  // opts: {title, fmt(y), onClick(index), height, xTitle}
+  // opts: {title, fmt(y), onClick(index), height, xTitle, stacked}
+  // stacked: the series drawn as filled bands, each over the ones before it (memory_viz's
+  // stacked areas: the top edge is their sum at every x; a linear axis from 0; no outlier fit)
   constructor(parent, opts = {}) {
     this.opts = opts;
     this.root = h("div", { class: "chart" });
@@ -66,7 +68,7 @@ export class LineChart {
       // a series equal to an earlier one (parameters and gradients of the same bytes) is drawn
       // dashed over it, and the legend says so: else the later line hides the earlier
       // (two series of NaN alone are not "equal": they say nothing about each other)
-      s.same = s.y.some((v) => typeof v === "number" && Number.isFinite(v)) &&
+      s.same = !this.opts.stacked && s.y.some((v) => typeof v === "number" && Number.isFinite(v)) &&
         this.series.slice(0, k).find((o) => o.y.length === s.y.length && o.y.every((v, i) => v === s.y[i]));
       // (worded as equal values: "gradients (= parameters)" read as gradients counted as parameters)
       this.legend.append(legendItem(s.color, s.same ? sameName(s, s.same, this.opts.fmt) : s.dash ? thresholdName(s, this.series) : s.name));
@@ -95,13 +97,14 @@ export class LineChart {
     const xmin = this.x[0], xmax = this.x[n - 1] === xmin ? xmin + 1 : this.x[n - 1];
     // opts.log: a log10 axis (gradient norms span decades; a spike of 1e6 flattens the rest on
     // a linear one); zero and negative values are gaps there, as non-finite ones are anywhere
-    const log = !!this.opts.log;
-    const ys = this.series.map((s) => s.y.map((v) => (typeof v !== "number" || !Number.isFinite(v) || (log && v <= 0) ? null : log ? Math.log10(v) : v)));
+    const log = !!this.opts.log, stacked = !!this.opts.stacked && !log;
+    const ys = (stacked ? cumulative(this.series) : this.series.map((s) => s.y)).map((y) => y.map((v) => (typeof v !== "number" || !Number.isFinite(v) || (log && v <= 0) ? null : log ? Math.log10(v) : v)));
     let ymin = Infinity, ymax = -Infinity;
     for (const y of ys) for (const v of y) if (v !== null) { if (v < ymin) ymin = v; if (v > ymax) ymax = v; }
+    if (stacked) ymin = Math.min(ymin, 0); // (a band's area reads as its bytes only from 0)
     // the bulk of the values, when some lie far outside it (else null: the whole range, as ever)
-    const key = `${this.version} ${log}`;
-    if (this.bulkKey !== key) { this.bulkKey = key; this.bulk = bulkRange(ys, log); }
+    const key = `${this.version} ${log} ${stacked}`;
+    if (this.bulkKey !== key) { this.bulkKey = key; this.bulk = stacked ? null : bulkRange(ys, log); }
     const fit = !!this.bulk && this.fitOutliers;
     let ax = log ? logAxis(ymin, ymax) : this.linearAxis(ymin, ymax);
     let off = null; // the points outside the fitted axis: counts by direction, per series
@@ -154,6 +157,7 @@ export class LineChart {
     const last = this.series.length - 1;
     for (const [k, s] of this.series.entries()) {
       const y = ys[k];
+      if (stacked) { this.drawBand(ctx, s, k ? ys[k - 1] : null, y, X, Y); continue; }
       ctx.strokeStyle = s.color; ctx.lineWidth = 1.5 + (last ? (2 * (last - k)) / last : 0); ctx.setLineDash(s.same || s.dash ? [6, 5] : []);
       ctx.beginPath();
       if (n <= cols * 2) {
@@ -254,6 +258,20 @@ export class LineChart {
     }
   }
 
+  // A stacked series' band: filled between the sums below it (``below``, null: 0) and with it
+  // (``top``), its top edge a line in its colour.
+  drawBand(ctx, s, below, top, X, Y) {
+    const n = top.length;
+    ctx.setLineDash([]); ctx.beginPath();
+    for (let i = 0; i < n; i++) ctx.lineTo(X(this.x[i]), Y(top[i]));
+    for (let i = n - 1; i >= 0; i--) ctx.lineTo(X(this.x[i]), Y(below ? below[i] : 0));
+    ctx.closePath();
+    ctx.globalAlpha = 0.55; ctx.fillStyle = s.color; ctx.fill(); ctx.globalAlpha = 1;
+    ctx.beginPath();
+    for (let i = 0; i < n; i++) ctx.lineTo(X(this.x[i]), Y(top[i]));
+    ctx.strokeStyle = s.color; ctx.lineWidth = 1; ctx.stroke();
+  }
+
   // Whether a value is off the drawn axis: " (off scale ▲)", " (off scale ▼)" or "" (tooltips).
   offLabel(v) {
     const a = this.axis;
@@ -276,12 +294,22 @@ export class LineChart {
     const i = this.indexAt(e.offsetX);
     if (i < 0) return;
     const fmt = this.opts.fmt || fmtNum;
+    // (stacked: the bands top first, as drawn, then their sum)
+    const rows = this.opts.stacked ? [...this.series].reverse() : this.series;
     clear(this.tip).append(h("b", {}, this.opts.tipLabel ? this.opts.tipLabel(i) : `${this.opts.xLabel || "step"} ${this.x[i]}`),
-      ...this.series.map((s) => h("div", {}, `${s.name}: ${fmt(s.y[i])}${this.offLabel(s.y[i])}`)));
+      ...rows.map((s) => h("div", {}, `${s.name}: ${fmt(s.y[i])}${this.offLabel(s.y[i])}`)),
+      ...(this.opts.stacked ? [h("div", {}, h("b", {}, `total: ${fmt(this.series.reduce((a, s) => a + (Number.isFinite(s.y[i]) ? s.y[i] : 0), 0))}`))] : []));
     this.tip.hidden = false;
     this.tip.style.left = Math.min(e.offsetX + 12, this.root.clientWidth - 180) + "px";
     this.tip.style.top = "10px";
   }
+}
+
+// The running sums of the series' values (a gap or a non-finite value adds 0): a stacked chart's
+// band k lies between sums k - 1 and k.
+function cumulative(series) {
+  let acc = null;
+  return series.map((s) => (acc = s.y.map((v, i) => (acc ? acc[i] : 0) + (typeof v === "number" && Number.isFinite(v) ? v : 0))));
 }
 
 // The legend name of a series equal to an earlier one at every step: "gradients (same bytes as

@@ -51,3 +51,57 @@ export function baseline(ev) {
   const first = (ev.ops || []).reduce((a, o) => (a === null || o.id < a.id ? o : a), null);
   return first ? first.live - (first.alloc || 0) + (first.free || 0) : 0;
 }
+
+// The index in ``ids`` (op ids, ascending: a memory timeline's) of the first op at or after op
+// id ``id``: where a lifetime made (or freed) by that op starts (or stops) counting.
+function indexOf(ids, id) {
+  let lo = 0, hi = ids.length;
+  while (lo < hi) { const mid = (lo + hi) >> 1; if (ids[mid] < id) lo = mid + 1; else hi = mid; }
+  return lo;
+}
+
+// The bytes alive right after each op of ``ids`` (op ids, ascending), split by ``key(life)``
+// (the module that made it, say): Map key -> number[], the keys in the order first made.  As
+// aliveAfter, a lifetime counts from its making op up to the op that freed it, that one
+// excluded; one sweep of running sums, not a filter per op.  An array per key: a caller with
+// many keys groups them first (highestBy).
+export function aliveBy(lives, ids, key) {
+  const diff = new Map();
+  for (const l of lives) {
+    const k = key(l);
+    if (!diff.has(k)) diff.set(k, new Array(ids.length + 1).fill(0));
+    const d = diff.get(k);
+    d[indexOf(ids, l.made.id)] += l.bytes;
+    if (l.freed) d[indexOf(ids, l.freed.id)] -= l.bytes;
+  }
+  const out = new Map();
+  for (const [k, d] of diff) {
+    let sum = 0;
+    out.set(k, ids.map((_, i) => (sum += d[i])));
+  }
+  return out;
+}
+
+// The highest of aliveBy's values for each key, without its arrays (a model of a thousand
+// modules over a timeline of 50,000 ops): Map key -> bytes, the keys in the order first made.
+export function highestBy(lives, ids, key) {
+  const steps = new Map(); // key -> [index, +bytes made / -bytes freed]
+  for (const l of lives) {
+    const k = key(l);
+    if (!steps.has(k)) steps.set(k, []);
+    const e = steps.get(k);
+    e.push([indexOf(ids, l.made.id), l.bytes]);
+    if (l.freed) e.push([indexOf(ids, l.freed.id), -l.bytes]);
+  }
+  const out = new Map();
+  for (const [k, e] of steps) {
+    e.sort((a, b) => a[0] - b[0]);
+    let sum = 0, top = 0;
+    e.forEach(([i, b], j) => { // (read once an index's changes are all in, and only at an op of ``ids``)
+      sum += b;
+      if (i < ids.length && (j + 1 === e.length || e[j + 1][0] !== i) && sum > top) top = sum;
+    });
+    out.set(k, top);
+  }
+  return out;
+}

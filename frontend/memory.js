@@ -1,12 +1,23 @@
 // Memory view: per-step bytes by category over the run (from /memory, columnar), and the
-// in-step timeline of live bytes op by op (GraphEvent.memory_timeline); click -> the op.
+// in-step timeline of live bytes op by op (GraphEvent.memory_timeline), as one line or stacked
+// by the module that made each tensor (memory_viz's stacked allocations); click -> the op.
 import { h, clear, fmtBytes, shape, coalesce, opWhere } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
 import { nearest } from "./graph/view.js";
-import { hasLifetimes, lifetimes, aliveAfter, baseline } from "./lifetimes.js";
+import { hasLifetimes, lifetimes, aliveAfter, aliveBy, highestBy, baseline } from "./lifetimes.js";
+import { SERIES } from "./colors.js";
 
 const MAX_ALIVE = 15; // rows of the "alive at the peak" table
+const MAX_BANDS = 8; // modules drawn as their own band in "by module"; the rest summed as one
+const BASE_COLOR = "#9ca3af", OTHER_COLOR = SERIES[8];
+// the in-step timeline drawn "by module" (?timeline=module), read once as the page loads
+const ASKED = (() => {
+  try { return { timeline: new URLSearchParams(location.search).get("timeline") }; } catch { return {}; }
+})();
+const TOTAL_TITLE = "live bytes after each recorded op (the forward's; in full mode the backward's too) — click a point to open the op in the graph";
+const BANDS_TITLE = "live bytes after each recorded op, stacked by the module whose op made each tensor (bottom: what the step " +
+  `held before its first op; the ${MAX_BANDS} largest modules by their own highest point, the rest as "other modules") — click a point to open the op in the graph`;
 
 // "live" is the state every step keeps (parameters, gradients, optimizer state): activations
 // saved for backward come and go inside the step, so they may exceed it
@@ -45,14 +56,22 @@ export class MemoryView {
       height: 140, vlines: mark });
     this.hooks = new LineChart(this.hooksBox, { title: "bytes of tensors kept by forward hooks at each step boundary (P13: a hook storing activations)",
       height: 140, fmt: fmtBytes, vlines: mark });
-    root.append(h("h2", {}, "Inside a step: live bytes op by op ", this.stepSel));
+    // one line, or stacked by module (only a file with the frees, format 1.9, knows what is alive)
+    this.by = (app.state.timeline ?? ASKED.timeline) === "module" ? "module" : "total";
+    this.bySel = h("select", { "aria-label": "what the in-step timeline draws", "data-testid": "timeline-by", onchange: () => this.setBy(this.bySel.value) },
+      h("option", { value: "total" }, "total"), h("option", { value: "module" }, "by module"));
+    this.bySel.value = this.by;
+    this.bySel.hidden = !hasLifetimes(app.meta);
+    if (this.by === "module") app.setState({ timeline: "module" }); // (kept in the URL as the view's other state)
+    root.append(h("h2", {}, "Inside a step: live bytes op by op ", this.stepSel, " ", this.bySel));
     this.timelineNote = h("p", { class: "muted", "data-testid": "timeline-note", hidden: true });
     // a step asked for (a finding's, a chart click's) that has no graph: which one is shown instead
     this.stepNote = h("p", { class: "notice", "data-testid": "memory-step-note", hidden: true });
     this.peakNote = h("p", { class: "muted", "data-testid": "peak-note" }, OP_PEAK);
     root.append(this.timelineNote, this.stepNote, this.peakNote);
-    this.timeline = new LineChart(root, { title: "live bytes after each recorded op (the forward's; in full mode the backward's too) — click a point to open the op in the graph", fmt: fmtBytes, xLabel: "op", xTitle: "op # (recorded order) →",
+    this.timeline = new LineChart(root, { title: TOTAL_TITLE, fmt: fmtBytes, xLabel: "op", xTitle: "op # (recorded order) →",
       onClick: (i) => this.openOp(i), tipLabel: (i) => this.opLabel(i), vlines: () => this.phaseLines() });
+    this.timeline.root.dataset.testid = "in-step-timeline";
     this.top = h("div", { class: "top-allocs" });
     root.append(this.top);
   }
@@ -123,8 +142,52 @@ export class MemoryView {
     this.opById = new Map((ev.ops || []).map((o) => [o.id, o]));
     const tl = ev.memory_timeline && ev.memory_timeline.length ? ev.memory_timeline : (ev.ops || []).filter((o) => o.live !== undefined).map((o) => [o.id, o.live]);
     this.tl = tl;
-    this.timeline.setData(tl.map((_, i) => i), [{ name: `live bytes, step ${step}`, y: tl.map((p) => p[1]) }]);
+    this.lives = hasLifetimes(this.app.meta) ? lifetimes(ev) : null;
+    this.drawTimeline();
     this.drawTop(ev, tl);
+  }
+
+  setBy(by) {
+    this.by = by === "module" ? "module" : "total";
+    this.app.setState({ timeline: this.by === "module" ? "module" : undefined });
+    if (this.tl) this.drawTimeline();
+  }
+
+  // The in-step timeline: the live bytes as one line, or "by module" stacked bands whose sum
+  // is that line (the baseline plus what lifetimes() has alive after each op).
+  drawTimeline() {
+    const bands = this.by === "module" && this.lives ? this.moduleBands() : null;
+    this.timeline.opts.stacked = !!bands;
+    this.timeline.setTitle(bands ? BANDS_TITLE : TOTAL_TITLE);
+    return this.timeline.setData(this.tl.map((_, i) => i), bands || [{ name: `live bytes, step ${this.graph.step}`, y: this.tl.map((p) => p[1]) }]);
+  }
+
+  // The bands, bottom up: what the step began with, then each module's allocations still alive
+  // (forward order: the first made first), the largest MAX_BANDS by their own highest point,
+  // the others summed on top.  ``keys``: the groups of a band (bandOf's keys, for the tests).
+  moduleBands() {
+    const ids = this.tl.map((p) => p[0]), band = new Map(), names = new Map();
+    for (const l of this.lives) { const b = this.bandOf(l.made); band.set(l, b.key); names.set(b.key, b.name); }
+    const tops = highestBy(this.lives, ids, (l) => band.get(l));
+    const keys = [...tops.keys()]; // (first made first)
+    const kept = new Set(keys.length > MAX_BANDS + 1 ? keys.slice().sort((a, b) => tops.get(b) - tops.get(a)).slice(0, MAX_BANDS) : keys);
+    const rest = keys.filter((k) => !kept.has(k));
+    const OTHER = "\0other";
+    const by = aliveBy(this.lives, ids, (l) => (kept.has(band.get(l)) ? band.get(l) : OTHER));
+    const base = baseline(this.graph);
+    const bands = [{ name: "held before the step's first op (parameters, .grad, optimizer state)", y: ids.map(() => base), color: BASE_COLOR, keys: [] }];
+    keys.filter((k) => kept.has(k)).forEach((k, i) => bands.push({ name: names.get(k), y: by.get(k), color: SERIES[i], keys: [k] }));
+    if (rest.length) bands.push({ name: `other modules (${rest.length})`, y: by.get(OTHER), color: OTHER_COLOR, keys: rest });
+    return bands;
+  }
+
+  // The band of the tensors an op made: its module (its backward apart, in full mode), the
+  // loss and the like "(outside the model)", optimizer.step()'s state its own.
+  bandOf(op) {
+    if (op.phase === "optimizer") return { key: "optimizer", name: "optimizer.step()" };
+    const outside = !op.module && (op.flags || []).includes("outside_model");
+    const back = op.phase === "backward" ? " (backward)" : "";
+    return { key: (outside ? "outside" : `module:${op.module || ""}`) + back, name: opWhere(op, this.app.moduleType) + back };
   }
 
   // What was holding memory at the in-step peak: with the frees recorded (format 1.9), the
@@ -149,7 +212,7 @@ export class MemoryView {
   drawAlive(ev, [peakId, peakLive]) {
     const peakOp = this.opById.get(peakId);
     if (!peakOp) return;
-    const alive = aliveAfter(lifetimes(ev), peakOp).sort((a, b) => b.bytes - a.bytes);
+    const alive = aliveAfter(this.lives, peakOp).sort((a, b) => b.bytes - a.bytes);
     const made = alive.reduce((a, l) => a + l.bytes, 0), before = baseline(ev);
     const show = (o) => h("a", { href: "#", onclick: (e) => { e.preventDefault(); this.app.openNode(this.graph.step, "o" + o.id); } }, `#${o.id}`);
     const until = (l) => (l.freed ? h("span", {}, `freed in #${l.freed.id} ${l.freed.name} (${l.freed.phase || "forward"})`)
@@ -173,6 +236,7 @@ export class MemoryView {
     const none = !this.captured?.length;
     this.timelineNote.hidden = !none;
     this.stepSel.hidden = this.timeline.root.hidden = this.peakNote.hidden = none;
+    this.bySel.hidden = none || !hasLifetimes(this.app.meta);
     if (none) this.timelineNote.textContent = `The op-by-op timeline comes from a captured step's graph. ${this.app.emptyText("graph")}`;
   }
 
@@ -214,6 +278,7 @@ export class MemoryView {
       info: this.info.textContent, options: [...this.stepSel.options].map((o) => +o.value), selected: this.stepSel.value,
       graphsAlive: this.aliveBox.hidden ? null : Math.max(...(this.series?.graphs_alive || []).map((v) => v || 0)),
       hookBytes: this.hooksBox.hidden ? null : Math.max(...(this.series?.hook_bytes || []).map((v) => v || 0)),
-      categories: (this.perStep.series || []).map((s) => s.name), timelineAxis: this.timeline.axis };
+      categories: (this.perStep.series || []).map((s) => s.name), timelineAxis: this.timeline.axis, timelineBy: this.by,
+      bands: this.timeline.opts.stacked ? this.timeline.series.map((s) => s.name) : null };
   }
 }

@@ -223,17 +223,23 @@ def alive_after_each_op(ev: dict[str, Any]) -> list[tuple[int, dict[int, int]]]:
     bytes are its ``alloc`` (asserted: a free or an allocation the ledger miscounted fails)."""
     tensors = {t["id"]: t for t in ev["tensors"]}
     alive: dict[int, int] = {}
+    empty: set[int] = set()  # storages of no bytes (batch norm's saved statistics in eval): freed, never counted
     out = []
     for op in sorted(ev["ops"], key=lambda o: o["id"]):
         for sid in op.get("freed", []):
-            assert sid in alive, (op["id"], op["name"], sid)
-            del alive[sid]
+            assert sid in alive or sid in empty, (op["id"], op["name"], sid)
+            alive.pop(sid, None)
+            empty.discard(sid)
         shared = {tensors[i].get("storage") for i in op["inputs"] if i in tensors}
         made = 0
         for i in op["outputs"]:
             t = tensors.get(i, {})
             sid = t.get("storage")
-            if op["alloc"] > made and sid is not None and sid not in alive and sid not in shared:
+            if sid is None or sid in alive or sid in shared:
+                continue
+            if t.get("nbytes") == 0:
+                empty.add(sid)
+            elif op["alloc"] > made:
                 alive[sid] = t["nbytes"]
                 made += t["nbytes"]
         assert made == op["alloc"], (op["id"], op["name"], made, op["alloc"])
