@@ -152,8 +152,10 @@ class OpRecorder(TorchDispatchMode):
             self.shed += 1
             return
         name, inplace, _ = info
-        module, call, inside, module_src = self.module_of()
         in_t = _tensors(args, kwargs.values() if kwargs else ())
+        if name == "aten::detach" and self._saving_output(in_t):
+            return
+        module, call, inside, module_src = self.module_of()
         out_t = [out] if isinstance(out, torch.Tensor) else _tensors(out if isinstance(out, (tuple, list)) else (), ())
         op_id = len(self.ops)
         inputs = tuple(map(self._tensor, in_t))
@@ -232,6 +234,20 @@ class OpRecorder(TorchDispatchMode):
             for t in out_t:
                 self._pending_ops.append(op_id)
                 self._pending_refs.append(weakref.ref(t))  # the same object as _tref's: no new one
+
+    def _saving_output(self, in_t: list[torch.Tensor]) -> bool:
+        """An ``aten::detach`` of an output the op just recorded made: autograd saving that result
+        for backward (ReLU, Tanh, softmax, exp save their own output), which a Python dispatch mode
+        sees as an op of its own and the C++ recorder does not.  Recorded, it read as a cut of the
+        graph: P1 blamed a ``.detach()`` the user never wrote (QA 40a).  A ``.detach()`` of the
+        user's comes after the function mode's marker (``torch::Tensor.detach``), never right
+        after the op."""
+        last = self.ops[-1] if self.ops else None
+        if last is None or len(in_t) != 1 or last["name"].startswith("torch::"):
+            return False
+        t = in_t[0]
+        ref = self._tref.get(id(t))
+        return ref is not None and ref() is t and self._tid[id(t)] in last["outputs"]
 
     def add_marker(self, name: str, t: torch.Tensor, flags: list[str]) -> None:
         """A torch-level event seen by the function mode (``.item()``, ``detach()``...) as an op."""

@@ -390,6 +390,8 @@ def _accumulated(run: Run, judged: dict[object, Judgement]) -> list[Accumulated]
             continue
         if notes(ev, "foreign_step"):
             continue  # optimizer.step() calls of other parameters between them: no accumulation (P5)
+        if _distinct_objectives(ev, roots):
+            continue
         if (max((as_int(e.get("passes")) for e in notes(ev, "closure")), default=0) >= k
                 and as_int(ev.get("zero_grad")) < 2):
             # every summed pass ran inside optimizer.step(closure) with no reset between them:
@@ -403,6 +405,15 @@ def _accumulated(run: Run, judged: dict[object, Judgement]) -> list[Accumulated]
         if judgement.too_big:
             out.append(Accumulated(step, ev, k, judgement))
     return out
+
+
+def _distinct_objectives(ev: dict[str, Any], roots: list[str]) -> bool:
+    """Each backward() of the step a line of its own, on losses of different kinds: a sum of
+    objectives backpropagated one by one (a domain-adaptation step's ``ce.backward()`` and
+    ``(0.1 * entropy).backward()``, to free each graph early), which is ``(a + b).backward()``
+    -- nothing to divide.  Micro-batches come from one line in a loop, or repeat one loss."""
+    src = [str(x) for x in as_list(ev.get("backward_src"))]
+    return len(src) == len(roots) >= 2 and len(set(src)) == len(src) and len(set(roots)) > 1
 
 
 def _unscaled_roots(ev: dict[str, Any]) -> list[str]:

@@ -230,8 +230,12 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
         if culprit is None and node:
             own = next(((gstep, op) for graph in run.graphs_of(gstep) for op in g.ops(graph)
                         if as_int(op.get("id"), -1) == as_int(node.get("op"), -2) and "inplace" in g.flags(op)), None)
-            culprit = own or next(((gstep, op) for graph in run.graphs_of(gstep)
-                                   if (op := _overwrote_output(graph, node)) is not None), None)
+            # ... unless a later in-place op wrote what that node saved of its own result: a
+            # ResNet block's ReLU(inplace=True) then `out += identity` -- the += broke it, and
+            # torch.relu in place of relu_ would not fix it (QA 40a)
+            later = next(((gstep, op) for graph in run.graphs_of(gstep)
+                          if (op := _overwrote_output(graph, node)) is not None), None)
+            culprit = later or own
         elif culprit is None and not node_name and shape is not None:
             # torch names no grad_fn (the tensor has none: a buffer, a leaf written under
             # no_grad -- a MoCo queue enqueued in place): the op that read a tensor of that shape

@@ -205,6 +205,11 @@ def test_a_loss_that_falls_without_bound_is_told() -> None:
     [-2.0, -3.0, -5.0, -9.0, -15.0, -30.0, -31.0],  # a density's log-likelihood, negative by design
     [5.0, 4.0, 2.0, 0.5, -0.4, -0.6, -0.5],  # a little below zero: a floor
     [5.0, 3.0, 1.0, -80.0, -2.0, 0.5, 0.4],  # one batch far below, and back
+    # meant to go negative from noise around zero (QA 40a): REINFORCE's surrogate with
+    # normalised returns, SimSiam's negative cosine (bounded by -1)
+    [0.025, -0.056, 0.059, -0.044, 0.039, -0.134, -0.098, -0.206, -0.3, -0.414, -0.41],
+    [0.02, 0.028, -0.061, -0.109, -0.136, -0.236, -0.31, -0.394, -0.6, -0.709, -0.7],
+    [0.02, 0.05, 0.01, -0.1, -0.2, -0.4, -0.6, -0.7, -0.7],
 ])
 def test_a_loss_with_a_floor_is_not_unbounded(losses: list[float]) -> None:
     assert [f for f in diagnose(_curve(losses)) if f.get("title") == "Loss unbounded below"] == []
