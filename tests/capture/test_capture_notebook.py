@@ -53,7 +53,10 @@ class Kernel:
     """One ipykernel, its cells run one by one; what each printed and raised."""
 
     def __init__(self, cwd: Path, env: dict[str, str]) -> None:
-        self.km = jupyter_client.KernelManager(kernel_name="python3")
+        # a restart or shutdown waits this long for the kernel to close before it sends SIGTERM:
+        # Jupyter's 5 s are too few on a loaded two-core machine (the run then read "stopped by
+        # SIGTERM", which is right for a kill, not for the restart being tested)
+        self.km = jupyter_client.KernelManager(kernel_name="python3", shutdown_wait_time=60.0)
         self.km.start_kernel(cwd=str(cwd), env={**os.environ, **env})
         self.kc = self.km.client()
         self.kc.start_channels()
