@@ -4,7 +4,8 @@ the tensors its ops made that are still alive -- checked against the recorded fi
 (OpRecord.freed, format 1.9, walked by conftest's ``alive_after_each_op``) for the example MLP
 in default and full mode (full: the backward's allocations in their own "(backward)" bands) and
 the example transformer (more modules than bands: the rest summed as "other modules"); the
-choice kept in the URL; a file from before 1.9 keeps the single line."""
+choice kept in the URL; a file from before 1.9 keeps the single line.  And the table under it,
+what was alive at the in-step peak, with the op that made and the op that freed each tensor."""
 
 from __future__ import annotations
 
@@ -226,3 +227,44 @@ def test_a_file_from_before_the_frees_keeps_the_single_line(page: Any, srv: Serv
     chart = page.evaluate(CHART)
     assert chart["byHidden"] and not chart["stacked"], chart["by"]
     assert [b["y"] for b in chart["bands"]] == [[p[1] for p in chart["tl"]]]
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_the_tensors_alive_at_the_peak_are_the_files(page: Any, srv: ServerProc, runs: dict[str, tuple[str, Path]],
+                                                     mode: str) -> None:
+    """The table under the timeline, "what was alive then" (memory_viz's question): the tensors
+    made in the step and not yet freed at its peak, each with the op that freed it after."""
+    sid, path = runs[f"mlp-{mode}"]
+    open_session(page, srv.url, sid, "?view=memory")
+    page.wait_for_function("(window.__torchscope.state().memory?.timeline || 0) > 0")
+    table = page.locator("[data-testid=alive-at-peak]")
+    table.wait_for()
+    step = int(page.evaluate("window.__torchscope.app.views.memory.obj.stepSel.value"))
+    ev = dict(load(path).graph(step))
+    timeline = ev["memory_timeline"]
+    peak_live = max(live for _, live in timeline)
+    peak_op = next(op for op, live in timeline if live == peak_live)  # (the first of equal ones, as the view)
+    alive = dict(alive_after_each_op(ev))[peak_op]
+    assert alive, "nothing made in the step alive at its peak"
+    heading = page.locator(".top-allocs h3").inner_text()
+    assert heading.startswith("In-step peak") and f"after op #{peak_op} " in heading, heading
+    # the rows: the largest of them, by storage, in bytes order
+    rows = page.evaluate("""() => [...document.querySelectorAll('[data-testid=alive-at-peak] tr[data-sid]')]
+      .map((r) => [+r.dataset.sid, r.cells[0].innerText, r.cells[6].innerText])""")
+    shown = [sid_ for sid_, _, _ in rows]
+    assert set(shown) <= set(alive) and len(shown) == min(15, len(alive)), (shown, alive)
+    assert [alive[s] for s in shown] == sorted((alive[s] for s in shown), reverse=True)
+    assert sorted(alive.values(), reverse=True)[: len(shown)] == [alive[s] for s in shown]
+    # each row's "until": the op that freed it after the peak (by the file), or still alive
+    ops = sorted(ev["ops"], key=lambda o: o["id"])
+    for s, _, until in rows:
+        freed_by = next((o for o in ops if o["id"] > peak_op and s in o.get("freed", [])), None)
+        if freed_by is None:
+            assert until == "still alive after the last recorded op", (s, until)
+        else:
+            assert until.startswith(f"freed in #{freed_by['id']} {freed_by['name']}"), (s, until, freed_by["id"])
+    summary = page.locator("[data-testid=alive-summary]").inner_text()
+    n = len(alive)
+    assert f"in {n} tensor{'s' if n != 1 else ''} made in the step" in summary, (summary, n)
+    if mode == "full":  # the backward frees the forward's saved activations: some row says by which op
+        assert any(u.startswith("freed in #") for _, _, u in rows) or len(rows) == 0
