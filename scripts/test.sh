@@ -24,6 +24,8 @@ $PY -m torchscope._native
 
 $PY -m ruff check .
 $PY -m mypy
-# two workers, each taking whole test files (a file's module-scoped fixtures -- the doctor's
-# reproducer runs -- are made once); TEST_WORKERS=0 runs everything in this one process
-$PY -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile "$@"
+# three workers, each taking whole test files (a file's module-scoped fixtures -- the doctor's
+# reproducer runs -- are made once): on a two-core machine the tests spend much of their time
+# waiting on the training scripts, Chromium and uvicorn they start (two workers kept the cores
+# ~80 % busy); TEST_WORKERS=0 runs everything in this one process.  The slowest 25 are listed.
+$PY -m pytest -q -n "${TEST_WORKERS:-3}" --dist loadfile --durations=25 "$@"
