@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import forkrun
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -163,8 +164,7 @@ def run_script(script: Path | str, *args: str, env: dict[str, str] | None = None
                timeout: float = 180.0, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run a real training script in a subprocess; raise with its output if it fails."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    res = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
-                         timeout=timeout, env=full_env, cwd=cwd)
+    res = forkrun.run([str(script), *args], full_env, str(cwd) if cwd is not None else None, timeout)
     if res.returncode != 0:
         raise AssertionError(f"{script} exited {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return res

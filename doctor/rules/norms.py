@@ -55,8 +55,9 @@ def _sorted_median(values: list[float]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def _over_time(run: Run, settings: Settings) -> list[Finding]:
-    """Step by step.  Exploding: far above the median of all earlier steps (a robust baseline: a
+def _over_time(run: Run, settings: Settings) -> tuple[list[Finding], set[int]]:
+    """The findings, and the steps they say exploded or diverged (which the layer-by-layer ratio
+    leaves out).  Step by step.  Exploding: far above the median of all earlier steps (a robust baseline: a
     converged run's norms hover near zero and bounce back up on a hard batch).  Vanishing: far below the largest norm
     while the loss did not fall with it (a loss going to zero takes its gradient along: that is
     convergence, not a pitfall)."""
@@ -82,6 +83,7 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
             peak, peak_loss = norm, loss
     data = {"norm": [n for _, n, _ in history], "steps": [s for s, _, _ in history]}
     out = []
+    blown: set[int] = set()
     below = _unbounded_below(history)
     if below is not None:
         # a loss term with no floor: the norms grow as the loss falls, a consequence
@@ -101,6 +103,7 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
         # steady divergence reaches explode_factor over it only dozens of steps late
         start, end, norm_x, loss_x = diverging
         steps = [s for s, n, _ in history if s >= start and n is not None]
+        blown.update(steps)
         out.append(make("P3", "warning",
                         f"Training is diverging: the gradient norm grew at every step from step {start} to step {end} "
                         f"({norm_x:.0f}x) while the loss grew {loss_x:.0f}x"
@@ -119,6 +122,7 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
         targets = [FindingTarget(step=first, rank=run.rank, param=n, module=run.param_module(i))
                    for (i, _), n in zip(grew, names, strict=True)] or [FindingTarget(step=first, rank=run.rank)]
         clipped = _clip_note(run, exploding)
+        blown.update(exploding)
         out.append(make("P3", "warning",
                         f"The gradient norm exploded: over {settings.explode_factor:g}x its usual level "
                         f"({describe_steps(exploding, run.last_step)}).{where}{clipped}",
@@ -140,6 +144,7 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
         # under Adam) taking the gradient norm along
         low_step, low, step, loss, lr = blowup
         at_lr = f", the learning rate {lr:g} then" if lr is not None else ""
+        blown.update(stayed or [step])
         out.append(make("P3", "error" if for_good else "warning",
                         f"Training diverged: the loss went from {low:.3g} at step {low_step} to {loss:.3g} at step "
                         f"{step}, {loss / low:.3g}x within {step - low_step} step{'s' if step - low_step != 1 else ''}"
@@ -153,7 +158,7 @@ def _over_time(run: Run, settings: Settings) -> list[Finding]:
                         f"stayed high "
                         f"({describe_steps(vanishing, run.last_step)}).", FIX_LAYERS, vanishing, rank=run.rank,
                         targets=[FindingTarget(step=vanishing[0], rank=run.rank)], view="gradients", data=data))
-    return out
+    return out, blown
 
 
 UNBOUNDED_FACTOR = 10.0  # below zero by this many times the size the loss started at
@@ -175,7 +180,7 @@ def _unbounded_below(history: list[tuple[int, float | None, float | None]]) -> t
     if min(first3) <= 0 or max(first3) - min(first3) > start:
         return None
     low_step, low = min(losses, key=lambda x: x[1])
-    if start <= 0 or low >= 0 or -low < UNBOUNDED_FACTOR * start or losses[-1][1] > low / 10:
+    if low >= 0 or -low < UNBOUNDED_FACTOR * start or losses[-1][1] > low / 10:
         return None
     first = low_step
     for s, v in reversed([x for x in losses if x[0] <= low_step]):
@@ -452,6 +457,5 @@ def _clipped_before_backward(run: Run) -> list[Finding]:
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
-    over = _over_time(run, settings)
-    blown = {s for f in over if f["fix"] in (FIX_EXPLODE, FIX_EXPLODE_CLIPPED, FIX_DIVERGING) for s in f["steps"]}
+    over, blown = _over_time(run, settings)
     return over + _across_layers(run, settings, blown) + _clipped_before_backward(run)

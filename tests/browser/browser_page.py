@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import forkrun
 import pytest
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
@@ -81,7 +81,7 @@ def session_id(srv: Any, name: str, status: str | None = None, timeout: float = 
     raise AssertionError(f"no session {name!r} ({status}) on the server: {srv.get('/api/sessions')}")
 
 
-def killed_and_swept(page: Any, proc: subprocess.Popen[Any], data: Path, sid: str) -> None:
+def killed_and_swept(page: Any, proc: forkrun.Forked | subprocess.Popen[Any], data: Path, sid: str) -> None:
     """SIGKILL a training process whose run ``page`` shows, make the run's last contact 31 s old
     in the server's real SQLite file (instead of waiting), and wait for the server's sweep
     (every 5 s) to find it silent and tell the open page."""
@@ -111,9 +111,7 @@ def train_side_by_side(server: Any, script: Path, out: Path, runs: dict[str, lis
     """Session ids by run name: real training runs of ``script`` (each with its arguments, and
     --server / --record added) streamed to ``server`` at once, once every one is finished there
     (and ``ready`` says the listing has what the test needs, e.g. the doctor's findings)."""
-    running = {name: subprocess.Popen([sys.executable, str(script), "--server", server.url,
-                                       "--record", str(out / f"{name}.tscope"), *args],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    running = {name: forkrun.spawn([str(script), "--server", server.url, "--record", str(out / f"{name}.tscope"), *args])
                for name, args in runs.items()}  # fmt: skip
     for name, p in running.items():
         text, _ = p.communicate(timeout=240)
@@ -130,14 +128,13 @@ def train_side_by_side(server: Any, script: Path, out: Path, runs: dict[str, lis
 DASHBOARD_TRAIN = Path(__file__).resolve().parent / "dashboard_train.py"
 
 
-def train(srv: Any, tmp: Path, name: str, *args: str) -> subprocess.Popen[str]:
+def train(srv: Any, tmp: Path, name: str, *args: str) -> forkrun.Forked | subprocess.Popen[str]:
     """dashboard_train.py streaming to ``srv`` as run ``name`` (recorded under ``tmp`` too)."""
-    cmd = [sys.executable, str(DASHBOARD_TRAIN), "--server", srv.url, "--record", str(tmp / f"{name}.tscope"),
-           "--name", name, *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return forkrun.spawn([str(DASHBOARD_TRAIN), "--server", srv.url, "--record", str(tmp / f"{name}.tscope"),
+                          "--name", name, *args])
 
 
-def finish(p: subprocess.Popen[str]) -> str:
+def finish(p: forkrun.Forked | subprocess.Popen[str]) -> str:
     """A run of ``train`` to its end: its output, checked to have exited 0."""
     out, _ = p.communicate(timeout=240)
     assert p.returncode == 0, out[-3000:]
@@ -149,8 +146,7 @@ def recorded(srv: Any, path: Path, script: Path, *args: str) -> str:
     ``srv``, as a colleague's ``torchscope open`` would (``args``: the script's own options)."""
     import httpx
 
-    run = subprocess.run([sys.executable, str(script), "--record", str(path), *args],
-                         capture_output=True, text=True, timeout=240)
+    run = forkrun.run([str(script), "--record", str(path), *args], timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     with open(path, "rb") as f:
         res = httpx.post(srv.url + "/api/sessions/import", files={"file": (path.name, f)}, timeout=120)

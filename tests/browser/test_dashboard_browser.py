@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+import forkrun
 import pytest
 from browser_page import chromium, open_session, shot
 from conftest import EXAMPLES, ServerProc, http_json
@@ -58,7 +57,7 @@ def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
          "--probe"],
     ]
     # side by side: each is mostly `import torch`
-    running = [subprocess.Popen([sys.executable, *p], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for p in procs]
+    running = [forkrun.spawn([*p]) for p in procs]
     for p, args in zip(running, procs, strict=True):
         out, _ = p.communicate(timeout=240)
         assert p.returncode == 0, f"{args}: {out[-3000:]}"
@@ -374,8 +373,8 @@ def test_a_step_whose_backward_failed_says_so_in_the_graph(page: Any, srv: Serve
     """P8's reproducer catches the failed backward and goes on: that step's graph holds two
     forwards, and the view says why (a badge with the error, a line under the toolbar)."""
     path = tmp_path / "p08.tscope"
-    run = subprocess.run([sys.executable, str(EXAMPLES / "pitfalls" / "p08_inplace_modification.py"),
-                          "--server", srv.url, "--record", str(path)], capture_output=True, text=True, timeout=240)
+    run = forkrun.run([str(EXAMPLES / "pitfalls" / "p08_inplace_modification.py"),
+                       "--server", srv.url, "--record", str(path)], timeout=240)
     assert run.returncode == 0, run.stderr[-2000:]
     from torchscope import load
 
@@ -430,7 +429,7 @@ def test_a_step_past_max_ops_says_its_graph_is_partial(page: Any, srv: ServerPro
     the step ran, how many the graph holds and how to record more -- not "back-pressure"."""
     script, path = tmp_path / "long_step.py", tmp_path / "long.tscope"
     script.write_text(_LONG_STEP)
-    run = subprocess.run([sys.executable, str(script), srv.url, str(path)], capture_output=True, text=True, timeout=240)
+    run = forkrun.run([str(script), srv.url, str(path)], timeout=240)
     assert run.returncode == 0, run.stderr[-2000:]
     from torchscope import load
 
@@ -485,9 +484,8 @@ def test_hostile_module_names_render_as_text(page: Any, srv: ServerProc, runs: d
 
 
 def test_live_run_adds_steps_without_losing_the_view(page: Any, srv: ServerProc, tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, str(TRAIN), "--server", srv.url, "--record", str(tmp_path / "live.tscope"),
-                             "--steps", "40", "--sleep", "0.25", "--name", "live-run"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = forkrun.spawn([str(TRAIN), "--server", srv.url, "--record", str(tmp_path / "live.tscope"),
+                          "--steps", "40", "--sleep", "0.25", "--name", "live-run"])
     try:
         deadline = time.monotonic() + 120
         sess = None

@@ -7,12 +7,11 @@ by side; a run still streaming fills in live; an unknown or absent id is one sen
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import forkrun
 import pytest
 from browser_page import checked_page, recorded, shot
 from conftest import ServerProc
@@ -127,9 +126,8 @@ def test_a_live_run_fills_in_on_the_compare_page(tmp_path: Path) -> None:
     done = tmp_path / "done.tscope"
     with ServerProc(tmp_path / "data") as srv, checked_page() as page:
         a = recorded(srv, done, SCRIPT, "--name", "finished run", "--steps", "6")
-        p = subprocess.Popen([sys.executable, str(SCRIPT), "--server", srv.url, "--record", str(tmp_path / "live.tscope"),
-                              "--name", "live run", "--steps", "16", "--sleep", "0.4"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = forkrun.spawn([str(SCRIPT), "--server", srv.url, "--record", str(tmp_path / "live.tscope"),
+                           "--name", "live run", "--steps", "16", "--sleep", "0.4"])
         try:
             deadline = time.monotonic() + 60
             b = None

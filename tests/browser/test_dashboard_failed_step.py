@@ -5,11 +5,10 @@ to that step's graph -- its forward's ops, which the capture now keeps (``GraphE
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
+import forkrun
 import httpx
 import pytest
 from browser_page import checked_page, shot
@@ -30,7 +29,7 @@ def crashed(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> str:
     out = tmp_path_factory.mktemp("failed-step-run")
     script, path = out / "crash.py", out / "crash.tscope"
     script.write_text(NAN_CRASH)
-    res = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120)
+    res = forkrun.run([str(script), str(path)], timeout=120)
     assert res.returncode != 0 and "FloatingPointError" in res.stderr, res.stderr[-2000:]
     with open(path, "rb") as f:
         imported = httpx.post(srv.url + "/api/sessions/import", files={"file": (path.name, f)}, timeout=120)
@@ -85,7 +84,7 @@ def test_a_backward_that_ended_the_run_is_not_said_to_have_let_the_loop_go_on(
     out = tmp_path_factory.mktemp("backward-crash")
     script, path = out / "crash.py", out / "crash.tscope"
     script.write_text(BACKWARD_CRASH)
-    res = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120)
+    res = forkrun.run([str(script), str(path)], timeout=120)
     assert res.returncode != 0 and "modified by an inplace operation" in res.stderr, res.stderr[-2000:]
     with open(path, "rb") as f:
         imported = httpx.post(srv.url + "/api/sessions/import", files={"file": (path.name, f)}, timeout=120)

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import forkrun
 import pytest
 from browser_page import checked_context, chromium, open_session, shot, train_side_by_side
 from conftest import ServerProc
@@ -219,9 +218,8 @@ def memory(page: Any) -> dict[str, Any]:
 
 
 def test_a_live_run_grows_the_memory_step_count_its_selector_and_the_loss(page: Any, srv: ServerProc, tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, str(TRAIN), "--server", srv.url, "--record", str(tmp_path / "live.tscope"),
-                             "--steps", "60", "--sleep", "0.2", "--name", "live-memory", "--hold", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = forkrun.spawn([str(TRAIN), "--server", srv.url, "--record", str(tmp_path / "live.tscope"),
+                          "--steps", "60", "--sleep", "0.2", "--name", "live-memory", "--hold", "2"])
     try:
         deadline = time.monotonic() + 120
         sess = None

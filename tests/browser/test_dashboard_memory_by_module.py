@@ -9,13 +9,12 @@ what was alive at the in-step peak, with the op that made and the op that freed 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import forkrun
 import pytest
 from browser_page import checked, module_browser, open_session, session_id, shot  # noqa: F401 - fixtures
 from conftest import EXAMPLES, ServerProc, alive_after_each_op
@@ -44,8 +43,8 @@ def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     out = {}
     for key, (script, mode) in RUNS.items():
         path = d / f"{key}.tscope"
-        run = subprocess.run([sys.executable, str(EXAMPLES / script), "--steps", "2", "--mode", mode, "--server", srv.url,
-                              "--record", str(path)], capture_output=True, text=True, timeout=240)
+        run = forkrun.run([str(EXAMPLES / script), "--steps", "2", "--mode", mode, "--server", srv.url,
+                           "--record", str(path)], timeout=240)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         name = str(load(path).meta["name"])
         out[key] = (session_id(srv, name, "finished"), path)

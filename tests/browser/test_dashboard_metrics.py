@@ -15,13 +15,12 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import forkrun
 import pytest
 from browser_page import checked, module_browser, open_session, recorded, session_id, shot  # noqa: F401
 from conftest import ServerProc
@@ -183,9 +182,8 @@ def test_a_live_run_s_metric_charts_grow_without_reload(tmp_path: Path, checked:
     page = checked
     path = tmp_path / "live.tscope"
     with ServerProc(tmp_path / "data") as srv:
-        run = subprocess.Popen([sys.executable, str(SCRIPT), "--server", srv.url, "--record", str(path), "--name", "live-metrics",
-                                "--steps", "30", "--sleep", "0.25", "--nan-step", "4"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        run = forkrun.spawn([str(SCRIPT), "--server", srv.url, "--record", str(path), "--name", "live-metrics",
+                             "--steps", "30", "--sleep", "0.25", "--nan-step", "4"])
         try:
             sid = session_id(srv, "live-metrics", "running")
             open_session(page, srv.url, sid, "?view=gradients")

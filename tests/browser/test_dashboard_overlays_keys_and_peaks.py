@@ -19,13 +19,12 @@ machine cannot record one):
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import forkrun
 import pytest
 from browser_page import checked_page, open_session, session_id, shot
 from conftest import EXAMPLES, ServerProc
@@ -43,8 +42,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
 def transformer(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The session id of the example transformer (CPU, default mode), 2 steps."""
     d = tmp_path_factory.mktemp("qa29-runs")
-    run = subprocess.run([sys.executable, str(EXAMPLES / "transformer.py"), "--steps", "2", "--server", srv.url,
-                          "--record", str(d / "transformer.tscope")], capture_output=True, text=True, timeout=240)
+    run = forkrun.run([str(EXAMPLES / "transformer.py"), "--steps", "2", "--server", srv.url,
+                       "--record", str(d / "transformer.tscope")], timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return session_id(srv, "transformer", "finished")
 

@@ -20,13 +20,12 @@ where the test needs exact numbers, sessions sent by the real capture transport)
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import forkrun
 import pytest
 from browser_page import checked_page, killed_and_swept, open_session, session_id, shot
 from conftest import EXAMPLES, ServerProc
@@ -48,8 +47,7 @@ def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     transformer (its `blocks` is an nn.TransformerEncoder), trained side by side."""
     d = tmp_path_factory.mktemp("readability-runs")
     cmds = {"net": [str(TRAIN), "--steps", "5", "--name", "net"], "transformer": [str(EXAMPLES / "transformer.py"), "--steps", "2"]}
-    procs = {n: subprocess.Popen([sys.executable, *c, "--server", srv.url, "--record", str(d / f"{n}.tscope")],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n, c in cmds.items()}
+    procs = {n: forkrun.spawn([*c, "--server", srv.url, "--record", str(d / f"{n}.tscope")]) for n, c in cmds.items()}
     for n, p in procs.items():
         out, _ = p.communicate(timeout=240)
         assert p.returncode == 0, f"{n}: {out[-3000:]}"
@@ -173,9 +171,8 @@ def test_an_unknown_session_says_so_once_with_the_way_back(page: Any, srv: Serve
 
 
 def test_the_doctor_of_a_killed_run_says_its_recording_is_incomplete(page: Any, srv: ServerProc, tmp_path: Path) -> None:
-    p = subprocess.Popen([sys.executable, str(TRAIN), "--server", srv.url, "--record", str(tmp_path / "killed.tscope"),
-                          "--name", "killed-doctor", "--steps", "3", "--hold", "120"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = forkrun.spawn([str(TRAIN), "--server", srv.url, "--record", str(tmp_path / "killed.tscope"),
+                       "--name", "killed-doctor", "--steps", "3", "--hold", "120"])
     try:
         sid = session_id(srv, "killed-doctor", "running")
         deadline = time.monotonic() + 60

@@ -15,12 +15,11 @@ real training script:
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import forkrun
 import pytest
 from browser_page import (
     DASHBOARD_TRAIN,
@@ -142,8 +141,8 @@ def test_a_step_without_a_graph_says_which_step_is_shown(page: Any, srv: ServerP
 
 
 def test_sessions_page_keeps_what_an_import_and_a_rename_did(page: Any, srv: ServerProc, tmp_path: Path) -> None:
-    finish(subprocess.Popen([sys.executable, str(DASHBOARD_TRAIN), "--record", str(tmp_path / "file.tscope"), "--steps", "2",
-                             "--name", "from-a-file"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    finish(forkrun.spawn([str(DASHBOARD_TRAIN), "--record", str(tmp_path / "file.tscope"), "--steps", "2",
+                          "--name", "from-a-file"]))
     streaming = train(srv, tmp_path, "streaming", "--steps", "400", "--sleep", "0.02")
     try:
         session_id(srv, "streaming", "running")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import forkrun
 import pytest
 from doctor_events import clean_run, grads, session, step
 
@@ -230,7 +231,7 @@ def test_a_run_that_crashed_in_its_loss_is_said_so_and_its_forward_is_no_unused_
     found by QA), and the doctor says how the run stopped."""
     script, path = tmp_path / "crash.py", tmp_path / "crash.tscope"
     script.write_text(CRASHING)
-    res = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120)
+    res = forkrun.run([str(script), str(path)], timeout=120)
     assert res.returncode != 0 and "between 0 and 1" in res.stderr
     assert run(str(path)) == 0
     out, err = capsys.readouterr()

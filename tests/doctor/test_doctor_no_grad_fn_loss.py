@@ -7,11 +7,10 @@ for nothing (P6).  A loss through an argmax is still P9, at the argmax."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import forkrun
 import pytest
 
 from torchscope.doctor import diagnose
@@ -68,8 +67,7 @@ def _findings(tmp_path: Path, variant: str, mode: str) -> list[dict[str, Any]]:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     record = tmp_path / f"{variant}_{mode}.tscope"
-    res = subprocess.run([sys.executable, str(script), variant, mode, str(record)], capture_output=True, text=True,
-                         timeout=240, cwd=tmp_path)
+    res = forkrun.run([str(script), variant, mode, str(record)], timeout=240, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return [dict(f) for f in diagnose(iter_events(record))]
 

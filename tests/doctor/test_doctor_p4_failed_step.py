@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import forkrun
 import pytest
 import torch
 from conftest import NAN_CRASH
@@ -123,7 +124,7 @@ def _line(text: str) -> int:
 def test_the_doctor_cli_names_the_op_of_a_script_that_died_on_its_nan(tmp_path: Path) -> None:
     script, path = tmp_path / "crash.py", tmp_path / "crash.tscope"
     script.write_text(NAN_CRASH)
-    res = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120)
+    res = forkrun.run([str(script), str(path)], timeout=120)
     assert res.returncode != 0 and "FloatingPointError: non-finite loss at step 3" in res.stderr
     doc = subprocess.run([sys.executable, "-m", "torchscope.server.cli", "doctor", str(path)], capture_output=True,
                          text=True, timeout=120)

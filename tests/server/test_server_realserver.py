@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import forkrun
 from conftest import ServerProc, http_json, wait_for
 
 from torchscope.sessionfile import index, iter_events, raw_frames
@@ -22,8 +21,8 @@ def test_server_killed_and_restarted_twice_ends_with_every_event(tmp_path: Path)
     srv = ServerProc(tmp_path / "data").start()
     record = tmp_path / "run.tscope"
     stop = tmp_path / "stop"
-    proc = subprocess.Popen([sys.executable, str(HERE / "server_stream_train.py"), str(record), srv.url, "kr1",
-                             "20", "0.05", str(stop)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = forkrun.spawn([str(HERE / "server_stream_train.py"), str(record), srv.url, "kr1",
+                          "20", "0.05", str(stop)])
     try:
         assert wait_for(lambda: any(s["id"] == "kr1" for s in srv.get("/api/sessions")))  # type: ignore[union-attr]
         for _ in range(2):
