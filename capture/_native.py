@@ -469,6 +469,10 @@ class NativeRecorder:
     def _link_pending(self) -> None:
         """Nothing to do: ``__exit__`` drained the links with the records."""
 
+    def untracked_free(self, nbytes: int) -> None:
+        """As OpRecorder.untracked_free."""
+        self.ext.untracked_free(nbytes)
+
     def op_module(self, op: int) -> str:
         return self._modules[op] if 0 <= op < len(self._modules) else ""
 

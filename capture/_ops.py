@@ -336,6 +336,11 @@ class OpRecorder(TorchDispatchMode):
         self._weak_ptr[id(wr)] = ptr
         return new
 
+    def untracked_free(self, nbytes: int) -> None:
+        """Bytes of the baseline freed outside any op (a ``.grad`` that ``zero_grad()`` dropped):
+        a free of the next op, with no storage id of the step's."""
+        self._freed += nbytes
+
     def _freed_ref(self, wr: Any) -> None:
         """A tensor the ledger watched died: its storage is freed with the last of them."""
         ptr = self._weak_ptr.pop(id(wr), None)

@@ -362,6 +362,8 @@ class _StepState:
         "unscaled",
         "lr",
         "grad_st",
+        "rec_grads",
+        "untracked",
     )
 
     def __init__(self, t0: float) -> None:
@@ -483,6 +485,10 @@ class _StepState:
         self.unscaled: dict[tuple[int, int], torch.Tensor] | None = None
         self.lr: list[float] | None = None  # read before the step's end (a skipped step's), else at it
         self.grad_st: dict[int, int] | None = None  # the gradients' storages, read as self.lr is
+        # the .grad tensors the full-mode recorder's baseline counted (a weak reference and its
+        # storage's bytes each), and the bytes of those that died outside any op (_untracked_frees)
+        self.rec_grads: list[tuple[weakref.ref[torch.Tensor], int]] = []
+        self.untracked = 0
 
     def passes_in_step(self) -> int:
         """Backward passes that ran inside the optimizer's step(): its closure's (LBFGS,
@@ -541,6 +547,24 @@ def _dense(t: torch.Tensor) -> bool:
     outputs: a wrapper whose own storage is empty, read by the C++ pass or with dispatch off,
     crashed the process), a nested (jagged) tensor or one on the meta device is left out."""
     return type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided and not t.is_nested and not t.is_meta
+
+
+def _grad_refs(params: list[torch.Tensor | None]) -> list[tuple[weakref.ref[torch.Tensor], int]]:
+    """A weak reference to each ``.grad`` that owns all of its storage, with that storage's bytes:
+    its death frees them (a gradient viewing a larger buffer -- DDP's ``gradient_as_bucket_view``
+    -- frees nothing, and is left out)."""
+    out: list[tuple[weakref.ref[torch.Tensor], int]] = []
+    seen: set[int] = set()
+    for p in params:
+        g = p.grad if p is not None else None
+        if g is None or not _dense(g) or type(g) is not torch.Tensor:
+            continue
+        st = g.untyped_storage()
+        n = st.nbytes()
+        if n == g.numel() * g.element_size() and st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            out.append((weakref.ref(g), n))
+    return out
 
 
 UPDATE_SAMPLE = 4096  # elements of a parameter the update's size is read from
@@ -1748,11 +1772,25 @@ class Watch:
         """The C++ observer records once it is built (see _native: full mode builds it, and
         default mode's captured steps use a build that exists), else a Python dispatch mode."""
         live = self._live_bytes()
+        if self.mode == "full":  # (whose recorder goes on through the backward)
+            s.rec_grads = _grad_refs([r() for r in self._params])
         ext = _native.claim(id(self))
         if ext is not None:
             cdata = {p._cdata: self._param_names[id(p)] for r in self._params if (p := r()) is not None and id(p) in self._param_names}
             return NativeRecorder(ext, self._module_of, cdata, live, s.check_nan, self.max_ops, s.sid)
         return OpRecorder(self._module_of, self._param_names, live, s.check_nan, self.max_ops, s.sid)
+
+    def _untracked_frees(self, s: _StepState) -> None:
+        """The .grad tensors the recorder's baseline counted that died since, outside any op:
+        ``zero_grad()`` between the forward and ``loss.backward()`` (the order of PyTorch's own
+        tutorial) frees them where the op ledger cannot see it, and the backward's new ones
+        then counted on top of them (QA 41a: an in-step peak of 792.9 KiB where the allocator
+        held 661.3 KiB).  Told to the recorder as a free of its next op."""
+        held, s.rec_grads = s.rec_grads, []
+        gone = sum(n for ref, n in held if ref() is None)
+        if gone and s.recorder is not None:
+            s.recorder.untracked_free(gone)
+            s.untracked += gone
 
     def _module_changed(self) -> None:
         """The native recorder learns the module the next ops run in (the Python one asks)."""
@@ -2450,6 +2488,7 @@ class Watch:
         if walk is not None:
             walk.forget_saved()  # what saved(keep=True) read, if records() did not take it
         if self.mode == "full" and s.recorder is not None:
+            self._untracked_frees(s)
             self._pause_gc()
             s.recorder.phase = "backward"
             s.recorder.__enter__()
@@ -3668,7 +3707,7 @@ class Watch:
             # point are the step's temporaries (outputs not saved for backward, workspaces)
             top = rec.peak_live()
             mem["peak"] = max(mem["peak"], top)
-            mem["temporaries"] = max(top - rec.baseline - saved, 0)
+            mem["temporaries"] = max(top - (rec.baseline - s.untracked) - saved, 0)
         first = live_params[0] if live_params else None
         if first is not None and first.is_cuda:  # is_cuda: no torch.device made on the CPU
             dev = _cuda.device_memory(first.device)

@@ -28,7 +28,7 @@ const CHARTS = [
   { key: "grad_norm", title: "total gradient norm ‖grad‖₂ of all parameters, per step (log scale)", log: true },
   { key: "lr", title: "learning rate per step (param group 0)", autoLog: true, steps: true },
   { key: "step_time", title: "step time (from the previous optimizer.step() to this one)", fmt: fmtUs },
-  { key: "peak", title: "peak memory per step (the most bytes the step held at once)", fmt: fmtBytes },
+  { key: "peak", title: "peak memory per step (the most bytes the step's forward and backward held at once; optimizer.step() not seen)", fmt: fmtBytes },
   { key: "live", title: "live memory per step (parameters + gradients + optimizer state)", fmt: fmtBytes },
 ];
 

@@ -52,6 +52,21 @@ export function baseline(ev) {
   return first ? first.live - (first.alloc || 0) + (first.free || 0) : 0;
 }
 
+// What the step's baseline still held after each op of ``ids`` (op ids, ascending): less the
+// bytes each op freed beyond the step's own allocations it ended (``lives``' whose ``freed`` it
+// is) -- the .grad tensors zero_grad() dropped between the forward and the backward, which the
+// baseline counted and no op freed (the recorder tells them as a free of the next op).
+export function baselineAfter(ev, lives, ids) {
+  const ended = new Map(); // op id -> bytes of the step's allocations it freed
+  for (const l of lives) if (l.freed) ended.set(l.freed.id, (ended.get(l.freed.id) || 0) + l.bytes);
+  const ops = (ev.ops || []).slice().sort((a, b) => a.id - b.id), base = baseline(ev);
+  let gone = 0, j = 0;
+  return ids.map((id) => {
+    for (; j < ops.length && ops[j].id <= id; j++) gone += Math.max((ops[j].free || 0) - (ended.get(ops[j].id) || 0), 0);
+    return base - gone;
+  });
+}
+
 // The index in ``ids`` (op ids, ascending: a memory timeline's) of the first op at or after op
 // id ``id``: where a lifetime made (or freed) by that op starts (or stops) counting.
 function indexOf(ids, id) {

@@ -5,7 +5,7 @@ import { h, clear, fmtBytes, shape, coalesce, opWhere } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
 import { LineChart } from "./chart.js";
 import { nearest } from "./graph/view.js";
-import { hasLifetimes, lifetimes, aliveAfter, aliveBy, highestBy, baseline } from "./lifetimes.js";
+import { hasLifetimes, lifetimes, aliveAfter, aliveBy, highestBy, baseline, baselineAfter } from "./lifetimes.js";
 import { SERIES } from "./colors.js";
 
 const MAX_ALIVE = 15; // rows of the "alive at the peak" table
@@ -28,7 +28,8 @@ const CATEGORIES = [["live", "live state (params + grads + optimizer)"], ["peak"
 // The two peaks this view shows, and why they differ, in PyTorch's words.
 const STEP_PEAK = "peak: the most bytes a step held at once — the state kept between steps (parameters, their .grad, " +
   "the optimizer state) plus the activations autograd saved for backward, or, on a captured step, the op ledger's highest " +
-  "point when that is higher.";
+  "point when that is higher. optimizer.step() runs no recorded op: its own temporaries (Adam's, per parameter) and the " +
+  "optimizer state it creates on the first step are not in it, so an allocator's peak inside optimizer.step() can be higher.";
 const OP_PEAK = "The in-step peak below is one captured step's op ledger alone: the live bytes after each recorded op. In " +
   "default mode those are the forward's ops only (full mode records the backward's too): the .grad tensors backward() " +
   "writes and what optimizer.step() allocates come after them. So this peak is at most the per-step peak above, often lower.";
@@ -174,8 +175,7 @@ export class MemoryView {
     const rest = keys.filter((k) => !kept.has(k));
     const OTHER = "\0other";
     const by = aliveBy(this.lives, ids, (l) => (kept.has(band.get(l)) ? band.get(l) : OTHER));
-    const base = baseline(this.graph);
-    const bands = [{ name: "held before the step's first op (parameters, .grad, optimizer state)", y: ids.map(() => base), color: BASE_COLOR, keys: [] }];
+    const bands = [{ name: "held before the step's first op (parameters, .grad, optimizer state)", y: baselineAfter(this.graph, this.lives, ids), color: BASE_COLOR, keys: [] }];
     keys.filter((k) => kept.has(k)).forEach((k, i) => bands.push({ name: names.get(k), y: by.get(k), color: SERIES[i], keys: [k] }));
     if (rest.length) bands.push({ name: `other modules (${rest.length})`, y: by.get(OTHER), color: OTHER_COLOR, keys: rest });
     return bands;
@@ -214,6 +214,7 @@ export class MemoryView {
     if (!peakOp) return;
     const alive = aliveAfter(this.lives, peakOp).sort((a, b) => b.bytes - a.bytes);
     const made = alive.reduce((a, l) => a + l.bytes, 0), before = baseline(ev);
+    const held = baselineAfter(ev, this.lives, [peakId])[0]; // (less the .grad zero_grad() freed before it)
     const show = (o) => h("a", { href: "#", onclick: (e) => { e.preventDefault(); this.app.openNode(this.graph.step, "o" + o.id); } }, `#${o.id}`);
     const until = (l) => (l.freed ? h("span", {}, `freed in #${l.freed.id} ${l.freed.name} (${l.freed.phase || "forward"})`)
       : h("span", { class: "muted" }, "still alive after the last recorded op"));
@@ -223,7 +224,10 @@ export class MemoryView {
     this.top.append(
       h("h3", { title: OP_PEAK }, `In-step peak ${fmtBytes(peakLive)} after op #${peakId} ${peakOp.name} — what was alive then`),
       h("p", { class: "muted", "data-testid": "alive-summary" },
-        `${fmtBytes(before)} held when the step's recording began (parameters, their .grad, optimizer state) + ` +
+        (held < before
+          ? `${fmtBytes(held)} of what the step held when its recording began (parameters, their .grad, optimizer state: ` +
+            `${fmtBytes(before)}, less ${fmtBytes(before - held)} of .grad freed before the backward by zero_grad()) + `
+          : `${fmtBytes(before)} held when the step's recording began (parameters, their .grad, optimizer state) + `) +
         `${fmtBytes(made)} in ${alive.length} tensor${alive.length === 1 ? "" : "s"} made in the step and not yet freed` +
         (alive.length > MAX_ALIVE ? ` (the largest ${MAX_ALIVE} below)` : "") + "."),
       h("table", { class: "tensors", "data-testid": "alive-at-peak" },

@@ -245,3 +245,17 @@ def alive_after_each_op(ev: dict[str, Any]) -> list[tuple[int, dict[int, int]]]:
         assert made == op["alloc"], (op["id"], op["name"], made, op["alloc"])
         out.append((op["id"], dict(alive)))
     return out
+
+
+def untracked_frees(ev: dict[str, Any]) -> list[tuple[int, int]]:
+    """(op id, bytes) for each op of a graph event, by id: what it freed beyond the step's own
+    allocations it ended (``alive_after_each_op``'s) -- bytes of the step's baseline, such as the
+    ``.grad`` tensors ``zero_grad()`` dropped between the forward and the backward."""
+    alive = dict(alive_after_each_op(ev))
+    out: list[tuple[int, int]] = []
+    before: dict[int, int] = {}
+    for op in sorted(ev["ops"], key=lambda o: o["id"]):
+        ended = sum(n for sid, n in before.items() if sid in op.get("freed", []))
+        out.append((op["id"], op["free"] - ended))
+        before = alive[op["id"]]
+    return out

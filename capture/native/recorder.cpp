@@ -784,6 +784,13 @@ void stop() {
   drop_orphan();  // this thread's; another thread's goes at that thread's next op
 }
 
+// Bytes of the step's baseline freed outside any op (a .grad that zero_grad() dropped between
+// the forward and the backward): a free of the next op, with no storage of the ledger's.
+void untracked_free(int64_t bytes) {
+  std::lock_guard<std::mutex> g(g_mu);
+  g_freed += bytes;
+}
+
 // Whether this thread has RecordFunction callbacks of its own (the tests' check that none is left).
 bool observed() {
   return at::hasThreadLocalCallbacks();
@@ -1198,6 +1205,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stop", &stop);
   m.def("observed", &observed);
   m.def("reset", &reset);
+  m.def("untracked_free", &untracked_free);
   m.def("context", &context);
   m.def("set_state", &set_state);
   m.def("set_explicit", &set_explicit);

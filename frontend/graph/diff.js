@@ -8,25 +8,43 @@ import { leafSub } from "./scene.js";
 const sig = (m, l) => `${l.phase}|${l.module}|${l.label}`;
 const full = (m, l) => `${sig(m, l)}|${leafSub(m, l)}`;
 
-function count(m, key) {
+// Full mode's backward kernels: ops run in the backward pass (the other modes record none).
+const backwardOp = (l) => l.kind === "op" && l.phase === "backward";
+
+function count(m, key, skip) {
   const c = new Map();
-  for (const l of m.leaves) { const k = key(m, l); c.set(k, (c.get(k) || 0) + 1); }
+  for (const l of m.leaves) { if (skip(l)) continue; const k = key(m, l); c.set(k, (c.get(k) || 0) + 1); }
   return c;
 }
 
-// ``model`` against ``other`` (buildModel's both): each leaf of ``model`` whose full signature
-// ``other`` has (as many times) is the same; else one whose signature it has left is
-// "changed"; else "added".  What of ``other`` no leaf took is "removed" (a count).
-// {marks: Map leaf key -> "added" | "changed" (the same are absent), added, changed, removed}
+// ``model`` against ``other`` (buildModel's both), in two passes so that neither the order of
+// the leaves nor the direction of the diff decides what matches: first each leaf of ``model``
+// whose full signature ``other`` has (as many times) is the same; then each leaf left whose
+// signature ``other`` has left (no exact match took it) is "changed"; the rest are "added".
+// What of ``other`` no leaf took is "removed" (a count) -- so ``other`` against ``model``
+// counts added / changed / removed as this one counts removed / changed / added.
+// A graph recorded in full mode has backward ops, one in another mode none: when only one of
+// the two has any, those ops are left out of the diff (unmarked, not counted; ``skipped`` says
+// how many) rather than all "added" or "removed".
+// {marks: Map leaf key -> "added" | "changed" (the same are absent), added, changed, removed, skipped}
 export function diffGraphs(model, other) {
-  const of = count(other, full), os = count(other, sig);
+  const hasBw = (m) => m.leaves.some(backwardOp);
+  const skipBw = hasBw(model) !== hasBw(other);
+  const skip = skipBw ? backwardOp : () => false;
+  const of = count(other, full, skip), os = count(other, sig, skip);
   const marks = new Map();
-  let added = 0, changed = 0;
-  for (const l of model.leaves) {
-    const f = full(model, l), s = sig(model, l);
-    if (of.get(f) > 0) { of.set(f, of.get(f) - 1); os.set(s, os.get(s) - 1); continue; }
+  let added = 0, changed = 0, skipped = 0;
+  const rest = [];
+  for (const l of model.leaves) { // pass 1: the exact matches
+    if (skip(l)) { skipped++; continue; }
+    const f = full(model, l);
+    if (of.get(f) > 0) { of.set(f, of.get(f) - 1); const s = sig(model, l); os.set(s, os.get(s) - 1); } else rest.push(l);
+  }
+  for (const l of rest) { // pass 2: the signatures left
+    const s = sig(model, l);
     if (os.get(s) > 0) { os.set(s, os.get(s) - 1); marks.set(l.key, "changed"); changed++; } else { marks.set(l.key, "added"); added++; }
   }
   const removed = [...os.values()].reduce((a, b) => a + Math.max(b, 0), 0);
-  return { marks, added, changed, removed };
+  if (skipBw) for (const l of other.leaves) if (backwardOp(l)) skipped++;
+  return { marks, added, changed, removed, skipped };
 }

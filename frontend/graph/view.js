@@ -630,7 +630,9 @@ export class GraphView {
     this.diffCache = { url, model: om };
     const d = diffGraphs(this.model, om);
     this.diff = d.marks;
-    this.diffSummary = `${missing ? `diff: ${missing}` : ""}vs ${run ? `${run.name} step` : "step"} ${other}: ${d.added} added, ${d.changed} changed, ${d.removed} removed`;
+    this.diffSummary = `${missing ? `diff: ${missing}` : ""}vs ${run ? `${run.name} step` : "step"} ${other}: ${d.added} added, ${d.changed} changed, ${d.removed} removed` +
+      // (a full-mode run against one in another mode: only full mode records the backward's ops)
+      (d.skipped ? `; ${d.skipped} backward ops left out (recorded in full mode by one of the runs only)` : "");
     if (redraw) this.redraw();
   }
 

@@ -152,3 +152,12 @@ def recorded(srv: Any, path: Path, script: Path, *args: str) -> str:
         res = httpx.post(srv.url + "/api/sessions/import", files={"file": (path.name, f)}, timeout=120)
     res.raise_for_status()
     return str(res.json()["id"])
+
+
+def fmt_bytes(n: float) -> str:
+    """frontend/dom.js fmtBytes."""
+    units, i, x = ["B", "KiB", "MiB", "GiB", "TiB"], 0, abs(n)
+    while x >= 1024 and i < len(units) - 1:
+        x /= 1024
+        i += 1
+    return f"{'-' if n < 0 else ''}{x:.{(2 if x < 10 else 1) if i else 0}f} {units[i]}"

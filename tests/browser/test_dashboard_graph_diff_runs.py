@@ -102,16 +102,21 @@ def leaves(ev: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 def diff(mine: dict[str, Any], other: dict[str, Any]) -> tuple[dict[str, str], int]:
     """Each leaf of ``mine`` marked "added" / "changed" / "same" against ``other``, and how many
-    of ``other``'s leaves none took (removed)."""
+    of ``other``'s leaves none took (removed): the exact matches first, over all leaves, then
+    the leaves left take the signatures left as "changed" (QA 41a: in one pass, a leaf with no
+    exact match took the slot a later leaf's exact match needed)."""
     full = Counter(f"{s}|{sub}" for _, s, sub in leaves(other))
     sig = Counter(s for _, s, _ in leaves(other))
-    marks = {}
+    marks, rest = {}, []
     for key, s, sub in leaves(mine):
         if full[f"{s}|{sub}"] > 0:
             full[f"{s}|{sub}"] -= 1
             sig[s] -= 1
             marks[key] = "same"
-        elif sig[s] > 0:
+        else:
+            rest.append((key, s))
+    for key, s in rest:
+        if sig[s] > 0:
             sig[s] -= 1
             marks[key] = "changed"
         else:

@@ -16,14 +16,15 @@ from typing import Any
 
 import forkrun
 import pytest
-from browser_page import checked, module_browser, open_session, session_id, shot  # noqa: F401 - fixtures
-from conftest import EXAMPLES, ServerProc, alive_after_each_op
+from browser_page import checked, fmt_bytes, module_browser, open_session, session_id, shot  # noqa: F401 - fixtures
+from conftest import EXAMPLES, ServerProc, alive_after_each_op, untracked_frees
 
 from torchscope.session import load
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
-RUNS = {"mlp-default": ("mlp.py", "default"), "mlp-full": ("mlp.py", "full"), "transformer-default": ("transformer.py", "default")}
+RUNS = {"mlp-default": ("mlp.py", "default"), "mlp-full": ("mlp.py", "full"), "transformer-default": ("transformer.py", "default"),
+        "cnn-full": ("cnn.py", "full")}
 MAX_BANDS = 8  # the view's named module bands; the rest are one "other modules" band
 BASE = "held before the step's first op"
 CHART = """() => { const m = window.__torchscope.app.views.memory.obj;
@@ -101,10 +102,16 @@ def check_bands(chart: dict[str, Any], path: Path) -> dict[str, Any]:
     # the bands add up to the single line's live bytes at every op (baseline + what is alive)
     for i, (op_id, live) in enumerate(tl):
         assert sum(b["y"][i] for b in bands) == live, (op_id, live, [(b["name"], b["y"][i]) for b in bands])
-    # the bottom band: what the step held before its first recorded op
+    # the bottom band: what the step held before its first recorded op, less the bytes of it
+    # freed outside any op since (the .grad tensors zero_grad() dropped before the backward)
     first = min(ev["ops"], key=lambda o: o["id"])
     base = first["live"] - first["alloc"] + first["free"]
-    assert bands[0]["name"].startswith(BASE) and set(bands[0]["y"]) == {base}, bands[0]
+    gone, untracked = 0, dict(untracked_frees(ev))
+    expect = []
+    for op_id, _ in tl:
+        gone += untracked[op_id]
+        expect.append(base - gone)
+    assert bands[0]["name"].startswith(BASE) and bands[0]["y"] == expect, (bands[0], expect)
     # each group in one band; a band's bytes are its groups' alive storages
     by_op = bytes_by_band(ev)
     groups = {k for sums in by_op.values() for k in sums}
@@ -171,6 +178,38 @@ def test_the_bands_are_the_files_allocations_by_module(page: Any, srv: ServerPro
     page.locator("[data-testid=timeline-by]").select_option("total")
     page.wait_for_function("window.__torchscope.app.views.memory.obj.timeline.opts.stacked === false")
     assert "timeline=" not in page.url and len(page.evaluate(CHART)["bands"]) == 1
+
+
+@pytest.mark.parametrize("run", ["mlp-full", "cnn-full"])
+def test_a_step_whose_old_gradients_zero_grad_freed_after_the_forward(page: Any, srv: ServerProc,
+                                                                       runs: dict[str, tuple[str, Path]], run: str) -> None:
+    """The examples' loops are in PyTorch's tutorial order (forward, loss, zero_grad(), backward):
+    from step 1 on, the step before's .grad tensors die between the forward and the backward,
+    outside any op.  The bottom band drops by their bytes there, the bands still add up to the
+    live bytes, and the summary under the peak says what of the step's start was still held
+    (QA 41a: they were counted on through the backward, beside the new ones)."""
+    sid, path = runs[run]
+    open_session(page, srv.url, sid, "?view=memory&timeline=module")
+    page.wait_for_function("window.__torchscope.app.views.memory?.obj.timeline.opts.stacked === true")
+    page.locator("[data-testid=memory-step]").select_option("1")
+    page.wait_for_function("window.__torchscope.app.views.memory.obj.graph?.step === 1")
+    chart = page.evaluate(CHART)
+    assert chart["step"] == 1
+    check_bands(chart, path)
+    ev = dict(load(path).graph(1))
+    grads = sum(n for _, n in untracked_frees(ev))
+    params = sum(int(p["nbytes"]) for p in load(path).meta["params"])
+    assert grads == params, (grads, params)  # every float32 .grad of the step before, once
+    base = chart["bands"][0]["y"]
+    assert base[0] - base[-1] == grads and len(set(base)) == 2, set(base)
+    summary = page.locator("[data-testid=alive-summary]").inner_text()
+    peak_i = max(range(len(chart["tl"])), key=lambda i: (chart["tl"][i][1], -i))
+    if base[peak_i] < base[0]:  # a peak in the backward, after they died (the CNN's): what of the start was left
+        assert summary.startswith(f"{fmt_bytes(base[peak_i])} of what the step held when its recording began"), summary
+        assert f"{fmt_bytes(base[0])}, less {fmt_bytes(grads)} of .grad freed before the backward by zero_grad()" in summary
+    else:  # (the MLP's: its forward, with the old gradients still held, is the higher)
+        assert run == "mlp-full"
+        assert summary.startswith(f"{fmt_bytes(base[0])} held when the step's recording began"), summary
 
 
 def test_hovering_shows_the_op_and_each_bands_bytes(page: Any, srv: ServerProc, runs: dict[str, tuple[str, Path]]) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import checked, module_browser, open_session, recorded, shot  # noqa: F401 - fixtures
+from browser_page import checked, fmt_bytes, module_browser, open_session, recorded, shot  # noqa: F401 - fixtures
 from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -59,15 +59,6 @@ def run(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
 @pytest.fixture
 def page(checked: Any) -> Any:  # noqa: F811 - the fixture, by the name these tests use
     return checked
-
-
-def fmt_bytes(n: float) -> str:
-    """frontend/dom.js fmtBytes."""
-    units, i, x = ["B", "KiB", "MiB", "GiB", "TiB"], 0, abs(n)
-    while x >= 1024 and i < len(units) - 1:
-        x /= 1024
-        i += 1
-    return f"{'-' if n < 0 else ''}{x:.{(2 if x < 10 else 1) if i else 0}f} {units[i]}"
 
 
 def us_of(text: str) -> float:
