@@ -86,7 +86,12 @@ export function moduleTyped(path, type) {
 // training loop computes after the forward) ran in no module, "(outside the model)"; "(root)"
 // is the top-level module's own forward, and the two read alike.
 export const OUTSIDE_MODEL = "(outside the model)";
+// ... and a backward op in no module (each AccumulateGrad's detach, the loss's backward
+// kernels): the Graph view's backward group of them, whose name the other views use too (QA
+// 41a: the memory view read "(outside the model)" or "(root)" where the graph read this)
+export const OUTSIDE_MODULES = "(outside modules)";
 export function opWhere(op, types) {
+  if (!op.module && op.phase === "backward") return OUTSIDE_MODULES;
   if (!op.module && (op.flags || []).includes("outside_model")) return OUTSIDE_MODEL;
   return moduleLabel(op.module, types?.get(op.module));
 }

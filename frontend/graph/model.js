@@ -3,8 +3,10 @@
 // module's forward and its backward are separate boxes), and leaf edges.  Linear time.
 //
 // Leaf keys: "o<id>" for an OpRecord, "n<id>" for a NodeRecord (grad_fn).
+import { OUTSIDE_MODULES } from "../dom.js";
+
 export const ROOT = 0;
-export const OUTSIDE = "(outside modules)";
+export const OUTSIDE = OUTSIDE_MODULES;
 
 export function buildModel(ev) {
   const ops = ev.ops || [];

@@ -138,9 +138,11 @@ def check_bands(chart: dict[str, Any], path: Path) -> dict[str, Any]:
         back = key.endswith(" (backward)")
         assert b["name"].endswith(" (backward)") == back, b
         what = key.removesuffix(" (backward)")
-        if what == "outside":
+        if what in ("outside", "module:") and back:  # the backward's ops in no module: the graph's group of them
+            assert b["name"].startswith("(outside modules)"), b
+        elif what == "outside":
             assert b["name"].startswith("(outside the model)"), b
-        elif what == "module:":
+        elif what == "module:":  # the root's own forward
             assert b["name"].startswith("(root)"), b
         elif what.startswith("module:"):
             assert b["name"].startswith(what.removeprefix("module:")), b
@@ -210,6 +212,13 @@ def test_a_step_whose_old_gradients_zero_grad_freed_after_the_forward(page: Any,
     else:  # (the MLP's: its forward, with the old gradients still held, is the higher)
         assert run == "mlp-full"
         assert summary.startswith(f"{fmt_bytes(base[0])} held when the step's recording began"), summary
+    # a backward op in no module (an AccumulateGrad's detach) is named as the Graph view's group
+    # of them, "(outside modules)" (QA 41a: the memory view read "(outside the model)" or "(root)")
+    ops = {o["id"]: o for o in ev["ops"]}
+    i = next(i for i, (op_id, _) in enumerate(chart["tl"]) if ops[op_id]["phase"] == "backward"
+             and not ops[op_id].get("module") and ops[op_id]["name"] == "aten::detach")
+    label = page.evaluate(f"window.__torchscope.app.views.memory.obj.opLabel({i})")
+    assert label.endswith(" · (outside modules) · backward"), label
 
 
 def test_hovering_shows_the_op_and_each_bands_bytes(page: Any, srv: ServerProc, runs: dict[str, tuple[str, Path]]) -> None:
