@@ -77,7 +77,7 @@ class App {
       rsel.hidden = false;
       rsel.onchange = () => { this.rank = +rsel.value; this.setState({}); location.reload(); };
     }
-    sub.textContent = [this.meta.model, this.meta.device, `${s.steps ?? 0} steps`, (s.ranks || []).length > 1 ? `${s.ranks.length} ranks` : null].filter(Boolean).join(" · ");
+    sub.textContent = [this.meta.model, this.meta.device, `${s.steps ?? 0} step${s.steps === 1 ? "" : "s"}`, (s.ranks || []).length > 1 ? `${s.ranks.length} ranks` : null].filter(Boolean).join(" · ");
   }
 
   get running() { return this.summary?.status === "running"; }

@@ -294,8 +294,9 @@ export class LineChart {
     const i = this.indexAt(e.offsetX);
     if (i < 0) return;
     const fmt = this.opts.fmt || fmtNum;
-    // (stacked: the bands top first, as drawn, then their sum)
-    const rows = this.opts.stacked ? [...this.series].reverse() : this.series;
+    // (stacked: the bands holding bytes there, top first as drawn, then their sum; a list of
+    // "0 B" rows covered the chart, QA 41a)
+    const rows = this.opts.stacked ? [...this.series].reverse().filter((s) => s.y[i]) : this.series;
     clear(this.tip).append(h("b", {}, this.opts.tipLabel ? this.opts.tipLabel(i) : `${this.opts.xLabel || "step"} ${this.x[i]}`),
       ...rows.map((s) => h("div", {}, `${s.name}: ${fmt(s.y[i])}${this.offLabel(s.y[i])}`)),
       ...(this.opts.stacked ? [h("div", {}, h("b", {}, `total: ${fmt(this.series.reduce((a, s) => a + (Number.isFinite(s.y[i]) ? s.y[i] : 0), 0))}`))] : []));

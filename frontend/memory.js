@@ -89,7 +89,7 @@ export class MemoryView {
     const [series, graphs] = await Promise.all([api(`${sessionPath(this.app.id)}/memory?${rankQuery(this.app.rank)}`),
       api(`${sessionPath(this.app.id)}/graphs?${rankQuery(this.app.rank)}`)]);
     this.series = series;
-    this.info.textContent = series.step && series.step.length ? `${series.step.length} steps` : "No steps recorded yet.";
+    this.info.textContent = series.step && series.step.length ? `${series.step.length} step${series.step.length === 1 ? "" : "s"}` : "No steps recorded yet.";
     this.drawPerStep();
     const captured = [...new Set(graphs.map((g) => g.step))].sort((a, b) => a - b);
     if (this.captured && captured.length === this.captured.length && captured.every((st, i) => st === this.captured[i])) return;

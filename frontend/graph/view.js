@@ -67,6 +67,12 @@ export function typingIn(el) {
   return el.tagName === "TEXTAREA" || el.tagName === "SELECT" || el.isContentEditable;
 }
 
+// The step shown and where it sits among the captured ones: "step 0 · captured graph 1 of 4"
+// ("step 0 (1/4 captured)" read as one of four steps captured; QA 41a).
+function stepOf(step, captured) {
+  return `step ${step} · captured graph ${captured.indexOf(step) + 1} of ${captured.length}`;
+}
+
 export class GraphView {
   constructor(root, app) {
     this.app = app;
@@ -217,7 +223,7 @@ export class GraphView {
 
     this.step = step;
     this.stepSel.value = this.captured.indexOf(step);
-    this.stepLabel.textContent = `step ${step} (${this.captured.indexOf(step) + 1}/${this.captured.length} captured)`;
+    this.stepLabel.textContent = stepOf(step, this.captured);
     if (!auto) this.app.setState({ step });
     this.fillDiff();
     const ev = await withLoading(this.stage, api(`${sessionPath(this.app.id)}/graph?step=${step}${this.app.rank !== undefined ? "&rank=" + this.app.rank : ""}`), "Loading graph…");
@@ -315,6 +321,15 @@ export class GraphView {
     for (const p of this.noGrad || []) for (const k of this.model.paramOps.get(p) || []) keys.add(k);
     this.cut = keys;
     this.highlight = keys;
+    // the parameters no op of the step used (a layer the forward never called) light up
+    // nothing: said beside the badge, by name (QA 41a: the click did nothing visible)
+    const unused = (this.noGrad || []).filter((p) => !(this.model.paramOps.get(p) || []).length);
+    this.cutInfo.querySelector("[data-testid=cut-unused]")?.remove();
+    if (unused.length) {
+      const one = unused.length === 1;
+      this.cutInfo.append(h("span", { class: "muted", "data-testid": "cut-unused" },
+        `${unused.join(", ")}: no op of this step used ${one ? "it" : "them"} (${one ? "its" : "their"} module never ran in the forward)`));
+    }
     this.redraw();
   }
 
@@ -816,7 +831,7 @@ export class GraphView {
     this.stepSel.value = this.captured.indexOf(this.step);
     this.fillDiff();
     if (this.step === undefined) this.showStep(step, true);
-    else this.stepLabel.textContent = `step ${this.step} (${this.captured.indexOf(this.step) + 1}/${this.captured.length} captured)`;
+    else this.stepLabel.textContent = stepOf(this.step, this.captured);
   }
 
   // For tests and the benchmark (the canvas cannot be queried otherwise).

@@ -467,6 +467,51 @@ def test_diagnostics_click_highlights_the_cut(page: Any, srv: ServerProc, runs: 
     shot(page, "doctor-highlight")
 
 
+UNUSED_LAYER = """
+import sys, torch, torchscope
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.pooler, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 3)
+
+    def forward(self, x):  # the pooler is never called
+        return self.head(torch.relu(self.body(x)))
+
+torch.manual_seed(0)
+net = Net()
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+torchscope.watch(net, opt, server=sys.argv[1], record=sys.argv[2], name="unused-pooler")
+for _ in range(2):
+    opt.zero_grad()
+    nn.functional.cross_entropy(net(torch.randn(4, 8)), torch.tensor([0, 1, 2, 0])).backward()
+    opt.step()
+"""
+
+
+def test_the_no_gradient_badge_names_parameters_no_op_used(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    """A layer the forward never calls: its parameters got no gradient and no op of the step
+    uses them, so the badge's click has nothing to light up -- it says so, by name, beside the
+    badge (QA 41a: the click did nothing visible; the names were only in its tooltip)."""
+    script, path = tmp_path / "unused.py", tmp_path / "unused.tscope"
+    script.write_text(UNUSED_LAYER)
+    run = forkrun.run([str(script), srv.url, str(path)], timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    sid = next(s["id"] for s in http_json(f"{srv.url}/api/sessions") if s["name"] == "unused-pooler")
+    open_dash(page, srv, sid, "?view=graph&step=0")
+    wait_graph(page)
+    badge = page.locator("[data-testid=cut-params]")
+    assert badge.inner_text() == "2 param(s) got no gradient"
+    assert page.locator("[data-testid=cut-unused]").count() == 0
+    badge.click()
+    note = page.locator("[data-testid=cut-unused]")
+    note.wait_for()
+    assert note.inner_text() == "pooler.weight, pooler.bias: no op of this step used them (their module never ran in the forward)"
+    badge.click()  # again: one note, not two
+    assert page.locator("[data-testid=cut-unused]").count() == 1
+
+
 # ----------------------------------------------------------------------------- hostile names, live
 def test_hostile_module_names_render_as_text(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
     open_dash(page, srv, runs["net"]["id"])
