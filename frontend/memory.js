@@ -28,8 +28,7 @@ const CATEGORIES = [["live", "live state (params + grads + optimizer)"], ["peak"
 // The two peaks this view shows, and why they differ, in PyTorch's words.
 const STEP_PEAK = "peak: the most bytes a step held at once — the state kept between steps (parameters, their .grad, " +
   "the optimizer state) plus the activations autograd saved for backward, or, on a captured step, the op ledger's highest " +
-  "point when that is higher. optimizer.step() runs no recorded op: its own temporaries (Adam's, per parameter) and the " +
-  "optimizer state it creates on the first step are not in it, so an allocator's peak inside optimizer.step() can be higher.";
+  "point when that is higher; not optimizer.step()'s own temporaries.";
 const OP_PEAK = "The in-step peak below is one captured step's op ledger alone: the live bytes after each recorded op. In " +
   "default mode those are the forward's ops only (full mode records the backward's too): the .grad tensors backward() " +
   "writes and what optimizer.step() allocates come after them. So this peak is at most the per-step peak above, often lower.";

@@ -67,10 +67,10 @@ export function typingIn(el) {
   return el.tagName === "TEXTAREA" || el.tagName === "SELECT" || el.isContentEditable;
 }
 
-// The step shown and where it sits among the captured ones: "step 0 · captured graph 1 of 4"
-// ("step 0 (1/4 captured)" read as one of four steps captured; QA 41a).
+// The step shown and where it sits among the captured ones: "step 0 · graph 1 of 4" ("step 0
+// (1/4 captured)" read as one of four steps captured, QA 41a; short: the toolbar is one row at 1280 px).
 function stepOf(step, captured) {
-  return `step ${step} · captured graph ${captured.indexOf(step) + 1} of ${captured.length}`;
+  return `step ${step} · graph ${captured.indexOf(step) + 1} of ${captured.length}`;
 }
 
 export class GraphView {
@@ -111,7 +111,7 @@ export class GraphView {
   build() {
     this.stepSel = h("input", { type: "range", min: 0, max: 0, value: 0, "aria-label": "captured step", "data-testid": "step-range",
                                 oninput: () => this.showStep(this.captured[+this.stepSel.value]) });
-    this.stepLabel = h("span", { class: "step-label", "data-testid": "step-label" }, "–");
+    this.stepLabel = h("span", { class: "step-label", "data-testid": "step-label", title: "the step shown, and which of the run's captured graphs (steps with a graph) it is" }, "–");
     this.overlaySel = h("select", { "aria-label": "overlay", "data-testid": "overlay", onchange: () => this.setOverlay(this.overlaySel.value) },
       OVERLAYS.map(([v, t, title]) => h("option", { value: v, title }, t)));
     this.diffSel = h("select", { "aria-label": "diff against step", hidden: true, onchange: () => { this.diffMissing = null; this.loadDiff(); } });
