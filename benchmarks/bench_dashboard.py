@@ -9,7 +9,9 @@ opened in Debian's Chromium:
 - expanding one group (the 48-block ModuleList; one block),
 - pan/zoom frames per second with everything expanded (zoomed out, and at reading zoom),
 - the page's JS heap with everything expanded (CDP, after a GC),
-- the memory chart of a 100,000-step session drawn.
+- the minimap's part of a pan frame, and its whole scene redrawn (an overlay change),
+- the memory chart of a 100,000-step session drawn,
+- a 100,000-step loss with a spike: setData (finding the bulk range), drawn fitted and whole.
 
 ``--select``: instead, a real training run (a deep residual MLP, ``--blocks`` blocks, one
 step watched by ``torchscope.watch``) in a subprocess, whose graph, everything expanded, has
@@ -456,6 +458,32 @@ def bench_select(blocks: int, clicks: int, baseline: Path | None = None) -> None
         print(f"| {r[0]} | {r[1]} |")
 
 
+# least of several tries (shared cores): the minimap's update per pan frame, and its scene drawn
+_MINIMAP = """() => {
+  const m = window.__torchscope.app.views.graph.obj.minimap, c = m.graph, N = 200;
+  let t = performance.now();
+  for (let i = 0; i < N; i++) { c.tx += 1; m.update(); }
+  const mini = (performance.now() - t) / N;
+  const scene = [];
+  for (let i = 0; i < 3; i++) { t = performance.now(); m.drawCache(window.devicePixelRatio || 1); scene.push(performance.now() - t); }
+  return [mini, Math.min(...scene)];
+}"""
+
+# a 100,000-step series with one spike and one dip, in a LineChart of its own: least of tries
+_SPIKE = """async () => {
+  const { LineChart } = await import("/static/chart.js");
+  const host = document.createElement("div"); host.style.width = "900px"; document.body.append(host);
+  const c = new LineChart(host, { title: "long" });
+  const n = 100000, x = new Array(n), y = new Array(n);
+  for (let i = 0; i < n; i++) { x[i] = i; y[i] = 2 + Math.sin(i / 500) + 0.1 * ((i * 7919) % 13) / 13; }
+  y[31337] = 7e27; y[77777] = -5e20;
+  const sets = [], fit = [], whole = [];
+  for (let k = 0; k < 3; k++) { const t = performance.now(); c.setData(x, [{ name: "loss", y: y.slice() }]); sets.push(performance.now() - t); }
+  for (let k = 0; k < 7; k++) { c.fitChoice = true; fit.push(c.draw()); c.fitChoice = false; whole.push(c.draw()); }
+  return [Math.min(...sets), Math.min(...fit), Math.min(...whole)];
+}"""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="dashboard benchmark (headless Chromium)")
     ap.add_argument("--layers", type=int, default=48)
@@ -506,6 +534,9 @@ def main() -> None:
             rows.append(("pan/zoom, everything expanded, whole graph in view", f"{fps:.0f} fps (worst frame {worst:.0f} ms)", ">= 50 fps"))
             fps, worst = page.evaluate(_PANZOOM, [3, True])
             rows.append(("pan/zoom, everything expanded, reading zoom (labels)", f"{fps:.0f} fps (worst frame {worst:.0f} ms)", ">= 50 fps"))
+            mini, scene = page.evaluate(_MINIMAP)
+            rows.append(("minimap's part of a pan frame (viewport rectangle over its kept image)", f"{mini:.2f} ms", "< 1 ms"))
+            rows.append(("minimap's whole scene redrawn (overlay change), everything expanded", f"{scene:.0f} ms", "< 150 ms"))
             cdp = page.context.new_cdp_session(page)
             cdp.send("HeapProfiler.collectGarbage")
             heap = cdp.send("Runtime.getHeapUsage")["usedSize"] / 2**20
@@ -515,6 +546,10 @@ def main() -> None:
             draw = page.evaluate("window.__torchscope.app.views.memory.obj.drawPerStep()")
             steps = page.evaluate("window.__torchscope.state().memory.steps")
             rows.append((f"memory chart, {steps:,} steps x 8 series drawn", f"{draw:.0f} ms", "< 300 ms"))
+            sets, fit, whole = page.evaluate(_SPIKE)
+            rows.append(("100,000-step loss with a spike: setData (bulk range by selection)", f"{sets:.0f} ms", "< 300 ms"))
+            rows.append(("  drawn with the axis fitted to the bulk / to the whole range", f"{fit:.0f} / {whole:.0f} ms",
+                         "fitted <= 2x whole + 10 ms"))
             browser.close()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -310,23 +310,17 @@ def test_pan_and_zoom_redraw_only_the_viewport_on_a_big_graph(srv: ServerProc, d
         page.evaluate(f"{VIEW}.select({VIEW}.scene.items[5].key)")
         assert state(page)["cacheDraws"] == st0["cacheDraws"]
 
-        # its part of a frame: a fraction of a millisecond (the main paint alone is far more)
-        ms = page.evaluate(f"""() => {{
-          const m = {MM}, c = m.graph, N = 200;
-          let t = performance.now();
-          for (let i = 0; i < N; i++) {{ c.tx += 1; m.update(); }}
-          const mini = (performance.now() - t) / N;
-          t = performance.now();
+        # panning only redraws the viewport rectangle over the kept image (how fast a frame's
+        # part is: benchmarks/bench_dashboard.py)
+        cache = page.evaluate(f"""() => {{
+          const m = {MM}, c = m.graph;
+          for (let i = 0; i < 20; i++) {{ c.tx += 1; m.update(); }}
           for (let i = 0; i < 5; i++) {{ c.tx -= 1; c.paint(); }}
-          return [mini, (performance.now() - t) / 5, m.cacheDraws];
+          return m.cacheDraws;
         }}""")
-        assert ms[2] == st0["cacheDraws"], ms
-        assert ms[0] < 1.0, ms
+        assert cache == st0["cacheDraws"], (cache, st0)
 
         # an overlay change recolours the boxes: the scene's image is redrawn, once
         page.select_option("[data-testid=overlay]", "dtype")
         page.wait_for_function(f"{MM}.state().cacheDraws === {st0['cacheDraws'] + 1}")
-        t = page.evaluate(f"""() => {{ const m = {MM}; const t = performance.now(); m.drawCache(window.devicePixelRatio || 1);
-                                         return performance.now() - t; }}""")
-        assert t < 150, t  # the whole scene, thousands of boxes, drawn small
         shot(page, "graph-minimap-dtype")
