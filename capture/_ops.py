@@ -102,7 +102,7 @@ class OpRecorder(TorchDispatchMode):
         self.phase = "forward"
         self.micro = 0
         self.live = baseline_live
-        self.baseline = baseline_live  # parameters, gradients and optimizer state when recording began
+        self.baseline = baseline_live  # parameters, gradients, optimizer state and inputs when recording began
         self._tid: dict[int, int] = {}  # id(tensor) -> tensor table index, while _tref[id] is it
         self._tref: dict[int, weakref.ref[torch.Tensor]] = {}
         self._storage_refs: dict[int, int] = {}  # data ptr -> live tensors we know share it

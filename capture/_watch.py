@@ -364,6 +364,8 @@ class _StepState:
         "grad_st",
         "rec_grads",
         "untracked",
+        "in_st",
+        "in_saved",
     )
 
     def __init__(self, t0: float) -> None:
@@ -489,6 +491,11 @@ class _StepState:
         # storage's bytes each), and the bytes of those that died outside any op (_untracked_frees)
         self.rec_grads: list[tuple[weakref.ref[torch.Tensor], int]] = []
         self.untracked = 0
+        # the storages (pointer -> bytes) of the tensors the step's first recorded forward was
+        # called with, which the recorder's baseline counts, and of those the bytes saved for
+        # backward (counted in ``saved`` too: not twice in ``temporaries``)
+        self.in_st: dict[int, int] = {}
+        self.in_saved = 0
 
     def passes_in_step(self) -> int:
         """Backward passes that ran inside the optimizer's step(): its closure's (LBFGS,
@@ -1610,7 +1617,7 @@ class Watch:
             if s.autocast:
                 s.autocast_dtype = autocast_dtype()
         if s.capture and "ops" not in self._disabled:
-            self._start_recorder(s, module)
+            self._start_recorder(s, module, args, kwargs)
         s.fwd_t0 = time.perf_counter()
 
     def _in_step_call(self) -> bool:
@@ -1746,9 +1753,9 @@ class Watch:
         s.scale_version = scale._version if isinstance(scale, torch.Tensor) else None
 
     # ------------------------------------------------------------------ op capture
-    def _start_recorder(self, s: _StepState, root: nn.Module) -> None:
+    def _start_recorder(self, s: _StepState, root: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         if s.recorder is None:
-            s.recorder = self._new_recorder(s)
+            s.recorder = self._new_recorder(s, args, kwargs)
             _compile.follow(_pause_for_compile)
         if not self._module_hooks:  # (and again after a module was assigned: _relist_modules)
             for path, ref in self._modules:
@@ -1768,10 +1775,15 @@ class Watch:
         else:
             self._module_changed()
 
-    def _new_recorder(self, s: _StepState) -> OpRecorder | NativeRecorder:
+    def _new_recorder(self, s: _StepState, args: Any, kwargs: dict[str, Any]) -> OpRecorder | NativeRecorder:
         """The C++ observer records once it is built (see _native: full mode builds it, and
-        default mode's captured steps use a build that exists), else a Python dispatch mode."""
-        live = self._live_bytes()
+        default mode's captured steps use a build that exists), else a Python dispatch mode.
+        Its baseline: the parameters, gradients and optimizer state, and the forward's input
+        batch -- made before recording began, no op's allocation, yet alive through the step
+        (a batch of images can outweigh the model; the first layer saves it for backward)."""
+        live, known = self._live_bytes()
+        s.in_st = {ptr: n for ptr, n in storages(_input_tensors(args, kwargs)).items() if ptr not in known}
+        live += sum(s.in_st.values())
         if self.mode == "full":  # (whose recorder goes on through the backward)
             s.rec_grads = _grad_refs([r() for r in self._params])
         ext = _native.claim(id(self))
@@ -2418,6 +2430,8 @@ class Watch:
             with _unseen():  # unpacking a saved output detaches it
                 by_storage, unreadable = walk.saved(self._not_activations, keep=records_next)
             cached = (sum(by_storage.values()), unreadable)
+            if s.in_st:
+                s.in_saved = max(s.in_saved, sum(n for ptr, n in by_storage.items() if ptr in s.in_st))
             if len(self._saved_cache) >= _SAVED_SHAPES:
                 self._saved_cache.clear()
             if not unreadable:  # a graph with unreadable saved tensors is re-examined every time
@@ -3161,10 +3175,11 @@ class Watch:
             return opt
         return _Together([o for o in (opt, *self._in_backward, *self._co_opts.keys()) if o is not None])
 
-    def _live_bytes(self) -> int:
-        """Bytes of the parameters, gradients and optimizer state now (a recorder's baseline)."""
+    def _live_bytes(self) -> tuple[int, set[int]]:
+        """Bytes of the parameters, gradients and optimizer state now, and their storages."""
         params: list[torch.Tensor] = [p for r in self._params if (p := r()) is not None]
-        return self._union(params, self._state_holder(), False)[3]
+        p_st, o_st, g_st, live = self._union(params, self._state_holder(), False)
+        return live, p_st.keys() | o_st.keys() | g_st.keys()
 
     def _union(
         self, live_params: list[torch.Tensor], opt: Any, periodic: bool, grads: dict[int, int] | None = None
@@ -3707,7 +3722,7 @@ class Watch:
             # point are the step's temporaries (outputs not saved for backward, workspaces)
             top = rec.peak_live()
             mem["peak"] = max(mem["peak"], top)
-            mem["temporaries"] = max(top - (rec.baseline - s.untracked) - saved, 0)
+            mem["temporaries"] = max(top - (rec.baseline - s.untracked) - saved + s.in_saved, 0)
         first = live_params[0] if live_params else None
         if first is not None and first.is_cuda:  # is_cuda: no torch.device made on the CPU
             dev = _cuda.device_memory(first.device)
@@ -4033,6 +4048,17 @@ def _install_excepthook() -> None:
     threading.excepthook = thread_hook
 
 
+def _input_tensors(args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors a forward was called with, where ``_input_shapes`` looks for them."""
+    out: list[torch.Tensor] = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple, dict)):
+            out.extend(v for v in (a.values() if isinstance(a, dict) else a) if isinstance(v, torch.Tensor))
+    return out
+
+
 def _input_shapes(
     args: Any, kwargs: dict[str, Any], refs: list[weakref.ref[torch.Tensor]]
 ) -> tuple[tuple[int, ...], ...]:
@@ -4040,19 +4066,9 @@ def _input_shapes(
     and one level inside a list, tuple or dict argument (``model(batch)``): the key under which
     a graph's saved bytes are reused, so every input whose size changes them must be in it.
     Weak references to the floating-point ones go to ``refs``."""
-    out: list[tuple[int, ...]] = []
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            out.append(tuple(a.shape))
-            if a.is_floating_point():
-                refs.append(weakref.ref(a))
-        elif isinstance(a, (list, tuple, dict)):
-            for v in a.values() if isinstance(a, dict) else a:
-                if isinstance(v, torch.Tensor):
-                    out.append(tuple(v.shape))
-                    if v.is_floating_point():
-                        refs.append(weakref.ref(v))
-    return tuple(out)
+    tensors = _input_tensors(args, kwargs)
+    refs.extend(weakref.ref(t) for t in tensors if t.is_floating_point())
+    return tuple(tuple(t.shape) for t in tensors)
 
 
 def _walk_of(outputs: Any) -> AutogradWalk:

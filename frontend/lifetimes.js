@@ -45,7 +45,8 @@ export function aliveAfter(lives, at) {
   return lives.filter((l) => l.made.id <= at.id && (!l.freed || l.freed.id > at.id));
 }
 
-// What the step held before its first recorded op (parameters, their .grad, optimizer state):
+// What the step held before its first recorded op (parameters, their .grad, optimizer state, the
+// tensors the first forward was called with):
 // the first op's live bytes less what it changed.
 export function baseline(ev) {
   const first = (ev.ops || []).reduce((a, o) => (a === null || o.id < a.id ? o : a), null);

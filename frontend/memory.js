@@ -174,7 +174,7 @@ export class MemoryView {
     const rest = keys.filter((k) => !kept.has(k));
     const OTHER = "\0other";
     const by = aliveBy(this.lives, ids, (l) => (kept.has(band.get(l)) ? band.get(l) : OTHER));
-    const bands = [{ name: "held before the step's first op (parameters, .grad, optimizer state)", y: baselineAfter(this.graph, this.lives, ids), color: BASE_COLOR, keys: [] }];
+    const bands = [{ name: "held before the step's first op (parameters, .grad, optimizer state, inputs)", y: baselineAfter(this.graph, this.lives, ids), color: BASE_COLOR, keys: [] }];
     keys.filter((k) => kept.has(k)).forEach((k, i) => bands.push({ name: names.get(k), y: by.get(k), color: SERIES[i], keys: [k] }));
     if (rest.length) bands.push({ name: `other modules (${rest.length})`, y: by.get(OTHER), color: OTHER_COLOR, keys: rest });
     return bands;
@@ -224,9 +224,9 @@ export class MemoryView {
       h("h3", { title: OP_PEAK }, `In-step peak ${fmtBytes(peakLive)} after op #${peakId} ${peakOp.name} — what was alive then`),
       h("p", { class: "muted", "data-testid": "alive-summary" },
         (held < before
-          ? `${fmtBytes(held)} of what the step held when its recording began (parameters, their .grad, optimizer state: ` +
+          ? `${fmtBytes(held)} of what the step held when its recording began (parameters, their .grad, optimizer state, the forward's inputs: ` +
             `${fmtBytes(before)}, less ${fmtBytes(before - held)} of .grad freed before the backward by zero_grad()) + `
-          : `${fmtBytes(before)} held when the step's recording began (parameters, their .grad, optimizer state) + `) +
+          : `${fmtBytes(before)} held when the step's recording began (parameters, their .grad, optimizer state, the forward's inputs) + `) +
         `${fmtBytes(made)} in ${alive.length} tensor${alive.length === 1 ? "" : "s"} made in the step and not yet freed` +
         (alive.length > MAX_ALIVE ? ` (the largest ${MAX_ALIVE} below)` : "") + "."),
       h("table", { class: "tensors", "data-testid": "alive-at-peak" },
