@@ -358,6 +358,9 @@ def release(owner: int) -> None:
         _claimed_by = 0
 
 
+_PHASES = {"forward": 0, "backward": 1, "optimizer": 2}  # (the extension's g_phase)
+
+
 class NativeRecorder:
     """``OpRecorder``'s interface over the extension.  The records stay in the extension until
     ``payload()`` has them written as JSON, the same JSON the Python recorder's dicts make;
@@ -427,11 +430,12 @@ class NativeRecorder:
             self.failed = self.failed or repr(exc)
 
     def _sync(self) -> None:
-        backward = self.phase == "backward"
-        if backward:
+        if self.phase == "backward":
             # the engine's ops: no module; their line is a custom Function's backward's, or
             # else the backward call's (the frames' walk stops there)
             key = ("", 0, False, user_src(), True)
+        elif self.phase == "optimizer":  # no module either; every op's line the step() call's
+            key = ("", 0, False, user_src(), False)
         else:
             module, call, inside, module_src = self.module_of()
             # inside a torch module the user's line is the one that called it; elsewhere the
@@ -440,7 +444,7 @@ class NativeRecorder:
         ctx = self._contexts.get(key)
         if ctx is None:
             ctx = self._contexts[key] = self.ext.context(*key)
-        self.ext.set_state(ctx, 1 if backward else 0, self.micro)
+        self.ext.set_state(ctx, _PHASES[self.phase], self.micro)
 
     def __enter__(self) -> NativeRecorder:
         self.sync()
@@ -492,8 +496,9 @@ class NativeRecorder:
                 n += 1
         return n
 
-    def peak_live(self) -> int:
-        return max((live for _, live in self.timeline), default=self.baseline)
+    def peak_live(self, since: int = 0, until: int | None = None) -> int:
+        end = self.n_ops if until is None else until
+        return max((live for op, live in self.timeline if since <= op < end), default=0)
 
     def payload(self) -> tuple[RawJSON, RawJSON]:
         """The graph event's ``ops`` and ``tensors``, as JSON arrays (call after ``finish``)."""

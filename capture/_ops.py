@@ -154,6 +154,11 @@ class OpRecorder(TorchDispatchMode):
         name, inplace, _ = info
         in_t = _tensors(args, kwargs.values() if kwargs else ())
         if name == "aten::detach" and self._saving_output(in_t):
+            # not an op, but its alias keeps the storage alive: the ledger watches it too
+            # (AccumulateGrad's ``.grad`` is such a detach of the backward's result: watched by
+            # the result alone, a step's gradients read as freed as the backward ended)
+            if isinstance(out, torch.Tensor) and has_storage(out):
+                self._ledger(out, out.untyped_storage(), in_t)
             return
         module, call, inside, module_src = self.module_of()
         out_t = [out] if isinstance(out, torch.Tensor) else _tensors(out if isinstance(out, (tuple, list)) else (), ())
@@ -413,9 +418,11 @@ class OpRecorder(TorchDispatchMode):
                 n += 1
         return n
 
-    def peak_live(self) -> int:
-        """The ledger's highest live bytes over the recorded ops."""
-        return max(o["live"] for o in self.ops) if self.ops else self.baseline
+    def peak_live(self, since: int = 0, until: int | None = None) -> int:
+        """The ledger's highest live bytes over the recorded ops (those of ids ``since`` to
+        ``until``; 0 when none is)."""
+        ops = self.ops[since:until]
+        return max(o["live"] for o in ops) if ops else 0
 
     def payload(self) -> tuple[Any, Any]:
         """The graph event's ``ops`` and ``tensors`` (call after ``finish``)."""

@@ -105,14 +105,23 @@ COPY_STEPS = 4  # steps counted for copies before sampling every GRAD_STATS_EVER
 _IDLE_S = 60.0
 _BIG_COPY = 1 << 20  # bytes from which the same tensor cloned every step is P12's (see _on_move)
 _PROBE_STEPS = 3  # steps the mode looks for the holder of a kept loss (Watch._probe)
-_MODE_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+# recurrent layers and attention drop out by an argument of their own, not a Dropout child
+# (``LSTM(num_layers=2, dropout=0.25)``, ``MultiheadAttention(dropout=0.1)``): QA 42a's forgotten
+# model.train() in such a model went unseen
+_OWN_DROPOUT = (nn.RNNBase, nn.MultiheadAttention)
+_MODE_SENSITIVE = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm, *_OWN_DROPOUT)
 
 
 def _mode_inert(m: nn.Module) -> bool:
-    """A dropout or batch-norm module whose mode changes nothing: ``p=0`` (a transformer built with
-    ``dropout=0.0``), or batch statistics in both modes (``track_running_stats=False``)."""
+    """A module of ``_MODE_SENSITIVE`` whose mode changes nothing: a dropout of ``p=0`` (a
+    transformer built with ``dropout=0.0``), an RNN of one layer (its dropout acts between
+    layers) or none, batch statistics in both modes (``track_running_stats=False``)."""
     if isinstance(m, nn.modules.dropout._DropoutNd):
         return not m.p
+    if isinstance(m, nn.RNNBase):
+        return not m.dropout or m.num_layers == 1
+    if isinstance(m, nn.MultiheadAttention):
+        return not m.dropout
     return isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is None
 
 
@@ -366,6 +375,7 @@ class _StepState:
         "untracked",
         "in_st",
         "in_saved",
+        "opt_from",
     )
 
     def __init__(self, t0: float) -> None:
@@ -496,6 +506,7 @@ class _StepState:
         # backward (counted in ``saved`` too: not twice in ``temporaries``)
         self.in_st: dict[int, int] = {}
         self.in_saved = 0
+        self.opt_from: int | None = None  # the id of the recorder's first op of optimizer.step()
 
     def passes_in_step(self) -> int:
         """Backward passes that ran inside the optimizer's step(): its closure's (LBFGS,
@@ -1038,6 +1049,9 @@ class Watch:
         self._walked_nodes = 0  # nodes of the last graph_key walk (sizes the next one's table)
         # (signature, input shapes) -> bytes saved for backward, unreadable saved tensors
         self._saved_cache: dict[tuple[str, tuple[tuple[int, ...], ...]], tuple[int, list[str]]] = {}
+        # per step structure (its graphs' signatures and input shapes): how far the last captured
+        # step of it peaked above the state it ended with (``_memory``)
+        self._excess: dict[tuple[tuple[str, ...], tuple[tuple[int, ...], ...]], int] = {}
         self._mem_key: tuple[int, int, int, int] | None = None
         self._state_lists = False  # the optimizer state held lists of tensors at the last reading
         self._modes_key: tuple[bool, int] | None = None  # see _modes_now
@@ -1387,7 +1401,9 @@ class Watch:
             for pname, _ in own:
                 owner[f"{path}.{pname}" if path else pname] = path
             info: ModuleInfo = {"path": path, "type": type(m).__name__, "n_params": len(own), "training": m.training}
-            if _mode_inert(m):
+            if isinstance(m, _OWN_DROPOUT):  # said either way: the doctor knows them by this alone
+                info["mode_inert"] = _mode_inert(m)
+            elif _mode_inert(m):
                 info["mode_inert"] = True
             described = _extra_repr(m)
             if described:
@@ -2953,6 +2969,22 @@ class Watch:
         s = self._s
         if self.mode != "light" and (self._full_stats(s) or (not s.started and self._captures(self._step))):
             self._safe("updates", self._before_update, s)
+        # (``args``: step()'s, the optimizer itself first)
+        if self.mode == "full" and kwargs.get("closure") is None and not any(callable(a) for a in args[1:]):
+            self._safe("ops", self._record_update, s)
+
+    def _record_update(self, s: _StepState) -> None:
+        """Full mode records optimizer.step()'s own ops too (phase "optimizer", after ours
+        above): the state Adam makes on its first step, the temporaries of each update -- the
+        step's memory does not end at the backward.  Not a ``step(closure)`` (LBFGS: its
+        forward and backward run inside), nor a step in a thread other than the forward's."""
+        rec = s.recorder
+        if rec is None or self._capturing_ops or "ops" in self._disabled or self._rec_thread != threading.get_ident():
+            return
+        s.opt_from = rec.n_ops
+        rec.phase = "optimizer"
+        rec.__enter__()
+        self._capturing_ops = True
 
     def _before_update(self, s: _StepState) -> None:
         """A strided sample of each parameter that requires grad, before the optimizer changes
@@ -3058,6 +3090,9 @@ class Watch:
         return self.mode == "full" or s.capture or self._step % GRAD_STATS_EVERY == 0 or self._nan_armed
 
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        rec = self._s.recorder
+        if self._capturing_ops and rec is not None and rec.phase == "optimizer":
+            self._safe("ops", self._stop_recorder)  # before any op of ours
         self._safe("step", self._close_step, False)
         if self._counts_copies(self._step):
             self._safe("mode", self._mode_on)
@@ -3720,9 +3755,26 @@ class Watch:
             # the op ledger saw every allocation of the recorded phases: its highest point is
             # the measured peak, and what it holds beyond state and saved activations at that
             # point are the step's temporaries (outputs not saved for backward, workspaces)
-            top = rec.peak_live()
+            top = rec.peak_live(0, s.opt_from)
             mem["peak"] = max(mem["peak"], top)
             mem["temporaries"] = max(top - (rec.baseline - s.untracked) - saved + s.in_saved, 0)
+            top_update = rec.peak_live(s.opt_from) if s.opt_from is not None else 0
+            if top_update > top:
+                # the step's peak inside optimizer.step() (full mode; Adam's first step makes its
+                # state): the backward freed the saved activations by then, and the gradients
+                # and the state, new ones too, are what the step ends with
+                mem["peak"] = max(mem["peak"], top_update)
+                mem["temporaries"] = max(top_update - live - sum(s.in_st.values()), 0)
+        # an uncaptured step's peak is an estimate without temporaries, and a captured step of the
+        # same structure measured them: its excess over the state counts for the steps after it
+        # (QA 42b: the peak chart jumped at every sample_every-th step, as a spike that is not)
+        key = (tuple(s.sigs), s.in_shapes)
+        if rec is not None and rec.n_ops:
+            if len(self._excess) >= _SAVED_SHAPES:
+                self._excess.clear()
+            self._excess[key] = mem["peak"] - live
+        elif (excess := self._excess.get(key)) is not None:
+            mem["peak"] = max(mem["peak"], live + excess)
         first = live_params[0] if live_params else None
         if first is not None and first.is_cuda:  # is_cuda: no torch.device made on the CPU
             dev = _cuda.device_memory(first.device)

@@ -44,7 +44,10 @@ class ModuleInfo(TypedDict, total=False):
     type: str  # class name, e.g. "Linear"
     n_params: int  # parameters directly owned (not recursive)
     training: bool
-    mode_inert: bool  # only True, where set: a dropout with p=0 or a batch norm without running statistics
+    # a dropout with p=0 or a batch norm without running statistics: True, where set; an RNN
+    # (RNN/LSTM/GRU) or MultiheadAttention: always set (forty-second session), False when its own
+    # dropout acts in train mode (dropout > 0, and for an RNN more than one layer)
+    mode_inert: bool
     extra_repr: str  # what the module's extra_repr() says (``in_features=8, out_features=4, bias=True``), where not empty; at most 240 characters
     # `module.requires_grad = <bool>` set as a plain attribute (not `requires_grad_()`): it
     # freezes nothing, its parameters' flags are their own (P17); absent where not set

@@ -16,8 +16,11 @@ BREAK_FLAGS = frozenset({"breaks_graph", "new_leaf", "non_differentiable"})
 
 
 def ops(graph: dict[str, Any]) -> list[dict[str, Any]]:
-    """Ops in execution order (ids are assigned in order; sort to be safe)."""
-    return sorted((o for o in as_list(graph.get("ops")) if isinstance(o, dict)), key=lambda o: as_int(o.get("id")))
+    """Ops in execution order (ids are assigned in order; sort to be safe), less full mode's
+    ops of optimizer.step(): the update's in-place writes to the parameters under no_grad are
+    what it is for, not a pitfall of the step's graph."""
+    return sorted((o for o in as_list(graph.get("ops")) if isinstance(o, dict) and o.get("phase") != "optimizer"),
+                  key=lambda o: as_int(o.get("id")))
 
 
 def flags(op: dict[str, Any]) -> set[str]:

@@ -90,8 +90,11 @@ export const OUTSIDE_MODEL = "(outside the model)";
 // kernels): the Graph view's backward group of them, whose name the other views use too (QA
 // 41a: the memory view read "(outside the model)" or "(root)" where the graph read this)
 export const OUTSIDE_MODULES = "(outside modules)";
+// ... and full mode's ops of optimizer.step(): a group of their own after the forward's
+export const OPTIMIZER_STEP = "(optimizer.step())";
 export function opWhere(op, types) {
   if (!op.module && op.phase === "backward") return OUTSIDE_MODULES;
+  if (!op.module && op.phase === "optimizer") return OPTIMIZER_STEP;
   if (!op.module && (op.flags || []).includes("outside_model")) return OUTSIDE_MODEL;
   return moduleLabel(op.module, types?.get(op.module));
 }

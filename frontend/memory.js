@@ -15,7 +15,7 @@ const BASE_COLOR = "#9ca3af", OTHER_COLOR = SERIES[8];
 const ASKED = (() => {
   try { return { timeline: new URLSearchParams(location.search).get("timeline") }; } catch { return {}; }
 })();
-const TOTAL_TITLE = "live bytes after each recorded op (the forward's; in full mode the backward's too) — click a point to open the op in the graph";
+const TOTAL_TITLE = "live bytes after each recorded op (the forward's; in full mode backward's and optimizer.step()'s too) — click a point to open the op in the graph";
 const BANDS_TITLE = "live bytes after each recorded op, stacked by the module whose op made each tensor (bottom: what the step " +
   `held before its first op; the ${MAX_BANDS} largest modules by their own highest point, the rest as "other modules") — click a point to open the op in the graph`;
 
@@ -28,10 +28,10 @@ const CATEGORIES = [["live", "live state (params + grads + optimizer)"], ["peak"
 // The two peaks this view shows, and why they differ, in PyTorch's words.
 const STEP_PEAK = "peak: the most bytes a step held at once — the state kept between steps (parameters, their .grad, " +
   "the optimizer state) plus the activations autograd saved for backward, or, on a captured step, the op ledger's highest " +
-  "point when that is higher; not optimizer.step()'s own temporaries.";
+  "point when that is higher.";
 const OP_PEAK = "The in-step peak below is one captured step's op ledger alone: the live bytes after each recorded op. In " +
-  "default mode those are the forward's ops only (full mode records the backward's too): the .grad tensors backward() " +
-  "writes and what optimizer.step() allocates come after them. So this peak is at most the per-step peak above, often lower.";
+  "default mode those are the forward's ops only (full mode records backward() and optimizer.step() too): the .grad " +
+  "tensors backward() writes and what optimizer.step() allocates come after them. So it is at most the per-step peak above.";
 
 export class MemoryView {
   constructor(root, app) {

@@ -255,7 +255,7 @@ bool finite(const at::Tensor& t) {
 
 // set from Python between ops, read by callbacks (the owner thread's, or the engine's during backward)
 std::atomic<int64_t> g_cur_ctx{-1};
-std::atomic<int> g_phase{0};
+std::atomic<int> g_phase{0};  // 0: the forward, 1: the backward, 2: optimizer.step() (full mode)
 std::atomic<int64_t> g_micro{0};
 std::atomic<int64_t> g_explicit{0};
 std::atomic<bool> g_on{false};
@@ -500,8 +500,8 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (t_paused || t_inside > 0 || !g_on.load(std::memory_order_relaxed) ||
       g_paused.load(std::memory_order_relaxed))
     return nullptr;
-  if (g_phase.load(std::memory_order_relaxed) == 0 && std::this_thread::get_id() != g_owner)
-    return nullptr;  // a forward op of another thread: not the recorded step's
+  if (g_phase.load(std::memory_order_relaxed) != 1 && std::this_thread::get_id() != g_owner)
+    return nullptr;  // a forward (or optimizer.step()) op of another thread: not the recorded step's
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     // a node's start and end: the backward's order and per-node durations, without a Python
     // hook per node (its sequence number names it; AccumulateGrad's, all the same, does not)
@@ -1059,7 +1059,7 @@ void op_json(Json& j, const OpRec& r, int64_t id) {
   if (c) j.str(c->module.ptr());
   else j.raw("\"\"");
   j.key("call"), j.num(c ? c->call : 0);
-  j.key("phase"), j.raw(r.phase ? "\"backward\"" : "\"forward\"");
+  j.key("phase"), j.raw(r.phase == 1 ? "\"backward\"" : r.phase == 2 ? "\"optimizer\"" : "\"forward\"");
   j.key("micro"), j.num(r.micro);
   j.key("inputs"), j.ints(g_io.data() + r.in_begin, g_io.data() + r.in_end);
   j.key("outputs"), j.ints(g_io.data() + r.out_begin, g_io.data() + r.out_end);

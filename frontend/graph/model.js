@@ -3,7 +3,7 @@
 // module's forward and its backward are separate boxes), and leaf edges.  Linear time.
 //
 // Leaf keys: "o<id>" for an OpRecord, "n<id>" for a NodeRecord (grad_fn).
-import { OUTSIDE_MODULES } from "../dom.js";
+import { OUTSIDE_MODULES, OPTIMIZER_STEP } from "../dom.js";
 
 export const ROOT = 0;
 export const OUTSIDE = OUTSIDE_MODULES;
@@ -24,7 +24,8 @@ export function buildModel(ev) {
     const phase = op.phase || "forward";
     // full mode's backward kernels outside every module (the loss's backward, each
     // AccumulateGrad's detach: dozens) in a group of their own, not loose beside the grad_fn nodes
-    const module = op.module || (phase === "backward" ? OUTSIDE : "");
+    // (and optimizer.step()'s ops, hundreds for a per-parameter Adam, in one group too)
+    const module = op.module || (phase === "backward" ? OUTSIDE : phase === "optimizer" ? OPTIMIZER_STEP : "");
     add({ key: "o" + op.id, kind: "op", rec: op, label: shortOp(op.name), module, phase });
   }
   for (const n of backwardOrder(nodes, ev.edges || [])) {
@@ -72,7 +73,7 @@ export function buildModel(ev) {
     const key = phase + ":" + path;
     let g = gIndex.get(key);
     if (g !== undefined) return g;
-    const dot = path.lastIndexOf(".");
+    const dot = path.startsWith("(") ? -1 : path.lastIndexOf("."); // ("(optimizer.step())": one name)
     const parent = groupOf(phase, dot < 0 ? "" : path.slice(0, dot));
     g = groups.length;
     groups.push({ key, phase, path, parent, depth: groups[parent].depth + 1, pos: Infinity, count: 0,

@@ -646,8 +646,10 @@ export class GraphView {
     const d = diffGraphs(this.model, om);
     this.diff = d.marks;
     this.diffSummary = `${missing ? `diff: ${missing}` : ""}vs ${run ? `${run.name} step` : "step"} ${other}: ${d.added} added, ${d.changed} changed, ${d.removed} removed` +
-      // (a full-mode run against one in another mode: only full mode records the backward's ops)
-      (d.skipped ? `; ${d.skipped} backward ops left out (recorded in full mode by one of the runs only)` : "");
+      // (a full-mode run against one in another mode: only full mode records the backward's and
+      // optimizer.step()'s ops)
+      (Object.keys(d.skipped).length ? `; ${Object.entries(d.skipped).map(([p, n]) => `${n} ${p === "optimizer" ? "optimizer.step()" : p} ops`).join(" and ")} ` +
+        "left out (recorded in full mode by one of the runs only)" : "");
     if (redraw) this.redraw();
   }
 

@@ -145,14 +145,16 @@ def test_a_full_mode_run_against_a_default_mode_run_leaves_the_backward_ops_out(
     page = checked
     full_ev, light_ev = dict(load(files["base"]).graph(0)), dict(load(files["light"]).graph(0))
     backward_ops = {f"o{o['id']}" for o in full_ev["ops"] if o.get("phase") == "backward"}
-    assert backward_ops and not any(o.get("phase") == "backward" for o in light_ev["ops"])
+    update_ops = {f"o{o['id']}" for o in full_ev["ops"] if o.get("phase") == "optimizer"}  # (full mode records step() too)
+    assert backward_ops and update_ops and not any(o.get("phase") in ("backward", "optimizer") for o in light_ev["ops"])
     # the same model: with full mode's backward ops left out, nothing differs, either way
     counts, marks = open_diff(page, srv, ids["base"], ids["light"])
     assert counts == (0, 0, 0), counts
-    assert set(marks.values()) == {"same"} and backward_ops <= set(marks), marks
-    # and the legend says so: the backward ops of the full-mode graph, left out
+    assert set(marks.values()) == {"same"} and backward_ops | update_ops <= set(marks), marks
+    # and the legend says so: the backward's and optimizer.step()'s ops of the full-mode graph, left out
     legend = page.locator(LEGEND).inner_text()
-    assert f"; {len(backward_ops)} backward ops left out (recorded in full mode by one of the runs only)" in legend, legend
+    assert (f"; {len(backward_ops)} backward ops and {len(update_ops)} optimizer.step() ops left out "
+            "(recorded in full mode by one of the runs only)") in legend, legend
     counts, marks = open_diff(page, srv, ids["light"], ids["base"])
     assert counts == (0, 0, 0), counts
     assert set(marks.values()) == {"same"}, marks

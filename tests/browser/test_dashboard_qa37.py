@@ -248,3 +248,28 @@ def test_f_activation_table_columns_have_one_format(srv: ServerProc, run: dict[s
     for module, (norm, mx) in zip(rows, zip(*cols, strict=True), strict=True):
         assert float(norm) == pytest.approx(by_module[module]["norm"], rel=1e-3)
         assert float(mx) == pytest.approx(by_module[module]["max_abs"], rel=1e-3)
+
+
+# ----------------------------------------------------------------------------- G
+def test_g_full_mode_shows_optimizer_step_as_a_group_of_its_own(srv: ServerProc, run: dict[str, Any], page: Any) -> None:
+    """Full mode records optimizer.step()'s ops (forty-second session): one collapsed group
+    "(optimizer.step())" beside the forward's modules -- a for-loop Adam runs a dozen ops a
+    parameter, which loose at the root would bury the model's own -- its details counting them."""
+    ops = [o for o in run["graph"]["ops"] if o.get("phase") == "optimizer"]
+    assert ops and all(not o.get("module") for o in ops)
+    assert {"aten::addcdiv_", "aten::lerp_"} <= {o["name"] for o in ops}  # Adam's update, as torch.optim runs it
+    open_graph(page, srv, run["sid"])
+    key = "g:optimizer:(optimizer.step())"
+    subs = {n["key"]: n["sub"] for n in page.evaluate("window.__torchscope.state().graph.nodes") if n["group"]}
+    assert subs.get(key) == f"{len(ops)} ops", subs
+    rows = details(page, key, "(optimizer.step())")
+    assert rows["ops"][0] == str(len(ops)) and rows["allocated"][0] == fmt_bytes(sum(o["alloc"] for o in ops)), rows
+    assert page.locator("[data-testid=details]").inner_text().count("module group · optimizer") == 1
+    # one of its ops: what it is, where it ran
+    op = ops[-1]
+    page.evaluate("(k) => window.__torchscope.select(k)", f"o{op['id']}")
+    page.wait_for_function("(t) => document.querySelector('[data-testid=details] .details-title')?.textContent.includes(t)",
+                           arg=op["name"].split("::")[-1])
+    text = page.locator("[data-testid=details]").inner_text()
+    assert "optimizer op (optimizer.step())" in text, text
+    shot(page, "graph-optimizer-step")

@@ -362,7 +362,10 @@ def test_its_json_is_the_records_json(tmp_path: Path, monkeypatch: pytest.Monkey
         keys: dict[str, set[str]] = {}  # op name -> the keys the Python recorder writes
         for o in gp["ops"]:
             keys.setdefault(o["name"], set()).update(o)
-        assert sum(_MODE_DECOMPOSES.get(o["name"], o["name"]) in keys for o in gn["ops"]) >= len(gn["ops"]) - 4
+        # (of the optimizer.step() ops full mode records, the C++ recorder also sees those its ops
+        # run -- a lift_fresh's empty, a step count's detach_ -- which a dispatch mode does not)
+        model_ops = [o for o in gn["ops"] if o["phase"] != "optimizer"]
+        assert sum(_MODE_DECOMPOSES.get(o["name"], o["name"]) in keys for o in model_ops) >= len(model_ops) - 4
         for a in gn["ops"]:
             b = keys.get(_MODE_DECOMPOSES.get(a["name"], a["name"]))
             if b is not None:
