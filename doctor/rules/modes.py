@@ -32,11 +32,19 @@ FIX_NORM_EVAL = ("Nothing to fix if intended (fine-tuning with small batches, wh
 _RUNNING_STATS = ("BatchNorm", "SyncBatchNorm", "LazyBatchNorm", "InstanceNorm", "LazyInstanceNorm")
 
 
+# Recurrent layers and attention drop out by an argument of their own: sensitive where the
+# capture says that dropout acts (``mode_inert: False``, said since the forty-second session; an
+# older file does not say, and they are left out as before)
+_OWN_DROPOUT = frozenset({"RNN", "LSTM", "GRU", "MultiheadAttention"})
+
+
 def _sensitive_modules(run: Run) -> list[str]:
     """The modules whose train/eval mode changes what they compute: dropout and batch-norm types,
-    less those the capture found inert (``mode_inert``: a dropout with p=0)."""
+    less those the capture found inert (``mode_inert``: a dropout with p=0), and RNNs and
+    attention whose own dropout acts."""
     return [str(m.get("path")) for m in map(as_dict, as_list(run.session.get("modules")))
-            if str(m.get("type", "")).startswith(_MODE_SENSITIVE) and m.get("mode_inert") is not True]
+            if (str(m.get("type", "")).startswith(_MODE_SENSITIVE) and m.get("mode_inert") is not True)
+            or (m.get("type") in _OWN_DROPOUT and m.get("mode_inert") is False)]
 
 
 def _sensitive(run: Run, modules: list[str]) -> list[str]:
@@ -86,7 +94,7 @@ def _effects(run: Run, mods: list[str]) -> str:
     the whole model or modules of unknown type)."""
     types = [run.module_type(m) for m in mods]
     known = "" not in mods and all(types)
-    dropout = not known or any("Dropout" in t for t in types)
+    dropout = not known or any("Dropout" in t or t in _OWN_DROPOUT for t in types)
     norm = not known or any("Norm" in t for t in types)
     parts = (["dropout is off"] if dropout else []) + (["batch-norm statistics are frozen"] if norm else [])
     return " and ".join(parts) or "dropout is off and batch-norm statistics are frozen"

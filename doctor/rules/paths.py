@@ -176,6 +176,28 @@ def _graph_near(run: Run, steps: list[int]) -> tuple[int, dict[str, Any]]:
 _GroupKey = tuple[str, int, bool, bool]
 _CLEARED = "cleared after backward"  # the group of parameters whose AccumulateGrad ran (_cut_groups)
 _UNREACHED = "not in the graph"  # light mode: the walked graph holds no AccumulateGrad of theirs
+_FUNCTION_NONE = "None from "  # + the custom autograd.Function's node: its backward returned None for them
+
+
+def _custom_function(name: str) -> bool:
+    """A grad_fn of a Python ``autograd.Function``: ``<ClassName>Backward``, where PyTorch's own
+    end in a digit (``AddmmBackward0``); torch.compile's region and a full backward hook's
+    wrapper pass every gradient on."""
+    return name.endswith("Backward") and name not in ("CompiledFunctionBackward", "BackwardHookFunctionBackward")
+
+
+def _none_from_function(graph: dict[str, Any], param: str) -> str:
+    """The custom Function node whose backward returned None for ``param``, or "": the backward
+    ran the parameter's AccumulateGrad (so the engine reached it), only such nodes lead to it,
+    and yet its .grad was None at step() (QA 42a: a Swish whose backward returned ``gx, None``
+    for its learnable beta read as a no_grad block at its forward's first op)."""
+    acc = g.accumulate_node(graph, param)
+    if "order" not in acc:
+        return ""
+    me = as_int(acc.get("id"), -1)
+    names = {as_int(n.get("id"), -1): str(n.get("name", "")) for n in as_list(graph.get("nodes")) if isinstance(n, dict)}
+    into = {names.get(a, "") for a, kids in g.node_children(graph).items() if me in kids}
+    return next(iter(into)) if len(into) == 1 and all(map(_custom_function, into)) else ""
 
 
 def _cut_groups(run: Run) -> tuple[dict[_GroupKey, list[int]], dict[_GroupKey, tuple[int, dict[str, Any]]],
@@ -199,6 +221,8 @@ def _cut_groups(run: Run) -> tuple[dict[_GroupKey, list[int]], dict[_GroupKey, t
             key = (_CLEARED, -1, used, sometimes)
         elif reached:
             key = (_UNREACHED, -1, used, sometimes)  # not in the graph: unused, or cut
+        elif graph and (fn := _none_from_function(graph, run.param_name(index))):
+            key = (_FUNCTION_NONE + fn, -1, used, sometimes)
         elif op and not _is_cut(op) and not _stops_gradient(op) and "order" in g.accumulate_node(graph, run.param_name(index)):
             # nothing cuts its dataflow and the backward ran its AccumulateGrad: it got a gradient,
             # cleared before optimizer.step() (``p.grad = None``) -- no cut, no dead end.  (One
@@ -304,6 +328,9 @@ _CLEARED_FIX = ("If they are frozen on purpose, call requires_grad_(False) on th
                 "optimizer): backward() then stops computing gradients that are thrown away. If they should train, "
                 "clear gradients before loss.backward() or after optimizer.step(), never between them.")
 _CLEARERS = "p.grad = None, or a zero_grad() placed after backward()"
+_FUNCTION_NONE_FIX = ("Return a gradient from the Function's backward() for every input of its forward() that requires "
+                      "grad, in the forward's order (None only for those that need none; "
+                      "ctx.needs_input_grad[i] says which); torch.autograd.gradcheck checks it against finite differences.")
 _VARYING = ("a path that changes from step to step (layer drop, early exit, a mixture-of-experts expert no "
             "token was routed to)")
 _VARYING_FIX = ("Nothing to fix if the model picks its path per step: the optimizer skips a parameter whose .grad "
@@ -320,6 +347,12 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
     label, _, used, sometimes = key
     shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     when = describe_steps(steps, run.last_step)
+    if label.startswith(_FUNCTION_NONE):
+        fn = label[len(_FUNCTION_NONE):]
+        head = f"{shown} never received a gradient ({when})" if not sometimes else f"{shown} got no gradient ({when})"
+        return ("error", f"{head}: the backward reached {'its' if len(names) == 1 else 'their'} AccumulateGrad only "
+                f"through {fn}, a custom autograd.Function, and its backward() returned None for "
+                f"{_them(names)} -- so the optimizer skips {_them(names)}.", _FUNCTION_NONE_FIX)
     if label == _CLEARED:
         return ("warning", f"{shown} had no gradient at optimizer.step() ({when}) although the backward reached "
                 f"{_them(names)}: the backward's graph holds {'its' if len(names) == 1 else 'their'} AccumulateGrad, "
