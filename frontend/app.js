@@ -104,18 +104,22 @@ class App {
     clear(this.main).append(h("div", { class: "notice error", id: "fatal" }, msg, " ", h("a", { href: "/" }, "All sessions")));
   }
 
-  setState(patch) {
+  // The page's state in its URL.  ``push``: as a new entry of the browser's history (another
+  // view: a tab, a finding's or a chart's link), so Back returns to where the user was; a
+  // view's own changes (a step, a selection) replace the entry (QA 42b: every change replaced
+  // it, and Back left the dashboard).
+  setState(patch, push = false) {
     Object.assign(this.state, patch);
     const q = new URLSearchParams();
     for (const [k, v] of Object.entries(this.state)) if (v !== undefined && v !== null && v !== "") q.set(k, v);
     if (this.rank !== undefined) q.set("rank", this.rank);
-    history.replaceState(null, "", `${location.pathname}?${q}`);
+    history[push ? "pushState" : "replaceState"](null, "", `${location.pathname}?${q}`);
   }
 
   async go(view, patch = {}, first = false) {
     view = ALIASES[view] || view;
     if (!VIEWS[view]) view = "graph";
-    this.setState({ view, ...patch });
+    this.setState({ view, ...patch }, !first && view !== this.state.view);
     for (const b of this.tabs.children) b.setAttribute("aria-selected", String(b.dataset.view === view));
     for (const [k, v] of Object.entries(this.views)) v.el.hidden = k !== view;
     let v = this.views[view];

@@ -68,8 +68,8 @@ export class LineChart {
       // a series equal to an earlier one (parameters and gradients of the same bytes) is drawn
       // dashed over it, and the legend says so: else the later line hides the earlier
       // (two series of NaN alone are not "equal": they say nothing about each other)
-      s.same = !this.opts.stacked && s.y.some((v) => typeof v === "number" && Number.isFinite(v)) &&
-        this.series.slice(0, k).find((o) => o.y.length === s.y.length && o.y.every((v, i) => v === s.y[i]));
+      s.same = !this.opts.stacked && !s.dash && s.y.some((v) => typeof v === "number" && Number.isFinite(v)) &&
+        this.series.slice(0, k).find((o) => o.y.length === s.y.length && o.y.every((v, i) => alike(v, s.y[i])));
       // (worded as equal values: "gradients (= parameters)" read as gradients counted as parameters)
       this.legend.append(legendItem(s.color, s.same ? sameName(s, s.same, this.opts.fmt) : s.dash ? thresholdName(s, this.series) : s.name));
     });
@@ -230,13 +230,14 @@ export class LineChart {
     const unit = this.opts.fmt === fmtBytes && raw >= 512 ? 1024 ** Math.floor(Math.log(raw * 2) / Math.log(1024)) : 1;
     const ystep = niceStep(raw / unit) * unit;
     const units = UNITS.get(this.opts.fmt);
-    let fmt = this.opts.fmt || axisNum(ystep);
+    const lo = Math.floor(ymin / ystep) * ystep, hi = Math.ceil(ymax / ystep - 1e-9) * ystep;
+    let fmt = this.opts.fmt || axisNum(ystep, Math.max(Math.abs(lo), Math.abs(hi)));
     if (units) {
       const [div, name] = units.find(([d]) => ystep >= d) || units[units.length - 1];
-      const num = axisNum(ystep / div);
+      const num = axisNum(ystep / div, Math.max(Math.abs(lo), Math.abs(hi)) / div);
       fmt = (v) => `${num(v / div)} ${name}`;
     }
-    return { lo: Math.floor(ymin / ystep) * ystep, hi: Math.ceil(ymax / ystep - 1e-9) * ystep, ystep, fmt };
+    return { lo, hi, ystep, fmt };
   }
 
   // The ▲ (above the axis) or ▼ (below) at the plot's edge of each point of series ``s`` (its
@@ -311,6 +312,13 @@ export class LineChart {
 function cumulative(series) {
   let acc = null;
   return series.map((s) => (acc = s.y.map((v, i) => (acc ? acc[i] : 0) + (typeof v === "number" && Number.isFinite(v) ? v : 0))));
+}
+
+// Equal as a chart can show: to a millionth (QA 42b: a gradient norm before clipping, read in
+// float32, and after it, in float64, differ in the last bits when clipping did nothing, and
+// the two lines were drawn one over the other in one colour, with no word in the legend).
+function alike(a, b) {
+  return a === b || (Number.isFinite(a) && Number.isFinite(b) && Math.abs(a - b) <= 1e-6 * Math.max(Math.abs(a), Math.abs(b)));
 }
 
 // The legend name of a series equal to an earlier one at every step: "gradients (same bytes as
@@ -422,13 +430,16 @@ function niceStep(raw) {
 }
 
 // Plain numbers on an axis of round steps: as many decimals as the step has, all alike
-// ("0.50 / 0.75 / 1.00", not "0.7500" beside "1.000"); exponents only for the very large or small.
-function axisNum(step) {
+// ("0.50 / 0.75 / 1.00", not "0.7500" beside "1.000"); exponents only on an axis of the very
+// large or small (``top``: its largest magnitude), and then on every label of it (QA 42b: a
+// learning rate's axis read "5.0e-4 / 0.0010 / 0.0015").
+function axisNum(step, top) {
   const decimals = Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
+  const exp = top >= 1e5 || top < 1e-3 || decimals > 6;
+  const digits = Math.min(6, Math.max(1, Math.ceil(Math.log10(top / step) - 1e-9))); // (what tells the steps apart)
   return (v) => {
     if (Math.abs(v) < step * 1e-6) v = 0; // a sum of steps a rounding error off zero: not "-0.00"
-    const a = Math.abs(v);
-    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(1);
-    return v.toFixed(Math.min(decimals, 6));
+    if (!exp) return v.toFixed(decimals);
+    return v === 0 ? "0" : v.toExponential(digits);
   };
 }

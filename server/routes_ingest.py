@@ -6,6 +6,7 @@ with its progress."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -85,6 +86,13 @@ def _goes_on(store: Store, session_id: str, rank: int) -> bool:
     return True
 
 
+def _as_uploaded(exc: Exception, path: Path) -> str:
+    """The reader's message with the upload's own name for the file: where the server keeps it
+    while reading (its data folder) is no business of whoever sent it (QA 42b: the import
+    dialog showed ``/srv/data/tmp/import-8d3batv2/notes.txt is not a torchscope session file``)."""
+    return str(exc).replace(str(path), path.name)
+
+
 @router.post("/sessions/import", tags=["sessions"], response_model=ImportResult, openapi_extra=OPENAPI_BODY,
              responses={400: {"description": "not a readable session file"},
                         409: {"description": "another run's frames are stored under the file's session id"},
@@ -98,9 +106,9 @@ async def import_session_file(request: Request, store: StoreDep, hub: HubDep, se
         try:
             done = await run_in_threadpool(import_file, store, path, imports)
         except BadFrames as exc:
-            raise HTTPException(400, str(exc)) from None
+            raise HTTPException(400, _as_uploaded(exc, path)) from None
         except RunConflict as exc:
-            raise HTTPException(409, str(exc)) from None
+            raise HTTPException(409, _as_uploaded(exc, path)) from None
     for msg in done.messages:
         hub.publish(msg)
     going_on = done.writing and await run_in_threadpool(_goes_on, store, done.session_id, done.rank)

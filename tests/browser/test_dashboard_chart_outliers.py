@@ -265,3 +265,57 @@ def test_a_long_series_with_a_spike_finds_its_bulk_once_per_data(page: Any, srv:
     assert got["axis"]["lo"] <= 1 and 3.1 <= got["axis"]["hi"] <= 5
     assert sorted(got["offMarks"]) == [[31337, True], [77777, False]]
     assert got["kept"] == 6 and got["renewed"], got
+
+
+AXIS_LABELS = """async (ys) => {
+  const { LineChart } = await import("/static/chart.js");
+  const host = document.createElement("div"); host.style.width = "600px"; document.body.append(host);
+  const c = new LineChart(host, { title: "axis" });
+  c.setData(ys.map((_, i) => i), [{ name: "y", y: ys }]);
+  const labels = c.axis.labels.slice();
+  host.remove();
+  return labels;
+}"""
+
+
+@pytest.mark.parametrize("ys, exponents", [
+    ([0.001, 0.001, 0.0005, 0.0015, 0.001], False),  # a learning rate with warm-up and decay
+    ([1e-5, 3e-5, 5e-5, 2e-5], True),
+    ([10_000.0, 60_000.0, 150_000.0, 90_000.0], True),
+    ([0.5, 1.25, 2.0, 0.75], False),
+], ids=["lr", "tiny", "large", "plain"])
+def test_one_axis_writes_its_numbers_one_way(page: Any, srv: ServerProc, spike: tuple[str, list[float]],
+                                             ys: list[float], exponents: bool) -> None:
+    """Exponents on every label of an axis or on none (QA 42b: "5.0e-4 / 0.0010 / 0.0015"), with
+    as many digits on each: the labels tell the steps apart and read alike."""
+    open_session(page, srv.url, spike[0], "?view=gradients")
+    labels = page.evaluate(AXIS_LABELS, ys)
+    assert len(labels) >= 3, labels
+    nonzero = [x for x in labels if float(x) != 0]
+    assert {"e" in x for x in nonzero} == {exponents}, labels
+    assert len({len(x.lstrip("-").split("e")[0]) for x in nonzero}) == 1, labels  # as many digits on each
+    values = [float(x) for x in labels]
+    assert values == sorted(values) and len(set(values)) == len(values), labels
+
+
+LEGEND = """async ([a, b]) => {
+  const { LineChart } = await import("/static/chart.js");
+  const host = document.createElement("div"); host.style.width = "600px"; document.body.append(host);
+  const c = new LineChart(host, { title: "clip" });
+  c.setData(a.map((_, i) => i), [{ name: "after clipping", y: a }, { name: "before clipping", y: b }]);
+  const text = [...host.querySelectorAll(".chart-legend")].map((e) => e.textContent).join(" ");
+  host.remove();
+  return text;
+}"""
+
+
+def test_a_series_equal_to_the_last_bits_is_said_to_be_the_same(page: Any, srv: ServerProc, spike: tuple[str, list[float]]) -> None:
+    """QA 42b: a gradient norm before clipping (float32) and after it (float64) when clipping did
+    nothing differ in the last bits; drawn one over the other they read as one purple line."""
+    open_session(page, srv.url, spike[0], "?view=gradients")
+    after = [0.9281618, 0.75, 1.2]
+    before = [float(f"{v:.7g}") * (1 + 3e-8) for v in after]
+    assert before != after
+    assert "before clipping (same values as after clipping)" in page.evaluate(LEGEND, [after, before])
+    apart = [v * 1.001 for v in after]  # a thousandth apart: drawn as two lines, named as two
+    assert "(same" not in page.evaluate(LEGEND, [after, apart])

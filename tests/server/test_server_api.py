@@ -172,6 +172,8 @@ def test_import_rejects_bad_files_and_leaves_store_untouched(client: TestClient,
     before = client.get("/api/sessions").json()
     r = client.post("/api/sessions/import", files={"file": ("bad.tscope", data)})
     assert r.status_code == 400 and needle in r.json()["detail"] and "\n" not in r.json()["detail"]
+    # the file by the name it was sent with, not where the server keeps it while reading (QA 42b)
+    assert "bad.tscope" in r.json()["detail"] and "/" not in r.json()["detail"], r.json()["detail"]
     assert client.get("/api/sessions").json() == before
 
 

@@ -1,0 +1,75 @@
+"""The browser's Back and Forward on a session's page (QA 42b): a tab, a finding's link or a
+chart's click-through to another view is an entry of the history, so Back returns to the view
+the user came from, as it was (the Doctor list, its finding's step); a view's own changes (a
+step, a selection) keep to one entry, not one per click.  Every change used to replace the one
+entry: Back left the dashboard for the sessions list, then for ``about:blank``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from browser_page import checked, module_browser, open_session, recorded  # noqa: F401 - fixtures
+from conftest import EXAMPLES, ServerProc
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    with ServerProc(tmp_path_factory.mktemp("history-server")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def sid(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("history-runs")
+    return recorded(srv, out / "p05.tscope", EXAMPLES / "pitfalls" / "p05_missing_zero_grad.py", "--steps", "4")
+
+
+@pytest.fixture
+def page(checked: Any) -> Any:  # noqa: F811 - the fixture, by the name these tests use
+    return checked
+
+
+def state(page: Any) -> dict[str, str]:
+    return {k: v[0] for k, v in parse_qs(urlparse(page.url).query).items()}
+
+
+def shown(page: Any) -> str:
+    return str(page.evaluate("document.querySelector('[role=tab][aria-selected=true]').dataset.view"))
+
+
+def test_back_returns_to_the_view_and_finding_the_user_came_from(srv: ServerProc, sid: str, page: Any) -> None:
+    open_session(page, srv.url, sid, "?view=diagnostics")
+    page.wait_for_selector("[data-testid=findings] button.finding")
+    start = page.evaluate("history.length")
+    page.click("[role=tab][data-view=memory]")
+    page.wait_for_function("document.querySelector('[role=tab][data-view=memory]').getAttribute('aria-selected') === 'true'")
+    page.click("[role=tab][data-view=diagnostics]")
+    page.wait_for_selector("[data-testid=findings] button.finding")
+    page.click("[data-testid=findings] button.finding[data-code=P5]")  # to the finding's step in another view
+    page.wait_for_function("new URLSearchParams(location.search).get('view') !== 'diagnostics'")
+    target = state(page)
+    assert page.evaluate("history.length") == start + 3, target
+    # a view's own changes keep to its entry
+    page.evaluate("window.__torchscope.app.setState({ step: 1 })")
+    assert page.evaluate("history.length") == start + 3
+
+    page.go_back()
+    page.wait_for_function("window.__torchscope && window.__torchscope.ready")
+    assert state(page)["view"] == "diagnostics" and shown(page) == "diagnostics"
+    page.wait_for_selector("[data-testid=findings] button.finding[data-code=P5]")
+    page.go_back()
+    page.wait_for_function("window.__torchscope && window.__torchscope.ready")
+    assert state(page)["view"] == "memory" and shown(page) == "memory"
+    page.go_back()
+    page.wait_for_function("window.__torchscope && window.__torchscope.ready")
+    assert state(page)["view"] == "diagnostics" and urlparse(page.url).path == f"/sessions/{sid}"
+    # and Forward goes the other way, to the finding's view as it was left
+    for _ in range(3):
+        page.go_forward()
+        page.wait_for_function("window.__torchscope && window.__torchscope.ready")
+    assert state(page) == {**target, "step": "1"} and shown(page) == target["view"]
