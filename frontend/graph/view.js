@@ -248,9 +248,15 @@ export class GraphView {
       groupBackward: Uint8Array.from(m.groups, (g) => (g.phase === "backward" ? 1 : 0)),
     };
     this.openContainers = null; // relayout sends the worker this graph, with its layout tree
+    const inset = this.canvas.topInset(), fitted = this.fitted;
     this.status.textContent = this.statusLine(ev);
     if (this.overlay === "diff") await this.loadDiff(false);
     await this.relayout(true);
+    // a note that appears over a graph already in view (a finding's step without a graph, after
+    // the first captured step was shown and fitted) moves the graph down from under it, as a
+    // fit does (QA 42b: it covered the top row, the first module box of a small graph)
+    const grew = this.canvas.topInset() - inset;
+    if (fitted && grew > 0) { this.canvas.ty += grew; this.canvas.requestDraw(); }
     if (this.selected && !this.model.byKey.has(this.selected) && !this.selected.startsWith("g:")) this.selected = null;
     if (this.selected) await this.select(this.selected, true);
   }

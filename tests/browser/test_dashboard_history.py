@@ -2,7 +2,8 @@
 chart's click-through to another view is an entry of the history, so Back returns to the view
 the user came from, as it was (the Doctor list, its finding's step); a view's own changes (a
 step, a selection) keep to one entry, not one per click.  Every change used to replace the one
-entry: Back left the dashboard for the sessions list, then for ``about:blank``."""
+entry: Back left the dashboard for the sessions list, then for ``about:blank``.  And landing
+on a step that has no captured graph: the note saying so sits above the graph, not over it."""
 
 from __future__ import annotations
 
@@ -73,3 +74,23 @@ def test_back_returns_to_the_view_and_finding_the_user_came_from(srv: ServerProc
         page.go_forward()
         page.wait_for_function("window.__torchscope && window.__torchscope.ready")
     assert state(page) == {**target, "step": "1"} and shown(page) == target["view"]
+
+
+NOTE_AND_TOP = """() => { const v = window.__torchscope.app.views.graph.obj, c = v.canvas;
+  const top = Math.min(...v.scene.items.map((it) => it.box[1]));
+  return { note: v.status.textContent, noteBottom: v.status.offsetTop + v.status.offsetHeight, graphTop: c.ty + top * c.scale }; }"""
+
+
+def test_a_step_without_a_graph_says_so_above_the_graph_not_over_it(srv: ServerProc, sid: str, page: Any) -> None:
+    """A finding's or a chart's step that has no captured graph shows the nearest captured one,
+    with a note over the canvas's top; the graph already shown (and fitted) moves down from under
+    it (QA 42b: the note covered the graph's first row)."""
+    open_session(page, srv.url, sid, "?view=graph")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().graph; return g && g.nodes.length > 0; })()")
+    before = page.evaluate(NOTE_AND_TOP)
+    assert before["note"] == ""
+    page.evaluate("window.__torchscope.app.openTargets(2, [])")  # (step 2: not captured in default mode)
+    page.wait_for_function("window.__torchscope.app.views.graph.obj.status.textContent.startsWith('Step 2 has no captured graph')")
+    after = page.evaluate(NOTE_AND_TOP)
+    assert after["graphTop"] >= after["noteBottom"], after
+    assert after["graphTop"] > before["graphTop"], (before, after)
