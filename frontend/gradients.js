@@ -295,7 +295,7 @@ export class GradientsView {
     const css = getComputedStyle(document.documentElement);
     ctx.fillStyle = css.getPropertyValue("--panel").trim(); ctx.fillRect(0, 0, W, H);
     ctx.font = "11px system-ui";
-    this.drawLabels(cellH, AXIS);
+    this.drawLabels(cellH, AXIS, W);
     for (let s = 0; s < S; s++) {
       for (let m = 0; m < M; m++) {
         const i = s * M + m;
@@ -348,12 +348,19 @@ export class GradientsView {
   // One name per row, as text, then the step axis's name in the axis row. A long module path
   // is cut in its middle as the graph cuts it (its end tells sibling blocks apart; CSS can
   // only cut the end) and shown whole on hover.
-  drawLabels(cellH, axisH) {
+  // The column is as wide as the longest name where the cells leave the room (``cellsW``: the
+  // heat map's width), at least its CSS width (QA 42b: a transformer's 20 steps took 480 of
+  // 1060 px and its names were cut to "….0.self_attn (MultiheadAtt…").
+  drawLabels(cellH, axisH, cellsW) {
     const col = this.heatLabels, cs = getComputedStyle(col);
     const ctx = (this.measure ||= document.createElement("canvas").getContext("2d"));
     ctx.font = cs.font;
-    const room = col.clientWidth - 12;  // .heat-label's padding, and a pixel to spare
     const names = this.modules.map((m) => moduleTyped(m, this.app.moduleType?.get(m)));
+    col.style.width = "";
+    const least = col.clientWidth, spare = (col.parentElement?.clientWidth || 0) - cellsW - 24;
+    const need = Math.ceil(Math.max(0, ...names.map((n) => ctx.measureText(n).width))) + 14;
+    if (need > least && spare > least) col.style.width = `${Math.min(need, spare)}px`;
+    const room = col.clientWidth - 12;  // .heat-label's padding, and a pixel to spare
     const labels = room > 0 ? distinctLabels(names, (t, head) => fit(ctx, t, room, head)) : names;
     const row = (name, label) => h("div", { class: "heat-label", title: name, style: `height:${cellH}px;line-height:${cellH}px` }, label);
     clear(this.heatLabels).append(...names.map((m, i) => row(m, labels[i])),

@@ -143,7 +143,7 @@ def test_heat_map_rows_of_long_module_names_stay_told_apart(page: Any, srv: Serv
       const [{ distinctLabels }, { fit }] = await Promise.all([import('/static/gradients.js'), import('/static/graph/render.js')]);
       const col = document.querySelector('.heat-label'), ctx = document.createElement('canvas').getContext('2d');
       ctx.font = getComputedStyle(col).font;
-      const room = col.parentElement.clientWidth - 12;
+      const room = Math.min(col.parentElement.clientWidth - 12, 168); // (the column's least width: names cut)
       return [room, distinctLabels([...names, 'head'], (t, head) => fit(ctx, t, room, head)),
               names.map((n) => fit(ctx, n, room))];
     }""", names)
@@ -151,6 +151,22 @@ def test_heat_map_rows_of_long_module_names_stay_told_apart(page: Any, srv: Serv
     assert room > 40 and len(set(plain)) == 1  # cut as they were: one label for three rows
     assert len(set(shown[:3])) == 3 and all(f".{i}." in shown[i] or shown[i].startswith(f"….{i}") for i in range(3)), shown
     assert shown[3] == "head", shown
+
+
+def test_heat_map_names_take_the_room_its_cells_leave(page: Any, srv: ServerProc, runs: dict[str, str]) -> None:
+    """QA 42b: the transformer's 20 steps of cells took 480 of ~1060 px and its names were cut
+    ("….0.self_attn (MultiheadAtt…"): the names' column is as wide as its longest name where the
+    cells leave the room, so each reads whole, its type too."""
+    open_session(page, srv.url, runs["transformer"], "?view=gradients")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.steps > 0; })()")
+    page.wait_for_selector("[data-testid=heat-labels] .heat-label[title]")
+    rows = page.evaluate("""() => [...document.querySelectorAll('[data-testid=heat-labels] .heat-label[title]')]
+      .map((e) => [e.title, e.textContent, e.scrollWidth <= e.clientWidth])""")
+    assert len(rows) > 8 and any(len(name) > 30 for name, _, _ in rows), rows
+    assert all(text == name and whole for name, text, whole in rows), [r for r in rows if r[0] != r[1] or not r[2]]
+    wrap = page.evaluate("""() => { const w = document.querySelector('.heat-wrap'), s = document.querySelector('.heat-scroll');
+      return { wrap: w.getBoundingClientRect().right, scroll: s.getBoundingClientRect().right, canvas: s.querySelector('canvas').getBoundingClientRect().right }; }""")
+    assert wrap["canvas"] <= wrap["scroll"] + 1, wrap  # the cells still whole beside them, no scrolling
 
 
 def test_an_unknown_session_says_so_once_with_the_way_back(page: Any, srv: ServerProc) -> None:
