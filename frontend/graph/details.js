@@ -1,6 +1,6 @@
 // The node details panel: everything the capture recorded about one op, grad_fn node or
 // module group, in PyTorch's words.  Text only (h() never parses markup).
-import { h, clear, fmtBytes, fmtNum, fmtUs, shape } from "../dom.js";
+import { h, clear, fmtBytes, fmtNum, fmtUs, shape, moduleTyped } from "../dom.js";
 import { leafWhere } from "./scene.js";
 import { savedActivations, groupTotals, groupLeaves } from "./model.js";
 
@@ -77,7 +77,10 @@ export function renderDetails(panel, model, key, ctx) {
   panel.append(h("h3", { class: "details-title" }, l.kind === "op" ? r.name : r.name),
     h("div", { class: "muted", "data-testid": "details-kind" }, l.kind === "op" ? `${opKind(r)} #${r.id}` : `grad_fn node #${r.id}`));
   const t = h("table", { class: "kv" });
-  t.append(row("module", leafWhere(model, l))); // "(outside the model)" for the loop's loss, not "(root)"
+  // "(outside the model)" for the loop's loss, not "(root)"; a module with its type, as the
+  // heat map and the memory view name it ("3 (Linear)", not "3": QA 42b)
+  const own = l.module && !l.module.startsWith("(");
+  t.append(row("module", own ? moduleTyped(l.module, ctx.moduleType?.get(l.module)) : leafWhere(model, l)));
   if (l.kind === "op") {
     t.append(row("call", r.call), row("micro-batch", r.micro), row("grad mode", r.grad_mode === undefined ? "–" : String(r.grad_mode)),
       row("in-place", r.inplace ? "yes" : "no"), row("duration", fmtUs(r.dur_us)), row("allocated", fmtBytes(r.alloc)),

@@ -273,3 +273,7 @@ def test_g_full_mode_shows_optimizer_step_as_a_group_of_its_own(srv: ServerProc,
     text = page.locator("[data-testid=details]").inner_text()
     assert "optimizer op (optimizer.step())" in text, text
     shot(page, "graph-optimizer-step")
+    # a forward op's module row names the module with its type, as the heat map does (QA 42b: "module 3")
+    fwd = next(o for o in run["graph"]["ops"] if o.get("phase") == "forward" and o["name"] == "aten::addmm" and o.get("module"))
+    rows = details(page, f"o{fwd['id']}", "aten::addmm")
+    assert rows["module"][0] == f"{fwd['module']} ({run['types'][fwd['module']]})", rows["module"]
