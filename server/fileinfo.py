@@ -70,6 +70,15 @@ def _ranks(session: dict[str, Any], ranks: set[int]) -> str:
     return f"{world} (rank {mine})" if world == 1 else f"{world} (this file: rank {mine})"
 
 
+def _duration(begin: float | None, stop: float | None) -> str:
+    """From the session's start to its end (or its last step): a run of a few steps in ms, not
+    "0.0 s"; "unknown" with why, not "?" (QA 42b)."""
+    if begin is None or stop is None:
+        return "unknown (no step and no end in the file)"
+    took = max(stop - begin, 0.0)
+    return f"{took * 1000:.0f} ms" if took < 1 else f"{took:.1f} s"
+
+
 def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
     """The summary of a session file (``found``: its ``salvage``, when the caller has it)."""
     found = found or salvage(path)
@@ -120,7 +129,7 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
         ),
         "graphs captured": graphs,
         "size": _size(os.path.getsize(path)),
-        "duration": f"{stop - begin:.1f} s" if begin is not None and stop is not None else "?",
+        "duration": _duration(begin, stop),
     }
     if turned_off:
         # the session holds less than the run did: said beside its numbers (a "0 steps, finished"

@@ -14,11 +14,12 @@ from torchscope.sessionfile import FRAME_HEADER_SIZE, encode_frame, iter_events
 
 
 def big_graph_file(path: Path, graphs: int = 30, n_ops: int = 3000) -> tuple[Path, list[bytes]]:
-    frames = [encode_frame(0, [session_event("info-big")])]
+    session = session_event("info-big")
+    frames = [encode_frame(0, [session])]
     for s in range(graphs):
         frames.append(encode_frame(len(frames), [graph_event(s, n_ops=n_ops)]))
         frames.append(encode_frame(len(frames), [step_event(s, captured=True)]))
-    frames.append(encode_frame(len(frames), [{"kind": "end", "t": 2000.0, "status": "finished", "steps": graphs}]))
+    frames.append(encode_frame(len(frames), [{"kind": "end", "t": session["started_at"] + 12.5, "status": "finished", "steps": graphs}]))
     return write_file(path, frames), frames
 
 
@@ -31,7 +32,7 @@ def test_info_counts_graph_frames_as_the_full_read_does(tmp_path: Path) -> None:
     info = summarize(path)
     assert info["graphs captured"] == sum(e["kind"] == "graph" for e in events) == 30
     assert info["steps"] == 30 and info["status"] == "finished" and info["name"] == "run"
-    assert info["duration"] == f"{2000.0 - events[0]['started_at']:.1f} s"
+    assert info["duration"] == "12.5 s"
 
 
 def test_info_notices_a_damaged_graph_frame_it_does_not_decode(tmp_path: Path) -> None:
@@ -50,3 +51,14 @@ def test_info_notices_a_damaged_graph_frame_it_does_not_decode(tmp_path: Path) -
     assert fields["note"] == (f"{path} is damaged at byte {offset:,} (frame checksum mismatch): the "
                               f"{len(data) - offset:,} bytes from there to its end were dropped; the 3 frames "
                               "before it are read")
+
+
+def test_info_says_a_short_runs_duration_in_ms_and_why_it_has_none(tmp_path: Path) -> None:
+    """QA 42b: an 8-step run read "duration: 0.0 s", and a file cut before its first step "?"."""
+    session = session_event("short")
+    frames = [encode_frame(0, [session]), encode_frame(1, [step_event(0)]),
+              encode_frame(2, [{"kind": "end", "t": session["started_at"] + 0.042, "status": "finished", "steps": 1}])]
+    assert summarize(write_file(tmp_path / "short.tscope", frames))["duration"] == "42 ms"
+    cut = write_file(tmp_path / "cut.tscope", frames[:1])
+    assert summarize(cut)["duration"] == "unknown (no step and no end in the file)"
+
