@@ -176,7 +176,9 @@ function groupDetails(panel, model, key, ctx) {
     t.append(row("grad_fn nodes", tot.nodes));
     if (tot.ops) t.append(row("backward kernels (aten ops)", tot.ops, "aten ops the grad_fn nodes ran (full mode records them)"));
   } else t.append(row("ops", tot.ops));
-  t.append(row("time", fmtUs(tot.time), timeTitle), row("allocated", fmtBytes(tot.alloc)));
+  // a backward group holds no kernels outside full mode: what they allocated is not known, not 0 B (QA 42b)
+  t.append(row("time", fmtUs(tot.time), timeTitle),
+    row("allocated", back && !tot.ops ? "not recorded (full mode records the backward's ops)" : fmtBytes(tot.alloc)));
   // a module's saved activations are its grad_fn nodes' (the backward group's); a forward
   // group's ops carry none of their own, so 0 B there would be wrong (nor a group of backward
   // kernels alone: no grad_fn node of it saved anything)

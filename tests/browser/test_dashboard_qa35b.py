@@ -282,6 +282,12 @@ def test_repeat_marks_and_sub_labels_of_a_sequential(page: Any, srv: ServerProc,
     assert groups["g:forward:0"]["sub"] == "1 op" and groups["g:backward:0"]["sub"] == "3 nodes", groups
     assert not [g for g in groups.values() if re.search(r" · \d+$", g["sub"])], groups
     shot(page, "qa35b-repeat-marks")
+    # a backward group of a default-mode run holds no kernels: what they allocated is unknown, not "0 B" (QA 42b)
+    page.evaluate("window.__torchscope.select('g:backward:0')")
+    page.wait_for_function("document.querySelector('[data-testid=details] .details-title')?.textContent === '0'")
+    rows = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('[data-testid=details] table.kv tr')]
+      .map((tr) => [tr.querySelector('th').textContent, tr.querySelector('td').textContent]))""")
+    assert rows["allocated"] == "not recorded (full mode records the backward's ops)", rows
 
 
 # ----------------------------------------------------------------------------- F14
