@@ -6,6 +6,7 @@ at once).  Checked against the ops a plain ``TorchDispatchMode`` sees over the s
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +157,36 @@ def test_the_gradients_backward_made_stay_alive_in_the_ledger(
     grads = sum(p.numel() * p.element_size() for p in model.parameters())
     # alive as the update begins: at least the gradients (the step had none before)
     assert sum(lives[first].values()) >= grads, (sum(lives[first].values()), grads)
+
+
+class _Flaky(torch.optim.SGD):
+    """An update that raises once, after its first op (a NaN check of the loop's own, say)."""
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        super().step(closure)
+        if not getattr(self, "raised", False):
+            self.raised = True
+            raise RuntimeError("update refused")
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_a_step_that_raised_leaves_the_next_forward_a_forward(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    """optimizer.step() raised inside it and the loop caught it and went on: its post-hook never
+    came to leave the update's phase.  The next forward ends that step (a forward after a
+    backward whose update began), and its ops are a new step's forward ops."""
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    torch.manual_seed(0)
+    model = _model()
+    opt = _Flaky(model.parameters(), lr=0.1)
+    path = tmp_path / "flaky.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for x, y in _batches() * 2:
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            with contextlib.suppress(RuntimeError):
+                opt.step()
+    run = load(str(path))
+    for s in run.graph_steps:
+        ops = run.graph(s)["ops"]
+        assert not [o for o in ops if o["phase"] == "optimizer" and o.get("module")], s  # no module's op is the update's
+        assert any(o["phase"] == "forward" and o["name"] == "aten::addmm" for o in ops), s
