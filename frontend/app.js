@@ -154,9 +154,13 @@ class App {
     await g.select(key, true);
   }
 
-  async openTargets(step, targets) {
+  // ``steps``: a finding's steps, of which the first with a captured graph is shown where its
+  // target's step has none (QA 42b: P10's step 1 opened step 0, from before the bug, where its
+  // step 2 shows the graph kept across steps); else the nearest captured step, which showStep
+  // says (not silently)
+  async openTargets(step, targets, steps = []) {
     const g = await this.go("graph");
-    // a step without a graph opens the nearest captured one, which showStep says (not silently)
+    if (step !== undefined && !g.captured.includes(step)) step = steps.find((s) => g.captured.includes(s)) ?? step;
     if (step !== undefined && g.step !== step) await g.showStep(step);
     await g.highlightTargets(targets);
   }

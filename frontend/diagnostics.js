@@ -67,7 +67,7 @@ export class DiagnosticsView {
     // frozen backbone names hundreds, more lines than a chart can tell apart and a URL can carry
     if (f.view === "gradients") return this.app.go("gradients", { step, params: (f.params || []).slice(0, PLOTTED).join(",") || undefined });
     const tg = targets.length ? targets : [...(f.params || []).map((param) => ({ param })), ...(f.modules || []).map((module) => ({ module }))];
-    return this.app.openTargets(step, tg);
+    return this.app.openTargets(step, tg, f.steps || []);
   }
 
   onStep() { (this.reload ||= coalesce(() => this.load().catch(() => {}), 1500))(); }
