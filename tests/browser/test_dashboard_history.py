@@ -3,7 +3,11 @@ chart's click-through to another view is an entry of the history, so Back return
 the user came from, as it was (the Doctor list, its finding's step); a view's own changes (a
 step, a selection) keep to one entry, not one per click.  Every change used to replace the one
 entry: Back left the dashboard for the sessions list, then for ``about:blank``.  And landing
-on a step that has no captured graph: the note saying so sits above the graph, not over it."""
+on a step that has no captured graph: a finding's link opens the first of the finding's own
+steps that has one (P10's "steps 1-8" targets step 1, which default mode did not capture: its
+link showed step 0, from before the bug, not the captured step 2 that shows the graph chained
+across steps); elsewhere the nearest captured step, with a note that sits above the graph, not
+over it."""
 
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
 @pytest.fixture(scope="module")
 def sid(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> str:
     out = tmp_path_factory.mktemp("history-runs")
-    return recorded(srv, out / "p05.tscope", EXAMPLES / "pitfalls" / "p05_missing_zero_grad.py", "--steps", "4")
+    return recorded(srv, out / "p10.tscope", EXAMPLES / "pitfalls" / "p10_backward_twice.py")
 
 
 @pytest.fixture
@@ -51,18 +55,19 @@ def test_back_returns_to_the_view_and_finding_the_user_came_from(srv: ServerProc
     page.wait_for_function("document.querySelector('[role=tab][data-view=memory]').getAttribute('aria-selected') === 'true'")
     page.click("[role=tab][data-view=diagnostics]")
     page.wait_for_selector("[data-testid=findings] button.finding")
-    page.click("[data-testid=findings] button.finding[data-code=P5]")  # to the finding's step in another view
-    page.wait_for_function("new URLSearchParams(location.search).get('view') !== 'diagnostics'")
+    page.click("[data-testid=findings] button.finding[data-code=P10]")  # to the finding's step in another view
+    page.wait_for_function("new URLSearchParams(location.search).get('step') === '2'")
     target = state(page)
     assert page.evaluate("history.length") == start + 3, target
     # a view's own changes keep to its entry
-    page.evaluate("window.__torchscope.app.setState({ step: 1 })")
+    assert target["step"] == "2", target  # (P10's first step with a graph: see the last test)
+    page.evaluate("window.__torchscope.app.setState({ step: 0 })")
     assert page.evaluate("history.length") == start + 3
 
     page.go_back()
     page.wait_for_function("window.__torchscope && window.__torchscope.ready")
     assert state(page)["view"] == "diagnostics" and shown(page) == "diagnostics"
-    page.wait_for_selector("[data-testid=findings] button.finding[data-code=P5]")
+    page.wait_for_selector("[data-testid=findings] button.finding[data-code=P10]")
     page.go_back()
     page.wait_for_function("window.__torchscope && window.__torchscope.ready")
     assert state(page)["view"] == "memory" and shown(page) == "memory"
@@ -73,7 +78,7 @@ def test_back_returns_to_the_view_and_finding_the_user_came_from(srv: ServerProc
     for _ in range(3):
         page.go_forward()
         page.wait_for_function("window.__torchscope && window.__torchscope.ready")
-    assert state(page) == {**target, "step": "1"} and shown(page) == target["view"]
+    assert state(page) == {**target, "step": "0"} and shown(page) == target["view"]
 
 
 NOTE_AND_TOP = """() => { const v = window.__torchscope.app.views.graph.obj, c = v.canvas;
@@ -89,8 +94,29 @@ def test_a_step_without_a_graph_says_so_above_the_graph_not_over_it(srv: ServerP
     page.wait_for_function("(() => { const g = window.__torchscope.state().graph; return g && g.nodes.length > 0; })()")
     before = page.evaluate(NOTE_AND_TOP)
     assert before["note"] == ""
-    page.evaluate("window.__torchscope.app.openTargets(2, [])")  # (step 2: not captured in default mode)
-    page.wait_for_function("window.__torchscope.app.views.graph.obj.status.textContent.startsWith('Step 2 has no captured graph')")
+    page.evaluate("window.__torchscope.app.openTargets(1, [])")  # (step 1: not captured in default mode)
+    page.wait_for_function("window.__torchscope.app.views.graph.obj.status.textContent.startsWith('Step 1 has no captured graph')")
     after = page.evaluate(NOTE_AND_TOP)
     assert after["graphTop"] >= after["noteBottom"], after
     assert after["graphTop"] > before["graphTop"], (before, after)
+
+
+SHOWN = """() => { const v = window.__torchscope.app.views.graph.obj; return { step: v.step, note: v.status.textContent }; }"""
+
+
+def test_a_findings_link_opens_the_first_of_its_steps_with_a_graph(srv: ServerProc, sid: str, page: Any) -> None:
+    captured = sorted({g["step"] for g in srv.get(f"/api/sessions/{sid}/graphs")})  # type: ignore[union-attr]
+    p10 = next(f for f in srv.get(f"/api/sessions/{sid}/diagnostics") if f["code"] == "P10")  # type: ignore[union-attr]
+    target = p10["targets"][0]["step"]
+    first = next(s for s in p10["steps"] if s in captured)
+    assert target not in captured and first > target, (captured, p10["steps"], target)  # the case QA met
+    open_session(page, srv.url, sid, "?view=diagnostics")
+    page.click("[data-testid=findings] button.finding[data-code=P10]")
+    page.wait_for_function(f"window.__torchscope.app.views.graph?.obj.step === {first}")
+    shown = page.evaluate(SHOWN)
+    assert shown == {"step": first, "note": ""}, shown  # its own step, nothing to excuse
+    # a step with no graph among the steps asked: the nearest captured one, said
+    page.evaluate(f"window.__torchscope.app.openTargets({target}, [], [{target}])")
+    page.wait_for_function(f"window.__torchscope.app.views.graph.obj.step !== {first}")
+    shown = page.evaluate(SHOWN)
+    assert shown["step"] == max(s for s in captured if s < target) and shown["note"].startswith(f"Step {target} has no captured graph"), shown
