@@ -3768,12 +3768,12 @@ class Watch:
         # an uncaptured step's peak is an estimate without temporaries, and a captured step of the
         # same structure measured them: its excess over the state counts for the steps after it
         # (QA 42b: the peak chart jumped at every sample_every-th step, as a spike that is not)
-        key = (tuple(s.sigs), s.in_shapes)
+        # (light captures nothing: no key is made there, every step)
         if rec is not None and rec.n_ops:
             if len(self._excess) >= _SAVED_SHAPES:
                 self._excess.clear()
-            self._excess[key] = mem["peak"] - live
-        elif (excess := self._excess.get(key)) is not None:
+            self._excess[(tuple(s.sigs), s.in_shapes)] = mem["peak"] - live
+        elif self._excess and (excess := self._excess.get((tuple(s.sigs), s.in_shapes))) is not None:
             mem["peak"] = max(mem["peak"], live + excess)
         first = live_params[0] if live_params else None
         if first is not None and first.is_cuda:  # is_cuda: no torch.device made on the CPU

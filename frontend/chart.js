@@ -317,8 +317,9 @@ function cumulative(series) {
 // Equal as a chart can show: to a millionth (QA 42b: a gradient norm before clipping, read in
 // float32, and after it, in float64, differ in the last bits when clipping did nothing, and
 // the two lines were drawn one over the other in one colour, with no word in the legend).
-function alike(a, b) {
-  return a === b || (Number.isFinite(a) && Number.isFinite(b) && Math.abs(a - b) <= 1e-6 * Math.max(Math.abs(a), Math.abs(b)));
+// ``rel``: a threshold line (max_norm) drawn over a norm clipped to it is that value to 1e-4.
+function alike(a, b, rel = 1e-6) {
+  return a === b || (Number.isFinite(a) && Number.isFinite(b) && Math.abs(a - b) <= rel * Math.max(Math.abs(a), Math.abs(b)));
 }
 
 // The legend name of a series equal to an earlier one at every step: "gradients (same bytes as
@@ -332,9 +333,8 @@ function sameName(s, same, fmt) {
 // another series lies on it at every step it has (a run clipped at every step: the norm after
 // clipping is max_norm), where the dashed line is hidden under the other: "max_norm (= 0.5)".
 function thresholdName(s, series) {
-  const near = (a, b) => typeof b === "number" && Math.abs(a - b) <= 1e-4 * Math.max(Math.abs(a), Math.abs(b));
   const at = s.y.map((v, i) => [v, i]).filter(([v]) => typeof v === "number" && Number.isFinite(v));
-  const under = at.length ? series.find((o) => o !== s && at.every(([v, i]) => near(v, o.y[i]))) : null;
+  const under = at.length ? series.find((o) => o !== s && at.every(([v, i]) => alike(v, o.y[i], 1e-4))) : null;
   if (!under) return s.name;
   const values = [...new Set(at.map(([v]) => v))];
   return `${s.name} (= ${values.length === 1 ? String(+values[0].toPrecision(6)) : under.name})`;
