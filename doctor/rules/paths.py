@@ -226,8 +226,7 @@ def _cut_groups(run: Run) -> tuple[dict[_GroupKey, list[int]], dict[_GroupKey, t
         elif op and not _is_cut(op) and not _stops_gradient(op) and "order" in g.accumulate_node(graph, run.param_name(index)):
             # nothing cuts its dataflow and the backward ran its AccumulateGrad: it got a gradient,
             # cleared before optimizer.step() (``p.grad = None``) -- no cut, no dead end.  (One
-            # through a custom Function that returned None for it is cut at that Function's
-            # forward, run under no_grad.)
+            # reached only through a custom Function that returned None for it: the branch above.)
             key = (_CLEARED, -1, used, sometimes)
         elif op and op.get("grad_mode") is False:
             # one no_grad block cuts every parameter in it, each at its own first op: one
