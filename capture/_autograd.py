@@ -218,6 +218,18 @@ def _union(spans: list[tuple[int, int]]) -> int:
     return total
 
 
+def spanned(tensors: list[torch.Tensor]) -> dict[int, int]:
+    """Data pointer -> bytes of the storages ``tensors`` hold, as a graph holding them would
+    (``_held_parts``): a batch sliced out of a dataset kept in one tensor counts the part it
+    spans, not the dataset, which the loop holds anyway."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for t in tensors:
+        if t.layout == _STRIDED:
+            for ptr, nbytes, start in _held_parts(t):
+                spans.setdefault(ptr, []).append((start, nbytes))
+    return {ptr: _union(sorted(set(at))) for ptr, at in spans.items()}
+
+
 _NO_FIELDS: list[_Field] = []  # shared, never appended to
 
 

@@ -477,6 +477,10 @@ class NativeRecorder:
         """As OpRecorder.untracked_free."""
         self.ext.untracked_free(nbytes)
 
+    def follow(self, t: torch.Tensor, nbytes: int, counted: bool) -> bool:
+        """As OpRecorder.follow."""
+        return bool(self.ext.follow(t, nbytes, counted))
+
     def op_module(self, op: int) -> str:
         return self._modules[op] if 0 <= op < len(self._modules) else ""
 

@@ -346,6 +346,26 @@ class OpRecorder(TorchDispatchMode):
         a free of the next op, with no storage id of the step's."""
         self._freed += nbytes
 
+    def follow(self, t: torch.Tensor, nbytes: int, counted: bool) -> bool:
+        """The ledger follows ``t``'s storage from now on, as if an op had made it: freed when
+        ``t`` dies.  A tensor made outside any op -- a forward's input batch, made by the data
+        loader -- of ``nbytes`` (a slice of a dataset: the part it spans); ``counted``: its bytes
+        are in the baseline already, else live from the next op on (no op's allocation).
+        False where the ledger follows that storage already (an op's output) or ``t`` has none."""
+        if not has_storage(t):
+            return False
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in self._storage_refs:
+            return False
+        self._storage_bytes[ptr] = nbytes
+        self._storage_refs[ptr] = 1
+        wr = weakref.ref(t, self._on_free)
+        self._weak.append(wr)
+        self._weak_ptr[id(wr)] = ptr
+        if not counted:
+            self.live += nbytes
+        return True
+
     def _freed_ref(self, wr: Any) -> None:
         """A tensor the ledger watched died: its storage is freed with the last of them."""
         ptr = self._weak_ptr.pop(id(wr), None)

@@ -32,7 +32,7 @@ import time
 import types
 import urllib.parse
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Literal, NamedTuple, cast
 
 import torch
@@ -43,7 +43,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _compile, _cuda, _native, _sigterm, _warnings
-from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin
+from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin, spanned
 from ._console import say
 from ._evalprobe import EvalDropoutProbe
 from ._fastpath import FAST_PATHS, FastPathGuard
@@ -159,6 +159,7 @@ def _metric_value(value: Any) -> float | None:
     return None
 # activation-gradient slot whose hook has not run yet (no row: left out of the step's event)
 _NO_STATS: tuple[float, ...] = ()
+_CallKey = tuple[str, int, int]  # a module's path, its call in the step, which of its outputs
 # a module's calls in one step whose output gradients are watched (an RNN cell over 1,000 time
 # steps: a hook each on the first 32, told as one row with their count)
 ACT_CALLS = 32
@@ -169,7 +170,7 @@ class _Sentinel:
     """Lives in a backward root's (or a forward output's) ``metadata``: dies with the node, so
     a live weak reference at a later step boundary means that step's graph is still reachable (P7)."""
 
-    __slots__ = ("step", "nodes", "saved", "usable", "output", "fed", "src", "held_at", "loss", "__weakref__")
+    __slots__ = ("step", "nodes", "saved", "usable", "output", "fed", "src", "held_at", "loss", "sized", "__weakref__")
 
     def __init__(self, step: int, nodes: int, src: str, output: bool = False) -> None:
         # src: the user's line of the backward (or of the forward, for an output) it belongs to
@@ -184,6 +185,7 @@ class _Sentinel:
         self.fed = False  # a later step's graph contains it: an output carried into the next forward
         self.held_at = ""  # the user's line of a call that took the loss into a new graph (total += loss)
         self.loss: weakref.ref[torch.Tensor] | None = None  # the backward's root, for what holds it (_held_in)
+        self.sized = False  # an output's graph measured as its forward ended (built in eval mode or without grad)
 
 
 class _Nested(NamedTuple):
@@ -374,6 +376,8 @@ class _StepState:
         "rec_grads",
         "untracked",
         "in_st",
+        "in_held",
+        "in_known",
         "in_saved",
         "opt_from",
     )
@@ -470,17 +474,18 @@ class _StepState:
         # the latest forward's floating-point inputs, weakly: read only at a first NaN/Inf loss
         # (_inputs_at_bad_loss), while the loop still holds its batch
         self.in_refs: list[weakref.ref[torch.Tensor]] = []
-        # (module path, its call in the step) -> [norm, min, max, non-zeros(, nan, inf)]: floats
-        # from the native pass, or a tensor on the gradient's device, read at the step's end
-        self.act_grads: dict[tuple[str, int], torch.Tensor | tuple[float, ...]] = {}
+        # (module path, its call in the step, which output: 0 the first, _other_outputs' 1 and 2)
+        # -> [norm, min, max, non-zeros(, nan, inf)]: floats from the native pass, or a tensor on
+        # the gradient's device, read at the step's end
+        self.act_grads: dict[_CallKey, torch.Tensor | tuple[float, ...]] = {}
         self.native = _native.loaded()  # the extension, looked up once a step, not per module
-        self.act_slots: list[tuple[str, int]] = []  # the calls whose statistics the native hooks take, by slot
+        self.act_slots: list[_CallKey] = []  # the calls whose statistics the native hooks take, by slot
         self.act_epoch = 0  # their hooks' epoch (_native.next_epoch), 0 before the first
-        self.act_numel: dict[tuple[str, int], int] = {}
+        self.act_numel: dict[_CallKey, int] = {}
         self.act_calls: dict[str, int] = {}  # module path -> its calls watched this step
         # the same of the modules' outputs themselves (the forward's values), read as they are made
-        self.out_stats: dict[tuple[str, int], torch.Tensor | tuple[float, ...]] = {}
-        self.out_numel: dict[tuple[str, int], int] = {}
+        self.out_stats: dict[_CallKey, torch.Tensor | tuple[float, ...]] = {}
+        self.out_numel: dict[_CallKey, int] = {}
         self.out_calls: dict[str, int] = {}
         # storage -> version counter of a module output as its forward ended, of the modules
         # with user forward hooks (_out_version): one changed in place later is P13's
@@ -498,13 +503,18 @@ class _StepState:
         self.lr: list[float] | None = None  # read before the step's end (a skipped step's), else at it
         self.grad_st: dict[int, int] | None = None  # the gradients' storages, read as self.lr is
         # the .grad tensors the full-mode recorder's baseline counted (a weak reference and its
-        # storage's bytes each), and the bytes of those that died outside any op (_untracked_frees)
+        # storage's bytes each), and the bytes of those that died outside any op
+        # (_untracked_frees), less those of later forwards' inputs the ledger took on (_inputs)
         self.rec_grads: list[tuple[weakref.ref[torch.Tensor], int]] = []
         self.untracked = 0
-        # the storages (pointer -> bytes) of the tensors the step's first recorded forward was
-        # called with, which the recorder's baseline counts, and of those the bytes saved for
-        # backward (counted in ``saved`` too: not twice in ``temporaries``)
+        # the storages (pointer -> bytes) of the tensors the step's recorded forwards were called
+        # with, which the recorder's ledger follows (the first forward's in its baseline), a weak
+        # reference to each with its bytes, the parameters', gradients' and state's storages
+        # (not inputs), and of the inputs the bytes saved for backward (counted in ``saved``
+        # too: not twice in ``temporaries``)
         self.in_st: dict[int, int] = {}
+        self.in_held: list[tuple[weakref.ref[torch.Tensor], int, int]] = []  # (tensor, pointer, bytes)
+        self.in_known: set[int] = set()
         self.in_saved = 0
         self.opt_from: int | None = None  # the id of the recorder's first op of optimizer.step()
 
@@ -651,12 +661,12 @@ def _stats_row(ext: Any, t: torch.Tensor, check_nan: bool) -> torch.Tensor | tup
 
 
 def _module_rows(
-    stats: dict[tuple[str, int], torch.Tensor | tuple[float, ...]], numel: dict[tuple[str, int], int]
+    stats: dict[_CallKey, torch.Tensor | tuple[float, ...]], numel: dict[_CallKey, int]
 ) -> dict[str, list[tuple[list[float], int]]]:
     """Per module path, its calls' statistics rows ``[norm, min, max, non-zeros(, nan, inf)]``
     and element counts, the calls whose statistics came (placeholders left out).  The torch
     path's tensors are read with one transfer; the native pass's are floats already."""
-    items = [(k, v) for k, v in stats.items() if len(v) >= 4]
+    items = [(k, v) for k, v in stats.items() if len(v) >= 4 and not k[2]]  # (an RNN's h_n: _reached_first)
     stacked = [v for _, v in items if isinstance(v, torch.Tensor)]
     read = iter(torch.cat([v.to(stacked[0].device, torch.float64) for v in stacked]).tolist() if stacked else [])
     calls: dict[str, list[tuple[list[float], int]]] = {}
@@ -729,6 +739,35 @@ def _first_tensor(x: Any) -> torch.Tensor | None:
             return t
         first = first if first is not None else t
     return first
+
+
+def _other_outputs(x: Any, first: torch.Tensor) -> list[torch.Tensor]:
+    """Besides ``first``, a tuple output's floating tensors that carry a graph, top level and one
+    down, at most two: an RNN's ``h_n`` (and ``c_n``) of ``(output, h_n)`` /
+    ``(output, (h_n, c_n))``, whose ``output`` a loop may discard (``_, h = gru(x)``: the
+    gradient reaches the module through ``h_n`` alone; QA 42a).  None for a lone tensor or a
+    dict (a ``ModelOutput``'s loss comes first and is the one its gradient reaches)."""
+    if not isinstance(x, (tuple, list)):
+        return []
+    items = [u for v in x for u in (v if isinstance(v, (list, tuple)) else (v,))]
+    return [v for v in items if isinstance(v, torch.Tensor) and v is not first and v.grad_fn is not None
+            and v.is_floating_point()][:2]
+
+
+def _reached_first(s: _StepState) -> None:
+    """Where a call's first output (key ``(path, call, 0)``) got no gradient and another of its
+    outputs did (``(path, call, j)``, j = 1, 2), that one's statistics and element count, of the
+    gradient and of the output itself, become the call's: the module's output the backward
+    used.  The others are dropped."""
+    for k in sorted((k for k, v in s.act_grads.items() if k[2] and len(v) >= 4), key=lambda k: k[2]):
+        key = (k[0], k[1], 0)
+        if len(s.act_grads.get(key, ())) < 4:
+            s.act_grads[key], s.act_numel[key] = s.act_grads[k], s.act_numel.get(k, 0)
+            if k in s.out_stats:
+                s.out_stats[key], s.out_numel[key] = s.out_stats[k], s.out_numel.get(k, 0)
+    for d in (s.act_grads, s.act_numel, s.out_stats, s.out_numel):
+        for k in [k for k in d if k[2]]:
+            del d[k]
 
 
 def _tensors_in(x: Any, depth: int) -> Iterator[torch.Tensor]:
@@ -1706,11 +1745,13 @@ class Watch:
             s.out_sentinels.append(ref)
         if not module.training or not torch.is_grad_enabled():
             # a graph built in eval mode may never be consumed (P6): size it now, while it exists
-            saved, _ = AutogradWalk(nodes).saved(self._not_activations)
+            walk = AutogradWalk(nodes)
+            saved, _ = walk.saved(self._not_activations)
             fwd["saved_bytes"] = sum(saved.values())
+            n_nodes = walk.interior()
             for ref in s.out_sentinels[-len(nodes):]:  # this forward's: kept, they hold this much
                 if (o := ref()) is not None:
-                    o.saved = fwd["saved_bytes"]
+                    o.saved, o.nodes, o.sized = fwd["saved_bytes"], n_nodes, True
 
     def _modes_after_forward(self, module: nn.Module, fwd: ForwardInfo) -> None:
         """Modules the forward itself put in eval mode (``self.encoder.train(False)`` inside
@@ -1773,6 +1814,8 @@ class Watch:
         if s.recorder is None:
             s.recorder = self._new_recorder(s, args, kwargs)
             _compile.follow(_pause_for_compile)
+        else:  # a later forward of the step: a micro-batch, the training forward after an evaluation
+            self._safe("memory", self._inputs, s, s.recorder, args, kwargs, False)
         if not self._module_hooks:  # (and again after a module was assigned: _relist_modules)
             for path, ref in self._modules:
                 m = ref()
@@ -1797,16 +1840,52 @@ class Watch:
         Its baseline: the parameters, gradients and optimizer state, and the forward's input
         batch -- made before recording began, no op's allocation, yet alive through the step
         (a batch of images can outweigh the model; the first layer saves it for backward)."""
-        live, known = self._live_bytes()
-        s.in_st = {ptr: n for ptr, n in storages(_input_tensors(args, kwargs)).items() if ptr not in known}
-        live += sum(s.in_st.values())
+        live, s.in_known = self._live_bytes()
+        inputs = _input_tensors(args, kwargs)
+        s.in_st = {ptr: n for ptr, n in spanned(inputs).items() if ptr not in s.in_known}
         if self.mode == "full":  # (whose recorder goes on through the backward)
             s.rec_grads = _grad_refs([r() for r in self._params])
         ext = _native.claim(id(self))
+        rec: OpRecorder | NativeRecorder
         if ext is not None:
             cdata = {p._cdata: self._param_names[id(p)] for r in self._params if (p := r()) is not None and id(p) in self._param_names}
-            return NativeRecorder(ext, self._module_of, cdata, live, s.check_nan, self.max_ops, s.sid)
-        return OpRecorder(self._module_of, self._param_names, live, s.check_nan, self.max_ops, s.sid)
+            rec = NativeRecorder(ext, self._module_of, cdata, live + sum(s.in_st.values()), s.check_nan, self.max_ops, s.sid)
+        else:
+            rec = OpRecorder(self._module_of, self._param_names, live + sum(s.in_st.values()), s.check_nan, self.max_ops, s.sid)
+        self._safe("memory", self._inputs, s, rec, args, kwargs, True)
+        return rec
+
+    def _inputs(self, s: _StepState, rec: OpRecorder | NativeRecorder, args: Any, kwargs: dict[str, Any], first: bool) -> None:
+        """The ledger follows the storages of the tensors a recorded forward was called with, as
+        if an op had made them: the first forward's are in the recorder's baseline (``first``),
+        a later one's are live from its first op on.  Made by the data loader, they are no op's
+        allocation, yet alive through the forward, and their death is a free: an evaluation's
+        batch made before the training forward is not held on, a micro-batch's is counted (QA
+        43a: the first forward's batch was counted to the step's end, a later one's never).  Of
+        a batch sliced out of a dataset kept in one tensor, the part it spans (``spanned``)."""
+        if first:
+            spans = s.in_st
+        else:
+            # (a dead batch's address is the next one's as often as not: forgotten first)
+            alive = []
+            for held in s.in_held:
+                if held[0]() is None:
+                    s.in_st.pop(held[1], None)
+                else:
+                    alive.append(held)
+            s.in_held = alive
+            spans = {ptr: n for ptr, n in spanned(_input_tensors(args, kwargs)).items()
+                     if ptr not in s.in_known and ptr not in s.in_st}
+            if not spans:
+                return
+        for t in _input_tensors(args, kwargs):
+            ptr = t.untyped_storage().data_ptr() if t.layout == torch.strided and _dense(t) else None
+            n = spans.get(ptr) if ptr is not None else None
+            if ptr is not None and n is not None and rec.follow(t, n, first):
+                s.in_held.append((weakref.ref(t), ptr, n))
+                if not first:
+                    s.in_st[ptr] = n
+                    s.untracked -= n
 
     def _untracked_frees(self, s: _StepState) -> None:
         """The .grad tensors the recorder's baseline counted that died since, outside any op:
@@ -1883,7 +1962,9 @@ class Watch:
         forward made them: a ReLU that never fires, a saturated tanh, a residual stream that
         grows layer by layer), of each call up to ``ACT_CALLS``.  Read at once and only read:
         on the CPU in one C++ pass with no op dispatched, else by torch ops no recorder or mode
-        sees, kept as one small tensor until the step's end (no sync inside the forward)."""
+        sees, kept as one small tensor until the step's end (no sync inside the forward).  An
+        RNN's ``h_n`` (``_other_outputs``) is read too, for the step's end to keep the output
+        the backward used (``_reached_first``)."""
         s = self._s
         t = _first_tensor(out)
         if t is None or not _dense(t) or not t.is_floating_point() or not (t.requires_grad or torch.is_grad_enabled()):
@@ -1894,16 +1975,21 @@ class Watch:
         if call >= ACT_CALLS or not t.numel():
             return
         s.out_calls[path] = call + 1
-        key = (path, call)
-        s.out_numel[key] = t.numel()
-        row = _stats_row(s.native, t, s.check_nan)
-        if row is not None:
-            s.out_stats[key] = row
+        for j, u in enumerate((t, *_other_outputs(out, t))):
+            if j and (not _dense(u) or not u.numel()):
+                continue
+            key = (path, call, j)
+            s.out_numel[key] = u.numel()
+            row = _stats_row(s.native, u, s.check_nan)
+            if row is not None:
+                s.out_stats[key] = row
 
     def _watch_activation(self, path: str, out: Any) -> None:
         """On captured steps: statistics of the gradient flowing into this module's output, of
         each of its calls (an RNN cell over the time steps, a block shared by two branches, the
-        micro-batches' forwards) up to ``ACT_CALLS``, told together at the step's end."""
+        micro-batches' forwards) up to ``ACT_CALLS``, told together at the step's end.  Of an
+        RNN's ``(output, h_n)``, ``h_n``'s too: the output the backward used is told
+        (``_reached_first``)."""
         s = self._s
         t = _first_tensor(out)
         if t is None or not t.requires_grad or not (t.is_floating_point() or t.is_complex()):
@@ -1918,7 +2004,11 @@ class Watch:
         if call >= ACT_CALLS:
             return
         s.act_calls[path] = call + 1
-        key = (path, call)
+        for j, u in enumerate((t, *_other_outputs(out, t))):
+            self._watch_grad(s, (path, call, j), u)
+
+    def _watch_grad(self, s: _StepState, key: _CallKey, t: torch.Tensor) -> None:
+        """The statistics of the gradient reaching ``t``, as the backward passes it, for ``key``."""
         s.act_grads[key] = _NO_STATS  # a shared placeholder: no tensor op inside the recorded step
         s.act_numel[key] = t.numel()
         ext = s.native
@@ -2464,7 +2554,8 @@ class Watch:
             s.events.append({"what": "saved_unreadable", "node": b, "micro": s.micro})
         kept_saved = own_saved if retain else 0  # what the graph holds once this backward returns
         for ref in s.out_sentinels:  # the forward outputs' graphs: about this size
-            if (out := ref()) is not None and out.nodes == 1:
+            # (not an evaluation's, sized as it ended: this backward did not go through it, QA 43)
+            if (out := ref()) is not None and out.nodes == 1 and not out.sized:
                 out.nodes, out.saved, out.usable = own_nodes, kept_saved, bool(retain)
         for out_sent, out_nodes, out_saved in outputs:  # or, nested in earlier steps' graphs, just this size
             out_sent.nodes, out_sent.saved = out_nodes, out_saved if retain else 0
@@ -3143,13 +3234,16 @@ class Watch:
             if stale:
                 s.events.append({"what": "stale_params", "count": stale})
         if out and self._co_opts:
-            recent = [o for o, at in self._co_opts.items() if at >= self._step - 1]
-            held = {id(p) for o in recent for g in o.param_groups for p in g["params"]}
+            held = self._co_held(self._step - 1)
             out = [i for i in out if id(params[i]) not in held]
         if s.asked is not None:
             left = [i for i, p in enumerate(params) if p is not None and p.requires_grad and i not in s.asked]
             out = sorted(set(out) | set(left))
         return out
+
+    def _co_held(self, since: int) -> set[int]:
+        """The ids of the tensors the loop's other optimizers that stepped since step ``since`` hold."""
+        return {id(p) for o, at in self._co_opts.items() if at >= since for g in o.param_groups for p in g["params"]}
 
     def _not_stepped(self, opt: torch.optim.Optimizer | None, params: list[torch.Tensor | None]) -> list[int]:
         """Indices of parameters that require grad but that ``opt`` does not update (a linear
@@ -3431,10 +3525,12 @@ class Watch:
                    s.unregistered, upd)
         if self._deferred is not None:
             self._finish_deferred()  # the previous step's values, long on the host by now
-        if read.deferred or s.unregistered:
+        if read.deferred or s.unregistered or (not_trained and self._step == 0 and not self._co_opts and s.asked is None):
             # Parameters outside the model in the captured graph: another optimizer may step
             # them after the watched one (an encoder's, then its decoder's), so whether one
-            # does is asked at the next boundary
+            # does is asked at the next boundary.  So are, on the first step, parameters the
+            # watched optimizer does not hold: a second optimizer stepping after it trains
+            # them (QA 42a: step 0 named a head that `opt_h.step()` trains every step)
             self._deferred = pending
         else:
             self._finish(*pending)
@@ -3516,6 +3612,11 @@ class Watch:
     def _finish_deferred(self) -> None:
         if self._deferred is not None:
             pending, self._deferred = self._deferred, None
+            ev, not_trained = pending[0], pending[7]
+            if not_trained and self._co_opts:  # (see _not_trained) another optimizer stepped since
+                held = self._co_held(ev["step"])
+                kept = [i for i in not_trained if (p := self._params[i]()) is None or id(p) not in held]
+                pending = (*pending[:7], kept, *pending[8:])
             self._finish(*pending)
 
     def _finish(
@@ -3709,6 +3810,7 @@ class Watch:
         if s.act_slots and ext is not None:
             for slot, row in ext.take_grads(s.act_epoch):
                 s.act_grads[s.act_slots[slot]] = row
+        _reached_first(s)
         return [_activation_row(path, rows) for path, rows in _module_rows(s.act_grads, s.act_numel).items()]
 
     def _activations(self, s: _StepState) -> list[ActivationStats]:
@@ -3756,7 +3858,10 @@ class Watch:
             # the measured peak, and what it holds beyond state and saved activations at that
             # point are the step's temporaries (outputs not saved for backward, workspaces)
             top = rec.peak_live(0, s.opt_from)
-            mem["peak"] = max(mem["peak"], top)
+            # the ledger's highest point where it saw the whole step (full mode, optimizer.step()
+            # recorded), else the higher of it and the estimate (QA 43a: the estimate adds Adam's
+            # first-step state to activations the backward had freed before it was made: +57%)
+            mem["peak"] = top if s.opt_from is not None else max(mem["peak"], top)
             mem["temporaries"] = max(top - (rec.baseline - s.untracked) - saved + s.in_saved, 0)
             top_update = rec.peak_live(s.opt_from) if s.opt_from is not None else 0
             if top_update > top:
@@ -3764,7 +3869,7 @@ class Watch:
                 # state): the backward freed the saved activations by then, and the gradients
                 # and the state, new ones too, are what the step ends with
                 mem["peak"] = max(mem["peak"], top_update)
-                mem["temporaries"] = max(top_update - live - sum(s.in_st.values()), 0)
+                mem["temporaries"] = max(top_update - live - sum(n for ref, _, n in s.in_held if ref() is not None), 0)
         # an uncaptured step's peak is an estimate without temporaries, and a captured step of the
         # same structure measured them: its excess over the state counts for the steps after it
         # (QA 42b: the peak chart jumped at every sample_every-th step, as a spike that is not)
@@ -4106,8 +4211,8 @@ def _input_tensors(args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):
             out.append(a)
-        elif isinstance(a, (list, tuple, dict)):
-            out.extend(v for v in (a.values() if isinstance(a, dict) else a) if isinstance(v, torch.Tensor))
+        elif isinstance(a, (list, tuple, Mapping)):  # (a Mapping: Hugging Face's BatchEncoding, a UserDict)
+            out.extend(v for v in (a.values() if isinstance(a, Mapping) else a) if isinstance(v, torch.Tensor))
     return out
 
 

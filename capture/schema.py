@@ -366,7 +366,7 @@ class GraphEvent(TypedDict, total=False):
     edges: list[list[int]]  # [from_node, to_node, input_nr]: to_node is in from_node.next_functions
     root: int  # node id of the loss's grad_fn
     retained: bool  # retain_graph=True on this backward
-    memory_timeline: list[list[int]]  # [op_id, live_bytes] through forward and backward
+    memory_timeline: list[list[int]]  # [op_id, live_bytes] through the recorded ops: forward (and in full mode backward and optimizer.step())
     # which recorder saw the ops: "native" (full mode's C++ observer: no aten::detach that
     # autograd redispatches, allocations by storage lifetime) or "python" (a dispatch mode)
     recorder: Literal["native", "python"]

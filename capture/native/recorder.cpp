@@ -791,6 +791,26 @@ void untracked_free(int64_t bytes) {
   g_freed += bytes;
 }
 
+// The ledger follows tensor t's storage from now on, as if an op had made it: freed when it
+// dies.  A tensor made outside any op -- a forward's input batch, made by the data loader --
+// of `bytes` (a slice of a dataset: the part it spans); `counted`: its bytes are in the
+// baseline already, else live from the next op on (no op's allocation).  False where the
+// ledger follows that storage already (an op's output) or t has none.
+bool follow(const at::Tensor& t, int64_t bytes, bool counted) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (!t.defined()) return false;
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (!impl->has_storage() || impl->storage().unsafeGetStorageImpl() == nullptr) return false;
+  c10::StorageImpl* si = impl->storage().unsafeGetStorageImpl();
+  collect_frees();  // (a dead batch's storage may sit at this one's address until the next op)
+  if (g_storage_index.count(si) > 0) return false;
+  g_storage_index[si] = g_storages.size();
+  g_storages.push_back(StorageRec{impl->storage().getWeakStorageImpl(), bytes,
+                                  reinterpret_cast<int64_t>(si->data_ptr().get())});
+  if (!counted) g_live += bytes;
+  return true;
+}
+
 // Whether this thread has RecordFunction callbacks of its own (the tests' check that none is left).
 bool observed() {
   return at::hasThreadLocalCallbacks();
@@ -1206,6 +1226,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("observed", &observed);
   m.def("reset", &reset);
   m.def("untracked_free", &untracked_free);
+  m.def("follow", &follow);
   m.def("context", &context);
   m.def("set_state", &set_state);
   m.def("set_explicit", &set_explicit);

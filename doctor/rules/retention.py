@@ -58,8 +58,10 @@ def _rising(counts: list[int], need: int) -> bool:
 _KEPT = {
     "loss": "the loss that backward() was called on stays referenced after its step (`total += loss` or "
             "`history.append(loss)` keeps every step's graph; `loss.item()` does not).",
-    "output": "the model's output stays referenced after its step (kept in a list, or in a variable "
-              "the next forward does not replace), and with it the graph that made it.",
+    # (or a tensor computed from it: a validation loss `vl` held until the next evaluation, QA 42a)
+    "output": "the model's output, or a tensor computed from it (a metric, a validation loss), stays referenced "
+              "after its step (kept in a list, or in a variable the next forward does not replace), and with "
+              "it the graph that made it.",
     "state": "an output of the model is fed into the next step's forward without `.detach()` (a recurrent "
              "hidden state carried across batches): each step's graph holds every earlier one, and each "
              "backward goes through all of them.",
