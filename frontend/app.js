@@ -63,6 +63,7 @@ class App {
   renderHeader() {
     const s = this.summary;
     this.title.textContent = s.name || s.id;
+    this.title.title = s.name || s.id; // the whole name, where the header cuts a long one (style.css)
     this.statusEl.textContent = s.status || "";
     this.statusEl.title = "";
     this.statusEl.className = `badge status-${(s.status || "").replace(/ /g, "-")}`;
@@ -78,6 +79,7 @@ class App {
       rsel.onchange = () => { this.rank = +rsel.value; this.setState({}); location.reload(); };
     }
     sub.textContent = [this.meta.model, this.meta.device, `${s.steps ?? 0} step${s.steps === 1 ? "" : "s"}`, (s.ranks || []).length > 1 ? `${s.ranks.length} ranks` : null].filter(Boolean).join(" · ");
+    sub.title = sub.textContent; // (cut too, past 30 % of the window: a long model class name)
   }
 
   get running() { return this.summary?.status === "running"; }
@@ -119,7 +121,8 @@ class App {
   async go(view, patch = {}, first = false) {
     view = ALIASES[view] || view;
     if (!VIEWS[view]) view = "graph";
-    this.setState({ view, ...patch }, !first && view !== this.state.view);
+    // (a finding followed to the memory view is that view's: not carried to another's URL)
+    this.setState({ view, ...(view !== "memory" && { finding: undefined }), ...patch }, !first && view !== this.state.view);
     for (const b of this.tabs.children) b.setAttribute("aria-selected", String(b.dataset.view === view));
     for (const [k, v] of Object.entries(this.views)) v.el.hidden = k !== view;
     let v = this.views[view];

@@ -5,7 +5,8 @@ import { api, sessionPath, rankQuery } from "./api.js";
 
 const PLOTTED = 8;  // a finding's parameters drawn as lines in the gradients view, and listed
 
-function stepsText(f) {
+// (the memory view's note on a finding followed there says its steps as this list does)
+export function stepsText(f) {
   const s = f.steps || [];
   if (!s.length) return "";
   if (s.length > 2 && s[s.length - 1] - s[0] === s.length - 1) return `steps ${s[0]}–${s[s.length - 1]}`;
@@ -59,10 +60,13 @@ export class DiagnosticsView {
     return this.app.running ? "No pitfall found so far; the doctor looks again as the run goes on and when it ends." : "No pitfall found in this session.";
   }
 
-  open(f) {
+  async open(f) {
     const targets = f.targets || [];
     const step = targets.find((t) => t.step !== undefined)?.step ?? f.since ?? (f.steps || [])[0];
-    if (f.view === "memory") return this.app.go("memory", { step });
+    if (f.view === "memory") { // the finding goes with it: that view says it and marks its steps (QA 43)
+      const memory = await this.app.go("memory", { step, finding: f.code });
+      return memory.showFinding?.(f);
+    }
     // the finding's step marked, its first parameters the ones plotted: a finding about a whole
     // frozen backbone names hundreds, more lines than a chart can tell apart and a URL can carry
     if (f.view === "gradients") return this.app.go("gradients", { step, params: (f.params || []).slice(0, PLOTTED).join(",") || undefined });

@@ -7,13 +7,21 @@ import { LineChart } from "./chart.js";
 import { nearest } from "./graph/view.js";
 import { hasLifetimes, lifetimes, aliveAfter, aliveBy, highestBy, baseline, baselineAfter } from "./lifetimes.js";
 import { SERIES } from "./colors.js";
+import { stepsText } from "./diagnostics.js";
 
 const MAX_ALIVE = 15; // rows of the "alive at the peak" table
 const MAX_BANDS = 8; // modules drawn as their own band in "by module"; the rest summed as one
+const MAX_FINDING_STEPS = 8; // of a finding's steps, the ones whose step events are read for its evidence (as many as its steps text names)
+// a finding's steps marked on the per-step charts, in its severity's colour (style.css's badges)
+const SEVERITY_COLOR = { error: "#dc2626", warning: "#d97706", info: "#2563eb" };
 const BASE_COLOR = "#9ca3af", OTHER_COLOR = SERIES[8];
-// the in-step timeline drawn "by module" (?timeline=module), read once as the page loads
+// the in-step timeline drawn "by module" (?timeline=module), and the finding followed here
+// (?finding=P6: a reload, Back or Forward shows its note again), read once as the page loads
 const ASKED = (() => {
-  try { return { timeline: new URLSearchParams(location.search).get("timeline") }; } catch { return {}; }
+  try {
+    const q = new URLSearchParams(location.search);
+    return { timeline: q.get("timeline"), finding: q.get("view") === "memory" ? q.get("finding") : null };
+  } catch { return {}; }
 })();
 const TOTAL_TITLE = "live bytes after each recorded op (the forward's; in full mode backward's and optimizer.step()'s too) — click a point to open the op in the graph";
 const BANDS_TITLE = "live bytes after each recorded op, stacked by the module whose op made each tensor (bottom: what the step " +
@@ -39,7 +47,10 @@ export class MemoryView {
     this.root = root;
     this.info = h("p", { class: "muted" });
     this.stepSel = h("select", { "aria-label": "step for the in-step timeline", "data-testid": "memory-step", onchange: () => this.loadTimeline(+this.stepSel.value) });
-    root.append(h("h2", {}, "Memory per step"), this.info);
+    // the Doctor's finding the user followed here: what it found, where, and its steps marked
+    // on the per-step charts (QA 43: P6's evidence was nowhere in this view)
+    this.findingBox = h("div", { class: "notice", "data-testid": "memory-finding", hidden: true });
+    root.append(this.findingBox, h("h2", {}, "Memory per step"), this.info);
     this.perStep = new LineChart(root, { title: "bytes at each step boundary", fmt: fmtBytes,
       vlines: () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []),
       onClick: (i) => { const s = this.series.step[i]; if (this.captured.includes(s)) { this.stepSel.value = s; this.loadTimeline(s); } } });
@@ -52,12 +63,17 @@ export class MemoryView {
     this.perStepNote = h("p", { class: "muted", "data-testid": "step-peak-note" }, STEP_PEAK);
     root.append(this.perStepNote, this.aliveBox, this.hooksBox);
     const mark = () => (this.focus !== undefined ? [{ x: this.focus, label: `step ${this.focus}` }] : []);
-    this.alive = new LineChart(this.aliveBox, { title: "autograd nodes of earlier steps' graphs still alive at each step boundary (P7: a graph kept across steps)",
-      height: 140, vlines: mark });
+    // (what the capture counts, _watch.py _graphs_alive: at step N's optimizer.step(), the graphs
+    // built before step N-1's; a forward after step N's optimizer.step() is step N+1's, so an
+    // evaluation there shows from step N+2 on, where the Doctor's P6 tells it as step N's)
+    this.alive = new LineChart(this.aliveBox, { title: "autograd nodes still alive at each step boundary of graphs built before the previous " +
+      "step's optimizer.step() (P7: a graph kept across steps; a graph built after step N's optimizer.step(), such as an " +
+      "evaluation's, shows from step N+2 on, while something still holds it)", height: 140, vlines: mark });
     this.hooks = new LineChart(this.hooksBox, { title: "bytes of tensors kept by forward hooks at each step boundary (P13: a hook storing activations)",
       height: 140, fmt: fmtBytes, vlines: mark });
     // one line, or stacked by module (only a file with the frees, format 1.9, knows what is alive)
     this.by = (app.state.timeline ?? ASKED.timeline) === "module" ? "module" : "total";
+    if (ASKED.finding && app.state.finding === undefined) app.setState({ finding: ASKED.finding }); // (kept in the URL until its note is closed)
     this.bySel = h("select", { "aria-label": "what the in-step timeline draws", "data-testid": "timeline-by", onchange: () => this.setBy(this.bySel.value) },
       h("option", { value: "total" }, "total"), h("option", { value: "module" }, "by module"));
     this.bySel.value = this.by;
@@ -78,6 +94,7 @@ export class MemoryView {
 
   async load() {
     await this.fetchSteps();
+    if (ASKED.finding && !this.finding) await this.findAsked(ASKED.finding);
     const asked = this.app.state.step, want = asked ?? this.captured[0];
     if (want !== undefined) await this.loadTimeline(want, asked === undefined);
   }
@@ -114,13 +131,81 @@ export class MemoryView {
     // a category with no value anywhere (no CUDA, no captured step) is left out of the legend
     const shown = CATEGORIES.filter(([k]) => (s[k] || []).some((v) => v !== null && v !== undefined))
       .map(([k, name]) => [k, k === "other" && !cuda ? "other (not in a named tensor)" : name]);
+    const marks = this.findingMarks();
     const alive = s.graphs_alive || [];
     this.aliveBox.hidden = !alive.some((v) => v > 0);
-    if (!this.aliveBox.hidden) this.alive.setData(s.step || [], [{ name: "nodes alive", y: alive }]);
+    if (!this.aliveBox.hidden) this.alive.setData(s.step || [], [{ name: "nodes alive", y: alive }], marks);
     const kept = s.hook_bytes || [];
     this.hooksBox.hidden = !kept.some((v) => v > 0);
-    if (!this.hooksBox.hidden) this.hooks.setData(s.step || [], [{ name: "kept by forward hooks", y: kept }]);
-    return this.perStep.setData(s.step || [], shown.map(([k, name]) => ({ name, y: s[k] || [] })));
+    if (!this.hooksBox.hidden) this.hooks.setData(s.step || [], [{ name: "kept by forward hooks", y: kept }], marks);
+    return this.perStep.setData(s.step || [], shown.map(([k, name]) => ({ name, y: s[k] || [] })), marks);
+  }
+
+  // The Doctor's finding followed here (null: none, its note closed): its code, title and
+  // steps, its message (its numbers as the Doctor formats them), its source lines, and its
+  // steps marked at the top of the per-step charts; for P6 the forwards themselves.
+  async showFinding(f) {
+    this.finding = f || null;
+    this.app.setState({ finding: f?.code });
+    clear(this.findingBox).hidden = !f;
+    if (this.series) this.drawPerStep();
+    if (!f) return;
+    const sev = f.severity === "error" ? "err" : f.severity === "warning" ? "warn" : "";
+    const srcs = [...new Set([f.src, ...(f.data?.src || [])].filter(Boolean))];
+    this.findingBox.append(
+      h("div", { class: "finding-head" }, h("span", { class: `badge ${sev}` }, f.code), h("b", {}, f.title || ""),
+        h("span", { class: "muted", "data-testid": "memory-finding-steps" }, stepsText(f)),
+        h("button", { "aria-label": "close the finding's note", title: "close", onclick: () => this.showFinding(null) }, "×")),
+      h("div", {}, f.message || ""),
+      srcs.length ? h("div", { "data-testid": "memory-finding-src" }, "at ", ...srcs.flatMap((s, i) => [i ? ", " : "", h("code", {}, s)])) : null,
+      h("div", { class: "muted" }, `${stepsText(f) || "Its steps"} marked at the top of the per-step charts below.`));
+    if (f.code === "P6" && f.data?.forwards) await this.drawUnused(f);
+  }
+
+  // The finding named in the page's URL (a reload, Back, Forward): the Doctor's of this rank.
+  async findAsked(code) {
+    const all = await api(`${sessionPath(this.app.id)}/diagnostics?${rankQuery(this.app.rank)}`).catch(() => []);
+    const mine = all.filter((f) => f.code === code && f.view === "memory");
+    const f = mine.find((x) => (x.steps || []).includes(this.app.state.step)) || mine[0];
+    if (f) await this.showFinding(f);
+  }
+
+  findingMarks() {
+    const color = SEVERITY_COLOR[this.finding?.severity] || SEVERITY_COLOR.info;
+    return (this.finding?.steps || []).map((x) => ({ x, color }));
+  }
+
+  // P6's forwards, one a row, from the step events that hold them: no per-step series has them
+  // ("saved activations" is the most the graphs backward() went through held), and an evaluation
+  // run after step N's optimizer.step() is in step N+1's event -- the Doctor tells it with step
+  // N, as it ran after it (doctor/run.py step_of_forward): both are said.
+  async drawUnused(f) {
+    const steps = (f.steps || []).slice(0, MAX_FINDING_STEPS);
+    const got = await Promise.all(steps.map((s) => api(`${sessionPath(this.app.id)}/steps?start=${s}&end=${s + 1}&${rankQuery(this.app.rank)}`).catch(() => [])));
+    if (this.finding !== f) return; // (another finding, or none, since)
+    const events = [...new Map(got.flat().map((ev) => [ev.step, ev])).values()].sort((a, b) => a.step - b.step);
+    const rows = [];
+    for (const ev of events) {
+      const fw = ev.forwards || [];
+      const trained = fw.findIndex((x) => x.backward === true);
+      fw.forEach((x, i) => {
+        if (x.built_graph !== true || x.backward !== false) return;
+        // before the step's trained forward: it ran after the previous step's optimizer.step()
+        const after = ev.step > 0 && i < trained;
+        if (!steps.includes(ev.step) && !(after && steps.includes(ev.step - 1))) return;
+        rows.push(h("tr", {},
+          h("td", {}, after ? `after step ${ev.step - 1}'s optimizer.step() (recorded with step ${ev.step})` : `in step ${ev.step}`),
+          h("td", { class: "src" }, x.src || "–"), h("td", {}, x.training === false ? "eval" : "train"),
+          h("td", {}, x.saved_bytes === undefined ? "–" : fmtBytes(x.saved_bytes))));
+      });
+    }
+    if (!rows.length) return;
+    this.findingBox.append(h("table", { class: "tensors", "data-testid": "memory-finding-forwards" },
+      h("tr", {}, ...["forward no backward() used: ran", "source", "mode", "saved for backward"].map((x) => h("th", {}, x))), rows),
+    h("div", { class: "muted" }, "Their saved activations are not in \"saved activations\" below, the most that the graphs " +
+      "backward() went through held; one still held at a later step's end (its output, or a loss made from it, kept in a " +
+      "variable) is in \"saved by earlier steps' graphs still alive\" there."));
+    if (f.steps.length > steps.length) this.findingBox.append(h("div", { class: "muted" }, `(of its first ${steps.length} steps of ${f.steps.length})`));
   }
 
   // ``auto``: the first captured step, shown because the user asked for none: not marked,
@@ -281,6 +366,7 @@ export class MemoryView {
       info: this.info.textContent, options: [...this.stepSel.options].map((o) => +o.value), selected: this.stepSel.value,
       graphsAlive: this.aliveBox.hidden ? null : Math.max(...(this.series?.graphs_alive || []).map((v) => v || 0)),
       hookBytes: this.hooksBox.hidden ? null : Math.max(...(this.series?.hook_bytes || []).map((v) => v || 0)),
+      finding: this.finding?.code ?? null, findingMarks: this.perStep.markers.map((m) => m.x),
       categories: (this.perStep.series || []).map((s) => s.name), timelineAxis: this.timeline.axis, timelineBy: this.by,
       bands: this.timeline.opts.stacked ? this.timeline.series.map((s) => s.name) : null };
   }

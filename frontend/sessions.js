@@ -119,7 +119,7 @@ function row(s) {
   const href = `/sessions/${encodeURIComponent(s.id)}`;
   const tags = h("span", { class: "tags" }, (s.tags || []).map((t) => h("span", { class: "tag", title: t }, t)));
   return h("tr", { "data-id": s.id },
-    h("td", {}, h("a", { href, class: "session-link" }, s.name || s.id), h("div", { class: "muted small" }, s.model || "")),
+    h("td", { class: "session-name" }, h("a", { href, class: "session-link" }, s.name || s.id), h("div", { class: "muted small" }, s.model || "")),
     h("td", {}, h("span", { class: `badge status-${(s.status || "").replace(/ /g, "-")}` }, s.status)),
     h("td", {}, fmtTime(s.started_at)), h("td", { class: "num" }, String(s.steps ?? 0)), h("td", { class: "num" }, String(ranksOf(s))),
     h("td", { "data-testid": "doctor-cell" }, s.errors ? h("span", { class: "badge err", title: "doctor errors" }, `${s.errors} error${s.errors > 1 ? "s" : ""}`) : null,

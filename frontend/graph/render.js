@@ -89,7 +89,16 @@ export class GraphCanvas {
     this.frames = 0;
     this.pending = false;
     this._bind();
-    new ResizeObserver(() => this.resize()).observe(canvas.parentElement);
+    // A canvas that changes size while it shows the fit (the window sized after the page
+    // opened, a view first fitted while its tab was hidden) is fitted again: its first view
+    // kept the old size's zoom, and at 1024 px a small graph's backward column ran off the
+    // canvas's edge until "f" (QA 42b).  A view the user moved (pan, zoom, a selection
+    // centred, the minimap) is no longer the fit, and stays where it is.
+    new ResizeObserver(() => {
+      const fitted = this.atFit();
+      this.resize();
+      if (fitted) this.fit();
+    }).observe(canvas.parentElement);
     this.resize();
   }
 
@@ -204,15 +213,20 @@ export class GraphCanvas {
 
   show(v) { Object.assign(this, v); this.requestDraw(); }
 
-  fit() { if (this.scene) this.show(this.fitView()); }
+  // Whether the view is ``v`` (a view of fitView or overviewView), to half a pixel.
+  isAt(v) { return Math.abs(v.scale - this.scale) < 1e-9 && Math.abs(v.tx - this.tx) < 0.5 && Math.abs(v.ty - this.ty) < 0.5; }
+
+  // Whether the view is still where the last fit() put it: nothing moved it since.
+  atFit() { return !!this.scene && !!this.lastFit && this.isAt(this.lastFit); }
+
+  fit() { if (this.scene) this.show(this.lastFit = this.fitView()); }
 
   // The Fit button and key: a second press where Fit left the view shows the whole graph,
   // so the overview of a large graph is one press away rather than a dozen zoom steps.
   fitOrOverview() {
     if (!this.scene) return;
     const v = this.fitView();
-    const there = Math.abs(v.scale - this.scale) < 1e-9 && Math.abs(v.tx - this.tx) < 0.5 && Math.abs(v.ty - this.ty) < 0.5;
-    this.show(there ? this.overviewView() : v);
+    if (this.isAt(v)) this.show(this.overviewView()); else this.fit();
   }
 
   // Centre ``must`` (boxes) at a readable zoom, zooming out as far as it takes to show all of
