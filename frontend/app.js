@@ -21,7 +21,8 @@ class App {
   constructor() {
     this.id = document.body.dataset.sessionId;
     const q = new URLSearchParams(location.search);
-    this.state = { view: q.get("view") || "graph", step: q.has("step") ? +q.get("step") : undefined,
+    // (a step that is no number -- a typo'd link -- is none: the view's first; QA 42b)
+    this.state = { view: q.get("view") || "graph", step: /^-?\d+$/.test(q.get("step") || "") ? +q.get("step") : undefined,
       node: normalizeNode(q.get("node")), overlay: q.get("overlay") || undefined, layout: q.get("layout") || undefined,
       params: q.get("params") || undefined };
     this.rank = q.has("rank") ? +q.get("rank") : undefined;

@@ -257,7 +257,10 @@ export class GraphView {
     // fit does (QA 42b: it covered the top row, the first module box of a small graph)
     const grew = this.canvas.topInset() - inset;
     if (fitted && grew > 0) { this.canvas.ty += grew; this.canvas.requestDraw(); }
-    if (this.selected && !this.model.byKey.has(this.selected) && !this.selected.startsWith("g:")) this.selected = null;
+    if (this.selected && !this.model.byKey.has(this.selected) && !this.selected.startsWith("g:")) {
+      this.selected = null; // (nor kept in the URL: a node=zz there selects nothing, QA 42b)
+      if (this.app.state.node !== undefined) this.app.setState({ node: undefined });
+    }
     if (this.selected) await this.select(this.selected, true);
   }
 
@@ -607,6 +610,7 @@ export class GraphView {
   }
 
   setOverlay(v) {
+    if (![...this.overlaySel.options].some((o) => o.value === v)) v = "phase"; // (an overlay=bogus URL's: QA 42b)
     const was = this.overlay;
     this.overlay = v;
     this.overlaySel.value = v;

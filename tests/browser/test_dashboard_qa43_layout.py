@@ -133,3 +133,20 @@ def test_ordinary_names_keep_their_words_at_800_px(runs: Any, module_browser: An
         # (and at 1280 px, one line as before)
         page.set_viewport_size({"width": 1280, "height": 600})
         assert page.evaluate(LINES, link) == 1
+
+
+@pytest.mark.parametrize("query", ["?view=graph&step=-3&node=zz&overlay=bogus", "?view=graph&step=abc&node=zz&overlay=bogus"])
+def test_a_links_bad_values_are_not_kept(runs: Any, module_browser: Any, query: str) -> None:  # noqa: F811
+    """A typo'd or stale link (QA 42b): the graph shows the nearest captured step, colours by
+    phase and selects nothing, and the URL then says so -- it kept ``node=zz&overlay=bogus``,
+    which a copied link passed on."""
+    srv, sid, _ = runs
+    with checked_context(module_browser, 1280, 700) as page:
+        open_session(page, srv.url, sid, query)
+        page.wait_for_function(FITTED)
+        page.wait_for_function("!new URLSearchParams(location.search).has('node')")
+        q = page.evaluate("Object.fromEntries(new URLSearchParams(location.search))")
+        assert "overlay" not in q and "node" not in q, q
+        assert q.get("step") in (None, "0"), q  # the nearest captured step, or none asked
+        assert page.evaluate(f"{GRAPH}.overlaySel.value") == "phase"
+        assert page.evaluate(f"{GRAPH}.step") == 0
