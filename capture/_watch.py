@@ -1114,6 +1114,7 @@ class Watch:
         # (id of the optimizer, the recorder) whose step() paused the op recorder (_pause_for_step)
         self._paused_for: tuple[int, Any] | None = None
         self._co_opts: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
+        self._co_candidates: set[int] = set()  # the first step's not_trained another optimizer may train
         self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
         self._gc_paused = False
         self._ended_by: tuple[str, str] | None = None  # (status, message) when the run raised
@@ -3525,12 +3526,17 @@ class Watch:
                    s.unregistered, upd)
         if self._deferred is not None:
             self._finish_deferred()  # the previous step's values, long on the host by now
-        if read.deferred or s.unregistered or (not_trained and self._step == 0 and not self._co_opts and s.asked is None):
+        if not_trained and self._step == 0 and not self._co_opts and s.asked is None:
+            # on the first step, parameters the watched optimizer does not hold that have a
+            # gradient: a second optimizer stepping after it trains them (QA 42a: step 0 named
+            # a head that `opt_h.step()` trains every step), asked at the next boundary.  One
+            # with none stays: a GAN's generator, whose backward comes after the watched
+            # critic's step, got no gradient by design
+            self._co_candidates = {i for i in not_trained if (p := params[i]) is not None and p.grad is not None}
+        if read.deferred or s.unregistered or self._co_candidates:
             # Parameters outside the model in the captured graph: another optimizer may step
             # them after the watched one (an encoder's, then its decoder's), so whether one
-            # does is asked at the next boundary.  So are, on the first step, parameters the
-            # watched optimizer does not hold: a second optimizer stepping after it trains
-            # them (QA 42a: step 0 named a head that `opt_h.step()` trains every step)
+            # does is asked at the next boundary
             self._deferred = pending
         else:
             self._finish(*pending)
@@ -3612,10 +3618,11 @@ class Watch:
     def _finish_deferred(self) -> None:
         if self._deferred is not None:
             pending, self._deferred = self._deferred, None
-            ev, not_trained = pending[0], pending[7]
-            if not_trained and self._co_opts:  # (see _not_trained) another optimizer stepped since
+            ev, not_trained, maybe = pending[0], pending[7], self._co_candidates
+            self._co_candidates = set()
+            if maybe and self._co_opts:  # (see _record_step) another optimizer stepped since
                 held = self._co_held(ev["step"])
-                kept = [i for i in not_trained if (p := self._params[i]()) is None or id(p) not in held]
+                kept = [i for i in not_trained if i not in maybe or (p := self._params[i]()) is None or id(p) not in held]
                 pending = (*pending[:7], kept, *pending[8:])
             self._finish(*pending)
 
