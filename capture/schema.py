@@ -137,7 +137,8 @@ class MemoryStats(TypedDict, total=False):
     # graph kept with retain_graph=True, or built in eval mode and kept); absent when none
     kept: int
     # live + saved: an estimate on steps without a graph; on captured steps at least the op
-    # ledger's highest point over the recorded forward and backward (not optimizer.step())
+    # ledger's highest point over the recorded ops; in full mode, whose ledger runs through the
+    # forward, the backward and optimizer.step(), that highest point itself
     peak: int
     device: dict[str, int]  # CUDA allocator view: allocated, reserved, active, inactive, peak, num_alloc_retries...
 
