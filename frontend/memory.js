@@ -36,7 +36,7 @@ const CATEGORIES = [["live", "live state (params + grads + optimizer)"], ["peak"
 // The two peaks this view shows, and why they differ, in PyTorch's words.
 const STEP_PEAK = "peak: the most bytes a step held at once — the state kept between steps (parameters, their .grad, " +
   "the optimizer state) plus the activations autograd saved for backward, or, on a captured step, the op ledger's highest " +
-  "point when that is higher.";
+  "point when that is higher (in full mode, whose ledger runs through the whole step, that point itself).";
 const OP_PEAK = "The in-step peak below is one captured step's op ledger alone: the live bytes after each recorded op. In " +
   "default mode those are the forward's ops only (full mode records backward() and optimizer.step() too): the .grad " +
   "tensors backward() writes and what optimizer.step() allocates come after them. So it is at most the per-step peak above.";
