@@ -153,6 +153,8 @@ class Interposer(TorchFunctionMode):
             if not _compiling():
                 if self.watch._optimizer is None and args and id(args[0]) in self.watch._param_names:
                     self.watch._param_data_taken = True  # a hand-written update (_updated_by_hand)
+                    if self.watch._s.restat:
+                        self.watch._safe("grads", self.watch._restat)
                 if self.watch._capturing_ops and _from_user():
                     self.watch._safe("breaks", self.watch._on_break, "torch::Tensor.data", args[0])
             return func(*args, **kwargs)  # torchscope runs your call unchanged
@@ -175,6 +177,8 @@ class Interposer(TorchFunctionMode):
             # the loss's own ``+=`` (a penalty added to it) and the optimizer's updates
             # (no_grad) never qualify
             fresh = False
+            if self.watch._s.restat and isinstance(first, torch.Tensor) and id(first) in self.watch._param_names:
+                self.watch._safe("grads", self.watch._restat)  # ``p -= lr * p.grad``, after a clipping
             copy = (isinstance(first, torch.Tensor) and torch.is_grad_enabled() and not self.watch._depth
                     and ((fresh := not first.requires_grad) or id(first) in self.watch._weight_copies))
             out = func(*args, **kwargs)  # torchscope runs your call unchanged

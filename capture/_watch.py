@@ -332,6 +332,7 @@ class _StepState:
         "noop_src",
         "clip_flagged",
         "clip",
+        "restat",
         "moves",
         "conversions",
         "breaks",
@@ -441,6 +442,9 @@ class _StepState:
         self.noop_src = ""  # the line of the step's first no-op move
         self.clip_flagged = False
         self.clip: tuple[torch.Tensor, float, float] | None = None  # clip_grad_norm_'s total, max_norm, norm_type
+        # a hand-written update's statistics, read as the backward returned, are of gradients a
+        # clipping has since scaled: read again at the update (Watch._restat)
+        self.restat = False
         self.moves: dict[tuple[str, str], list[int]] = {}  # (what, src) -> [count, bytes]
         # output storage -> source dtype/device, and the output (weakly): a storage address is
         # the same data only while that output lives (a new tensor may reuse a freed address)
@@ -946,6 +950,7 @@ class Watch:
         self._calls = 0  # torch calls through the function mode (every IDLE_EVERY-th looks at _idle)
         self._last_event = time.monotonic()  # the watched loop's last forward, backward or step
         self._backward_running = False  # inside a backward of the loop's (_run_backward)
+        self._hand_updates = False  # a step was ended by a hand-written update (_updated_by_hand)
         if type(model).__name__ == "OptimizedModule":  # watch(torch.compile(model))
             self._fast.compiled_forward()
         self._eval_dropouts: set[str] = set()
@@ -1211,7 +1216,10 @@ class Watch:
             # one with forwards (a training loop's trailing evaluation is not a step of its own)
             # (optimizers stepping inside the backward end steps too: no inference watch)
             failed_in: tuple[dict[str, Any] | None, list[dict[str, object]]] | None = None
-            if self._s.micro > 0 or (self._s.forwards and self._optimizer is None and not self._in_backward):
+            # (a loop that updated by hand: its trailing no-backward forwards are an evaluation,
+            # QA 43b: the word_language_model example's made a 25th step of 24 updates)
+            if self._s.micro > 0 or (self._s.forwards and self._optimizer is None and not self._in_backward
+                                     and not self._hand_updates):
                 skipped = self._scale_changed()  # the loop's last step, skipped by its GradScaler: a step
                 if self._an_unapplied_step() and not skipped:
                     self._s.forwards = [f for f in self._s.forwards if not f.get("backward")]
@@ -1624,6 +1632,7 @@ class Watch:
             s = self._s
         elif s.micro > 0 and self._updated_by_hand():
             self._close_step(False)  # an optimizer without hooks (or the loop itself) updated the parameters
+            self._hand_updates = True
             s = self._s
         elif s.micro > 0 and (stray := self._stray() if self._stray is not None else None) is not None and (
             self._stray_again or self._safe("step", self._shares_params, stray) is True
@@ -2170,6 +2179,7 @@ class Watch:
         if not self._clip_after_backward():
             return
         self._s.clip = (total, float(loc.get("max_norm", math.nan)), float(loc.get("norm_type", 2.0)))
+        self._s.restat = self._s.stats is not None and self._unhooked()
 
     def _clip_after_backward(self) -> bool:
         """Whether a clipping of the watched gradients follows a backward of its step.  One
@@ -2212,6 +2222,7 @@ class Watch:
                 break
             f = f.f_back
         self._s.clip = (total, float(loc.get("max_norm", math.nan)), norm_type)
+        self._s.restat = self._s.stats is not None and self._unhooked()
 
     def _on_move(self, inp: torch.Tensor, out: Any, same_place: bool = False, to_device: bool = True) -> None:
         """``same_place``: ``clone()`` or ``torch.tensor(t)``, a copy on the same device in the
@@ -2749,6 +2760,18 @@ class Watch:
     def _versions(self) -> int:
         return sum(p._version for r in self._params if (p := r()) is not None)
 
+    def _restat(self) -> None:
+        """A hand-written update's first touch of a parameter (``p.data``, ``p -= ...``) after a
+        clipping of the step's gradients: their statistics, read as the backward returned (the
+        loop clears them before the next forward), are read again, as the update uses them,
+        with the clipping's total (QA 43b: the word_language_model example's norms were 2.57x
+        its clipped ``.grad``, and the step had no ``clip``)."""
+        s = self._s
+        s.restat = False
+        params: list[torch.Tensor | None] = [r() for r in self._params]
+        s.stats = self._grad_stats(s, params)
+        s.grad_st = grad_storages([p for p in params if p is not None])
+
     def _unhooked(self) -> bool:
         """No torch optimizer ends the steps: one without step hooks was given, or none was
         given, none has stepped the parameters yet and the loop does not call ``watch.step()``
@@ -2773,8 +2796,13 @@ class Watch:
             self._param_version = self._versions()
             self._param_data_taken = False
             # no optimizer.step() to read the gradients at: read them as this backward left
-            # them (the step ends at the next forward, after the loop has used and cleared them)
-            s.stats = self._safe("grads", self._grad_stats, s, [r() for r in self._params])
+            # them (the step ends at the next forward, after the loop has used and cleared them),
+            # and their storages (the memory categories' gradients: QA 43b's 0 B after the
+            # loop's `model.zero_grad()` before that forward)
+            params: list[torch.Tensor | None] = [r() for r in self._params]
+            s.stats = self._safe("grads", self._grad_stats, s, params)
+            s.grad_st = grad_storages([p for p in params if p is not None])
+            del params
         returned = time.perf_counter()
         s.backward_us += (returned - t0) * 1e6
         if s.pre_grads:
