@@ -32,7 +32,7 @@ import time
 import types
 import urllib.parse
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, Literal, NamedTuple, cast
 
 import torch
@@ -753,9 +753,13 @@ def _other_outputs(x: Any, first: torch.Tensor) -> list[torch.Tensor]:
     dict (a ``ModelOutput``'s loss comes first and is the one its gradient reaches)."""
     if not isinstance(x, (tuple, list)):
         return []
-    items = [u for v in x for u in (v if isinstance(v, (list, tuple)) else (v,))]
-    return [v for v in items if isinstance(v, torch.Tensor) and v is not first and v.grad_fn is not None
+    return [v for v in _one_level_down(x) if isinstance(v, torch.Tensor) and v is not first and v.grad_fn is not None
             and v.is_floating_point()][:2]
+
+
+def _one_level_down(items: Iterable[Any]) -> list[Any]:
+    """``items``, each list or tuple among them replaced by its own items."""
+    return [u for v in items for u in (v if isinstance(v, (list, tuple)) else (v,))]
 
 
 def _reached_first(s: _StepState) -> None:
@@ -801,7 +805,7 @@ def _output_tensors(x: Any, limit: int = 8) -> list[torch.Tensor]:
     items = x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else (x,)
     # and one level down: an RNN's ``(output, (h, c))``, whose state the loop may carry into
     # the next forward without ``.detach()`` (P7)
-    items = [u for v in items for u in (v if isinstance(v, (list, tuple)) else (v,))]
+    items = _one_level_down(items)
     out: list[torch.Tensor] = []
     nodes: list[Any] = []
     for v in items:
@@ -1825,7 +1829,7 @@ class Watch:
             s.recorder = self._new_recorder(s, args, kwargs)
             _compile.follow(_pause_for_compile)
         else:  # a later forward of the step: a micro-batch, the training forward after an evaluation
-            self._safe("memory", self._inputs, s, s.recorder, args, kwargs, False)
+            self._safe("memory", self._inputs, s, s.recorder, _input_tensors(args, kwargs), False)
         if not self._module_hooks:  # (and again after a module was assigned: _relist_modules)
             for path, ref in self._modules:
                 m = ref()
@@ -1862,11 +1866,11 @@ class Watch:
             rec = NativeRecorder(ext, self._module_of, cdata, live + sum(s.in_st.values()), s.check_nan, self.max_ops, s.sid)
         else:
             rec = OpRecorder(self._module_of, self._param_names, live + sum(s.in_st.values()), s.check_nan, self.max_ops, s.sid)
-        self._safe("memory", self._inputs, s, rec, args, kwargs, True)
+        self._safe("memory", self._inputs, s, rec, inputs, True)
         return rec
 
-    def _inputs(self, s: _StepState, rec: OpRecorder | NativeRecorder, args: Any, kwargs: dict[str, Any], first: bool) -> None:
-        """The ledger follows the storages of the tensors a recorded forward was called with, as
+    def _inputs(self, s: _StepState, rec: OpRecorder | NativeRecorder, inputs: list[torch.Tensor], first: bool) -> None:
+        """The ledger follows the storages of ``inputs``, the tensors a recorded forward was called with, as
         if an op had made them: the first forward's are in the recorder's baseline (``first``),
         a later one's are live from its first op on.  Made by the data loader, they are no op's
         allocation, yet alive through the forward, and their death is a free: an evaluation's
@@ -1884,11 +1888,10 @@ class Watch:
                 else:
                     alive.append(held)
             s.in_held = alive
-            spans = {ptr: n for ptr, n in spanned(_input_tensors(args, kwargs)).items()
-                     if ptr not in s.in_known and ptr not in s.in_st}
+            spans = {ptr: n for ptr, n in spanned(inputs).items() if ptr not in s.in_known and ptr not in s.in_st}
             if not spans:
                 return
-        for t in _input_tensors(args, kwargs):
+        for t in inputs:
             ptr = t.untyped_storage().data_ptr() if t.layout == torch.strided and _dense(t) else None
             n = spans.get(ptr) if ptr is not None else None
             if ptr is not None and n is not None and rec.follow(t, n, first):
@@ -2178,8 +2181,7 @@ class Watch:
             return  # another model's clipping (a GAN's other network)
         if not self._clip_after_backward():
             return
-        self._s.clip = (total, float(loc.get("max_norm", math.nan)), float(loc.get("norm_type", 2.0)))
-        self._s.restat = self._s.stats is not None and self._unhooked()
+        self._set_clip(total, float(loc.get("max_norm", math.nan)), float(loc.get("norm_type", 2.0)))
 
     def _clip_after_backward(self) -> bool:
         """Whether a clipping of the watched gradients follows a backward of its step.  One
@@ -2221,8 +2223,14 @@ class Watch:
                 norm_type = float(f.f_locals["norm_type"])
                 break
             f = f.f_back
-        self._s.clip = (total, float(loc.get("max_norm", math.nan)), norm_type)
-        self._s.restat = self._s.stats is not None and self._unhooked()
+        self._set_clip(total, float(loc.get("max_norm", math.nan)), norm_type)
+
+    def _set_clip(self, total: torch.Tensor, max_norm: float, norm_type: float) -> None:
+        """The step's clipping; a hand-written update's statistics, read already, are read
+        again at the update (``_restat``)."""
+        s = self._s
+        s.clip = (total, max_norm, norm_type)
+        s.restat = s.stats is not None and self._unhooked()
 
     def _on_move(self, inp: torch.Tensor, out: Any, same_place: bool = False, to_device: bool = True) -> None:
         """``same_place``: ``clone()`` or ``torch.tensor(t)``, a copy on the same device in the
