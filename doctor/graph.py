@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .run import as_dict, as_int, as_list
+from .run import Run, as_dict, as_int, as_list
 
 BREAK_FLAGS = frozenset({"breaks_graph", "new_leaf", "non_differentiable"})
 
@@ -183,9 +183,14 @@ def target_of_op(step: int, rank: int, op: dict[str, Any]) -> dict[str, Any]:
     return target
 
 
-def op_label(op: dict[str, Any]) -> str:
+def op_label(op: dict[str, Any], run: Run) -> str:
+    """``aten::addmm in '0' (Linear)``: the op, its module's path and its type (a
+    path alone, in an ``nn.Sequential``, is a bare index: QA 42)."""
     name = str(op.get("name", "op"))
     if name.startswith("torch::"):  # a torch-level call the function mode saw: as the user wrote it
         name = name.removeprefix("torch::") + ("" if name.endswith(".data") else "()")
     module = as_dict(op).get("module")
-    return f"{name} in {module!r}" if module else name
+    if not module:
+        return name
+    kind = run.module_type(str(module))
+    return f"{name} in {module!r}" + (f" ({kind})" if kind else "")

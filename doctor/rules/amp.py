@@ -104,7 +104,7 @@ def _skips_finding(run: Run, later: list[int], collapsed: list[int], calibration
     if traced is not None:
         step, op, node = traced
         where = "turned finite (scaled) gradients into Inf/NaN" if node else "made Inf/NaN in the forward"
-        message += f" Traced at step {step}: {origin_text(op, node)} {where}."
+        message += f" Traced at step {step}: {origin_text(run, op, node)} {where}."
         targets.insert(0, origin_target(step, run.rank, op, node))
         src = str(op.get("src") or "") or None
     return make("P14", "warning", message, FIX, steps, rank=run.rank, targets=targets, src=src,

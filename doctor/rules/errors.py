@@ -269,7 +269,7 @@ def check_inplace(run: Run, settings: Settings) -> list[Finding]:
         where = ""
         if culprit:
             targets.insert(0, FindingTarget(**g.target_of_op(culprit[0], run.rank, culprit[1])))  # type: ignore[typeddict-item]
-            where = f" ({g.op_label(culprit[1])})"
+            where = f" ({g.op_label(culprit[1], run)})"
         needed = f" that {node_name} needed for backward" if node_name else " that backward needed"
         if own is not None:
             needers, inferred = next((_needers(graph, own[1], _stale_fields(run, own[0]))
@@ -363,7 +363,7 @@ def _silent_inplace(run: Run, crash_steps: list[int]) -> list[Finding]:
     for (name, src), (steps, fstep, op) in silent.items():
         if fstep in crash_steps:
             continue  # the same event, already reported with the error
-        message = (f"{g.op_label(op)} wrote in place into a tensor saved for backward: the gradient is computed "
+        message = (f"{g.op_label(op, run)} wrote in place into a tensor saved for backward: the gradient is computed "
                    f"from the new values ({describe_steps(steps, run.last_step)}).")
         findings.append(make("P8", "error", message, FIX_P8, steps, rank=run.rank,
                              targets=[FindingTarget(**g.target_of_op(fstep, run.rank, op))],  # type: ignore[typeddict-item]

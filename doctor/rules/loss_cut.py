@@ -111,7 +111,7 @@ def _mode_of(x: dict[str, Any]) -> str:
     return "torch.inference_mode()" if x.get("inference_mode") is True else "torch.no_grad()"
 
 
-def _graph_cause(gstep: int, graph: dict[str, Any],
+def _graph_cause(run: Run, gstep: int, graph: dict[str, Any],
                  forwards: list[dict[str, Any]]) -> tuple[_Cause | None, list[dict[str, Any]]]:
     """The cut between what carries a gradient and the loss of a failing step's captured graph:
     walking the op dataflow back from the loss to the first ops that read a tensor carrying a
@@ -156,11 +156,11 @@ def _graph_cause(gstep: int, graph: dict[str, Any],
         f = forwards[micro] if 0 <= micro < len(forwards) else {}
         if _grad_off(f) and f.get("src"):  # the model's forward itself ran with grad mode off
             return _Cause("P1", "no_grad_forward", str(f["src"]), mode=_mode_of(f), op=op, gstep=gstep), []
-        return _Cause("P1", "no_grad", src, g.op_label(op), _mode_of(op), op=op, gstep=gstep), []
+        return _Cause("P1", "no_grad", src, g.op_label(op, run), _mode_of(op), op=op, gstep=gstep), []
     if "non_differentiable" in g.flags(op):
-        return _Cause("P9", "non_differentiable", src, g.op_label(op), op=op, gstep=gstep), []
+        return _Cause("P9", "non_differentiable", src, g.op_label(op, run), op=op, gstep=gstep), []
     kind = _MARKERS.get(name, "detach" if name.rstrip("_") == "aten::detach" else "cut")
-    return _Cause("P1", kind, src, g.op_label(op), op=op, gstep=gstep), []
+    return _Cause("P1", kind, src, g.op_label(op, run), op=op, gstep=gstep), []
 
 
 def _param_copies(run: Run, gstep: int, graph: dict[str, Any], forwards: list[dict[str, Any]]) -> _Cause | None:
@@ -283,7 +283,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
         fc = plain[e.step] = _forward_cause(forwards, no_grad_fn_forwards(ev), e.src)
         for graph in run.graphs_of(e.step):
-            gc, markers = _graph_cause(e.step, graph, forwards)
+            gc, markers = _graph_cause(run, e.step, graph, forwards)
             if gc is None and markers and fc.kind == "after_forward":
                 # not tied to the loss by the dataflow (an .item() made into a tensor again): said, not claimed
                 m = markers[-1]

@@ -197,11 +197,11 @@ def origin(graph: dict[str, Any], loss_bad: bool) -> tuple[dict[str, Any], dict[
     return {}, {}
 
 
-def origin_text(op: dict[str, Any], node: dict[str, Any]) -> str:
+def origin_text(run: Run, op: dict[str, Any], node: dict[str, Any]) -> str:
     """``SqrtBackward0, the gradient of aten::sqrt`` or ``aten::log in 'head'``."""
     if not node:
-        return g.op_label(op)
-    return str(node.get("name", "a node")) + (f", the gradient of {g.op_label(op)}" if op else "")
+        return g.op_label(op, run)
+    return str(node.get("name", "a node")) + (f", the gradient of {g.op_label(op, run)}" if op else "")
 
 
 def origin_target(step: int, rank: int, op: dict[str, Any], node: dict[str, Any]) -> FindingTarget:
@@ -323,7 +323,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                    f"optimizer.step() then wrote it into the parameters, so every later step is NaN/Inf too ({when})."
                    if data else
                    f"NaN/Inf first appeared at step {steps[0]} {what}; optimizer.step() wrote it into the parameters, "
-                   f"so from step {op_step} the first op reading {carried!r} ({g.op_label(first_op)}) already yields "
+                   f"so from step {op_step} the first op reading {carried!r} ({g.op_label(first_op, run)}) already yields "
                    f"NaN: that op is not the cause ({when}). Ops are checked for NaN from the step after a non-finite "
                    f"one, so the op that produced it at step {steps[0]} is not known"
                    + (". " + _made_in_backward(ev0) if _backward_made(ev0) else ": " + _forward_made(ev0, held, before, diverged, full)))
@@ -337,7 +337,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                      data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
     fix = FIX
     if node:
-        made = origin_text(first_op, node)
+        made = origin_text(run, first_op, node)
         message = (f"NaN/Inf first produced in the backward at step {op_step} by {made}: a finite gradient came "
                    f"in and NaN/Inf went out ({when}).")
         if op_step > steps[0]:  # nodes are checked from the step captured after a non-finite one
@@ -346,11 +346,11 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                        f"{steps[0]} went non-finite ({when}).")
         fix = FIX_BACKWARD
     elif first_op:
-        message = f"NaN/Inf first produced by {g.op_label(first_op)} at step {op_step} ({when})."
+        message = f"NaN/Inf first produced by {g.op_label(first_op, run)} at step {op_step} ({when})."
         if "softmax" in str(first_op.get("name", "")):
             fix = FIX_SOFTMAX
         if op_step > steps[0]:  # ops are checked from the step captured after a non-finite one
-            message = (f"NaN/Inf since step {steps[0]}, produced by {g.op_label(first_op)}: the op was caught at "
+            message = (f"NaN/Inf since step {steps[0]}, produced by {g.op_label(first_op, run)}: the op was caught at "
                        f"step {op_step}, the first step checked op by op after step {steps[0]} went non-finite "
                        f"({when}).")
         if diverged is not None:  # the op overflowed on what the runaway updates made of the parameters
@@ -429,7 +429,7 @@ def _failed_step_finding(run: Run) -> list[Finding]:
     before = _step_before(run, step)
     data = _bad_batch(_inputs_read(fev), step)
     if op is not None:
-        message = f"NaN/Inf first produced by {g.op_label(op)} at step {step}, {stopped}."
+        message = f"NaN/Inf first produced by {g.op_label(op, run)} at step {step}, {stopped}."
         fix = FIX_SOFTMAX if "softmax" in str(op.get("name", "")) else FIX
         targets = [origin_target(step, run.rank, op, {})]
         modules = [str(targets[0]["module"])] if "module" in targets[0] else []

@@ -235,7 +235,7 @@ def _cut_groups(run: Run) -> tuple[dict[_GroupKey, list[int]], dict[_GroupKey, t
             if key in where and as_int(where[key][1].get("id"), -1) <= as_int(op.get("id"), -1):
                 gstep, op = where[key]
         else:
-            key = (g.op_label(op) if op else "", as_int(op.get("id"), -1) if op else -1, used, sometimes)
+            key = (g.op_label(op, run) if op else "", as_int(op.get("id"), -1) if op else -1, used, sometimes)
         groups.setdefault(key, []).append(index)
         where[key] = (gstep, op)
     return groups, where, steps_of, got
@@ -312,7 +312,7 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
         findings.append(make("P1", severity, message, fix, steps, rank=run.rank, targets=targets,
                              modules=sorted({run.param_module(i) for i in indices}), params=names,
                              src=str(op.get("src", "")) if op else None,
-                             data={"break_op": g.op_label(op) if op else "", "graph_step": gstep},
+                             data={"break_op": g.op_label(op, run) if op else "", "graph_step": gstep},
                              title="Gradient cleared before optimizer.step()" if key[0] == _CLEARED else None))
     return findings
 
@@ -386,7 +386,7 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
         return "error", f"{head}: the forward never used {_them(names)}.", _UNUSED_FIX
     if op and not _is_cut(op):  # nothing cuts the dataflow: it ends, unused by the loss
         return ("error", f"{head}: what {'it computes' if len(names) == 1 else 'they compute'} ends at "
-                f"{g.op_label(op)}, whose result the loss never uses "
+                f"{g.op_label(op, run)}, whose result the loss never uses "
                 "(an output computed and then left out of the loss).", _DEAD_END_FIX)
     if op:
         # (both causes of grad mode off inside a training forward, which the op alone cannot tell
@@ -394,7 +394,7 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
         why = ("it ran under torch.no_grad(), or in torch.utils.checkpoint(use_reentrant=True) with no input that "
                "requires grad" if op.get("grad_mode") is False else "gradient cannot flow through it")
         return ("error", f"{head}: {'its path' if len(names) == 1 else 'their paths'} to the loss break"
-                f"{'s' if len(names) == 1 else ''} at {g.op_label(op)} ({why}).", fix)
+                f"{'s' if len(names) == 1 else ''} at {g.op_label(op, run)} ({why}).", fix)
     if label == _UNREACHED:  # light mode: its walk of the graph knows this much
         return ("error", f"{head}: the backward's graph does not reach {_them(names)} -- the forward never uses "
                 f"{_them(names)}, or the path to the loss is cut; a captured graph tells which (mode='default' "
