@@ -945,6 +945,7 @@ class Watch:
         # from optimizer.step() to the next forward on the steps the mode watches: where a copy
         # of the weights is updated out of place (``shadow = 0.99 * shadow + 0.01 * p``)
         self._after_update = False
+        self._keep_mode = False  # the watched optimizer has step pre-hooks of its own (_opt_pre)
         # functional dropout left on in eval mode (P11): the first eval-mode forward from each
         # call site runs under a probe (its line), and what it finds is said once a line
         self._eval_probe = EvalDropoutProbe(self._safe, self._on_eval_dropout)
@@ -2230,7 +2231,9 @@ class Watch:
         again at the update (``_restat``)."""
         s = self._s
         s.clip = (total, max_norm, norm_type)
-        s.restat = s.stats is not None and self._unhooked()
+        # (inside step(), by a step pre-hook of the optimizer: at its update, else as it returns)
+        inside = s.step_began is not None and s.micro == s.step_began
+        s.restat = s.stats is not None and (inside or self._unhooked())
 
     def _on_move(self, inp: torch.Tensor, out: Any, same_place: bool = False, to_device: bool = True) -> None:
         """``same_place``: ``clone()`` or ``torch.tensor(t)``, a copy on the same device in the
@@ -2593,6 +2596,12 @@ class Watch:
             s.events.append({"what": "create_graph", "micro": s.micro})
             s.before_create = walk  # held until the pass returns, so node ids stay valid
         s.saved_now = saved
+        if (self.mode == "full" and s.capture and s.recorder is None and s.forwards and s.forwards[-1].get("compiled")
+                and "ops" not in self._disabled):
+            # a compiled forward ran no hook of ours, so no recorder began there: full mode
+            # records the step from its backward on, the optimizer's ops included (QA 43a F5)
+            s.recorder = self._safe("ops", self._new_recorder, s, (), {})
+            _compile.follow(_pause_for_compile)
         if s.capture and walk is not None and s.graph is None and "graph" not in self._disabled:
             rec = s.recorder
             ops_of, tids_of = rec.node_links(walk) if rec is not None else ({}, {})
@@ -3080,7 +3089,10 @@ class Watch:
         self._owner = threading.get_ident()
         self._last_event = time.monotonic()
         self._s.step_began = self._s.micro  # passes after it ran inside step(): its closure's (LBFGS)
-        if self._tls.pushed:
+        # the optimizer's own step pre-hooks run after this global one: one may clip the
+        # gradients (QA 43a F6), so the mode stays on through step() to see it (_set_clip)
+        self._keep_mode = bool(getattr(optimizer, "_optimizer_step_pre_hooks", None))
+        if self._tls.pushed and not self._keep_mode:
             self._safe("mode", self._mode_off)
         if self._deferred is not None:
             # the previous step's statistics first: a non-finite one makes this read exact
@@ -3221,12 +3233,16 @@ class Watch:
         rec = self._s.recorder
         if self._capturing_ops and rec is not None and rec.phase == "optimizer":
             self._safe("ops", self._stop_recorder)  # before any op of ours
+        if self._s.restat:  # clipped by a step pre-hook, updated by an op the mode does not see (fused)
+            self._safe("grads", self._restat)
         self._safe("step", self._close_step, False)
         if self._counts_copies(self._step):
             self._safe("mode", self._mode_on)
             self._after_update = True
         else:
             self._s.track_copies = False
+            if self._keep_mode and self._tls.pushed:
+                self._safe("mode", self._mode_off)
 
     def _counts_copies(self, step: int) -> bool:
         """Whether the next step is watched from optimizer.step() to its forward (host<->device

@@ -63,6 +63,17 @@ def test_compiled_model_is_watched_without_graph_breaks(tmp_path: Path, mode: st
         assert fwd["compiled"] is True and fwd["built_graph"] is True and fwd["backward"] is True
         assert fwd["training"] is True and fwd["saved_bytes"] >= 0
     assert not [e for e in events if e["kind"] == "log" and e.get("level") == "error"]
+    if mode == "full":
+        # no recorder began at the compiled forward: every step is recorded from its backward on,
+        # optimizer.step()'s in-place updates of the four parameters included (QA 43a F5)
+        assert len(graphs) == 4
+        for g in graphs:
+            phases = {o["phase"] for o in g["ops"]}
+            assert phases == {"backward", "optimizer"}, phases
+            tensors = {t["id"]: t for t in g["tensors"]}
+            updated = {tensors[t].get("param") for o in g["ops"] if o["phase"] == "optimizer" and "inplace" in o.get("flags", ())
+                       for t in o["outputs"]}
+            assert updated - {None} == {"0.weight", "0.bias", "2.weight", "2.bias"}, updated
 
 
 def _forward_ops(compile_first: bool, path: Path) -> dict[int, list[str]]:
