@@ -349,25 +349,44 @@ class AutogradWalk:
 
     def leaves(
         self, param_ids: dict[int, str], held_as: Callable[[torch.Tensor], str | None] | None = None
-    ) -> tuple[set[str], list[tuple[NodeRecord, weakref.ref[torch.Tensor]]]]:
+    ) -> tuple[set[str], list[tuple[NodeRecord, weakref.ref[torch.Tensor]]], dict[str, str]]:
         """What light mode, which writes no node records, tells of this graph's leaves: the names
-        of the parameters in ``param_ids`` it reaches, and the ``nn.Parameter`` leaves not in it
+        of the parameters in ``param_ids`` it reaches; the ``nn.Parameter`` leaves not in it
         (a layer kept in a plain list or dict), each with a bare record marked ``unregistered``,
-        as ``records`` gives them (``Watch._owned_elsewhere`` keeps those no optimizer steps)."""
+        as ``records`` gives them (``Watch._owned_elsewhere`` keeps those no optimizer steps);
+        and of the reached parameters, those reached through one custom ``autograd.Function``
+        node only, with its class name (``through_function``)."""
         reached: set[str] = set()
         outside: list[tuple[NodeRecord, weakref.ref[torch.Tensor]]] = []
-        for n in self.nodes:
+        at: dict[int, str] = {}  # node index -> name, of the reached parameters' AccumulateGrad
+        for i, n in enumerate(self.nodes):
             var = getattr(n, "variable", None) if type(n) is _ACCUMULATE else None
             if var is None:
                 continue
             name = param_ids.get(id(var))
             if name is not None:
                 reached.add(name)
+                at[i] = name
             elif isinstance(var, torch.nn.Parameter):
                 outside.append(({"unregistered": True}, weakref.ref(var)))
-            elif held_as is not None and (at := held_as(var)) is not None:
-                outside.append(({"unregistered": True, "held_as": at}, weakref.ref(var)))
-        return reached, outside
+            elif held_as is not None and (place := held_as(var)) is not None:
+                outside.append(({"unregistered": True, "held_as": place}, weakref.ref(var)))
+        return reached, outside, self.through_function(at)
+
+    def through_function(self, at: dict[int, str]) -> dict[str, str]:
+        """Of the AccumulateGrad nodes ``at`` (index -> parameter name), the parameters whose every
+        incoming edge comes from one custom ``autograd.Function`` node: name -> its class name.
+        A None its backward returns is then the only way the parameter's .grad stays None
+        while the backward reaches it -- light mode's P1 tells that from a cleared gradient."""
+        fed: dict[int, set[str]] = {}
+        f, nodes = self.flat, self.nodes
+        for k in range(0, len(f), 3):
+            j = f[k + 1]
+            if j in at:
+                parent = nodes[f[k]]
+                fed.setdefault(j, set()).add(
+                    type(parent).__name__ if isinstance(parent, torch.autograd.function.BackwardCFunction) else "")
+        return {at[j]: kinds.pop() for j, kinds in fed.items() if len(kinds) == 1 and "" not in kinds}
 
     def stamp_new(self, known: set[int]) -> int:
         """Mark every node not in ``known`` (ids of the nodes that existed before a

@@ -322,6 +322,7 @@ class _StepState:
         "step_began",
         "unregistered",
         "reached",
+        "through_fn",
         "pre_nonzero",
         "pre_grads",
         "pre_checked",
@@ -430,6 +431,8 @@ class _StepState:
         # light mode: names of the parameters whose AccumulateGrad the step's walked graphs hold
         # (None: no graph walked this step -- the last walk's structure ran again)
         self.reached: set[str] | None = None
+        # of those, the ones reached through one custom autograd.Function only: name -> its class
+        self.through_fn: dict[str, str] = {}
         self.pre_nonzero: list[int] = []
         # those gradients as the first backward found them (param index, the tensor, its
         # _version): one no backward of the step added onto is no accumulation (P5)
@@ -2474,8 +2477,10 @@ class Watch:
                 self._touches.clear()
             self._touches[sig] = hit
             if self.mode == "light":  # no graph records: the leaves the backward reaches, told
-                reached, outside = walk.leaves(self._param_names, self._held_as)
+                reached, outside, through = walk.leaves(self._param_names, self._held_as)
                 s.unregistered += outside
+                # (one reached otherwise by another backward of the step is not through it)
+                s.through_fn = {n: fn for n, fn in {**s.through_fn, **through}.items() if n in through or n not in reached}
                 s.reached = reached if s.reached is None else s.reached | reached
         self._owner = threading.get_ident()
         if kind != "grad":  # Tensor.backward(gradient, retain_graph, create_graph, inputs); autograd.backward(..., grad_variables, inputs)
@@ -3559,6 +3564,9 @@ class Watch:
             # the forward never uses from a gradient cleared between backward and step())
             events.append({"what": "unreached", "params": [i for i, n in enumerate(self._names) if n not in s.reached
                                                            and (p := self._params[i]()) is not None and p.requires_grad]})
+            if s.through_fn:  # (which tells a custom Function's None from a cleared .grad: P1)
+                index = {n: i for i, n in enumerate(self._names)}
+                events[-1]["through"] = [[index[n], fn] for n, fn in s.through_fn.items() if n in index]
         if events:
             ev["events"] = events
         sig = "+".join(dict.fromkeys(s.sigs)) if s.sigs else ""

@@ -208,7 +208,7 @@ def _cut_groups(run: Run) -> tuple[dict[_GroupKey, list[int]], dict[_GroupKey, t
     groups: dict[_GroupKey, list[int]] = {}
     steps_of, got = _none_steps(run)
     where: dict[_GroupKey, tuple[int, dict[str, Any]]] = {}
-    walked = _walked(run)
+    walked, through = _walked(run)
     for index, steps in steps_of.items():
         gstep, graph = _graph_near(run, steps)
         op, used = break_op(graph, run.param_name(index)) if graph else ({}, True)
@@ -217,8 +217,11 @@ def _cut_groups(run: Run) -> tuple[dict[_GroupKey, list[int]], dict[_GroupKey, t
         sometimes = got.get(index, 0) > 0
         reached = [index not in walked[s] for s in steps if s in walked] if not graph else []
         if reached and all(reached):
-            # light mode: the backward's graph held its AccumulateGrad on the steps it walked
-            key = (_CLEARED, -1, used, sometimes)
+            # light mode: the backward's graph held its AccumulateGrad on the steps it walked --
+            # reached through a custom Function only, that Function's backward returned None
+            fns = {through.get(s, {}).get(index, "") for s in steps if s in walked}
+            fn = fns.pop() if len(fns) == 1 else ""
+            key = (_FUNCTION_NONE + fn, -1, used, sometimes) if _custom_function(fn) else (_CLEARED, -1, used, sometimes)
         elif reached:
             key = (_UNREACHED, -1, used, sometimes)  # not in the graph: unused, or cut
         elif graph and (fn := _none_from_function(graph, run.param_name(index))):
@@ -241,14 +244,19 @@ def _cut_groups(run: Run) -> tuple[dict[_GroupKey, list[int]], dict[_GroupKey, t
     return groups, where, steps_of, got
 
 
-def _walked(run: Run) -> dict[int, set[int]]:
+def _walked(run: Run) -> tuple[dict[int, set[int]], dict[int, dict[int, str]]]:
     """Light mode's steps whose backward graph it walked (the first, a changed structure): step
-    -> the trainable parameters that graph does not reach (``events[{what: "unreached"}]``)."""
+    -> the trainable parameters that graph does not reach (``events[{what: "unreached"}]``);
+    and step -> the reached ones it reaches through one custom Function only -> its name."""
     out: dict[int, set[int]] = {}
+    through: dict[int, dict[int, str]] = {}
     for step, ev in run.step_events():
         for e in notes(ev, "unreached"):
             out[step] = out.get(step, set()) | {as_int(i, -1) for i in as_list(e.get("params"))}
-    return out
+            for pair in as_list(e.get("through")):
+                if isinstance(pair, list) and len(pair) == 2:
+                    through.setdefault(step, {})[as_int(pair[0], -1)] = str(pair[1])
+    return out, through
 
 
 def unreached_by_step(run: Run) -> dict[int, set[int]]:
@@ -268,18 +276,72 @@ def unreached_by_step(run: Run) -> dict[int, set[int]]:
             reached = {names[str(n.get("param"))] for n in as_list(graph.get("nodes"))
                        if isinstance(n, dict) and str(n.get("param")) in names}
             by_sig[sig] = trainable_ids - reached
-    for step, unreached in _walked(run).items():
+    for step, unreached in _walked(run)[0].items():
         by_sig.setdefault(sig_of.get(step, ""), unreached)
     by_sig.pop("", None)
     return {step: by_sig[sig] for step, sig in sig_of.items() if sig in by_sig}
 
 
+def _unreached_steps(run: Run) -> tuple[list[int], list[str]]:
+    """The steps on which no backward reached the model at all while its optimizer stepped, and
+    the lines of their forwards: ``micro_batches`` 0, every trainable parameter's ``.grad``
+    None at ``optimizer.step()``, and a training forward that built a graph no backward used,
+    from a line whose forwards no backward ever used (a batch skipped now and then is P6's).
+    A GAN's generator loss made from ``D(fake.detach())``: ``_none_steps`` leaves such steps
+    out (no backward, no cut path to walk), and P6 told an unused graph, to be put under
+    ``no_grad`` -- which keeps the generator from ever learning (QA 44b)."""
+    n = trainable(run)
+    failed = {e.step for e in errors(run)}
+    trained = {f.get("src") for _, ev in run.step_events() for f in map(as_dict, as_list(ev.get("forwards")))
+               if f.get("backward") is True}
+    steps: list[int] = []
+    srcs: list[str] = []
+    for step, ev in run.step_events():
+        if as_int(ev.get("micro_batches"), 1) != 0 or step in failed or not ev.get("step_src") or not n:
+            continue
+        grads = as_dict(ev.get("grads"))
+        none = {as_int(i, -1) for i in as_list(grads.get("none"))} - {as_int(i, -1) for i in as_list(grads.get("not_trained"))}
+        if len(none - {-1}) < n:
+            continue
+        unused = [str(f["src"]) for f in map(as_dict, as_list(ev.get("forwards")))
+                  if f.get("built_graph") is True and f.get("backward") is False and f.get("training") is not False
+                  and f.get("src") and f.get("src") not in trained]
+        if unused:
+            steps.append(step)
+            srcs += unused
+    # on most steps: a loop that steps without a backward now and then is something else
+    if len(steps) < 2 or 2 * len(steps) < len(run.steps):
+        return [], []
+    return steps, list(dict.fromkeys(srcs))
+
+
+_UNREACHED_FIX = ("Compute the loss that trains this model from its output with the graph intact -- no .detach(), "
+                  ".data or .item() on the way: a GAN's generator loss is criterion(D(fake), real_labels), and "
+                  "fake.detach() belongs only in the discriminator's loss.")
+
+
+def _unreached_model(run: Run) -> list[Finding]:
+    steps, srcs = _unreached_steps(run)
+    if not steps:
+        return []
+    model = str(run.session.get("model") or "the model")
+    message = (f"No backward() reached {model}: none of its {trainable(run)} trainable parameters had a gradient at "
+               f"optimizer.step() ({describe_steps(steps, run.last_step)}), though its forward at {srcs[0]} built "
+               "an autograd graph -- no backward() used it. The loss was computed from a detached copy of its output "
+               "(.detach(), .data, .item()), so optimizer.step() skips every parameter and the model never trains.")
+    return [make("P1", "error", message, _UNREACHED_FIX, steps, rank=run.rank,
+                 targets=[FindingTarget(step=steps[0], rank=run.rank, module="")], modules=[""],
+                 params=[run.param_name(i) for i, p in enumerate(run.params) if p.get("requires_grad", True)],
+                 src=srcs[0], view="gradients", title="No backward reaches the model")]
+
+
 def cut_steps(run: Run) -> set[int]:
     """The steps on which a parameter got no gradient because its path to the loss breaks at a
     cut (a detach, a no_grad block, a non-differentiable op): a forward whose output the loss
-    reaches only through the cut goes unused by the backward (P6 leaves it to P1/P9)."""
+    reaches only through the cut goes unused by the backward (P6 leaves it to P1/P9), and those
+    on which no backward reached the model (``_unreached_steps``)."""
     groups, where, steps_of, _ = _cut_groups(run)
-    out: set[int] = set()
+    out: set[int] = set(_unreached_steps(run)[0])
     for key, indices in groups.items():
         op = where[key][1]
         if op and (_is_cut(op) or _stops_gradient(op)):
@@ -314,7 +376,7 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
                              src=str(op.get("src", "")) if op else None,
                              data={"break_op": g.op_label(op, run) if op else "", "graph_step": gstep},
                              title="Gradient cleared before optimizer.step()" if key[0] == _CLEARED else None))
-    return findings
+    return findings + _unreached_model(run)
 
 
 _UNUSED_FIX = ("Call the layer in forward() if the model is meant to use it (a layer defined in __init__ and "

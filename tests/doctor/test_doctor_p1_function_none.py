@@ -3,7 +3,9 @@ backward runs the parameter's AccumulateGrad -- reached through the Function's n
 ``.grad`` stays None.  The finding said the path broke at the Function's forward "under
 torch.no_grad(), or in torch.utils.checkpoint(use_reentrant=True)", neither of which the script
 had; it names the Function and its backward now.  The same Function returning the gradient is
-no finding, and training is bit-identical with the watch."""
+no finding, and training is bit-identical with the watch.  In light mode, which captures no
+graph, the walk of the backward's graph tells the same: the parameter's AccumulateGrad has the
+Function's node as its only parent (it read as a gradient cleared before step())."""
 
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def _train(path: Path | None, forget: bool, mode: str) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("mode", ["default", "full"])
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
 def test_a_function_returning_none_for_a_parameter_is_named(tmp_path: Path, mode: str) -> None:
     path = tmp_path / "none.tscope"
     watched = _train(path, True, mode)
@@ -75,8 +77,9 @@ def test_a_function_returning_none_for_a_parameter_is_named(tmp_path: Path, mode
     assert [f for f in found if f["severity"] in ("warning", "error")] == [p1], found
 
 
-def test_the_same_function_returning_its_gradient_is_no_finding(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_the_same_function_returning_its_gradient_is_no_finding(tmp_path: Path, mode: str) -> None:
     path = tmp_path / "right.tscope"
-    _train(path, False, "default")
+    _train(path, False, mode)
     found = [dict(f) for f in diagnose(list(iter_events(path)))]
     assert not [f for f in found if f["severity"] in ("warning", "error")], found
