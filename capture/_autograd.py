@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 from . import _native
-from ._memory import storage_parts
+from ._memory import held_parts, union_bytes
 from .schema import NodeRecord, SavedTensor
 
 _saved_attrs: dict[type, tuple[tuple[str, str], ...]] = {}
@@ -180,54 +180,8 @@ def _saved_of(node: Any) -> list[_Field]:
             out.append((attr, RuntimeError(str(exc))))
             continue
         # strided, with storage_parts() to read (a DTensor's is its local shard's)
-        out.append((attr, [(t, _held_parts(t)) for t in held if t.layout == _STRIDED]))
+        out.append((attr, [(t, held_parts(t)) for t in held if t.layout == _STRIDED]))
     return out
-
-
-def _held_parts(t: torch.Tensor) -> list[tuple[int, int, int]]:
-    """What the graph holds for a saved tensor: its storage, or, for a view of data that
-    needs no gradient (``X[i:i + 32]``, a batch sliced out of a dataset kept in memory, or its
-    labels), the part of the storage the view spans: the rest is the dataset's, which the loop
-    holds anyway.  An activation's view holds its whole storage, which only the graph keeps."""
-    parts = storage_parts(t)
-    if len(parts) == 1 and not t.requires_grad:
-        ptr, nbytes = parts[0]
-        span = 1
-        for size, stride in zip(t.shape, t.stride(), strict=True):
-            if size == 0:
-                return [(ptr, 0, 0)]
-            span += (size - 1) * abs(stride)
-        span *= t.element_size()
-        if span < nbytes:
-            return [(ptr, span, int(t.storage_offset()) * t.element_size())]
-    return [(ptr, nbytes, 0) for ptr, nbytes in parts]
-
-
-def _union(spans: list[tuple[int, int]]) -> int:
-    """Bytes covered by (offset, bytes) spans of one storage: the slices of one batch that
-    several nodes saved (an RNN cell unrolled over ``x[t]``, GRU's zero hidden state saved as
-    four slices) each hold their own part -- they were counted as the last one read."""
-    if len(spans) == 1:
-        return spans[0][1]
-    total, end = 0, -1
-    for start, nbytes in sorted(spans):
-        stop = start + nbytes
-        if stop > end:
-            total += stop - max(start, end)
-            end = stop
-    return total
-
-
-def spanned(tensors: list[torch.Tensor]) -> dict[int, int]:
-    """Data pointer -> bytes of the storages ``tensors`` hold, as a graph holding them would
-    (``_held_parts``): a batch sliced out of a dataset kept in one tensor counts the part it
-    spans, not the dataset, which the loop holds anyway."""
-    spans: dict[int, list[tuple[int, int]]] = {}
-    for t in tensors:
-        if t.layout == _STRIDED:
-            for ptr, nbytes, start in _held_parts(t):
-                spans.setdefault(ptr, []).append((start, nbytes))
-    return {ptr: _union(sorted(set(at))) for ptr, at in spans.items()}
 
 
 _NO_FIELDS: list[_Field] = []  # shared, never appended to
@@ -329,7 +283,7 @@ class AutogradWalk:
                                 spans[ptr] = [(start, nbytes)]
                             elif (start, nbytes) not in at:  # (one tensor saved by several nodes: once)
                                 at.append((start, nbytes))
-        return {ptr: _union(at) for ptr, at in spans.items()}, broken
+        return {ptr: union_bytes(at) for ptr, at in spans.items()}, broken
 
     def forget_saved(self) -> None:
         self._fields = None

@@ -64,11 +64,33 @@ class EvalDropoutProbe(TorchFunctionMode):
         caller = own.f_back if own is not None else None
         if caller is None or _is_internal(caller.f_code.co_filename):
             return  # nn.Dropout's forward passes its own mode: only the user's own calls
-        line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
-        if "training" in line or line.count("(") != line.count(")"):
-            return  # training= passed (Monte Carlo dropout on purpose), or a call this line does not show whole
+        call = _call_text(caller)
+        if "training" in call or call.count("(") != call.count(")"):
+            return  # training= passed (Monte Carlo dropout on purpose), or a call this text does not show whole
         owner = caller.f_locals.get("self")
         module = owner if isinstance(owner, nn.Module) else None
         if module is not None and module.training:
             return
         self.note(module, f"{_user_base(caller.f_code.co_filename)}:{caller.f_lineno}", name)
+
+
+def _call_text(frame: Any) -> str:
+    """The source of the call ``frame`` is making: the span its instruction's positions give
+    (Python 3.11+), so of ``F.dropout(x, 0.5, training=self.training) if ok else F.dropout(x, 0.5)``
+    the branch that ran (QA 44b: "training" anywhere on the line hid the second); else the line."""
+    code = frame.f_code
+    line = linecache.getline(code.co_filename, frame.f_lineno)
+    positions = getattr(code, "co_positions", None)
+    if positions is None:
+        return line
+    try:
+        start, end, col, end_col = list(positions())[frame.f_lasti // 2]
+    except (IndexError, ValueError):
+        return line
+    if start is None or end is None or col is None or end_col is None:
+        return line
+    lines = [linecache.getline(code.co_filename, n) for n in range(start, end + 1)]
+    if len(lines) == 1:
+        return lines[0].encode()[col:end_col].decode(errors="replace")  # (offsets count UTF-8 bytes)
+    return lines[0].encode()[col:].decode(errors="replace") + "".join(lines[1:-1]) + lines[-1].encode()[:end_col].decode(errors="replace")
+

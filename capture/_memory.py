@@ -65,10 +65,56 @@ def grad_storages(params: Iterable[torch.Tensor]) -> dict[int, int]:
             except RuntimeError:  # a wrapper subclass (a DTensor's gradient)
                 out.update(storage_parts(g))
         elif g is not None and g.layout == torch.sparse_coo:  # an Embedding(sparse=True)'s
-            for part in (g._indices(), g._values()):
-                st = part.untyped_storage()
-                out[st.data_ptr()] = st.nbytes()
+            # (its indices view the batch's: of a batch sliced out of a dataset tensor, the
+            # part it spans -- the whole dataset read as gradient memory, QA 44a)
+            out.update(spanned([g._indices(), g._values()]))
     return out
+
+
+def held_parts(t: torch.Tensor) -> list[tuple[int, int, int]]:
+    """What the graph holds for a saved tensor: its storage, or, for a view of data that
+    needs no gradient (``X[i:i + 32]``, a batch sliced out of a dataset kept in memory, or its
+    labels), the part of the storage the view spans: the rest is the dataset's, which the loop
+    holds anyway.  An activation's view holds its whole storage, which only the graph keeps."""
+    parts = storage_parts(t)
+    if len(parts) == 1 and not t.requires_grad:
+        ptr, nbytes = parts[0]
+        span = 1
+        for size, stride in zip(t.shape, t.stride(), strict=True):
+            if size == 0:
+                return [(ptr, 0, 0)]
+            span += (size - 1) * abs(stride)
+        span *= t.element_size()
+        if span < nbytes:
+            return [(ptr, span, int(t.storage_offset()) * t.element_size())]
+    return [(ptr, nbytes, 0) for ptr, nbytes in parts]
+
+
+def union_bytes(spans: list[tuple[int, int]]) -> int:
+    """Bytes covered by (offset, bytes) spans of one storage: the slices of one batch that
+    several nodes saved (an RNN cell unrolled over ``x[t]``, GRU's zero hidden state saved as
+    four slices) each hold their own part -- they were counted as the last one read."""
+    if len(spans) == 1:
+        return spans[0][1]
+    total, end = 0, -1
+    for start, nbytes in sorted(spans):
+        stop = start + nbytes
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def spanned(tensors: list[torch.Tensor]) -> dict[int, int]:
+    """Data pointer -> bytes of the storages ``tensors`` hold, as a graph holding them would
+    (``held_parts``): a batch sliced out of a dataset kept in one tensor counts the part it
+    spans, not the dataset, which the loop holds anyway."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for t in tensors:
+        if t.layout == torch.strided:
+            for ptr, nbytes, start in held_parts(t):
+                spans.setdefault(ptr, []).append((start, nbytes))
+    return {ptr: union_bytes(sorted(set(at))) for ptr, at in spans.items()}
 
 
 def optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:

@@ -43,7 +43,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _compile, _cuda, _native, _sigterm, _warnings
-from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin, spanned
+from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin
 from ._console import say
 from ._evalprobe import EvalDropoutProbe
 from ._fastpath import FAST_PATHS, FastPathGuard
@@ -51,7 +51,7 @@ from ._grads import GradRead, PiecewiseRead, StatsRead, count_nonzero, nonzero_g
 from ._holders import container_of
 from ._hooks import Retained, retained
 from ._interpose import Interposer, insert_mode, remove_mode
-from ._memory import StorageSizes, grad_storages, optimizer_tensors, storage_parts, storages
+from ._memory import StorageSizes, grad_storages, optimizer_tensors, spanned, storage_parts, storages
 from ._modhook import ModuleHook, assignment_hooks, hook_forward, hook_module
 from ._native import NativeRecorder
 from ._ops import OpRecorder, StorageIds, autocast_dtype, autocast_on
@@ -2992,6 +2992,10 @@ class Watch:
         params = [self._params[i]() for i in where]
         s = self._s
         s.in_backward.append((where, GradRead(params, [], self._full_stats(s), defer=not self._nan_armed)))
+        # the step's learning rates, theirs when no watched optimizer has any: one per optimizer
+        # and group, or one for all when they agree (QA 44a: the chart was empty)
+        lrs = _lrs(optimizer) or []
+        s.lr = lrs if s.lr is None else s.lr + lrs
 
     def _of_ours(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` steps any of the watched parameters (asked once per optimizer)."""
@@ -3135,14 +3139,17 @@ class Watch:
         """A strided sample of each parameter that requires grad, before the optimizer changes
         it: one copy of them all on the device (torch.cat), the update's size read from it after
         the step.  Not only those with a gradient now: a ``step(closure)`` optimizer (LBFGS)
-        makes the gradients inside step(); one left without (listed in ``none``) has no ratio."""
+        makes the gradients inside step(); one left without (listed in ``none``) has no ratio.
+        And one frozen (``requires_grad_(False)``) that keeps a ``.grad``: Adam's momentum, or
+        weight decay, still moves it (QA 44a: its ratio read None, as if it were not updated)."""
         opt = self._optimizer() if self._optimizer is not None else None
         params: list[torch.Tensor | None] = [r() for r in self._params]
         self._not_stepped(opt, params)  # (read again only when its groups change)
         unheld = set(self._unheld)  # what the watched optimizer does not step: no update of its (None, not 0.0)
         with _native.unrecorded():
             of = [(i, p) for i, p in enumerate(params) if i not in unheld
-                  and p is not None and p.requires_grad and _dense(p) and (p.is_floating_point() or p.is_complex())
+                  and p is not None and (p.requires_grad or p.grad is not None) and _dense(p)
+                  and (p.is_floating_point() or p.is_complex())
                   and p.numel()]
             del params
             if of:
@@ -3531,9 +3538,9 @@ class Watch:
                 ev["hooks_src"] = held.src
             if held.changed:
                 s.events.append({"what": "hook_kept_changed", "modules": held.changed})
-        lr = s.lr if s.lr is not None else _lrs(opt)
+        lr = s.lr if s.lr is not None and not (s.in_backward and opt is not None) else _lrs(opt)
         if lr is not None:
-            ev["lr"] = lr
+            ev["lr"] = lr[:1] if s.in_backward and opt is None and len(set(lr)) == 1 else lr
         if self._scaler is not None:
             ev["scaler"] = {"skipped": bool(skipped)}
         # at the root forward's start; a region begun inside the forward shows on captured steps
@@ -3562,8 +3569,10 @@ class Watch:
         if s.reached is not None:
             # which trainable parameters the backward's graph does not reach (P1 tells a layer
             # the forward never uses from a gradient cleared between backward and step())
+            # (and a parameter frozen since watch(): its stale zero .grad of a zero_grad(set_to_none=False)
+            # loop is no dead branch, P2; QA 44a)
             events.append({"what": "unreached", "params": [i for i, n in enumerate(self._names) if n not in s.reached
-                                                           and (p := self._params[i]()) is not None and p.requires_grad]})
+                                                           and self._params[i]() is not None]})
             if s.through_fn:  # (which tells a custom Function's None from a cleared .grad: P1)
                 index = {n: i for i, n in enumerate(self._names)}
                 events[-1]["through"] = [[index[n], fn] for n, fn in s.through_fn.items() if n in index]

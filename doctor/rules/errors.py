@@ -25,8 +25,9 @@ FIX_P10 = ("Call backward() once per graph: sum the losses first (loss = a + b; 
            "state carried between batches (hidden = hidden.detach()), detach an output another loss already "
            "backpropagated through (a GAN's fakes for the discriminator: netD(fake.detach())), empty a list of "
            "outputs kept for the loss "
-           "after each update (a policy's saved log-probabilities: del saved_log_probs[:]), or pass "
-           "retain_graph=True only if you really must backward twice.")
+           "after each update (a policy's saved log-probabilities: del saved_log_probs[:]), collect rollouts "
+           "under torch.no_grad() or detach what they store (PPO's old log-probabilities and values, read again "
+           "by each epoch's loss), or pass retain_graph=True only if you really must backward twice.")
 
 FIX_EMBEDDING = ("nn.Embedding(max_norm=...) renormalises the rows it looks up in place, in its forward: a "
                  "differentiable use of its weight before the lookup (a tied output layer, a similarity against the "

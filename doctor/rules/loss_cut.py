@@ -119,7 +119,7 @@ def _graph_cause(run: Run, gstep: int, graph: dict[str, Any],
     tensors carrying a gradient that the walk could not tie to the loss)."""
     fwd = _forward_ops(graph)
     tensors = {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
-    floating, grads, _ = _tensor_facts(graph)
+    floating, grads, _, _ = _tensor_facts(graph)
     carrying = _grad_carrying(fwd, grads)
 
     def carries(op: dict[str, Any]) -> bool:

@@ -215,7 +215,8 @@ def _frozen_norms_updating(run: Run, settings: Settings, owned: dict[str, list[i
                f"(requires_grad_(False)) but {'runs' if one else 'run'} in train mode on every training "
                f"step ({describe_steps(steps, run.last_step)}): running_mean and running_var keep moving with each "
                "batch, so the frozen layers' outputs still change, and evaluation normalises with the statistics of "
-               "the fine-tuning batches.")
+               "the fine-tuning batches. (A momentum copy of the trained layers -- MoCo's key encoder, BYOL's target "
+               "network, a mean teacher -- is meant to: nothing to fix there.)")
     return [make("P11", "info", message, FIX_FROZEN_NORM, steps, rank=run.rank,
                  targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in mods[:20]], modules=mods,
                  title="Batch-norm statistics updating in frozen layers", data={"mode": "train"})]

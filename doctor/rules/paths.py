@@ -7,6 +7,7 @@ op that cannot be differentiated.  (A backward() on a loss without grad_fn: loss
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from torchscope.schema import Finding, FindingTarget
@@ -491,17 +492,20 @@ _SELECTORS = frozenset(f"aten::{n}" for n in (
 
 class _Facts(NamedTuple):
     """Tensor id -> whether its dtype is a floating (or complex) one, -> whether it requires grad
-    (or is written from one that does), and the ids of bool tensors, from the graph's table."""
+    (or is written from one that does), the ids of bool tensors and of one-element ones, from
+    the graph's table."""
 
     floating: dict[int, bool]
     grads: dict[int, bool]
     bools: set[int]
+    scalars: set[int]
 
 
 def _tensor_facts(graph: dict[str, Any]) -> _Facts:
     floating: dict[int, bool] = {}
     grads: dict[int, bool] = {}
     bools: set[int] = set()
+    scalars: set[int] = set()
     for t in as_list(graph.get("tensors")):
         if isinstance(t, dict):
             tid = as_int(t.get("id"), -1)
@@ -511,7 +515,9 @@ def _tensor_facts(graph: dict[str, Any]) -> _Facts:
                     bools.add(tid)
             if isinstance(t.get("requires_grad"), bool):
                 grads[tid] = t["requires_grad"]
-    return _Facts(floating, grads, bools)
+            if isinstance(t.get("shape"), list) and math.prod(as_int(n, 0) for n in t["shape"]) == 1:
+                scalars.add(tid)
+    return _Facts(floating, grads, bools, scalars)
 
 
 def _carrying(ops: list[dict[str, Any]], grads: dict[int, bool]) -> dict[int, bool]:
@@ -554,9 +560,10 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
     (an index, routing, class targets) it weighs or picks what carries the gradient, by design.
     A tensor of unknown dtype counts as floating, one of unknown grad as carrying one (a file
     without a tensor table)."""
-    floating, grads, bools = facts
+    floating, grads, bools, scalars = facts
     derived = {as_int(t, -1) for t in as_list(start.get("outputs"))}
     looked_up: set[int] = set()  # constants a lookup made from a table nothing trains
+    picked: set[int] = set()  # constants a selector made from the positions alone (a one-hot), and what follows
     first = as_int(start.get("id"), -1)
     step_function = str(start.get("name", "")).rstrip("_") in _STEP_FUNCTIONS
     for op in path:
@@ -574,6 +581,14 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
             derived.update(outs)
             continue
         carries = any(grads.get(t, True) for t in ins if t not in derived)
+        if not carries:
+            mine = derived.intersection(ins)
+            if mine <= looked_up:
+                # the positions' constants cast, reshaped or masked (a one-hot's .float(), an
+                # einsum's broadcast product): what a layer applying them to data routes by
+                looked_up.update(outs)
+            if mine & picked:
+                picked.update(outs)
         if name in _FACTORS:
             if not carries:
                 derived.update(outs)  # a constant scaled by a constant
@@ -583,13 +598,26 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
             looked_up.update(outs)
             continue
         if name in _SELECTORS:
-            continue  # it picks, masks or routes: its values are the other operand's, not the constant's
+            if not carries:
+                # nothing it picks from carries a gradient: ``F.one_hot(logits.argmax(1))``
+                # scatters ones into zeros at the positions -- as constant as they are (QA 44b:
+                # a Dice loss on it trained nothing, unseen); a layer applying it to data routes
+                derived.update(outs)
+                looked_up.update(outs)
+                picked.update(outs)
+            continue  # else it picks, masks or routes: its values are the other operand's, not the constant's
         if name in _LAYERS and carries and derived.intersection(ins) <= looked_up:
             continue  # data looked up by the positions, through a layer: routing
         if not carries:
             derived.update(outs)  # computed from constants alone: a constant too
-        else:
-            return True
+            continue
+        mine = derived.intersection(ins)
+        if mine <= picked and not mine <= scalars:
+            # a one-hot of the positions met what carries the gradient as a whole tensor: a target
+            # (KL or MSE against hard pseudo-labels), by design -- a Dice term on it reaches the
+            # loss as a constant scalar, added to it
+            continue
+        return True
     return False
 
 

@@ -76,7 +76,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         cut = set(no_grad_fn_forwards(ev))  # the loss was cut from its graph: the backward failed (P1/P9)
         # the training forward's graph was cut off from the loss (P1; P9 for an integer cast
         # between it and the loss, a weight penalty still giving the loss a graph): no evaluation
-        if leaf_loss(ev) or step in broken:
+        # ... or its backward raised (P8/P10: a REINFORCE loop's second backward through its kept
+        # log-probabilities -- its forwards are that backward's, no batches skipped; QA 44b)
+        if leaf_loss(ev) or step in broken or as_list(ev.get("backward_errors")):
             cut |= {i for i, f in enumerate(forwards) if f.get("training") is not False}
         unused = [f for i, f in enumerate(forwards) if f.get("built_graph") is True and f.get("backward") is False
                   and (step, as_int(f.get("micro"))) not in late and i not in cut and f is not dry]

@@ -110,6 +110,17 @@ def _missing(run: Run) -> list[Finding]:
     names = [run.param_name(i) for i in sorted(hits)]
     message = (f"Gradients were already non-zero before backward ({describe_steps(steps, run.last_step)}): "
                f"zero_grad() is missing, so each step adds onto the old gradients of {len(names)} parameter(s).")
+    # (step 0's gradients are empty with or without a zero_grad(): not a call seen)
+    cleared = [step for step, ev in run.step_events() if step > 0 and as_int(ev.get("zero_grad")) > 0
+               and step not in steps]
+    if cleared:
+        # cleared on some steps, piled up on the others: a zero_grad() under a condition (QA 44b:
+        # inside the loop's `if step % 5 == 0:` logging block) read as "missing"
+        shown = ", ".join(map(str, cleared[:6])) + (", ..." if len(cleared) > 6 else "")
+        message = (f"The gradients were cleared before some steps' backward only (step{'s' if len(cleared) > 1 else ''} "
+                   f"{shown}): on the others ({describe_steps(steps, run.last_step)}) they were already non-zero "
+                   f"before backward, so each of those steps adds onto the old gradients of {len(names)} "
+                   "parameter(s). Is the zero_grad() call inside a condition (a logging or evaluation block)?")
     targets = [FindingTarget(step=hits[i][0], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
                for i in sorted(hits)]
     zero_calls = [as_int(ev.get("zero_grad")) for _, ev in run.step_events()]

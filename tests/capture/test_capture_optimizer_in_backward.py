@@ -81,6 +81,7 @@ def test_each_backward_is_a_step_with_every_gradient_read_before_its_step(
         assert ev["grads"]["norm"] == pytest.approx(norms, rel=1e-5)
         assert ev["memory"]["optimizer"] == state  # Adam's exp_avg and exp_avg_sq of all four
         assert ev["memory"]["grads"] == 0  # each cleared as soon as it was used
+        assert ev["lr"] == [1e-2]  # theirs, all alike: one (there was none, QA 44a)
     told = [ev["message"] for ev in events if ev["kind"] == "log"]
     assert len(told) == 1 and "Adam steps inside the backward" in told[0], told
     findings: list[dict[str, Any]] = [dict(f) for f in diagnose(events)]
@@ -112,6 +113,7 @@ def test_a_loop_optimizer_beside_them_counts_their_state_too(tmp_path: Path) -> 
     state = sum(t.numel() * t.element_size() for o in [outer, *inner.values()] for st in o.state.values()
                 for t in st.values() if isinstance(t, torch.Tensor))
     assert len(steps) == 3 and all(ev["grads"]["none"] == [] for ev in steps)
+    assert all(ev["lr"] == [0.1] for ev in steps)  # the loop's optimizer's, whose steps are the steps
     assert steps[-1]["memory"]["optimizer"] == state
 
 

@@ -42,11 +42,20 @@ class Block(nn.Module):
             return F.dropout(h, p=0.5, training=self.training)
         if self.how == "monte carlo":
             return F.dropout(h, p=0.5, training=True)
+        if self.how in ("ternary", "ternary-right"):
+            return F.dropout(h, p=0.5, training=self.training) if self.how == "ternary-right" else F.dropout(h, p=0.5)
+        if self.how == "multiline":
+            return F.dropout(
+                h, p=0.5,
+                training=self.training)
         return self.drop(h)  # "module"
 
 
 LINES = {"default": "return F.dropout(h, p=0.5)", "dropout1d": "return F.dropout1d(h.unsqueeze(-1), 0.5).squeeze(-1)",
-         "helper": "return F.dropout(x, 0.3)  # a helper of the forward's"}
+         "helper": "return F.dropout(x, 0.3)  # a helper of the forward's",
+         # (the call that ran, not the line: "training" in the other branch hid it, QA 44b)
+         "ternary": 'return F.dropout(h, p=0.5, training=self.training) if self.how == "ternary-right" else '
+                    'F.dropout(h, p=0.5)'}
 
 
 def _run(path: Path | None, how: str, mode: str = "default") -> tuple[list[torch.Tensor], list[list[str]]]:
@@ -104,7 +113,7 @@ def test_a_dropout_function_at_its_default_in_eval_mode_is_p11_at_its_line(tmp_p
     assert plain_depths == [[]] * 4 and depths == [["Interposer"]] * 4, depths
 
 
-@pytest.mark.parametrize("how", ["self.training", "monte carlo", "module"])
+@pytest.mark.parametrize("how", ["self.training", "monte carlo", "module", "ternary-right", "multiline"])
 def test_dropout_that_follows_the_mode_or_is_asked_for_is_no_finding(tmp_path: Path, how: str) -> None:
     path = tmp_path / "run.tscope"
     _run(path, how)

@@ -93,3 +93,26 @@ def test_saved_log_probs_never_cleared_are_p10_with_that_fix(tmp_path: Path) -> 
     assert failed == 2
     (p10,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P10"]
     assert "del saved_log_probs[:]" in p10["fix"], p10["fix"]
+
+
+def test_a_run_stopped_by_that_backward_is_p10_alone(tmp_path: Path) -> None:
+    """The same loop uncaught, as in PyTorch's example (whose ``zip(saved_log_probs, returns)``
+    pairs an episode's returns with the first episode's log-probabilities): the run stops at the
+    second episode's backward.  Its episode's forwards are no batches the loop skipped, as P6's
+    "Batches skipped before backward" info said (QA 44b): the backward failed."""
+    torch.manual_seed(0)
+    policy = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    saved: list[torch.Tensor] = []
+    path = tmp_path / "reinforce.tscope"
+    with pytest.raises(RuntimeError, match="a second time"), \
+            torchscope.watch(policy, opt, server=None, record=path, mode="default"):
+        for _ in range(3):
+            for _ in range(5):
+                dist = torch.distributions.Categorical(logits=policy(torch.randn(1, 4)))
+                saved.append(dist.log_prob(dist.sample()))
+            returns = torch.randn(5)  # this episode's: zip() pairs them with the first log-probs kept
+            opt.zero_grad()
+            torch.cat([-lp * r for lp, r in zip(saved, returns, strict=False)]).sum().backward()
+            opt.step()
+    assert [f["code"] for f in diagnose(iter_events(path))] == ["P10"]
