@@ -541,6 +541,32 @@ def test_p13_hook_keeps_activations(kind: str, tmp_path: Path) -> None:
     assert held[0] == 4 * 16 * 4  # a [4, 16] float32 activation a step
 
 
+class _Features:
+    """A feature extractor's hook, as tutorials write it: a method, a branch that keeps a
+    detached copy, and the one that keeps the output itself."""
+
+    def __init__(self, module: nn.Module, detached: bool) -> None:
+        self.features: list[torch.Tensor] = []
+        self.detached = detached
+        module.register_forward_hook(self.hook)
+
+    def hook(self, module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        if self.detached:
+            self.features = [output.detach()]
+        else:
+            self.features.append(output)  # keeps the graph
+
+
+def test_p13_names_the_line_that_stores_the_output(tmp_path: Path) -> None:
+    """P13's line is the hook's line that keeps the output -- the one to change -- not its
+    ``def`` (QA 44b), nor a line that keeps only a detached copy."""
+    model = _mlp()
+    _Features(model[1], detached=False)
+    steps = _clean_run(model, tmp_path / "features.tscope", 3)
+    line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1) if text.endswith("# keeps the graph"))
+    assert steps[-1]["hooks_src"]["1"] == f"{Path(__file__).name}:{line}"
+
+
 def test_p13_hooks_sharing_one_container_count_it_once(tmp_path: Path) -> None:
     """Hooks on three layers append to one dict: its bytes count once (each module alone
     reaches all of it), the three modules are one group, and the finding names them all and
@@ -562,7 +588,7 @@ def test_p13_hooks_sharing_one_container_count_it_once(tmp_path: Path) -> None:
     nbytes = sum(t.untyped_storage().nbytes() for ts in features.values() for t in ts)
     assert steps[-1]["hooks"] == {"0": nbytes, "1": 0, "2": sum(t.untyped_storage().nbytes() for t in own), "3": 0}
     assert steps[-1]["hooks_shared"] == [["0", "1", "3"]]
-    line = save.__code__.co_firstlineno + 1
+    line = save.__code__.co_firstlineno + 2  # the line storing the output, not the hook's def (QA 44b)
     assert steps[-1]["hooks_src"]["0"] == f"{Path(__file__).name}:{line}"
     found = [f for f in diagnose(iter_events(path)) if f["code"] == "P13"]
     (shared,) = [f for f in found if f["modules"] == ["0", "1", "3"]]
