@@ -3946,6 +3946,9 @@ class Watch:
                 # and the state, new ones too, are what the step ends with
                 mem["peak"] = max(mem["peak"], top_update)
                 mem["temporaries"] = max(top_update - live - sum(n for ref, _, n in s.in_held if ref() is not None), 0)
+            # what the step ends with was held in it: a ledger that missed an allocation made
+            # outside any op (gradients set by hand as views of one flat buffer) is not below it
+            mem["peak"] = max(mem["peak"], live)
         # an uncaptured step's peak is an estimate without temporaries, and a captured step of the
         # same structure measured them: its excess over the state counts for the steps after it
         # (QA 42b: the peak chart jumped at every sample_every-th step, as a spike that is not)
