@@ -76,14 +76,20 @@ export class ActivationGradsPanel {
     // the step asked for, else the nearest captured one before it (after it, if it precedes them all)
     const before = focus === undefined ? captured.slice().reverse() : captured.filter((s) => s <= focus).reverse();
     const tries = (before.length ? before : captured).slice(0, TRIES);
+    let compiled = false;
     for (const step of tries) {
       const got = await api(`${sessionPath(this.app.id)}/steps?start=${step}&end=${step}&${rankQuery(this.app.rank)}`).catch(() => []);
       if (mine !== this.loads) return;
       const ev = (got || []).find((e) => e.step === step);
       if (ev?.activation_grads?.length || ev?.activations?.length) return this.show(ev, focus);
+      compiled ||= Boolean(ev?.forwards?.some((f) => f.compiled));
     }
-    this.empty(`The captured step${tries.length > 1 ? "s" : ""} ${tries.join(", ")} recorded no module output and no gradient w.r.t. one ` +
-      "(no module returned a floating-point tensor in a forward that builds a graph).");
+    const shown = tries.slice().sort((a, b) => a - b);
+    // a compiled forward runs none of the module hooks that record them (QA 44c: "no module
+    // returned a floating-point tensor", of a model that did)
+    this.empty(`The captured step${shown.length > 1 ? "s" : ""} ${shown.join(", ")} recorded no module output and no gradient w.r.t. one ` +
+      (compiled ? "(a torch.compile'd forward runs none of the module hooks that record them)."
+        : "(no module returned a floating-point tensor in a forward that builds a graph)."));
   }
 
   // Why a run has none: a light run records none; a captured step of another run had none yet.

@@ -91,7 +91,12 @@ class App {
     const status = this.summary?.status || "";
     if (what === "graph") {
       if (this.meta.mode === "light") return 'No graph: this run was watched with mode="light", which records per-step facts only (gradients, memory, timings). Watch with mode="default" to capture the graph.';
-      return this.running ? "No graph captured yet. It appears when the first captured step ends."
+      if (this.running) return "No graph captured yet. It appears when the first captured step ends.";
+      const steps = this.summary?.steps || 0;
+      // steps ended and none had a graph: a step's graph is taken at its backward, and no
+      // backward reached the model (a GAN's generator loss from D(fake.detach()): QA 44c)
+      return steps ? `No graph was captured in this session (${status}): a step's graph is taken at its backward(), ` +
+          `and no backward() of its ${steps} step${steps === 1 ? "" : "s"} reached the model's parameters. The Doctor tab says why.`
         : `No graph was captured in this session (${status}): the script ended before a captured step completed.`;
     }
     return this.running ? "This session has no steps yet. It fills in live as the script runs."

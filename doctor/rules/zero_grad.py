@@ -116,11 +116,13 @@ def _missing(run: Run) -> list[Finding]:
     if cleared:
         # cleared on some steps, piled up on the others: a zero_grad() under a condition (QA 44b:
         # inside the loop's `if step % 5 == 0:` logging block) read as "missing"
-        shown = ", ".join(map(str, cleared[:6])) + (", ..." if len(cleared) > 6 else "")
+        def listed(xs: list[int]) -> str:
+            return ", ".join(map(str, xs[:6])) + (", ..." if len(xs) > 6 else "")
+
         message = (f"The gradients were cleared before some steps' backward only (step{'s' if len(cleared) > 1 else ''} "
-                   f"{shown}): on the others ({describe_steps(steps, run.last_step)}) they were already non-zero "
-                   f"before backward, so each of those steps adds onto the old gradients of {len(names)} "
-                   "parameter(s). Is the zero_grad() call inside a condition (a logging or evaluation block)?")
+                   f"{listed(cleared)}) and were already non-zero before it on the other {len(steps)} "
+                   f"({listed(steps)}): each of those adds onto the old gradients of {len(names)} parameter(s). "
+                   "Is the zero_grad() call inside a condition (a logging or evaluation block)?")
     targets = [FindingTarget(step=hits[i][0], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
                for i in sorted(hits)]
     zero_calls = [as_int(ev.get("zero_grad")) for _, ev in run.step_events()]

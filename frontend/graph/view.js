@@ -497,9 +497,10 @@ export class GraphView {
     clear(this.legend);
     const lg = this.scene.legend;
     if (!lg) {
-      for (const [name, v] of [["forward op", "--op-fwd"], ["grad_fn node, backward op", "--op-bwd"], ["AccumulateGrad", "--op-acc"]]) {
-        this.legend.append(legendItem(`var(${v})`, name));
-      }
+      const kinds = [["forward op", "--op-fwd"], ["grad_fn node, backward op", "--op-bwd"], ["AccumulateGrad", "--op-acc"]];
+      // full mode's optimizer.step() ops, in a colour of their own (QA 44c: not in the legend)
+      if (this.model?.leaves?.some((l) => l.kind === "op" && l.phase === "optimizer")) kinds.push(["optimizer.step() op", "--op-opt"]);
+      for (const [name, v] of kinds) this.legend.append(legendItem(`var(${v})`, name));
       // a collapsed module is a box in each column: its forward's colour and its backward's
       this.legend.append(legendItem("linear-gradient(90deg, var(--group-fwd) 50%, var(--group-bwd) 50%)", "module, collapsed (forward | backward)"));
       this.legend.append(h("span", { class: "muted" }, "≡ n: same structure as sibling n"));
