@@ -326,7 +326,8 @@ function alike(a, b, rel = 1e-6) {
 // parameters)", "… (same durations as …)", "… (same values as …)".
 function sameName(s, same, fmt) {
   const what = fmt === fmtBytes ? "bytes" : fmt === fmtUs ? "durations" : "values";
-  return `${s.name} (same ${what} as ${same.name})`;
+  // (the other's own parenthesis left out: "parameters (same bytes as live state)", QA 44c)
+  return `${s.name} (same ${what} as ${same.name.replace(/ \(.*\)$/, "")})`;
 }
 
 // A threshold's legend name (a dashed series: clip_grad_norm_'s max_norm), with its value when

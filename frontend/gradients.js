@@ -13,6 +13,7 @@ import { ActivationGradsPanel } from "./activations.js";
 import { MetricsPanel } from "./metrics.js";
 
 const NO_PARAMS = "The watched model has no parameters: tensors an optimizer trains outside the model are not watched.";
+const NO_GRADS = "No parameter had a gradient (.grad) at optimizer.step() on any step: the Doctor tab says why.";
 
 // What the "Chosen parameters" chart can draw, a /grads column each (a list per step aligned
 // with the parameters): the L2 norm of each parameter's gradient is read every step; max |g|
@@ -127,6 +128,9 @@ export class GradientsView {
     clear(this.pick).append(...g.params.map((p, i) => h("option", { value: i, selected: kept.size ? kept.has(p) : first.has(i) }, p)));
     // a model without parameters (its optimizer trains tensors outside it): say so, not "no data yet"
     this.lines.opts.empty = this.total.opts.empty = g.params.length ? null : NO_PARAMS;
+    // steps and not one gradient (no backward reached the model: a GAN's generator loss from
+    // D(fake.detach())): say so, not "no data yet" of a finished run (QA 44c)
+    if (g.params.length && g.steps.length && !drawn.size) this.lines.opts.empty = this.total.opts.empty = NO_GRADS;
     this.drawTotal();
     this.updateMenus();
     this.drawHeat();
@@ -516,7 +520,7 @@ export class GradientsView {
       lines: { x: this.lines.x || [], series: (this.lines.series || []).map((s) => ({ name: s.name, y: s.y.map(wire) })),
         log: !!this.lines.opts.log, axis: this.lines.axis, title: this.lines.title.textContent },
       heat: this.cells ? heatCells(this.cells, this.modules, this.g.steps) : null,
-      total: this.total.series?.map((s) => s.name) || [], totalAxis: this.total.axis, totalMarks: this.total.markers.map((m) => m.x), clipNote: this.clipNote.hidden ? "" : this.clipNote.textContent,
+      total: this.total.series?.map((s) => s.name) || [], totalEmpty: this.total.opts.empty || "", totalAxis: this.total.axis, totalMarks: this.total.markers.map((m) => m.x), clipNote: this.clipNote.hidden ? "" : this.clipNote.textContent,
       notTrained: notTrained ? notTrained.nextElementSibling.textContent : "",
       loss: { x: this.loss.x || [], y: (this.loss.series?.[0]?.y || []).map(wire), marks: this.loss.markers.map((m) => m.x),
         axis: this.loss.axis, title: this.loss.root.querySelector(".chart-title").textContent },

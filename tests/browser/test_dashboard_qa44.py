@@ -2,7 +2,8 @@
 
 - A GAN whose generator loss is made from ``D(fake.detach())`` has no graph: no backward reached
   the generator.  The graph view said "the script ended before a captured step completed" of a
-  run that finished all its steps; it says why now, and where to look (the Doctor).
+  run that finished all its steps, and the gradient charts "No data yet"; they say why now, and
+  where to look (the Doctor).
 - Full mode draws ``optimizer.step()``'s ops in a colour of their own, which the legend did not
   name.
 """
@@ -43,6 +44,11 @@ def test_a_run_no_backward_reached_says_so_in_the_graph_view(page: Any, srv: Ser
     text = status.inner_text()
     assert "no backward() of its 6 steps reached the model's parameters" in text and "Doctor" in text, text
     assert "ended before" not in text, text
+    # the gradient charts of the finished run say why they are empty, not "No data yet"
+    open_session(page, srv.url, sid, "?view=gradients")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.steps >= 6; })()")
+    empty = page.evaluate("window.__torchscope.state().gradients.totalEmpty")
+    assert empty.startswith("No parameter had a gradient (.grad) at optimizer.step() on any step"), empty
 
 
 def test_the_legend_names_the_optimizers_ops(page: Any, srv: ServerProc, tmp_path: Path) -> None:
