@@ -3338,7 +3338,13 @@ class Watch:
         discriminator's optimizer watched, clears the discriminator's after the generator's
         backward and leaves the generator's (no gradient read: no host sync on CUDA)."""
         opt = self._optimizer() if self._optimizer is not None else None
-        other = set(self._not_stepped(opt, params)) if opt is not None else set()
+        other: set[int] = set()
+        if opt is not None and getattr(opt, "param_groups", None):
+            self._not_stepped(opt, params)  # (reads its parameter set again where its groups changed)
+            # every parameter it does not step, frozen ones too: a CycleGAN freezes its
+            # discriminators (requires_grad False) around the generators' backward, and their
+            # .grad left from their own update is theirs (QA 44d: read as no zero_grad(), P5)
+            other = set(self._unheld)
         held = [p for i, p in enumerate(params) if p is not None and i not in other]
         if all(p.grad is None for p in held):
             return True

@@ -137,10 +137,20 @@ def _cancelling(run: Run, dead: dict[int, list[int]], candidates: dict[int, list
         if i in hooked:
             continue
         name, module = run.param_name(i), run.param_module(i)
-        siblings = [j for j in range(len(run.params)) if j != i and run.param_module(j) == module]
+        # (a parametrized weight -- spectral_norm, weight_norm -- is held by the layer's
+        # ``parametrizations.weight``: its layer's all the same, QA 44d)
+        siblings = [j for j in range(len(run.params)) if j != i and _layer_of(run.param_module(j)) == module]
         if name.rpartition(".")[2] == "bias" and siblings and any(j not in dead for j in siblings):
             out[i] = steps
     return out
+
+
+def _layer_of(module: str) -> str:
+    """The layer a parameter's module path belongs to: ``4`` of ``4.parametrizations.weight``."""
+    head, sep, _ = module.partition(".parametrizations.")
+    if sep:
+        return head
+    return "" if module.startswith("parametrizations.") else module
 
 
 def _cancels_finding(run: Run, params: dict[int, list[int]]) -> Finding:
