@@ -13,7 +13,7 @@ from typing import Any
 
 from torchscope.schema import Finding, FindingTarget
 
-from ..finding import describe_steps, make
+from ..finding import Severity, describe_steps, make
 from ..run import Run, as_dict, as_float, as_int, as_list, notes
 from ..settings import Settings
 from ._grads import (
@@ -414,13 +414,44 @@ def _across_layers(run: Run, settings: Settings, blown: set[int]) -> list[Findin
     s_name, l_name = run.param_name(small), run.param_name(large)
     message = (f"Gradients shrink {ratio:.0e}x from {l_name} to {s_name} within one step "
                f"({describe_steps(flagged, run.last_step)}): the layers near {s_name} barely learn.")
+    severity: Severity = "warning"
+    fix, title = FIX_LAYERS, None
+    moves = _updates_alike(run, small, large)
+    if moves is not None:
+        # an adaptive optimizer (Adam) scales each parameter's step by its own gradient's size:
+        # the weights move alike, so the small gradients are no layer that barely learns (QA 44d:
+        # the Annotated Transformer's post-LN encoder, 3e4x, learning at 1.1e-2 against 1.7e-2)
+        severity, fix, title = "info", FIX_ADAPTIVE, "Gradients shrink through depth, updates do not"
+        message = (f"Gradients shrink {ratio:.0e}x from {l_name} to {s_name} within one step "
+                   f"({describe_steps(flagged, run.last_step)}), but the updates do not: update ÷ weight "
+                   f"{moves[0]:.2g} for {s_name} against {moves[1]:.2g} for {l_name} -- the optimizer scales each "
+                   "parameter's step (as Adam does), so those layers still learn.")
     targets = [FindingTarget(step=step, rank=run.rank, param=s_name, module=run.param_module(small)),
                FindingTarget(step=step, rank=run.rank, param=l_name, module=run.param_module(large))]
     per_layer = {run.param_name(i): [value(column(ev, "norm"), i) for _, ev in run.step_events()]
                  for i in sorted(_layer_sizes(weights, run.steps[-1]))}
-    return [make("P3", "warning", message, FIX_LAYERS, flagged, rank=run.rank, targets=targets,
+    return [make("P3", severity, message, fix, flagged, rank=run.rank, targets=targets,
                  modules=[run.param_module(small), run.param_module(large)], params=[s_name, l_name],
-                 view="gradients", data={"ratio": ratio, "norm_by_param": per_layer})]
+                 view="gradients", title=title, data={"ratio": ratio, "norm_by_param": per_layer})]
+
+
+FIX_ADAPTIVE = ("Nothing to fix while the optimizer scales each parameter's step (Adam, AdamW, RMSprop); with SGD "
+                "those layers would barely move -- then keep the signal's size through depth (normalisation "
+                "layers, residual connections, kaiming/xavier init).")
+
+
+def _updates_alike(run: Run, small: int, large: int) -> tuple[float, float] | None:
+    """The median update ÷ weight of parameters ``small`` and ``large`` over the steps that read
+    both (default mode: every tenth), when the small-gradient one moves at least a tenth as fast
+    as the other: its gradient is small, its learning is not.  None: not read on two steps, or it
+    does move that much slower."""
+    pairs = [(a, b) for _, ev in run.step_events()
+             for a, b in [(value(column(ev, "update_ratio"), small), value(column(ev, "update_ratio"), large))]
+             if a is not None and b is not None and b > 0]
+    if len(pairs) < 2:
+        return None
+    ours, theirs = statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs)
+    return (ours, theirs) if ours >= theirs / 10 else None
 
 
 FIX_CLIP_EARLY = ("Clip between backward and step: loss.backward(), then torch.nn.utils.clip_grad_norm_("

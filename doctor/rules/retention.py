@@ -160,8 +160,9 @@ def _held_finding(run: Run, held: tuple[int, int], alive: list[tuple[int, int]])
                 if as_int((k := as_dict(ev.get("graphs_kept"))).get("step"), -1) == kept), "") or None
     message = (f"An autograd graph of an earlier step is still alive ({now} nodes at step {last}, the latest of "
                f"step {kept}), but no later step's graph was kept in the {last - kept - 1} steps since: it is held, "
-               "not piling up (the count does not grow). A step cut short by an error or an interrupt leaves its "
-               "graph in the exception's traceback, which IPython and Jupyter keep.")
+               "not piling up (the count does not grow): a variable still holds that step's loss or output (a "
+               "module-level `loss` of a first training loop, before a second one), or a step cut short by an error "
+               "or an interrupt left its graph in the exception's traceback, which IPython and Jupyter keep.")
     return make("P7", "info", message, FIX_HELD, steps or [last], rank=run.rank, src=src,
                 targets=[FindingTarget(step=(steps or [last])[0], rank=run.rank)], view="memory",
                 data={"graphs_alive": [n for _, n in alive], "kept_step": kept, "nodes_per_step": 0.0},
