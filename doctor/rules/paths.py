@@ -390,6 +390,8 @@ _CLEARED_FIX = ("If they are frozen on purpose, call requires_grad_(False) on th
                 "optimizer): backward() then stops computing gradients that are thrown away. If they should train, "
                 "clear gradients before loss.backward() or after optimizer.step(), never between them.")
 _CLEARERS = "p.grad = None, or a zero_grad() placed after backward()"
+_WARMUP_FIX = ("Nothing to fix if freezing them for the first steps is meant; otherwise clear gradients before "
+               "loss.backward() or after optimizer.step(), never between them.")
 _FUNCTION_NONE_FIX = ("Return a gradient from the Function's backward() for every input of its forward() that requires "
                       "grad, in the forward's order (None only for those that need none; "
                       "ctx.needs_input_grad[i] says which); torch.autograd.gradcheck checks it against finite differences.")
@@ -415,6 +417,13 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
         return ("error", f"{head}: the backward reached {'its' if len(names) == 1 else 'their'} AccumulateGrad only "
                 f"through {fn}, a custom autograd.Function, and its backward() returned None for "
                 f"{_them(names)} -- so the optimizer skips {_them(names)}.", _FUNCTION_NONE_FIX)
+    if label == _CLEARED and sometimes and steps == list(range(steps[-1] + 1)) and steps[-1] < run.last_step:
+        # cleared on the first steps only, trained on every one since: a warm-up freeze (DINO's
+        # cancel_gradients_last_layer sets p.grad = None in its first epoch) -- meant (QA 44d)
+        return ("info", f"{shown} had no gradient at optimizer.step() on the first {len(steps)} steps ({when}) "
+                f"although the backward reached {_them(names)}, and {'has' if len(names) == 1 else 'have'} trained on "
+                f"every step since: .grad was cleared between backward() and step() ({_CLEARERS}) for a while -- a "
+                "warm-up freeze of these layers, as DINO's cancel_gradients_last_layer does.", _WARMUP_FIX)
     if label == _CLEARED:
         return ("warning", f"{shown} had no gradient at optimizer.step() ({when}) although the backward reached "
                 f"{_them(names)}: the backward's graph holds {'its' if len(names) == 1 else 'their'} AccumulateGrad, "
