@@ -31,9 +31,10 @@ export function buildModel(ev) {
   for (const n of backwardOrder(nodes, ev.edges || [])) {
     // AccumulateGrad belongs with its parameter's module (the capture may leave it at the root).
     const pmod = n.param && !n.module ? n.param.slice(0, Math.max(0, n.param.lastIndexOf("."))) : "";
-    // a torch.compile region is one opaque node in autograd's graph: say so in its label; a
-    // cast autocast inserted says whose it is (M7)
-    const label = n.name === "CompiledFunctionBackward" ? "torch.compile region (CompiledFunctionBackward)"
+    // a torch.compile region is one opaque node in autograd's graph: say so in its label (its
+    // node's name is in the details: with it, the box cut the label mid-word, QA 44c); a cast
+    // autocast inserted says whose it is (M7)
+    const label = n.name === "CompiledFunctionBackward" ? "torch.compile region"
       : n.autocast_cast ? `${n.name} (autocast cast)` : n.name || "?";
     add({ key: "n" + n.id, kind: "node", rec: n, label, module: n.module || pmod, phase: "backward" });
   }

@@ -300,6 +300,11 @@ export class GraphView {
     const micros = new Set((ev.ops || []).map((o) => o.micro ?? 0));
     if (micros.size > 1) notes.push(`${micros.size} micro-batches: forward ops of all, backward (grad_fn) of micro-batch ${ev.micro ?? 0}.`);
     if (ev.complete === false) notes.push(partialNote(ev, this.app.meta?.settings?.max_ops));
+    // a compiled forward runs as compiled code, none of its ops through the recorder: one grad_fn
+    // node stands for it (QA 44c: an empty forward column, unexplained)
+    if ((this.stepEvent?.forwards || []).some((f) => f.compiled) && !(ev.ops || []).some((o) => (o.phase || "forward") === "forward")) {
+      notes.push("The forward ran compiled (torch.compile): its ops are not recorded, and its grad_fn graph shows it as one node, the torch.compile region.");
+    }
     // GraphEvent.failed: no step event, no backward -- the run raised (on a NaN loss, say) first
     if (ev.failed) notes.push(`The run stopped with an error in step ${ev.step}, before its backward: these are the ops its forward (and loss) ran, with no grad_fn graph.`);
     const errors = this.stepEvent?.backward_errors || [];

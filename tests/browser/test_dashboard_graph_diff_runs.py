@@ -94,7 +94,7 @@ def leaves(ev: dict[str, Any]) -> list[tuple[str, str, str]]:
     for n in backward_order(ev.get("nodes", []), ev.get("edges", [])):
         param = n.get("param")
         module = n.get("module") or (param[:max(0, param.rfind("."))] if param else "")
-        label = ("torch.compile region (CompiledFunctionBackward)" if n.get("name") == "CompiledFunctionBackward"
+        label = ("torch.compile region" if n.get("name") == "CompiledFunctionBackward"
                  else f"{n['name']} (autocast cast)" if n.get("autocast_cast") else n.get("name") or "?")
         res.append((f"n{n['id']}", f"backward|{module}|{label}", param if param else sub(by_id.get(n.get("op")), module)))
     return res

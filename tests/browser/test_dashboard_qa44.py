@@ -6,6 +6,8 @@
   where to look (the Doctor).
 - Full mode draws ``optimizer.step()``'s ops in a colour of their own, which the legend did not
   name.
+- A compiled forward's module outputs and forward ops are not recorded: the gradients view gave
+  a wrong reason, the graph view none.
 """
 
 from __future__ import annotations
@@ -92,3 +94,7 @@ def test_a_compiled_forwards_missing_module_outputs_are_told_why(page: Any, srv:
     text = empty.inner_text()
     assert text.startswith("The captured steps 0, 1, 2 recorded no module output"), text
     assert "torch.compile'd forward runs none of the module hooks" in text, text
+    # and the graph view says why its forward column is empty
+    open_session(page, srv.url, sid, "?view=graph")
+    page.wait_for_function("document.querySelector('.graph-status')?.innerText.includes('torch.compile')")
+    assert "The forward ran compiled (torch.compile): its ops are not recorded" in page.locator(".graph-status").inner_text()
