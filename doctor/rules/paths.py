@@ -573,6 +573,7 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
     derived = {as_int(t, -1) for t in as_list(start.get("outputs"))}
     looked_up: set[int] = set()  # constants a lookup made from a table nothing trains
     picked: set[int] = set()  # constants a selector made from the positions alone (a one-hot), and what follows
+    last = max(on_path, default=-1)  # the loss's own op
     first = as_int(start.get("id"), -1)
     step_function = str(start.get("name", "")).rstrip("_") in _STEP_FUNCTIONS
     for op in path:
@@ -621,14 +622,17 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
             derived.update(outs)  # computed from constants alone: a constant too
             continue
         mine = derived.intersection(ins)
-        if mine <= picked and not mine <= scalars:
-            # a one-hot of the positions met what carries the gradient as a whole tensor: a target
-            # (KL or MSE against hard pseudo-labels), by design -- a Dice term on it reaches the
-            # loss as a constant scalar, added to it
+        if mine <= picked and not (oid == last and name in _ADDS and mine <= scalars):
+            # a one-hot of the positions met what carries the gradient: a target (KL, MSE, a soft
+            # Dice against hard pseudo-labels, a Dice denominator's count), by design -- unless
+            # it is a whole constant term of the loss, added to it by the loss's last op (a Dice
+            # loss on the hard predictions, QA 44b; QA 44e: the denominator's sum was told so)
             continue
         return True
     return False
 
+
+_ADDS = frozenset(("aten::add", "aten::sub", "aten::rsub"))
 
 # Differentiable in autograd's sense (a grad_fn, float outputs) but with a gradient of zero
 # everywhere: a loss through one of them trains nothing before it, without an error

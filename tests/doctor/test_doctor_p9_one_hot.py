@@ -20,16 +20,19 @@ from torchscope.doctor import diagnose
 from torchscope.sessionfile import iter_events
 
 
-def _dice(logits: torch.Tensor, target: torch.Tensor, hard: bool | None) -> torch.Tensor:
+def _dice(logits: torch.Tensor, target: torch.Tensor, hard: bool | str | None) -> torch.Tensor:
     if hard is None:  # sharpening towards the model's own hard predictions
         return F.mse_loss(logits.softmax(1), F.one_hot(logits.argmax(1), 3).permute(0, 3, 1, 2).float())
+    if hard == "pseudo":  # a global soft Dice of the probabilities against those (QA 44e: P9)
+        probs, tgt = logits.softmax(1), F.one_hot(logits.argmax(1), 3).permute(0, 3, 1, 2).float()
+        return 1 - (2 * (probs * tgt).sum() + 1) / (probs.sum() + tgt.sum() + 1)
     probs = F.one_hot(logits.argmax(1), 3).permute(0, 3, 1, 2).float() if hard else logits.softmax(1)  # probs
     onehot = F.one_hot(target, 3).permute(0, 3, 1, 2).float()
     inter = (probs * onehot).sum((2, 3))
     return 1 - ((2 * inter + 1e-6) / (probs.sum((2, 3)) + onehot.sum((2, 3)) + 1e-6)).mean()
 
 
-def _segment(path: Path, mode: str, hard: bool | None) -> None:
+def _segment(path: Path, mode: str, hard: bool | str | None) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 3, 1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -86,8 +89,10 @@ def test_a_dice_loss_on_the_argmax_one_hot_is_p9(tmp_path: Path, mode: str) -> N
     assert p9["src"] == f"{Path(__file__).name}:{line}", p9
 
 
-@pytest.mark.parametrize("hard", [False, None], ids=["softmax-dice", "one-hot-target"])
-def test_a_dice_loss_on_softmax_probabilities_is_no_finding(tmp_path: Path, hard: bool | None) -> None:
+@pytest.mark.parametrize("hard", [False, None, "pseudo"], ids=["softmax-dice", "one-hot-target", "soft-dice-to-one-hot"])
+def test_a_dice_loss_on_softmax_probabilities_is_no_finding(tmp_path: Path, hard: bool | str | None) -> None:
+    """(the one-hot's count in a Dice denominator meets the probabilities' sum as one element,
+    inside the loss: a target's, not a constant term of the loss)"""
     path = tmp_path / "soft.tscope"
     _segment(path, "default", hard=hard)
     assert _findings(path) == []
@@ -98,3 +103,21 @@ def test_a_one_hot_dispatch_to_experts_is_routing(tmp_path: Path, mode: str) -> 
     path = tmp_path / f"switch-{mode}.tscope"
     _route(path, mode)
     assert [f for f in _findings(path) if f["code"] == "P9"] == []
+
+
+def test_a_one_element_hard_target_is_no_constant_term(tmp_path: Path) -> None:
+    """Online self-training with a batch of one: BCE towards the model's own hard prediction,
+    a one-element target (QA 44e: P9 at batch size 1, none at 8)."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "b1.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="default"):
+        for _ in range(3):
+            logits = model(torch.randn(1, 4))
+            target = F.one_hot(logits.argmax(1), 2).float()[:, 1]
+            opt.zero_grad()
+            F.binary_cross_entropy(logits.softmax(1)[:, 1], target).backward()
+            opt.step()
+    assert [f for f in _findings(path) if f["code"] == "P9"] == []
+
