@@ -43,8 +43,12 @@ def describe_steps(steps: list[int], last_step: int) -> str:
         return f"since step {steps[0]}, every step"
     if contiguous:
         return f"steps {steps[0]}-{steps[-1]}"
-    shown = ", ".join(str(s) for s in steps[:6]) + (", ..." if len(steps) > 6 else "")
-    return f"on {len(steps)} steps ({shown})"
+    return f"on {len(steps)} steps ({list_steps(steps)})"
+
+
+def list_steps(steps: list[int]) -> str:
+    """'3, 5, 9, 12', the first six and '...' after them."""
+    return ", ".join(str(s) for s in steps[:6]) + (", ..." if len(steps) > 6 else "")
 
 
 def make(code: str, severity: Severity, message: str, fix: str, steps: list[int], *,

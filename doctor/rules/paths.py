@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from torchscope.schema import Finding, FindingTarget
 
 from .. import graph as g
-from ..finding import Severity, describe_steps, make
+from ..finding import Severity, describe_steps, list_steps, make
 from ..run import Run, as_dict, as_int, as_list, capture_hint, errors, leaf_loss, notes, trainable
 from ..settings import Settings
 
@@ -433,7 +433,7 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
     if sometimes:
         lo, hi, total = min(missed), max(missed), max(m + n for m, n in zip(missed, got, strict=True))
         each = f"{lo}" if lo == hi else f"{lo}-{hi}"
-        at = ", ".join(str(x) for x in steps[:6]) + (", ..." if len(steps) > 6 else "")
+        at = list_steps(steps)
         if len(steps) > 2 and steps == list(range(steps[0], run.last_step + 1)):
             # lost for good from some step on (a layer detached mid-run): said as such (QA 37d:
             # "on 106 of 226 steps each (steps 120, 121, ...) and one on the others")

@@ -6,7 +6,7 @@ from typing import Any
 
 from torchscope.schema import Finding, FindingTarget
 
-from ..finding import Severity, and_list, describe_steps, make
+from ..finding import Severity, and_list, describe_steps, list_steps, make
 from ..run import Run, as_dict, as_float, as_int, as_list, leaf_loss, notes, trainable
 from ..settings import Settings
 
@@ -116,12 +116,9 @@ def _missing(run: Run) -> list[Finding]:
     if cleared:
         # cleared on some steps, piled up on the others: a zero_grad() under a condition (QA 44b:
         # inside the loop's `if step % 5 == 0:` logging block) read as "missing"
-        def listed(xs: list[int]) -> str:
-            return ", ".join(map(str, xs[:6])) + (", ..." if len(xs) > 6 else "")
-
         message = (f"The gradients were cleared before some steps' backward only (step{'s' if len(cleared) > 1 else ''} "
-                   f"{listed(cleared)}) and were already non-zero before it on the other {len(steps)} "
-                   f"({listed(steps)}): each of those adds onto the old gradients of {len(names)} parameter(s). "
+                   f"{list_steps(cleared)}) and were already non-zero before it on the other {len(steps)} "
+                   f"({list_steps(steps)}): each of those adds onto the old gradients of {len(names)} parameter(s). "
                    "Is the zero_grad() call inside a condition (a logging or evaluation block)?")
     targets = [FindingTarget(step=hits[i][0], rank=run.rank, param=run.param_name(i), module=run.param_module(i))
                for i in sorted(hits)]
