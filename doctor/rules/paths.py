@@ -621,6 +621,10 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
         if not carries:
             derived.update(outs)  # computed from constants alone: a constant too
             continue
+        if name in _COMPARES:
+            # a loss function pulling what carries the gradient towards the constant: a target
+            # (QA 44e: Double DQN's ``r + γ·Q_target(s').gather(1, Q(s').argmax(1))`` was an error)
+            continue
         mine = derived.intersection(ins)
         if mine <= picked and not (oid == last and name in _ADDS and mine <= scalars):
             # a one-hot of the positions met what carries the gradient: a target (KL, MSE, a soft
@@ -633,6 +637,12 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
 
 
 _ADDS = frozenset(("aten::add", "aten::sub", "aten::rsub"))
+# Loss functions that compare an input with a target: a constant met there by what carries the
+# gradient is the target (a TD target, a pseudo-label), whichever operand it is
+_COMPARES = frozenset(f"aten::{n}" for n in (
+    "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+    "kl_div", "soft_margin_loss", "poisson_nll_loss", "cosine_similarity", "cosine_embedding_loss",
+))  # fmt: skip
 
 # Differentiable in autograd's sense (a grad_fn, float outputs) but with a gradient of zero
 # everywhere: a loss through one of them trains nothing before it, without an error

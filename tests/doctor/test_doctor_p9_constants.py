@@ -164,3 +164,28 @@ def test_tokens_routed_to_experts_by_mask_or_by_positions_are_no_p9(tmp_path: Pa
             nn.functional.mse_loss(model(x), target).backward()
             opt.step()
     assert [(f["code"], f["message"]) for f in diagnose(iter_events(path)) if f["code"] == "P9"] == []
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+@pytest.mark.parametrize("pick", ["gather", "index"])
+def test_a_double_dqn_target_is_no_p9(tmp_path: Path, pick: str, mode: str) -> None:
+    """Double DQN's target picks the target network's value of the online network's argmax
+    action, outside ``no_grad`` as in many implementations: a regression target, no gradient
+    through it by design (QA 44e: P9, an error, for the lookup of a constant table)."""
+    torch.manual_seed(0)
+    q = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+    target_net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3)).requires_grad_(False)
+    opt = torch.optim.Adam(q.parameters(), lr=1e-3)
+    path = tmp_path / "ddqn.tscope"
+    with torchscope.watch(q, opt, server=None, record=path, mode=mode):
+        for _ in range(4):
+            s, a, r, s2 = torch.randn(8, 4), torch.randint(0, 3, (8, 1)), torch.randn(8), torch.randn(8, 4)
+            q_sa = q(s).gather(1, a).squeeze(1)
+            best = q(s2).argmax(1)
+            values = target_net(s2)
+            next_q = values.gather(1, best[:, None]).squeeze(1) if pick == "gather" else values[torch.arange(8), best]
+            loss = nn.functional.smooth_l1_loss(q_sa, r + 0.99 * next_q)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert [f for f in diagnose(iter_events(path)) if f["code"] == "P9"] == []
