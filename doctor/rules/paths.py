@@ -621,7 +621,7 @@ def _feeds_as_value(path: list[dict[str, Any]], start: dict[str, Any], on_path: 
         if not carries:
             derived.update(outs)  # computed from constants alone: a constant too
             continue
-        if name in _COMPARES:
+        if name in _COMPARES and any(grads.get(t) is True for t in ins if t not in derived):
             # a loss function pulling what carries the gradient towards the constant: a target
             # (QA 44e: Double DQN's ``r + γ·Q_target(s').gather(1, Q(s').argmax(1))`` was an error)
             continue

@@ -154,6 +154,18 @@ def _skipped(run: Run, steps: list[int], losses: list[float]) -> list[Finding]:
         said = f"The graph is freed with the loss; {why}."
     else:  # a loop that did not check its loss with isfinite/isnan/isinf (a caught error)
         said = "The graph is freed with the loss; what a skipped batch's loss was is not recorded."
+    n = sum(1 for _ in run.step_events())
+    if not losses and n >= 4 and 4 * len(set(steps)) > n:
+        # on many steps, unchecked: as likely an output a backward used only detached -- a
+        # backbone frozen by ``.detach()`` for a warm-up, a teacher trained every few steps
+        # (QA 44e: "skipped" read as a fault) -- whose backward the capture does not see
+        return [make("P6", "info", (
+            f"{skipped} training forward passes from the loop's own call site built an autograd graph that no "
+            f"backward() used ({describe_steps(sorted(set(steps)), run.last_step)}): batches skipped before "
+            "backward (unlabeled ones, a guard), or outputs used only without their gradient (detached: a backbone "
+            "frozen by `.detach()`, a teacher network trained every few steps). The graph is freed with the output."),
+            FIX_UNUSED, steps, rank=run.rank, view="memory", data={"forwards": skipped},
+            title="Graph built but never used")]
     message = (f"{skipped} training forward pass{'' if skipped == 1 else 'es'} from the loop's own call site "
                f"built an autograd graph that no backward() used ({describe_steps(sorted(set(steps)), run.last_step)}): "
                "batches the loop skipped before backward (a guard such as `if not torch.isfinite(loss): "
@@ -166,3 +178,6 @@ FIX_SKIPPED = ("Nothing to change for the graph. Find out why those batches were
                "batch at those steps; a loss that is NaN or Inf comes from log/div of zero or overflow (use "
                "BCEWithLogitsLoss / log_softmax rather than log(sigmoid(x)) / log(softmax(x)), add an eps, clamp) "
                "or from bad input data (P4).")
+FIX_UNUSED = ("Where the output is used only without its gradient on those steps, run that forward under "
+              "`torch.no_grad()` there (`with torch.set_grad_enabled(train_backbone):`): no graph is built. "
+              "Batches skipped on purpose need no change.")
