@@ -17,8 +17,8 @@ FIX_CLOSURE = ("Call optimizer.zero_grad() inside the closure, before loss.backw
 FIX_MISPLACED = "Call optimizer.zero_grad() before loss.backward() (or after optimizer.step()), never between them."
 FIX_INSIDE = ("Call optimizer.zero_grad() once per optimizer step -- before the accumulation loop, or right after "
               "optimizer.step() -- not inside the loop over micro-batches.")
-FIX_FOREIGN = ("Build the optimizer from the model you train, after its last assignment: "
-               "optimizer = torch.optim.AdamW(model.parameters()), and pass that optimizer to watch().")
+FIX_FOREIGN = ("Pass watch() the model the optimizer trains and that optimizer: torchscope.watch(model, optimizer) "
+               "with optimizer = torch.optim.AdamW(model.parameters()) built after the model's last assignment.")
 FIX_UNHELD_PARAMETRIZED = (
     "Build the optimizer after weight_norm / spectral_norm / register_parametrization (or any change that replaces "
     "parameters, such as assigning a new layer), or add these parameters to it: "
@@ -68,8 +68,9 @@ def _foreign(run: Run) -> list[Finding]:
     model = str(run.session.get("model") or "the model")
     message = (f"{opt} steps none of the {trainable(run)} trainable parameters of {model} "
                f"({describe_steps(steps, run.last_step)}): optimizer.step() never changes the model. The optimizer "
-               "was built over other tensors -- usually another instance of the model (the model was created "
-               "again after the optimizer was).")
+               "was built over other tensors -- another instance of the model: one created again after the "
+               "optimizer was, or a copy watched in place of the model the optimizer trains (an EMA teacher, a "
+               "target network).")
     src = next((str(ev["step_src"]) for step, ev in run.step_events() if step in steps and ev.get("step_src")), None)
     return [make("P5", "error", message, FIX_FOREIGN, steps, rank=run.rank,
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients",

@@ -228,6 +228,8 @@ def test_an_optimizer_of_another_instance_of_the_model_is_found(tmp_path: Path) 
     assert p5["title"] == "The optimizer steps none of the model's parameters"
     assert p5["message"].startswith("AdamW steps none of the 4 trainable parameters of Sequential")
     assert "zero_grad() is missing" not in p5["message"]
+    # (QA 44e: an EMA teacher watched with the student's optimizer read as "created again" only)
+    assert "created again" in p5["message"] and "an EMA teacher" in p5["message"], p5["message"]
 
 
 def test_watch_model_alone_with_an_optimizer_of_another_model_is_found(tmp_path: Path, capfd: Any) -> None:
