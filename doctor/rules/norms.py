@@ -426,6 +426,14 @@ def _across_layers(run: Run, settings: Settings, blown: set[int]) -> list[Findin
                    f"({describe_steps(flagged, run.last_step)}), but the updates do not: update ÷ weight "
                    f"{moves[0]:.2g} for {s_name} against {moves[1]:.2g} for {l_name} -- the optimizer scales each "
                    "parameter's step (as Adam does), so those layers still learn.")
+    elif _adaptive(run) and not _ratios_read(run):
+        # ``light`` reads no update ratios: under Adam the small gradients alone do not say that
+        # those layers barely learn (QA 44e: a post-LN transformer was warned in light only)
+        severity, fix, title = "info", FIX_ADAPTIVE, "Gradients shrink through depth"
+        message = (f"Gradients shrink {ratio:.0e}x from {l_name} to {s_name} within one step "
+                   f"({describe_steps(flagged, run.last_step)}). {run.session.get('optimizer')} scales each "
+                   "parameter's step by its own gradient's size, so those layers may still learn; this run read no "
+                   "update ÷ weight ratios to tell (mode='default' reads them).")
     targets = [FindingTarget(step=step, rank=run.rank, param=s_name, module=run.param_module(small)),
                FindingTarget(step=step, rank=run.rank, param=l_name, module=run.param_module(large))]
     per_layer = {run.param_name(i): [value(column(ev, "norm"), i) for _, ev in run.step_events()]
@@ -438,6 +446,19 @@ def _across_layers(run: Run, settings: Settings, blown: set[int]) -> list[Findin
 FIX_ADAPTIVE = ("Nothing to fix while the optimizer scales each parameter's step (Adam, AdamW, RMSprop); with SGD "
                 "those layers would barely move -- then keep the signal's size through depth (normalisation "
                 "layers, residual connections, kaiming/xavier init).")
+
+
+# Optimizers that divide each parameter's step by a running size of its own gradient
+_ADAPTIVE = frozenset(("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "SparseAdam",
+                       "Adafactor", "LAMB", "Lamb", "Lion"))
+
+
+def _adaptive(run: Run) -> bool:
+    return str(run.session.get("optimizer")) in _ADAPTIVE
+
+
+def _ratios_read(run: Run) -> bool:
+    return any(v is not None for _, ev in run.step_events() for v in column(ev, "update_ratio"))
 
 
 def _updates_alike(run: Run, small: int, large: int) -> tuple[float, float] | None:

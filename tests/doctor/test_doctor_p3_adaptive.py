@@ -19,7 +19,7 @@ from torchscope.doctor import diagnose
 from torchscope.sessionfile import iter_events
 
 
-def _p3(tmp_path: Path, optimizer: str, depth: int) -> list[dict[str, Any]]:
+def _p3(tmp_path: Path, optimizer: str, depth: int, mode: str = "default") -> list[dict[str, Any]]:
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for _ in range(depth):
@@ -29,7 +29,7 @@ def _p3(tmp_path: Path, optimizer: str, depth: int) -> list[dict[str, Any]]:
            else torch.optim.SGD(model.parameters(), lr=0.01))
     x, y = torch.randn(64, 32), torch.randint(0, 4, (64,))
     path = tmp_path / f"{optimizer}-{depth}.tscope"
-    with torchscope.watch(model, opt, server=None, record=path, mode="default"):
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
         for _ in range(21):  # (default mode reads the update ratio on steps 0, 10 and 20)
             opt.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()
@@ -49,5 +49,17 @@ def test_shrinking_gradients_are_told_by_what_the_updates_do(tmp_path: Path, opt
     if learns:
         assert p3["severity"] == "info" and "but the updates do not: update ÷ weight" in p3["message"], p3
         assert "barely learn" not in p3["message"] and p3["fix"].startswith("Nothing to fix"), p3
+    else:
+        assert p3["severity"] == "warning" and "barely learn" in p3["message"], p3
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_light_mode_under_adam_says_it_cannot_tell(tmp_path: Path, optimizer: str) -> None:
+    """``light`` reads no update ratios: under Adam the shrinking gradients are told, not warned
+    about as layers that barely learn (QA 44e); under SGD the warning stands."""
+    (p3,) = _p3(tmp_path, optimizer, 6, mode="light")
+    if optimizer == "adam":
+        assert p3["severity"] == "info" and "read no update ÷ weight ratios" in p3["message"], p3
+        assert "barely learn" not in p3["message"], p3
     else:
         assert p3["severity"] == "warning" and "barely learn" in p3["message"], p3
