@@ -1644,11 +1644,13 @@ class Watch:
             s = self._s
         elif s.micro > 0 and (stray := self._stray() if self._stray is not None else None) is not None and (
             self._stray_again or self._safe("step", self._shares_params, stray) is True
-        ):
+        ) and not _calls_on_stack(_STEP_WRAPPER, stray):
             # only another optimizer stepped these parameters since the last backward: it has
             # replaced the watched one (a new optimizer for a second phase of training) when it
             # steps the same parameters, or twice in a row; one of other parameters is a second
-            # optimizer of the loop (a GAN's generator's, stepping between the critic's steps)
+            # optimizer of the loop (a GAN's generator's, stepping between the critic's steps).
+            # Not while its step() runs this forward: a closure of a wrapper (SAM's step(closure)
+            # around the watched base optimizer, whose step comes after it: QA 44e, one step more)
             self._adopt(stray)
             self._close_step(False)
             s = self._s

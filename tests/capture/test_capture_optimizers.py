@@ -506,3 +506,53 @@ def test_a_sweep_of_runs_never_closed_keeps_each_run_to_its_own(tmp_path: Path) 
         assert [e["status"] for e in events if e["kind"] == "end"] == ["finished"]
         ops.append([o["name"] for g in events if g["kind"] == "graph" for o in g["ops"]])
     assert ops[1] == ops[0] and ops[2] == ops[0]  # no op of an earlier run's watch in a later run's graphs
+
+
+class _SAM(torch.optim.Optimizer):
+    """davda54/sam's wrapper, abridged: its ``step(closure)`` climbs to the sharpest nearby
+    weights, runs the closure's forward and backward there, and steps the base optimizer."""
+
+    def __init__(self, params: Any, rho: float = 0.05, **kw: Any) -> None:
+        super().__init__(params, {"rho": rho, **kw})
+        self.base_optimizer = torch.optim.SGD(self.param_groups, **kw)
+        self.param_groups = self.base_optimizer.param_groups
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        scale = self.param_groups[0]["rho"] / (torch.stack([g.norm() for g in grads]).norm() + 1e-12)
+        old = {}
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    old[p] = p.detach().clone()
+                    p.add_(p.grad * scale)
+        self.zero_grad()
+        with torch.enable_grad():
+            closure()
+        for p, w in old.items():
+            p.copy_(w)
+        self.base_optimizer.step()
+
+
+@pytest.mark.parametrize("watched", ["sam", "base"])
+def test_a_wrapper_whose_step_runs_a_closure_makes_one_step_a_batch(watched: str, tmp_path: Path) -> None:
+    """Watching SAM's base optimizer: SAM's own step() of the same parameters ran the closure's
+    forward before the base stepped, and was adopted there as the watched one's replacement,
+    making the first batch two steps (QA 44e: 61 steps for 60)."""
+    model = _model()
+    sam = _SAM(model.parameters(), lr=0.05, momentum=0.9)
+    path = tmp_path / f"{watched}.tscope"
+    with torchscope.watch(model, sam if watched == "sam" else sam.base_optimizer, server=None, record=path):
+        for x, y in _batches(5):
+
+            def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+
+            nn.functional.mse_loss(model(x), y).backward()
+            sam.step(closure)
+            sam.zero_grad()
+    steps = _steps(path)
+    assert [s["micro_batches"] for s in steps] == [2] * 5, [(s["step"], s["micro_batches"]) for s in steps]
