@@ -13,7 +13,10 @@ from __future__ import annotations
 import gc
 import sys
 import types
+from collections import deque
 from typing import Any
+
+import torch
 
 from ._srcloc import _is_internal
 
@@ -73,3 +76,36 @@ def _name_of(x: Any) -> str:
 
 def _key_of(mapping: dict[str, Any], value: Any) -> str:
     return next((k for k, v in mapping.items() if v is value and isinstance(k, str)), "")
+
+
+
+def graph_lists() -> dict[int, tuple[str, int]]:
+    """The user's named lists (or deques) holding tensors that carry graphs, by id: their names
+    and lengths -- ``'all_probs' (a list)`` for ``all_probs.append(torch.sigmoid(out))``, an
+    epoch's outputs kept for its metric (P7); one that grows from one step to the next is the
+    holder.  Looked for in the running frames of the user's code and the attributes of their
+    ``self``; no garbage collector walk."""
+    found: dict[int, tuple[str, int]] = {}
+    f: types.FrameType | None = sys._getframe(1)
+    while f is not None:
+        if not _is_internal(f.f_code.co_filename):
+            local = f.f_locals
+            attrs = getattr(local.get("self"), "__dict__", None)
+            named = [(f"'{k}'", v) for k, v in local.items()]
+            named += [(f"'.{k}'", v) for k, v in attrs.items()] if isinstance(attrs, dict) else []
+            for name, value in named:
+                if isinstance(value, (list, deque)) and len(value) >= 2 and _holds_graphs(value):
+                    found.setdefault(id(value), (f"{name} (a {type(value).__name__})", len(value)))
+        f = f.f_back
+    return found
+
+
+def _holds_graphs(value: list[Any] | deque[Any]) -> bool:
+    """Whether the last two items are (or hold, as tuples or dicts do: ``outputs.append({"probs":
+    p})``) tensors with a grad_fn."""
+    items = [value[-2], value[-1]]
+    for item in items:
+        inner = item.values() if isinstance(item, dict) else item if isinstance(item, (list, tuple)) else (item,)
+        if not any(isinstance(t, torch.Tensor) and t.grad_fn is not None for t in list(inner)[:8]):
+            return False
+    return True

@@ -48,7 +48,7 @@ from ._console import say
 from ._evalprobe import EvalDropoutProbe
 from ._fastpath import FAST_PATHS, FastPathGuard
 from ._grads import GradRead, PiecewiseRead, StatsRead, count_nonzero, nonzero_grads
-from ._holders import container_of
+from ._holders import container_of, graph_lists
 from ._hooks import Retained, retained
 from ._interpose import Interposer, insert_mode, remove_mode
 from ._memory import StorageSizes, grad_storages, optimizer_tensors, spanned, storage_parts, storages
@@ -1013,6 +1013,11 @@ class Watch:
         self._probe_left = _PROBE_STEPS
         # the named container keeping earlier steps' losses (_held_in): None until looked for
         self._held_in: str | None = None
+        # ... and the one keeping earlier steps' outputs, or what was computed from them
+        # (_probe_outputs): None until found, looked for at most _PROBE_STEPS times
+        self._outputs_held_in: str | None = None
+        self._outputs_probes = _PROBE_STEPS
+        self._graph_lists: dict[int, tuple[str, int]] = {}  # (graph_lists) at the boundary before
         self._nest_check = False  # the last boundary saw a graph a later backward can go through alive
         # default mode: a backward failed on a step not captured; steps are captured (at most
         # _FAILURE_TRIES) until one with a failing backward is, so the doctor can name the op
@@ -4007,6 +4012,23 @@ class Watch:
                 self._safe("kept", self._find_holder)
             if self._held_in:
                 kept["held_in"] = self._held_in
+        if kept and kept["of"] == "output":
+            self._probe_outputs(kept)
+
+    def _probe_outputs(self, kept: GraphsKept) -> None:
+        """Outputs of two or more earlier steps kept alive: the user's named list holding them,
+        one that grew since the boundary before (``all_probs.append(torch.sigmoid(out))`` for
+        an epoch's accuracy), for P7 to name."""
+        if self._outputs_held_in is None and self._outputs_probes > 0:
+            steps = {sent.step for ref in self._sentinels if (sent := ref()) is not None and sent.output}
+            if len(steps - {self._step}) >= 2:
+                self._outputs_probes -= 1
+                lists = self._safe("kept", graph_lists) or {}
+                grown = [name for key, (name, n) in lists.items() if n > self._graph_lists.get(key, (name, n))[1]]
+                self._outputs_held_in = grown[0] if grown else None
+                self._graph_lists = lists
+        if self._outputs_held_in:
+            kept["held_in"] = self._outputs_held_in
 
     def _find_holder(self) -> None:
         """Once, when the probe saw no torch call keep them and losses of two or more earlier

@@ -74,14 +74,16 @@ def _kept(run: Run) -> dict[str, object]:
     with the line that took a kept loss in, from whichever step the capture saw it at (it
     looks for it over a few steps only)."""
     kept: dict[str, object] = {}
-    held_in = ""
+    held_in: dict[object, str] = {}  # of -> the container found holding such tensors
     for _, ev in reversed(list(run.step_events())):
         this = as_dict(ev.get("graphs_kept"))
         kept = kept or this
         if kept and this.get("of") == kept.get("of") and this.get("held_at"):
             return {**kept, "held_at": this["held_at"]}
-        held_in = held_in or str(this.get("held_in") or "")
-    return {**kept, "held_in": held_in} if held_in and kept.get("of") == "loss" else kept
+        if this.get("held_in"):
+            held_in.setdefault(this.get("of"), str(this["held_in"]))
+    of = kept.get("of")
+    return {**kept, "held_in": held_in[of]} if of in ("loss", "output") and of in held_in else kept
 
 
 def _hook_bytes(ev: dict[str, object]) -> int:
@@ -116,7 +118,11 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
         nodes_per_step = (top - alive[0][1]) / span if span > 0 and top > alive[0][1] else 0.0
         nodes = f", +{nodes_per_step:.0f} per step" if nodes_per_step >= 0.5 else ""
         why = _KEPT.get(str(kept.get("of")), _KEPT[""])
-        if kept.get("held_in"):  # the container the garbage collector found holding them
+        if kept.get("held_in") and kept.get("of") == "output":  # a named list of the user's keeping them
+            why = (f"the model's outputs, or tensors computed from them, stay referenced after their step, held by "
+                   f"{kept['held_in']}: each keeps its step's graph (`all_probs.append(torch.sigmoid(out))`); keep "
+                   "`.detach()` of them there instead (or `.item()`, `.cpu()` of the detached tensor).")
+        elif kept.get("held_in"):  # the container the garbage collector found holding them
             why = (f"the losses that backward() was called on stay referenced after their step, held by "
                    f"{kept['held_in']}: each keeps its step's graph (`history.append(loss)`); keep "
                    "`loss.item()` or `loss.detach()` there instead.")

@@ -212,3 +212,59 @@ def test_p7_names_the_container_that_keeps_the_losses(tmp_path: Path, where: str
     want = {"local_list": "'history' (a list)", "attribute": "'.losses' (a list)"}[where]
     assert held == {want}
     assert len(p7) == 1 and f"held by {want}" in p7[0]["message"], p7
+
+
+class _Epoch:
+    """A Lightning-style module keeping each batch's probabilities for the epoch's metric."""
+
+    def __init__(self, path: Path) -> None:
+        torch.manual_seed(0)
+        self.model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        self.opt = torch.optim.Adam(self.model.parameters())
+        self.path = path
+        self.outputs: list[dict[str, torch.Tensor]] = []
+
+    def fit(self, steps: int, detach: bool) -> None:
+        with torchscope.watch(self.model, self.opt, server=None, record=self.path):
+            for _ in range(steps):
+                x = torch.randn(4, 8)
+                logits = self.model(x).squeeze(1)
+                loss = nn.functional.binary_cross_entropy_with_logits(logits, (x[:, 0] > 0).float())
+                self.opt.zero_grad()
+                loss.backward()
+                self.opt.step()
+                probs = torch.sigmoid(logits)
+                self.outputs.append({"probs": probs.detach() if detach else probs, "loss": loss.detach()})
+
+
+@pytest.mark.parametrize("where", ["local_list", "attribute", "detached"])
+def test_p7_names_the_list_that_keeps_outputs(tmp_path: Path, where: str) -> None:
+    """``all_probs.append(torch.sigmoid(logits))`` for an epoch's accuracy keeps each step's
+    forward graph: P7 pointed at the forward's line and said "kept in a list" without naming
+    it (QA 44b).  The list that grows between boundaries holding tensors with a grad_fn is
+    named, a local one or an attribute; with ``.detach()`` nothing is kept, nor named."""
+    path = tmp_path / f"{where}.tscope"
+    if where == "local_list":
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        all_probs, pair = [], [torch.ones(1, requires_grad=True) * 2, torch.ones(1, requires_grad=True) * 3]
+        with torchscope.watch(model, opt, server=None, record=path):
+            for _ in range(8):
+                logits = model(torch.randn(4, 8))
+                loss = logits.pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                all_probs.append(torch.sigmoid(logits))
+        assert pair[0].grad_fn is not None  # (a list of two graphs that does not grow is no holder)
+    else:
+        _Epoch(path).fit(8, detach=where == "detached")
+    held = {e["graphs_kept"].get("held_in") for e in _steps(path) if "graphs_kept" in e} - {None}
+    p7 = [f for f in diagnose(iter_events(path)) if f["code"] == "P7"]
+    if where == "detached":
+        assert held == set() and p7 == []
+        return
+    want = {"local_list": "'all_probs' (a list)", "attribute": "'.outputs' (a list)"}[where]
+    assert held == {want}, held
+    assert len(p7) == 1 and f"the model's outputs, or tensors computed from them, stay referenced after their step, held by {want}" in p7[0]["message"], p7
