@@ -330,6 +330,15 @@ def _say_started(args: argparse.Namespace, base: str, started: subprocess.Popen[
         from torchscope.transport import started_line
 
         print(f"torchscope {args.command}: {started_line(base, started.pid)}", file=sys.stderr, flush=True)
+        from torchscope.transport import DEFAULT_SERVER, server_url
+
+        from .client import health
+
+        usual = (server_url(os.environ.get("TORCHSCOPE_SERVER") or "") or DEFAULT_SERVER).rstrip("/")
+        if base.rstrip("/") != usual and health(usual):
+            # a mistyped --server/--port starts a second, empty server (QA 42): the usual one is named
+            print(f"torchscope {args.command}: note: no server answered at {base}, so this new one (with its own "
+                  f"data) was started; a torchscope server is also running at {usual}", file=sys.stderr, flush=True)
     elif args.data:
         print(f"torchscope {args.command}: note: a server was already running at {base}; it stores the run in "
               f"its own data directory, not in --data {args.data}", file=sys.stderr, flush=True)

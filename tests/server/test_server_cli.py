@@ -270,6 +270,28 @@ def test_demo_shows_its_transformer_run_and_ctrl_c_ends_it_quietly(tmp_path: Pat
         srv.stop()
 
 
+def test_a_mistyped_port_names_the_server_already_running(tmp_path: Path) -> None:
+    """`open --port` of a port where nothing answers starts a second, empty server there (QA 42:
+    a typo'd port showed the run alone in a new store, unsaid): the usual server, running, is named."""
+    import os
+    import re
+    import signal
+
+    srv = ServerProc(tmp_path / "data").start()
+    try:
+        path = write_file(tmp_path / "run.tscope", run_frames("cli-typo", steps=2))
+        res = cli("open", str(path), "--port", str(free_port()), "--no-browser", "--data", str(tmp_path / "d"),
+                  env=_bare_env(TORCHSCOPE_SERVER=srv.url))
+        assert res.returncode == 0, res.stderr
+        pid = re.search(r"\(pid (\d+)\)", res.stderr)
+        assert pid, res.stderr
+        os.kill(int(pid[1]), signal.SIGTERM)
+        assert "note: no server answered at http://127.0.0.1:" in res.stderr, res.stderr
+        assert res.stderr.strip().endswith(f"a torchscope server is also running at {srv.url}"), res.stderr
+    finally:
+        srv.stop()
+
+
 def _bare_env(**extra: str) -> dict[str, str]:
     import os
 
@@ -325,7 +347,9 @@ def test_a_server_started_in_the_background_is_named_with_its_pid(tmp_path: Path
 
     path = write_file(tmp_path / "run.tscope", run_frames("cli-started", steps=2))
     port = free_port()
-    res = cli("open", str(path), "--port", str(port), "--no-browser", "--data", str(tmp_path / "d"), env=_bare_env())
+    # (the usual server, $TORCHSCOPE_SERVER's, answers nowhere: no note of it)
+    res = cli("open", str(path), "--port", str(port), "--no-browser", "--data", str(tmp_path / "d"),
+              env=_bare_env(TORCHSCOPE_SERVER="http://127.0.0.1:1"))
     assert res.returncode == 0, res.stderr
     m = re.fullmatch(rf"torchscope open: started a torchscope server at http://127\.0\.0\.1:{port} in the "
                      r"background \(pid (\d+)\); it keeps running after this ends: stop it with `kill (\d+)`",
