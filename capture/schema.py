@@ -460,7 +460,7 @@ class FindingTarget(TypedDict, total=False):
 class Finding(TypedDict, total=False):
     """A diagnosis of the doctor (not an event: derived from events, never written by capture)."""
 
-    code: str  # "P1" ... "P15", stable (see docs/pitfalls.md); "doctor": a check that could not run
+    code: str  # "P1" ... "P18", stable (see docs/pitfalls.md); "doctor": a check that could not run
     severity: Literal["error", "warning", "info"]
     title: str  # short name of the pitfall
     message: str  # one line a newcomer understands

@@ -1,4 +1,4 @@
-"""torchscope.doctor: diagnoses the pitfalls P1-P17 (docs/pitfalls.md) from recorded events.
+"""torchscope.doctor: diagnoses the pitfalls P1-P18 (docs/pitfalls.md) from recorded events.
 
 Standard library and `torchscope.schema` only, so it runs offline on a .tscope file, inside
 the server on stored events, and never in the training process's hot path.

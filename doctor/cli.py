@@ -88,7 +88,7 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         print(f"torchscope doctor: {exc}", file=sys.stderr)
         return 2
     if tell and last_step >= 5000:
-        _status(f"read {last_step + 1:,} steps; checking P1-P17")
+        _status(f"read {last_step + 1:,} steps; checking P1-P18")
     findings = diagnose(events, settings)
     if tell and last_step >= 5000:
         _status("")

@@ -27,6 +27,7 @@ TITLES: dict[str, str] = {
     "P15": "Gradient accumulation without dividing the loss",
     "P16": "Loss given probabilities instead of logits",
     "P17": "module.requires_grad = False froze nothing",
+    "P18": "Advantage not detached in the policy loss",
 }
 
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}

@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         "part way, is summarized up to there, and a note says what was dropped."))
     i.add_argument("file", nargs="+", help="a .tscope session file (several: one summary each)")
 
-    dr = command("doctor", "diagnose a session file (pitfalls P1-P17)", (
+    dr = command("doctor", "diagnose a session file (pitfalls P1-P18)", (
         "List the pitfalls found in a session file, each with its steps, a one-line explanation "
         "and a fix. Exit status: 0 no error-level finding (warnings and notes exit 0), 1 an error-level finding, 2 an unreadable file or bad option."))
     dr.add_argument("file", help="a .tscope session file")

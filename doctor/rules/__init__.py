@@ -10,6 +10,7 @@ from ..run import Run
 from ..settings import Settings
 from . import (
     accumulation,
+    advantage,
     amp,
     copies,
     dead,
@@ -50,4 +51,5 @@ RULES: list[tuple[str, Rule]] = [
     ("P15", accumulation.check),
     ("P16", probabilities.check),
     ("P17", frozen.check),
+    ("P18", advantage.check),
 ]

@@ -55,7 +55,7 @@ def diagnose_all(jobs: list[tuple[str, Path, tuple[str, ...]]], tmp: Path,
 
 def all_jobs() -> list[tuple[str, Path, tuple[str, ...]]]:
     jobs: list[tuple[str, Path, tuple[str, ...]]] = []
-    for n in range(1, 18):
+    for n in range(1, 19):
         code = f"P{n}"
         jobs.append((code, reproducer(code), ()))
         jobs.append((f"{code}-fixed", reproducer(code), ("--fixed",)))

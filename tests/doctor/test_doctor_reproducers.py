@@ -116,10 +116,18 @@ def check_p17(f: dict[str, Any]) -> None:
     assert "model.encoder.requires_grad = False" in f["message"]
 
 
+def check_p18(f: dict[str, Any]) -> None:
+    # the policy loss's mul and the value head's layer, both ops of the captured step 0
+    assert f["since"] == 0 and f["modules"] == ["value"] and len(targets(f, "op")) == 2
+    path, _, line = f["src"].rpartition(":")
+    assert "dist.log_prob(action) * advantage" in (PITFALLS / Path(path).name).read_text().splitlines()[int(line) - 1]
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "P1": check_p1, "P2": check_p2, "P3": check_p3, "P4": check_p4, "P5": check_p5, "P6": check_p6,
     "P7": check_p7, "P8": check_p8, "P9": check_p9, "P10": check_p10, "P11": check_p11, "P12": check_p12,
     "P13": check_p13, "P14": check_p14, "P15": check_p15, "P16": check_p16, "P17": check_p17,
+    "P18": check_p18,
 }
 
 

@@ -1,0 +1,136 @@
+"""P18: an actor-critic's policy loss weighs the actions' log-probabilities by an advantage that
+still carries the critic's gradient.
+
+``-(dist.log_prob(a) * (returns - value)).mean()`` with ``value`` attached trains the value head
+through the policy loss too: its gradient there is ``log π(a|s)``, negative, so each step pushes
+the value up whatever the returns say, on top of the critic's own regression.  The
+policy-gradient estimator treats the advantage as a constant weight: ``(returns -
+value).detach()``.  Found in the captured graph's dataflow: a ``mul`` whose one operand is the
+log-probability of the taken actions (a ``log_softmax``, or logits less their ``logsumexp`` as
+``Categorical`` normalises them, picked by ``gather``/``index``) and whose other operand is a
+difference of a per-sample constant (the returns) and a value head's output -- a layer of width
+one -- that requires grad.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchscope.schema import Finding
+
+from ..finding import describe_steps, make
+from ..graph import ops, producers, target_of_op
+from ..run import Run, as_int, as_list
+from ..settings import Settings
+
+# ops that hand a value on unchanged, or pick some of it (the taken actions' entries)
+_MOVES = frozenset(f"aten::{n}" for n in (
+    "view", "reshape", "_unsafe_view", "_reshape_alias", "squeeze", "unsqueeze", "flatten", "contiguous", "clone",
+    "_to_copy", "to", "alias", "expand", "slice", "select", "gather", "index", "index_select", "take_along_dim",
+))  # fmt: skip
+_LOG_SOFTMAX = frozenset(("aten::_log_softmax", "aten::log_softmax"))
+_LAYERS = frozenset(("aten::addmm", "aten::linear", "aten::mm", "aten::matmul"))
+_SUBS = frozenset(("aten::sub", "aten::rsub"))
+
+FIX = ("Detach the advantage in the policy loss: advantage = (returns - value).detach(); "
+       "loss = -(dist.log_prob(action) * advantage).mean() + value_coef * (returns - value).pow(2).mean(). "
+       "The critic learns from its own regression term only.")
+
+
+class _Table:
+    """The captured graph's tensors: requires_grad, and shapes."""
+
+    def __init__(self, graph: dict[str, Any]) -> None:
+        self.grad: dict[int, bool] = {}
+        self.shape: dict[int, list[int]] = {}
+        for t in as_list(graph.get("tensors")):
+            if isinstance(t, dict):
+                tid = as_int(t.get("id"), -1)
+                if isinstance(t.get("requires_grad"), bool):
+                    self.grad[tid] = t["requires_grad"]
+                if isinstance(t.get("shape"), list):
+                    self.shape[tid] = [as_int(n) for n in t["shape"]]
+
+
+def _back(tid: int, made: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The op that made ``tid``, followed back through ops that only move or pick values."""
+    op = made.get(tid)
+    for _ in range(16):
+        if op is None or str(op.get("name")) not in _MOVES:
+            return op
+        ins = as_list(op.get("inputs"))
+        op = made.get(as_int(ins[0], -1)) if ins else None
+    return None
+
+
+def _log_probs(tid: int, made: dict[int, dict[str, Any]]) -> bool:
+    """Whether ``tid`` is a log-softmax's entries: ``log_softmax`` or ``x - logsumexp(x)``."""
+    op = _back(tid, made)
+    if op is None:
+        return False
+    if str(op.get("name")) in _LOG_SOFTMAX:
+        return True
+    ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+    if str(op.get("name")) == "aten::sub" and len(ins) == 2:
+        norm = made.get(ins[1])
+        return norm is not None and str(norm.get("name")) == "aten::logsumexp"
+    return False
+
+
+def _attached_advantage(tid: int, made: dict[int, dict[str, Any]], table: _Table) -> dict[str, Any] | None:
+    """The layer op of a value head (output width one) whose output, still requiring grad, is
+    subtracted from a per-sample constant (the returns) to make ``tid``; None otherwise."""
+    op = made.get(tid)
+    if op is None or str(op.get("name")) not in _SUBS or not table.grad.get(tid, False):
+        return None
+    ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+    carrying = [t for t in ins if table.grad.get(t, False)]
+    constant = [t for t in ins if table.grad.get(t) is False]
+    if len(carrying) != 1 or len(constant) != 1 or len(table.shape.get(constant[0], [])) == 0:
+        return None  # both attached, or a scalar constant (``1 - gate``): no returns less a value
+    head = _back(carrying[0], made)
+    if head is None or str(head.get("name")) not in _LAYERS:
+        return None
+    out = as_list(head.get("outputs"))
+    shape = table.shape.get(as_int(out[0], -1), []) if out else []
+    return head if shape and shape[-1] == 1 else None
+
+
+def check(run: Run, settings: Settings) -> list[Finding]:
+    found: dict[str, tuple[list[int], dict[str, Any], dict[str, Any], int]] = {}
+    for step, g in run.all_graphs():
+        graph_ops = ops(g)
+        made = producers(graph_ops)
+        table = _Table(g)
+        for op in graph_ops:
+            if str(op.get("name")) != "aten::mul" or op.get("phase", "forward") != "forward":
+                continue
+            if op.get("grad_mode") is False:
+                continue
+            ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+            if len(ins) != 2:
+                continue
+            for logp, adv in ((ins[0], ins[1]), (ins[1], ins[0])):
+                head = _attached_advantage(adv, made, table) if _log_probs(logp, made) else None
+                if head is not None:
+                    key = str(op.get("src") or "")
+                    if key in found:
+                        found[key][0].append(step)
+                    else:
+                        found[key] = ([step], op, head, step)
+                    break
+    findings: list[Finding] = []
+    for src, (steps, mul, head, first) in found.items():
+        module = str(head.get("module") or "")
+        kind = run.module_type(module)
+        named = f"{module!r}" + (f" ({kind})" if kind else "") if module else "the value head"
+        at = f" at {src}" if src else ""
+        message = (f"The policy loss{at} multiplies the taken actions' log-probabilities by an advantage that still "
+                   f"requires grad: (returns - value) with the value from {named} not detached, so the policy "
+                   "loss trains the critic too -- its gradient there is log π(a|s), pushing the value up whatever "
+                   f"the returns are (captured graph{'s' if len(steps) > 1 else ''} "
+                   f"{describe_steps(steps, run.last_step)}).")
+        findings.append(make("P18", "warning", message, FIX, steps, rank=run.rank,
+                             targets=[target_of_op(first, run.rank, mul), target_of_op(first, run.rank, head)],
+                             modules=[module] if module else [], src=src or None))
+    return findings

@@ -1,0 +1,77 @@
+"""P18: an actor-critic's policy loss weighing the log-probabilities by an advantage whose value
+is not detached (QA 43b: no rule), told on real captures -- and not for what multiplies
+log-probabilities by design: a detached advantage, a learned baseline detached, an entropy
+bonus, a gate's ``(1 - g)`` weight, PPO's ratio times stored advantages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import distributions, nn
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+
+class _AC(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 16), nn.Tanh())
+        self.pi, self.v, self.gate = nn.Linear(16, 3), nn.Linear(16, 1), nn.Linear(16, 1)
+
+    def forward(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = self.body(s)
+        return self.pi(h), self.v(h).squeeze(-1), torch.sigmoid(self.gate(h)).squeeze(-1)
+
+
+def _loss(kind: str, logits: torch.Tensor, value: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    dist = distributions.Categorical(logits=logits)
+    a = dist.sample()
+    returns = (a == 1).float()
+    critic = (returns - value).pow(2).mean() + 0 * gate.sum()
+    if kind in ("attached", "detached"):
+        adv = returns - value if kind == "attached" else (returns - value).detach()
+        return -(dist.log_prob(a) * adv).mean() + critic
+    if kind == "log_softmax":  # the same bug written by hand
+        logp = logits.log_softmax(-1).gather(1, a[:, None]).squeeze(1)
+        return -(logp * (returns - value)).mean() + critic
+    if kind == "entropy":
+        probs = logits.softmax(-1)
+        return -(dist.log_prob(a) * (returns - value.detach())).mean() + critic + (probs * logits.log_softmax(-1)).sum(-1).mean()
+    if kind == "gate":  # a mixture's weight on a log-likelihood: (1 - g) is no advantage
+        return -((1 - gate) * dist.log_prob(a)).mean() + critic
+    # PPO: the ratio to the rollout's log-probabilities, times advantages stored with it
+    old, stored = dist.log_prob(a).detach(), (returns - value).detach()
+    ratio = torch.exp(dist.log_prob(a) - old)
+    return -torch.min(ratio * stored, ratio.clamp(0.8, 1.2) * stored).mean() + critic
+
+
+def _p18(tmp_path: Path, kind: str, mode: str = "default") -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    model = _AC()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    path = tmp_path / f"{kind}-{mode}.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(3):
+            loss = _loss(kind, *model(torch.randn(8, 4)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P18"]
+
+
+@pytest.mark.parametrize(("kind", "mode"), [("attached", "default"), ("attached", "full"), ("log_softmax", "default")])
+def test_an_attached_advantage_is_p18(tmp_path: Path, kind: str, mode: str) -> None:
+    (f,) = _p18(tmp_path, kind, mode)
+    assert f["severity"] == "warning" and f["modules"] == ["v"] and "'v' (Linear)" in f["message"], f
+    assert f["src"].startswith(Path(__file__).name + ":") and ".detach()" in f["fix"], f
+    assert f["steps"] == ([0] if mode == "default" else [0, 1, 2]), f
+
+
+@pytest.mark.parametrize("kind", ["detached", "entropy", "gate", "ppo"])
+def test_log_probabilities_weighed_by_design_are_no_p18(tmp_path: Path, kind: str) -> None:
+    assert _p18(tmp_path, kind) == []
