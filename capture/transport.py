@@ -126,6 +126,17 @@ class ServerRefused(ValueError):
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(f"HTTP {status} {detail}")
         self.status, self.detail = status, detail
+
+    @property
+    def foreign(self) -> bool:
+        """Whether another program answered: a torchscope server's errors are JSON (FastAPI's
+        ``{"detail": ...}``), a web server's 404 an HTML page (QA 45c: printed raw)."""
+        try:
+            return not isinstance(json.loads(self.detail), dict)
+        except ValueError:
+            return True
+
+
 # Series frames (docs/session-format.md) are written once this many steps wait for them, or
 # when the oldest waited this long, or at close: each frame costs a header and its column
 # names, so a frame per 0.25 s flush would nearly double the bytes of the step frames, while
@@ -233,6 +244,7 @@ class Transport:
         self._close_deadline = 0.0  # when close() stops waiting for this thread
         self._answered = False  # a server has answered this run once: never start another
         self._refused: int | None = None  # the HTTP status of the server's last refusal
+        self._foreign = False  # ... given by another program than a torchscope server
         self._warned: set[str] = set()
         self._http: http.client.HTTPConnection | None = None
         self._thread = threading.Thread(target=self._run, name="torchscope-transport", daemon=True)
@@ -470,6 +482,7 @@ class Transport:
             self.server_ok = False
             refused = exc if isinstance(exc, ServerRefused) else None
             self._refused = refused.status if refused is not None else None
+            self._foreign = refused is not None and refused.foreign
             started_now = refused is None and self._maybe_autostart()  # a server that answered is there
             self._backoff_until = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, 10.0)
@@ -479,6 +492,8 @@ class Transport:
                 why = f"not reachable ({exc.__class__.__name__})"
             elif refused.status == 401:
                 why = WRONG_TOKEN if self.token else NEEDS_TOKEN
+            elif refused.foreign:
+                why = f"is another program, not a torchscope server (it answered HTTP {refused.status})"
             else:
                 why = f"refused the run (HTTP {refused.status}: {refused.detail[:120]})"
             self._warn_once("server", f"torchscope: server {self.server} {why}; training continues, recording to {self.path}")
@@ -512,6 +527,9 @@ class Transport:
             fix = f"import {self.path} on its sessions page to see the whole run there"
         if self._refused == 401:
             fix = f"with TORCHSCOPE_TOKEN set to its token, {fix}"
+        if self._foreign:  # no torchscope server can start on that port while the program holds it
+            what = f"{where} is another program, not a torchscope server"
+            fix = f"torchscope open {self.path} --port N, with a free port N, starts one there and shows the whole run"
         say(f"torchscope: {what}; the file is complete: {fix}")
 
     def _next_seq(self, have: int) -> int:

@@ -78,8 +78,11 @@ def test_a_web_server_that_is_not_torchscope_is_one_line(tmp_path: Path, capfd: 
         srv.shutdown()
     err = capfd.readouterr().err.splitlines()
     (warned,) = [line for line in err if "torchscope: server" in line]
-    assert "refused the run (HTTP 500: <html>" in warned and "</html>" in warned  # the page on one line
-    assert not [line for line in err if line.strip().startswith(("<", "</"))]
+    # (QA 45c: the page was printed raw on one line, and `open --port` of that port advised)
+    assert "is another program, not a torchscope server (it answered HTTP 500)" in warned, warned
+    assert "<html>" not in "\n".join(err)
+    (end,) = [line for line in err if "the file is complete" in line]
+    assert "--port N, with a free port N" in end, end
 
 
 def test_close_twice_and_context_manager(tmp_path: Path) -> None:
