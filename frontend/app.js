@@ -39,6 +39,17 @@ class App {
     for (const [v, [label]] of Object.entries(VIEWS)) {
       this.tabs.append(h("button", { role: "tab", "data-view": v, onclick: () => this.go(v) }, label, v === "diagnostics" ? h("span", { class: "count", id: "finding-count" }) : null));
     }
+    // the tab pattern's keys (QA 45c): arrows move to the previous or next tab and open it,
+    // Home and End to the first and last
+    this.tabs.addEventListener("keydown", (e) => {
+      const tabs = [...this.tabs.children], i = tabs.indexOf(document.activeElement);
+      const j = { ArrowRight: i + 1, ArrowLeft: i - 1, Home: 0, End: tabs.length - 1 }[e.key];
+      if (i < 0 || j === undefined || tabs[0].disabled) return;
+      e.preventDefault();
+      const next = tabs[(j + tabs.length) % tabs.length];
+      next.focus();
+      this.go(next.dataset.view);
+    });
     try {
       this.summary = await api(sessionPath(this.id));
     } catch (e) {
@@ -107,6 +118,7 @@ class App {
   // sentence and the way back; the tabs are disabled, each would only repeat the error.
   fatal(msg) {
     for (const b of this.tabs.children) { b.disabled = true; b.setAttribute("aria-selected", "false"); }
+    this.tabs.hidden = true; // (QA 45c: five greyed tabs above "No session ... on this server")
     document.getElementById("empty-note")?.remove();
     this.offline?.remove();
     clear(this.main).append(h("div", { class: "notice error", id: "fatal" }, msg, " ", h("a", { href: "/" }, "All sessions")));

@@ -23,14 +23,22 @@ export class DiagnosticsView {
   }
 
   async load() {
-    this.findings = await api(`${sessionPath(this.app.id)}/diagnostics?${rankQuery(this.app.rank)}`);
-    clear(this.list);
+    const findings = await api(`${sessionPath(this.app.id)}/diagnostics?${rankQuery(this.app.rank)}`);
     this.onStatus();
+    // a live run is diagnosed again every few steps: the same findings leave the list as it is,
+    // and a changed list keeps the focus on the finding it was on (QA 45c: it fell to the page)
+    const text = JSON.stringify(findings);
+    if (text === this.shown) return;
+    this.shown = text;
+    this.findings = findings;
+    const focused = this.list.contains(document.activeElement) ? document.activeElement.dataset.key : undefined;
+    clear(this.list);
     const worst = ["error", "warning"].find((sev) => this.findings.some((f) => f.severity === sev)) || "info";
     this.app.setFindingCount(this.findings.length, worst);
     if (!this.findings.length) { this.list.append(h("p", { class: "muted", "data-testid": "no-findings" }, this.noneText())); return; }
     for (const f of this.findings) {
-      this.list.append(h("button", { class: `finding ${f.severity}`, "data-code": f.code, onclick: () => this.open(f) },
+      const key = `${f.code}|${f.title || ""}|${f.src || ""}|${(f.modules || []).join(",")}`;
+      const item = h("button", { class: `finding ${f.severity}`, "data-code": f.code, "data-key": key, onclick: () => this.open(f) },
         h("div", { class: "finding-head" }, h("span", { class: `badge ${f.severity === "error" ? "err" : f.severity === "warning" ? "warn" : ""}` }, f.code),
           h("b", {}, f.title || ""), h("span", { class: "muted" }, stepsText(f))),
         h("div", {}, f.message || ""),
@@ -38,7 +46,9 @@ export class DiagnosticsView {
         f.src ? h("code", {}, f.src) : null,
         (f.params || []).length ? h("div", { class: "muted", title: f.params.join("\n") }, "parameters: ", f.params.slice(0, PLOTTED).join(", "),
           f.params.length > PLOTTED ? ` … and ${f.params.length - PLOTTED} more` : "") : null,
-        (f.modules || []).length ? h("div", { class: "muted" }, "modules: ", f.modules.map((m) => m || "(root)").join(", ")) : null));
+        (f.modules || []).length ? h("div", { class: "muted" }, "modules: ", f.modules.map((m) => m || "(root)").join(", ")) : null);
+      this.list.append(item);
+      if (key === focused) item.focus();
     }
   }
 

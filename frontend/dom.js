@@ -1,5 +1,11 @@
 // The one way the dashboard builds DOM: data always goes in as text (textContent), never
 // as markup, so a module named "<script>" renders as those characters.
+// A name or repr that may wrap after its dots, underscores and "=" (a <wbr> after each), never
+// inside a word: "conv2.weig ht", "track_running_stats=Tr ue" in a narrow panel (QA 45c).
+export function wrappable(text) {
+  return String(text).split(/(?<=[._=])/).flatMap((part, i) => (i ? [document.createElement("wbr"), part] : [part]));
+}
+
 export function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import logging
 import sqlite3
@@ -13,8 +14,9 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
@@ -105,6 +107,21 @@ def _add_error_handlers(app: FastAPI, data_dir: Path) -> None:
                   for e in exc.errors()]
         return _json_error(422, errors)
 
+    async def not_found(request: Request, exc: Exception) -> Response:
+        # a page a browser asked for that is not there (a mistyped address): a page saying so,
+        # with the way back, not the API's {"detail": "Not Found"} (QA 45c)
+        assert isinstance(exc, StarletteHTTPException)
+        path = request.url.path
+        if (exc.status_code == 404 and "text/html" in request.headers.get("accept", "")
+                and not path.startswith(("/api/", "/static/"))):
+            page = ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Not found · torchscope</title>"
+                    "<link rel=\"stylesheet\" href=\"/static/style.css\"></head><body><main><div class=\"notice error\">"
+                    f"No page {html.escape(path)} on this torchscope server. <a href=\"/\">All sessions</a></div>"
+                    "</main></body></html>")
+            return HTMLResponse(page, status_code=404)
+        return await http_exception_handler(request, exc)
+
+    app.add_exception_handler(StarletteHTTPException, not_found)
     for cls in (DiskFull, sqlite3.OperationalError, OSError):
         app.add_exception_handler(cls, full)
     app.add_exception_handler(StoreClosed, closed)

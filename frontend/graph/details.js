@@ -1,6 +1,6 @@
 // The node details panel: everything the capture recorded about one op, grad_fn node or
 // module group, in PyTorch's words.  Text only (h() never parses markup).
-import { h, clear, fmtBytes, fmtNum, fmtUs, shape, moduleTyped } from "../dom.js";
+import { h, clear, fmtBytes, fmtNum, fmtUs, shape, moduleTyped, wrappable } from "../dom.js";
 import { leafWhere } from "./scene.js";
 import { savedActivations, groupTotals, groupLeaves } from "./model.js";
 
@@ -17,6 +17,9 @@ const FLAGS = {
   new_leaf: "a new leaf enters the graph from outside",
   copy_h2d: "host → device copy",
 };
+
+const GRAD_WORDS = { norm: "‖grad‖", max_abs: "max |grad|", mean: "mean", std: "std", zero_frac: "share of zeros",
+  nan: "NaN count", inf: "Inf count" };
 
 function row(k, v, title) { return h("tr", {}, h("th", { title }, k), h("td", { title }, v ?? "–")); }
 
@@ -60,7 +63,7 @@ function tensorTable(model, ids, title) {
     const view = base !== undefined && base !== t.id ? `view of storage #${t.storage} (tensor ${base}), offset ${t.offset ?? 0}` : t.storage !== undefined ? `storage #${t.storage}` : "–";
     return h("tr", { class: "tensor" },
       h("td", {}, String(t.id)), h("td", { class: "shape" }, shape(t.shape)), h("td", {}, t.dtype || "–"),
-      h("td", {}, shape(t.stride)), h("td", { class: "storage" }, view, t.param ? h("div", { class: "param" }, `parameter ${t.param}`) : null));
+      h("td", {}, shape(t.stride)), h("td", { class: "storage" }, view, t.param ? h("div", { class: "param" }, "parameter ", wrappable(t.param)) : null));
   });
   return h("div", {}, h("h4", {}, title),
     h("table", { class: "tensors" }, h("tr", {}, ...["id", "shape", "dtype", "stride", "storage"].map((x) => h("th", {}, x))), rows));
@@ -117,7 +120,7 @@ export function renderDetails(panel, model, key, ctx) {
         h("tr", {}, h("th", {}, "name"), h("th", {}, "shape"), h("th", {}, "dtype"), h("th", {}, "bytes")),
         r.saved.map((s) => {
           const p = model.paramStorage?.get(s.storage);
-          return h("tr", {}, h("td", {}, s.name, p ? h("div", { class: "param" }, `parameter ${p}`) : null), h("td", { class: "shape" }, shape(s.shape)),
+          return h("tr", {}, h("td", {}, s.name, p ? h("div", { class: "param" }, "parameter ", wrappable(p)) : null), h("td", { class: "shape" }, shape(s.shape)),
             h("td", {}, s.dtype), h("td", {}, fmtBytes(s.nbytes)));
         })));
     }
@@ -125,7 +128,8 @@ export function renderDetails(panel, model, key, ctx) {
       const gs = ctx.gradStats(r.param);
       if (gs) {
         const g = h("table", { class: "kv" });
-        for (const [k, v] of Object.entries(gs)) g.append(row(k, typeof v === "number" ? fmtNum(v) : String(v)));
+        // in the Loss & gradients view's words, not the event's keys (QA 45c: "max_abs, zero_frac")
+        for (const [k, v] of Object.entries(gs)) g.append(row(GRAD_WORDS[k] || k, typeof v === "number" ? fmtNum(v) : String(v)));
         panel.append(h("h4", {}, "gradient (.grad) at this step"), g);
       }
     }
@@ -170,7 +174,7 @@ function groupDetails(panel, model, key, ctx) {
     : tot.timedBy === "nodes" ? "the grad_fn nodes' durations" : tot.timedBy === "ops" ? "the ops' durations" : undefined;
   const described = ctx.moduleRepr?.get(G.path);
   t.append(row("module type", mtype));
-  if (described) t.append(row("module", `${mtype || ""}(${described})`, "what print(model) shows: the module's extra_repr()"));
+  if (described) t.append(row("module", wrappable(`${mtype || ""}(${described})`), "what print(model) shows: the module's extra_repr()"));
   // a backward group in full mode holds grad_fn nodes and the aten kernels they ran: counted apart
   if (back) {
     t.append(row("grad_fn nodes", tot.nodes));

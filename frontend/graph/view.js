@@ -5,7 +5,7 @@ import { api, sessionPath, rankQuery } from "../api.js";
 import { buildModel, ancestors } from "./model.js";
 import { diffGraphs } from "./diff.js";
 import { buildScene, lossPath, leafSub } from "./scene.js";
-import { GraphCanvas } from "./render.js";
+import { GraphCanvas, TEXT_MIN_SCALE } from "./render.js";
 import { renderDetails } from "./details.js";
 import { TopOps } from "./topops.js";
 import { Minimap } from "./minimap.js";
@@ -292,7 +292,10 @@ export class GraphView {
     if (this.askedStep !== undefined) {
       const mode = this.app.meta?.mode;
       const every = this.app.meta?.settings?.sample_every;
-      notes.push(`Step ${this.askedStep} has no captured graph${mode === "default" ? ` (mode="default" captures the first step, every ${every || "N"} steps, each step whose structure changes and the steps after a NaN/Inf)` : ""}; showing step ${this.step}, the nearest captured.`);
+      const steps = this.app.summary?.steps;
+      // a step past the run's end (a link's step=999) is said to be so (QA 45c)
+      if (steps && this.askedStep >= steps && !this.app.running) notes.push(`This run has ${steps} step${steps === 1 ? "" : "s"} (0–${steps - 1}), no step ${this.askedStep}; showing step ${this.step}, the nearest captured.`);
+      else notes.push(`Step ${this.askedStep} has no captured graph${mode === "default" ? ` (mode="default" captures the first step, every ${every || "N"} steps, each step whose structure changes and the steps after a NaN/Inf)` : ""}; showing step ${this.step}, the nearest captured.`);
     }
     // gradient accumulation: the ops are every micro-batch's (OpRecord.micro), the autograd
     // graph the first backward's only (GraphEvent.micro); unsaid, one forward read as making
@@ -708,7 +711,23 @@ export class GraphView {
     this.keepHighlight = false;
     this.redraw();
     renderDetails(this.details, this.model, key, this.ctx());
-    if (center && key && this.scene) this.centerOnSelected();
+    if (center === "reveal" && key && this.scene) this.revealSelected();
+    else if (center && key && this.scene) this.centerOnSelected();
+  }
+
+  // Stepping through nodes (n/p, search matches): the view stays where it is while the node is
+  // in it, labelled; else it is centred -- across the whole graph's width where both columns
+  // fit at that zoom (QA 45c: centring each forward op pushed the backward column off-screen).
+  revealSelected() {
+    const c = this.canvas, it = this.scene.byKey.get(this.selectedVisibleKey());
+    if (!it) return;
+    c.measure();
+    const [x, y, w, h] = it.box, s = c.scale;
+    const inView = x * s + c.tx >= 10 && (x + w) * s + c.tx <= c.w - 10 && y * s + c.ty >= c.topInset() + 10 && (y + h) * s + c.ty <= c.h - 10;
+    if (inView && s >= TEXT_MIN_SCALE) return;
+    this.centerOnSelected();
+    const width = this.scene.width * c.scale;
+    if (width <= c.w - 40) { c.tx = (c.w - width) / 2; c.requestDraw(); }
   }
 
   // The selected item in the middle, and with it, for a grad_fn node, the forward op that
@@ -796,7 +815,7 @@ export class GraphView {
     const next = ms[(cur + dir + ms.length) % ms.length];
     this.searchInfo.textContent = `${ms.indexOf(next) + 1}/${ms.length}`;
     this.keepHighlight = true; // the other matches stay marked
-    this.select(next.key, true);
+    this.select(next.key, "reveal");
   }
 
   onKey(e) {
@@ -815,7 +834,7 @@ export class GraphView {
         i = (j < 0 ? order.length : j) - (dir > 0 ? 1 : 0);
       }
       const next = order[(i + dir + order.length) % order.length];
-      if (next) this.select(next.key, true);
+      if (next) this.select(next.key, "reveal");
     } else if (e.key === "Enter") {
       const it = this.scene.byKey.get(this.selected) || this.scene.frames.find((f) => f.key === this.selected);
       if (it && it.group !== undefined) this.toggleGroup(it.group);

@@ -156,7 +156,7 @@ def test_an_accumulategrad_shows_its_parameters_shape_and_dtype(page: Any, srv: 
             want = "[" + ", ".join(map(str, params[name]["shape"])) + "]"
             assert (node_kv["rows"]["shape"], node_kv["rows"]["dtype"]) == (want, params[name]["dtype"]), node_kv
             assert want in ("[1, 16]", "[16]") and params[name]["dtype"] == "float32"
-            assert "norm" in grad_kv["rows"] and "zero_frac" in grad_kv["rows"], grad_kv
+            assert "‖grad‖" in grad_kv["rows"] and "share of zeros" in grad_kv["rows"], grad_kv  # (QA 45c: not the keys)
             # one key column for both tables: every value starts at the same x
             assert node_kv["keyWidth"] == grad_kv["keyWidth"], (node_kv, grad_kv)
             assert len(set(node_kv["valueLeft"] + grad_kv["valueLeft"])) == 1, (node_kv, grad_kv)
