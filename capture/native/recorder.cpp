@@ -106,7 +106,12 @@ OpInfo make_info(const at::RecordFunction& fn) {
   info.source = nan_source(name.c_str());
   auto handle = c10::Dispatcher::singleton().findOp(*opname);
   if (handle) {
-    info.composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    // decomposed into the ops it calls -- unless a backend kernel of its own runs instead
+    // (silu_backward, mish_backward: a CPU kernel beside their math one; taken for composite,
+    // their outputs were missing from full mode's ledger: QA 45b)
+    info.composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+                     !handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+                     !handle->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
     for (const auto& arg : handle->schema().arguments()) {
       if (arg.alias_info() && arg.alias_info()->isWrite()) {
         info.inplace = true;
