@@ -367,7 +367,8 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
         steps = sorted({s for i in indices for s in steps_of[i]})
         severity, message, fix = _cut_text(run, key, names, steps, op,
                                            [len(steps_of[i]) for i in indices], [got.get(i, 0) for i in indices],
-                                           all(_same_structure(run, i, steps_of[i]) for i in indices))
+                                           all(_same_structure(run, i, steps_of[i]) for i in indices),
+                                           _higher_order(run, gstep))
         targets: list[FindingTarget] = [FindingTarget(step=steps[0], rank=run.rank, param=n, module=run.param_module(i))
                                         for n, i in zip(names, indices, strict=True)]
         if op:
@@ -380,6 +381,15 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
     return findings + _unreached_model(run)
 
 
+def _higher_order(run: Run, step: int) -> bool:
+    """Whether a graph of ``step`` holds nodes a create_graph=True backward made: its loss is
+    made of gradients."""
+    return any(n.get("higher_order") for graph in run.graphs_of(step) for n in as_list(graph.get("nodes"))
+               if isinstance(n, dict))
+
+
+_GRADIENT_LOSS_FIX = ("Nothing to fix: the optimizer skips a parameter whose .grad is None, and the bias trains "
+                      "wherever another loss uses the output itself; if none does, it can be dropped (bias=False).")
 _UNUSED_FIX = ("Call the layer in forward() if the model is meant to use it (a layer defined in __init__ and "
                "forgotten, or a branch that never runs); otherwise remove it: its parameters never change (the "
                "optimizer skips a parameter whose .grad is None) and only weigh on memory and checkpoints.")
@@ -404,7 +414,8 @@ _VARYING_FIX = ("Nothing to fix if the model picks its path per step: the optimi
 
 
 def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], steps: list[int],
-              op: dict[str, Any], missed: list[int], got: list[int], same_structure: bool) -> tuple[Severity, str, str]:
+              op: dict[str, Any], missed: list[int], got: list[int], same_structure: bool,
+              through_gradients: bool = False) -> tuple[Severity, str, str]:
     """Severity, message and fix of one P1 group.  A parameter that got a gradient on other
     steps is not cut for good: left out of the forward on some steps it is a path chosen per
     step (info); with no captured graph of such a step, that or a cut (warning)."""
@@ -456,6 +467,13 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
         head = f"{shown} never received a gradient ({when})"
     if not used:
         return "error", f"{head}: the forward never used {_them(names)}.", _UNUSED_FIX
+    if op and not _is_cut(op) and through_gradients and all(n.rsplit(".", 1)[-1] == "bias" for n in names):
+        # a loss made of input gradients (create_graph=True: an R1 penalty, a Hamiltonian's dH/dx)
+        # has no term in a bias that only shifts the output differentiated (QA 45a: an error)
+        return ("info", f"{head}: the loss there is made of gradients (a create_graph=True pass: a gradient "
+                f"penalty, a Hamiltonian's dH/dx), and {'this bias only shifts' if len(names) == 1 else 'these biases only shift'} "
+                "the output that was differentiated -- a constant offset drops out of a gradient, so by design the "
+                "loss does not depend on it.", _GRADIENT_LOSS_FIX)
     if op and not _is_cut(op):  # nothing cuts the dataflow: it ends, unused by the loss
         return ("error", f"{head}: what {'it computes' if len(names) == 1 else 'they compute'} ends at "
                 f"{g.op_label(op, run)}, whose result the loss never uses "
