@@ -552,17 +552,24 @@ def _node_key(fn: Any) -> tuple[int, int]:
     return id(fn), _sequence_nr(fn)
 
 
-def _reached(s: _StepState) -> None:
+def _reached(s: _StepState, input_grad: bool = False) -> None:
     """Marks the forwards whose output a backward has reached, as the native hooks noted
-    (``Watch._watch_used``): their marks are read in place, no call."""
+    (``Watch._watch_used``): their marks are read in place, no call.  ``input_grad``: the pass
+    was a ``torch.autograd.grad`` for inputs only (an adversarial attack's gradient of the
+    input), which trains nothing -- said of them too (P11 does not count it as training)."""
     if s.used and s.native is not None:
         for token in [t for t in s.used if _token_reached(t)]:
-            s.used.pop(token)["backward"] = True
+            f = s.used.pop(token)
+            f["backward"] = True
+            if input_grad:
+                f["input_grad"] = True
     if not s.marks:  # with the extension there are none: no list to build
         return
     for entry in [e for e in s.marks if e[0][0]]:
         s.marks.remove(entry)
         entry[1]["backward"] = True
+        if input_grad:
+            entry[1]["input_grad"] = True
         for h in entry[2]:
             h.remove()
 
@@ -2411,7 +2418,12 @@ class Watch:
             inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
             if self._safe("backward", self._of_params, inputs):
                 return self._run_backward(func, "grad", args, kwargs)
-            return call_as_user(func, args, kwargs)
+            retain = kwargs.get("retain_graph", args[3] if len(args) > 3 else None)
+            self._safe("backward", _reached, self._s)  # (what earlier passes reached: theirs)
+            out = call_as_user(func, args, kwargs)
+            if not retain:  # the graph is freed: no backward of the step can follow through it
+                self._safe("backward", _reached, self._s, True)
+            return out
         outputs = args[0] if args else kwargs.get("outputs")
         before = self._safe("higher_order", _walk_of, outputs)  # held: node ids stay valid
         out = call_as_user(func, args, kwargs)

@@ -66,6 +66,12 @@ def _frozen(ev: dict[str, Any], own: list[int]) -> bool:
     return bool(own) and all(i < len(norms) and norms[i] is None and i not in missing for i in own)
 
 
+def _trains(f: dict[str, Any]) -> bool:
+    """Whether a backward that trains ran through the forward's graph: not only a
+    ``torch.autograd.grad`` of the input (an adversarial attack run in eval mode, QA 45a)."""
+    return f.get("backward") is True and f.get("input_grad") is not True
+
+
 def _eval_all_along(run: Run, before: int) -> set[str]:
     """The modules in eval mode in every trained forward, in training mode, of the steps before
     ``before`` (none when there is no such forward)."""
@@ -74,7 +80,7 @@ def _eval_all_along(run: Run, before: int) -> set[str]:
         if step >= before:
             break
         for f in (as_dict(x) for x in as_list(ev.get("forwards"))):
-            if f.get("backward") is True and f.get("training") is True:
+            if _trains(f) and f.get("training") is True:
                 mods = {str(m) for m in as_list(f.get("eval_modules"))}
                 common = mods if common is None else common & mods
     return common or set()
@@ -103,7 +109,7 @@ def _effects(run: Run, mods: list[str]) -> str:
 def _trained_steps(run: Run) -> list[int]:
     """Steps with a forward in train mode that a backward ran through."""
     return [step for step, ev in run.step_events()
-            if any(as_dict(f).get("backward") is True and as_dict(f).get("training") is not False
+            if any(_trains(as_dict(f)) and as_dict(f).get("training") is not False
                    for f in as_list(ev.get("forwards")))]
 
 
@@ -200,7 +206,7 @@ def _frozen_norms_updating(run: Run, settings: Settings, owned: dict[str, list[i
     steps: list[int] = []
     updating = set(norms)
     for step, ev in run.step_events():
-        trained = [f for f in map(as_dict, as_list(ev.get("forwards"))) if f.get("backward") is True]
+        trained = [f for f in map(as_dict, as_list(ev.get("forwards"))) if _trains(f)]
         if not trained or not updating:
             continue
         steps.append(step)
@@ -248,7 +254,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         for i, f in enumerate(forwards):
             if f is dry:
                 continue
-            trained = f.get("backward") is True
+            trained = _trains(f)
             evaluating = f.get("grad_mode") is False or f.get("inference_mode") is True
             if trained and f.get("training") is False:
                 train_in_eval.setdefault("", []).append(step)

@@ -1,0 +1,55 @@
+"""P11 and adversarial training (QA 45a): the attack's forwards run in eval mode with autograd
+on, and ``torch.autograd.grad`` of the loss for the input -- no training.  They read as
+"Training while the model is in eval mode"; the capture now marks a forward whose graph only
+such a pass went through (``ForwardInfo.input_grad``).  A loop that never puts the model back
+in train mode is still told."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+
+def _pgd(tmp_path: Path, mode: str, restore: bool) -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    path = tmp_path / f"pgd-{mode}-{restore}.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(5):
+            x, y = torch.randn(16, 10), torch.randint(0, 2, (16,))
+            model.eval()  # the attack, as Madry et al.'s PGD: three steps of the input's gradient sign
+            adv = x.clone()
+            for _ in range(3):
+                adv.requires_grad_(True)
+                (grad,) = torch.autograd.grad(F.cross_entropy(model(adv), y), adv)
+                adv = (adv + 0.05 * grad.sign()).detach()
+            if restore:
+                model.train()
+            loss = F.cross_entropy(model(adv), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    events = list(iter_events(path))
+    attacks = [f for e in events if e["kind"] == "step" for f in e["forwards"] if f.get("input_grad")]
+    assert len(attacks) == 15, attacks  # every attack forward, and no training one
+    return [dict(f) for f in diagnose(events) if f["code"] == "P11" and f["severity"] != "info"]
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_an_attack_in_eval_mode_is_no_training_in_eval_mode(tmp_path: Path, mode: str) -> None:
+    assert _pgd(tmp_path, mode, restore=True) == []
+
+
+def test_training_left_in_eval_mode_after_the_attack_is_told(tmp_path: Path) -> None:
+    (p11,) = _pgd(tmp_path, "default", restore=False)
+    assert p11["message"].startswith("Training while the model is in eval mode"), p11
