@@ -66,6 +66,27 @@ def _frozen(ev: dict[str, Any], own: list[int]) -> bool:
     return bool(own) and all(i < len(norms) and norms[i] is None and i not in missing for i in own)
 
 
+FIX_TARGET = ("Nothing to fix for a consistency target or a teacher meant to act as in training. If that forward "
+              "should compute what a later forward of the same batch computes (features cached, GradCache's first "
+              "pass), run it in eval mode or replay the random state, so its dropout masks are the same.")
+
+
+def _target_sites(run: Run) -> set[Any]:
+    """Call sites of forwards without autograd in train mode that run on more than half of the
+    training steps (of at least four): part of each step, not an evaluation -- a consistency
+    target (UDA, the Pi-model, VAT's clean prediction), a mean teacher's -- kept in train mode on
+    purpose (its dropout and batch-norm noise are the method; QA 45a: "Evaluating with ... in
+    train mode").  An evaluation runs every N steps or at the end."""
+    steps: dict[Any, set[int]] = {}
+    n = 0
+    for step, ev in run.step_events():
+        n += as_int(ev.get("micro_batches"), 1) > 0
+        for f in map(as_dict, as_list(ev.get("forwards"))):
+            if (f.get("grad_mode") is False or f.get("inference_mode") is True) and f.get("training") is not False:
+                steps.setdefault(f.get("src"), set()).add(step)
+    return {src for src, at in steps.items() if src and n >= 4 and 2 * len(at) > n}
+
+
 def _trains(f: dict[str, Any]) -> bool:
     """Whether a backward that trains ran through the forward's graph: not only a
     ``torch.autograd.grad`` of the input (an adversarial attack run in eval mode, QA 45a)."""
@@ -245,6 +266,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     # the dry run that made a lazy model's parameters (PyTorch's way to build one): its output
     # is thrown away, so its train mode evaluated nothing
     dry = lazy_dry_run(run)
+    targets = _target_sites(run)
+    target_in_train: dict[str, list[int]] = {}  # those of a call site run every step: a target's
+    target_srcs: list[str] = []
     for step, ev in run.forward_events():
         forwards = [as_dict(f) for f in as_list(ev.get("forwards"))]
         if not forwards and ev.get("training") is False and as_int(ev.get("micro_batches")) > 0:
@@ -264,9 +288,12 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                     if not _frozen(ev, owned.get(m, [])):
                         train_in_eval.setdefault(m, []).append(step)
             if evaluating and i not in cut:  # told with the step it ran after, as P6 tells it
+                target = f.get("src") in targets
+                into = target_in_train if target else eval_in_train
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("train_modules"))]):
-                    eval_in_train.setdefault(m, []).append(run.step_of_forward(step, forwards, f))
-                    srcs.append(str(f.get("src", "")))
+                    # (a target is its own step's; an evaluation is told with the step it ran after)
+                    into.setdefault(m, []).append(step if target else run.step_of_forward(step, forwards, f))
+                    (target_srcs if target else srcs).append(str(f.get("src", "")))
             elif not trained and f.get("training") is not False and f.get("src") in evaluations:
                 left = set(map(str, as_list(f.get("eval_modules"))))
                 for m in sensitive:
@@ -305,4 +332,16 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         findings.append(make("P11", "warning", message, FIX_EVAL, steps, rank=run.rank,
                              targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in mods],
                              modules=mods, src=src, data={"mode": "train", "steps_by_module": eval_in_train}))
+    if target_in_train:
+        steps = sorted({s for v in target_in_train.values() for s in v})
+        mods = sorted(target_in_train)
+        message = (f"A forward without autograd runs with {_named(run, mods)} in train mode on every step "
+                   f"({describe_steps(steps, run.last_step)}): dropout randomises and batch-norm updates its "
+                   "statistics in it -- by design for a consistency target (UDA, the Π-model, VAT's clean "
+                   "prediction, a mean teacher), not an evaluation.")
+        findings.append(make("P11", "info", message, FIX_TARGET, steps, rank=run.rank,
+                             targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in mods],
+                             modules=mods, src=next((s for s in target_srcs if s), None),
+                             title="Train mode in a no_grad forward of every step",
+                             data={"mode": "train", "steps_by_module": target_in_train}))
     return findings + found + _frozen_norms_updating(run, settings, owned)

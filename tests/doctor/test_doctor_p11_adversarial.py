@@ -53,3 +53,34 @@ def test_an_attack_in_eval_mode_is_no_training_in_eval_mode(tmp_path: Path, mode
 def test_training_left_in_eval_mode_after_the_attack_is_told(tmp_path: Path) -> None:
     (p11,) = _pgd(tmp_path, "default", restore=False)
     assert p11["message"].startswith("Training while the model is in eval mode"), p11
+
+
+@pytest.mark.parametrize("every", [1, 5])
+def test_a_consistency_target_of_every_step_is_told_an_evaluation_warned(tmp_path: Path, every: int) -> None:
+    """UDA's (the Π-model's) target: the clean batch's prediction under ``no_grad``, the model left
+    in train mode on purpose, every step -- said as such (QA 45a: "Evaluating with '1'
+    (BatchNorm1d) in train mode", a warning).  The same forward every fifth step is an
+    evaluation that forgot model.eval(): the warning."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    path = tmp_path / f"uda-{every}.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(10):
+            xl, yl, xu = torch.randn(16, 10), torch.randint(0, 3, (16,)), torch.randn(32, 10)
+            loss = F.cross_entropy(model(xl), yl)
+            if i % every == 0:
+                with torch.no_grad():
+                    target = F.softmax(model(xu), dim=1)
+                if every == 1:
+                    loss = loss + F.kl_div(F.log_softmax(model(xu + 0.1 * torch.randn_like(xu)), 1), target,
+                                           reduction="batchmean")
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    (p11,) = [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P11"]
+    if every == 1:
+        assert p11["severity"] == "info" and p11["title"] == "Train mode in a no_grad forward of every step", p11
+        assert p11["steps"] == list(range(10)) and p11["modules"] == ["1"], p11
+    else:
+        assert p11["severity"] == "warning" and p11["message"].startswith("Evaluating with '1' (BatchNorm1d)"), p11
