@@ -57,6 +57,16 @@ def _has_sensitive(run: Run) -> bool:
     return not as_list(run.session.get("modules")) or bool(_sensitive_modules(run))
 
 
+def _enclosing(owned: dict[str, list[int]], path: str) -> list[int]:
+    """The parameters of the module holding ``path``, one without parameters of its own (a
+    Dropout): all frozen, it is part of a frozen feature network put in eval on purpose (an
+    LPIPS-style perceptual loss's, QA 45a); the root's, for a child of the root."""
+    if not path:
+        return []
+    parent = path.rsplit(".", 1)[0] if "." in path else ""
+    return [i for m, idx in owned.items() if parent == "" or m == parent or m.startswith(parent + ".") for i in idx]
+
+
 def _frozen(ev: dict[str, Any], own: list[int]) -> bool:
     """Whether a module with the parameters ``own`` trains none of them at this step (frozen:
     no gradient, and not a trainable parameter whose gradient is missing).  A frozen module put
@@ -285,7 +295,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                 srcs.append(str(f.get("src", "")))
             elif trained:
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("eval_modules"))]):
-                    if not _frozen(ev, owned.get(m, [])):
+                    if not _frozen(ev, owned.get(m) or _enclosing(owned, m)):
                         train_in_eval.setdefault(m, []).append(step)
             if evaluating and i not in cut:  # told with the step it ran after, as P6 tells it
                 target = f.get("src") in targets

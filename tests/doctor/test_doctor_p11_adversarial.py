@@ -84,3 +84,34 @@ def test_a_consistency_target_of_every_step_is_told_an_evaluation_warned(tmp_pat
         assert p11["steps"] == list(range(10)) and p11["modules"] == ["1"], p11
     else:
         assert p11["severity"] == "warning" and p11["message"].startswith("Evaluating with '1' (BatchNorm1d)"), p11
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_dropout_of_a_frozen_feature_network_in_eval_is_meant(tmp_path: Path, frozen: bool) -> None:
+    """An LPIPS-style perceptual loss: a feature network frozen and put in eval, its Dropout with
+    it -- no parameters of its own, so "all its parameters frozen" never cleared it (QA 45a).  A
+    trained block's Dropout left in eval is still told."""
+
+    class Perceptual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(8, 8)
+            self.feat = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
+            self.feat.requires_grad_(not frozen)
+            self.feat.eval()
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return F.mse_loss(self.feat(self.net(x)), self.feat(y))
+
+    torch.manual_seed(0)
+    model = Perceptual()
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    path = tmp_path / f"lpips-{frozen}.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(5):
+            loss = model(torch.randn(16, 8), torch.randn(16, 8))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    found = [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P11" and f["severity"] != "info"]
+    assert [f["modules"] for f in found] == ([] if frozen else [["feat.1"]]), found
