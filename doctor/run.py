@@ -46,6 +46,13 @@ def as_float(value: object) -> float | None:
     return float(value) if kind is int else None  # type: ignore[arg-type]
 
 
+# Ops that read some rows of a table (Run.row_tables)
+_ROW_READS = frozenset(f"aten::{n}" for n in (
+    "slice", "index", "index_select", "embedding", "embedding_bag", "_embedding_bag", "gather", "select", "narrow",
+    "take", "take_along_dim",
+))  # fmt: skip
+
+
 @dataclass
 class Run:
     """Session header, step events (sorted by step), graphs by step, and the logs of one rank."""
@@ -62,6 +69,25 @@ class Run:
 
     # ------------------------------------------------------------------ parameters
     # Cached: rules ask per parameter per step, and the server diagnoses long runs repeatedly.
+    @cached_property
+    def row_tables(self) -> set[int]:
+        """Indices of parameters that every forward op of the captured graphs reading them reads
+        rows of: tables, sparse by design as an nn.Embedding's weight is (learned positions
+        sliced to the sequence's length, a factorisation machine's rows indexed by ids: QA 45a,
+        read as a dead branch)."""
+        index = {self.param_name(i): i for i in range(len(self.params))}
+        rows: dict[int, bool] = {}
+        for _, graph in self.all_graphs():
+            named = {as_int(t.get("id"), -1): index[t["param"]] for t in as_list(graph.get("tensors"))
+                     if isinstance(t, dict) and t.get("param") in index}
+            for op in as_list(graph.get("ops")) if named else []:
+                if isinstance(op, dict) and op.get("phase", "forward") == "forward":
+                    for t in as_list(op.get("inputs")):
+                        i = named.get(as_int(t, -1))
+                        if i is not None:
+                            rows[i] = rows.get(i, True) and str(op.get("name", "")).rstrip("_") in _ROW_READS
+        return {i for i, only in rows.items() if only}
+
     @cached_property
     def params(self) -> list[dict[str, Any]]:
         return [p for p in as_list(self.session.get("params")) if isinstance(p, dict)]

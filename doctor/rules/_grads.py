@@ -76,8 +76,10 @@ def sparse_params(run: Run) -> set[int]:
     it by a mask: its gradient is zero wherever the mask is, 99% of it at 99% pruning); pruned
     after ``watch()``, it keeps its name and the capture says so (``pruned`` events)."""
     pruned = {as_int(i, -1) for _, ev in run.step_events() for e in notes(ev, "pruned") for i in as_list(e.get("params"))}
-    return pruned | {i for i in range(len(run.params))
-                     if run.module_type(run.param_module(i)) in SPARSE_GRAD_TYPES or run.param_name(i).endswith("_orig")}
+    return pruned | run.row_tables | {i for i in range(len(run.params))
+                                      if run.module_type(run.param_module(i)) in SPARSE_GRAD_TYPES
+                                      or run.param_name(i).endswith("_orig")}
+
 
 
 def numel(run: Run, index: int) -> int:

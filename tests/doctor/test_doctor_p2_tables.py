@@ -1,0 +1,55 @@
+"""P2 and parameters that are tables (QA 45a): learned positions sliced to the sequence's length,
+a factorisation machine's raw ``nn.Parameter`` rows indexed by ids -- the rows not read get a
+zero gradient, by design, as an ``nn.Embedding``'s do.  They read as a dead branch; a parameter
+every captured forward op reads only rows of (slice, index, gather, ...) is a table now."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+
+class _Positions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = nn.Parameter(torch.randn(1024, 16) * 0.02)
+        self.fc = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x + self.pos[: x.size(1)]).mean(1)
+
+
+class _FM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(20000))
+        self.v = nn.Parameter(torch.randn(20000, 8) * 0.01)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        v = self.v[ids]
+        return self.w[ids].sum(1) + 0.5 * (v.sum(1).pow(2) - v.pow(2).sum(1)).sum(1)
+
+
+@pytest.mark.parametrize("kind", ["positions", "fm"])
+def test_a_table_read_by_rows_is_no_dead_branch(tmp_path: Path, kind: str) -> None:
+    torch.manual_seed(0)
+    model: nn.Module = _FM() if kind == "fm" else _Positions()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    path = tmp_path / f"{kind}.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(30):
+            x = torch.randint(0, 20000, (16, 5)) if kind == "fm" else torch.randn(8, 6, 16)
+            loss = F.mse_loss(model(x).squeeze(), torch.randn(16 if kind == "fm" else 8))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    p2 = [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P2" and f["severity"] != "info"]
+    assert p2 == [], p2
