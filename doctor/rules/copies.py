@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from torchscope.schema import Finding, FindingTarget
 
-from ..finding import describe_steps, fmt_bytes, make
+from ..finding import Severity, describe_steps, fmt_bytes, make
 from ..run import Run, as_dict, as_int, notes
 from ..settings import Settings
 
 FIX = ("Move the model and constant tensors to the device once, before the loop; keep tensors on the device "
        "between ops (no .cpu()/.numpy() round trips, no dtype back-and-forth); move each batch once; copy a dataset "
        "(clone(), torch.tensor(t)) once, not every step.")
+
+
+SMALL_BYTES = 4096  # moved per step: below it a repeated conversion is told, not warned about
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
@@ -28,7 +31,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     noop_steps: list[int] = []
     per_step: list[int] = []
     bytes_moved: list[int] = []
-    srcs: list[str] = []
+    srcs: dict[str, list[str]] = {}  # kind of copy -> the lines of its events
     counted: list[int] = []  # steps whose copies the capture counted
     for step, ev in run.step_events():
         if "copies" in ev:
@@ -49,20 +52,25 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             repeat_steps.append(step)
         if noop_count > settings.copies_per_step:
             noop_steps.append(step)
-        srcs += [str(e["src"]) for e in repeats + trips + noops if e.get("src")]
+        for kind, found in (("repeat", repeats), ("trip", trips), ("noop", noops)):
+            srcs.setdefault(kind, []).extend(str(e["src"]) for e in found if e.get("src"))
     need = max(1, min(settings.min_steps, len(run.steps)))
-    src = srcs[0] if srcs else None
     data = {"copies": per_step, "bytes": bytes_moved}
     findings: list[Finding] = []
-    for steps, severity, text in (
-        (copy_steps, "warning", f"{max(per_step, default=0)} device copies per step"),
-        (repeat_steps, "warning", "the same data converted/copied again every step"),
-        (trip_steps, "warning", "tensors copied to another device/dtype and back within each step"),
-        (noop_steps, "info", ".to()/.cpu() called many times per step on tensors already there"),
+    moved = max(bytes_moved, default=0)
+    # a few bytes a step (a class-weight vector's .float(): QA 45a, 16 B) cost nothing worth a warning
+    small: Severity = "info" if 0 < moved < SMALL_BYTES else "warning"
+    for steps, severity, text, kind in (
+        (copy_steps, "warning", f"{max(per_step, default=0)} device copies per step", "copy"),
+        (repeat_steps, small, "the same data converted/copied again every step", "repeat"),
+        (trip_steps, small, "tensors copied to another device/dtype and back within each step", "trip"),
+        (noop_steps, "info", ".to()/.cpu() called many times per step on tensors already there", "noop"),
     ):
         if len(steps) < need:
             continue
-        moved = max(bytes_moved, default=0)
+        # the line of this finding's kind of copy (QA 45a: a repeated .float() pointed at a no-op .to())
+        mine = srcs.get(kind) or [x for k in ("repeat", "trip", "noop") for x in srcs.get(k, [])]
+        src = mine[0] if mine else None
         # copies are counted on the steps the capture watches for them (the first four, then
         # every tenth): on a run where every one of those shows them, every step does
         # (a repeat needs an earlier conversion: never on the first)
