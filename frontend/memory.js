@@ -37,6 +37,9 @@ const CATEGORIES = [["live", "live state (params + grads + optimizer)"], ["peak"
 const STEP_PEAK = "peak: the most bytes a step held at once — the state kept between steps (parameters, their .grad, " +
   "the optimizer state) plus the activations autograd saved for backward, or, on a captured step, the op ledger's highest " +
   "point when that is higher (in full mode, whose ledger runs through the whole step, that point itself).";
+const STEP_PEAK_LIGHT = "peak: the most bytes a step held at once — the state kept between steps (parameters, their " +
+  ".grad, the optimizer state) plus the activations autograd saved for backward (mode=\"light\" records no op, so no " +
+  "in-step ledger: temporaries are not in it).";
 const OP_PEAK = "The in-step peak below is one captured step's op ledger alone: the live bytes after each recorded op. In " +
   "default mode those are the forward's ops only (full mode records backward() and optimizer.step() too): the .grad " +
   "tensors backward() writes and what optimizer.step() allocates come after them. So it is at most the per-step peak above.";
@@ -93,6 +96,8 @@ export class MemoryView {
   }
 
   async load() {
+    // a light run captures no step: its peak is the state plus the saved activations, no ledger (QA 45c)
+    if (this.app.meta?.mode === "light") this.perStepNote.textContent = STEP_PEAK_LIGHT;
     await this.fetchSteps();
     if (ASKED.finding && !this.finding) await this.findAsked(ASKED.finding);
     const asked = this.app.state.step, want = asked ?? this.captured[0];

@@ -120,3 +120,11 @@ def test_the_details_panel_wraps_names_at_their_dots(page: Any, srv: ServerProc,
     cell = page.locator("[data-testid=details] td.storage .param").first
     cell.wait_for()
     assert cell.inner_text().startswith("parameter 0.") and cell.locator("wbr").count() >= 1
+
+
+def test_a_light_runs_peak_is_explained_without_a_ledger(page: Any, srv: ServerProc, tmp_path: Any) -> None:
+    sid = recorded(srv, tmp_path / "light.tscope", EXAMPLES / "mlp.py", "--steps", "3", "--mode", "light", "--server", "none")
+    open_session(page, srv.url, sid, "?view=memory")
+    note = page.locator("[data-testid=step-peak-note]")
+    page.wait_for_function("document.querySelector('[data-testid=step-peak-note]')?.innerText.includes('light')")
+    assert "ledger's highest point" not in note.inner_text() and "records no op" in note.inner_text()
