@@ -58,6 +58,43 @@ def _name_of(x: Any) -> str:
             if found:
                 return f"'{found}'"
         f = f.f_back
+    return _owner_name(x)
+
+
+def _key_of(mapping: dict[str, Any], value: Any) -> str:
+    return next((k for k, v in mapping.items() if v is value and isinstance(k, str)), "")
+
+
+
+def graph_lists(before: dict[int, int]) -> tuple[dict[int, int], str]:
+    """The lengths, by id, of the lists (and deques) whose last two items hold tensors with a
+    grad_fn -- an epoch's outputs kept for its metric, ``all_probs.append(torch.sigmoid(out))``
+    (P7) -- and what the first one longer than in ``before`` (the boundary before) is:
+    ``'.outputs' (a list)`` (an attribute), ``'preds' (a list)`` (a module's global), else
+    ``a list of the loop's (9 of them, one more each step)``.  Found by the garbage collector's
+    walk (~40 ms, a few times in a run that keeps outputs), not in the running frames: in
+    CPython before 3.13 reading a frame's ``f_locals`` leaves a snapshot of its locals on the
+    frame, which would keep the loop's last loss and outputs alive after it rebinds them."""
+    lengths: dict[int, int] = {}
+    grown: list[Any] | deque[Any] | None = None
+    objs = gc.get_objects()
+    try:
+        for o in objs:
+            if type(o) in (list, deque) and o is not objs and len(o) >= 2 and _holds_graphs(o):
+                lengths[id(o)] = len(o)
+                if grown is None and len(o) > before.get(id(o), len(o)):
+                    grown = o
+    finally:
+        del objs
+    if grown is None:
+        return lengths, ""
+    kind = type(grown).__name__
+    name = _owner_name(grown)
+    return lengths, f"{name} (a {kind})" if name else f"a {kind} of the loop's ({len(grown)} of them, one more each step)"
+
+
+def _owner_name(x: Any) -> str:
+    """``'.name'`` for an object's attribute, ``'name'`` for a module's global; "" otherwise."""
     owners = gc.get_referrers(x)
     try:
         for owner in owners:
@@ -72,32 +109,6 @@ def _name_of(x: Any) -> str:
         return ""
     finally:
         del owners
-
-
-def _key_of(mapping: dict[str, Any], value: Any) -> str:
-    return next((k for k, v in mapping.items() if v is value and isinstance(k, str)), "")
-
-
-
-def graph_lists() -> dict[int, tuple[str, int]]:
-    """The user's named lists (or deques) holding tensors that carry graphs, by id: their names
-    and lengths -- ``'all_probs' (a list)`` for ``all_probs.append(torch.sigmoid(out))``, an
-    epoch's outputs kept for its metric (P7); one that grows from one step to the next is the
-    holder.  Looked for in the running frames of the user's code and the attributes of their
-    ``self``; no garbage collector walk."""
-    found: dict[int, tuple[str, int]] = {}
-    f: types.FrameType | None = sys._getframe(1)
-    while f is not None:
-        if not _is_internal(f.f_code.co_filename):
-            local = f.f_locals
-            attrs = getattr(local.get("self"), "__dict__", None)
-            named = [(f"'{k}'", v) for k, v in local.items()]
-            named += [(f"'.{k}'", v) for k, v in attrs.items()] if isinstance(attrs, dict) else []
-            for name, value in named:
-                if isinstance(value, (list, deque)) and len(value) >= 2 and _holds_graphs(value):
-                    found.setdefault(id(value), (f"{name} (a {type(value).__name__})", len(value)))
-        f = f.f_back
-    return found
 
 
 def _holds_graphs(value: list[Any] | deque[Any]) -> bool:

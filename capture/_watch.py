@@ -1024,7 +1024,7 @@ class Watch:
         # (_probe_outputs): None until found, looked for at most _PROBE_STEPS times
         self._outputs_held_in: str | None = None
         self._outputs_probes = _PROBE_STEPS
-        self._graph_lists: dict[int, tuple[str, int]] = {}  # (graph_lists) at the boundary before
+        self._graph_lists: dict[int, int] = {}  # (graph_lists) at the boundary before
         self._nest_check = False  # the last boundary saw a graph a later backward can go through alive
         # default mode: a backward failed on a step not captured; steps are captured (at most
         # _FAILURE_TRIES) until one with a failing backward is, so the doctor can name the op
@@ -4028,17 +4028,17 @@ class Watch:
             self._probe_outputs(kept)
 
     def _probe_outputs(self, kept: GraphsKept) -> None:
-        """Outputs of two or more earlier steps kept alive: the user's named list holding them,
-        one that grew since the boundary before (``all_probs.append(torch.sigmoid(out))`` for
-        an epoch's accuracy), for P7 to name."""
+        """Outputs of two or more earlier steps kept alive: the list holding them, one that grew
+        since the boundary before (``all_probs.append(torch.sigmoid(out))`` for an epoch's
+        accuracy), for P7 to name."""
         if self._outputs_held_in is None and self._outputs_probes > 0:
             steps = {sent.step for ref in self._sentinels if (sent := ref()) is not None and sent.output}
             if len(steps - {self._step}) >= 2:
                 self._outputs_probes -= 1
-                lists = self._safe("kept", graph_lists) or {}
-                grown = [name for key, (name, n) in lists.items() if n > self._graph_lists.get(key, (name, n))[1]]
-                self._outputs_held_in = grown[0] if grown else None
-                self._graph_lists = lists
+                found = self._safe("kept", graph_lists, self._graph_lists)
+                if found is not None:
+                    self._graph_lists, held = found
+                    self._outputs_held_in = held or None
         if self._outputs_held_in:
             kept["held_in"] = self._outputs_held_in
 

@@ -203,8 +203,9 @@ class GraphsKept(TypedDict, total=False):
     # no such call seen and losses of two or more earlier steps alive: the user's named container
     # or variable holding the latest, "'history' (a list)" (`history.append(loss)`), "'.losses' (a
     # list)" (an instance's attribute), "'best' (a variable)"; kept outputs (or tensors computed
-    # from them): the user's named list that grew since the boundary before, holding tensors with
-    # a grad_fn, "'all_probs' (a list)" (`all_probs.append(torch.sigmoid(out))`)
+    # from them): the list that grew since the boundary before holding tensors with a grad_fn
+    # (`all_probs.append(torch.sigmoid(out))`): "'.outputs' (a list)" (an attribute), "a list of
+    # the loop's (9 of them, one more each step)" (a function's local: not read from its frame)
     held_in: str
 
 

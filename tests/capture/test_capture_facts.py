@@ -432,7 +432,10 @@ def test_p7_outputs_kept_for_metrics(kept: str, tmp_path: Path) -> None:
         assert alive[0] == 0 and 0 < alive[1] < alive[2] < alive[3] and len(p7) == 1
         kept_last = _steps(path)[-1]["graphs_kept"]
         assert kept_last["of"] == "output" and "out = model(" in _line(kept_last["src"])
-        assert p7[0]["src"] == kept_last["src"] and "the model's output, or a tensor computed from it" in p7[0]["message"]
+        assert p7[0]["src"] == kept_last["src"], p7
+        # the list keeping them is told (QA 44b: "kept in a list" said which list nowhere)
+        assert kept_last["held_in"].startswith("a list of the loop's ("), kept_last
+        assert "the model's outputs, or tensors computed from them, stay referenced after their step, held by a list" in p7[0]["message"], p7
 
 
 def test_p10_and_p8_backward_errors(tmp_path: Path) -> None:
