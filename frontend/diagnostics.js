@@ -13,6 +13,22 @@ export function stepsText(f) {
   return `step${s.length > 1 ? "s" : ""} ${s.slice(0, 8).join(", ")}${s.length > 8 ? "…" : ""}`;
 }
 
+// The note of a finding followed into a view (memory, gradients): what it found, its steps, its
+// lines, and ``more`` (what the view marks of it); the × takes it off (``onClose``).
+export function findingNote(box, f, prefix, onClose, ...more) {
+  clear(box).hidden = !f;
+  if (!f) return;
+  const sev = f.severity === "error" ? "err" : f.severity === "warning" ? "warn" : "";
+  const srcs = [...new Set([f.src, ...(f.data?.src || [])].filter(Boolean))];
+  box.append(
+    h("div", { class: "finding-head" }, h("span", { class: `badge ${sev}` }, f.code), h("b", {}, f.title || ""),
+      h("span", { class: "muted", "data-testid": `${prefix}-finding-steps` }, stepsText(f)),
+      h("button", { "aria-label": "close the finding's note", title: "close", onclick: onClose }, "×")),
+    h("div", {}, f.message || ""),
+    srcs.length ? h("div", { "data-testid": `${prefix}-finding-src` }, "at ", ...srcs.flatMap((x, i) => [i ? ", " : "", h("code", {}, x)])) : null,
+    ...more);
+}
+
 export class DiagnosticsView {
   constructor(root, app) {
     this.app = app;
@@ -79,7 +95,10 @@ export class DiagnosticsView {
     }
     // the finding's step marked, its first parameters the ones plotted: a finding about a whole
     // frozen backbone names hundreds, more lines than a chart can tell apart and a URL can carry
-    if (f.view === "gradients") return this.app.go("gradients", { step, params: (f.params || []).slice(0, PLOTTED).join(",") || undefined });
+    if (f.view === "gradients") { // the finding goes with it, as into the memory view (QA 45c: its evidence unsaid)
+      const gradients = await this.app.go("gradients", { step, params: (f.params || []).slice(0, PLOTTED).join(",") || undefined });
+      return gradients.showFinding?.(f, PLOTTED);
+    }
     const tg = targets.length ? targets : [...(f.params || []).map((param) => ({ param })), ...(f.modules || []).map((module) => ({ module }))];
     return this.app.openTargets(step, tg, f.steps || []);
   }

@@ -11,6 +11,7 @@ import { THEME_EVENT } from "./theme.js";
 import { fit } from "./graph/render.js";
 import { ActivationGradsPanel } from "./activations.js";
 import { MetricsPanel } from "./metrics.js";
+import { findingNote } from "./diagnostics.js";
 
 const NO_PARAMS = "The watched model has no parameters: tensors an optimizer trains outside the model are not watched.";
 const NO_GRADS = "No parameter had a gradient (.grad) at optimizer.step() on any step: the Doctor tab says why.";
@@ -66,7 +67,9 @@ export class GradientsView {
     // the loss first, the curve a PyTorch user looks for, beside the total gradient norm (side
     // by side on a wide window, so the heat map below stays in the first screenful)
     const lossCol = h("div", {}, h("h2", {}, "Loss")), totalCol = h("div", {}, h("h2", {}, "Total gradient norm"));
-    root.append(h("div", { class: "chart-pair" }, lossCol, totalCol));
+    // the Doctor's finding followed here, as into the memory view (QA 45c: P5's link showed a step line alone)
+    this.findingBox = h("div", { class: "notice", "data-testid": "gradients-finding", hidden: true });
+    root.append(this.findingBox, h("div", { class: "chart-pair" }, lossCol, totalCol));
     this.lossSeries = new LossSeries(app);
     this.loss = new LineChart(lossCol, { title: "loss", vlines: mark, onClick: (i) => this.onLossClick(i) });
     this.loss.root.dataset.testid = "loss";
@@ -485,6 +488,16 @@ export class GradientsView {
     const known = new Set(this.g.params);
     const names = asked.split(",").filter((p) => known.has(p));
     return names.length ? names : null;
+  }
+
+  // The finding's note on top, with where its parameters are drawn: the chart is two screens down
+  showFinding(f, plotted) {
+    const n = (f?.params || []).length;
+    const drawn = n > plotted ? `its first ${plotted} of ${n} parameters are` : n === 1 ? "its parameter is" : `its ${n} parameters are`;
+    findingNote(this.findingBox, f, "gradients", () => this.showFinding(null, plotted),
+      f && n ? h("div", { class: "muted" }, `${drawn} drawn under "Chosen parameters" below, the finding's step marked: `,
+        h("button", { "data-testid": "gradients-finding-chart", onclick: () => this.lines.root.scrollIntoView({ block: "center" }) },
+          "show the chart")) : null);
   }
 
   focusOn() {

@@ -7,7 +7,7 @@ import { LineChart } from "./chart.js";
 import { nearest } from "./graph/view.js";
 import { hasLifetimes, lifetimes, aliveAfter, aliveBy, highestBy, baseline, baselineAfter } from "./lifetimes.js";
 import { SERIES } from "./colors.js";
-import { stepsText } from "./diagnostics.js";
+import { findingNote, stepsText } from "./diagnostics.js";
 
 const MAX_ALIVE = 15; // rows of the "alive at the peak" table
 const MAX_BANDS = 8; // modules drawn as their own band in "by module"; the rest summed as one
@@ -152,18 +152,10 @@ export class MemoryView {
   async showFinding(f) {
     this.finding = f || null;
     this.app.setState({ finding: f?.code });
-    clear(this.findingBox).hidden = !f;
+    findingNote(this.findingBox, f, "memory", () => this.showFinding(null),
+      f ? h("div", { class: "muted" }, `${stepsText(f) || "Its steps"} marked at the top of the per-step charts below.`) : null);
     if (this.series) this.drawPerStep();
     if (!f) return;
-    const sev = f.severity === "error" ? "err" : f.severity === "warning" ? "warn" : "";
-    const srcs = [...new Set([f.src, ...(f.data?.src || [])].filter(Boolean))];
-    this.findingBox.append(
-      h("div", { class: "finding-head" }, h("span", { class: `badge ${sev}` }, f.code), h("b", {}, f.title || ""),
-        h("span", { class: "muted", "data-testid": "memory-finding-steps" }, stepsText(f)),
-        h("button", { "aria-label": "close the finding's note", title: "close", onclick: () => this.showFinding(null) }, "×")),
-      h("div", {}, f.message || ""),
-      srcs.length ? h("div", { "data-testid": "memory-finding-src" }, "at ", ...srcs.flatMap((s, i) => [i ? ", " : "", h("code", {}, s)])) : null,
-      h("div", { class: "muted" }, `${stepsText(f) || "Its steps"} marked at the top of the per-step charts below.`));
     if (f.code === "P6" && f.data?.forwards) await this.drawUnused(f);
   }
 

@@ -120,6 +120,7 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
     info = {
         "name": session.get("name", path.stem),
         "model": session.get("model", "?"),
+        **({"mode": session["mode"]} if isinstance(session.get("mode"), str) else {}),  # (QA 45c: not shown)
         "steps": len(steps),
         "ranks": _ranks(session, ranks),
         "status": (

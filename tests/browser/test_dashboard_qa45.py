@@ -128,3 +128,19 @@ def test_a_light_runs_peak_is_explained_without_a_ledger(page: Any, srv: ServerP
     note = page.locator("[data-testid=step-peak-note]")
     page.wait_for_function("document.querySelector('[data-testid=step-peak-note]')?.innerText.includes('light')")
     assert "ledger's highest point" not in note.inner_text() and "records no op" in note.inner_text()
+
+
+def test_a_finding_followed_into_the_gradients_view_is_said_there(page: Any, srv: ServerProc, buggy: str) -> None:
+    """P5's link opened the gradient charts with a step line alone: the finding, and where its
+    parameters are drawn (two screens down), are said on top now, as the memory view does."""
+    open_session(page, srv.url, buggy, "?view=diagnostics")
+    page.locator("button.finding[data-code=P5]").first.click()
+    note = page.locator("[data-testid=gradients-finding]")
+    note.wait_for(state="visible")
+    text = note.inner_text()
+    assert "P5" in text and "drawn under \"Chosen parameters\" below" in text, text
+    page.locator("[data-testid=gradients-finding-chart]").click()
+    page.wait_for_function("(() => { const r = document.querySelector('[data-testid=param-lines]').getBoundingClientRect();"
+                           " return r.top >= 0 && r.top < window.innerHeight; })()")
+    page.locator("[data-testid=gradients-finding] button[aria-label^=close]").click()
+    note.wait_for(state="hidden")

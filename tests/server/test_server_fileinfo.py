@@ -62,3 +62,22 @@ def test_info_says_a_short_runs_duration_in_ms_and_why_it_has_none(tmp_path: Pat
     cut = write_file(tmp_path / "cut.tscope", frames[:1])
     assert summarize(cut)["duration"] == "unknown (no step and no end in the file)"
 
+
+
+def test_info_says_the_capture_mode(tmp_path: Path) -> None:
+    """`torchscope info` did not say how the run was watched (QA 45c): a light run's file has
+    no graph, and that is why."""
+    import torch
+
+    import torchscope
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "light.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+    info = summarize(path)
+    assert info["mode"] == "light" and info["graphs captured"] == 0 and list(info).index("mode") == 2, info
