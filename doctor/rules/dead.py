@@ -80,6 +80,10 @@ def _dead_activations(run: Run, settings: Settings) -> dict[str, list[int]]:
     leaves exact zeros at a LeakyReLU's input."""
     dead: dict[str, list[int]] = {}
     for step, ev in _judged_steps(run):
+        if paths.higher_order_step(run, step):
+            # a loss made of gradients alone (StyleGAN2's lazy R1 step, QA 45a): its double
+            # backward leaves exact zeros at a LeakyReLU's input on the penalty's own step
+            continue
         learning: set[str] | None = None
         for act in as_list(ev.get("activation_grads")):
             act = as_dict(act)
@@ -120,6 +124,8 @@ def _learning_modules(run: Run, ev: dict[str, object], settings: Settings) -> se
     return out
 
 
+FIX_CANCELS_PENALTY = ("Nothing to fix: on those steps the loss is made of gradients (a create_graph=True penalty "
+                       "alone), which a bias does not change; it learns on the other steps.")
 FIX_CANCELS = ("Nothing to fix: the loss is the same whatever this bias is (a difference of two outputs of the "
                "same layer -- a siamese distance, a WGAN critic's fake minus real -- or a normalisation right "
                "after the layer), so it cannot learn. Drop it (bias=False) to save the parameter.")
@@ -159,7 +165,10 @@ def _cancels_finding(run: Run, params: dict[int, list[int]]) -> Finding:
     message = (f"The gradient of {', '.join(names[:4])}{' and more' if len(names) > 4 else ''} is exactly zero "
                f"while its layer's weight learns ({describe_steps(steps, run.last_step)}): the bias cancels out "
                "of the loss, by design -- not a dead branch.")
-    finding = make("P2", "info", message, FIX_CANCELS, steps, rank=run.rank, params=names,
+    # a loss made of gradients on some steps only (a lazy R1 penalty step): the bias learns on the
+    # others, so no bias=False (QA 45a)
+    penalty = all(paths.higher_order_step(run, s) for s in steps) and len(steps) < len(run.steps)
+    finding = make("P2", "info", message, FIX_CANCELS_PENALTY if penalty else FIX_CANCELS, steps, rank=run.rank, params=names,
                    modules=sorted({run.param_module(i) for i in params}), view="gradients",
                    targets=[FindingTarget(step=params[i][0], rank=run.rank, param=run.param_name(i),
                                           module=run.param_module(i)) for i in sorted(params)])

@@ -368,7 +368,7 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
         severity, message, fix = _cut_text(run, key, names, steps, op,
                                            [len(steps_of[i]) for i in indices], [got.get(i, 0) for i in indices],
                                            all(_same_structure(run, i, steps_of[i]) for i in indices),
-                                           _higher_order(run, gstep))
+                                           higher_order_step(run, gstep))
         targets: list[FindingTarget] = [FindingTarget(step=steps[0], rank=run.rank, param=n, module=run.param_module(i))
                                         for n, i in zip(names, indices, strict=True)]
         if op:
@@ -381,7 +381,7 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
     return findings + _unreached_model(run)
 
 
-def _higher_order(run: Run, step: int) -> bool:
+def higher_order_step(run: Run, step: int) -> bool:
     """Whether a graph of ``step`` holds nodes a create_graph=True backward made: its loss is
     made of gradients."""
     return any(n.get("higher_order") for graph in run.graphs_of(step) for n in as_list(graph.get("nodes"))

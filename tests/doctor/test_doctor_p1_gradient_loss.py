@@ -86,3 +86,30 @@ def test_a_lazy_r1_step_is_by_design_and_a_forgotten_head_is_not(tmp_path: Path)
             opt.step()
     (p1,) = _p1(path)
     assert p1["severity"] == "error" and set(p1["params"]) == {"aux.weight", "aux.bias"}, p1
+
+
+def test_a_lazy_r1_step_in_full_mode_is_no_dead_activation(tmp_path: Path) -> None:
+    """StyleGAN2's form, ``+ 0 * out.sum()`` keeping every parameter in the graph: on the
+    penalty's steps the double backward leaves exact zeros at the LeakyReLU's input, read as a
+    dead activation in full mode (QA 45a); the biases that cancel there learn on the other steps,
+    so the note does not advise bias=False."""
+    torch.manual_seed(0)
+    critic = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    opt = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    path = tmp_path / "r1-full.tscope"
+    with torchscope.watch(critic, opt, server=None, record=path, mode="full"):
+        for i in range(12):
+            x = torch.randn(32, 2)
+            if i % 2 == 0:
+                loss = F.softplus(-critic(x)).mean()
+            else:
+                x.requires_grad_(True)
+                out = critic(x)
+                (grad,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+                loss = grad.pow(2).sum(1).mean() + 0 * out.sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    found = [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P2"]
+    assert [f for f in found if f["severity"] != "info"] == [], found
+    assert all("bias=False" not in f["fix"] for f in found), found
