@@ -65,7 +65,6 @@ def _key_of(mapping: dict[str, Any], value: Any) -> str:
     return next((k for k, v in mapping.items() if v is value and isinstance(k, str)), "")
 
 
-
 def graph_lists(before: dict[int, int]) -> tuple[dict[int, int], str]:
     """The lengths, by id, of the lists (and deques) whose last two items hold tensors with a
     grad_fn -- an epoch's outputs kept for its metric, ``all_probs.append(torch.sigmoid(out))``

@@ -160,6 +160,12 @@ class Run:
         return {"step": as_int(self.end.get("steps"), self.last_step + 1), "forwards": self.end["forwards"],
                 "events": as_list(self.end.get("events"))}
 
+    @cached_property
+    def training_steps(self) -> int:
+        """Steps with a backward (a step event without ``micro_batches`` counts): what "every
+        N steps" and "most steps" of a call site are measured against."""
+        return sum(1 for _, ev in self.step_events() if as_int(ev.get("micro_batches"), 1) > 0)
+
     @property
     def last_step(self) -> int:
         return as_int(self.steps[-1].get("step"), -1) if self.steps else -1

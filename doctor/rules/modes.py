@@ -88,9 +88,8 @@ def _target_sites(run: Run) -> set[Any]:
     purpose (its dropout and batch-norm noise are the method; QA 45a: "Evaluating with ... in
     train mode").  An evaluation runs every N steps or at the end."""
     steps: dict[Any, set[int]] = {}
-    n = 0
+    n = run.training_steps
     for step, ev in run.step_events():
-        n += as_int(ev.get("micro_batches"), 1) > 0
         for f in map(as_dict, as_list(ev.get("forwards"))):
             if (f.get("grad_mode") is False or f.get("inference_mode") is True) and f.get("training") is not False:
                 steps.setdefault(f.get("src"), set()).add(step)

@@ -51,7 +51,7 @@ def train_mode_evaluations(run: Run) -> dict[str, list[int]]:
             if (f is not dry and f.get("training") is not False and f.get("built_graph") is True and f.get("backward") is False
                     and (step, as_int(f.get("micro"))) not in late and isinstance(src, str) and src and src not in trained):
                 at.setdefault(src, []).append(run.step_of_forward(step, forwards, f))
-    n = sum(1 for _, ev in run.step_events() if as_int(ev.get("micro_batches"), 1) > 0)
+    n = run.training_steps
     return {src: steps for src, steps in at.items() if n >= 4 and 2 * len(set(steps)) <= n}
 
 
