@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 from torch.overrides import TorchFunctionMode
 
-from ._srcloc import _is_internal, _user_base
+from ._srcloc import _is_internal, _user_base, locals_of
 
 # the dropout functions whose ``training`` defaults to True (alpha_dropout's defaults to False),
 # their third argument: ``F.dropout(input, p, training, inplace)``, as nn.Dropout calls it
@@ -67,7 +67,7 @@ class EvalDropoutProbe(TorchFunctionMode):
         call = _call_text(caller)
         if "training" in call or call.count("(") != call.count(")"):
             return  # training= passed (Monte Carlo dropout on purpose), or a call this text does not show whole
-        owner = caller.f_locals.get("self")
+        owner = locals_of(caller).get("self")
         module = owner if isinstance(owner, nn.Module) else None
         if module is not None and module.training:
             return

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ._srcloc import _is_internal
+from ._srcloc import _is_internal, locals_of
 
 _CONTAINERS = (list, dict, tuple, set)
 
@@ -54,7 +54,7 @@ def _name_of(x: Any) -> str:
     f: types.FrameType | None = sys._getframe(1)
     while f is not None:
         if not _is_internal(f.f_code.co_filename):  # not torch's, not ours
-            found = _key_of(f.f_locals, x)
+            found = _key_of(locals_of(f), x)
             if found:
                 return f"'{found}'"
         f = f.f_back
@@ -70,10 +70,9 @@ def graph_lists(before: dict[int, int]) -> tuple[dict[int, int], str]:
     grad_fn -- an epoch's outputs kept for its metric, ``all_probs.append(torch.sigmoid(out))``
     (P7) -- and what the first one longer than in ``before`` (the boundary before) is:
     ``'.outputs' (a list)`` (an attribute), ``'preds' (a list)`` (a module's global), else
-    ``a list of the loop's (9 of them, one more each step)``.  Found by the garbage collector's
-    walk (~40 ms, a few times in a run that keeps outputs), not in the running frames: in
-    CPython before 3.13 reading a frame's ``f_locals`` leaves a snapshot of its locals on the
-    frame, which would keep the loop's last loss and outputs alive after it rebinds them."""
+    ``'all_probs' (a list)`` (a running function's local), else ``a list of the loop's (9 of
+    them, one more each step)``.  Found by the garbage collector's walk (~40 ms, a few times in
+    a run that keeps outputs)."""
     lengths: dict[int, int] = {}
     grown: list[Any] | deque[Any] | None = None
     objs = gc.get_objects()
@@ -88,7 +87,7 @@ def graph_lists(before: dict[int, int]) -> tuple[dict[int, int], str]:
     if grown is None:
         return lengths, ""
     kind = type(grown).__name__
-    name = _owner_name(grown)
+    name = _name_of(grown)
     return lengths, f"{name} (a {kind})" if name else f"a {kind} of the loop's ({len(grown)} of them, one more each step)"
 
 

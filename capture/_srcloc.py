@@ -9,6 +9,7 @@ verdict is cached so a deep stack costs one dict lookup per frame.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import types
@@ -123,6 +124,36 @@ def _user_frame(depth: int) -> types.FrameType | None:
             return f
         f = f.f_back
     return f
+
+
+# CPython before 3.13 keeps a function frame's ``f_locals`` as a dict snapshot on the frame
+_SNAPSHOT_LOCALS = sys.version_info < (3, 13)
+
+
+def locals_of(frame: types.FrameType) -> dict[str, Any]:
+    """A copy of ``frame``'s local variables that leaves nothing behind on the frame.  Before
+    Python 3.13, reading a function frame's ``f_locals`` stores a snapshot of its locals on the
+    frame until the next read: a training loop's frame would keep that step's loss, outputs
+    and batch -- and their graph -- alive after the loop rebinds its variables.  The snapshot's
+    tensors (and containers holding tensors) are dropped from it again; anything else stays, as
+    for a dict that ``locals()`` returned earlier.  A module's (or class body's) ``f_locals`` is
+    its namespace itself, no snapshot: left alone."""
+    loc = frame.f_locals
+    copy = dict(loc)
+    if _SNAPSHOT_LOCALS and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+        for k, v in copy.items():
+            if _holds_tensor(v):
+                del loc[k]
+    return copy
+
+
+def _holds_tensor(v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        return True
+    if isinstance(v, (list, tuple, dict)):
+        items = v.values() if isinstance(v, dict) else v
+        return any(isinstance(t, torch.Tensor) for t in list(items)[:64])
+    return False
 
 
 _callers: dict[tuple[str, int, str, int], Callable[..., Any]] = {}

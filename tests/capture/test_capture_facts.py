@@ -434,8 +434,8 @@ def test_p7_outputs_kept_for_metrics(kept: str, tmp_path: Path) -> None:
         assert kept_last["of"] == "output" and "out = model(" in _line(kept_last["src"])
         assert p7[0]["src"] == kept_last["src"], p7
         # the list keeping them is told (QA 44b: "kept in a list" said which list nowhere)
-        assert kept_last["held_in"].startswith("a list of the loop's ("), kept_last
-        assert "the model's outputs, or tensors computed from them, stay referenced after their step, held by a list" in p7[0]["message"], p7
+        assert kept_last["held_in"] == "'preds' (a list)", kept_last
+        assert "the model's outputs, or tensors computed from them, stay referenced after their step, held by 'preds' (a list)" in p7[0]["message"], p7
 
 
 def test_p10_and_p8_backward_errors(tmp_path: Path) -> None:

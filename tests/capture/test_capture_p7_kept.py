@@ -242,8 +242,7 @@ def test_p7_names_the_list_that_keeps_outputs(tmp_path: Path, where: str) -> Non
     """``all_probs.append(torch.sigmoid(logits))`` for an epoch's accuracy keeps each step's
     forward graph: P7 pointed at the forward's line and said "kept in a list" without saying
     which (QA 44b).  The list that grows between boundaries holding tensors with a grad_fn is
-    told: an attribute by its name, a function's local as the loop's list with its length;
-    with ``.detach()`` nothing is kept, nor told."""
+    told: an attribute or a function's local by its name; with ``.detach()`` nothing is kept, nor told."""
     path = tmp_path / f"{where}.tscope"
     if where == "local_list":
         torch.manual_seed(0)
@@ -266,8 +265,39 @@ def test_p7_names_the_list_that_keeps_outputs(tmp_path: Path, where: str) -> Non
     if where == "detached":
         assert held == set() and p7 == []
         return
-    # a function's local list is not named: reading the frame's locals would keep its tensors alive
-    want = {"local_list": "a list of the loop's (", "attribute": "'.outputs' (a list)"}[where]
+    # a function's local list is named too, its frame's locals read without leaving them a
+    # snapshot that would keep the loop's tensors alive (test_naming_the_list_keeps_no_step...)
+    want = {"local_list": "'all_probs' (a list)", "attribute": "'.outputs' (a list)"}[where]
     assert len(held) == 1 and next(iter(held)).startswith(want), held
     told = "the model's outputs, or tensors computed from them, stay referenced after their step, held by "
     assert len(p7) == 1 and told + want in p7[0]["message"], p7
+
+
+def test_naming_the_list_keeps_no_step_of_the_loop_alive(tmp_path: Path) -> None:
+    """Naming ``'history'`` reads the loop's local variables.  In CPython before 3.13 that
+    leaves a snapshot of them on the frame, which kept the loss (and so the graph) of the step
+    it was read at alive after the loop emptied its list and rebound its variables.  Once the
+    list is emptied, only the loss the loop's variable still names is alive."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    history = []
+    refs = []
+    path = tmp_path / "run.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(8):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            history.append(loss)
+            refs.append(weakref.ref(loss))
+        history.clear()
+        gc.collect()
+        alive = [i for i, r in enumerate(refs) if r() is not None]
+        assert alive == [7], alive
+    held = {e["graphs_kept"].get("held_in") for e in _steps(path) if "graphs_kept" in e} - {None}
+    assert held == {"'history' (a list)"}
