@@ -140,6 +140,8 @@ class Interposer(TorchFunctionMode):
             return out
         if kind == "clip":
             if not _compiling() and _caller_file().endswith(_CLIP_FILE):
+                if self.watch.mode == "full" and not self.watch._capturing_ops:
+                    self.watch._safe("ops", self.watch._record_clip)  # its ops are the step's too
                 if self.watch._scaler is not None:
                     self.watch._safe("amp", self.watch._on_clip)
                 if func is _VECTOR_NORM:  # clip_grad_norm_'s total: the norm before clipping

@@ -382,6 +382,7 @@ class _StepState:
         "in_known",
         "in_saved",
         "opt_from",
+        "clipping",
     )
 
     def __init__(self, t0: float) -> None:
@@ -524,6 +525,7 @@ class _StepState:
         self.in_known: set[int] = set()
         self.in_saved = 0
         self.opt_from: int | None = None  # the id of the recorder's first op of optimizer.step()
+        self.clipping = False  # full mode records since a clipping of the gradients (_record_clip)
 
     def passes_in_step(self) -> int:
         """Backward passes that ran inside the optimizer's step(): its closure's (LBFGS,
@@ -770,6 +772,27 @@ def _other_outputs(x: Any, first: torch.Tensor) -> list[torch.Tensor]:
 def _one_level_down(items: Iterable[Any]) -> list[Any]:
     """``items``, each list or tuple among them replaced by its own items."""
     return [u for v in items for u in (v if isinstance(v, (list, tuple)) else (v,))]
+
+
+def _hold_activation_rows(s: _StepState) -> dict[_CallKey, torch.Tensor | tuple[float, ...]] | None:
+    """Before a pass whose output gradients are not to count: the rows the step has, the
+    native pass's taken in first; None on a step that watches no output."""
+    if not s.act_grads:
+        return None
+    ext = s.native
+    if s.act_slots and ext is not None:
+        for slot, row in ext.take_grads(s.act_epoch):
+            s.act_grads[s.act_slots[slot]] = row
+    return dict(s.act_grads)
+
+
+def _restore_activation_rows(s: _StepState, rows: dict[_CallKey, torch.Tensor | tuple[float, ...]]) -> None:
+    """After that pass: its rows dropped (the native pass's with them), the earlier ones back."""
+    ext = s.native
+    if s.act_slots and ext is not None:
+        ext.take_grads(s.act_epoch)
+    for key in s.act_grads.keys() & rows.keys():
+        s.act_grads[key] = rows[key]
 
 
 def _reached_first(s: _StepState) -> None:
@@ -2414,21 +2437,29 @@ class Watch:
         create = kwargs.get("create_graph", args[4] if len(args) > 4 else False)
         if not self._active:
             return call_as_user(func, args, kwargs)
+        inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
+        of_params = self._safe("backward", self._of_params, inputs)
+        if not create and of_params:
+            return self._run_backward(func, "grad", args, kwargs)
+        # gradients for inputs only (a gradient penalty's, an attack's): what they send into
+        # the module outputs is no gradient of the loss (a WGAN-GP critic's last layer read
+        # the penalty's ones vector, QA 45b); the statistics are the step's backward()'s
+        s = self._s
+        rows = None if of_params else self._safe("activation_grads", _hold_activation_rows, s)
         if not create:
-            inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
-            if self._safe("backward", self._of_params, inputs):
-                return self._run_backward(func, "grad", args, kwargs)
             retain = kwargs.get("retain_graph", args[3] if len(args) > 3 else None)
-            self._safe("backward", _reached, self._s)  # (what earlier passes reached: theirs)
+            self._safe("backward", _reached, s)  # (what earlier passes reached: theirs)
             out = call_as_user(func, args, kwargs)
             if not retain:  # the graph is freed: no backward of the step can follow through it
-                self._safe("backward", _reached, self._s, True)
-            return out
-        outputs = args[0] if args else kwargs.get("outputs")
-        before = self._safe("higher_order", _walk_of, outputs)  # held: node ids stay valid
-        out = call_as_user(func, args, kwargs)
-        if before is not None:
-            self._safe("higher_order", _stamp_higher_order, before, out)
+                self._safe("backward", _reached, s, True)
+        else:
+            outputs = args[0] if args else kwargs.get("outputs")
+            before = self._safe("higher_order", _walk_of, outputs)  # held: node ids stay valid
+            out = call_as_user(func, args, kwargs)
+            if before is not None:
+                self._safe("higher_order", _stamp_higher_order, before, out)
+        if rows is not None:
+            self._safe("activation_grads", _restore_activation_rows, s, rows)
         return out
 
     def _returned(self, args: Any, kwargs: dict[str, Any], grads: Any) -> None:
@@ -2810,8 +2841,9 @@ class Watch:
         s = self._s
         s.restat = False
         params: list[torch.Tensor | None] = [r() for r in self._params]
-        s.stats = self._grad_stats(s, params)
-        s.grad_st = grad_storages([p for p in params if p is not None])
+        with _native.unrecorded():  # (full mode records the update since the clipping)
+            s.stats = self._grad_stats(s, params)
+            s.grad_st = grad_storages([p for p in params if p is not None])
 
     def _unhooked(self) -> bool:
         """No torch optimizer ends the steps: one without step hooks was given, or none was
@@ -3117,6 +3149,9 @@ class Watch:
         self._owner = threading.get_ident()
         self._last_event = time.monotonic()
         self._s.step_began = self._s.micro  # passes after it ran inside step(): its closure's (LBFGS)
+        if self._s.clipping:  # recorded since the clipping (_record_clip): not our reads below
+            self._s.clipping = False
+            self._stop_recorder()
         # the optimizer's own step pre-hooks run after this global one: one may clip the
         # gradients (QA 43a F6), so the mode stays on through step() to see it (_set_clip)
         self._keep_mode = bool(getattr(optimizer, "_optimizer_step_pre_hooks", None))
@@ -3140,6 +3175,23 @@ class Watch:
         # (``args``: step()'s, the optimizer itself first)
         if self.mode == "full" and kwargs.get("closure") is None and not any(callable(a) for a in args[1:]):
             self._safe("ops", self._record_update, s)
+
+    def _record_clip(self) -> None:
+        """Full mode records gradient clipping's ops (``clip_grad_norm_``, ``clip_grad_value_``)
+        between a step's backward and its ``optimizer.step()``, with the update's (phase
+        "optimizer"): their temporaries are the step's memory too (QA 45b: no op of theirs was
+        recorded).  Recording stops as ``optimizer.step()``'s pre-hook reads the gradients, and
+        starts again for the step's own ops; a hand-written update after it is recorded with it."""
+        s = self._s
+        rec = s.recorder
+        if rec is None or s.micro == 0 or "ops" in self._disabled or self._rec_thread != threading.get_ident():
+            return
+        if self._backward_running or self._depth:
+            return  # a clipping inside a backward hook or a forward: not the update's
+        rec.phase = "optimizer"
+        rec.__enter__()
+        self._capturing_ops = True
+        s.clipping = True
 
     def _record_update(self, s: _StepState) -> None:
         """Full mode records optimizer.step()'s own ops too (phase "optimizer", after ours

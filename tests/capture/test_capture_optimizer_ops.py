@@ -190,3 +190,52 @@ def test_a_step_that_raised_leaves_the_next_forward_a_forward(tmp_path: Path, mo
         ops = run.graph(s)["ops"]
         assert not [o for o in ops if o["phase"] == "optimizer" and o.get("module")], s  # no module's op is the update's
         assert any(o["phase"] == "forward" and o["name"] == "aten::addmm" for o in ops), s
+
+
+def _clipped(clip: str, path: Path | None, mode: str = "full") -> tuple[list[str], list[torch.Tensor]]:
+    """Two steps of a loop that clips its gradients; what a dispatch mode sees of the first
+    clipping (unwatched runs), and the parameters after."""
+    torch.manual_seed(0)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    names: list[str] = []
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode) if path else contextlib.nullcontext():
+        for i, (x, y) in enumerate(_batches()):
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            with _Names() if path is None and i == 0 else contextlib.nullcontext() as seen:
+                if clip == "norm":
+                    nn.utils.clip_grad_norm_(model.parameters(), 0.05)  # (the clipping)
+                else:
+                    nn.utils.clip_grad_value_(model.parameters(), 0.01)  # (the clipping)
+            if seen is not None:
+                names = [n for n in seen.names if not n.startswith("profiler::")]
+            opt.step()
+    return names, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("clip", ["norm", "value"])
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_full_mode_records_gradient_clipping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool, clip: str) -> None:
+    """``clip_grad_norm_``'s ops -- the per-gradient norms, their total, the coefficient, the
+    in-place scaling -- are the step's too, recorded with the update at the clipping's line
+    (QA 45b: none was), and none of torchscope's own reads between them and the step."""
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    names, plain = _clipped(clip, None)
+    path = tmp_path / "clip.tscope"
+    _, params = _clipped(clip, path)
+    assert all(torch.equal(p, q) for p, q in zip(params, plain, strict=True))
+    run = load(str(path))
+    for step in (0, 1):
+        ops = sorted(run.graph(step)["ops"], key=lambda o: o["id"])
+        text = Path(__file__).read_text().splitlines()
+        at = {f"{Path(__file__).name}:{i}" for i, t in enumerate(text, 1) if t.strip().endswith("# (the clipping)")}
+        clipping = [o for o in ops if o["src"] in at]
+        got = [o["name"] for o in clipping]
+        assert got and _subsequence(names, got), (names, got)
+        if not native:
+            assert got == names
+        assert {o["phase"] for o in clipping} == {"optimizer"} and all(not o["module"] for o in clipping)
+        backward = max(o["id"] for o in ops if o["phase"] == "backward")
+        update = [o for o in ops if o["phase"] == "optimizer" and o["src"] not in at]
+        assert update and backward < min(o["id"] for o in clipping) and max(o["id"] for o in clipping) < min(o["id"] for o in update)
