@@ -46,6 +46,18 @@ def _backward_losses_finite(ev: dict[str, Any]) -> bool:
     return all(v is None or math.isfinite(v) for v in values)
 
 
+def _discarded_nonfinite(ev: dict[str, Any]) -> list[float]:
+    """The non-finite losses of the step's backward passes whose gradients no optimizer.step()
+    used: cleared by a ``zero_grad()`` before the step's last ones (``accumulated`` counts the
+    passes summed since), as a loop does that catches ``clip_grad_norm_(...,
+    error_if_nonfinite=True)`` and moves on to the next batch.  None when a kept pass is."""
+    losses = [as_float(v) for v in as_list(ev.get("losses"))]
+    kept = as_int(ev.get("accumulated"), len(losses))
+    if not 0 < kept < len(losses) or any(v is not None and not math.isfinite(v) for v in losses[-kept:]):
+        return []
+    return [v for v in losses[:-kept] if v is not None and not math.isfinite(v)]
+
+
 def skipped_nonfinite(ev: dict[str, Any]) -> list[float]:
     """The non-finite losses of the step's batches the loop skipped before backward (capture's
     ``ForwardInfo.loss``: the loss it checked with isfinite/isnan/isinf)."""
@@ -241,6 +253,15 @@ def _updated_nonfinite(run: Run, before: int) -> set[str]:
             for i in _bad_params(ev)}
 
 
+def _origin_unknown(full: bool) -> str:
+    """Why no op is named for the NaN/Inf losses of batches the loop skipped."""
+    if full:
+        return ("no log/div/exp... op made it (mode='full' checks them every step): look at those batches' data and "
+                "the loss's target, and at ops that overflow on their values.")
+    return ("the op that made it is not known: ops are checked for NaN on captured steps, from the step after a "
+            "non-finite one (mode='full' checks every step's log/div/exp...).")
+
+
 def _isolated(run: Run, steps: list[int]) -> bool:
     """Each non-finite step is followed by a finite one: no NaN stayed in the model."""
     return bool(steps) and all(s + 1 not in steps and s < run.last_step for s in steps)
@@ -372,12 +393,18 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         if bad_batch is not None:
             message += bad_batch
             fix, data = FIX_DATA, True
-        elif full:
-            message += ("no log/div/exp... op made it (mode='full' checks them every step): look at those batches' "
-                        "data and the loss's target, and at ops that overflow on their values.")
         else:
-            message += ("the op that made it is not known: ops are checked for NaN on captured steps, from the step "
-                        "after a non-finite one (mode='full' checks every step's log/div/exp...).")
+            message += _origin_unknown(full)
+    elif discarded := [v for _, ev in run.step_events() if as_int(ev.get("step"), -1) in steps for v in _discarded_nonfinite(ev)]:
+        n = len(discarded)
+        message = (f"The loss was NaN/Inf on {n} batch{'es' if n > 1 else ''} whose gradients the loop threw away "
+                   f"before optimizer.step() ({when}): a caught `clip_grad_norm_(..., error_if_nonfinite=True)`, or "
+                   "a zero_grad() before the step, skipped their update, and the model stayed finite; ")
+        if data:
+            message += str(batch)
+            fix = FIX_DATA
+        else:
+            message += _origin_unknown(full)
     elif _isolated(run, steps):
         message = (f"The loss is NaN/Inf {when}, each time followed by finite steps: the model stayed finite, so "
                    "it came from those batches -- a NaN/Inf in "
@@ -403,7 +430,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     # every non-finite loss one the loop caught and skipped: it guards against them, and the
     # model trained on the other batches -- a warning, still to look into
     at = set(steps)
-    guarded = all(not _bad_params(ev) and _backward_losses_finite(ev) for step, ev in run.step_events() if step in at)
+    guarded = all(not _bad_params(ev) and (_backward_losses_finite(ev) or _discarded_nonfinite(ev))
+                  for step, ev in run.step_events() if step in at)
     return [make("P4", "warning" if guarded else "error", message, fix, steps, rank=run.rank, targets=targets, modules=modules,
                  params=names, src=str(first_op.get("src", "")) if first_op else forward_src if data else None,
                  view="graph" if first_op or node else "gradients",
