@@ -128,9 +128,11 @@ class Interposer(TorchFunctionMode):
         # ``_compiling()``: Dynamo is tracing through the mode; nothing of ours goes into its graph
         if kind is None or kind == "arith":
             after = kind == "arith" and self.watch._after_update
-            if not self.watch._probing and not after:
+            if not self.watch._probing and not after and not self.watch._grad_consts:
                 return func(*args, **kwargs)  # torchscope runs your call unchanged
             out = func(*args, **kwargs)  # torchscope runs your call unchanged
+            if self.watch._grad_consts and not _compiling():  # (Tensor.norm, __pow__: torch's frames call them)
+                self.watch._safe("grad_consts", self.watch._on_grad_const, func, args, kwargs, out)
             if _compiling() or not torch.is_grad_enabled() or not _from_user():
                 return out
             if self.watch._probing and isinstance(out, torch.Tensor) and out.grad_fn is not None:
@@ -186,6 +188,8 @@ class Interposer(TorchFunctionMode):
             out = func(*args, **kwargs)  # torchscope runs your call unchanged
             if copy and isinstance(first, torch.Tensor) and first.grad_fn is not None:
                 self.watch._safe("copies", self.watch._on_graph_copy, first, func, fresh)
+            if self.watch._grad_consts and not _compiling():  # ``loss += gp``
+                self.watch._safe("grad_consts", self.watch._on_grad_const, func, args, kwargs, out)
             if self.watch._probing and isinstance(out, torch.Tensor) and out.grad_fn is not None and _from_user():
                 self.watch._safe("holder", self.watch._on_holder, args)  # ``running += loss``, as below
             return out

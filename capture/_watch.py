@@ -159,6 +159,10 @@ def _metric_value(value: Any) -> float | None:
     return None
 # activation-gradient slot whose hook has not run yet (no row: left out of the step's event)
 _NO_STATS: tuple[float, ...] = ()
+_GRAD_CONSTS = 64  # tensors followed from a torch.autograd.grad for inputs (_keep_grad_consts), at most
+_T = torch.Tensor
+_ADDS = frozenset((_T.__add__, _T.__radd__, _T.__sub__, _T.__rsub__, _T.__iadd__, _T.__isub__, _T.add, _T.sub,
+                   _T.add_, _T.sub_, torch.add, torch.sub))  # a term added to a loss
 _CallKey = tuple[str, int, int]  # a module's path, its call in the step, which of its outputs
 # a module's calls in one step whose output gradients are watched (an RNN cell over 1,000 time
 # steps: a hook each on the first 32, told as one row with their count)
@@ -1041,6 +1045,9 @@ class Watch:
         # forward, for the one that takes the loss in (_on_holder); for at most _PROBE_STEPS steps
         self._probing = False
         self._probe_left = _PROBE_STEPS
+        # the step's results of torch.autograd.grad for inputs without create_graph, and what
+        # the loop computed from them without a graph (_on_grad_const): id -> (tensor, its line)
+        self._grad_consts: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
         # the named container keeping earlier steps' losses (_held_in): None until looked for
         self._held_in: str | None = None
         # ... and the one keeping earlier steps' outputs, or what was computed from them
@@ -2452,6 +2459,7 @@ class Watch:
             out = call_as_user(func, args, kwargs)
             if not retain:  # the graph is freed: no backward of the step can follow through it
                 self._safe("backward", _reached, s, True)
+            self._safe("grad_consts", self._keep_grad_consts, out)
         else:
             outputs = args[0] if args else kwargs.get("outputs")
             before = self._safe("higher_order", _walk_of, outputs)  # held: node ids stay valid
@@ -2475,6 +2483,45 @@ class Watch:
         s = self._s
         self._note_inputs(s, ts)
         s.stats = self._grad_stats(s, params, [of.get(id(p)) if p is not None else None for p in params])
+
+    def _keep_grad_consts(self, grads: Any) -> None:
+        """The results of a ``torch.autograd.grad`` for inputs without ``create_graph``, taken
+        with autograd on outside a forward: constants, with no graph back to the parameters.  A
+        gradient penalty made from them (WGAN-GP's ``((g.norm(2, dim=1) - 1) ** 2).mean()``)
+        trains nothing; the mode follows them to where one joins the loss (_on_grad_const)."""
+        if not torch.is_grad_enabled() or self._depth:
+            return
+        src = user_src()
+        for g in [grads] if isinstance(grads, torch.Tensor) else list(grads or ()):
+            if isinstance(g, torch.Tensor) and g.grad_fn is None and len(self._grad_consts) < _GRAD_CONSTS:
+                self._grad_consts[id(g)] = (weakref.ref(g), src)
+
+    def _on_grad_const(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        """A call of the user's on such a constant: a result without a graph is one too; a
+        one-value sum with a graph, of a one-value constant -- ``d_loss + 10 * gp`` -- is the
+        penalty added to the loss as a constant (an event ``grad_constant``, P9: the call
+        lacked ``create_graph=True``).  An attack's step (``x + eps * g.sign()``), many values,
+        is neither, nor a loss weighed by a constant (``loss / g_norm``)."""
+        consts = self._grad_consts
+        found: tuple[torch.Tensor, str] | None = None
+        for a in (*args, *kwargs.values()):
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                entry = consts.get(id(t)) if isinstance(t, torch.Tensor) else None
+                if entry is not None and isinstance(t, torch.Tensor) and entry[0]() is t:
+                    found = (t, entry[1])
+                    break
+            if found:
+                break
+        if found is None or not isinstance(out, torch.Tensor):
+            return
+        const, src = found
+        if out.grad_fn is None:
+            if not out.requires_grad and len(consts) < _GRAD_CONSTS:
+                consts[id(out)] = (weakref.ref(out), src)
+        elif func in _ADDS and const.numel() == 1 and out.numel() == 1 and not self._depth:
+            event: dict[str, object] = {"what": "grad_constant", "grad_src": src, "src": user_src()}
+            if event not in self._s.events:
+                self._s.events.append(event)
 
     def _of_params(self, inputs: Any) -> bool:
         """Whether ``inputs`` (a tensor or several) hold any of the watched parameters."""
@@ -3538,6 +3585,7 @@ class Watch:
             self._skipped_loss(s)
         self._stray, self._stray_again = None, False  # the watched optimizer (or a boundary) ended the step after all
         step_src = user_src(3)  # 3: past this method and its caller (_safe, or a hook of ours)
+        self._grad_consts.clear()
         if self._capturing_ops:
             self._stop_recorder()
         for h in s.node_hooks:

@@ -21,6 +21,7 @@ from . import (
     nonfinite,
     norms,
     paths,
+    penalty,
     probabilities,
     ranks,
     retention,
@@ -42,7 +43,8 @@ RULES: list[tuple[str, Rule]] = [
     ("P7", lambda run, settings: retention.check_graphs_alive(run, settings) + retention.check_weight_copies(run, settings)),
     ("P8", errors.check_inplace),
     # a loss without grad_fn is cut where it was computed: P1 for a detach or no_grad, P9 for an op
-    ("P9", lambda run, settings: paths.check_non_differentiable(run, settings) + loss_cut.check(run, settings)),
+    ("P9", lambda run, settings: (paths.check_non_differentiable(run, settings) + loss_cut.check(run, settings)
+                                  + penalty.check(run, settings))),
     ("P10", errors.check_double_backward),
     ("P11", modes.check),
     ("P12", copies.check),
