@@ -283,20 +283,26 @@ def unreached_by_step(run: Run) -> dict[int, set[int]]:
     return {step: by_sig[sig] for step, sig in sig_of.items() if sig in by_sig}
 
 
-def _unreached_steps(run: Run) -> tuple[list[int], list[str]]:
-    """The steps on which no backward reached the model at all while its optimizer stepped, and
-    the lines of their forwards: ``micro_batches`` 0, every trainable parameter's ``.grad``
-    None at ``optimizer.step()``, and a training forward that built a graph no backward used,
-    from a line whose forwards no backward ever used (a batch skipped now and then is P6's).
-    A GAN's generator loss made from ``D(fake.detach())``: ``_none_steps`` leaves such steps
-    out (no backward, no cut path to walk), and P6 told an unused graph, to be put under
-    ``no_grad`` -- which keeps the generator from ever learning (QA 44b)."""
+def _unreached_steps(run: Run) -> tuple[list[int], list[str], str]:
+    """The steps on which no backward reached the model at all while its optimizer stepped, the
+    lines of their forwards, and how those forwards lost the graph: ``micro_batches`` 0, every
+    trainable parameter the optimizer holds without ``.grad`` at ``optimizer.step()``, and a
+    training forward that built a graph no backward used, from a line whose forwards no
+    backward ever used (a batch skipped now and then is P6's) -- "unused" -- or, with none
+    such, one that built no graph at all: run under ``no_grad`` ("no_grad"), or whose output
+    was rebuilt from Python values (``torch.tensor([o.tolist() ...])``: "no_graph").  A GAN's
+    generator loss made from ``D(fake.detach())``: ``_none_steps`` leaves such steps out (no
+    backward, no cut path to walk), and P6 told an unused graph, to be put under ``no_grad``
+    -- which keeps the generator from ever learning (QA 44b).  The loss still had a graph
+    through a parameter outside the model (a learned temperature, a bias added to its output)
+    when its backward ran without an error: "no problems found" (QA 46a)."""
     n = trainable(run)
     failed = {e.step for e in errors(run)}
     trained = {f.get("src") for _, ev in run.step_events() for f in map(as_dict, as_list(ev.get("forwards")))
                if f.get("backward") is True}
     steps: list[int] = []
     srcs: list[str] = []
+    kinds: list[str] = []
     for step, ev in run.step_events():
         if as_int(ev.get("micro_batches"), 1) != 0 or step in failed or not ev.get("step_src") or not n:
             continue
@@ -304,33 +310,54 @@ def _unreached_steps(run: Run) -> tuple[list[int], list[str]]:
         none = {as_int(i, -1) for i in as_list(grads.get("none"))} - {as_int(i, -1) for i in as_list(grads.get("not_trained"))}
         if len(none - {-1}) < n:
             continue
-        unused = [str(f["src"]) for f in map(as_dict, as_list(ev.get("forwards")))
-                  if f.get("built_graph") is True and f.get("backward") is False and f.get("training") is not False
-                  and f.get("src") and f.get("src") not in trained]
-        if unused:
+        fwds = [f for f in map(as_dict, as_list(ev.get("forwards")))
+                if f.get("training") is not False and f.get("src") and f.get("src") not in trained]
+        unused = [str(f["src"]) for f in fwds if f.get("built_graph") is True and f.get("backward") is False]
+        # (the last first: a training forward after a logging one in the same no_grad block, QA 46a)
+        cut = [] if unused else [(str(f["src"]), "no_grad" if f.get("grad_mode") is False or f.get("inference_mode") else "no_graph")
+                                 for f in reversed(fwds) if f.get("built_graph") is False]
+        if unused or cut:
             steps.append(step)
-            srcs += unused
+            srcs += unused or [src for src, _ in cut]
+            kinds += ["unused"] * len(unused) or [kind for _, kind in cut]
     # on most steps: a loop that steps without a backward now and then is something else
     if len(steps) < 2 or 2 * len(steps) < len(run.steps):
-        return [], []
-    return steps, list(dict.fromkeys(srcs))
+        return [], [], ""
+    first = [src for src, kind in zip(srcs, kinds, strict=True) if kind == kinds[0]]
+    return steps, list(dict.fromkeys(first)), kinds[0]
 
 
+_NO_GRAD_FIX = ("Run the training forward outside torch.no_grad() / torch.inference_mode(): keep only evaluation "
+                "or logging forwards in that block.")
 _UNREACHED_FIX = ("Compute the loss that trains this model from its output with the graph intact -- no .detach(), "
                   ".data or .item() on the way: a GAN's generator loss is criterion(D(fake), real_labels), and "
                   "fake.detach() belongs only in the discriminator's loss.")
 
 
 def _unreached_model(run: Run) -> list[Finding]:
-    steps, srcs = _unreached_steps(run)
+    steps, srcs, kind = _unreached_steps(run)
     if not steps:
         return []
     model = str(run.session.get("model") or "the model")
     message = (f"No backward() reached {model}: none of its {trainable(run)} trainable parameters had a gradient at "
-               f"optimizer.step() ({describe_steps(steps, run.last_step)}), though its forward at {srcs[0]} built "
-               "an autograd graph -- no backward() used it. The loss was computed from a detached copy of its output "
-               "(.detach(), .data, .item()), so optimizer.step() skips every parameter and the model never trains.")
-    return [make("P1", "error", message, _UNREACHED_FIX, steps, rank=run.rank,
+               f"optimizer.step() ({describe_steps(steps, run.last_step)}), though ")
+    fix = _UNREACHED_FIX
+    if kind == "unused":
+        message += (f"its forward at {srcs[0]} built an autograd graph -- no backward() used it. The loss was computed "
+                    "from a detached copy of its output (.detach(), .data, .item()), so optimizer.step() skips every "
+                    "parameter and the model never trains.")
+    else:
+        at = ", ".join(srcs[:2])
+        message += (f"its forward at {at} ran under torch.no_grad() (or inference_mode): it built no autograd graph"
+                    if kind == "no_grad" else
+                    f"its forward at {at} returned an output with no autograd graph: the model rebuilt it from Python "
+                    "values or cut it inside (torch.tensor(x.tolist()), .item(), numpy, .detach())")
+        message += (". The loss still had a graph through parameters outside the model, so backward() raised no "
+                    "error, but optimizer.step() skips every parameter of the model and it never trains.")
+        fix = (_NO_GRAD_FIX if kind == "no_grad" else
+               "Keep the model's output a tensor of its graph: combine its parts with torch ops (torch.stack, torch.cat, "
+               "mean) rather than Python lists, .tolist(), .item() or numpy.")
+    return [make("P1", "error", message, fix, steps, rank=run.rank,
                  targets=[FindingTarget(step=steps[0], rank=run.rank, module="")], modules=[""],
                  params=[run.param_name(i) for i, p in enumerate(run.params) if p.get("requires_grad", True)],
                  src=srcs[0], view="gradients", title="No backward reaches the model")]
