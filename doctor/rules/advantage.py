@@ -77,9 +77,28 @@ def _log_probs(tid: int, made: dict[int, dict[str, Any]]) -> bool:
     return False
 
 
+def _unnormalised(tid: int, made: dict[int, dict[str, Any]]) -> int:
+    """The advantage before its normalisation, ``(adv - adv.mean()) / (adv.std() + 1e-8)`` as
+    A2C and PPO code does (QA 46a: the finding was missed behind it): through a division and a
+    subtraction of the tensor's own mean."""
+    for _ in range(3):
+        op = made.get(tid)
+        ins = [as_int(t, -1) for t in as_list(op.get("inputs"))] if op is not None else []
+        name = str(op.get("name")) if op is not None else ""
+        scaled = name == "aten::div" and bool(ins)
+        centred = name in _SUBS and len(ins) == 2 and (mean := made.get(ins[1])) is not None \
+            and str(mean.get("name")) == "aten::mean" and as_list(mean.get("inputs"))[:1] == [ins[0]]
+        if not (scaled or centred):
+            break
+        tid = ins[0]
+    return tid
+
+
 def _attached_advantage(tid: int, made: dict[int, dict[str, Any]], table: _Table) -> dict[str, Any] | None:
     """The layer op of a value head (output width one) whose output, still requiring grad, is
-    subtracted from a per-sample constant (the returns) to make ``tid``; None otherwise."""
+    subtracted from a per-sample constant (the returns) to make ``tid`` (or ``tid`` before its
+    normalisation); None otherwise."""
+    tid = _unnormalised(tid, made)
     op = made.get(tid)
     if op is None or str(op.get("name")) not in _SUBS or not table.grad.get(tid, False):
         return None

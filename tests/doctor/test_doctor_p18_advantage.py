@@ -36,6 +36,10 @@ def _loss(kind: str, logits: torch.Tensor, value: torch.Tensor, gate: torch.Tens
     if kind in ("attached", "detached"):
         adv = returns - value if kind == "attached" else (returns - value).detach()
         return -(dist.log_prob(a) * adv).mean() + critic
+    if kind in ("normalised", "normalised_detached"):  # A2C/PPO's normalised advantage (QA 46a: missed)
+        adv = returns - value if kind == "normalised" else (returns - value).detach()
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        return -(dist.log_prob(a) * adv).mean() + critic
     if kind == "log_softmax":  # the same bug written by hand
         logp = logits.log_softmax(-1).gather(1, a[:, None]).squeeze(1)
         return -(logp * (returns - value)).mean() + critic
@@ -64,7 +68,8 @@ def _p18(tmp_path: Path, kind: str, mode: str = "default") -> list[dict[str, Any
     return [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P18"]
 
 
-@pytest.mark.parametrize(("kind", "mode"), [("attached", "default"), ("attached", "full"), ("log_softmax", "default")])
+@pytest.mark.parametrize(("kind", "mode"), [("attached", "default"), ("attached", "full"), ("log_softmax", "default"),
+                                           ("normalised", "default"), ("normalised", "full")])
 def test_an_attached_advantage_is_p18(tmp_path: Path, kind: str, mode: str) -> None:
     (f,) = _p18(tmp_path, kind, mode)
     assert f["severity"] == "warning" and f["modules"] == ["v"] and "'v' (Linear)" in f["message"], f
@@ -72,6 +77,6 @@ def test_an_attached_advantage_is_p18(tmp_path: Path, kind: str, mode: str) -> N
     assert f["steps"] == ([0] if mode == "default" else [0, 1, 2]), f
 
 
-@pytest.mark.parametrize("kind", ["detached", "entropy", "gate", "ppo"])
+@pytest.mark.parametrize("kind", ["detached", "normalised_detached", "entropy", "gate", "ppo"])
 def test_log_probabilities_weighed_by_design_are_no_p18(tmp_path: Path, kind: str) -> None:
     assert _p18(tmp_path, kind) == []
