@@ -275,9 +275,11 @@ def _gate_note(run: Run, gate: tuple[str, str, float] | None) -> str:
             f"input, the output of {fed!r}{f' ({fed_kind})' if fed_kind else ''}, gets {none}{why}.")
 
 
-FIX_WHOLE = ("Look at what the loss sees last: an output activation that cannot produce the targets (a ReLU or "
-             "clamp at the end of a regression net whose targets are negative or out of range), or a layer "
-             "saturated everywhere; re-initialise or remove it.")
+FIX_WHOLE = ("Look at what the loss sees last: a round()/floor()/sign() of the prediction (its gradient is zero: "
+             "compute the loss on the raw prediction and round only for reporting, or pass the gradient straight "
+             "through with x + (x.round() - x).detach()); an output activation that cannot produce the targets (a "
+             "ReLU or clamp at the end of a regression net whose targets are negative or out of range), or a layer "
+             "saturated everywhere: re-initialise or remove it.")
 
 
 def _whole_finding(run: Run, params: dict[int, list[int]]) -> Finding:
@@ -286,8 +288,9 @@ def _whole_finding(run: Run, params: dict[int, list[int]]) -> Finding:
     names = [run.param_name(i) for i in sorted(params)]
     message = (f"Every parameter's gradient is exactly zero although the loss is not "
                f"({describe_steps(steps, run.last_step)}): no gradient reaches the model, so it does not learn -- "
-               "something between the model's output and the loss passes none (an output ReLU or clamp that is "
-               "always off, a saturated activation).")
+               "something between the model's output and the loss passes none (a step function whose gradient is "
+               "zero everywhere -- round, floor, sign, a quantiser --, an output ReLU or clamp that is always off, a "
+               "saturated activation).")
     finding = make("P2", "warning", message, FIX_WHOLE, steps, rank=run.rank, params=names, view="gradients",
                    modules=sorted({run.param_module(i) for i in params}),
                    targets=[FindingTarget(step=steps[0], rank=run.rank)])

@@ -24,6 +24,10 @@ _CUT_FIX = ("Keep the path differentiable: don't call .detach()/.data/.item()/.n
 # A forward op run with grad mode off inside a forward that had it on: a no_grad block, or
 # reentrant activation checkpointing, which runs its function under no_grad and gives it
 # gradients only through inputs that require grad (frozen embeddings feeding it: none do).
+_DISCRETE_FIX = ("A discrete choice (argmax, one_hot, round, a comparison) has no gradient. To keep it in the forward "
+                 "and train what comes before it, pass the gradient straight through: hard = F.one_hot(y.argmax(-1), K)"
+                 ".float(); z = hard - y.detach() + y (or F.gumbel_softmax(logits, tau, hard=True)); for a rounding "
+                 "quantiser, x + (x.round() - x).detach(). Or train on the soft values (a softmax) instead.")
 _NO_GRAD_FIX = ("Run these layers with grad enabled: remove the torch.no_grad() around them; under "
                 "torch.utils.checkpoint(..., use_reentrant=True) an input of the checkpointed function must require "
                 "grad -- pass use_reentrant=False (transformers: model.enable_input_require_grads()). If they are "
@@ -510,6 +514,10 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
         # apart: QA 36a's reentrant checkpoint read as a no_grad block the user never wrote)
         why = ("it ran under torch.no_grad(), or in torch.utils.checkpoint(use_reentrant=True) with no input that "
                "requires grad" if op.get("grad_mode") is False else "gradient cannot flow through it")
+        if op.get("grad_mode") is not False and _stops_gradient(op):
+            # a discrete choice (Gumbel's one_hot(argmax) without its straight-through trick, a
+            # rounding quantiser): the fix is an estimator, not a call left out (QA 46a)
+            fix = _DISCRETE_FIX
         return ("error", f"{head}: {'its path' if len(names) == 1 else 'their paths'} to the loss break"
                 f"{'s' if len(names) == 1 else ''} at {g.op_label(op, run)} ({why}).", fix)
     if label == _UNREACHED:  # light mode: its walk of the graph knows this much
