@@ -48,6 +48,11 @@ def _loss(ev: dict[str, Any]) -> float | None:
     return loss if loss is not None and math.isfinite(loss) else None
 
 
+def _times(x: float) -> str:
+    """A growth factor as people read it: ``340x``, ``2.4e+06x`` (not 9290820114371861020672x, QA 46a)."""
+    return f"{x:.0f}x" if x < 1e5 else f"{x:.2g}x"
+
+
 def _sorted_median(values: list[float]) -> float:
     """The median of an already sorted list, without statistics.median's sort of a copy (per
     step over all earlier steps: a 100k-step run's P3 took a minute)."""
@@ -106,7 +111,7 @@ def _over_time(run: Run, settings: Settings) -> tuple[list[Finding], set[int]]:
         blown.update(steps)
         out.append(make("P3", "warning",
                         f"Training is diverging: the gradient norm grew at every step from step {start} to step {end} "
-                        f"({norm_x:.0f}x) while the loss grew {loss_x:.0f}x"
+                        f"({_times(norm_x)}) while the loss grew {_times(loss_x)}"
                         + (f"; it exploded past {settings.explode_factor:g}x its usual level at step {exploding[0]}"
                            if exploding else "") + ".", FIX_DIVERGING, steps, rank=run.rank,
                         targets=[FindingTarget(step=start, rank=run.rank)], view="gradients", data=data))
@@ -117,7 +122,7 @@ def _over_time(run: Run, settings: Settings) -> tuple[list[Finding], set[int]]:
         names = [run.param_name(i) for i, _ in grew]
         where = ""
         if grew:
-            jumps = ", ".join(f"{run.param_name(i)} ({g:.0f}x)" for i, g in grew)
+            jumps = ", ".join(f"{run.param_name(i)} ({_times(g)})" for i, g in grew)
             where = f" At step {first} it jumped most in {jumps}, against their own earlier norms."
         targets = [FindingTarget(step=first, rank=run.rank, param=n, module=run.param_module(i))
                    for (i, _), n in zip(grew, names, strict=True)] or [FindingTarget(step=first, rank=run.rank)]

@@ -1,0 +1,34 @@
+"""Wording the forty-sixth session's QA (46a) found hard to read, on real captures."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+
+def test_huge_growth_factors_are_written_in_powers_of_ten(tmp_path: Path) -> None:
+    """Regression on raw targets in the thousands at lr=0.05 explodes: P3 printed the layers'
+    jumps as "9290820114371861020672x"."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    path = tmp_path / "raw.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(12):
+            x = torch.randn(64, 8)
+            loss = F.mse_loss(model(x), x.sum(1, keepdim=True) * 300 + 1000)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    p3 = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P3" and "jumped most" in f["message"]]
+    assert p3, "no explosion told"
+    assert re.search(r"\(\d\.\de\+\d\dx\)", p3[0]["message"]), p3[0]["message"]
+    assert not re.search(r"\d{7,}x", p3[0]["message"]), p3[0]["message"]
