@@ -86,6 +86,8 @@ _compiling = torch.compiler.is_compiling
 # A loop that skips a batch checks its loss first (``if not torch.isfinite(loss): continue``):
 # the tensor checked is the loss, recorded if no backward follows (P4, P6)
 _CHECKS = (torch.isfinite, torch.isnan, torch.isinf, _T.isfinite, _T.isnan, _T.isinf)
+# ``Tensor.grad = ...``'s setter: a method-wrapper, equal (and hashed alike) each time it is taken
+_GRAD_SET: Any = vars(torch._C.TensorBase)["grad"].__set__
 _HANDLED: dict[Any, str] = {
     **_BACKWARD,
     **_MOVES,
@@ -99,6 +101,9 @@ _HANDLED: dict[Any, str] = {
     **dict.fromkeys(_UPDATES, "update"),
     **dict.fromkeys(_ARITH, "arith"),
     _T.new_tensor: "new_tensor",
+    _GRAD_SET: "grad_set",
+    _T.zero_: "grad_zero",
+    torch._foreach_zero_: "grad_zero",
     _DATA_GET: "data",
 }
 
@@ -193,6 +198,17 @@ class Interposer(TorchFunctionMode):
             if self.watch._probing and isinstance(out, torch.Tensor) and out.grad_fn is not None and _from_user():
                 self.watch._safe("holder", self.watch._on_holder, args)  # ``running += loss``, as below
             return out
+        if kind == "grad_set" or kind == "grad_zero":
+            # ``p.grad = None`` (zero_grad()'s default; ``zero_()`` with set_to_none=False) after a
+            # backward of the step, before its optimizer.step(): where a zero_grad() between
+            # them is (P5's line)
+            s = self.watch._s
+            if s.micro > 0 and not s.cleared_src and args and not _compiling():
+                if kind == "grad_zero":
+                    self.watch._safe("grads", self.watch._on_grads_zeroed, args[0])
+                elif len(args) > 1 and args[1] is None:
+                    self.watch._safe("grads", self.watch._on_grad_cleared, args[0])
+            return func(*args, **kwargs)  # torchscope runs your call unchanged
         if kind == "scale":
             self.watch._safe("grads", self.watch._on_scale_update)
             return func(*args, **kwargs)  # torchscope runs your call unchanged

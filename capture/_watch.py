@@ -387,6 +387,7 @@ class _StepState:
         "in_saved",
         "opt_from",
         "clipping",
+        "cleared_src",
     )
 
     def __init__(self, t0: float) -> None:
@@ -530,6 +531,7 @@ class _StepState:
         self.in_saved = 0
         self.opt_from: int | None = None  # the id of the recorder's first op of optimizer.step()
         self.clipping = False  # full mode records since a clipping of the gradients (_record_clip)
+        self.cleared_src = ""  # the line that set a watched .grad to None after a backward (_on_grad_cleared)
 
     def passes_in_step(self) -> int:
         """Backward passes that ran inside the optimizer's step(): its closure's (LBFGS,
@@ -2483,6 +2485,22 @@ class Watch:
         s = self._s
         self._note_inputs(s, ts)
         s.stats = self._grad_stats(s, params, [of.get(id(p)) if p is not None else None for p in params])
+
+    def _on_grad_cleared(self, p: Any) -> None:
+        """A watched parameter's ``.grad`` set to None after the step's backward (a zero_grad()
+        before optimizer.step() clears what the backward made): its line, once a step."""
+        s = self._s
+        if not s.cleared_src and id(p) in self._param_names:
+            s.cleared_src = user_src()
+            s.events.append({"what": "grads_cleared", "src": s.cleared_src})
+
+    def _on_grads_zeroed(self, t: Any) -> None:
+        """``zero_()`` (or ``_foreach_zero_``) of tensors, the first of them a watched
+        parameter's ``.grad``: zero_grad(set_to_none=False), as _on_grad_cleared."""
+        first = t[0] if isinstance(t, (list, tuple)) and t else t
+        if any(p.grad is first for r in self._params if (p := r()) is not None):
+            self._s.cleared_src = user_src()
+            self._s.events.append({"what": "grads_cleared", "src": self._s.cleared_src})
 
     def _keep_grad_consts(self, grads: Any) -> None:
         """The results of a ``torch.autograd.grad`` for inputs without ``create_graph``, taken

@@ -257,7 +257,11 @@ def _misplaced(run: Run) -> list[Finding]:
         return []
     message = (f"Every gradient was empty at optimizer.step() although backward() ran "
                f"({describe_steps(steps, run.last_step)}): zero_grad() is called between backward() and step().")
-    src = next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
+    # the zero_grad()'s own line, where the capture saw .grad set to None after the backward
+    # (it pointed at optimizer.step(), the line after, QA 46a), else the step's
+    at = set(steps)
+    src = next((str(e["src"]) for s, ev in run.step_events() if s in at for e in notes(ev, "grads_cleared") if e.get("src")),
+               None) or next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
     return [make("P5", "error", message, FIX_MISPLACED, steps, rank=run.rank,
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients")]
 

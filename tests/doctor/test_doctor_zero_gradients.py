@@ -94,6 +94,10 @@ def test_gradients_zeroed_between_backward_and_step_are_p5(tmp_path: Path) -> No
         findings = _run(tmp_path, lambda out, y: nn.functional.mse_loss(out, y), misplaced=True, set_to_none=set_to_none)
         p5 = [f for f in findings if f["code"] == "P5"]
         assert len(p5) == 1 and "between backward() and step()" in p5[0]["message"], (set_to_none, findings)
+        # at the zero_grad()'s own line, not optimizer.step()'s after it (QA 46a)
+        line = next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1)
+                    if t.rstrip().endswith('# "clean up before stepping"'))
+        assert p5[0]["src"] == f"{Path(__file__).name}:{line}", (set_to_none, p5)
 
 
 def test_a_correct_loop_with_zeroed_gradients_is_silent(tmp_path: Path) -> None:
