@@ -344,14 +344,21 @@ export class ActivationGradsPanel {
 
   // A name too long for its cell gives up the start of its path, a dotted part at a time, and
   // keeps its own name ("….0.self_attn.out_proj"), then its type; the row's hover has it whole.
+  // Every cell's width is read first, then every text written: a write between two reads made
+  // the browser lay the page out again for each row (1,444 rows froze the tab 3-8 s, and again
+  // at each resize: QA 46c).
   fitNames() {
     const ctx = (this.measure ||= document.createElement("canvas").getContext("2d"));
-    for (const el of this.body.querySelectorAll(".act-name[data-label]")) {
-      const full = el.dataset.label;
+    const els = [...this.body.querySelectorAll(".act-name[data-label]")];
+    const cells = els.map((el) => {
       const cs = getComputedStyle(el);
-      ctx.font = `${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
       const room = el.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight) - 1;
-      el.textContent = fitLabel(full, (t) => ctx.measureText(t).width <= room);
+      return { el, room, font: `${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}` };
+    });
+    for (const { el, room, font } of cells) {
+      ctx.font = font;
+      const text = fitLabel(el.dataset.label, (t) => ctx.measureText(t).width <= room);
+      if (el.textContent !== text) el.textContent = text;
     }
   }
 
