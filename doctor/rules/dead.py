@@ -320,6 +320,10 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     # gradients (its input is all zeros) while its bias still learns
     what = [*names, *(f"the output of {m!r}" if m else "the root module's output" for m in sorted(acts))]
     shown = ", ".join(what[:4]) + (f" and {len(what) - 4} more" if len(what) > 4 else "")
+    if len(what) > 4 and names and acts:
+        # counted apart: "0.weight, ... and 768 more" read as 772 parameters of a model with 604 (QA 46c)
+        shown = (f"{len(names)} parameter{'s' if len(names) > 1 else ''} ({', '.join(names[:3])}"
+                 f"{', ...' if len(names) > 3 else ''}) and the outputs of {len(acts)} module{'s' if len(acts) > 1 else ''}")
     message = (f"Gradient reaching {shown} is {settings.dead_zero_frac:.0%}+ exact zeros "
                f"({describe_steps(steps, run.last_step)}{_sampled_note(run, steps)}): "
                f"{'this branch is dead and does not learn' if _all_zero(run, params, steps) else 'this branch is (nearly) dead: it barely learns'}."

@@ -32,3 +32,31 @@ def test_huge_growth_factors_are_written_in_powers_of_ten(tmp_path: Path) -> Non
     assert p3, "no explosion told"
     assert re.search(r"\(\d\.\de\+\d\dx\)", p3[0]["message"]), p3[0]["message"]
     assert not re.search(r"\d{7,}x", p3[0]["message"]), p3[0]["message"]
+
+
+def test_a_long_dead_branch_counts_parameters_and_outputs_apart(tmp_path: Path) -> None:
+    """A deep MLP whose ReLUs never fire: P2 listed "0.weight, 0.bias, 2.weight, 2.bias and
+    N more", N counting parameters and module outputs together -- more than the model's
+    parameters (QA 46c)."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(6):
+        layers += [nn.Linear(8, 8), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.Linear(8, 1))
+    with torch.no_grad():
+        for layer in layers[::2]:
+            layer.bias.fill_(-100.0)  # every ReLU is off for every input: only the head's bias learns
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "dead.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="full"):
+        for _ in range(6):
+            x = torch.randn(16, 8)
+            loss = F.mse_loss(model(x), x[:, :1])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    (p2,) = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P2" and "Dead branch" in f["title"]]
+    n_params = len(p2["params"])
+    assert n_params <= len(list(model.parameters()))
+    assert re.search(rf"Gradient reaching {n_params} parameters \(0\.weight, 0\.bias, 2\.weight, \.\.\.\) and the outputs "
+                     r"of \d+ modules is", p2["message"]), p2["message"]
