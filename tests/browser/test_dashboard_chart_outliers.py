@@ -319,3 +319,36 @@ def test_a_series_equal_to_the_last_bits_is_said_to_be_the_same(page: Any, srv: 
     assert "before clipping (same values as after clipping)" in page.evaluate(LEGEND, [after, before])
     apart = [v * 1.001 for v in after]  # a thousandth apart: drawn as two lines, named as two
     assert "(same" not in page.evaluate(LEGEND, [after, apart])
+
+
+def test_a_long_flat_series_stays_a_solid_line(page: Any, srv: ServerProc, spike: tuple[str, list[float]]) -> None:
+    """More points than pixel columns: each column's values are joined to the next column's in
+    one path.  A stroke per column, unjoined, drew a flat line as a row of faint dots, and a slow
+    one without its width and dashes (QA 46c: a 5,000-step run's memory chart)."""
+    open_session(page, srv.url, spike[0], "?view=gradients")
+    got = page.evaluate("""async () => {
+      const { LineChart } = await import("/static/chart.js");
+      const host = document.createElement("div"); host.style.width = "700px"; document.body.append(host);
+      const c = new LineChart(host, { title: "long flat" });
+      const n = 5000, x = [], flat = [], slow = [];
+      for (let i = 0; i < n; i++) { x.push(i); flat.push(2); slow.push(1 + i / n); }
+      c.setData(x, [{ name: "flat", y: flat }, { name: "slow", y: slow }]);
+      const { L, pw, T, ph } = c.geom, { lo, hi } = c.axis, dpr = window.devicePixelRatio || 1;
+      const row = Math.round((T + ph * (hi - 2) / (hi - lo)) * dpr);
+      const ctx = c.canvas.getContext("2d");
+      const px = ctx.getImageData(0, row - 1, c.canvas.width, 3).data, w = c.canvas.width;
+      const bg = ctx.getImageData(2, 2, 1, 1).data;
+      let solid = 0, cols = 0;
+      for (let col = Math.ceil((L + 4) * dpr); col < Math.floor((L + pw - 4) * dpr); col++) {
+        cols++;
+        let best = 0; // the darkest of the three rows around the line, against the background
+        for (let r = 0; r < 3; r++) {
+          const k = 4 * (r * w + col);
+          best = Math.max(best, Math.abs(px[k] - bg[0]) + Math.abs(px[k + 1] - bg[1]) + Math.abs(px[k + 2] - bg[2]));
+        }
+        solid += best > 300; // a full-strength line; the old strokes were about half as dark
+      }
+      host.remove();
+      return { solid, cols };
+    }""")
+    assert got["cols"] > 500 and got["solid"] >= 0.95 * got["cols"], got
