@@ -331,8 +331,8 @@ def _unreached_steps(run: Run) -> tuple[list[int], list[str], str]:
     return steps, list(dict.fromkeys(first)), kinds[0]
 
 
-_NO_GRAD_FIX = ("Run the training forward outside torch.no_grad() / torch.inference_mode(): keep only evaluation "
-                "or logging forwards in that block.")
+_FORWARD_NO_GRAD_FIX = ("Run the training forward outside torch.no_grad() / torch.inference_mode(): keep only "
+                        "evaluation or logging forwards in that block.")
 _UNREACHED_FIX = ("Compute the loss that trains this model from its output with the graph intact -- no .detach(), "
                   ".data or .item() on the way: a GAN's generator loss is criterion(D(fake), real_labels), and "
                   "fake.detach() belongs only in the discriminator's loss.")
@@ -358,7 +358,7 @@ def _unreached_model(run: Run) -> list[Finding]:
                     "values or cut it inside (torch.tensor(x.tolist()), .item(), numpy, .detach())")
         message += (". The loss still had a graph through parameters outside the model, so backward() raised no "
                     "error, but optimizer.step() skips every parameter of the model and it never trains.")
-        fix = (_NO_GRAD_FIX if kind == "no_grad" else
+        fix = (_FORWARD_NO_GRAD_FIX if kind == "no_grad" else
                "Keep the model's output a tensor of its graph: combine its parts with torch ops (torch.stack, torch.cat, "
                "mean) rather than Python lists, .tolist(), .item() or numpy.")
     return [make("P1", "error", message, fix, steps, rank=run.rank,
