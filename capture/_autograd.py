@@ -455,6 +455,11 @@ def _loss_facts(n: Any, rec: NodeRecord) -> None:
     reduction, and the number a scalar loss is divided or multiplied by (``loss / k``)."""
     name = rec["name"]
     if name in _BY_NUMBER:
+        if getattr(getattr(n, "_raw_saved_other", None), "unpack_hook", None) is not None:
+            # packed by a saved_tensors_hooks pair: unpacking runs its hook, and a non-reentrant
+            # checkpoint's recomputes its segment -- a BatchNorm in it updated its running
+            # statistics once more each captured step (QA 46b).  Not read (see _held).
+            return
         try:
             other = getattr(n, "_saved_other", None)
         except RuntimeError:  # modified in place since it was saved: the backward fails on it (P8)

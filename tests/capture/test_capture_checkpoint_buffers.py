@@ -1,0 +1,70 @@
+"""A BatchNorm inside a non-reentrant ``torch.utils.checkpoint`` segment keeps its running
+statistics bit for bit.  Recording a captured step's graph read a saved operand of the
+segment's last ``mul`` (Dropout's mask, ``x * sigmoid(x)``) to see what a loss is scaled by;
+unpacking it ran checkpoint's hook, which recomputes the segment -- the BatchNorm's forward
+once more, its running mean, variance and ``num_batches_tracked`` moved on each captured step
+(QA 46b: 9 batches tracked for 8).  Losses and parameters did not show it; the saved model's
+evaluation did."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import torchscope
+
+TAILS = {"dropout": lambda: nn.Dropout(0.1), "swish": lambda: _Swish()}
+
+
+class _Swish(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(x)
+
+
+class _Net(nn.Module):
+    def __init__(self, tail: str) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 16)
+        self.seg = nn.Sequential(nn.BatchNorm1d(16), TAILS[tail]())
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(checkpoint(self.seg, self.stem(x), use_reentrant=False))
+
+
+def _train(tail: str, mode: str | None, path: Path) -> tuple[dict[str, torch.Tensor], list[float]]:
+    torch.manual_seed(0)
+    model = _Net(tail)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    w = torchscope.watch(model, opt, server=None, record=path, mode=mode) if mode else None
+    for _ in range(4):
+        x, y = torch.randn(16, 8, generator=g), torch.randint(0, 2, (16,), generator=g)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    if w is not None:
+        w.close()
+    return {k: v.clone() for k, v in model.state_dict().items()}, losses
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+@pytest.mark.parametrize("tail", sorted(TAILS))
+def test_batchnorm_in_a_checkpoint_segment_keeps_its_statistics(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tail: str, mode: str, native: bool) -> None:
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    plain, plain_losses = _train(tail, None, tmp_path / "plain.tscope")
+    watched, losses = _train(tail, mode, tmp_path / "run.tscope")
+    assert losses == plain_losses
+    # (the backward recomputes the segment: two of its forwards a step, also without torchscope)
+    assert int(watched["seg.0.num_batches_tracked"]) == int(plain["seg.0.num_batches_tracked"]) == 8
+    for k, v in plain.items():
+        assert torch.equal(watched[k], v), k
