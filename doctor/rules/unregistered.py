@@ -61,8 +61,11 @@ def _unregistered(graph: dict[str, Any]) -> tuple[list[int], list[str], bool, st
 def _same_structure(run: Run, steps: list[int]) -> list[int]:
     """``steps`` and the steps whose graph had the structure of one of them (default mode
     captures one step per structure: the same graph reaches the same parameters)."""
-    sigs = {ev.get("graph_signature") for s, ev in run.step_events() if s in steps} - {None, ""}
-    return sorted(set(steps) | {s for s, ev in run.step_events() if ev.get("graph_signature") in sigs})
+    # ... and the optimizer's param groups as many (a parameter added with add_param_group
+    # from then on is stepped: QA 46b, "it never trains" on every later step)
+    sigs = {(ev.get("graph_signature"), len(as_list(ev.get("lr")))) for s, ev in run.step_events() if s in steps}
+    sigs = {k for k in sigs if k[0] not in (None, "")}
+    return sorted(set(steps) | {s for s, ev in run.step_events() if (ev.get("graph_signature"), len(as_list(ev.get("lr")))) in sigs})
 
 
 def _counted(run: Run) -> tuple[list[int], int]:

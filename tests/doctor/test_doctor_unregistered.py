@@ -241,3 +241,25 @@ def test_a_teacher_run_with_autograd_is_told_as_a_second_model(tmp_path: Path) -
     assert "used outside Sequential's forward -- a second model (a teacher, a target network) run with autograd on" \
         in f["message"], f["message"]
     assert "used by ops of" not in f["message"] and f["fix"].startswith("Run that model (a copy, a teacher) without autograd")
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_a_parameter_added_to_the_optimizer_later_is_told_until_then(tmp_path: Path, mode: str) -> None:
+    """A temperature outside the model that ``opt.add_param_group`` takes in at step 4 trains
+    from then on: the finding keeps to the steps before (QA 46b: every step, "it never trains",
+    a structure captured at step 0 told for all the steps of that structure)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3))
+    temp = nn.Parameter(torch.ones(()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "added.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for step in range(10):
+            if step == 4:
+                opt.add_param_group({"params": [temp], "lr": 0.1})
+            x, y = torch.randn(16, 10), torch.randint(0, 3, (16,))
+            opt.zero_grad()
+            F.cross_entropy(model(x) / temp, y).backward()
+            opt.step()
+    (f,) = [f for f in diagnose(list(iter_events(path))) if f["title"] == "Parameters outside the model"]
+    assert f["steps"] == [0, 1, 2, 3], f["steps"]
