@@ -2027,10 +2027,12 @@ class Watch:
         on the CPU in one C++ pass with no op dispatched, else by torch ops no recorder or mode
         sees, kept as one small tensor until the step's end (no sync inside the forward).  An
         RNN's ``h_n`` (``_other_outputs``) is read too, for the step's end to keep the output
-        the backward used (``_reached_first``)."""
+        the backward used (``_reached_first``).  A complex output's values are read by
+        magnitude, as its gradient is (QA 46b: it had no row)."""
         s = self._s
         t = _first_tensor(out)
-        if t is None or not _dense(t) or not t.is_floating_point() or not (t.requires_grad or torch.is_grad_enabled()):
+        if t is None or not _dense(t) or not (t.is_floating_point() or t.is_complex()) \
+                or not (t.requires_grad or torch.is_grad_enabled()):
             return  # (an evaluation under no_grad inside the step is not the training forward)
         call = s.out_calls.get(path, 0)
         if call and _in_a_backward():  # a non-reentrant checkpoint's recompute: no second call

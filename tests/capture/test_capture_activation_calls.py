@@ -142,15 +142,18 @@ class _ComplexNet(nn.Module):
 def test_a_complex_output_has_its_gradient_row(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
     """A module whose output is complex gets an activation-gradient row, by magnitudes: the
-    norm of |g| (the complex norm), max |g| and the zero fraction of the output's gradient."""
+    norm of |g| (the complex norm), max |g| and the zero fraction of the output's gradient; and
+    a row of its values, the norm of |out|."""
     monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
     torch.manual_seed(0)
     model = _ComplexNet()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     seen: list[torch.Tensor] = []
+    outs: list[torch.Tensor] = []
 
     def keep(m: nn.Module, args: Any, out: torch.Tensor) -> None:
         out.register_hook(lambda g: seen.append(g.detach().clone()))
+        outs.append(out.detach().clone())
 
     model.mix.register_forward_hook(keep)
     path = tmp_path / "run.tscope"
@@ -166,6 +169,10 @@ def test_a_complex_output_has_its_gradient_row(
     assert row["norm"] == pytest.approx(mag.norm().item(), rel=1e-5)
     assert row["max_abs"] == pytest.approx(mag.max().item(), rel=1e-6)
     assert row["zero_frac"] == pytest.approx((mag == 0).double().mean().item(), abs=1e-9)
+    # ... and a row of the output's own values, by magnitude too (QA 46b: none)
+    out_row = next((a for a in st["activations"] if a["module"] == "mix"), None)
+    assert out_row is not None, [a["module"] for a in st["activations"]]
+    assert out_row["norm"] == pytest.approx(outs[0].abs().double().norm().item(), rel=1e-5)
 
 
 class _Checkpointed(nn.Module):
