@@ -117,6 +117,13 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
     elif not ended:
         print(f"torchscope doctor: note: {path} is incomplete (it has no end event: the run was killed); the "
               f"findings cover the {_count(last_step + 1, 'step')} it holds.", file=sys.stderr)
+    if isinstance(session, dict) and session.get("mode") == "light" and not as_json:
+        # light's "no problems found" is not the other modes' (QA 46a: a P8, a P16 and a P18 run
+        # read clean): say what it could not look at
+        print("torchscope doctor: note: a light run records no graph, so the checks that read one did not run -- "
+              "in-place writes through .data (P8), a non-differentiable op on the loss path (P9), probabilities "
+              "given to a loss (P16), an advantage not detached (P18) -- and P1, P2 and P4 name no op; "
+              "mode='default' records the first step's graph and one in every few.", file=sys.stderr)
     if end.get("status") == "error" and end.get("message"):
         # a crash no rule explains is still the first thing to look at
         print(f"torchscope doctor: note: the run stopped with an error after {_count(last_step + 1, 'step')}: "

@@ -193,7 +193,36 @@ def test_a_file_its_run_is_still_writing_is_not_called_killed(tmp_path: Path,
             info = summarize(f)
             assert info["status"] == "running" and "killed" not in info.get("note", ""), info
     assert run(str(path)) == 0
-    assert capsys.readouterr().err == ""  # ended: nothing to say
+    err = capsys.readouterr().err  # ended: nothing to say but what a light run could not check
+    assert err.count("\n") == 1 and err.startswith("torchscope doctor: note: a light run records no graph"), err
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_a_light_runs_report_says_what_it_could_not_check(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           mode: str) -> None:
+    """Light's "no problems found" reads as the other modes' (QA 46a: a silent ``.data`` write,
+    a softmax before NLLLoss and an attached advantage were all "no problems" there): a note
+    names the checks that need a captured graph."""
+    import torch
+
+    import torchscope
+
+    path = tmp_path / f"{mode}.tscope"
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+    capsys.readouterr()  # (watch()'s own lines)
+    assert run(str(path)) == 0
+    out, err = capsys.readouterr()
+    assert "no problems found (3 steps)" in out
+    if mode == "light":
+        assert "a light run records no graph" in err and "(P8)" in err and "(P16)" in err and "mode='default'" in err
+    else:
+        assert err == ""
 
 
 def test_a_file_without_steps_is_not_said_to_have_no_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
