@@ -4164,14 +4164,20 @@ class Watch:
 
     def _find_holder(self) -> None:
         """Once, when the probe saw no torch call keep them and losses of two or more earlier
-        steps are alive: the user's named container (or variable) holding the latest of them
-        (``history.append(loss)``), found through the garbage collector's referrers."""
+        steps are alive: the user's named container (or variable) holding the oldest of those
+        whose tensor is alive (``history.append(loss)``), found through the garbage collector's
+        referrers.  Not the latest step's, which the loop's own variable still names until the
+        next iteration rebinds it (QA 46a: "held by 'cur' (a variable)" for an EMA of losses
+        whose earlier tensors are gone, their graphs held by the average's); with no older one
+        alive, nothing is named."""
         losses = [sent for ref in self._sentinels if (sent := ref()) is not None and not sent.output
                   and sent.step < self._step and sent.loss is not None]
         if len({sent.step for sent in losses}) < 2:
             return  # one step's loss (``loss = train_step()`` keeps the last): not yet
-        loss = cast("weakref.ref[torch.Tensor]", max(losses, key=lambda sent: sent.step).loss)()
-        self._held_in = container_of(loss) if loss is not None else ""
+        latest = max(sent.step for sent in losses)
+        alive = sorted(((sent.step, t) for sent in losses if sent.step < latest
+                        and (t := cast("weakref.ref[torch.Tensor]", sent.loss)()) is not None), key=lambda a: a[0])
+        self._held_in = container_of(alive[0][1]) if alive else ""
 
     def _on_holder(self, args: tuple[Any, ...]) -> None:
         """While probing: a call of the user's outside the forward made a tensor with a graph.

@@ -90,6 +90,16 @@ def _hook_bytes(ev: dict[str, object]) -> int:
     return sum(as_int(v) for v in as_dict(ev.get("hooks")).values())
 
 
+def _kept_by(held_in: str, default: str) -> str:
+    """The code name of what the capture found holding them: ``'preds' (a list)`` -> ``preds``,
+    ``'.outputs' (a list)`` -> ``self.outputs``; ``default`` for one it could not name (QA 46a:
+    the example named ``all_probs`` for a list called ``all_preds``)."""
+    if not held_in.startswith("'"):
+        return default
+    name = held_in[1:].split("'", 1)[0]
+    return f"self{name}" if name.startswith(".") else name or default
+
+
 def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
     alive = [(s, as_int(ev.get("graphs_alive"))) for s, ev in run.step_events() if "graphs_alive" in ev]
     alive_steps = [s for s, n in alive if n > 0]
@@ -120,11 +130,15 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
         why = _KEPT.get(str(kept.get("of")), _KEPT[""])
         if kept.get("held_in") and kept.get("of") == "output":  # a named list of the user's keeping them
             why = (f"the model's outputs, or tensors computed from them, stay referenced after their step, held by "
-                   f"{kept['held_in']}: each keeps its step's graph (`all_probs.append(torch.sigmoid(out))`); keep "
+                   f"{kept['held_in']}: each keeps its step's graph "
+                   f"(`{_kept_by(str(kept['held_in']), 'all_probs')}.append(torch.sigmoid(out))`); keep "
                    "`.detach()` of them there instead (or `.item()`, `.cpu()` of the detached tensor).")
         elif kept.get("held_in"):  # the container the garbage collector found holding them
+            holder = str(kept["held_in"])
+            example = (f"{_kept_by(holder, 'best')} = loss" if holder.endswith("(a variable)") or holder.endswith("(an attribute)")
+                       else f"{_kept_by(holder, 'history')}.append(loss)")
             why = (f"the losses that backward() was called on stay referenced after their step, held by "
-                   f"{kept['held_in']}: each keeps its step's graph (`history.append(loss)`); keep "
+                   f"{holder}: each keeps its step's graph (`{example}`); keep "
                    "`loss.item()` or `loss.detach()` there instead.")
         message = (f"Autograd graphs of earlier steps are still alive (up to {top} nodes, at step {top_step}{nodes}"
                    f"{growth}, {describe_steps(steps, run.last_step)}): {why}")

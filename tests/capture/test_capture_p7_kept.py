@@ -212,6 +212,32 @@ def test_p7_names_the_container_that_keeps_the_losses(tmp_path: Path, where: str
     want = {"local_list": "'history' (a list)", "attribute": "'.losses' (a list)"}[where]
     assert held == {want}
     assert len(p7) == 1 and f"held by {want}" in p7[0]["message"], p7
+    # the example is the loop's own code (QA 46a: a canned name)
+    code = {"local_list": "`history.append(loss)`", "attribute": "`self.losses.append(loss)`"}[where]
+    assert code in p7[0]["message"], p7[0]["message"]
+
+
+def test_an_average_of_losses_names_no_variable(tmp_path: Path) -> None:
+    """``smooth = 0.98 * smooth + 0.02 * loss``: each step's loss tensor is gone, its graph held
+    by the average's.  The loop's variable naming the latest loss is no holder (QA 46a: "held by
+    'cur' (a variable)"); the line is the average's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "ema.tscope"
+    smooth = None
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(12):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            cur = loss
+            smooth = cur if smooth is None else 0.98 * smooth + 0.02 * cur  # (the average)
+    held = {e["graphs_kept"].get("held_in") for e in _steps(path) if "graphs_kept" in e} - {None}
+    assert held == set(), held
+    (p7,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P7"]
+    assert p7["src"] is not None and _line(p7["src"]).endswith("# (the average)"), p7
 
 
 class _Epoch:
@@ -271,6 +297,8 @@ def test_p7_names_the_list_that_keeps_outputs(tmp_path: Path, where: str) -> Non
     assert len(held) == 1 and next(iter(held)).startswith(want), held
     told = "the model's outputs, or tensors computed from them, stay referenced after their step, held by "
     assert len(p7) == 1 and told + want in p7[0]["message"], p7
+    code = {"local_list": "`all_probs.append(", "attribute": "`self.outputs.append("}[where]
+    assert code in p7[0]["message"], p7[0]["message"]
 
 
 def test_naming_the_list_keeps_no_step_of_the_loop_alive(tmp_path: Path) -> None:
