@@ -1047,6 +1047,7 @@ class Watch:
         # forward, for the one that takes the loss in (_on_holder); for at most _PROBE_STEPS steps
         self._probing = False
         self._probe_left = _PROBE_STEPS
+        self._recomputing = False  # the root forward now running is a checkpoint's recompute (_on_forward_pre)
         # the step's results of torch.autograd.grad for inputs without create_graph, and what
         # the loop computed from them without a graph (_on_grad_const): id -> (tensor, its line)
         self._grad_consts: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
@@ -1664,6 +1665,12 @@ class Watch:
         self._depth += 1
         if self._depth > 1:
             return  # the root called itself: one forward
+        if _in_a_backward():
+            # a non-reentrant checkpoint's recompute of the model (checkpoint(model, x),
+            # checkpoint_sequential) inside the step's backward: the same forward again, not
+            # another one of the step (QA 46b: counted, it read as a forward no backward used)
+            self._recomputing = True
+            return
         self._last_event = time.monotonic()
         if self._dead[0]:
             self._rebind()
@@ -1766,6 +1773,9 @@ class Watch:
     def _on_forward_post(self, module: nn.Module, output: Any) -> None:
         self._depth -= 1
         if self._depth > 0:
+            return
+        if self._recomputing:
+            self._recomputing = False
             return
         if self._tls.eval_probe:
             remove_mode(self._eval_probe)

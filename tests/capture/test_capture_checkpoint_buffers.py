@@ -4,7 +4,7 @@ segment's last ``mul`` (Dropout's mask, ``x * sigmoid(x)``) to see what a loss i
 unpacking it ran checkpoint's hook, which recomputes the segment -- the BatchNorm's forward
 once more, its running mean, variance and ``num_batches_tracked`` moved on each captured step
 (QA 46b: 9 batches tracked for 8).  Losses and parameters did not show it; the saved model's
-evaluation did."""
+evaluation did.  And a checkpoint's recompute of the whole model is no forward of its own."""
 
 from __future__ import annotations
 
@@ -68,3 +68,41 @@ def test_batchnorm_in_a_checkpoint_segment_keeps_its_statistics(
     assert int(watched["seg.0.num_batches_tracked"]) == int(plain["seg.0.num_batches_tracked"]) == 8
     for k, v in plain.items():
         assert torch.equal(watched[k], v), k
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+@pytest.mark.parametrize("how", ["whole", "sequential"])
+def test_a_recompute_inside_the_backward_is_no_forward_of_the_step(tmp_path: Path, mode: str, how: str) -> None:
+    """``checkpoint(model, x, use_reentrant=False)`` and ``checkpoint_sequential`` run the
+    model's forward again inside the backward: the same forward, not one more of the step (QA
+    46b: two or three forwards a step, and a P6 info, "forward passes ... that no backward()
+    used", on every step of checkpoint_sequential)."""
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    from torchscope.doctor import diagnose
+    from torchscope.sessionfile import iter_events
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.2), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    path = tmp_path / "ckpt.tscope"
+    losses = []
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(6):
+            x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
+            opt.zero_grad()
+            out = (checkpoint(model, x, use_reentrant=False) if how == "whole"
+                   else checkpoint_sequential(model, 2, x, use_reentrant=False))
+            loss = nn.functional.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    events = list(iter_events(path))
+    steps = [e for e in events if e["kind"] == "step"]
+    assert [st["loss"] for st in steps] == pytest.approx(losses)
+    # the whole model: one forward a step; checkpoint_sequential calls its parts (each one a
+    # forward of the model, from the step after the first: see README's "Not done yet")
+    want = 1 if how == "whole" else len(model)
+    assert all(len(st["forwards"]) == want for st in steps[1:]), [len(st["forwards"]) for st in steps]
+    assert all(st["no_backward_forwards"] == 0 for st in steps)
+    assert not [f for f in diagnose(events) if f["code"] in ("P6", "P11")]
