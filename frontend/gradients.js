@@ -335,6 +335,11 @@ export class GradientsView {
     }
     this.zeroCells = vals.filter((v) => v === 0).length;
     clear(this.heatInfo);
+    // a long run's steps are wider than the view: said, or its later steps are easy to miss
+    // under charts that show all of them (QA 46c: 5,000 steps, 2,900 in view)
+    if (this.heatScroll.clientWidth && W > this.heatScroll.clientWidth + 1) {
+      this.heatInfo.append(h("span", { "data-testid": "heat-more" }, `${S} steps at ${cellW} px each, wider than the view: scroll it sideways (or Shift + wheel) for the rest`), " · ");
+    }
     const click = this.noGraphs() ? "click a cell to mark its step (a light run captures no graph)" : "click a cell to open that step's graph";
     if (!ratio) {
       if (scale.positive) this.heatInfo.append(...rampLegend("‖grad‖", scale.lo, scale.hi, fmtShort), " · ");

@@ -86,6 +86,9 @@ def test_heat_map_names_stay_in_view_when_scrolled_to_later_steps(page: Any, srv
     g = page.evaluate("window.__torchscope.state().gradients")
     modules, geom = g["modules"], g["geom"]
     assert len(modules) == 12 and geom["S"] == LONG_STEPS
+    # the view says it holds more steps than it shows (QA 46c: nothing did)
+    more = page.locator("[data-testid=heat-more]").inner_text()
+    assert more.startswith(f"{LONG_STEPS} steps at {geom['cellW']} px each, wider than the view: scroll it sideways"), more
     scrolled = page.evaluate(SCROLL_TO_END)
     assert scrolled is not None and scrolled["scrollLeft"] > 100, "the heat map did not need to scroll"
     box = scrolled["box"]
