@@ -54,6 +54,7 @@ _MOVES = {
     # same device and dtype: only the same tensor copied again step after step is P12's
     _T.clone: "clone",
     torch.tensor: "copy",
+    torch.as_tensor: "copy",  # (of a tensor, or of a numpy array: _on_array_copy)
 }
 SAME_PLACE_COPIES = frozenset({_T.clone, torch.tensor})
 _BREAKS = {
@@ -247,6 +248,9 @@ class Interposer(TorchFunctionMode):
                              _names_device(func, args, kwargs))
             if func is torch.tensor:
                 self._copy_cut(func, args[0])
+        elif args and hasattr(args[0], "__array_interface__") and isinstance(out, torch.Tensor) and _from_user():
+            # ``torch.tensor(X_np)``: a numpy array converted, its data the same every step (P12)
+            self.watch._safe("copies", self.watch._on_array_copy, args[0], out)
         return out
 
     def _copy_cut(self, func: Any, data: Any) -> None:

@@ -1068,6 +1068,9 @@ class Watch:
         self._converted: dict[
             tuple[int, torch.dtype, torch.device], tuple[weakref.ref[torch.Tensor], int, int]
         ] = {}
+        # ... and of memory torch does not own (a numpy array's): (its address, shape, types) ->
+        # (last step, a sample of its values then) (_repeat_external)
+        self._converted_ext: dict[tuple[Any, ...], tuple[int, tuple[float, float, float]]] = {}
         self._depth = 0
         # the thread running the training loop: watch()'s until a forward with grad, a backward
         # or an optimizer step runs in another (see _other_thread)
@@ -2334,6 +2337,13 @@ class Watch:
             # as weight-only quantization and QLoRA do on purpose to keep it small; a parameter
             # cast to its input's dtype -- is the model's design, not data moved again
             return
+        if inp.device.type == "cpu" and not inp.untyped_storage().resizable():
+            # memory torch does not own -- a numpy array's, ``torch.from_numpy(X_np).float()``:
+            # a new tensor object over the same data every step (QA 46a: missed); told by its
+            # address and a sample of its values, which no version counter watches
+            self._repeat_external(("tensor", inp.untyped_storage().data_ptr(), inp.storage_offset(), tuple(inp.shape),
+                                   inp.dtype, out.dtype, out.device), inp, src, nbytes)
+            return
         key = (id(inp), out.dtype, out.device)
         seen = self._converted.get(key)
         version = -1 if inp.is_inference() else inp._version  # an inference tensor has no counter
@@ -2345,6 +2355,39 @@ class Watch:
                 del self._converted[k]
         if not same_place:
             s.conversions[_first_storage(out)] = (inp.dtype, inp.device, weakref.ref(out))
+
+    def _on_array_copy(self, array: Any, out: torch.Tensor) -> None:
+        """``torch.tensor(X_np)`` / ``torch.as_tensor(X_np, dtype=...)`` of a numpy array: the
+        same array's data copied again in a later step is a repeat (P12), as a tensor's is."""
+        nbytes = out.numel() * out.element_size()
+        if self._depth or nbytes < _BIG_COPY or out.layout != torch.strided:
+            return
+        try:
+            view = torch.from_numpy(array)  # (no copy: the array's own memory)
+        except (TypeError, ValueError, RuntimeError):
+            return  # not a numpy array of a dtype torch reads
+        face = array.__array_interface__
+        self._repeat_external(("array", face["data"][0], tuple(view.shape), view.dtype, out.dtype, out.device),
+                              view, user_src(), nbytes)
+
+    def _repeat_external(self, key: tuple[Any, ...], data: torch.Tensor, src: str, nbytes: int) -> None:
+        """A conversion of memory torch does not own (``data``: a CPU tensor over it): a repeat
+        when a conversion of an earlier step had the same address, shape and types and the same
+        values at 64 places spread over it (a sample, not a hash of it all: a new batch at a
+        reused address differs there)."""
+        if not data.is_contiguous() or not data.numel():
+            return
+        with _native.unrecorded(), torch.no_grad():
+            flat = data.reshape(-1)
+            sample = flat[:: max(1, flat.numel() // 64)][:64]
+            mark = (float(sample.double().sum()), float(sample.double().abs().sum()), float(flat[-1].double()))
+        seen = self._converted_ext.get(key)
+        if seen is not None and seen[0] < self._step and seen[1] == mark:
+            _bump(self._s.moves, ("repeat_copy", src), nbytes)
+        self._converted_ext[key] = (self._step, mark)
+        if len(self._converted_ext) > 1024:  # bounded: forget the oldest
+            for k in list(self._converted_ext)[:512]:
+                del self._converted_ext[k]
 
     def _on_graph_copy(self, target: torch.Tensor, func: Any, fresh: bool) -> None:
         """A tensor without a graph (``fresh``), updated in place outside the forward while
