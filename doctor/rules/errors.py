@@ -361,11 +361,17 @@ def _silent_inplace(run: Run, crash_steps: list[int]) -> list[Finding]:
                 steps, fstep, first_op = silent.get(key, ([], step, op))
                 if step not in steps:  # an op run twice a step (two forwards) is one step
                     silent[key] = ([*steps, step], fstep, first_op)
+    recorded = {step for step, _ in run.all_graphs()}
     for (name, src), (steps, fstep, op) in silent.items():
         if fstep in crash_steps:
             continue  # the same event, already reported with the error
+        when = describe_steps(steps, run.last_step)
+        if set(steps) == recorded and len(recorded) < len(run.steps):
+            # only the recorded steps' ops are looked at: "at step 0" read as a one-off (QA 46a)
+            when = (f"{when}: on every step whose ops were recorded, {len(recorded)} of {len(run.steps)}; the other "
+                    "steps' ops were not")
         message = (f"{g.op_label(op, run)} wrote in place into a tensor saved for backward: the gradient is computed "
-                   f"from the new values ({describe_steps(steps, run.last_step)}).")
+                   f"from the new values ({when}).")
         findings.append(make("P8", "error", message, FIX_P8, steps, rank=run.rank,
                              targets=[FindingTarget(**g.target_of_op(fstep, run.rank, op))],  # type: ignore[typeddict-item]
                              modules=[str(op.get("module"))] if op.get("module") else [], src=src or None,

@@ -86,7 +86,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         if kind == "sigmoid":
             why = "it applies a sigmoid itself, so the model's output is squashed twice and its gradient shrinks"
         elif "nll" in loss:
-            why = "it expects log-probabilities (log_softmax), so it raises p instead of log p and its gradient is off"
+            why = ("it expects log-probabilities (log_softmax), so it reads the probabilities as log-probabilities: "
+                   "the loss is minus the target's probability, not its log, and its gradient is off")
         else:
             why = ("it applies log_softmax itself, so the scores are squashed twice: the loss stalls well above "
                    "zero and the gradient reaching the model shrinks")

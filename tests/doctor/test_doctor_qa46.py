@@ -60,3 +60,50 @@ def test_a_long_dead_branch_counts_parameters_and_outputs_apart(tmp_path: Path) 
     assert n_params <= len(list(model.parameters()))
     assert re.search(rf"Gradient reaching {n_params} parameters \(0\.weight, 0\.bias, 2\.weight, \.\.\.\) and the outputs "
                      r"of \d+ modules is", p2["message"]), p2["message"]
+
+
+class _Clamped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.sigmoid(self.fc1(x) * 3)
+        h.data.clamp_(0.1, 0.9)  # writes into the output sigmoid saved for its backward
+        return self.fc2(h)
+
+
+def test_a_silent_inplace_write_on_every_recorded_step_does_not_read_as_a_one_off(tmp_path: Path) -> None:
+    """Default mode records the ops of one step of 12 here: P8 said "(at step 0)", which read as
+    a one-off (QA 46a)."""
+    torch.manual_seed(0)
+    model = _Clamped()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    path = tmp_path / "clamp.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(12):
+            x, y = torch.randn(32, 16), torch.randn(32, 1)
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+    events = list(iter_events(path))
+    recorded = len([e for e in events if e["kind"] == "graph"])
+    (p8,) = [f for f in diagnose(events) if f["code"] == "P8"]
+    assert recorded < 12
+    assert f"on every step whose ops were recorded, {recorded} of 12; the other steps' ops were not" in p8["message"], p8
+
+
+def test_probabilities_given_to_nll_loss_say_what_the_loss_computes(tmp_path: Path) -> None:
+    """P16 for ``nll_loss(softmax(...))`` said the loss "raises p instead of log p" (QA 46a)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4), nn.Softmax(dim=-1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "nll.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(6):
+            x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+            opt.zero_grad()
+            F.nll_loss(model(x), y).backward()
+            opt.step()
+    (p16,) = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P16"]
+    assert "reads the probabilities as log-probabilities" in p16["message"] and "raises p" not in p16["message"], p16
