@@ -111,6 +111,19 @@ def _missing(run: Run) -> list[Finding]:
     names = [run.param_name(i) for i in sorted(hits)]
     message = (f"Gradients were already non-zero before backward ({describe_steps(steps, run.last_step)}): "
                f"zero_grad() is missing, so each step adds onto the old gradients of {len(names)} parameter(s).")
+    first = next((ev for step, ev in run.step_events() if step == steps[0]), {})
+    grads0 = as_dict(first.get("grads"))
+    stale = {as_int(i, -1) for i in as_list(grads0.get("pre_nonzero"))}
+    # got a gradient at that step, and had none before its backward: cleared
+    fresh = [i for i, v in enumerate(as_list(grads0.get("norm"))) if v is not None and i not in stale]
+    if fresh and len(names) < trainable(run):
+        # the others were cleared: a zero_grad() runs, but not for these (QA 46a: a second
+        # optimizer of the body never zeroed read "zero_grad() is missing" beside the head's)
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        message = (f"The gradients of {shown} were already non-zero before backward "
+                   f"({describe_steps(steps, run.last_step)}) while the other parameters' were cleared: the "
+                   "zero_grad() that runs does not reach these -- another optimizer holds them (call its zero_grad() "
+                   "too) or they are in no optimizer zeroed -- so each step adds onto their old gradients.")
     # (step 0's gradients are empty with or without a zero_grad(): not a call seen)
     cleared = [step for step, ev in run.step_events() if step > 0 and as_int(ev.get("zero_grad")) > 0
                and step not in steps]

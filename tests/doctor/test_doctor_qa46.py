@@ -107,3 +107,25 @@ def test_probabilities_given_to_nll_loss_say_what_the_loss_computes(tmp_path: Pa
             opt.step()
     (p16,) = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P16"]
     assert "reads the probabilities as log-probabilities" in p16["message"] and "raises p" not in p16["message"], p16
+
+
+def test_a_second_optimizer_never_zeroed_is_not_told_as_zero_grad_missing(tmp_path: Path) -> None:
+    """The head's optimizer is zeroed each step, the body's never: "zero_grad() is missing" read
+    wrong beside the loop's zero_grad() (QA 46a).  The message says the zero_grad() that runs
+    does not reach those parameters."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt_body = torch.optim.Adam(model[0].parameters(), lr=1e-4)
+    opt_head = torch.optim.SGD(model[2].parameters(), lr=1e-2)
+    path = tmp_path / "two.tscope"
+    with torchscope.watch(model, opt_head, server=None, record=path):
+        for _ in range(8):
+            x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
+            opt_head.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt_body.step()
+            opt_head.step()
+    (p5,) = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P5"]
+    assert p5["severity"] == "error" and p5["params"] == ["0.weight", "0.bias"], p5
+    assert p5["message"].startswith("The gradients of 0.weight, 0.bias were already non-zero before backward"), p5
+    assert "another optimizer holds them" in p5["message"] and "zero_grad() is missing" not in p5["message"]
