@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import time
+import urllib.error
 import urllib.request
 
 from conftest import ServerProc
@@ -66,3 +67,26 @@ def test_live_channel_with_gzip_accepted_still_pushes_at_once(server: ServerProc
         assert kinds[0] == "session" and kinds[-1] == "end"
     finally:
         resp.close()
+
+
+def test_a_step_graph_asked_again_is_answered_without_a_body(server: ServerProc) -> None:
+    """The graph view and the memory view both ask for a step's graph (24 MB of JSON on a
+    160-layer transformer, downloaded twice: QA 46c).  The answer carries a tag; asked again
+    with it, the server answers 304 and no body while the stored graph is the same.  Another
+    filter of the same graph is another tag."""
+    ingest(server, "tagged", [encode_frame(0, [session_event("tagged")]), encode_frame(1, [graph_event(0, n_ops=200)])])
+    body, headers = get(server, "/api/sessions/tagged/graph?step=0", accept_gzip=True)
+    tag = headers.get("etag")
+    assert tag and headers.get("cache-control") == "no-cache" and gzip.decompress(body)
+    req = urllib.request.Request(server.url + "/api/sessions/tagged/graph?step=0", headers={"If-None-Match": tag})
+    try:
+        urllib.request.urlopen(req, timeout=30)
+        raise AssertionError("a tag the server gave out was answered with a body")
+    except urllib.error.HTTPError as err:
+        assert err.code == 304 and err.read() == b"" and err.headers.get("ETag") == tag
+    _, filtered = get(server, "/api/sessions/tagged/graph?step=0&op=addmm", accept_gzip=False)
+    assert filtered.get("etag") and filtered["etag"] != tag
+    # a stale tag gets the whole answer
+    req = urllib.request.Request(server.url + "/api/sessions/tagged/graph?step=0", headers={"If-None-Match": '"0123"'})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200 and json.loads(resp.read())["kind"] == "graph"
