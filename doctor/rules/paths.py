@@ -242,6 +242,12 @@ def _cut_groups(run: Run) -> tuple[dict[_GroupKey, list[int]], dict[_GroupKey, t
             key = (f"no_grad {op.get('src', '')}", -1, used, sometimes)
             if key in where and as_int(where[key][1].get("id"), -1) <= as_int(op.get("id"), -1):
                 gstep, op = where[key]
+        elif op and op.get("src"):
+            # the same cut on one line -- ``torch.tensor([o.tolist() for o in outs])`` cuts each
+            # head at its own op -- is one finding, shown at its earliest op (QA 46a: three)
+            key = (f"{g.op_label(op, run)} {op['src']}", -1, used, sometimes)
+            if key in where and as_int(where[key][1].get("id"), -1) <= as_int(op.get("id"), -1):
+                gstep, op = where[key]
         else:
             key = (g.op_label(op, run) if op else "", as_int(op.get("id"), -1) if op else -1, used, sometimes)
         groups.setdefault(key, []).append(index)

@@ -129,3 +129,35 @@ def test_a_second_optimizer_never_zeroed_is_not_told_as_zero_grad_missing(tmp_pa
     assert p5["severity"] == "error" and p5["params"] == ["0.weight", "0.bias"], p5
     assert p5["message"].startswith("The gradients of 0.weight, 0.bias were already non-zero before backward"), p5
     assert "another optimizer holds them" in p5["message"] and "zero_grad() is missing" not in p5["message"]
+
+
+class _ListEnsemble(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Linear(16, 16)
+        self.heads = nn.ModuleList([nn.Linear(16, 1) for _ in range(3)])
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.trunk(x))
+        outs = [head(h).squeeze(-1) for head in self.heads]
+        return torch.tensor([o.tolist() for o in outs]).mean(0) + self.bias  # (one line, three cuts)
+
+
+def test_one_line_cutting_several_paths_is_one_finding(tmp_path: Path) -> None:
+    """Three heads cut by ``.tolist()`` on one line were three P1 errors at that line (QA 46a)."""
+    torch.manual_seed(0)
+    model = _ListEnsemble()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    path = tmp_path / "heads.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(6):
+            x, y = torch.randn(32, 16), torch.randn(32)
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+    p1 = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P1"]
+    assert len(p1) == 1, [f["message"] for f in p1]
+    assert set(p1[0]["params"]) == {n for n, _ in model.named_parameters()} - {"bias"}
+    assert "Tensor.tolist()" in p1[0]["message"] and p1[0]["src"].endswith(
+        str(next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if t.endswith("# (one line, three cuts)"))))
