@@ -121,9 +121,9 @@ def _missing(run: Run) -> list[Finding]:
         # optimizer of the body never zeroed read "zero_grad() is missing" beside the head's)
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         message = (f"The gradients of {shown} were already non-zero before backward "
-                   f"({describe_steps(steps, run.last_step)}) while the other parameters' were cleared: the "
-                   "zero_grad() that runs does not reach these -- another optimizer holds them (call its zero_grad() "
-                   "too) or they are in no optimizer zeroed -- so each step adds onto their old gradients.")
+                   f"({describe_steps(steps, run.last_step)}) while the other parameters' were cleared: "
+                   "zero_grad() is missing for the optimizer that holds these (the zero_grad() that runs, another "
+                   "optimizer's, does not reach them), so each step adds onto their old gradients.")
     # (step 0's gradients are empty with or without a zero_grad(): not a call seen)
     cleared = [step for step, ev in run.step_events() if step > 0 and as_int(ev.get("zero_grad")) > 0
                and step not in steps]
