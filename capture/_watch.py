@@ -161,6 +161,7 @@ def _metric_value(value: Any) -> float | None:
 _NO_STATS: tuple[float, ...] = ()
 _GRAD_CONSTS = 64  # tensors followed from a torch.autograd.grad for inputs (_keep_grad_consts), at most
 _T = torch.Tensor
+_SCALES = frozenset((_T.__mul__, _T.__rmul__, _T.__truediv__, _T.mul, _T.div, torch.mul, torch.div))  # by a number
 _ADDS = frozenset((_T.__add__, _T.__radd__, _T.__sub__, _T.__rsub__, _T.__iadd__, _T.__isub__, _T.add, _T.sub,
                    _T.add_, _T.sub_, torch.add, torch.sub))  # a term added to a loss
 _CallKey = tuple[str, int, int]  # a module's path, its call in the step, which of its outputs
@@ -1051,6 +1052,8 @@ class Watch:
         # the step's results of torch.autograd.grad for inputs without create_graph, and what
         # the loop computed from them without a graph (_on_grad_const): id -> (tensor, its line)
         self._grad_consts: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
+        # ... and the one-value sums with a graph that took one in: id -> (sum, the grad's line, the sum's)
+        self._grad_joins: dict[int, tuple[weakref.ref[torch.Tensor], str, str]] = {}
         # the named container keeping earlier steps' losses (_held_in): None until looked for
         self._held_in: str | None = None
         # ... and the one keeping earlier steps' outputs, or what was computed from them
@@ -2572,9 +2575,12 @@ class Watch:
     def _on_grad_const(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         """A call of the user's on such a constant: a result without a graph is one too; a
         one-value sum with a graph, of a one-value constant -- ``d_loss + 10 * gp`` -- is the
-        penalty added to the loss as a constant (an event ``grad_constant``, P9: the call
-        lacked ``create_graph=True``).  An attack's step (``x + eps * g.sign()``), many values,
-        is neither, nor a loss weighed by a constant (``loss / g_norm``)."""
+        penalty added to the loss as a constant, when a backward() is called on it (an event
+        ``grad_constant``, P9: the call lacked ``create_graph=True``; _joined_roots).  An
+        attack's step (``x + eps * g.sign()``), many values, is neither, nor a loss weighed by a
+        constant (``loss / g_norm``)."""
+        if self._grad_joins:
+            self._on_joined(func, args, out)
         consts = self._grad_consts
         found: tuple[torch.Tensor, str] | None = None
         for a in (*args, *kwargs.values()):
@@ -2592,9 +2598,32 @@ class Watch:
             if not out.requires_grad and len(consts) < _GRAD_CONSTS:
                 consts[id(out)] = (weakref.ref(out), src)
         elif func in _ADDS and const.numel() == 1 and out.numel() == 1 and not self._depth:
-            event: dict[str, object] = {"what": "grad_constant", "grad_src": src, "src": user_src()}
-            if event not in self._s.events:
-                self._s.events.append(event)
+            # a sum a backward() may be called on: told if one is (a sum only printed, or a
+            # constant target subtracted inside a penalty -- ``(sg.norm() - t_norm) ** 2`` -- is
+            # not the loss; QA 46d)
+            self._grad_joins[id(out)] = (weakref.ref(out), src, user_src())
+
+    def _on_joined(self, func: Any, args: Any, out: Any) -> None:
+        """A sum of a loss and a constant penalty (_on_grad_const) added to more, or scaled by a
+        number, is still that sum."""
+        if not isinstance(out, torch.Tensor) or out.numel() != 1 or len(self._grad_joins) >= _GRAD_CONSTS:
+            return
+        if func not in _ADDS and not (func in _SCALES and not any(isinstance(a, torch.Tensor) for a in args[1:])):
+            return
+        for a in args:
+            entry = self._grad_joins.get(id(a)) if isinstance(a, torch.Tensor) else None
+            if entry is not None and entry[0]() is a:
+                self._grad_joins[id(out)] = (weakref.ref(out), entry[1], entry[2])
+                return
+
+    def _joined_roots(self, roots: list[torch.Tensor]) -> None:
+        """A backward of such a sum: the penalty in it is a constant (an event ``grad_constant``, P9)."""
+        for t in roots:
+            entry = self._grad_joins.get(id(t))
+            if entry is not None and entry[0]() is t:
+                event: dict[str, object] = {"what": "grad_constant", "grad_src": entry[1], "src": entry[2]}
+                if event not in self._s.events:
+                    self._s.events.append(event)
 
     def _of_params(self, inputs: Any) -> bool:
         """Whether ``inputs`` (a tensor or several) hold any of the watched parameters."""
@@ -2617,6 +2646,8 @@ class Watch:
         if weights is not None:
             weights = [w for t, w in zip(roots, weights, strict=True) if isinstance(t, torch.Tensor)]
         roots = [t for t in roots if isinstance(t, torch.Tensor)]
+        if self._grad_joins:
+            self._safe("grad_consts", self._joined_roots, roots)
         s = self._s
         # light and default mode may reuse the last walk for a backward with this key (see _reuse_walk)
         walk_key = self._walk_key(s, roots) if self.mode != "full" else None
@@ -3659,6 +3690,7 @@ class Watch:
         self._stray, self._stray_again = None, False  # the watched optimizer (or a boundary) ended the step after all
         step_src = user_src(3)  # 3: past this method and its caller (_safe, or a hook of ours)
         self._grad_consts.clear()
+        self._grad_joins.clear()
         if self._capturing_ops:
             self._stop_recorder()
         for h in s.node_hooks:

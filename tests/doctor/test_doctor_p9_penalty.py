@@ -81,11 +81,14 @@ def test_with_create_graph_it_is_clean(tmp_path: Path, mode: str) -> None:
     assert not [f for f in diagnose(events) if f["code"] == "P9"]
 
 
-@pytest.mark.parametrize("use", ["attack", "logged", "weight"])
+@pytest.mark.parametrize("use", ["attack", "logged", "weight", "printed", "target"])
 def test_an_attack_or_a_logged_norm_is_no_penalty(tmp_path: Path, use: str) -> None:
     """PGD's input gradient steps the batch (``x_adv + eps * g.sign()``, ``x_adv`` still
     requiring grad, then the model on it); a gradient norm kept for the logs (``.item()``)
-    joins no loss; one that weighs the loss (a constant factor) adds no term to it."""
+    joins no loss; one that weighs the loss (a constant factor) adds no term to it; a sum with
+    the loss only printed is no loss backward() runs on; a constant norm as the target of a
+    differentiable one (``(g_s.norm() - g_t.norm()) ** 2``, ``g_s`` taken with create_graph) is
+    a target, not a term (QA 46d)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -104,6 +107,12 @@ def test_an_attack_or_a_logged_norm_is_no_penalty(tmp_path: Path, use: str) -> N
             loss = nn.functional.mse_loss(model(x_adv), y)
             if use == "weight":
                 loss = loss / (1 + gx.norm())
+            elif use == "printed":
+                norms.append((loss + 0.01 * gx.norm()).item())
+            elif use == "target":
+                x_s = x.clone().requires_grad_(True)
+                (g_s,) = torch.autograd.grad(nn.functional.mse_loss(model(x_s), y), x_s, create_graph=True)
+                loss = loss + 10 * (g_s.norm() - gx.norm()) ** 2
             opt.zero_grad()
             loss.backward()
             opt.step()
