@@ -333,6 +333,10 @@ def _unreached_steps(run: Run) -> tuple[list[int], list[str], str]:
     # on most steps: a loop that steps without a backward now and then is something else
     if len(steps) < 2 or 2 * len(steps) < len(run.steps):
         return [], [], ""
+    if kinds[0] != "unused" and any(step > steps[-1] and as_int(ev.get("micro_batches")) > 0
+                                    for step, ev in run.step_events()):
+        # a backbone run under no_grad for a warm-up, then fine-tuned: it trains (QA 46d)
+        return [], [], ""
     first = [src for src, kind in zip(srcs, kinds, strict=True) if kind == kinds[0]]
     return steps, list(dict.fromkeys(first)), kinds[0]
 

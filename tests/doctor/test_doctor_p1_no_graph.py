@@ -101,3 +101,27 @@ def test_the_fixed_loops_are_clean(tmp_path: Path, case: str) -> None:
     (_no_grad_forward if case == "no_grad" else _rebuilt_output)(path, "default", fixed=True)
     found = [dict(f) for f in diagnose(list(iter_events(path)))]
     assert not [f for f in found if f["severity"] in ("warning", "error")], found
+
+
+def test_a_warm_up_under_no_grad_then_fine_tuning_is_no_finding(tmp_path: Path) -> None:
+    """The backbone run under ``no_grad`` for the first 8 of 12 steps while a head beside it
+    trains, then fine-tuned with the same optimizer: it trains, so no "never trains" (QA 46d)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU())
+    head = nn.Linear(32, 5)
+    opt = torch.optim.Adam([*model.parameters(), *head.parameters()], lr=1e-3)
+    path = tmp_path / "warmup.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for step in range(12):
+            x, y = torch.randn(32, 16), torch.randint(0, 5, (32,))
+            if step < 8:
+                with torch.no_grad():
+                    h = model(x)
+            else:
+                h = model(x)
+            loss = F.cross_entropy(head(h), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    found = [dict(f) for f in diagnose(list(iter_events(path)))]
+    assert not [f for f in found if f["title"] == "No backward reaches the model"], found
