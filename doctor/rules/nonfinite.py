@@ -430,8 +430,12 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     # every non-finite loss one the loop caught and skipped: it guards against them, and the
     # model trained on the other batches -- a warning, still to look into
     at = set(steps)
-    guarded = all(not _bad_params(ev) and (_backward_losses_finite(ev) or _discarded_nonfinite(ev))
+    # (a step the GradScaler skipped has NaN/Inf gradients, never applied)
+    guarded = all(scaler_skipped(ev) or (not _bad_params(ev) and (_backward_losses_finite(ev) or _discarded_nonfinite(ev)))
                   for step, ev in run.step_events() if step in at)
+    if guarded and all(scaler_skipped(ev) for step, ev in run.step_events() if step in at):
+        # AMP's GradScaler skips a step whose gradients are not finite, by design (QA 46d: an error)
+        message += " The GradScaler skipped those steps' updates, as it does, so the parameters stayed finite."
     return [make("P4", "warning" if guarded else "error", message, fix, steps, rank=run.rank, targets=targets, modules=modules,
                  params=names, src=str(first_op.get("src", "")) if first_op else forward_src if data else None,
                  view="graph" if first_op or node else "gradients",

@@ -62,3 +62,31 @@ def test_without_the_guard_the_nan_reaching_the_parameters_is_an_error(tmp_path:
     found, _ = _run(tmp_path, "default", guard=False)
     (p4,) = [f for f in found if f["code"] == "P4"]
     assert p4["severity"] == "error" and "threw away" not in p4["message"], p4
+
+
+def test_a_nan_batch_the_grad_scaler_skipped_is_a_warning(tmp_path: Path) -> None:
+    """float16 autocast with a GradScaler: one corrupt sample makes a NaN loss and NaN gradients,
+    and ``scaler.step`` skips that update, as it is meant to -- an error read as if the run were
+    broken (QA 46d)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    path = tmp_path / "amp.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(16):
+            x, y = torch.randn(32, 10), torch.randint(0, 3, (32,))
+            if i == 9:
+                x[3, 2] = float("nan")
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    (p4,) = [dict(f) for f in diagnose(list(iter_events(path))) if f["code"] == "P4"]
+    assert p4["severity"] == "warning" and p4["steps"] == [9], p4
+    assert "The GradScaler skipped those steps' updates" in p4["message"], p4["message"]
