@@ -29,7 +29,7 @@ def _p1(tmp_path: Path, mode: str, frozen_for: int) -> list[dict[str, Any]]:
             model(torch.randn(8, 8)).log_softmax(-1).mean().neg().backward()
             if step < frozen_for:  # cancel_gradients_last_layer
                 for p in model[2].parameters():
-                    p.grad = None
+                    p.grad = None  # (the clearing)
             opt.step()
     return [dict(f) for f in diagnose(list(iter_events(path))) if f["code"] == "P1"]
 
@@ -45,3 +45,6 @@ def test_a_warm_up_freeze_of_the_last_layer_is_p1s_info(tmp_path: Path, mode: st
 def test_the_same_clearing_on_every_step_is_the_warning(tmp_path: Path) -> None:
     (p1,) = _p1(tmp_path, "default", frozen_for=12)
     assert p1["severity"] == "warning" and p1["title"] == "Gradient cleared before optimizer.step()", p1
+    # at the line that clears them, which the capture saw (QA 46d: the forward's line)
+    line = next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if t.rstrip().endswith("# (the clearing)"))
+    assert p1["src"] == f"{Path(__file__).name}:{line}", p1
