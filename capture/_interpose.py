@@ -204,7 +204,7 @@ class Interposer(TorchFunctionMode):
             # backward of the step, before its optimizer.step(): where a zero_grad() between
             # them is (P5's line)
             s = self.watch._s
-            if s.micro > 0 and not s.cleared_src and args and not _compiling():
+            if s.micro > 0 and args and not _compiling():
                 if kind == "grad_zero":
                     self.watch._safe("grads", self.watch._on_grads_zeroed, args[0])
                 elif len(args) > 1 and args[1] is None:

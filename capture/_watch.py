@@ -388,7 +388,7 @@ class _StepState:
         "in_saved",
         "opt_from",
         "clipping",
-        "cleared_src",
+        "grad_names",
     )
 
     def __init__(self, t0: float) -> None:
@@ -532,7 +532,7 @@ class _StepState:
         self.in_saved = 0
         self.opt_from: int | None = None  # the id of the recorder's first op of optimizer.step()
         self.clipping = False  # full mode records since a clipping of the gradients (_record_clip)
-        self.cleared_src = ""  # the line that set a watched .grad to None after a backward (_on_grad_cleared)
+        self.grad_names: tuple[int, dict[int, str]] | None = None  # (micro, id of .grad -> parameter), _on_grads_zeroed
 
     def passes_in_step(self) -> int:
         """Backward passes that ran inside the optimizer's step(): its closure's (LBFGS,
@@ -2546,19 +2546,37 @@ class Watch:
 
     def _on_grad_cleared(self, p: Any) -> None:
         """A watched parameter's ``.grad`` set to None after the step's backward (a zero_grad()
-        before optimizer.step() clears what the backward made): its line, once a step."""
-        s = self._s
-        if not s.cleared_src and id(p) in self._param_names:
-            s.cleared_src = user_src()
-            s.events.append({"what": "grads_cleared", "src": s.cleared_src})
+        before optimizer.step() clears what the backward made; a layer frozen by hand): the
+        first such line of the step, and the parameters (an event ``grads_cleared``)."""
+        name = self._param_names.get(id(p))
+        if name is not None:
+            self._cleared([name])
 
     def _on_grads_zeroed(self, t: Any) -> None:
-        """``zero_()`` (or ``_foreach_zero_``) of tensors, the first of them a watched
-        parameter's ``.grad``: zero_grad(set_to_none=False), as _on_grad_cleared."""
-        first = t[0] if isinstance(t, (list, tuple)) and t else t
-        if any(p.grad is first for r in self._params if (p := r()) is not None):
-            self._s.cleared_src = user_src()
-            self._s.events.append({"what": "grads_cleared", "src": self._s.cleared_src})
+        """``zero_()`` (or ``_foreach_zero_``) of watched parameters' ``.grad``: zero_grad(
+        set_to_none=False), ``p.grad.zero_()`` to keep a layer fixed; as _on_grad_cleared."""
+        ts = list(t) if isinstance(t, (list, tuple)) else [t]
+        s = self._s
+        if s.grad_names is None or s.grad_names[0] != s.micro:  # (once per backward: a zero_() per parameter)
+            s.grad_names = (s.micro, {id(p.grad): n for r in self._params if (p := r()) is not None
+                                      and p.grad is not None and (n := self._param_names.get(id(p))) is not None})
+        grads = s.grad_names[1]
+        names = [n for g in ts if (n := grads.get(id(g))) is not None]
+        if names:
+            self._cleared(names)
+
+    def _cleared(self, names: list[str]) -> None:
+        """One event per backward it follows (``micro``: the passes before it): a clearing after
+        the step's last one is what optimizer.step() sees; one before a later backward (a SAC
+        loop's critic zero_grad() after the policy's backward) is the usual reset."""
+        s = self._s
+        event = next((e for e in reversed(s.events) if e.get("what") == "grads_cleared"), None)
+        if event is None or event.get("micro") != s.micro:
+            event = {"what": "grads_cleared", "src": user_src(), "micro": s.micro, "params": []}
+            s.events.append(event)
+        held = cast("list[str]", event["params"])
+        if len(held) < 4096:
+            held.extend(n for n in names if n not in held)
 
     def _keep_grad_consts(self, grads: Any) -> None:
         """The results of a ``torch.autograd.grad`` for inputs without ``create_graph``, taken

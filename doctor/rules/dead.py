@@ -282,6 +282,47 @@ FIX_WHOLE = ("Look at what the loss sees last: a round()/floor()/sign() of the p
              "saturated everywhere: re-initialise or remove it.")
 
 
+def _zeroed_by_loop(run: Run, params: dict[int, list[int]]) -> dict[int, tuple[list[int], str]]:
+    """The dead parameters the loop itself zeroed (or set to None) after the backward on most of
+    their dead steps -- ``p.grad.zero_()`` to keep a pretrained layer fixed (QA 46d: a "dead
+    branch" whose fix sent the user after ReLUs): the capture's ``grads_cleared`` events."""
+    cleared: dict[str, list[tuple[int, str]]] = {}
+    for step, ev in run.step_events():
+        last = as_int(ev.get("micro_batches"))
+        for e in notes(ev, "grads_cleared"):
+            if as_int(e.get("micro"), -1) != last:
+                continue  # before a later backward of the step: a reset, not what optimizer.step() saw
+            for name in as_list(e.get("params")):
+                cleared.setdefault(str(name), []).append((step, str(e.get("src") or "")))
+    out: dict[int, tuple[list[int], str]] = {}
+    for i, steps in params.items():
+        seen = cleared.get(run.param_name(i), [])
+        if 2 * len({s for s, _ in seen} & set(steps)) > len(steps):
+            out[i] = (steps, seen[0][1])
+    return out
+
+
+def _zeroed_finding(run: Run, zeroed: dict[int, tuple[list[int], str]]) -> Finding:
+    names = [run.param_name(i) for i in sorted(zeroed)]
+    steps = sorted({s for v, _ in zeroed.values() for s in v})
+    src = next((src for _, src in zeroed.values() if src), "")
+    at = f" at {src}" if src else ""
+    message = (f"The gradient of {', '.join(names[:4])}{' ...' if len(names) > 4 else ''} is zeroed (or set to None) "
+               f"by the loop after backward(){at} ({describe_steps(steps, run.last_step)}): "
+               f"{'it does' if len(names) == 1 else 'they do'} not learn -- on purpose, when the layer is meant to "
+               "stay fixed.")
+    finding = make("P2", "info", message, FIX_ZEROED, steps, rank=run.rank, params=names, view="gradients",
+                   modules=sorted({run.param_module(i) for i in zeroed}), src=src or None,
+                   targets=[FindingTarget(step=steps[0], rank=run.rank, param=run.param_name(i),
+                                          module=run.param_module(i)) for i in sorted(zeroed)])
+    finding["title"] = "Gradient zeroed by the loop"
+    return finding
+
+
+FIX_ZEROED = ("To keep a layer fixed, p.requires_grad_(False) says so, skips its gradient and keeps the optimizer "
+              "(its weight decay, its momentum) from moving it; to train it, remove the zeroing.")
+
+
 def _whole_finding(run: Run, params: dict[int, list[int]]) -> Finding:
     """Every gradient exactly zero while the loss is not: nothing reaches the model."""
     steps = sorted({s for v in params.values() for s in v})
@@ -307,8 +348,12 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         return [_whole_finding(run, everything)]
     cancels = _cancelling(run, dead, params)
     params = {i: s for i, s in params.items() if i not in cancels}
+    zeroed = _zeroed_by_loop(run, params)
+    params = {i: s for i, s in params.items() if i not in zeroed}
     acts = {m: s for m, s in _dead_activations(run, settings).items() if len(s) >= need}
     found = [_cancels_finding(run, cancels)] if cancels else []
+    if zeroed:
+        found.append(_zeroed_finding(run, zeroed))
     if not params and not acts:
         return found
     names = [run.param_name(i) for i in sorted(params)]

@@ -161,3 +161,26 @@ def test_one_line_cutting_several_paths_is_one_finding(tmp_path: Path) -> None:
     assert set(p1[0]["params"]) == {n for n, _ in model.named_parameters()} - {"bias"}
     assert "Tensor.tolist()" in p1[0]["message"] and p1[0]["src"].endswith(
         str(next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if t.endswith("# (one line, three cuts)"))))
+
+
+def test_a_gradient_the_loop_zeroes_is_no_dead_branch(tmp_path: Path) -> None:
+    """``model[0].weight.grad.zero_()`` after each backward keeps a pretrained weight fixed: P2's
+    "Dead branch" sent the user after ReLUs that never fire (QA 46d).  It is an info at the
+    zeroing line; a dead ReLU elsewhere would still be the warning."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "fixed.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(12):
+            x, y = torch.randn(32, 10), torch.randint(0, 3, (32,))
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            model[0].weight.grad.zero_()  # (keep it fixed)
+            opt.step()
+    found = [dict(f) for f in diagnose(list(iter_events(path)))]
+    assert not [f for f in found if f["severity"] in ("warning", "error")], found
+    (f,) = [f for f in found if f["title"] == "Gradient zeroed by the loop"]
+    assert f["code"] == "P2" and f["params"] == ["0.weight"] and f["severity"] == "info"
+    line = next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if t.rstrip().endswith("# (keep it fixed)"))
+    assert f["src"] == f"{Path(__file__).name}:{line}", f
