@@ -209,6 +209,8 @@ class Interposer(TorchFunctionMode):
                     self.watch._safe("grads", self.watch._on_grads_zeroed, args[0])
                 elif len(args) > 1 and args[1] is None:
                     self.watch._safe("grads", self.watch._on_grad_cleared, args[0])
+                elif len(args) > 1 and isinstance(args[1], torch.Tensor):
+                    self.watch._safe("grads", self.watch._on_grad_assigned, args[0])
             return func(*args, **kwargs)  # torchscope runs your call unchanged
         if kind == "scale":
             self.watch._safe("grads", self.watch._on_scale_update)

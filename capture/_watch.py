@@ -2552,6 +2552,14 @@ class Watch:
         if name is not None:
             self._cleared([name])
 
+    def _on_grad_assigned(self, p: Any) -> None:
+        """``p.grad = g`` of a watched parameter after a backward of the step: the gradients
+        optimizer.step() reads are the loop's own (PCGrad's merged gradient after it cleared
+        each task's pass; an event ``grads_assigned``, once a step)."""
+        s = self._s
+        if id(p) in self._param_names and not any(e.get("what") == "grads_assigned" for e in s.events):
+            s.events.append({"what": "grads_assigned", "src": user_src(), "micro": s.micro})
+
     def _on_grads_zeroed(self, t: Any) -> None:
         """``zero_()`` (or ``_foreach_zero_``) of watched parameters' ``.grad``: zero_grad(
         set_to_none=False), ``p.grad.zero_()`` to keep a layer fixed; as _on_grad_cleared."""

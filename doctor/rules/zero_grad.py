@@ -291,8 +291,10 @@ def _inside(run: Run) -> list[Finding]:
     for step, ev in run.step_events():
         stepped += as_int(ev.get("micro_batches")) > 0
         events = [as_dict(e) for e in as_list(ev.get("events"))]
-        if any(e.get("what") in ("closure", "other_step", "foreign_step", "autograd_grad") for e in events):
-            continue
+        if any(e.get("what") in ("closure", "other_step", "foreign_step", "autograd_grad", "grads_assigned")
+               for e in events):
+            continue  # (grads_assigned: the loop set .grad itself after its passes -- PCGrad's merged
+            # gradient, built from each task's pass it saved before clearing: QA 46d)
         passes = as_int(ev.get("micro_batches")) - len(as_list(ev.get("backward_errors")))
         used = as_int(ev.get("accumulated"), passes)
         srcs = {str(x) for x in as_list(ev.get("backward_src"))}
@@ -308,6 +310,10 @@ def _inside(run: Run) -> list[Finding]:
     step, passes, used = hits[0]
     ev = next(ev for s, ev in run.step_events() if s == step)
     src = str(as_list(ev.get("backward_src"))[0])
+    # the zero_grad() itself where the capture saw it clear the gradients between two passes
+    # (it pointed at the backward() line: the capture had no line for zero_grad)
+    cleared = next((str(e["src"]) for e in notes(ev, "grads_cleared") if 0 < as_int(e.get("micro")) < passes
+                    and e.get("src")), None)
     lost = passes - used
     message = (f"zero_grad() ran between the backward() calls of one optimizer step "
                f"({describe_steps(steps, run.last_step)}): of step {step}'s {passes} backward passes at {src}, "
@@ -317,7 +323,7 @@ def _inside(run: Run) -> list[Finding]:
     # an error where more than one pass per step was thrown away
     severity: Severity = "error" if all(p - u >= 2 for _, p, u in hits) else "warning"
     return [make("P5", severity, message, FIX_INSIDE, steps, rank=run.rank,
-                 targets=[FindingTarget(step=step, rank=run.rank)], src=src, view="gradients",
+                 targets=[FindingTarget(step=step, rank=run.rank)], src=cleared or src, view="gradients",
                  data={"passes": [h[1] for h in hits], "used": [h[2] for h in hits]},
                  title="zero_grad() inside the accumulation loop")]
 
