@@ -135,12 +135,15 @@ def locals_of(frame: types.FrameType) -> dict[str, Any]:
     Python 3.13, reading a function frame's ``f_locals`` stores a snapshot of its locals on the
     frame until the next read: a training loop's frame would keep that step's loss, outputs
     and batch -- and their graph -- alive after the loop rebinds its variables.  The snapshot's
-    tensors (and containers holding tensors) are dropped from it again; anything else stays, as
-    for a dict that ``locals()`` returned earlier.  A module's (or class body's) ``f_locals`` is
-    its namespace itself, no snapshot: left alone."""
+    tensors (and containers holding tensors) are dropped from it again; anything else stays.
+    Not when anything but the frame holds that dict: it is also what ``locals()`` returned, and
+    a ``cfg = locals()`` of the user's would lose its entries (QA 46e: a ``KeyError`` in the
+    user's code); the snapshot then stays as a debugger's read would leave it.  A module's (or
+    class body's) ``f_locals`` is its namespace itself, no snapshot: left alone."""
     loc = frame.f_locals
     copy = dict(loc)
-    if _SNAPSHOT_LOCALS and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+    # (references: the frame's own, ``loc`` here and getrefcount's argument -- no one else's)
+    if _SNAPSHOT_LOCALS and frame.f_code.co_flags & inspect.CO_OPTIMIZED and sys.getrefcount(loc) <= 3:
         for k, v in copy.items():
             if _holds_tensor(v):
                 del loc[k]

@@ -329,3 +329,32 @@ def test_naming_the_list_keeps_no_step_of_the_loop_alive(tmp_path: Path) -> None
         assert alive == [7], alive
     held = {e["graphs_kept"].get("held_in") for e in _steps(path) if "graphs_kept" in e} - {None}
     assert held == {"'history' (a list)"}
+
+
+def _train_with_cfg(path: Path) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, lr = torch.randn(4, 8), 0.01
+    cfg = locals()  # "save my hyper-parameters": in CPython before 3.13, the frame's snapshot itself
+    history = []
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(8):
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            history.append(loss)
+    return cfg
+
+
+def test_a_dict_locals_returned_keeps_its_entries(tmp_path: Path) -> None:
+    """``cfg = locals()`` at the top of the training function is, before Python 3.13, the very
+    dict the frame's ``f_locals`` snapshot is: naming ``history`` dropped its tensors from it,
+    and the user's ``cfg["x"]`` raised ``KeyError`` (QA 46e).  A snapshot anyone else holds is
+    left as it is."""
+    cfg = _train_with_cfg(tmp_path / "cfg.tscope")
+    assert {"model", "opt", "x", "lr"} <= set(cfg), sorted(cfg)
+    assert isinstance(cfg["x"], torch.Tensor) and cfg["x"].shape == (4, 8)
+    held = {e["graphs_kept"].get("held_in") for e in _steps(tmp_path / "cfg.tscope") if "graphs_kept" in e} - {None}
+    assert held == {"'history' (a list)"}
