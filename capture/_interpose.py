@@ -127,6 +127,10 @@ class Interposer(TorchFunctionMode):
             watch._calls += 1
             if not watch._calls % IDLE_EVERY:
                 watch._safe("mode", watch._idle)
+            if watch._clip_open and not _in_clipping():
+                # the clipping returned: full mode recorded its ops (_record_clip), not the loop's
+                # next ones -- a hand-written update, scaler.step()'s .item() (QA 46e)
+                watch._safe("ops", watch._end_clip)
         if self.watch._capturing_ops:  # inline: every torch-level call of a recorded pass
             rec = self.watch._s.recorder
             if isinstance(rec, OpRecorder):  # the native recorder reads autocast itself, per op
@@ -316,3 +320,18 @@ def _from_user() -> bool:
 
 def _caller_file() -> str:
     return sys._getframe(2).f_code.co_filename
+
+
+def _in_clipping() -> bool:
+    """Whether the torch call being handled comes from inside torch/nn/utils/clip_grad.py's
+    functions (through torch's own frames: ``Tensor.__rtruediv__`` of its coefficient), not
+    from the loop's code after it returned."""
+    f: Any = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if name.endswith(_CLIP_FILE):
+            return True
+        if not _is_internal(name):
+            return False
+        f = f.f_back
+    return False

@@ -1049,6 +1049,7 @@ class Watch:
         self._probing = False
         self._probe_left = _PROBE_STEPS
         self._recomputing = False  # the root forward now running is a checkpoint's recompute (_on_forward_pre)
+        self._clip_open = False  # full mode records a clipping's ops now (_record_clip, _end_clip)
         # the step's results of torch.autograd.grad for inputs without create_graph, and what
         # the loop computed from them without a graph (_on_grad_const): id -> (tensor, its line)
         self._grad_consts: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
@@ -3327,8 +3328,7 @@ class Watch:
         self._last_event = time.monotonic()
         self._s.step_began = self._s.micro  # passes after it ran inside step(): its closure's (LBFGS)
         if self._s.clipping:  # recorded since the clipping (_record_clip): not our reads below
-            self._s.clipping = False
-            self._stop_recorder()
+            self._end_clip()
         # the optimizer's own step pre-hooks run after this global one: one may clip the
         # gradients (QA 43a F6), so the mode stays on through step() to see it (_set_clip)
         self._keep_mode = bool(getattr(optimizer, "_optimizer_step_pre_hooks", None))
@@ -3368,7 +3368,14 @@ class Watch:
         rec.phase = "optimizer"
         rec.__enter__()
         self._capturing_ops = True
-        s.clipping = True
+        s.clipping = self._clip_open = True
+
+    def _end_clip(self) -> None:
+        """The clipping's ops are over: the recorder stops until optimizer.step()'s own."""
+        self._clip_open = False
+        if self._s.clipping:
+            self._s.clipping = False
+            self._stop_recorder()
 
     def _record_update(self, s: _StepState) -> None:
         """Full mode records optimizer.step()'s own ops too (phase "optimizer", after ours

@@ -239,3 +239,30 @@ def test_full_mode_records_gradient_clipping(tmp_path: Path, monkeypatch: pytest
         backward = max(o["id"] for o in ops if o["phase"] == "backward")
         update = [o for o in ops if o["phase"] == "optimizer" and o["src"] not in at]
         assert update and backward < min(o["id"] for o in clipping) and max(o["id"] for o in clipping) < min(o["id"] for o in update)
+
+
+def test_recording_a_clipping_stops_when_it_returns(tmp_path: Path) -> None:
+    """A hand-written update after the clipping (no optimizer): the clipping's ops are
+    recorded, and the loop's own after it -- the update, ``float(n)``, the next batch's slice
+    -- are not taken for the clipping's (QA 46e: all recorded at the clip's line)."""
+    torch.manual_seed(0)
+    model = _model()
+    x_all, y_all = torch.randn(64, 32), torch.randn(64, 8)
+    path = tmp_path / "manual.tscope"
+    with torchscope.watch(model, None, server=None, record=path, mode="full"):
+        for step in range(3):
+            i = step * 16
+            model.zero_grad()
+            F.mse_loss(model(x_all[i:i + 16]), y_all[i:i + 16]).backward()
+            n = nn.utils.clip_grad_norm_(model.parameters(), 0.05)  # (the clipping, by hand)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+            float(n)
+    run = load(str(path))
+    line = next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if t.rstrip().endswith("# (the clipping, by hand)"))
+    ops = run.graph(1)["ops"]
+    update = [o for o in ops if o["phase"] == "optimizer"]
+    assert update and {o["src"] for o in update} == {f"{Path(__file__).name}:{line}"}
+    assert not [o for o in update if o["name"] in ("aten::sub_", "aten::_local_scalar_dense", "aten::slice")], update
