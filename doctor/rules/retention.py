@@ -136,6 +136,7 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
         elif kept.get("held_in"):  # the container the garbage collector found holding them
             holder = str(kept["held_in"])
             example = (f"{_kept_by(holder, 'best')} = loss" if holder.endswith("(a variable)") or holder.endswith("(an attribute)")
+                       else f"{_kept_by(holder, 'history')}[key] = loss" if holder.endswith("(a dict)")
                        else f"{_kept_by(holder, 'history')}.append(loss)")
             why = (f"the losses that backward() was called on stay referenced after their step, held by "
                    f"{holder}: each keeps its step's graph (`{example}`); keep "

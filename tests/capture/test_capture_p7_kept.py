@@ -182,7 +182,7 @@ class _Trainer:
                 self.losses.append(loss)
 
 
-@pytest.mark.parametrize("where", ["local_list", "attribute", "last_loss_only"])
+@pytest.mark.parametrize("where", ["local_list", "local_dict", "attribute", "last_loss_only"])
 def test_p7_names_the_container_that_keeps_the_losses(tmp_path: Path, where: str) -> None:
     """``history.append(loss)`` is no torch call the mode could see: once losses of two earlier
     steps are alive, the garbage collector's referrers name what holds them -- a list in a
@@ -195,25 +195,28 @@ def test_p7_names_the_container_that_keeps_the_losses(tmp_path: Path, where: str
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        history = []
+        history: Any = {} if where == "local_dict" else []
         with torchscope.watch(model, opt, server=None, record=path):
-            for _ in range(8):
+            for i in range(8):
                 loss = model(torch.randn(4, 8)).pow(2).mean()
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
                 if where == "local_list":
                     history.append(loss)
+                elif where == "local_dict":
+                    history[i] = loss
     held = {e["graphs_kept"].get("held_in") for e in _steps(path) if "graphs_kept" in e} - {None}
     p7 = [f for f in diagnose(iter_events(path)) if f["code"] == "P7"]
     if where == "last_loss_only":
         assert held == set() and p7 == []
         return
-    want = {"local_list": "'history' (a list)", "attribute": "'.losses' (a list)"}[where]
+    want = {"local_list": "'history' (a list)", "local_dict": "'history' (a dict)", "attribute": "'.losses' (a list)"}[where]
     assert held == {want}
     assert len(p7) == 1 and f"held by {want}" in p7[0]["message"], p7
-    # the example is the loop's own code (QA 46a: a canned name)
-    code = {"local_list": "`history.append(loss)`", "attribute": "`self.losses.append(loss)`"}[where]
+    # the example is the loop's own code (QA 46a: a canned name; QA 46e: append() for a dict)
+    code = {"local_list": "`history.append(loss)`", "local_dict": "`history[key] = loss`",
+            "attribute": "`self.losses.append(loss)`"}[where]
     assert code in p7[0]["message"], p7[0]["message"]
 
 
