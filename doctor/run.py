@@ -29,6 +29,14 @@ def notes(ev: dict[str, Any], what: str) -> list[dict[str, Any]]:
     return [e for e in as_list(ev.get("events")) if isinstance(e, dict) and e.get("what") == what]
 
 
+def cleared_at(run: Run, steps: list[int]) -> str | None:
+    """The first line the capture saw set a watched ``.grad`` to None (or zero it) after a
+    backward, on one of ``steps`` (``events[{what: "grads_cleared", src}]``)."""
+    at = set(steps)
+    return next((str(e["src"]) for s, ev in run.step_events() if s in at for e in notes(ev, "grads_cleared")
+                 if e.get("src")), None)
+
+
 # Events come from JSON, so exact type checks suffice (and exclude bool); these run per parameter per step.
 def as_int(value: object, default: int = 0) -> int:
     kind = type(value)

@@ -14,7 +14,7 @@ from torchscope.schema import Finding, FindingTarget
 
 from .. import graph as g
 from ..finding import Severity, describe_steps, list_steps, make
-from ..run import Run, as_dict, as_int, as_list, capture_hint, errors, leaf_loss, notes, trainable
+from ..run import Run, as_dict, as_int, as_list, capture_hint, cleared_at, errors, leaf_loss, notes, trainable
 from ..settings import Settings
 
 _CUT_FIX = ("Keep the path differentiable: don't call .detach()/.data/.item()/.numpy()/.tolist() on tensors the "
@@ -418,21 +418,13 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
         if key[0] == _CLEARED:
             # the line that set .grad to None (or zeroed it) after the backward, where the capture
             # saw it; the forward's line told nothing (QA 46d)
-            src = _cleared_at(run, steps) or src
+            src = cleared_at(run, steps) or src
         findings.append(make("P1", severity, message, fix, steps, rank=run.rank, targets=targets,
                              modules=sorted({run.param_module(i) for i in indices}), params=names,
                              src=src,
                              data={"break_op": g.op_label(op, run) if op else "", "graph_step": gstep},
                              title="Gradient cleared before optimizer.step()" if key[0] == _CLEARED else None))
     return findings + _unreached_model(run)
-
-
-def _cleared_at(run: Run, steps: list[int]) -> str | None:
-    """The line the capture saw clear a watched ``.grad`` after a backward on one of ``steps``."""
-    at = set(steps)
-    return next((str(e["src"]) for s, ev in run.step_events() if s in at
-                 for e in as_list(ev.get("events")) if isinstance(e, dict) and e.get("what") == "grads_cleared"
-                 and e.get("src")), None)
 
 
 def higher_order_step(run: Run, step: int) -> bool:

@@ -7,7 +7,7 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import Severity, and_list, describe_steps, list_steps, make
-from ..run import Run, as_dict, as_float, as_int, as_list, leaf_loss, notes, trainable
+from ..run import Run, as_dict, as_float, as_int, as_list, cleared_at, leaf_loss, notes, trainable
 from ..settings import Settings
 
 FIX_MISSING = ("Call optimizer.zero_grad() once per optimizer step, before the forward/backward of that step "
@@ -272,9 +272,7 @@ def _misplaced(run: Run) -> list[Finding]:
                f"({describe_steps(steps, run.last_step)}): zero_grad() is called between backward() and step().")
     # the zero_grad()'s own line, where the capture saw .grad set to None after the backward
     # (it pointed at optimizer.step(), the line after, QA 46a), else the step's
-    at = set(steps)
-    src = next((str(e["src"]) for s, ev in run.step_events() if s in at for e in notes(ev, "grads_cleared") if e.get("src")),
-               None) or next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
+    src = cleared_at(run, steps) or next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
     return [make("P5", "error", message, FIX_MISPLACED, steps, rank=run.rank,
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients")]
 
