@@ -786,11 +786,23 @@ def _hold_activation_rows(s: _StepState) -> dict[_CallKey, torch.Tensor | tuple[
     native pass's taken in first; None on a step that watches no output."""
     if not s.act_grads:
         return None
+    _take_native_rows(s)
+    return dict(s.act_grads)
+
+
+def _forget_oldest(d: dict[Any, Any], most: int) -> None:
+    """Bounded: past ``most`` entries, the older half (insertion order) is forgotten."""
+    if len(d) > most:
+        for k in list(d)[: most // 2]:
+            del d[k]
+
+
+def _take_native_rows(s: _StepState) -> None:
+    """The rows the C++ pre-hooks took so far (see ``_native.take_grads``), into ``act_grads``."""
     ext = s.native
     if s.act_slots and ext is not None:
         for slot, row in ext.take_grads(s.act_epoch):
             s.act_grads[s.act_slots[slot]] = row
-    return dict(s.act_grads)
 
 
 def _restore_activation_rows(s: _StepState, rows: dict[_CallKey, torch.Tensor | tuple[float, ...]]) -> None:
@@ -2354,9 +2366,7 @@ class Watch:
         if seen is not None and seen[0]() is inp and seen[1] < self._step and seen[2] == version:
             _bump(s.moves, ("repeat_copy", src), nbytes)
         self._converted[key] = (weakref.ref(inp), self._step, version)
-        if len(self._converted) > 4096:  # bounded: forget the oldest conversions
-            for k in list(self._converted)[:2048]:
-                del self._converted[k]
+        _forget_oldest(self._converted, 4096)
         if not same_place:
             s.conversions[_first_storage(out)] = (inp.dtype, inp.device, weakref.ref(out))
 
@@ -2389,9 +2399,7 @@ class Watch:
         if seen is not None and seen[0] < self._step and seen[1] == mark:
             _bump(self._s.moves, ("repeat_copy", src), nbytes)
         self._converted_ext[key] = (self._step, mark)
-        if len(self._converted_ext) > 1024:  # bounded: forget the oldest
-            for k in list(self._converted_ext)[:512]:
-                del self._converted_ext[k]
+        _forget_oldest(self._converted_ext, 1024)
 
     def _on_graph_copy(self, target: torch.Tensor, func: Any, fresh: bool) -> None:
         """A tensor without a graph (``fresh``), updated in place outside the forward while
@@ -4145,10 +4153,7 @@ class Watch:
         return params, modules
 
     def _activation_grads(self, s: _StepState) -> list[ActivationGrad]:
-        ext = s.native
-        if s.act_slots and ext is not None:
-            for slot, row in ext.take_grads(s.act_epoch):
-                s.act_grads[s.act_slots[slot]] = row
+        _take_native_rows(s)
         _reached_first(s)
         return [_activation_row(path, rows) for path, rows in _module_rows(s.act_grads, s.act_numel).items()]
 

@@ -63,9 +63,11 @@ def _same_structure(run: Run, steps: list[int]) -> list[int]:
     captures one step per structure: the same graph reaches the same parameters)."""
     # ... and the optimizer's param groups as many (a parameter added with add_param_group
     # from then on is stepped: QA 46b, "it never trains" on every later step)
-    sigs = {(ev.get("graph_signature"), len(as_list(ev.get("lr")))) for s, ev in run.step_events() if s in steps}
-    sigs = {k for k in sigs if k[0] not in (None, "")}
-    return sorted(set(steps) | {s for s, ev in run.step_events() if (ev.get("graph_signature"), len(as_list(ev.get("lr")))) in sigs})
+    def key(ev: dict[str, Any]) -> tuple[Any, int]:
+        return ev.get("graph_signature"), len(as_list(ev.get("lr")))
+
+    sigs = {key(ev) for s, ev in run.step_events() if s in steps and ev.get("graph_signature") not in (None, "")}
+    return sorted(set(steps) | {s for s, ev in run.step_events() if key(ev) in sigs})
 
 
 def _counted(run: Run) -> tuple[list[int], int]:
