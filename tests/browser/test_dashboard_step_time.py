@@ -42,7 +42,9 @@ def test_step_time_is_split_into_forward_backward_and_the_rest(tmp_path: Path) -
     # the loader's 40 ms sleep (before each step's forward) is in the rest of every step after
     # the first (whose time runs from watch(), before the loop fetched its first batch)
     assert all(r >= 40_000 for r in lines[rest_name][1:])
-    # and not in the forward: a forward takes a few ms; one step may stall past 40 ms on a CI
-    # machine whose two cores run three test workers (it did, once), not every step as a
-    # sleep counted in the forward would
-    assert sum(f >= 40_000 for f in lines["forward"][1:]) <= 1, lines["forward"]
+    # and not in the forward: a forward takes a few ms, so most steps' forwards are far under
+    # 40 ms; a sleep counted in the forward would put every one over.  Steps may stall past
+    # 40 ms on a CI machine whose two cores run three test workers (two did, once), so the
+    # median is what is compared, not each step
+    forwards = sorted(lines["forward"][1:])
+    assert forwards[len(forwards) // 2] < 40_000, lines["forward"]
