@@ -245,6 +245,29 @@ def _through_outputs(walk: AutogradWalk, s: _StepState) -> bool:
     return bool(outs) and any(id(n.metadata.get("torchscope_out_sentinel")) in outs for n in walk.nodes)
 
 
+def _through_checkpoint(walk: AutogradWalk, s: _StepState) -> bool:
+    """Whether ``walk`` goes through a reentrant checkpoint of this step's forward of the model
+    (``checkpoint(model, x, use_reentrant=True)``): its graph holds the checkpoint's one node,
+    the model's own graph is built by that node's backward."""
+    return any(f.get("checkpoint") for f in s.forwards) and any(
+        type(n).__name__ == "CheckpointFunctionBackward" for n in walk.nodes)
+
+
+def _in_reentrant_checkpoint() -> bool:
+    """Whether this forward runs inside ``torch.utils.checkpoint``'s reentrant function, which
+    calls it under no_grad (asked only of a forward under no_grad)."""
+    module = sys.modules.get("torch.utils.checkpoint")
+    code = getattr(getattr(getattr(module, "CheckpointFunction", None), "forward", None), "__code__", None)
+    frame: Any = sys._getframe(1)
+    for _ in range(16):  # it calls the model's __call__ directly: a few frames up
+        if frame is None or code is None:
+            return False
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _saved_by_op(nodes: list[NodeRecord]) -> dict[int, list[tuple[int, Region]]]:
     """Storage id -> (forward op whose graph node saved it, the bytes saved) of each saved tensor."""
     saved: dict[int, list[tuple[int, Region]]] = {}
@@ -1748,6 +1771,8 @@ class Watch:
             fwd["eval_modules"] = list(self._modes_now(module)[0])
         if not grad_mode:
             fwd["train_modules"] = list(self._modes_now(module)[1])
+            if _in_reentrant_checkpoint():
+                fwd["checkpoint"] = True
         s.forwards.append(fwd)
         if not s.capture and self._tls.pushed:  # (off already on most steps: see _opt_post)
             self._mode_off()
@@ -1795,6 +1820,12 @@ class Watch:
             return
         if self._recomputing:
             self._recomputing = False
+            # a reentrant checkpoint's forward, under no_grad, had no graph: this recompute,
+            # inside the backward that reached it, builds the one the backward goes through
+            for f in self._s.forwards:
+                if f.get("checkpoint") and not f["backward"]:
+                    f["built_graph"] = f["backward"] = True
+                    break
             return
         if self._tls.eval_probe:
             remove_mode(self._eval_probe)
@@ -2707,7 +2738,7 @@ class Watch:
                 self._walked[walk_key] = (sig, n_nodes)
         if walk is not None and walk.nodes:
             hit = walk.touching_node(self._param_names, self._touches.get(sig, -1))
-            if hit < 0 and not _through_outputs(walk, s):
+            if hit < 0 and not _through_outputs(walk, s) and not _through_checkpoint(walk, s):
                 return False  # another model's backward (several watches in one process)
             if len(self._touches) > 64:
                 self._touches.clear()

@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 10)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off; 1.9: NodeRecord.attrs, OpRecord.freed; 1.10: ForwardInfo.input_grad
+SCHEMA_VERSION: tuple[int, int] = (1, 11)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off; 1.9: NodeRecord.attrs, OpRecord.freed; 1.10: ForwardInfo.input_grad; 1.11: ForwardInfo.checkpoint
 # how a LogEvent of level "error" begins when a part of the capture turned itself off after an
 # internal error (what follows: the part, the step, the error; since 1.8 also its capture_off
 # field): the doctor and `torchscope info` tell the session is incomplete by it (capture_off()),
@@ -182,6 +182,10 @@ class ForwardInfo(TypedDict, total=False):
     # ... and that was a torch.autograd.grad for inputs only, its graph then freed: an adversarial
     # attack's gradient of the input (FGSM, PGD), which trains nothing (1.10)
     input_grad: bool
+    # it ran inside torch.utils.checkpoint(model, x, use_reentrant=True): under no_grad by
+    # design, its graph built again by the backward's recompute -- no evaluation; with no input
+    # that requires grad, no graph at all (1.11)
+    checkpoint: bool
     saved_bytes: int  # bytes saved for backward by its graph
     src: str  # user's call site "file.py:123"
     compiled: bool  # seen only in the backward graph: a torch.compile'd forward (its hooks were traced away)

@@ -37,6 +37,12 @@ def no_grad_fn_forwards(ev: dict[str, Any]) -> list[int]:
     return (built or unused)[-k:]
 
 
+def _off_kind(f: dict[str, Any]) -> str:
+    """The cause a forward run with grad mode off is: a reentrant checkpoint given no input that
+    requires grad, or the forward under no_grad itself."""
+    return "checkpoint_inputs" if f.get("checkpoint") is True else "no_grad_forward"
+
+
 def _grad_off(op: dict[str, Any]) -> bool:
     return op.get("grad_mode") is False or op.get("inference_mode") is True
 
@@ -155,7 +161,7 @@ def _graph_cause(run: Run, gstep: int, graph: dict[str, Any],
         micro = as_int(op.get("micro"), -1)
         f = forwards[micro] if 0 <= micro < len(forwards) else {}
         if _grad_off(f) and f.get("src"):  # the model's forward itself ran with grad mode off
-            return _Cause("P1", "no_grad_forward", str(f["src"]), mode=_mode_of(f), op=op, gstep=gstep), []
+            return _Cause("P1", _off_kind(f), str(f["src"]), mode=_mode_of(f), op=op, gstep=gstep), []
         return _Cause("P1", "no_grad", src, g.op_label(op, run), _mode_of(op), op=op, gstep=gstep), []
     if "non_differentiable" in g.flags(op):
         return _Cause("P9", "non_differentiable", src, g.op_label(op, run), op=op, gstep=gstep), []
@@ -197,7 +203,7 @@ def _forward_cause(forwards: list[dict[str, Any]], suspects: list[int], backward
     chosen = [forwards[i] for i in suspects if 0 <= i < len(forwards)]
     off = next((f for f in reversed(chosen) if _grad_off(f) and f.get("src")), None)
     if off is not None:
-        return _Cause("P1", "no_grad_forward", str(off["src"]), mode=_mode_of(off))
+        return _Cause("P1", _off_kind(off), str(off["src"]), mode=_mode_of(off))
     built = next((f for f in reversed(chosen) if f.get("built_graph") is True), None)
     if built is not None:
         return _Cause("P1", "after_forward", backward_src, str(built.get("src", "")))
@@ -217,6 +223,8 @@ _VALUE_FIX = ("Compute the loss with torch ops on the tensors themselves: .item(
 _FORWARD_FIX = ("Run the training forward outside the torch.no_grad() (or torch.inference_mode()) block -- an "
                 "indentation slip puts it inside: keep that block only around what needs no gradient (building a "
                 "mixup batch, targets, an evaluation).")
+_CHECKPOINT_FIX = ("Pass use_reentrant=False to torch.utils.checkpoint (the form PyTorch recommends, which records "
+                   "the graph whatever its inputs), or hand the checkpointed call an input that requires grad.")
 _NO_GRAD_OPS_FIX = ("Compute the loss with grad enabled: move it out of the torch.no_grad() (or "
                     "torch.inference_mode()) block.")
 _AFTER_FIX = ("Find the cut between the model's output and the loss: remove a .detach()/.data there (use .detach() "
@@ -246,6 +254,10 @@ def _cause_text(c: _Cause, when: str, p9_fix: str, hint: str) -> tuple[str, str]
     if c.kind == "no_grad_forward":
         return (f"{_HEAD}: the forward at {c.src} ran under {c.mode}, so its output has no graph and backward() had "
                 f"nothing to differentiate ({when}).", _FORWARD_FIX)
+    if c.kind == "checkpoint_inputs":
+        return (f"{_HEAD}: the forward at {c.src} ran inside torch.utils.checkpoint with use_reentrant=True, which runs "
+                "it under no_grad and gives its output a graph only when one of its tensor inputs requires grad -- none "
+                f"did, {_NOTHING} ({when}).", _CHECKPOINT_FIX)
     if c.kind == "no_grad":
         return (f"{_HEAD}: it was computed by ops run under {c.mode} at {c.src} ({c.label}), which record no graph, "
                 f"{_NOTHING} ({when}).", _NO_GRAD_OPS_FIX)

@@ -91,9 +91,16 @@ def _target_sites(run: Run) -> set[Any]:
     n = run.training_steps
     for step, ev in run.step_events():
         for f in map(as_dict, as_list(ev.get("forwards"))):
-            if (f.get("grad_mode") is False or f.get("inference_mode") is True) and f.get("training") is not False:
+            if _without_autograd(f) and f.get("training") is not False:
                 steps.setdefault(f.get("src"), set()).add(step)
     return {src for src, at in steps.items() if src and n >= 4 and 2 * len(at) > n}
+
+
+def _without_autograd(f: dict[str, Any]) -> bool:
+    """Whether the forward ran without autograd: under no_grad or inference_mode, not inside a
+    reentrant ``torch.utils.checkpoint`` (whose no_grad forward the backward runs again with
+    autograd: training, not an evaluation)."""
+    return (f.get("grad_mode") is False or f.get("inference_mode") is True) and f.get("checkpoint") is not True
 
 
 def _trains(f: dict[str, Any]) -> bool:
@@ -288,7 +295,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             if f is dry:
                 continue
             trained = _trains(f)
-            evaluating = f.get("grad_mode") is False or f.get("inference_mode") is True
+            evaluating = _without_autograd(f)
             if trained and f.get("training") is False:
                 train_in_eval.setdefault("", []).append(step)
                 srcs.append(str(f.get("src", "")))

@@ -106,3 +106,75 @@ def test_a_recompute_inside_the_backward_is_no_forward_of_the_step(tmp_path: Pat
     assert all(len(st["forwards"]) == want for st in steps[1:]), [len(st["forwards"]) for st in steps]
     assert all(st["no_backward_forwards"] == 0 for st in steps)
     assert not [f for f in diagnose(events) if f["code"] in ("P6", "P11")]
+
+
+def _reentrant_run(path: Path | None, mode: str, input_grad: bool) -> tuple[list[float], dict[str, torch.Tensor], list[list[float]]]:
+    """The whole watched model under ``checkpoint(model, x, use_reentrant=True)``: its losses,
+    its state afterwards and each step's gradient norms (plain PyTorch's when ``path`` is None)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    losses, norms = [], []
+    w = torchscope.watch(model, opt, server=None, record=path, mode=mode) if path is not None else None
+    for _ in range(5):
+        x, y = torch.randn(16, 8, generator=g).requires_grad_(input_grad), torch.randn(16, 1, generator=g)
+        opt.zero_grad()
+        loss = ((checkpoint(model, x, use_reentrant=True) - y) ** 2).mean()
+        try:
+            loss.backward()
+        except RuntimeError:  # no input requires grad: the loss has no grad_fn, as without torchscope
+            break
+        opt.step()
+        losses.append(loss.item())
+        norms.append([p.grad.norm().item() for p in model.parameters() if p.grad is not None])
+    if w is not None:
+        w.close()
+    return losses, {k: v.clone() for k, v in model.state_dict().items()}, norms
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_the_whole_model_in_a_reentrant_checkpoint_is_a_training_forward(tmp_path: Path, mode: str) -> None:
+    """``checkpoint(model, x, use_reentrant=True)`` runs the model's forward under no_grad and
+    again, with autograd, inside the backward.  The step's backward went through it and trained
+    the model: recorded so, with its gradients and (full) its graph, and no P11 for an
+    "evaluation" in train mode (QA 46b: no backward recorded, no loss, no gradients, "Train mode
+    in a no_grad forward of every step")."""
+    from torchscope.doctor import diagnose
+    from torchscope.sessionfile import iter_events
+
+    path = tmp_path / "reentrant.tscope"
+    plain_losses, plain_state, plain_norms = _reentrant_run(None, mode, True)
+    losses, state, _ = _reentrant_run(path, mode, True)
+    assert losses == plain_losses
+    for k, v in plain_state.items():
+        assert torch.equal(state[k], v), k
+    events = list(iter_events(path))
+    steps = [e for e in events if e["kind"] == "step"]
+    assert [st["loss"] for st in steps] == pytest.approx(plain_losses)
+    assert all(st["micro_batches"] == 1 and st["backward_us"] > 0 for st in steps)
+    for st in steps:
+        (fwd,) = st["forwards"]
+        assert fwd["checkpoint"] is True and fwd["grad_mode"] is False
+        assert fwd["built_graph"] is True and fwd["backward"] is True
+    assert [st["grads"]["norm"] for st in steps] == [pytest.approx(n, rel=1e-5) for n in plain_norms]
+    if mode == "full":
+        assert all(st["graph_captured"] for st in steps)
+    assert diagnose(events) == []
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_a_reentrant_checkpoint_with_no_input_that_requires_grad_is_named(tmp_path: Path, mode: str) -> None:
+    """No input of a reentrant checkpoint requires grad: its output has no graph and backward()
+    fails, as without torchscope.  The doctor names the checkpoint and use_reentrant=False, not
+    a forward written under torch.no_grad() by mistake."""
+    from torchscope.doctor import diagnose
+    from torchscope.sessionfile import iter_events
+
+    path = tmp_path / "cut.tscope"
+    assert _reentrant_run(path, mode, False)[0] == []
+    (finding,) = diagnose(list(iter_events(path)))
+    assert finding["code"] == "P1" and finding["severity"] == "error"
+    assert "torch.utils.checkpoint with use_reentrant=True" in finding["message"]
+    assert "use_reentrant=False" in finding["fix"]
+    assert "torch.no_grad() block" not in finding["fix"]
