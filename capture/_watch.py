@@ -4208,7 +4208,8 @@ class Watch:
                 self._tell(
                     f"torchscope: step {self._step} ran {rec.shed + self.max_ops:,} ops; its graph holds the "
                     f"first {self.max_ops:,} (a step's graph records at most max_ops={self.max_ops:,} ops: the "
-                    "rest are counted, not recorded, on every such step)", "warning")
+                    "rest are counted, not recorded, on every such step)", "warning",
+                    fields={"ops_cut": rec.shed + self.max_ops})
             g["complete"] = rec.shed == 0 and rec.failed is None
             g["recorder"] = "native" if isinstance(rec, NativeRecorder) else "python"
         else:

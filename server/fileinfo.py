@@ -79,6 +79,16 @@ def _duration(begin: float | None, stop: float | None) -> str:
     return f"{took * 1000:.0f} ms" if took < 1 else f"{took:.1f} s"
 
 
+def _cut(session: dict[str, Any], cut: dict[str, Any]) -> str:
+    """What the graph count leaves out: a step that ran more ops than ``max_ops`` has a graph of
+    its first ``max_ops`` (a graph of a big step read as whole; QA 46c)."""
+    settings = session.get("settings")
+    cap = settings.get("max_ops") if isinstance(settings, dict) else None
+    kept = f"its first {cap:,}" if isinstance(cap, int) else "its first max_ops"
+    return (f"cut at max_ops: step {cut.get('step', '?')} ran {cut['ops_cut']:,} ops, its graph holds {kept}, "
+            "as does every step that ran more")
+
+
 def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
     """The summary of a session file (``found``: its ``salvage``, when the caller has it)."""
     found = found or salvage(path)
@@ -88,6 +98,7 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
     ranks: set[int] = set()
     graphs = 0
     t_first = t_last = None
+    cut: dict[str, Any] | None = None  # the warning that a step's graph was cut at max_ops
     turned_off: list[str] = []  # parts of the capture that turned themselves off: when, and why
     for ev in _events(path, found.frames):
         kind = ev.get("kind")
@@ -108,6 +119,8 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
             graphs += 1
         elif kind == "end":
             end = ev
+        elif kind == "log" and isinstance(ev.get("ops_cut"), int) and cut is None:
+            cut = ev
         elif kind == "log" and (off := capture_off(ev)) is not None:
             step = ev.get("step")
             at = f" at step {step}" if type(step) is int else ""
@@ -128,7 +141,7 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
             if end
             else "running" if writing else "ended unexpectedly"
         ),
-        "graphs captured": graphs,
+        "graphs captured": graphs if cut is None else f"{graphs} ({_cut(session, cut)})",
         "size": _size(os.path.getsize(path)),
         "duration": _duration(begin, stop),
     }

@@ -81,3 +81,32 @@ def test_info_says_the_capture_mode(tmp_path: Path) -> None:
             opt.step()
     info = summarize(path)
     assert info["mode"] == "light" and info["graphs captured"] == 0 and list(info).index("mode") == 2, info
+
+
+def test_info_says_a_graph_was_cut_at_max_ops(tmp_path: Path) -> None:
+    """A step that ran more ops than ``max_ops`` keeps a graph of its first ``max_ops``: the
+    summary says so beside the graph count, with the ops the step ran (QA 46c: "graphs
+    captured: 3", read as three whole graphs), and says nothing of the kind when none was cut."""
+    import torch
+    from torch import nn
+
+    import torchscope
+
+    def run(path: Path, max_ops: int) -> int:
+        model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(10)])
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with torchscope.watch(model, opt, server=None, record=path, mode="full", max_ops=max_ops):
+            for _ in range(3):
+                opt.zero_grad()
+                model(torch.randn(2, 8)).sum().backward()
+                opt.step()
+        graphs = [e for e in iter_events(path) if e["kind"] == "graph"]
+        assert len(graphs) == 3
+        return max(len(g["ops"]) + g["shed_ops"] for g in graphs)
+
+    ran = run(tmp_path / "cut.tscope", 20)
+    assert ran > 20
+    assert summarize(tmp_path / "cut.tscope")["graphs captured"] == (
+        f"3 (cut at max_ops: step 0 ran {ran} ops, its graph holds its first 20, as does every step that ran more)")
+    assert run(tmp_path / "whole.tscope", 50_000) < 50_000
+    assert summarize(tmp_path / "whole.tscope")["graphs captured"] == 3
