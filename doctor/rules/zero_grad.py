@@ -19,6 +19,9 @@ FIX_INSIDE = ("Call optimizer.zero_grad() once per optimizer step -- before the 
               "optimizer.step() -- not inside the loop over micro-batches.")
 FIX_FOREIGN = ("Pass watch() the model the optimizer trains and that optimizer: torchscope.watch(model, optimizer) "
                "with optimizer = torch.optim.AdamW(model.parameters()) built after the model's last assignment.")
+FIX_FEATURES = ("Watch what trains: torchscope.watch(head, optimizer), or a module that holds both "
+                "(nn.Sequential(backbone, head)). A backbone frozen on purpose is best said with "
+                "backbone.requires_grad_(False), which also spares backward() its gradients.")
 FIX_UNHELD_PARAMETRIZED = (
     "Build the optimizer after weight_norm / spectral_norm / register_parametrization (or any change that replaces "
     "parameters, such as assigning a new layer), or add these parameters to it: "
@@ -53,6 +56,14 @@ def _foreign_steps(run: Run) -> list[int]:
     return foreign if foreign and len(foreign) == len(run.steps) else []
 
 
+def _features_only(run: Run, steps: list[int]) -> bool:
+    """Whether every forward of the model in ``steps`` ran under no_grad or inference_mode: a
+    frozen backbone feeding a head the optimizer trains, not a model the optimizer lost."""
+    events = dict(run.step_events())
+    forwards = [as_dict(f) for step in steps for f in as_list(events.get(step, {}).get("forwards"))]
+    return bool(forwards) and all(f.get("grad_mode") is False or f.get("inference_mode") is True for f in forwards)
+
+
 def _foreign_count(ev: dict[str, Any]) -> int:
     """How many optimizer.step() calls of none of the model's parameters this step saw."""
     return max((as_int(e.get("count")) for e in notes(ev, "foreign_step")), default=0)
@@ -72,6 +83,14 @@ def _foreign(run: Run) -> list[Finding]:
                "optimizer was, or a copy watched in place of the model the optimizer trains (an EMA teacher, a "
                "target network).")
     src = next((str(ev["step_src"]) for step, ev in run.step_events() if step in steps and ev.get("step_src")), None)
+    if _features_only(run, steps):
+        message = (f"{opt} steps none of the {trainable(run)} trainable parameters of {model}, and every forward of "
+                   f"{model} ran without autograd ({describe_steps(steps, run.last_step)}): the watched model is a "
+                   "frozen feature extractor for parameters outside it (a linear probe, a head trained on its "
+                   "features), so what torchscope shows of it -- its graph, its gradients -- is not what trains.")
+        return [make("P5", "warning", message, FIX_FEATURES, steps, rank=run.rank,
+                     targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients",
+                     title="The watched model only computes features")]
     return [make("P5", "error", message, FIX_FOREIGN, steps, rank=run.rank,
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients",
                  title="The optimizer steps none of the model's parameters")]

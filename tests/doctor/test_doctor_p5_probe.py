@@ -1,0 +1,54 @@
+"""A linear probe watched by its backbone: ``watch(backbone, head_optimizer)`` with the backbone
+run under ``torch.no_grad()`` each step.  The optimizer steps none of the watched model's
+parameters, which P5 read as a model the optimizer lost (an error, "another instance of the
+model ... created again after the optimizer was"; QA 46a).  Every forward of the model ran
+without autograd: it is a feature extractor, and the doctor says to watch what trains (a
+warning).  A model the optimizer really lost -- its forwards record a graph -- stays an error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+
+def _probe(path: Path, mode: str, frozen: bool) -> list[dict]:
+    torch.manual_seed(0)
+    backbone = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16))
+    head = nn.Linear(16, 3)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+    with torchscope.watch(backbone, opt, server=None, record=path, mode=mode):
+        for _ in range(6):
+            x, y = torch.randn(4, 8), torch.randint(0, 3, (4,))
+            if frozen:
+                with torch.no_grad():
+                    features = backbone(x)
+            else:  # the backbone builds a graph and its gradients, which no optimizer applies
+                features = backbone(x)
+            loss = nn.functional.cross_entropy(head(features), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return [f for f in diagnose(list(iter_events(path))) if f["code"] == "P5"]
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+def test_a_linear_probe_watched_by_its_backbone_is_a_warning_to_watch_what_trains(tmp_path: Path, mode: str) -> None:
+    (finding,) = _probe(tmp_path / "probe.tscope", mode, frozen=True)
+    assert finding["severity"] == "warning"
+    assert "frozen feature extractor" in finding["message"] and "ran without autograd" in finding["message"]
+    assert "torchscope.watch(head, optimizer)" in finding["fix"]
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_a_backbone_with_a_graph_that_no_optimizer_steps_stays_an_error(tmp_path: Path, mode: str) -> None:
+    (finding,) = _probe(tmp_path / "lost.tscope", mode, frozen=False)
+    assert finding["severity"] == "error"
+    assert "steps none of the 4 trainable parameters" in finding["message"]
+    assert "feature extractor" not in finding["message"]
