@@ -29,6 +29,9 @@ FIX_SOFTMAX = ("A softmax over a row that is -inf everywhere gives NaN: an atten
 FIX_DATA = ("The batch held NaN/Inf before the model saw it: find the samples with torch.isfinite(x).all(dim=...) "
             "and fix them at their source (the dataset file, a transform dividing by a zero std, a log of 0), "
             "or drop them in the data loader.")
+FIX_EMPTY = ("Skip a batch with nothing to average -- if (target != ignore_index).any(), if mask.any() -- or "
+             "average by hand with a count that is never zero: loss_sum / (target != ignore_index).sum().clamp(min=1) "
+             "(reduction='sum').")
 FIX_BACKWARD = ("A gradient formula met a zero its forward handled: sqrt or a norm of exactly zero (add an eps "
                 "inside: (x + 1e-12).sqrt()), log or a division in a torch.where branch that is masked out (its "
                 "gradient is still 0 * inf = NaN: make the input safe before the op, torch.where(mask, x, 1.0).log()), "
@@ -267,6 +270,21 @@ def _isolated(run: Run, steps: list[int]) -> bool:
     return bool(steps) and all(s + 1 not in steps and s < run.last_step for s in steps)
 
 
+def _empty_means(run: Run, steps: list[int]) -> bool:
+    """Each non-finite step's loss is NaN (not Inf) and every gradient it recorded is exactly
+    zero, none NaN: a mean over nothing, whose gradient is zero (cross_entropy over a batch of
+    ignore_index targets only), not an overflow, whose gradients would be NaN too."""
+    events = dict(run.step_events())
+    for step in steps:
+        ev = events.get(step, {})
+        loss, norms = as_float(ev.get("loss")), [as_float(v) for v in column(ev, "norm")]
+        if loss is None or not math.isnan(loss) or not norms or any(n != 0.0 for n in norms):
+            return False
+        if any(as_int(v) for v in column(ev, "nan")):
+            return False
+    return True
+
+
 def _step_before(run: Run, step: int) -> dict[str, Any] | None:
     """The event of step ``step - 1``, when recorded and its optimizer.step() ran (not skipped)."""
     ev = next((ev for s, ev in run.step_events() if s == step - 1), None)
@@ -356,7 +374,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                      targets=at_params,
                      modules=sorted({run.param_module(i) for i in params}), params=names, src=src, view="gradients",
                      data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
-    fix = FIX
+    fix, empty = FIX, False
     if node:
         made = origin_text(run, first_op, node)
         message = (f"NaN/Inf first produced in the backward at step {op_step} by {made}: a finite gradient came "
@@ -405,6 +423,12 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             fix = FIX_DATA
         else:
             message += _origin_unknown(full)
+    elif _isolated(run, steps) and _empty_means(run, steps):
+        message = (f"The loss is NaN with every gradient exactly zero {when}: a mean over no elements (0/0) -- a "
+                   "batch whose targets are all ignore_index for cross_entropy / nll_loss (padding only, every "
+                   "label masked), or loss[mask].mean() with an empty mask. Its backward sent zeros, so the model "
+                   "stayed finite, but the loss you log, and any running average of it, is NaN.")
+        fix, empty = FIX_EMPTY, True
     elif _isolated(run, steps):
         message = (f"The loss is NaN/Inf {when}, each time followed by finite steps: the model stayed finite, so "
                    "it came from those batches -- a NaN/Inf in "
@@ -436,7 +460,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     if guarded and all(scaler_skipped(ev) for step, ev in run.step_events() if step in at):
         # AMP's GradScaler skips a step whose gradients are not finite, by design (QA 46d: an error)
         message += " The GradScaler skipped those steps' updates, as it does, so the parameters stayed finite."
-    return [make("P4", "warning" if guarded else "error", message, fix, steps, rank=run.rank, targets=targets, modules=modules,
+    return [make("P4", "warning" if guarded or empty else "error", message, fix, steps, rank=run.rank, targets=targets, modules=modules,
                  params=names, src=str(first_op.get("src", "")) if first_op else forward_src if data else None,
                  view="graph" if first_op or node else "gradients",
                  data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
