@@ -245,6 +245,12 @@ def _through_outputs(walk: AutogradWalk, s: _StepState) -> bool:
     return bool(outs) and any(id(n.metadata.get("torchscope_out_sentinel")) in outs for n in walk.nodes)
 
 
+def _through_a_forward(walk: AutogradWalk) -> bool:
+    """Whether ``walk`` passes through the output of a recorded forward of the model, of any
+    step (asked only of a backward in a step with no forward of its own)."""
+    return any("torchscope_out_sentinel" in n.metadata for n in walk.nodes if hasattr(n, "metadata"))
+
+
 def _through_checkpoint(walk: AutogradWalk, s: _StepState) -> bool:
     """Whether ``walk`` goes through a reentrant checkpoint of this step's forward of the model
     (``checkpoint(model, x, use_reentrant=True)``): its graph holds the checkpoint's one node,
@@ -2759,12 +2765,17 @@ class Watch:
             self._start_step(s)
         if not s.forwards and not _forward_pending(s):
             # no forward of the root module this step (compiled, or parts of the model called
-            # directly), be the loss's graph walked or not (a leaf made anew from a number has
-            # none): only the function mode sees such a backward, so it stays on (a second
-            # backward through one forward, retain_graph, is not that)
+            # directly, or an earlier step's graph retained), be the loss's graph walked or not (a
+            # leaf made anew from a number has none): only the function mode sees such a
+            # backward, so it stays on (a second backward through one forward, retain_graph, is
+            # not that)
             self._mode_always = True
         if (walk is not None and walk.nodes and not _forward_pending(s)
-                and not self._compiled_forward(s, walk) and not s.forwards and not s.transformed):
+                and not self._compiled_forward(s, walk) and not s.forwards and not s.transformed
+                and not _through_a_forward(walk)):
+            # (a backward through an earlier step's forward, its graph retained -- an
+            # actor-critic's value loss after the actor's optimizer.step() ended the step -- is no
+            # sign of a model called past its hooks)
             self._note_direct_calls()
         if s.scale_version is None and self._scaler is not None:
             self._snapshot_scale(s)  # GradScaler creates its scale lazily, in its first scale()

@@ -91,7 +91,7 @@ def wait_for(cond: Callable[[], object], timeout: float = 30.0, every: float = 0
     return False
 
 
-def http_json(url: str, timeout: float = 5.0) -> object:
+def http_json(url: str, timeout: float = 30.0) -> object:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return json.loads(resp.read())
 

@@ -96,6 +96,24 @@ def killed_and_swept(page: Any, proc: forkrun.Forked | subprocess.Popen[Any], da
                            timeout=20_000)
 
 
+GRAPH_SETTLED = """(() => { const v = window.__torchscope.app.views.graph?.obj;
+  return !!v && !v.inFlight && v.waiters.length === 0 && !v.canvas.pending; })()"""
+
+
+def graph_settled(page: Any, timeout: float = 15_000) -> None:
+    """Wait until the graph view has no layout in its worker (``inFlight``), no caller waiting
+    on one (``waiters``, resolved once the newest layout is drawn) and no canvas draw queued
+    (``canvas.pending``): a key that expands or selects returns before the worker answered, so
+    a fixed sleep read the old scene on a busy machine (frontend/graph/view.js, render.js)."""
+    page.wait_for_function(GRAPH_SETTLED, timeout=timeout)
+
+
+def frame(page: Any) -> None:
+    """Wait two animation frames: what a chart (not the graph) queued with requestAnimationFrame
+    is drawn after them, where a fixed sleep only guessed how long that takes."""
+    page.evaluate("new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+
+
 def shot(page: Any, name: str) -> None:
     """A screenshot into test-artifacts/screenshots/ (a look at what a test saw)."""
     from conftest import ARTIFACTS

@@ -33,8 +33,8 @@ def test_two_live_runs_each_page_shows_its_own(tmp_path: Path) -> None:
         for p in [train(srv, tmp_path, f"done-{i}", "--steps", "2") for i in range(3)]:
             finish(p)
         # two at once: a graph-capturing one and a light one, each held open at its end
-        runs = {"live-a": train(srv, tmp_path, "live-a", "--steps", "40", "--sleep", "0.05", "--hold", "60"),
-                "live-b": train(srv, tmp_path, "live-b", "--steps", "400", "--sleep", "0.01", "--mode", "light", "--hold", "60")}
+        runs = {"live-a": train(srv, tmp_path, "live-a", "--steps", "40", "--sleep", "0.05", "--hold", "600"),
+                "live-b": train(srv, tmp_path, "live-b", "--steps", "400", "--sleep", "0.01", "--mode", "light", "--hold", "600")}
         try:
             ids = {name: session_id(srv, name, "running") for name in runs}
             page.goto(srv.url + "/")

@@ -18,6 +18,7 @@ machine cannot record one):
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from typing import Any
 
 import forkrun
 import pytest
-from browser_page import checked_page, open_session, session_id, shot
+from browser_page import checked_page, graph_settled, open_session, session_id, shot
 from conftest import EXAMPLES, ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -102,11 +103,22 @@ HIGHLIGHT = """() => { const v = window.__torchscope.app.views.graph.obj;
            highlight: v.highlight ? [...v.highlight] : null, selected: v.selected, info: v.searchInfo.textContent }; }"""
 
 
+# The search box's text as it is now marked and counted: its "N matches" is of this text's
+# matches, and so are the marked keys (a pause mid-word marked the matches of "lin").
+SEARCHED = """(() => { const v = window.__torchscope.app.views.graph.obj, ms = v.matches();
+  return v.searchInfo.textContent === `${ms.length} matches` && !!v.highlight && v.highlight.size === ms.length
+    && ms.every((l) => v.highlight.has(l.key)); })()"""
+
+
 def test_search_marks_the_matches_as_the_user_types(page: Any, srv: ServerProc, transformer: str) -> None:
     open_graph(page, srv, transformer)
     page.locator("[data-testid=search]").click()
     page.keyboard.type("linear", delay=30)  # no Enter
-    page.wait_for_timeout(600)  # past the typing pause
+    # past the typing pause: the box's whole text searched (not a pause after "lin"), and drawn;
+    # if that never comes, the assertions below say what the page shows
+    with contextlib.suppress(playwright_sync.TimeoutError):
+        page.wait_for_function(SEARCHED, timeout=15_000)
+    graph_settled(page)
     shot(page, "qa29-search-typed")
     r = page.evaluate(HIGHLIGHT)
     assert len(r["matches"]) >= 4, r  # linear1 / linear2 of two layers, the head's F.linear...
@@ -120,7 +132,8 @@ def test_search_marks_the_matches_as_the_user_types(page: Any, srv: ServerProc, 
     assert e["selected"] in r["matches"] and sorted(e["highlight"] or []) == sorted(r["matches"]), e
     assert e["info"] == f"1/{len(r['matches'])}", e
     page.locator("[data-testid=search]").fill("")  # emptied: the marks go
-    page.wait_for_timeout(600)
+    with contextlib.suppress(playwright_sync.TimeoutError):
+        page.wait_for_function("window.__torchscope.app.views.graph.obj.highlight === null", timeout=15_000)
     assert page.evaluate(HIGHLIGHT)["highlight"] is None
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import DASHBOARD_TRAIN, checked_context, chromium, open_session, recorded, shot
+from browser_page import DASHBOARD_TRAIN, checked_context, chromium, frame, graph_settled, open_session, recorded, shot
 from conftest import EXAMPLES, ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -101,7 +101,7 @@ ITEMS = """() => window.__torchscope.app.views.graph.obj.scene.items.map((it) =>
 def test_a_sub_label_keeps_its_tensor_shape_whole(page: Any, srv: ServerProc, transformer: str) -> None:
     graph = open_graph(page, srv, transformer)
     page.evaluate("window.__torchscope.expandAll()")
-    page.wait_for_timeout(300)  # drawn: sub-labels are cut as they are drawn
+    graph_settled(page)  # drawn: sub-labels are cut as they are drawn
     shot(page, "qa35-sub-labels")
     items = page.evaluate(ITEMS)
     tensors = {t["id"]: t for t in graph["tensors"]}
@@ -133,7 +133,7 @@ def test_the_loss_outside_the_model_is_not_called_root(page: Any, srv: ServerPro
     # the loop's cross_entropy, and TinyLM.forward's own `tok(idx) + pos[:t]`
     assert outside and root, graph["ops"]
     page.evaluate("window.__torchscope.expandAll()")
-    page.wait_for_timeout(200)
+    graph_settled(page)
     subs = {it["key"]: it["sub"] for it in page.evaluate(ITEMS)}
     for k in outside:
         assert subs[k].endswith(" · (outside the model)") or subs[k] == "(outside the model)", (k, subs[k])
@@ -232,7 +232,7 @@ def test_the_learning_rate_is_drawn_as_a_step_line(page: Any, srv: ServerProc, s
     page.wait_for_function("(() => { const g = window.__torchscope.state().gradients; return g && g.lr.x.length >= 8; })()",
                            timeout=60_000)
     page.locator("[data-testid=lr]").scroll_into_view_if_needed()
-    page.wait_for_timeout(200)
+    frame(page)  # the chart redrawn (its ResizeObserver) before its pixels are read
     chart = page.evaluate("""() => { const c = window.__torchscope.app.views.gradients.obj.lr;
       return { geom: c.geom, axis: c.axis, series: c.series.map((s) => ({ y: s.y, color: s.color })) }; }""")
     geom, axis, head = chart["geom"], chart["axis"], chart["series"][1]

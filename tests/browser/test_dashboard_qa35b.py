@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import DASHBOARD_TRAIN, checked_context, chromium, open_session, recorded, shot
+from browser_page import DASHBOARD_TRAIN, checked_context, chromium, frame, graph_settled, open_session, recorded, shot
 from conftest import EXAMPLES, ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -97,7 +97,7 @@ def open_graph(page: Any, srv: ServerProc, sid: str, query: str = "") -> dict[st
     """The graph view of ``sid`` once drawn; returns the step's graph as the server sends it."""
     open_session(page, srv.url, sid, f"?view=graph{query}")
     page.wait_for_function("(() => { const g = window.__torchscope.state().graph; return g && g.nodes.length > 0; })()")
-    page.wait_for_timeout(200)
+    graph_settled(page)
     step = page.evaluate("window.__torchscope.state().graph.step")
     return srv.get(f"/api/sessions/{sid}/graph?step={step}")  # type: ignore[return-value]
 
@@ -107,8 +107,18 @@ def selected(page: Any) -> str:
 
 
 def press(page: Any, key: str) -> None:
+    """A key, then the select or the layout in the worker it started, drawn."""
     page.keyboard.press(key)
-    page.wait_for_timeout(250)  # a select or a layout in the worker
+    graph_settled(page)
+
+
+def expect_selected(page: Any, key: str) -> None:
+    """The graph's selection becomes ``key`` (a wrong one times out and fails, saying what it is)."""
+    try:
+        page.wait_for_function(f"window.__torchscope.state().graph.selected === {key!r}", timeout=15_000)
+    except playwright_sync.TimeoutError:
+        pass
+    assert selected(page) == key
 
 
 # ----------------------------------------------------------------------------- F6
@@ -120,17 +130,22 @@ def test_n_after_enter_walks_into_the_module_it_expanded(page: Any, srv: ServerP
     page.evaluate("document.activeElement && document.activeElement.blur()")  # the keys from no text field
     press(page, "Enter")
     page.wait_for_function("window.__torchscope.state().graph.expanded.includes('forward:2')")
+    graph_settled(page)
     assert selected(page) == "g:forward:2"  # a frame now, in no place of the n / p order
     press(page, "n")
-    assert selected(page) == relu  # the expanded module's first op, not the graph's first module
+    expect_selected(page, relu)  # the expanded module's first op, not the graph's first module
     press(page, "n")
-    assert selected(page) == "g:forward:3"
+    expect_selected(page, "g:forward:3")
     # from the frame, "p" goes to what ran before the module
     page.evaluate("window.__torchscope.select('g:forward:2')")
+    expect_selected(page, "g:forward:2")
+    graph_settled(page)
     press(page, "p")
-    assert selected(page) == "g:forward:1"
+    expect_selected(page, "g:forward:1")
     # Enter on the frame of an expanded module collapses it
     page.evaluate("window.__torchscope.select('g:forward:2')")
+    expect_selected(page, "g:forward:2")
+    graph_settled(page)
     press(page, "Enter")
     page.wait_for_function("!window.__torchscope.state().graph.expanded.includes('forward:2')")
     shot(page, "qa35b-keys-after-enter")
@@ -150,7 +165,7 @@ def test_no_diff_with_one_captured_step(page: Any, srv: ServerProc, cnn: str) ->
     open_graph(page, srv, cnn, "&overlay=diff")
     page.wait_for_function("window.__torchscope.state().graph.overlay === 'diff'")
     page.wait_for_function("document.querySelector('[data-testid=legend]').textContent.includes('no other step')")
-    page.wait_for_timeout(200)
+    graph_settled(page)
     nodes = page.evaluate("window.__torchscope.state().graph.nodes")
     assert {n["key"]: n["color"] for n in nodes} == phase
     legend = page.locator("[data-testid=legend]").inner_text()
@@ -235,7 +250,7 @@ def test_activation_axis_labels_stay_apart_at_1024(browser: Any, srv: ServerProc
         open_session(page, srv.url, vanishing, "?view=gradients")
         page.locator("[data-testid=act-axis] .act-tick").first.wait_for()
         page.locator("[data-testid=act-axis]").scroll_into_view_if_needed()
-        page.wait_for_timeout(200)
+        frame(page)
         ticks = page.evaluate(TICKS)
         assert len(ticks) >= 3, ticks
         for a, b in zip(ticks, ticks[1:], strict=False):
@@ -303,7 +318,8 @@ def test_the_first_view_shows_the_loss_above_the_legend(page: Any, srv: ServerPr
     root = next(n for n in graph["nodes"] if n["id"] == graph["root"])
     last_op = max(o["id"] for o in graph["ops"])
     assert root["op"] == last_op  # the loss (nll_loss_forward) ran last
-    page.wait_for_timeout(300)
+    frame(page)  # a refit the canvas's ResizeObserver queued
+    graph_settled(page)
     r = page.evaluate(ON_SCREEN, [f"o{last_op}", f"n{root['id']}"])
     assert r["canvas"][1] <= r["legend"] + 1, r  # the legend is under the canvas
     for top, bottom in r["boxes"]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from browser_page import checked, module_browser, open_session, recorded  # noqa: F401 - fixtures
+from browser_page import checked, graph_settled, module_browser, open_session, recorded  # noqa: F401 - fixtures
 from conftest import EXAMPLES, ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -71,15 +71,18 @@ COLUMNS = """(() => {
 def test_stepping_through_nodes_keeps_both_columns_in_view(page: Any, srv: ServerProc, cnn: str) -> None:
     open_session(page, srv.url, cnn, "?view=graph")
     page.wait_for_function("(() => { const g = window.__torchscope.state().graph; return g && g.nodes.length > 0; })()")
+    graph_settled(page)
     page.locator("canvas[aria-label^='computation graph']").focus()
     page.keyboard.press("n")
     page.wait_for_function("window.__torchscope.state().graph.selected !== null")
-    page.wait_for_timeout(200)
+    graph_settled(page)
     at = page.evaluate(COLUMNS)
     assert at["left"] >= 0 and at["right"] <= at["width"], at  # the forward and the backward column
     for _ in range(3):  # the next nodes are in view: the view does not move
+        before = page.evaluate("window.__torchscope.state().graph.selected")
         page.keyboard.press("n")
-        page.wait_for_timeout(150)
+        page.wait_for_function(f"window.__torchscope.state().graph.selected !== {before!r}")  # "n" handled
+        graph_settled(page)
         assert page.evaluate(COLUMNS)["view"] == at["view"]
 
 

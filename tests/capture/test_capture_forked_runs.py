@@ -74,7 +74,7 @@ def test_a_forked_script_past_its_timeout_is_killed(tmp_path: Path) -> None:
     script.write_text("import time\nprint('started', flush=True)\ntime.sleep(120)\n")
     child = forkrun.spawn([str(script)])
     try:
-        forkrun.run([str(script)], timeout=1)
+        forkrun.run([str(script)], timeout=10)  # the script sleeps 120 s: far past it
     except subprocess.TimeoutExpired as exc:
         assert "started" in str(exc.stdout)
     else:

@@ -5,6 +5,7 @@ find no doctor running: QA 37d saw a NaN on one of two live runs reach its page 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import math
@@ -29,6 +30,29 @@ def _post(srv: ServerProc, sid: str, frames: list[bytes]) -> None:
 def _findings(srv: ServerProc, sid: str) -> list[dict[str, Any]]:
     with urllib.request.urlopen(f"{srv.url}/api/sessions/{sid}/diagnostics", timeout=120) as resp:
         return json.loads(resp.read())  # type: ignore[no-any-return]
+
+
+def _descendants(pid: int) -> list[int]:
+    """The pids of ``pid``'s children, theirs, and so on (Linux /proc)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for children in Path(f"/proc/{p}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                kids = [int(c) for c in children.read_text().split()]
+                found += kids
+                todo += kids
+    return found
+
+
+def _doctor_running(server_pid: int) -> bool:
+    """Whether a doctor child (``python -m torchscope.server.diagnostics DB``) of the server runs."""
+    for pid in _descendants(server_pid):
+        with contextlib.suppress(OSError):
+            if b"torchscope.server.diagnostics" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+    return False
 
 
 def _nan_step(step: int) -> dict[str, Any]:
@@ -63,7 +87,13 @@ def test_a_page_answered_while_another_runs_doctor_runs_gets_its_run_diagnosed_n
 
         b_page = threading.Thread(target=_findings, args=(srv, "runB"))
         b_page.start()
-        time.sleep(0.5)  # B's doctor is running now
+        # B's doctor is running now: its child process exists only while B's request holds the
+        # doctor lock (nothing else is diagnosed: neither run ended)
+        assert srv.proc is not None
+        deadline = time.monotonic() + 30
+        while not _doctor_running(srv.proc.pid) and b_page.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _doctor_running(srv.proc.pid), "B's doctor never started (or was over before it was seen)"
         answered = _findings(srv, "runA")
         since = time.monotonic()
         b_still_running = b_page.is_alive()

@@ -36,6 +36,8 @@ def test_sigterm_with_dashboards_open_ends_their_streams_and_stops_cleanly(tmp_p
         srv.stop()
     log = srv.log.read_text()
     assert code == -signal.SIGTERM, log  # uvicorn stops, then re-raises the signal it caught
-    assert "ERROR" not in log and "Cancel" not in log, log
-    # uvicorn's graceful timeout is 3 s: a stop that waited for the streams took longer
-    assert took < 3.0, (took, log)
+    # the sign of a stop that waited for the streams: uvicorn's graceful timeout (3 s) ran out
+    # and it logged "ERROR: Cancel N running task(s)"
+    assert "ERROR" not in log and "Cancel" not in log and "graceful shutdown exceeded" not in log, log
+    # and no stop that hangs (the bound is loose: a loaded machine is slow to stop a process)
+    assert took < 15.0, (took, log)
