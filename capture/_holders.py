@@ -29,7 +29,7 @@ def container_of(obj: Any) -> str:
     named does."""
     name = _name_of(obj)
     if name:
-        kind = "an attribute" if name.startswith("'.") else "a variable"
+        kind = "an attribute" if "." in name else "a variable"
         return f"{name} ({kind})"
     referrers = gc.get_referrers(obj)
     try:
@@ -51,14 +51,21 @@ def _name_of(x: Any) -> str:
     """How the user names ``x``: ``'name'``, a local variable of a running frame or a module's
     global; ``'.name'``, an object's attribute; "" for none.  (Running frames are no referrers
     to the garbage collector: their locals are walked.)"""
-    f: types.FrameType | None = sys._getframe(1)
+    found = _running_name(x)
+    return f"'{found}'" if found else _owner_name(x)
+
+
+def _running_name(x: Any) -> str:
+    """The name of ``x`` among the user's running frames' locals (a module's code: its
+    globals), innermost first; "" for none."""
+    f: types.FrameType | None = sys._getframe(2)
     while f is not None:
         if not _is_internal(f.f_code.co_filename):  # not torch's, not ours
             found = _key_of(locals_of(f), x)
             if found:
-                return f"'{found}'"
+                return found
         f = f.f_back
-    return _owner_name(x)
+    return ""
 
 
 def _key_of(mapping: dict[str, Any], value: Any) -> str:
@@ -92,7 +99,9 @@ def graph_lists(before: dict[int, int]) -> tuple[dict[int, int], str]:
 
 
 def _owner_name(x: Any) -> str:
-    """``'.name'`` for an object's attribute, ``'name'`` for a module's global; "" otherwise."""
+    """``'tracker.name'`` for an attribute of an object the user's running code names
+    (``'.name'`` when it names none, or when the attribute is in a ``__dict__`` already made),
+    ``'name'`` for a module's global; "" otherwise."""
     owners = gc.get_referrers(x)
     try:
         for owner in owners:
@@ -103,7 +112,10 @@ def _owner_name(x: Any) -> str:
             attrs = owner if isinstance(owner, dict) else getattr(owner, "__dict__", None)
             found = _key_of(attrs, x) if isinstance(attrs, dict) else ""
             if found:
-                return f"'{found}'" if _is_globals(owner) else f"'.{found}'"
+                if _is_globals(owner):
+                    return f"'{found}'"
+                base = "" if isinstance(owner, dict) else _running_name(owner)
+                return f"'{base}.{found}'"
         return ""
     finally:
         del owners

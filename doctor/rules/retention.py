@@ -92,7 +92,8 @@ def _hook_bytes(ev: dict[str, object]) -> int:
 
 def _kept_by(held_in: str, default: str) -> str:
     """The code name of what the capture found holding them: ``'preds' (a list)`` -> ``preds``,
-    ``'.outputs' (a list)`` -> ``self.outputs``; ``default`` for one it could not name (QA 46a:
+    ``'.outputs' (a list)`` -> ``self.outputs``, ``'tracker.losses' (a list)`` -> ``tracker.losses``;
+    ``default`` for one it could not name (QA 46a:
     the example named ``all_probs`` for a list called ``all_preds``)."""
     if not held_in.startswith("'"):
         return default

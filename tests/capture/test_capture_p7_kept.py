@@ -182,7 +182,12 @@ class _Trainer:
                 self.losses.append(loss)
 
 
-@pytest.mark.parametrize("where", ["local_list", "local_dict", "attribute", "last_loss_only"])
+class _Tracker:
+    def __init__(self) -> None:
+        self.losses: list[torch.Tensor] = []
+
+
+@pytest.mark.parametrize("where", ["local_list", "local_dict", "attribute", "tracker", "last_loss_only"])
 def test_p7_names_the_container_that_keeps_the_losses(tmp_path: Path, where: str) -> None:
     """``history.append(loss)`` is no torch call the mode could see: once losses of two earlier
     steps are alive, the garbage collector's referrers name what holds them -- a list in a
@@ -196,6 +201,7 @@ def test_p7_names_the_container_that_keeps_the_losses(tmp_path: Path, where: str
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         history: Any = {} if where == "local_dict" else []
+        tracker = _Tracker()
         with torchscope.watch(model, opt, server=None, record=path):
             for i in range(8):
                 loss = model(torch.randn(4, 8)).pow(2).mean()
@@ -206,17 +212,20 @@ def test_p7_names_the_container_that_keeps_the_losses(tmp_path: Path, where: str
                     history.append(loss)
                 elif where == "local_dict":
                     history[i] = loss
+                elif where == "tracker":  # another object's attribute: named by the object's name (was '.losses')
+                    tracker.losses.append(loss)
     held = {e["graphs_kept"].get("held_in") for e in _steps(path) if "graphs_kept" in e} - {None}
     p7 = [f for f in diagnose(iter_events(path)) if f["code"] == "P7"]
     if where == "last_loss_only":
         assert held == set() and p7 == []
         return
-    want = {"local_list": "'history' (a list)", "local_dict": "'history' (a dict)", "attribute": "'.losses' (a list)"}[where]
+    want = {"local_list": "'history' (a list)", "local_dict": "'history' (a dict)", "attribute": "'self.losses' (a list)",
+            "tracker": "'tracker.losses' (a list)"}[where]
     assert held == {want}
     assert len(p7) == 1 and f"held by {want}" in p7[0]["message"], p7
     # the example is the loop's own code (QA 46a: a canned name; QA 46e: append() for a dict)
     code = {"local_list": "`history.append(loss)`", "local_dict": "`history[key] = loss`",
-            "attribute": "`self.losses.append(loss)`"}[where]
+            "attribute": "`self.losses.append(loss)`", "tracker": "`tracker.losses.append(loss)`"}[where]
     assert code in p7[0]["message"], p7[0]["message"]
 
 
@@ -296,7 +305,7 @@ def test_p7_names_the_list_that_keeps_outputs(tmp_path: Path, where: str) -> Non
         return
     # a function's local list is named too, its frame's locals read without leaving them a
     # snapshot that would keep the loop's tensors alive (test_naming_the_list_keeps_no_step...)
-    want = {"local_list": "'all_probs' (a list)", "attribute": "'.outputs' (a list)"}[where]
+    want = {"local_list": "'all_probs' (a list)", "attribute": "'self.outputs' (a list)"}[where]
     assert len(held) == 1 and next(iter(held)).startswith(want), held
     told = "the model's outputs, or tensors computed from them, stay referenced after their step, held by "
     assert len(p7) == 1 and told + want in p7[0]["message"], p7
