@@ -1220,6 +1220,7 @@ class Watch:
         # (id of the optimizer, the recorder) whose step() paused the op recorder (_pause_for_step)
         self._paused_for: tuple[int, Any] | None = None
         self._co_opts: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
+        self._co_trained: list[int] = []  # the model's parameters another optimizer steps, as last told (_not_trained)
         self._co_candidates: set[int] = set()  # the first step's not_trained another optimizer may train
         self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
         self._gc_paused = False
@@ -3605,6 +3606,12 @@ class Watch:
                 s.events.append({"what": "stale_params", "count": stale})
         if out and self._co_opts:
             held = self._co_held(self._step - 1)
+            co = [i for i in out if id(params[i]) in held]
+            if co != self._co_trained:
+                # the parameters another optimizer of the loop steps (an actor-critic's critic):
+                # said when they change, so the doctor knows whose step applies their gradient
+                self._co_trained = co
+                s.events.append({"what": "co_trained", "params": co})
             out = [i for i in out if id(params[i]) not in held]
         if s.asked is not None:
             left = [i for i, p in enumerate(params) if p is not None and p.requires_grad and i not in s.asked]

@@ -20,7 +20,7 @@ from torchscope.schema import Finding
 
 from ..finding import describe_steps, make
 from ..graph import ops, producers, target_of_op
-from ..run import Run, as_int, as_list
+from ..run import Run, as_dict, as_int, as_list, notes
 from ..settings import Settings
 
 # ops that hand a value on unchanged, or pick some of it (the taken actions' entries)
@@ -115,6 +115,27 @@ def _attached_advantage(tid: int, made: dict[int, dict[str, Any]], table: _Table
     return head if shape and shape[-1] == 1 else None
 
 
+def _cleared_first(run: Run, module: str, steps: list[int]) -> bool:
+    """Whether what the policy loss sent the value head on ``steps`` never reached an update: the
+    head's parameters are another optimizer's than the one whose step ends the step (the capture's
+    ``co_trained``), and they held no gradient when the next step's first backward began -- that
+    optimizer's zero_grad() came before its backward (a critic's own optimizer cleared it).  A
+    critic whose backward comes first, its zero_grad() after its step, held the policy loss's
+    gradient then and stepped it."""
+    head = {i for i in range(len(run.params)) if run.param_module(i) == module}
+    events = dict(run.step_events())
+    told = [(step, {as_int(i, -1) for i in as_list(e.get("params"))}) for step, ev in sorted(events.items())
+            for e in notes(ev, "co_trained")]
+    checked = [step for step in steps if step + 1 in events]  # (the run's last step has no next to tell)
+    for step in checked:
+        # the set as told last at or before the step (the first one told for steps before it)
+        co = next((c for at, c in reversed(told) if at <= step), told[0][1] if told else set())
+        pre = as_dict(events[step + 1].get("grads")).get("pre_nonzero")
+        if not head or not head <= co or not isinstance(pre, list) or head & {as_int(i, -1) for i in pre}:
+            return False
+    return bool(checked)
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
     found: dict[str, tuple[list[int], dict[str, Any], dict[str, Any], int]] = {}
     for step, g in run.all_graphs():
@@ -144,6 +165,17 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         kind = run.module_type(module)
         named = f"{module!r}" + (f" ({kind})" if kind else "") if module else "the value head"
         at = f" at {src}" if src else ""
+        if module and _cleared_first(run, module, steps):
+            message = (f"The policy loss{at} multiplies the taken actions' log-probabilities by an advantage that still "
+                       f"requires grad (the value from {named} not detached), but the critic has an optimizer of its "
+                       "own whose zero_grad() clears what the policy loss sends it before its backward: nothing of it "
+                       f"reaches the critic's update (captured graph{'s' if len(steps) > 1 else ''} "
+                       f"{describe_steps(steps, run.last_step)}). The backward still computes it, and a loop reordered "
+                       "later would apply it.")
+            findings.append(make("P18", "info", message, FIX, steps, rank=run.rank,
+                                 targets=[target_of_op(first, run.rank, mul), target_of_op(first, run.rank, head)],
+                                 modules=[module], src=src or None, title="Advantage not detached, its gradient cleared"))
+            continue
         message = (f"The policy loss{at} multiplies the taken actions' log-probabilities by an advantage that still "
                    f"requires grad: (returns - value) with the value from {named} not detached, so the policy "
                    "loss trains the critic too -- its gradient there is log π(a|s), pushing the value up whatever "
