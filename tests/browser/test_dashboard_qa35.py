@@ -25,7 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import DASHBOARD_TRAIN, checked_context, chromium, frame, graph_settled, open_session, recorded, shot
+from browser_page import (
+    DASHBOARD_TRAIN,
+    checked_context,
+    chromium,
+    frame,
+    graph_settled,
+    open_session,
+    recorded,
+    shot,
+)
 from conftest import EXAMPLES, ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")

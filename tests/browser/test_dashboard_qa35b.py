@@ -20,13 +20,23 @@ real example, pitfall and training scripts:
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import DASHBOARD_TRAIN, checked_context, chromium, frame, graph_settled, open_session, recorded, shot
+from browser_page import (
+    DASHBOARD_TRAIN,
+    checked_context,
+    chromium,
+    frame,
+    graph_settled,
+    open_session,
+    recorded,
+    shot,
+)
 from conftest import EXAMPLES, ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -114,10 +124,8 @@ def press(page: Any, key: str) -> None:
 
 def expect_selected(page: Any, key: str) -> None:
     """The graph's selection becomes ``key`` (a wrong one times out and fails, saying what it is)."""
-    try:
+    with contextlib.suppress(playwright_sync.TimeoutError):
         page.wait_for_function(f"window.__torchscope.state().graph.selected === {key!r}", timeout=15_000)
-    except playwright_sync.TimeoutError:
-        pass
     assert selected(page) == key
 
 

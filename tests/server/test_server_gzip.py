@@ -63,7 +63,9 @@ def test_live_channel_with_gzip_accepted_still_pushes_at_once(server: ServerProc
             line = resp.readline().strip()
             if line.startswith(b"data: "):
                 kinds.append(json.loads(line[6:])["kind"])
-        assert time.monotonic() - t0 < 5.0  # pushed as they happen, not held in a compressor
+        # pushed as they happen, not held in a compressor (until the 15 s keepalive flushed it);
+        # loose for a loaded machine
+        assert time.monotonic() - t0 < 10.0
         assert kinds[0] == "session" and kinds[-1] == "end"
     finally:
         resp.close()

@@ -135,7 +135,7 @@ def test_health_reports_a_writer_that_stopped_and_writes_fail_at_once(tmp_path: 
         t0 = time.monotonic()
         r = client.get("/api/ingest/x/0/next")
         assert r.status_code == 503 and "restart the server" in one_line(r.json()["detail"])
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 15  # at once, not forever (loose for a loaded machine)
 
 
 # ---------------------------------------------------------------------- lone surrogates

@@ -78,8 +78,9 @@ def test_live_channel_pushes_within_a_second(tmp_path: Path) -> None:
                 msg = json.loads(line[6:])
                 assert msg["session"] == "live1" and msg["rank"] == 0
                 kinds.append(msg["kind"])
-        # the 1 s target is measured in benchmarks/bench_server.py; here only "pushed, not polled"
-        assert time.monotonic() - t0 < 5.0
+        # the 1 s target is measured in benchmarks/bench_server.py; here only "pushed, not polled":
+        # loose for a loaded machine, yet under the 15 s keepalive that would flush a held stream
+        assert time.monotonic() - t0 < 10.0
         assert kinds[0] == "session" and "graph" in kinds and kinds[-1] == "end" and "step" in kinds
         resp.close()
         assert http_json(srv.url + "/api/health")["ok"] is True  # type: ignore[index]
