@@ -46,14 +46,21 @@ def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], di
     # ... on the steps it is idle: one never reached at all (a layer the forward never uses,
     # zeros from zero_grad(set_to_none=False) at every step) is still told
     alive = {i for _, ev in _judged_steps(run) for i, n in enumerate(floats(ev, "norm")) if n} if unreached else set()
+    # ... and, where no graph tells, a gradient of exactly zero left by zero_grad(set_to_none=False)
+    # on a step between others that reach it: an expert of a mixture no token was routed to on
+    # that step (its routing changes the graph nearly every step, so few were captured; QA 47b).
+    # A dead branch does not come back: its zeros last to the end.
+    last_alive = {i: step for step, ev in _judged_steps(run) for i, n in enumerate(floats(ev, "norm")) if n}
     for step, ev in _judged_steps(run):
         norms = floats(ev, "norm")
+        routed_away = ({i for i, n in enumerate(norms) if n == 0.0 and last_alive.get(i, -1) > step}
+                       if ev.get("zero_grad_set_to_none") is False else set())
         # zero_frac may be sampled every few steps; meanwhile a norm of exactly 0 says "all zeros"
         # (and a non-zero norm, conservatively, "not dead").
         sampled = floats(ev, "zero_frac")
         zf = [sampled[i] if i < len(sampled) and sampled[i] is not None
               else None if n is None else 1.0 if n == 0.0 else 0.0 for i, n in enumerate(norms)]
-        idle = unreached.get(step, set()) & alive
+        idle = unreached.get(step, set()) & alive | routed_away
         flagged = [i for i, frac in enumerate(zf) if frac is not None and frac >= settings.dead_zero_frac
                    and i < len(norms) and norms[i] is not None and i not in sparse and i not in idle]
         if not flagged:
