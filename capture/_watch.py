@@ -97,6 +97,8 @@ _CHANGE_CAPTURES_FIRST, _CHANGE_CAPTURES_EVERY = 8, 10
 # gradient) every this many steps, on captured steps, every step in full mode, and after a
 # non-finite gradient; the other steps record norms, NaN/Inf counts and missing grads only.
 GRAD_STATS_EVERY = 10
+_FROZEN_CHECKS = frozenset((0, GRAD_STATS_EVERY, 2 * GRAD_STATS_EVERY))  # steps _frozen_moved reads frozen parameters at
+_FROZEN_MAX = 4096  # the most frozen parameters it reads (one element each)
 # forwards inside torch.func transforms before a run that has ended no step is told that its
 # loop records none (a MAML outer step makes tens of them before its first step ends)
 _TRANSFORMED_TELL = 100
@@ -1220,6 +1222,7 @@ class Watch:
         # (id of the optimizer, the recorder) whose step() paused the op recorder (_pause_for_step)
         self._paused_for: tuple[int, Any] | None = None
         self._co_opts: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = weakref.WeakKeyDictionary()
+        self._frozen_values: dict[int, float] | None = None  # a value of each frozen parameter at step 0 (_frozen_moved)
         self._co_trained: list[int] = []  # the model's parameters another optimizer steps, as last told (_not_trained)
         self._co_candidates: set[int] = set()  # the first step's not_trained another optimizer may train
         self._touches: dict[str, int] = {}  # graph signature -> a node of one of our parameters in it
@@ -3058,6 +3061,26 @@ class Watch:
         self._s.accumulated = max(self._s.accumulated - 1, 0)  # it raised before accumulating
         del self._s.summed[self._s.pass_summed:]  # nor is its loss in the gradients
 
+    def _frozen_moved(self, params: list[torch.Tensor | None], s: _StepState) -> None:
+        """Which parameters that require no grad changed since step 0: a momentum copy's (an EMA
+        teacher, MoCo's key encoder, BYOL's target), not a fixed network's (a distillation
+        teacher, a pretrained backbone).  One element of each is read, at steps 0, 10 and 20
+        only (an update through ``.data`` leaves the version counter alone, so values are
+        compared): ``{what: "frozen_moved", params}`` from step 10 on, empty for none."""
+        frozen = [(i, p) for i, p in enumerate(params) if p is not None and not p.requires_grad and p.numel()
+                  and p.layout == torch.strided][:_FROZEN_MAX]
+        if not frozen:
+            return
+        with _unseen(), torch.no_grad():
+            firsts = [p.detach().reshape(-1)[0].float() for _, p in frozen]
+            on = firsts[0].device  # one copy to the host for all of them
+            values = dict(zip([i for i, _ in frozen], torch.stack([v.to(on) for v in firsts]).tolist(), strict=True))
+        if self._frozen_values is None:
+            self._frozen_values = values
+            return
+        before = self._frozen_values
+        s.events.append({"what": "frozen_moved", "params": [i for i, v in values.items() if i in before and v != before[i]]})
+
     def _versions(self) -> int:
         return sum(p._version for r in self._params if (p := r()) is not None)
 
@@ -3799,6 +3822,8 @@ class Watch:
         if read is None:  # gradient statistics failed (and are off): the step keeps its losses
             read = self._grad_stats(s, [])
         not_trained = self._safe("grads", self._not_trained, opt, params, s) or []
+        if self._step in _FROZEN_CHECKS:
+            self._safe("grads", self._frozen_moved, params, s)
         _reached(s)
         late = self._late_reached(s, s.forwards)
         now = time.perf_counter()

@@ -6,6 +6,7 @@ fine-tuning's frozen statistics (norm_eval): an info, not a warning.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torchscope.schema import Finding, FindingTarget
@@ -230,7 +231,94 @@ FIX_FROZEN_NORM = ("If the frozen layers are meant to compute what they were tra
                    "intended, nothing to fix.")
 
 
-def _frozen_norms_updating(run: Run, settings: Settings, owned: dict[str, list[int]]) -> list[Finding]:
+_DROPOUTS = ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout")
+FIX_FIXED_DROPOUT = ("Keep the frozen network in eval mode: model.train() puts every submodule back in train mode, so "
+                     "call teacher.eval() after each model.train(), or override train() in the model that holds it "
+                     "(def train(self, mode=True): super().train(mode); self.teacher.eval(); return self). If the "
+                     "noise is meant (a Π-model's second view), nothing to fix.")
+
+
+def _train_mode_throughout(run: Run, modules: set[str],
+                           keep: Callable[[dict[str, Any], str], bool] | None = None) -> tuple[list[int], set[str]]:
+    """The training steps, and those of ``modules`` in train mode on every one of them (in no
+    training forward's ``eval_modules``, the model not in eval); ``keep`` (a step's event, a
+    module) drops more on each step."""
+    steps: list[int] = []
+    active = set(modules)
+    for step, ev in run.step_events():
+        trained = [f for f in map(as_dict, as_list(ev.get("forwards"))) if _trains(f)]
+        if not trained or not active:
+            continue
+        steps.append(step)
+        for f in trained:
+            active -= set(map(str, as_list(f.get("eval_modules")))) if f.get("training") is not False else active
+        if keep is not None:
+            active = {m for m in active if keep(ev, m)}
+    return steps, active
+
+
+def _fixed_frozen(run: Run) -> set[int] | None:
+    """The parameters that require no grad and kept their values from step 0 to steps 10 and 20
+    (the capture's ``frozen_moved``: a fixed network's, not a momentum copy's); None when the
+    run never said (shorter than 11 steps, or a file before the forty-seventh session)."""
+    moved: set[int] | None = None
+    for _, ev in run.step_events():
+        for e in notes(ev, "frozen_moved"):
+            moved = (moved or set()) | {as_int(i, -1) for i in as_list(e.get("params"))}
+    if moved is None:
+        return None
+    return {i for i, p in enumerate(run.params) if p.get("requires_grad") is False and i not in moved}
+
+
+def _fixed_owner(run: Run, path: str, fixed: set[int]) -> str:
+    """The network a dropout at ``path`` belongs to when it is a frozen, fixed one of the model's
+    own: a direct submodule of the model whose parameters are all frozen and fixed, and at least
+    half as large as what trains (a teacher, a backbone) -- not a frozen embedding table inside
+    a fine-tuned encoder, whose dropout regularises the layers after it ("" for none)."""
+    owner = path.split(".", 1)[0]
+    if owner == path:
+        return ""
+    own = [i for i in range(len(run.params)) if run.param_module(i).startswith(owner + ".") or run.param_module(i) == owner]
+    trained = sum(as_int(p.get("numel")) for p in run.params if p.get("requires_grad", True))
+    if not own or not all(i in fixed for i in own) or 2 * sum(as_int(run.params[i].get("numel")) for i in own) < trained:
+        return ""
+    return owner
+
+
+def _frozen_dropout(run: Run, settings: Settings, fixed: set[int] | None) -> list[Finding]:
+    """Dropout modules in train mode on every training step inside a network whose parameters
+    are frozen and never change: a distillation teacher that ``model.train()`` put back in train
+    mode (QA 47b: only the batch-norm info, "nothing to fix there"), whose soft targets are then
+    noisy.  A momentum copy's changing weights (a mean teacher, whose noise is the method) are
+    not fixed, and not told."""
+    if not fixed:
+        return []
+    modules = list(map(as_dict, as_list(run.session.get("modules"))))
+    drops = {str(m.get("path")): owner for m in modules
+             if str(m.get("type", "")) in _DROPOUTS and m.get("mode_inert") is not True
+             and (owner := _fixed_owner(run, str(m.get("path")), fixed))}
+    norms = [str(m.get("path")) for m in modules if str(m.get("type", "")).startswith(_RUNNING_STATS)
+             and any(str(m.get("path")).startswith(o + ".") for o in set(drops.values()))]
+    steps, active = _train_mode_throughout(run, set(drops) | set(norms))
+    mods = sorted(active & set(drops), key=list(drops).index)
+    if not mods or len(steps) < settings.min_steps:
+        return []
+    owners = sorted({drops[m] for m in mods})
+    nets = ", ".join(f"{o!r}" for o in owners)
+    moving = [m for m in norms if m in active and any(m.startswith(o + ".") for o in owners)]
+    message = (f"{_named(run, mods)} {'runs' if len(mods) == 1 else 'run'} in train mode on every training step "
+               f"({describe_steps(steps, run.last_step)}) inside {nets}, whose parameters are frozen and never change "
+               "-- a fixed network: a distillation teacher, a pretrained backbone. Dropout drops its activations at "
+               f"random, so what {nets} computes -- soft targets, features -- is noisy on every step"
+               + (f"; and {_named(run, moving)} normalise{'s' if len(moving) == 1 else ''} with each batch's "
+                  "statistics, moving running_mean and running_var." if moving else "."))
+    return [make("P11", "warning", message, FIX_FIXED_DROPOUT, steps, rank=run.rank,
+                 targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in mods[:20]], modules=mods,
+                 title="Dropout on in a frozen network", data={"mode": "train", "networks": owners})]
+
+
+def _frozen_norms_updating(run: Run, settings: Settings, owned: dict[str, list[int]],
+                           fixed: set[int] | None = None, noisy: list[Finding] | None = None) -> list[Finding]:
     """Batch-norm modules whose affine parameters train on no step while they run in train mode
     on every training step (of at least ``min_steps``): the rest of the model trains, and their
     running statistics keep moving with its batches -- a backbone frozen with
@@ -240,26 +328,23 @@ def _frozen_norms_updating(run: Run, settings: Settings, owned: dict[str, list[i
     norms = [str(m.get("path")) for m in map(as_dict, as_list(run.session.get("modules")))
              if str(m.get("type", "")).startswith(_RUNNING_STATS) and m.get("mode_inert") is not True
              and owned.get(str(m.get("path")))]
-    steps: list[int] = []
-    updating = set(norms)
-    for step, ev in run.step_events():
-        trained = [f for f in map(as_dict, as_list(ev.get("forwards"))) if _trains(f)]
-        if not trained or not updating:
-            continue
-        steps.append(step)
-        for f in trained:
-            updating -= set(map(str, as_list(f.get("eval_modules")))) if f.get("training") is not False else updating
-        updating = {m for m in updating if _frozen(ev, owned[m])}
-    mods = sorted(updating, key=norms.index)
+    steps, updating = _train_mode_throughout(run, set(norms), lambda ev, m: _frozen(ev, owned[m]))
+    # (the batch-norm of a network already told for its dropout is said there)
+    told = [str(o) for f in noisy or [] for o in as_list(as_dict(f.get("data")).get("networks"))]
+    mods = sorted((m for m in updating if not any(m.startswith(o + ".") for o in told)), key=norms.index)
     if not mods or len(steps) < settings.min_steps:
         return []
     one = len(mods) == 1
+    kept = fixed is not None and all(i in fixed for m in mods for i in owned[m])
     message = (f"{_named(run, mods)} {'trains' if one else 'train'} none of {'its' if one else 'their'} parameters "
                f"(requires_grad_(False)) but {'runs' if one else 'run'} in train mode on every training "
                f"step ({describe_steps(steps, run.last_step)}): running_mean and running_var keep moving with each "
                "batch, so the frozen layers' outputs still change, and evaluation normalises with the statistics of "
-               "the fine-tuning batches. (A momentum copy of the trained layers -- MoCo's key encoder, BYOL's target "
-               "network, a mean teacher -- is meant to: nothing to fix there.)")
+               "the fine-tuning batches." + (
+                   " Their weights never change: a fixed network (a pretrained backbone, a distillation teacher), "
+                   "not a momentum copy." if kept else
+                   " (A momentum copy of the trained layers -- MoCo's key encoder, BYOL's target network, a mean "
+                   "teacher -- is meant to: nothing to fix there.)"))
     return [make("P11", "info", message, FIX_FROZEN_NORM, steps, rank=run.rank,
                  targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in mods[:20]], modules=mods,
                  title="Batch-norm statistics updating in frozen layers", data={"mode": "train"})]
@@ -360,4 +445,6 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                              modules=mods, src=next((s for s in target_srcs if s), None),
                              title="Train mode in a no_grad forward of every step",
                              data={"mode": "train", "steps_by_module": target_in_train}))
-    return findings + found + _frozen_norms_updating(run, settings, owned)
+    fixed = _fixed_frozen(run)
+    noisy = _frozen_dropout(run, settings, fixed)
+    return findings + found + noisy + _frozen_norms_updating(run, settings, owned, fixed, noisy)
