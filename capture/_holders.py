@@ -56,16 +56,19 @@ def _name_of(x: Any) -> str:
 
 
 def _running_name(x: Any) -> str:
-    """The name of ``x`` among the user's running frames' locals (a module's code: its
-    globals), innermost first; "" for none."""
+    """The name of ``x`` among the user's running frames' locals, innermost first, then their
+    modules' globals (a module-level object a function of an imported module uses; QA 47c);
+    "" for none."""
     f: types.FrameType | None = sys._getframe(2)
+    frames = []
     while f is not None:
         if not _is_internal(f.f_code.co_filename):  # not torch's, not ours
             found = _key_of(locals_of(f), x)
             if found:
                 return found
+            frames.append(f)
         f = f.f_back
-    return ""
+    return next((found for f in frames if (found := _key_of(f.f_globals, x))), "")
 
 
 def _key_of(mapping: dict[str, Any], value: Any) -> str:
@@ -98,7 +101,16 @@ def graph_lists(before: dict[int, int]) -> tuple[dict[int, int], str]:
     return lengths, f"{name} (a {kind})" if name else f"a {kind} of the loop's ({len(grown)} of them, one more each step)"
 
 
-def _owner_name(x: Any) -> str:
+def _instance_of(d: dict[str, Any]) -> Any:
+    """The object whose ``__dict__`` ``d`` is, or None (a plain dict)."""
+    owners = gc.get_referrers(d)
+    try:
+        return next((o for o in owners if o is not owners and getattr(o, "__dict__", None) is d), None)
+    finally:
+        del owners
+
+
+def _owner_name(x: Any, outer: bool = True) -> str:
     """``'tracker.name'`` for an attribute of an object the user's running code names
     (``'.name'`` when it names none, or when the attribute is in a ``__dict__`` already made),
     ``'name'`` for a module's global; "" otherwise."""
@@ -114,8 +126,11 @@ def _owner_name(x: Any) -> str:
             if found:
                 if _is_globals(owner):
                     return f"'{found}'"
-                base = "" if isinstance(owner, dict) else _running_name(owner)
-                return f"'{base}.{found}'"
+                inst = _instance_of(owner) if isinstance(owner, dict) else owner
+                if inst is None:  # a value of a plain dict: by the dict's name (self.history["loss"])
+                    base = (_running_name(owner) or _owner_name(owner, False).strip("'")) if outer else ""
+                    return f"'{base}[\"{found}\"]'" if base else f"'.{found}'"
+                return f"'{_running_name(inst)}.{found}'"
         return ""
     finally:
         del owners

@@ -247,33 +247,55 @@ def _through_outputs(walk: AutogradWalk, s: _StepState) -> bool:
     return bool(outs) and any(id(n.metadata.get("torchscope_out_sentinel")) in outs for n in walk.nodes)
 
 
-def _through_a_forward(walk: AutogradWalk) -> bool:
-    """Whether ``walk`` passes through the output of a recorded forward of the model, of any
-    step (asked only of a backward in a step with no forward of its own)."""
-    return any("torchscope_out_sentinel" in n.metadata for n in walk.nodes if hasattr(n, "metadata"))
+def _through_a_forward(walk: AutogradWalk, param_ids: dict[int, str]) -> bool:
+    """Whether every watched parameter ``walk`` reaches lies behind the output of a recorded
+    forward of the model, of any step: the backward goes through an earlier forward's retained
+    graph, and no call of the model past its hooks (``model.forward(x)`` beside it, QA 47c) made
+    a path of its own (asked only of a backward in a step with no forward of its own)."""
+    f = walk.flat
+    children: dict[int, list[int]] = {}
+    for k in range(0, len(f), 3):
+        children.setdefault(f[k], []).append(f[k + 1])
+    parented = {f[k + 1] for k in range(0, len(f), 3)}
+    todo = [i for i in range(len(walk.nodes)) if i not in parented]  # the roots
+    seen, behind = set(todo), False
+    while todo:
+        n = walk.nodes[todo.pop()]
+        if "torchscope_out_sentinel" in getattr(n, "metadata", {}):
+            behind = True  # (what lies below it is that forward's)
+            continue
+        if id(getattr(n, "variable", None)) in param_ids:
+            return False
+        for j in children.get(walk.index[n], ()):
+            if j not in seen:
+                seen.add(j)
+                todo.append(j)
+    return behind
 
 
 def _through_checkpoint(walk: AutogradWalk, s: _StepState) -> bool:
-    """Whether ``walk`` goes through a reentrant checkpoint of this step's forward of the model
-    (``checkpoint(model, x, use_reentrant=True)``): its graph holds the checkpoint's one node,
-    the model's own graph is built by that node's backward."""
-    return any(f.get("checkpoint") for f in s.forwards) and any(
-        type(n).__name__ == "CheckpointFunctionBackward" for n in walk.nodes)
+    """Whether ``walk`` goes through the reentrant checkpoint of one of this step's forwards of
+    the model (``checkpoint(model, x, use_reentrant=True)``): its graph holds that checkpoint's
+    node, the model's own graph is built by the node's backward -- not another model's
+    checkpoint (QA 47c: an unwatched model's loss was taken into the step)."""
+    return bool(s.ckpt_nodes) and any(_node_key(n) in s.ckpt_nodes for n in walk.nodes)
 
 
-def _in_reentrant_checkpoint() -> bool:
-    """Whether this forward runs inside ``torch.utils.checkpoint``'s reentrant function, which
-    calls it under no_grad (asked only of a forward under no_grad)."""
+def _reentrant_checkpoint_node() -> Any:
+    """The node of the ``torch.utils.checkpoint`` reentrant function this forward runs inside
+    (its ``ctx``: the grad_fn its outputs get), or None (asked only of a forward under no_grad)."""
     module = sys.modules.get("torch.utils.checkpoint")
     code = getattr(getattr(getattr(module, "CheckpointFunction", None), "forward", None), "__code__", None)
     frame: Any = sys._getframe(1)
     for _ in range(16):  # it calls the model's __call__ directly: a few frames up
         if frame is None or code is None:
-            return False
+            return None
         if frame.f_code is code:
-            return True
+            # (f_locals' snapshot holds the call's arguments until that frame returns, soon)
+            ctx = frame.f_locals.get("ctx")
+            return ctx if callable(getattr(ctx, "register_prehook", None)) else None
         frame = frame.f_back
-    return False
+    return None
 
 
 def _saved_by_op(nodes: list[NodeRecord]) -> dict[int, list[tuple[int, Region]]]:
@@ -336,6 +358,7 @@ class _StepState:
         "node_hooks",
         "used",
         "marks",
+        "ckpt_nodes",
         "out_sentinels",
         "holders",
         "asked",
@@ -433,6 +456,8 @@ class _StepState:
         self.used: dict[int, ForwardInfo] = {}  # token -> forward whose output a native hook watches
         # without the extension: a forward's mark, set by Python hooks on its output nodes, and those hooks
         self.marks: list[tuple[list[bool], ForwardInfo, list[Any]]] = []
+        # the graph nodes (_node_key) of this step's forwards run inside a reentrant checkpoint
+        self.ckpt_nodes: set[tuple[int, int]] = set()
         self.out_sentinels: list[weakref.ref[_Sentinel]] = []  # of this step's forward outputs
         # while probing (Watch._probing): one-value tensors with a graph the user's calls took
         # in before a backward, with the call's line -- the loss's holder, when it is the root
@@ -608,6 +633,8 @@ def _reached(s: _StepState, input_grad: bool = False) -> None:
     for entry in [e for e in s.marks if e[0][0]]:
         s.marks.remove(entry)
         entry[1]["backward"] = True
+        if entry[1].get("checkpoint"):  # (its graph is the checkpoint's: built once the call returned)
+            entry[1]["built_graph"] = True
         if input_grad:
             entry[1]["input_grad"] = True
         for h in entry[2]:
@@ -1781,8 +1808,10 @@ class Watch:
             fwd["eval_modules"] = list(self._modes_now(module)[0])
         if not grad_mode:
             fwd["train_modules"] = list(self._modes_now(module)[1])
-            if _in_reentrant_checkpoint():
+            ctx = _reentrant_checkpoint_node()
+            if ctx is not None:
                 fwd["checkpoint"] = True
+                self._watch_checkpoint(s, fwd, ctx)
         s.forwards.append(fwd)
         if not s.capture and self._tls.pushed:  # (off already on most steps: see _opt_post)
             self._mode_off()
@@ -1830,12 +1859,6 @@ class Watch:
             return
         if self._recomputing:
             self._recomputing = False
-            # a reentrant checkpoint's forward, under no_grad, had no graph: this recompute,
-            # inside the backward that reached it, builds the one the backward goes through
-            for f in self._s.forwards:
-                if f.get("checkpoint") and not f["backward"]:
-                    f["built_graph"] = f["backward"] = True
-                    break
             return
         if self._tls.eval_probe:
             remove_mode(self._eval_probe)
@@ -1897,6 +1920,19 @@ class Watch:
         self._modes_key, self._mode_facts = kept  # the cache keeps what the step's other reads saw
         if late != fwd.get("eval_modules"):
             fwd["eval_modules"] = sorted({*fwd.get("eval_modules", ()), *late})
+
+    def _watch_checkpoint(self, s: _StepState, fwd: ForwardInfo, ctx: Any) -> None:
+        """A forward run inside ``checkpoint(model, x, use_reentrant=True)``: its output, made
+        under no_grad, has no graph; the checkpoint's node (``ctx``, the grad_fn its outputs get
+        when the call records a graph) stands for it.  A backward that reaches that node is the
+        step's and used this forward; an evaluation under an outer no_grad never reaches it."""
+        s.ckpt_nodes.add(_node_key(ctx))
+        mark = [False]
+
+        def consumed(grad_outputs: Any, mark: list[bool] = mark) -> None:
+            mark[0] = True
+
+        s.marks.append((mark, fwd, [ctx.register_prehook(consumed)]))
 
     def _watch_used(self, s: _StepState, fwd: ForwardInfo, outs: list[torch.Tensor], nodes: list[Any]) -> None:
         """``fwd["backward"]`` becomes True once a backward reaches any of ``nodes``, the nodes
@@ -2776,7 +2812,7 @@ class Watch:
             self._mode_always = True
         if (walk is not None and walk.nodes and not _forward_pending(s)
                 and not self._compiled_forward(s, walk) and not s.forwards and not s.transformed
-                and not _through_a_forward(walk)):
+                and not _through_a_forward(walk, self._param_names)):
             # (a backward through an earlier step's forward, its graph retained -- an
             # actor-critic's value loss after the actor's optimizer.step() ended the step -- is no
             # sign of a model called past its hooks)
@@ -3061,14 +3097,17 @@ class Watch:
         self._s.accumulated = max(self._s.accumulated - 1, 0)  # it raised before accumulating
         del self._s.summed[self._s.pass_summed:]  # nor is its loss in the gradients
 
-    def _frozen_moved(self, params: list[torch.Tensor | None], s: _StepState) -> None:
-        """Which parameters that require no grad changed since step 0: a momentum copy's (an EMA
-        teacher, MoCo's key encoder, BYOL's target), not a fixed network's (a distillation
-        teacher, a pretrained backbone).  One element of each is read, at steps 0, 10 and 20
-        only (an update through ``.data`` leaves the version counter alone, so values are
-        compared): ``{what: "frozen_moved", params}`` from step 10 on, empty for none."""
-        frozen = [(i, p) for i, p in enumerate(params) if p is not None and not p.requires_grad and p.numel()
-                  and p.layout == torch.strided][:_FROZEN_MAX]
+    def _frozen_moved(self, params: list[torch.Tensor | None], s: _StepState, not_trained: list[int]) -> None:
+        """Which parameters no optimizer trains -- that require no grad, or that the step's
+        optimizer does not step (``not_trained``) -- changed since step 0: a momentum copy's (an
+        EMA teacher, MoCo's key encoder, BYOL's target, or a teacher watched in place of the
+        student), not a fixed network's (a distillation teacher, a pretrained backbone, a linear
+        probe's backbone).  One element of each is read, at steps 0, 10 and 20 only (an update
+        through ``.data`` leaves the version counter alone, so values are compared):
+        ``{what: "frozen_moved", params}`` from step 10 on, empty for none."""
+        untrained = set(not_trained)
+        frozen = [(i, p) for i, p in enumerate(params) if p is not None and (not p.requires_grad or i in untrained)
+                  and p.numel() and p.layout == torch.strided][:_FROZEN_MAX]
         if not frozen:
             return
         with _unseen(), torch.no_grad():
@@ -3823,7 +3862,7 @@ class Watch:
             read = self._grad_stats(s, [])
         not_trained = self._safe("grads", self._not_trained, opt, params, s) or []
         if self._step in _FROZEN_CHECKS:
-            self._safe("grads", self._frozen_moved, params, s)
+            self._safe("grads", self._frozen_moved, params, s, not_trained)
         _reached(s)
         late = self._late_reached(s, s.forwards)
         now = time.perf_counter()

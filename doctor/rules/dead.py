@@ -71,7 +71,8 @@ def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], di
             loss = as_float(ev.get("loss"))
             # the gradients were None before the backward (recorded: a file without the fact
             # cannot tell a zero_grad(set_to_none=False) after it, P5's case)
-            if ev.get("zero_grad_set_to_none") is not True or loss is None or loss == 0.0:
+            # (a NaN loss with zero gradients is P4's mean over no elements, QA 47c)
+            if ev.get("zero_grad_set_to_none") is not True or loss is None or loss == 0.0 or not math.isfinite(loss):
                 continue
             into = whole
         for i in flagged:

@@ -98,10 +98,12 @@ def _target_sites(run: Run) -> set[Any]:
 
 
 def _without_autograd(f: dict[str, Any]) -> bool:
-    """Whether the forward ran without autograd: under no_grad or inference_mode, not inside a
-    reentrant ``torch.utils.checkpoint`` (whose no_grad forward the backward runs again with
-    autograd: training, not an evaluation)."""
-    return (f.get("grad_mode") is False or f.get("inference_mode") is True) and f.get("checkpoint") is not True
+    """Whether the forward ran without autograd: under no_grad or inference_mode, but not inside
+    a reentrant ``torch.utils.checkpoint`` a backward went through (whose no_grad forward the
+    backward runs again with autograd: training, not an evaluation; one under an outer no_grad,
+    never reached, is an evaluation)."""
+    return (f.get("grad_mode") is False or f.get("inference_mode") is True) and not (
+        f.get("checkpoint") is True and f.get("backward") is True)
 
 
 def _trains(f: dict[str, Any]) -> bool:

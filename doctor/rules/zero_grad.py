@@ -57,11 +57,15 @@ def _foreign_steps(run: Run) -> list[int]:
 
 
 def _features_only(run: Run, steps: list[int]) -> bool:
-    """Whether every forward of the model in ``steps`` ran under no_grad or inference_mode: a
-    frozen backbone feeding a head the optimizer trains, not a model the optimizer lost."""
+    """Whether every forward of the model in ``steps`` ran under no_grad or inference_mode and
+    its parameters kept their values (no ``frozen_moved`` names one): a frozen backbone feeding
+    a head the optimizer trains, not a model the optimizer lost -- nor an EMA teacher watched in
+    place of the student, whose weights follow it (QA 47c)."""
     events = dict(run.step_events())
     forwards = [as_dict(f) for step in steps for f in as_list(events.get(step, {}).get("forwards"))]
-    return bool(forwards) and all(f.get("grad_mode") is False or f.get("inference_mode") is True for f in forwards)
+    moved = any(as_list(e.get("params")) for ev in events.values() for e in notes(ev, "frozen_moved"))
+    return not moved and bool(forwards) and all(f.get("grad_mode") is False or f.get("inference_mode") is True
+                                                for f in forwards)
 
 
 def _foreign_count(ev: dict[str, Any]) -> int:

@@ -72,3 +72,27 @@ def test_a_backward_through_the_step_before_is_no_call_past_the_hooks(tmp_path: 
     assert all(len(st["forwards"]) == 1 and st["forwards"][0]["backward"] for st in steps)
     # each step: the critic's value loss of the step before (none at step 0), then the policy loss
     assert [st["micro_batches"] for st in steps] == [1] + [2] * 7
+
+
+def test_a_call_past_the_hooks_beside_a_retained_graph_is_still_told(tmp_path: Path) -> None:
+    """A loss made by ``model.forward(x)`` (no hook runs) plus a term of the step before's
+    retained output: the backward reaches the parameters through the direct call too, which the
+    capture tells and from then on records by the submodules' calls (QA 47c: the retained output
+    alone was taken for the whole backward, the direct call never told)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "direct.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(6):
+            x, y = torch.randn(4, 8), torch.randint(0, 3, (4,))
+            if i % 2 == 0:
+                out = model(x)  # kept: the next step's loss adds a term of it
+                loss = nn.functional.cross_entropy(out, y)
+            else:
+                loss = nn.functional.cross_entropy(model.forward(x), y) + 0.0 * out.sum()
+            opt.zero_grad()
+            loss.backward(retain_graph=True)
+            opt.step()
+    logs = [e["message"] for e in iter_events(path) if e["kind"] == "log"]
+    assert [m for m in logs if "came without a call of the model itself" in m], logs

@@ -178,3 +178,74 @@ def test_a_reentrant_checkpoint_with_no_input_that_requires_grad_is_named(tmp_pa
     assert "torch.utils.checkpoint with use_reentrant=True" in finding["message"]
     assert "use_reentrant=False" in finding["fix"]
     assert "torch.no_grad() block" not in finding["fix"]
+
+
+@pytest.mark.parametrize("eval_mode", [True, False], ids=["eval", "train_mode"])
+def test_an_evaluation_through_a_reentrant_checkpoint_under_no_grad_is_an_evaluation(tmp_path: Path, eval_mode: bool) -> None:
+    """``with torch.no_grad(): checkpoint(model, x, use_reentrant=True)`` every third step: no
+    graph, no backward -- an evaluation, not the training forward (QA 47c: the backward was
+    credited to it, and P11 read "Training while the model is in eval mode" at its line).  Left
+    in train mode, its batch-norm and dropout are P11's "Evaluating ... in train mode"."""
+    from torchscope.doctor import diagnose
+    from torchscope.sessionfile import iter_events
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    path = tmp_path / "eval.tscope"
+    xv, yv = torch.randn(16, 8), torch.randint(0, 3, (16,))
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(9):
+            model.train()
+            x, y = torch.randn(16, 8, requires_grad=True), torch.randint(0, 3, (16,))
+            loss = nn.functional.cross_entropy(checkpoint(model, x, use_reentrant=True), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if i % 3 == 1:  # (after steps 1, 4, 7: each followed by a step that ends)
+                if eval_mode:
+                    model.eval()
+                with torch.no_grad():
+                    nn.functional.cross_entropy(checkpoint(model, xv, use_reentrant=True), yv)
+    events = list(iter_events(path))
+    forwards = [f for e in events if e["kind"] == "step" for f in e["forwards"]]
+    assert len(forwards) == 12 and all(f["checkpoint"] for f in forwards)
+    trained = [f for f in forwards if f["backward"]]
+    assert len(trained) == 9 and all(f["training"] and f["built_graph"] for f in trained)
+    evaluations = [f for f in forwards if not f["backward"]]
+    assert len(evaluations) == 3 and all(not f["built_graph"] and f["training"] is not eval_mode for f in evaluations)
+    p11 = [f for f in diagnose(events) if f["code"] == "P11"]
+    if eval_mode:
+        assert p11 == [], [f["message"] for f in p11]
+    else:
+        (finding,) = p11
+        assert finding["message"].startswith("Evaluating with '1' (BatchNorm1d), '3' (Dropout) in train mode"), finding
+
+
+def test_another_models_reentrant_checkpoint_is_not_the_steps(tmp_path: Path) -> None:
+    """The watched model and an unwatched one, each under its own reentrant checkpoint, each
+    with its loss and optimizer: only the watched one's backward is the step's (QA 47c: the
+    other's loss was summed into the step, and its divergence blamed on the watched model)."""
+    from torchscope.sessionfile import iter_events
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    other = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt, other_opt = torch.optim.Adam(model.parameters(), lr=1e-2), torch.optim.SGD(other.parameters(), lr=0.01)
+    path = tmp_path / "two.tscope"
+    losses = []
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(5):
+            x, y = torch.randn(16, 8, requires_grad=True), torch.randint(0, 3, (16,))
+            loss = nn.functional.cross_entropy(checkpoint(model, x, use_reentrant=True), y)
+            opt.zero_grad()
+            loss.backward()
+            other_loss = checkpoint(other, torch.randn(16, 8, requires_grad=True), use_reentrant=True).pow(2).mean()
+            other_opt.zero_grad()
+            other_loss.backward()
+            other_opt.step()
+            opt.step()
+            losses.append(loss.item())
+    steps = [e for e in iter_events(path) if e["kind"] == "step"]
+    assert [st["micro_batches"] for st in steps] == [1] * 5
+    assert [st["loss"] for st in steps] == pytest.approx(losses)

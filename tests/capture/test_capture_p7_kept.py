@@ -187,7 +187,13 @@ class _Tracker:
         self.losses: list[torch.Tensor] = []
 
 
-@pytest.mark.parametrize("where", ["local_list", "local_dict", "attribute", "tracker", "last_loss_only"])
+class _History:
+    def __init__(self) -> None:
+        self.history: dict[str, list[torch.Tensor]] = {"loss": []}
+
+
+@pytest.mark.parametrize("where", ["local_list", "local_dict", "attribute", "tracker", "dict_attribute", "imported_module",
+                                   "last_loss_only"])
 def test_p7_names_the_container_that_keeps_the_losses(tmp_path: Path, where: str) -> None:
     """``history.append(loss)`` is no torch call the mode could see: once losses of two earlier
     steps are alive, the garbage collector's referrers name what holds them -- a list in a
@@ -201,9 +207,14 @@ def test_p7_names_the_container_that_keeps_the_losses(tmp_path: Path, where: str
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         history: Any = {} if where == "local_dict" else []
-        tracker = _Tracker()
+        tracker, log = _Tracker(), _History()
         with torchscope.watch(model, opt, server=None, record=path):
-            for i in range(8):
+            if where == "imported_module":  # a function of another module, its tracker a global there
+                import p7_tracker
+
+                p7_tracker.tracker.losses.clear()
+                p7_tracker.loop(model, opt, 8)
+            for i in range(8 if where != "imported_module" else 0):
                 loss = model(torch.randn(4, 8)).pow(2).mean()
                 opt.zero_grad()
                 loss.backward()
@@ -214,18 +225,22 @@ def test_p7_names_the_container_that_keeps_the_losses(tmp_path: Path, where: str
                     history[i] = loss
                 elif where == "tracker":  # another object's attribute: named by the object's name (was '.losses')
                     tracker.losses.append(loss)
+                elif where == "dict_attribute":  # a list in an attribute's dict (QA 47c: "'.loss' (a list)")
+                    log.history["loss"].append(loss)
     held = {e["graphs_kept"].get("held_in") for e in _steps(path) if "graphs_kept" in e} - {None}
     p7 = [f for f in diagnose(iter_events(path)) if f["code"] == "P7"]
     if where == "last_loss_only":
         assert held == set() and p7 == []
         return
     want = {"local_list": "'history' (a list)", "local_dict": "'history' (a dict)", "attribute": "'self.losses' (a list)",
-            "tracker": "'tracker.losses' (a list)"}[where]
+            "tracker": "'tracker.losses' (a list)", "dict_attribute": "'log.history[\"loss\"]' (a list)",
+            "imported_module": "'tracker.losses' (a list)"}[where]
     assert held == {want}
     assert len(p7) == 1 and f"held by {want}" in p7[0]["message"], p7
     # the example is the loop's own code (QA 46a: a canned name; QA 46e: append() for a dict)
     code = {"local_list": "`history.append(loss)`", "local_dict": "`history[key] = loss`",
-            "attribute": "`self.losses.append(loss)`", "tracker": "`tracker.losses.append(loss)`"}[where]
+            "attribute": "`self.losses.append(loss)`", "tracker": "`tracker.losses.append(loss)`",
+            "dict_attribute": "`log.history[\"loss\"].append(loss)`", "imported_module": "`tracker.losses.append(loss)`"}[where]
     assert code in p7[0]["message"], p7[0]["message"]
 
 

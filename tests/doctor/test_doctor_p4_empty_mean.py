@@ -60,3 +60,24 @@ def test_a_nan_sample_that_poisons_the_model_stays_an_error(tmp_path: Path) -> N
     assert all(math.isnan(v) for v in losses[3:])
     (finding,) = findings
     assert finding["severity"] == "error" and "mean over no elements" not in finding["message"]
+
+
+def test_empty_means_on_several_steps_are_no_zero_gradient_finding(tmp_path: Path) -> None:
+    """An empty mask on three steps of twenty: the loop's zero gradients there are the empty
+    mean's, told by P4 -- not P2's "Every parameter's gradient is exactly zero although the loss
+    is not", whose causes (round, a dead ReLU) the NaN loss contradicts (QA 47c)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    path = tmp_path / "masks.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for i in range(20):
+            x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+            mask = torch.full((16,), i % 7 != 3)
+            loss = nn.functional.cross_entropy(model(x), y, reduction="none")[mask].mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    findings = diagnose(list(iter_events(path)))
+    assert [(f["code"], f["severity"]) for f in findings] == [("P4", "warning")], [f["message"] for f in findings]
+    assert "mean over no elements" in findings[0]["message"] and "on 3 steps (3, 10, 17)" in findings[0]["message"]

@@ -52,3 +52,34 @@ def test_a_backbone_with_a_graph_that_no_optimizer_steps_stays_an_error(tmp_path
     assert finding["severity"] == "error"
     assert "steps none of the 4 trainable parameters" in finding["message"]
     assert "feature extractor" not in finding["message"]
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_an_ema_teacher_watched_in_place_of_the_student_stays_an_error(tmp_path: Path, mode: str) -> None:
+    """The teacher, a deepcopy of the student that follows it by EMA, watched with the
+    student's optimizer: its forward runs under no_grad, as a probe's backbone does, but its
+    weights move every step -- the wrong model watched, not a feature extractor (QA 47c: "The
+    watched model only computes features ... a linear probe").  The capture tells its parameters
+    moved (``frozen_moved`` at step 10), and P5 keeps the error naming an EMA teacher."""
+    import copy
+
+    torch.manual_seed(0)
+    student = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    teacher = copy.deepcopy(student)
+    opt = torch.optim.Adam(student.parameters(), lr=1e-2)
+    path = tmp_path / "ema.tscope"
+    with torchscope.watch(teacher, opt, server=None, record=path, mode=mode):
+        for _ in range(12):
+            x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+            with torch.no_grad():
+                target = teacher(x)
+            out = student(x)
+            loss = nn.functional.cross_entropy(out, y) + nn.functional.mse_loss(out, target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                for t, s in zip(teacher.parameters(), student.parameters(), strict=True):
+                    t.mul_(0.9).add_(s, alpha=0.1)
+    (finding,) = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P5"]
+    assert finding["severity"] == "error" and "an EMA teacher" in finding["message"], finding["message"]
