@@ -410,9 +410,44 @@ def _crossed(run: Run) -> list[Finding]:
                  title="Gradients of another optimizer's loss")]
 
 
+def _untrainable(run: Run) -> list[Finding]:
+    """A watched model none of whose parameters requires grad, while an optimizer steps on 2+
+    steps and no backward reaches the model: the wrong model watched (QA 47c: "no problems
+    found").  Its weights moving by hand (``frozen_moved``) make it a copy that follows the
+    trained model -- an EMA teacher watched in place of the student: an error; still, a frozen
+    feature extractor beside the trained head: the warning of a linear probe."""
+    if trainable(run) or not run.params:
+        return []
+    steps = [step for step, ev in run.step_events() if ev.get("step_src") and not as_int(ev.get("micro_batches"))]
+    if len(steps) < 2:
+        return []
+    events = dict(run.step_events())
+    moved = sorted({as_int(i) for ev in events.values() for e in notes(ev, "frozen_moved") for i in as_list(e.get("params"))})
+    opt = str(run.session.get("optimizer") or "The watched optimizer")
+    model = str(run.session.get("model") or "the model")
+    when = describe_steps(steps, run.last_step)
+    src = next((str(events[step]["step_src"]) for step in steps), None)
+    if moved:
+        message = (f"{opt} steps none of {model}'s parameters, none of which requires grad, and no backward reaches "
+                   f"{model} ({when}); yet its weights change from step to step ({', '.join(run.param_name(i) for i in moved[:3])}"
+                   f"{' ...' if len(moved) > 3 else ''} moved by step 10): the watched model is a copy that follows the "
+                   "trained one by hand -- an EMA teacher, a target network -- not the model the optimizer trains, so "
+                   "torchscope records nothing of the training.")
+        return [make("P5", "error", message, FIX_FOREIGN, steps, rank=run.rank,
+                     targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients",
+                     title="The optimizer steps none of the model's parameters")]
+    message = (f"{opt} steps none of {model}'s parameters, none of which requires grad, and no backward reaches "
+               f"{model} ({when}): the watched model is a frozen feature extractor for parameters outside it (a linear "
+               "probe, a head trained on its features, a distillation teacher), so torchscope records nothing of what "
+               "trains.")
+    return [make("P5", "warning", message, FIX_FEATURES, steps, rank=run.rank,
+                 targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients",
+                 title="The watched model only computes features")]
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
     missing = _missing(run)
     # no zero_grad() at all piles a closure's passes up too: said once, by _missing (its fix
     # then says "inside the closure")
-    return (_foreign(run) + missing + _unheld(run) + _outside(run) + _misplaced(run) + _inside(run)
+    return (_foreign(run) + _untrainable(run) + missing + _unheld(run) + _outside(run) + _misplaced(run) + _inside(run)
             + ([] if missing else _closure_piled(run)) + _crossed(run))

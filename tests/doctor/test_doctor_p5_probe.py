@@ -54,8 +54,9 @@ def test_a_backbone_with_a_graph_that_no_optimizer_steps_stays_an_error(tmp_path
     assert "feature extractor" not in finding["message"]
 
 
+@pytest.mark.parametrize("frozen", [False, True], ids=["deepcopy", "requires_grad_false"])
 @pytest.mark.parametrize("mode", ["light", "default"])
-def test_an_ema_teacher_watched_in_place_of_the_student_stays_an_error(tmp_path: Path, mode: str) -> None:
+def test_an_ema_teacher_watched_in_place_of_the_student_stays_an_error(tmp_path: Path, mode: str, frozen: bool) -> None:
     """The teacher, a deepcopy of the student that follows it by EMA, watched with the
     student's optimizer: its forward runs under no_grad, as a probe's backbone does, but its
     weights move every step -- the wrong model watched, not a feature extractor (QA 47c: "The
@@ -66,6 +67,8 @@ def test_an_ema_teacher_watched_in_place_of_the_student_stays_an_error(tmp_path:
     torch.manual_seed(0)
     student = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
     teacher = copy.deepcopy(student)
+    if frozen:  # no parameter of the watched model requires grad (QA 47c: "no problems found")
+        teacher.requires_grad_(False)
     opt = torch.optim.Adam(student.parameters(), lr=1e-2)
     path = tmp_path / "ema.tscope"
     with torchscope.watch(teacher, opt, server=None, record=path, mode=mode):
@@ -83,3 +86,19 @@ def test_an_ema_teacher_watched_in_place_of_the_student_stays_an_error(tmp_path:
                     t.mul_(0.9).add_(s, alpha=0.1)
     (finding,) = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P5"]
     assert finding["severity"] == "error" and "an EMA teacher" in finding["message"], finding["message"]
+
+
+def test_a_backbone_frozen_with_requires_grad_false_watched_beside_its_head_is_the_probe_warning(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    backbone = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16)).requires_grad_(False)
+    head = nn.Linear(16, 3)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+    path = tmp_path / "frozen.tscope"
+    with torchscope.watch(backbone, opt, server=None, record=path):
+        for _ in range(12):
+            loss = nn.functional.cross_entropy(head(backbone(torch.randn(4, 8))), torch.randint(0, 3, (4,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    (finding,) = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P5"]
+    assert finding["severity"] == "warning" and finding["title"] == "The watched model only computes features"
