@@ -12,7 +12,7 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_int, as_list, notes
+from ..run import Run, as_dict, as_int, as_list, notes, trainable
 from ..settings import Settings
 from .dry_run import lazy_dry_run
 from .loss_cut import no_grad_fn_forwards
@@ -234,10 +234,10 @@ FIX_FROZEN_NORM = ("If the frozen layers are meant to compute what they were tra
 
 
 _DROPOUTS = ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout")
-FIX_FIXED_DROPOUT = ("Keep the frozen network in eval mode: model.train() puts every submodule back in train mode, so "
+FIX_FIXED_DROPOUT = ("For a teacher, keep it in eval mode: model.train() puts every submodule back in train mode, so "
                      "call teacher.eval() after each model.train(), or override train() in the model that holds it "
-                     "(def train(self, mode=True): super().train(mode); self.teacher.eval(); return self). If the "
-                     "noise is meant (a Π-model's second view), nothing to fix.")
+                     "(def train(self, mode=True): super().train(mode); self.teacher.eval(); return self). For a "
+                     "frozen backbone whose dropout is meant to regularise the fine-tuning, nothing to fix.")
 
 
 def _train_mode_throughout(run: Run, modules: set[str],
@@ -260,16 +260,19 @@ def _train_mode_throughout(run: Run, modules: set[str],
 
 
 def _fixed_frozen(run: Run) -> set[int] | None:
-    """The parameters that require no grad and kept their values from step 0 to steps 10 and 20
-    (the capture's ``frozen_moved``: a fixed network's, not a momentum copy's); None when the
-    run never said (shorter than 11 steps, or a file before the forty-seventh session)."""
+    """The parameters that require no grad, kept their values from step 0 to steps 10 and 20
+    (the capture's ``frozen_moved``: a fixed network's, not a momentum copy's) and got no
+    gradient on any step (not unfrozen later; QA 47d); None when the run never said (shorter
+    than 11 steps, or a file before the forty-seventh session)."""
     moved: set[int] | None = None
+    graded: set[int] = set()
     for _, ev in run.step_events():
         for e in notes(ev, "frozen_moved"):
             moved = (moved or set()) | {as_int(i, -1) for i in as_list(e.get("params"))}
+        graded |= {i for i, n in enumerate(as_list(as_dict(ev.get("grads")).get("norm"))) if n is not None}
     if moved is None:
         return None
-    return {i for i, p in enumerate(run.params) if p.get("requires_grad") is False and i not in moved}
+    return {i for i, p in enumerate(run.params) if p.get("requires_grad") is False and i not in moved and i not in graded}
 
 
 def _fixed_owner(run: Run, path: str, fixed: set[int]) -> str:
@@ -289,10 +292,12 @@ def _fixed_owner(run: Run, path: str, fixed: set[int]) -> str:
 
 def _frozen_dropout(run: Run, settings: Settings, fixed: set[int] | None) -> list[Finding]:
     """Dropout modules in train mode on every training step inside a network whose parameters
-    are frozen and never change: a distillation teacher that ``model.train()`` put back in train
-    mode (QA 47b: only the batch-norm info, "nothing to fix there"), whose soft targets are then
-    noisy.  A momentum copy's changing weights (a mean teacher, whose noise is the method) are
-    not fixed, and not told."""
+    are frozen and did not change: a distillation teacher that ``model.train()`` put back in
+    train mode (QA 47b: only the batch-norm info, "nothing to fix there"), whose soft targets are
+    then noisy.  An info: a frozen backbone (or embedding table) under fine-tuning is the same to
+    the capture, and its dropout regularises what follows (QA 47d: a warning there read as a
+    false alarm).  A momentum copy's changing weights (a mean teacher) are not fixed, and not
+    told."""
     if not fixed:
         return []
     modules = list(map(as_dict, as_list(run.session.get("modules"))))
@@ -309,12 +314,14 @@ def _frozen_dropout(run: Run, settings: Settings, fixed: set[int] | None) -> lis
     nets = ", ".join(f"{o!r}" for o in owners)
     moving = [m for m in norms if m in active and any(m.startswith(o + ".") for o in owners)]
     message = (f"{_named(run, mods)} {'runs' if len(mods) == 1 else 'run'} in train mode on every training step "
-               f"({describe_steps(steps, run.last_step)}) inside {nets}, whose parameters are frozen and never change "
-               "-- a fixed network: a distillation teacher, a pretrained backbone. Dropout drops its activations at "
-               f"random, so what {nets} computes -- soft targets, features -- is noisy on every step"
-               + (f"; and {_named(run, moving)} normalise{'s' if len(moving) == 1 else ''} with each batch's "
-                  "statistics, moving running_mean and running_var." if moving else "."))
-    return [make("P11", "warning", message, FIX_FIXED_DROPOUT, steps, rank=run.rank,
+               f"({describe_steps(steps, run.last_step)}) inside {nets}, whose parameters are frozen and did not change "
+               "through step 20 -- a fixed network: a distillation teacher, a pretrained backbone. Dropout drops its "
+               f"activations at random, so what {nets} computes is noisy on every step"
+               + (f", and {_named(run, moving)} normalise{'s' if len(moving) == 1 else ''} with each batch's "
+                  "statistics, moving running_mean and running_var" if moving else "")
+               + ": a distillation teacher's soft targets should not be; a frozen backbone's noise under fine-tuning "
+               "regularises the layers after it, and can be meant.")
+    return [make("P11", "info", message, FIX_FIXED_DROPOUT, steps, rank=run.rank,
                  targets=[FindingTarget(step=steps[0], rank=run.rank, module=m) for m in mods[:20]], modules=mods,
                  title="Dropout on in a frozen network", data={"mode": "train", "networks": owners})]
 
@@ -407,7 +414,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     src = next((s for s in srcs if s), None)
     if _norm_eval(run, settings, train_in_eval):
         findings.append(_norm_eval_finding(run, train_in_eval, owned))
-    elif train_in_eval:
+    elif train_in_eval and trainable(run):
+        # (a model with no parameter to train -- frozen whole, the optimizer over its input: prompt
+        # tuning, style transfer, an adversarial patch -- is meant to run in eval mode; QA 47d)
         steps = sorted({s for v in train_in_eval.values() for s in v})
         mods = sorted(train_in_eval)
         who = "the model is" if "" in mods else f"{_named(run, mods)} {'is' if len(mods) == 1 else 'are'}"
