@@ -92,12 +92,17 @@ def _foreign(run: Run) -> list[Finding]:
                    f"{model} ran without autograd ({describe_steps(steps, run.last_step)}): the watched model is a "
                    "frozen feature extractor for parameters outside it (a linear probe, a head trained on its "
                    "features), so what torchscope shows of it -- its graph, its gradients -- is not what trains.")
-        return [make("P5", "warning", message, FIX_FEATURES, steps, rank=run.rank,
-                     targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients",
-                     title="The watched model only computes features")]
-    return [make("P5", "error", message, FIX_FOREIGN, steps, rank=run.rank,
-                 targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients",
-                 title="The optimizer steps none of the model's parameters")]
+        return _wrong_model(run, steps, src, message, features=True)
+    return _wrong_model(run, steps, src, message, features=False)
+
+
+def _wrong_model(run: Run, steps: list[int], src: str | None, message: str, features: bool) -> list[Finding]:
+    """P5's finding of a watched model the optimizer does not train: a frozen feature extractor
+    beside what trains (a warning to watch that), else a model the optimizer lost (an error)."""
+    return [make("P5", "warning" if features else "error", message, FIX_FEATURES if features else FIX_FOREIGN, steps,
+                 rank=run.rank, targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients",
+                 title="The watched model only computes features" if features
+                 else "The optimizer steps none of the model's parameters")]
 
 
 def _missing(run: Run) -> list[Finding]:
@@ -433,16 +438,12 @@ def _untrainable(run: Run) -> list[Finding]:
                    f"{' ...' if len(moved) > 3 else ''} moved by step 10): the watched model is a copy that follows the "
                    "trained one by hand -- an EMA teacher, a target network -- not the model the optimizer trains, so "
                    "torchscope records nothing of the training.")
-        return [make("P5", "error", message, FIX_FOREIGN, steps, rank=run.rank,
-                     targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients",
-                     title="The optimizer steps none of the model's parameters")]
+        return _wrong_model(run, steps, src, message, features=False)
     message = (f"{opt} steps none of {model}'s parameters, none of which requires grad, and no backward reaches "
                f"{model} ({when}): the watched model is a frozen feature extractor for parameters outside it (a linear "
                "probe, a head trained on its features, a distillation teacher), so torchscope records nothing of what "
                "trains.")
-    return [make("P5", "warning", message, FIX_FEATURES, steps, rank=run.rank,
-                 targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients",
-                 title="The watched model only computes features")]
+    return _wrong_model(run, steps, src, message, features=True)
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
