@@ -239,7 +239,8 @@ def _nested(walk: AutogradWalk, step: int, param_ptrs: set[int], frees: bool) ->
 
 
 def _through_outputs(walk: AutogradWalk, s: _StepState) -> bool:
-    """Whether ``walk`` passes through an output of this step's forwards of the model.  A
+    """Whether ``walk`` passes through an output of this step's forwards of the model (or the
+    node of a reentrant checkpoint that ran one: ``_watch_checkpoint``).  A
     model whose parameters are stand-ins during the forward -- FSDP2 gathers each layer's shards
     into a full parameter for it, and the backward accumulates into those -- has no
     ``AccumulateGrad`` of the watched parameters in its graph, yet the backward is its own."""
@@ -271,14 +272,6 @@ def _through_a_forward(walk: AutogradWalk, param_ids: dict[int, str]) -> bool:
                 seen.add(j)
                 todo.append(j)
     return behind
-
-
-def _through_checkpoint(walk: AutogradWalk, s: _StepState) -> bool:
-    """Whether ``walk`` goes through the reentrant checkpoint of one of this step's forwards of
-    the model (``checkpoint(model, x, use_reentrant=True)``): its graph holds that checkpoint's
-    node, the model's own graph is built by the node's backward -- not another model's
-    checkpoint (QA 47c: an unwatched model's loss was taken into the step)."""
-    return bool(s.ckpt_nodes) and any(_node_key(n) in s.ckpt_nodes for n in walk.nodes)
 
 
 def _reentrant_checkpoint_node() -> Any:
@@ -358,7 +351,6 @@ class _StepState:
         "node_hooks",
         "used",
         "marks",
-        "ckpt_nodes",
         "out_sentinels",
         "holders",
         "asked",
@@ -456,8 +448,6 @@ class _StepState:
         self.used: dict[int, ForwardInfo] = {}  # token -> forward whose output a native hook watches
         # without the extension: a forward's mark, set by Python hooks on its output nodes, and those hooks
         self.marks: list[tuple[list[bool], ForwardInfo, list[Any]]] = []
-        # the graph nodes (_node_key) of this step's forwards run inside a reentrant checkpoint
-        self.ckpt_nodes: set[tuple[int, int]] = set()
         self.out_sentinels: list[weakref.ref[_Sentinel]] = []  # of this step's forward outputs
         # while probing (Watch._probing): one-value tensors with a graph the user's calls took
         # in before a backward, with the call's line -- the loss's holder, when it is the root
@@ -639,6 +629,17 @@ def _reached(s: _StepState, input_grad: bool = False) -> None:
             entry[1]["input_grad"] = True
         for h in entry[2]:
             h.remove()
+
+
+def _mark_when_reached(s: _StepState, fwd: ForwardInfo, nodes: list[Any]) -> None:
+    """Python pre-hooks on ``nodes`` that mark ``fwd`` once a backward reaches any of them,
+    read back by ``_reached``."""
+    mark = [False]
+
+    def consumed(grad_outputs: Any, mark: list[bool] = mark) -> None:
+        mark[0] = True
+
+    s.marks.append((mark, fwd, [fn.register_prehook(consumed) for fn in nodes]))
 
 
 def _token_reached(token: int) -> bool:
@@ -1894,12 +1895,7 @@ class Watch:
         # output (a list of predictions, or of a ModelOutput's logits, for metrics): its graph
         # is alive (P7).  The backward's root sentinel does not see that: the loss derived
         # from the output is gone by then.
-        for node in nodes:
-            out = _Sentinel(self._step, 1, fwd.get("src", ""), output=True)
-            node.metadata["torchscope_out_sentinel"] = out
-            ref = weakref.ref(out)
-            self._sentinels.append(ref)
-            s.out_sentinels.append(ref)
+        self._output_sentinels(s, fwd, nodes)
         if not module.training or not torch.is_grad_enabled():
             # a graph built in eval mode may never be consumed (P6): size it now, while it exists
             walk = AutogradWalk(nodes)
@@ -1921,18 +1917,25 @@ class Watch:
         if late != fwd.get("eval_modules"):
             fwd["eval_modules"] = sorted({*fwd.get("eval_modules", ()), *late})
 
+    def _output_sentinels(self, s: _StepState, fwd: ForwardInfo, nodes: list[Any]) -> None:
+        """A sentinel in the metadata of each of the forward's output nodes: a backward through
+        them is the model's (_through_outputs), and one outliving the step boundary tells the
+        output's graph kept alive (P7)."""
+        for node in nodes:
+            out = _Sentinel(self._step, 1, fwd.get("src", ""), output=True)
+            node.metadata["torchscope_out_sentinel"] = out
+            ref = weakref.ref(out)
+            self._sentinels.append(ref)
+            s.out_sentinels.append(ref)
+
     def _watch_checkpoint(self, s: _StepState, fwd: ForwardInfo, ctx: Any) -> None:
         """A forward run inside ``checkpoint(model, x, use_reentrant=True)``: its output, made
         under no_grad, has no graph; the checkpoint's node (``ctx``, the grad_fn its outputs get
-        when the call records a graph) stands for it.  A backward that reaches that node is the
-        step's and used this forward; an evaluation under an outer no_grad never reaches it."""
-        s.ckpt_nodes.add(_node_key(ctx))
-        mark = [False]
-
-        def consumed(grad_outputs: Any, mark: list[bool] = mark) -> None:
-            mark[0] = True
-
-        s.marks.append((mark, fwd, [ctx.register_prehook(consumed)]))
+        when the call records a graph) stands for the output's node -- a backward that reaches
+        it is the step's and used this forward (not another model's checkpoint, QA 47c); an
+        evaluation under an outer no_grad never reaches it, and the node dies with the call."""
+        _mark_when_reached(s, fwd, [ctx])
+        self._output_sentinels(s, fwd, [ctx])
 
     def _watch_used(self, s: _StepState, fwd: ForwardInfo, outs: list[torch.Tensor], nodes: list[Any]) -> None:
         """``fwd["backward"]`` becomes True once a backward reaches any of ``nodes``, the nodes
@@ -1943,13 +1946,7 @@ class Watch:
             if all([s.native.watch_used(t, token) for t in outs]):  # every one hooked (a list: no short cut)
                 s.used[token] = fwd
                 return
-
-        mark = [False]
-
-        def consumed(grad_outputs: Any, mark: list[bool] = mark) -> None:
-            mark[0] = True
-
-        s.marks.append((mark, fwd, [fn.register_prehook(consumed) for fn in nodes]))
+        _mark_when_reached(s, fwd, nodes)
 
     def _start_step(self, s: _StepState) -> None:
         s.started = True
@@ -2784,7 +2781,7 @@ class Watch:
                 self._walked[walk_key] = (sig, n_nodes)
         if walk is not None and walk.nodes:
             hit = walk.touching_node(self._param_names, self._touches.get(sig, -1))
-            if hit < 0 and not _through_outputs(walk, s) and not _through_checkpoint(walk, s):
+            if hit < 0 and not _through_outputs(walk, s):
                 return False  # another model's backward (several watches in one process)
             if len(self._touches) > 64:
                 self._touches.clear()

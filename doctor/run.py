@@ -29,6 +29,22 @@ def notes(ev: dict[str, Any], what: str) -> list[dict[str, Any]]:
     return [e for e in as_list(ev.get("events")) if isinstance(e, dict) and e.get("what") == what]
 
 
+def grad_off(x: dict[str, Any]) -> bool:
+    """Whether a forward (or an op) ran without autograd: under no_grad or inference_mode."""
+    return x.get("grad_mode") is False or x.get("inference_mode") is True
+
+
+def moved_params(run: Run) -> set[int] | None:
+    """The parameters no optimizer trains whose values changed from step 0 to steps 10 and 20
+    (the capture's ``frozen_moved``: a momentum copy's, an EMA teacher's); None when the run
+    never said (shorter than 11 steps, or a file before the forty-seventh session)."""
+    moved: set[int] | None = None
+    for _, ev in run.step_events():
+        for e in notes(ev, "frozen_moved"):
+            moved = (moved or set()) | {as_int(i, -1) for i in as_list(e.get("params"))}
+    return moved
+
+
 def cleared_at(run: Run, steps: list[int]) -> str | None:
     """The first line the capture saw set a watched ``.grad`` to None (or zero it) after a
     backward, on one of ``steps`` (``events[{what: "grads_cleared", src}]``)."""

@@ -13,7 +13,7 @@ from torchscope.schema import Finding, FindingTarget
 
 from .. import graph as g
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_int, as_list, capture_hint, errors
+from ..run import Run, as_dict, as_int, as_list, capture_hint, errors, grad_off
 from ..settings import Settings
 from .paths import _CUT_FIX, P9_FIX, _forward_ops, _tensor_facts
 
@@ -43,14 +43,10 @@ def _off_kind(f: dict[str, Any]) -> str:
     return "checkpoint_inputs" if f.get("checkpoint") is True else "no_grad_forward"
 
 
-def _grad_off(op: dict[str, Any]) -> bool:
-    return op.get("grad_mode") is False or op.get("inference_mode") is True
-
-
 def _cuts_gradient(op: dict[str, Any]) -> bool:
     """Whether no gradient passes from ``op``'s inputs to its outputs: run with grad mode off, a
     ``detach``, or flagged (``.item()``/``.data`` markers, a non-differentiable op)."""
-    return _grad_off(op) or str(op.get("name", "")).rstrip("_") == "aten::detach" or bool(g.flags(op) & g.BREAK_FLAGS)
+    return grad_off(op) or str(op.get("name", "")).rstrip("_") == "aten::detach" or bool(g.flags(op) & g.BREAK_FLAGS)
 
 
 def _grad_carrying(fwd: list[dict[str, Any]], grads: dict[int, bool]) -> set[int]:
@@ -157,10 +153,10 @@ def _graph_cause(run: Run, gstep: int, graph: dict[str, Any],
     # no_grad beside it would leave the loss without grad_fn on its own
     op = next((o for o in found if "non_differentiable" not in g.flags(o)), found[0])
     name, src = str(op.get("name", "")), str(op.get("src", ""))
-    if _grad_off(op):
+    if grad_off(op):
         micro = as_int(op.get("micro"), -1)
         f = forwards[micro] if 0 <= micro < len(forwards) else {}
-        if _grad_off(f) and f.get("src"):  # the model's forward itself ran with grad mode off
+        if grad_off(f) and f.get("src"):  # the model's forward itself ran with grad mode off
             return _Cause("P1", _off_kind(f), str(f["src"]), mode=_mode_of(f), op=op, gstep=gstep), []
         return _Cause("P1", "no_grad", src, g.op_label(op, run), _mode_of(op), op=op, gstep=gstep), []
     if "non_differentiable" in g.flags(op):
@@ -201,7 +197,7 @@ def _forward_cause(forwards: list[dict[str, Any]], suspects: list[int], backward
     grad mode off, or built a graph the loss was cut from afterwards, or nothing -- no forward
     recorded, or each used by a backward that worked: P9, as this failure always was."""
     chosen = [forwards[i] for i in suspects if 0 <= i < len(forwards)]
-    off = next((f for f in reversed(chosen) if _grad_off(f) and f.get("src")), None)
+    off = next((f for f in reversed(chosen) if grad_off(f) and f.get("src")), None)
     if off is not None:
         return _Cause("P1", _off_kind(off), str(off["src"]), mode=_mode_of(off))
     built = next((f for f in reversed(chosen) if f.get("built_graph") is True), None)

@@ -12,7 +12,7 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_int, as_list, notes, trainable
+from ..run import Run, as_dict, as_int, as_list, grad_off, moved_params, notes, trainable
 from ..settings import Settings
 from .dry_run import lazy_dry_run
 from .loss_cut import no_grad_fn_forwards
@@ -102,8 +102,7 @@ def _without_autograd(f: dict[str, Any]) -> bool:
     a reentrant ``torch.utils.checkpoint`` a backward went through (whose no_grad forward the
     backward runs again with autograd: training, not an evaluation; one under an outer no_grad,
     never reached, is an evaluation)."""
-    return (f.get("grad_mode") is False or f.get("inference_mode") is True) and not (
-        f.get("checkpoint") is True and f.get("backward") is True)
+    return grad_off(f) and not (f.get("checkpoint") is True and f.get("backward") is True)
 
 
 def _trains(f: dict[str, Any]) -> bool:
@@ -264,14 +263,11 @@ def _fixed_frozen(run: Run) -> set[int] | None:
     (the capture's ``frozen_moved``: a fixed network's, not a momentum copy's) and got no
     gradient on any step (not unfrozen later; QA 47d); None when the run never said (shorter
     than 11 steps, or a file before the forty-seventh session)."""
-    moved: set[int] | None = None
-    graded: set[int] = set()
-    for _, ev in run.step_events():
-        for e in notes(ev, "frozen_moved"):
-            moved = (moved or set()) | {as_int(i, -1) for i in as_list(e.get("params"))}
-        graded |= {i for i, n in enumerate(as_list(as_dict(ev.get("grads")).get("norm"))) if n is not None}
+    moved = moved_params(run)
     if moved is None:
         return None
+    graded = {i for _, ev in run.step_events() for i, n in enumerate(as_list(as_dict(ev.get("grads")).get("norm")))
+              if n is not None}
     return {i for i, p in enumerate(run.params) if p.get("requires_grad") is False and i not in moved and i not in graded}
 
 

@@ -7,7 +7,19 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from ..finding import Severity, and_list, describe_steps, list_steps, make
-from ..run import Run, as_dict, as_float, as_int, as_list, cleared_at, leaf_loss, notes, trainable
+from ..run import (
+    Run,
+    as_dict,
+    as_float,
+    as_int,
+    as_list,
+    cleared_at,
+    grad_off,
+    leaf_loss,
+    moved_params,
+    notes,
+    trainable,
+)
 from ..settings import Settings
 
 FIX_MISSING = ("Call optimizer.zero_grad() once per optimizer step, before the forward/backward of that step "
@@ -63,9 +75,7 @@ def _features_only(run: Run, steps: list[int]) -> bool:
     place of the student, whose weights follow it (QA 47c)."""
     events = dict(run.step_events())
     forwards = [as_dict(f) for step in steps for f in as_list(events.get(step, {}).get("forwards"))]
-    moved = any(as_list(e.get("params")) for ev in events.values() for e in notes(ev, "frozen_moved"))
-    return not moved and bool(forwards) and all(f.get("grad_mode") is False or f.get("inference_mode") is True
-                                                for f in forwards)
+    return not moved_params(run) and bool(forwards) and all(map(grad_off, forwards))
 
 
 def _foreign_count(ev: dict[str, Any]) -> int:
@@ -427,7 +437,7 @@ def _untrainable(run: Run) -> list[Finding]:
     if len(steps) < 2:
         return []
     events = dict(run.step_events())
-    moved = sorted({as_int(i) for ev in events.values() for e in notes(ev, "frozen_moved") for i in as_list(e.get("params"))})
+    moved = sorted(moved_params(run) or ())
     opt = str(run.session.get("optimizer") or "The watched optimizer")
     model = str(run.session.get("model") or "the model")
     when = describe_steps(steps, run.last_step)
