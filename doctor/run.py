@@ -129,6 +129,27 @@ class Run:
     def _param_modules(self) -> list[str]:
         return [str(p.get("module", str(p.get("name", "")).rpartition(".")[0])) for p in self.params]
 
+    def list_siblings(self, index: int) -> list[tuple[list[int], list[int]]]:
+        """For each ``ModuleList`` (or numbered ``Sequential``) that parameter ``index`` lies in,
+        innermost last: (the parameters of its own member module, the same parameter of the
+        other members) -- ``experts.2.0.weight``: (``experts.2.*``, ``experts.N.0.weight``)."""
+        parts = self.param_name(index).split(".")
+        out: list[tuple[list[int], list[int]]] = []
+        for k, part in enumerate(parts):
+            if not part.isdigit():
+                continue
+            head, tail = parts[:k], parts[k + 1:]
+            member = [j for j, sp in enumerate(self._split_names) if sp[:k + 1] == parts[:k + 1]]
+            same = [j for j, sp in enumerate(self._split_names) if j != index and len(sp) == len(parts)
+                    and sp[k].isdigit() and sp[:k] == head and sp[k + 1:] == tail]
+            if same:
+                out.append((member, same))
+        return out
+
+    @cached_property
+    def _split_names(self) -> list[list[str]]:
+        return [name.split(".") for name in self._param_names]
+
     def param_name(self, index: int) -> str:
         names = self._param_names
         return names[index] if 0 <= index < len(names) else f"param[{index}]"

@@ -189,6 +189,7 @@ class _Zygote:
     def start(self, argv: list[str], env: dict[str, str], cwd: str, merge: bool) -> Forked:
         assert self.proc.stdin is not None
         tmp = tempfile.mkdtemp(prefix="forkrun-")
+        _tmpdirs.append(tmp)
         out = Path(tmp, "out")
         child = Forked(argv, out, None if merge else Path(tmp, "err"), tmp)
         with self.lock:
@@ -214,6 +215,7 @@ class _Zygote:
 
 
 _zygotes: list[_Zygote] = []
+_tmpdirs: list[str] = []  # output folders of children a test killed or left running, removed at exit
 _lock = threading.Lock()
 
 
@@ -255,6 +257,8 @@ def close_all() -> None:
     with _lock:
         while _zygotes:
             _zygotes.pop().close()
+        while _tmpdirs:
+            shutil.rmtree(_tmpdirs.pop(), ignore_errors=True)
 
 
 if __name__ == "__main__":

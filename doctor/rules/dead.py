@@ -49,12 +49,17 @@ def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], di
     # ... and, where no graph tells, a gradient of exactly zero left by zero_grad(set_to_none=False)
     # on a step between others that reach it: an expert of a mixture no token was routed to on
     # that step (its routing changes the graph nearly every step, so few were captured; QA 47b).
-    # A dead branch does not come back: its zeros last to the end.
+    # A dead branch does not come back: its zeros last to the end -- or, gone idle for good,
+    # the whole expert is exactly zero while the same layer of another expert learns (a dead
+    # ReLU inside an expert leaves its output layer's gradient; QA 47b: 'dead' for the last 6
+    # steps of a 15-step run)
     last_alive = {i: step for step, ev in _judged_steps(run) for i, n in enumerate(floats(ev, "norm")) if n}
+    first_alive = {i: step for step, ev in reversed(list(_judged_steps(run))) for i, n in enumerate(floats(ev, "norm")) if n}
     for step, ev in _judged_steps(run):
         norms = floats(ev, "norm")
-        routed_away = ({i for i, n in enumerate(norms) if n == 0.0 and last_alive.get(i, -1) > step}
-                       if ev.get("zero_grad_set_to_none") is False else set())
+        routed_away = ({i for i, n in enumerate(norms) if n == 0.0 and (
+            last_alive.get(i, -1) > step or first_alive.get(i, step) < step and _other_member(run, i, norms))}
+            if ev.get("zero_grad_set_to_none") is False else set())
         # zero_frac may be sampled every few steps; meanwhile a norm of exactly 0 says "all zeros"
         # (and a non-zero norm, conservatively, "not dead").
         sampled = floats(ev, "zero_frac")
@@ -78,6 +83,15 @@ def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], di
         for i in flagged:
             into.setdefault(i, []).append(step)
     return dead, whole
+
+
+def _other_member(run: Run, index: int, norms: list[float | None]) -> bool:
+    """Whether parameter ``index``'s whole member of a ``ModuleList`` got a gradient of exactly
+    zero (or none) while the same parameter of another member got a non-zero one."""
+    def norm(j: int) -> float | None:
+        return norms[j] if j < len(norms) else None
+    return any(all(not norm(j) for j in member) and any(norm(j) for j in same)
+               for member, same in run.list_siblings(index))
 
 
 def _dead_activations(run: Run, settings: Settings) -> dict[str, list[int]]:

@@ -165,6 +165,23 @@ def _same_structure(run: Run, index: int, steps: list[int]) -> bool:
     return bool(with_grad) and all(sigs.get(step) in with_grad for step in without)
 
 
+def _stood_in(run: Run, index: int, steps: list[int], graded: dict[int, set[int]]) -> bool:
+    """Whether, on every step on which parameter ``index`` got no gradient, the same parameter
+    of another member of a ``ModuleList`` (``experts.2.0.weight`` -> ``experts.5.0.weight``)
+    got one (``graded``: step -> the parameters with a gradient): a router picked another
+    expert, a layer drop kept another layer.  What light mode, with no graph to read, can tell
+    of a path chosen per step (QA 47b: a warning on every mixture-of-experts run); a cut in the
+    loop takes the siblings' gradients with it."""
+    return any(all(not graded.get(step, set()).isdisjoint(same) for step in steps)
+               for _, same in run.list_siblings(index))
+
+
+def graded_steps(run: Run) -> dict[int, set[int]]:
+    """Step -> the parameters whose gradient norm was recorded (not None) at optimizer.step()."""
+    return {step: {i for i, v in enumerate(as_list(as_dict(ev.get("grads")).get("norm"))) if v is not None}
+            for step, ev in run.step_events()}
+
+
 def _graph_near(run: Run, steps: list[int]) -> tuple[int, dict[str, Any]]:
     """A captured graph of one of ``steps`` (where the parameter got no gradient), or none: a
     graph of another step, where it may well have got one, would name a break that is not
@@ -399,6 +416,7 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
     """P1: trainable parameters whose .grad is still None at optimizer.step()."""
     groups, where, steps_of, got = _cut_groups(run)
     told = set(_non_differentiable(run))  # a non-differentiable op P9 names: told there, with these parameters
+    graded = graded_steps(run)
     findings: list[Finding] = []
     for key, indices in groups.items():
         gstep, op = where[key]
@@ -409,7 +427,8 @@ def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
         severity, message, fix = _cut_text(run, key, names, steps, op,
                                            [len(steps_of[i]) for i in indices], [got.get(i, 0) for i in indices],
                                            all(_same_structure(run, i, steps_of[i]) for i in indices),
-                                           higher_order_step(run, gstep))
+                                           higher_order_step(run, gstep),
+                                           all(_stood_in(run, i, steps_of[i], graded) for i in indices))
         targets: list[FindingTarget] = [FindingTarget(step=steps[0], rank=run.rank, param=n, module=run.param_module(i))
                                         for n, i in zip(names, indices, strict=True)]
         if op:
@@ -461,7 +480,7 @@ _VARYING_FIX = ("Nothing to fix if the model picks its path per step: the optimi
 
 def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], steps: list[int],
               op: dict[str, Any], missed: list[int], got: list[int], same_structure: bool,
-              through_gradients: bool = False) -> tuple[Severity, str, str]:
+              through_gradients: bool = False, stood_in: bool = False) -> tuple[Severity, str, str]:
     """Severity, message and fix of one P1 group.  A parameter that got a gradient on other
     steps is not cut for good: left out of the forward on some steps it is a path chosen per
     step (info); with no captured graph of such a step, that or a cut (warning)."""
@@ -491,7 +510,7 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
         lo, hi, total = min(missed), max(missed), max(m + n for m, n in zip(missed, got, strict=True))
         each = f"{lo}" if lo == hi else f"{lo}-{hi}"
         at = list_steps(steps)
-        if len(steps) > 2 and steps == list(range(steps[0], run.last_step + 1)):
+        if len(steps) > 2 and steps == list(range(steps[0], run.last_step + 1)) and lo == hi == len(steps):
             # lost for good from some step on (a layer detached mid-run): said as such (QA 37d:
             # "on 106 of 226 steps each (steps 120, 121, ...) and one on the others")
             head = f"{shown} got no gradient since step {steps[0]}, every step, after getting one before"
@@ -505,6 +524,10 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
             # same shape in its place (the expert a router picked) leaves the structure as it was
             return ("info", f"{head}: on those steps the autograd graph had the same structure as on the others, "
                     f"with other parameters in their place -- {_VARYING}.", _VARYING_FIX)
+        if not op and stood_in:
+            return ("info", f"{head}: on each of those steps the same layer of another module of "
+                    f"{'its' if len(names) == 1 else 'their'} list got one in {'its' if len(names) == 1 else 'their'} "
+                    f"place -- {_VARYING}.", _VARYING_FIX)
         if not op:
             return ("warning", f"{head}: {_VARYING}, or a path to the loss cut on those steps only; a captured "
                     f"graph of such a step tells which {capture_hint(run, 'steps whose graph structure is new')}.",
