@@ -187,6 +187,20 @@ def _saved_of(node: Any) -> list[_Field]:
 _NO_FIELDS: list[_Field] = []  # shared, never appended to
 
 
+def _checkpointed(node: Any) -> bool:
+    """Whether ``node``'s saved tensors were packed by ``torch.utils.checkpoint``'s non-reentrant
+    hooks: its forward op runs again inside the backward (the recompute), side effects and all --
+    a BatchNorm's running statistics are updated a second time.  Its first saved field's hook is
+    read, never called (calling it recomputes the segment)."""
+    names = _saved_attrs.get(type(node))
+    if not names:
+        return False
+    raw = getattr(node, names[0][1], None)
+    first = raw[0] if isinstance(raw, (tuple, list)) and raw else raw
+    hook = getattr(first, "unpack_hook", None)
+    return hook is not None and getattr(hook, "__qualname__", "").startswith("_checkpoint_hook.")
+
+
 def _packed(raw: Any) -> list[torch.Tensor] | None:
     """Tensors inside the packed values of ``raw`` (a SavedTensor or a list of them) when a
     saved_tensors_hooks pair packed them; None when none did (or torch cannot tell)."""
@@ -424,6 +438,8 @@ class AutogradWalk:
             elif near and (made_in := near.get(i)) is not None:
                 rec["module"] = op_module(made_in)
             _loss_facts(n, rec)
+            if _checkpointed(n):
+                rec["checkpointed"] = True
             attrs = _attrs_of(n)
             if attrs:
                 rec["attrs"] = attrs

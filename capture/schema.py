@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 11)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off; 1.9: NodeRecord.attrs, OpRecord.freed; 1.10: ForwardInfo.input_grad; 1.11: ForwardInfo.checkpoint, LogEvent.ops_cut
+SCHEMA_VERSION: tuple[int, int] = (1, 12)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off; 1.9: NodeRecord.attrs, OpRecord.freed; 1.10: ForwardInfo.input_grad; 1.11: ForwardInfo.checkpoint, LogEvent.ops_cut; 1.12: NodeRecord.checkpointed
 # how a LogEvent of level "error" begins when a part of the capture turned itself off after an
 # internal error (what follows: the part, the step, the error; since 1.8 also its capture_off
 # field): the doctor and `torchscope info` tell the session is incomplete by it (capture_off()),
@@ -361,6 +361,7 @@ class NodeRecord(TypedDict, total=False):
     scalar: float  # DivBackward0 / MulBackward0 by a number (a 0-dim CPU tensor), Div/MulBackward1 by a Scalar: its value
     made_nonfinite: bool  # turned finite incoming gradients into NaN/Inf (on steps checked for NaN)
     unregistered: bool  # AccumulateGrad of an nn.Parameter neither of the model nor of an optimizer seen stepping (a module in a plain list)
+    checkpointed: bool  # its saved tensors were packed by torch.utils.checkpoint (non-reentrant): its forward op runs again in the backward's recompute (1.12)
     held_as: str  # with unregistered: a plain tensor that requires grad, held as this attribute of a module ("path.attr"), not an nn.Parameter
 
 

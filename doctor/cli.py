@@ -122,7 +122,8 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         # read clean): say what it could not look at
         print("torchscope doctor: note: a light run records no graph, so the checks that read one did not run -- "
               "in-place writes through .data (P8), a non-differentiable op on the loss path (P9), probabilities "
-              "given to a loss (P16), an advantage not detached (P18) -- and P1, P2 and P4 name no op; "
+              "given to a loss (P16), an advantage not detached (P18), batch-norm statistics a checkpoint's recompute "
+              "updates twice (P11) -- and P1, P2 and P4 name no op; "
               "mode='default' records the first step's graph and one in every few.", file=sys.stderr)
     if end.get("status") == "error" and end.get("message"):
         # a crash no rule explains is still the first thing to look at

@@ -14,7 +14,7 @@ export const FIELDS = {
   graph: ["kind", "step", "rank", "micro", "complete", "shed_ops", "ops", "tensors", "nodes", "edges", "root", "memory_timeline"],
   OpRecord: ["id", "name", "module", "call", "phase", "micro", "grad_mode", "inputs", "outputs", "inplace", "src", "dur_us", "alloc", "free", "live", "flags"],
   TensorMeta: ["id", "shape", "dtype", "device", "requires_grad", "is_leaf", "stride", "storage", "offset", "nbytes", "param", "grad_fn"],
-  NodeRecord: ["id", "name", "param", "module", "op", "saved", "saved_bytes", "order", "dur_us", "higher_order", "autocast_cast", "made_nonfinite", "attrs"],
+  NodeRecord: ["id", "name", "param", "module", "op", "saved", "saved_bytes", "order", "dur_us", "higher_order", "autocast_cast", "made_nonfinite", "checkpointed", "attrs"],
   SavedTensor: ["name", "shape", "dtype", "nbytes", "storage", "offset", "stride"],
   end: ["kind", "status", "steps", "message"],
   Finding: ["code", "severity", "title", "message", "fix", "steps", "since", "rank", "targets", "modules", "params", "src", "view"],

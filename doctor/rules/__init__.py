@@ -24,6 +24,7 @@ from . import (
     penalty,
     probabilities,
     ranks,
+    recompute,
     retention,
     unregistered,
     unused_graph,
@@ -46,7 +47,7 @@ RULES: list[tuple[str, Rule]] = [
     ("P9", lambda run, settings: (paths.check_non_differentiable(run, settings) + loss_cut.check(run, settings)
                                   + penalty.check(run, settings))),
     ("P10", errors.check_double_backward),
-    ("P11", modes.check),
+    ("P11", lambda run, settings: modes.check(run, settings) + recompute.check(run, settings)),
     ("P12", copies.check),
     ("P13", retention.check_hooks),
     ("P14", amp.check),

@@ -108,6 +108,7 @@ export function renderDetails(panel, model, key, ctx) {
     t.append(row("backward order", r.order), row("duration", fmtUs(r.dur_us)), row("saved bytes", savedText));
     if (r.higher_order) t.append(row("higher-order", "built by a create_graph=True backward / autograd.grad"));
     if (r.autocast_cast) t.append(row("autocast", "a dtype cast autocast inserted (its backward casts the gradient back)"));
+    if (r.checkpointed) t.append(row("checkpoint", "under torch.utils.checkpoint: what it needs for backward is recomputed there (its forward op runs again inside the backward)"));
     if (r.made_nonfinite) t.append(row("NaN / Inf", "made here: a finite gradient came in, NaN or ±Inf went out (P4)"));
     panel.append(t);
     const attrs = r.attrs && typeof r.attrs === "object" ? Object.entries(r.attrs) : [];

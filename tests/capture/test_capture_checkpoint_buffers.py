@@ -160,7 +160,12 @@ def test_the_whole_model_in_a_reentrant_checkpoint_is_a_training_forward(tmp_pat
     assert [st["grads"]["norm"] for st in steps] == [pytest.approx(n, rel=1e-5) for n in plain_norms]
     if mode == "full":
         assert all(st["graph_captured"] for st in steps)
-    assert diagnose(events) == []
+    # the batch norm's statistics, updated again by the recompute, are the one thing told -- where
+    # a graph shows the checkpoint (test_doctor_p11_checkpoint_bn.py)
+    findings = diagnose(events)
+    twice = [f for f in findings if f["code"] == "P11" and "twice" in f["title"]]
+    assert [f for f in findings if f not in twice] == []
+    assert [f["modules"] for f in twice] == ([] if mode == "light" else [["1"]])
 
 
 @pytest.mark.parametrize("mode", ["light", "default", "full"])
@@ -214,7 +219,7 @@ def test_an_evaluation_through_a_reentrant_checkpoint_under_no_grad_is_an_evalua
     assert len(trained) == 9 and all(f["training"] and f["built_graph"] for f in trained)
     evaluations = [f for f in forwards if not f["backward"]]
     assert len(evaluations) == 3 and all(not f["built_graph"] and f["training"] is not eval_mode for f in evaluations)
-    p11 = [f for f in diagnose(events) if f["code"] == "P11"]
+    p11 = [f for f in diagnose(events) if f["code"] == "P11" and "twice" not in f["title"]]
     if eval_mode:
         assert p11 == [], [f["message"] for f in p11]
     else:
