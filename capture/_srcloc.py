@@ -110,6 +110,24 @@ def user_src(depth: int = 1) -> str:
     return f"{os.path.basename(g.f_code.co_filename)}:{g.f_lineno}" if g is not None else ""
 
 
+def user_site(depth: int = 1) -> tuple[types.CodeType, int] | None:
+    """The code object and line of the innermost user frame (``user_src``'s), or None: where
+    a call was made in the user's function, for comparing the order of two calls in it."""
+    f = _user_frame(depth)
+    return (f.f_code, f.f_lineno) if f is not None else None
+
+
+def same_function(src: str, code: types.CodeType) -> int | None:
+    """The line of ``src`` (``basename:line``, as ``user_src`` writes it) when it lies in the
+    function ``code`` (its file, within its lines); None otherwise."""
+    base, _, line = src.rpartition(":")
+    if not line.isdigit() or base != _base.get(code.co_filename):
+        return None
+    n = int(line)
+    lines = [ln for _, _, ln in code.co_lines() if ln is not None]
+    return n if lines and min(lines) <= n <= max(lines) else None
+
+
 def _user_frame(depth: int) -> types.FrameType | None:
     f: types.FrameType | None = sys._getframe(depth + 1)
     base = _base

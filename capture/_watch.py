@@ -57,7 +57,7 @@ from ._native import NativeRecorder
 from ._ops import OpRecorder, StorageIds, autocast_dtype, autocast_on
 from ._overlap import Region, itemsize, region
 from ._record import claim_record, default_record
-from ._srcloc import _is_internal, call_as_user, op_src, user_src
+from ._srcloc import _is_internal, call_as_user, op_src, same_function, user_site, user_src
 from .distributed import RankInfo, rank_info, session_id
 from .schema import (
     CAPTURE_OFF,
@@ -1120,6 +1120,7 @@ class Watch:
         self._probing = False
         self._probe_left = _PROBE_STEPS
         self._recomputing = False  # the root forward now running is a checkpoint's recompute (_on_forward_pre)
+        self._step_site: tuple[types.CodeType, int] | None = None  # where the last optimizer.step() was called (_trailing)
         self._clip_open = False  # full mode records a clipping's ops now (_record_clip, _end_clip)
         # the step's results of torch.autograd.grad for inputs without create_graph, and what
         # the loop computed from them without a graph (_on_grad_const): id -> (tensor, its line)
@@ -1290,7 +1291,8 @@ class Watch:
         and one-element tensors (read like ``.item()``: on a GPU that waits for the device, as
         logging ``.item()`` does).  Without ``step``: the step running now, or, called after
         ``optimizer.step()`` and before the next training forward (an evaluation between is
-        none), the step that just ended.  Never
+        none; nor is a forward below the step in the loop's function: ``_trailing``), the step
+        that just ended.  Never
         raises: a value that is no number is left out with one warning."""
         if self._closed or not self._active:
             return
@@ -1319,10 +1321,24 @@ class Watch:
             # no_grad or in eval mode between is none): the step that ended
             s = self._s
             began = s.micro > 0 or any(f.get("grad_mode") and f.get("training", True) for f in s.forwards)
-            step = self._step - 1 if self._step > 0 and not began else self._step
+            step = self._step - 1 if self._step > 0 and (not began or self._trailing(s)) else self._step
         shown = ", ".join(f"{k}={v:.4g}" for k, v in kept.items())
         self._transport.emit({"kind": "log", "t": time.time(), "level": "info", "message": f"step {step}: {shown}",
                               "step": step, "metrics": kept})
+
+    def _trailing(self, s: _StepState) -> bool:
+        """Whether what the open step holds is the tail of the loop's iteration that stepped,
+        not a new one: ``log()`` is called below ``optimizer.step()`` in the same function, and
+        the open step's training forwards ran there too, none above the step (where a new
+        iteration begins).  A GAN's generator update through the watched discriminator after
+        its step, an accuracy computed with a forward after the step (QA 48b: every logged value
+        one step late, or lost under the next step's)."""
+        site, here = self._step_site, user_site(3)
+        if site is None or here is None or here[0] is not site[0] or here[1] <= site[1]:
+            return False
+        lines = [same_function(str(f.get("src", "")), site[0]) for f in s.forwards
+                 if f.get("grad_mode") and f.get("training", True)]
+        return bool(lines) and all(n is not None and n > site[1] for n in lines)
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Write what was recorded so far to the session file and wait for it (at most
@@ -3838,6 +3854,7 @@ class Watch:
             self._skipped_loss(s)
         self._stray, self._stray_again = None, False  # the watched optimizer (or a boundary) ended the step after all
         step_src = user_src(3)  # 3: past this method and its caller (_safe, or a hook of ours)
+        self._step_site = user_site(3)
         self._grad_consts.clear()
         self._grad_joins.clear()
         if self._capturing_ops:

@@ -103,3 +103,51 @@ def test_log_without_a_watch_does_nothing_and_imports_no_torch() -> None:
             "print('torch' in sys.modules, 'torchscope._watch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["False", "False"] and out.stderr == ""
+
+
+def _tail_run(path: Path, mode: str, kind: str) -> dict[str, list[tuple[int, float]]]:
+    """Loops whose iteration goes on after the watched optimizer's step before they log: a GAN's
+    generator update through the watched discriminator, an accuracy computed with a training-mode
+    forward after the step; and gradient accumulation, whose micro-batches between steps belong to
+    the open step."""
+    torch.manual_seed(0)
+    D = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt_d, opt_g = torch.optim.Adam(D.parameters(), 1e-3), torch.optim.Adam(G.parameters(), 1e-3)
+    bce = nn.functional.binary_cross_entropy_with_logits
+    with torchscope.watch(D, opt_d, server=None, record=path, mode=mode):
+        for i in range(6):
+            real, fake = torch.randn(8, 2) + 2, G(torch.randn(8, 4))
+            d_loss = bce(D(real), torch.ones(8, 1)) + bce(D(fake.detach()), torch.zeros(8, 1))
+            if kind != "accumulate" or i % 2 == 0:
+                opt_d.zero_grad()
+            d_loss.backward()
+            if kind != "accumulate" or i % 2 == 1:
+                opt_d.step()
+            if kind == "gan":
+                g_loss = bce(D(fake), torch.ones(8, 1))
+                opt_g.zero_grad()
+                g_loss.backward()
+                opt_g.step()
+            torchscope.log(d_loss=d_loss.item(), score=float(D(real).mean()) if kind == "forward" else float(i))
+    logged: dict[str, list[tuple[int, float]]] = {}
+    for ev in load(str(path)).logs:
+        for k, v in (ev.get("metrics") or {}).items():
+            logged.setdefault(k, []).append((ev["step"], v))
+    return logged
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+@pytest.mark.parametrize("kind", ["gan", "forward"])
+def test_a_log_after_the_iterations_tail_has_the_step_that_ended(tmp_path: Path, mode: str, kind: str) -> None:
+    logged = _tail_run(tmp_path / "run.tscope", mode, kind)
+    steps = load(str(tmp_path / "run.tscope")).steps
+    # each iteration's d_loss with the step its discriminator update made: the step's own loss
+    assert [s for s, _ in logged["d_loss"]] == list(range(6)), logged
+    assert [v for _, v in logged["d_loss"]] == pytest.approx([st["loss"] for st in steps])
+
+
+def test_a_log_after_a_micro_batch_has_the_open_step(tmp_path: Path) -> None:
+    logged = _tail_run(tmp_path / "run.tscope", "default", "accumulate")
+    # micro-batches 0, 2, 4 are the first of steps 0, 1, 2; 1, 3, 5 their last, logged once it ended
+    assert [s for s, _ in logged["score"]] == [0, 0, 1, 1, 2, 2], logged
