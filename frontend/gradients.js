@@ -76,7 +76,9 @@ export class GradientsView {
     this.total = new LineChart(totalCol, { title: `‖grad‖₂ of all parameters together, per step (log scale; ${TICKS})`, vlines: mark, log: true });
     this.total.root.dataset.testid = "total-norm";
     this.clipNote = h("p", { "data-testid": "clip-note", hidden: true });
-    root.append(this.clipNote);
+    // a long run's gradients come one step of every few (the server's /grads stride): said
+    this.sampleNote = h("p", { class: "muted small", "data-testid": "grads-sampled", hidden: true });
+    root.append(this.clipNote, this.sampleNote);
     // the script's own numbers (torchscope.log), beside the loss, on its steps
     this.metrics = new MetricsPanel(root, app, { vlines: mark, onMark: (step) => { this.app.setState({ step }); this.focusOn(); },
       range: () => (this.lossSeries.steps.length ? [this.lossSeries.steps[0], this.lossSeries.steps.at(-1)] : null) });
@@ -134,6 +136,10 @@ export class GradientsView {
     // steps and not one gradient (no backward reached the model: a GAN's generator loss from
     // D(fake.detach())): say so, not "no data yet" of a finished run (QA 44c)
     if (g.params.length && g.steps.length && !drawn.size) this.lines.opts.empty = this.total.opts.empty = NO_GRADS;
+    this.sampleNote.hidden = !(g.stride > 1);
+    this.sampleNote.textContent = g.stride > 1 ? `${g.total_steps.toLocaleString("en-US")} steps: the gradient charts and the heat map show ` +
+      `${g.steps.length.toLocaleString("en-US")}, of every ${g.stride} steps in a row the one with the largest total ‖grad‖ (a NaN or Inf ` +
+      "first), so a spike is never left out; the loss chart shows every step." : "";
     this.drawTotal();
     this.updateMenus();
     this.drawHeat();

@@ -586,8 +586,11 @@ class Store:
     def step_parts(self, session_id: str, rank: int, column: str, start: int | None = None,
                    end: int | None = None, max_steps: int | None = None) -> tuple[list[dict[str, Any]], int, int]:
         """Minimal step dicts ``{step, t, <column>}`` for the series functions, with the number
-        of steps in the range and the stride taken: at most ``max_steps`` evenly spaced steps
-        (every stride-th one), so a 100,000-step run never decodes 100,000 JSON parts at once."""
+        of steps in the range and the stride taken: at most ``max_steps`` steps, one of every
+        stride consecutive ones, so a 100,000-step run never decodes 100,000 JSON parts at once.
+        Of each ``stride`` steps the one with the largest total gradient norm (a non-finite one
+        first): a spike is what a sampled chart must not miss (QA 48b: every other step of a
+        2,000-step run, and the explosion the doctor named was not drawn)."""
         assert column in ("memory", "grads")
         conn = self._read()
         bounds: tuple[Any, ...] = (session_id, rank, -1 if start is None else start, 2**62 if end is None else end)
@@ -601,10 +604,22 @@ class Store:
         else:
             sql = (f"SELECT step, t, {column} FROM steps WHERE session_id=? AND rank=? "  # noqa: S608
                    "AND step IN (SELECT value FROM json_each(?)) ORDER BY step")
-            args = (session_id, rank, _dumps(numbers[::stride]))
+            args = (session_id, rank, _dumps(self._loudest(conn, where, bounds, stride)))
         rows = conn.execute(sql, args).fetchall()
         parts = [{"step": s, "t": t, column: _finite_back(json.loads(v)) if v else None} for s, t, v in rows]
         return parts, len(numbers), stride
+
+    @staticmethod
+    def _loudest(conn: sqlite3.Connection, where: str, bounds: tuple[Any, ...], stride: int) -> list[int]:
+        """Of every ``stride`` consecutive steps, the one whose total gradient norm is largest;
+        SQLite keeps a NaN as NULL, so a NULL norm whose gradients' text holds a non-finite
+        number (``api_json``'s "NaN", "Infinity") counts above every finite one."""
+        rows = conn.execute(
+            f"SELECT step, grad_norm, CASE WHEN grad_norm IS NULL AND grads IS NOT NULL "  # noqa: S608
+            f"THEN instr(grads, '\"NaN\"') + instr(grads, 'Infinity') ELSE 0 END FROM steps {where} ORDER BY step",
+            bounds).fetchall()
+        return [max(rows[k:k + stride], key=lambda r: (bool(r[2]), -1.0 if r[1] is None else r[1]))[0]
+                for k in range(0, len(rows), stride)]
 
     def loss_series(self, session_id: str, rank: int, start: int | None = None,
                     end: int | None = None) -> dict[str, list[Any]]:

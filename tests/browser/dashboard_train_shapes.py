@@ -59,18 +59,21 @@ def main() -> None:
     ap.add_argument("--model", choices=["residual", "long"], required=True)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--mode", default="default", help="torchscope.watch's mode; the session is named <model>-<mode> unless default")
+    ap.add_argument("--spike", type=int, default=-1, help="a step whose loss is 1e6 times larger (not applied: lr 0)")
+    ap.add_argument("--name", default=None, help="the session's name (default: from --model and --mode)")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model, d = build(args.model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     # a long run captures few graphs: the heat map needs every step's gradient norms only
-    name = args.model if args.mode == "default" else f"{args.model}-{args.mode}"
+    name = args.name or (args.model if args.mode == "default" else f"{args.model}-{args.mode}")
     w = torchscope.watch(model, opt, server=args.server, record=args.record, name=name, mode=args.mode,
                          sample_every=1 if args.model == "residual" else 100)
-    for _ in range(args.steps):
+    for step in range(args.steps):
         opt.zero_grad()
-        model(torch.randn(4, d)).pow(2).mean().backward()
+        (model(torch.randn(4, d)).pow(2).mean() * (1e6 if step == args.spike else 1.0)).backward()
+        opt.param_groups[0]["lr"] = 0.0 if step == args.spike else 0.01
         opt.step()
     w.close()
 

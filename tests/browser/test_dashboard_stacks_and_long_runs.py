@@ -28,6 +28,7 @@ playwright_sync = pytest.importorskip("playwright.sync_api")
 
 TRAIN = Path(__file__).resolve().parent / "dashboard_train_shapes.py"
 LONG_STEPS = 600  # 2 px per step: 1200 px of cells, wider than the 1280 px window leaves them
+SPIKY_STEPS, SPIKE = 1100, 701  # over the 1,000 steps /grads sends: every other one, the spike's an odd one
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
 
 # the script's arguments by session name (it names a session <model>, or <model>-<mode> outside default mode)
 RUNS = {"residual": ["--model", "residual", "--steps", "2"], "long": ["--model", "long", "--steps", str(LONG_STEPS)],
-        "residual-full": ["--model", "residual", "--steps", "1", "--mode", "full"]}
+        "residual-full": ["--model", "residual", "--steps", "1", "--mode", "full"],
+        "spiky": ["--model", "long", "--steps", str(SPIKY_STEPS), "--mode", "light", "--spike", str(SPIKE), "--name", "spiky"]}
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +123,34 @@ def test_heat_map_names_stay_in_view_when_scrolled_to_later_steps(page: Any, srv
             page.mouse.move(x, scrolled["heat"]["top"] + m * geom["cellH"] + geom["cellH"] / 2)
             assert page.locator("[data-testid=heat-hover]").inner_text().startswith(f"{labels[m]} · step {step} ·")
     assert page.evaluate(SCROLL_TO_END)["scrollLeft"] == scrolled["scrollLeft"]  # the pointer moved nothing
+
+
+def test_a_long_runs_sampled_gradients_keep_the_spike_and_say_so(page: Any, srv: ServerProc,
+                                                                 runs: dict[str, str]) -> None:
+    """Past 1,000 steps the gradient charts show one step of every few: the one with the largest
+    total norm, and the page says so (QA 48b: every other step, silently, and a 1e6x explosion
+    the doctor named was drawn as a flat line)."""
+    import httpx
+
+    open_session(page, srv.url, runs["spiky"], "?view=gradients")
+    note = page.locator("[data-testid=grads-sampled]")
+    note.wait_for(state="visible", timeout=30_000)
+    assert note.inner_text().startswith(f"{SPIKY_STEPS:,} steps: the gradient charts and the heat map show 550, of every 2 "
+                                        "steps in a row the one with the largest total ‖grad‖"), note.inner_text()
+    g = httpx.get(f"{srv.url}/api/sessions/{runs['spiky']}/grads", timeout=30).json()
+    assert g["stride"] == 2 and SPIKE in g["steps"]
+    norms = [v for v in g["total_norm"] if isinstance(v, float)]
+    assert g["total_norm"][g["steps"].index(SPIKE)] == max(norms) > 1e4 * sorted(norms)[len(norms) // 2]
+    # the heat map's columns are those steps: hovering the spike's names it
+    geom = page.evaluate("window.__torchscope.state().gradients")["geom"]
+    heat = page.locator("[data-testid=heatmap]")
+    heat.scroll_into_view_if_needed()
+    col = g["steps"].index(SPIKE)
+    page.evaluate(f"""() => {{ const h = document.querySelector("[data-testid=heatmap]"); h.parentElement.scrollLeft = {geom['L'] + col * geom['cellW']} - 200; }}""")
+    box = heat.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + geom["L"] + col * geom["cellW"] + geom["cellW"] / 2, box["y"] + geom["cellH"] / 2)
+    assert f" · step {SPIKE} ·" in page.locator("[data-testid=heat-hover]").inner_text()
 
 
 # ----------------------------------------------------------------------------- graph

@@ -124,12 +124,43 @@ def test_grads_samples_long_runs_evenly(client: TestClient) -> None:
     assert every["steps"] == list(range(n)) and every["stride"] == 1 and every["total_steps"] == n
     sampled = client.get("/api/sessions/g/grads?max_steps=100").json()
     assert sampled["stride"] == 3 and sampled["total_steps"] == n
-    assert sampled["steps"] == list(range(0, n, 3))
+    # of each 3 steps the largest gradient norm: here (norms grow) the last of each
+    assert sampled["steps"] == [min(k + 2, n - 1) for k in range(0, n, 3)]
     # a sampled step's columns are that step's own
-    assert sampled["norm"][5] == every["norm"][15] == [0.5 + 15, None]
+    assert sampled["norm"][5] == every["norm"][17] == [0.5 + 17, None]
     window = client.get("/api/sessions/g/grads?start=100&end=199&max_steps=50").json()
-    assert window["steps"] == list(range(100, 200, 2)) and window["total_steps"] == 100
+    assert window["steps"] == list(range(101, 200, 2)) and window["total_steps"] == 100
     assert client.get("/api/sessions/g/grads?max_steps=0").status_code == 422
+
+
+def test_sampled_grads_keep_a_spike_and_a_nan(client: TestClient) -> None:
+    """A long run's gradient charts show one step of every few: the one with the largest total
+    norm, a non-finite one above all -- not every stride-th step, which drew a 1e6x explosion
+    the doctor named as a flat line (QA 48b)."""
+    n = 400
+    events = []
+    for s in range(n):
+        ev = step_event(s)
+        ev["grads"]["norm"] = [1.0 + (s % 7) / 100, None]
+        if s == 101:
+            ev["grads"]["norm"] = [1e6, None]
+        if s == 250:
+            ev["grads"]["norm"] = [math.nan, None]
+            ev["grads"]["nan"] = [3, 0]
+        events.append(ev)
+    frames = [encode_frame(0, [session_event("sp")])]
+    frames += [encode_frame(1 + i, events[i * 50:i * 50 + 50]) for i in range(n // 50)]
+    _post(client, "sp", frames)
+    sampled = client.get("/api/sessions/sp/grads?max_steps=100").json()
+    assert sampled["stride"] == 4 and len(sampled["steps"]) == 100
+    assert 101 in sampled["steps"] and 250 in sampled["steps"]
+    assert max(v for v in sampled["total_norm"] if isinstance(v, float)) == 1e6
+    # elsewhere each bucket's largest of its four: the 7-step pattern's peak where it falls
+    every = client.get("/api/sessions/sp/grads?max_steps=1000").json()
+    for k, step in enumerate(sampled["steps"]):
+        if step not in (101, 250):
+            bucket = every["total_norm"][4 * k:4 * k + 4]
+            assert sampled["total_norm"][k] == max(bucket), (step, bucket)
 
 
 @pytest.mark.parametrize("column", ["graphs_alive", "hook_bytes"])
