@@ -20,13 +20,14 @@ export function findingNote(box, f, prefix, onClose, ...more) {
   if (!f) return;
   const sev = f.severity === "error" ? "err" : f.severity === "warning" ? "warn" : "";
   const srcs = [...new Set([f.src, ...(f.data?.src || [])].filter(Boolean))];
-  box.append(
+  // (the DOM's own append writes a null as the text "null": QA 48b, under a P3 without a line)
+  box.append(...[
     h("div", { class: "finding-head" }, h("span", { class: `badge ${sev}` }, f.code), h("b", {}, f.title || ""),
       h("span", { class: "muted", "data-testid": `${prefix}-finding-steps` }, stepsText(f)),
       h("button", { "aria-label": "close the finding's note", title: "close", onclick: onClose }, "×")),
     h("div", {}, f.message || ""),
     srcs.length ? h("div", { "data-testid": `${prefix}-finding-src` }, "at ", ...srcs.flatMap((x, i) => [i ? ", " : "", h("code", {}, x)])) : null,
-    ...more);
+    ...more].filter(Boolean));
 }
 
 export class DiagnosticsView {

@@ -151,6 +151,12 @@ def test_a_long_runs_sampled_gradients_keep_the_spike_and_say_so(page: Any, srv:
     assert box is not None
     page.mouse.move(box["x"] + geom["L"] + col * geom["cellW"] + geom["cellW"] / 2, box["y"] + geom["cellH"] / 2)
     assert f" · step {SPIKE} ·" in page.locator("[data-testid=heat-hover]").inner_text()
+    # the doctor's explosion, followed here: its note names no line (P3 has none), and says no "null"
+    open_session(page, srv.url, runs["spiky"], "?view=diagnostics")
+    page.locator("button.finding[data-code=P3]").first.click()
+    box = page.locator("[data-testid=gradients-finding]")
+    box.wait_for(state="visible")
+    assert f"step {SPIKE}" in box.inner_text() and "null" not in box.inner_text(), box.inner_text()
 
 
 # ----------------------------------------------------------------------------- graph
