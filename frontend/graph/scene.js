@@ -5,6 +5,8 @@ import { representatives, groupTotals } from "./model.js";
 import { logScale, categorical, ZERO, NOTHING } from "../colors.js";
 import { OUTSIDE_MODEL } from "../dom.js";
 
+const NOT_RECORDED = "(module not recorded)";
+
 const PHASE_COLORS = { forward: "--op-fwd", backward: "--op-bwd", optimizer: "--op-opt", other: "--op-opt" };
 
 // A leaf's sub-label in two parts: its output's shape (null when it has none) and where it ran
@@ -27,6 +29,12 @@ export function leafSub(model, l) {
 export function leafWhere(model, l) {
   if (l.module) return l.module;
   const op = l.kind === "op" ? l : l.rec.op !== undefined ? model.byKey.get("o" + l.rec.op) : null;
+  if (!op && l.kind !== "op") {
+    // a grad_fn node of a step whose ops were not recorded (the first step of a loop that calls
+    // the model's submodules directly) ran somewhere unknown, not in the root (QA 48b)
+    model.hasOps ??= model.leaves.some((x) => x.kind === "op");
+    if (!model.hasOps) return NOT_RECORDED;
+  }
   return op && (op.rec.flags || []).includes("outside_model") ? OUTSIDE_MODEL : "(root)";
 }
 

@@ -50,8 +50,16 @@ const PNG_MAX_SIDE = 8192, PNG_MAX_PIXELS = 32 * 1024 * 1024;
 
 // Why a graph is partial: a step past max_ops records its first ops and counts the rest; a
 // recorder that failed partway (its error is in the run's log) has no count.
-function partialNote(ev, cap) {
+function partialNote(ev, cap, compiled) {
   const shed = ev.shed_ops || 0;
+  if (!shed && !compiled && !(ev.ops || []).length && (ev.nodes || []).length) {
+    // no recorder ran: the model's own forward() never did (a container whose submodules the
+    // loop calls directly), and the capture learned of those calls on this step (QA 48b: "the
+    // op recorder stopped ... its error is in the run's log", of a log with no error)
+    return "No op of this step was recorded: the loop called the model's submodules, not the model itself, and the " +
+      "capture starts recording ops at a forward() call it knows of -- it learned of those calls on this step. " +
+      "The grad_fn graph is whole; later captured steps record the ops too.";
+  }
   if (!shed) return "Partial graph: the op recorder stopped partway through this step (its error is in the run's log).";
   const ran = (ev.ops || []).length + shed;
   return `Partial graph: this step ran ${ran.toLocaleString("en-US")} ops and its graph holds the first ${(cap || ran - shed).toLocaleString("en-US")} ` +
@@ -301,11 +309,20 @@ export class GraphView {
     // graph the first backward's only (GraphEvent.micro); unsaid, one forward read as making
     // several losses that a single backward went through
     const micros = new Set((ev.ops || []).map((o) => o.micro ?? 0));
-    if (micros.size > 1) notes.push(`${micros.size} micro-batches: forward ops of all, backward (grad_fn) of micro-batch ${ev.micro ?? 0}.`);
-    if (ev.complete === false) notes.push(partialNote(ev, this.app.meta?.settings?.max_ops));
+    const passes = this.stepEvent?.micro_batches;
+    if (micros.size > 1 && (passes === undefined || passes === micros.size)) {
+      notes.push(`${micros.size} micro-batches: forward ops of all, backward (grad_fn) of micro-batch ${ev.micro ?? 0}.`);
+    } else if (micros.size > 1) {
+      // forwards that are no micro-batches of their own: a GAN's discriminator called on real,
+      // fake and detached fakes, two losses (QA 48b: "4 micro-batches" of a step with 2 backwards)
+      notes.push(`${micros.size} forward calls and ${passes} backward pass${passes === 1 ? "" : "es"} in this step: the forward ops of all, ` +
+        `the grad_fn graph of backward pass ${(ev.micro ?? 0) + 1}.`);
+    }
+    const compiled = (this.stepEvent?.forwards || []).some((f) => f.compiled);
+    if (ev.complete === false) notes.push(partialNote(ev, this.app.meta?.settings?.max_ops, compiled));
     // a compiled forward runs as compiled code, none of its ops through the recorder: one grad_fn
     // node stands for it (QA 44c: an empty forward column, unexplained)
-    if ((this.stepEvent?.forwards || []).some((f) => f.compiled) && !(ev.ops || []).some((o) => (o.phase || "forward") === "forward")) {
+    if (compiled && !(ev.ops || []).some((o) => (o.phase || "forward") === "forward")) {
       notes.push("The forward ran compiled (torch.compile): its ops are not recorded, and its grad_fn graph shows it as one node, the torch.compile region.");
     }
     // GraphEvent.failed: no step event, no backward -- the run raised (on a NaN loss, say) first

@@ -1,0 +1,71 @@
+"""The dashboard on the forty-eighth session's findings (QA 48b).
+
+- A GAN watched through a container whose submodules the loop calls: the first step's graph has
+  no op (the capture learned of those calls there).  Its status line said "the op recorder stopped
+  partway through this step (its error is in the run's log)" of a log with no error, and every
+  grad_fn node was placed in "(root)".
+- A later step of it holds four forward calls and two backward passes: the status line said
+  "4 micro-batches", as of gradient accumulation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser_page import checked, graph_settled, module_browser, open_session, recorded  # noqa: F401 - fixtures
+from conftest import ServerProc
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    with ServerProc(tmp_path_factory.mktemp("qa48-server")) as s:
+        yield s
+
+
+@pytest.fixture
+def page(checked: Any) -> Any:  # noqa: F811 - the fixture, by the name these tests use
+    return checked
+
+
+@pytest.fixture(scope="module")
+def gan(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return recorded(srv, tmp_path_factory.mktemp("qa48-runs") / "gan.tscope", HERE / "dashboard_gan_container.py")
+
+
+def _status(page: Any, srv: ServerProc, sid: str, step: int) -> str:
+    open_session(page, srv.url, sid, f"?view=graph&step={step}")
+    status = page.locator(".graph-status")
+    status.wait_for(state="visible")
+    graph_settled(page)
+    return str(status.inner_text())
+
+
+def test_a_step_without_ops_says_why_not_a_recorder_error(page: Any, srv: ServerProc, gan: str) -> None:
+    graph = srv.get(f"/api/sessions/{gan}/graph?step=0")
+    # the premise: no op recorded, the grad_fn graph there, and no error in the run's log
+    assert graph["ops"] == [] and graph["nodes"] and graph["complete"] is False  # type: ignore[index]
+    text = _status(page, srv, gan, 0)
+    assert "No op of this step was recorded: the loop called the model's submodules" in text, text
+    assert "its error is in the run's log" not in text
+    # its nodes are placed nowhere they did not run: not "(root)"
+    key = page.evaluate("""() => window.__torchscope.app.views.graph.obj.model.leaves
+      .find((l) => l.kind === "node" && !l.module).key""")
+    page.evaluate(f"window.__torchscope.select({key!r})")
+    details = page.locator("[data-testid=details]")
+    row = details.locator("table.kv tr", has=page.locator("th", has_text="module")).first
+    row.wait_for()
+    assert row.locator("td").inner_text() == "(module not recorded)"
+
+
+def test_forward_calls_that_are_no_micro_batches_are_not_called_so(page: Any, srv: ServerProc, gan: str) -> None:
+    step = next(s for s in srv.get(f"/api/sessions/{gan}/steps") if s["step"] == 1)  # type: ignore[union-attr]
+    assert step["micro_batches"] == 2 and len(step["forwards"]) == 4  # the premise
+    text = _status(page, srv, gan, 1)
+    assert "4 forward calls and 2 backward passes in this step" in text and "micro-batches" not in text, text
