@@ -206,6 +206,7 @@ export class GraphView {
     this.stepSel.max = Math.max(0, this.captured.length - 1);
     // no graph: no step to scrub, nothing to colour or expand (a light run never has one)
     this.toolbar.hidden = !this.captured.length;
+    this.hasGraph(this.captured.length > 0);
     if (!this.captured.length) { this.status.textContent = this.app.emptyText("graph"); return; }
     // the other runs the diff can compare with: waited for only when the URL asks for one
     const runs = this.loadOtherRuns().then(() => {
@@ -220,6 +221,17 @@ export class GraphView {
   }
 
   onStatus() { if (!this.captured.length) this.status.textContent = this.app.emptyText("graph"); }
+
+  // With no graph (a light run, a live run before its first captured step) nothing can be
+  // exported, tabled or clicked: the buttons go and the details panel says so (QA 48b: an empty
+  // Top ops table, "Export failed: no graph shown", "Click a node to see its details").
+  hasGraph(yes) {
+    this.topBtn.hidden = this.pngBtn.hidden = !yes;
+    if (!yes) {
+      if (this.topOps.open) this.toggleTopOps();
+      clear(this.details).append(h("p", { class: "muted", "data-testid": "details-empty" }, "No graph to show: the details of its ops and grad_fn nodes appear here once a step's graph is captured."));
+    }
+  }
 
   // ``auto``: the step shown because the user asked for none (the first captured one): not
   // written to the URL, whose step= the other views mark as the one the user picked.
@@ -879,6 +891,7 @@ export class GraphView {
   onCapturedStep(step) {
     if (this.captured.includes(step)) return;
     this.toolbar.hidden = false;
+    if (!this.captured.length) this.hasGraph(true);
     this.captured.push(step);
     this.captured.sort((a, b) => a - b);
     this.stepSel.max = this.captured.length - 1;

@@ -6,6 +6,8 @@
   grad_fn node was placed in "(root)".
 - A later step of it holds four forward calls and two backward passes: the status line said
   "4 micro-batches", as of gradient accumulation.
+- A light run's graph view (no graph) offered "Top ops" (an empty table), "Export PNG" ("Export
+  failed: no graph shown") and "Click a node to see its details".
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 from browser_page import checked, graph_settled, module_browser, open_session, recorded  # noqa: F401 - fixtures
-from conftest import ServerProc
+from conftest import EXAMPLES, ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
@@ -69,3 +71,15 @@ def test_forward_calls_that_are_no_micro_batches_are_not_called_so(page: Any, sr
     assert step["micro_batches"] == 2 and len(step["forwards"]) == 4  # the premise
     text = _status(page, srv, gan, 1)
     assert "4 forward calls and 2 backward passes in this step" in text and "micro-batches" not in text, text
+
+
+def test_a_run_without_a_graph_offers_nothing_to_export_or_click(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    sid = recorded(srv, tmp_path / "light.tscope", EXAMPLES / "mlp.py", "--steps", "3", "--mode", "light", "--server", "none")
+    open_session(page, srv.url, sid, "?view=graph&top=1")
+    page.locator(".graph-status").wait_for(state="visible")
+    empty = page.locator("[data-testid=details-empty]")
+    empty.wait_for()
+    assert empty.inner_text().startswith("No graph to show")
+    for testid in ("top-ops-toggle", "export-png"):
+        assert page.locator(f"[data-testid={testid}]").is_hidden(), testid
+    assert page.evaluate("window.__torchscope.app.views.graph.obj.topOps.open") is False
