@@ -1380,7 +1380,7 @@ class Watch:
             self._safe("step", self._finish_deferred)
             if failed_in is not None and failed_in[0] is not None:
                 self._transport.emit(failed_in[0])  # after the step before it (deferred till now)
-            self._safe("step", self._drop_open_step)
+            late = self._safe("step", self._drop_open_step)
             for h in self._handles:
                 h.remove()
             self._resume_gc()
@@ -1398,6 +1398,8 @@ class Watch:
             end = self._end_event()
             if trailing:
                 end["forwards"] = trailing
+            if late:
+                end["late_backward"] = late
             if failed_in is not None and failed_in[1]:
                 end["events"] = failed_in[1]
             self._transport.close(end)
@@ -1453,11 +1455,12 @@ class Watch:
         failed = self._ended_by is not None and self._ended_by[0] == "error"
         return self._s.micro > 0 and not failed and not self._s.backward_errors
 
-    def _drop_open_step(self) -> None:
+    def _drop_open_step(self) -> list[list[int]]:
         """What a step left unclosed at close (a forward without backward: a trailing
         evaluation, an exception in the loss) still holds: the op recorder on the dispatch
         stack, where it would see every later op of the process, and hooks on modules and
-        graph nodes."""
+        graph nodes.  Returns the last step's forwards a backward after it reached (a GAN's
+        generator update after the critic's last step: ``late_backward``, said by the end event)."""
         s = self._s
         self._stop_recorder()
         for h in s.node_hooks:
@@ -1467,8 +1470,9 @@ class Watch:
             for h in hooks:
                 h.remove()
         s.marks = []
-        self._late_reached(s, [])
+        late = self._late_reached(s, [])
         self._remove_module_hooks()
+        return late
 
     def _failed_forward(self, s: _StepState) -> tuple[dict[str, Any] | None, list[dict[str, object]]]:
         """The step a run failed in before its backward -- the loop raised on a NaN loss it

@@ -24,8 +24,9 @@ FIX_TRAINING = ("Run that forward under `with torch.no_grad():` -- no graph is b
 def _late(run: Run) -> set[tuple[int, int]]:
     """(step, micro) of the forwards whose graph a backward of the next step used (a GAN's
     generator output, made before the critic's step ended the step): used, not unused."""
-    return {(as_int(p[0]), as_int(p[1])) for _, ev in run.step_events() for p in as_list(ev.get("late_backward"))
-            if isinstance(p, list) and len(p) == 2}
+    # (the run's last step: told by the end event, QA 48b -- "Batches skipped before backward")
+    return {(as_int(p[0]), as_int(p[1])) for ev in (*(ev for _, ev in run.step_events()), run.end)
+            for p in as_list(ev.get("late_backward")) if isinstance(p, list) and len(p) == 2}
 
 
 def _trained_srcs(run: Run, late: set[tuple[int, int]]) -> set[Any]:

@@ -248,9 +248,37 @@ def test_a_forward_used_by_the_next_steps_backward_is_used(
     late = {st["step"]: st.get("late_backward", []) for st in steps}
     expected = {st["step"]: [[st["step"] - 1, src[st["step"] - 1].index(gen_line)]] for st in steps if st["step"] >= 2}
     assert {k: v for k, v in late.items() if k >= 2} == expected
+    # the last step's, used by the generator's backward after it, in no step: the end event says it
+    (end,) = [e for e in iter_events(path) if e["kind"] == "end"]
+    assert end["late_backward"] == [[5, src[5].index(gen_line)]]
     findings = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P6"]
     assert len(findings) == 1 and findings[0]["data"]["forwards"] == 1, findings
     assert findings[0]["src"].endswith(f":{_line_of('gen(torch.randn(8, 4)).std()')}")
+
+
+def test_the_last_steps_generator_forward_is_no_skipped_batch(tmp_path: Path) -> None:
+    """A GAN watched through its container, the discriminator called on real data first: the
+    last step's generator forward, used by the generator's backward after the critic's last
+    step, read as "Batches skipped before backward" at the last step (QA 48b)."""
+    torch.manual_seed(0)
+    gan = nn.ModuleDict({"G": nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)),
+                         "D": nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))})
+    opt_g, opt_d = torch.optim.Adam(gan["G"].parameters(), 2e-4), torch.optim.Adam(gan["D"].parameters(), 2e-4)
+    bce = nn.functional.binary_cross_entropy_with_logits
+    path = tmp_path / "gan.tscope"
+    with torchscope.watch(gan, opt_d, server=None, record=path, mode="default"):
+        for _ in range(8):
+            fake = gan["G"](torch.randn(16, 8))
+            d_loss = bce(gan["D"](torch.randn(16, 2) + 2), torch.ones(16, 1)) + bce(gan["D"](fake.detach()), torch.zeros(16, 1))
+            opt_d.zero_grad()
+            d_loss.backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            bce(gan["D"](fake), torch.ones(16, 1)).backward()
+            opt_g.step()
+    events = list(iter_events(path))
+    assert [e for e in events if e["kind"] == "end"][0].get("late_backward")
+    assert [f for f in diagnose(events) if f["code"] == "P6"] == []
 
 
 def test_compiled_autograd_backward_reaches_the_forward(tmp_path: Path) -> None:
