@@ -256,29 +256,42 @@ def test_a_forward_used_by_the_next_steps_backward_is_used(
     assert findings[0]["src"].endswith(f":{_line_of('gen(torch.randn(8, 4)).std()')}")
 
 
+class _GAN(nn.Module):
+    """A container with no forward of its own: the loop calls its two networks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.G = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+        self.D = nn.Sequential(nn.Linear(2, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+
+
 def test_the_last_steps_generator_forward_is_no_skipped_batch(tmp_path: Path) -> None:
     """A GAN watched through its container, the discriminator called on real data first: the
     last step's generator forward, used by the generator's backward after the critic's last
-    step, read as "Batches skipped before backward" at the last step (QA 48b)."""
+    step, read as "Batches skipped before backward" at the last step; and its graph kept from one
+    step to the next (used there), none at the first two boundaries, as a graph piling up over
+    a short run (QA 48b: P7 "+6 per step" over 6 steps)."""
     torch.manual_seed(0)
-    gan = nn.ModuleDict({"G": nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)),
-                         "D": nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))})
-    opt_g, opt_d = torch.optim.Adam(gan["G"].parameters(), 2e-4), torch.optim.Adam(gan["D"].parameters(), 2e-4)
+    gan = _GAN()
+    opt_g, opt_d = torch.optim.Adam(gan.G.parameters(), 2e-4), torch.optim.Adam(gan.D.parameters(), 2e-4)
     bce = nn.functional.binary_cross_entropy_with_logits
     path = tmp_path / "gan.tscope"
-    with torchscope.watch(gan, opt_d, server=None, record=path, mode="default"):
-        for _ in range(8):
-            fake = gan["G"](torch.randn(16, 8))
-            d_loss = bce(gan["D"](torch.randn(16, 2) + 2), torch.ones(16, 1)) + bce(gan["D"](fake.detach()), torch.zeros(16, 1))
+    with torchscope.watch(gan, opt_d, server=None, record=path, mode="default", sample_every=1):
+        for _ in range(6):
+            fake = gan.G(torch.randn(16, 8))
+            d_loss = bce(gan.D(torch.randn(16, 2) + 2), torch.ones(16, 1)) + bce(gan.D(fake.detach()), torch.zeros(16, 1))
             opt_d.zero_grad()
             d_loss.backward()
             opt_d.step()
+            g_loss = bce(gan.D(fake), torch.ones(16, 1))  # held till the next iteration: its graph too
             opt_g.zero_grad()
-            bce(gan["D"](fake), torch.ones(16, 1)).backward()
+            g_loss.backward()
             opt_g.step()
     events = list(iter_events(path))
     assert [e for e in events if e["kind"] == "end"][0].get("late_backward")
-    assert [f for f in diagnose(events) if f["code"] == "P6"] == []
+    alive = [e["graphs_alive"] for e in events if e["kind"] == "step"]
+    assert alive[:2] == [0, 0] and len(set(alive[2:])) == 1 and alive[2] > 0, alive  # the premise: steady
+    assert [f for f in diagnose(events) if f["code"] in ("P6", "P7")] == []
 
 
 def test_compiled_autograd_backward_reaches_the_forward(tmp_path: Path) -> None:
