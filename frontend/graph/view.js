@@ -569,7 +569,7 @@ export class GraphView {
     const others = all.filter((s) => s.id !== this.app.id && s.mode !== "light");
     const near = others.slice(0, MAX_RUNS);
     const got = await Promise.all(near.map((s) => this.runSteps(s.id).then((steps) => ({ s, steps }), () => null)));
-    for (const x of got) if (x && x.steps.length) this.otherRuns.set(x.s.id, { name: x.s.name || x.s.id, steps: x.steps });
+    for (const x of got) if (x && x.steps.length) this.otherRuns.set(x.s.id, { name: x.s.name || x.s.id, steps: x.steps, model: x.s.model });
     this.olderRuns = others.length - near.length;
   }
 
@@ -654,8 +654,13 @@ export class GraphView {
     this.overlaySel.value = v;
     this.diffSel.hidden = v !== "diff";
     if (v === "diff" && was !== "diff") {
-      // a run with one captured step has only other runs to compare with: the newest
-      if (!this.diffRun && this.captured.length < 2 && this.otherRuns.size) this.diffRun = this.otherRuns.keys().next().value;
+      // a run with one captured step has only other runs to compare with: the newest of the
+      // same model class, else the newest (QA 48b: a ResNet diffed against an MLP run)
+      if (!this.diffRun && this.captured.length < 2 && this.otherRuns.size) {
+        const model = this.app.meta?.model;
+        const same = [...this.otherRuns].find(([, r]) => model && r.model === model);
+        this.diffRun = same ? same[0] : this.otherRuns.keys().next().value;
+      }
       // turned on: this run's step before; another run's step as chosen; the user's later choice is kept
       this.fillDiff(!!this.diffRun);
     }

@@ -83,3 +83,18 @@ def test_a_run_without_a_graph_offers_nothing_to_export_or_click(page: Any, srv:
     for testid in ("top-ops-toggle", "export-png"):
         assert page.locator(f"[data-testid={testid}]").is_hidden(), testid
     assert page.evaluate("window.__torchscope.app.views.graph.obj.topOps.open") is False
+
+
+def test_a_one_step_runs_diff_picks_a_run_of_its_own_model(page: Any, srv: ServerProc, tmp_path: Path) -> None:
+    """A run with one captured step can only be diffed against another run: the newest of the same
+    model class, not whatever ran last (QA 48b: a ResNet diffed against an MLP run, all "added")."""
+    older = recorded(srv, tmp_path / "a1.tscope", EXAMPLES / "mlp.py", "--steps", "1", "--server", "none")
+    recorded(srv, tmp_path / "gan.tscope", HERE / "dashboard_gan_container.py", "--steps", "2")  # newer, another class
+    sid = recorded(srv, tmp_path / "a2.tscope", EXAMPLES / "mlp.py", "--steps", "1", "--server", "none")
+    assert [g["step"] for g in srv.get(f"/api/sessions/{sid}/graphs")] == [0]  # type: ignore[union-attr]
+    open_session(page, srv.url, sid, "?view=graph")
+    page.wait_for_function("!document.querySelector('[data-testid=overlay] option[value=diff]').disabled")
+    page.locator("[data-testid=overlay]").select_option("diff")
+    menu = page.locator("[data-testid=diff-run]")
+    menu.wait_for(state="visible")
+    assert menu.input_value() == older
