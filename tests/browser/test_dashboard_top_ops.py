@@ -107,6 +107,7 @@ def test_top_ops_adds_up_the_recorded_step_and_sorts_by_a_column(run: tuple[Serv
         assert sum(shares) == pytest.approx(100, abs=0.5), shares
         caption = page.inner_text("[data-testid=top-ops-caption]")
         assert f"{len(forward_ops(graph))} forward ops, {len(want)} names" in caption, caption
+        assert "one-time costs" not in caption  # (said of step 0 only, below)
 
         # a click on "# of Calls": most calls first (ties by name); again: fewest first
         page.click("[data-testid=top-ops-table] th[data-sort=calls]")
@@ -149,6 +150,18 @@ def test_top_ops_adds_up_the_recorded_step_and_sorts_by_a_column(run: tuple[Serv
         page.click("[data-testid=top-ops-toggle]")
         assert page.locator("[data-testid=top-ops]").is_visible()
         assert "top=1" in page.evaluate("location.search")
+
+
+def test_step_zeros_table_says_its_times_include_one_time_costs(run: tuple[ServerProc, str, dict[str, Any]]) -> None:
+    """The first watched step's times hold its first kernel calls and allocations: a short run's
+    only captured step read as steady times (QA 48b)."""
+    srv, sid, _ = run
+    with checked_page() as page:
+        open_session(page, srv.url, sid, "?view=graph&step=0&top=1")
+        page.wait_for_selector("[data-testid=top-ops-table] tr.top-ops-row", timeout=20_000)
+        page.wait_for_function(f"{GRAPH}.step === 0")
+        caption = page.inner_text("[data-testid=top-ops-caption]")
+        assert "Step 0's times include one-time costs" in caption, caption
 
 
 def test_the_sort_is_kept_in_the_url(run: tuple[ServerProc, str, dict[str, Any]]) -> None:
