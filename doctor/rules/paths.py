@@ -756,6 +756,11 @@ def _stops_gradient(op: dict[str, Any]) -> bool:
     return ("non_differentiable" in g.flags(op) and name not in _SAMPLERS) or name in _STEP_FUNCTIONS
 
 
+def _reads_a_gradient(op: dict[str, Any], facts: _Facts) -> bool:
+    """Whether an input of ``op`` carries a gradient (unknown: as if it did)."""
+    return any(facts.grads.get(as_int(t, -1), True) for t in as_list(op.get("inputs")))
+
+
 def _non_differentiable(run: Run) -> dict[tuple[str, str, str], tuple[list[int], dict[str, Any], int]]:
     """(op name, module, src) -> (the steps, the first op, its step) of each op that cannot be
     differentiated and feeds the loss, the first such op of each captured step's loss path."""
@@ -770,7 +775,10 @@ def _non_differentiable(run: Run) -> dict[tuple[str, str, str], tuple[list[int],
         known = _tensor_facts(graph)
         facts = known._replace(grads=_carrying(fwd, known.grads))
         for op in path:
-            if op.get("grad_mode") is not False and _stops_gradient(op) and _feeds_as_value(path, op, on_path, facts):
+            # (one whose inputs carry no gradient stops none: a target rounded inline,
+            # ``mse_loss(out, torch.round(y))``, QA 48a: an error)
+            if op.get("grad_mode") is not False and _stops_gradient(op) and _reads_a_gradient(op, facts) \
+                    and _feeds_as_value(path, op, on_path, facts):
                 key = _op_key(op)
                 steps, first, fstep = hits.get(key, ([], op, step))
                 hits[key] = ([*steps, step], first, fstep)

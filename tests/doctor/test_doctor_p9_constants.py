@@ -57,6 +57,11 @@ CORRECT: dict[str, Loss] = {
     # an argmax that picks from what carries the gradient (the top logit's margin): a selector
     "pick_by_argmax": lambda out, y: nn.functional.cross_entropy(out, y)
     - 0.1 * out.gather(1, out.argmax(-1, keepdim=True)).mean(),
+    # a target a step function made from data alone, inline in the loss call: no gradient to stop
+    # (QA 48a: an error with exit 1, silent when the same target was rounded before the forward)
+    "rounded_target": lambda out, y: nn.functional.mse_loss(out, torch.round(y.float()[:, None] * 1.7).expand(-1, 3)),
+    "sign_target": lambda out, y: nn.functional.soft_margin_loss(out[:, 0], torch.sign(y.float() - 1)),
+    "ranking_sign": lambda out, y: nn.functional.margin_ranking_loss(out[:, 0], out[:, 1], torch.sign(y.float() - 0.5)),
 }
 
 BINS = torch.linspace(-2.0, 2.0, 3)  # a value per class, no gradient
@@ -80,6 +85,8 @@ BUGS: dict[str, tuple[Loss, str]] = {
     # a table looked up by the argmax (QA 38a, the seed's "loss that uses argmax"): a constant
     "lookup": (lambda out, y: nn.functional.cross_entropy(out, y)
                + nn.functional.mse_loss(BINS[out.argmax(-1)], BINS[y]), "aten::argmax"),  # fmt: skip
+    # the prediction rounded, not the target: its gradient is zero everywhere
+    "rounded_prediction": (lambda out, y: nn.functional.mse_loss(torch.round(out[:, 0]), y.float()), "aten::round"),
 }
 
 
