@@ -68,6 +68,18 @@ class LossGraph:
             if op.get("phase") == "forward" and "outside_model" not in g.flags(op):
                 self.forwards.setdefault(as_int(op.get("micro"), -1), []).append(op)
 
+    def per_task(self) -> bool:
+        """Whether each micro-batch's forward ran through modules of its own beside the ones all
+        of them share, every module used by one micro-batch or by all: a multi-task loop's one
+        backward() per task head (``mse_loss(model(x, k), y_k).backward()`` for each k), a sum of
+        objectives -- nothing to divide (QA 48a: "each optimizer step is 3x larger")."""
+        used = [frozenset(str(op.get("module", "")) for op in ops) for m, ops in self.forwards.items() if m >= 0]
+        if len(used) < 2:
+            return False
+        shared = frozenset.intersection(*used)
+        own = [u - shared for u in used]
+        return all(own) and all(a.isdisjoint(b) for i, a in enumerate(own) for b in own[i + 1:])
+
     def _inputs(self, node: int) -> list[int]:
         return [c for c in self.children.get(node, []) if self.names.get(c, "") not in ("", "AccumulateGrad")]
 
@@ -314,6 +326,8 @@ class Judgement:
 def judge(lg: LossGraph, step: int, rank: int, k: int = 0) -> Judgement:
     """The scale of the loss backward() was called on, from its captured graph, in a step of
     ``k`` micro-batches."""
+    if lg.per_task():
+        return Judgement(target=FindingTarget(step=step, rank=rank, node=lg.root))
     terms = lg.mean_terms(k)
     scales = frozenset(lg.scale(t, k) for t in terms)
     dims = next((d for d in (lg.micro_mean_dims(t) for t in terms) if d), ())

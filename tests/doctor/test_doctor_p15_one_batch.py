@@ -80,3 +80,35 @@ def test_different_losses_or_views_of_one_batch_are_no_accumulation(tmp_path: Pa
 def test_the_same_loss_over_slices_added_up_is_still_p15(tmp_path: Path, mode: str) -> None:
     (f,) = _p15(tmp_path, "chunks", mode)
     assert f["severity"] == "warning" and "4" in f["message"], f["message"]
+
+
+class TaskHeads(nn.Module):
+    def __init__(self, tasks: int = 3) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(10, 32), nn.ReLU())
+        self.heads = nn.ModuleList(nn.Linear(32, 1) for _ in range(tasks))
+
+    def forward(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        return self.heads[k](self.trunk(x))
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+@pytest.mark.parametrize("same_head", [False, True], ids=["per_task", "one_head"])
+def test_one_backward_per_task_head_is_no_accumulation(tmp_path: Path, mode: str, same_head: bool) -> None:
+    """A multi-task loop's backward() per task head, from one line, then one step: a sum of the
+    tasks' objectives through heads of their own -- no P15 (QA 48a: "each optimizer step is 3x
+    larger than intended").  The same loop through one head is accumulation, and still P15."""
+    torch.manual_seed(0)
+    model = TaskHeads()
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    w = torch.randn(3, 10)
+    path = tmp_path / "tasks.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(8):
+            for k in range(3):
+                x = torch.randn(32, 10)
+                F.mse_loss(model(x, 0 if same_head else k), (x @ w[k]).unsqueeze(1)).backward()
+            opt.step()
+            opt.zero_grad()
+    p15 = [f for f in diagnose(iter_events(path)) if f["code"] == "P15"]
+    assert len(p15) == (1 if same_head else 0), [f["message"] for f in p15]
