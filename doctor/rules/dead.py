@@ -106,8 +106,14 @@ def _dead_activations(run: Run, settings: Settings) -> dict[str, list[int]]:
             # a loss made of gradients alone (StyleGAN2's lazy R1 step, QA 45a): its double
             # backward leaves exact zeros at a LeakyReLU's input on the penalty's own step
             continue
+        acts = [as_dict(a) for a in as_list(ev.get("activation_grads"))]
+        if any(a.get("module") == "" and (as_float(a.get("zero_frac")) or 0.0) >= settings.dead_zero_frac for a in acts):
+            # no gradient into the model's own output: the loss is flat there (a hinge or margin
+            # loss met on every sample, a solved batch), so nothing below it can be judged dead
+            # (QA 48a: "Dead branch" on 105 of a MultiMarginLoss run's 120 steps)
+            continue
         learning: set[str] | None = None
-        for act in as_list(ev.get("activation_grads")):
+        for act in acts:
             act = as_dict(act)
             frac = as_float(act.get("zero_frac"))
             if frac is None or frac < settings.dead_zero_frac or act.get("module") is None:
