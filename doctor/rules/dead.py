@@ -70,7 +70,9 @@ def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], di
                    and i < len(norms) and norms[i] is not None and i not in sparse and i not in idle]
         if not flagged:
             continue
-        if len(flagged) < sum(1 for frac in zf if frac is not None):
+        if len(flagged) < sum(1 for frac in zf if frac is not None) or any(norms[i] for i in flagged):
+            # (every parameter mostly zeros but some not exactly: no "every gradient is exactly
+            # zero" -- a factorisation machine's two tables, read by a few rows each, QA 48a)
             into = dead
         else:
             loss = as_float(ev.get("loss"))
@@ -128,6 +130,39 @@ def _dead_activations(run: Run, settings: Settings) -> dict[str, list[int]]:
             if module not in learning and not (parent and parent in learning and not _owns_params(run, module)):
                 dead.setdefault(module, []).append(step)
     return dead
+
+
+FIX_TABLE = ("Nothing to fix if it is a table read by rows; if it is a layer's weight, find what zeroes its branch "
+             "(a ReLU that never fires, a mask always off). mode='default' captures graphs that tell which.")
+
+
+def _maybe_tables(run: Run, params: dict[int, list[int]]) -> dict[int, list[int]]:
+    """With no captured graph to tell (``Run.row_tables``): the flagged parameters that are no
+    layer's weight or bias but a module's own -- learned positions sliced to the sequence's
+    length (``self.pos[:, :T]``), a centre-loss table indexed by the labels, a factorisation
+    machine's rows -- which get a gradient in the rows they are read by only (QA 48a: light's
+    "Dead branch" on both)."""
+    if any(True for _ in run.all_graphs()):
+        return {}
+    return {i: s for i, s in params.items()
+            if "weight" not in (leaf := run.param_name(i).rpartition(".")[2]) and leaf != "bias"}
+
+
+def _tables_finding(run: Run, tables: dict[int, list[int]], settings: Settings) -> Finding:
+    names = [run.param_name(i) for i in sorted(tables)]
+    steps = sorted({s for v in tables.values() for s in v})
+    one = len(names) == 1
+    message = (f"Gradient reaching {', '.join(names[:4])}{f' and {len(names) - 4} more' if len(names) > 4 else ''} is "
+               f"{settings.dead_zero_frac:.0%}+ exact zeros ({describe_steps(steps, run.last_step)}). "
+               f"{'It is' if one else 'They are'} no layer's weight or bias but a parameter of {'its' if one else 'their'} own, as a table is: learned "
+               "positions sliced to the sequence's length, a centre-loss table indexed by the labels get a gradient "
+               "in the rows they read only, by design; a weight of a dead branch looks the same, and a light run "
+               "has no graph to tell which.")
+    return make("P2", "info", message, FIX_TABLE, steps, rank=run.rank, params=names, view="gradients",
+                modules=sorted({run.param_module(i) for i in tables}),
+                targets=[FindingTarget(step=tables[i][0], rank=run.rank, param=run.param_name(i),
+                                       module=run.param_module(i)) for i in sorted(tables)],
+                title="Mostly zero gradients of a table (or a dead branch)")
 
 
 def _owns_params(run: Run, module: str) -> bool:
@@ -382,6 +417,10 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     found = [_cancels_finding(run, cancels)] if cancels else []
     if zeroed:
         found.append(_zeroed_finding(run, zeroed))
+    tables = _maybe_tables(run, params)
+    if tables:
+        found.append(_tables_finding(run, tables, settings))
+        params = {i: s for i, s in params.items() if i not in tables}
     if not params and not acts:
         return found
     names = [run.param_name(i) for i in sorted(params)]
