@@ -111,6 +111,17 @@ def _trains(f: dict[str, Any]) -> bool:
     return f.get("backward") is True and f.get("input_grad") is not True
 
 
+def _cleared_before_step(ev: dict[str, Any], f: dict[str, Any]) -> bool:
+    """Whether the gradients of the forward's backward were reset before the step's
+    ``optimizer.step()``: its pass is one of those before the last reset (``micro_batches`` less
+    ``accumulated``) -- a Grad-CAM saliency pass in eval mode mid-training, then
+    ``model.zero_grad()`` (QA 48a: "Training while the model is in eval mode")."""
+    kept = ev.get("accumulated")
+    if not isinstance(kept, int):
+        return False
+    return as_int(f.get("micro"), -1) < as_int(ev.get("micro_batches")) - kept
+
+
 def _eval_all_along(run: Run, before: int) -> set[str]:
     """The modules in eval mode in every trained forward, in training mode, of the steps before
     ``before`` (none when there is no such forward)."""
@@ -384,7 +395,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         for i, f in enumerate(forwards):
             if f is dry:
                 continue
-            trained = _trains(f)
+            trained = _trains(f) and not _cleared_before_step(ev, f)
             evaluating = _without_autograd(f)
             if trained and f.get("training") is False:
                 train_in_eval.setdefault("", []).append(step)
@@ -393,7 +404,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("eval_modules"))]):
                     if not _frozen(ev, owned.get(m) or _enclosing(owned, m)):
                         train_in_eval.setdefault(m, []).append(step)
-            if evaluating and i not in cut:  # told with the step it ran after, as P6 tells it
+            # (not of a model put in eval() with some of its dropout modules back in train(): on
+            # purpose, Monte Carlo dropout's stochastic passes -- QA 48a)
+            if evaluating and i not in cut and f.get("training") is not False:  # told with the step it ran after, as P6 tells it
                 target = f.get("src") in targets
                 into = target_in_train if target else eval_in_train
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("train_modules"))]):
