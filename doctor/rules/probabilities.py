@@ -6,6 +6,10 @@ the model is squashed twice -- the loss cannot fall much below its start, and th
 reaching the model shrinks by the softmax's Jacobian.  ``NLLLoss`` expects log-probabilities:
 fed probabilities, it maximises p instead of log p.  Found in the captured graph's dataflow:
 the loss op's input is, through ops that only move or cast it, the normaliser's output.
+
+Fed raw scores (``log_softmax`` forgotten), ``NLLLoss`` raises the target's score without bound:
+its input is a layer's output (a linear or convolution op), or, with no graph (light), a loss
+that was ``NllLossBackward0`` alone went below zero, which log-probabilities never give (QA 48a).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from torchscope.schema import Finding
 
 from ..finding import describe_steps, make
 from ..graph import ops, producers, target_of_op
-from ..run import Run, as_int, as_list
+from ..run import Run, as_float, as_int, as_list
 from ..settings import Settings
 
 # ops that hand their input on unchanged in value: a view, a copy, a cast (autocast's to float32)
@@ -43,21 +47,68 @@ FIX = {
 }
 
 
-def _source(op: dict[str, Any], made: dict[int, dict[str, Any]], want: str) -> dict[str, Any] | None:
-    """The ``want`` op whose output reaches ``op``'s first input through pass-through ops only."""
+# ops whose output is a layer's raw scores
+_SCORES = frozenset({"aten::addmm", "aten::linear", "aten::mm", "aten::matmul", "aten::bmm", "aten::convolution",
+                     "aten::_convolution", "aten::conv2d", "aten::conv1d"})
+FIX_RAW = ("Apply log_softmax before NLLLoss (F.nll_loss(F.log_softmax(logits, dim=-1), y)), or give the logits to "
+           "nn.CrossEntropyLoss / F.cross_entropy, which does both.")
+
+
+def _source(op: dict[str, Any], made: dict[int, dict[str, Any]], want: str | frozenset[str]) -> dict[str, Any] | None:
+    """The ``want`` op (one of them) whose output reaches ``op``'s first input through pass-through ops only."""
     inputs = as_list(op.get("inputs"))
     cur = made.get(as_int(inputs[0], -1)) if inputs else None
     for _ in range(16):  # a chain of views and casts, never a long one
         if cur is None:
             return None
         name = str(cur.get("name", ""))
-        if name == want:
+        if name == want or (isinstance(want, frozenset) and name in want):
             return cur
         if name not in _PASS:
             return None
         ins = as_list(cur.get("inputs"))
         cur = made.get(as_int(ins[0], -1)) if ins else None
     return None
+
+
+def _raw_scores(run: Run) -> Finding | None:
+    """NLLLoss given a layer's raw scores: seen in a captured graph, or, without one, told by
+    a loss below zero on a step whose only backward root was the NLL loss."""
+    steps: list[int] = []
+    layer: tuple[int, dict[str, Any], dict[str, Any]] | None = None
+    for step, g in run.all_graphs():
+        graph_ops = ops(g)
+        made = producers(graph_ops)
+        for op in graph_ops:
+            if str(op.get("name", "")) in _NLL and op.get("phase", "forward") == "forward":
+                src = _source(op, made, _SCORES)
+                if src is not None:
+                    steps.append(step)
+                    layer = layer or (step, src, op)
+    below = [(s, v) for s, ev in run.step_events()
+             if (v := as_float(ev.get("loss"))) is not None and v < 0
+             and as_list(ev.get("backward_roots")) and all(str(r).startswith("NllLoss") for r in as_list(ev.get("backward_roots")))]
+    if layer is None and not below:
+        return None
+    parts = []
+    targets = []
+    if layer is not None:
+        first, src, op = layer
+        kind = run.module_type(str(src.get("module")))
+        where = f" of module {src['module']!r}" + (f" ({kind})" if kind else "") if src.get("module") else ""
+        at = f" at {src['src']}" if src.get("src") else ""
+        parts.append(f"its input is the raw output{where}{at}, not log_softmax's")
+        targets = [target_of_op(first, run.rank, src), target_of_op(first, run.rank, op)]
+    if below:
+        s0, v0 = min(below, key=lambda b: b[1])
+        parts.append(f"the loss went below zero ({v0:.3g} at step {s0}), which log-probabilities cannot give")
+    what = "raw scores" if layer is not None else "raw scores or probabilities"  # (light: no graph to tell)
+    message = (f"nll_loss (NLLLoss) was given {what}, not log-probabilities: " + "; ".join(parts) + ". It then "
+               "raises the target's score without bound instead of its log-probability (a loss that falls past zero "
+               "toward -inf, and no softmax over the classes).")
+    return make("P16", "warning", message, FIX_RAW, sorted(set(steps) | {s for s, _ in below}), rank=run.rank,
+                targets=targets, modules=[str(layer[1]["module"])] if layer and layer[1].get("module") else [],
+                src=str(layer[2].get("src") or "") or None if layer else None, title="NLLLoss not given log-probabilities")
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
@@ -97,4 +148,6 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                              targets=[target_of_op(first, run.rank, norm_op), target_of_op(first, run.rank, loss_op)],
                              modules=[str(norm_op["module"])] if norm_op.get("module") else [],
                              src=str(norm_op.get("src") or loss_op.get("src") or "") or None))
-    return findings
+    # (probabilities into NLLLoss also give a loss below zero: told above, as what they are)
+    raw = None if any("nll" in loss for loss, _ in found) else _raw_scores(run)
+    return [*findings, raw] if raw is not None else findings

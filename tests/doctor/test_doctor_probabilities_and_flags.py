@@ -108,6 +108,31 @@ def test_logits_soft_targets_and_log_softmax_are_no_finding(tmp_path: Path) -> N
         assert [(f["code"], f["message"]) for f in found if f["severity"] != "info"] == []
 
 
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+@pytest.mark.parametrize("log_softmax", [False, True], ids=["raw_scores", "log_softmax"])
+def test_raw_scores_into_nll_are_found(tmp_path: Path, mode: str, log_softmax: bool) -> None:
+    """NLLLoss on a Linear layer's raw scores (log_softmax forgotten): the loss falls below zero,
+    which log-probabilities never give, and the graph shows the layer feeding it (QA 48a: no
+    finding).  Its correct twin, on log_softmax, is silent."""
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        out = m(x)
+        return nn.functional.nll_loss(torch.log_softmax(out, -1) if log_softmax else out, _classes(m, x))
+
+    path = tmp_path / "nll.tscope"
+    found = _codes(_train(path, model, loss, mode=mode, steps=30), "P16")
+    losses = [st["loss"] for st in load(path).steps]
+    if log_softmax:
+        assert found == [] and min(losses) > 0
+        return
+    assert min(losses) < 0  # the premise: raw scores drive the loss below zero
+    (f,) = found
+    assert f["title"] == "NLLLoss not given log-probabilities" and "below zero" in f["message"], f["message"]
+    if mode != "light":
+        assert "raw output of module '2' (Linear)" in f["message"] and f["modules"] == ["2"], f["message"]
+
+
 # ---------------------------------------------------------------- P17: module.requires_grad = False
 def test_requires_grad_attribute_on_a_module_is_found_and_the_method_is_not(tmp_path: Path) -> None:
     def model() -> nn.Module:
