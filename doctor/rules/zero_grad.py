@@ -306,6 +306,8 @@ def _misplaced(run: Run) -> list[Finding]:
             steps.append(step)
     if len(steps) < 2:  # one empty step is an accident of the loop's edge; every step is the pattern
         return []
+    if sum(_backward_after_step(ev) for s, ev in run.step_events() if s in steps) * 2 > len(steps):
+        return [_step_before_backward(run, steps)]
     message = (f"Every gradient was empty at optimizer.step() although backward() ran "
                f"({describe_steps(steps, run.last_step)}): zero_grad() is called between backward() and step().")
     # the zero_grad()'s own line, where the capture saw .grad set to None after the backward
@@ -313,6 +315,30 @@ def _misplaced(run: Run) -> list[Finding]:
     src = cleared_at(run, steps) or next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
     return [make("P5", "error", message, FIX_MISPLACED, steps, rank=run.rank,
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src, view="gradients")]
+
+
+FIX_STEP_FIRST = ("Call loss.backward() before optimizer.step(): optimizer.zero_grad(); loss = criterion(model(x), y); "
+                  "loss.backward(); optimizer.step().")
+
+
+def _backward_after_step(ev: dict[str, Any]) -> bool:
+    """Whether every backward of the step went through the previous step's forward
+    (``late_backward``) and none of its own forwards: ``optimizer.step(); loss.backward()``."""
+    late = as_list(ev.get("late_backward"))
+    return bool(late) and len(late) >= as_int(ev.get("micro_batches")) and not any(
+        as_dict(f).get("backward") for f in as_list(ev.get("forwards")))
+
+
+def _step_before_backward(run: Run, steps: list[int]) -> Finding:
+    """optimizer.step() called before loss.backward(): the step found the gradients zero_grad()
+    cleared, and the backward after it filled them for the next zero_grad() to clear -- read as
+    a zero_grad() between backward() and step() at the correctly placed zero_grad (QA 48a)."""
+    message = (f"optimizer.step() is called before loss.backward() ({describe_steps(steps, run.last_step)}): each "
+               "backward() ran after the step of its batch, through that batch's forward, and the next zero_grad() "
+               "cleared what it computed -- every optimizer.step() found no gradient, and the model never trains.")
+    src = next((str(ev["step_src"]) for _, ev in run.step_events() if ev.get("step_src")), None)
+    return make("P5", "error", message, FIX_STEP_FIRST, steps, rank=run.rank, src=src, view="gradients",
+                targets=[FindingTarget(step=steps[0], rank=run.rank)], title="optimizer.step() before backward()")
 
 
 def _inside(run: Run) -> list[Finding]:
