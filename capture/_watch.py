@@ -1036,7 +1036,8 @@ class Watch:
         hookable = _hookable(optimizer)
         if optimizer is not None and hookable is None:
             say(
-                f"torchscope: {type(optimizer).__name__} has no step hooks (not a torch.optim.Optimizer): "
+                f"torchscope: {type(optimizer).__name__} has no step hooks (not a torch.optim.Optimizer, or one whose "
+                "__init__ skipped Optimizer.__init__, as a Lookahead wrapper may): "
                 "a step ends when the parameters changed between a backward and the next forward "
                 "(or call .step() on the watch)",
             )
@@ -1121,6 +1122,7 @@ class Watch:
         self._probe_left = _PROBE_STEPS
         self._recomputing = False  # the root forward now running is a checkpoint's recompute (_on_forward_pre)
         self._step_site: tuple[types.CodeType, int] | None = None  # where the last optimizer.step() was called (_trailing)
+        self._told_following: set[str] = set()  # optimizer classes _adopt said it follows
         self._clip_open = False  # full mode records a clipping's ops now (_record_clip, _end_clip)
         # the step's results of torch.autograd.grad for inputs without create_graph, and what
         # the loop computed from them without a graph (_on_grad_const): id -> (tensor, its line)
@@ -1522,16 +1524,19 @@ class Watch:
                         return fn(*args)
                 return fn(*args)
         except Exception as exc:
-            self._disabled.add(part)
-            # said at the terminal as well as kept: a run whose step recording turned off this
-            # way read as "0 steps, finished" with nothing said anywhere (QA 38a)
-            msg = (f"{CAPTURE_OFF}{part} turned off at step {at} after an internal error: "
-                   f"{exc!r}; your training goes on unchanged, the session records less from here "
-                   "(a torchscope bug: please report it)")
-            log.debug(msg, exc_info=True)
-            with contextlib.suppress(Exception):
-                self._tell(msg, "error", at, {"capture_off": {"part": part, "error": repr(exc)[:500]}})
+            self._turn_off(part, at, exc)
             return None
+
+    def _turn_off(self, part: str, at: int, exc: Exception) -> None:
+        self._disabled.add(part)
+        # said at the terminal as well as kept: a run whose step recording turned off this
+        # way read as "0 steps, finished" with nothing said anywhere (QA 38a)
+        msg = (f"{CAPTURE_OFF}{part} turned off at step {at} after an internal error: "
+               f"{exc!r}; your training goes on unchanged, the session records less from here "
+               "(a torchscope bug: please report it)")
+        log.debug(msg, exc_info=True)
+        with contextlib.suppress(Exception):
+            self._tell(msg, "error", at, {"capture_off": {"part": part, "error": repr(exc)[:500]}})
 
     # The function mode is on the stack only between a forward's end and optimizer.step()
     # (loss, backward, clipping) and, on the steps that count copies, between
@@ -3100,9 +3105,12 @@ class Watch:
             )
         self._tell(msg, "warning")
 
-    def _tell(self, msg: str, level: str, step: int | None = None, fields: dict[str, Any] | None = None) -> None:
-        """A line for the person at the terminal that the session keeps as a log event too."""
-        say(msg)
+    def _tell(self, msg: str, level: str, step: int | None = None, fields: dict[str, Any] | None = None,
+              quiet: bool = False) -> None:
+        """A line for the person at the terminal that the session keeps as a log event too
+        (``quiet``: the log event only -- a line said before)."""
+        if not quiet:
+            say(msg)
         self._transport.emit({"kind": "log", "t": time.time(), "level": level, "message": msg,
                               "step": self._step if step is None else step, **(fields or {})})
 
@@ -3225,7 +3233,15 @@ class Watch:
 
     # ------------------------------------------------------------------ step boundary
     def _any_opt_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._opt_seen(optimizer, args, kwargs)
+        # a global hook of every optimizer's step() in the process: nothing of ours may raise
+        # into it (QA 48a's optimizer made anew every epoch met a bug of ours in _adopt)
+        if "step" in self._disabled:
+            return
+        try:
+            self._opt_seen(optimizer, args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - the step part turns off, the training goes on
+            self._turn_off("step", self._step, exc)
+            return
         if self._active and (self._optimizer is None or optimizer is not self._optimizer()) and not _inner_step(optimizer):
             self._safe("ops", self._pause_for_step, optimizer)
 
@@ -3299,8 +3315,12 @@ class Watch:
         if self._paused_for is not None and self._paused_for[0] == id(optimizer):
             self._paused_for[1].paused = False
             self._paused_for = None
-        if self._optimizer is not None and optimizer is self._optimizer() and not _inner_step(optimizer):
-            self._opt_post(optimizer, args, kwargs)
+        if self._optimizer is not None and optimizer is self._optimizer() and not _inner_step(optimizer) \
+                and "step" not in self._disabled:
+            try:
+                self._opt_post(optimizer, args, kwargs)
+            except Exception as exc:  # noqa: BLE001 - as in _any_opt_pre
+                self._turn_off("step", self._step, exc)
 
     def _forward_recording(self) -> Any:
         """The op recorder while it records the watched step's forward (not paused), else None."""
@@ -3451,7 +3471,10 @@ class Watch:
         self._mem_key = None  # its state is the optimizer state from now on
         self._shares = weakref.WeakKeyDictionary()  # asked of the watched one
         msg = f"torchscope: following {type(optimizer).__name__}: each of its steps is a step of {self.name}"
-        self._tell(msg, "info")
+        # an optimizer made anew every epoch is followed each time: said once on the console
+        # (QA 48a: five lines), every time in the run's log
+        self._tell(msg, "info", quiet=type(optimizer).__name__ in self._told_following)
+        self._told_following.add(type(optimizer).__name__)
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._owner = threading.get_ident()

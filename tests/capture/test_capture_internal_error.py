@@ -64,3 +64,15 @@ def test_a_failing_part_beside_the_step_leaves_the_steps_recorded(tmp_path: Path
     assert "capture of activations turned off at step 2" in res.stderr
     doctor = _cli("doctor", str(record))
     assert "The capture stopped recording activations" in doctor.stdout
+
+
+def test_a_failure_inside_the_optimizer_step_hook_never_reaches_the_loop(tmp_path: Path) -> None:
+    """The global hook every optimizer's step() runs (adopting the loop's optimizer for
+    ``watch(model)``) failing: the step recording turns off, optimizer.step() raises nothing
+    (QA 48a's loop met such a bug of ours as a TypeError out of its own step())."""
+    record = tmp_path / "run.tscope"
+    plain = run_script(SCRIPT, str(tmp_path / "plain.tscope"), "default", "-1")
+    res = run_script(SCRIPT, str(record), "default", "0", "adopt")
+    assert res.returncode == 0, res.stderr
+    assert _losses(res.stdout) == _losses(plain.stdout)
+    assert "capture of step turned off at step 0 after an internal error: NameError(" in res.stderr

@@ -64,6 +64,19 @@ def test_watch_without_optimizer_follows_the_one_that_steps(
     assert all(s["lr"] == [0.1] and s["grads"]["norm"][0] is not None for s in steps)
 
 
+def test_an_optimizer_made_anew_every_epoch_is_said_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``watch(model)`` and an optimizer built anew each epoch: followed each time (the run's log
+    says each), said once at the terminal (QA 48a: one line per epoch)."""
+    model = _model()
+    with torchscope.watch(model, server=None, record=tmp_path / "run.tscope"):
+        for _ in range(4):
+            _loop(model, [torch.optim.SGD(model.parameters(), lr=0.1)], _batches(2))
+    assert capsys.readouterr().err.count("following SGD") == 1
+    logs = [e for e in iter_events(tmp_path / "run.tscope") if e["kind"] == "log" and "following SGD" in e["message"]]
+    assert len(logs) == 4
+    assert len(_steps(tmp_path / "run.tscope")) == 8
+
+
 def test_a_new_optimizer_mid_run_is_followed(tmp_path: Path) -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

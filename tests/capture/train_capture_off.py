@@ -3,8 +3,10 @@
 
     python train_capture_off.py RECORD MODE FAIL_AT [PART]
 
-PART: ``step`` (the step's record: its ``_follow_structure`` raises) or ``activations`` (the
-module outputs' rows raise); FAIL_AT -1: nothing fails.
+PART: ``step`` (the step's record: its ``_follow_structure`` raises), ``activations`` (the
+module outputs' rows raise) or ``adopt`` (``watch(model)`` without an optimizer, whose adopting
+of the loop's optimizer raises, inside the global hook of optimizer.step(); FAIL_AT is ignored);
+FAIL_AT -1: nothing fails.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ if fail_at >= 0:
             original(self, *args)  # type: ignore[arg-type]
 
         _watch.Watch._follow_structure = failing  # type: ignore[method-assign]
+    elif part == "adopt":  # run inside every optimizer's step(): a global hook of ours
+
+        def failing_adopt(self: _watch.Watch, *args: object) -> None:
+            raise NameError("name 'something' is not defined")
+
+        _watch.Watch._adopt = failing_adopt  # type: ignore[method-assign]
     else:
         rows = _watch._output_row
 
@@ -41,7 +49,7 @@ if fail_at >= 0:
             return rows(*args)  # type: ignore[arg-type]
 
         _watch._output_row = failing_rows  # type: ignore[assignment]
-watch = torchscope.watch(model, opt, server=None, record=record, mode=mode)
+watch = torchscope.watch(model, None if part == "adopt" else opt, server=None, record=record, mode=mode)
 losses = []
 for _ in range(12):
     opt.zero_grad()
