@@ -143,7 +143,8 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
         if kept.get("held_in") and kept.get("of") == "output":  # a named list of the user's keeping them
             why = (f"the model's outputs, or tensors computed from them, stay referenced after their step, held by "
                    f"{kept['held_in']}: each keeps its step's graph "
-                   f"(`{_kept_by(str(kept['held_in']), 'all_probs')}.append(torch.sigmoid(out))`); keep "
+                   f"(as `{_kept_by(str(kept['held_in']), 'all_probs')}.append(out)` or `.append(torch.sigmoid(out))` "
+                   "would); keep "
                    "`.detach()` of them there instead (or `.item()`, `.cpu()` of the detached tensor).")
         elif kept.get("held_in"):  # the container the garbage collector found holding them
             holder = str(kept["held_in"])
@@ -151,7 +152,7 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
                        else f"{_kept_by(holder, 'history')}[key] = loss" if holder.endswith("(a dict)")
                        else f"{_kept_by(holder, 'history')}.append(loss)")
             why = (f"the losses that backward() was called on stay referenced after their step, held by "
-                   f"{holder}: each keeps its step's graph (`{example}`); keep "
+                   f"{holder}: each keeps its step's graph (as `{example}` would); keep "
                    "`loss.item()` or `loss.detach()` there instead.")
         message = (f"Autograd graphs of earlier steps are still alive (up to {top} nodes, at step {top_step}{nodes}"
                    f"{growth}, {describe_steps(steps, run.last_step)}): {why}")

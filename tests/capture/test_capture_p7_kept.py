@@ -326,6 +326,8 @@ def test_p7_names_the_list_that_keeps_outputs(tmp_path: Path, where: str) -> Non
     assert len(p7) == 1 and told + want in p7[0]["message"], p7
     code = {"local_list": "`all_probs.append(", "attribute": "`self.outputs.append("}[where]
     assert code in p7[0]["message"], p7[0]["message"]
+    # an example of the kind, not the user's line read back (QA 48a: it read as what they wrote)
+    assert f"(as {code}out)`" in p7[0]["message"], p7[0]["message"]
 
 
 def test_naming_the_list_keeps_no_step_of_the_loop_alive(tmp_path: Path) -> None:
