@@ -1834,6 +1834,8 @@ class Watch:
             fwd["eval_modules"] = list(self._modes_now(module)[0])
         if not grad_mode:
             fwd["train_modules"] = list(self._modes_now(module)[1])
+            if fwd["train_modules"] and self._recalibrating(fwd["train_modules"]):
+                fwd["bn_recalibration"] = True
             ctx = _reentrant_checkpoint_node()
             if ctx is not None:
                 fwd["checkpoint"] = True
@@ -4199,6 +4201,16 @@ class Watch:
     # forward hooks are read again when the root's mode changed and every GRAD_STATS_EVERY
     # steps, so a submodule switched to training or evaluation on its own, or a new hook, is
     # seen within that many steps.
+    def _recalibrating(self, train_modules: list[str]) -> bool:
+        """Whether the modules a no_grad forward runs in train mode are all batch norms with a
+        cumulative average (``momentum=None``): their statistics recomputed on purpose, as
+        ``torch.optim.swa_utils.update_bn`` does -- no evaluation (QA 48a).  Read only for a
+        no_grad forward with such modules."""
+        wanted = set(train_modules)
+        found = [m for p, r in self._modules if p in wanted and (m := r()) is not None]
+        return len(found) == len(wanted) and all(
+            isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None for m in found)
+
     def _modes_now(self, model: nn.Module) -> tuple[list[str], list[str], dict[str, bool]]:
         """Paths of the modules in eval mode, of dropout and batch-norm modules in training
         mode, and path -> training of those not in the root's mode (shared: copy to keep)."""

@@ -405,8 +405,10 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                     if not _frozen(ev, owned.get(m) or _enclosing(owned, m)):
                         train_in_eval.setdefault(m, []).append(step)
             # (not of a model put in eval() with some of its dropout modules back in train(): on
-            # purpose, Monte Carlo dropout's stochastic passes -- QA 48a)
-            if evaluating and i not in cut and f.get("training") is not False:  # told with the step it ran after, as P6 tells it
+            # purpose, Monte Carlo dropout's stochastic passes; nor batch norms recomputing their
+            # statistics as a cumulative average, swa_utils.update_bn's -- QA 48a)
+            if evaluating and i not in cut and f.get("training") is not False \
+                    and f.get("bn_recalibration") is not True:  # told with the step it ran after, as P6 tells it
                 target = f.get("src") in targets
                 into = target_in_train if target else eval_in_train
                 for m in _sensitive(run, [str(x) for x in as_list(f.get("train_modules"))]):

@@ -6,8 +6,14 @@
 - Monte Carlo dropout: ``model.eval()``, then only the Dropout modules back in ``train()``, several
   stochastic passes under ``no_grad``: it read as "Evaluating with ... in train mode".
 
+- Batch-norm recalibration: train-mode ``no_grad`` forwards over some batches with the batch norms'
+  ``momentum=None`` (a cumulative average), as ``torch.optim.swa_utils.update_bn`` runs them
+  (after pruning, after SWA): read as an evaluation in train mode.  The capture marks such a
+  forward (``ForwardInfo.bn_recalibration``, format 1.12).
+
 Their buggy twins stay findings: the saliency backward applied by the next ``optimizer.step()``
-(no ``zero_grad()`` between), and an evaluation that forgot ``model.eval()``."""
+(no ``zero_grad()`` between), an evaluation that forgot ``model.eval()``, and train-mode
+``no_grad`` forwards with the batch norms' usual momentum."""
 
 from __future__ import annotations
 
@@ -78,3 +84,33 @@ def test_mc_dropout_passes_are_no_evaluation_in_train_mode(tmp_path: Path, mode:
                 model.train()
     found = [f for f in _p11(path) if f["message"].startswith("Evaluating with")]
     assert (found == []) is mc, [f["message"] for f in _p11(path)]
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+@pytest.mark.parametrize("how", ["by_hand", "update_bn", "forgot_eval"])
+def test_batch_norm_recalibration_is_no_evaluation_in_train_mode(tmp_path: Path, mode: str, how: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = [torch.randn(32, 6) for _ in range(4)]
+    path = tmp_path / "bn.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for step in range(20):
+            x = torch.randn(32, 6)
+            opt.zero_grad()
+            F.mse_loss(model(x), x[:, :1]).backward()
+            opt.step()
+            if step == 9:
+                if how == "update_bn":
+                    torch.optim.swa_utils.update_bn(data, model)
+                    continue
+                bn = model[1]
+                if how == "by_hand":
+                    bn.reset_running_stats()
+                    bn.momentum = None
+                with torch.no_grad():
+                    for xb in data:
+                        model(xb)
+                bn.momentum = 0.1
+    found = [f for f in _p11(path) if f["message"].startswith("Evaluating with")]
+    assert (found == []) is (how != "forgot_eval"), [f["message"] for f in _p11(path)]
