@@ -1044,6 +1044,10 @@ class Watch:
         # the optimizer whose hooks end steps: a wrapper's inner one (accelerate, Lightning)
         optimizer = hookable or optimizer
         self._optimizer = weakref.ref(optimizer) if optimizer is not None else None
+        # optimizer-state bytes the last step ended with: the state a captured step made (Adam's
+        # on its first step) after its peak is no part of that peak's excess (None: unknown --
+        # an optimizer that already had state when watched, or none; then nothing is)
+        self._o_prev: int | None = 0 if optimizer is not None and not getattr(optimizer, "state", None) else None
         self._auto_steps = optimizer is not None and hookable is None
         self._param_version = -1  # sum of the parameters' versions after the last backward
         self._param_data_taken = False  # a parameter's .data was taken since (_updated_by_hand)
@@ -4388,10 +4392,16 @@ class Watch:
         # same structure measured them: its excess over the state counts for the steps after it
         # (QA 42b: the peak chart jumped at every sample_every-th step, as a spike that is not)
         # (light captures nothing: no key is made there, every step)
+        made = max(mem["optimizer"] - self._o_prev, 0) if self._o_prev is not None else 0
+        self._o_prev = mem["optimizer"]
         if rec is not None and rec.n_ops:
             if len(self._excess) >= _SAVED_SHAPES:
                 self._excess.clear()
-            self._excess[(tuple(s.sigs), s.in_shapes)] = mem["peak"] - live
+            # less the optimizer state this step made in optimizer.step(), after the ledger's peak
+            # (default mode's ledger ends with the backward): the next steps hold it throughout
+            # (QA 48b: steps 1-49 repeated step 0's peak, and step 50 jumped by Adam's state)
+            top_then = rec.peak_live(0, s.opt_from) + made if s.opt_from is None else 0
+            self._excess[(tuple(s.sigs), s.in_shapes)] = max(mem["peak"], top_then) - live
         elif self._excess and (excess := self._excess.get((tuple(s.sigs), s.in_shapes))) is not None:
             mem["peak"] = max(mem["peak"], live + excess)
         first = live_params[0] if live_params else None
