@@ -3871,12 +3871,16 @@ class Watch:
         # nothing (a signal is raised only at a call or a loop's jump back), so the next
         # step never merges into the number already written.
         fresh = _StepState(0.0)
+        grad = torch.is_grad_enabled()
         try:
             self._record_step(skipped)
         finally:
             self._step, self._s = self._step + 1, fresh
             fresh.t0 = time.perf_counter()
-            _native.settle()  # a Ctrl-C at the exit of a block of ours left its guards on
+            # a Ctrl-C at the exit of a block of ours left its guards on -- and a torch.no_grad()
+            # of ours, stopped at its __exit__ (a Python call), grad mode off for the user's loop
+            torch._C._set_grad_enabled(grad)
+            _native.settle()
             if self._gc_paused:
                 self._resume_gc()
 

@@ -233,3 +233,50 @@ def test_a_stop_inside_the_capture_closing_a_step_never_repeats_its_number(tmp_p
     assert all(e["micro_batches"] <= 1 for e in steps)  # no step took the next one's backward
     assert [e["micro_batches"] for e in steps[-3:]] == [1, 1, 1]  # and it goes on recording
     assert all(e["forwards"] for e in steps[-3:])
+
+
+class _Names(_StopAtCall):
+    """The function each call of one step's close enters, in order (no stop)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.names: list[tuple[str, str]] = []
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        before = self.calls
+        super().__call__(frame, event, arg)
+        if self.calls > before:
+            self.names.append((frame.f_code.co_name, Path(frame.f_code.co_filename).name))
+
+
+@pytest.mark.parametrize("mode", ["full"])  # (full's close reads the update under no_grad)
+def test_a_stop_at_the_exit_of_a_no_grad_block_of_ours_leaves_grad_mode_on(tmp_path: Path, mode: str) -> None:
+    """A Ctrl-C landing on the ``__exit__`` of a ``torch.no_grad()`` inside the capture's step
+    close (a Python call, where a signal is raised) skipped its restore: grad mode stayed off,
+    and every later ``loss.backward()`` of the loop raised "element 0 of tensors does not require
+    grad" (found when this session's changes moved the sampled stops onto one).  The close puts
+    grad mode back as it found it."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
+    with torchscope.watch(model, opt, server=None, record=tmp_path / "run.tscope", mode=mode):
+        _train(model, opt, model, 2, lambda: (x, y))
+        probe = _Names()
+        sys.settrace(probe)
+        try:
+            _train(model, opt, model, 1, lambda: (x, y))
+        finally:
+            sys.settrace(None)
+        exits = [n for n, (name, file) in enumerate(probe.names, 1) if name == "__exit__" and file == "grad_mode.py"]
+        assert exits  # the premise: the close runs no_grad blocks of ours
+        for n in exits:
+            sys.settrace(_StopAtCall(n))
+            try:
+                _train(model, opt, model, 1, lambda: (x, y))
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+            assert torch.is_grad_enabled(), f"grad mode left off by a stop at call {n}"
+        _train(model, opt, model, 2, lambda: (x, y))  # and the loop trains on
