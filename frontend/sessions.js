@@ -176,8 +176,10 @@ async function tag(s) {
 
 // A rename or retag; a refusal is said in words ("Could not rename "x": name: ...").
 async function patch(s, body, verb) {
+  // done: the note of an earlier refusal goes (QA 48d: it stayed up over the next rename, which worked)
   await api(sessionPath(s.id), { method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) })
-    .catch((e) => say(`Could not ${verb} "${s.name || s.id}": ${e.detail}`, true));
+    .then(() => { if (note.classList.contains("error")) say(""); },
+      (e) => say(`Could not ${verb} "${s.name || s.id}": ${e.detail}`, true));
   refresh();
 }
 

@@ -64,10 +64,13 @@ async def patch_session(session_id: SessionId, patch: SessionPatch, store: Store
     if patch.tags is not None and not all(isinstance(t, str) for t in patch.tags):
         # (the model takes any JSON so that this says it in one line, not pydantic's error list)
         raise HTTPException(422, "tags: every tag must be a string")
+    name = None if patch.name is None else patch.name.strip()
+    if name == "":  # a name of spaces left the run a blank link on the sessions page (QA 48d)
+        raise HTTPException(422, "name: a name needs a character that is not a space")
     tags = None if patch.tags is None else [t[:100] for t in patch.tags]
     if tags is not None and not all(_unicode(t) for t in tags):  # a lone surrogate: JSON lets it through
         raise HTTPException(422, "tags: a tag holds text that is not valid Unicode")
-    if not await asyncio.wrap_future(store.update(session_id, patch.name, tags)):
+    if not await asyncio.wrap_future(store.update(session_id, name, tags)):
         raise HTTPException(404, f"no session {session_id!r}")
     return store.session(session_id)
 

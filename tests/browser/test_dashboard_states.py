@@ -42,11 +42,16 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
         yield s
 
 
+REFUSED = "x" * 300  # a name over the server's limit
+ANSWER = {"rename": REFUSED}  # what the rename prompt is answered
+
+
 @pytest.fixture
 def page(srv: ServerProc) -> Iterator[Any]:
     with checked_page() as pg:
-        pg.on("dialog", lambda d: d.accept("x" * 300))  # the rename prompt: a name the server refuses
+        pg.on("dialog", lambda d: d.accept(ANSWER["rename"]))  # the rename prompt
         yield pg
+    ANSWER["rename"] = REFUSED
 
 
 def test_a_killed_run_turns_ended_on_its_open_page(page: Any, srv: ServerProc, tmp_path: Path) -> None:
@@ -164,6 +169,15 @@ def test_sessions_page_keeps_what_an_import_and_a_rename_did(page: Any, srv: Ser
         assert session_id(srv, "from-a-file") == sid  # not renamed
         link_gone = page.locator("#note a.imported").count() == 0
         assert link_gone  # the newer message replaced the older one
+        # a name of spaces: refused too (QA 48d: accepted, the run a blank link)
+        ANSWER["rename"] = "   "
+        page.locator(f"tr[data-id='{sid}'] button[title=rename]").click()
+        page.wait_for_function("document.querySelector('#note.error')?.innerText.includes('not a space')")
+        # a rename that works: the refusal's note goes (it stayed up over it)
+        ANSWER["rename"] = "renamed"
+        page.locator(f"tr[data-id='{sid}'] button[title=rename]").click()
+        page.wait_for_selector("a.session-link:text-is('renamed')")
+        page.wait_for_function("document.querySelector('#note').hidden")
     finally:
         streaming.kill()
         streaming.wait(10)
