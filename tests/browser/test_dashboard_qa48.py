@@ -98,3 +98,48 @@ def test_a_one_step_runs_diff_picks_a_run_of_its_own_model(page: Any, srv: Serve
     menu = page.locator("[data-testid=diff-run]")
     menu.wait_for(state="visible")
     assert menu.input_value() == older
+
+
+# the text colours a page shows, over the page's background and a panel's, per theme
+COLOURS = """() => {
+  const probe = (cls, tag = "span") => { const el = document.createElement(tag); el.className = cls; el.textContent = "x";
+    document.body.append(el); const st = getComputedStyle(el); const out = [st.color, st.backgroundColor]; el.remove(); return out; };
+  const root = getComputedStyle(document.documentElement);
+  return { link: probe("", "a")[0], brand: getComputedStyle(document.querySelector("header.top .brand")).color,
+           ok: (() => { const el = document.createElement("span"); el.id = "conn-probe"; el.className = "ok";
+                        document.body.append(el); el.id = "conn"; const c = getComputedStyle(el).color; el.remove(); return c; })(),
+           warn: probe("badge warn"), bg: root.getPropertyValue("--bg").trim(), panel: root.getPropertyValue("--panel").trim() };
+}"""
+
+
+def _hex(css: str) -> str:
+    if css.startswith("#"):
+        return css
+    r, g, b = (int(float(v)) for v in css[css.index("(") + 1:css.index(")")].split(",")[:3])
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def _contrast(a: str, b: str) -> float:
+    def lum(hexc: str) -> float:
+        c = [int(hexc[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        lin = [v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4 for v in c]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_text_colours_meet_wcag_aa(page: Any, srv: ServerProc, theme: str) -> None:
+    """Links and the brand in the accent's hue, "● connected", white on a warning badge: each
+    at least 4.5:1 against the page and a panel (QA 48d: 3.2-3.7:1 in the light theme)."""
+    page.goto(srv.url + "/")
+    page.evaluate(f"localStorage.setItem('torchscope-theme', '{theme}')")
+    page.reload()
+    page.wait_for_function("window.__torchscope && window.__torchscope.ready")
+    c = page.evaluate(COLOURS)
+    for name in ("link", "brand", "ok"):
+        for back in ("bg", "panel"):
+            assert _contrast(_hex(c[name]), _hex(c[back])) >= 4.5, (theme, name, back, c)
+    fg, bg = c["warn"]
+    assert _contrast(_hex(fg), _hex(bg)) >= 4.5, (theme, c["warn"])
