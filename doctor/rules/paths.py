@@ -172,8 +172,55 @@ def _stood_in(run: Run, index: int, steps: list[int], graded: dict[int, set[int]
     expert, a layer drop kept another layer.  What light mode, with no graph to read, can tell
     of a path chosen per step (QA 47b: a warning on every mixture-of-experts run); a cut in the
     loop takes the siblings' gradients with it."""
+    if _lost_for_good(run, steps):
+        return False  # lost for good (a member cut from some step on, a collapsed router): no choice per step (QA 48c)
     return any(all(not graded.get(step, set()).isdisjoint(same) for step in steps)
                for _, same in run.list_siblings(index))
+
+
+def _lost_for_good(run: Run, steps: list[int]) -> bool:
+    """Whether the steps a parameter got no gradient on are every step from one on to the run's
+    last, three at least."""
+    return len(steps) > 2 and steps == list(range(steps[0], run.last_step + 1))
+
+
+def _gone_since(run: Run, steps: list[int]) -> int | None:
+    """The step from which a parameter got no gradient on any step to the run's end, when that
+    lasts three steps and more than twice its longest gap before (an expert the router stopped
+    picking, not one it picks now and then), else None."""
+    if not steps or steps[-1] != run.last_step:
+        return None
+    start = len(steps) - 1
+    while start > 0 and steps[start - 1] == steps[start] - 1:
+        start -= 1
+    tail = len(steps) - start
+    longest, run_len = 0, 0
+    for k in range(start):
+        run_len = run_len + 1 if k and steps[k - 1] == steps[k] - 1 else 1
+        longest = max(longest, run_len)
+    return steps[start] if tail >= 3 and tail > 2 * longest else None
+
+
+def _split_for_good(run: Run, groups: dict[_GroupKey, list[int]],
+                    steps_of: dict[int, list[int]]) -> list[tuple[_GroupKey, list[int], dict[int, list[int]]]]:
+    """Each group, its parameters lost for good told apart (by the step they were lost at, and
+    with their steps since then) from those missing on some steps: an expert the router no
+    longer picks beside ones it picks now and then (QA 48c: one info for both)."""
+    out: list[tuple[_GroupKey, list[int], dict[int, list[int]]]] = []
+    for key, indices in groups.items():
+        since: dict[int, list[int]] = {}
+        rest = []
+        for i in indices:
+            at = _gone_since(run, steps_of[i])
+            if at is None:
+                rest.append(i)
+            else:
+                since.setdefault(at, []).append(i)
+        if rest:
+            out.append((key, rest, steps_of))
+        for at, gone in since.items():
+            out.append((key, gone, {i: list(range(at, run.last_step + 1)) for i in gone}))
+    return out
 
 
 def graded_steps(run: Run) -> dict[int, set[int]]:
@@ -414,11 +461,11 @@ def _op_key(op: dict[str, Any]) -> tuple[str, str, str]:
 
 def check_cut_paths(run: Run, settings: Settings) -> list[Finding]:
     """P1: trainable parameters whose .grad is still None at optimizer.step()."""
-    groups, where, steps_of, got = _cut_groups(run)
+    groups, where, all_steps, got = _cut_groups(run)
     told = set(_non_differentiable(run))  # a non-differentiable op P9 names: told there, with these parameters
     graded = graded_steps(run)
     findings: list[Finding] = []
-    for key, indices in groups.items():
+    for key, indices, steps_of in _split_for_good(run, groups, all_steps):
         gstep, op = where[key]
         if op and _stops_gradient(op) and _op_key(op) in told:
             continue
@@ -472,6 +519,9 @@ _FUNCTION_NONE_FIX = ("Return a gradient from the Function's backward() for ever
                       "ctx.needs_input_grad[i] says which); torch.autograd.gradcheck checks it against finite differences.")
 _VARYING = ("a path that changes from step to step (layer drop, early exit, a mixture-of-experts expert no "
             "token was routed to)")
+_GONE_FIX = ("If a router stopped choosing it, balance the experts' load (an auxiliary load-balancing loss, router "
+             "noise, a capacity factor); if the branch is switched off on purpose (a warm-up head), take its parameters "
+             "out of the optimizer; if the loop cuts it from that step on (a .detach()), remove the cut.")
 _VARYING_FIX = ("Nothing to fix if the model picks its path per step: the optimizer skips a parameter whose .grad "
                 "is None (no update, momentum or weight decay for it that step). If these layers should run on "
                 "every step, check the condition that skips them; a rarely routed expert may want a "
@@ -510,10 +560,17 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
         lo, hi, total = min(missed), max(missed), max(m + n for m, n in zip(missed, got, strict=True))
         each = f"{lo}" if lo == hi else f"{lo}-{hi}"
         at = list_steps(steps)
-        if len(steps) > 2 and steps == list(range(steps[0], run.last_step + 1)) and lo == hi == len(steps):
+        for_good = len(steps) > 2 and steps == list(range(steps[0], run.last_step + 1)) and lo == hi == len(steps)
+        if for_good:
             # lost for good from some step on (a layer detached mid-run): said as such (QA 37d:
             # "on 106 of 226 steps each (steps 120, 121, ...) and one on the others")
             head = f"{shown} got no gradient since step {steps[0]}, every step, after getting one before"
+            if not used or not op:
+                # no path chosen per step: one the forward stopped taking (QA 48c: an expert the
+                # router no longer picks, "nothing to fix"), or, with no graph, a cut
+                return ("warning", f"{head}: the forward stopped using {_them(names)} for good -- a mixture-of-experts "
+                        "expert no token is routed to any more (the router collapsed onto the others), a branch switched "
+                        f"off{'' if not used else ', or a path to the loss cut from that step on'}.", _GONE_FIX)
         else:
             head = (f"{shown} got no gradient on {each} of {total} steps{' each' if len(names) > 1 else ''} "
                     f"(step{'s' if len(steps) > 1 else ''} {at}) and one on the others")

@@ -103,3 +103,52 @@ def test_a_dead_relu_inside_an_expert_stays_a_dead_branch(tmp_path: Path, mode: 
     assert sum(row[2] for row in graded) >= 3  # the premise: expert 2 is routed to, its output layer learns
     p2 = [f for f in findings if f["code"] == "P2"]
     assert [f for f in p2 if "experts.2.0.weight" in f["params"]], [f["message"] for f in p2]
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_an_expert_no_longer_routed_to_is_a_warning(tmp_path: Path, mode: str) -> None:
+    """Expert 1 routed to on the first steps, never from step 9 on: the router collapsed onto the
+    others -- no path chosen per step, and not "nothing to fix" (QA 48c: an info in every mode)."""
+    findings, graded = _run(tmp_path / "gone.tscope", mode, idle_from=9)
+    assert any(row[1] for row in graded[:9]) and not any(row[1] for row in graded[9:])  # the premise
+    gone = [f for f in findings if f["code"] == "P1" and "experts.1.0.weight" in f["params"]]
+    assert len(gone) == 1 and gone[0]["severity"] == "warning", [(f["severity"], f["message"]) for f in findings]
+    assert "since step 9, every step" in gone[0]["message"] and "for good" in gone[0]["message"]
+
+
+class _Stack(nn.Module):
+    """A stack of layers in a ModuleList, every one run at every step; the loop detaches one's
+    output from a step on (a bug: its parameters, and the ones before it, stop learning)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+        self.cut_from: int | None = None
+        self.step = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = torch.tanh(layer(x))
+            if i == 1 and self.cut_from is not None and self.step >= self.cut_from:
+                x = x.detach()
+        return x
+
+
+def test_a_layer_cut_for_good_in_a_module_list_stays_a_warning_in_light_mode(tmp_path: Path) -> None:
+    """The later layers' same parameters still get a gradient on every step: a sibling "in its
+    place" -- but a stack runs every member each step, and a cut for good is no choice per step
+    (QA 48c: an info saying nothing to fix)."""
+    torch.manual_seed(0)
+    model = _Stack()
+    model.cut_from = 6
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "stack.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for step in range(14):
+            model.step = step
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+    p1 = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P1"]
+    cut = [f for f in p1 if "layers.0.weight" in f["params"]]
+    assert len(cut) == 1 and cut[0]["severity"] == "warning", [(f["severity"], f["message"]) for f in p1]
