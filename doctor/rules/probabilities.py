@@ -54,8 +54,14 @@ FIX_RAW = ("Apply log_softmax before NLLLoss (F.nll_loss(F.log_softmax(logits, d
            "nn.CrossEntropyLoss / F.cross_entropy, which does both.")
 
 
-def _source(op: dict[str, Any], made: dict[int, dict[str, Any]], want: str | frozenset[str]) -> dict[str, Any] | None:
-    """The ``want`` op (one of them) whose output reaches ``op``'s first input through pass-through ops only."""
+# a number added to, taken from, or multiplying the scores: still no log-probabilities (one tensor input)
+_BY_A_NUMBER = frozenset({"aten::div", "aten::mul", "aten::sub", "aten::add", "aten::rsub"})
+
+
+def _source(op: dict[str, Any], made: dict[int, dict[str, Any]], want: str | frozenset[str],
+            by_numbers: bool = False) -> dict[str, Any] | None:
+    """The ``want`` op (one of them) whose output reaches ``op``'s first input through pass-through
+    ops only (``by_numbers``: and arithmetic with a number, ``out - 10.0``, ``out / T``)."""
     inputs = as_list(op.get("inputs"))
     cur = made.get(as_int(inputs[0], -1)) if inputs else None
     for _ in range(16):  # a chain of views and casts, never a long one
@@ -64,7 +70,7 @@ def _source(op: dict[str, Any], made: dict[int, dict[str, Any]], want: str | fro
         name = str(cur.get("name", ""))
         if name == want or (isinstance(want, frozenset) and name in want):
             return cur
-        if name not in _PASS:
+        if name not in _PASS and not (by_numbers and name in _BY_A_NUMBER and len(as_list(cur.get("inputs"))) == 1):
             return None
         ins = as_list(cur.get("inputs"))
         cur = made.get(as_int(ins[0], -1)) if ins else None
@@ -81,7 +87,7 @@ def _raw_scores(run: Run) -> Finding | None:
         made = producers(graph_ops)
         for op in graph_ops:
             if str(op.get("name", "")) in _NLL and op.get("phase", "forward") == "forward":
-                src = _source(op, made, _SCORES)
+                src = _source(op, made, _SCORES, by_numbers=True)
                 if src is not None:
                     steps.append(step)
                     layer = layer or (step, src, op)

@@ -133,6 +133,27 @@ def test_raw_scores_into_nll_are_found(tmp_path: Path, mode: str, log_softmax: b
         assert "raw output of module '2' (Linear)" in f["message"] and f["modules"] == ["2"], f["message"]
 
 
+@pytest.mark.parametrize("how", ["shifted", "scaled", "logsumexp"])
+def test_raw_scores_shifted_by_a_number_into_nll_are_found(tmp_path: Path, how: str) -> None:
+    """``nll_loss(out - 10.0, y)`` keeps the loss above zero, and ``out / 2`` is a layer's scores
+    still: the graph's walk back from the loss passes arithmetic with a number (QA 48c: the first
+    went untold).  ``out - out.logsumexp(-1, keepdim=True)`` is log_softmax written by hand."""
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        out = m(x)
+        made = {"shifted": lambda: out - 10.0, "scaled": lambda: out / 2.0,
+                "logsumexp": lambda: out - out.logsumexp(-1, keepdim=True)}[how]()
+        return nn.functional.nll_loss(made, _classes(m, x))
+
+    found = _codes(_train(tmp_path / "nll.tscope", model, loss, mode="default", steps=4), "P16")
+    if how == "logsumexp":
+        assert found == []
+    else:
+        (f,) = found
+        assert "raw output of module '2' (Linear)" in f["message"], f["message"]
+
+
 # ---------------------------------------------------------------- P17: module.requires_grad = False
 def test_requires_grad_attribute_on_a_module_is_found_and_the_method_is_not(tmp_path: Path) -> None:
     def model() -> nn.Module:
