@@ -144,8 +144,12 @@ def _maybe_tables(run: Run, params: dict[int, list[int]]) -> dict[int, list[int]
     "Dead branch" on both)."""
     if any(True for _ in run.all_graphs()):
         return {}
+    # (one whose gradient is exactly zero on every such step reads no row at all: a dead branch,
+    # QA 48c -- a table read by rows has those rows' gradients)
+    norms = {step: floats(ev, "norm") for step, ev in run.step_events()}
     return {i: s for i, s in params.items()
-            if "weight" not in (leaf := run.param_name(i).rpartition(".")[2]) and leaf != "bias"}
+            if "weight" not in (leaf := run.param_name(i).rpartition(".")[2]) and leaf != "bias"
+            and any(i < len(norms.get(step, [])) and norms[step][i] for step in s)}
 
 
 def _tables_finding(run: Run, tables: dict[int, list[int]], settings: Settings) -> Finding:

@@ -72,3 +72,33 @@ def test_a_dead_layer_weight_in_a_light_run_stays_a_warning(tmp_path: Path) -> N
             opt.step()
     p2 = [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P2"]
     assert [f for f in p2 if f["severity"] == "warning" and "0.weight" in f["params"]], p2
+
+
+class _RawDead(nn.Module):
+    """A layer of raw parameters (no 'weight' or 'bias' in their names) before a ReLU that never fires."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Parameter(torch.randn(16, 32) * 0.1)
+        self.shift = nn.Parameter(torch.full((32,), -100.0))
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(x @ self.proj + self.shift)).squeeze(-1)
+
+
+def test_raw_parameters_of_a_dead_branch_in_a_light_run_stay_a_warning(tmp_path: Path) -> None:
+    """Every gradient of them exactly zero on every step: no row read at all, not a table
+    (QA 48c: the table info hid this dead ReLU)."""
+    torch.manual_seed(0)
+    model = _RawDead()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    path = tmp_path / "raw.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for _ in range(30):
+            loss = F.mse_loss(model(torch.randn(8, 16)), torch.randn(8))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    p2 = [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P2"]
+    assert [f for f in p2 if f["severity"] == "warning" and "proj" in f["params"]], p2
