@@ -357,6 +357,8 @@ class _StepState:
         "unrestricted",
         "forward_us",
         "backward_us",
+        "before_fwd_us",
+        "opt_t0",
         "micro",
         "losses",
         "summed",
@@ -456,6 +458,8 @@ class _StepState:
         self.unrestricted = False  # a backward of this step asked for every gradient
         self.forward_us = 0.0
         self.backward_us = 0.0
+        self.before_fwd_us: float | None = None  # from the step's start to its first forward (the next batch's fetch)
+        self.opt_t0: float | None = None  # when the watched optimizer's step() began
         self.micro = 0
         self.losses: list[torch.Tensor] = []
         # indices in ``losses`` of the roots of the backwards that accumulated into the
@@ -1860,6 +1864,8 @@ class Watch:
         if s.capture and "ops" not in self._disabled:
             self._start_recorder(s, module, args, kwargs)
         s.fwd_t0 = time.perf_counter()
+        if s.before_fwd_us is None:
+            s.before_fwd_us = (s.fwd_t0 - s.t0) * 1e6
 
     def _in_step_call(self) -> bool:
         """Whether this forward runs inside the step() that began (an LBFGS closure's)."""
@@ -3483,6 +3489,7 @@ class Watch:
         self._told_following.add(type(optimizer).__name__)
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._s.opt_t0 = time.perf_counter()
         self._owner = threading.get_ident()
         self._last_event = time.monotonic()
         self._s.step_began = self._s.micro  # passes after it ran inside step(): its closure's (LBFGS)
@@ -3925,6 +3932,8 @@ class Watch:
             "duration_us": int((now - s.t0) * 1e6),
             "forward_us": int(s.forward_us),
             "backward_us": int(s.backward_us),
+            **({"before_forward_us": int(s.before_fwd_us)} if s.before_fwd_us is not None else {}),
+            **({"optimizer_us": int((now - s.opt_t0) * 1e6)} if s.opt_t0 is not None else {}),
             "micro_batches": s.micro,
             "accumulated": s.accumulated,
             "zero_grad": s.zero_grad,

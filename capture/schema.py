@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 12)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off; 1.9: NodeRecord.attrs, OpRecord.freed; 1.10: ForwardInfo.input_grad; 1.11: ForwardInfo.checkpoint, LogEvent.ops_cut; 1.12: NodeRecord.checkpointed, EndEvent.late_backward, ForwardInfo.bn_recalibration
+SCHEMA_VERSION: tuple[int, int] = (1, 12)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off; 1.9: NodeRecord.attrs, OpRecord.freed; 1.10: ForwardInfo.input_grad; 1.11: ForwardInfo.checkpoint, LogEvent.ops_cut; 1.12: NodeRecord.checkpointed, EndEvent.late_backward, ForwardInfo.bn_recalibration, StepEvent.before_forward_us and .optimizer_us
 # how a LogEvent of level "error" begins when a part of the capture turned itself off after an
 # internal error (what follows: the part, the step, the error; since 1.8 also its capture_off
 # field): the doctor and `torchscope info` tell the session is incomplete by it (capture_off()),
@@ -222,6 +222,10 @@ class StepEvent(TypedDict, total=False):
     duration_us: int  # from the previous step boundary (or watch start) to this one
     forward_us: int
     backward_us: int
+    # from the step's start (the previous optimizer.step(); the first step's: watch()) to its first
+    # forward: the next batch's fetch, zero_grad(), the loop's own code (1.12)
+    before_forward_us: int
+    optimizer_us: int  # the watched optimizer's step(), from its pre-hooks to the step's record (1.12)
     micro_batches: int  # backward() calls in this step (gradient accumulation count)
     accumulated: int  # of those, the ones summed into .grad since its last reset (P15; LBFGS's closure resets it each pass)
     # value of the tensor backward() was called on; the sum of those of the step's micro-batches

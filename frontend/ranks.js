@@ -21,7 +21,7 @@ export class RanksView {
     this.heading.textContent = many ? "Step time and memory per rank" : "Step time and memory";
     this.info.textContent = (many ? `${ranks.length} ranks, a line each. ` : "This session has a single rank. ")
       + "A step's time runs from the previous optimizer.step() (the first step's: from watch()) to its own: data loading, forward, backward and update."
-      + (many ? "" : " Forward is the time in the watched model's forward calls, backward in backward(); the rest is everything else in the step.");
+      + (many ? "" : " Forward is the time in the watched model's forward calls, backward in backward(); before the forward is the wait for the next batch (and zero_grad()), then optimizer.step(); the rest is everything else in the step.");
     this.time.setTitle(many ? "step time per rank" : "step time, and where it went");
     this.mem.setTitle(many ? "peak live bytes per rank" : "peak live bytes");
     const per = await Promise.all(ranks.map((r) => allSteps(this.app.id, r).then((s) => [r, s])));
@@ -36,16 +36,24 @@ export class RanksView {
 }
 
 // A single rank's step time split as the profiler's step view splits it: the watched model's
-// forward calls, the backward passes, and the rest of the step (the step time minus both:
-// fetching the batch, the loss function, optimizer.step(), zero_grad(), logging).  A line of
-// the whole step alone hid where it went: a data loader starving the loop reads as a slow model.
+// forward calls, the backward passes, the wait before the step's first forward (fetching the
+// batch, zero_grad(): StepEvent.before_forward_us, format 1.12), optimizer.step() (optimizer_us)
+// and the rest (the loss function, logging).  A line of the whole step alone hid where it went:
+// a data loader starving the loop reads as a slow model (QA 48d: it was one "rest" with the loss
+// and the update).  A file from before 1.12 has forward, backward and the rest only.
 function stepParts(list, col) {
+  const num = (v) => (typeof v === "number" ? v : null);
+  const split = list.some((e) => typeof e.before_forward_us === "number");
   const rest = (e) => (typeof e.duration_us === "number" && typeof e.forward_us === "number" && typeof e.backward_us === "number"
-    ? Math.max(0, e.duration_us - e.forward_us - e.backward_us) : null);
+    ? Math.max(0, e.duration_us - e.forward_us - e.backward_us - (split ? (num(e.before_forward_us) ?? 0) + (num(e.optimizer_us) ?? 0) : 0)) : null);
   return [
     { name: "whole step", y: col(list, (e) => e.duration_us) },
     { name: "forward", y: col(list, (e) => e.forward_us) },
     { name: "backward", y: col(list, (e) => e.backward_us) },
-    { name: "the rest (data loading, loss, optimizer.step(), your code)", y: col(list, rest) },
+    ...(split ? [
+      { name: "before the forward (the next batch, zero_grad(), your code)", y: col(list, (e) => num(e.before_forward_us)) },
+      { name: "optimizer.step()", y: col(list, (e) => num(e.optimizer_us)) },
+      { name: "the rest (loss, logging, your code)", y: col(list, rest) },
+    ] : [{ name: "the rest (data loading, loss, optimizer.step(), your code)", y: col(list, rest) }]),
   ];
 }
