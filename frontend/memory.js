@@ -306,9 +306,9 @@ export class MemoryView {
       h("h3", { title: OP_PEAK }, `In-step peak ${fmtBytes(peakLive)} after op #${peakId} ${peakOp.name} — what was alive then`),
       h("p", { class: "muted", "data-testid": "alive-summary" },
         (held < before
-          ? `${fmtBytes(held)} of what the step held when its recording began (parameters, their .grad, optimizer state, the forward's inputs: ` +
+          ? `${fmtBytes(held)} of what the step held when its recording began (parameters, the .grad and optimizer state that existed then, the forward's inputs: ` +
             `${fmtBytes(before)}, less ${fmtBytes(before - held)} of .grad freed before the backward by zero_grad()) + `
-          : `${fmtBytes(before)} held when the step's recording began (parameters, their .grad, optimizer state, the forward's inputs) + `) +
+          : `${fmtBytes(before)} held when the step's recording began (parameters, the .grad and optimizer state that existed then -- none before the first step's backward and update --, the forward's inputs) + `) +
         `${fmtBytes(made)} in ${alive.length} tensor${alive.length === 1 ? "" : "s"} made in the step and not yet freed` +
         (alive.length > MAX_ALIVE ? ` (the largest ${MAX_ALIVE} below)` : "") + "."),
       h("table", { class: "tensors", "data-testid": "alive-at-peak" },
