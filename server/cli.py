@@ -75,6 +75,8 @@ _EXAMPLES = {
   torchscope serve --verbose                  uvicorn's log and one line per request""",
     "open": """examples:
   torchscope open run.tscope                     the server on 127.0.0.1:6150 (started if none answers)
+  torchscope open a.tscope b.tscope              both imported; two runs open side by side (Compare runs)
+  torchscope open runs/*.tscope --no-browser     each imported, its URL printed
   torchscope open run.tscope --no-browser        print the URL only
   torchscope open run.tscope --no-follow         a run still writing it: import what it holds now
   torchscope open run.tscope --port 7000         the server on 127.0.0.1:7000
@@ -125,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         "dashboard server and open its page. The file is read, never changed. A file its run is still "
         "writing is followed: imported again as it grows, until the run ends (Ctrl-C stops following). "
         + _SERVER_ENV))
-    o.add_argument("file", help="a .tscope session file")
+    o.add_argument("file", nargs="+", help="a .tscope session file (several: each imported; two open side by side)")
     _server_options(o, DEFAULT_PORT)
     o.add_argument("--data", metavar="DIR", help="data directory of a server started here")
     o.add_argument("--no-browser", action="store_true", help="print the URL only")
@@ -357,36 +359,47 @@ def _env_token() -> str | None:
 def cmd_open(args: argparse.Namespace) -> int:
     from .client import ClientError, ensure_server, page_url, sessions, stop_server, upload
 
-    path, found = _check_file(args.file)
+    files = [_check_file(f) for f in args.file]  # every file checked before any is imported
     token = _env_token()
     started = None
-    try:
-        base, started = ensure_server(_server_base(args), args.data)
-        # a server that wants a token says so now: refused mid-upload, the socket would only say
-        # "broken pipe"
-        sessions(base, token)
-        with _storing_progress(base, token, path):
-            res = upload(base, path, token)
-    except ClientError as exc:
-        if started is not None:
-            stop_server(started)
-        raise CliError(str(exc), exc.code) from None
-    _say_started(args, base, started)
-    writer = _writer(path, found)
-    note = res.get("note") or found.note(str(path), writer is not None)  # (a server of an earlier build says nothing)
-    if note and not (writer is not None and not args.no_follow):  # followed: said below
-        print(f"torchscope open: note: {note}", file=sys.stderr, flush=True)
-    if res.get("frames", 0) > 0 and res.get("new_frames") == 0:  # as the sessions page says it
-        print(f"torchscope open: {path} is already on this server (the same run): nothing new imported",
-              file=sys.stderr, flush=True)
-    url = page_url(base + res["url"], token)
-    print(url, flush=True)
+    follow = len(files) == 1 and not args.no_follow  # several: each as it is now (QA 48d: one file only)
+    imported: list[dict[str, Any]] = []
+    for k, (path, found) in enumerate(files):
+        try:
+            if k == 0:
+                base, started = ensure_server(_server_base(args), args.data)
+                # a server that wants a token says so now: refused mid-upload, the socket would
+                # only say "broken pipe"
+                sessions(base, token)
+            with _storing_progress(base, token, path):
+                res = upload(base, path, token)
+        except ClientError as exc:
+            if started is not None and not imported:
+                stop_server(started)
+            raise CliError(f"{path}: {exc}" if len(files) > 1 else str(exc), exc.code) from None
+        if k == 0:
+            _say_started(args, base, started)
+        writer = _writer(path, found)
+        note = res.get("note") or found.note(str(path), writer is not None)  # (a server of an earlier build says nothing)
+        if note and not (writer is not None and follow):  # followed: said below
+            print(f"torchscope open: note: {note}", file=sys.stderr, flush=True)
+        if res.get("frames", 0) > 0 and res.get("new_frames") == 0:  # as the sessions page says it
+            print(f"torchscope open: {path} is already on this server (the same run): nothing new imported",
+                  file=sys.stderr, flush=True)
+        print(page_url(base + res["url"], token), flush=True)
+        imported.append({**res, "writer": writer})
+    ids = list(dict.fromkeys(str(r["id"]) for r in imported))
+    if len(ids) == 2:  # two runs: side by side, as ticking them on the sessions page does
+        url = page_url(f"{base}/compare?a={ids[0]}&b={ids[1]}", token)
+        print(f"torchscope open: both runs side by side: {url}", file=sys.stderr, flush=True)
+    else:
+        url = page_url(base + (str(imported[0]["url"]) if len(ids) == 1 else "/"), token)
     if not args.no_browser:
         import webbrowser
 
         webbrowser.open(url)
-    if writer is not None and not args.no_follow:
-        return _follow(base, path, token, writer)
+    if follow and imported[0]["writer"] is not None:
+        return _follow(base, files[0][0], token, imported[0]["writer"])
     return 0
 
 

@@ -180,6 +180,29 @@ def test_open_imports_into_a_running_server(tmp_path: Path) -> None:
         srv.stop()
 
 
+def test_open_of_several_files_imports_each_and_pairs_two(tmp_path: Path) -> None:
+    """`torchscope open a.tscope b.tscope` (a shell's `runs/*.tscope`): each imported, its URL
+    printed; two runs also get the Compare page's URL (QA 48d: "unrecognized arguments").  A bad
+    file among them is said before anything is imported."""
+    a = write_file(tmp_path / "a.tscope", run_frames("cli-a", steps=3))
+    b = write_file(tmp_path / "b.tscope", run_frames("cli-b", steps=5))
+    srv = ServerProc(tmp_path / "data").start()
+    try:
+        res = cli("open", str(a), str(b), "--port", str(srv.port), "--no-browser")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.split() == [f"{srv.url}/sessions/cli-a", f"{srv.url}/sessions/cli-b"]
+        assert f"both runs side by side: {srv.url}/compare?a=cli-a&b=cli-b" in res.stderr
+        assert srv.get("/api/sessions/cli-a")["steps"] == 3 and srv.get("/api/sessions/cli-b")["steps"] == 5  # type: ignore[index]
+        bad = tmp_path / "bad.tscope"
+        bad.write_bytes(b"not a session file")
+        c = write_file(tmp_path / "c.tscope", run_frames("cli-c", steps=2))
+        refused = cli("open", str(c), str(bad), "--port", str(srv.port), "--no-browser")
+        assert refused.returncode == 2 and "bad.tscope" in refused.stderr and "Traceback" not in refused.stderr
+        assert all(x["id"] != "cli-c" for x in srv.get("/api/sessions"))  # type: ignore[union-attr, index]
+    finally:
+        srv.stop()
+
+
 def test_a_server_with_a_token_is_named_so(tmp_path: Path) -> None:
     """Against a token server: `open` prints a URL that opens (with ?token=), `demo` without the
     token stops at once with one line, and a watched run says the server wants a token, not that
