@@ -4,6 +4,7 @@ and a page whose JavaScript errors fail the test that used it."""
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -179,3 +180,19 @@ def fmt_bytes(n: float) -> str:
         x /= 1024
         i += 1
     return f"{'-' if n < 0 else ''}{x:.{(2 if x < 10 else 1) if i else 0}f} {units[i]}"
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG's contrast ratio of two CSS colours, each ``#rrggbb`` or ``rgb(r, g, b)`` (what
+    ``getComputedStyle`` gives)."""
+    def channels(css: str) -> list[float]:
+        if css.startswith("#"):
+            return [int(css[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        return [float(v) / 255 for v in re.findall(r"[\d.]+", css)[:3]]
+
+    def lum(css: str) -> float:
+        lin = [v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4 for v in channels(css)]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import DASHBOARD_TRAIN, checked_context, chromium, open_session, recorded, shot
+from browser_page import DASHBOARD_TRAIN, checked_context, chromium, contrast, open_session, recorded, shot
 from conftest import ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -116,20 +116,6 @@ THEME = """() => { const probe = document.createElement('span'); document.body.a
   probe.style.color = 'var(--cut)'; const cut = getComputedStyle(probe).color;
   probe.style.color = 'var(--panel)'; const panel = getComputedStyle(probe).color; probe.remove();
   return { cut, panel }; }"""
-
-
-def rgb(css: str) -> tuple[float, ...]:
-    return tuple(float(v) for v in re.findall(r"[\d.]+", css)[:3])
-
-
-def contrast(a: str, b: str) -> float:
-    def lum(c: tuple[float, ...]) -> float:
-        ch = [v / 255 for v in c]
-        lin = [v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4 for v in ch]
-        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
-
-    hi, lo = sorted((lum(rgb(a)), lum(rgb(b))), reverse=True)
-    return (hi + 0.05) / (lo + 0.05)
 
 
 def set_theme(page: Any, theme: str) -> None:

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlparse
 
 import forkrun
 import pytest
-from browser_page import chromium, open_session, shot
+from browser_page import chromium, contrast, open_session, shot
 from conftest import EXAMPLES, ServerProc, http_json
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -695,16 +695,6 @@ def test_a_dead_gradient_is_not_drawn_as_a_small_one(page: Any, srv: ServerProc,
         assert page.locator("[data-testid=heat-hover]").inner_text().startswith(f"{module} · step 1 · ‖grad‖ {says}")
 
 
-def _contrast(a: str, b: str) -> float:
-    def lum(hexc: str) -> float:
-        c = [int(hexc[i:i + 2], 16) / 255 for i in (1, 3, 5)]
-        lin = [v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4 for v in c]
-        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
-
-    hi, lo = sorted((lum(a), lum(b)), reverse=True)
-    return (hi + 0.05) / (lo + 0.05)
-
-
 def test_node_labels_contrast_with_every_overlay_colour(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
     """A node filled by an overlay (the gradient ramp's dark red or navy, its pale yellow, the
     zero colour, the diff's green) gets label ink readable on that fill, in either theme --
@@ -714,7 +704,7 @@ def test_node_labels_contrast_with_every_overlay_colour(page: Any, srv: ServerPr
              "#c026d3", "#7f1d1d", "#16a34a", "#d97706", "#9ca3af"]
     inks = page.evaluate("(fills) => import('/static/graph/render.js').then((m) => fills.map((f) => m.inkOn(f)))", fills)
     for fill, (label, sub) in zip(fills, inks, strict=True):
-        assert _contrast(fill, label) >= 4.5 and _contrast(fill, sub) >= 4.0, (fill, label, sub)
+        assert contrast(fill, label) >= 4.5 and contrast(fill, sub) >= 4.0, (fill, label, sub)
     assert page.evaluate("import('/static/graph/render.js').then((m) => m.inkOn('var(--node)'))") is None
     # long module paths are cut in the middle: siblings keep the ends that tell them apart
     cut = page.evaluate("""import('/static/graph/render.js').then((m) => {

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_page import checked, graph_settled, module_browser, open_session, recorded  # noqa: F401 - fixtures
+from browser_page import checked, contrast, graph_settled, module_browser, open_session, recorded  # noqa: F401 - fixtures
 from conftest import EXAMPLES, ServerProc
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -112,23 +112,6 @@ COLOURS = """() => {
 }"""
 
 
-def _hex(css: str) -> str:
-    if css.startswith("#"):
-        return css
-    r, g, b = (int(float(v)) for v in css[css.index("(") + 1:css.index(")")].split(",")[:3])
-    return f"#{r:02x}{g:02x}{b:02x}"
-
-
-def _contrast(a: str, b: str) -> float:
-    def lum(hexc: str) -> float:
-        c = [int(hexc[i:i + 2], 16) / 255 for i in (1, 3, 5)]
-        lin = [v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4 for v in c]
-        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
-
-    hi, lo = sorted((lum(a), lum(b)), reverse=True)
-    return (hi + 0.05) / (lo + 0.05)
-
-
 @pytest.mark.parametrize("theme", ["light", "dark"])
 def test_text_colours_meet_wcag_aa(page: Any, srv: ServerProc, theme: str) -> None:
     """Links and the brand in the accent's hue, "● connected", white on a warning badge: each
@@ -140,6 +123,6 @@ def test_text_colours_meet_wcag_aa(page: Any, srv: ServerProc, theme: str) -> No
     c = page.evaluate(COLOURS)
     for name in ("link", "brand", "ok"):
         for back in ("bg", "panel"):
-            assert _contrast(_hex(c[name]), _hex(c[back])) >= 4.5, (theme, name, back, c)
+            assert contrast(c[name], c[back]) >= 4.5, (theme, name, back, c)
     fg, bg = c["warn"]
-    assert _contrast(_hex(fg), _hex(bg)) >= 4.5, (theme, c["warn"])
+    assert contrast(fg, bg) >= 4.5, (theme, c["warn"])

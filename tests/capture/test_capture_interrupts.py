@@ -181,6 +181,17 @@ class _StopAtCall:
         return None
 
 
+def _step_stopped_at(n: int, model: nn.Module, opt: torch.optim.Optimizer, data: Any) -> None:
+    """One training step with a Stop at the n-th call of its close (``_StopAtCall``)."""
+    sys.settrace(_StopAtCall(n))
+    try:
+        _train(model, opt, model, 1, data)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+
+
 def _count_close_calls(model: nn.Module, opt: torch.optim.Optimizer, data: Any) -> int:
     probe = _StopAtCall(0)
     sys.settrace(probe)
@@ -209,13 +220,7 @@ def test_a_stop_inside_the_capture_closing_a_step_never_repeats_its_number(tmp_p
         total = _count_close_calls(model, opt, lambda: (x, y)) if watched else 0
         stride = max(1, total // 60)
         for n in range(1, total + 1, stride):  # a Stop at the n-th call of one step's close
-            sys.settrace(_StopAtCall(n))
-            try:
-                _train(model, opt, model, 1, lambda: (x, y))
-            except KeyboardInterrupt:
-                pass
-            finally:
-                sys.settrace(None)
+            _step_stopped_at(n, model, opt, lambda: (x, y))
         if not watched:  # the same number of steps, none stopped
             _train(model, opt, model, 1 + stops, lambda: (x, y))
         _train(model, opt, model, 3, lambda: (x, y))
@@ -271,12 +276,6 @@ def test_a_stop_at_the_exit_of_a_no_grad_block_of_ours_leaves_grad_mode_on(tmp_p
         exits = [n for n, (name, file) in enumerate(probe.names, 1) if name == "__exit__" and file == "grad_mode.py"]
         assert exits  # the premise: the close runs no_grad blocks of ours
         for n in exits:
-            sys.settrace(_StopAtCall(n))
-            try:
-                _train(model, opt, model, 1, lambda: (x, y))
-            except KeyboardInterrupt:
-                pass
-            finally:
-                sys.settrace(None)
+            _step_stopped_at(n, model, opt, lambda: (x, y))
             assert torch.is_grad_enabled(), f"grad mode left off by a stop at call {n}"
         _train(model, opt, model, 2, lambda: (x, y))  # and the loop trains on
