@@ -359,6 +359,7 @@ class _StepState:
         "backward_us",
         "before_fwd_us",
         "opt_t0",
+        "opt_fb0",
         "micro",
         "losses",
         "summed",
@@ -460,6 +461,7 @@ class _StepState:
         self.backward_us = 0.0
         self.before_fwd_us: float | None = None  # from the step's start to its first forward (the next batch's fetch)
         self.opt_t0: float | None = None  # when the watched optimizer's step() began
+        self.opt_fb0 = 0.0  # forward_us + backward_us then (a closure's inside step() are theirs)
         self.micro = 0
         self.losses: list[torch.Tensor] = []
         # indices in ``losses`` of the roots of the backwards that accumulated into the
@@ -3249,13 +3251,17 @@ class Watch:
         # into it (QA 48a's optimizer made anew every epoch met a bug of ours in _adopt)
         if "step" in self._disabled:
             return
+        grad = torch.is_grad_enabled()
         try:
             self._opt_seen(optimizer, args, kwargs)
+            if self._active and (self._optimizer is None or optimizer is not self._optimizer()) and not _inner_step(optimizer):
+                self._safe("ops", self._pause_for_step, optimizer)
         except Exception as exc:  # noqa: BLE001 - the step part turns off, the training goes on
             self._turn_off("step", self._step, exc)
-            return
-        if self._active and (self._optimizer is None or optimizer is not self._optimizer()) and not _inner_step(optimizer):
-            self._safe("ops", self._pause_for_step, optimizer)
+        finally:
+            # a Ctrl-C at the exit of a no_grad block of ours left grad mode off, and step()'s own
+            # _use_grad would restore that (QA 48e: 4 of ~8,300 interrupts, full mode)
+            torch._C._set_grad_enabled(grad)
 
     def _opt_seen(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Any optimizer's step() is about to run: the watched one's begins the step's end; another's
@@ -3329,10 +3335,13 @@ class Watch:
             self._paused_for = None
         if self._optimizer is not None and optimizer is self._optimizer() and not _inner_step(optimizer) \
                 and "step" not in self._disabled:
+            grad = torch.is_grad_enabled()
             try:
                 self._opt_post(optimizer, args, kwargs)
             except Exception as exc:  # noqa: BLE001 - as in _any_opt_pre
                 self._turn_off("step", self._step, exc)
+            finally:
+                torch._C._set_grad_enabled(grad)
 
     def _forward_recording(self) -> Any:
         """The op recorder while it records the watched step's forward (not paused), else None."""
@@ -3490,6 +3499,7 @@ class Watch:
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._s.opt_t0 = time.perf_counter()
+        self._s.opt_fb0 = self._s.forward_us + self._s.backward_us
         self._owner = threading.get_ident()
         self._last_event = time.monotonic()
         self._s.step_began = self._s.micro  # passes after it ran inside step(): its closure's (LBFGS)
@@ -3933,7 +3943,9 @@ class Watch:
             "forward_us": int(s.forward_us),
             "backward_us": int(s.backward_us),
             **({"before_forward_us": int(s.before_fwd_us)} if s.before_fwd_us is not None else {}),
-            **({"optimizer_us": int((now - s.opt_t0) * 1e6)} if s.opt_t0 is not None else {}),
+            # (less a closure's forward and backward inside step(), LBFGS's, counted there: QA 48e)
+            **({"optimizer_us": max(int((now - s.opt_t0) * 1e6 - (s.forward_us + s.backward_us - s.opt_fb0)), 0)}
+               if s.opt_t0 is not None else {}),
             "micro_batches": s.micro,
             "accumulated": s.accumulated,
             "zero_grad": s.zero_grad,
@@ -4219,14 +4231,14 @@ class Watch:
     # steps, so a submodule switched to training or evaluation on its own, or a new hook, is
     # seen within that many steps.
     def _recalibrating(self, train_modules: list[str]) -> bool:
-        """Whether the modules a no_grad forward runs in train mode are all batch norms with a
-        cumulative average (``momentum=None``): their statistics recomputed on purpose, as
+        """Whether the batch norms a no_grad forward runs in train mode all keep a cumulative
+        average (``momentum=None``): their statistics recomputed on purpose, as
         ``torch.optim.swa_utils.update_bn`` does -- no evaluation (QA 48a).  Read only for a
         no_grad forward with such modules."""
         wanted = set(train_modules)
-        found = [m for p, r in self._modules if p in wanted and (m := r()) is not None]
-        return len(found) == len(wanted) and all(
-            isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None for m in found)
+        norms = [m for p, r in self._modules if p in wanted and isinstance(m := r(), nn.modules.batchnorm._BatchNorm)]
+        # (its dropout on beside them is update_bn's model.train(), not the point: QA 48e)
+        return bool(norms) and all(m.momentum is None for m in norms)
 
     def _modes_now(self, model: nn.Module) -> tuple[list[str], list[str], dict[str, bool]]:
         """Paths of the modules in eval mode, of dropout and batch-norm modules in training

@@ -383,6 +383,9 @@ def cmd_open(args: argparse.Namespace) -> int:
         note = res.get("note") or found.note(str(path), writer is not None)  # (a server of an earlier build says nothing)
         if note and not (writer is not None and follow):  # followed: said below
             print(f"torchscope open: note: {note}", file=sys.stderr, flush=True)
+        if writer is not None and len(files) > 1:  # (QA 48e: neither followed, nothing said)
+            print(f"torchscope open: note: {path}'s run is still writing it: imported as it is now (one file "
+                  f"at a time is followed: torchscope open {path})", file=sys.stderr, flush=True)
         if res.get("frames", 0) > 0 and res.get("new_frames") == 0:  # as the sessions page says it
             print(f"torchscope open: {path} is already on this server (the same run): nothing new imported",
                   file=sys.stderr, flush=True)

@@ -65,7 +65,7 @@ async def patch_session(session_id: SessionId, patch: SessionPatch, store: Store
         # (the model takes any JSON so that this says it in one line, not pydantic's error list)
         raise HTTPException(422, "tags: every tag must be a string")
     name = None if patch.name is None else patch.name.strip()
-    if name == "":  # a name of spaces left the run a blank link on the sessions page (QA 48d)
+    if name is not None and not name.strip(_INVISIBLE):  # a blank link on the sessions page (QA 48d, 48e)
         raise HTTPException(422, "name: a name needs a character that is not a space")
     tags = None if patch.tags is None else [t[:100] for t in patch.tags]
     if tags is not None and not all(_unicode(t) for t in tags):  # a lone surrogate: JSON lets it through
@@ -73,6 +73,9 @@ async def patch_session(session_id: SessionId, patch: SessionPatch, store: Store
     if not await asyncio.wrap_future(store.update(session_id, name, tags)):
         raise HTTPException(404, f"no session {session_id!r}")
     return store.session(session_id)
+
+
+_INVISIBLE = " \t\n\r\f\v\u00a0\u200b\u200c\u200d\u2060\ufeff"  # (str.strip() keeps the zero-width ones)
 
 
 def _unicode(text: str) -> bool:

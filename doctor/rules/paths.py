@@ -565,6 +565,13 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
             # lost for good from some step on (a layer detached mid-run): said as such (QA 37d:
             # "on 106 of 226 steps each (steps 120, 121, ...) and one on the others")
             head = f"{shown} got no gradient since step {steps[0]}, every step, after getting one before"
+            cleared = {str(n) for s_, ev in run.step_events() if s_ in set(steps)
+                       for e in notes(ev, "grads_cleared") for n in as_list(e.get("params"))}
+            if set(names) <= cleared:
+                # the loop set them to None after the backward (a layer frozen by p.grad = None
+                # mid-run: QA 48e read it as "stopped using them for good")
+                return ("warning", f"{head}: .grad was cleared between backward() and step() on those steps "
+                        f"({_CLEARERS}), so the optimizer skips {_them(names)}.", _CLEARED_FIX)
             if not used or not op:
                 # no path chosen per step: one the forward stopped taking (QA 48c: an expert the
                 # router no longer picks, "nothing to fix"), or, with no graph, a cut

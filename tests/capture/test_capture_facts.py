@@ -1774,3 +1774,29 @@ def test_p13_a_backward_hook_keeping_gradients(tmp_path: Path) -> None:
     assert held[-1] == sum(t.untyped_storage().nbytes() for t in seen) > 0 and held == sorted(held)
     (p13,) = [f for f in diagnose(iter_events(path)) if f["code"] == "P13"]
     assert p13["modules"] == ["3"] and "gradients" in p13["message"]
+
+
+def test_an_lbfgs_closures_forward_and_backward_are_not_counted_twice(tmp_path: Path) -> None:
+    """``optimizer_us`` (format 1.12) is the optimizer's own time: the forwards and backwards its
+    closure runs inside step() are in ``forward_us`` and ``backward_us`` already (QA 48e: the parts
+    added up to 1.1-1.4x the step)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
+    x, y = torch.randn(64, 8), torch.randn(64, 1)
+    path = tmp_path / "lbfgs.tscope"
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for _ in range(6):
+            opt.step(closure)
+    steps = _steps(path)
+    assert all(st["micro_batches"] > 1 for st in steps)  # the premise: several passes inside step()
+    for st in steps:
+        parts = st["forward_us"] + st["backward_us"] + st["before_forward_us"] + st["optimizer_us"]
+        assert parts <= st["duration_us"] * 1.02 + 200, st

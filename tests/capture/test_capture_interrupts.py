@@ -279,3 +279,54 @@ def test_a_stop_at_the_exit_of_a_no_grad_block_of_ours_leaves_grad_mode_on(tmp_p
             _step_stopped_at(n, model, opt, lambda: (x, y))
             assert torch.is_grad_enabled(), f"grad mode left off by a stop at call {n}"
         _train(model, opt, model, 2, lambda: (x, y))  # and the loop trains on
+
+
+class _StopInPreHook:
+    """Raises KeyboardInterrupt at the n-th Python call made under the capture's global
+    optimizer.step() pre-hook (``Watch._any_opt_pre``); with n=0 records each call's function."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls, self.names = n, 0, []
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if event != "call" or self.calls >= self.n > 0:
+            return None
+        f, under = frame.f_back, False
+        while f is not None and not under:
+            under, f = f.f_code.co_name == "_any_opt_pre", f.f_back
+        if under:
+            self.calls += 1
+            self.names.append((frame.f_code.co_name, Path(frame.f_code.co_filename).name))
+            if self.calls == self.n:
+                raise KeyboardInterrupt
+        return None
+
+
+def test_a_stop_at_the_exit_of_a_no_grad_block_in_the_step_pre_hook_leaves_grad_mode_on(tmp_path: Path) -> None:
+    """The same in the global pre-hook every optimizer.step() runs first (full mode reads the
+    parameters there under no_grad): step()'s own grad-mode guard then restored the mode our
+    interrupted block had left off (QA 48e: 4 of ~8,300 SIGINTs left the loop without grad)."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
+    with torchscope.watch(model, opt, server=None, record=tmp_path / "run.tscope", mode="full"):
+        _train(model, opt, model, 2, lambda: (x, y))
+        probe = _StopInPreHook(0)
+        sys.settrace(probe)
+        try:
+            _train(model, opt, model, 1, lambda: (x, y))
+        finally:
+            sys.settrace(None)
+        exits = [n for n, (name, file) in enumerate(probe.names, 1) if name == "__exit__" and file == "grad_mode.py"]
+        assert exits  # the premise: the pre-hook runs no_grad blocks of ours
+        for n in exits:
+            sys.settrace(_StopInPreHook(n))
+            try:
+                _train(model, opt, model, 1, lambda: (x, y))
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+            assert torch.is_grad_enabled(), f"grad mode left off by a stop at call {n} of the pre-hook"
+        _train(model, opt, model, 2, lambda: (x, y))

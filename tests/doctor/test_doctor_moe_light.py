@@ -152,3 +152,25 @@ def test_a_layer_cut_for_good_in_a_module_list_stays_a_warning_in_light_mode(tmp
     p1 = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P1"]
     cut = [f for f in p1 if "layers.0.weight" in f["params"]]
     assert len(cut) == 1 and cut[0]["severity"] == "warning", [(f["severity"], f["message"]) for f in p1]
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_a_layer_frozen_by_clearing_its_grad_mid_run_is_a_cleared_gradient(tmp_path: Path, mode: str) -> None:
+    """``p.grad = None`` on the last layer after backward from step 8 on (freezing it the loop's
+    way): the capture saw it cleared (``grads_cleared``); it read as "the forward stopped using
+    them for good" (QA 48e)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    path = tmp_path / "freeze.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for step in range(16):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            if step >= 8:
+                for p in model[2].parameters():
+                    p.grad = None
+            opt.step()
+    p1 = [f for f in diagnose(list(iter_events(path))) if f["code"] == "P1" and "2.weight" in f["params"]]
+    assert len(p1) == 1 and "cleared between backward() and step()" in p1[0]["message"], [f["message"] for f in p1]
+    assert "stopped using" not in p1[0]["message"]

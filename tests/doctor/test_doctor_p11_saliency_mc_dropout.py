@@ -87,10 +87,13 @@ def test_mc_dropout_passes_are_no_evaluation_in_train_mode(tmp_path: Path, mode:
 
 
 @pytest.mark.parametrize("mode", ["light", "default"])
-@pytest.mark.parametrize("how", ["by_hand", "update_bn", "forgot_eval"])
+@pytest.mark.parametrize("how", ["by_hand", "update_bn", "update_bn_dropout", "forgot_eval", "forgot_eval_dropout"])
 def test_batch_norm_recalibration_is_no_evaluation_in_train_mode(tmp_path: Path, mode: str, how: str) -> None:
+    """(``update_bn`` puts the whole model in train mode: a Dropout on beside the batch norms is
+    no evaluation's either -- QA 48e.)"""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 1))
+    drop = nn.Dropout(0.1) if how.endswith("dropout") else nn.Identity()
+    model = nn.Sequential(nn.Linear(6, 32), nn.BatchNorm1d(32), nn.ReLU(), drop, nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = [torch.randn(32, 6) for _ in range(4)]
     path = tmp_path / "bn.tscope"
@@ -101,7 +104,7 @@ def test_batch_norm_recalibration_is_no_evaluation_in_train_mode(tmp_path: Path,
             F.mse_loss(model(x), x[:, :1]).backward()
             opt.step()
             if step == 9:
-                if how == "update_bn":
+                if how.startswith("update_bn"):
                     torch.optim.swa_utils.update_bn(data, model)
                     continue
                 bn = model[1]
@@ -113,4 +116,4 @@ def test_batch_norm_recalibration_is_no_evaluation_in_train_mode(tmp_path: Path,
                         model(xb)
                 bn.momentum = 0.1
     found = [f for f in _p11(path) if f["message"].startswith("Evaluating with")]
-    assert (found == []) is (how != "forgot_eval"), [f["message"] for f in _p11(path)]
+    assert (found == []) is (not how.startswith("forgot_eval")), [f["message"] for f in _p11(path)]

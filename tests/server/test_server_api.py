@@ -76,8 +76,9 @@ def test_sessions_list_detail_rename_tag_delete(client: TestClient) -> None:
     assert r.status_code == 200 and r.json()["name"] == "baseline"
     assert client.get("/api/sessions/s3").json()["tags"] == ["lr=1e-3", "good"]
     assert client.patch("/api/sessions/s3", json={"name": ""}).status_code == 422
-    blank = client.patch("/api/sessions/s3", json={"name": "   "})  # (QA 48d: accepted, a blank link)
-    assert blank.status_code == 422 and "not a space" in blank.json()["detail"]
+    for name in ("   ", "\u200b", " \u00a0\u200d "):  # (QA 48d, 48e: accepted, a blank link)
+        blank = client.patch("/api/sessions/s3", json={"name": name})
+        assert blank.status_code == 422 and "not a space" in blank.json()["detail"], name
     assert client.patch("/api/sessions/s3", json={"name": "  spaced  "}).json()["name"] == "spaced"
     client.patch("/api/sessions/s3", json={"name": "baseline"})
     assert client.patch("/api/sessions/nope", json={"name": "x"}).status_code == 404

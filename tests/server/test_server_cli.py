@@ -589,6 +589,17 @@ def test_open_no_follow_imports_a_growing_file_as_it_is(tmp_path: Path) -> None:
         assert row["status"] == "running" and 5 <= row["steps"] < 400, row  # type: ignore[index]
 
 
+def test_open_of_several_files_says_which_runs_are_still_writing(tmp_path: Path) -> None:
+    """Several files are imported as they are: one whose run is still writing it is said to be,
+    with the command that follows it (QA 48e: neither followed, nothing said)."""
+    done = write_file(tmp_path / "done.tscope", run_frames("cli-done", steps=2))
+    with _slow_run(tmp_path, 400, 0) as (path, train, srv):
+        res = cli("open", str(done), str(path), "--port", str(srv.port), "--no-browser")
+        assert res.returncode == 0 and train.poll() is None, res.stderr
+        assert f"{path}'s run is still writing it: imported as it is now" in res.stderr, res.stderr
+        assert f"torchscope open {path})" in res.stderr and f"{done}'s run" not in res.stderr
+
+
 def test_an_extra_argument_is_told_by_its_commands_parser(tmp_path: Path) -> None:
     """``torchscope doctor a.tscope b.tscope`` said "torchscope: unrecognized arguments: b.tscope
     (see torchscope --help)", the top-level parser's words for a command's mistake (QA 36c)."""
