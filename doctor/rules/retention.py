@@ -116,7 +116,9 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
     grows = len(alive_steps) >= settings.min_steps and _keeps_growing([n for _, n in alive])
     # Memory growth the hooks don't account for (P13 reports theirs), with what the kept
     # graphs hold saved for backward (not in `live`).
-    live = [(s, as_int(mem.get("live")) + as_int(mem.get("kept")) - _hook_bytes(ev))
+    # (less the optimizer's state: LBFGS's history grows by two parameter-sized tensors a step up to
+    # its history_size, beside the one graph ``loss = opt.step(closure)`` holds -- QA 48e)
+    live = [(s, as_int(mem.get("live")) + as_int(mem.get("kept")) - _hook_bytes(ev) - as_int(mem.get("optimizer")))
             for s, ev in run.step_events() if "live" in (mem := as_dict(ev.get("memory")))]
     mem_steps = _growing(live, settings.memory_growth_bytes, settings.growth_steps)
     known = bool(alive)  # the capture counts old nodes; without it, memory growth is the only clue

@@ -50,3 +50,4 @@ def test_step_before_backward_is_named_so(tmp_path: Path, mode: str) -> None:
 def test_zero_grad_between_backward_and_step_keeps_its_finding(tmp_path: Path, mode: str) -> None:
     (f,) = _p5(tmp_path / "run.tscope", mode, "zero_grad_between")
     assert "zero_grad() is called between backward() and step()" in f["message"], f["message"]
+
