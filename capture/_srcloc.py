@@ -117,6 +117,11 @@ def user_site(depth: int = 1) -> tuple[types.CodeType, int] | None:
     return (f.f_code, f.f_lineno) if f is not None else None
 
 
+def site_src(site: tuple[types.CodeType, int]) -> str:
+    """``user_src``'s ``basename:line`` of a ``user_site``."""
+    return f"{_base[site[0].co_filename]}:{site[1]}"
+
+
 def same_function(src: str, code: types.CodeType) -> int | None:
     """The line of ``src`` (``basename:line``, as ``user_src`` writes it) when it lies in the
     function ``code`` (its file, within its lines); None otherwise."""

@@ -57,7 +57,7 @@ from ._native import NativeRecorder
 from ._ops import OpRecorder, StorageIds, autocast_dtype, autocast_on
 from ._overlap import Region, itemsize, region
 from ._record import claim_record, default_record
-from ._srcloc import _is_internal, call_as_user, op_src, same_function, user_site, user_src
+from ._srcloc import _is_internal, call_as_user, op_src, same_function, site_src, user_site, user_src
 from .distributed import RankInfo, rank_info, session_id
 from .schema import (
     CAPTURE_OFF,
@@ -3907,8 +3907,9 @@ class Watch:
         if s.checked is not None:
             self._skipped_loss(s)
         self._stray, self._stray_again = None, False  # the watched optimizer (or a boundary) ended the step after all
-        step_src = user_src(3)  # 3: past this method and its caller (_safe, or a hook of ours)
+        # 3: past this method and its caller (_safe, or a hook of ours); one walk of the stack
         self._step_site = user_site(3)
+        step_src = site_src(self._step_site) if self._step_site is not None else user_src(3)
         self._grad_consts.clear()
         self._grad_joins.clear()
         if self._capturing_ops:

@@ -155,14 +155,20 @@ def test_a_step_stopped_inside_optimizer_step_is_still_a_step(tmp_path: Path) ->
     assert [f["code"] for f in diagnose(iter_events(path)) if f["severity"] != "info"] == []
 
 
-class _StopAtCall:
-    """Raises KeyboardInterrupt at the n-th Python call made while the capture closes a step
-    at the end of ``optimizer.step()`` (its ``Watch._close_step`` under the step's post-hook
-    on the stack): where a real SIGINT lands, since the
-    interpreter raises it at a function's entry (or a loop's jump back), not mid-line."""
+# the step's close that optimizer.step() ends with; the global pre-hook every step() runs first
+CLOSE, PRE_HOOK = ("_close_step", "_opt_post"), ("_any_opt_pre",)
 
-    def __init__(self, n: int) -> None:
-        self.n, self.calls, self.fired = n, 0, False
+
+class _StopAtCall:
+    """Raises KeyboardInterrupt at the n-th Python call made while the functions ``under`` are
+    all on the stack (by default the capture closing a step at the end of ``optimizer.step()``:
+    its ``Watch._close_step`` under the step's post-hook): where a real SIGINT lands, since the
+    interpreter raises it at a function's entry (or a loop's jump back), not mid-line.  With
+    n=0 it stops nowhere; ``names`` holds each call's function and file."""
+
+    def __init__(self, n: int, under: tuple[str, ...] = CLOSE) -> None:
+        self.n, self.under, self.calls, self.fired = n, under, 0, False
+        self.names: list[tuple[str, str]] = []
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
         if event != "call" or self.fired:
@@ -172,18 +178,20 @@ class _StopAtCall:
         while f is not None:
             names.append(f.f_code.co_name)
             f = f.f_back
-        if "_close_step" not in names or "_opt_post" not in names:  # the close that optimizer.step() ends with
+        if not all(u in names for u in self.under):
             return None
         self.calls += 1
+        self.names.append((frame.f_code.co_name, Path(frame.f_code.co_filename).name))
         if self.calls == self.n:
             self.fired = True
             raise KeyboardInterrupt
         return None
 
 
-def _step_stopped_at(n: int, model: nn.Module, opt: torch.optim.Optimizer, data: Any) -> None:
-    """One training step with a Stop at the n-th call of its close (``_StopAtCall``)."""
-    sys.settrace(_StopAtCall(n))
+def _step_stopped_at(n: int, model: nn.Module, opt: torch.optim.Optimizer, data: Any,
+                     under: tuple[str, ...] = CLOSE) -> None:
+    """One training step with a Stop at the n-th call made ``under`` (``_StopAtCall``)."""
+    sys.settrace(_StopAtCall(n, under))
     try:
         _train(model, opt, model, 1, data)
     except KeyboardInterrupt:
@@ -240,93 +248,30 @@ def test_a_stop_inside_the_capture_closing_a_step_never_repeats_its_number(tmp_p
     assert all(e["forwards"] for e in steps[-3:])
 
 
-class _Names(_StopAtCall):
-    """The function each call of one step's close enters, in order (no stop)."""
-
-    def __init__(self) -> None:
-        super().__init__(0)
-        self.names: list[tuple[str, str]] = []
-
-    def __call__(self, frame: Any, event: str, arg: Any) -> None:
-        before = self.calls
-        super().__call__(frame, event, arg)
-        if self.calls > before:
-            self.names.append((frame.f_code.co_name, Path(frame.f_code.co_filename).name))
-
-
-@pytest.mark.parametrize("mode", ["full"])  # (full's close reads the update under no_grad)
-def test_a_stop_at_the_exit_of_a_no_grad_block_of_ours_leaves_grad_mode_on(tmp_path: Path, mode: str) -> None:
-    """A Ctrl-C landing on the ``__exit__`` of a ``torch.no_grad()`` inside the capture's step
-    close (a Python call, where a signal is raised) skipped its restore: grad mode stayed off,
-    and every later ``loss.backward()`` of the loop raised "element 0 of tensors does not require
-    grad" (found when this session's changes moved the sampled stops onto one).  The close puts
-    grad mode back as it found it."""
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
-    with torchscope.watch(model, opt, server=None, record=tmp_path / "run.tscope", mode=mode):
-        _train(model, opt, model, 2, lambda: (x, y))
-        probe = _Names()
-        sys.settrace(probe)
-        try:
-            _train(model, opt, model, 1, lambda: (x, y))
-        finally:
-            sys.settrace(None)
-        exits = [n for n, (name, file) in enumerate(probe.names, 1) if name == "__exit__" and file == "grad_mode.py"]
-        assert exits  # the premise: the close runs no_grad blocks of ours
-        for n in exits:
-            _step_stopped_at(n, model, opt, lambda: (x, y))
-            assert torch.is_grad_enabled(), f"grad mode left off by a stop at call {n}"
-        _train(model, opt, model, 2, lambda: (x, y))  # and the loop trains on
-
-
-class _StopInPreHook:
-    """Raises KeyboardInterrupt at the n-th Python call made under the capture's global
-    optimizer.step() pre-hook (``Watch._any_opt_pre``); with n=0 records each call's function."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.calls, self.names = n, 0, []
-
-    def __call__(self, frame: Any, event: str, arg: Any) -> None:
-        if event != "call" or self.calls >= self.n > 0:
-            return None
-        f, under = frame.f_back, False
-        while f is not None and not under:
-            under, f = f.f_code.co_name == "_any_opt_pre", f.f_back
-        if under:
-            self.calls += 1
-            self.names.append((frame.f_code.co_name, Path(frame.f_code.co_filename).name))
-            if self.calls == self.n:
-                raise KeyboardInterrupt
-        return None
-
-
-def test_a_stop_at_the_exit_of_a_no_grad_block_in_the_step_pre_hook_leaves_grad_mode_on(tmp_path: Path) -> None:
-    """The same in the global pre-hook every optimizer.step() runs first (full mode reads the
-    parameters there under no_grad): step()'s own grad-mode guard then restored the mode our
-    interrupted block had left off (QA 48e: 4 of ~8,300 SIGINTs left the loop without grad)."""
+@pytest.mark.parametrize("under", [CLOSE, PRE_HOOK], ids=["close", "pre_hook"])
+def test_a_stop_at_the_exit_of_a_no_grad_block_of_ours_leaves_grad_mode_on(tmp_path: Path, under: tuple[str, ...]) -> None:
+    """A Ctrl-C landing on the ``__exit__`` of a ``torch.no_grad()`` of ours (a Python call, where
+    a signal is raised) skipped its restore: grad mode stayed off, and every later
+    ``loss.backward()`` of the loop raised "element 0 of tensors does not require grad".  In the
+    step's close (found when this session's changes moved the sampled stops onto one), and in the
+    global pre-hook every optimizer.step() runs first, whose own grad-mode guard then restored the
+    mode our interrupted block had left off (QA 48e: 4 of ~8,300 SIGINTs).  Full mode reads the
+    update and the parameters under no_grad there; each puts grad mode back as it found it."""
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
     with torchscope.watch(model, opt, server=None, record=tmp_path / "run.tscope", mode="full"):
         _train(model, opt, model, 2, lambda: (x, y))
-        probe = _StopInPreHook(0)
+        probe = _StopAtCall(0, under)
         sys.settrace(probe)
         try:
             _train(model, opt, model, 1, lambda: (x, y))
         finally:
             sys.settrace(None)
         exits = [n for n, (name, file) in enumerate(probe.names, 1) if name == "__exit__" and file == "grad_mode.py"]
-        assert exits  # the premise: the pre-hook runs no_grad blocks of ours
+        assert exits  # the premise: no_grad blocks of ours run there
         for n in exits:
-            sys.settrace(_StopInPreHook(n))
-            try:
-                _train(model, opt, model, 1, lambda: (x, y))
-            except KeyboardInterrupt:
-                pass
-            finally:
-                sys.settrace(None)
-            assert torch.is_grad_enabled(), f"grad mode left off by a stop at call {n} of the pre-hook"
-        _train(model, opt, model, 2, lambda: (x, y))
+            _step_stopped_at(n, model, opt, lambda: (x, y), under)
+            assert torch.is_grad_enabled(), f"grad mode left off by a stop at call {n}"
+        _train(model, opt, model, 2, lambda: (x, y))  # and the loop trains on
