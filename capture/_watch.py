@@ -3500,6 +3500,8 @@ class Watch:
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._s.opt_t0 = time.perf_counter()
         self._s.opt_fb0 = self._s.forward_us + self._s.backward_us
+        if self._s.before_fwd_us is None:  # the step's forwards run inside step() (a closure's): the wait ends here
+            self._s.before_fwd_us = (self._s.opt_t0 - self._s.t0) * 1e6
         self._owner = threading.get_ident()
         self._last_event = time.monotonic()
         self._s.step_began = self._s.micro  # passes after it ran inside step(): its closure's (LBFGS)
