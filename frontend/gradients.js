@@ -139,7 +139,7 @@ export class GradientsView {
     this.sampleNote.hidden = !(g.stride > 1);
     this.sampleNote.textContent = g.stride > 1 ? `${g.total_steps.toLocaleString("en-US")} steps: the gradient charts and the heat map show ` +
       `${g.steps.length.toLocaleString("en-US")}, of every ${g.stride} steps in a row the one with the largest total ‖grad‖ (a NaN or Inf ` +
-      "first), so a spike is never left out; the loss chart shows every step." : "";
+      "first), so a spike is never left out, and the first and last steps; the loss chart shows every step." : "";
     this.drawTotal();
     this.updateMenus();
     this.drawHeat();

@@ -590,14 +590,19 @@ class Store:
         stride consecutive ones, so a 100,000-step run never decodes 100,000 JSON parts at once.
         Of each ``stride`` steps the one with the largest total gradient norm (a non-finite one
         first): a spike is what a sampled chart must not miss (QA 48b: every other step of a
-        2,000-step run, and the explosion the doctor named was not drawn)."""
+        2,000-step run, and the explosion the doctor named was not drawn), and the range's first
+        and last steps besides."""
         assert column in ("memory", "grads")
         conn = self._read()
         bounds: tuple[Any, ...] = (session_id, rank, -1 if start is None else start, 2**62 if end is None else end)
         where = "WHERE session_id=? AND rank=? AND step>=? AND step<=?"
         # the step numbers alone come from the primary-key index, without touching the rows
         numbers = [r[0] for r in conn.execute(f"SELECT step FROM steps {where} ORDER BY step", bounds)]  # noqa: S608
-        stride = 1 if max_steps is None or len(numbers) <= max_steps else -(-len(numbers) // max_steps)
+        # two of the max_steps go to the range's first and last steps, drawn whatever their norm:
+        # a live chart's right edge is the step just made, and an axis that starts late reads as
+        # a run that did (the forty-eighth session's sampling lost both)
+        stride = (1 if max_steps is None or len(numbers) <= max_steps
+                  else -(-len(numbers) // max(1, max_steps - 2)))
         args: tuple[Any, ...] = bounds
         if stride == 1:
             sql = f"SELECT step, t, {column} FROM steps {where} ORDER BY step"  # noqa: S608
@@ -618,8 +623,9 @@ class Store:
             f"SELECT step, grad_norm, CASE WHEN grad_norm IS NULL AND grads IS NOT NULL "  # noqa: S608
             f"THEN instr(grads, '\"NaN\"') + instr(grads, 'Infinity') ELSE 0 END FROM steps {where} ORDER BY step",
             bounds).fetchall()
-        return [max(rows[k:k + stride], key=lambda r: (bool(r[2]), -1.0 if r[1] is None else r[1]))[0]
-                for k in range(0, len(rows), stride)]
+        picked = {max(rows[k:k + stride], key=lambda r: (bool(r[2]), -1.0 if r[1] is None else r[1]))[0]
+                  for k in range(0, len(rows), stride)}
+        return sorted(picked | {rows[0][0], rows[-1][0]}) if rows else []
 
     def loss_series(self, session_id: str, rank: int, start: int | None = None,
                     end: int | None = None) -> dict[str, list[Any]]:

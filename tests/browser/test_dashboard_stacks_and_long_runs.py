@@ -135,10 +135,13 @@ def test_a_long_runs_sampled_gradients_keep_the_spike_and_say_so(page: Any, srv:
     open_session(page, srv.url, runs["spiky"], "?view=gradients")
     note = page.locator("[data-testid=grads-sampled]")
     note.wait_for(state="visible", timeout=30_000)
-    assert note.inner_text().startswith(f"{SPIKY_STEPS:,} steps: the gradient charts and the heat map show 550, of every 2 "
-                                        "steps in a row the one with the largest total ‖grad‖"), note.inner_text()
     g = httpx.get(f"{srv.url}/api/sessions/{runs['spiky']}/grads", timeout=30).json()
     assert g["stride"] == 2 and SPIKE in g["steps"]
+    # one of every two steps, and the first and last besides
+    assert g["steps"][0] == 0 and g["steps"][-1] == SPIKY_STEPS - 1 and len(g["steps"]) in (551, 552)
+    assert note.inner_text().startswith(f"{SPIKY_STEPS:,} steps: the gradient charts and the heat map show {len(g['steps'])}, "
+                                        "of every 2 steps in a row the one with the largest total ‖grad‖"), note.inner_text()
+    assert "and the first and last steps" in note.inner_text()
     norms = [v for v in g["total_norm"] if isinstance(v, float)]
     assert g["total_norm"][g["steps"].index(SPIKE)] == max(norms) > 1e4 * sorted(norms)[len(norms) // 2]
     # the heat map's columns are those steps: hovering the spike's names it

@@ -124,12 +124,16 @@ def test_grads_samples_long_runs_evenly(client: TestClient) -> None:
     assert every["steps"] == list(range(n)) and every["stride"] == 1 and every["total_steps"] == n
     sampled = client.get("/api/sessions/g/grads?max_steps=100").json()
     assert sampled["stride"] == 3 and sampled["total_steps"] == n
-    # of each 3 steps the largest gradient norm: here (norms grow) the last of each
-    assert sampled["steps"] == [min(k + 2, n - 1) for k in range(0, n, 3)]
+    # of each 3 steps the largest gradient norm: here (norms grow) the last of each, and the
+    # range's first step besides (its last, 249, is its bucket's largest)
+    assert sampled["steps"] == [0] + [min(k + 2, n - 1) for k in range(0, n, 3)]
+    assert len(sampled["steps"]) <= 100
     # a sampled step's columns are that step's own
-    assert sampled["norm"][5] == every["norm"][17] == [0.5 + 17, None]
+    assert sampled["norm"][6] == every["norm"][17] == [0.5 + 17, None]
     window = client.get("/api/sessions/g/grads?start=100&end=199&max_steps=50").json()
-    assert window["steps"] == list(range(101, 200, 2)) and window["total_steps"] == 100
+    assert window["steps"] == [100, *range(102, 200, 3), 199] and window["total_steps"] == 100
+    assert window["stride"] == 3
+    assert len(window["steps"]) <= 50
     assert client.get("/api/sessions/g/grads?max_steps=0").status_code == 422
 
 
@@ -152,15 +156,19 @@ def test_sampled_grads_keep_a_spike_and_a_nan(client: TestClient) -> None:
     frames += [encode_frame(1 + i, events[i * 50:i * 50 + 50]) for i in range(n // 50)]
     _post(client, "sp", frames)
     sampled = client.get("/api/sessions/sp/grads?max_steps=100").json()
-    assert sampled["stride"] == 4 and len(sampled["steps"]) == 100
+    assert sampled["stride"] == 5 and len(sampled["steps"]) <= 100
     assert 101 in sampled["steps"] and 250 in sampled["steps"]
+    # the range's first and last steps are drawn whatever their norm: the chart's axis spans
+    # the run, and a live chart's right edge is the step just made
+    assert sampled["steps"][0] == 0 and sampled["steps"][-1] == n - 1
     assert max(v for v in sampled["total_norm"] if isinstance(v, float)) == 1e6
-    # elsewhere each bucket's largest of its four: the 7-step pattern's peak where it falls
+    # elsewhere each bucket's largest of its five: the 7-step pattern's peak where it falls
     every = client.get("/api/sessions/sp/grads?max_steps=1000").json()
+    buckets = {s: every["total_norm"][s // 5 * 5:s // 5 * 5 + 5] for s in range(n)}
     for k, step in enumerate(sampled["steps"]):
-        if step not in (101, 250):
-            bucket = every["total_norm"][4 * k:4 * k + 4]
-            assert sampled["total_norm"][k] == max(bucket), (step, bucket)
+        if step not in (0, n - 1, 101, 250):
+            assert sampled["total_norm"][k] == max(buckets[step]), (step, buckets[step])
+    assert len([s for s in sampled["steps"] if s not in (0, n - 1)]) == n // 5
 
 
 @pytest.mark.parametrize("column", ["graphs_alive", "hook_bytes"])
