@@ -65,6 +65,40 @@ def health(base: str, timeout: float = 1.0) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("ok") is True else None
 
 
+# how long a port that takes connections and answers nothing is waited for: a server binds its
+# port first and answers ~1 s later (more on a loaded machine or with a large store to open)
+_STARTING_WAIT_S = 15.0
+
+
+def _silent(base: str) -> bool:
+    """Whether the port takes connections and answers nothing (no HTTP response within a
+    second): a torchscope server binds its port before it opens its store, so one still
+    starting looks so; another program that answers with anything else is not waited for."""
+    try:
+        with urllib.request.urlopen(base + "/api/health", timeout=1.0):
+            return False
+    except urllib.error.HTTPError:
+        return False
+    except urllib.error.URLError as exc:
+        return isinstance(exc.reason, TimeoutError)
+    except TimeoutError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _started_meanwhile(base: str, deadline: float) -> bool:
+    """Whether a torchscope server answers at ``base`` before ``deadline``, while its port stays
+    silent: another command (a training script's watch(), a second `torchscope open`) started it
+    a moment ago and it is opening its store."""
+    while time.monotonic() < deadline:
+        if health(base):
+            return True
+        if not _silent(base):
+            return bool(health(base))
+    return False
+
+
 def ensure_server(
     base: str, data: str | None = None, timeout: float = 30.0
 ) -> tuple[str, subprocess.Popen[bytes] | None]:
@@ -78,6 +112,11 @@ def ensure_server(
     if port is None:
         raise ClientError(f"no torchscope server answers at {base}")
     if _listening(port):
+        if _silent(base):
+            print(f"torchscope: port {port} takes connections but answers nothing yet (a server starting?); "
+                  f"waiting up to {_STARTING_WAIT_S:.0f} s", file=sys.stderr, flush=True)
+            if _started_meanwhile(base, time.monotonic() + _STARTING_WAIT_S):
+                return base, None
         # 2 as `serve` says it: the --port given cannot be used
         raise ClientError(f"port {port} is in use by another program (not a torchscope server); choose another with --port", 2)
     cmd = [sys.executable, "-m", "torchscope.server.cli", "serve", "--port", str(port), "--quiet"]
@@ -96,6 +135,9 @@ def ensure_server(
         if health(base):
             return base, proc
         if proc.poll() is not None:
+            # its port taken by a server another command started after the check above
+            if _started_meanwhile(base, deadline):
+                return base, None
             raise ClientError(f"could not start a server on port {port} (see {log_dir / 'server.log'}); "
                               "choose another with --port")
         time.sleep(0.1)

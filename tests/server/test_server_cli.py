@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
+import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,15 +130,54 @@ def test_a_bad_file_is_named_by_the_path_given(tmp_path: Path, command: str) -> 
 
 
 def test_open_on_a_port_another_program_holds_says_so(tmp_path: Path) -> None:
-    """It said only 'could not start a server ... see server.log'."""
+    """It said only 'could not start a server ... see server.log'.  The other program answers
+    HTTP (a notebook server, another dashboard): it is not waited for as a server starting."""
     path = write_file(tmp_path / "run.tscope", run_frames("cli-open", steps=2))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(1)
-        port = s.getsockname()[1]
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        port = other.server_address[1]
         res = cli("open", str(path), "--port", str(port), "--no-browser", "--data", str(tmp_path / "data"))
+    finally:
+        other.shutdown()
+        other.server_close()
     line = one_line_error(res)
     assert res.returncode == 2 and f"port {port} is in use by another program" in line  # as `serve` exits
+
+
+def test_open_waits_for_a_server_still_starting_on_its_port(tmp_path: Path) -> None:
+    """A server binds its port, then imports and opens its store, and answers a second or more
+    later; `torchscope open` in that window (right after a training script's watch() started
+    one) said "port ... is in use by another program".  The server is held (SIGSTOP) between
+    binding its port and answering, as a loaded machine holds it."""
+    path = write_file(tmp_path / "run.tscope", run_frames("cli-open", steps=3))
+    port, data = free_port(), tmp_path / "data"
+    srv = subprocess.Popen([sys.executable, "-m", "torchscope.server.cli", "serve", "--port", str(port), "--quiet",
+                            "--data", str(data)])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.005)
+        os.kill(srv.pid, signal.SIGSTOP)
+        opener = subprocess.Popen([sys.executable, "-m", "torchscope.server.cli", "open", str(path), "--port", str(port),
+                                   "--no-browser"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)  # well past the one-second probe
+        assert opener.poll() is None, opener.communicate()
+        os.kill(srv.pid, signal.SIGCONT)
+        out, err = opener.communicate(timeout=120)
+        assert opener.returncode == 0, err
+        assert f"port {port} takes connections but answers nothing yet (a server starting?)" in err
+        assert out.strip() == f"http://127.0.0.1:{port}/sessions/cli-open"
+        assert (data / "torchscope.db").exists()  # the run went to that server, started by no one else
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/sessions/cli-open", timeout=10) as r:
+            assert json.loads(r.read())["steps"] == 3
+    finally:
+        os.kill(srv.pid, signal.SIGCONT)
+        srv.terminate()
+        srv.wait(30)
 
 
 def test_version() -> None:
