@@ -26,12 +26,17 @@ export class LineChart {
       title: "Scale the y axis to the bulk of the values: points far outside it (a spike) are drawn as ▲ / ▼ at the plot's edge, " +
         "their true values in the tooltip. Unchecked: the whole range." }, this.fitBox, "ignore outliers");
     this.head.append(this.legend, this.offNote, this.fitLabel);
-    this.canvas = h("canvas", { height: opts.height || 220 });
-    this.tip = h("div", { class: "chart-tip", hidden: true });
+    // a chart a screen reader can read and a keyboard can walk: the canvas is an image whose
+    // label sums up each line (its range and last value), and ← → Home End move a read-out
+    // over the points, said aloud as the pointer's tooltip (WCAG 1.1.1, 2.1.1)
+    this.canvas = h("canvas", { height: opts.height || 220, role: "img", tabindex: 0 });
+    this.tip = h("div", { class: "chart-tip", hidden: true, role: "status", "aria-live": "polite" });
     this.root.append(this.head, h("div", { class: "chart-body" }, this.canvas, this.tip));
     parent.append(this.root);
     this.canvas.addEventListener("mousemove", (e) => this.hover(e));
     this.canvas.addEventListener("mouseleave", () => { this.tip.hidden = true; });
+    this.canvas.addEventListener("keydown", (e) => this.key(e));
+    this.canvas.addEventListener("blur", () => { this.tip.hidden = true; });
     this.canvas.addEventListener("click", (e) => { const i = this.indexAt(e.offsetX); if (i >= 0 && this.opts.onClick) this.opts.onClick(i); });
     new ResizeObserver(() => this.draw()).observe(this.root);
     window.addEventListener(THEME_EVENT, () => this.draw());
@@ -52,7 +57,39 @@ export class LineChart {
     return this.draw();
   }
 
-  setTitle(text) { this.title.textContent = text; }
+  setTitle(text) { this.title.textContent = text; this.describe(); }
+
+  // The canvas's text for assistive technology: each line's range and last value.
+  describe() {
+    const fmt = this.opts.fmt || fmtNum;
+    const x = this.x || [];
+    const lines = (this.series || []).filter((s) => !s.dash).slice(0, 8).map((s) => {
+      const v = s.y.filter((y) => typeof y === "number" && Number.isFinite(y));
+      if (!v.length) return `${s.name}: no finite value`;
+      let lo = v[0], hi = v[0];
+      for (const y of v) { if (y < lo) lo = y; if (y > hi) hi = y; }
+      return `${s.name}: from ${fmt(lo)} to ${fmt(hi)}, last ${fmt(v[v.length - 1])}`;
+    });
+    const more = (this.series || []).length > 8 ? `; and ${this.series.length - 8} more lines` : "";
+    const span = x.length ? `${x.length.toLocaleString("en-US")} points, ${this.opts.xLabel || "step"} ${x[0]} to ${x[x.length - 1]}` : "no data yet";
+    this.canvas.setAttribute("aria-label", `${this.title.textContent || "chart"}: ${span}${lines.length ? ". " + lines.join("; ") : ""}${more}. ` +
+      "Arrow keys read the points.");
+  }
+
+  // ← → one point, Page Up / Down a tenth of them, Home / End the ends; Enter clicks the point.
+  key(e) {
+    const n = this.x?.length || 0;
+    if (!n || !this.geom) return;
+    const step = Math.max(1, Math.round(n / 10));
+    const moves = { ArrowLeft: -1, ArrowRight: 1, PageUp: -step, PageDown: step, Home: -n, End: n };
+    if (e.key === "Enter" && this.keyIndex !== undefined) { this.opts.onClick?.(this.keyIndex); e.preventDefault(); return; }
+    if (!(e.key in moves)) return;
+    e.preventDefault();
+    const at = this.keyIndex ?? (moves[e.key] < 0 ? n : -1);
+    this.keyIndex = Math.min(n - 1, Math.max(0, at + moves[e.key]));
+    const { L, pw, xmin, xmax } = this.geom;
+    this.showTip(this.keyIndex, L + ((this.x[this.keyIndex] - xmin) / ((xmax - xmin) || 1)) * pw);
+  }
 
   // x: number[]; series: [{name, y: number[] (null = gap), color?, dash?, steps?}] (dash: a
   // threshold such as clip_grad_norm_'s max_norm, drawn dashed to read as a limit, not as data;
@@ -62,6 +99,7 @@ export class LineChart {
     this.x = x; this.series = series.filter((s) => s.y && s.y.some((v) => v !== null && v !== undefined));
     this.markers = markers;
     this.version++;
+    if (this.keyIndex !== undefined && this.keyIndex >= x.length) this.keyIndex = undefined;
     clear(this.legend);
     this.series.forEach((s, k) => {
       s.color = s.color || SERIES[k % SERIES.length];
@@ -73,6 +111,7 @@ export class LineChart {
       // (worded as equal values: "gradients (= parameters)" read as gradients counted as parameters)
       this.legend.append(legendItem(s.color, s.same ? sameName(s, s.same, this.opts.fmt) : s.dash ? thresholdName(s, this.series) : s.name));
     });
+    this.describe();
     return this.draw();
   }
 
@@ -306,7 +345,11 @@ export class LineChart {
 
   hover(e) {
     const i = this.indexAt(e.offsetX);
-    if (i < 0) return;
+    if (i >= 0) this.showTip(i, e.offsetX);
+  }
+
+  // The read-out of point i beside pixel column px: the pointer's tooltip, the keyboard's too.
+  showTip(i, px) {
     const fmt = this.opts.fmt || fmtNum;
     // (stacked: the bands holding bytes there, top first as drawn, then their sum; a list of
     // "0 B" rows covered the chart, QA 41a)
@@ -315,7 +358,7 @@ export class LineChart {
       ...rows.map((s) => h("div", {}, `${s.name}: ${fmt(s.y[i])}${this.offLabel(s.y[i])}`)),
       ...(this.opts.stacked ? [h("div", {}, h("b", {}, `total: ${fmt(this.series.reduce((a, s) => a + (Number.isFinite(s.y[i]) ? s.y[i] : 0), 0))}`))] : []));
     this.tip.hidden = false;
-    this.tip.style.left = Math.min(e.offsetX + 12, this.root.clientWidth - 180) + "px";
+    this.tip.style.left = Math.min(px + 12, this.root.clientWidth - 180) + "px";
     this.tip.style.top = "10px";
   }
 }

@@ -352,3 +352,45 @@ def test_a_long_flat_series_stays_a_solid_line(page: Any, srv: ServerProc, spike
       return { solid, cols };
     }""")
     assert got["cols"] > 500 and got["solid"] >= 0.95 * got["cols"], got
+
+
+def test_a_chart_reads_to_a_screen_reader_and_walks_with_the_keyboard(page: Any, srv: ServerProc,
+                                                                    spike: tuple[str, list[float]]) -> None:
+    """The canvas charts were pictures alone: nothing for a screen reader to say, nothing a
+    keyboard could reach.  Now the canvas is an image labelled with each line's range and last
+    value, and the arrow keys (Home, End, Page Up / Down) move the tooltip's read-out over the
+    points, a live region a screen reader says aloud; Enter marks the step as a click does."""
+    sid, losses = spike
+    gradients_view(page, srv, sid)
+    canvas = page.locator("[data-testid=loss] canvas")
+    tip = page.locator("[data-testid=loss] .chart-tip")
+    assert canvas.get_attribute("role") == "img" and canvas.get_attribute("tabindex") == "0"
+    assert tip.get_attribute("role") == "status" and tip.get_attribute("aria-live") == "polite"
+    label = canvas.get_attribute("aria-label") or ""
+    assert f": {STEPS} points, step 0 to {STEPS - 1}. " in label and label.endswith("Arrow keys read the points."), label
+
+    def read(key: str) -> tuple[int, str]:
+        page.keyboard.press(key)
+        tip.wait_for(state="visible")
+        head, value = tip.inner_text().split("\n", 1)
+        return int(head.removeprefix("step ")), value.removeprefix("loss: ")
+
+    canvas.focus()
+    step, last = read("End")
+    assert step == STEPS - 1 and math.isclose(float(last), losses[-1], rel_tol=1e-3)
+    assert read("ArrowLeft")[0] == STEPS - 2
+    assert read("Home")[0] == 0 and read("ArrowLeft")[0] == 0  # held at the ends
+    assert read("PageDown")[0] == STEPS // 10
+    # the label's numbers are the tooltip's: the spike is the top of the range, the last step's the last value
+    page.keyboard.press("Home")
+    for _ in range(SPIKE):
+        page.keyboard.press("ArrowRight")
+    spike_step, top = read("ArrowRight")
+    assert spike_step == SPIKE + 1
+    step, top = read("ArrowLeft")
+    assert step == SPIKE and top.endswith(" (off scale ▲)")
+    assert f"loss: from {min(losses):#.4g} to {top.removesuffix(' (off scale ▲)')}, last {last}." in label, label
+    page.keyboard.press("Enter")
+    page.wait_for_function(f"window.__torchscope.state().gradients.focus === {SPIKE}")
+    canvas.blur()
+    tip.wait_for(state="hidden")
