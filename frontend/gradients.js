@@ -139,7 +139,7 @@ export class GradientsView {
     this.sampleNote.hidden = !(g.stride > 1);
     this.sampleNote.textContent = g.stride > 1 ? `${g.total_steps.toLocaleString("en-US")} steps: the gradient charts and the heat map show ` +
       `${g.steps.length.toLocaleString("en-US")}, of every ${g.stride} steps in a row the one with the largest total ‖grad‖ (a NaN or Inf ` +
-      "first), so a spike is never left out, and the first and last steps; the loss chart shows every step." : "";
+      "first: a spike is never left out), and the first and last steps; the loss chart shows every step." : "";
     this.drawTotal();
     this.updateMenus();
     this.drawHeat();
@@ -264,6 +264,24 @@ export class GradientsView {
   // the module, sqrt(Σ‖Δw‖² / Σ‖w‖²) over its parameters with a ratio, ‖Δw‖ taken as ratio ×
   // ‖w‖ and ‖w‖ (before the step) as weight_norm (after it: within the ratio of it); a step
   // that did not read the ratio is "not read", apart from a module with no gradient.
+  // The heat map's text for a screen reader (it is a picture): its size, the three modules with
+  // the largest values at the last step, and the modules never drawn or with a NaN or Inf.
+  describeHeat(val, has, bad, S, M, ratio) {
+    const what = ratio ? "update / weight ratio" : "gradient norm";
+    const last = S - 1, top = [];
+    for (let m = 0; m < M; m++) if (S && has[last * M + m] && !bad[last * M + m]) top.push([val[last * M + m], this.modules[m] || "(root)"]);
+    top.sort((a, b) => b[0] - a[0]);
+    const never = this.modules.filter((_, m) => { for (let s = 0; s < S; s++) if (has[s * M + m]) return false; return true; });
+    const nonfinite = this.modules.filter((_, m) => { for (let s = 0; s < S; s++) if (bad[s * M + m]) return true; return false; });
+    const list = (xs) => xs.slice(0, 5).map((x) => x || "(root)").join(", ") + (xs.length > 5 ? ` and ${xs.length - 5} more` : "");
+    const parts = [`${what} per module (rows) and step (columns): ${M} modules, ${S ? `steps ${this.g.steps[0]} to ${this.g.steps[last]}` : "no steps yet"}`];
+    if (top.length) parts.push(`largest at step ${this.g.steps[last]}: ${top.slice(0, 3).map(([v, n]) => `${n} ${fmtNum(v)}`).join(", ")}`);
+    if (never.length) parts.push(`no value at any step: ${list(never)}`);
+    if (nonfinite.length) parts.push(`NaN or Inf in: ${list(nonfinite)}`);
+    this.heat.setAttribute("role", "img");
+    this.heat.setAttribute("aria-label", parts.join(". ") + ". Hover a cell to read it.");
+  }
+
   drawHeat() {
     const { g } = this;
     const S = g.steps.length, M = this.modules.length, ratio = this.heatStat === "update_ratio";
@@ -297,6 +315,7 @@ export class GradientsView {
     // the ratio's ramp spans 1e-6 to 1 at least, so its colours read the same in every run (a
     // healthy 1e-3 in the middle, a too-fast 1e-1 red); the norm's spans the run's values
     const scale = logScale(ratio ? [...vals, 1e-6, 1] : vals, ZERO);
+    this.describeHeat(val, has, bad, S, M, ratio);
     // the names sit beside the canvas (drawLabels); L leaves room for the focused column's outline
     const cellW = Math.max(2, Math.min(24, Math.floor(900 / Math.max(S, 1)))), cellH = 16, L = 2, AXIS = 24;
     const W = L + cellW * S + 10, H = cellH * M + AXIS;

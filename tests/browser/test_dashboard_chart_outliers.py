@@ -394,3 +394,14 @@ def test_a_chart_reads_to_a_screen_reader_and_walks_with_the_keyboard(page: Any,
     page.wait_for_function(f"window.__torchscope.state().gradients.focus === {SPIKE}")
     canvas.blur()
     tip.wait_for(state="hidden")
+    # the heat map is a picture too: labelled with its size and the largest modules at the last step
+    grads: dict[str, Any] = srv.get(f"/api/sessions/{sid}/grads")  # type: ignore[assignment]
+    per_module: dict[str, float] = {}
+    for name, norm in zip(grads["params"], grads["norm"][-1], strict=True):
+        module = name.rsplit(".", 1)[0]
+        per_module[module] = per_module.get(module, 0.0) + norm * norm
+    top = max(per_module, key=lambda m: per_module[m])
+    heat = page.locator("[data-testid=heatmap]").get_attribute("aria-label") or ""
+    assert heat.startswith(f"gradient norm per module (rows) and step (columns): {len(per_module)} modules, "
+                           f"steps 0 to {STEPS - 1}. largest at step {STEPS - 1}: {top} "), heat
+    assert heat.endswith("Hover a cell to read it.") and "NaN or Inf" not in heat
