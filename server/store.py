@@ -526,6 +526,12 @@ class Store:
                                    (session_id, rank)).fetchone()
         return int(row[0]) if row else 0
 
+    def running(self, session_id: str, rank: int) -> bool:
+        """Whether the rank reads "running": no end event, and heard from lately."""
+        row = self._read().execute("SELECT end_status, last_seen FROM ranks WHERE session_id=? AND rank=?",
+                                   (session_id, rank)).fetchone()
+        return row is not None and rank_status(row[0], row[1]) == "running"
+
     def ended(self, session_id: str, rank: int) -> bool:
         """Whether the rank's end event is stored."""
         row = self._read().execute("SELECT end_status FROM ranks WHERE session_id=? AND rank=?",
