@@ -5,10 +5,10 @@ recorder with the Python ``OpRecorder``'s interface.
 A Python dispatch mode costs 1.6-1.9x a small-op step before recording anything; this observer
 records every op at ~1-2 us (see docs/capture.md).  It is compiled on the user's machine with
 ``torch.utils.cpp_extension`` -- once per torch and Python version, ~45 s, into
-``$TORCHSCOPE_NATIVE_BUILD`` or ``~/.cache/torchscope/native/<versions>-<source hash>`` -- in a background
-thread the first time ``full`` mode runs, so training never waits for the compiler: until it is
-loaded (or where there is no compiler, or ``TORCHSCOPE_NATIVE=0``) the Python recorder records.
-``python -m torchscope._native`` builds it ahead of time.
+``$TORCHSCOPE_NATIVE_BUILD`` or ``~/.cache/torchscope/native/<versions>-<source hash>`` -- in a
+background process the first time ``full`` mode runs, so training never waits for the compiler:
+until it is loaded (or where there is no compiler, or ``TORCHSCOPE_NATIVE=0``) the Python
+recorder records.  ``python -m torchscope._native`` builds it ahead of time.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import importlib.util
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -48,7 +49,7 @@ _lock = threading.Lock()
 _ext: ModuleType | None = None
 _error: str | None = None
 _error_log = ""  # a failed build's whole compiler output (``python -m torchscope._native`` shows its end)
-_building: threading.Thread | None = None
+_building: _BackgroundBuild | None = None
 _STALE_LOCK_S = 600  # a build takes under a minute
 _claimed_by = 0  # id of the Watch whose recorder holds the extension's (process-wide) state
 
@@ -160,8 +161,8 @@ def _running_in(folder: Path) -> bool:
     return False
 
 
-def _build(loud: bool = False) -> None:
-    """``loud``: a build the user did not ask for (the first full-mode watch) says how it ended."""
+def _build() -> None:
+    """Load the built library, building it first if need be (this process waits)."""
     global _ext, _error, _error_log
     try:
         out = build_dir()
@@ -177,13 +178,9 @@ def _build(loud: bool = False) -> None:
         took = time.perf_counter() - t0
         log.debug("torchscope: native op recorder loaded in %.1f s", took)
         _ext = ext
-        if loud:
-            say(f"torchscope: C++ op recorder built in {took:.0f} s; full mode uses it from the next step")
     except Exception as exc:  # no compiler, a failed build: the Python recorder records
         _error, _error_log = describe_failure(exc), str(exc)
         log.info("torchscope: full mode records ops in Python (native recorder: %s)", _error)
-        if loud:
-            say(f"torchscope: full mode records ops in Python, ~2x slower ({_error[:200]})")
 
 
 def describe_failure(exc: Exception) -> str:
@@ -233,11 +230,70 @@ def _built() -> bool:
         return False
 
 
+class _BackgroundBuild:
+    """The first full-mode watch's build, in a process of its own (``python -m torchscope._native
+    --background``: its own session, niced, its output in the folder's ``build.log``) that
+    outlives the script.  A daemon thread's build died with a short script, its ninja killed
+    before it logged the objects it had compiled, so the next script compiled them all again:
+    on a busy machine no run was ever long enough (QA 49b: three full-mode runs of ~170 s, and
+    no library).  The training process loads the library once the process has made it."""
+
+    def __init__(self, out: Path) -> None:
+        self._pid = os.getpid()  # (a forked child, a DataLoader worker, waits for no one's build)
+        self._t0 = time.perf_counter()
+        self._lock = threading.Lock()
+        self.done = False
+        self._log = out / "build.log"
+        out.mkdir(parents=True, exist_ok=True)
+        with open(self._log, "wb") as log_file:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "torchscope._native", "--background"], stdin=subprocess.DEVNULL,
+                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def poll(self) -> None:
+        """Load the library if the build has ended (a ``waitpid`` while it has not: ~1 us)."""
+        if not self.done and os.getpid() == self._pid and self._proc.poll() is not None:
+            self._finish()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.done or os.getpid() != self._pid:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout)
+            self._finish()
+
+    def _finish(self) -> None:
+        global _ext, _error, _error_log
+        with self._lock:
+            if self.done:
+                return
+            self.done = True
+            took = time.perf_counter() - self._t0
+            try:
+                ext = _import_built(build_dir()) if self._proc.returncode == 0 else None
+                if ext is not None:
+                    ext.configure(_user_base)
+                    _ext = ext
+                    say(f"torchscope: C++ op recorder built in {took:.0f} s; full mode uses it from the next step")
+                    return
+                text = self._log.read_text(errors="replace")
+            except Exception as exc:  # (an unreadable log, a library that will not load)
+                text = f"{type(exc).__name__}: {exc}"
+            line = next((ln for ln in text.splitlines() if ln.startswith(_UNAVAILABLE)), None)
+            _error = line[len(_UNAVAILABLE):] if line else f"the build ended with status {self._proc.returncode}"
+            _error_log = text
+            log.info("torchscope: full mode records ops in Python (native recorder: %s)", _error)
+            say(f"torchscope: full mode records ops in Python, ~2x slower ({_error[:200]}; see {self._log})")
+
+
+_UNAVAILABLE = "torchscope: native recorder not available: "
+
+
 def get(block: bool = False, build: bool = True) -> ModuleType | None:
     """The loaded extension, or None while it builds (in the background unless ``block``), where
     it cannot be built, or where ``TORCHSCOPE_NATIVE=0``.  ``build=False``: load a build that
     exists, never start one (light and default mode use it for statistics when it is there)."""
-    global _building
+    global _building, _error
     if _ext is not None or _error is not None or not enabled() or not (build or _built()):
         return _ext
     with _lock:
@@ -248,12 +304,21 @@ def get(block: bool = False, build: bool = True) -> ModuleType | None:
                 else:
                     _build()
             elif _building is None:
+                missing = _tools_missing()  # said at once, not after a process has started
+                if missing is not None:
+                    _error = missing
+                    say(f"torchscope: full mode records ops in Python, ~2x slower ({missing})")
+                    return None
+                try:
+                    _building = _BackgroundBuild(build_dir())
+                except OSError as exc:  # an unwritable cache folder
+                    _error = f"cannot build in {build_dir()} ({exc.strerror or exc})"
+                    say(f"torchscope: full mode records ops in Python, ~2x slower ({_error})")
+                    return None
                 say(
                     "torchscope: building full mode's C++ op recorder in the background (~30 s, once per "
                     "torch version); ops are recorded in Python until then",
                 )
-                _building = threading.Thread(target=_build, args=(True,), name="torchscope-native-build", daemon=True)
-                _building.start()
     return _ext
 
 
@@ -268,9 +333,12 @@ def next_epoch() -> int:
 
 
 def loaded() -> ModuleType | None:
-    """The extension if it is loaded and allowed (``TORCHSCOPE_NATIVE=0`` turns it all off)."""
+    """The extension if it is loaded and allowed (``TORCHSCOPE_NATIVE=0`` turns it all off);
+    one that a background build has just made is loaded here."""
     # enabled() inlined: asked ~5 times a step (each ask() and each step's state), and a
     # Python call is most of its cost there
+    if _ext is None and _building is not None and not _building.done:
+        _building.poll()
     return _ext if _ext is not None and _ENV._data.get(_ENV_KEY) != _ENV_OFF else None
 
 
@@ -573,10 +641,12 @@ class NativeRecorder:
 
 
 if __name__ == "__main__":
+    if "--background" in sys.argv[1:]:  # a full-mode watch's build (_BackgroundBuild): the training first
+        os.nice(10)
     t0 = time.perf_counter()
     mod = get(block=True)
     if mod is None:
-        say(f"torchscope: native recorder not available: {_error or 'TORCHSCOPE_NATIVE=0'}")
+        say(f"{_UNAVAILABLE}{_error or 'TORCHSCOPE_NATIVE=0'}")
         if _error_log:
             say("\n".join(_error_log.splitlines()[-40:]))
         raise SystemExit(1)
