@@ -3097,7 +3097,19 @@ class Watch:
         model = self._model()
         entered = model is not None and self._safe("forward", self._enter_by_children, model) is True
         names = ", ".join(p for p in self._entries.values() if "." not in p)
-        if model is not None and getattr(type(model), "forward", None) is getattr(nn.Module, "forward", None):
+        no_forward = model is not None and getattr(type(model), "forward", None) is getattr(nn.Module, "forward", None)
+        level = "warning"
+        if no_forward and not isinstance(model, (nn.ModuleDict, nn.ModuleList)):
+            # a class of its own whose methods call its parts (CleanRL's agent: get_value(x),
+            # get_action_and_value(x)): one model, its calls recorded from the next step on; the
+            # GAN's "watch each model" read as advice to split it (QA 49a)
+            level = "info"
+            msg = (
+                f"torchscope: {self._model_name} has no forward of its own: its methods call its submodules "
+                + (f"directly, and from the next step on their calls ({names}) are recorded as its forwards; "
+                   "this step has no forward ops" if entered else "directly, and these steps have no forward ops")
+            )
+        elif no_forward:
             # an nn.ModuleDict / ModuleList of models (a GAN's {"G": ..., "D": ...}): no model(x)
             msg = (
                 f"torchscope: {self._model_name} has no forward of its own, so its submodules are "
@@ -3117,7 +3129,7 @@ class Watch:
                 + (". Under torch.compile(backend=\"eager\") no module hook runs: compile with the default "
                    "backend, whose compiled forward is one node" if _compiled_any() else "")
             )
-        self._tell(msg, "warning")
+        self._tell(msg, level)
 
     def _tell(self, msg: str, level: str, step: int | None = None, fields: dict[str, Any] | None = None,
               quiet: bool = False) -> None:

@@ -1551,6 +1551,48 @@ def test_a_container_of_models_is_told_to_watch_each(tmp_path: Path, capsys: pyt
     assert {o["module"] for o in graphs[1]["ops"] if o.get("phase") == "forward"} >= {"G", "D"}
 
 
+class _Agent(nn.Module):
+    """CleanRL's PPO agent: no forward, two methods that call its parts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.critic = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        self.actor = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x)  # type: ignore[no-any-return]
+
+    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        dist = torch.distributions.Categorical(logits=self.actor(x))
+        return dist.log_prob(action), dist.entropy(), self.critic(x)
+
+
+def test_one_model_without_a_forward_is_not_told_to_watch_each_model(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """An agent class whose methods call its parts (CleanRL's PPO) is one model trained by one
+    optimizer: the note says its parts' calls are its forwards, as an info, not the GAN's
+    "watch(models['G'], opt_g)" (QA 49a), and its parts' ops are recorded from the next step."""
+    torch.manual_seed(0)
+    agent = _Agent()
+    opt = torch.optim.Adam(agent.parameters(), lr=1e-3)
+    path = tmp_path / "agent.tscope"
+    with torchscope.watch(agent, opt, server=None, record=path):
+        for _ in range(3):
+            x, action = torch.randn(8, 4), torch.randint(0, 2, (8,))
+            logp, ent, value = agent.get_action_and_value(x, action)
+            loss = -(logp * torch.randn(8)).mean() - 0.01 * ent.mean() + value.pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    err = capsys.readouterr().err
+    assert err.count("_Agent has no forward of its own: its methods call its submodules directly") == 1, err
+    assert "models['G']" not in err and "watch each model" not in err
+    logs = [e for e in iter_events(path) if e["kind"] == "log" and "no forward of its own" in e["message"]]
+    assert len(logs) == 1 and logs[0]["level"] == "info"
+    graphs = [e for e in iter_events(path) if e["kind"] == "graph"]
+    assert {o["module"] for o in graphs[-1]["ops"] if o.get("phase") == "forward"} >= {"actor.0", "critic.0"}
+
+
 def test_gan_loop_is_not_missing_zero_grad(tmp_path: Path) -> None:
     """The generator's loss flows through the discriminator: its gradients land on top of the
     discriminator's last ones, which its zero_grad() clears before its own backward.  The
