@@ -6,9 +6,10 @@ through the policy loss too: its gradient there is ``log π(a|s)``, negative, so
 the value up whatever the returns say, on top of the critic's own regression.  The
 policy-gradient estimator treats the advantage as a constant weight: ``(returns -
 value).detach()``.  Found in the captured graph's dataflow: a ``mul`` whose one operand is the
-log-probability of the taken actions (a ``log_softmax``, or logits less their ``logsumexp`` as
-``Categorical`` normalises them, picked by ``gather``/``index``) and whose other operand is a
-difference of a per-sample constant (the returns) and a value head's output -- a layer of width
+log-probability of the taken actions (a ``log_softmax``, logits less their ``logsumexp`` as
+``Categorical(logits=...)`` normalises them, or the log of ``Categorical(probs=...)``'s
+probabilities, picked by ``gather``/``index``) and whose other operand is a difference of a
+constant (the returns, or one time step's return) and a value head's output -- a layer of width
 one -- that requires grad.
 """
 
@@ -29,6 +30,8 @@ _MOVES = frozenset(f"aten::{n}" for n in (
     "_to_copy", "to", "alias", "expand", "slice", "select", "gather", "index", "index_select", "take_along_dim",
 ))  # fmt: skip
 _LOG_SOFTMAX = frozenset(("aten::_log_softmax", "aten::log_softmax"))
+_SOFTMAX = frozenset(("aten::_softmax", "aten::softmax"))
+_CLAMPS = frozenset(("aten::clamp", "aten::clamp_min", "aten::clamp_max"))
 _LAYERS = frozenset(("aten::addmm", "aten::linear", "aten::mm", "aten::matmul"))
 _SUBS = frozenset(("aten::sub", "aten::rsub"))
 
@@ -64,16 +67,43 @@ def _back(tid: int, made: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _log_probs(tid: int, made: dict[int, dict[str, Any]]) -> bool:
-    """Whether ``tid`` is a log-softmax's entries: ``log_softmax`` or ``x - logsumexp(x)``."""
+    """Whether ``tid`` is (less) a log-softmax's entries: ``log_softmax``, ``x - logsumexp(x)``
+    (``Categorical(logits=...)``), or the log of probabilities (``Categorical(probs=...)``, as
+    PyTorch's own actor_critic.py example builds it: QA 49a, the finding was missed)."""
     op = _back(tid, made)
+    if op is not None and str(op.get("name")) == "aten::neg":  # ``-log_prob * advantage``
+        ins = as_list(op.get("inputs"))
+        op = _back(as_int(ins[0], -1), made) if ins else None
     if op is None:
         return False
     if str(op.get("name")) in _LOG_SOFTMAX:
         return True
     ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+    if str(op.get("name")) == "aten::log" and ins:
+        return _probabilities(ins[0], made)
     if str(op.get("name")) == "aten::sub" and len(ins) == 2:
         norm = made.get(ins[1])
         return norm is not None and str(norm.get("name")) == "aten::logsumexp"
+    return False
+
+
+def _probabilities(tid: int, made: dict[int, dict[str, Any]]) -> bool:
+    """Whether ``tid`` is a probability vector: a softmax's, or one divided by its own sum (as
+    ``Categorical(probs=...)`` normalises it), through the clamp away from 0 and 1 that
+    ``torch.distributions`` puts before the log."""
+    for _ in range(4):
+        op = _back(tid, made)
+        name = str(op.get("name")) if op is not None else ""
+        ins = [as_int(t, -1) for t in as_list(op.get("inputs"))] if op is not None else []
+        if name in _SOFTMAX:
+            return True
+        if name in _CLAMPS and ins:
+            tid = ins[0]
+            continue
+        if name == "aten::div" and len(ins) == 2:
+            total = made.get(ins[1])
+            return total is not None and str(total.get("name")) == "aten::sum" and as_list(total.get("inputs"))[:1] == ins[:1]
+        return False
     return False
 
 
@@ -105,8 +135,10 @@ def _attached_advantage(tid: int, made: dict[int, dict[str, Any]], table: _Table
     ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
     carrying = [t for t in ins if table.grad.get(t, False)]
     constant = [t for t in ins if table.grad.get(t) is False]
-    if len(carrying) != 1 or len(constant) != 1 or len(table.shape.get(constant[0], [])) == 0:
-        return None  # both attached, or a scalar constant (``1 - gate``): no returns less a value
+    if len(carrying) != 1 or len(constant) != 1:
+        return None  # both attached: no returns less a value
+    # (a 0-d constant is one time step's return, ``R - value`` in a per-step loop as PyTorch's
+    # actor_critic.py example writes it; ``1 - gate`` has no tensor operand, and its gate is no layer)
     head = _back(carrying[0], made)
     if head is None or str(head.get("name")) not in _LAYERS:
         return None

@@ -40,6 +40,19 @@ def _loss(kind: str, logits: torch.Tensor, value: torch.Tensor, gate: torch.Tens
         adv = returns - value if kind == "normalised" else (returns - value).detach()
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         return -(dist.log_prob(a) * adv).mean() + critic
+    if kind in ("probs", "probs_detached"):  # Categorical(probs=softmax(...)): PyTorch's actor_critic.py (QA 49a: missed)
+        pd = distributions.Categorical(probs=logits.softmax(-1))
+        taken = pd.sample()
+        rets = (taken == 1).float()
+        adv = rets - value if kind == "probs" else (rets - value).detach()
+        return -(pd.log_prob(taken) * adv).mean() + critic
+    if kind in ("per_step", "per_step_item"):  # that example's loop: a time step at a time, R a 0-d return
+        pd = distributions.Categorical(probs=logits.softmax(-1))
+        taken = pd.sample()
+        rets = (taken == 1).float()
+        terms = [-pd.log_prob(taken)[t] * (rets[t] - value[t:t + 1] if kind == "per_step" else rets[t] - value[t].item())
+                 for t in range(len(taken))]
+        return torch.stack(terms).sum() + critic
     if kind == "log_softmax":  # the same bug written by hand
         logp = logits.log_softmax(-1).gather(1, a[:, None]).squeeze(1)
         return -(logp * (returns - value)).mean() + critic
@@ -69,7 +82,8 @@ def _p18(tmp_path: Path, kind: str, mode: str = "default") -> list[dict[str, Any
 
 
 @pytest.mark.parametrize(("kind", "mode"), [("attached", "default"), ("attached", "full"), ("log_softmax", "default"),
-                                           ("normalised", "default"), ("normalised", "full")])
+                                           ("normalised", "default"), ("normalised", "full"), ("probs", "default"),
+                                           ("probs", "full"), ("per_step", "default")])
 def test_an_attached_advantage_is_p18(tmp_path: Path, kind: str, mode: str) -> None:
     (f,) = _p18(tmp_path, kind, mode)
     assert f["severity"] == "warning" and f["modules"] == ["v"] and "'v' (Linear)" in f["message"], f
@@ -77,6 +91,7 @@ def test_an_attached_advantage_is_p18(tmp_path: Path, kind: str, mode: str) -> N
     assert f["steps"] == ([0] if mode == "default" else [0, 1, 2]), f
 
 
-@pytest.mark.parametrize("kind", ["detached", "normalised_detached", "entropy", "gate", "ppo"])
+@pytest.mark.parametrize("kind", ["detached", "normalised_detached", "entropy", "gate", "ppo", "probs_detached",
+                                  "per_step_item"])
 def test_log_probabilities_weighed_by_design_are_no_p18(tmp_path: Path, kind: str) -> None:
     assert _p18(tmp_path, kind) == []
