@@ -11,6 +11,13 @@ log-probability of the taken actions (a ``log_softmax``, logits less their ``log
 probabilities, picked by ``gather``/``index``) and whose other operand is a difference of a
 constant (the returns, or one time step's return) and a value head's output -- a layer of width
 one -- that requires grad.
+
+The same kind of mistake in Q-learning, a DQN's bootstrapped target left attached: a regression
+loss (``mse_loss``, ``smooth_l1_loss``, ``huber_loss``, ``l1_loss``) of a Q-value picked from a
+layer's output and of ``reward + gamma * max Q(s', .)`` still requiring grad, that maximum taken
+over a layer's output in the same module (the network that gave Q(s, a)), through multiplies by
+constants (``gamma``, ``1 - done``).  The loss then also pulls the next state's value toward
+this one's; Q-learning's update treats the target as a constant (QA 49a: no finding).
 """
 
 from __future__ import annotations
@@ -34,6 +41,12 @@ _SOFTMAX = frozenset(("aten::_softmax", "aten::softmax"))
 _CLAMPS = frozenset(("aten::clamp", "aten::clamp_min", "aten::clamp_max"))
 _LAYERS = frozenset(("aten::addmm", "aten::linear", "aten::mm", "aten::matmul"))
 _SUBS = frozenset(("aten::sub", "aten::rsub"))
+_REGRESSION = frozenset(f"aten::{n}" for n in ("mse_loss", "smooth_l1_loss", "huber_loss", "l1_loss"))
+_MAXES = frozenset(("aten::max", "aten::amax"))
+
+TD_FIX = ("Compute the target without gradient: with torch.no_grad(): target = reward + gamma * (1 - done) * "
+          "target_net(next_state).max(1).values -- from a target network (a copy of the network, loaded from it "
+          "every N steps) as DQN does, or from the network itself under no_grad().")
 
 FIX = ("Detach the advantage in the policy loss: advantage = (returns - value).detach(); "
        "loss = -(dist.log_prob(action) * advantage).mean() + value_coef * (returns - value).pow(2).mean(). "
@@ -147,6 +160,41 @@ def _attached_advantage(tid: int, made: dict[int, dict[str, Any]], table: _Table
     return head if shape and shape[-1] == 1 else None
 
 
+def _layer(op: dict[str, Any] | None, table: _Table, wide: bool) -> dict[str, Any] | None:
+    """``op`` when it is a layer op whose output is wider than one (``wide``: a Q-value per
+    action) or exactly one wide (a value head); else None."""
+    if op is None or str(op.get("name")) not in _LAYERS:
+        return None
+    out = as_list(op.get("outputs"))
+    shape = table.shape.get(as_int(out[0], -1), []) if out else []
+    return op if shape and (shape[-1] > 1 if wide else shape[-1] == 1) else None
+
+
+def _attached_td_target(tid: int, made: dict[int, dict[str, Any]], table: _Table) -> dict[str, Any] | None:
+    """The layer op of ``max Q(s', .)`` when ``tid`` is ``reward + gamma * max Q(s', .)`` (times
+    constants such as ``1 - done``) still requiring grad; None otherwise."""
+    op = _back(tid, made)
+    if op is None or str(op.get("name")) != "aten::add" or not table.grad.get(tid, True):
+        return None
+    ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+    carrying = [t for t in ins if table.grad.get(t, False)]
+    if len(carrying) != 1 or len(ins) - len(carrying) > 1:
+        return None  # (the reward: one constant, or a number)
+    tid = carrying[0]
+    for _ in range(4):  # gamma, (1 - done), their order
+        op = _back(tid, made)
+        ins = [as_int(t, -1) for t in as_list(op.get("inputs"))] if op is not None else []
+        if op is None or str(op.get("name")) != "aten::mul":
+            break
+        carrying = [t for t in ins if table.grad.get(t, False)]
+        if len(carrying) != 1:
+            return None
+        tid = carrying[0]
+    if op is None or str(op.get("name")) not in _MAXES or not ins:
+        return None
+    return _layer(_back(ins[0], made), table, wide=True)
+
+
 def _cleared_first(run: Run, module: str, steps: list[int]) -> bool:
     """Whether what the policy loss sent the value head on ``steps`` never reached an update: the
     head's parameters are another optimizer's than the one whose step ends the step (the capture's
@@ -168,16 +216,37 @@ def _cleared_first(run: Run, module: str, steps: list[int]) -> bool:
     return bool(checked)
 
 
+def _td_loss(op: dict[str, Any], made: dict[int, dict[str, Any]], table: _Table) -> dict[str, Any] | None:
+    """The layer op of ``max Q(s', .)`` when ``op`` is a regression loss of a Q-value and an
+    attached bootstrapped target computed by a layer of the same module; None otherwise."""
+    ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+    if len(ins) < 2:
+        return None
+    for q, target in ((ins[0], ins[1]), (ins[1], ins[0])):
+        head = _attached_td_target(target, made, table)
+        picked = _layer(_back(q, made), table, wide=True) if head is not None else None
+        if head is not None and picked is not None and picked.get("module") == head.get("module"):
+            return head
+    return None
+
+
 def check(run: Run, settings: Settings) -> list[Finding]:
     found: dict[str, tuple[list[int], dict[str, Any], dict[str, Any], int]] = {}
+    td: dict[str, tuple[list[int], dict[str, Any], dict[str, Any], int]] = {}
     for step, g in run.all_graphs():
         graph_ops = ops(g)
         made = producers(graph_ops)
         table = _Table(g)
         for op in graph_ops:
-            if str(op.get("name")) != "aten::mul" or op.get("phase", "forward") != "forward":
+            name = str(op.get("name"))
+            if name not in _REGRESSION and name != "aten::mul" or op.get("phase", "forward") != "forward":
                 continue
             if op.get("grad_mode") is False:
+                continue
+            key = str(op.get("src") or "")
+            if name in _REGRESSION:
+                if (head := _td_loss(op, made, table)) is not None:
+                    td.setdefault(key, ([], op, head, step))[0].append(step)
                 continue
             ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
             if len(ins) != 2:
@@ -185,13 +254,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             for logp, adv in ((ins[0], ins[1]), (ins[1], ins[0])):
                 head = _attached_advantage(adv, made, table) if _log_probs(logp, made) else None
                 if head is not None:
-                    key = str(op.get("src") or "")
-                    if key in found:
-                        found[key][0].append(step)
-                    else:
-                        found[key] = ([step], op, head, step)
+                    found.setdefault(key, ([], op, head, step))[0].append(step)
                     break
-    findings: list[Finding] = []
+    findings: list[Finding] = [_td_finding(run, src, *entry) for src, entry in td.items()]
     for src, (steps, mul, head, first) in found.items():
         module = str(head.get("module") or "")
         kind = run.module_type(module)
@@ -217,3 +282,18 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                              targets=[target_of_op(first, run.rank, mul), target_of_op(first, run.rank, head)],
                              modules=[module] if module else [], src=src or None))
     return findings
+
+
+def _td_finding(run: Run, src: str, steps: list[int], loss: dict[str, Any], head: dict[str, Any], first: int) -> Finding:
+    module = str(head.get("module") or "")
+    kind = run.module_type(module)
+    named = f"{module!r}" + (f" ({kind})" if kind else "") if module else "the network"
+    at = f" at {src}" if src else ""
+    message = (f"The loss{at} regresses Q(s, a) onto a target, reward + gamma * max Q(s', .) from {named}, that still "
+               "requires grad: computed with the network itself and neither under torch.no_grad() nor detached, so "
+               "each update also pulls the next state's value toward this one's -- Q-learning treats the target as a "
+               f"constant, and learning this way is slower and less stable (captured graph{'s' if len(steps) > 1 else ''} "
+               f"{describe_steps(steps, run.last_step)}).")
+    return make("P18", "warning", message, TD_FIX, steps, rank=run.rank,
+                targets=[target_of_op(first, run.rank, loss), target_of_op(first, run.rank, head)],
+                modules=[module] if module else [], src=src or None, title="TD target not detached")

@@ -95,3 +95,52 @@ def test_an_attached_advantage_is_p18(tmp_path: Path, kind: str, mode: str) -> N
                                   "per_step_item"])
 def test_log_probabilities_weighed_by_design_are_no_p18(tmp_path: Path, kind: str) -> None:
     assert _p18(tmp_path, kind) == []
+
+
+def _dqn(tmp_path: Path, kind: str, mode: str = "default") -> list[dict[str, Any]]:
+    """A DQN's update on a replay batch, its target as ``kind`` computes it."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+    target_net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+    target_net.load_state_dict(net.state_dict())
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    path = tmp_path / f"dqn-{kind}-{mode}.tscope"
+    with torchscope.watch(net, opt, server=None, record=path, mode=mode):
+        for _ in range(3):
+            s, s2 = torch.randn(8, 4), torch.randn(8, 4)
+            a, r, done = torch.randint(0, 3, (8, 1)), torch.rand(8), (torch.rand(8) < 0.2).float()
+            q = net(s).gather(1, a).squeeze(1)
+            if kind == "attached":  # the bug: the network's own next-state value, with its gradient
+                target = r + 0.99 * net(s2).max(1).values
+            elif kind == "attached_done":  # the same, masked at episode ends, under a Huber loss
+                target = r + 0.99 * (1 - done) * net(s2).amax(1)
+            elif kind == "no_grad":
+                with torch.no_grad():
+                    target = r + 0.99 * (1 - done) * net(s2).max(1).values
+            elif kind == "detached":
+                target = r + 0.99 * net(s2).max(1).values.detach()
+            elif kind == "target_net":
+                with torch.no_grad():
+                    target = r + 0.99 * target_net(s2).max(1).values
+            else:  # "consistency": two views of one batch pulled together (the Pi-model), no TD target
+                target = net(s + 0.1 * torch.randn_like(s)).max(1).values
+            loss = (nn.functional.huber_loss if kind == "attached_done" else nn.functional.mse_loss)(q, target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P18"]
+
+
+@pytest.mark.parametrize(("kind", "mode"), [("attached", "default"), ("attached", "full"), ("attached_done", "default")])
+def test_a_td_target_left_attached_is_p18(tmp_path: Path, kind: str, mode: str) -> None:
+    """``target = r + gamma * net(s2).max(1).values`` with neither ``no_grad`` nor ``.detach()``:
+    the loss trains the next state's value toward this one's (QA 49a: no finding)."""
+    (f,) = _dqn(tmp_path, kind, mode)
+    assert f["severity"] == "warning" and f["title"] == "TD target not detached" and f["modules"] == ["2"], f
+    assert "reward + gamma * max Q(s', .) from '2' (Linear)" in f["message"] and "torch.no_grad()" in f["fix"], f
+    assert f["src"].startswith(Path(__file__).name + ":") and f["steps"] == ([0] if mode == "default" else [0, 1, 2]), f
+
+
+@pytest.mark.parametrize("kind", ["no_grad", "detached", "target_net", "consistency"])
+def test_a_constant_td_target_is_no_p18(tmp_path: Path, kind: str) -> None:
+    assert _dqn(tmp_path, kind) == []
