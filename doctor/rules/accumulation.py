@@ -422,12 +422,14 @@ def _accumulated(run: Run, judged: dict[object, Judgement]) -> list[Accumulated]
 
 
 def _distinct_objectives(ev: dict[str, Any], roots: list[str]) -> bool:
-    """Each backward() of the step a line of its own, on losses of different kinds: a sum of
-    objectives backpropagated one by one (a domain-adaptation step's ``ce.backward()`` and
-    ``(0.1 * entropy).backward()``, to free each graph early), which is ``(a + b).backward()``
-    -- nothing to divide.  Micro-batches come from one line in a loop, or repeat one loss."""
+    """Each backward() of the step a line of its own: a sum of objectives backpropagated one by
+    one (a domain-adaptation step's ``ce.backward()`` and ``(0.1 * entropy).backward()``, to free
+    each graph early; DCGAN's ``errD_real.backward()`` and ``errD_fake.backward()``, one loss
+    function on real and on generated images, whose sum is the discriminator's loss: QA 49a),
+    which is ``(a + b).backward()`` -- nothing to divide.  Micro-batches come from one line in
+    a loop."""
     src = [str(x) for x in as_list(ev.get("backward_src"))]
-    return len(src) == len(roots) >= 2 and len(set(src)) == len(src) and len(set(roots)) > 1
+    return len(src) == len(roots) >= 2 and len(set(src)) == len(src)
 
 
 def _unscaled_roots(ev: dict[str, Any]) -> list[str]:

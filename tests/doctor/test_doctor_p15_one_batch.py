@@ -112,3 +112,39 @@ def test_one_backward_per_task_head_is_no_accumulation(tmp_path: Path, mode: str
             opt.zero_grad()
     p15 = [f for f in diagnose(iter_events(path)) if f["code"] == "P15"]
     assert len(p15) == (1 if same_head else 0), [f["message"] for f in p15]
+
+
+def _dcgan_d_steps(tmp_path: Path, mode: str, looped: bool) -> list[dict[str, Any]]:
+    """The DCGAN tutorial's discriminator step: ``errD_real.backward()`` on real images, then
+    ``errD_fake.backward()`` on the generator's (``looped``: the same two batches through one
+    ``backward()`` line in a loop, accumulation as it is written)."""
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(4, 10), nn.Tanh())
+    disc = nn.Sequential(nn.Linear(10, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1), nn.Sigmoid())
+    opt_d = torch.optim.SGD(disc.parameters(), lr=0.01)
+    crit = nn.BCELoss()
+    path = tmp_path / f"dcgan-{mode}-{looped}.tscope"
+    with torchscope.watch(disc, opt_d, server=None, record=path, mode=mode):
+        for _ in range(3):
+            disc.zero_grad()
+            real, fake = torch.randn(8, 10), gen(torch.randn(8, 4))
+            if looped:
+                for x, label in ((real, 1.0), (fake.detach(), 0.0)):
+                    loss = crit(disc(x).view(-1), torch.full((8,), label))
+                    loss.backward()
+            else:
+                err_real = crit(disc(real).view(-1), torch.full((8,), 1.0))
+                err_real.backward()
+                err_fake = crit(disc(fake.detach()).view(-1), torch.full((8,), 0.0))
+                err_fake.backward()
+            opt_d.step()
+    return [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P15"]
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_dcgan_real_and_fake_backwards_are_one_loss(tmp_path: Path, mode: str) -> None:
+    """Each backward() a line of its own is a sum of objectives (D's loss is errD_real +
+    errD_fake), as the tutorial means it: no "accumulation without dividing" (QA 49a, in every
+    mode); one backward() line in a loop over the batches is still accumulation."""
+    assert _dcgan_d_steps(tmp_path, mode, looped=False) == []
+    assert [f["severity"] for f in _dcgan_d_steps(tmp_path, mode, looped=True)] == ["warning"]
