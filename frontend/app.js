@@ -66,6 +66,13 @@ class App {
     if (!this.summary.steps && !(this.summary.graphs > 0)) this.main.before(h("div", { class: "notice", id: "empty-note" }, this.emptyText()));
     const dot = showConnection(this.conn);
     live((ev) => this.onLive(ev), (ok, refused) => { dot(ok, refused); this.onConnection(ok, refused); });
+    const asked = this.state.view;
+    if (!VIEWS[ALIASES[asked] || asked]) {
+      // a typo'd link (?view=grads) said nothing and showed the graph (QA 49b): it says which views there are
+      const names = Object.keys(VIEWS).map((v) => `${v} (${VIEWS[v][0]})`).join(", ");
+      this.main.before(h("div", { class: "notice", id: "unknown-view", role: "status" },
+        `There is no view "${asked}" (the views are ${names}): showing the graph.`));
+    }
     await this.go(this.state.view, {}, true);
     this.badge = new DiagnosticsView(h("div"), this); // keeps the count on the Doctor tab
     this.badge.load().catch(() => {});
@@ -139,6 +146,7 @@ class App {
   async go(view, patch = {}, first = false) {
     view = ALIASES[view] || view;
     if (!VIEWS[view]) view = "graph";
+    if (!first) document.getElementById("unknown-view")?.remove();
     // (a finding followed to the memory view is that view's: not carried to another's URL)
     this.setState({ view, ...(view !== "memory" && { finding: undefined }), ...patch }, !first && view !== this.state.view);
     for (const b of this.tabs.children) b.setAttribute("aria-selected", String(b.dataset.view === view));

@@ -295,6 +295,23 @@ def test_deep_link_opens_view_step_and_node(page: Any, srv: ServerProc, runs: di
     assert page.locator("[data-testid=details] h3").inner_text().startswith("aten::")
 
 
+def test_a_link_to_an_unknown_view_says_which_views_there_are(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
+    """``?view=grads`` (the view is "gradients") showed the graph and said nothing (QA 49b)."""
+    sid = runs["mlp"]["id"]
+    open_dash(page, srv, sid, "?view=grads")
+    note = page.locator("#unknown-view")
+    note.wait_for()
+    assert note.inner_text().startswith('There is no view "grads" (the views are graph (Graph), memory (Memory), '
+                                        "gradients (Loss & gradients)"), note.inner_text()
+    assert note.inner_text().endswith(": showing the graph.")
+    page.wait_for_function("window.__torchscope.state().view === 'graph'")
+    page.locator("#tabs button[data-view=gradients]").click()  # a tab chosen: the note has done its job
+    note.wait_for(state="detached")
+    open_dash(page, srv, sid, "?view=doctor")  # an alias is a view
+    page.wait_for_function("window.__torchscope.state().view === 'diagnostics'")
+    assert page.locator("#unknown-view").count() == 0
+
+
 # ----------------------------------------------------------------------------- memory, gradients, ranks
 def test_memory_view_and_click_through_to_the_op(page: Any, srv: ServerProc, runs: dict[str, Any]) -> None:
     sid = runs["mlp"]["id"]
