@@ -75,7 +75,8 @@ export class DiagnosticsView {
     const s = this.app.summary || {};
     this.note.hidden = s.status !== "ended unexpectedly";
     this.note.textContent = this.note.hidden ? "" : `This recording is incomplete: it has no end event (the training process was killed, ` +
-      `or its file was cut short). The findings cover the ${s.steps ?? 0} step${(s.steps ?? 0) === 1 ? "" : "s"} it holds.`;
+      `its file was cut short, or the file was imported while its run was still writing it). The findings cover the ` +
+      `${s.steps ?? 0} step${(s.steps ?? 0) === 1 ? "" : "s"} it holds.`;
     // the run's end (or its death) changes what "nothing found" means: said anew, not left as
     // the live run's "so far"
     const none = this.list.querySelector("[data-testid=no-findings]");

@@ -386,6 +386,9 @@ def cmd_open(args: argparse.Namespace) -> int:
         if writer is not None and len(files) > 1:  # (QA 48e: neither followed, nothing said)
             print(f"torchscope open: note: {path}'s run is still writing it: imported as it is now (one file "
                   f"at a time is followed: torchscope open {path})", file=sys.stderr, flush=True)
+        elif writer is not None and not follow:  # --no-follow (QA 49b: nothing said, and it read "killed")
+            print(f"torchscope open: note: {path}'s run is still writing it: imported as it is now; open it again "
+                  "for the rest (without --no-follow, open follows it to its end)", file=sys.stderr, flush=True)
         if res.get("frames", 0) > 0 and res.get("new_frames") == 0:  # as the sessions page says it
             print(f"torchscope open: {path} is already on this server (the same run): nothing new imported",
                   file=sys.stderr, flush=True)

@@ -629,6 +629,9 @@ def test_open_no_follow_imports_a_growing_file_as_it_is(tmp_path: Path) -> None:
     with _slow_run(tmp_path, 400, 0) as (path, train, srv):
         res = cli("open", str(path), "--port", str(srv.port), "--no-browser", "--no-follow")
         assert res.returncode == 0 and "following" not in res.stderr, res.stderr
+        # said, not left to read later as a killed run (QA 49b)
+        assert (f"{path}'s run is still writing it: imported as it is now; open it again for the rest (without "
+                "--no-follow, open follows it to its end)") in res.stderr, res.stderr
         assert train.poll() is None  # (returned while the run goes on)
         sid = res.stdout.strip().rsplit("/", 1)[1]
         row = srv.get(f"/api/sessions/{sid}")
