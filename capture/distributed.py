@@ -1,9 +1,10 @@
-"""Rank, world size and a session id shared by every rank of a torchrun job.
+"""Rank, world size and a session id shared by every rank of a torchrun job (or of ranks that
+``torch.multiprocessing.spawn`` started, their process group initialized before ``watch()``).
 
 Ranks never talk to each other for this: each derives the same id from what torchrun puts
-in every rank's environment (``TORCHELASTIC_RUN_ID``, else ``MASTER_ADDR:MASTER_PORT``),
-plus the session name and, without a run id, a coarse start time (so two jobs reusing one
-master port on different days do not merge).
+in every rank's environment (``TORCHELASTIC_RUN_ID``, else ``MASTER_ADDR:MASTER_PORT``, else
+the parent process they share), plus the session name and, without a run id, a coarse start
+time (so two jobs reusing one master port on different days do not merge).
 """
 
 from __future__ import annotations
@@ -25,13 +26,31 @@ class RankInfo:
 
 
 def rank_info() -> RankInfo:
-    """The rank of this process as torchrun (or a compatible launcher) announces it."""
+    """The rank of this process: its initialized process group's, else as torchrun (or a
+    compatible launcher) announces it in the environment."""
     try:
         rank = int(os.environ.get("RANK", "0"))
         world = int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
         rank, world = 0, 1
+    rank, world = _process_group() or (rank, world)
     return RankInfo(rank=rank, world_size=max(world, 1), distributed=world > 1)
+
+
+def _process_group() -> tuple[int, int] | None:
+    """The default process group's rank and size, where one is initialized: the ranks that
+    ``torch.multiprocessing.spawn`` starts call ``init_process_group(rank=r, world_size=n)``
+    with no ``RANK`` in their environment, and each read as rank 0 of 1 (QA 49c).  Local
+    calls, no collective."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:  # (a group being torn down) the environment's word stands
+        return None
+    return None
 
 
 def session_id(name: str, info: RankInfo, now: float | None = None) -> str:
@@ -48,7 +67,9 @@ def session_id(name: str, info: RankInfo, now: float | None = None) -> str:
         addr = os.environ.get("MASTER_ADDR", "")
         port = os.environ.get("MASTER_PORT", "")
         coarse = int((now if now is not None else time.time()) // _COARSE_S)
-        seed = f"master:{addr}:{port}|{name}|{coarse}"
+        # (a group set up by a tcp:// or file:// init_method: the ranks that one parent
+        # process started, as torch.multiprocessing.spawn does, share that parent)
+        seed = f"master:{addr}:{port}|{name}|{coarse}" if addr or port else f"parent:{os.getppid()}|{name}|{coarse}"
     return hashlib.sha1(seed.encode()).hexdigest()[:16]
 
 

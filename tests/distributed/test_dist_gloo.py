@@ -66,3 +66,29 @@ def test_an_elastic_restart_is_a_session_of_its_own(monkeypatch: pytest.MonkeyPa
     assert len(set(ids.values())) == 3
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
     assert session_id("train", RankInfo(rank=0, world_size=2, distributed=True)) == ids["0"]  # as before
+
+
+@pytest.mark.parametrize("init", ["env", "tcp"])
+def test_ranks_started_by_mp_spawn_are_one_session(tmp_path: Path, init: str) -> None:
+    """``torch.multiprocessing.spawn``'s ranks pass their rank to ``init_process_group`` and have
+    no ``RANK`` in their environment: each file said rank 0 of 1, with a session of its own, and
+    the second rank's went to ``run-2.tscope`` beside the first (QA 49c).  The process group
+    tells: rank 1 writes ``run.rank1.tscope``, and both are ranks of one session -- also with a
+    ``tcp://`` init_method and no ``MASTER_ADDR``/``MASTER_PORT`` in the environment."""
+    import subprocess
+    import sys
+
+    from conftest import free_port
+
+    record = tmp_path / "run.tscope"
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    res = subprocess.run([sys.executable, str(SCRIPT.with_name("train_spawn_gloo.py")), str(record), str(free_port()),
+                          *(["tcp"] if init == "tcp" else [])], capture_output=True, text=True, timeout=240, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(ln.split()[1] for ln in res.stdout.splitlines() if ln.startswith("RESULT")) == ["0", "1"], (res.stdout, res.stderr)
+    sessions = {r: load(p) for r, p in {0: record, 1: tmp_path / "run.rank1.tscope"}.items()}
+    for r, s in sessions.items():
+        assert (s.rank, s.world_size, s.status) == (r, 2, "finished")
+        assert len(s.steps) == 6
+    assert sessions[0].session_id == sessions[1].session_id
+    assert not (tmp_path / "run-2.tscope").exists()
