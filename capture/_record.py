@@ -53,16 +53,27 @@ def claim_record(base: str, rank: RankInfo, chosen: bool, written_here: Callable
     try:
         return _claim(base, rank, chosen, written_here)
     except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
+        reason = _not_a_folder(base) or exc.strerror or type(exc).__name__
     spare = os.path.join(tempfile.gettempdir(), "torchscope-runs", os.path.basename(base))
     try:
-        path = _claim(spare, rank, False, written_here)
+        # (the name chosen, its finished run's file there is written over as it would have been
+        # where it was asked for: "being written by another run" was said of it, QA 49c)
+        path = _claim(spare, rank, chosen, written_here)
     except OSError:
         say(f"torchscope: cannot record to {rank_path(base, rank)} ({reason}), nor to {tempfile.gettempdir()}: "
             "not watching this run")
         return None
     say(f"torchscope: cannot record to {rank_path(base, rank)} ({reason}); recording to {path}")
     return path
+
+
+def _not_a_folder(path: str) -> str | None:
+    """"<a> is not a directory" when a folder of ``path`` is a file (``/dev/full/run.tscope``,
+    ``train.py/run.tscope``): makedirs says only "File exists" (QA 49c)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while folder and not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    return f"{folder} is not a directory" if folder and not os.path.isdir(folder) else None
 
 
 def _claim(base: str, rank: RankInfo, chosen: bool, written_here: Callable[[str], bool]) -> str:
@@ -82,7 +93,8 @@ def _claim(base: str, rank: RankInfo, chosen: bool, written_here: Callable[[str]
         try:
             claim(path)  # (its header in it from the start: never read as an empty file)
         except FileExistsError:
-            taken = taken or _WRITTEN
+            # (a name not chosen, another run's file: kept whether or not it is still written)
+            taken = taken or _kept(path, written_here) or "holds another run's recording (kept)"
             continue
         if n > 1:
             say(f"torchscope: {rank_path(base, rank)} {taken}; recording to {path}")
