@@ -46,6 +46,25 @@ def producers(graph_ops: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {t: ops[-1] for t, ops in writers(graph_ops).items()}
 
 
+# ops that hand a value on unchanged, or pick some of it
+MOVES = frozenset(f"aten::{n}" for n in (
+    "view", "reshape", "_unsafe_view", "_reshape_alias", "squeeze", "unsqueeze", "flatten", "contiguous", "clone",
+    "_to_copy", "to", "alias", "expand", "slice", "select", "gather", "index", "index_select", "take_along_dim",
+))  # fmt: skip
+
+
+def made_by(tid: int, made: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The op that made tensor ``tid`` (``made``: ``producers``), followed back through ops
+    that only move or pick values (``MOVES``, each by its first input)."""
+    op = made.get(tid)
+    for _ in range(16):
+        if op is None or str(op.get("name")) not in MOVES:
+            return op
+        ins = op.get("inputs")
+        op = made.get(int(ins[0])) if isinstance(ins, list) and ins and isinstance(ins[0], int) else None
+    return None
+
+
 def writers(graph_ops: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     """tensor id -> every op that wrote it, in execution order: the op that made it, then the
     in-place ops that wrote it again (``relu_`` of ``ReLU(inplace=True)``, ``masked_fill_``)."""

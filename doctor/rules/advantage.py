@@ -27,15 +27,10 @@ from typing import Any
 from torchscope.schema import Finding
 
 from ..finding import describe_steps, make
-from ..graph import ops, producers, target_of_op
+from ..graph import made_by, ops, producers, target_of_op
 from ..run import Run, as_dict, as_int, as_list, notes
 from ..settings import Settings
 
-# ops that hand a value on unchanged, or pick some of it (the taken actions' entries)
-_MOVES = frozenset(f"aten::{n}" for n in (
-    "view", "reshape", "_unsafe_view", "_reshape_alias", "squeeze", "unsqueeze", "flatten", "contiguous", "clone",
-    "_to_copy", "to", "alias", "expand", "slice", "select", "gather", "index", "index_select", "take_along_dim",
-))  # fmt: skip
 _LOG_SOFTMAX = frozenset(("aten::_log_softmax", "aten::log_softmax"))
 _SOFTMAX = frozenset(("aten::_softmax", "aten::softmax"))
 _CLAMPS = frozenset(("aten::clamp", "aten::clamp_min", "aten::clamp_max"))
@@ -68,25 +63,14 @@ class _Table:
                     self.shape[tid] = [as_int(n) for n in t["shape"]]
 
 
-def _back(tid: int, made: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """The op that made ``tid``, followed back through ops that only move or pick values."""
-    op = made.get(tid)
-    for _ in range(16):
-        if op is None or str(op.get("name")) not in _MOVES:
-            return op
-        ins = as_list(op.get("inputs"))
-        op = made.get(as_int(ins[0], -1)) if ins else None
-    return None
-
-
 def _log_probs(tid: int, made: dict[int, dict[str, Any]]) -> bool:
     """Whether ``tid`` is (less) a log-softmax's entries: ``log_softmax``, ``x - logsumexp(x)``
     (``Categorical(logits=...)``), or the log of probabilities (``Categorical(probs=...)``, as
     PyTorch's own actor_critic.py example builds it: QA 49a, the finding was missed)."""
-    op = _back(tid, made)
+    op = made_by(tid, made)
     if op is not None and str(op.get("name")) == "aten::neg":  # ``-log_prob * advantage``
         ins = as_list(op.get("inputs"))
-        op = _back(as_int(ins[0], -1), made) if ins else None
+        op = made_by(as_int(ins[0], -1), made) if ins else None
     if op is None:
         return False
     if str(op.get("name")) in _LOG_SOFTMAX:
@@ -105,7 +89,7 @@ def _probabilities(tid: int, made: dict[int, dict[str, Any]]) -> bool:
     ``Categorical(probs=...)`` normalises it), through the clamp away from 0 and 1 that
     ``torch.distributions`` puts before the log."""
     for _ in range(4):
-        op = _back(tid, made)
+        op = made_by(tid, made)
         name = str(op.get("name")) if op is not None else ""
         ins = [as_int(t, -1) for t in as_list(op.get("inputs"))] if op is not None else []
         if name in _SOFTMAX:
@@ -152,7 +136,7 @@ def _attached_advantage(tid: int, made: dict[int, dict[str, Any]], table: _Table
         return None  # both attached: no returns less a value
     # (a 0-d constant is one time step's return, ``R - value`` in a per-step loop as PyTorch's
     # actor_critic.py example writes it; ``1 - gate`` has no tensor operand, and its gate is no layer)
-    head = _back(carrying[0], made)
+    head = made_by(carrying[0], made)
     if head is None or str(head.get("name")) not in _LAYERS:
         return None
     out = as_list(head.get("outputs"))
@@ -173,7 +157,7 @@ def _layer(op: dict[str, Any] | None, table: _Table, wide: bool) -> dict[str, An
 def _attached_td_target(tid: int, made: dict[int, dict[str, Any]], table: _Table) -> dict[str, Any] | None:
     """The layer op of ``max Q(s', .)`` when ``tid`` is ``reward + gamma * max Q(s', .)`` (times
     constants such as ``1 - done``) still requiring grad; None otherwise."""
-    op = _back(tid, made)
+    op = made_by(tid, made)
     if op is None or str(op.get("name")) != "aten::add" or not table.grad.get(tid, True):
         return None
     ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
@@ -182,7 +166,7 @@ def _attached_td_target(tid: int, made: dict[int, dict[str, Any]], table: _Table
         return None  # (the reward: one constant, or a number)
     tid = carrying[0]
     for _ in range(4):  # gamma, (1 - done), their order
-        op = _back(tid, made)
+        op = made_by(tid, made)
         ins = [as_int(t, -1) for t in as_list(op.get("inputs"))] if op is not None else []
         if op is None or str(op.get("name")) != "aten::mul":
             break
@@ -192,7 +176,7 @@ def _attached_td_target(tid: int, made: dict[int, dict[str, Any]], table: _Table
         tid = carrying[0]
     if op is None or str(op.get("name")) not in _MAXES or not ins:
         return None
-    return _layer(_back(ins[0], made), table, wide=True)
+    return _layer(made_by(ins[0], made), table, wide=True)
 
 
 def _cleared_first(run: Run, module: str, steps: list[int]) -> bool:
@@ -224,7 +208,7 @@ def _td_loss(op: dict[str, Any], made: dict[int, dict[str, Any]], table: _Table)
         return None
     for q, target in ((ins[0], ins[1]), (ins[1], ins[0])):
         head = _attached_td_target(target, made, table)
-        picked = _layer(_back(q, made), table, wide=True) if head is not None else None
+        picked = _layer(made_by(q, made), table, wide=True) if head is not None else None
         if head is not None and picked is not None and picked.get("module") == head.get("module"):
             return head
     return None

@@ -26,6 +26,35 @@ FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large 
        "the loss ignores.")
 
 
+CANCELS_FIX = ("For a score-function (REINFORCE) loss take the log-probability of a sample that carries no "
+               "gradient: a = dist.sample(), then -(dist.log_prob(a) * advantage).mean(); for a reparameterised loss "
+               "use a = dist.rsample() in the loss itself, not in log_prob. A value less itself passes no gradient.")
+
+
+def _cancelled(run: Run, modules: set[str]) -> tuple[str, str] | None:
+    """(module, line) where a dead module's output reaches the loss only as ``(out + x) - out``:
+    a Normal's ``log_prob`` of its own ``rsample()`` -- ``(loc + eps * scale - loc) / scale``
+    does not depend on ``loc`` -- whose zero gradient read as a dead ReLU (QA 49a)."""
+    for _, graph in run.all_graphs():
+        graph_ops = g.ops(graph)
+        made = g.producers(graph_ops)
+        outputs = {int(t): str(op.get("module") or "") for op in graph_ops if str(op.get("module") or "") in modules
+                   and op.get("phase", "forward") == "forward" for t in as_list(op.get("outputs")) if isinstance(t, int)}
+        for op in graph_ops:
+            ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+            if str(op.get("name")) != "aten::sub" or len(ins) != 2:
+                continue
+            for total, part in ((ins[0], ins[1]), (ins[1], ins[0])):
+                source = g.made_by(part, made)
+                out = next((int(t) for t in as_list(source.get("outputs")) if t in outputs), None) if source else None
+                added = g.made_by(total, made)
+                if out is None or added is None or str(added.get("name")) != "aten::add":
+                    continue
+                if any(g.made_by(as_int(t, -1), made) is source for t in as_list(added.get("inputs"))):
+                    return outputs[out], str(op.get("src") or "")
+    return None
+
+
 def _judged_steps(run: Run) -> Iterator[tuple[int, dict[str, Any]]]:
     """The steps whose zero gradients can tell a dead branch: not skipped by the GradScaler, not diverged."""
     diverged = set(diverged_steps(run))
@@ -444,10 +473,18 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                f"({describe_steps(steps, run.last_step)}{_sampled_note(run, steps)}): "
                f"{'this branch is dead and does not learn' if _all_zero(run, params, steps) else 'this branch is (nearly) dead: it barely learns'}."
                f"{_gate_note(run, gate)}{_surge_note(run, steps[0])}{_hooks_note(run, sorted(params))}")
+    fix = FIX
+    cancelled = _cancelled(run, {run.param_module(i) for i in params}) if params else None
+    if cancelled is not None:
+        module, src = cancelled
+        message += (f" The output of {module!r} cancels out of the loss{f' at {src}' if src else ''}: it is read as "
+                    "(output + x) - output, which does not depend on it -- as a Normal's log_prob of its own rsample() "
+                    "reads (loc + eps * scale - loc) / scale.")
+        fix = CANCELS_FIX
     targets = [FindingTarget(step=steps[0], rank=run.rank, module=m) for m in modules]
     targets += [FindingTarget(step=params[i][0], rank=run.rank, param=run.param_name(i),
                               module=run.param_module(i)) for i in sorted(params)]
     zero_frac = {run.param_name(i): [value(column(ev, "zero_frac"), i) for _, ev in run.step_events()]
                  for i in sorted(params)}
-    return [*found, make("P2", "warning", message, FIX, steps, rank=run.rank, targets=targets, modules=modules,
+    return [*found, make("P2", "warning", message, fix, steps, rank=run.rank, targets=targets, modules=modules,
                          params=names, view="gradients", data={"zero_frac": zero_frac, "activations": acts})]

@@ -1,0 +1,59 @@
+"""P2 names a branch whose output cancels out of the loss: a Gaussian policy's ``log_prob`` of
+its own ``rsample()`` reads ``(loc + eps * scale - loc) / scale``, so the mean head gets exact
+zeros, which read as a dead ReLU with a fix about ReLUs, gates and masks (QA 49a).  The same
+loss of ``sample()`` trains the mean head: no P2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.distributions import Normal
+
+import torchscope
+from torchscope.doctor import diagnose
+from torchscope.sessionfile import iter_events
+
+
+class _Policy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(3, 16), nn.Tanh())
+        self.mu = nn.Linear(16, 1)
+        self.log_std = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> Normal:
+        return Normal(self.mu(self.body(x)), self.log_std.exp())
+
+
+def _p2(tmp_path: Path, how: str, mode: str) -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    pi = _Policy()
+    opt = torch.optim.Adam(pi.parameters(), lr=1e-3)
+    path = tmp_path / f"{how}-{mode}.tscope"
+    with torchscope.watch(pi, opt, server=None, record=path, mode=mode):
+        for _ in range(6):
+            obs = torch.randn(16, 3)
+            dist = pi(obs)
+            a = dist.rsample() if how == "rsample" else dist.sample()
+            reward = -(a - obs[:, :1]).pow(2).detach()
+            loss = -(dist.log_prob(a).sum(-1) * (reward.squeeze(1) - reward.mean())).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P2"]
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_log_prob_of_its_own_rsample_is_named(tmp_path: Path, mode: str) -> None:
+    (f,) = _p2(tmp_path, "rsample", mode)
+    assert "mu.weight" in f["params"] and "mu" in f["modules"], f
+    assert f"The output of 'mu' cancels out of the loss at {Path(__file__).name}:" in f["message"], f["message"]
+    assert "log_prob of its own rsample()" in f["message"] and "dist.sample()" in f["fix"] and "ReLU" not in f["fix"]
+
+
+def test_log_prob_of_a_sample_trains_the_mean(tmp_path: Path) -> None:
+    assert _p2(tmp_path, "sample", "default") == []
