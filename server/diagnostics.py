@@ -188,10 +188,10 @@ def diagnostics(store: Store, session_id: str, rank: int) -> tuple[Findings, boo
     waited 18, then 37, then 51 s (QA 49b).  A rank that has ended waits for its doctor (at most
     STALE_WAIT_S while another rank's runs): its findings are final, and the ones of a partial
     import, still cached a second after the whole file was opened, read as the run's (QA 49b)."""
-    frames = store.frame_count(session_id, rank)
+    count = store.frame_count(session_id, rank)
     cached = store.diagnostics(session_id, rank)
-    if cached is not None and (cached[0] == frames or store.running(session_id, rank)):
-        return cached[1], False, cached[0] != frames
+    if cached is not None and (cached[0] == count or store.running(session_id, rank)):
+        return cached[1], False, cached[0] != count
     if not _doctor_lock.acquire(blocking=False):
         # a doctor is running: the background queue lets us go first (at its next rank)
         _waiting.append(None)

@@ -29,22 +29,25 @@ class _Policy(nn.Module):
         return Normal(self.mu(self.body(x)), self.log_std.exp())
 
 
+def _policy_gradient_step(pi: _Policy, opt: torch.optim.Optimizer, how: str) -> None:
+    """REINFORCE on a one-step task: the reward is how close the action lands to the first input."""
+    obs = torch.randn(16, 3)
+    dist = pi(obs)
+    a = dist.rsample() if how == "rsample" else dist.sample()
+    reward = -(a - obs[:, :1]).pow(2).detach()
+    opt.zero_grad()
+    (-(dist.log_prob(a).sum(-1) * (reward.squeeze(1) - reward.mean())).mean()).backward()
+    opt.step()
+
+
 def _p2(tmp_path: Path, how: str, mode: str) -> list[dict[str, Any]]:
     torch.manual_seed(0)
     pi = _Policy()
     opt = torch.optim.Adam(pi.parameters(), lr=1e-3)
-    path = tmp_path / f"{how}-{mode}.tscope"
-    with torchscope.watch(pi, opt, server=None, record=path, mode=mode):
+    with torchscope.watch(pi, opt, server=None, record=tmp_path / f"{how}-{mode}.tscope", mode=mode) as w:
         for _ in range(6):
-            obs = torch.randn(16, 3)
-            dist = pi(obs)
-            a = dist.rsample() if how == "rsample" else dist.sample()
-            reward = -(a - obs[:, :1]).pow(2).detach()
-            loss = -(dist.log_prob(a).sum(-1) * (reward.squeeze(1) - reward.mean())).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P2"]
+            _policy_gradient_step(pi, opt, how)
+    return [dict(f) for f in diagnose(iter_events(w.path)) if f["code"] == "P2"]
 
 
 @pytest.mark.parametrize("mode", ["default", "full"])
