@@ -380,7 +380,11 @@ class OpRecorder(TorchDispatchMode):
             self._storage_refs[ptr] = n
 
     def _link_pending(self) -> None:
-        """Stamp each earlier op's output grad_fn with the op id (autograd has set it by now)."""
+        """Stamp each earlier op's output grad_fn with the op id (autograd has set it by now),
+        and the output's ``requires_grad`` and ``is_leaf`` in the tensor table: a dispatch mode
+        sees the output before autograd attaches its grad_fn, so every output read
+        ``requires_grad`` false and ``is_leaf`` true -- and the rules that follow the gradient
+        through the table (P18) found nothing without the C++ recorder (QA 49d)."""
         if not self._pending_ops:
             return
         ops, refs = self._pending_ops, self._pending_refs
@@ -397,6 +401,8 @@ class OpRecorder(TorchDispatchMode):
                 tid = self._tid.get(id(t))
                 if tid is not None:
                     meta.setdefault("torchscope_tensors", []).append(tid)
+                    self.tensors[tid]["requires_grad"] = t.requires_grad
+                    self.tensors[tid]["is_leaf"] = False
 
     # the records as the watch reads them during the step (the native recorder's interface)
     @property

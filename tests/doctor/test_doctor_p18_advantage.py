@@ -144,3 +144,20 @@ def test_a_td_target_left_attached_is_p18(tmp_path: Path, kind: str, mode: str) 
 @pytest.mark.parametrize("kind", ["no_grad", "detached", "target_net", "consistency"])
 def test_a_constant_td_target_is_no_p18(tmp_path: Path, kind: str) -> None:
     assert _dqn(tmp_path, kind) == []
+
+
+@pytest.mark.parametrize("case", ["advantage", "td"])
+def test_p18_without_the_cpp_recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """The Python recorder (a first run, before any full-mode build; ``TORCHSCOPE_NATIVE=0``) saw
+    each op's outputs before autograd gave them a grad_fn: its tensor table said every one
+    ``requires_grad`` false, and P18, which follows the gradient through it, found nothing (QA
+    49d).  Its table now says what PyTorch does, and P18 finds both mistakes."""
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "0")
+    found = _p18(tmp_path, "attached") if case == "advantage" else _dqn(tmp_path, "attached")
+    assert [f["severity"] for f in found] == ["warning"], found
+    graph = next(e for e in iter_events(next(tmp_path.glob("*.tscope"))) if e["kind"] == "graph")
+    assert graph["recorder"] == "python"
+    tensors = {t["id"]: t for t in graph["tensors"]}
+    layer_outputs = [tensors[o["outputs"][0]] for o in graph["ops"] if o["name"] == "aten::addmm"]
+    # a layer's output in the forward: made by autograd's graph, requiring grad, no leaf
+    assert layer_outputs and all(t["requires_grad"] and not t["is_leaf"] for t in layer_outputs), layer_outputs
