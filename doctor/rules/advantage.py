@@ -71,6 +71,12 @@ def _log_probs(tid: int, made: dict[int, dict[str, Any]]) -> bool:
     if op is not None and str(op.get("name")) == "aten::neg":  # ``-log_prob * advantage``
         ins = as_list(op.get("inputs"))
         op = made_by(as_int(ins[0], -1), made) if ins else None
+    if op is not None and str(op.get("name")) == "aten::exp":  # PPO's ratio, exp(log_prob - old_log_prob)
+        ins = as_list(op.get("inputs"))
+        op = made_by(as_int(ins[0], -1), made) if ins else None
+        if op is None or str(op.get("name")) != "aten::sub" or not as_list(op.get("inputs")):
+            return False
+        return _log_probs(as_int(as_list(op.get("inputs"))[0], -1), made)
     if op is None:
         return False
     if str(op.get("name")) in _LOG_SOFTMAX:
@@ -174,9 +180,25 @@ def _attached_td_target(tid: int, made: dict[int, dict[str, Any]], table: _Table
         if len(carrying) != 1:
             return None
         tid = carrying[0]
-    if op is None or str(op.get("name")) not in _MAXES or not ins:
-        return None
-    return _layer(made_by(ins[0], made), table, wide=True)
+    if op is not None and str(op.get("name")) in _MAXES and ins:
+        return _q_values(ins[0], made, table)
+    # Q(s', a') picked by ``gather`` (a moved value): Double DQN's online argmax, SARSA's a'
+    return _layer(op, table, wide=True)
+
+
+def _q_values(tid: int, made: dict[int, dict[str, Any]], table: _Table) -> dict[str, Any] | None:
+    """The wide layer op whose output ``tid`` is, or that a dueling head combines into it
+    (``V + A - A.mean()``: an add or sub of layer outputs and their means); None otherwise."""
+    op = made_by(tid, made)
+    for _ in range(4):
+        if op is None or str(op.get("name")) not in ("aten::add", "aten::sub", "aten::mean"):
+            break
+        ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+        wide = [layer for t in ins if (layer := _layer(made_by(t, made), table, wide=True)) is not None]
+        if wide:
+            return wide[0]
+        op = made_by(ins[0], made) if ins else None
+    return _layer(op, table, wide=True)
 
 
 def _cleared_first(run: Run, module: str, steps: list[int]) -> bool:
@@ -208,7 +230,7 @@ def _td_loss(op: dict[str, Any], made: dict[int, dict[str, Any]], table: _Table)
         return None
     for q, target in ((ins[0], ins[1]), (ins[1], ins[0])):
         head = _attached_td_target(target, made, table)
-        picked = _layer(made_by(q, made), table, wide=True) if head is not None else None
+        picked = _q_values(q, made, table) if head is not None else None
         if head is not None and picked is not None and picked.get("module") == head.get("module"):
             return head
     return None

@@ -40,6 +40,11 @@ def _loss(kind: str, logits: torch.Tensor, value: torch.Tensor, gate: torch.Tens
         adv = returns - value if kind == "normalised" else (returns - value).detach()
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         return -(dist.log_prob(a) * adv).mean() + critic
+    if kind in ("ppo_attached", "ppo_stored"):  # PPO's clipped loss, its advantage made in the update (QA 49d)
+        old = dist.log_prob(a).detach()
+        ratio = torch.exp(dist.log_prob(a) - old)
+        adv = returns - value if kind == "ppo_attached" else (returns - value).detach()
+        return -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean() + critic
     if kind in ("probs", "probs_detached"):  # Categorical(probs=softmax(...)): PyTorch's actor_critic.py (QA 49a: missed)
         pd = distributions.Categorical(probs=logits.softmax(-1))
         taken = pd.sample()
@@ -83,7 +88,7 @@ def _p18(tmp_path: Path, kind: str, mode: str = "default") -> list[dict[str, Any
 
 @pytest.mark.parametrize(("kind", "mode"), [("attached", "default"), ("attached", "full"), ("log_softmax", "default"),
                                            ("normalised", "default"), ("normalised", "full"), ("probs", "default"),
-                                           ("probs", "full"), ("per_step", "default")])
+                                           ("probs", "full"), ("per_step", "default"), ("ppo_attached", "default")])
 def test_an_attached_advantage_is_p18(tmp_path: Path, kind: str, mode: str) -> None:
     (f,) = _p18(tmp_path, kind, mode)
     assert f["severity"] == "warning" and f["modules"] == ["v"] and "'v' (Linear)" in f["message"], f
@@ -92,7 +97,7 @@ def test_an_attached_advantage_is_p18(tmp_path: Path, kind: str, mode: str) -> N
 
 
 @pytest.mark.parametrize("kind", ["detached", "normalised_detached", "entropy", "gate", "ppo", "probs_detached",
-                                  "per_step_item"])
+                                  "per_step_item", "ppo_stored"])
 def test_log_probabilities_weighed_by_design_are_no_p18(tmp_path: Path, kind: str) -> None:
     assert _p18(tmp_path, kind) == []
 
@@ -103,6 +108,7 @@ def _dqn(tmp_path: Path, kind: str, mode: str = "default") -> list[dict[str, Any
     net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
     target_net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
     target_net.load_state_dict(net.state_dict())
+    value_head = nn.Linear(16, 1)  # (a dueling head's V, beside the network's A: its own module)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     path = tmp_path / f"dqn-{kind}-{mode}.tscope"
     with torchscope.watch(net, opt, server=None, record=path, mode=mode):
@@ -114,6 +120,14 @@ def _dqn(tmp_path: Path, kind: str, mode: str = "default") -> list[dict[str, Any
                 target = r + 0.99 * net(s2).max(1).values
             elif kind == "attached_done":  # the same, masked at episode ends, under a Huber loss
                 target = r + 0.99 * (1 - done) * net(s2).amax(1)
+            elif kind == "double_attached":  # Double DQN with the online net, its pick not detached
+                target = r + 0.99 * net(s2).gather(1, net(s2).argmax(1, keepdim=True)).squeeze(1)
+            elif kind == "double_no_grad":
+                with torch.no_grad():
+                    target = r + 0.99 * target_net(s2).gather(1, net(s2).argmax(1, keepdim=True)).squeeze(1)
+            elif kind == "dueling_attached":  # the max of V + A - mean(A) from the network itself
+                h = net[1](net[0](s2))
+                target = r + 0.99 * (value_head(h) + net[2](h) - net[2](h).mean(1, keepdim=True)).max(1).values
             elif kind == "no_grad":
                 with torch.no_grad():
                     target = r + 0.99 * (1 - done) * net(s2).max(1).values
@@ -131,7 +145,8 @@ def _dqn(tmp_path: Path, kind: str, mode: str = "default") -> list[dict[str, Any
     return [dict(f) for f in diagnose(iter_events(path)) if f["code"] == "P18"]
 
 
-@pytest.mark.parametrize(("kind", "mode"), [("attached", "default"), ("attached", "full"), ("attached_done", "default")])
+@pytest.mark.parametrize(("kind", "mode"), [("attached", "default"), ("attached", "full"), ("attached_done", "default"),
+                                           ("double_attached", "default"), ("dueling_attached", "default")])
 def test_a_td_target_left_attached_is_p18(tmp_path: Path, kind: str, mode: str) -> None:
     """``target = r + gamma * net(s2).max(1).values`` with neither ``no_grad`` nor ``.detach()``:
     the loss trains the next state's value toward this one's (QA 49a: no finding)."""
@@ -141,7 +156,7 @@ def test_a_td_target_left_attached_is_p18(tmp_path: Path, kind: str, mode: str) 
     assert f["src"].startswith(Path(__file__).name + ":") and f["steps"] == ([0] if mode == "default" else [0, 1, 2]), f
 
 
-@pytest.mark.parametrize("kind", ["no_grad", "detached", "target_net", "consistency"])
+@pytest.mark.parametrize("kind", ["no_grad", "detached", "target_net", "consistency", "double_no_grad"])
 def test_a_constant_td_target_is_no_p18(tmp_path: Path, kind: str) -> None:
     assert _dqn(tmp_path, kind) == []
 
