@@ -117,6 +117,8 @@ def ensure_server(
                   f"waiting up to {_STARTING_WAIT_S:.0f} s", file=sys.stderr, flush=True)
             if _started_meanwhile(base, time.monotonic() + _STARTING_WAIT_S):
                 return base, None
+        elif health(base):  # a server that bound the port after the first look, and answers now (QA 49d)
+            return base, None
         # 2 as `serve` says it: the --port given cannot be used
         raise ClientError(f"port {port} is in use by another program (not a torchscope server); choose another with --port", 2)
     cmd = [sys.executable, "-m", "torchscope.server.cli", "serve", "--port", str(port), "--quiet"]

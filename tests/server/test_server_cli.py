@@ -686,3 +686,29 @@ def test_serve_says_where_a_db_url_put_the_store(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.communicate()
+
+
+def test_a_server_that_answers_during_the_probe_is_used(tmp_path: Path) -> None:
+    """The server on the port answers while the command probes it (it bound its port after the
+    first look, and was ready a moment later: `torchscope serve --port P &` then `open` at once,
+    QA 49d): it is that server, not "another program".  Held with SIGSTOP past the first look,
+    let go in the middle of the one-second probe."""
+    from torchscope.server.client import ensure_server
+
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, "-m", "torchscope.server.cli", "serve", "--port", str(port), "--quiet",
+                            "--data", str(tmp_path / "data")])
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # ready, then held: it takes connections and answers none
+            with contextlib.suppress(OSError), urllib.request.urlopen(base + "/api/health", timeout=1):
+                break
+            time.sleep(0.05)
+        os.kill(srv.pid, signal.SIGSTOP)
+        threading.Timer(1.5, os.kill, (srv.pid, signal.SIGCONT)).start()  # the first look times out at 1 s
+        assert ensure_server(base, str(tmp_path / "other")) == (base, None)
+    finally:
+        os.kill(srv.pid, signal.SIGCONT)
+        srv.terminate()
+        srv.wait(30)
