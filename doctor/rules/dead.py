@@ -38,7 +38,7 @@ def _cancelled(run: Run, modules: set[str]) -> tuple[str, str] | None:
     for _, graph in run.all_graphs():
         graph_ops = g.ops(graph)
         made = g.producers(graph_ops)
-        outputs = {int(t): str(op.get("module") or "") for op in graph_ops if str(op.get("module") or "") in modules
+        outputs = {int(t): str(op.get("module") or "") for op in graph_ops if _within(str(op.get("module") or ""), modules)
                    and op.get("phase", "forward") == "forward" for t in as_list(op.get("outputs")) if isinstance(t, int)}
         for op in graph_ops:
             ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
@@ -53,6 +53,12 @@ def _cancelled(run: Run, modules: set[str]) -> tuple[str, str] | None:
                 if any(g.made_by(as_int(t, -1), made) is source for t in as_list(added.get("inputs"))):
                     return outputs[out], str(op.get("src") or "")
     return None
+
+
+def _within(module: str, dead: set[str]) -> bool:
+    """Whether ``module`` is a dead module or a sibling of one in its block (a ``Sequential``'s
+    ReLU after its dead Linear: the block's output is the ReLU's; QA 49d)."""
+    return module in dead or any("." in m and module.startswith(m.rsplit(".", 1)[0] + ".") for m in dead)
 
 
 def _judged_steps(run: Run) -> Iterator[tuple[int, dict[str, Any]]]:

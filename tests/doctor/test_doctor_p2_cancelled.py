@@ -60,3 +60,33 @@ def test_log_prob_of_its_own_rsample_is_named(tmp_path: Path, mode: str) -> None
 
 def test_log_prob_of_a_sample_trains_the_mean(tmp_path: Path) -> None:
     assert _p2(tmp_path, "sample", "default") == []
+
+
+class _Block(nn.Module):
+    """A block whose output is its ``Sequential``'s last member's (a ReLU's), not its Linear's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 8)
+        self.f = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        self.out = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        fh = self.f(h)
+        return self.out((h + fh) - fh)  # type: ignore[no-any-return]
+
+
+def test_a_blocks_output_that_cancels_is_named(tmp_path: Path) -> None:
+    """The cancelling output is the ReLU's at the end of ``f`` (module ``f.1``), the dead
+    parameters its Linear's (``f.0``): named all the same (QA 49d: the plain dead-branch text)."""
+    torch.manual_seed(0)
+    model = _Block()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torchscope.watch(model, opt, server=None, record=tmp_path / "block.tscope") as w:
+        for _ in range(6):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+    (f,) = [dict(f) for f in diagnose(iter_events(w.path)) if f["code"] == "P2"]
+    assert f["params"] == ["f.0.weight", "f.0.bias"] and "The output of 'f.1' cancels out of the loss" in f["message"], f
