@@ -316,7 +316,7 @@ def get(block: bool = False, build: bool = True) -> ModuleType | None:
                     say(f"torchscope: full mode records ops in Python, ~2x slower ({_error})")
                     return None
                 say(
-                    "torchscope: building full mode's C++ op recorder in the background (~30 s, once per "
+                    "torchscope: building full mode's C++ op recorder in the background (a minute or more, once per "
                     "torch version); ops are recorded in Python until then",
                 )
     return _ext
