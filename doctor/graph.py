@@ -53,6 +53,11 @@ MOVES = frozenset(f"aten::{n}" for n in (
 ))  # fmt: skip
 
 
+def op_inputs(op: dict[str, Any] | None) -> list[int]:
+    """An op's input tensor ids ([] for no op)."""
+    return [as_int(t, -1) for t in as_list(op.get("inputs"))] if op is not None else []
+
+
 def made_by(tid: int, made: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """The op that made tensor ``tid`` (``made``: ``producers``), followed back through ops
     that only move or pick values (``MOVES``, each by its first input)."""
@@ -60,8 +65,8 @@ def made_by(tid: int, made: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     for _ in range(16):
         if op is None or str(op.get("name")) not in MOVES:
             return op
-        ins = op.get("inputs")
-        op = made.get(int(ins[0])) if isinstance(ins, list) and ins and isinstance(ins[0], int) else None
+        ins = op_inputs(op)
+        op = made.get(ins[0]) if ins else None
     return None
 
 

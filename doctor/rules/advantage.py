@@ -27,7 +27,7 @@ from typing import Any
 from torchscope.schema import Finding
 
 from ..finding import describe_steps, make
-from ..graph import made_by, ops, producers, target_of_op
+from ..graph import made_by, op_inputs, ops, producers, target_of_op
 from ..run import Run, as_dict, as_int, as_list, notes
 from ..settings import Settings
 
@@ -69,19 +69,17 @@ def _log_probs(tid: int, made: dict[int, dict[str, Any]]) -> bool:
     PyTorch's own actor_critic.py example builds it: QA 49a, the finding was missed)."""
     op = made_by(tid, made)
     if op is not None and str(op.get("name")) == "aten::neg":  # ``-log_prob * advantage``
-        ins = as_list(op.get("inputs"))
-        op = made_by(as_int(ins[0], -1), made) if ins else None
+        op = made_by(op_inputs(op)[0], made) if op_inputs(op) else None
     if op is not None and str(op.get("name")) == "aten::exp":  # PPO's ratio, exp(log_prob - old_log_prob)
-        ins = as_list(op.get("inputs"))
-        op = made_by(as_int(ins[0], -1), made) if ins else None
-        if op is None or str(op.get("name")) != "aten::sub" or not as_list(op.get("inputs")):
+        op = made_by(op_inputs(op)[0], made) if op_inputs(op) else None
+        if op is None or str(op.get("name")) != "aten::sub" or not op_inputs(op):
             return False
-        return _log_probs(as_int(as_list(op.get("inputs"))[0], -1), made)
+        return _log_probs(op_inputs(op)[0], made)
     if op is None:
         return False
     if str(op.get("name")) in _LOG_SOFTMAX:
         return True
-    ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+    ins = op_inputs(op)
     if str(op.get("name")) == "aten::log" and ins:
         return _probabilities(ins[0], made)
     if str(op.get("name")) == "aten::sub" and len(ins) == 2:
@@ -97,7 +95,7 @@ def _probabilities(tid: int, made: dict[int, dict[str, Any]]) -> bool:
     for _ in range(4):
         op = made_by(tid, made)
         name = str(op.get("name")) if op is not None else ""
-        ins = [as_int(t, -1) for t in as_list(op.get("inputs"))] if op is not None else []
+        ins = op_inputs(op)
         if name in _SOFTMAX:
             return True
         if name in _CLAMPS and ins:
@@ -105,7 +103,7 @@ def _probabilities(tid: int, made: dict[int, dict[str, Any]]) -> bool:
             continue
         if name == "aten::div" and len(ins) == 2:
             total = made.get(ins[1])
-            return total is not None and str(total.get("name")) == "aten::sum" and as_list(total.get("inputs"))[:1] == ins[:1]
+            return total is not None and str(total.get("name")) == "aten::sum" and op_inputs(total)[:1] == ins[:1]
         return False
     return False
 
@@ -116,7 +114,7 @@ def _unnormalised(tid: int, made: dict[int, dict[str, Any]]) -> int:
     subtraction of the tensor's own mean."""
     for _ in range(3):
         op = made.get(tid)
-        ins = [as_int(t, -1) for t in as_list(op.get("inputs"))] if op is not None else []
+        ins = op_inputs(op)
         name = str(op.get("name")) if op is not None else ""
         scaled = name == "aten::div" and bool(ins)
         centred = name in _SUBS and len(ins) == 2 and (mean := made.get(ins[1])) is not None \
@@ -135,7 +133,7 @@ def _attached_advantage(tid: int, made: dict[int, dict[str, Any]], table: _Table
     op = made.get(tid)
     if op is None or str(op.get("name")) not in _SUBS or not table.grad.get(tid, False):
         return None
-    ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+    ins = op_inputs(op)
     carrying = [t for t in ins if table.grad.get(t, False)]
     constant = [t for t in ins if table.grad.get(t) is False]
     if len(carrying) != 1 or len(constant) != 1:
@@ -166,14 +164,14 @@ def _attached_td_target(tid: int, made: dict[int, dict[str, Any]], table: _Table
     op = made_by(tid, made)
     if op is None or str(op.get("name")) != "aten::add" or not table.grad.get(tid, True):
         return None
-    ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+    ins = op_inputs(op)
     carrying = [t for t in ins if table.grad.get(t, False)]
     if len(carrying) != 1 or len(ins) - len(carrying) > 1:
         return None  # (the reward: one constant, or a number)
     tid = carrying[0]
     for _ in range(4):  # gamma, (1 - done), their order
         op = made_by(tid, made)
-        ins = [as_int(t, -1) for t in as_list(op.get("inputs"))] if op is not None else []
+        ins = op_inputs(op)
         if op is None or str(op.get("name")) != "aten::mul":
             break
         carrying = [t for t in ins if table.grad.get(t, False)]
@@ -193,7 +191,7 @@ def _q_values(tid: int, made: dict[int, dict[str, Any]], table: _Table) -> dict[
     for _ in range(4):
         if op is None or str(op.get("name")) not in ("aten::add", "aten::sub", "aten::mean"):
             break
-        ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+        ins = op_inputs(op)
         wide = [layer for t in ins if (layer := _layer(made_by(t, made), table, wide=True)) is not None]
         if wide:
             return wide[0]
@@ -225,7 +223,7 @@ def _cleared_first(run: Run, module: str, steps: list[int]) -> bool:
 def _td_loss(op: dict[str, Any], made: dict[int, dict[str, Any]], table: _Table) -> dict[str, Any] | None:
     """The layer op of ``max Q(s', .)`` when ``op`` is a regression loss of a Q-value and an
     attached bootstrapped target computed by a layer of the same module; None otherwise."""
-    ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+    ins = op_inputs(op)
     if len(ins) < 2:
         return None
     for q, target in ((ins[0], ins[1]), (ins[1], ins[0])):
@@ -254,7 +252,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                 if (head := _td_loss(op, made, table)) is not None:
                     td.setdefault(key, ([], op, head, step))[0].append(step)
                 continue
-            ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+            ins = op_inputs(op)
             if len(ins) != 2:
                 continue
             for logp, adv in ((ins[0], ins[1]), (ins[1], ins[0])):

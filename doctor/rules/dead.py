@@ -41,7 +41,7 @@ def _cancelled(run: Run, modules: set[str]) -> tuple[str, str] | None:
         outputs = {int(t): str(op.get("module") or "") for op in graph_ops if _within(str(op.get("module") or ""), modules)
                    and op.get("phase", "forward") == "forward" for t in as_list(op.get("outputs")) if isinstance(t, int)}
         for op in graph_ops:
-            ins = [as_int(t, -1) for t in as_list(op.get("inputs"))]
+            ins = g.op_inputs(op)
             if str(op.get("name")) != "aten::sub" or len(ins) != 2:
                 continue
             for total, part in ((ins[0], ins[1]), (ins[1], ins[0])):
@@ -50,7 +50,7 @@ def _cancelled(run: Run, modules: set[str]) -> tuple[str, str] | None:
                 added = g.made_by(total, made)
                 if out is None or added is None or str(added.get("name")) != "aten::add":
                     continue
-                if any(g.made_by(as_int(t, -1), made) is source for t in as_list(added.get("inputs"))):
+                if any(g.made_by(t, made) is source for t in g.op_inputs(added)):
                     return outputs[out], str(op.get("src") or "")
     return None
 
