@@ -26,21 +26,32 @@ from test_server_doctor_turns import _findings, _nan_step, _post
 from torchscope.sessionfile import encode_frame
 
 
-def _listen(srv: ServerProc) -> list[tuple[float, dict[str, Any]]]:
-    """Every live event the server sends from now on, with when it came (a thread fills it)."""
+def _listen(srv: ServerProc) -> list[dict[str, Any]]:
+    """Every live event the server sends from now on, in order (a thread fills the list)."""
     live = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
     live.request("GET", "/api/live")
     stream = live.getresponse()
     assert stream.readline() == b": connected\n"
-    heard: list[tuple[float, dict[str, Any]]] = []
+    heard: list[dict[str, Any]] = []
 
     def listen() -> None:
         for line in stream:
             if line.startswith(b"data: "):
-                heard.append((time.monotonic(), json.loads(line[6:])))
+                heard.append(json.loads(line[6:]))
 
     threading.Thread(target=listen, daemon=True).start()
     return heard
+
+
+def _heard_finding(heard: list[dict[str, Any]], start: int) -> int:
+    """Waits for a "finding" event of the session "live" at ``heard[start:]``; the index past it."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        for i in range(start, len(heard)):
+            if heard[i]["kind"] == "finding" and heard[i]["session"] == "live":
+                return i + 1
+        time.sleep(0.05)
+    raise AssertionError(f"no finding event of 'live' after event {start}: {heard}")
 
 
 def _codes(findings: list[dict[str, Any]]) -> set[str]:
@@ -54,19 +65,17 @@ def test_a_live_runs_findings_come_at_once_and_the_update_follows(tmp_path: Path
         _post(srv, "live", a)
         before = _findings(srv, "live")
         assert "P4" not in _codes(before)  # diagnosed: healthy so far
+        # that first diagnosis is published too: the NaN is sent once it is heard, so the event
+        # awaited below is the NaN's (CI, loaded: the listener read it after the next post)
+        since = _heard_finding(heard, 0)
         _post(srv, "live", [encode_frame(len(a), [_nan_step(s) for s in range(10, 14)])])
-        since = time.monotonic()
         # the run goes on (frames stored, no end): its page gets what the doctor found so far
         answered = _findings(srv, "live")
         assert answered == before
         with urllib.request.urlopen(f"{srv.url}/api/sessions/live", timeout=30) as r:
             assert json.loads(r.read())["status"] == "running"
         # and the doctor runs behind the answer: the page is told, and the NaN is found
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not any(
-                t > since and m["kind"] == "finding" and m["session"] == "live" for t, m in heard):
-            time.sleep(0.05)
-        assert any(t > since and m["kind"] == "finding" and m["session"] == "live" for t, m in heard)
+        _heard_finding(heard, since)
         assert "P4" in _codes(_findings(srv, "live"))
 
 
