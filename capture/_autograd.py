@@ -18,6 +18,7 @@ import torch
 
 from . import _native
 from ._memory import held_parts, union_bytes
+from ._profiled import labelled
 from .schema import NodeRecord, SavedTensor
 
 _saved_attrs: dict[type, tuple[tuple[str, str], ...]] = {}
@@ -600,7 +601,7 @@ class NonFiniteOrigin:
 
         def hook(grad_inputs: Any, grad_outputs: Any) -> None:
             try:
-                with _native.unrecorded():  # full mode records the backward's ops: not these
+                with _native.unrecorded(), labelled("nan_origin"):  # full mode records the backward's ops: not these
                     if _finite(grad_outputs) and not _finite(grad_inputs):
                         made.append(i)
             except Exception:  # a tensor subclass without isfinite: that node is not checked

@@ -143,12 +143,16 @@ class GradRead:
         norm, idx = stats["norm"], self.idx
         for pos, k in enumerate(pos_d):
             norm[idx[k]] = vals[pos]
+        cols = (stats["max_abs"], stats["mean"], stats["std"], stats["zero_frac"]) if self.full else ()  # type: ignore[typeddict-item]
+
+        def full_columns(pos: int, k: int) -> None:
+            # min, max, non-zero count, sum and variance follow the norms, k_n values apart
+            _full_columns(cols, idx[k], self.numel[k], vals[pos], vals[k_n + pos], vals[2 * k_n + pos],
+                          vals[3 * k_n + pos], vals[4 * k_n + pos], vals[5 * k_n + pos])
+
         if self.full:
-            # the columns of every gradient at once: min, max, non-zero count and sum follow the norms
-            cols = (stats["max_abs"], stats["mean"], stats["std"], stats["zero_frac"])  # type: ignore[typeddict-item]
             for pos, k in enumerate(pos_d):
-                _full_columns(cols, idx[k], self.numel[k], vals[pos], vals[k_n + pos], vals[2 * k_n + pos],
-                              vals[3 * k_n + pos], vals[4 * k_n + pos], vals[5 * k_n + pos])
+                full_columns(pos, k)
         for pos, j in enumerate(ex_d):
             extras[j] = vals[(_FULL_COLS if self.full else 1) * k_n + pos]
         if math.isfinite(math.fsum(vals[:k_n])):
@@ -156,10 +160,17 @@ class GradRead:
         for pos, k in enumerate(pos_d):
             if not math.isfinite(vals[pos]):
                 i = self.idx[k]
-                if gl is not None:
-                    stats["nan"][i], stats["inf"][i] = _nonfinite_counts(gl[k])
-                else:
+                if gl is None:
                     stats["nan"][i], stats["inf"][i] = int(math.isnan(vals[pos])), int(math.isinf(vals[pos]))
+                else:
+                    stats["nan"][i], stats["inf"][i] = _nonfinite_counts(gl[k])
+                    if stats["nan"][i] == stats["inf"][i] == 0:
+                        # finite values whose float32 norm overflowed (past ~1e19 each: a run
+                        # diverging), read as an Inf gradient: the norm in float64, as in C++
+                        vals[pos] = norm[i] = torch.linalg.vector_norm(gl[k], dtype=torch.float64).item()
+                        if self.full:
+                            full_columns(pos, k)
+                        continue
                 if self.full:
                     stats["std"][i] = math.nan
 

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 
 from ._memory import _PLAIN, storage_parts
 from ._overlap import Region, itemsize, region, writes_saved
+from ._profiled import labelled
 from ._srcloc import op_src, user_src
 from .schema import NAN_SOURCE_OPS, UNINITIALISED_OPS
 
@@ -621,7 +622,7 @@ def _stored(t: torch.Tensor) -> torch.Tensor:
 
 def _has_nan(t: torch.Tensor) -> bool:
     """Whether ``t`` holds a NaN (its minimum or maximum is NaN: NaN propagates through aminmax)."""
-    with torch._C._DisableTorchDispatch():
+    with torch._C._DisableTorchDispatch(), labelled("nan_check"):
         t = _stored(t)
         if t.is_complex():
             return bool(torch.isnan(t).any())
@@ -634,7 +635,7 @@ def _finite(t: torch.Tensor) -> bool:
     aminmax), not ``isfinite(t)``, a bool copy of the whole output on its device.  A plain
     tensor's: read with Python dispatch off, so the loop's own modes under ours (a FLOP
     counter) do not see these reads."""
-    with torch._C._DisableTorchDispatch():
+    with torch._C._DisableTorchDispatch(), labelled("nan_check"):
         t = _stored(t)
         if t.is_complex():
             return bool(torch.isfinite(t).all())

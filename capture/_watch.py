@@ -56,6 +56,7 @@ from ._modhook import ModuleHook, assignment_hooks, hook_forward, hook_module
 from ._native import NativeRecorder
 from ._ops import OpRecorder, StorageIds, autocast_dtype, autocast_on
 from ._overlap import Region, itemsize, region
+from ._profiled import labelled, profiling
 from ._record import claim_record, default_record
 from ._srcloc import _is_internal, call_as_user, op_src, same_function, site_src, user_site, user_src
 from .distributed import RankInfo, rank_info, session_id
@@ -1234,6 +1235,7 @@ class Watch:
         # walk key -> (signature, nodes) of the walks made (_walk_key, _reuse_walk)
         self._walked: dict[tuple[Any, ...], tuple[str, int]] = {}
         self._last_seq = 0  # sequence number of the last backward root's grad_fn (_nodes_since)
+        self._outside_told: frozenset[int] = frozenset()  # ids of the unregistered parameters light last told
         self._walked_nodes = 0  # nodes of the last graph_key walk (sizes the next one's table)
         # (signature, input shapes) -> bytes saved for backward, unreadable saved tensors
         self._saved_cache: dict[tuple[str, tuple[tuple[int, ...], ...]], tuple[int, list[str]]] = {}
@@ -1524,6 +1526,12 @@ class Watch:
     def _safe(self, part: str, fn: Callable[..., Any], *args: Any) -> Any:
         if part in self._disabled or not self._active:
             return None
+        if profiling():  # a profiler the user runs around the loop: our ops under our label
+            with labelled(part):
+                return self._guarded(part, fn, args)
+        return self._guarded(part, fn, args)
+
+    def _guarded(self, part: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         at = self._step  # (a step's record moves it on even when it fails)
         try:
             with torch._C.DisableTorchFunction():  # our own tensor calls skip every function mode
@@ -4188,9 +4196,14 @@ class Watch:
             self._safe("graph", self._owned_elsewhere, unregistered)
             if self.mode == "light":
                 # distinct: each backward pass of the step that walked its graph named them
-                n_out = len({id(v) for rec, ref in unregistered if rec.get("unregistered") and (v := ref()) is not None})
+                out = frozenset(id(v) for rec, ref in unregistered if rec.get("unregistered") and (v := ref()) is not None)
                 held = sorted({str(rec["held_as"]) for rec, _ in unregistered if rec.get("unregistered") and "held_as" in rec})
-                if n_out:
+                # told when they change: without the extension a structure is walked again at
+                # step 1 (its cheap key counts step 0's nodes from the thread's first) and every
+                # GRAD_STATS_EVERY steps, and the doctor read each walk as another step using them
+                n_out, told = len(out), self._outside_told
+                self._outside_told = out
+                if n_out and out != told:
                     ev.setdefault("events", []).append({"what": "unregistered_params", "count": n_out,
                                                         **({"held_as": held} if held else {})})
         stats, values = read.result()

@@ -161,3 +161,30 @@ def test_a_watched_runs_std_of_an_offset_gradient(
     for st in steps:
         if st["grads"].get("std"):
             assert st["grads"]["std"][0] == pytest.approx(seen[st["step"]], rel=1e-5), st["step"]
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("full", [True, False])
+def test_a_finite_gradient_past_float32s_norm_is_not_read_as_inf(
+        native: bool, full: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A diverging run's gradients reach 1e27 a value, finite in float32 while their float32
+    norm overflows: without the C++ statistics the step read "Inf" (counts 0) and the doctor's
+    explosion went untold (its jump factors need the norms)."""
+    from torchscope import _native
+
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", "1" if native else "0")
+    if native:
+        assert _native.get(block=True) is not None, _native._error
+    torch.manual_seed(0)
+    grads = [1e27 * torch.randn(32, 8) for _ in range(6)]  # one shape: stacked
+    grads += [1e26 * torch.randn(300), torch.randn(5)]  # one by one, and a normal one beside
+    params = [_param(g) for g in grads]
+    stats, _ = grad_stats(params, full=full)
+    for i, g in enumerate(grads):
+        assert torch.isfinite(g).all()
+        exp = _expected(g)
+        assert stats["nan"][i] == stats["inf"][i] == 0, i
+        assert stats["norm"][i] == pytest.approx(exp["norm"], rel=1e-5), i
+        if full:
+            assert stats["std"][i] == pytest.approx(exp["std"], rel=1e-4), i  # type: ignore[typeddict-item]
+            assert stats["max_abs"][i] == pytest.approx(exp["max_abs"], rel=1e-6), i  # type: ignore[typeddict-item]

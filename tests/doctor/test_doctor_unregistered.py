@@ -71,9 +71,14 @@ def test_layers_in_a_plain_list_are_found_in_light_mode(tmp_path: Path) -> None:
     assert f["targets"] == [{"step": 0, "rank": 0}]
 
 
+@pytest.mark.parametrize("native", ["1", "0"])
 @pytest.mark.parametrize("registered", [True, False])
-def test_light_modes_count_of_outside_parameters(tmp_path: Path, registered: bool) -> None:
-    """The count on the step event: 4 (the list's two layers), and none when they are registered."""
+def test_light_modes_count_of_outside_parameters(
+        tmp_path: Path, registered: bool, native: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count on the step event: 4 (the list's two layers), and none when they are registered.
+    Told once also without the C++ extension (TORCHSCOPE_NATIVE=0), whose cheaper walk key
+    walks the graph again at step 1: it said [[4], [4], []]."""
+    monkeypatch.setenv("TORCHSCOPE_NATIVE", native)
     torch.manual_seed(0)
     model = Stack(registered)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
