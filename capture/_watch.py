@@ -1235,6 +1235,7 @@ class Watch:
         # walk key -> (signature, nodes) of the walks made (_walk_key, _reuse_walk)
         self._walked: dict[tuple[Any, ...], tuple[str, int]] = {}
         self._last_seq = 0  # sequence number of the last backward root's grad_fn (_nodes_since)
+        self._checked_step = -1  # the last step captured with its ops checked for NaN/Inf
         self._outside_told: frozenset[int] = frozenset()  # ids of the unregistered parameters light last told
         self._walked_nodes = 0  # nodes of the last graph_key walk (sizes the next one's table)
         # (signature, input shapes) -> bytes saved for backward, unreadable saved tensors
@@ -2009,6 +2010,8 @@ class Watch:
         # loss that is NaN from the start (log of a zero probability) is otherwise never traced
         # to its op, the parameters being poisoned by the time the next step is checked
         s.check_nan = s.capture and (self._nan_armed or step == 0)
+        if s.check_nan:
+            self._checked_step = step
         self._capture_next = False
         if self._scaler is not None:  # (else scale_version stays None, as the state starts)
             self._snapshot_scale(s)
@@ -4231,7 +4234,11 @@ class Watch:
         # too, so a recurring overflow is traced to the op or backward node that makes it (P14)
         skipped = bool(ev.get("scaler", {}).get("skipped"))
         self._nan_armed = bool(nonfinite) or skipped
-        if self._nan_armed and graph is None and self.mode != "light":
+        # the next step captured with its ops checked, unless this one was: a NaN made at a
+        # step the schedule captured (unchecked, nothing armed yet) was traced two steps later
+        # (QA 50b: NaN at 100, captured 102); a NaN that lasts is checked every other step
+        checked = graph is not None and self._checked_step == ev["step"]
+        if self._nan_armed and not checked and self.mode != "light":
             self._capture_next = True
         if graph is not None and self._transport.sheds(graph):
             ev["graph_captured"] = False  # shed under back-pressure: counted in the end event

@@ -113,6 +113,43 @@ class Run:
         return {i for i, only in rows.items() if only}
 
     @cached_property
+    def model_unreached(self) -> set[int]:
+        """Steps whose backward ran and reached none of the trainable parameters: each gradient
+        None at step() with no zero_grad() to blame -- the forward computed with copies of the
+        parameters (``functional_call(model, {k: v.detach().requires_grad_() ...})``: QA 50a,
+        read as a zero_grad() between backward() and step()).  Told by light's walk (an
+        ``unreached`` event naming every trainable parameter) or a captured graph whose
+        ``AccumulateGrad`` nodes are none of the parameters', and by the steps that built the
+        same structure (``graph_signature``) as such a step."""
+        n = trainable(self)
+        if not n:
+            return set()
+        seen: dict[str, bool] = {}  # structure -> its walk reached no parameter
+        for step, ev in self.step_events():
+            sig = ev.get("graph_signature")
+            walked = [set(as_list(e.get("params"))) for e in notes(ev, "unreached")]
+            graphs = self.graphs_of(step)
+            if walked:
+                missed = all(len(w) >= n for w in walked)
+            elif graphs and all(as_list(g.get("nodes")) for g in graphs):
+                missed = not any(isinstance(x, dict) and x.get("param") for g in graphs for x in as_list(g.get("nodes")))
+            else:
+                continue
+            if isinstance(sig, str) and sig:
+                seen[sig] = seen.get(sig, True) and missed
+        out: set[int] = set()
+        for step, ev in self.step_events():
+            none = {as_int(i, -1) for i in as_list(as_dict(ev.get("grads")).get("none"))}
+            if as_int(ev.get("micro_batches")) > 0 and len(none) >= n and seen.get(str(ev.get("graph_signature"))):
+                out.add(step)
+        return out
+
+    def cut_before_model(self, step: int, ev: dict[str, Any]) -> bool:
+        """Whether no parameter could get a gradient from the step's backward: each ran on a
+        leaf loss (``leaf_loss``) or its graph reached none of them (``model_unreached``)."""
+        return leaf_loss(ev) or step in self.model_unreached
+
+    @cached_property
     def params(self) -> list[dict[str, Any]]:
         return [p for p in as_list(self.session.get("params")) if isinstance(p, dict)]
 

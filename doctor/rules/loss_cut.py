@@ -15,7 +15,7 @@ from .. import graph as g
 from ..finding import describe_steps, make
 from ..run import Run, as_dict, as_int, as_list, capture_hint, errors, grad_off
 from ..settings import Settings
-from .paths import _CUT_FIX, P9_FIX, _forward_ops, _tensor_facts
+from .paths import _COPIES_FIX, _CUT_FIX, P9_FIX, _forward_ops, _tensor_facts, copied_params
 
 NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 
@@ -169,19 +169,7 @@ def _param_copies(run: Run, gstep: int, graph: dict[str, Any], forwards: list[di
     """The forward's ops read, in place of a module's parameters, tensors of their shapes that are
     not them and carry no gradient (``functional_call(model, {k: v.detach() ...})``, ``p.data``):
     the loss has no path to any parameter."""
-    shapes: dict[tuple[str, tuple[int, ...]], list[str]] = {}  # a module's parameters by shape (a norm's weight and bias share one)
-    for i, p in enumerate(run.params):
-        shapes.setdefault((run.param_module(i), tuple(as_int(d) for d in as_list(p.get("shape")))), []).append(run.param_name(i))
-    tensors = {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
-    copies: dict[str, dict[str, Any]] = {}
-    for op in _forward_ops(graph):
-        if "outside_model" in g.flags(op):
-            continue
-        for tid in as_list(op.get("inputs")):
-            t = tensors.get(as_int(tid, -1), {})
-            if t and "param" not in t and not t.get("requires_grad"):
-                for name in shapes.get((str(op.get("module", "")), tuple(as_int(d) for d in as_list(t.get("shape")))), []):
-                    copies.setdefault(name, op)
+    copies = copied_params(run, graph)
     if not copies:
         return None
     op = next(iter(copies.values()))
@@ -227,9 +215,6 @@ _AFTER_FIX = ("Find the cut between the model's output and the loss: remove a .d
               "only for values you log or store), keep the loss in torch ops (no .item()/.numpy() round trip), "
               "compute it outside torch.no_grad(), and replace a non-differentiable op (a hard decision, a "
               "comparison, an integer cast) with a differentiable surrogate such as probabilities.")
-_COPIES_FIX = ("Hand the forward the parameters themselves: for torch.func.functional_call, "
-               "dict(model.named_parameters()) (not {k: v.detach() ...}); in a forward of your own, the parameter, "
-               "not its .data or a copy.")
 _UNKNOWN_FIX = (f"{_CUT_FIX} A non-differentiable op on the loss's path (a hard decision, a comparison, an integer "
                 "cast) wants a differentiable surrogate such as probabilities.")
 _GENERIC = ("it was computed from tensors cut from the graph -- a .detach(), .data, an .item()/.numpy() round trip, a "

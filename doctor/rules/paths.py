@@ -38,6 +38,32 @@ def _forward_ops(graph: dict[str, Any]) -> list[dict[str, Any]]:
     return [op for op in g.ops(graph) if op.get("phase", "forward") == "forward"]
 
 
+def copied_params(run: Run, graph: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Parameters whose place the forward's ops in their module gave to tensors of their shapes
+    that are not them (a norm's weight and bias share one), each with the first such op: copies
+    that carry no gradient (``functional_call(model, {k: v.detach() ...})``, ``p.data``) or new
+    leaves (``v.detach().requires_grad_()``: each backward fills the copy's ``.grad``)."""
+    shapes: dict[tuple[str, tuple[int, ...]], list[str]] = {}
+    for i, p in enumerate(run.params):
+        shapes.setdefault((run.param_module(i), tuple(as_int(d) for d in as_list(p.get("shape")))), []).append(run.param_name(i))
+    tensors = {as_int(t.get("id"), -1): t for t in as_list(graph.get("tensors")) if isinstance(t, dict)}
+    copies: dict[str, dict[str, Any]] = {}
+    for op in _forward_ops(graph):
+        if "outside_model" in g.flags(op):
+            continue
+        for tid in as_list(op.get("inputs")):
+            t = tensors.get(as_int(tid, -1), {})
+            if t and "param" not in t and (not t.get("requires_grad") or t.get("is_leaf") is True):
+                for name in shapes.get((str(op.get("module", "")), tuple(as_int(d) for d in as_list(t.get("shape")))), []):
+                    copies.setdefault(name, op)
+    return copies
+
+
+_COPIES_FIX = ("Hand the forward the parameters themselves: for torch.func.functional_call, "
+               "dict(model.named_parameters()) (not {k: v.detach() ...}); in a forward of your own, the parameter, "
+               "not its .data or a copy.")
+
+
 # the dispatcher's own detach: a copy constructor's (torch.tensor(t), t.new_tensor(t)) where no
 # marker of the function mode names the call
 _DETACHES = frozenset({"aten::detach", "aten::detach_"})
@@ -141,7 +167,7 @@ def _none_steps(run: Run) -> tuple[dict[int, list[int]], dict[int, int]]:
                       - {as_int(i, -1) for i in as_list(grads.get("not_trained"))} - {-1})
         if not none:
             continue
-        if n_trainable and len(none) >= n_trainable and as_int(ev.get("zero_grad")) > 0 and not leaf_loss(ev):
+        if n_trainable and len(none) >= n_trainable and as_int(ev.get("zero_grad")) > 0 and not run.cut_before_model(step, ev):
             continue  # every grad cleared after backward: misplaced zero_grad (P5)
         for i in none:
             out.setdefault(i, []).append(step)
@@ -528,6 +554,18 @@ _VARYING_FIX = ("Nothing to fix if the model picks its path per step: the optimi
                 "load-balancing loss.")
 
 
+def _copied_in(run: Run, steps: list[int], names: list[str]) -> str | None:
+    """The line of the forward that read copies of ``names`` in their place on a captured graph
+    of ``steps`` (``copied_params``), or None."""
+    for step in steps:
+        for graph in run.graphs_of(step):
+            copies = copied_params(run, graph)
+            op = next((copies[n] for n in names if n in copies), None)
+            if op is not None:
+                return str(op.get("src") or "") or None
+    return None
+
+
 def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], steps: list[int],
               op: dict[str, Any], missed: list[int], got: list[int], same_structure: bool,
               through_gradients: bool = False, stood_in: bool = False) -> tuple[Severity, str, str]:
@@ -599,6 +637,16 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
     else:
         head = f"{shown} never received a gradient ({when})"
     if not used:
+        copied = _copied_in(run, steps, names)
+        if copied is not None:
+            # functional_call(model, {k: v.detach().requires_grad_() ...}): read as a zero_grad()
+            # between backward() and step() (QA 50a, a MAML loop whose model never trained)
+            its = "its" if len(names) == 1 else "their"
+            return ("error", f"{head}: the forward at {copied} computed with copies of {_them(names)} in {its} "
+                    f"place -- tensors of {its} shape{'' if len(names) == 1 else 's'} that are not the parameters, "
+                    "new leaves made with .detach().requires_grad_() (or .detach(), .data) for "
+                    "torch.func.functional_call -- so each backward() filled the copies' .grad and the optimizer "
+                    f"skips {_them(names)}.", _COPIES_FIX)
         return "error", f"{head}: the forward never used {_them(names)}.", _UNUSED_FIX
     if op and not _is_cut(op) and through_gradients and all(n.rsplit(".", 1)[-1] == "bias" for n in names):
         # a loss made of input gradients (create_graph=True: an R1 penalty, a Hamiltonian's dH/dx)

@@ -15,7 +15,6 @@ from ..run import (
     as_list,
     cleared_at,
     grad_off,
-    leaf_loss,
     moved_params,
     notes,
     trainable,
@@ -290,8 +289,8 @@ def _misplaced(run: Run) -> list[Finding]:
             continue
         if as_dict(ev.get("scaler")) or as_list(ev.get("backward_errors")):
             continue  # a skipped AMP step or a failed backward also leaves gradients empty
-        if leaf_loss(ev):
-            continue  # P1's cut before a leaf loss, not zero_grad
+        if run.cut_before_model(step, ev):
+            continue  # P1's cut before a leaf loss (or before the parameters), not zero_grad
         grads = as_dict(ev.get("grads"))
         none = {as_int(i, -1) for i in as_list(grads.get("none"))}
         norms = [as_float(v) for v in as_list(grads.get("norm"))]
@@ -360,7 +359,8 @@ def _inside(run: Run) -> list[Finding]:
         passes = as_int(ev.get("micro_batches")) - len(as_list(ev.get("backward_errors")))
         used = as_int(ev.get("accumulated"), passes)
         srcs = {str(x) for x in as_list(ev.get("backward_src"))}
-        if passes >= 2 and 1 <= used < passes and as_int(ev.get("zero_grad")) >= 2 and len(srcs) == 1:
+        if (passes >= 2 and 1 <= used < passes and as_int(ev.get("zero_grad")) >= 2 and len(srcs) == 1
+                and not run.cut_before_model(step, ev)):  # (no pass reached a parameter: .grad stayed None)
             hits.append((step, passes, used))
     if len(hits) < 2 and not (hits and hits[0][0] == run.last_step == 0):
         return []

@@ -267,14 +267,49 @@ function layoutGroup(prep, g, sizeOf, sideBySide) {
   }
   const F = layered(ch, le, isF, sizeOf, false), B = layered(ch, le, isB, sizeOf, true);
   const al = alignColumns(prep.rootLinks, isF, F, B);
-  const hF = F.h + (al ? al.dF : 0), hB = B.h + (al ? al.dB : 0), H = Math.max(hF, hB), gap = 4 * SIZE.xGap;
-  const rel = new Float64Array(2 * n);
+  const hF = F.h + (al ? al.dF : 0), hB = B.h + (al ? al.dB : 0), H = Math.max(hF, hB);
+  const rel = new Float64Array(2 * n), top = new Float64Array(n);
   for (let k = 0; k < n; k++) {
     const src = isB[k] ? B : F;
-    rel[2 * k] = src.rel[2 * k] + (isB[k] ? F.w + gap : 0);
-    rel[2 * k + 1] = src.rel[2 * k + 1] + (al ? pushAt(isB[k] ? al.pushB : al.pushF, src.top[k]) : H - src.h);
+    const down = al ? pushAt(isB[k] ? al.pushB : al.pushF, src.top[k]) : H - src.h;
+    rel[2 * k] = src.rel[2 * k];
+    rel[2 * k + 1] = src.rel[2 * k + 1] + down;
+    top[k] = src.top[k] + down;
   }
-  return { rel, w: F.w + gap + B.w, h: H };
+  // the backward column as close as the rows beside each other allow, not past the forward
+  // column's widest row: in full mode that is the "(optimizer.step())" group below every
+  // backward row, and "Expand all" put the backward column's top off-screen (QA 50b)
+  const shift = columnShift(rel, top, ch, sizeOf, isF, F.w / 2, B.w / 2);
+  let x0 = Infinity, x1 = -Infinity;
+  for (let k = 0; k < n; k++) {
+    if (isB[k]) rel[2 * k] += shift;
+    x0 = Math.min(x0, rel[2 * k]); x1 = Math.max(x1, rel[2 * k] + sizeOf(ch[k])[0]);
+  }
+  for (let k = 0; k < n; k++) rel[2 * k] -= x0;
+  return { rel, w: x1 - x0, h: H };
+}
+
+// How far right of the forward column's left edge the backward column goes: each column's
+// rows are centred on its axis (at aF, aB of its own width), and the axes are as far apart as
+// the widest pair of rows that sit beside each other (overlapping in height, a gap between
+// them) needs -- at least a gap, with nothing beside each other.
+function columnShift(rel, top, ch, sizeOf, isF, aF, aB) {
+  const rowsF = new Map(), rowsB = new Map(); // row top -> [y0, y1, x0, x1]
+  for (let k = 0; k < ch.length; k++) {
+    const [w, h] = sizeOf(ch[k]), x = rel[2 * k], y = rel[2 * k + 1];
+    const rows = isF[k] ? rowsF : rowsB, key = top[k];
+    const r = rows.get(key);
+    if (r) { r[0] = Math.min(r[0], y); r[1] = Math.max(r[1], y + h); r[2] = Math.min(r[2], x); r[3] = Math.max(r[3], x + w); }
+    else rows.set(key, [y, y + h, x, x + w]);
+  }
+  const gap = 4 * SIZE.xGap, margin = SIZE.yGap / 2;
+  let apart = gap;
+  for (const f of rowsF.values()) {
+    for (const b of rowsB.values()) {
+      if (f[0] < b[1] + margin && b[0] < f[1] + margin) apart = Math.max(apart, f[3] - aF + (aB - b[2]) + gap);
+    }
+  }
+  return aF + apart - aB;
 }
 
 export class Layouter {

@@ -258,7 +258,7 @@ function buildBase(model, layout, st, css) {
     const r = -1 - g;
     const v = agg.get(r);
     const color = colorOf ? (v !== undefined ? colorOf(v) : none())
-      : cv(G.phase === "backward" ? "--group-bwd" : "--group-fwd");
+      : cv(G.phase === "backward" ? "--group-bwd" : G.phase === "optimizer" ? "--group-opt" : "--group-fwd");
     // "≡ 0": same structure as sibling 0 (repeated blocks)
     const mark = G.repeatOf ? "  ≡ " + groups[G.repeatOf].label : "";
     // a backward group's grad_fn nodes and the aten kernels they ran (full mode) counted apart

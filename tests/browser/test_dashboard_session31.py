@@ -93,24 +93,45 @@ FIRST_SCREEN = """() => {
 }"""
 
 
-def test_expand_all_on_a_tall_graph_fits_what_the_first_screen_shows(srv: ServerProc, transformer_full: str) -> None:
-    with checked_page(1920, 1080) as page:
+@pytest.mark.parametrize("size", [(1920, 1080), (1280, 800)])
+def test_expand_all_on_a_tall_graph_fits_what_the_first_screen_shows(srv: ServerProc, transformer_full: str,
+                                                                      size: tuple[int, int]) -> None:
+    with checked_page(*size) as page:
         open_graph(page, srv, transformer_full)
         page.evaluate("window.__torchscope.expandAll()")
         page.wait_for_function("window.__torchscope.state().graph.expanded.length > 10")
         page.wait_for_timeout(200)
-        shot(page, "s31-expand-all-tall-1920")
+        shot(page, f"s31-expand-all-tall-{size[0]}")
         r = page.evaluate(FIRST_SCREEN)
         assert len(r["items"]) > 40 and r["scale"] >= 0.45, r  # a tall graph, labelled
-        # both columns' tops in view
+        # both columns' tops in view, whole across: at 1280 px the backward column began where
+        # the forward column's widest row ended, the "(optimizer.step())" group far below, and
+        # its top was cut at the canvas's edge (QA 50b)
         for top in (r["fwdTop"], r["bwdTop"]):
             assert r["inset"] <= top[1] and top[3] <= r["h"] / 3, r
+            assert top[0] >= 0 and top[2] <= r["w"], r
         # every box on the first screen whole across, and the canvas's width used: fitted to
         # the whole graph's width (its last rows'), a sixth of it was left empty
         assert all(b[0] >= 0 and b[2] <= r["w"] for b in r["items"]), [b for b in r["items"] if b[0] < 0 or b[2] > r["w"]]
         boxes = r["items"] + r["frames"]
         left, right = min(b[0] for b in boxes), max(min(b[2], r["w"]) for b in boxes)
         assert right - left >= 0.9 * r["w"], (left, right, r["w"], r["scale"])
+
+
+def test_the_collapsed_optimizer_group_has_the_optimizers_colour(srv: ServerProc, transformer_full: str) -> None:
+    """Full mode's collapsed "(optimizer.step())" group was filled with the forward modules'
+    blue while its ops and the legend were lilac (QA 50b): now a lilac of its own, in the legend."""
+    with checked_page() as page:
+        open_graph(page, srv, transformer_full)
+        r = page.evaluate("""() => {
+          const v = window.__torchscope.app.views.graph.obj, css = getComputedStyle(document.documentElement);
+          const box = v.scene.items.find((it) => it.group !== undefined && it.name === "(optimizer.step())");
+          const fwd = v.scene.items.find((it) => it.group !== undefined && it.name !== "(optimizer.step())" && !/backward/.test(it.key));
+          return { opt: box && box.color, fwd: fwd && fwd.color, want: css.getPropertyValue("--group-opt").trim(),
+                   legend: v.legend.textContent };
+        }""")
+        assert r["opt"] and r["want"] and r["opt"] == r["want"] and r["opt"] != r["fwd"], r
+        assert "module, collapsed (forward | backward | optimizer.step())" in r["legend"], r
 
 
 # ----------------------------------------------------------------------------- 2. time overlay zero

@@ -338,6 +338,30 @@ def test_nan_in_loss_arms_checked_capture(tmp_path: Path) -> None:
     assert flagged and flagged[0]["name"] == "aten::addmm"  # the first op that produced it
 
 
+def test_a_nan_at_a_sampled_step_arms_the_very_next(tmp_path: Path) -> None:
+    """A NaN made at a step the schedule captures (its ops unchecked: nothing was armed yet)
+    gets the step right after captured with its ops checked: it was two steps later (QA 50b:
+    NaN at 100, captured 102).  A NaN that lasts is checked every other step from there."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "nan.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, sample_every=5):
+        for i in range(20):
+            out = model(torch.randn(3, 4))
+            if i == 10:
+                out = out * float("nan")  # the parameters are NaN from step 10's update on
+            opt.zero_grad()
+            out.pow(2).mean().backward()
+            opt.step()
+    events = list(iter_events(path))
+    assert [e["step"] for e in events if e["kind"] == "step" and not math.isfinite(e["loss"])] == list(range(10, 20))
+    graphs = {e["step"]: e for e in events if e["kind"] == "graph"}
+    assert sorted(graphs) == [0, 5, 10, 11, 13, 15, 17, 19]
+    flagged = [o for o in graphs[11]["ops"] if "nan" in o.get("flags", ())]
+    assert flagged  # checked: the first op reading the NaN weights
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_a_nan_born_on_a_later_full_step_is_traced_to_its_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               native: bool) -> None:
