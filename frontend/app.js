@@ -37,7 +37,10 @@ class App {
   async start() {
     initTheme();
     for (const [v, [label]] of Object.entries(VIEWS)) {
-      this.tabs.append(h("button", { role: "tab", "data-view": v, onclick: () => this.go(v) }, label, v === "diagnostics" ? h("span", { class: "count", id: "finding-count" }) : null));
+      // (roving tabindex, set by go(): Tab stops at the selected tab alone, the arrows move
+      // between them; each controls its view's section, made on the first visit)
+      this.tabs.append(h("button", { role: "tab", id: `tab-${v}`, "data-view": v, "aria-controls": `view-${v}`, tabindex: -1, onclick: () => this.go(v) },
+        label, v === "diagnostics" ? h("span", { class: "count", id: "finding-count" }) : null));
     }
     // the tab pattern's keys (QA 45c): arrows move to the previous or next tab and open it,
     // Home and End to the first and last
@@ -149,11 +152,11 @@ class App {
     if (!first) document.getElementById("unknown-view")?.remove();
     // (a finding followed to the memory view is that view's: not carried to another's URL)
     this.setState({ view, ...(view !== "memory" && { finding: undefined }), ...patch }, !first && view !== this.state.view);
-    for (const b of this.tabs.children) b.setAttribute("aria-selected", String(b.dataset.view === view));
+    for (const b of this.tabs.children) { b.setAttribute("aria-selected", String(b.dataset.view === view)); b.tabIndex = b.dataset.view === view ? 0 : -1; }
     for (const [k, v] of Object.entries(this.views)) v.el.hidden = k !== view;
     let v = this.views[view];
     if (!v) {
-      const el = h("section", { class: `view view-${view}`, "data-view": view });
+      const el = h("section", { class: `view view-${view}`, "data-view": view, id: `view-${view}`, role: "tabpanel", "aria-labelledby": `tab-${view}` });
       this.main.append(el);
       v = this.views[view] = { el, obj: new VIEWS[view][1](el, this) };
       try {
@@ -201,6 +204,9 @@ class App {
   setFindingCount(n, worst) {
     const c = document.getElementById("finding-count");
     if (c) { c.textContent = n ? String(n) : ""; c.className = `count ${n ? { error: "err", warning: "warn" }[worst] || "note" : ""}`; }
+    // (its text read with the count as one word, "Doctor1", QA 50b)
+    const tab = document.getElementById("tab-diagnostics");
+    if (tab) { if (n) tab.setAttribute("aria-label", `Doctor, ${n} finding${n === 1 ? "" : "s"}`); else tab.removeAttribute("aria-label"); }
   }
 
   // A running session none of whose steps has arrived for a while -- five of its usual gaps,

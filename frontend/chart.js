@@ -9,7 +9,7 @@ import { SERIES, legendItem } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
 
 export class LineChart {
-  // opts: {title, fmt(y), onClick(index), height, xTitle, stacked}
+  // opts: {title, fmt(y), onClick(index), height, xTitle, stacked, fromZero (a linear axis from 0)}
   // stacked: the series drawn as filled bands, each over the ones before it (memory_viz's
   // stacked areas: the top edge is their sum at every x; a linear axis from 0; no outlier fit)
   constructor(parent, opts = {}) {
@@ -30,13 +30,15 @@ export class LineChart {
     // label sums up each line (its range and last value), and ← → Home End move a read-out
     // over the points, said aloud as the pointer's tooltip (WCAG 1.1.1, 2.1.1)
     this.canvas = h("canvas", { height: opts.height || 220, role: "img", tabindex: 0 });
-    this.tip = h("div", { class: "chart-tip", hidden: true, role: "status", "aria-live": "polite" });
+    // (the read-out is always in the accessibility tree, its box shrunk to nothing while idle: a
+    // live region added in the task that fills it goes unsaid by several screen readers, QA 50b)
+    this.tip = h("div", { class: "chart-tip idle", role: "status", "aria-live": "polite" });
     this.root.append(this.head, h("div", { class: "chart-body" }, this.canvas, this.tip));
     parent.append(this.root);
     this.canvas.addEventListener("mousemove", (e) => this.hover(e));
-    this.canvas.addEventListener("mouseleave", () => { this.tip.hidden = true; });
+    this.canvas.addEventListener("mouseleave", () => this.hideTip());
     this.canvas.addEventListener("keydown", (e) => this.key(e));
-    this.canvas.addEventListener("blur", () => { this.tip.hidden = true; });
+    this.canvas.addEventListener("blur", () => this.hideTip());
     this.canvas.addEventListener("click", (e) => { const i = this.indexAt(e.offsetX); if (i >= 0 && this.opts.onClick) this.opts.onClick(i); });
     new ResizeObserver(() => this.draw()).observe(this.root);
     window.addEventListener(THEME_EVENT, () => this.draw());
@@ -59,21 +61,39 @@ export class LineChart {
 
   setTitle(text) { this.title.textContent = text; this.describe(); }
 
-  // The canvas's text for assistive technology: each line's range and last value.
+  // The canvas's text for assistive technology: each line's range (of its finite values), its
+  // last value as it is -- NaN included: "last 0.066" of a run NaN for its second half read as
+  // a healthy end (QA 50b) -- and how many steps are NaN/Inf, from which; a sentence a line.
   describe() {
-    const fmt = this.opts.fmt || fmtNum;
     const x = this.x || [];
-    const lines = (this.series || []).filter((s) => !s.dash).slice(0, 8).map((s) => {
-      const v = s.y.filter((y) => typeof y === "number" && Number.isFinite(y));
-      if (!v.length) return `${s.name}: no finite value`;
-      let lo = v[0], hi = v[0];
-      for (const y of v) { if (y < lo) lo = y; if (y > hi) hi = y; }
-      return `${s.name}: from ${fmt(lo)} to ${fmt(hi)}, last ${fmt(v[v.length - 1])}`;
-    });
-    const more = (this.series || []).length > 8 ? `; and ${this.series.length - 8} more lines` : "";
+    const lines = (this.series || []).filter((s) => !s.dash).slice(0, 8).map((s) => this.describeLine(s, x));
+    const more = (this.series || []).length > 8 ? `. And ${this.series.length - 8} more lines` : "";
     const span = x.length ? `${x.length.toLocaleString("en-US")} points, ${this.opts.xLabel || "step"} ${x[0]} to ${x[x.length - 1]}` : "no data yet";
-    this.canvas.setAttribute("aria-label", `${this.title.textContent || "chart"}: ${span}${lines.length ? ". " + lines.join("; ") : ""}${more}. ` +
-      "Arrow keys read the points.");
+    // (the sentence on arrow keys stays last: the browser tests read the label's end)
+    const enter = this.opts.onClick ? "Enter marks the step of the point read, as a click does. " : "";
+    this.canvas.setAttribute("aria-label", `${this.title.textContent || "chart"}: ${span}${lines.length ? ". " + lines.join(". ") : ""}${more}. ` +
+      `${enter}Arrow keys read the points.`);
+  }
+
+  // One line's words: "loss: from 0.03 to 5.5, last NaN (step 199); NaN/Inf at 100 steps,
+  // first at step 100".  The last value's step is said where it is not the chart's last one or
+  // not finite (a line that ends early, or in NaN).
+  describeLine(s, x) {
+    const fmt = this.opts.fmt || fmtNum, xl = this.opts.xLabel || "step";
+    let lo = Infinity, hi = -Infinity, last = -1, bad = 0, firstBad = -1;
+    s.y.forEach((v, i) => {
+      if (nonFinite(v)) { bad++; if (firstBad < 0) firstBad = i; last = i; } else if (typeof v === "number") {
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+        last = i;
+      }
+    });
+    if (last < 0) return `${s.name}: no value`;
+    const lv = s.y[last], lastBad = nonFinite(lv);
+    const lastText = `last ${lastBad ? String(Number(lv)) : fmt(lv)}${lastBad || last !== x.length - 1 ? ` (${xl} ${x[last]})` : ""}`;
+    const range = lo <= hi ? `from ${fmt(lo)} to ${fmt(hi)}` : "no finite value";
+    const nan = bad ? `; NaN/Inf at ${bad.toLocaleString("en-US")} ${xl}${bad === 1 ? "" : "s"}, first at ${xl} ${x[firstBad]}` : "";
+    return `${s.name}: ${range}, ${lastText}${nan}`;
   }
 
   // ← → one point, Page Up / Down a tenth of them, Home / End the ends; Enter clicks the point.
@@ -271,7 +291,9 @@ export class LineChart {
   // "0 µs / 50.0 ms / 100.0 ms".
   linearAxis(ymin, ymax) {
     if (ymin === Infinity) { ymin = 0; ymax = 1; }
-    if (ymin > 0 && ymin < ymax * 0.5) ymin = 0;
+    // (opts.fromZero: always from 0 -- a peak of 61,192 to 61,200 bytes drew an 8-byte wobble
+    // as a full-height spike, QA 50b)
+    if (ymin > 0 && (ymin < ymax * 0.5 || this.opts.fromZero)) ymin = 0;
     if (ymax === ymin) { // a constant: in the middle of a range its axis labels tell apart
       const pad = Math.abs(ymin) / 2 || 1;
       ymin = ymin >= 0 ? Math.max(0, ymin - pad) : ymin - pad;
@@ -343,6 +365,9 @@ export class LineChart {
     return lo;
   }
 
+  // The read-out emptied and its box shrunk to nothing (it stays a live region).
+  hideTip() { clear(this.tip).classList.add("idle"); }
+
   hover(e) {
     const i = this.indexAt(e.offsetX);
     if (i >= 0) this.showTip(i, e.offsetX);
@@ -357,7 +382,7 @@ export class LineChart {
     clear(this.tip).append(h("b", {}, this.opts.tipLabel ? this.opts.tipLabel(i) : `${this.opts.xLabel || "step"} ${this.x[i]}`),
       ...rows.map((s) => h("div", {}, `${s.name}: ${fmt(s.y[i])}${this.offLabel(s.y[i])}`)),
       ...(this.opts.stacked ? [h("div", {}, h("b", {}, `total: ${fmt(this.series.reduce((a, s) => a + (Number.isFinite(s.y[i]) ? s.y[i] : 0), 0))}`))] : []));
-    this.tip.hidden = false;
+    this.tip.classList.remove("idle");
     this.tip.style.left = Math.min(px + 12, this.root.clientWidth - 180) + "px";
     this.tip.style.top = "10px";
   }
@@ -368,6 +393,11 @@ export class LineChart {
 function cumulative(series) {
   let acc = null;
   return series.map((s) => (acc = s.y.map((v, i) => (acc ? acc[i] : 0) + (typeof v === "number" && Number.isFinite(v) ? v : 0))));
+}
+
+// A NaN or ±Inf: a number, or the string the server's JSON writes one as ("NaN", "Infinity").
+function nonFinite(v) {
+  return typeof v === "number" ? !Number.isFinite(v) : v === "NaN" || v === "Infinity" || v === "-Infinity";
 }
 
 // Equal as a chart can show: to a millionth (QA 42b: a gradient norm before clipping, read in

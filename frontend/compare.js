@@ -22,10 +22,12 @@ const wire = (v) => (typeof v === "number" && !Number.isFinite(v) ? String(v) : 
 
 // The charts: a key of Run.cols each, its title, its axis format; log: always on a log10
 // axis, autoLog: once the values span two decades (a loss from 10 down to 0.01), steps: a value
-// in force until the next one (the learning rate).
+// in force until the next one (the learning rate), marks: what a NaN/Inf value is called, drawn
+// as a tick at the top in its run's colour (a non-finite gradient norm drawn as no data read as
+// "not recorded after step 99", QA 50b).
 const CHARTS = [
-  { key: "loss", title: "loss per step", autoLog: true, marks: true },
-  { key: "grad_norm", title: "total gradient norm ‖grad‖₂ of all parameters, per step (log scale)", log: true },
+  { key: "loss", title: "loss per step", autoLog: true, marks: "loss" },
+  { key: "grad_norm", title: "total gradient norm ‖grad‖₂ of all parameters, per step (log scale)", log: true, marks: "norm" },
   { key: "lr", title: "learning rate per step (param group 0)", autoLog: true, steps: true },
   { key: "step_time", title: "step time (from the previous optimizer.step() to this one)", fmt: fmtUs },
   { key: "peak", title: "peak memory per step (the most bytes the step's forward and backward held at once; optimizer.step() not seen)", fmt: fmtBytes },
@@ -48,7 +50,7 @@ class Run {
   constructor(id, k) {
     this.id = id; this.k = k; this.color = COLORS[k];
     this.cols = {}; // chart key -> Map(step -> value)
-    this.nonfinite = [];
+    this.bad = {}; // chart key -> the steps of a NaN/Inf value (CHARTS' marks)
     this.findings = undefined; // undefined: not asked yet; null: the doctor could not answer
   }
 
@@ -67,6 +69,10 @@ class Run {
       api(`${base}/grads?${q}&max_steps=100000`), api(`${base}/memory?${q}`), allSteps(this.id, rank),
       api(`${base}/metrics?${q}`)]);
     const col = (xs, ys, f = num) => new Map((xs || []).map((s, i) => [s, f((ys || [])[i])]));
+    // the NaN/Inf steps a chart marks: the loss's (the server lists them), and the gradients'
+    // -- a NaN or Inf counted in any parameter's .grad -- as the session page marks them
+    const counted = (s) => [...(grads.nan?.[s] || []), ...(grads.inf?.[s] || [])].some((n) => n > 0);
+    this.bad = { loss: loss.nonfinite || [], grad_norm: (grads.steps || []).filter((_, s) => counted(s)) };
     this.cols = {
       loss: col(loss.step, loss.loss),
       lr: col(loss.step, loss.lr, (g) => (Array.isArray(g) && typeof g[0] === "number" ? g[0] : null)),
@@ -77,7 +83,6 @@ class Run {
     };
     // what the loop logged with torchscope.log(): a chart per name either run logged
     for (const [name, c] of Object.entries(metrics || {})) this.cols[METRIC + name] = col(c.step, c.value);
-    this.nonfinite = loss.nonfinite || [];
   }
 
   async loadFindings() {
@@ -230,9 +235,9 @@ function draw() {
       for (const s of series) for (const v of s.y) if (Number.isFinite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
       chart.opts.log = lo > 0 && hi / lo >= 100;
     }
-    chart.setTitle(c.title + (c.autoLog && chart.opts.log ? " (log scale)" : "") + (c.marks ? " — ticks at the top: a NaN/Inf loss, in its run's colour" : ""));
+    chart.setTitle(c.title + (c.autoLog && chart.opts.log ? " (log scale)" : "") + (c.marks ? ` — ticks at the top: a NaN/Inf ${c.marks}, in its run's colour` : ""));
     chart.opts.empty = runs.some((r) => r.running) ? "Nothing recorded yet." : "Neither run recorded this.";
-    const marks = c.marks ? runs.flatMap((r) => r.nonfinite.map((s) => ({ x: s, color: r.color }))) : [];
+    const marks = c.marks ? runs.flatMap((r) => (r.bad[c.key] || []).map((s) => ({ x: s, color: r.color }))) : [];
     chart.setData(x, series, marks);
   }
 }
@@ -326,7 +331,7 @@ function state() {
   for (const c of chartList()) {
     const ch = charts[c.key];
     if (!ch) continue;
-    out.charts[c.key] = { x: ch.x || [], log: !!ch.opts.log, legend: [...ch.legend.children].map((e) => e.textContent),
+    out.charts[c.key] = { x: ch.x || [], log: !!ch.opts.log, legend: [...ch.legend.children].map((e) => e.textContent), marks: ch.markers.map((m) => m.x),
       series: (ch.series || []).map((s) => ({ name: s.name, color: s.color, y: s.y.map(wire) })) };
   }
   out.legend = [...main.querySelectorAll("[data-testid=compare-legend] .compare-run")].map((e) => e.textContent);

@@ -30,6 +30,14 @@ export function findingNote(box, f, prefix, onClose, ...more) {
     ...more].filter(Boolean));
 }
 
+// Where the keyboard lands once a finding is followed: the opened view's note of it (or the
+// graph): left on the finding's button, hidden with its view, it fell to <body> (QA 50b).
+function landOn(el) {
+  if (!el || el.hidden) return;
+  if (!el.hasAttribute("tabindex")) el.tabIndex = -1; // (focusable from script, not a Tab stop)
+  el.focus();
+}
+
 export class DiagnosticsView {
   constructor(root, app) {
     this.app = app;
@@ -93,16 +101,19 @@ export class DiagnosticsView {
     const step = targets.find((t) => t.step !== undefined)?.step ?? f.since ?? (f.steps || [])[0];
     if (f.view === "memory") { // the finding goes with it: that view says it and marks its steps (QA 43)
       const memory = await this.app.go("memory", { step, finding: f.code });
-      return memory.showFinding?.(f);
+      await memory.showFinding?.(f);
+      return landOn(memory.findingBox);
     }
     // the finding's step marked, its first parameters the ones plotted: a finding about a whole
     // frozen backbone names hundreds, more lines than a chart can tell apart and a URL can carry
     if (f.view === "gradients") { // the finding goes with it, as into the memory view (QA 45c: its evidence unsaid)
       const gradients = await this.app.go("gradients", { step, params: (f.params || []).slice(0, PLOTTED).join(",") || undefined });
-      return gradients.showFinding?.(f, PLOTTED);
+      gradients.showFinding?.(f, PLOTTED);
+      return landOn(gradients.findingBox);
     }
     const tg = targets.length ? targets : [...(f.params || []).map((param) => ({ param })), ...(f.modules || []).map((module) => ({ module }))];
-    return this.app.openTargets(step, tg, f.steps || []);
+    await this.app.openTargets(step, tg, f.steps || []);
+    landOn(this.app.views.graph?.obj.canvasEl);
   }
 
   onStep() { (this.reload ||= coalesce(() => this.load().catch(() => {}), 1500))(); }

@@ -43,14 +43,16 @@ export class GradientsView {
   constructor(root, app) {
     this.app = app;
     this.root = root;
-    this.heat = h("canvas", { class: "heat", "data-testid": "heatmap" });
+    // a keyboard walks it as the pointer does (QA 50b: mouse only): arrows move a cell cursor
+    // read out below, Enter is a click on it
+    this.heat = h("canvas", { class: "heat", "data-testid": "heatmap", tabindex: 0 });
     // module names in a column of their own beside the scrolling cells, like a spreadsheet's
     // frozen column: a run of hundreds of steps scrolls sideways and the rows stay named
     this.heatLabels = h("div", { class: "heat-labels", "data-testid": "heat-labels" });
     this.heatScroll = h("div", { class: "heat-scroll", "data-testid": "heat-scroll" }, this.heat);
     this.heatInfo = h("div", { class: "muted" });
     // what the cell under the pointer holds: a heat map of hundreds of steps has no room to print it
-    this.heatHover = h("div", { class: "muted", "data-testid": "heat-hover" }, "\u00a0");
+    this.heatHover = h("div", { class: "muted", "data-testid": "heat-hover", role: "status", "aria-live": "polite" }, "\u00a0");
     this.pick = h("select", { multiple: true, size: 6, "aria-label": "parameters to plot", "data-testid": "param-pick", onchange: () => this.drawLines() });
     this.noGrad = h("div", { class: "nograd", "data-testid": "no-grad" });
     // the statistic the chosen parameters' chart draws, and the heat map's; kept in the URL
@@ -99,6 +101,8 @@ export class GradientsView {
     root.append(h("h2", {}, "Parameters without a gradient"), this.noGrad);
     this.heat.addEventListener("click", (e) => this.onHeatClick(e));
     this.heat.addEventListener("mousemove", (e) => this.onHeatHover(e));
+    this.heat.addEventListener("keydown", (e) => this.onHeatKey(e));
+    this.heat.addEventListener("blur", () => { if (this.heatCursor) this.drawHeat(); }); // (its cursor off)
     window.addEventListener(THEME_EVENT, () => { if (this.g) this.drawHeat(); });
     // a choice the URL made stays in it as the view's other state does
     if (this.stat !== "norm" || this.heatStat !== "norm") {
@@ -279,7 +283,9 @@ export class GradientsView {
     if (never.length) parts.push(`no value at any step: ${list(never)}`);
     if (nonfinite.length) parts.push(`NaN or Inf in: ${list(nonfinite)}`);
     this.heat.setAttribute("role", "img");
-    this.heat.setAttribute("aria-label", parts.join(". ") + ". Hover a cell to read it.");
+    // (the pointer's sentence stays last: the browser tests read the label's end)
+    const open = this.noGraphs() ? "marks its step" : "opens its step's graph";
+    this.heat.setAttribute("aria-label", parts.join(". ") + `. Keyboard: arrow keys move over the cells, Enter ${open}. Pointer: Hover a cell to read it.`);
   }
 
   drawHeat() {
@@ -358,6 +364,11 @@ export class GradientsView {
       // once per focus: a live reload must not undo the user's own scrolling
       if (this.scrolledTo !== this.focus) { this.scrolledTo = this.focus; this.scrollToColumn(L + at * cellW, cellW); }
     }
+    const cur = this.heatCursor;
+    if (cur && document.activeElement === c && cur[0] < S && cur[1] < M) { // the keyboard's cell
+      ctx.strokeStyle = css.getPropertyValue("--accent").trim(); ctx.lineWidth = 2;
+      ctx.strokeRect(L + cur[0] * cellW - 1, cur[1] * cellH - 1, cellW + 1, cellH + 1);
+    }
     this.zeroCells = vals.filter((v) => v === 0).length;
     clear(this.heatInfo);
     // a long run's steps are wider than the view: said, or its later steps are easy to miss
@@ -423,20 +434,47 @@ export class GradientsView {
 
   onHeatClick(e) {
     const at = this.cellAt(e);
-    if (!at) return;
-    if (this.noGraphs()) { this.app.setState({ step: this.g.steps[at[0]] }); this.focusOn(); return; }
-    this.app.openModule(this.g.steps[at[0]], this.modules[at[1]]);
+    if (at) this.openCell(at);
+  }
+
+  // A cell's click: its step's graph, its module highlighted (a light run: its step marked).
+  openCell([s, m]) {
+    if (this.noGraphs()) { this.app.setState({ step: this.g.steps[s] }); this.focusOn(); return; }
+    this.app.openModule(this.g.steps[s], this.modules[m]);
   }
 
   onHeatHover(e) {
     const at = this.cellAt(e);
-    if (!at) { this.heatHover.textContent = "\u00a0"; return; }
-    const [s, m] = at, i = s * this.modules.length + m, { val, bad, has, unread, ratio } = this.cells;
+    this.heatHover.textContent = at ? this.cellText(at) : "\u00a0";
+  }
+
+  // ← → a step, ↑ ↓ a module, Home / End the first and last step; Enter opens the cell. The
+  // cursor starts at the marked step's column (else the last), on the first module.
+  onHeatKey(e) {
+    const { S, M } = this.heatGeom || {};
+    if (!S || !M) return;
+    if (e.key === "Enter" && this.heatCursor) { e.preventDefault(); this.openCell(this.heatCursor); return; }
+    const moves = { ArrowLeft: [-1, 0], ArrowRight: [1, 0], ArrowUp: [0, -1], ArrowDown: [0, 1], Home: [-S, 0], End: [S, 0] };
+    if (!(e.key in moves)) return;
+    e.preventDefault();
+    const at = this.g.steps.indexOf(this.focus);
+    const [s, m] = this.heatCursor || [at >= 0 ? at : S - 1, 0];
+    const [ds, dm] = this.heatCursor ? moves[e.key] : [0, 0]; // (the first key shows where it starts)
+    this.heatCursor = [Math.min(S - 1, Math.max(0, s + ds)), Math.min(M - 1, Math.max(0, m + dm))];
+    this.drawHeat();
+    const { L, cellW } = this.heatGeom;
+    this.scrollToColumn(L + this.heatCursor[0] * cellW, cellW);
+    this.heatHover.textContent = this.cellText(this.heatCursor);
+  }
+
+  // What a cell holds, in the read-out under the heat map (the pointer's and the keyboard's).
+  cellText([s, m]) {
+    const i = s * this.modules.length + m, { val, bad, has, unread, ratio } = this.cells;
     const v = val[i];
     const what = bad[i] ? "NaN/Inf" : unread[i] ? "not read that step" : !has[i] ? (ratio ? "none (no gradient)" : "no gradient")
       : v === 0 ? "exactly zero" : fmtNum(v);
-    this.heatHover.textContent = `${moduleTyped(this.modules[m], this.app.moduleType?.get(this.modules[m]))} · step ${this.g.steps[s]} · ` +
-      `${ratio ? "update ÷ weight" : "‖grad‖"} ${what} — click to ${this.noGraphs() ? "mark its step" : "open its graph"}`;
+    return `${moduleTyped(this.modules[m], this.app.moduleType?.get(this.modules[m]))} · step ${this.g.steps[s]} · ` +
+      `${ratio ? "update ÷ weight" : "‖grad‖"} ${what} — click (or Enter) to ${this.noGraphs() ? "mark its step" : "open its graph"}`;
   }
 
   // The chosen parameters' lines of the chosen statistic.  One read on some steps only is drawn

@@ -12,7 +12,8 @@ export class RanksView {
     this.heading = h("h2", {}, "Step time");
     root.append(this.heading, this.info);
     this.time = new LineChart(root, { title: "step time", fmt: fmtUs });
-    this.mem = new LineChart(root, { title: "peak live bytes", fmt: fmtBytes });
+    // (from 0: a step's few bytes more are no spike; labelled in KiB / MiB, as the memory view)
+    this.mem = new LineChart(root, { title: "peak live bytes", fmt: fmtBytes, fromZero: true });
   }
 
   async load() {

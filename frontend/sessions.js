@@ -61,12 +61,22 @@ async function refresh() {
   render();
 }
 
+// The line that sends a run to this page's server: watch(model) alone goes to
+// $TORCHSCOPE_SERVER or 127.0.0.1:6150 (starting a second server there), so a server anywhere
+// else names itself (QA 50b: "Add torchscope.watch(model)" on port 6712 never reached the page).
+const DEFAULT_ORIGINS = new Set(["http://127.0.0.1:6150", "http://localhost:6150"]);
+function watchCall() {
+  const here = location.origin;
+  return DEFAULT_ORIGINS.has(here) ? "torchscope.watch(model)"
+    : `torchscope.watch(model, server="${here}") (or set TORCHSCOPE_SERVER=${here})`;
+}
+
 function render() {
   showPicked();
   clear(body);
   if (!sessions.length) {
     shown.textContent = "";
-    body.append(h("tr", {}, h("td", { colspan: COLUMNS, class: "muted", id: "empty" }, "No sessions yet. Add torchscope.watch(model) to a training script, run `torchscope demo`, or drop a .tscope file here.")));
+    body.append(h("tr", {}, h("td", { colspan: COLUMNS, class: "muted", id: "empty" }, `No sessions yet. Add ${watchCall()} to a training script, run \`torchscope demo\`, or drop a .tscope file here.`)));
     return;
   }
   // every word somewhere in the row's name, id, status, mode, model or tags, in any case
@@ -118,8 +128,11 @@ function showSort() {
 function row(s) {
   const href = `/sessions/${encodeURIComponent(s.id)}`;
   const tags = h("span", { class: "tags" }, (s.tags || []).map((t) => h("span", { class: "tag", title: t }, t)));
+  // the run each row's control acts on, said with it ("Delete, button, live200"): a screen
+  // reader's "Delete" alone said not which (QA 50b); a description, the buttons' names kept
+  const who = `session-name-${s.id}`;
   return h("tr", { "data-id": s.id },
-    h("td", { class: "session-name" }, h("a", { href, class: "session-link" }, s.name || s.id), h("div", { class: "muted small" }, s.model || "")),
+    h("td", { class: "session-name" }, h("a", { href, class: "session-link", id: who }, s.name || s.id), h("div", { class: "muted small" }, s.model || "")),
     h("td", {}, h("span", { class: `badge status-${(s.status || "").replace(/ /g, "-")}` }, s.status)),
     h("td", {}, fmtTime(s.started_at)), h("td", { class: "num" }, String(s.steps ?? 0)), h("td", { class: "num" }, String(ranksOf(s))),
     h("td", { "data-testid": "doctor-cell" }, s.errors ? h("span", { class: "badge err", title: "doctor errors" }, `${s.errors} error${s.errors > 1 ? "s" : ""}`) : null,
@@ -133,11 +146,11 @@ function row(s) {
     h("td", {}, tags),
     h("td", { class: "row-actions" },
       h("label", { class: "compare-pick", title: "tick two runs, then \"Compare\" above the list" },
-        h("input", { type: "checkbox", "data-testid": "compare-pick", checked: picked.includes(s.id), onchange: (e) => pick(s.id, e.target.checked) }), "compare"),
-      h("button", { title: "rename", onclick: () => rename(s) }, "Rename"),
-      h("button", { title: "tags, comma separated", onclick: () => tag(s) }, "Tag"),
-      h("button", { title: "download the .tscope file", onclick: () => download(s) }, "Download"),
-      h("button", { class: "danger", title: "delete", onclick: () => remove(s) }, "Delete")));
+        h("input", { type: "checkbox", "data-testid": "compare-pick", "aria-describedby": who, checked: picked.includes(s.id), onchange: (e) => pick(s.id, e.target.checked) }), "compare"),
+      h("button", { title: "rename", "aria-describedby": who, onclick: () => rename(s) }, "Rename"),
+      h("button", { title: "tags, comma separated", "aria-describedby": who, onclick: () => tag(s) }, "Tag"),
+      h("button", { title: "download the .tscope file", "aria-describedby": who, onclick: () => download(s) }, "Download"),
+      h("button", { class: "danger", title: "delete", "aria-describedby": who, onclick: () => remove(s) }, "Delete")));
 }
 
 // A tick of a row's "compare" box: a third run ticked drops the first of the two before it.

@@ -351,7 +351,7 @@ def _judged_signatures(run: Run) -> tuple[dict[object, Judgement], dict[object, 
     for step, ev in run.step_events():
         sig = ev.get("graph_signature")
         for graph in run.graphs_of(step) if sig else []:
-            if "root" not in graph:
+            if "root" not in graph or as_int(graph.get("micro"), -1) in _grad_passes(ev):
                 continue
             lg = LossGraph(graph, scaled=bool(notes(ev, "scaled_roots")))
             verdict = judge(lg, step, run.rank, _micro_batches(ev))
@@ -428,8 +428,21 @@ def _distinct_objectives(ev: dict[str, Any], roots: list[str]) -> bool:
     function on real and on generated images, whose sum is the discriminator's loss: QA 49a),
     which is ``(a + b).backward()`` -- nothing to divide.  Micro-batches come from one line in
     a loop."""
-    src = [str(x) for x in as_list(ev.get("backward_src"))]
+    src = _backward_srcs(ev)
     return len(src) == len(roots) >= 2 and len(set(src)) == len(src)
+
+
+def _grad_passes(ev: dict[str, Any]) -> set[int]:
+    """The step's passes that were ``torch.autograd.grad`` calls: they return their gradients and
+    add nothing to ``.grad`` (a first-order MAML inner step's), so no root, line or graph of theirs
+    is a micro-batch's (QA 50a: "not divided by 3" at the inner step's line, the loss divided)."""
+    return {as_int(e.get("micro"), -1) for e in notes(ev, "autograd_grad")}
+
+
+def _backward_srcs(ev: dict[str, Any]) -> list[str]:
+    """The line of each backward() pass of the step (not the ``autograd.grad`` ones)."""
+    skip = _grad_passes(ev)
+    return [str(x) for i, x in enumerate(as_list(ev.get("backward_src"))) if i not in skip]
 
 
 def _unscaled_roots(ev: dict[str, Any]) -> list[str]:
@@ -441,7 +454,8 @@ def _unscaled_roots(ev: dict[str, Any]) -> list[str]:
                  for i, name in zip(as_list(note.get("roots")), as_list(note.get("made_from")), strict=False)}
     if as_dict(ev.get("scaler")) and any(r.startswith("MulBackward") and i not in made_from for i, r in enumerate(roots)):
         return []
-    return [made_from.get(i, r) for i, r in enumerate(roots)]
+    skip = _grad_passes(ev)
+    return [made_from.get(i, r) for i, r in enumerate(roots) if i not in skip]
 
 
 def _by_parts(judged: dict[object, Judgement], sig: object) -> Judgement | None:
@@ -497,7 +511,7 @@ def _warning(run: Run, hits: list[Accumulated], message: str, fix: str, target: 
              data: dict[str, Any]) -> Finding:
     """The P15 finding on ``hits``: where (the first backward() call), the accumulation count and
     the gradient norm of every step; what it does, by optimizer, ends the message."""
-    src = next((str(s) for h in hits for s in as_list(h.ev.get("backward_src"))[:1]), None)
+    src = next((s for h in hits for s in _backward_srcs(h.ev)[:1]), None)
     consequence, severity = _consequence(run, hits, max(h.k for h in hits))
     return make("P15", severity, message.replace("{consequence}", consequence), fix, [h.step for h in hits], rank=run.rank, targets=[target], src=src,
                 view="gradients", data={"micro_batches": [h.k for h in hits], **data,

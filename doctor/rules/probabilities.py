@@ -118,7 +118,8 @@ def _raw_scores(run: Run) -> Finding | None:
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:
-    found: dict[tuple[str, str], tuple[list[int], dict[str, Any], dict[str, Any], int]] = {}
+    # (loss, line) -> the steps of each call, the normalising op, the loss op, its step, modules
+    found: dict[tuple[str, str], tuple[list[int], dict[str, Any], dict[str, Any], int, list[str]]] = {}
     for step, g in run.all_graphs():
         graph_ops = ops(g)
         made = producers(graph_ops)
@@ -130,15 +131,20 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             if src is None:
                 continue
             key = (case[1], str(src.get("src") or src.get("module") or ""))
-            if key in found:
-                found[key][0].append(step)
-            else:
-                found[key] = ([step], src, op, step)
+            if key not in found:
+                found[key] = ([], src, op, step, [])
+            found[key][0].append(step)
+            if src.get("module") and src["module"] not in found[key][4]:
+                # one line, several modules: an early-exit network's exits, each its softmax
+                # (QA 50a: "exits.0.1" alone, and "captured graphs on 3 steps (0, 0, 0)")
+                found[key][4].append(src["module"])
     findings: list[Finding] = []
-    for (loss, _), (steps, norm_op, loss_op, first) in found.items():
+    for (loss, _), (calls, norm_op, loss_op, first, mods) in found.items():
+        steps = sorted(set(calls))
         kind = _CASES[str(loss_op.get("name"))][2]
         kind_of = run.module_type(str(norm_op.get("module")))
-        where = (f" of module {norm_op['module']!r}" + (f" ({kind_of})" if kind_of else "")) if norm_op.get("module") else ""
+        named = ", ".join(repr(m) for m in mods[:4]) + (f" and {len(mods) - 4} more" if len(mods) > 4 else "")
+        where = (f" of module{'s' if len(mods) > 1 else ''} {named}" + (f" ({kind_of})" if kind_of else "")) if mods else ""
         at = f" ({norm_op['src']})" if norm_op.get("src") else ""
         if kind == "sigmoid":
             why = "it applies a sigmoid itself, so the model's output is squashed twice and its gradient shrinks"
@@ -152,7 +158,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                    f"{why} (captured graph{'s' if len(steps) > 1 else ''} {describe_steps(steps, run.last_step)}).")
         findings.append(make("P16", "warning", message, FIX[kind], steps, rank=run.rank,
                              targets=[target_of_op(first, run.rank, norm_op), target_of_op(first, run.rank, loss_op)],
-                             modules=[str(norm_op["module"])] if norm_op.get("module") else [],
+                             modules=[str(m) for m in mods],
                              src=str(norm_op.get("src") or loss_op.get("src") or "") or None))
     # (probabilities into NLLLoss also give a loss below zero: told above, as what they are)
     raw = None if any("nll" in loss for loss, _ in found) else _raw_scores(run)

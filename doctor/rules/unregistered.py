@@ -50,12 +50,30 @@ def _unregistered(graph: dict[str, Any]) -> tuple[list[int], list[str], bool, st
     by_id = {as_int(n.get("id"), -1): n for n in nodes}
     user_ids = [as_int(e[0], -1) for e in as_list(graph.get("edges"))
                 if isinstance(e, list) and len(e) >= 2 and as_int(e[1], -1) in marked]
-    users = [by_id.get(i, {}).get("module") for i in user_ids]
-    known = sorted({str(m) for m in users if m is not None})
     ops = {as_int(o.get("id"), -1): o for o in map(as_dict, as_list(graph.get("ops")))}
+
+    def outside_model(node: dict[str, Any]) -> bool:
+        # made by an op the loop ran outside the watched model's forward (a BYOL target
+        # network called beside the model: read as the model's root, QA 50a)
+        return "outside_model" in as_list(ops.get(as_int(node.get("op"), -1), {}).get("flags"))
+
+    users = [None if outside_model(n := by_id.get(i, {})) else n.get("module") for i in user_ids]
+    known = sorted({str(m) for m in users if m is not None})
     src = next((str(ops[op].get("src")) for i in user_ids if (op := as_int(by_id.get(i, {}).get("op"), -1)) in ops
                 and ops[op].get("src")), "")
     return sorted(marked), known, bool(users) and not known, src
+
+
+def _copied_module(run: Run, count: int) -> str | None:
+    """The largest submodule of the model with exactly ``count`` parameters (the usual source of a
+    target encoder: ``copy.deepcopy(model.online)``), or None."""
+    sizes: dict[str, int] = {}
+    for i in range(len(run.params)):
+        parts = run.param_name(i).split(".")[:-1]
+        for k in range(1, len(parts) + 1):
+            path = ".".join(parts[:k])
+            sizes[path] = sizes.get(path, 0) + 1
+    return next((path for path, n in sizes.items() if n == count), None)
 
 
 def _same_structure(run: Run, steps: list[int]) -> list[int]:
@@ -113,6 +131,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         return [make("P1", "warning", message, fix, steps, rank=run.rank, targets=targets,
                      modules=[m for m in modules if m], title="Parameters outside the model", src=src or None)]
     used = [m if m else "(root)" for m in modules]
+    copied = _copied_module(run, count) if outside else None
     copy = count == len(run.params) or outside
     # a copy of the model is used by its own ops, which ran in no watched module: "(root)" says nothing
     in_ops = f", used by ops of {', '.join(used[:3])}" if used and not (copy and used == ["(root)"]) else ""
@@ -125,6 +144,8 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         # copy.deepcopy) run with autograd on, more often than a forgotten ModuleList
         what = (f"as many as {model} has -- a copy of the model (a target network or a teacher made with copy.deepcopy)"
                 if count == len(run.params) else
+                f"used outside {model}'s forward, as many as its submodule '{copied}' has -- a copy of it (a BYOL or "
+                "MoCo target encoder, a teacher made with copy.deepcopy)" if copied else
                 f"used outside {model}'s forward -- a second model (a teacher, a target network)")
         message = (f"{head}: {what} run with autograd on: its outputs build a graph into its weights "
                    "and fill their .grad, which nothing uses. (A submodule kept in a plain Python list or dict "

@@ -69,6 +69,29 @@ function tensorTable(model, ids, title) {
     h("table", { class: "tensors" }, h("tr", {}, ...["id", "shape", "dtype", "stride", "storage"].map((x) => h("th", {}, x))), rows));
 }
 
+// Where a leaf ran: "(outside the model)" for the loop's loss, not "(root)"; a module with its
+// type, as the heat map and the memory view name it ("3 (Linear)", not "3": QA 42b)
+function leafModule(model, l, ctx) {
+  const own = l.module && !l.module.startsWith("(");
+  return own ? moduleTyped(l.module, ctx.moduleType?.get(l.module)) : leafWhere(model, l);
+}
+
+// The details panel's head in one line, for a screen reader to say as a node is selected:
+// "aten::embedding, forward op #0, emb (Embedding), [4, 32, 128]" (its first output's shape),
+// "AddmmBackward0, grad_fn node #3, fc1 (Linear)", "encoder, module group, forward".
+export function nodeSummary(model, key, ctx) {
+  if (!model || !key) return "";
+  if (key.startsWith("g:")) {
+    const G = model.groups[model.gIndex.get(key.slice(2))];
+    return G ? `${G.path}, module group, ${G.phase}` : "";
+  }
+  const l = model.byKey.get(key);
+  if (!l) return "";
+  const r = l.rec, out = l.kind === "op" && r.outputs?.length ? model.tensors.get(r.outputs[0]) : null;
+  return [r.name, l.kind === "op" ? `${opKind(r)} #${r.id}` : `grad_fn node #${r.id}`, leafModule(model, l, ctx),
+    out?.shape ? shape(out.shape) : null].filter(Boolean).join(", ");
+}
+
 export function renderDetails(panel, model, key, ctx) {
   clear(panel);
   if (!key) { panel.append(h("p", { class: "muted" }, "Click a node to see its details. Double-click a module to expand it.")); return; }
@@ -80,10 +103,7 @@ export function renderDetails(panel, model, key, ctx) {
   panel.append(h("h3", { class: "details-title" }, l.kind === "op" ? r.name : r.name),
     h("div", { class: "muted", "data-testid": "details-kind" }, l.kind === "op" ? `${opKind(r)} #${r.id}` : `grad_fn node #${r.id}`));
   const t = h("table", { class: "kv" });
-  // "(outside the model)" for the loop's loss, not "(root)"; a module with its type, as the
-  // heat map and the memory view name it ("3 (Linear)", not "3": QA 42b)
-  const own = l.module && !l.module.startsWith("(");
-  t.append(row("module", own ? moduleTyped(l.module, ctx.moduleType?.get(l.module)) : leafWhere(model, l)));
+  t.append(row("module", leafModule(model, l, ctx)));
   if (l.kind === "op") {
     t.append(row("call", r.call), row("micro-batch", r.micro), row("grad mode", r.grad_mode === undefined ? "–" : String(r.grad_mode)),
       row("in-place", r.inplace ? "yes" : "no"), row("duration", fmtUs(r.dur_us)), row("allocated", fmtBytes(r.alloc)),

@@ -6,7 +6,7 @@ import { buildModel, ancestors } from "./model.js";
 import { diffGraphs } from "./diff.js";
 import { buildScene, lossPath, leafSub } from "./scene.js";
 import { GraphCanvas, TEXT_MIN_SCALE } from "./render.js";
-import { renderDetails } from "./details.js";
+import { renderDetails, nodeSummary } from "./details.js";
 import { TopOps } from "./topops.js";
 import { Minimap } from "./minimap.js";
 import { NONFINITE, rampLegend, legendItem } from "../colors.js";
@@ -139,11 +139,13 @@ export class GraphView {
     this.searchInfo = h("span", { class: "muted" });
     this.cutInfo = h("span", { class: "cut-info" });
     const btn = (label, fn, title, testid) => h("button", { onclick: fn, title, "data-testid": testid }, label);
+    // named in words: a screen reader said the glyphs ("◀") (QA 50b)
+    const stepBtn = (glyph, by, name, key) => h("button", { onclick: () => this.stepBy(by), title: `${name} ( ${key} )`, "aria-label": name }, glyph);
     // controls that belong together wrap together: a narrow window moves a whole group to
     // the next row, never a lone "Fit"
     const group = (...kids) => h("span", { class: "tool-group" }, ...kids);
     this.toolbar = h("div", { class: "toolbar" },
-      group(btn("◀", () => this.stepBy(-1), "previous captured step ( [ )"), this.stepSel, btn("▶", () => this.stepBy(1), "next captured step ( ] )"), this.stepLabel),
+      group(stepBtn("◀", -1, "previous captured step", "["), this.stepSel, stepBtn("▶", 1, "next captured step", "]"), this.stepLabel),
       group(h("label", {}, "colour ", this.overlaySel), this.diffSel), group(this.search, this.searchInfo),
       group(btn("Expand all", () => this.expandAll(), "expand every module", "expand-all"), btn("Collapse", () => this.collapseAll(), "collapse to top-level modules"),
         h("label", { title: "forward on the left flowing down, backward on the right flowing up" },
@@ -157,10 +159,13 @@ export class GraphView {
       title: "Top ops: this step's ops (or grad_fn nodes) by name or module -- calls, time, share, bytes -- as the profiler's table; a row lights its ops up in the graph" }, "Top ops");
     this.pngBtn = btn("Export PNG", () => this.exportPng().catch((e) => this.exportNote(`Export failed: ${e.message}`)),
       "the whole graph as laid out now (expanded modules, colours, highlight) as a PNG image; past 8192 px a side or 32 MP, the current view", "export-png");
-    this.canvasEl = h("canvas", { tabindex: 0, "aria-label": "computation graph; n / p: next / previous node, Enter: expand, Backspace: collapse" });
+    // an application (its own keys) whose label a screen reader reads -- a canvas with no role
+    // was not exposed at all -- and a live region that says the node n / p / a click selects (QA 50b)
+    this.canvasEl = h("canvas", { tabindex: 0, role: "application", "aria-label": "computation graph; n / p: next / previous node, Enter: expand, Backspace: collapse" });
+    this.announce = h("div", { class: "sr-only", role: "status", "aria-live": "polite", "data-testid": "graph-announce" });
     this.legend = h("div", { class: "legend", "data-testid": "legend" });
     this.status = h("div", { class: "graph-status" });
-    this.stage = h("div", { class: "stage" }, this.canvasEl, this.status);
+    this.stage = h("div", { class: "stage" }, this.canvasEl, this.status, this.announce);
     this.details = h("aside", { class: "details", "data-testid": "details" });
     // the legend is a bar under the canvas, not over it: floating there it hid the nodes at
     // the bottom left of every graph taller than the canvas, wherever the user panned
@@ -243,6 +248,7 @@ export class GraphView {
 
     this.step = step;
     this.stepSel.value = this.captured.indexOf(step);
+    this.stepSel.setAttribute("aria-valuetext", `step ${step}`); // (its value is the index: "4" for step 104)
     this.stepLabel.textContent = stepOf(step, this.captured);
     if (!auto) this.app.setState({ step });
     this.fillDiff();
@@ -745,6 +751,7 @@ export class GraphView {
     this.keepHighlight = false;
     this.redraw();
     renderDetails(this.details, this.model, key, this.ctx());
+    this.announce.textContent = nodeSummary(this.model, key, this.ctx());
     if (center === "reveal" && key && this.scene) this.revealSelected();
     else if (center && key && this.scene) this.centerOnSelected();
   }

@@ -268,3 +268,37 @@ def test_a_parameter_added_to_the_optimizer_later_is_told_until_then(tmp_path: P
             opt.step()
     (f,) = [f for f in diagnose(list(iter_events(path))) if f["title"] == "Parameters outside the model"]
     assert f["steps"] == [0, 1, 2, 3], f["steps"]
+
+
+class _Byol(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.online = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 8))
+        self.pred = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pred(self.online(x))
+
+
+@pytest.mark.parametrize("mode", ["default", "full"])
+def test_a_target_encoder_copied_from_a_submodule_is_told_as_such(tmp_path: Path, mode: str) -> None:
+    """BYOL's target network, a deepcopy of the model's encoder called beside the model with
+    autograd on: it read "a submodule kept in a plain Python list or dict" first (QA 50a), its ops
+    taken for the model's root."""
+    torch.manual_seed(0)
+    model = _Byol()
+    target = copy.deepcopy(model.online)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    path = tmp_path / "byol.tscope"
+    with torchscope.watch(model, opt, server=None, record=path, mode=mode):
+        for _ in range(4):
+            x = torch.randn(32, 20)
+            v1, v2 = x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x)
+            loss = 2 - 2 * F.cosine_similarity(model(v1), target(v2), dim=-1).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert all(p.grad is not None for p in target.parameters())  # plain PyTorch: the copy got gradients
+    (f,) = [f for f in diagnose(list(iter_events(path))) if f["title"] == "Parameters outside the model"]
+    assert ("used outside _Byol's forward, as many as its submodule 'online' has -- a copy of it" in f["message"]), f["message"]
+    assert f["fix"].startswith("Run that model (a copy, a teacher) without autograd")
