@@ -425,16 +425,41 @@ FIX_ZEROED = ("To keep a layer fixed, p.requires_grad_(False) says so, skips its
               "(its weight decay, its momentum) from moving it; to train it, remove the zeroing.")
 
 
+FIX_ALL_ZERO = ("Initialise one factor of each product randomly and the other at zero, so the product starts at zero "
+                "and still learns: LoRA initialises A with nn.init.kaiming_uniform_(A, a=math.sqrt(5)) and B with "
+                "zeros (PEFT's default), a gated branch its value layer as usual and its gate at zero.")
+
+
+def _all_zero_weights(run: Run, params: dict[int, list[int]]) -> bool:
+    """Whether each of ``params`` held only zeros when its weights were first measured
+    (``grads.weight_norm``, on the steps that sample updates)."""
+    for _, ev in run.step_events():
+        weights = as_list(as_dict(ev.get("grads")).get("weight_norm"))
+        if weights:
+            return all(i < len(weights) and weights[i] == 0.0 for i in params)
+    return False
+
+
 def _whole_finding(run: Run, params: dict[int, list[int]]) -> Finding:
     """Every gradient exactly zero while the loss is not: nothing reaches the model."""
     steps = sorted({s for v in params.values() for s in v})
     names = [run.param_name(i) for i in sorted(params)]
+    fix = FIX_WHOLE
     message = (f"Every parameter's gradient is exactly zero although the loss is not "
                f"({describe_steps(steps, run.last_step)}): no gradient reaches the model, so it does not learn -- "
                "something between the model's output and the loss passes none (a step function whose gradient is "
                "zero everywhere -- round, floor, sign, a quantiser --, an output ReLU or clamp that is always off, a "
                "saturated activation).")
-    finding = make("P2", "warning", message, FIX_WHOLE, steps, rank=run.rank, params=names, view="gradients",
+    if _all_zero_weights(run, params):
+        # LoRA's A and B both initialised to zero: each one's gradient is the other's value
+        # (QA 50a: the message blamed a round() or ReLU between the output and the loss)
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        message = (f"Every trainable parameter ({shown}) is all zeros and so is its gradient, although the loss is not "
+                   f"({describe_steps(steps, run.last_step)}): where parameters enter the output as a product (LoRA's "
+                   "B @ A, a gate times a value), each one's gradient is the others' value -- zero -- so none ever "
+                   "moves.")
+        fix = FIX_ALL_ZERO
+    finding = make("P2", "warning", message, fix, steps, rank=run.rank, params=names, view="gradients",
                    modules=sorted({run.param_module(i) for i in params}),
                    targets=[FindingTarget(step=steps[0], rank=run.rank)])
     finding["title"] = "No gradient reaches the model"
