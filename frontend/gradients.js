@@ -28,6 +28,19 @@ const STATS = {
   update_ratio: { label: "update ÷ weight", log: true, update: true },
   weight_norm: { label: "‖weight‖", log: true, update: true },
 };
+// Whether the lines' positive values, their bulk (the 5th to the 95th percentile: one corrupted
+// batch's spike is the outlier fit's, not a reason for a log axis), span two decades -- as a
+// deep transformer's first-layer gradient shrinking 1000x in three steps does (QA 50b: drawn on the
+// 0.00 line, read as a gradient that stopped).  A zero keeps the axis linear (a log axis has none).
+function spansDecades(series) {
+  const v = [];
+  for (const s of series) for (const y of s.y) if (typeof y === "number" && Number.isFinite(y)) v.push(y);
+  if (v.length < 3 || v.some((y) => y <= 0)) return false;
+  v.sort((a, b) => a - b);
+  const at = (q) => v[Math.min(v.length - 1, Math.floor(q * (v.length - 1)))];
+  return at(0.95) / at(0.05) >= 100;
+}
+
 const RATIO_AID = "~1e-3 typical; 1e-1 and up: the learning rate is too high for that parameter; under 1e-5 it barely moves";
 const TICKS = "red ticks at the top: NaN/Inf";
 // The heat map's statistics: a module's gradient norm, or its update-to-weight ratio.
@@ -488,12 +501,12 @@ export class GradientsView {
     const col = g[key] || [];
     const read = (s) => { const row = col[s]; return !!row && row.some((v) => v !== null && v !== undefined); };
     const at = st.every ? g.steps.map((_, s) => s) : g.steps.map((_, s) => s).filter((s, k, all) => read(s) || k === 0 || k === all.length - 1);
-    this.lines.opts.log = !!st.log;
+    const series = chosen.map((p) => ({ name: g.params[p], y: at.map((s) => (col[s] || [])[p] ?? null) }));
+    this.lines.opts.log = !!st.log || (key === "norm" && spansDecades(series));
     this.lines.opts.empty = !g.params.length ? NO_PARAMS : st.every ? null
       : chosen.length ? `No step read ${st.label} of the chosen parameters${this.app.running ? " yet" : ""}.` : null;
     this.setLinesTitle();
-    this.lines.setData(at.map((s) => g.steps[s]), chosen.map((p) => ({ name: g.params[p], y: at.map((s) => (col[s] || [])[p] ?? null) })),
-      this.nonFiniteSteps(chosen));
+    this.lines.setData(at.map((s) => g.steps[s]), series, this.nonFiniteSteps(chosen));
   }
 
   // What the chosen parameters' chart draws, in PyTorch's words; the update-to-weight ratio
@@ -502,7 +515,7 @@ export class GradientsView {
     const clip = this.clipped && (this.stat === "norm" || STATS[this.stat].clipped) ? ", after clip_grad_norm_" : "";
     const some = this.readWhen();
     const text = {
-      norm: `‖grad‖ per step${clip} (${TICKS})`,
+      norm: `‖grad‖ per step${clip} (${this.lines.opts.log ? "log scale; " : ""}${TICKS})`,
       max_abs: `max |grad| per step: param.grad.abs().max()${clip} (log scale; ${some}; ${TICKS})`,
       zero_frac: `share of zeros in grad per step: (param.grad == 0).float().mean() (${some}; ${TICKS})`,
       update_ratio: `update ÷ weight per step: ‖param after optimizer.step() − before‖ / ‖param before‖ (log scale; ${some}; ${TICKS})`,

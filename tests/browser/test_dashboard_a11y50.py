@@ -41,8 +41,9 @@ STEPS, NAN_FROM = 200, 100
 GRADS = "window.__torchscope.app.views.gradients.obj"
 
 
-def _frames(sid: str, name: str, nan_from: int | None) -> bytes:
-    """A finished run of STEPS steps as the transport frames it, NaN from ``nan_from`` on."""
+def _frames(sid: str, name: str, nan_from: int | None, decay: bool = False) -> bytes:
+    """A finished run of STEPS steps as the transport frames it, NaN from ``nan_from`` on; with
+    ``decay`` the first parameter's gradient norm falls from 1 to 1e-4 (four decades)."""
     session = {"kind": "session", "schema": [1, 0], "session_id": sid, "name": name, "rank": 0, "world_size": 1,
                "model": "MLP", "started_at": time.time(),
                "params": [{"name": "fc0.weight", "module": "fc0"}, {"name": "fc1.weight", "module": "fc1"}]}
@@ -56,7 +57,8 @@ def _frames(sid: str, name: str, nan_from: int | None) -> bytes:
         bad = nan_from is not None and s >= nan_from
         steps.append({"kind": "step", "step": s, "rank": 0, "t": 1000.0 + s, "duration_us": 1000 + s,
                       "loss": math.nan if bad else 1.0 / (s + 1), "graph_signature": "sig", "graph_captured": s == 0,
-                      "grads": {"norm": [math.nan if bad else 0.5 + s / 100, 0.2 + s / 1000], "nan": [int(bad), 0],
+                      "grads": {"norm": [math.nan if bad else 10 ** (-s / 50) if decay else 0.5 + s / 100, 0.2 + s / 1000],
+                                "nan": [int(bad), 0],
                                 "inf": [0, 0], "none": []},
                       "memory": {"live": 1000 + s, "peak": 2000 + s, "params": 400, "grads": 400}})
     batches = [[session], [graph], *(steps[i:i + 50] for i in range(0, STEPS, 50)),
@@ -68,8 +70,8 @@ def _frames(sid: str, name: str, nan_from: int | None) -> bytes:
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     """One server holding the NaN run "nanrun" (id nan50) and the finite "okrun" (ok50), both diagnosed."""
     with ServerProc(tmp_path_factory.mktemp("a11y50-server")) as s:
-        for sid, name, nan_from in (("nan50", "nanrun", NAN_FROM), ("ok50", "okrun", None)):
-            req = urllib.request.Request(f"{s.url}/api/ingest/{sid}/0", data=_frames(sid, name, nan_from),
+        for sid, name, nan_from in (("nan50", "nanrun", NAN_FROM), ("ok50", "okrun", None), ("dec50", "decayrun", None)):
+            req = urllib.request.Request(f"{s.url}/api/ingest/{sid}/0", data=_frames(sid, name, nan_from, sid == "dec50"),
                                          headers={"Content-Type": "application/x-tscope-frames"})
             with urllib.request.urlopen(req, timeout=30) as r:
                 assert r.status == 200
@@ -85,8 +87,8 @@ def page(checked: Any) -> Any:  # noqa: F811 - the fixture, by the name these te
     return checked
 
 
-def gradients(page: Any, srv: ServerProc, query: str = "") -> None:
-    open_session(page, srv.url, "nan50", "?view=gradients" + query)
+def gradients(page: Any, srv: ServerProc, query: str = "", sid: str = "nan50") -> None:
+    open_session(page, srv.url, sid, "?view=gradients" + query)
     page.wait_for_function(f"{GRADS}.loss.x?.length === {STEPS} && {GRADS}.total.x?.length === {STEPS} && !!{GRADS}.heatGeom")
 
 
@@ -232,3 +234,16 @@ def test_sessions_page_names_its_server_and_each_rows_run(page: Any, srv: Server
     empty.wait_for()
     assert f'torchscope.watch(model, server="{srv.url}")' in empty.inner_text(), empty.inner_text()
     assert f"TORCHSCOPE_SERVER={srv.url}" in empty.inner_text()
+
+
+def test_a_gradient_norm_spanning_decades_is_drawn_on_a_log_axis(page: Any, srv: ServerProc) -> None:
+    """F8: a parameter's ‖grad‖ falling 1000x (a deep model's first layer) was drawn on a linear
+    axis, its later steps on the 0.00 line, read as a gradient that stopped.  Two decades of the
+    chosen lines' bulk make the axis log, as the loss chart's; a run within one stays linear."""
+    for sid, log in (("dec50", True), ("ok50", False)):
+        gradients(page, srv, sid=sid)
+        page.select_option("[data-testid=param-pick]", ["0"])
+        page.wait_for_function(f"{GRADS}.lines.series.length === 1 && {GRADS}.lines.series[0].name === 'fc0.weight'")
+        got = page.evaluate(f"({{ log: {GRADS}.lines.opts.log, title: {GRADS}.lines.title.textContent }})")
+        assert got["log"] is log, (sid, got)
+        assert ("log scale" in got["title"]) is log, (sid, got)
