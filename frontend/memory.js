@@ -300,7 +300,10 @@ export class MemoryView {
     const until = (l) => (l.freed ? h("span", {}, `freed in #${l.freed.id} ${l.freed.name} (${l.freed.phase || "forward"})`)
       : h("span", { class: "muted" }, "still alive after the last recorded op"));
     const rows = alive.slice(0, MAX_ALIVE).map((l) => h("tr", { "data-sid": l.sid },
-      h("td", {}, fmtBytes(l.bytes)), h("td", {}, show(l.made), " ", l.made.name), h("td", {}, opWhere(l.made, this.app.moduleType)),
+      h("td", {}, fmtBytes(l.bytes)),
+      // the module as the by-module bands name it: "layers.11.linear2 (backward)" for a weight's
+      // gradient backward() made, which read as the forward's tensor (QA 50b)
+      h("td", {}, show(l.made), " ", l.made.name), h("td", {}, this.bandOf(l.made).name),
       h("td", {}, shape(l.tensor.shape)), h("td", {}, l.tensor.dtype || "–"), h("td", { class: "src" }, l.made.src || "–"), h("td", {}, until(l))));
     this.top.append(
       h("h3", { title: OP_PEAK }, `In-step peak ${fmtBytes(peakLive)} after op #${peakId} ${peakOp.name} — what was alive then`),

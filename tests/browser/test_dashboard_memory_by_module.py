@@ -299,6 +299,14 @@ def test_the_tensors_alive_at_the_peak_are_the_files(page: Any, srv: ServerProc,
     # the rows: the largest of them, by storage, in bytes order
     rows = page.evaluate("""() => [...document.querySelectorAll('[data-testid=alive-at-peak] tr[data-sid]')]
       .map((r) => [+r.dataset.sid, r.cells[0].innerText, r.cells[6].innerText])""")
+    # a tensor backward() made says so in its module cell, as the by-module bands do: a weight's
+    # gradient read as its forward module's tensor (QA 50b)
+    made = page.evaluate("""() => [...document.querySelectorAll('[data-testid=alive-at-peak] tr[data-sid]')]
+      .map((r) => [+r.cells[1].innerText.slice(1).split(" ")[0], r.cells[2].innerText])""")
+    phase = {o["id"]: o.get("phase", "forward") for o in ev["ops"]}
+    assert all(where.endswith(" (backward)") == (phase[op] == "backward") for op, where in made), made
+    if mode == "full":
+        assert any(phase[op] == "backward" for op, _ in made), made
     shown = [sid_ for sid_, _, _ in rows]
     assert set(shown) <= set(alive) and len(shown) == min(15, len(alive)), (shown, alive)
     assert [alive[s] for s in shown] == sorted((alive[s] for s in shown), reverse=True)
