@@ -247,3 +247,17 @@ def test_a_gradient_norm_spanning_decades_is_drawn_on_a_log_axis(page: Any, srv:
         got = page.evaluate(f"({{ log: {GRADS}.lines.opts.log, title: {GRADS}.lines.title.textContent }})")
         assert got["log"] is log, (sid, got)
         assert ("log scale" in got["title"]) is log, (sid, got)
+
+
+def test_the_graph_keeps_room_at_200_percent_zoom(page: Any, srv: ServerProc) -> None:
+    """F20: at 640 x 400 css px (a 1280 x 800 laptop at 200 % zoom) the details panel kept 300 px
+    and the minimap covered most of what was left of the graph; both give way now."""
+    page.set_viewport_size({"width": 640, "height": 400})
+    open_session(page, srv.url, "nan50", "?view=graph")
+    page.wait_for_function("(() => { const g = window.__torchscope.state().graph; return g && g.nodes.length > 0; })()")
+    r = page.evaluate("""() => {
+      const box = (s) => { const e = document.querySelector(s); return e && e.getBoundingClientRect(); };
+      const map = document.querySelector('.minimap');
+      return { stage: box('.stage').width, panel: box('aside.details').width, map: map ? getComputedStyle(map).display : 'none' };
+    }""")
+    assert r["panel"] <= 240 and r["stage"] >= 400 and r["map"] == "none", r
