@@ -5,7 +5,7 @@
 // (vanishing, exploding, cut by a dead ReLU) reads from top to bottom.
 import { h, clear, moduleLabel, decadeFormat, columnFormat, fmtShort } from "./dom.js";
 import { api, sessionPath, rankQuery } from "./api.js";
-import { logScale, ZERO, NONFINITE, legendItem } from "./colors.js";
+import { logScale, ZERO, NONFINITE_FILL, legendItem } from "./colors.js";
 
 // a module whose grad_output is (almost) all zeros passes (almost) nothing back to its
 // parameters and inputs: "dead", as a ReLU that never fires makes the layer before it
@@ -185,7 +185,7 @@ export class ActivationGradsPanel {
         h("span", { class: "act-flags" })];
     }
     const nonfinite = badGrad(g), dead = !nonfinite && g.zero_frac >= DEAD_ZERO_FRAC;
-    const bar = nonfinite ? h("span", { class: "act-bar", style: `width:100%;background:${NONFINITE}` })
+    const bar = nonfinite ? h("span", { class: "act-bar", style: `width:100%;background:${NONFINITE_FILL}` })
       : g.norm > 0 ? h("span", { class: "act-bar", style: `width:${Math.max(1, sc.at(g.norm))}%;background:${sc.color(g.norm)}` })
         : h("span", { class: "act-bar act-bar-zero", style: `background:${ZERO}` });
     const flags = [];
@@ -218,7 +218,7 @@ export class ActivationGradsPanel {
     clear(this.body).append(head, ...lines);
     this.watchWidth();
     clear(this.legend).append(legendItem(ZERO, "‖grad_output‖₂ exactly zero (nothing flowed back)"), " · ",
-      legendItem(NONFINITE, "NaN/Inf"), " · bar colours as the heat map's log scale · hover a row for exact numbers, click it to open the module in the graph at this step");
+      legendItem(NONFINITE_FILL, "NaN/Inf"), " · bar colours as the heat map's log scale · hover a row for exact numbers, click it to open the module in the graph at this step");
   }
 
   // One table, both directions: module | output rms (bar), rms, min … max, zeros, marks | the
@@ -264,7 +264,7 @@ export class ActivationGradsPanel {
     this.width = undefined;
     this.watchWidth();
     clear(this.legend).append(legendItem(OUT_BAR, "output rms (log scale, its own axis)"), " · ",
-      legendItem(ZERO, "exactly zero (an all-zero output; nothing flowed back)"), " · ", legendItem(NONFINITE, "NaN/Inf"),
+      legendItem(ZERO, "exactly zero (an all-zero output; nothing flowed back)"), " · ", legendItem(NONFINITE_FILL, "NaN/Inf"),
       " · gradient bars in the heat map's colours (log scale) · dead: ≥ 99 % zeros · saturated: a Tanh/Sigmoid at its bounds",
       " · – : not recorded (an output no gradient reached) · hover a row for exact numbers, click it to open the module in the graph at this step");
   }
@@ -278,7 +278,7 @@ export class ActivationGradsPanel {
       return [h("span", { class: "act-otrack", style: track }), none("act-out-rms"), none("act-out-range"), none("act-out-zeros", "muted"), h("span", {})];
     }
     const nonfinite = badOut(o), dead = !nonfinite && o.zero_frac >= DEAD_ZERO_FRAC;
-    const obar = nonfinite ? h("span", { class: "act-obar", "data-testid": "act-out-bar", style: `${bar}width:100%;background:${NONFINITE}` })
+    const obar = nonfinite ? h("span", { class: "act-obar", "data-testid": "act-out-bar", style: `${bar}width:100%;background:${NONFINITE_FILL}` })
       : o.rms > 0 ? h("span", { class: "act-obar", "data-testid": "act-out-bar", style: `${bar}width:${Math.max(1, sc.at(o.rms))}%;background:${OUT_BAR}` })
         : h("span", { class: "act-obar", "data-testid": "act-out-bar", style: `${bar}width:6px;background:${ZERO}` });
     const flags = [];

@@ -7,6 +7,9 @@ const CATS = ["#60a5fa", "#f59e0b", "#34d399", "#f472b6", "#a78bfa", "#f87171", 
 
 // NaN or ±Inf (P4): outside the ramp, named in the legends
 export const NONFINITE = "#7f1d1d";
+// ... hatched where a bar's length means size: plain, it read as the ramp's top, the largest
+// finite gradient's dark red (QA 50b)
+export const NONFINITE_FILL = `repeating-linear-gradient(135deg, rgba(255, 255, 255, 0.6) 0 2px, transparent 2px 6px) ${NONFINITE}`;
 
 export function ramp(t) {
   if (!Number.isFinite(t)) return NONFINITE;

@@ -113,7 +113,7 @@ ROWS = """() => [...document.querySelectorAll('[data-testid=act-row]')].map((r) 
   return { module: r.dataset.module, label: r.querySelector('.act-name').textContent, title: r.title,
     rms: t('act-out-rms'), range: t('act-out-range'), ozeros: t('act-out-zeros'),
     odead: !!q('act-out-dead'), sat: q('act-out-saturated')?.title ?? null, ononfinite: !!q('act-out-nonfinite'),
-    obar: bar ? bar.getBoundingClientRect().width : null, obarColor: bar ? getComputedStyle(bar).backgroundColor : null,
+    obar: bar ? bar.getBoundingClientRect().width : null, obarColor: bar ? getComputedStyle(bar).backgroundColor : null, obarImage: bar ? getComputedStyle(bar).backgroundImage : null,
     norm: t('act-norm'), max: t('act-max'), zeros: t('act-zeros'), gdead: !!q('act-dead'),
     flags: r.querySelector('.act-flags').textContent, oflags: r.querySelector('.act-oflags')?.textContent ?? null,
     ozerosColor: q('act-out-zeros') ? getComputedStyle(q('act-out-zeros')).color : null,
@@ -234,6 +234,8 @@ def test_nonfinite_outputs_are_red_with_their_counts(page: Any, srv: ServerProc,
         if want.get("nan"):
             assert f"NaN ×{want['nan']}" in r["oflags"] and r["rms"] == "NaN" and r["nameColor"] == cut, (r, want)
             assert r["obarColor"] == "rgb(127, 29, 29)"  # colors.js NONFINITE
+            # hatched: plain, it read as the gradient ramp's top, the largest finite bar (QA 50b)
+            assert r["obarImage"].startswith("repeating-linear-gradient"), r["obarImage"]
     geo = page.evaluate(GEOMETRY)
     assert geo["sw"] <= geo["cw"] and geo["cut"] == [] and geo["overlaps"] == [], geo  # "NaN ×1024" whole
 
