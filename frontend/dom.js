@@ -3,7 +3,9 @@
 // A name or repr that may wrap after its dots, underscores and "=" (a <wbr> after each), never
 // inside a word: "conv2.weig ht", "track_running_stats=Tr ue" in a narrow panel (QA 45c).
 export function wrappable(text) {
-  return String(text).split(/(?<=[._=])/).flatMap((part, i) => (i ? [document.createElement("wbr"), part] : [part]));
+  // after . _ = and between a lower-case letter (or digit) and a capital: a grad_fn class
+  // ("ScaledDotProductFlashAttentionForCpuBackward0") broke mid-word, "Backw / ard0" (QA 50b)
+  return String(text).split(/(?<=[._=])|(?<=[a-z0-9])(?=[A-Z])/).flatMap((part, i) => (i ? [document.createElement("wbr"), part] : [part]));
 }
 
 export function h(tag, attrs = {}, ...children) {

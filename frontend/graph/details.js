@@ -99,8 +99,8 @@ export function renderDetails(panel, model, key, ctx) {
   const l = model.byKey.get(key);
   if (!l) { panel.append(h("p", { class: "muted" }, `Node ${key} is not in this step's graph.`)); return; }
   const r = l.rec;
-  const link = (k, text) => h("a", { href: "#", class: "nodelink", onclick: (e) => { e.preventDefault(); ctx.select(k); } }, text);
-  panel.append(h("h3", { class: "details-title" }, l.kind === "op" ? r.name : r.name),
+  const link = (k, text) => h("a", { href: "#", class: "nodelink", onclick: (e) => { e.preventDefault(); ctx.select(k); } }, ...wrappable(text));
+  panel.append(h("h3", { class: "details-title" }, ...wrappable(r.name)),
     h("div", { class: "muted", "data-testid": "details-kind" }, l.kind === "op" ? `${opKind(r)} #${r.id}` : `grad_fn node #${r.id}`));
   const t = h("table", { class: "kv" });
   t.append(row("module", leafModule(model, l, ctx)));

@@ -52,6 +52,11 @@ def _frames(sid: str, name: str, nan_from: int | None, decay: bool = False) -> b
     graph = {"kind": "graph", "step": 0, "rank": 0, "micro": 0, "complete": True, "ops": ops,
              "nodes": [{"id": i, "name": "AddmmBackward0", "op": i, "module": ops[i]["module"]} for i in range(4)],
              "edges": [[i, i + 1, 0] for i in range(3)], "tensors": [{"id": i, "shape": [2, 3]} for i in range(5)], "root": 0}
+    # an attention op's long name and wide tensors, for the details panel at 800 px (F19)
+    wide = {"id": 5, "shape": [128, 4, 32, 32], "stride": [4096, 1024, 32, 1], "dtype": "torch.float32", "storage": 9, "offset": 0}
+    graph["tensors"].append(wide)
+    ops.append({"id": 4, "name": "aten::_scaled_dot_product_flash_attention_for_cpu", "module": "fc1", "phase": "forward",
+                "inputs": [5, 5, 5], "outputs": [5]})
     steps = []
     for s in range(STEPS):
         bad = nan_from is not None and s >= nan_from
@@ -261,3 +266,15 @@ def test_the_graph_keeps_room_at_200_percent_zoom(page: Any, srv: ServerProc) ->
       return { stage: box('.stage').width, panel: box('aside.details').width, map: map ? getComputedStyle(map).display : 'none' };
     }""")
     assert r["panel"] <= 240 and r["stage"] >= 400 and r["map"] == "none", r
+
+
+def test_the_details_panel_fits_at_800_px(page: Any, srv: ServerProc) -> None:
+    """F19: at 800 x 600 an attention op's details ran 40 px past the 300 px panel (the inputs
+    table's storage column cut) and its name broke mid-word; now the table takes the panel's
+    width and the name breaks after its underscores."""
+    page.set_viewport_size({"width": 800, "height": 600})
+    open_session(page, srv.url, "nan50", "?view=graph&node=o4")
+    page.wait_for_function("(() => { const t = document.querySelector('aside.details .details-title'); return t && /flash/.test(t.textContent); })()")
+    r = page.evaluate("""() => { const a = document.querySelector('aside.details');
+      return { client: a.clientWidth, scroll: a.scrollWidth, breaks: a.querySelectorAll('.details-title wbr').length }; }""")
+    assert r["scroll"] <= r["client"] and r["breaks"] >= 5, r
