@@ -190,6 +190,7 @@ export class LineChart {
     const X = (v) => L + ((v - xmin) / (xmax - xmin)) * pw;
     // (a value off scale is drawn at the plot's edge: clamped, its line runs into the edge)
     const Y = (v) => Math.min(T + ph, Math.max(T, T + ph - ((v - ymin) / (ymax - ymin)) * ph));
+    this.plot = { X, Y, ys }; // (where the read-out's markers go)
     // axes
     ctx.strokeStyle = css.getPropertyValue("--border").trim(); ctx.fillStyle = css.getPropertyValue("--muted").trim();
     ctx.font = "11px system-ui"; ctx.lineWidth = 1;
@@ -366,7 +367,7 @@ export class LineChart {
   }
 
   // The read-out emptied and its box shrunk to nothing (it stays a live region).
-  hideTip() { clear(this.tip).classList.add("idle"); }
+  hideTip() { clear(this.tip).classList.add("idle"); this.markPoint(-1); }
 
   hover(e) {
     const i = this.indexAt(e.offsetX);
@@ -385,6 +386,24 @@ export class LineChart {
     this.tip.classList.remove("idle");
     this.tip.style.left = Math.min(px + 12, this.root.clientWidth - 180) + "px";
     this.tip.style.top = "10px";
+    this.markPoint(i);
+  }
+
+  // A dot on each line at the point read: with the tooltip offset up and left it was not plain
+  // which point "step 60, loss 0.1048" was (QA 50b).  Stacked bands and gaps get none.
+  markPoint(i) {
+    for (const m of this.marks || []) m.remove();
+    this.marks = [];
+    if (i < 0 || !this.plot || this.opts.stacked) return;
+    const { X, Y, ys } = this.plot, left = this.canvas.offsetLeft, top = this.canvas.offsetTop;
+    this.series.forEach((s, k) => {
+      const v = ys[k]?.[i];
+      if (v === null || v === undefined) return;
+      const dot = h("span", { class: "chart-dot", "aria-hidden": "true",
+        style: `left:${left + X(this.x[i])}px;top:${top + Y(v)}px;background:${s.color}` });
+      this.canvas.parentElement.append(dot);
+      this.marks.push(dot);
+    });
   }
 }
 

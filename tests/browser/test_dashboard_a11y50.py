@@ -119,6 +119,15 @@ def test_chart_labels_say_nan_and_compare_marks_a_nan_norm(page: Any, srv: Serve
     page.keyboard.press("End")
     tip.wait_for(state="visible")
     assert tip.inner_text().split("\n") == [f"step {STEPS - 1}", "loss: NaN"]
+    # F18: a dot marks the point read on its line (none on a NaN: no point there), gone on blur
+    dots = "document.querySelectorAll('[data-testid=loss] .chart-dot').length"
+    assert page.evaluate(dots) == 0
+    page.keyboard.press("Home")
+    dot = page.evaluate("""() => { const d = document.querySelector('[data-testid=loss] .chart-dot'), c = document.querySelector('[data-testid=loss] canvas');
+      if (!d) return null; const a = d.getBoundingClientRect(), b = c.getBoundingClientRect(); return [a.left + a.width / 2 - b.left, a.top + a.height / 2 - b.top, b.width, b.height]; }""")
+    assert dot is not None and 60 <= dot[0] <= 75 and 0 <= dot[1] <= dot[3], dot  # step 0, at the plot's left edge
+    page.locator("[data-testid=loss] canvas").blur()
+    assert page.evaluate(dots) == 0
 
     # F15: the peak bytes per step (2,000 to 2,199 B) from 0, in KiB: no 199-byte "spike" over the plot's height
     open_session(page, srv.url, "nan50", "?view=ranks")
