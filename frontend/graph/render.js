@@ -65,7 +65,7 @@ export function subLabel(ctx, it, width) {
   // a word in parentheses, no path: "(outside the model)" cut from its start read "…tside the
   // model" (QA 36c); its short form, else cut at its end
   if (it.subPath.startsWith("(")) {
-    const short = it.subPath === OUTSIDE_MODEL ? "(outside)" : it.subPath;
+    const short = it.subPath === OUTSIDE_MODEL ? "(not in model)" : it.subPath; // ("(outside)" read as nothing, QA 50b)
     if (room >= ctx.measureText(short.slice(0, 4) + "…").width) return `${it.subHead} · ${fit(ctx, short, room, 1)}`;
   } else if (room >= ctx.measureText("…" + it.subPath.slice(-4)).width) return `${it.subHead} · ${fit(ctx, it.subPath, room, 0)}`;
   if (fits(it.subHead)) return it.subHead;

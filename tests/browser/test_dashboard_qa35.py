@@ -127,8 +127,9 @@ def test_a_sub_label_keeps_its_tensor_shape_whole(page: Any, srv: ServerProc, tr
     for it in cut:
         # the shape whole, then the path's end after an ellipsis, or the shape alone
         shape, fit, path = shapes[it["key"]], it["fit"], it["sub"][len(shapes[it["key"]]) + 3:]
-        if path.startswith("("):  # "(outside the model)": its short form, or cut at its end (QA 36c)
-            assert fit == shape or fit.startswith(f"{shape} · (out"), it
+        if path.startswith("("):  # "(outside the model)": its short form, "(not in model)" ("(outside)" read
+            # as nothing, QA 50b), or cut at its end (QA 36c)
+            assert fit == shape or fit.startswith(f"{shape} · (not"), it
             continue
         assert fit == shape or (fit.startswith(f"{shape} · …") and path.endswith(fit[len(shape) + 4:])), it
     assert any(it["fit"].startswith(shapes[it["key"]] + " · …") for it in cut), cut
