@@ -54,8 +54,11 @@ def _unregistered(graph: dict[str, Any]) -> tuple[list[int], list[str], bool, st
 
     def outside_model(node: dict[str, Any]) -> bool:
         # made by an op the loop ran outside the watched model's forward (a BYOL target
-        # network called beside the model: read as the model's root, QA 50a)
-        return "outside_model" in as_list(ops.get(as_int(node.get("op"), -1), {}).get("flags"))
+        # network called beside the model: read as the model's root, QA 50a), or by none
+        # recorded on a graph with ops (called before the model's forward, where the
+        # recording of the step begins: QA 50c)
+        op = as_int(node.get("op"), -1)
+        return "outside_model" in as_list(ops.get(op, {}).get("flags")) or (op < 0 and bool(ops))
 
     users = [None if outside_model(n := by_id.get(i, {})) else n.get("module") for i in user_ids]
     known = sorted({str(m) for m in users if m is not None})
@@ -65,15 +68,18 @@ def _unregistered(graph: dict[str, Any]) -> tuple[list[int], list[str], bool, st
 
 
 def _copied_module(run: Run, count: int) -> str | None:
-    """The largest submodule of the model with exactly ``count`` parameters (the usual source of a
-    target encoder: ``copy.deepcopy(model.online)``), or None."""
+    """The model's outermost submodules with exactly ``count`` parameters (the usual source of a
+    target encoder: ``copy.deepcopy(model.online)``), as "'online'" or "'stem' or 'encoder'"
+    (the count alone cannot tell which), or None."""
     sizes: dict[str, int] = {}
     for i in range(len(run.params)):
         parts = run.param_name(i).split(".")[:-1]
         for k in range(1, len(parts) + 1):
             path = ".".join(parts[:k])
             sizes[path] = sizes.get(path, 0) + 1
-    return next((path for path, n in sizes.items() if n == count), None)
+    found = [p for p, n in sizes.items() if n == count]
+    outer = [p for p in found if not any(p.startswith(q + ".") for q in found)]
+    return " or ".join(f"'{p}'" for p in outer[:3]) if outer else None
 
 
 def _same_structure(run: Run, steps: list[int]) -> list[int]:
@@ -132,7 +138,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                      modules=[m for m in modules if m], title="Parameters outside the model", src=src or None)]
     used = [m if m else "(root)" for m in modules]
     copied = _copied_module(run, count) if outside else None
-    copy = count == len(run.params) or outside
+    # as many as the model has reads as a copy of it -- unless a captured graph shows the ops
+    # using them inside the model's forward: a plain list of layers as many (QA 50c)
+    copy = outside or (count == len(run.params) and not modules)
     # a copy of the model is used by its own ops, which ran in no watched module: "(root)" says nothing
     in_ops = f", used by ops of {', '.join(used[:3])}" if used and not (copy and used == ["(root)"]) else ""
     head = (f"Gradients flow into {count} nn.Parameter tensor{'s' if count != 1 else ''} that "
@@ -144,7 +152,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         # copy.deepcopy) run with autograd on, more often than a forgotten ModuleList
         what = (f"as many as {model} has -- a copy of the model (a target network or a teacher made with copy.deepcopy)"
                 if count == len(run.params) else
-                f"used outside {model}'s forward, as many as its submodule '{copied}' has -- a copy of it (a BYOL or "
+                f"used outside {model}'s forward, as many as its submodule {copied} has -- a copy of it (a BYOL or "
                 "MoCo target encoder, a teacher made with copy.deepcopy)" if copied else
                 f"used outside {model}'s forward -- a second model (a teacher, a target network)")
         message = (f"{head}: {what} run with autograd on: its outputs build a graph into its weights "

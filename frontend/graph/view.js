@@ -542,10 +542,15 @@ export class GraphView {
     if (!lg) {
       const kinds = [["forward op", "--op-fwd"], ["grad_fn node, backward op", "--op-bwd"], ["AccumulateGrad", "--op-acc"]];
       // full mode's optimizer.step() ops, in a colour of their own (QA 44c: not in the legend)
-      if (this.model?.leaves?.some((l) => l.kind === "op" && l.phase === "optimizer")) kinds.push(["optimizer.step() op", "--op-opt"]);
+      const opt = this.model?.leaves?.some((l) => l.kind === "op" && l.phase === "optimizer");
+      if (opt) kinds.push(["optimizer.step() op", "--op-opt"]);
       for (const [name, v] of kinds) this.legend.append(legendItem(`var(${v})`, name));
       // a collapsed module is a box in each column: its forward's colour and its backward's
-      this.legend.append(legendItem("linear-gradient(90deg, var(--group-fwd) 50%, var(--group-bwd) 50%)", "module, collapsed (forward | backward)"));
+      // (and the "(optimizer.step())" group's lilac: it read as a forward module, QA 50b)
+      this.legend.append(opt
+        ? legendItem("linear-gradient(90deg, var(--group-fwd) 33%, var(--group-bwd) 33% 67%, var(--group-opt) 67%)",
+          "module, collapsed (forward | backward | optimizer.step())")
+        : legendItem("linear-gradient(90deg, var(--group-fwd) 50%, var(--group-bwd) 50%)", "module, collapsed (forward | backward)"));
       this.legend.append(h("span", { class: "muted" }, "≡ n: same structure as sibling n"));
     } else if (lg.kind === "cats") {
       for (const [k, c] of lg.entries) this.legend.append(legendItem(c, k));

@@ -274,17 +274,18 @@ class _Byol(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.online = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 8))
-        self.pred = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+        self.pred = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.pred(self.online(x))
 
 
-@pytest.mark.parametrize("mode", ["default", "full"])
-def test_a_target_encoder_copied_from_a_submodule_is_told_as_such(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "target_first"), [("default", False), ("full", False), ("default", True)])
+def test_a_target_encoder_copied_from_a_submodule_is_told_as_such(tmp_path: Path, mode: str, target_first: bool) -> None:
     """BYOL's target network, a deepcopy of the model's encoder called beside the model with
     autograd on: it read "a submodule kept in a plain Python list or dict" first (QA 50a), its ops
-    taken for the model's root."""
+    taken for the model's root -- and, called before the model (QA 50c), not recorded at all (a
+    step's recording begins at the model's forward)."""
     torch.manual_seed(0)
     model = _Byol()
     target = copy.deepcopy(model.online)
@@ -294,7 +295,11 @@ def test_a_target_encoder_copied_from_a_submodule_is_told_as_such(tmp_path: Path
         for _ in range(4):
             x = torch.randn(32, 20)
             v1, v2 = x + 0.1 * torch.randn_like(x), x + 0.1 * torch.randn_like(x)
-            loss = 2 - 2 * F.cosine_similarity(model(v1), target(v2), dim=-1).mean()
+            if target_first:
+                z = target(v2)
+                loss = 2 - 2 * F.cosine_similarity(model(v1), z, dim=-1).mean()
+            else:
+                loss = 2 - 2 * F.cosine_similarity(model(v1), target(v2), dim=-1).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -302,3 +307,35 @@ def test_a_target_encoder_copied_from_a_submodule_is_told_as_such(tmp_path: Path
     (f,) = [f for f in diagnose(list(iter_events(path))) if f["title"] == "Parameters outside the model"]
     assert ("used outside _Byol's forward, as many as its submodule 'online' has -- a copy of it" in f["message"]), f["message"]
     assert f["fix"].startswith("Run that model (a copy, a teacher) without autograd")
+
+
+class _Twice(nn.Module):
+    """Two registered layers and two more in a plain list: as many outside the model as in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.out = nn.Linear(6, 6), nn.Linear(6, 2)
+        self.layers = [nn.Linear(6, 6), nn.Linear(6, 6)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.out(x)
+
+
+def test_a_plain_list_as_large_as_the_model_is_not_called_a_copy(tmp_path: Path) -> None:
+    """Four parameters outside a model of four: "a copy of the model (a target network ...)" was
+    told by the count alone (QA 50c); the captured graph shows them used inside its forward."""
+    torch.manual_seed(0)
+    model = _Twice()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "twice.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(3):
+            opt.zero_grad()
+            F.cross_entropy(model(torch.randn(8, 6)), torch.randint(0, 2, (8,))).backward()
+            opt.step()
+    (f,) = [f for f in diagnose(list(iter_events(path))) if f["title"] == "Parameters outside the model"]
+    assert f["message"].startswith("Gradients flow into 4 nn.Parameter tensors that are not _Twice's"), f["message"]
+    assert "a submodule kept in a plain Python list or dict is not registered" in f["message"], f["message"]
