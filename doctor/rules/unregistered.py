@@ -95,16 +95,17 @@ def _same_structure(run: Run, steps: list[int]) -> list[int]:
 
 
 def _counted(run: Run) -> tuple[list[int], int]:
-    """Light mode's steps with ``events[{what: "unregistered_params", count}]`` (it writes no
-    graph: the capture counts such parameters in its own walk of the backward's graph), and
-    the largest count."""
-    steps, most = [], 0
+    """Light mode's steps from the first with ``events[{what: "unregistered_params", count}]`` on
+    (it writes no graph: the capture counts such parameters in its own walk of the backward's
+    graph, and tells them when they change: the steps between use them too -- "at step 0" read
+    as the only step of a list used on every one, QA 50c), and the largest count."""
+    told, most = [], 0
     for ev in run.steps:
         n = max((as_int(e.get("count")) for e in notes(ev, "unregistered_params")), default=0)
         if n > 0:
-            steps.append(as_int(ev.get("step")))
+            told.append(as_int(ev.get("step")))
             most = max(most, n)
-    return steps, most
+    return (list(range(told[0], run.last_step + 1)) if told else []), most
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:

@@ -67,7 +67,10 @@ def test_layers_in_a_plain_list_are_found_in_light_mode(tmp_path: Path) -> None:
     assert graphs == []
     (f,) = [f for f in found if f["title"] == "Parameters outside the model"]
     assert f["code"] == "P1" and f["severity"] == "warning"
-    assert f["message"].startswith("Gradients flow into 4 nn.Parameter tensors that are not Stack's and that no optimizer steps (at step 0)")
+    # on every step: the capture tells them when they change, not at each step using them ("at
+    # step 0" read as the only one, QA 50c)
+    assert f["message"].startswith("Gradients flow into 4 nn.Parameter tensors that are not Stack's and that no optimizer steps "
+                                   "(since step 0, every step)"), f["message"]
     assert f["targets"] == [{"step": 0, "rank": 0}]
 
 
