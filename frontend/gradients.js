@@ -286,11 +286,13 @@ export class GradientsView {
   describeHeat(val, has, bad, S, M, ratio) {
     const what = ratio ? "update / weight ratio" : "gradient norm";
     const last = S - 1, top = [];
-    for (let m = 0; m < M; m++) if (S && has[last * M + m] && !bad[last * M + m]) top.push([val[last * M + m], this.modules[m] || "(root)"]);
+    // named as the rows are, with their type: an nn.Sequential's "0, 2" read as numbers (QA 50c)
+    const named = (p) => moduleTyped(p, this.app.moduleType?.get(p));
+    for (let m = 0; m < M; m++) if (S && has[last * M + m] && !bad[last * M + m]) top.push([val[last * M + m], named(this.modules[m])]);
     top.sort((a, b) => b[0] - a[0]);
     const never = this.modules.filter((_, m) => { for (let s = 0; s < S; s++) if (has[s * M + m]) return false; return true; });
     const nonfinite = this.modules.filter((_, m) => { for (let s = 0; s < S; s++) if (bad[s * M + m]) return true; return false; });
-    const list = (xs) => xs.slice(0, 5).map((x) => x || "(root)").join(", ") + (xs.length > 5 ? ` and ${xs.length - 5} more` : "");
+    const list = (xs) => xs.slice(0, 5).map(named).join(", ") + (xs.length > 5 ? ` and ${xs.length - 5} more` : "");
     const parts = [`${what} per module (rows) and step (columns): ${M} modules, ${S ? `steps ${this.g.steps[0]} to ${this.g.steps[last]}` : "no steps yet"}`];
     if (top.length) parts.push(`largest at step ${this.g.steps[last]}: ${top.slice(0, 3).map(([v, n]) => `${n} ${fmtNum(v)}`).join(", ")}`);
     if (never.length) parts.push(`no value at any step: ${list(never)}`);

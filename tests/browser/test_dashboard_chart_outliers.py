@@ -403,5 +403,5 @@ def test_a_chart_reads_to_a_screen_reader_and_walks_with_the_keyboard(page: Any,
     top = max(per_module, key=lambda m: per_module[m])
     heat = page.locator("[data-testid=heatmap]").get_attribute("aria-label") or ""
     assert heat.startswith(f"gradient norm per module (rows) and step (columns): {len(per_module)} modules, "
-                           f"steps 0 to {STEPS - 1}. largest at step {STEPS - 1}: {top} "), heat
+                           f"steps 0 to {STEPS - 1}. largest at step {STEPS - 1}: {top} ("), heat  # "0 (Linear)"
     assert heat.endswith("Hover a cell to read it.") and "NaN or Inf" not in heat
