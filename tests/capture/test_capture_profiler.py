@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchscope
 from torchscope import _native
@@ -58,3 +60,50 @@ def test_the_users_profile_counts_their_ops_alone(tmp_path: Path, mode: str) -> 
     assert loss == plain_loss
     assert labelled > 0  # the capture did work under the profiler, and said so
     assert watched == plain
+
+
+class _Ranges(TorchDispatchMode):
+    """A user's op-counting dispatch mode: the profiler ranges it sees."""
+
+    seen = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if "record_function" in str(func):
+            _Ranges.seen += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _RangeCalls(TorchFunctionMode):
+    """... and a user's function mode."""
+
+    seen = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if "record_function" in str(func):
+            _RangeCalls.seen += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _ranges_seen(mode: str | None, path: Path) -> tuple[int, int]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _Ranges.seen = _RangeCalls.seen = 0
+    watch = torchscope.watch(model, opt, server=None, record=path, mode=mode) if mode else None
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]), _Ranges(), _RangeCalls():
+            for _ in range(6):
+                opt.zero_grad()
+                F.mse_loss(model(torch.randn(4, 8)), torch.randn(4, 1)).backward()
+                opt.step()
+    finally:
+        if watch is not None:
+            watch.close()
+    return _Ranges.seen, _RangeCalls.seen
+
+
+@pytest.mark.parametrize("mode", ["light", "default"])
+def test_the_users_own_modes_do_not_see_our_labels(tmp_path: Path, mode: str) -> None:
+    """Entering and leaving a ``record_function`` range is a dispatched op: a user's op-counting
+    mode saw ours (QA 50c: the optimizer's own 12 ranges of six steps became 72 and 84)."""
+    assert _ranges_seen(mode, tmp_path / "run.tscope") == _ranges_seen(None, tmp_path / "plain.tscope")
