@@ -28,14 +28,18 @@ class _Label:
 
     def __init__(self, name: str) -> None:
         self._range = _profiler.record_function(name)
+        self._open = False
 
+    # (a label that cannot be made is left out: nothing of ours may raise into the user's loop)
     def __enter__(self) -> None:
-        with torch._C.DisableTorchFunction(), _unseen():
+        with contextlib.suppress(Exception), torch._C.DisableTorchFunction(), _unseen():
             self._range.__enter__()
+            self._open = True
 
     def __exit__(self, *exc: object) -> None:
-        with torch._C.DisableTorchFunction(), _unseen():
-            self._range.__exit__(*exc)
+        if self._open:
+            with contextlib.suppress(Exception), torch._C.DisableTorchFunction(), _unseen():
+                self._range.__exit__(*exc)
 
 
 def _unseen() -> contextlib.AbstractContextManager[Any]:

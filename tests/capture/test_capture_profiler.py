@@ -107,3 +107,24 @@ def test_the_users_own_modes_do_not_see_our_labels(tmp_path: Path, mode: str) ->
     """Entering and leaving a ``record_function`` range is a dispatched op: a user's op-counting
     mode saw ours (QA 50c: the optimizer's own 12 ranges of six steps became 72 and 84)."""
     assert _ranges_seen(mode, tmp_path / "run.tscope") == _ranges_seen(None, tmp_path / "plain.tscope")
+
+
+def test_a_label_that_cannot_be_made_is_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing of ours raises into the loop: a ``record_function`` range that fails to open (a
+    profiler torch cannot label in some state) leaves the capture's work unlabelled, no more."""
+    from torchscope import _profiled
+
+    class Refused:
+        def __enter__(self) -> None:
+            raise RuntimeError("no ranges here")
+
+        def __exit__(self, *exc: object) -> None:
+            raise AssertionError("a range never opened is not closed")
+
+    def refused(label: Any, name: str) -> None:
+        label._range, label._open = Refused(), False
+
+    plain = _profiled_loop(None, tmp_path / "plain.tscope")
+    monkeypatch.setattr(_profiled._Label, "__init__", refused)
+    theirs, _, loss = _profiled_loop("default", tmp_path / "run.tscope")
+    assert loss == plain[2] and theirs  # the loop ran on, profiled (only the C++ NaN checks labelled)
