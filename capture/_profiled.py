@@ -32,17 +32,20 @@ class _Label:
 
     # (a label that cannot be made is left out: nothing of ours may raise into the user's loop)
     def __enter__(self) -> None:
-        with contextlib.suppress(Exception), torch._C.DisableTorchFunction(), _unseen():
+        with contextlib.suppress(Exception), torch._C.DisableTorchFunction(), unseen():
             self._range.__enter__()
             self._open = True
 
     def __exit__(self, *exc: object) -> None:
         if self._open:
-            with contextlib.suppress(Exception), torch._C.DisableTorchFunction(), _unseen():
+            with contextlib.suppress(Exception), torch._C.DisableTorchFunction(), unseen():
                 self._range.__exit__(*exc)
 
 
-def _unseen() -> contextlib.AbstractContextManager[Any]:
+def unseen() -> contextlib.AbstractContextManager[Any]:
+    """Where the capture's own reads dispatch ops (a detach, a saved tensor unpacked, a range of
+    ours entered) that the loop's own dispatch modes (a FLOP counter) must not see: with those
+    modes off (without any, the usual case, no context manager is made)."""
     return _disable_current_modes() if torch._C._len_torch_dispatch_stack() else _NONE
 
 

@@ -57,6 +57,7 @@ from ._native import NativeRecorder
 from ._ops import OpRecorder, StorageIds, autocast_dtype, autocast_on
 from ._overlap import Region, itemsize, region
 from ._profiled import labelled, profiling
+from ._profiled import unseen as _unseen  # (shared with the profiler ranges)
 from ._record import claim_record, default_record
 from ._srcloc import _is_internal, call_as_user, op_src, same_function, site_src, user_site, user_src
 from .distributed import RankInfo, rank_info, session_id
@@ -322,13 +323,6 @@ class _ThreadFlags(threading.local):
 
 
 _dispatch_modes = torch._C._len_torch_dispatch_stack
-_NO_MODES = contextlib.nullcontext()  # reusable: made once, not at every use
-
-
-def _unseen() -> contextlib.AbstractContextManager[Any]:
-    """Where the capture's own reads dispatch ops (a detach, a saved tensor unpacked) that the
-    loop's own dispatch modes (a FLOP counter) must not see: with those modes off."""
-    return _disable_current_modes() if _dispatch_modes() else _NO_MODES
 
 
 class _Together:
