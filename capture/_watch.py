@@ -1206,13 +1206,17 @@ class Watch:
         # optimizers that step inside the backward (post-accumulate-grad hooks), and the
         # watched parameters each steps
         self._in_backward: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[int]] = weakref.WeakKeyDictionary()
+        # torch.optim's global step hooks, and whether they are still plain (_compile_proof_hooks)
+        self._opt_hooks: list[Any] = []
+        self._opt_hooks_plain = False
         if not self._auto_steps:
-            # a compiled optimizer.step() (torch.compile(opt.step), a compiled train step) calls
-            # them as Dynamo traces it: they run uncompiled (one graph break, theirs, not several
-            # of every call of ours and a recompile each step -- and the step is recorded;
-            # before, none was); eagerly, the wrapper costs ~0.3 us a call
-            self._handles.append(register_optimizer_step_pre_hook(torch.compiler.disable(self._any_opt_pre)))
-            self._handles.append(register_optimizer_step_post_hook(torch.compiler.disable(self._any_opt_post)))
+            self._opt_hooks = [
+                register_optimizer_step_pre_hook(self._any_opt_pre),
+                register_optimizer_step_post_hook(self._any_opt_post),
+            ]
+            self._handles += self._opt_hooks
+            self._opt_hooks_plain = True
+            self._compile_proof_hooks()
         first = next(iter(model.parameters()), None)
         self._history = (
             _cuda.AllocatorHistory(
@@ -1792,6 +1796,8 @@ class Watch:
         self._last_event = time.monotonic()
         if self._dead[0]:
             self._rebind()
+        if self._opt_hooks_plain:
+            self._compile_proof_hooks()
         self._after_update = False
         if torch.is_grad_enabled():
             self._owner = threading.get_ident()
@@ -3263,6 +3269,24 @@ class Watch:
                 fwd["saved_bytes"] = s.saved_now
 
     # ------------------------------------------------------------------ step boundary
+    def _compile_proof_hooks(self) -> None:
+        """Wrap the global optimizer step hooks in ``torch.compiler.disable`` once Dynamo is
+        imported.  A compiled ``optimizer.step()`` (``torch.compile(opt.step)``, a compiled train
+        step) calls them as Dynamo traces it: wrapped, they run uncompiled (one graph break,
+        theirs, not several of every call of ours and a recompile each step -- and the step is
+        recorded).  Wrapping imports ``torch._dynamo`` (~1 s and ~830 modules: QA 49a's
+        ``watch(model)`` of a loop that updates its parameters by hand took 1.7 s), so it waits
+        until something else has imported it -- creating any torch.optim optimizer does, as does
+        ``torch.compile`` -- and is asked again at each root forward.  Each hook is replaced in
+        place in torch's hook dict: its order among the user's global hooks stays as it was."""
+        if "torch._dynamo" not in sys.modules:
+            return
+        self._opt_hooks_plain = False
+        for handle in self._opt_hooks:
+            hooks = handle.hooks_dict_ref()
+            if hooks is not None and handle.id in hooks:
+                hooks[handle.id] = torch.compiler.disable(hooks[handle.id])
+
     def _any_opt_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         # a global hook of every optimizer's step() in the process: nothing of ours may raise
         # into it (QA 48a's optimizer made anew every epoch met a bug of ours in _adopt)
