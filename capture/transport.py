@@ -121,11 +121,12 @@ def started_line(url: str, pid: int) -> str:
 
 
 class ServerRefused(ValueError):
-    """The server answered, with an error status (401: no or a wrong token)."""
+    """The server answered, with an error status (401: no or a wrong token).  ``deleted``: a
+    410 marked so, a user deleted the run's session on the server (docs/server.md)."""
 
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, deleted: bool = False) -> None:
         super().__init__(f"HTTP {status} {detail}")
-        self.status, self.detail = status, detail
+        self.status, self.detail, self.deleted = status, detail, deleted
 
     @property
     def foreign(self) -> bool:
@@ -246,6 +247,9 @@ class Transport:
         self._refused: int | None = None  # the HTTP status of the server's last refusal
         self._foreign = False  # ... given by another program than a torchscope server
         self._warned: set[str] = set()
+        # a user deleted this run's session on the server: nothing more is sent there (the
+        # server would refuse it; it used to bring the session back, QA 51c); the file goes on
+        self.deleted = False
         self._http: http.client.HTTPConnection | None = None
         self._thread = threading.Thread(target=self._run, name="torchscope-transport", daemon=True)
         self._thread.start()
@@ -341,15 +345,16 @@ class Transport:
                 with contextlib.suppress(OSError):  # fsync on a full disk: the bytes are written
                     self.writer.close()
                 self._file_closed.set()
+            sending = bool(self.server) and not self.deleted
             try:
-                if self.server:
+                if sending:
                     self._send_pending(final=stopping)
             except Exception as exc:  # never let the thread die silently; keep the file going
                 self._warn_once("send", f"torchscope: transport error ({exc!r}); recording continues")
             if stopping:
-                if self.server and self.sent_seq < self.writer.seq:
+                if sending and self.sent_seq < self.writer.seq:
                     self._await_booting_server()
-                if self.server and self.sent_seq < self.writer.seq:
+                if sending and not self.deleted and self.sent_seq < self.writer.seq:
                     self._untold_end()
                 return
             self._wake.wait(self.flush_interval)
@@ -448,7 +453,7 @@ class Transport:
             self._drop_connection()
         if resp.status != 409 and not 200 <= resp.status < 300:  # 409: the server says which seq it expects
             detail = body[:300].decode("utf-8", "replace").strip()
-            raise ServerRefused(resp.status, detail)
+            raise ServerRefused(resp.status, detail, deleted=resp.status == 410 and _says_deleted(body))
         self._last_contact = time.monotonic()
         return dict(json.loads(body or b"{}"))
 
@@ -481,6 +486,9 @@ class Transport:
         except _NET_ERRORS as exc:
             self.server_ok = False
             refused = exc if isinstance(exc, ServerRefused) else None
+            if refused is not None and refused.deleted:
+                self._stop_sending()
+                return
             self._refused = refused.status if refused is not None else None
             self._foreign = refused is not None and refused.foreign
             started_now = refused is None and self._maybe_autostart()  # a server that answered is there
@@ -498,10 +506,20 @@ class Transport:
                 why = f"refused the run (HTTP {refused.status}: {refused.detail[:120]})"
             self._warn_once("server", f"torchscope: server {self.server} {why}; training continues, recording to {self.path}")
 
+    def _stop_sending(self) -> None:
+        """The server says a user deleted this run's session: sending more would be refused
+        (before, it re-created the session from the file, QA 51c), so nothing more is sent,
+        heartbeats included; the file is written as before.  Said once."""
+        self.deleted = True
+        self._drop_connection()
+        self._warn_once("deleted", f"torchscope: session {self.session_id} was deleted on the server {self.server}: "
+                                   f"this run is no longer sent there; training continues, recording to {self.path}")
+
     def _await_booting_server(self) -> None:
         """A script shorter than a server's start (its imports take seconds): the server this
         run started is given what is left of close()'s time to answer, and then the whole run."""
-        while self.server_ok is not True and self._autostart_grace() and time.monotonic() < self._close_deadline - 0.2:
+        while (self.server_ok is not True and not self.deleted and self._autostart_grace()
+               and time.monotonic() < self._close_deadline - 0.2):
             time.sleep(0.1)
             try:
                 self._send_pending(final=True)
@@ -600,6 +618,16 @@ class Transport:
             message = message if len(message) <= 300 else message[:297] + "..."
             say(message)
             log.warning(message)
+
+
+def _says_deleted(body: bytes) -> bool:
+    """Whether a 410's body is a torchscope server's "this session was deleted" (its other 410,
+    a rank that has ended, is backed off from and retried as any refusal)."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and answer.get("deleted") is True
 
 
 def _encodable(event: dict[str, Any]) -> bool:

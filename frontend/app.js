@@ -214,7 +214,7 @@ class App {
   // 30 s of silence (QA 37d: 32 s of "running", the counter frozen, nothing said).  Neutral
   // words: a long evaluation or a slow step is as quiet.
   showQuiet() {
-    if (!this.running) return;
+    if (!this.running || this.deleted) return;
     const quiet = (Date.now() - (this.lastStepAt ?? this.openedAt)) / 1000;
     const over = quiet >= Math.max(QUIET_S, 5 * (this.stepGap || 0) / 1000);
     const text = over ? `running · last step ${Math.round(quiet)} s ago` : "running";
@@ -226,9 +226,17 @@ class App {
   }
 
   onLive(ev) {
-    if (ev.session !== this.id) return;
+    // a deleted session's page shows that, and nothing more: its header kept counting the steps
+    // a run still streaming sent (QA 51c: "running · 216 steps" under "This session was deleted.")
+    if (ev.session !== this.id || this.deleted) return;
     if (this.rank !== undefined && ev.rank !== undefined && ev.rank !== this.rank) return;
-    if (ev.kind === "deleted") return this.fatal("This session was deleted.");
+    if (ev.kind === "deleted") {
+      this.deleted = true;
+      this.statusEl.textContent = "deleted";
+      this.statusEl.title = "";
+      this.statusEl.className = "badge status-deleted";
+      return this.fatal("This session was deleted.");
+    }
     if (ev.kind === "step") {
       const now = Date.now();
       if (this.lastStepAt !== undefined) this.stepGap = this.stepGap === undefined ? now - this.lastStepAt : 0.8 * this.stepGap + 0.2 * (now - this.lastStepAt);
@@ -236,7 +244,12 @@ class App {
     }
     if (ev.kind === "step" || ev.kind === "end" || ev.kind === "session" || ev.kind === "status") {
       if (ev.kind === "step") document.getElementById("empty-note")?.remove();
-      this.refreshSummary ||= coalesce(async () => { this.summary = await api(sessionPath(this.id)); this.meta = this.summary.meta || this.meta; this.renderHeader(); this.onStatus(); }, 300);
+      this.refreshSummary ||= coalesce(async () => {
+        // (asked before the deletion was heard: its 404 is no error of the page)
+        const summary = await api(sessionPath(this.id)).catch((e) => { if (this.deleted) return null; throw e; });
+        if (this.deleted) return;
+        this.summary = summary; this.meta = this.summary.meta || this.meta; this.renderHeader(); this.onStatus();
+      }, 300);
       this.refreshSummary();
     }
     if (ev.kind === "graph" && this.views.graph) this.views.graph.obj.onCapturedStep(ev.step);
@@ -256,6 +269,7 @@ class App {
   // already drawn showed no sign of it).  Back: a view that could not load meanwhile loads.
   // ``refused``: the server is there but refuses the page (its token), said in those words.
   onConnection(ok, refused = null) {
+    if (this.deleted) return; // (nothing to load or catch up on: the header's dot says the rest)
     if (!ok) {
       const text = refused ? refused.message : `${UNREACHABLE} This page reconnects by itself.`;
       if (!this.offline) this.main.before(this.offline = h("div", { class: "notice error", id: "offline", role: "status" }));

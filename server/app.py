@@ -146,6 +146,7 @@ def create_app(settings: Settings | None = None) -> Any:
         # shows its error/warning counts without anyone asking
         doctor = DoctorQueue(app.state.store, found)
         app.state.schedule_diagnostics = doctor.schedule
+        app.state.diagnose_live = doctor.diagnose_live  # running ranks too (routes_ingest)
         sweeper = asyncio.create_task(_sweep(app, doctor.schedule))
         try:
             yield
@@ -165,6 +166,7 @@ def create_app(settings: Settings | None = None) -> Any:
     app.state.store = Store(settings.db_path)
     app.state.hub = LiveHub()
     app.state.schedule_diagnostics = lambda session_id, rank: None  # replaced at startup
+    app.state.diagnose_live = lambda session_id, rank, nonfinite=False: None
     # gzip for what is worth it: a 20k-node /graph is 30-40 MB of JSON.  Level 1: most of the
     # size win for a fifth of the CPU of Starlette's default 9 (~0.7 s instead of ~3.5 s for
     # 40 MB, in a worker thread), on a server that also ingests.  Not compressed: the live

@@ -12,7 +12,8 @@ and never an empty list the dashboard would show as "no pitfall found".
 
 ``DoctorQueue`` is the server's background diagnosis: ranks that ended, were imported, went
 silent, or were left undiagnosed by a server that stopped (the store's ``undiagnosed``) are
-queued, and the findings of each are stored and announced as soon as they exist.
+queued, and the findings of each are stored and announced as soon as they exist.  A running
+rank is queued too (``diagnose_live``): at once when its steps turn NaN/Inf, else now and then.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import subprocess
 import sys
 import tempfile
@@ -37,6 +39,15 @@ from .store import DiskFull, Store
 log = logging.getLogger("torchscope.server")
 DOCTOR_TIMEOUT_S = 600  # per rank
 STALE_WAIT_S = 10.0  # an ended rank's request waits this long for another rank's doctor
+# A running rank is diagnosed in the background every LIVE_EVERY_S at most, the first time once
+# it has streamed that long (a run of a few seconds gets its one diagnosis at its end, as
+# before), and never sooner than LIVE_SHARE times its last doctor's time after that doctor: the
+# doctor reads every frame again, tens of seconds on a long full-mode run (QA 49b), so a live
+# run's doctor takes at most ~1/LIVE_SHARE of a (niced) core beside the training.  A step with
+# a NaN/Inf loss or gradient gets the rank diagnosed at once, once per rank, so the sessions
+# list shows the error within seconds (QA 51c: "none so far" until the run ended).
+LIVE_EVERY_S = 30.0
+LIVE_SHARE = 10.0
 Key = tuple[str, int]  # (session id, rank)
 Findings = list[dict[str, Any]]
 _children: set[subprocess.Popen[bytes]] = set()
@@ -228,6 +239,10 @@ class DoctorQueue:
     def __init__(self, store: Store, done: Callable[[Key, Findings], None]) -> None:
         self._store, self._done = store, done
         self._pending: dict[Key, None] = {}  # insertion-ordered set
+        # per running rank (diagnose_live): the monotonic time it may be queued again (inf
+        # while queued), and the ranks whose NaN/Inf steps were queued already
+        self._live: dict[Key, float] = {}
+        self._nonfinite: set[Key] = set()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="torchscope-doctor")
         self._drain: Future[None] | None = None
@@ -240,6 +255,40 @@ class DoctorQueue:
             self._pending[(session_id, rank)] = None
             if self._drain is None:
                 self._drain = self._pool.submit(self._run)
+
+    def diagnose_live(self, session_id: str, rank: int, nonfinite: bool = False) -> None:
+        """A running rank's frames were stored (``nonfinite``: a step's loss or gradient among
+        them is NaN/Inf): queue it when it is due (see LIVE_EVERY_S)."""
+        key = (session_id, rank)
+        now = time.monotonic()
+        with self._lock:
+            if nonfinite and key not in self._nonfinite:
+                self._nonfinite.add(key)
+            elif key not in self._live:  # its first frames: due once it has streamed a while
+                self._live[key] = now + LIVE_EVERY_S
+                return
+            elif now < self._live[key]:
+                return
+            self._live[key] = math.inf  # queued: not again before this doctor is over
+        self.schedule(session_id, rank)
+
+    def _live_done(self, key: Key, took: float) -> None:
+        """A running rank's next turn comes LIVE_SHARE times this doctor's time from now (at
+        least LIVE_EVERY_S); a rank that is over needs none (its end or silence queues it)."""
+        with self._lock:
+            if key not in self._live:
+                return
+        try:
+            running = self._store.running(*key)
+        except Exception:  # (the store closing with the server: nothing is due any more)
+            running = False
+        if running:
+            with self._lock:
+                self._live[key] = time.monotonic() + max(LIVE_EVERY_S, LIVE_SHARE * took)
+        else:
+            with self._lock:
+                self._live.pop(key, None)
+                self._nonfinite.discard(key)
 
     def _take(self) -> Key | None:
         with self._lock:
@@ -257,6 +306,7 @@ class DoctorQueue:
                 deadline = time.monotonic() + 5.0
                 while _waiting and time.monotonic() < deadline:  # a request's rank first
                     time.sleep(0.01)
+                took = 0.0
                 try:
                     with _doctor_lock:
                         frames = _stale(self._store, key)
@@ -264,7 +314,9 @@ class DoctorQueue:
                             continue
                         if child is None or not child.alive:
                             child = DoctorChild(self._store.path)
+                        started = time.monotonic()
                         findings = _diagnose_into(self._store, child, key, frames)
+                        took = time.monotonic() - started
                     self._done(key, findings)
                 except DoctorStopped:
                     return  # the server is stopping (or the machine is out of memory)
@@ -272,6 +324,8 @@ class DoctorQueue:
                     log.error("torchscope: diagnostics of %s not stored: %s", key, exc)
                 except Exception:  # the queue goes on; the sweep retries the key's next frames
                     log.exception("torchscope: diagnostics of %s failed", key)
+                finally:
+                    self._live_done(key, took)
         finally:
             if child is not None:
                 child.close()

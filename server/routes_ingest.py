@@ -17,7 +17,7 @@ from .deps import HubDep, Rank, SessionId, SettingsDep, StoreDep
 from .frames import BadFrames, split_frames
 from .live import ingest_messages
 from .models import ImportResult, NextSeq
-from .store import RunConflict, Store
+from .store import RunConflict, SessionDeleted, Store
 from .upload import OPENAPI_BODY, Imports, import_file, received_file
 
 # The prefix is /api, not /api/ingest, so that the import is served here too.  app.py includes
@@ -39,15 +39,29 @@ async def get_imports(request: Request) -> Imports:
 ImportsDep = Annotated[Imports, Depends(get_imports)]
 
 
-@router.get("/ingest/{session_id}/{rank}/next", response_model=NextSeq)
-async def next_seq(session_id: SessionId, rank: Rank, store: StoreDep) -> NextSeq:
+_DELETED = {"description": 'the session was deleted by a user: `{"detail": ..., "deleted": true}`; stop sending'}
+
+
+def _gone(exc: SessionDeleted) -> JSONResponse:
+    """The answer to a deleted session's run.  410, as for a rank that ended, but marked: on
+    ``deleted`` the transport stops sending this run (it keeps recording to its file) instead of
+    backing off and retrying, and says so once."""
+    return JSONResponse({"detail": str(exc), "deleted": True}, status_code=410)
+
+
+@router.get("/ingest/{session_id}/{rank}/next", response_model=NextSeq, responses={410: _DELETED})
+async def next_seq(session_id: SessionId, rank: Rank, store: StoreDep) -> NextSeq | JSONResponse:
     """The next frame seq the server expects (0 for a new session); also a heartbeat."""
-    return NextSeq(next_seq=await asyncio.wrap_future(store.touch(session_id, rank)))
+    try:
+        return NextSeq(next_seq=await asyncio.wrap_future(store.touch(session_id, rank)))
+    except SessionDeleted as exc:
+        return _gone(exc)
 
 
 @router.post("/ingest/{session_id}/{rank}", response_model=NextSeq,
              responses={400: {"description": "a bad frame"}, 409: {"description": "gap: rewind to next_seq"},
-                        410: {"description": "the rank has ended: no frame but series frames goes after its end"}})
+                        410: {"description": "the rank has ended: no frame but series frames goes after its end; "
+                                             "or " + _DELETED["description"]}})
 async def ingest(session_id: SessionId, rank: Rank, request: Request, store: StoreDep, hub: HubDep) -> JSONResponse:
     body = await request.body()
     if not body:
@@ -63,10 +77,16 @@ async def ingest(session_id: SessionId, rank: Rank, request: Request, store: Sto
         # not 409: to the transport a 409 means "rewind to next_seq", and it would resend these
         # frames until its deadline; any other refusal makes it back off and say why, once
         raise HTTPException(410, str(exc)) from None
+    except SessionDeleted as exc:
+        return _gone(exc)
     for msg in ingest_messages(session_id, rank, [f.events for f in res.stored]):
         hub.publish(msg)
     if any(ev.get("kind") == "end" for f in res.stored for ev in f.events):
         request.app.state.schedule_diagnostics(session_id, rank)
+    elif res.stored and not res.ended:
+        # a run going on is diagnosed too, now and then, and at once when it turns NaN/Inf: the
+        # sessions list showed "none so far" for a NaN run until it ended (QA 51c)
+        request.app.state.diagnose_live(session_id, rank, res.nonfinite)
     return JSONResponse({"next_seq": res.next_seq}, status_code=409 if res.gap else 200)
 
 

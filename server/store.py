@@ -14,6 +14,8 @@ Tables
   decodes exactly one frame.
 - ``diagnostics``: doctor findings cached by the frame count they were computed on (the
   rank's ``next_seq`` then): fewer than the rank has now means stale (``undiagnosed``).
+- ``deleted``: the ids of sessions deleted by a user, so that a run still streaming does not
+  bring its session back (``SessionDeleted``); an import of its file lifts it.
 
 A PostgreSQL store would be a second implementation of this class's methods; nothing
 outside this module writes SQL.
@@ -122,6 +124,13 @@ CREATE TABLE IF NOT EXISTS metrics (
     nonfinite TEXT,
     PRIMARY KEY (session_id, rank, name, step)
 );
+-- sessions a user deleted: live ingest of them is refused (a running training's next frames,
+-- or its transport's rewind and resend from its file, re-created the whole session: QA 51c);
+-- an import of the run's file, an explicit act, lifts the entry
+CREATE TABLE IF NOT EXISTS deleted (
+    session_id TEXT PRIMARY KEY,
+    deleted_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS diagnostics (
     session_id TEXT NOT NULL,
     rank INTEGER NOT NULL,
@@ -164,6 +173,22 @@ class RunConflict(ValueError):
     stored frames differ, or it ended and these go on after its end).  The message is one line."""
 
 
+class SessionDeleted(LookupError):
+    """Live frames (or a heartbeat) of a session a user deleted.  The message is one line."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id} was deleted on this server: its run's frames are not stored "
+                         "again (importing its file brings it back)")
+
+
+def _refuse_deleted(c: sqlite3.Connection, session_id: str) -> None:
+    """Raise ``SessionDeleted`` when a user deleted ``session_id`` (asked only of a rank the
+    store does not hold: deleting removes every rank, and only an import, which lifts the
+    entry, makes one again)."""
+    if c.execute("SELECT 1 FROM deleted WHERE session_id=?", (session_id,)).fetchone() is not None:
+        raise SessionDeleted(session_id)
+
+
 WRITER_DEAD = "the store's writer stopped (see the server's log): restart the server"
 
 
@@ -199,6 +224,10 @@ class IngestResult:
     stored: list[Frame] = field(default_factory=list)
     gap: bool = False  # a frame's seq was beyond next_seq: the client must rewind
     created: bool = False  # first frames of this session
+    # a stored step's loss (or a micro-batch's) or gradient is NaN/Inf: the server has a live
+    # rank diagnosed at once (the sessions list shows the error while the run goes on)
+    nonfinite: bool = False
+    ended: bool = False  # a live rank whose end was stored before (its writer's last series frames)
 
 
 # the non-finite floats as api_json writes them (into the stored step events too)
@@ -426,6 +455,7 @@ class Store:
             row = c.execute("SELECT next_seq FROM ranks WHERE session_id=? AND rank=?",
                             (session_id, rank)).fetchone()
             if row is None:
+                _refuse_deleted(c, session_id)
                 return 0
             c.execute("UPDATE ranks SET last_seen=? WHERE session_id=? AND rank=?", (now, session_id, rank))
             c.execute("UPDATE sessions SET updated_at=? WHERE id=?", (now, session_id))
@@ -448,6 +478,8 @@ class Store:
     def delete(self, session_id: str) -> Future[bool]:
         def fn(c: sqlite3.Connection) -> bool:
             found = c.execute("DELETE FROM sessions WHERE id=?", (session_id,)).rowcount > 0
+            if found:  # its run may still be streaming: it must not bring the session back
+                c.execute("INSERT OR REPLACE INTO deleted VALUES (?,?)", (session_id, time.time()))
             for table in ("ranks", "frames", "steps", "graphs", "memory_chunks", "metrics", "diagnostics"):
                 c.execute(f"DELETE FROM {table} WHERE session_id=?", (session_id,))  # noqa: S608
             return found
@@ -761,6 +793,8 @@ def _commit_staged(c: sqlite3.Connection, session_id: str, rank: int, writing: b
     if c.execute("SELECT 1 FROM ranks WHERE session_id=? AND rank=?", (session_id, rank)).fetchone():
         return None
     now = time.time()
+    # importing a file is a user's explicit act: a session they deleted comes back (docs/server.md)
+    c.execute("DELETE FROM main.deleted WHERE session_id=?", (session_id,))
     for table in _STAGED_TABLES:  # the scratch holds this one rank; its columns are the store's
         cols = ", ".join(row[1] for row in c.execute(f"PRAGMA staged.table_info({table})"))
         c.execute(f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM staged.{table}")  # noqa: S608
@@ -824,6 +858,8 @@ def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Fram
     ended = not imported and row is not None and row[2] is not None
     created = False
     if row is None:
+        if not imported:
+            _refuse_deleted(c, session_id)
         # An imported file's writer is gone: without an end event it "ended unexpectedly" at once.
         # a live session's export header is the server's format version (docs/server.md)
         major, minor = version or SCHEMA_VERSION
@@ -837,7 +873,7 @@ def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Fram
     chunked = row is None or bool(row[1])
     last_step = c.execute("SELECT MAX(step) FROM steps WHERE session_id=? AND rank=?",
                           (session_id, rank)).fetchone()[0] if chunked else None
-    res = IngestResult(next_seq, created=created)
+    res = IngestResult(next_seq, created=created, ended=ended)
     graphs = events = nbytes = 0
     frame_rows: list[tuple[str, int, int, bytes]] = []
     step_events: list[dict[str, Any]] = []
@@ -880,7 +916,7 @@ def _ingest(c: sqlite3.Connection, session_id: str, rank: int, frames: list[Fram
     # the batch's steps in one statement: one pass of torchscope.series over them, not one per step
     step_events = [ev for ev in step_events if type(ev.get("step")) is int]
     if step_events:
-        cols = _put_steps(c, session_id, rank, step_events, series)
+        cols, res.nonfinite = _put_steps(c, session_id, rank, step_events, series)
         if chunked:
             _put_memory_chunk(c, session_id, rank, next_seq - 1, last_step, cols)
     c.execute("UPDATE ranks SET next_seq=?, steps=steps+?, graphs=graphs+?, events=events+?, bytes=bytes+?"
@@ -977,23 +1013,29 @@ def _summary_columns(steps: list[dict[str, Any]], series: dict[str, list[Any]]) 
 
 
 def _put_steps(c: sqlite3.Connection, session_id: str, rank: int, steps: list[dict[str, Any]],
-               series: dict[str, list[Any]]) -> dict[str, list[Any]]:
+               series: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], bool]:
     """Store step events (each with an int step) with their scalar columns; returns their
-    /memory columns.  The ``memory`` and ``steps`` columns of ``torchscope.series`` are
-    together ``step_summary``: for the whole batch at once (``_summary_columns``)."""
+    /memory columns and whether a step's loss, a micro-batch's, or a gradient was NaN/Inf
+    (read off the columns made here anyway: no event is looked at again).  The ``memory``
+    and ``steps`` columns of ``torchscope.series`` are together ``step_summary``: for the
+    whole batch at once (``_summary_columns``)."""
     parts = _summary_columns(steps, series)
     mem = parts["memory"]
     summary = {**parts["steps"], **mem}
     n = len(steps)
+    bad_losses = [_nonfinite_count(ev.get("losses")) for ev in steps]
     rows = zip([session_id] * n, [rank] * n, summary["step"],
                *(summary[k] for k in _STEP_COLS), *(mem[k] for k in MEMORY_KEYS),
-               [_nonfinite_count(ev.get("losses")) for ev in steps],
+               bad_losses,
                [_raw_json(ev.get("lr")) for ev in steps],
                [api_json({k: v for k, v in ev.items() if k not in _SPLIT}).decode() for ev in steps],
                [_part_json(ev.get("memory")) for ev in steps], [_part_json(ev.get("grads")) for ev in steps],
                strict=True)
     c.executemany(_INSERT_STEP, rows)
-    return mem
+    cols = parts["steps"]
+    nonfinite = (any(bad_losses) or any(cols["grad_nan"]) or any(cols["grad_inf"])
+                 or any(isinstance(v, float) and not math.isfinite(v) for v in (*cols["loss"], *cols["grad_norm"])))
+    return mem, nonfinite
 
 
 def _nonfinite_count(losses: Any) -> int:
