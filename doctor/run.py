@@ -15,6 +15,8 @@ from typing import Any
 
 from torchscope.schema import capture_off
 
+from .kept import GraphKeeper
+
 
 def as_list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
@@ -90,6 +92,7 @@ class Run:
     # the ops of the step the run failed in before its backward (capture's GraphEvent.failed):
     # apart from ``graphs``, whose every step has a step event and a backward
     failed_graph: dict[str, Any] = field(default_factory=dict)
+    graphs_left_out: int = 0  # a long run's captured graphs not kept in memory (kept.py)
 
     # ------------------------------------------------------------------ parameters
     # Cached: rules ask per parameter per step, and the server diagnoses long runs repeatedly.
@@ -264,26 +267,32 @@ class Run:
 def split_by_rank(events: Iterable[dict[str, Any]]) -> list[Run]:
     """Group a (possibly multi-rank, possibly unordered) event stream into one `Run` per rank."""
     runs: dict[int, Run] = {}
+    keepers: dict[int, GraphKeeper] = {}  # a long run's graphs are sampled as they come (kept.py)
     for ev in events:
         if not isinstance(ev, dict):
             continue
         rank = as_int(ev.get("rank"), 0)
-        run = runs.setdefault(rank, Run(rank=rank))
+        run = runs.get(rank)
+        if run is None:
+            run = runs[rank] = Run(rank=rank)
+            keepers[rank] = GraphKeeper(run.graphs)
         kind = ev.get("kind")
         if kind == "session":
             run.session = ev
         elif kind == "step":
             run.steps.append(ev)
+            keepers[rank].step(ev, as_int(ev.get("step"), -1))
         elif kind == "graph" and ev.get("failed") is True:
             run.failed_graph = ev
         elif kind == "graph":
-            run.graphs.setdefault(as_int(ev.get("step"), -1), []).append(ev)
+            keepers[rank].graph(ev, as_int(ev.get("step"), -1))
         elif kind == "log":
             run.logs.append(ev)
         elif kind == "end":
             run.end = ev
-    for run in runs.values():
+    for rank, run in runs.items():
         run.steps.sort(key=lambda e: as_int(e.get("step"), -1))
+        run.graphs_left_out = keepers[rank].dropped
     return [runs[r] for r in sorted(runs)]
 
 

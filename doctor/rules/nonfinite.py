@@ -384,6 +384,12 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                        f"and NaN/Inf went out at step {op_step}, the first step checked node by node after step "
                        f"{steps[0]} went non-finite ({when}).")
         fix = FIX_BACKWARD
+    elif first_op and data and op_step == steps[0]:
+        # the batch was NaN before the forward (a normalisation by a zero std in the loop, QA
+        # 51b): the first recorded op that read it is no producer
+        message = (f"NaN/Inf first appeared at step {steps[0]}: {batch} {g.op_label(first_op, run)}, the first op "
+                   f"that read it, only passed it on ({when}).")
+        fix = FIX_DATA
     elif first_op:
         message = f"NaN/Inf first produced by {g.op_label(first_op, run)} at step {op_step} ({when})."
         if "softmax" in str(first_op.get("name", "")):

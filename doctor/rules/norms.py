@@ -216,7 +216,8 @@ BLOWUP_WINDOW = 20
 def loss_blowup(run: Run, before: int | None = None) -> tuple[int, float, int, float, float | None] | None:
     """The first step (before ``before``) whose finite positive loss is BLOWUP_FACTOR times the
     lowest of the BLOWUP_WINDOW steps before it and BLOWUP_OVER_START times the run's starting
-    level (the median of its first three losses): (that low step, its loss, the step, its loss,
+    level (the median of its first three losses, of those before it: a blow-up at step 1 or 2
+    was its own start -- QA 51b, Adam at lr=1: 1.33, 1.4e5, 1.2e7): (that low step, its loss, the step, its loss,
     the largest learning rate of the step before).  A learning rate past the stability limit
     takes a loss up by orders of magnitude within a few steps; a loss that grows over thousands
     of steps (a value loss as returns grow) or a spike off a converged loss is not that."""
@@ -224,11 +225,11 @@ def loss_blowup(run: Run, before: int | None = None) -> tuple[int, float, int, f
     losses = [(k, step, loss, ev) for k, (step, ev) in enumerate(events) if (loss := _loss(ev)) is not None and loss > 0]
     if len(losses) < 2:
         return None
-    start = statistics.median(loss for _, _, loss, _ in losses[:3])
     window: deque[tuple[int, float]] = deque(maxlen=BLOWUP_WINDOW)
     prev: dict[str, Any] | None = None
-    for k, step, loss, ev in losses:
+    for n, (k, step, loss, ev) in enumerate(losses):
         if window:
+            start = statistics.median(v for _, _, v, _ in losses[:min(n, 3)])
             low_step, low = min(window, key=lambda w: w[1])
             if (loss >= low * BLOWUP_FACTOR and loss >= start * BLOWUP_OVER_START
                     and _stays(events, k, statistics.median(v for _, v in window))):

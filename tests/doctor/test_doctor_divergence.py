@@ -257,3 +257,30 @@ def test_a_divergence_the_run_never_recovers_from_is_an_error_naming_its_dead_la
     msg = div["message"]
     assert "It never recovered" in msg and "got exactly zero gradients on most of those steps" in msg, msg
     assert "where it was. conv1, conv2" in msg, msg  # (then head: its weight reads the dead features, all zeros)
+
+
+def test_a_blow_up_at_the_second_step_is_found(tmp_path: Path) -> None:
+    """Adam at lr=1 on a ReLU MLP: 1.33 at step 0, then 1.4e5 (QA 51b).  The starting level was the
+    median of the first three losses -- the blown-up ones themselves -- so no step was ever ten
+    times it.  The start is now what came before the jump."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1.0)
+    g = torch.Generator().manual_seed(1)
+    x_all = torch.randn(512, 10, generator=g)
+    y_all = torch.sin(x_all[:, :1]) + x_all[:, 1:2]
+    path = tmp_path / "adam_lr1.tscope"
+    losses = []
+    with torchscope.watch(model, opt, server=None, record=path, mode="light"):
+        for _ in range(30):
+            idx = torch.randint(0, 512, (64,), generator=g)
+            opt.zero_grad()
+            loss = F.mse_loss(model(x_all[idx]), y_all[idx])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    assert losses[1] > 1e3 * losses[0]  # the jump is at step 1
+    found = [dict(f) for f in diagnose(iter_events(path))]
+    (p3,) = [f for f in found if f["code"] == "P3" and f["title"] == "Training diverged"]
+    assert p3["message"].startswith(f"Training diverged: the loss went from {losses[0]:.3g} at step 0 to "), p3["message"]
+    assert "the learning rate 1 then" in p3["message"]
