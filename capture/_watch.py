@@ -2373,20 +2373,35 @@ class Watch:
         norm before it scaled them to ``max_norm``.  Kept with the step (a 0-dim tensor, read
         with the gradient statistics, no sync of its own) so the doctor and the gradients view
         see the norm the loss made, not the one clipping left (P3 on a run that clips)."""
+        loc = self._our_clip(frame)
+        if loc is None or not self._clip_after_backward():
+            return
+        self._set_clip(total, float(loc.get("max_norm", math.nan)), float(loc.get("norm_type", 2.0)))
+
+    def _on_clip_nothing(self, frame: Any) -> None:
+        """``clip_grad_norm_`` of the watched parameters when none has a gradient: torch returns
+        ``torch.tensor(0.0)`` without taking a norm.  Before the step's first backward -- after
+        a ``zero_grad()``, which sets them to None -- it is the clipping before backward() that
+        P3 names (QA 51b: only ``zero_grad(set_to_none=False)``'s zeros, which get a norm, were
+        seen).  Never the step's clipping: there was nothing to clip."""
+        if self._our_clip(frame) is not None:
+            self._clip_after_backward()
+
+    def _our_clip(self, frame: Any) -> dict[str, Any] | None:
+        """The locals of the ``clip_grad_norm_`` call that ``frame`` (the code that took a norm,
+        or made clip_grad_norm_'s zero) runs for, when it clips the watched parameters."""
         f = frame
         for _ in range(4):  # _get_total_norm (or a comprehension in it) -> wrappers -> clip_grad_norm_
             if f is None or f.f_code.co_name == "clip_grad_norm_":
                 break
             f = f.f_back
         if f is None or f.f_code.co_name != "clip_grad_norm_":
-            return  # get_total_norm called by the user: no clipping
+            return None  # get_total_norm called by the user: no clipping
         loc = f.f_locals
         params = loc.get("parameters")
         if not isinstance(params, list) or not any(id(p) in self._param_names for p in params):
-            return  # another model's clipping (a GAN's other network)
-        if not self._clip_after_backward():
-            return
-        self._set_clip(total, float(loc.get("max_norm", math.nan)), float(loc.get("norm_type", 2.0)))
+            return None  # another model's clipping (a GAN's other network)
+        return loc
 
     def _clip_after_backward(self) -> bool:
         """Whether a clipping of the watched gradients follows a backward of its step.  One

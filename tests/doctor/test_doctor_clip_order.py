@@ -1,6 +1,8 @@
 """clip_grad_norm_ before loss.backward() (QA 37a): the clipping the loop asks for never reaches
 optimizer.step().  It was no finding, or -- with zero_grad(set_to_none=False), whose zeros the
-early clip measured -- P3's "gradient norm vanished", a fix about architecture."""
+early clip measured -- P3's "gradient norm vanished", a fix about architecture.  After a plain
+zero_grad() (every .grad None: torch takes no norm, it returns a 0) it was no finding in any mode
+until QA 51b."""
 
 from __future__ import annotations
 
@@ -29,9 +31,11 @@ def _train(path: Path, order: str, mode: str, steps: int = 8) -> list[float]:
             if order == "before_zero_grad":
                 nn.utils.clip_grad_norm_(model.parameters(), 0.01)  # marker: early clip
                 opt.zero_grad()
+            elif order == "before_backward_none":
+                opt.zero_grad()  # every .grad None: clip_grad_norm_ takes no norm at all
             else:
                 opt.zero_grad(set_to_none=False)
-            if order == "before_backward":
+            if order in ("before_backward", "before_backward_none"):
                 nn.utils.clip_grad_norm_(model.parameters(), 0.01)  # marker: early clip
             loss = F.mse_loss(model(x), y)
             loss.backward()
@@ -43,7 +47,7 @@ def _train(path: Path, order: str, mode: str, steps: int = 8) -> list[float]:
 
 
 @pytest.mark.parametrize("mode", ["light", "default", "full"])
-@pytest.mark.parametrize("order", ["before_backward", "before_zero_grad"])
+@pytest.mark.parametrize("order", ["before_backward", "before_zero_grad", "before_backward_none"])
 def test_a_clip_before_backward_is_found_with_its_line(tmp_path: Path, order: str, mode: str) -> None:
     path = tmp_path / "clip.tscope"
     applied = _train(path, order, mode)
@@ -54,12 +58,12 @@ def test_a_clip_before_backward_is_found_with_its_line(tmp_path: Path, order: st
     assert [f["title"] for f in p3] == ["Gradients clipped before backward()"], found  # not "vanished"
     (f,) = p3
     assert f["severity"] == "error" and "applied this step's gradients unclipped" in f["message"]
-    # every step but the first, which had no gradients yet to clip (nothing to see); light and
-    # default watch that part of a step on their first steps only, and say so
+    # every step, the first too (no gradient yet: clip_grad_norm_ of nothing, seen since QA
+    # 51b); light and default watch that part of a step on their first steps only, and say so
     if mode == "full":
-        assert f["steps"] == list(range(1, 8)), f["steps"]
+        assert f["steps"] == list(range(8)), f["steps"]
     else:
-        assert f["steps"][0] == 1 and "the capture looks there on some steps only" in f["message"], f
+        assert f["steps"][0] == 0 and "the capture looks there on some steps only" in f["message"], f
     lines = [n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "marker: early clip" in text]
     assert f["src"] in {f"{Path(__file__).name}:{n}" for n in lines}
     # the norm recorded is the one the step applied, not the early clip's
