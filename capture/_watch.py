@@ -1415,7 +1415,7 @@ class Watch:
                 end["late_backward"] = late
             if failed_in is not None and failed_in[1]:
                 end["events"] = failed_in[1]
-            self._transport.close(end)
+            self._transport.close(end, patient=True)
         except Exception as exc:  # closing must not raise into an atexit or a with-block
             log.warning("torchscope: close failed: %r", exc)
         atexit.unregister(self._close_at_exit)

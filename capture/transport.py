@@ -119,6 +119,9 @@ def started_line(url: str, pid: int) -> str:
     return (f"started a torchscope server at {url} in the background (pid {pid}); it keeps running "
             f"after this ends: stop it with `kill {pid}`")
 
+# close() waits for the disk while it takes events, and gives up after it has taken none for
+# this long (an NFS server that stopped answering): the process must be able to exit
+_STALL_S = 30.0
 
 class ServerRefused(ValueError):
     """The server answered, with an error status (401: no or a wrong token).  ``deleted``: a
@@ -303,10 +306,11 @@ class Transport:
             time.sleep(0.005)
         return True
 
-    def close(self, end_event: dict[str, Any] | None = None, timeout: float = 5.0) -> None:
+    def close(self, end_event: dict[str, Any] | None = None, timeout: float = 5.0, patient: bool = False) -> None:
         """Write the remaining events (and ``end_event``) and close the file, then give the
         server at most the rest of ``timeout`` (``_BOOTING_WAIT_S`` while a server this run
-        started has not answered yet).  Idempotent; returns within that time.  Called again
+        started has not answered yet).  Idempotent; returns within that time -- ``patient``:
+        longer while a backlog is being written (``_wait_for_file``).  Called again
         while a first call is under way (a SIGTERM handler inside it), it waits for the file
         the first call is completing: the process may die right after."""
         if os.getpid() != self._pid:
@@ -330,8 +334,31 @@ class Transport:
         self._wake.set()
         # the thread closes the file before its last send, so waiting for that is enough for
         # a complete file; the send gets whatever time is left
-        self._file_closed.wait(timeout)
+        if patient:
+            self._wait_for_file(timeout)
+        else:
+            self._file_closed.wait(timeout)
         self._thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _wait_for_file(self, timeout: float) -> None:
+        """Wait for the thread to close the file: ``timeout``, and then on while the disk takes
+        events, until it has taken none for ``_STALL_S``.  A disk that stalled during the run
+        leaves a backlog (QA 51a: a 30 s stall at step 5,000 of 20,000 left 15,000 events queued;
+        close() returned after 5 s, the process exited, and the file ended at step 4,757 --
+        read as a run killed there).  Both the wait and giving up are said."""
+        if self._file_closed.wait(timeout):
+            return
+        say(f"torchscope: writing the last {self._emitted - self._written:,} events of this run to {self.path} "
+            "(the disk is slow) ...")
+        taken, since = self._written, time.monotonic()
+        while not self._file_closed.wait(0.25) and self._thread.is_alive():
+            if self._written != taken:
+                taken, since = self._written, time.monotonic()
+            elif time.monotonic() - since > _STALL_S:
+                say(f"torchscope: gave up writing to {self.path}: the disk took nothing for {_STALL_S:.0f} s, and "
+                    f"the file lacks the last {self._emitted - self._written:,} events of this run (it reads as a "
+                    "run killed there)")
+                return
 
     # ------------------------------------------------------------------ background thread
     def _run(self) -> None:
