@@ -211,13 +211,16 @@ def _clip_note(run: Run, steps: list[int]) -> str:
 BLOWUP_FACTOR = 100.0  # a loss this many times its lowest of the last BLOWUP_WINDOW steps ...
 BLOWUP_OVER_START = 10.0  # ... and this many times where the run started: not a spike off a converged ~0
 BLOWUP_WINDOW = 20
+BLOWUP_EARLY = 1e4  # ... and this many times a start of only one or two losses
 
 
 def loss_blowup(run: Run, before: int | None = None) -> tuple[int, float, int, float, float | None] | None:
     """The first step (before ``before``) whose finite positive loss is BLOWUP_FACTOR times the
     lowest of the BLOWUP_WINDOW steps before it and BLOWUP_OVER_START times the run's starting
     level (the median of its first three losses, of those before it: a blow-up at step 1 or 2
-    was its own start -- QA 51b, Adam at lr=1: 1.33, 1.4e5, 1.2e7): (that low step, its loss, the step, its loss,
+    was its own start -- QA 51b, Adam at lr=1: 1.33, 1.4e5, 1.2e7 -- and must then be
+    BLOWUP_EARLY times it, one or two losses being a shaky start: MoCo's first loss, against an
+    empty queue, is 1/950 of its second): (that low step, its loss, the step, its loss,
     the largest learning rate of the step before).  A learning rate past the stability limit
     takes a loss up by orders of magnitude within a few steps; a loss that grows over thousands
     of steps (a value loss as returns grow) or a spike off a converged loss is not that."""
@@ -230,8 +233,9 @@ def loss_blowup(run: Run, before: int | None = None) -> tuple[int, float, int, f
     for n, (k, step, loss, ev) in enumerate(losses):
         if window:
             start = statistics.median(v for _, _, v, _ in losses[:min(n, 3)])
+            over = BLOWUP_OVER_START if n >= 3 else BLOWUP_EARLY
             low_step, low = min(window, key=lambda w: w[1])
-            if (loss >= low * BLOWUP_FACTOR and loss >= start * BLOWUP_OVER_START
+            if (loss >= low * BLOWUP_FACTOR and loss >= start * over
                     and _stays(events, k, statistics.median(v for _, v in window))):
                 lrs = [v for v in (as_float(x) for x in as_list((prev or ev).get("lr"))) if v is not None]
                 return low_step, low, step, loss, max(lrs) if lrs else None
