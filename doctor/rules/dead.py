@@ -25,6 +25,9 @@ FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large 
        "GELU or re-initialise), a gate multiplied by 0, a mask that is always off, or a branch whose output "
        "the loss ignores.")
 
+FIX_SURGE = ("Lower the learning rate (or warm it up over the first steps), and clip gradients "
+             "(torch.nn.utils.clip_grad_norm_ after backward()); then re-initialise or retrain: ReLUs switched off by "
+             "those updates stay off.")
 
 CANCELS_FIX = ("For a score-function (REINFORCE) loss take the log-probability of a sample that carries no "
                "gradient: a = dist.sample(), then -(dist.log_prob(a) * advantage).mean(); for a reparameterised loss "
@@ -500,11 +503,14 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         # counted apart: "0.weight, ... and 768 more" read as 772 parameters of a model with 604 (QA 46c)
         shown = (f"{len(names)} parameter{'s' if len(names) > 1 else ''} ({', '.join(names[:3])}"
                  f"{', ...' if len(names) > 3 else ''}) and the outputs of {len(acts)} module{'s' if len(acts) > 1 else ''}")
+    surge = _surge_note(run, steps[0])
     message = (f"Gradient reaching {shown} is {settings.dead_zero_frac:.0%}+ exact zeros "
                f"({describe_steps(steps, run.last_step)}{_sampled_note(run, steps)}): "
                f"{'this branch is dead and does not learn' if _all_zero(run, params, steps) else 'this branch is (nearly) dead: it barely learns'}."
-               f"{_gate_note(run, gate)}{_surge_note(run, steps[0])}{_hooks_note(run, sorted(params))}")
-    fix = FIX
+               f"{_gate_note(run, gate)}{surge}{_hooks_note(run, sorted(params))}")
+    # died after a loss surge: the updates were too large, not the initialisation (QA 51b: the fix
+    # line said "bad init ... try LeakyReLU" under a message saying to lower the learning rate)
+    fix = FIX_SURGE if surge else FIX
     cancelled = _cancelled(run, {run.param_module(i) for i in params}) if params else None
     if cancelled is not None:
         module, src = cancelled

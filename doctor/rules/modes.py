@@ -21,7 +21,8 @@ from .unused_graph import train_mode_evaluations
 # Only these behave differently in train and eval mode; elsewhere the mode changes nothing.
 _MODE_SENSITIVE = ("Dropout", "BatchNorm", "InstanceNorm", "SyncBatchNorm", "AlphaDropout", "LazyBatchNorm")
 
-FIX_TRAIN = ("Call model.train() at the start of every training epoch/step (after each evaluation). Batch-norm "
+FIX_TRAIN = ("Call model.train() at the start of every training epoch/step (after each evaluation) -- with its "
+             "parentheses: `model.train` alone does nothing. Batch-norm "
              "statistics frozen on purpose (fine-tuning with small batches) are fine: put only the batch-norm "
              "modules in eval() right after model.train() on every step (norm_eval), or freeze their affine "
              "parameters too (requires_grad_(False)), and this is no warning.")

@@ -676,9 +676,10 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
                 "captures the first step).", fix)
     if all(leaf_loss(ev) for s, ev in run.step_events() if s in steps):
         # every backward ran on a leaf: no parameter can get a gradient, the cut is known (not where)
-        return ("error", f"{head}: each backward() ran on a loss without a graph (one made anew from a number, "
-                "torch.tensor(loss.item(), requires_grad=True)), so the path to the loss is cut; a captured graph "
-                f"tells where {capture_hint(run)}.", fix)
+        return ("error", f"{head}: each backward() ran on a loss without a graph -- computed under torch.no_grad(), "
+                "through a non-differentiable op (argmax, round, .item(), numpy), or made anew from a number "
+                "(torch.tensor(loss.item())), then given requires_grad=True by hand -- so the path to the loss is "
+                f"cut; a captured graph tells where {capture_hint(run)}.", fix)
     # no captured graph of such a step (mode='light'): .grad was None at step(), which an unused
     # parameter, a cut path and a gradient cleared after backward all leave -- none is known
     return ("warning", f"{shown} had no gradient at optimizer.step() ({when}): the forward never uses {_them(names)}, "

@@ -34,8 +34,8 @@ FIX_FEATURES = ("Watch what trains: torchscope.watch(head, optimizer), or a modu
                 "(nn.Sequential(backbone, head)). A backbone frozen on purpose is best said with "
                 "backbone.requires_grad_(False), which also spares backward() its gradients.")
 FIX_UNHELD_PARAMETRIZED = (
-    "Build the optimizer after weight_norm / spectral_norm / register_parametrization (or any change that replaces "
-    "parameters, such as assigning a new layer), or add these parameters to it: "
+    "Build the optimizer after the model's last change -- a layer assigned anew (model.fc = nn.Linear(...)), "
+    "weight_norm / spectral_norm / register_parametrization -- or add these parameters to it: "
     "optimizer.add_param_group({'params': [...]}).")
 FIX_UNHELD = ("If they should train, add them to the optimizer -- build it after the model's last change (a layer "
               "assigned anew, weight_norm / spectral_norm / register_parametrization applied), or "

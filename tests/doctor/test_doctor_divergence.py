@@ -189,6 +189,8 @@ def test_relus_killed_by_a_loss_surge_say_so(tmp_path: Path) -> None:
     assert f"It died after the loss surged {max(losses[:dead[0]]) / losses[0]:.3g}x (from {losses[0]:.3g} at step 0" \
         in p2["message"], p2["message"]
     assert "learning rate 0.05" in p2["message"] and "lower the learning rate" in p2["message"]
+    # and the fix line agrees (QA 51b: it spoke of initialisation and LeakyReLU below that message)
+    assert p2["fix"].startswith("Lower the learning rate") and "LeakyReLU" not in p2["fix"], p2["fix"]
 
 
 def test_a_loss_that_falls_without_bound_is_told() -> None:

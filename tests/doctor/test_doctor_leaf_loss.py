@@ -38,8 +38,10 @@ def test_a_loss_remade_from_its_item_is_a_cut_at_the_item(tmp_path: Path, mode: 
     if mode == "default":  # a captured step names the op and its line
         line = next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if "# the cut" in t and "next(" not in t)
         assert "to the loss break" in p1["message"] and "at Tensor.item()" in p1["message"] and p1["src"].endswith(f":{line}")
-    else:  # a light run is told how to get a graph that names it
+    else:  # a light run is told how to get a graph that names it, and the usual ways to lose one
         assert "mode='default' captures the first step" in p1["message"]
+        # (QA 51b: it named a number remade into a loss alone, where no_grad or argmax did it)
+        assert "computed under torch.no_grad(), through a non-differentiable op" in p1["message"], p1["message"]
 
 
 def test_a_default_run_whose_graphs_do_not_show_the_cut_is_not_told_to_use_default(tmp_path: Path) -> None:

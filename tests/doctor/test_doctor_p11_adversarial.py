@@ -53,6 +53,7 @@ def test_an_attack_in_eval_mode_is_no_training_in_eval_mode(tmp_path: Path, mode
 def test_training_left_in_eval_mode_after_the_attack_is_told(tmp_path: Path) -> None:
     (p11,) = _pgd(tmp_path, "default", restore=False)
     assert p11["message"].startswith("Training while the model is in eval mode"), p11
+    assert "`model.train` alone does nothing" in p11["fix"]  # (QA 51b: a call left without its parentheses)
 
 
 @pytest.mark.parametrize("every", [1, 5])

@@ -64,7 +64,7 @@ def test_weight_norm_applied_after_the_optimizer_is_untrained_parameters_not_a_m
     assert f["severity"] == "error" and f["params"] == WN_PARAMS, f
     assert "get gradients but no optimizer updates them" in f["message"], f["message"]
     assert "piles up" in f["message"] and "weight_norm" in f["message"], f["message"]
-    assert "Build the optimizer after weight_norm" in f["fix"] and "add these parameters" in f["fix"], f["fix"]
+    assert "weight_norm / spectral_norm" in f["fix"] and "add these parameters" in f["fix"], f["fix"]
     assert [t["param"] for t in f["targets"]] == WN_PARAMS
     assert [x["code"] for x in found] == ["P5"], [x["message"] for x in found]
 
