@@ -1,6 +1,6 @@
 // The Graph view: step scrubber, overlays, search, module expansion, details panel, diff.
 // Layout runs in a Web Worker; the main thread only builds the scene and draws.
-import { h, clear, fmtShort, fmtBytes, fmtUs, withLoading } from "../dom.js";
+import { h, clear, coalesce, fmtShort, fmtBytes, fmtUs, withLoading } from "../dom.js";
 import { api, sessionPath, rankQuery } from "../api.js";
 import { buildModel, ancestors } from "./model.js";
 import { diffGraphs } from "./diff.js";
@@ -35,6 +35,10 @@ const NO_DIFF = "only one step is captured: no other step to compare with";
 // ones (light-mode runs, which capture no graph, left out first), those with a captured graph;
 // of each its first MAX_RUN_STEPS captured steps.  The menus say what they leave out.
 const MAX_RUNS = 20, MAX_RUN_STEPS = 10;
+// This run's diff menu: the captured steps nearest the one shown, at most MAX_OWN_STEPS.  A
+// full-mode run captures every step: a menu of all of them, rebuilt at each live graph, froze a
+// live 12,000-step run's page for minutes (QA 51a).
+const MAX_OWN_STEPS = 40;
 
 // The page's query as it was loaded, read before the app rewrites the URL from the state it
 // knows (which has no top= / topby=): ?top=1 opens the Top ops table (top=nodes: the grad_fn
@@ -77,6 +81,13 @@ export function typingIn(el) {
 
 // The step shown and where it sits among the captured ones: "step 0 · graph 1 of 4" ("step 0
 // (1/4 captured)" read as one of four steps captured, QA 41a; short: the toolbar is one row at 1280 px).
+// Whether the sorted ``arr`` holds ``x`` (a reconnect replays a long run's thousands of graphs)
+function sortedHas(arr, x) {
+  let lo = 0, hi = arr.length;
+  while (lo < hi) { const mid = (lo + hi) >> 1; if (arr[mid] < x) lo = mid + 1; else hi = mid; }
+  return arr[lo] === x;
+}
+
 function stepOf(step, captured) {
   return `step ${step} · graph ${captured.indexOf(step) + 1} of ${captured.length}`;
 }
@@ -632,7 +643,10 @@ export class GraphView {
   // the step of the same number, else its first.
   fillDiff(keepChoice = true) {
     let chosen = keepChoice ? this.diffSel.value : "";
-    const others = this.captured.filter((s) => s !== this.step);
+    const at = this.captured.indexOf(this.step);
+    const from = Math.max(0, Math.min(at - MAX_OWN_STEPS / 2, this.captured.length - MAX_OWN_STEPS - 1));
+    const near = this.captured.length > MAX_OWN_STEPS + 1 ? this.captured.slice(from, from + MAX_OWN_STEPS + 1) : this.captured;
+    const others = near.filter((s) => s !== this.step);
     // one captured step and no other run: nothing to diff against, so no "diff" to choose
     // (painted all "same" grey, every node read as unchanged); the option says why
     const opt = this.overlaySel.querySelector("option[value=diff]");
@@ -652,6 +666,10 @@ export class GraphView {
       return;
     }
     clear(this.diffSel).append(...others.map((s) => h("option", { value: s }, `diff vs step ${s}`)));
+    const before = near === this.captured ? 0 : from, after = this.captured.length - before - near.length;
+    const more = (n, which) => h("option", { value: "-", disabled: true }, `… ${n} ${which} captured step${n === 1 ? "" : "s"} (scrub to one)`);
+    if (before > 0) this.diffSel.prepend(more(before, "earlier"));
+    if (after > 0) this.diffSel.append(more(after, "later"));
     if (others.some((s) => String(s) === chosen)) { this.diffSel.value = chosen; return; }
     const i = this.captured.indexOf(this.step);
     const other = this.captured[i > 0 ? i - 1 : i + 1];
@@ -906,14 +924,17 @@ export class GraphView {
 
   // Live: a newly captured step joins the scrubber; the current view stays as it is.
   onCapturedStep(step) {
-    if (this.captured.includes(step)) return;
+    const n = this.captured.length;
+    if (n && step > this.captured[n - 1]) this.captured.push(step); // (live: in order)
+    else if (sortedHas(this.captured, step)) return;
+    else { this.captured.push(step); this.captured.sort((a, b) => a - b); }
     this.toolbar.hidden = false;
-    if (!this.captured.length) this.hasGraph(true);
-    this.captured.push(step);
-    this.captured.sort((a, b) => a - b);
+    if (!n) this.hasGraph(true);
     this.stepSel.max = this.captured.length - 1;
     this.stepSel.value = this.captured.indexOf(this.step);
-    this.fillDiff();
+    // (a full-mode run captures every step: the menus follow at most twice a second)
+    this.fillDiffSoon ||= coalesce(() => this.fillDiff(), 500);
+    this.fillDiffSoon();
     if (this.step === undefined) this.showStep(step, true);
     else this.stepLabel.textContent = stepOf(this.step, this.captured);
   }
