@@ -1433,7 +1433,14 @@ class Watch:
             self._ended_by = _ending(last) if not isinstance(last, KeyboardInterrupt) else (
                 "interrupted", "stopped by KeyboardInterrupt (a notebook's Stop, or its kernel restarted or shut "
                 "down while a cell ran)")
-        self.close()
+        try:
+            self.close()
+        except KeyboardInterrupt:
+            # a second Ctrl-C (a terminal's and `timeout`'s forwarded one, or a user who will not
+            # wait for a slow disk) landing in the wait for the writer: the process is leaving,
+            # and a traceback of ours after the user's own said nothing useful (QA 51c)
+            say(f"torchscope: interrupted while closing: {self.path or 'the session file'} may lack the run's last "
+                "events and its end")
 
     def _end_now(self) -> None:
         """The end record, written from a signal handler just before the process dies: what

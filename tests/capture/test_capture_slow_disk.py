@@ -9,6 +9,7 @@ blocked ``write()`` would: the transport, the writer and the capture are the rea
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -33,13 +34,15 @@ sessionfile.SessionFileWriter.append = stalling
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-with torchscope.watch(model, opt, server=None, record=path, mode="light"):
-    for i in range(300):
-        state["step"] = i
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 2, (4,))).backward()
-        opt.step()
+w = torchscope.watch(model, opt, server=None, record=path, mode="light")
+for i in range(300):
+    state["step"] = i
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 2, (4,))).backward()
+    opt.step()
 print("trained", flush=True)
+if sys.argv[5:] != ["at-exit"]:
+    w.close()
 """
 
 
@@ -73,3 +76,24 @@ def test_a_disk_that_takes_nothing_is_given_up_on_and_said(tmp_path: Path) -> No
     assert "gave up writing to" in res.stderr and "the disk took nothing for 3 s" in res.stderr, res.stderr[-2000:]
     steps = [e["step"] for e in iter_events(path) if e["kind"] == "step"]
     assert len(steps) < 300  # what the file lacks is what was said
+
+
+def test_a_ctrl_c_while_closing_at_exit_is_one_line(tmp_path: Path) -> None:
+    """A second Ctrl-C landing in the wait for the writer as the interpreter exits (a terminal's
+    and ``timeout``'s forwarded SIGINT; a user who will not wait for a slow disk) printed
+    "Exception ignored in atexit callback" and a traceback of torchscope's frames (QA 51c)."""
+    script = tmp_path / "stall.py"
+    script.write_text(_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "run.tscope"), "299", "60", "30", "at-exit"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # closing at exit, waiting for the stalled disk
+            if "(the disk is slow)" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "interrupted while closing" in err, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
