@@ -41,7 +41,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         return []
     # keep the outermost: `model.encoder.requires_grad = False` and its layers' the same
     meant = [p for p in meant if not any(q != p and _under(p, q) for q in meant)]
-    findings: list[Finding] = []
+    told: list[tuple[str, list[int], list[int]]] = []  # (module, its parameters, the steps they got gradients)
     for path in meant:
         idx = [i for i, p in enumerate(run.params)
                if p.get("requires_grad", True) and _under(run.param_module(i), path)]
@@ -52,16 +52,25 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             norms = as_list(as_dict(ev.get("grads")).get("norm"))
             if any(i < len(norms) and norms[i] is not None for i in idx):
                 steps.append(step)
-        if not steps:  # off the loss path as well: nothing trains them, nothing to tell
-            continue
-        names = [run.param_name(i) for i in idx]
-        shown = and_list(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        label = "model" + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in path.split(".") if part)
-        got = f"; they got gradients {describe_steps(steps, run.last_step)}"
-        message = (f"{label}.requires_grad = False set a plain attribute on the {run.module_type(path) or 'module'}: "
-                   f"its parameters {shown} still require grad{got}, and an optimizer given them updates them.")
-        findings.append(make("P17", "warning", message, FIX, steps, rank=run.rank,
-                             modules=[path], params=names,
-                             targets=[FindingTarget(step=steps[0], rank=run.rank, module=path)],
-                             view="gradients"))
-    return findings
+        if steps:  # (off the loss path as well: nothing trains them, nothing to tell)
+            told.append((path, idx, steps))
+    if not told:
+        return []
+    # several modules (a loop's `for layer in ...: layer.requires_grad = False`) are one finding
+    # naming each (QA 51b: a warning per module, for one line of code)
+    names = [run.param_name(i) for _, idx, _ in told for i in idx]
+    steps = sorted({s for _, _, st in told for s in st})
+    shown = and_list(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    labels = ["model" + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in path.split(".") if part)
+              for path, _, _ in told]
+    types = sorted({run.module_type(path) or "module" for path, _, _ in told})
+    on = (f"a plain attribute on the {types[0]}" if len(told) == 1 else
+          f"plain attributes on these {len(told)} {' and '.join(types) if len(types) <= 2 else ''} modules")
+    got = f"; they got gradients {describe_steps(steps, run.last_step)}"
+    message = (f"{and_list([f'{label}.requires_grad = False' for label in labels])} set {' '.join(on.split())}: "
+               f"{'its' if len(told) == 1 else 'their'} parameters {shown} still require grad{got}, and an "
+               "optimizer given them updates them.")
+    return [make("P17", "warning", message, FIX, steps, rank=run.rank,
+                 modules=[path for path, _, _ in told], params=names,
+                 targets=[FindingTarget(step=st[0], rank=run.rank, module=path) for path, _, st in told],
+                 view="gradients")]

@@ -206,6 +206,26 @@ def test_requires_grad_attribute_set_after_watch_is_found(tmp_path: Path) -> Non
     assert "model[0].requires_grad = False" in f["message"]
 
 
+def test_layers_frozen_by_attribute_in_a_loop_are_one_finding(tmp_path: Path) -> None:
+    """``for layer in list(model.children())[:4]: layer.requires_grad = False`` (two convolutions
+    and their ReLUs): one line of code, one finding naming both layers (QA 51b: two warnings)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Conv2d(4, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(128, 10))
+    for layer in list(model.children())[:4]:
+        layer.requires_grad = False
+    opt = torch.optim.Adam(filter(lambda p: p.requires_grad, model.parameters()), lr=1e-3)
+    path = tmp_path / "loop.tscope"
+    with torchscope.watch(model, opt, server=None, record=path):
+        for _ in range(3):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(torch.randn(4, 1, 8, 8)), torch.randint(0, 10, (4,))).backward()
+            opt.step()
+    (f,) = _codes([dict(f) for f in diagnose(iter_events(path))], "P17")
+    assert f["modules"] == ["0", "2"] and set(f["params"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}, f
+    assert f["message"].startswith("model[0].requires_grad = False and model[2].requires_grad = False set plain "
+                                   "attributes on these 2 Conv2d modules"), f["message"]
+
+
 # ---------------------------------------------------------------- P14: float16 without a GradScaler
 def _mse(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(m(x).float(), x[:, :2].float())
