@@ -1,10 +1,10 @@
-"""`torchscope doctor FILE [--json] [--set k=v]`: findings of a session file, exit 1 on an error-level one."""
+"""`torchscope doctor FILE... [--json] [--set k=v]`: findings of session files, exit 1 on an error-level one."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pydantic_core
@@ -55,17 +55,69 @@ def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
+def _print_json(value: Any) -> None:
+    # NaN/Infinity (a diverging run's losses) as strings, as the server's API writes them:
+    # strict JSON parsers (jq, JSON.parse) refuse the bare literals
+    print(pydantic_core.to_json(value, indent=2, inf_nan_mode="strings").decode())
+
+
+def _settings(overrides: Mapping[str, str] | None) -> Settings | None:
+    """The thresholds with ``overrides`` applied; None (said on stderr) for a bad one."""
+    try:
+        return Settings.from_overrides(overrides)
+    except ValueError as exc:
+        print(f"torchscope doctor: {exc}", file=sys.stderr)
+        return None
+
+
 def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = None) -> int:
     """Print the findings of the session file at `path`; 1 if any is an error, 0 if none, 2 on bad input."""
+    settings = _settings(overrides)
+    return 2 if settings is None else _run(path, settings, as_json, None)
+
+
+def run_files(paths: Sequence[str], as_json: bool = False, overrides: Mapping[str, str] | None = None,
+              refused: Mapping[str, str] | None = None) -> int:
+    """The findings of each file (one: `run`'s output, exactly), each under a ``==> FILE <==``
+    line (as `head` and `tail` head several files); ``--json``: one list of ``{"file", "findings"}``
+    (``{"file", "error"}`` for a file that could not be read).  ``refused``: files the caller
+    found unreadable already, with why.  Exit status: 2 if a file was unreadable, else 1 if one
+    had an error-level finding, else 0 (so a CI step over ``runs/*.tscope`` tells them apart)."""
+    if len(paths) == 1 and not refused:
+        return run(paths[0], as_json, overrides)
+    settings = _settings(overrides)
+    if settings is None:
+        return 2
+    refused = refused or {}
+    code = 0
+    listed: list[dict[str, Any]] = []
+    for n, path in enumerate(paths):
+        sys.stdout.flush()  # each file's lines before the next one's notes on stderr, in one log too
+        if not as_json:
+            print(f"\n==> {path} <==" if n else f"==> {path} <==", flush=True)
+        if path in refused:
+            print(f"torchscope doctor: {refused[path]}", file=sys.stderr, flush=True)
+            listed.append({"file": path, "error": refused[path]})
+            code = 2
+            continue
+        code = max(code, _run(path, settings, as_json, listed))
+    if as_json:
+        _print_json(listed)
+    sys.stdout.flush()
+    unread = sum(1 for x in listed if "error" in x)
+    bad = sum(1 for x in listed if any(f.get("severity") == "error" for f in x.get("findings", [])))
+    print(f"torchscope doctor: {_count(len(paths), 'file')}: {bad} with an error-level finding, {unread} unreadable",
+          file=sys.stderr, flush=True)
+    return code
+
+
+def _run(path: str, settings: Settings, as_json: bool, listed: list[dict[str, Any]] | None) -> int:
+    """`run` of one file with its thresholds; ``listed``: several files' --json list, to which
+    its findings are added (printed by the caller)."""
     # Imported here: the codec pulls zlib/struct only, but keeping the doctor's import light matters in the server.
     from torchscope.session import writer_alive
     from torchscope.sessionfile import SessionFileError, iter_events, salvage
 
-    try:
-        settings = Settings.from_overrides(overrides)
-    except ValueError as exc:
-        print(f"torchscope doctor: {exc}", file=sys.stderr)
-        return 2
     last_step = -1
     events = []
     tell = sys.stderr.isatty()  # a person at a terminal: a long run's file takes a while
@@ -86,16 +138,19 @@ def run(path: str, as_json: bool = False, overrides: Mapping[str, str] | None = 
         left_out = found.note(path, writing)  # damage or a torn tail, in one line
     except (SessionFileError, OSError, ValueError) as exc:
         print(f"torchscope doctor: {exc}", file=sys.stderr)
+        if listed is not None:
+            listed.append({"file": path, "error": str(exc)})
         return 2
     if tell and last_step >= 5000:
         _status(f"read {last_step + 1:,} steps; checking P1-P18")
     findings = diagnose(events, settings)
     if tell and last_step >= 5000:
         _status("")
+    if listed is not None:  # several files: their JSON is one list, printed at the end
+        listed.append({"file": path, "findings": findings})
     if as_json:
-        # NaN/Infinity (a diverging run's losses) as strings, as the server's API writes them:
-        # strict JSON parsers (jq, JSON.parse) refuse the bare literals
-        print(pydantic_core.to_json(findings, indent=2, inf_nan_mode="strings").decode())
+        if listed is None:
+            _print_json(findings)
     elif not findings and last_step < 0:
         # not "no problems found": a run whose loop torchscope never saw end a step (no
         # optimizer.step() nor backward() it could see) holds nothing to diagnose
@@ -146,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="torchscope doctor", description=__doc__)
-    parser.add_argument("file")
+    parser.add_argument("file", nargs="+")
     parser.add_argument("--json", action="store_true", help="print findings as JSON")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a threshold")
     args = parser.parse_args(argv)
@@ -158,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         overrides[key.strip()] = value
     try:
-        return run(args.file, as_json=args.json, overrides=overrides)
+        return run_files(args.file, as_json=args.json, overrides=overrides)
     except BrokenPipeError:  # `... | head`: the reader left, nothing is wrong
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
         return 0

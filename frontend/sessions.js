@@ -137,11 +137,7 @@ function row(s) {
     h("td", {}, fmtTime(s.started_at)), h("td", { class: "num" }, String(s.steps ?? 0)), h("td", { class: "num" }, String(ranksOf(s))),
     h("td", { "data-testid": "doctor-cell" }, s.errors ? h("span", { class: "badge err", title: "doctor errors" }, `${s.errors} error${s.errors > 1 ? "s" : ""}`) : null,
       s.warnings ? h("span", { class: "badge warn" }, `${s.warnings} warning${s.warnings > 1 ? "s" : ""}`) : null,
-      // a clean run says so, not a blank cell (the list counts errors and warnings only: notes
-      // are on the session's Doctor tab); a running one may still get some, and one the doctor
-      // has not looked at yet (just imported or ended) is no verdict
-      s.errors || s.warnings ? null : h("span", { class: "muted small", title: "the doctor's errors and warnings (notes: on the session's Doctor tab)" },
-        s.status === "running" ? "none so far" : s.diagnosed === false ? "checking…" : "no errors or warnings")),
+      s.errors || s.warnings ? null : doctorVerdict(s)),
     h("td", { class: "mode", "data-testid": "mode-cell", title: MODES[s.mode] || "" }, s.mode || "–"),
     h("td", {}, tags),
     h("td", { class: "row-actions" },
@@ -151,6 +147,21 @@ function row(s) {
       h("button", { title: "tags, comma separated", "aria-describedby": who, onclick: () => tag(s) }, "Tag"),
       h("button", { title: "download the .tscope file", "aria-describedby": who, onclick: () => download(s) }, "Download"),
       h("button", { class: "danger", title: "delete", "aria-describedby": who, onclick: () => remove(s) }, "Delete")));
+}
+
+// The doctor cell of a run without errors or warnings: a clean run says so, not a blank cell
+// (the list counts errors and warnings only: notes are on the session's Doctor tab).  A verdict
+// only where the doctor looked: a running one it has looked at may still get some ("none so
+// far"), one it has not looked at is no verdict -- running, it reads "not checked yet" (QA 51c:
+// "none so far" read as checked and clean while the run had gone NaN), just imported or ended,
+// "checking…" (its diagnosis is queued).
+const DOCTOR_TITLE = "the doctor's errors and warnings (notes: on the session's Doctor tab)";
+function doctorVerdict(s) {
+  const running = s.status === "running", looked = s.diagnosed !== false;
+  const [text, title] = running && !looked ? ["not checked yet", "the doctor has not looked at this run yet: its Doctor tab checks it now"]
+    : running ? ["none so far", `${DOCTOR_TITLE}, as of the doctor's last look at this running run`]
+      : !looked ? ["checking…", "the doctor is looking at this run"] : ["no errors or warnings", DOCTOR_TITLE];
+  return h("span", { class: `muted small verdict${looked ? "" : " unchecked"}`, title }, text);
 }
 
 // A tick of a row's "compare" box: a third run ticked drops the first of the two before it.
@@ -213,8 +224,12 @@ async function download(s) {
 }
 
 async function importFiles(files) {
+  if (!files.length) return; // (a drop of text or a link, not of files)
   const links = [];
   const notes = []; // what the server left out of a damaged or cut file: never read short silently
+  // files the server refused, each with its words: the files after one still go in, and the
+  // note names both kinds (QA 51c: it stopped at the first bad file and said only that one)
+  const refused = [];
   let added = 0; // files that brought a run (or frames) this server did not have
   for (const f of files) {
     const fd = new FormData();
@@ -227,11 +242,16 @@ async function importFiles(files) {
       added += known ? 0 : 1;
       links.push(h("a", { href: res.url, class: "imported" }, known ? `open ${f.name} (already here: the same run)` : `open ${f.name}`));
       if (res.note) notes.push(res.note);
-    } catch (e) { say(`Could not import ${f.name}: ${e.detail}`, true); refresh(); return; } // words, not "400: …"
+    } catch (e) { refused.push([f.name, e.detail]); } // words, not "400: …"
   }
-  const told = notes.length ? [h("br"), ...notes.flatMap((n, i) => (i ? [h("br"), `Note: ${n}.`] : [`Note: ${n}.`]))] : [];
-  const what = files.length === 1 ? files[0].name : `${files.length} files`;
-  say(added ? `Imported ${what}: ` : `${what}: nothing new to import, `, false, ...links.flatMap((a, i) => (i ? [", ", a] : [a])), ...told);
+  const told = notes.flatMap((n) => [h("br"), `Note: ${n}.`]);
+  const taken = links.length === files.length ? (files.length === 1 ? files[0].name : `${files.length} files`)
+    : `${links.length} of ${files.length} files`;
+  // (in a note that is an error for the refused files, the imported ones' line keeps the text colour)
+  const opened = links.length ? [h("span", { class: "done" }, added ? `Imported ${taken}: ` : `${taken}: nothing new to import, `, ...links.flatMap((a, i) => (i ? [", ", a] : [a])))] : [];
+  const why = refused.flatMap(([name, detail], i) => [...(i || links.length ? [h("br")] : []), h("span", { class: "refused" }, `Could not import ${name}: ${detail}`)]);
+  const said = [...opened, ...told, ...why];
+  say(said[0], refused.length > 0, ...said.slice(1));
   refresh();
 }
 

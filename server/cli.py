@@ -71,7 +71,8 @@ _EXAMPLES = {
     "serve": """examples:
   torchscope serve                            dashboard at http://127.0.0.1:6150
   torchscope serve --port 7000 --data runs/   another port, sessions stored under runs/
-  torchscope serve --host 0.0.0.0             reachable from other machines (a token is generated)
+  torchscope serve --host 0.0.0.0             reachable from other machines (a token is generated,
+                                              kept in the data directory: the same after a restart)
   torchscope serve --verbose                  uvicorn's log and one line per request""",
     "open": """examples:
   torchscope open run.tscope                     the server on 127.0.0.1:6150 (started if none answers)
@@ -92,6 +93,7 @@ _EXAMPLES = {
     "doctor": """examples:
   torchscope doctor run.tscope
   torchscope doctor run.tscope --json | jq '.[].code'
+  torchscope doctor runs/*.tscope                each file's findings; exit 1 if any has an error
   torchscope doctor run.tscope --set min_steps=5 --set dead_zero_frac=0.999""",
 }
 
@@ -110,8 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command("serve", "run the dashboard server", (
         "Run the dashboard server. It stores sessions in SQLite under --data and binds to "
-        "127.0.0.1 unless --host says otherwise; bound to any other address it requires a token "
-        "(generated and printed in the URL, or --token / $TORCHSCOPE_TOKEN)."))
+        "127.0.0.1 unless --host says otherwise; bound to any other address it requires a token: "
+        "$TORCHSCOPE_TOKEN or --token (which other users see in `ps`), else one generated on "
+        "its first start, kept in DIR/token (readable by you only) for the next starts on DIR, and "
+        "printed in the URL. It creates DIR readable by you only."))
     s.add_argument("--host", default=DEFAULT_HOST, help="address to bind (default %(default)s)")
     s.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port (default %(default)s)")
     s.add_argument("--data", metavar="DIR", help="data directory (default $TORCHSCOPE_DATA or ~/.torchscope)")
@@ -127,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         "dashboard server and open its page. The file is read, never changed. A file its run is still "
         "writing is followed: imported again as it grows, until the run ends (Ctrl-C stops following). "
         + _SERVER_ENV))
-    o.add_argument("file", nargs="+", help="a .tscope session file (several: each imported; two open side by side)")
+    o.add_argument("file", nargs="+", help="a .tscope session file (several: each imported, two open side by "
+                   "side; one that cannot be is said and the others imported, exit 2)")
     _server_options(o, DEFAULT_PORT)
     o.add_argument("--data", metavar="DIR", help="data directory of a server started here")
     o.add_argument("--no-browser", action="store_true", help="print the URL only")
@@ -148,10 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
         "part way, is summarized up to there, and a note says what was dropped."))
     i.add_argument("file", nargs="+", help="a .tscope session file (several: one summary each)")
 
-    dr = command("doctor", "diagnose a session file (pitfalls P1-P18)", (
+    dr = command("doctor", "diagnose session files (pitfalls P1-P18)", (
         "List the pitfalls found in a session file, each with its steps, a one-line explanation "
-        "and a fix. Exit status: 0 no error-level finding (warnings and notes exit 0), 1 an error-level finding, 2 an unreadable file or bad option."))
-    dr.add_argument("file", help="a .tscope session file")
+        "and a fix; several files: each one's under a line naming it (--json: a list of "
+        "{\"file\", \"findings\"}). Exit status: 0 no error-level finding (warnings and notes exit 0), "
+        "1 an error-level finding, 2 an unreadable file (of several: any) or a bad option."))
+    dr.add_argument("file", nargs="+", help="a .tscope session file (several: each diagnosed)")
     dr.add_argument("--json", action="store_true", help="findings as JSON")
     dr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help=f"override a doctor threshold (repeatable); keys: {_doctor_keys()}")
@@ -193,7 +200,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .config import ConfigError, Settings, default_data_dir
+    from .config import ConfigError, Settings, default_data_dir, lan_address, make_data_dir
 
     try:
         settings = Settings(data_dir=Path(args.data).expanduser() if args.data else default_data_dir(),
@@ -204,10 +211,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.data_dir.exists() and not settings.data_dir.is_dir():
         raise CliError(f"the data directory {settings.data_dir} is a file, not a directory: give --data a "
                        "directory (created if missing)", 2)
+    # what the server writes (the SQLite store and its -wal, imports in progress) is never
+    # readable by other users of the machine, whatever the umask (022 left the store 0644; QA 51c)
+    os.umask(os.umask(0) | 0o007)
     try:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        make_data_dir(settings.data_dir)
+        kept = settings.keep_token()
     except OSError as exc:
         raise CliError(f"cannot create the data directory {settings.data_dir} ({exc.strerror})", 2) from None
+    except ConfigError as exc:
+        raise CliError(str(exc), 2) from None
     sock = _bind(args.host, args.port)
     import uvicorn
 
@@ -222,6 +235,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # sqlite:////var/ts.db absolute, as SQLAlchemy reads them: QA 36c looked in the wrong place)
         where = settings.data_dir if settings.db_path.parent == settings.data_dir else settings.db_path.resolve()
         print(f"torchscope dashboard: {url}  (data: {where})", flush=True)
+        if args.host in ("0.0.0.0", "::"):  # the URL above is this machine's own; colleagues need its address
+            lan = lan_address()
+            there = page_url(f"http://{lan or '<this machine>'}:{settings.port}/", settings.token)
+            print(f"  from other machines: {there}  (bound to {args.host}: reachable from other machines)", flush=True)
+        if kept is not None:
+            path, made = kept
+            print(f"  token: {'a new one, ' if made else ''}kept in {path} (the owner's alone) and used again at each "
+                  "start on this data directory; delete the file for a new one, or give --token / $TORCHSCOPE_TOKEN",
+                  flush=True)
     # uvicorn's own lines ("INFO: Started server process", one per request) only with --verbose:
     # the dashboard line above is what a user needs, and warnings and errors still show
     # Slow clients: a connection idle between requests is closed after timeout_keep_alive (the
@@ -257,7 +279,11 @@ def _check_file(path_text: str) -> tuple[Path, Readable]:
     for an error-level finding, told apart in CI)."""
     from torchscope.sessionfile import SessionFileError, salvage
 
+    from .fileinfo import wrapped
+
     path = Path(path_text)
+    if (why := wrapped(path)) is not None:  # (the import says it in the same words)
+        raise CliError(why, 2)
     try:
         found = salvage(path)
     except SessionFileError as exc:
@@ -359,41 +385,72 @@ def _env_token() -> str | None:
 def cmd_open(args: argparse.Namespace) -> int:
     from .client import ClientError, ensure_server, page_url, sessions, stop_server, upload
 
-    files = [_check_file(f) for f in args.file]  # every file checked before any is imported
+    several = len(args.file) > 1
+    # every file checked before any is imported, and no server started for none; of several, a
+    # bad one is said and the others imported (QA 51c: one stray file in runs/*.tscope imported
+    # nothing, and named only the first bad one)
+    files: list[tuple[Path, Readable]] = []
+    refused = 0
+    for name in args.file:
+        try:
+            files.append(_check_file(name))
+        except CliError as exc:
+            if not several:
+                raise
+            print(f"torchscope open: {exc}", file=sys.stderr, flush=True)
+            refused += 1
+    if not files:
+        raise CliError(f"none of the {len(args.file)} files was imported (each is said above)", 2)
     token = _env_token()
     started = None
-    follow = len(files) == 1 and not args.no_follow  # several: each as it is now (QA 48d: one file only)
+    try:
+        base, started = ensure_server(_server_base(args), args.data)
+        # a server that wants a token says so now: refused mid-upload, the socket would only say
+        # "broken pipe"
+        sessions(base, token)
+    except ClientError as exc:
+        if started is not None:
+            stop_server(started)
+        raise CliError(str(exc), exc.code) from None
+    follow = not several and not args.no_follow  # several: each as it is now (QA 48d: one file only)
     imported: list[dict[str, Any]] = []
-    for k, (path, found) in enumerate(files):
+    for path, found in files:
         try:
-            if k == 0:
-                base, started = ensure_server(_server_base(args), args.data)
-                # a server that wants a token says so now: refused mid-upload, the socket would
-                # only say "broken pipe"
-                sessions(base, token)
             with _storing_progress(base, token, path):
                 res = upload(base, path, token)
         except ClientError as exc:
+            if several and exc.code == 2:  # this file refused by the server (its words name it): the others go on
+                print(f"torchscope open: {exc}", file=sys.stderr, flush=True)
+                refused += 1
+                continue
             if started is not None and not imported:
                 stop_server(started)
-            raise CliError(f"{path}: {exc}" if len(files) > 1 else str(exc), exc.code) from None
-        if k == 0:
+            raise CliError(f"{path}: {exc}" if several else str(exc), exc.code) from None
+        if not imported:
             _say_started(args, base, started)
         writer = _writer(path, found)
+        # a run this server holds every frame of already (it streams here): nothing was imported,
+        # so no "imported as it is now" beside it (QA 51c: both lines, contradicting each other)
+        already = res.get("frames", 0) > 0 and res.get("new_frames") == 0
+        running = writer is not None and not already
         note = res.get("note") or found.note(str(path), writer is not None)  # (a server of an earlier build says nothing)
-        if note and not (writer is not None and follow):  # followed: said below
+        if note and not (writer is not None and (follow or already)):  # followed: said below
             print(f"torchscope open: note: {note}", file=sys.stderr, flush=True)
-        if writer is not None and len(files) > 1:  # (QA 48e: neither followed, nothing said)
+        if running and several:  # (QA 48e: neither followed, nothing said)
             print(f"torchscope open: note: {path}'s run is still writing it: imported as it is now (one file "
                   f"at a time is followed: torchscope open {path})", file=sys.stderr, flush=True)
-        elif writer is not None and not follow:  # --no-follow (QA 49b: nothing said, and it read "killed")
+        elif running and not follow:  # --no-follow (QA 49b: nothing said, and it read "killed")
             print(f"torchscope open: note: {path}'s run is still writing it: imported as it is now; open it again "
                   "for the rest (without --no-follow, open follows it to its end)", file=sys.stderr, flush=True)
-        if res.get("frames", 0) > 0 and res.get("new_frames") == 0:  # as the sessions page says it
+        if already:  # as the sessions page says it
             print(f"torchscope open: {path} is already on this server (the same run): nothing new imported",
                   file=sys.stderr, flush=True)
         print(page_url(base + res["url"], token), flush=True)
         imported.append({**res, "writer": writer})
+    if not imported:
+        if started is not None:
+            stop_server(started)
+        raise CliError(f"none of the {len(args.file)} files was imported (each is said above)", 2)
     ids = list(dict.fromkeys(str(r["id"]) for r in imported))
     if len(ids) == 2:  # two runs: side by side, as ticking them on the sessions page does
         url = page_url(f"{base}/compare?a={ids[0]}&b={ids[1]}", token)
@@ -404,6 +461,10 @@ def cmd_open(args: argparse.Namespace) -> int:
         import webbrowser
 
         webbrowser.open(url)
+    if refused:  # the lines above said why, each; this says what came of the whole command
+        print(f"torchscope open: {len(imported)} of {len(args.file)} files imported; {refused} refused (said "
+              "above)", file=sys.stderr, flush=True)
+        return 2
     if follow and imported[0]["writer"] is not None:
         return _follow(base, files[0][0], token, imported[0]["writer"])
     return 0
@@ -580,7 +641,15 @@ def _demo_session(base: str, token: str | None, known: set[str], proc: subproces
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    path, _ = _check_file(args.file)
+    names = [str(Path(name)) for name in args.file]  # as the reader's messages name them
+    refused: dict[str, str] = {}  # of several files, those that cannot be read: said in their turn
+    for name in names:
+        try:
+            _check_file(name)
+        except CliError as exc:
+            if len(names) == 1:
+                raise
+            refused[name] = str(exc)
     overrides: dict[str, str] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
@@ -588,10 +657,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             raise CliError(f"--set {item!r}: expected KEY=VALUE", 2)
         overrides[key.strip()] = value.strip()
     try:
-        from torchscope.doctor.cli import run
+        from torchscope.doctor.cli import run_files
     except ImportError as exc:
         raise CliError(f"the doctor is not available in this install ({exc})") from None
-    return int(run(str(path), args.json, overrides))
+    return int(run_files(names, args.json, overrides, refused))
 
 
 COMMANDS = {"serve": cmd_serve, "open": cmd_open, "demo": cmd_demo, "info": cmd_info, "doctor": cmd_doctor}

@@ -19,6 +19,8 @@ from typing import Any
 
 from torchscope.transport import NEEDS_TOKEN, WRONG_TOKEN, local_port
 
+from .config import make_data_dir
+
 
 class ClientError(RuntimeError):
     """One line for the user; ``code`` is the exit status (2: the input was bad)."""
@@ -126,8 +128,8 @@ def ensure_server(
         cmd += ["--data", data]
     log_dir = Path(data).expanduser() if data else Path(os.environ.get("TORCHSCOPE_DATA", "~/.torchscope")).expanduser()
     try:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(log_dir / "server.log", "ab")  # noqa: SIM115 - closed below, once the child has it
+        make_data_dir(log_dir)  # (the server's own data directory: owner only, as `serve` makes it)
+        log = os.fdopen(os.open(log_dir / "server.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
     except OSError as exc:
         raise ClientError(f"cannot write the server's log in {log_dir} ({exc.strerror})", 2) from None
     with log:

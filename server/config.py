@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import math
 import os
 import secrets
+import socket
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +35,12 @@ TOKEN_COOKIE = "torchscope_token"
 # $TORCHSCOPE_READ_TIMEOUT sets another (seconds).
 READ_TIMEOUT_S = 30.0
 MIN_BODY_RATE = 500  # bytes/s, as Apache's mod_reqtimeout asks of a body by default
+
+
+# The generated token of a server bound beyond loopback without one, kept in its data directory
+# (the owner's alone) so a restart keeps it: links, bookmarks and running jobs' $TORCHSCOPE_TOKEN
+# stayed valid only until the next restart (QA 51c).
+TOKEN_FILE = "token"
 
 
 class ConfigError(ValueError):
@@ -86,6 +95,62 @@ def sqlite_path(db_url: str | None, data_dir: Path) -> Path:
     raise ConfigError(f"unsupported --db {scheme!r}: only sqlite:///PATH is supported today")
 
 
+def make_data_dir(path: Path) -> None:
+    """Create the data directory (and its parents) if missing, the directory itself readable by
+    its owner only: it holds every run and the token, and on a shared machine the 0755 that
+    the usual umask gives let every local user read the store (QA 51c).  One that exists is left
+    as it is."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
+def kept_token(data_dir: Path) -> tuple[str, bool]:
+    """The token kept in ``data_dir`` (created, 0600, on first use); and whether it was created
+    now.  The file is written whole under another name and linked into place, so two servers
+    starting at once on one directory read the same token, never a half-written one."""
+    path = data_dir / TOKEN_FILE
+    for _ in range(2):
+        try:
+            token = read_token(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            pass
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read the token file {path} ({exc}): fix or delete it") from None
+        else:
+            if token is None or not sendable(token):
+                raise ConfigError(f"the token file {path} holds no usable token: delete it (a new one is made) "
+                                  "or write one printable word in it")
+            return token, False
+        token = secrets.token_urlsafe(24)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".token-", dir=data_dir)  # 0600, as mkstemp makes it
+        except OSError as exc:
+            raise ConfigError(f"cannot keep the token in {path} ({exc.strerror})") from None
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(token + "\n")
+            os.link(tmp, path)
+        except FileExistsError:
+            continue  # another server made it meanwhile: read that one
+        except OSError as exc:
+            raise ConfigError(f"cannot keep the token in {path} ({exc.strerror})") from None
+        finally:
+            os.unlink(tmp)
+        return token, True
+    raise ConfigError(f"cannot keep the token in {path}")  # (made and gone between two looks)
+
+
+def lan_address() -> str | None:
+    """This machine's address on its network, as other machines reach it (the one the default
+    route leaves from), else its host name; None when it has neither."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("10.255.255.255", 1))  # a datagram socket's connect sends nothing: it picks the route
+        address = str(s.getsockname()[0])
+        if not ipaddress.ip_address(address).is_loopback and address != "0.0.0.0":
+            return address
+    name = socket.gethostname()
+    return name if name and name != "localhost" else None
+
+
 @dataclass
 class Settings:
     data_dir: Path = field(default_factory=default_data_dir)
@@ -94,6 +159,8 @@ class Settings:
     token: str | None = None  # required for ingest and viewing when set
     db_url: str | None = None
     read_timeout_s: float = field(default_factory=read_timeout)
+    # the token was generated here (exposed without one given): `keep_token` swaps in the kept one
+    generated_token: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).expanduser()
@@ -107,6 +174,16 @@ class Settings:
         # Exposed beyond this machine: never without a token.
         if self.token is None and not is_loopback(self.host):
             self.token = secrets.token_urlsafe(24)
+            self.generated_token = True
+
+    def keep_token(self) -> tuple[Path, bool] | None:
+        """A generated token replaced by the one kept in the data directory (which must exist),
+        made on its first start: the file, and whether it was made now; None when the token was
+        given (it wins, and nothing is written)."""
+        if not self.generated_token:
+            return None
+        self.token, made = kept_token(self.data_dir)
+        return self.data_dir / TOKEN_FILE, made
 
     @property
     def db_path(self) -> Path:

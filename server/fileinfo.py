@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,31 @@ from torchscope.sessionfile import (
 )
 
 from .frames import BadFrames, file_frames
+
+# What a session file mailed or archived most often arrives wrapped in, by its first bytes: the
+# reader would only say "not a torchscope session file" of it, where the fix is one command.
+# (A .tscope's frames are compressed inside already: wrapping gains next to nothing.)
+_WRAPPERS = ((b"\x1f\x8b", "gzip-compressed", "gunzip it first (gzip -dc FILE > run.tscope)"),
+             (b"PK\x03\x04", "a zip archive", "unzip it first"),
+             (b"\xfd7zXZ\x00", "xz-compressed", "unxz it first"),
+             (b"(\xb5/\xfd", "zstd-compressed", "unzstd it first"),
+             (b"BZh", "bzip2-compressed", "bunzip2 it first"))
+
+
+def wrapped(path: Path, name: str | None = None) -> str | None:
+    """The one-line error for a session file that arrived compressed or archived (``name``: how
+    to call it, default the path), None for any other file (a missing or unreadable one too: the
+    reader says what is wrong with it)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return None
+    for magic, what, fix in _WRAPPERS:
+        if head.startswith(magic):
+            said = name or str(path)
+            return f"{said} is {what}, not a torchscope session file itself: {fix.replace('FILE', shlex.quote(said))}"
+    return None
 
 
 def _size(n: int) -> str:

@@ -35,7 +35,8 @@ from torchscope.session import writer_alive
 from torchscope.sessionfile import FRAME_HEADER_SIZE, FrameInfo, series_part
 
 from .deps import SESSION_ID_PATTERN
-from .frames import Frame, file_frames, file_index
+from .fileinfo import wrapped
+from .frames import BadFrames, Frame, file_frames, file_index
 from .live import ingest_messages
 from .security import BodyTooLarge
 from .store import RunConflict, StagedImport, Store, disk_full
@@ -332,6 +333,8 @@ def import_file(store: Store, path: Path, imports: Imports) -> Imported:
     staged next to the file and committed whole; a rank the store holds already gets the
     frames it lacks, after the whole file was checked and found to be the same run.  Raises
     ``BadFrames`` or ``RunConflict`` (nothing stored)."""
+    if (why := wrapped(path, path.name)) is not None:  # a .tscope.gz from an e-mail: the fix, not "not a session file"
+        raise BadFrames(why)
     with _collector_paused():
         found = file_index(path)
         version, infos = found.version, found.frames
