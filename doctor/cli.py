@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pydantic_core
@@ -53,6 +53,35 @@ def _status(text: str) -> None:
 
 def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+class _Seen:
+    """What the CLI's notes need of a file's events, taken as they stream to the doctor: its
+    session and end events, its last step, the steps of graphs whose ops were cut."""
+
+    def __init__(self, tell: bool) -> None:
+        self.tell = tell
+        self.session: dict[str, Any] | None = None
+        self.end: dict[str, Any] = {}
+        self.last_step = -1
+        self.partial: set[Any] = set()
+
+    def tap(self, events: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for ev in events:
+            kind = ev.get("kind")
+            if kind == "step" and isinstance(ev.get("step"), int):
+                self.last_step = max(self.last_step, ev["step"])
+                if self.tell and ev["step"] % 5000 == 4999:
+                    _status(f"read {ev['step'] + 1:,} steps")
+            elif kind == "graph" and ev.get("shed_ops"):
+                self.partial.add(ev.get("step", -1))
+            elif kind == "session" and self.session is None:
+                self.session = ev
+            elif kind == "end" and not self.end:
+                self.end = ev
+            yield ev
+        if self.tell and self.last_step >= 5000:
+            _status(f"read {self.last_step + 1:,} steps; checking P1-P18")
 
 
 def _print_json(value: Any) -> None:
@@ -118,33 +147,24 @@ def _run(path: str, settings: Settings, as_json: bool, listed: list[dict[str, An
     from torchscope.session import writer_alive
     from torchscope.sessionfile import SessionFileError, iter_events, salvage
 
-    last_step = -1
-    events = []
-    tell = sys.stderr.isatty()  # a person at a terminal: a long run's file takes a while
+    seen = _Seen(tell=sys.stderr.isatty())  # a person at a terminal: a long run's file takes a while
     try:
         found = salvage(path)  # one pass over the file: its frames, and what it left out
-        for ev in iter_events(path, found.frames):
-            events.append(ev)
-            if ev.get("kind") == "step" and isinstance(ev.get("step"), int):
-                last_step = max(last_step, ev["step"])
-                if tell and ev["step"] % 5000 == 4999:
-                    _status(f"read {ev['step'] + 1:,} steps")
-        end: dict[str, Any] = next((ev for ev in events if ev.get("kind") == "end"), {})
-        ended = bool(end)
-        session = next((ev for ev in events if ev.get("kind") == "session"), None)
+        # the events stream through the doctor, never all held: a long full run's graphs are
+        # sampled as they come (doctor/kept.py; QA 51a: 6.9 GB for 30,000 MLP steps held whole)
+        findings = diagnose(seen.tap(iter_events(path, found.frames)), settings)
+        end, session, last_step = seen.end, seen.session, seen.last_step
         # a run still training (this machine's process that wrote the file is alive): its
         # file has no end yet, and maybe half a frame, and nothing is lost
-        writing = not ended and isinstance(session, dict) and writer_alive(session)
+        writing = not end and isinstance(session, dict) and writer_alive(session)
         left_out = found.note(path, writing)  # damage or a torn tail, in one line
     except (SessionFileError, OSError, ValueError) as exc:
         print(f"torchscope doctor: {exc}", file=sys.stderr)
         if listed is not None:
             listed.append({"file": path, "error": str(exc)})
         return 2
-    if tell and last_step >= 5000:
-        _status(f"read {last_step + 1:,} steps; checking P1-P18")
-    findings = diagnose(events, settings)
-    if tell and last_step >= 5000:
+    ended = bool(end)
+    if seen.tell and last_step >= 5000:
         _status("")
     if listed is not None:  # several files: their JSON is one list, printed at the end
         listed.append({"file": path, "findings": findings})
@@ -184,7 +204,7 @@ def _run(path: str, settings: Settings, as_json: bool, listed: list[dict[str, An
         # a crash no rule explains is still the first thing to look at
         print(f"torchscope doctor: note: the run stopped with an error after {_count(last_step + 1, 'step')}: "
               f"{str(end['message'])[:300]}", file=sys.stderr)
-    partial = sorted({ev.get("step", -1) for ev in events if ev.get("kind") == "graph" and ev.get("shed_ops")})
+    partial = sorted(seen.partial)
     if partial:
         settings_of = session.get("settings") if isinstance(session, dict) else None
         cap = settings_of.get("max_ops") if isinstance(settings_of, dict) else None
