@@ -87,6 +87,17 @@ def _events(path: Path, frames: list[FrameInfo]) -> Iterator[dict[str, Any]]:
             yield {"kind": "graph"}
 
 
+def _graphs(graphs: int, session: dict[str, Any], cut: dict[str, Any] | None, end: dict[str, Any] | None) -> str | int:
+    """The graphs the file holds, and what of the captured ones it does not: a step's ops cut at
+    ``max_ops``, and graphs shed under back-pressure (a disk or a server slower than the capture:
+    QA 51a, 195 of ~400 graphs shed and nothing said)."""
+    notes = [_cut(session, cut)] if cut is not None else []
+    shed = end.get("shed_ops") if end else None
+    if type(shed) is int and shed > 0:
+        notes.append(f"more were captured, {shed:,} ops of them shed: the writer could not keep up")
+    return f"{graphs} ({'; '.join(notes)})" if notes else graphs
+
+
 def _ranks(session: dict[str, Any], ranks: set[int]) -> str:
     """How many ranks the run had and which of them this file records ("ranks: 0" read as
     none)."""
@@ -167,7 +178,7 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
             if end
             else "running" if writing else "ended unexpectedly"
         ),
-        "graphs captured": graphs if cut is None else f"{graphs} ({_cut(session, cut)})",
+        "graphs captured": _graphs(graphs, session, cut, end),
         "size": _size(os.path.getsize(path)),
         "duration": _duration(begin, stop),
     }
