@@ -3,6 +3,15 @@ import { h } from "./dom.js";
 
 const RAMP = ["#313695", "#4575b4", "#74add1", "#abd9e9", "#fee090", "#fdae61", "#f46d43", "#d73027", "#a50026"];
 export const SERIES = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777", "#4b5563"];
+// One colour per run of the Compare page (up to 8), the same on every chart, so a colour must
+// name a run on its own: SERIES fails that for colour-blind readers (orange and amber, ΔE 3 for
+// a deuteranope).  The first four are Okabe & Ito's (blue, vermillion, bluish green, reddish
+// purple), the other four picked by a search for the largest smallest difference: every pair is
+// at least ΔE*76 16.8 apart in normal vision and simulated protanopia, deuteranopia and tritanopia
+// (Machado et al. 2009, full severity), and each is a mid tone, at least 3:1 (WCAG 1.4.11,
+// graphics) against the chart panel of both themes (#ffffff light, #171a21 dark), so one list
+// serves both and a theme switch recolours nothing.
+export const RUNS = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#921dfc", "#ed0650", "#9172fa", "#925675"];
 const CATS = ["#60a5fa", "#f59e0b", "#34d399", "#f472b6", "#a78bfa", "#f87171", "#22d3ee", "#facc15"];
 
 // NaN or ±Inf (P4): outside the ramp, named in the legends

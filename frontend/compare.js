@@ -1,20 +1,28 @@
-// Compare two runs (/compare?a=<id>&b=<id>[&rank=N]): "why did my change make it worse?".
-// The facts of both sessions side by side (model, mode, parameters, optimizer, torch, steps,
-// final loss, the doctor's findings by code), then one chart per quantity on a shared step
-// axis, a colour per run: the loss, the total gradient norm, the learning rate (param group 0),
-// the step time, and the peak and live memory.  Everything comes from the per-session
+// Compare two to eight runs (/compare?a=<id>&b=<id>[&c=...][&runs=<id>,<id>,...][&rank=N]):
+// "why did my change make it worse?", and which run of a sweep did best.  The server reads the
+// ids (the letters a..z in letter order, then runs=; server/routes_pages.py compare_page) and
+// passes the first MAX (8) as data-runs and the rest as data-left-out, which the page names.
+// The facts of the sessions side by side (model, command line, mode, parameters, optimizer,
+// torch, steps, final loss, the doctor's findings by code), then one chart per quantity on a
+// shared step axis, a colour per run (colors.js RUNS; lettered A, B, C, ... in the legends):
+// the loss, the total gradient norm, the learning rate (param group 0), the step time, and the
+// peak and live memory.  Everything comes from the per-session
 // endpoints the session dashboard reads (/loss, /grads, /memory, /steps, /diagnostics); a run
 // still going is followed through the live channel (/api/live), as the other pages are.
 import { h, clear, fmtTime, fmtNum, fmtUs, fmtBytes, coalesce } from "./dom.js";
 import { api, sessionPath, allSteps, live, showConnection, ApiError } from "./api.js";
 import { LineChart } from "./chart.js";
-import { SERIES, legendItem } from "./colors.js";
+import { RUNS, legendItem } from "./colors.js";
 import { initTheme } from "./theme.js";
 
 const main = document.getElementById("compare");
-const ids = [document.body.dataset.a || "", document.body.dataset.b || ""];
-const rank = Number(document.body.dataset.rank || 0);
-const COLORS = [SERIES[0], SERIES[1]]; // run A blue, run B red, on every chart
+const data = document.body.dataset;
+const list = (s) => (s || "").split(",").filter(Boolean);
+const ids = list(data.runs);
+const leftOut = list(data.leftOut); // named past the first MAX: said over the page, not drawn
+const MAX = Number(data.maxRuns) || RUNS.length;
+const rank = Number(data.rank || 0);
+const LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"; // run k's letter in the legends (A blue, B vermillion, ...)
 // The server's JSON writes a non-finite float as the string "NaN" / "Infinity" / "-Infinity".
 const num = (v) => (typeof v === "string" ? Number(v) : v ?? null);
 // ... and the tests compare the charts' values with the recorded files in that form
@@ -38,7 +46,7 @@ const CHARTS = [
 const METRIC = "metric:";
 const MAX_METRICS = 8;
 
-// The charts of this draw: CHARTS, then one per name either run logged (the first MAX_METRICS, A to Z).
+// The charts of this draw: CHARTS, then one per name any run logged (the first MAX_METRICS, A to Z).
 function chartList() {
   const names = new Set();
   for (const r of runs) for (const k of Object.keys(r.cols)) if (k.startsWith(METRIC)) names.add(k.slice(METRIC.length));
@@ -48,7 +56,7 @@ function chartList() {
 
 class Run {
   constructor(id, k) {
-    this.id = id; this.k = k; this.color = COLORS[k];
+    this.id = id; this.k = k; this.color = RUNS[k % RUNS.length]; this.letter = LETTERS[k];
     this.cols = {}; // chart key -> Map(step -> value)
     this.bad = {}; // chart key -> the steps of a NaN/Inf value (CHARTS' marks)
     this.findings = undefined; // undefined: not asked yet; null: the doctor could not answer
@@ -81,7 +89,7 @@ class Run {
       peak: col(mem.step, mem.peak),
       live: col(mem.step, mem.live),
     };
-    // what the loop logged with torchscope.log(): a chart per name either run logged
+    // what the loop logged with torchscope.log(): a chart per name any run logged
     for (const [name, c] of Object.entries(metrics || {})) this.cols[METRIC + name] = col(c.step, c.value);
   }
 
@@ -112,9 +120,10 @@ class Run {
 }
 
 const runs = ids.map((id, k) => new Run(id, k));
-let charts = null; // key -> LineChart, once both summaries are in
+let charts = null; // key -> LineChart, once every run's summary is in
 let seq = 0; // the latest series load: an older one that lands late is dropped
 let stopped = false; // a fatal message is shown: nothing more draws
+let loadedMs = null; // the page's time from navigation to every chart drawn
 
 // One sentence and the way back: no session behind the page (absent, unknown, deleted).
 function fatal(msg) {
@@ -122,24 +131,38 @@ function fatal(msg) {
   clear(main).append(h("div", { class: "notice error", id: "fatal", role: "alert" }, msg, " ", h("a", { href: "/" }, "All sessions")));
 }
 
-// Each run as the legends name it: its name and start time (and its id when both read alike).
-function labels() {
-  const base = runs.map((r) => `${r.name} (started ${fmtTime(r.summary?.started_at)})`);
-  return base[0] === base[1] && runs[0].id !== runs[1].id ? base.map((l, k) => `${l} [${runs[k].id}]`) : base;
+// Each run as the legends name it: its name and start time, and its id when another run of the
+// page has its name (a sweep's runs of one script share the script's default name, and runs
+// started within the same second read alike).
+// ``short``: past two runs, the charts' legends and the facts table's head name a run by its
+// letter, name (and id), without the start time: eight full names stacked eight lines over each
+// chart and made the table's head taller than its rows; the page's legend keeps the full ones.
+function labels(short = false) {
+  return runs.map((r) => {
+    const twin = runs.some((o) => o.id !== r.id && o.name === r.name) ? ` [${r.id}]` : "";
+    return short ? `${r.name}${twin}` : `${r.name} (started ${fmtTime(r.summary?.started_at)})${twin}`;
+  });
 }
+
+// The charts' names of the runs: "A: name [id]" past two runs (the letter of the page's legend).
+const seriesNames = () => (runs.length > 2 ? labels(true).map((l, k) => `${runs[k].letter}: ${l}`) : labels());
+
+// "A: name (started ...)": a run in the page's legend and the facts table's head.
+const lettered = (r, names) => legendItem(r.color, `${r.letter}: ${names[r.k]}`);
 
 async function start() {
   initTheme();
-  const missing = ids.map((id, k) => (id ? null : "ab"[k])).filter(Boolean);
-  if (missing.length) {
-    return fatal(`Pick two sessions to compare: this page needs ?a=<session id>&b=<session id> (${missing.join(" and ")} ${missing.length > 1 ? "are" : "is"} missing). Tick two runs on the sessions page.`);
+  if (ids.length < 2) {
+    const missing = ids.length ? ["a", "b"].filter((k) => !data[k]) : ["a", "b"];
+    const what = missing.length && ids.length + missing.length === 2 ? `${missing.join(" and ")} ${missing.length > 1 ? "are" : "is"} missing` : "one given";
+    return fatal(`Pick two sessions to compare: this page needs ?a=<session id>&b=<session id> (${what}), or ?runs=<id>,<id>,... for up to ${MAX}. Tick two or more runs on the sessions page.`);
   }
   const got = await Promise.allSettled(runs.map((r) => r.loadSummary()));
   const unknown = runs.filter((r, k) => got[k].status === "rejected" && got[k].reason instanceof ApiError && got[k].reason.status === 404);
   if (unknown.length) return fatal(`No session ${unknown.map((r) => `"${r.id}"`).join(" or ")} on this server.`);
   const failed = got.find((g) => g.status === "rejected");
   if (failed) return fatal(`Could not open the runs: ${failed.reason?.message || failed.reason}.`);
-  document.title = `${runs[0].name} vs ${runs[1].name} · torchscope`;
+  document.title = `${runs[0].name} vs ${runs[1].name}${runs.length > 2 ? ` and ${runs.length - 2} more` : ""} · torchscope`;
   initRanks();
   layout();
   const dot = showConnection(document.getElementById("conn"));
@@ -151,6 +174,7 @@ async function start() {
   });
   graphLink();
   await loadSeries();
+  loadedMs = performance.now(); // (the browser test's load-time figure: every chart drawn)
   reloadFindings();
 }
 
@@ -160,7 +184,7 @@ async function start() {
 let linked = false;
 async function graphLink() {
   if (linked || stopped) return;
-  const steps = await Promise.all(runs.map((r) => api(`${sessionPath(r.id)}/graphs?rank=${rank}`)
+  const steps = await Promise.all(runs.slice(0, 2).map((r) => api(`${sessionPath(r.id)}/graphs?rank=${rank}`)
     .then((gs) => [...new Set(gs.map((g) => g.step))].sort((x, y) => x - y), () => [])));
   const slot = document.getElementById("compare-graphs");
   if (linked || stopped || !slot || steps.some((s) => !s.length)) return;
@@ -188,10 +212,11 @@ function layout() {
   clear(main);
   const names = labels();
   main.append(
-    h("h2", {}, "Compare runs"),
-    h("div", { class: "compare-runs", "data-testid": "compare-legend" }, runs.map((r, k) =>
-      h("a", { href: `/sessions/${encodeURIComponent(r.id)}${rank ? `?rank=${rank}` : ""}`, class: "compare-run", "data-run": "ab"[k] },
-        legendItem(r.color, `${"AB"[k]}: ${names[k]}`))), h("span", { id: "compare-graphs" })),
+    h("h2", {}, runs.length > 2 ? `Compare ${runs.length} runs` : "Compare runs"),
+    ...leftOutNote(),
+    h("div", { class: "compare-runs", "data-testid": "compare-legend" }, runs.map((r) =>
+      h("a", { href: `/sessions/${encodeURIComponent(r.id)}${rank ? `?rank=${rank}` : ""}`, class: "compare-run", "data-run": r.letter.toLowerCase() },
+        lettered(r, names))), h("span", { id: "compare-graphs" })),
     h("table", { class: "compare-facts", "data-testid": "compare-facts" }),
     h("p", { class: "muted small", id: "compare-note" },
       `Rank ${rank}. A step one run lacks is a gap in its line. Cells that differ between the runs are marked.`),
@@ -201,6 +226,17 @@ function layout() {
   charts = {};
   for (const c of CHARTS) addChart(grid, c);
   renderFacts();
+}
+
+// The runs named past the first MAX: which they are, and a page comparing them (QA: a sweep's
+// fifth run on was dropped from the URL without a word).
+function leftOutNote() {
+  if (!leftOut.length) return [];
+  const rest = new URLSearchParams({ runs: leftOut.slice(0, MAX).join(",") });
+  if (rank) rest.set("rank", rank);
+  return [h("p", { class: "notice", id: "compare-left-out", "data-testid": "compare-left-out", role: "note" },
+    `This page compares at most ${MAX} runs: the first ${MAX} named are shown; left out: ${leftOut.map((id) => `"${id}"`).join(", ")}. `,
+    leftOut.length > 1 ? h("a", { href: `/compare?${rest}` }, `Compare ${leftOut.length > MAX ? `the next ${MAX}` : `those ${leftOut.length}`}`) : null)];
 }
 
 function addChart(grid, c) {
@@ -221,7 +257,7 @@ function draw() {
   const all = new Set();
   for (const r of runs) for (const s of r.steps()) all.add(s);
   const x = [...all].sort((a, b) => a - b);
-  const names = labels();
+  const names = seriesNames();
   const grid = main.querySelector(".compare-charts");
   for (const c of chartList()) {
     if (!charts[c.key]) addChart(grid, c);
@@ -236,7 +272,7 @@ function draw() {
       chart.opts.log = lo > 0 && hi / lo >= 100;
     }
     chart.setTitle(c.title + (c.autoLog && chart.opts.log ? " (log scale)" : "") + (c.marks ? ` — ticks at the top: a NaN/Inf ${c.marks}, in its run's colour` : ""));
-    chart.opts.empty = runs.some((r) => r.running) ? "Nothing recorded yet." : "Neither run recorded this.";
+    chart.opts.empty = runs.some((r) => r.running) ? "Nothing recorded yet." : runs.length > 2 ? "No run recorded this." : "Neither run recorded this.";
     const marks = c.marks ? runs.flatMap((r) => (r.bad[c.key] || []).map((s) => ({ x: s, color: r.color }))) : [];
     chart.setData(x, series, marks);
   }
@@ -246,13 +282,13 @@ function draw() {
 function renderFacts() {
   const table = main.querySelector("table.compare-facts");
   if (!table) return;
-  const names = labels();
+  const names = labels(runs.length > 2);
   const facts = factRows();
   clear(table).append(
-    h("thead", {}, h("tr", {}, h("th", {}, ""), runs.map((r, k) => h("th", { "data-run": "ab"[k] }, legendItem(r.color, `${"AB"[k]}: ${names[k]}`))))),
+    h("thead", {}, h("tr", {}, h("th", {}, ""), runs.map((r) => h("th", { "data-run": r.letter.toLowerCase() }, lettered(r, names))))),
     h("tbody", {}, facts.map(([label, cells, key]) => {
       const texts = cells.map((c) => (c instanceof Node ? c.textContent : String(c)));
-      const differ = texts[0] !== texts[1];
+      const differ = texts.some((t) => t !== texts[0]);
       return h("tr", { "data-fact": key, class: differ ? "differs" : null, title: differ ? "the runs differ here" : null },
         h("th", {}, label), cells.map((c) => h("td", {}, c)));
     })));
@@ -264,6 +300,8 @@ function factRows() {
   return [
     row("status", "status", (r) => h("span", { class: `badge status-${(r.summary.status || "").replace(/ /g, "-")}` }, r.summary.status || "–")),
     row("model", "model class", (r) => v(r.meta.model)),
+    // (what tells a sweep's runs of one script apart: --lr 0.01 vs --lr 0.1)
+    row("argv", "command line", (r) => (Array.isArray(r.meta.argv) && r.meta.argv.length ? r.meta.argv.map(shellWord).join(" ") : "–")),
     row("mode", "mode", (r) => v(r.meta.mode ?? r.summary.mode)),
     row("params", "parameters", (r) => paramText(r.meta.params)),
     row("optimizer", "optimizer", (r) => v(r.meta.optimizer)),
@@ -275,6 +313,13 @@ function factRows() {
     row("best_loss", "lowest loss", (r) => { const { best } = r.lossFacts(); return best ? `${fmtNum(best[1])} (step ${best[0]})` : "–"; }),
     row("doctor", "doctor's findings", doctorCell),
   ];
+}
+
+// One word of a command line as a POSIX shell reads it back: plain, or in single quotes ('it'\''s')
+// when it holds a space, a quote or another character the shell would take apart.
+function shellWord(w) {
+  const s = String(w);
+  return /^[A-Za-z0-9_@%+=:,./-]+$/.test(s) ? s : `'${s.replace(/'/g, "'\\''")}'`;
 }
 
 // "12,345 in 6 tensors": the elements of every watched parameter, and how many tensors hold them.
@@ -315,7 +360,7 @@ const reloadFindings = coalesce(async () => {
   if (!stopped) renderFacts();
 }, 300);
 
-// A step (or the end) of either run redraws; a finding refreshes the doctor's row.
+// A step (or the end) of any run redraws; a finding refreshes the doctor's row.
 function onLive(ev) {
   if (stopped || !ids.includes(ev.session)) return;
   if (ev.rank !== undefined && ev.rank !== rank && ev.kind !== "deleted") return;
@@ -331,7 +376,7 @@ function state() {
   for (const c of chartList()) {
     const ch = charts[c.key];
     if (!ch) continue;
-    out.charts[c.key] = { x: ch.x || [], log: !!ch.opts.log, legend: [...ch.legend.children].map((e) => e.textContent), marks: ch.markers.map((m) => m.x),
+    out.charts[c.key] = { x: ch.x || [], log: !!ch.opts.log, legend: [...ch.legend.children].map((e) => e.textContent), marks: ch.markers.map((m) => m.x), markColors: ch.markers.map((m) => m.color),
       series: (ch.series || []).map((s) => ({ name: s.name, color: s.color, y: s.y.map(wire) })) };
   }
   out.legend = [...main.querySelectorAll("[data-testid=compare-legend] .compare-run")].map((e) => e.textContent);
@@ -339,4 +384,7 @@ function state() {
   return out;
 }
 
-window.__torchscope = { ready: start().catch((e) => fatal(e?.message || String(e))), state, reload: () => loadSeries() };
+// (drawMs: the time to repaint every chart once, as a resize or a theme switch does)
+const drawMs = () => Object.values(charts || {}).reduce((t, ch) => t + ch.draw(), 0);
+window.__torchscope = { ready: start().catch((e) => fatal(e?.message || String(e))), state, reload: () => loadSeries(),
+  get loadedMs() { return loadedMs; }, drawMs };

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from .config import TOKEN_COOKIE, version
@@ -62,12 +64,36 @@ def session_page(session_id: SessionId, request: Request, settings: SettingsDep)
     return _render("session.html", request, settings.token, session_id=session_id)
 
 
-# /compare?a=<id>&b=<id>[&rank=N]: two runs side by side (frontend/compare.js).  The ids are
-# checked as a session page's are; one absent or unknown is said on the page, not here.
+# /compare: two to eight runs side by side (frontend/compare.js).  The runs are named by the
+# letters a, b, c, ... (in letter order: today's ?a=&b= links keep their meaning, and a QA sweep
+# link ?a=&b=&c=&d=&e= shows all five, not A and B silently) and then by ?runs=<id>,<id>,...
+# (the compact form, for a sweep's list of ids and the sessions page's "Compare" button).
+# Each id is checked as a session page's is (an ill-formed one: 422, as before); past
+# MAX_COMPARE the rest are passed on as left out, and the page says which (never silently).
+# One absent or unknown is said on the page, not here.
 CompareId = Annotated[str | None, Query(pattern=SESSION_ID_PATTERN)]
+MAX_COMPARE = 8  # lines a chart and columns the facts table stay readable with (and frontend/colors.js RUNS)
+_SESSION_ID = re.compile(SESSION_ID_PATTERN)
+
+
+def _compare_ids(request: Request, runs: str | None) -> list[str]:
+    """The ids named by the query's single-letter parameters (a..z in letter order) and then by
+    ``runs``, in that order; a malformed one raises the 422 a malformed ``a`` gets."""
+    q = request.query_params
+    named = [(k, q[k]) for k in sorted(q) if len(k) == 1 and "a" <= k <= "z"]
+    named += [("runs", x.strip()) for x in (runs or "").split(",") if x.strip()]
+    bad = [{"type": "string_pattern_mismatch", "loc": ("query", k), "input": v,
+            "msg": f"String should match pattern '{SESSION_ID_PATTERN}'"} for k, v in named if not _SESSION_ID.match(v)]
+    if bad:
+        raise RequestValidationError(bad)
+    return [v for _, v in named if v]
 
 
 @router.get("/compare", response_class=HTMLResponse, include_in_schema=False)
 def compare_page(request: Request, settings: SettingsDep, a: CompareId = None, b: CompareId = None,
+                 runs: Annotated[str | None, Query(max_length=20_000)] = None,
                  rank: Annotated[int, Query(ge=0, le=65535)] = 0) -> Response:
-    return _render("compare.html", request, settings.token, a=a or "", b=b or "", rank=rank)
+    ids = _compare_ids(request, runs)
+    # (a and b are passed on as given: with fewer than two runs the page says which one is missing)
+    return _render("compare.html", request, settings.token, a=a or "", b=b or "", rank=rank,
+                   runs=",".join(ids[:MAX_COMPARE]), left_out=",".join(ids[MAX_COMPARE:]), max_runs=MAX_COMPARE)
