@@ -37,8 +37,10 @@ const view = { sort: SORTS[params.get("sort")] ? params.get("sort") : null, dir:
 filter.value = params.get("q") || "";
 const COLUMNS = 9; // name, status, started, steps, ranks, doctor, mode, tags, actions
 let sessions = null; // the last list the server sent; the filter and the sort apply to it
-// The runs ticked for comparison, in the order ticked (the first is run A): two at most, a
-// third tick drops the oldest.  Kept across refreshes while the sessions are still listed.
+// The runs ticked for comparison, in the order ticked (the first is run A): up to MAX_COMPARE
+// (the Compare page's runs A to H); one more is refused and said.  Kept across refreshes while
+// the sessions are still listed.
+const MAX_COMPARE = 8;
 let picked = [];
 
 // The note says what the user's last action did (an import, a refused rename) and stays
@@ -141,7 +143,7 @@ function row(s) {
     h("td", { class: "mode", "data-testid": "mode-cell", title: MODES[s.mode] || "" }, s.mode || "–"),
     h("td", {}, tags),
     h("td", { class: "row-actions" },
-      h("label", { class: "compare-pick", title: "tick two runs, then \"Compare\" above the list" },
+      h("label", { class: "compare-pick", title: `tick two to ${MAX_COMPARE} runs, then "Compare" above the list` },
         h("input", { type: "checkbox", "data-testid": "compare-pick", "aria-describedby": who, checked: picked.includes(s.id), onchange: (e) => pick(s.id, e.target.checked) }), "compare"),
       h("button", { title: "rename", "aria-describedby": who, onclick: () => rename(s) }, "Rename"),
       h("button", { title: "tags, comma separated", "aria-describedby": who, onclick: () => tag(s) }, "Tag"),
@@ -164,25 +166,28 @@ function doctorVerdict(s) {
   return h("span", { class: `muted small verdict${looked ? "" : " unchecked"}`, title }, text);
 }
 
-// A tick of a row's "compare" box: a third run ticked drops the first of the two before it.
+// A tick of a row's "compare" box.  A sweep's runs are compared side by side, up to
+// MAX_COMPARE (QA 51c: a third tick silently dropped the first); one more is unticked and said.
 function pick(id, on) {
   picked = picked.filter((x) => x !== id);
-  if (on) picked.push(id);
-  if (picked.length > 2) picked = picked.slice(-2);
+  if (on && picked.length >= MAX_COMPARE) say(`At most ${MAX_COMPARE} runs can be compared at once: untick one first.`, true);
+  else if (on) picked.push(id);
   for (const box of body.querySelectorAll("input[data-testid=compare-pick]")) box.checked = picked.includes(box.closest("tr").dataset.id);
   showPicked();
 }
 
-// The "Compare" button: enabled with two runs ticked; it opens /compare?a=&b=.
+// The "Compare" button: enabled with two to MAX_COMPARE runs ticked; two open /compare?a=&b=,
+// more /compare?runs=a,b,... (URLSearchParams: an id may hold a "+")
 function showPicked() {
   if (!compareBtn) return;
-  compareBtn.disabled = picked.length !== 2;
-  compareBtn.textContent = picked.length === 2 ? "Compare the 2 ticked runs" : `Compare runs (tick ${2 - picked.length} more)`;
+  compareBtn.disabled = picked.length < 2;
+  compareBtn.textContent = picked.length >= 2 ? `Compare the ${picked.length} ticked runs` : `Compare runs (tick ${2 - picked.length} more)`;
 }
 
 function openCompare() {
-  if (picked.length !== 2) return;
-  location.href = `/compare?${new URLSearchParams({ a: picked[0], b: picked[1] })}`;
+  if (picked.length < 2) return;
+  const query = picked.length === 2 ? { a: picked[0], b: picked[1] } : { runs: picked.join(",") };
+  location.href = `/compare?${new URLSearchParams(query)}`;
 }
 
 async function rename(s) {

@@ -223,3 +223,32 @@ def test_two_runs_as_before_with_their_command_lines(sweep: Any, module_browser:
     for query in ("a=bad/id&b=x", f"runs={a},bad/id", f"a={a}&c=bad/id"):
         res = httpx.get(f"{srv.url}/compare?{query}", timeout=30)
         assert res.status_code == 422, (query, res.status_code, res.text[:300])
+
+
+def test_ticking_runs_on_the_sessions_page_compares_up_to_eight(sweep: Any, module_browser: Any) -> None:  # noqa: F811
+    """The list's "compare" boxes: a third tick dropped the first (QA 51c); up to eight are
+    compared now, in the order ticked, and a ninth is refused and said."""
+    srv, runs, short = sweep
+    ids = [sid for sid, _ in runs] + [sid for sid, _ in short]
+    with checked_context(module_browser) as page:
+        page.goto(srv.url + "/")
+        page.locator(f"tr[data-id='{ids[-1]}']").wait_for()
+        order = [ids[2], ids[0], ids[5]]
+        for sid in order:
+            page.locator(f"tr[data-id='{sid}'] input[data-testid=compare-pick]").check()
+        assert page.locator("#compare").inner_text() == "Compare the 3 ticked runs"
+        for sid in ids:  # every other one, up to eight, then a ninth
+            if sid not in order:
+                page.locator(f"tr[data-id='{sid}'] input[data-testid=compare-pick]").click()
+        ticked = [sid for sid in ids if page.locator(f"tr[data-id='{sid}'] input[data-testid=compare-pick]").is_checked()]
+        assert len(ticked) == 8 and set(order) <= set(ticked), ticked
+        assert "At most 8 runs can be compared at once" in page.locator("#note").inner_text()
+        # back to three, in the order ticked: run A is the first ticked
+        for sid in ticked:
+            if sid not in order:
+                page.locator(f"tr[data-id='{sid}'] input[data-testid=compare-pick]").uncheck()
+        page.locator("#compare").click()
+        page.wait_for_url("**/compare?*")
+        page.wait_for_function(LOADED)
+        page.evaluate("window.__torchscope.ready")
+        assert page.evaluate(STATE)["ids"] == order
