@@ -77,6 +77,7 @@ _EXAMPLES = {
     "open": """examples:
   torchscope open run.tscope                     the server on 127.0.0.1:6150 (started if none answers)
   torchscope open a.tscope b.tscope              both imported; two runs open side by side (Compare runs)
+  torchscope open sweep/*.tscope                 each imported; 3 to 8 runs open side by side too
   torchscope open runs/*.tscope --no-browser     each imported, its URL printed
   torchscope open run.tscope --no-browser        print the URL only
   torchscope open run.tscope --no-follow         a run still writing it: import what it holds now
@@ -384,6 +385,7 @@ def _env_token() -> str | None:
 
 def cmd_open(args: argparse.Namespace) -> int:
     from .client import ClientError, ensure_server, page_url, sessions, stop_server, upload
+    from .config import MAX_COMPARE
 
     several = len(args.file) > 1
     # every file checked before any is imported, and no server started for none; of several, a
@@ -455,6 +457,9 @@ def cmd_open(args: argparse.Namespace) -> int:
     if len(ids) == 2:  # two runs: side by side, as ticking them on the sessions page does
         url = page_url(f"{base}/compare?a={ids[0]}&b={ids[1]}", token)
         print(f"torchscope open: both runs side by side: {url}", file=sys.stderr, flush=True)
+    elif 2 < len(ids) <= MAX_COMPARE:  # a sweep's files: all of them on the Compare page
+        url = page_url(f"{base}/compare?{urllib.parse.urlencode({'runs': ','.join(ids)})}", token)
+        print(f"torchscope open: all {len(ids)} runs side by side: {url}", file=sys.stderr, flush=True)
     else:
         url = page_url(base + (str(imported[0]["url"]) if len(ids) == 1 else "/"), token)
     if not args.no_browser:

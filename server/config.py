@@ -14,6 +14,10 @@ from pathlib import Path
 
 from torchscope.transport import UNSENDABLE_TOKEN, read_token, sendable
 
+# runs the Compare page shows at once: lines a chart and columns the facts table stay readable
+# with (frontend/colors.js has a colour for each), also what `torchscope open` of a sweep opens
+MAX_COMPARE = 8
+
 DEFAULT_PORT = 6150
 DEFAULT_HOST = "127.0.0.1"
 # A session whose writer has not been heard from for this long is "ended unexpectedly".

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
-from .config import TOKEN_COOKIE, version
+from .config import MAX_COMPARE, TOKEN_COOKIE, version
 from .deps import SESSION_ID_PATTERN, HubDep, SessionId, SettingsDep, StoreDep
 from .models import Health
 from .store import WRITER_DEAD
@@ -72,7 +72,6 @@ def session_page(session_id: SessionId, request: Request, settings: SettingsDep)
 # MAX_COMPARE the rest are passed on as left out, and the page says which (never silently).
 # One absent or unknown is said on the page, not here.
 CompareId = Annotated[str | None, Query(pattern=SESSION_ID_PATTERN)]
-MAX_COMPARE = 8  # lines a chart and columns the facts table stay readable with (and frontend/colors.js RUNS)
 _SESSION_ID = re.compile(SESSION_ID_PATTERN)
 
 

@@ -296,3 +296,16 @@ def test_an_unusable_token_file_is_one_line(tmp_path: Path) -> None:
     assert one_line_error(res) == (f"torchscope serve: the token file {data / 'token'} holds no usable token: delete "
                                    "it (a new one is made) or write one printable word in it")
     assert res.returncode == 2
+
+
+def test_open_of_a_sweeps_files_gives_the_compare_page_of_all(tmp_path: Path) -> None:
+    """`torchscope open sweep/*.tscope` of three to eight runs: all of them side by side, as two
+    were (the Compare page takes up to eight since QA 51c)."""
+    files = [write_file(tmp_path / f"s{k}.tscope", run_frames(f"sweep-{k}", steps=3)) for k in range(3)]
+    with ServerProc(tmp_path / "data") as srv:
+        res = cli("open", *map(str, files), "--port", str(srv.port), "--no-browser")
+        assert res.returncode == 0, res.stderr
+        line = next(x for x in res.stderr.splitlines() if "side by side" in x)
+        assert line == f"torchscope open: all 3 runs side by side: {srv.url}/compare?runs=sweep-0%2Csweep-1%2Csweep-2", line
+        with urllib.request.urlopen(line.split(": ", 2)[2], timeout=30) as page:
+            assert 'data-runs="sweep-0,sweep-1,sweep-2"' in page.read().decode()
