@@ -79,9 +79,7 @@ _ARITH = (_T.__add__, _T.__radd__, _T.__sub__, _T.__rsub__, _T.__mul__, _T.__rmu
 # takes the norm, clip_grad_value_ clamps (foreach, or each gradient)
 # (torch.clamp: _clip_grads_with_norm_'s coefficient, where a total taken apart -- accelerate's
 # get_total_norm, then clip_grads_with_norm_ -- meets the max_norm)
-# (torch.tensor: the 0 clip_grad_norm_ returns when no parameter has a gradient)
-_CLIP_NORMS = {torch._foreach_norm, torch.linalg.vector_norm, torch._foreach_clamp_min_, _T.clamp_, torch.clamp,
-               torch.tensor}
+_CLIP_NORMS = {torch._foreach_norm, torch.linalg.vector_norm, torch._foreach_clamp_min_, _T.clamp_, torch.clamp}
 _CLIP_FILE = "clip_grad.py"
 _VECTOR_NORM = torch.linalg.vector_norm
 _SCALER_FILE = "grad_scaler.py"
@@ -154,9 +152,6 @@ class Interposer(TorchFunctionMode):
             return out
         if kind == "clip":
             if not _compiling() and _caller_file().endswith(_CLIP_FILE):
-                if func is torch.tensor:  # nothing to clip: no op of clipping, nothing scaled
-                    self.watch._safe("grads", self.watch._on_clip_nothing, sys._getframe(1))
-                    return func(*args, **kwargs)  # torchscope runs your call unchanged
                 if self.watch.mode == "full" and not self.watch._capturing_ops:
                     self.watch._safe("ops", self.watch._record_clip)  # its ops are the step's too
                 if self.watch._scaler is not None:
@@ -237,7 +232,14 @@ class Interposer(TorchFunctionMode):
             if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad and _from_user():
                 self.watch._safe("breaks", self.watch._on_break, _BREAKS[func], args[0])
             return func(*args, **kwargs)  # torchscope runs your call unchanged
-        if _caller_file().endswith(_SCALER_FILE):
+        caller = _caller_file()
+        if func is torch.tensor and caller.endswith(_CLIP_FILE):
+            # the 0 clip_grad_norm_ returns when no parameter has a gradient (it takes no norm):
+            # the clipping of nothing P3 names before backward() (a "copy" kind otherwise)
+            if not _compiling():
+                self.watch._safe("grads", self.watch._on_clip_nothing, sys._getframe(1))
+            return func(*args, **kwargs)  # torchscope runs your call unchanged
+        if caller.endswith(_SCALER_FILE):
             # GradScaler.scale() moves its scale to the loss's device: a scaler the user did not
             # pass to watch() (P14, skipped steps, the scale over time), and the loss it scales
             self.watch._safe("amp", self.watch._on_scaling, sys._getframe(1).f_locals, sys._getframe(1).f_code.co_name)

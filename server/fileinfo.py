@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import os
 import shlex
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,11 @@ _WRAPPERS = ((b"\x1f\x8b", "gzip-compressed", "gunzip it first (gzip -dc FILE > 
 def wrapped(path: Path, name: str | None = None) -> str | None:
     """The one-line error for a session file that arrived compressed or archived (``name``: how
     to call it, default the path), None for any other file (a missing or unreadable one too: the
-    reader says what is wrong with it)."""
+    reader says what is wrong with it).  Only a regular file is opened: opening a pipe with no
+    writer blocks forever (the reader says what a pipe is)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
         with open(path, "rb") as f:
             head = f.read(8)
     except OSError:
