@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 12)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off; 1.9: NodeRecord.attrs, OpRecord.freed; 1.10: ForwardInfo.input_grad; 1.11: ForwardInfo.checkpoint, LogEvent.ops_cut; 1.12: NodeRecord.checkpointed, EndEvent.late_backward, ForwardInfo.bn_recalibration, StepEvent.before_forward_us and .optimizer_us
+SCHEMA_VERSION: tuple[int, int] = (1, 13)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off; 1.9: NodeRecord.attrs, OpRecord.freed; 1.10: ForwardInfo.input_grad; 1.11: ForwardInfo.checkpoint, LogEvent.ops_cut; 1.12: NodeRecord.checkpointed, EndEvent.late_backward, ForwardInfo.bn_recalibration, StepEvent.before_forward_us and .optimizer_us; 1.13: LogEvent.labels
 # how a LogEvent of level "error" begins when a part of the capture turned itself off after an
 # internal error (what follows: the part, the step, the error; since 1.8 also its capture_off
 # field): the doctor and `torchscope info` tell the session is incomplete by it (capture_off()),
@@ -406,6 +406,13 @@ class LogEvent(TypedDict, total=False):
     # the warning that ``step``'s graph was cut at the session's max_ops: the ops that step ran
     # (told once a run; every later step that runs more is cut alike) (1.11)
     ops_cut: int
+    # never written by the capture: a server's download appends it as the file's last record
+    labels: RunLabels  # the name and tags a user gave the run on a torchscope server (1.13); a file's last wins
+
+
+class RunLabels(TypedDict, total=False):
+    name: str  # the run's name as renamed in the dashboard
+    tags: list[str]  # its tags there
 
 
 class CaptureOff(TypedDict, total=False):

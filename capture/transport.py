@@ -245,6 +245,7 @@ class Transport:
         self._series_since = time.monotonic()  # when the oldest step not in a series frame was written
         self._autostarted = False
         self._autostarted_at: float | None = None
+        self._autostarted_proc: subprocess.Popen[bytes] | None = None
         self._close_deadline = 0.0  # when close() stops waiting for this thread
         self._answered = False  # a server has answered this run once: never start another
         self._refused: int | None = None  # the HTTP status of the server's last refusal
@@ -523,7 +524,11 @@ class Transport:
             self._backoff = min(self._backoff * 2, 10.0)
             if started_now or (refused is None and self._autostart_grace()):
                 return  # a server we just started is still booting: no alarm yet
-            if refused is None:
+            if refused is None and (code := self._autostart_exit()) is not None:
+                port = local_port(self.server)
+                why = (f"not reachable: the server started for it exited (status {code}; "
+                       f"`torchscope serve --port {port}` says why)")
+            elif refused is None:
                 why = f"not reachable ({exc.__class__.__name__})"
             elif refused.status == 401:
                 why = WRONG_TOKEN if self.token else NEEDS_TOKEN
@@ -602,8 +607,14 @@ class Transport:
         return b"".join(out)
 
     def _autostart_grace(self) -> bool:
-        """True while a server started by this run may still be booting (imports take seconds)."""
-        return self._autostarted_at is not None and time.monotonic() - self._autostarted_at < _AUTOSTART_GRACE_S
+        """True while a server started by this run may still be booting (imports take seconds);
+        False once it has exited (another server holds its data directory, its port is taken)."""
+        return (self._autostarted_at is not None and time.monotonic() - self._autostarted_at < _AUTOSTART_GRACE_S
+                and self._autostart_exit() is None)
+
+    def _autostart_exit(self) -> int | None:
+        """The exit status of the server this run started, None while it runs (or none was)."""
+        return self._autostarted_proc.poll() if self._autostarted_proc is not None else None
 
     def _maybe_autostart(self) -> bool:
         """Start `torchscope serve` in its own process session, once, and only while no server
@@ -630,6 +641,7 @@ class Transport:
             )
             self._backoff = 0.25
             self._autostarted_at = time.monotonic()
+            self._autostarted_proc = proc
             say(f"torchscope: no server answered at {self.server}; {started_line(self.server, proc.pid)}")
             return True
         except OSError as exc:

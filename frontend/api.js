@@ -48,10 +48,11 @@ export const sessionPath = (id) => `/api/sessions/${encodeURIComponent(id)}`;
 export function rankQuery(rank) { return rank === undefined || rank === null ? "" : `rank=${rank}`; }
 
 // Every step event of a rank, page by page (the server caps one answer at 10,000 steps).
-export async function allSteps(id, rank) {
+export async function allSteps(id, rank, start = null) {
   const res = [];
+  const from = start === null || start === undefined ? "" : `&start=${start}`; // (from that step on)
   for (let offset = 0; ; offset += 10000) {
-    const page = await api(`${sessionPath(id)}/steps?rank=${rank}&limit=10000&offset=${offset}`);
+    const page = await api(`${sessionPath(id)}/steps?rank=${rank}${from}&limit=10000&offset=${offset}`);
     res.push(...page);
     if (page.length < 10000) return res;
   }

@@ -54,12 +54,21 @@ function chartList() {
   return [...CHARTS, ...logged];
 }
 
+// A run's status once its end event is stored: its series are whole and never change.
+const ENDED = new Set(["finished", "error", "interrupted"]);
+
 class Run {
   constructor(id, k) {
     this.id = id; this.k = k; this.color = RUNS[k % RUNS.length]; this.letter = LETTERS[k];
     this.cols = {}; // chart key -> Map(step -> value)
     this.bad = {}; // chart key -> the steps of a NaN/Inf value (CHARTS' marks)
+    this.badSets = { loss: new Set(), grad_norm: new Set() };
     this.findings = undefined; // undefined: not asked yet; null: the doctor could not answer
+    // per endpoint, the last step it answered: a refresh asks for the steps from there on (that
+    // step again: a torchscope.log() after optimizer.step() lands on the step already fetched)
+    this.last = null;
+    this.complete = false; // every series fetched after the run ended: nothing more to fetch
+    this.inflight = null; this.again = false; this.againSummary = false;
   }
 
   async loadSummary() {
@@ -70,27 +79,62 @@ class Run {
   get name() { return this.summary?.name || this.id; }
   get running() { return this.summary?.status === "running"; }
 
+  // The summary, then what the series lack: everything on the first load, then only the steps
+  // from the last ones fetched on; nothing once the run's end was in before a load (a finished
+  // run of the page is fetched once: a Compare page of 8 live runs refetched every series of
+  // every run at each refresh, QA 51c).  One load at a time per run; asked meanwhile, it runs
+  // once more after.
+  async refresh(summary = true) {
+    if (this.inflight) { this.again = true; this.againSummary ||= summary; return this.inflight; }
+    this.inflight = (async () => {
+      let withSummary = summary;
+      do {
+        this.again = false; this.againSummary = false;
+        if (withSummary) await this.loadSummary();
+        if (!this.complete) await this.loadSeries();
+        withSummary = this.againSummary;
+      } while (this.again);
+    })();
+    try { await this.inflight; } finally { this.inflight = null; }
+  }
+
   // The series of this page's rank, from the endpoints the dashboard's views read.
   async loadSeries() {
+    const ended = ENDED.has(this.summary?.status); // (read before the series: they are whole then)
     const base = sessionPath(this.id), q = `rank=${rank}`;
-    const [loss, grads, mem, steps, metrics] = await Promise.all([api(`${base}/loss?${q}`),
-      api(`${base}/grads?${q}&max_steps=100000`), api(`${base}/memory?${q}`), allSteps(this.id, rank),
-      api(`${base}/metrics?${q}`)]);
-    const col = (xs, ys, f = num) => new Map((xs || []).map((s, i) => [s, f((ys || [])[i])]));
+    const last = this.last;
+    const from = (k) => (last && last[k] !== null ? `&start=${last[k]}` : "");
+    // torchscope.log()'s numbers are rows of their own, of a step whose event may be in already:
+    // asked once the loss has answered, from the loss's last step of the load before on (a
+    // number of step s is written before step s + 1's event, so none before that step is missing)
+    const lossAsked = api(`${base}/loss?${q}${from("loss")}`);
+    const [loss, grads, mem, steps, metrics] = await Promise.all([lossAsked,
+      api(`${base}/grads?${q}&max_steps=100000${from("grads")}`), api(`${base}/memory?${q}${from("memory")}`),
+      allSteps(this.id, rank, last ? last.steps : null), lossAsked.then(() => api(`${base}/metrics?${q}${from("loss")}`))]);
+    const put = (key, xs, ys, f = num) => {
+      const m = this.cols[key] || (this.cols[key] = new Map());
+      (xs || []).forEach((s, i) => m.set(s, f((ys || [])[i])));
+    };
     // the NaN/Inf steps a chart marks: the loss's (the server lists them), and the gradients'
     // -- a NaN or Inf counted in any parameter's .grad -- as the session page marks them
     const counted = (s) => [...(grads.nan?.[s] || []), ...(grads.inf?.[s] || [])].some((n) => n > 0);
-    this.bad = { loss: loss.nonfinite || [], grad_norm: (grads.steps || []).filter((_, s) => counted(s)) };
-    this.cols = {
-      loss: col(loss.step, loss.loss),
-      lr: col(loss.step, loss.lr, (g) => (Array.isArray(g) && typeof g[0] === "number" ? g[0] : null)),
-      grad_norm: col(grads.steps, grads.total_norm),
-      step_time: new Map(steps.map((e) => [e.step, typeof e.duration_us === "number" ? e.duration_us : null])),
-      peak: col(mem.step, mem.peak),
-      live: col(mem.step, mem.live),
-    };
+    for (const s of loss.nonfinite || []) this.badSets.loss.add(s);
+    (grads.steps || []).forEach((step, i) => { if (counted(i)) this.badSets.grad_norm.add(step); });
+    this.bad = { loss: [...this.badSets.loss].sort((a, b) => a - b), grad_norm: [...this.badSets.grad_norm].sort((a, b) => a - b) };
+    put("loss", loss.step, loss.loss);
+    put("lr", loss.step, loss.lr, (g) => (Array.isArray(g) && typeof g[0] === "number" ? g[0] : null));
+    put("grad_norm", grads.steps, grads.total_norm);
+    put("step_time", steps.map((e) => e.step), steps.map((e) => (typeof e.duration_us === "number" ? e.duration_us : null)), (v) => v);
+    put("peak", mem.step, mem.peak);
+    put("live", mem.step, mem.live);
     // what the loop logged with torchscope.log(): a chart per name any run logged
-    for (const [name, c] of Object.entries(metrics || {})) this.cols[METRIC + name] = col(c.step, c.value);
+    for (const [name, c] of Object.entries(metrics || {})) put(METRIC + name, c.step, c.value);
+    const top = (xs, prev) => (xs && xs.length ? xs[xs.length - 1] : prev);
+    this.last = {
+      loss: top(loss.step, last?.loss ?? null), grads: top(grads.steps, last?.grads ?? null),
+      memory: top(mem.step, last?.memory ?? null), steps: top(steps.map((e) => e.step), last?.steps ?? null),
+    };
+    if (ended) this.complete = true;
   }
 
   async loadFindings() {
@@ -121,7 +165,6 @@ class Run {
 
 const runs = ids.map((id, k) => new Run(id, k));
 let charts = null; // key -> LineChart, once every run's summary is in
-let seq = 0; // the latest series load: an older one that lands late is dropped
 let stopped = false; // a fatal message is shown: nothing more draws
 let loadedMs = null; // the page's time from navigation to every chart drawn
 
@@ -169,12 +212,13 @@ async function start() {
   let heard = null;
   live(onLive, (ok) => {
     dot(ok);
-    if (ok && heard === false) { reloadAll(); reloadFindings(); } // heard again: catch up
+    if (ok && heard === false) { everything(); reloadAll(); reloadFindings(); } // heard again: catch up
     heard = ok;
   });
   graphLink();
   await loadSeries();
   loadedMs = performance.now(); // (the browser test's load-time figure: every chart drawn)
+  for (const r of runs) doctorChanged.add(r.id);
   reloadFindings();
 }
 
@@ -184,8 +228,10 @@ async function start() {
 let linked = false;
 async function graphLink() {
   if (linked || stopped) return;
-  const steps = await Promise.all(runs.slice(0, 2).map((r) => api(`${sessionPath(r.id)}/graphs?rank=${rank}`)
-    .then((gs) => [...new Set(gs.map((g) => g.step))].sort((x, y) => x - y), () => [])));
+  // (a run that had ended when asked has all the graphs it will have: asked once)
+  const steps = await Promise.all(runs.slice(0, 2).map((r) => r.graphSteps || ((ended) => api(`${sessionPath(r.id)}/graphs?rank=${rank}`)
+    .then((gs) => [...new Set(gs.map((g) => g.step))].sort((x, y) => x - y), () => null)
+    .then((s) => { if (s && ended) r.graphSteps = s; return s || []; }))(ENDED.has(r.summary?.status))));
   const slot = document.getElementById("compare-graphs");
   if (linked || stopped || !slot || steps.some((s) => !s.length)) return;
   linked = true;
@@ -245,10 +291,11 @@ function addChart(grid, c) {
   charts[c.key] = new LineChart(box, { title: c.title, fmt: c.fmt, log: !!c.log, height: 200 });
 }
 
-async function loadSeries() {
-  const mine = ++seq;
-  await Promise.all(runs.map((r) => r.loadSeries()));
-  if (mine !== seq || stopped) return;
+// Refresh these runs (summary, then the series they lack), then draw.
+// (Each refresh draws what every run holds then: runs load on their own, merged into their columns.)
+async function loadSeries(which = runs, summary = false) {
+  await Promise.all(which.map((r) => r.refresh(summary)));
+  if (stopped) return;
   draw();
   renderFacts();
 }
@@ -346,27 +393,35 @@ function doctorCell(r) {
     .map((e) => h("span", { class: `badge ${{ error: "err", warning: "warn" }[e.severity] || ""}`, "data-code": e.code, title: `${e.title || ""} (${e.severity})` }, `${e.code} ×${e.n}`)));
 }
 
+// The runs the live channel named since the last refresh (every run after the channel was
+// lost: it may have missed anything): a refresh fetches theirs only, the others unchanged.
+const changed = new Set();
+const doctorChanged = new Set();
+const pick = (set) => { const which = runs.filter((r) => set.has(r.id)); set.clear(); return which; };
+
 const reloadAll = coalesce(async () => {
   if (stopped) return;
-  await Promise.all(runs.map((r) => r.loadSummary()));
-  if (stopped) return;
+  const which = pick(changed);
+  if (!which.length) return;
   graphLink(); // a run still going may capture its first graph now
-  await loadSeries();
+  await loadSeries(which, true);
 }, 1000);
 
 const reloadFindings = coalesce(async () => {
   if (stopped) return;
-  await Promise.all(runs.map((r) => r.loadFindings()));
+  await Promise.all(pick(doctorChanged).map((r) => r.loadFindings()));
   if (!stopped) renderFacts();
 }, 300);
 
-// A step (or the end) of any run redraws; a finding refreshes the doctor's row.
+const everything = () => { for (const r of runs) { changed.add(r.id); doctorChanged.add(r.id); } };
+
+// A step (or the end) of a run refreshes that run; a finding refreshes its doctor's cell.
 function onLive(ev) {
   if (stopped || !ids.includes(ev.session)) return;
   if (ev.rank !== undefined && ev.rank !== rank && ev.kind !== "deleted") return;
   if (ev.kind === "deleted") return fatal(`Session "${ev.session}" was deleted.`);
-  if (["step", "end", "status", "session"].includes(ev.kind)) reloadAll();
-  if (ev.kind === "finding" || ev.kind === "end") reloadFindings();
+  if (["step", "end", "status", "session"].includes(ev.kind)) { changed.add(ev.session); reloadAll(); }
+  if (ev.kind === "finding" || ev.kind === "end") { doctorChanged.add(ev.session); reloadFindings(); }
 }
 
 // For the browser tests: what each chart holds, and the facts table's text.
@@ -386,5 +441,5 @@ function state() {
 
 // (drawMs: the time to repaint every chart once, as a resize or a theme switch does)
 const drawMs = () => Object.values(charts || {}).reduce((t, ch) => t + ch.draw(), 0);
-window.__torchscope = { ready: start().catch((e) => fatal(e?.message || String(e))), state, reload: () => loadSeries(),
+window.__torchscope = { ready: start().catch((e) => fatal(e?.message || String(e))), state, reload: () => loadSeries(runs, true),
   get loadedMs() { return loadedMs; }, drawMs };

@@ -200,6 +200,19 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _lock_data_dir(data_dir: Path, url: str) -> int | None:
+    """``datalock.acquire``, its refusal one line: "a torchscope server at URL (pid N) already
+    uses the data directory D ..." (exit 2, as a port in use)."""
+    from .datalock import DataDirInUse, acquire
+
+    try:
+        return acquire(data_dir, url)
+    except DataDirInUse as exc:
+        raise CliError(str(exc), 2) from None
+    except OSError as exc:
+        raise CliError(f"cannot lock the data directory {data_dir} ({exc.strerror})", 2) from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from .config import ConfigError, Settings, default_data_dir, lan_address, make_data_dir
 
@@ -217,6 +230,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os.umask(os.umask(0) | 0o007)
     try:
         make_data_dir(settings.data_dir)
+    except OSError as exc:
+        raise CliError(f"cannot create the data directory {settings.data_dir} ({exc.strerror})", 2) from None
+    # one server per data directory, held for this process's life (the kernel lets it go with
+    # the process, killed or not): two would both write the one store (QA 51c)
+    lock = _lock_data_dir(settings.data_dir, settings.base_url())  # noqa: F841 - held open while serving
+    try:
         kept = settings.keep_token()
     except OSError as exc:
         raise CliError(f"cannot create the data directory {settings.data_dir} ({exc.strerror})", 2) from None
@@ -368,9 +387,17 @@ def _say_started(args: argparse.Namespace, base: str, started: subprocess.Popen[
             # a mistyped --server/--port starts a second, empty server (QA 42): the usual one is named
             print(f"torchscope {args.command}: note: no server answered at {base}, so this new one (with its own "
                   f"data) was started; a torchscope server is also running at {usual}", file=sys.stderr, flush=True)
-    elif args.data:
+    elif args.data and not _holds(base, args.data):  # (the server of that very directory: nothing to say)
         print(f"torchscope {args.command}: note: a server was already running at {base}; it stores the run in "
               f"its own data directory, not in --data {args.data}", file=sys.stderr, flush=True)
+
+
+def _holds(base: str, data: str) -> bool:
+    """Whether the server at ``base`` is the one that holds the data directory ``data``."""
+    from .datalock import holder
+
+    info = holder(Path(data).expanduser())
+    return info is not None and str(info.get("url", "")).rstrip("/") == base.rstrip("/")
 
 
 def _env_token() -> str | None:

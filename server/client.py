@@ -127,6 +127,8 @@ def ensure_server(
     if data:
         cmd += ["--data", data]
     log_dir = Path(data).expanduser() if data else Path(os.environ.get("TORCHSCOPE_DATA", "~/.torchscope")).expanduser()
+    if (other := _serving(log_dir, base)) is not None:  # one server per data directory: that one
+        return other, None
     try:
         make_data_dir(log_dir)  # (the server's own data directory: owner only, as `serve` makes it)
         log = os.fdopen(os.open(log_dir / "server.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
@@ -142,11 +144,38 @@ def ensure_server(
             # its port taken by a server another command started after the check above
             if _started_meanwhile(base, deadline):
                 return base, None
+            if (other := _serving(log_dir, base)) is not None:  # one started on that data directory meanwhile
+                return other, None
             raise ClientError(f"could not start a server on port {port} (see {log_dir / 'server.log'}); "
                               "choose another with --port")
         time.sleep(0.1)
     stop_server(proc)
     raise ClientError(f"the server on port {port} did not answer within {timeout:.0f}s")
+
+
+def _serving(data_dir: Path, asked: str) -> str | None:
+    """The URL of the server that holds ``data_dir`` (``datalock``), once it answers, said on
+    stderr: a server cannot be started on a data directory another one uses, and the file the
+    user opens belongs in that one's store.  None when no server holds it.  A ClientError when
+    one holds it and does not answer (bound elsewhere, or hung)."""
+    from .datalock import holder
+
+    info = holder(data_dir)
+    deadline = time.monotonic() + 2.0
+    while info is not None and not info.get("url") and time.monotonic() < deadline:  # written a moment after the lock
+        time.sleep(0.1)
+        info = holder(data_dir)
+    if info is None:
+        return None
+    url, pid = info.get("url"), info.get("pid")
+    who = f"a torchscope server{f' (pid {pid})' if isinstance(pid, int) else ''}"
+    if isinstance(url, str) and (health(url) or _started_meanwhile(url, time.monotonic() + _STARTING_WAIT_S)):
+        print(f"torchscope: note: no server answered at {asked}, and {who} at {url} uses the data directory "
+              f"{data_dir} (one server per data directory): using that one", file=sys.stderr, flush=True)
+        return url
+    raise ClientError(f"no server answered at {asked}, and {who}{f' at {url}' if isinstance(url, str) else ''} "
+                      f"already uses the data directory {data_dir} but does not answer; stop it, or give --data "
+                      "another directory")
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:

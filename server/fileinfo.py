@@ -26,6 +26,7 @@ from torchscope.sessionfile import (
 )
 
 from .frames import BadFrames, file_frames
+from .labels import of_event as of_labels
 
 # What a session file mailed or archived most often arrives wrapped in, by its first bytes: the
 # reader would only say "not a torchscope session file" of it, where the fix is one command.
@@ -141,6 +142,7 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
     t_first = t_last = None
     cut: dict[str, Any] | None = None  # the warning that a step's graph was cut at max_ops
     turned_off: list[str] = []  # parts of the capture that turned themselves off: when, and why
+    given: tuple[str | None, list[str] | None] | None = None
     for ev in _events(path, found.frames):
         kind = ev.get("kind")
         if kind == "session" and not session:
@@ -160,6 +162,8 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
             graphs += 1
         elif kind == "end":
             end = ev
+        elif kind == "log" and (got := of_labels(ev)) is not None:
+            given = got  # a download's name and tags (server/labels.py): the file's last win
         elif kind == "log" and isinstance(ev.get("ops_cut"), int) and cut is None:
             cut = ev
         elif kind == "log" and (off := capture_off(ev)) is not None:
@@ -171,8 +175,12 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
     begin = started if isinstance(started, (int, float)) else t_first
     stop = finished if isinstance(finished, (int, float)) else t_last
     writing = not end and writer_alive(session)
+    recorded = session.get("name", path.stem)
+    name, tags = given or (None, None)
     info = {
-        "name": session.get("name", path.stem),
+        # the name given on the server it was downloaded from, and the capture's beside it
+        "name": f"{name} (recorded as {recorded})" if name and name != recorded else recorded,
+        **({"tags": ", ".join(tags)} if tags else {}),
         "model": session.get("model", "?"),
         **({"mode": session["mode"]} if isinstance(session.get("mode"), str) else {}),  # (QA 45c: not shown)
         "steps": len(steps),

@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from torchscope.sessionfile import decode_frame, file_header
 
+from . import labels
 from .deps import HubDep, SessionId, StoreDep, require_session
 from .diagnostics import diagnostics as run_diagnostics
 from .graphview import filter_graph
@@ -140,11 +141,12 @@ def graph(request: Request, session_id: SessionId, store: StoreDep, step: Annota
 
 @router.get("/sessions/{session_id}/memory",
             response_description="columns step, t, live, peak, params, grads, optimizer, saved, ... (torchscope.series)")
-def memory(session_id: SessionId, store: StoreDep, rank: RankQ = 0) -> Response:
+def memory(session_id: SessionId, store: StoreDep, rank: RankQ = 0, start: StepQ = None) -> Response:
     require_session(store, session_id)
-    # the columns were computed per step by torchscope.series.memory_series at ingest
-    key = ("memory", session_id, rank, store.frame_count(session_id, rank))
-    return Response(_cached(key, lambda: store.memory_json(session_id, rank)), media_type=JSON)
+    # the columns were computed per step by torchscope.series.memory_series at ingest; ``start``:
+    # the steps from there on only (a live chart asks for those after the ones it has)
+    key = ("memory", session_id, rank, store.frame_count(session_id, rank), start)
+    return Response(_cached(key, lambda: store.memory_json(session_id, rank, start)), media_type=JSON)
 
 
 @router.get("/sessions/{session_id}/grads",
@@ -185,10 +187,10 @@ def loss(session_id: SessionId, store: StoreDep, rank: RankQ = 0, start: StepQ =
 @router.get("/sessions/{session_id}/metrics",
             response_description="each name torchscope.log() recorded -> columns step and value (in step order; "
                                  "NaN/Infinity as strings)")
-def metrics(session_id: SessionId, store: StoreDep, rank: RankQ = 0) -> Response:
+def metrics(session_id: SessionId, store: StoreDep, rank: RankQ = 0, start: StepQ = None) -> Response:
     require_session(store, session_id)
-    key = ("metrics", session_id, rank, store.frame_count(session_id, rank))
-    return Response(_cached(key, lambda: api_json(store.metric_series(session_id, rank))), media_type=JSON)
+    key = ("metrics", session_id, rank, store.frame_count(session_id, rank), start)
+    return Response(_cached(key, lambda: api_json(store.metric_series(session_id, rank, start))), media_type=JSON)
 
 
 @router.get("/sessions/{session_id}/diagnostics", response_description="a list of Finding (torchscope.schema)")
@@ -211,12 +213,20 @@ async def diagnostics(request: Request, session_id: SessionId, store: StoreDep, 
 def export(session_id: SessionId, store: StoreDep, rank: RankQ = 0) -> StreamingResponse:
     try:
         version = store.file_version(session_id, rank)
+        # a name or tags given here go with the file, as its last frame (labels.py); none: the
+        # stored frames, byte for byte
+        extra = labels.to_append(store.session(session_id))
     except NotFound as exc:
         raise HTTPException(404, str(exc)) from None
 
     def body() -> Iterator[bytes]:
         yield file_header(version)
-        yield from store.frames(session_id, rank)
+        seq = 0
+        for raw in store.frames(session_id, rank):
+            seq += 1
+            yield raw
+        if extra is not None:  # numbered on from the frames sent (a live run's may have grown meanwhile)
+            yield labels.labels_frame(seq, *extra)
 
     suffix = "" if rank == 0 else f".rank{rank}"
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in session_id)

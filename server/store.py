@@ -605,16 +605,18 @@ class Store:
         ).fetchall()
         return "[" + ",".join(r[0] for r in rows) + "]"
 
-    def memory_json(self, session_id: str, rank: int) -> bytes:
+    def memory_json(self, session_id: str, rank: int, start: int | None = None) -> bytes:
         """The memory series as JSON.  Normally the concatenation of the column texts each
         ingest batch stored (``memory_chunks``): a few hundred rows for 100k steps, no value
         touched.  A rank whose steps did not arrive in increasing order (or one stored by an
-        earlier build) is built by SQLite (json_group_array over the per-step columns)."""
+        earlier build) is built by SQLite (json_group_array over the per-step columns), and so
+        are the steps from ``start`` on (a live chart's new steps: an index range scan of a few
+        rows, where the chunks would be read whole)."""
         conn = self._read()
         names = ("step", "t", *MEMORY_KEYS)
         flag = conn.execute("SELECT mem_chunks FROM ranks WHERE session_id=? AND rank=?",
                             (session_id, rank)).fetchone()
-        if flag and flag[0]:
+        if flag and flag[0] and start is None:
             chunks = [json.loads(r[0]) for r in conn.execute(
                 "SELECT cols FROM memory_chunks WHERE session_id=? AND rank=? ORDER BY seq", (session_id, rank))]
             return ("{" + ",".join(f'"{n}":[' + ",".join(ch[i] for ch in chunks) + "]"
@@ -624,7 +626,8 @@ class Store:
         aggregates = ", ".join(f"json_group_array({c})" for c in ("step", "t", *_MEMORY_COLS))
         row = conn.execute(
             f"SELECT {aggregates} FROM (SELECT {', '.join(cols)} FROM steps "  # noqa: S608
-            "WHERE session_id=? AND rank=? ORDER BY step)", (session_id, rank)).fetchone()
+            "WHERE session_id=? AND rank=? AND step>=? ORDER BY step)",
+            (session_id, rank, -1 if start is None else start)).fetchone()
         return ("{" + ",".join(f'"{n}":{v}' for n, v in zip(names, row, strict=True)) + "}").encode()
 
     def step_parts(self, session_id: str, rank: int, column: str, start: int | None = None,
@@ -701,11 +704,12 @@ class Store:
             lrs.append(last[1])
         return {"step": steps, "loss": losses, "nonfinite": nonfinite, "lr": lrs}
 
-    def metric_series(self, session_id: str, rank: int) -> dict[str, dict[str, list[Any]]]:
-        """Each name ``torchscope.log()`` recorded: ``{step, value}`` columns in step order."""
+    def metric_series(self, session_id: str, rank: int, start: int | None = None) -> dict[str, dict[str, list[Any]]]:
+        """Each name ``torchscope.log()`` recorded: ``{step, value}`` columns in step order (from
+        step ``start`` on)."""
         rows = self._read().execute(
-            "SELECT step, name, value, nonfinite FROM metrics WHERE session_id=? AND rank=? ORDER BY name, step",
-            (session_id, rank)).fetchall()
+            "SELECT step, name, value, nonfinite FROM metrics WHERE session_id=? AND rank=? AND step>=? "
+            "ORDER BY name, step", (session_id, rank, -1 if start is None else start)).fetchall()
         return metric_series((step, name, _NONFINITE.get(bad, value))
                              for step, name, value, bad in rows)
 

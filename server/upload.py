@@ -34,6 +34,7 @@ from torchscope.series import PARTS
 from torchscope.session import writer_alive
 from torchscope.sessionfile import FRAME_HEADER_SIZE, FrameInfo, series_part
 
+from . import labels
 from .deps import SESSION_ID_PATTERN
 from .fileinfo import wrapped
 from .frames import BadFrames, Frame, file_frames, file_index
@@ -337,7 +338,9 @@ def import_file(store: Store, path: Path, imports: Imports) -> Imported:
         raise BadFrames(why)
     with _collector_paused():
         found = file_index(path)
-        version, infos = found.version, found.frames
+        # a download's name and tags (its last frames: labels.py) are applied, not stored
+        infos, given = labels.split(path, found.frames)
+        version = found.version
         total = sum(FRAME_HEADER_SIZE + info.length for info in infos)
         with imports.track(ImportProgress(path.name, total)) as progress:
             batches = _batches(file_frames(path, infos))
@@ -348,6 +351,7 @@ def import_file(store: Store, path: Path, imports: Imports) -> Imported:
             imported.before = store.frame_count(imported.session_id, imported.rank)
             if imported.before == 0 and _staged(store, path, version, itertools.chain([first], batches),
                                                 imported, progress):
+                _label(store, imported, given)
                 return imported
             if imported.before:  # another run's frames under this id: said now, not after reading it all
                 _check_same_run(store, path, imported, infos, imported.before)
@@ -355,7 +359,18 @@ def import_file(store: Store, path: Path, imports: Imports) -> Imported:
                 progress.done += sum(len(f.raw) for f in batch)
             progress.stage = "storing"
             _ingest_missing(store, path, imported, version, infos)
+            _label(store, imported, given)
             return imported
+
+
+def _label(store: Store, imported: Imported, given: tuple[str | None, list[str] | None] | None) -> None:
+    """The name and tags a downloaded file carries, given to its session as a PATCH gives them
+    (the file is imported after any rename here: the last one wins); the browsers told."""
+    if given is None or given == (None, None):
+        return
+    store.update(imported.session_id, *given).result()
+    if not any(m.get("kind") == "session" for m in imported.messages):
+        imported.messages.append({"session": imported.session_id, "rank": imported.rank, "kind": "session"})
 
 
 def _staged(store: Store, path: Path, version: tuple[int, int], batches: Iterator[list[Frame]],

@@ -1,0 +1,90 @@
+"""A run's name and tags given on the server travel with its file.
+
+The dashboard's rename and tags live in the store (``sessions.name``, ``.tags``), not in the
+recorded frames, so a download -- the stored frames, byte for byte -- read as the capture named
+it (fifty-first session: a colleague's ``torchscope open`` showed "train" and no tags for the
+"baseline lr=1e-3" a user had sent).  Now a download of a renamed or tagged run ends with one
+more frame: a ``log`` event carrying ``labels`` (``schema.RunLabels``, format 1.13), the frame
+numbered on from the stored ones.  Every reader reads it as the log line it is (a 1.12 reader
+too: unknown fields are allowed, and its ``message`` says what it holds); the import and
+``torchscope info`` take the name and tags from it.
+
+The import does not store such trailing frames (they are the server's, not the run's): the
+store's frames stay the run's own, so a file downloaded twice -- or downloaded, imported
+elsewhere, renamed and downloaded again -- ends with exactly one labels frame, never a stack of
+contradicting names, and two downloads of one run imported one after the other are the same
+run (their frames match), the last one's labels winning.  A download without a rename or tags
+is the stored file as before, byte for byte.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torchscope.sessionfile import NO_STEP, FrameInfo, encode_frame
+
+from .frames import BadFrames, file_frames
+
+MAX_TAG = 100  # characters, as a PATCH keeps them
+
+
+def labels_event(name: str, tags: list[str]) -> dict[str, Any]:
+    """The log event (``schema.LogEvent.labels``) of a name and tags given on a server."""
+    said = f"named {name!r}" + (f", tagged {', '.join(tags)}" if tags else "")
+    # no time in it: two downloads of one state are the same bytes
+    return {"kind": "log", "level": "info",
+            "message": f"torchscope server: {said} (the run's name and tags on the server it was downloaded from)",
+            "labels": {"name": name, "tags": tags}}
+
+
+def labels_frame(seq: int, name: str, tags: list[str]) -> bytes:
+    return encode_frame(seq, [labels_event(name, tags)])
+
+
+def to_append(summary: dict[str, Any]) -> tuple[str, list[str]] | None:
+    """The name and tags a download of this session (``Store.session``) must carry: None when it
+    has neither a name other than the recorded one nor tags (the file says as much)."""
+    meta = summary.get("meta") or {}
+    recorded = meta.get("name") if isinstance(meta.get("name"), str) else None
+    name, tags = str(summary.get("name") or ""), [str(t) for t in summary.get("tags") or []]
+    if name == (recorded or summary.get("id")) and not tags:
+        return None
+    return name, tags
+
+
+def of_event(ev: dict[str, Any]) -> tuple[str | None, list[str] | None] | None:
+    """``(name, tags)`` of a labels log event (validated against the schema), None for any other
+    event; a blank name or a tag that is no string is left out."""
+    labels = ev.get("labels") if ev.get("kind") == "log" else None
+    if not isinstance(labels, dict):
+        return None
+    name = labels.get("name")
+    name = name.strip() if isinstance(name, str) and name.strip() else None
+    tags = labels.get("tags")
+    tags = [t[:MAX_TAG] for t in tags if isinstance(t, str)] if isinstance(tags, list) else None
+    return name, tags
+
+
+def _maybe_labels(info: FrameInfo) -> bool:
+    # one record, no step, no graph or series: what a labels frame's header says
+    return info.flags == 0 and info.n_events == 1 and info.step_lo == NO_STEP
+
+
+def split(path: Path, infos: list[FrameInfo]) -> tuple[list[FrameInfo], tuple[str | None, list[str] | None] | None]:
+    """The file's frames without its trailing labels frames, and the labels of the last of them
+    (None: none).  The first frame is always kept (the session event's); a frame that does not
+    decode is left in, for the import to refuse in its words."""
+    end = len(infos)
+    found = None
+    while end > 1 and _maybe_labels(infos[end - 1]):
+        try:
+            frame = next(file_frames(path, infos[end - 1:end]))
+        except BadFrames:
+            break
+        got = of_event(frame.events[0]) if frame.events else None
+        if got is None:
+            break
+        found = found or got  # walking back: the file's last labels win
+        end -= 1
+    return infos[:end], found
