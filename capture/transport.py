@@ -525,9 +525,9 @@ class Transport:
             if started_now or (refused is None and self._autostart_grace()):
                 return  # a server we just started is still booting: no alarm yet
             if refused is None and (code := self._autostart_exit()) is not None:
-                port = local_port(self.server)
+                # (a server is started for a loopback URL with a port only: local_port)
                 why = (f"not reachable: the server started for it exited (status {code}; "
-                       f"`torchscope serve --port {port}` says why)")
+                       f"`torchscope serve --port {local_port(self.server or '')}` says why)")
             elif refused is None:
                 why = f"not reachable ({exc.__class__.__name__})"
             elif refused.status == 401:
