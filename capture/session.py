@@ -27,6 +27,7 @@ from .sessionfile import (
     FrameInfo,
     SessionFileError,
     index,
+    may_hold_labels,
     read_frames,
     series_part,
 )
@@ -120,7 +121,26 @@ class Session:
 
     @property
     def name(self) -> str:
-        return str(self.meta.get("name", ""))
+        """The run's name: as given on a torchscope server when the file is a download of a run
+        renamed there (its last record carries the labels), else as recorded (``meta["name"]``)."""
+        given = self._labels().get("name")
+        return given if isinstance(given, str) and given else str(self.meta.get("name", ""))
+
+    @property
+    def tags(self) -> list[str]:
+        """The tags given on a torchscope server, when the file is a download of a tagged run."""
+        tags = self._labels().get("tags")
+        return [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
+
+    def _labels(self) -> dict[str, Any]:
+        # a server's download ends with one labels record (schema.LogEvent.labels); only the last
+        # frame is read, not the run
+        last = self._frames[-1]
+        if len(self._frames) < 2 or not may_hold_labels(last):
+            return {}
+        records = self._plain_records([last])
+        labels = records[0].get("labels") if records and records[0]["kind"] == "log" else None
+        return labels if isinstance(labels, dict) else {}
 
     @property
     def rank(self) -> int:

@@ -86,6 +86,12 @@ class FrameInfo:
     step_hi: int
 
 
+def may_hold_labels(info: FrameInfo) -> bool:
+    """Whether a frame's header is a labels frame's (one record, no step, no series): the frame
+    a torchscope server appends to a download of a renamed or tagged run (LogEvent.labels)."""
+    return info.flags == 0 and info.n_events == 1 and info.step_lo == NO_STEP
+
+
 def file_header(version: tuple[int, int] = SCHEMA_VERSION) -> bytes:
     return _HEADER.pack(MAGIC, version[0], version[1], 0)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from torchscope.sessionfile import NO_STEP, FrameInfo, encode_frame
+from torchscope.sessionfile import FrameInfo, encode_frame, may_hold_labels
 
 from .frames import BadFrames, file_frames
 
@@ -66,18 +66,13 @@ def of_event(ev: dict[str, Any]) -> tuple[str | None, list[str] | None] | None:
     return name, tags
 
 
-def _maybe_labels(info: FrameInfo) -> bool:
-    # one record, no step, no graph or series: what a labels frame's header says
-    return info.flags == 0 and info.n_events == 1 and info.step_lo == NO_STEP
-
-
 def split(path: Path, infos: list[FrameInfo]) -> tuple[list[FrameInfo], tuple[str | None, list[str] | None] | None]:
     """The file's frames without its trailing labels frames, and the labels of the last of them
     (None: none).  The first frame is always kept (the session event's); a frame that does not
     decode is left in, for the import to refuse in its words."""
     end = len(infos)
     found = None
-    while end > 1 and _maybe_labels(infos[end - 1]):
+    while end > 1 and may_hold_labels(infos[end - 1]):
         try:
             frame = next(file_frames(path, infos[end - 1:end]))
         except BadFrames:

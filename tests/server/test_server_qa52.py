@@ -23,6 +23,7 @@ from conftest import ServerProc, free_port
 from server_helpers import run_frames, write_file
 from test_server_cli import _bare_env, cli, one_line_error
 
+import torchscope
 from torchscope.sessionfile import iter_events
 
 
@@ -123,6 +124,11 @@ def test_a_rename_and_tags_travel_with_the_downloaded_file(tmp_path: Path) -> No
     assert lines["name"].strip() == "baseline lr=1e-3 (recorded as run)", res.stdout
     assert lines["tags"].strip() == "baseline, lr" and lines["status"].strip() == "finished", res.stdout
     assert lines["steps"].strip() == "6"
+    # and the notebook reader: the name and tags given, the recorded one in its session record
+    got = torchscope.load(sent)
+    assert (got.name, got.tags, got.meta["name"]) == ("baseline lr=1e-3", ["baseline", "lr"], "run")
+    plain = torchscope.load(original)
+    assert (plain.name, plain.tags) == ("run", [])
 
 
 def test_memory_and_metrics_from_a_step_on(tmp_path: Path) -> None:
