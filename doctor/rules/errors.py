@@ -21,13 +21,22 @@ FREED_TEXT = "backward through the graph a second time"
 
 FIX_P8 = ("Use the out-of-place form (x = x + 1, torch.relu(x) instead of x.relu_()/ReLU(inplace=True)) on "
           "tensors that backward still needs, or .clone() before modifying; never write through .data.")
+_FIX_P10_WAYS = ("detach an output another loss already "
+                 "backpropagated through (a GAN's fakes for the discriminator: netD(fake.detach())), empty a list of "
+                 "outputs kept for the loss "
+                 "after each update (a policy's saved log-probabilities: del saved_log_probs[:]), collect rollouts "
+                 "under torch.no_grad() or detach what they store (PPO's old log-probabilities and values, read again "
+                 "by each epoch's loss), or pass retain_graph=True only if you really must backward twice.")
 FIX_P10 = ("Call backward() once per graph: sum the losses first (loss = a + b; loss.backward()), detach "
-           "state carried between batches (hidden = hidden.detach()), detach an output another loss already "
-           "backpropagated through (a GAN's fakes for the discriminator: netD(fake.detach())), empty a list of "
-           "outputs kept for the loss "
-           "after each update (a policy's saved log-probabilities: del saved_log_probs[:]), collect rollouts "
-           "under torch.no_grad() or detach what they store (PPO's old log-probabilities and values, read again "
-           "by each epoch's loss), or pass retain_graph=True only if you really must backward twice.")
+           "state carried between batches (hidden = hidden.detach()), " + _FIX_P10_WAYS)
+# the failing backward went through the previous batch's graph by a recurrent state carried into
+# this batch's forward (truncated BPTT without its detach): that detach first (QA 51b)
+FIX_P10_STATE = ("Detach the state carried from one batch to the next before the next forward -- hidden = "
+                 "hidden.detach() (an LSTM's pair: h, c = h.detach(), c.detach()) --, so each backward goes through "
+                 "its own batch's graph only (truncated backprop through time); do not pass retain_graph=True for it, "
+                 "which keeps every earlier batch's graph and backpropagates through all of them. Otherwise: sum the "
+                 "losses of one graph first (loss = a + b; loss.backward()), " + _FIX_P10_WAYS)
+_RECURRENT = re.compile(r"RNN|LSTM|GRU")
 
 FIX_EMBEDDING = ("nn.Embedding(max_norm=...) renormalises the rows it looks up in place, in its forward: a "
                  "differentiable use of its weight before the lookup (a tied output layer, a similarity against the "
@@ -395,11 +404,58 @@ def check_double_backward(run: Run, settings: Settings) -> list[Finding]:
     prev = first.step if at > 0 or not earlier else earlier[-1]
     prev_src = failing[at - 1] if at > 0 else srcs[prev][-1] if srcs.get(prev) and prev != first.step else ""
     freed_by = f" (first freed by the backward at {prev_src})" if prev_src else ""
+    seen = _carried_state(run, first.step) if at == 0 and prev != first.step else None
+    guess = None if seen else _recurrent_loop(run, first.step, prev_src)
+    carried = seen or guess
+    state = (f": the previous batch's output from the forward at {seen} was carried into this batch's forward "
+             "without .detach() (a recurrent hidden state), so this backward went on into that batch's graph" if seen
+             else f": the same forward ({guess}) and backward ran for each batch of a model with a recurrent layer "
+             f"({guess_layer(run)}) -- a hidden state carried from one batch into the next without .detach() takes "
+             "each backward on into the batch before, whose graph the previous backward freed" if guess else "")
     message = (f"backward() ran through a graph whose saved tensors were already freed by an earlier backward"
-               f"{freed_by} ({describe_steps(sorted({e.step for e in crashes}), run.last_step)}).")
+               f"{freed_by}{state} ({describe_steps(sorted({e.step for e in crashes}), run.last_step)}).")
     targets = [FindingTarget(step=first.step, rank=run.rank)]
     graphs = run.graphs_of(prev)
     if graphs and "root" in graphs[0]:
         targets.append(FindingTarget(step=prev, rank=run.rank, node=as_int(graphs[0].get("root"))))
-    return [make("P10", "error", message, FIX_P10, [e.step for e in crashes], rank=run.rank, targets=targets,
-                 src=first.src or None, data={"error": first.message[:500], "freed_by": prev_src})]
+    return [make("P10", "error", message, FIX_P10_STATE if carried else FIX_P10, [e.step for e in crashes],
+                 rank=run.rank, targets=targets, src=first.src or None,
+                 data={"error": first.message[:500], "freed_by": prev_src, **({"carried": carried} if carried else {})})]
+
+
+def _carried_state(run: Run, step: int) -> str | None:
+    """The line of the forward whose output an earlier step left alive and ``step``'s forward
+    at that same line took in again (a recurrent hidden state carried across batches without
+    .detach(): the capture's ``graphs_kept`` of ``step``, "state" -- or "output" when the
+    earlier backward freed it before a walk could find it nested -- in a model with a
+    recurrent layer); None when nothing says so (a policy's kept log-probabilities, a GAN's
+    fakes: their fixes come first then)."""
+    ev = next((ev for s, ev in run.step_events() if s == step), {})
+    kept = as_dict(ev.get("graphs_kept"))
+    src = str(kept.get("src") or "")
+    if not src or as_int(kept.get("step"), step) >= step:
+        return None
+    if kept.get("of") == "state":
+        return src
+    used = [f for f in as_list(ev.get("forwards")) if isinstance(f, dict) and f.get("backward") is True]
+    return src if kept.get("of") == "output" and guess_layer(run) and any(f.get("src") == src for f in used) else None
+
+
+def guess_layer(run: Run) -> str:
+    """The model's first recurrent layer (``'rnn' (LSTM)``), "" for none."""
+    return next((f"{str(m.get('path'))!r} ({m.get('type')})" for m in as_list(run.session.get("modules"))
+                 if isinstance(m, dict) and m.get("path") and _RECURRENT.search(str(m.get("type", "")))), "")
+
+
+def _recurrent_loop(run: Run, step: int, freed_by: str) -> str | None:
+    """The forward's line when ``step`` (a failing one) is a loop over batches of a recurrent
+    model whose every forward and backward run at one line each, the backward that freed the
+    graph among them: the shape of truncated BPTT with its detach missing, where the capture
+    had no earlier output alive left to show (the loop caught the error and reset the state:
+    PyTorch's word-language-model style ``hidden = None``)."""
+    ev = next((ev for s, ev in run.step_events() if s == step), {})
+    backwards = {str(b) for b in as_list(ev.get("backward_src"))}
+    forwards = {str(f.get("src")) for f in as_list(ev.get("forwards")) if isinstance(f, dict) and f.get("backward") is True}
+    if not guess_layer(run) or len(backwards) != 1 or freed_by not in backwards or len(forwards) != 1:
+        return None
+    return next(iter(forwards)) or None

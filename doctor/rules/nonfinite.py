@@ -32,6 +32,11 @@ FIX_DATA = ("The batch held NaN/Inf before the model saw it: find the samples wi
 FIX_EMPTY = ("Skip a batch with nothing to average -- if (target != ignore_index).any(), if mask.any() -- or "
              "average by hand with a count that is never zero: loss_sum / (target != ignore_index).sum().clamp(min=1) "
              "(reduction='sum').")
+FIX_OVERFLOW = ("The values grew past what float32 holds (3.4e38) before that op: scale the inputs (normalise them: "
+                "(x - mean) / std), keep the activations bounded (a recurrent layer's tanh rather than "
+                "nonlinearity='relu', LayerNorm, a smaller initialisation), and if they grew over training, lower the "
+                "learning rate or clip the gradients (clip_grad_norm_). A NaN check finds nothing before that op: "
+                "print the size of the batch and of each module's output (x.abs().max()) to see where they grow.")
 FIX_BACKWARD = ("A gradient formula met a zero its forward handled: sqrt or a norm of exactly zero (add an eps "
                 "inside: (x + 1e-12).sqrt()), log or a division in a torch.where branch that is masked out (its "
                 "gradient is still 0 * inf = NaN: make the input safe before the op, torch.where(mask, x, 1.0).log()), "
@@ -375,6 +380,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                      modules=sorted({run.param_module(i) for i in params}), params=names, src=src, view="gradients",
                      data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
     fix, empty = FIX, False
+    upstream: list[str] = []  # the module whose output had grown huge before the op that overflowed
     if node:
         made = origin_text(run, first_op, node)
         message = (f"NaN/Inf first produced in the backward at step {op_step} by {made}: a finite gradient came "
@@ -401,6 +407,12 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         if diverged is not None:  # the op overflowed on what the runaway updates made of the parameters
             message += f" Before it, {diverged}: training diverged, and the values the updates grew made that op overflow."
             fix = FIX_DIVERGING
+        elif op_step == steps[0] and (overflow := _overflowed(run, op_step, first_op)) is not None:
+            # (QA 51b: an RNN's activations grown to 1e19 squared into Inf by the loss read "log/sqrt/div")
+            said, huge = overflow
+            message += f" {said}"
+            fix = FIX_OVERFLOW
+            upstream = huge[:1]
     elif names:
         message = f"NaN/Inf in the gradients of {', '.join(names[:3])}{' ...' if len(names) > 3 else ''} ({when})."
         if _backward_made(ev0):
@@ -452,9 +464,11 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                 for i in sorted(params)]
     if not targets:
         targets.append(FindingTarget(step=steps[0], rank=run.rank))
+    targets[1:1] = [FindingTarget(step=op_step, rank=run.rank, module=m) for m in upstream]
     if node or first_op:
         at = origin_target(op_step, run.rank, first_op, node)
         modules = [str(at["module"])] if "module" in at else []  # (none for the loss the loop computed)
+        modules += [m for m in upstream if m not in modules]
     else:
         modules = sorted({run.param_module(i) for i in params})
     # every non-finite loss one the loop caught and skipped: it guards against them, and the
@@ -470,6 +484,40 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                  params=names, src=str(first_op.get("src", "")) if first_op else forward_src if data else None,
                  view="graph" if first_op or node else "gradients",
                  data={"loss": [as_float(ev.get("loss")) for _, ev in run.step_events()]})]
+
+
+HUGE_ACTIVATION = 1e15  # a module output no healthy float32 model makes (they are ~1e-3..1e3): its square is near Inf
+# ops that make Inf of finite inputs only by overflowing (a product or a sum too large): not
+# NAN_SOURCE_OPS' log of 0 or division by 0
+_OVERFLOWS = frozenset(f"aten::{n}{inplace}" for inplace in ("", "_") for n in (
+    "addmm", "mm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "einsum", "convolution", "_convolution",
+    "conv1d", "conv2d", "conv3d", "add", "mul", "addcmul", "sum",
+))  # fmt: skip
+
+
+def _overflowed(run: Run, step: int, op: dict[str, Any]) -> tuple[str, list[str]] | None:
+    """(a sentence, the modules in forward order whose outputs were finite but huge) when the op
+    that first made NaN/Inf at ``step`` could only have overflowed: the loss (an op outside the
+    model) over module outputs the capture recorded as finite and past ``HUGE_ACTIVATION``, or a
+    product/sum (``_OVERFLOWS``) inside the model."""
+    ev = next((ev for s, ev in run.step_events() if s == step), {})
+    huge: list[tuple[str, float]] = []
+    for a in as_list(ev.get("activations")):
+        if not isinstance(a, dict) or not a.get("module") or as_int(a.get("nan")) or as_int(a.get("inf")):
+            continue
+        top = max((abs(v) for v in (as_float(a.get("min")), as_float(a.get("max"))) if v is not None), default=0.0)
+        if math.isfinite(top) and top >= HUGE_ACTIVATION:
+            huge.append((str(a["module"]), top))
+    names = [m for m, _ in huge]
+    if "outside_model" in g.flags(op) and huge:
+        shown = ", ".join(f"{m!r}{f' ({k})' if (k := run.module_type(m)) else ''} up to {top:.3g}" for m, top in huge[:3])
+        return (f"Its inputs were finite but huge -- the outputs of {shown} at step {step} -- and the loss overflowed "
+                f"float32 (largest 3.4e38) on them: the values blew up upstream, from {names[0]!r} on, not in the "
+                "loss.", names)
+    if str(op.get("name", "")) in _OVERFLOWS and op.get("module"):
+        return (f"{str(op.get('name'))} makes Inf of finite inputs only by overflowing: the values reaching it "
+                "were too large.", [])
+    return None
 
 
 def _failed_step_finding(run: Run) -> list[Finding]:

@@ -488,34 +488,71 @@ def _updates_alike(run: Run, small: int, large: int) -> tuple[float, float] | No
 FIX_CLIP_EARLY = ("Clip between backward and step: loss.backward(), then torch.nn.utils.clip_grad_norm_("
                   "model.parameters(), max_norm), then optimizer.step() (with a GradScaler, after "
                   "scaler.unscale_(optimizer)).")
+FIX_CLIP_LATE = ("Clip between backward() and step(), not after the update: loss.backward(), then torch.nn.utils.clip_grad_norm_("
+                 "model.parameters(), max_norm), then optimizer.step() (with a GradScaler, after "
+                 "scaler.unscale_(optimizer)) -- a clip after step() only rescales gradients that zero_grad() "
+                 "then clears.")
+
+
+def _line_of(src: object) -> tuple[str, int] | None:
+    base, _, line = str(src or "").rpartition(":")
+    return (base, int(line)) if base and line.isdigit() else None
+
+
+def _clip_after_step(ev: dict[str, Any], clip_src: str) -> str | None:
+    """``optimizer.step()``'s line when the loop's lines read backward, then step, then the clip,
+    in one file (``loss.backward()`` at 13, ``opt.step()`` at 14, ``clip_grad_norm_`` at 15): the
+    clip that came where no backward of its step had ran after the update, not before the
+    backward; None when the lines do not say so (another order, another file)."""
+    clip, step = _line_of(clip_src), _line_of(ev.get("step_src"))
+    backs = [b for b in (_line_of(x) for x in as_list(ev.get("backward_src"))) if b is not None]
+    if clip is None or step is None or not backs or any(b[0] != clip[0] for b in backs) or step[0] != clip[0]:
+        return None
+    return str(ev.get("step_src")) if max(b[1] for b in backs) < step[1] < clip[1] else None
 
 
 def _clipped_before_backward(run: Run) -> list[Finding]:
     """clip_grad_norm_ of the watched gradients where no backward of its step had run (before
     loss.backward(), or after optimizer.step()): it clipped gradients this step's update does not
     use, and the ones it does use went unclipped (``events[{what: "clip_before_backward"}]``; a
-    step that also clipped after its backward is left alone)."""
-    hits: list[tuple[int, str]] = []
+    step that also clipped after its backward is left alone).  Which of the two, the lines tell
+    (``_clip_after_step``): a clip after step() is seen at the next step's event, and is said as
+    the step whose gradients it came too late for."""
+    hits: list[tuple[int, str, str | None]] = []
     for step, ev in run.step_events():
         early = notes(ev, "clip_before_backward")
         if early and as_int(ev.get("micro_batches")) > 0 and "clip" not in as_dict(ev.get("grads")):
-            hits.append((step, str(as_dict(early[0]).get("src") or "")))
+            src = str(as_dict(early[0]).get("src") or "")
+            hits.append((step, src, _clip_after_step(ev, src)))
     if not hits:
         return []
-    steps = [s for s, _ in hits]
+    seen_at = [s for s, _, _ in hits]
     src = hits[0][1]
+    after = hits[0][2] if all(h[2] for h in hits) else None
     # light/default watch that part of a step (optimizer.step() to the forward) on their first
     # steps and every few after: a loop that clips there does so on the steps between too
-    partial = run.session.get("mode") != "full" and steps[-1] < run.last_step
+    partial = run.session.get("mode") != "full" and seen_at[-1] < run.last_step
+    where = f" at {src}" if src else ""
+    # seen at the step after (its boundary is the update): the gradients it clipped were the step's before
+    steps = ([s - 1 for s in seen_at if s > 0] or seen_at) if after else seen_at
     seen = (f"seen {describe_steps(steps, run.last_step)}; the capture looks there on some steps only, and a loop "
             "does it on every step" if partial else describe_steps(steps, run.last_step))
-    message = (f"clip_grad_norm_(){f' at {src}' if src else ''} ran where no backward of its step had ({seen}): "
-               "before loss.backward(), or after optimizer.step(). It clipped gradients this step's update does not "
-               "use (the last step's, or zeros after zero_grad()), so optimizer.step() applied this step's "
-               "gradients unclipped.")
-    return [make("P3", "error", message, FIX_CLIP_EARLY, steps, rank=run.rank,
+    if after:
+        message = (f"clip_grad_norm_(){where} ran after optimizer.step() (at {after}), on gradients the update had "
+                   f"already applied ({seen}): it changed nothing the model learned, so optimizer.step() applied "
+                   "each step's gradients unclipped.")
+        title = "Gradients clipped after optimizer.step()"
+        fix = FIX_CLIP_LATE
+    else:
+        message = (f"clip_grad_norm_(){where} ran where no backward of its step had ({seen}): "
+                   "before loss.backward(), or after optimizer.step(). It clipped gradients this step's update does not "
+                   "use (the last step's, or zeros after zero_grad()), so optimizer.step() applied this step's "
+                   "gradients unclipped.")
+        title = "Gradients clipped before backward()"
+        fix = FIX_CLIP_EARLY
+    return [make("P3", "error", message, fix, steps, rank=run.rank,
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], src=src or None, view="gradients",
-                 title="Gradients clipped before backward()")]
+                 title=title)]
 
 
 def check(run: Run, settings: Settings) -> list[Finding]:

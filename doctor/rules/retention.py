@@ -11,6 +11,7 @@ from torchscope.schema import Finding, FindingTarget
 from ..finding import and_list, contiguous_runs, describe_steps, fmt_bytes, make
 from ..run import Run, as_dict, as_int, as_list, notes
 from ..settings import Settings
+from ..source import keeping_line, running_sum
 
 FIX_P7 = ("Don't keep tensors that carry a graph across steps: accumulate `loss.item()` (not `loss`), store "
           "`out.detach()`, detach recurrent state between batches, and drop retain_graph=True unless needed.")
@@ -135,6 +136,13 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
     # both columns: what kept graphs hold is ``kept``, not ``live`` (the storages of the step's state)
     growth = f", memory (live + kept) +{fmt_bytes(per_step)} per step" if per_step > 0 else ""
     kept = _kept(run)
+    # the line that keeps a loss (`total += loss`) where the capture saw it; for a named container
+    # (`history.append(loss)`: no torch call, never recorded) the script's line that fills it, when
+    # the script is still there to read; else the backward's (or the forward's) line that made it
+    made = str(kept.get("src") or "")
+    fills = (keeping_line(run, _kept_by(str(kept["held_in"]), ""), made)
+             if made and not kept.get("held_at") and str(kept.get("held_in") or "").startswith("'") else None)
+    filled = f", filled at {fills}" if fills else ""
     if known:
         # at the most alive (the run's end may have let them go: an epoch's accumulator reset)
         top_step, top = max(alive, key=lambda a: a[1])
@@ -144,7 +152,7 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
         why = _KEPT.get(str(kept.get("of")), _KEPT[""])
         if kept.get("held_in") and kept.get("of") == "output":  # a named list of the user's keeping them
             why = (f"the model's outputs, or tensors computed from them, stay referenced after their step, held by "
-                   f"{kept['held_in']}: each keeps its step's graph "
+                   f"{kept['held_in']}{filled}: each keeps its step's graph "
                    f"(as `{_kept_by(str(kept['held_in']), 'all_probs')}.append(out)` or `.append(torch.sigmoid(out))` "
                    "would); keep "
                    "`.detach()` of them there instead (or `.item()`, `.cpu()` of the detached tensor).")
@@ -154,15 +162,18 @@ def check_graphs_alive(run: Run, settings: Settings) -> list[Finding]:
                        else f"{_kept_by(holder, 'history')}[key] = loss" if holder.endswith("(a dict)")
                        else f"{_kept_by(holder, 'history')}.append(loss)")
             why = (f"the losses that backward() was called on stay referenced after their step, held by "
-                   f"{holder}: each keeps its step's graph (as `{example}` would); keep "
+                   f"{holder}{filled}: each keeps its step's graph (as `{example}` would); keep "
                    "`loss.item()` or `loss.detach()` there instead.")
+        if kept.get("held_in") and not filled and made:
+            # (QA 51b: the source shown read as the holder's line)
+            why += (f" The line that puts them there is not recorded (no torch call), so the source shown, {made}, is "
+                    f"{'the forward that made them' if kept.get('of') == 'output' else 'the backward() called on them'}.")
         message = (f"Autograd graphs of earlier steps are still alive (up to {top} nodes, at step {top_step}{nodes}"
                    f"{growth}, {describe_steps(steps, run.last_step)}): {why}")
     else:
         message = (f"Live memory at step boundaries grows every step (+{fmt_bytes(per_step)} per step, "
                    f"{describe_steps(steps, run.last_step)}): something keeps tensors (often their graphs) across steps.")
-    # the line that keeps a loss (`total += loss`) where the capture saw it, else the backward's
-    src = str(kept.get("held_at") or kept.get("src") or "") or None
+    src = str(kept.get("held_at") or fills or made) or None
     return [make("P7", "warning", message, FIX_P7, steps, rank=run.rank, src=src,
                  targets=[FindingTarget(step=steps[0], rank=run.rank)], view="memory",
                  data={"graphs_alive": [n for _, n in alive], "live": [b for _, b in live],
@@ -188,18 +199,46 @@ def _held(run: Run, settings: Settings) -> tuple[int, int] | None:
     return (kept, step) if 0 <= kept < step - settings.growth_steps else None
 
 
+def _evaluation_at(run: Run, step: int, src: str) -> int | None:
+    """The step an evaluation belongs to (``Run.step_of_forward``) when the forwards at ``src``
+    of ``step`` (the kept output's) all built a graph that no backward used -- an evaluation (or
+    an inference) run with autograd on; None otherwise."""
+    forwards = next((as_list(ev.get("forwards")) for s, ev in run.step_events() if s == step), [])
+    at = [f for f in forwards if isinstance(f, dict) and f.get("src") == src]
+    if not at or not all(f.get("built_graph") is True and f.get("backward") is False for f in at):
+        return None
+    return Run.step_of_forward(step, forwards, at[0])
+
+
 def _held_finding(run: Run, held: tuple[int, int], alive: list[tuple[int, int]]) -> Finding:
     kept, last = held
     steps = [s for s, n in alive if n > 0 and s > kept]
     now = next((n for s, n in reversed(alive) if s == last), 0)
-    src = next((str(k.get("held_at") or k.get("src") or "") for _, ev in run.step_events()
-                if as_int((k := as_dict(ev.get("graphs_kept"))).get("step"), -1) == kept), "") or None
-    message = (f"An autograd graph of an earlier step is still alive ({now} nodes at step {last}, the latest of "
-               f"step {kept}), but no later step's graph was kept in the {last - kept - 1} steps since: it is held, "
-               "not piling up (the count does not grow): a variable still holds that step's loss or output (a "
-               "module-level `loss` of a first training loop, before a second one), or a step cut short by an error "
-               "or an interrupt left its graph in the exception's traceback, which IPython and Jupyter keep.")
-    return make("P7", "info", message, FIX_HELD, steps or [last], rank=run.rank, src=src,
+    info = next((k for _, ev in run.step_events() if as_int((k := as_dict(ev.get("graphs_kept"))).get("step"), -1) == kept), {})
+    src = str(info.get("held_at") or info.get("src") or "") or None
+    head = (f"An autograd graph of an earlier step is still alive ({now} nodes at step {last}, the latest of "
+            f"step {kept}), but no later step's graph was kept in the {last - kept - 1} steps since: it is held, "
+            "not piling up (the count does not grow): ")
+    fix = FIX_HELD
+    made = str(info.get("src") or "")
+    evaluated = _evaluation_at(run, kept, made) if info.get("of") == "output" and made else None
+    if evaluated is not None:
+        # an evaluation's graph (no backward used it), held by what the loop kept of it: a running
+        # validation loss -- not a training loop's `loss` (QA 51b named "a module-level `loss`")
+        total = running_sum(run, made)
+        holder = (f"`{total}`, summed at {made} from losses that carry their graphs, still holds it" if total else
+                  "a variable still holds its output or a tensor computed from it (a validation loss summed "
+                  "without `.item()`, an output kept for a metric)")
+        message = (f"{head}the evaluation forward at {made} ({'after ' if evaluated < kept else ''}step {evaluated}) ran with autograd on and built a graph that "
+                   f"no backward() used, and {holder} until the next evaluation replaces it.")
+        fix = (f"Sum plain numbers: `{total} += criterion(...).item()` (start it at 0.0), " if total else
+               "Keep plain numbers of an evaluation: `.item()` of a loss, `.detach()` of an output, ") + \
+              "and run the evaluation under `with torch.no_grad():` so that it builds no graph at all."
+    else:
+        message = (f"{head}a variable still holds that step's loss or output (a module-level `loss` of a first "
+                   "training loop, before a second one), or a step cut short by an error or an interrupt left its "
+                   "graph in the exception's traceback, which IPython and Jupyter keep.")
+    return make("P7", "info", message, fix, steps or [last], rank=run.rank, src=src,
                 targets=[FindingTarget(step=(steps or [last])[0], rank=run.rank)], view="memory",
                 data={"graphs_alive": [n for _, n in alive], "kept_step": kept, "nodes_per_step": 0.0},
                 title="Graph of an earlier step held")
