@@ -951,6 +951,12 @@ def _default_name(model: nn.Module) -> str:
     return stem
 
 
+def _check_count(name: str, value: object, unit: str) -> None:
+    """A watch() argument that counts something: a whole number, at least 1, or a clear error."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"torchscope: {name} must be a whole number of {unit}, at least 1, not {value!r}")
+
+
 class Watch:
     """``torchscope.watch(model, optimizer=None, ...)``: watch ``model`` (and ``optimizer``) for
     the rest of the run; the returned handle is also a context manager (``close()`` on exit).
@@ -981,10 +987,21 @@ class Watch:
         cuda_history: int | None = None,
         max_ops: int = _MAX_OPS,
     ) -> None:
+        if not isinstance(model, nn.Module):
+            # (QA 52a: watch(optimizer) raised AttributeError: 'SGD' object has no attribute 'named_parameters')
+            hint = " (the optimizer goes second: watch(model, optimizer))" if isinstance(model, torch.optim.Optimizer) else ""
+            raise TypeError(f"torchscope: watch() takes the model, an nn.Module, first; got {type(model).__name__}{hint}")
         if mode not in MODES:
             raise ValueError(f"torchscope: mode must be one of {', '.join(MODES)}, not {mode!r}")
+        _check_count("max_ops", max_ops, "ops")
+        _check_count("sample_every", sample_every, "steps")  # (0 read as 1, unsaid: QA 52a)
         if server not in (None, "auto") and not str(server).startswith(("http://", "https://")):
             raise ValueError(f"torchscope: server must be 'auto', None or an http(s):// URL, not {server!r}")
+        if server not in (None, "auto"):
+            from .transport import base_url_hint, names_more_than_a_server
+
+            if names_more_than_a_server(str(server)):
+                raise ValueError(f"torchscope: {base_url_hint('server', str(server))}")
         self.url: str | None = None
         self.path: str | None = None
         self.session_id: str | None = None
@@ -1010,9 +1027,7 @@ class Watch:
         # full mode loads the C++ op recorder or starts building it in the background; the
         # other modes load a build that is there (its gradient statistics, default's captures)
         _native.get(build=mode == "full")
-        self.sample_every = max(int(sample_every), 1)
-        if isinstance(max_ops, bool) or not isinstance(max_ops, int) or max_ops < 1:
-            raise ValueError(f"torchscope: max_ops must be a whole number of ops, at least 1, not {max_ops!r}")
+        self.sample_every = sample_every
         self.max_ops = max_ops
         self.name = name or _default_name(model)
         self._rank: RankInfo = rank_info()
@@ -1370,6 +1385,7 @@ class Watch:
             self._closed = True
             return
         self._closed = True
+        interrupted = False
         try:
             model = self._model()
             if self._session_pending and model is not None:
@@ -1415,12 +1431,22 @@ class Watch:
                 end["late_backward"] = late
             if failed_in is not None and failed_in[1]:
                 end["events"] = failed_in[1]
-            self._transport.close(end, patient=True)
+            try:
+                self._transport.close(end, patient=True)
+            except KeyboardInterrupt:
+                # a Ctrl-C in the wait for a slow disk (or a second one at exit): said in one line
+                # what the file lacks, and the interrupt goes on to the loop (QA 51c, 52a: it came
+                # as a traceback through the transport's wait)
+                interrupted = True
+                say(f"torchscope: interrupted while closing: {self.path or 'the session file'} may lack the run's "
+                    "last events and its end")
         except Exception as exc:  # closing must not raise into an atexit or a with-block
             log.warning("torchscope: close failed: %r", exc)
         atexit.unregister(self._close_at_exit)
         if self._mp_exit is not None:
             self._mp_exit.cancel()
+        if interrupted:
+            raise KeyboardInterrupt from None
 
     def _close_at_exit(self) -> None:
         """``close()`` as the interpreter exits.  IPython shows a cell's exception itself (no
@@ -1433,14 +1459,11 @@ class Watch:
             self._ended_by = _ending(last) if not isinstance(last, KeyboardInterrupt) else (
                 "interrupted", "stopped by KeyboardInterrupt (a notebook's Stop, or its kernel restarted or shut "
                 "down while a cell ran)")
-        try:
-            self.close()
-        except KeyboardInterrupt:
+        with contextlib.suppress(KeyboardInterrupt):
             # a second Ctrl-C (a terminal's and `timeout`'s forwarded one, or a user who will not
-            # wait for a slow disk) landing in the wait for the writer: the process is leaving,
-            # and a traceback of ours after the user's own said nothing useful (QA 51c)
-            say(f"torchscope: interrupted while closing: {self.path or 'the session file'} may lack the run's last "
-                "events and its end")
+            # wait for a slow disk) landing in the wait for the writer, said by close(): the process
+            # is leaving, and a traceback of ours after the user's own said nothing useful (QA 51c)
+            self.close()
 
     def _end_now(self) -> None:
         """The end record, written from a signal handler just before the process dies: what

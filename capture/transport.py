@@ -89,6 +89,22 @@ def server_url(text: str) -> str | None:
     return text.rstrip("/") if u.scheme in ("http", "https") and u.hostname else None
 
 
+def names_more_than_a_server(url: str) -> bool:
+    """Whether an http(s) URL names more than a server's base: a path, a query, a user:password
+    (the server is served at its root, and asks for a token, not a password)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return bool(parts.path.strip("/") or parts.query or parts.username is not None)
+    except ValueError:  # what server_url let through and urlsplit refuses
+        return True
+
+
+def base_url_hint(origin: str, text: str) -> str:
+    """What a URL with a path is told (the watch(), ``$TORCHSCOPE_SERVER`` and the CLI's words)."""
+    sep = " " if origin.startswith("-") else "="
+    return f"{origin}{sep}{text!r}: give the server's base URL ({DEFAULT_SERVER}), without a path or user:password"
+
+
 def resolve_server(server: str | None) -> tuple[str | None, bool]:
     """``watch(server=...)`` -> (the server URL to send to, None: the file only; whether to
     start one when none answers).  "auto" is ``$TORCHSCOPE_SERVER`` or ``DEFAULT_SERVER``; a
@@ -100,6 +116,9 @@ def resolve_server(server: str | None) -> tuple[str | None, bool]:
     url = server_url(text)
     if url is None:
         say(f"torchscope: TORCHSCOPE_SERVER={text!r} is not an http(s) URL; recording to the file only")
+    elif names_more_than_a_server(url):  # (QA 52a: sent there, refused "HTTP 404: {"detail":"Not Found"}")
+        say(f"torchscope: {base_url_hint('TORCHSCOPE_SERVER', text)}; recording to the file only")
+        url = None
     return url, url is not None
 
 

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from torchscope.sessionfile import iter_events
 
 _SCRIPT = """
@@ -78,17 +80,21 @@ def test_a_disk_that_takes_nothing_is_given_up_on_and_said(tmp_path: Path) -> No
     assert len(steps) < 300  # what the file lacks is what was said
 
 
-def test_a_ctrl_c_while_closing_at_exit_is_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["at-exit", "close"])
+def test_a_ctrl_c_while_closing_is_one_line(tmp_path: Path, how: str) -> None:
     """A second Ctrl-C landing in the wait for the writer as the interpreter exits (a terminal's
     and ``timeout``'s forwarded SIGINT; a user who will not wait for a slow disk) printed
-    "Exception ignored in atexit callback" and a traceback of torchscope's frames (QA 51c)."""
+    "Exception ignored in atexit callback" and a traceback of torchscope's frames (QA 51c); in an
+    explicit ``close()`` (a ``with`` block's end) a traceback through the transport's wait and no
+    word of what the file lacks (QA 52a).  Now one line; the interrupt goes on to the loop from
+    ``close()`` itself."""
     script = tmp_path / "stall.py"
     script.write_text(_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "run.tscope"), "299", "60", "30", "at-exit"],
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "run.tscope"), "299", "60", "30", how],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
-        for line in proc.stderr:  # closing at exit, waiting for the stalled disk
+        for line in proc.stderr:  # closing, waiting for the stalled disk
             if "(the disk is slow)" in line:
                 break
         proc.send_signal(signal.SIGINT)
@@ -96,4 +102,9 @@ def test_a_ctrl_c_while_closing_at_exit_is_one_line(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert "interrupted while closing" in err, err
-    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert "Exception ignored" not in err and "transport.py" not in err and "threading.py" not in err, err
+    if how == "close":  # the user's Ctrl-C stops the script, at its close() line
+        assert proc.returncode != 0 and err.rstrip().endswith("KeyboardInterrupt"), err
+        assert "w.close()" in err and err.count('File "') == 2, err
+    else:
+        assert "Traceback" not in err, err

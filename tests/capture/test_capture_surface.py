@@ -43,6 +43,37 @@ def test_bad_mode_is_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "x.tscope").exists()
 
 
+def test_watch_of_no_model_or_a_bad_count_is_a_clear_error(tmp_path: Path) -> None:
+    """``watch(opt)`` (the model forgotten) raised AttributeError: 'SGD' object has no attribute
+    'named_parameters'; ``sample_every=0`` was read as 1 without a word (QA 52a)."""
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"^torchscope: watch\(\) takes the model, an nn.Module, first; got SGD "
+                                        r"\(the optimizer goes second: watch\(model, optimizer\)\)$"):
+        torchscope.watch(opt, server=None, record=tmp_path / "x.tscope")  # type: ignore[arg-type]
+    for bad in (0, -1, 2.5, "50"):
+        with pytest.raises(ValueError, match=r"sample_every must be a whole number of steps, at least 1"):
+            torchscope.watch(model, opt, server=None, record=tmp_path / "x.tscope", sample_every=bad)  # type: ignore[arg-type]
+    assert not (tmp_path / "x.tscope").exists()
+
+
+def test_a_server_url_with_a_path_is_told_not_sent_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capfd: pytest.CaptureFixture[str]) -> None:
+    """``$TORCHSCOPE_SERVER`` with a path was sent to and refused "HTTP 404: {"detail":"Not Found"}",
+    where `torchscope open` says what is wrong (QA 52a): the same words now, and the file only."""
+    monkeypatch.setenv("TORCHSCOPE_SERVER", "http://127.0.0.1:9/x")
+    model = nn.Linear(2, 2)
+    w = torchscope.watch(model, record=tmp_path / "x.tscope")
+    w.close()
+    err = capfd.readouterr().err
+    assert ("torchscope: TORCHSCOPE_SERVER='http://127.0.0.1:9/x': give the server's base URL (http://127.0.0.1:6150), "
+            "without a path or user:password; recording to the file only") in err.splitlines(), err
+    assert w.url is None and "started a torchscope server" not in err
+    with pytest.raises(ValueError, match=r"^torchscope: server='http://u:p@127.0.0.1:9': give the server's base URL"):
+        torchscope.watch(model, server="http://u:p@127.0.0.1:9", record=tmp_path / "y.tscope")
+    assert not (tmp_path / "y.tscope").exists()
+
+
 def test_a_server_that_is_no_url_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="server must be 'auto', None or an http"):
         torchscope.watch(nn.Linear(2, 2), server="notaurl", record=tmp_path / "x.tscope")
