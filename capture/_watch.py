@@ -2068,7 +2068,10 @@ class Watch:
                 m = ref()
                 if m is None or m is root or id(m) in self._entries or isinstance(m, torch.jit.ScriptModule):
                     continue  # an entry's own hooks give its module context; a ScriptModule takes none
-                self._module_hooks += hook_module(m, self._mod_pre(path, _torch_module(m)), self._mod_post)
+                # first among its pre-hooks: the ops of the user's (torch.nn.utils.prune's
+                # ``weight_orig * weight_mask``) are the module's, not its parent's (QA 52b)
+                self._module_hooks += hook_module(m, self._mod_pre(path, _torch_module(m)), self._mod_post,
+                                                   prepend=True)
         self._pause_gc()
         s.recorder.micro = len(s.forwards) - 1
         s.module_stack.append(("", s.module_calls.get("", 0), ""))
