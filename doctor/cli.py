@@ -112,24 +112,24 @@ def run_files(paths: Sequence[str], as_json: bool = False, overrides: Mapping[st
     (``{"file", "error"}`` for a file that could not be read).  ``refused``: files the caller
     found unreadable already, with why.  Exit status: 2 if a file was unreadable, else 1 if one
     had an error-level finding, else 0 (so a CI step over ``runs/*.tscope`` tells them apart)."""
-    if len(paths) == 1 and not refused:
+    refused = refused or {}
+    if len(paths) == 1 and paths[0] not in refused:
         return run(paths[0], as_json, overrides)
     settings = _settings(overrides)
     if settings is None:
         return 2
-    refused = refused or {}
+    if len(paths) == 1:
+        # one file, unreadable: its line on stderr, and with --json the ``{"file", "error"}`` the
+        # list of several files holds for it, alone (QA 52a: nothing on stdout for `jq` to read)
+        return _unreadable(paths[0], refused[paths[0]], as_json, None)
     code = 0
     listed: list[dict[str, Any]] = []
     for n, path in enumerate(paths):
         sys.stdout.flush()  # each file's lines before the next one's notes on stderr, in one log too
         if not as_json:
             print(f"\n==> {path} <==" if n else f"==> {path} <==", flush=True)
-        if path in refused:
-            print(f"torchscope doctor: {refused[path]}", file=sys.stderr, flush=True)
-            listed.append({"file": path, "error": refused[path]})
-            code = 2
-            continue
-        code = max(code, _run(path, settings, as_json, listed))
+        code = max(code, _unreadable(path, refused[path], as_json, listed) if path in refused
+                   else _run(path, settings, as_json, listed))
     if as_json:
         _print_json(listed)
     sys.stdout.flush()
@@ -138,6 +138,19 @@ def run_files(paths: Sequence[str], as_json: bool = False, overrides: Mapping[st
     print(f"torchscope doctor: {_count(len(paths), 'file')}: {bad} with an error-level finding, {unread} unreadable",
           file=sys.stderr, flush=True)
     return code
+
+
+def _unreadable(path: str, why: str, as_json: bool, listed: list[dict[str, Any]] | None) -> int:
+    """A file that could not be read: one line on stderr, exit status 2; with ``--json`` its
+    ``{"file", "error"}`` -- in the list of several files (``listed``, printed by the caller), or
+    alone on stdout for a single file, whose readable run prints its findings' list: an object,
+    not a list, is the error."""
+    print(f"torchscope doctor: {why}", file=sys.stderr, flush=True)
+    if listed is not None:
+        listed.append({"file": path, "error": why})
+    elif as_json:
+        _print_json({"file": path, "error": why})
+    return 2
 
 
 def _run(path: str, settings: Settings, as_json: bool, listed: list[dict[str, Any]] | None) -> int:
@@ -159,10 +172,7 @@ def _run(path: str, settings: Settings, as_json: bool, listed: list[dict[str, An
         writing = not end and isinstance(session, dict) and writer_alive(session)
         left_out = found.note(path, writing)  # damage or a torn tail, in one line
     except (SessionFileError, OSError, ValueError) as exc:
-        print(f"torchscope doctor: {exc}", file=sys.stderr)
-        if listed is not None:
-            listed.append({"file": path, "error": str(exc)})
-        return 2
+        return _unreadable(path, str(exc), as_json, listed)
     ended = bool(end)
     if seen.tell and last_step >= 5000:
         _status("")

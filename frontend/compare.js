@@ -20,6 +20,9 @@ const data = document.body.dataset;
 const list = (s) => (s || "").split(",").filter(Boolean);
 const ids = list(data.runs);
 const leftOut = list(data.leftOut); // named past the first MAX: said over the page, not drawn
+// their names, as the server found them (null: no session has that id), in leftOut's order
+const leftOutNames = (() => { try { return JSON.parse(data.leftOutNames || "[]"); } catch { return []; } })();
+const repeated = list(data.repeated); // ids named more than once: each compared once, and said
 const MAX = Number(data.maxRuns) || RUNS.length;
 const rank = Number(data.rank || 0);
 const LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"; // run k's letter in the legends (A blue, B vermillion, ...)
@@ -198,7 +201,8 @@ async function start() {
   if (ids.length < 2) {
     const missing = ids.length ? ["a", "b"].filter((k) => !data[k]) : ["a", "b"];
     const what = missing.length && ids.length + missing.length === 2 ? `${missing.join(" and ")} ${missing.length > 1 ? "are" : "is"} missing` : "one given";
-    return fatal(`Pick two sessions to compare: this page needs ?a=<session id>&b=<session id> (${what}), or ?runs=<id>,<id>,... for up to ${MAX}. Tick two or more runs on the sessions page.`);
+    const twice = repeated.length ? ` ${quoted(repeated)} ${repeated.length > 1 ? "are each" : "is"} named more than once: a run is compared with another, not with itself.` : "";
+    return fatal(`Pick two sessions to compare: this page needs ?a=<session id>&b=<session id> (${what}), or ?runs=<id>,<id>,... for up to ${MAX}.${twice} Tick two or more runs on the sessions page.`);
   }
   const got = await Promise.allSettled(runs.map((r) => r.loadSummary()));
   const unknown = runs.filter((r, k) => got[k].status === "rejected" && got[k].reason instanceof ApiError && got[k].reason.status === 404);
@@ -260,6 +264,7 @@ function layout() {
   main.append(
     h("h2", {}, runs.length > 2 ? `Compare ${runs.length} runs` : "Compare runs"),
     ...leftOutNote(),
+    ...repeatedNote(),
     h("div", { class: "compare-runs", "data-testid": "compare-legend" }, runs.map((r) =>
       h("a", { href: `/sessions/${encodeURIComponent(r.id)}${rank ? `?rank=${rank}` : ""}`, class: "compare-run", "data-run": r.letter.toLowerCase() },
         lettered(r, names))), h("span", { id: "compare-graphs" })),
@@ -276,14 +281,34 @@ function layout() {
 
 // The runs named past the first MAX: which they are, and a page comparing them (QA: a sweep's
 // fifth run on was dropped from the URL without a word).
+// Each by its name (QA 52a: by its id, "3aeaa1ee6ec34ecd", which said not which run it was), with
+// its id where another run named on the page has the same name, or where no session has that id.
 function leftOutNote() {
   if (!leftOut.length) return [];
   const rest = new URLSearchParams({ runs: leftOut.slice(0, MAX).join(",") });
   if (rank) rest.set("rank", rank);
+  const names = leftOut.map((id, k) => leftOutNames[k] ?? null);
+  const all = [...runs.map((r) => r.name), ...names];
+  const said = leftOut.map((id, k) => {
+    const name = names[k];
+    if (name === null) return `"${id}" (no such session)`;
+    return all.filter((n) => n === name).length > 1 && name !== id ? `"${name}" [${id}]` : `"${name}"`;
+  });
   return [h("p", { class: "notice", id: "compare-left-out", "data-testid": "compare-left-out", role: "note" },
-    `This page compares at most ${MAX} runs: the first ${MAX} named are shown; left out: ${leftOut.map((id) => `"${id}"`).join(", ")}. `,
+    `This page compares at most ${MAX} runs: the first ${MAX} named are shown; left out: ${said.join(", ")}. `,
     leftOut.length > 1 ? h("a", { href: `/compare?${rest}` }, `Compare ${leftOut.length > MAX ? `the next ${MAX}` : `those ${leftOut.length}`}`) : null)];
 }
+
+// The runs the address named more than once: each is compared once (QA 52a: ?runs=X,X drew a run
+// against itself as A and B without a word).
+function repeatedNote() {
+  if (!repeated.length) return [];
+  const names = repeated.map((id) => runs.find((r) => r.id === id)?.name ?? id);
+  return [h("p", { class: "notice", id: "compare-repeated", "data-testid": "compare-repeated", role: "note" },
+    `${quoted(names)} ${repeated.length > 1 ? "were each" : "was"} named more than once in the address: compared once.`)];
+}
+
+const quoted = (xs) => xs.map((x) => `"${x}"`).join(", ");
 
 function addChart(grid, c) {
   const box = h("div", { "data-testid": c.metric !== undefined ? "compare-metric" : `compare-${c.key}` });

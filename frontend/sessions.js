@@ -73,14 +73,15 @@ function watchCall() {
     : `torchscope.watch(model, server="${here}") (or set TORCHSCOPE_SERVER=${here})`;
 }
 
+// The list's rows by session id, kept from one render to the next: a live run's refresh (a few a
+// second while it streams) updates the cells whose values changed and leaves the row, its
+// buttons and its tick box in place (QA 52a: every row was rebuilt at each refresh, so a row's
+// button under the pointer or the keyboard focus was replaced, and a scripted click on a live
+// row's Delete timed out on "element was detached").
+const rowsById = new Map(); // id -> { tr, s, cells: [td, ...], keys: [string, ...], box }
+
 function render() {
   showPicked();
-  clear(body);
-  if (!sessions.length) {
-    shown.textContent = "";
-    body.append(h("tr", {}, h("td", { colspan: COLUMNS, class: "muted", id: "empty" }, `No sessions yet. Add ${watchCall()} to a training script, run \`torchscope demo\`, or drop a .tscope file here.`)));
-    return;
-  }
   // every word somewhere in the row's name, id, status, mode, model or tags, in any case
   const words = filter.value.toLowerCase().split(/\s+/).filter(Boolean);
   const rows = sessions.filter((s) => { const text = [s.name, s.id, s.status, s.mode, s.model, ...(s.tags || [])].join("\n").toLowerCase(); return words.every((w) => text.includes(w)); });
@@ -89,9 +90,24 @@ function render() {
     const cmp = (a, b) => (typeof a === "string" ? a.localeCompare(b, undefined, { numeric: true }) : a - b);
     rows.sort((a, b) => sign * cmp(key(a), key(b)));
   }
+  // the rows shown, updated in place; the others (deleted, filtered out) leave the table
+  const shownRows = rows.map(upsertRow);
+  const keep = new Set(shownRows);
+  for (const [id, r] of rowsById) if (!keep.has(r.tr)) { r.tr.remove(); rowsById.delete(id); }
+  for (const tr of [...body.children]) if (!keep.has(tr)) tr.remove(); // "no sessions", "no match"
+  // in the order wanted, moving a row only when it is out of place (a move drops its focus)
+  let at = body.firstElementChild;
+  for (const tr of shownRows) {
+    if (tr === at) at = at.nextElementSibling;
+    else body.insertBefore(tr, at);
+  }
+  if (!sessions.length) {
+    shown.textContent = "";
+    body.append(h("tr", {}, h("td", { colspan: COLUMNS, class: "muted", id: "empty" }, `No sessions yet. Add ${watchCall()} to a training script, run \`torchscope demo\`, or drop a .tscope file here.`)));
+    return;
+  }
   shown.textContent = words.length ? `${rows.length} of ${sessions.length} sessions` : `${sessions.length} session${sessions.length > 1 ? "s" : ""}`;
   if (!rows.length) body.append(h("tr", {}, h("td", { colspan: COLUMNS, class: "muted", id: "no-match" }, `No session matches "${filter.value.trim()}".`)));
-  for (const s of rows) body.append(row(s));
 }
 
 // A column header's click sorts by it; a second click reverses the order.
@@ -127,28 +143,54 @@ function showSort() {
   }
 }
 
-function row(s) {
-  const href = `/sessions/${encodeURIComponent(s.id)}`;
-  const tags = h("span", { class: "tags" }, (s.tags || []).map((t) => h("span", { class: "tag", title: t }, t)));
-  // the run each row's control acts on, said with it ("Delete, button, live200"): a screen
-  // reader's "Delete" alone said not which (QA 50b); a description, the buttons' names kept
-  const who = `session-name-${s.id}`;
-  return h("tr", { "data-id": s.id },
-    h("td", { class: "session-name" }, h("a", { href, class: "session-link", id: who }, s.name || s.id), h("div", { class: "muted small" }, s.model || "")),
-    h("td", {}, h("span", { class: `badge status-${(s.status || "").replace(/ /g, "-")}` }, s.status)),
-    h("td", {}, fmtTime(s.started_at)), h("td", { class: "num" }, String(s.steps ?? 0)), h("td", { class: "num" }, String(ranksOf(s))),
-    h("td", { "data-testid": "doctor-cell" }, s.errors ? h("span", { class: "badge err", title: "doctor errors" }, `${s.errors} error${s.errors > 1 ? "s" : ""}`) : null,
+// A row's cells but its actions: each the values it shows (compared as text: a cell is redrawn
+// only when they changed) and how it draws them.
+const CELLS = [
+  { key: (s) => [s.name || s.id, s.model || ""], attrs: { class: "session-name" },
+    fill: (s) => [h("a", { href: `/sessions/${encodeURIComponent(s.id)}`, class: "session-link", id: `session-name-${s.id}` }, s.name || s.id),
+      h("div", { class: "muted small" }, s.model || "")] },
+  { key: (s) => [s.status], fill: (s) => [h("span", { class: `badge status-${(s.status || "").replace(/ /g, "-")}` }, s.status)] },
+  { key: (s) => [s.started_at], fill: (s) => [fmtTime(s.started_at)] },
+  { key: (s) => [s.steps ?? 0], attrs: { class: "num" }, fill: (s) => [String(s.steps ?? 0)] },
+  { key: (s) => [ranksOf(s)], attrs: { class: "num" }, fill: (s) => [String(ranksOf(s))] },
+  { key: (s) => [s.errors, s.warnings, s.status, s.diagnosed], attrs: { "data-testid": "doctor-cell" },
+    fill: (s) => [s.errors ? h("span", { class: "badge err", title: "doctor errors" }, `${s.errors} error${s.errors > 1 ? "s" : ""}`) : null,
       s.warnings ? h("span", { class: "badge warn" }, `${s.warnings} warning${s.warnings > 1 ? "s" : ""}`) : null,
-      s.errors || s.warnings ? null : doctorVerdict(s)),
-    h("td", { class: "mode", "data-testid": "mode-cell", title: MODES[s.mode] || "" }, s.mode || "–"),
-    h("td", {}, tags),
-    h("td", { class: "row-actions" },
-      h("label", { class: "compare-pick", title: `tick two to ${MAX_COMPARE} runs, then "Compare" above the list` },
-        h("input", { type: "checkbox", "data-testid": "compare-pick", "aria-describedby": who, checked: picked.includes(s.id), onchange: (e) => pick(s.id, e.target.checked) }), "compare"),
-      h("button", { title: "rename", "aria-describedby": who, onclick: () => rename(s) }, "Rename"),
-      h("button", { title: "tags, comma separated", "aria-describedby": who, onclick: () => tag(s) }, "Tag"),
-      h("button", { title: "download the .tscope file", "aria-describedby": who, onclick: () => download(s) }, "Download"),
-      h("button", { class: "danger", title: "delete", "aria-describedby": who, onclick: () => remove(s) }, "Delete")));
+      s.errors || s.warnings ? null : doctorVerdict(s)] },
+  { key: (s) => [s.mode], attrs: { class: "mode", "data-testid": "mode-cell" },
+    fill: (s, td) => { td.title = MODES[s.mode] || ""; return [s.mode || "–"]; } },
+  { key: (s) => s.tags || [], fill: (s) => [h("span", { class: "tags" }, (s.tags || []).map((t) => h("span", { class: "tag", title: t }, t)))] },
+];
+
+// A session's row: the one already shown, its changed cells redrawn, else a new one.  The row's
+// controls act on its latest values (r.s), so they are made once.
+function upsertRow(s) {
+  let r = rowsById.get(s.id);
+  if (!r) {
+    // the run each row's control acts on, said with it ("Delete, button, live200"): a screen
+    // reader's "Delete" alone said not which (QA 50b); a description, the buttons' names kept
+    const who = `session-name-${s.id}`;
+    const box = h("input", { type: "checkbox", "data-testid": "compare-pick", "aria-describedby": who, onchange: (e) => pick(s.id, e.target.checked) });
+    r = { s, cells: CELLS.map((c) => h("td", c.attrs || {})), keys: CELLS.map(() => null), box };
+    r.tr = h("tr", { "data-id": s.id }, r.cells,
+      h("td", { class: "row-actions" },
+        h("label", { class: "compare-pick", title: `tick two to ${MAX_COMPARE} runs, then "Compare" above the list` }, box, "compare"),
+        h("button", { title: "rename", "aria-describedby": who, onclick: () => rename(r.s) }, "Rename"),
+        h("button", { title: "tags, comma separated", "aria-describedby": who, onclick: () => tag(r.s) }, "Tag"),
+        h("button", { title: "download the .tscope file", "aria-describedby": who, onclick: () => download(r.s) }, "Download"),
+        h("button", { class: "danger", title: "delete", "aria-describedby": who, onclick: () => remove(r.s) }, "Delete")));
+    rowsById.set(s.id, r);
+  }
+  r.s = s;
+  CELLS.forEach((c, i) => {
+    const key = JSON.stringify(c.key(s));
+    if (key === r.keys[i]) return;
+    r.keys[i] = key;
+    const td = r.cells[i];
+    clear(td).append(...c.fill(s, td).filter((x) => x !== null && x !== undefined));
+  });
+  r.box.checked = picked.includes(s.id);
+  return r.tr;
 }
 
 // The doctor cell of a run without errors or warnings: a clean run says so, not a blank cell

@@ -86,6 +86,38 @@ def _json_error(status: int, detail: Any) -> Response:
                     media_type="application/json")
 
 
+def _page_load(request: Request) -> bool:
+    """A browser opening one of the dashboard's pages (a person reads the answer), not the API's
+    or a page's own request for data."""
+    return "text/html" in request.headers.get("accept", "") and not request.url.path.startswith(("/api/", "/static/"))
+
+
+def _page(status: int, title: str, message: str) -> HTMLResponse:
+    """A page of one notice (``message``: HTML, its data escaped by the caller) in the dashboard's style."""
+    return HTMLResponse("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+                        f"<title>{html.escape(title)} · torchscope</title><link rel=\"stylesheet\" href=\"/static/style.css\">"
+                        f"</head><body><main><div class=\"notice error\" id=\"fatal\" role=\"alert\">{message}</div>"
+                        "</main></body></html>", status_code=status)
+
+
+# the parameters that name a session: the id in a page's path, and the Compare page's ids
+_ID_PARAMS = {"session_id", "runs", *"abcdefghijklmnopqrstuvwxyz"}
+
+
+def _said(error: Any) -> str:
+    """One sentence for a browser of an address's part the routes refuse: an ill-formed session
+    id as an unknown one is said (the Compare page's "No session ..."), with what an id may hold;
+    anything else its parameter and pydantic's message."""
+    loc = [str(x) for x in error.get("loc", ())]
+    what = loc[-1] if loc else ""
+    given = str(error.get("input", "")).encode("utf-8", "replace").decode()  # (a lone surrogate: not UTF-8)
+    shown = given if len(given) <= 80 else given[:77] + "..."
+    if error.get("type") == "string_pattern_mismatch" and what in _ID_PARAMS:
+        return (f"No session \"{shown}\" on this server: that is not a session id (an id is 1 to 200 letters, "
+                "digits and . _ : @ + = -, never a space or a /).")
+    return f"{what or 'the address'}: {error.get('msg', 'not understood')}."
+
+
 def _add_error_handlers(app: FastAPI, data_dir: Path) -> None:
     """Errors that are no bug of the server answer a one-line detail, not a 500."""
 
@@ -103,6 +135,9 @@ def _add_error_handlers(app: FastAPI, data_dir: Path) -> None:
         # FastAPI's own handler echoes each error's input back, which fails on what JSON cannot
         # hold (NaN, a lone surrogate): the errors' place and message only
         assert isinstance(exc, RequestValidationError)
+        if _page_load(request):  # a person reads it: sentences, not the API's error list (QA 52a)
+            said = " ".join(_said(e) for e in exc.errors())
+            return _page(422, "Bad address", f"{html.escape(said)} <a href=\"/\">All sessions</a>")
         errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
                   for e in exc.errors()]
         return _json_error(422, errors)
@@ -111,14 +146,9 @@ def _add_error_handlers(app: FastAPI, data_dir: Path) -> None:
         # a page a browser asked for that is not there (a mistyped address): a page saying so,
         # with the way back, not the API's {"detail": "Not Found"} (QA 45c)
         assert isinstance(exc, StarletteHTTPException)
-        path = request.url.path
-        if (exc.status_code == 404 and "text/html" in request.headers.get("accept", "")
-                and not path.startswith(("/api/", "/static/"))):
-            page = ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Not found · torchscope</title>"
-                    "<link rel=\"stylesheet\" href=\"/static/style.css\"></head><body><main><div class=\"notice error\">"
-                    f"No page {html.escape(path)} on this torchscope server. <a href=\"/\">All sessions</a></div>"
-                    "</main></body></html>")
-            return HTMLResponse(page, status_code=404)
+        if exc.status_code == 404 and _page_load(request):
+            return _page(404, "Not found", f"No page {html.escape(request.url.path)} on this torchscope server. "
+                         "<a href=\"/\">All sessions</a>")
         return await http_exception_handler(request, exc)
 
     app.add_exception_handler(StarletteHTTPException, not_found)

@@ -78,6 +78,7 @@ _EXAMPLES = {
   torchscope open run.tscope                     the server on 127.0.0.1:6150 (started if none answers)
   torchscope open a.tscope b.tscope              both imported; two runs open side by side (Compare runs)
   torchscope open sweep/*.tscope                 each imported; 3 to 8 runs open side by side too
+                                                 (9 or more: the sessions page, to tick up to 8 there)
   torchscope open runs/*.tscope --no-browser     each imported, its URL printed
   torchscope open run.tscope --no-browser        print the URL only
   torchscope open run.tscope --no-follow         a run still writing it: import what it holds now
@@ -100,7 +101,7 @@ _EXAMPLES = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .config import DEFAULT_HOST, DEFAULT_PORT, version
+    from .config import DEFAULT_HOST, DEFAULT_PORT, MAX_COMPARE, version
 
     p = _Parser(prog="torchscope", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,8 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
         "dashboard server and open its page. The file is read, never changed. A file its run is still "
         "writing is followed: imported again as it grows, until the run ends (Ctrl-C stops following). "
         + _SERVER_ENV))
-    o.add_argument("file", nargs="+", help="a .tscope session file (several: each imported, two open side by "
-                   "side; one that cannot be is said and the others imported, exit 2)")
+    o.add_argument("file", nargs="+", help="a .tscope session file (several: each imported; 2 to "
+                   f"{MAX_COMPARE} runs open side by side on the Compare page, more on the sessions page; one "
+                   "that cannot be is said and the others imported, exit 2)")
     _server_options(o, DEFAULT_PORT)
     o.add_argument("--data", metavar="DIR", help="data directory of a server started here")
     o.add_argument("--no-browser", action="store_true", help="print the URL only")
@@ -345,7 +347,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _server_base(args: argparse.Namespace) -> str:
     """The server `open` and `demo` use: --server, --port, $TORCHSCOPE_SERVER or the default,
     as ``watch()`` finds it."""
-    from torchscope.transport import DEFAULT_SERVER, server_url
+    from torchscope.transport import DEFAULT_SERVER, base_url_hint, names_more_than_a_server, server_url
 
     if args.server and args.port:
         raise CliError("give --server or --port, not both", 2)
@@ -358,15 +360,8 @@ def _server_base(args: argparse.Namespace) -> str:
     if url is None:
         sep = " " if origin.startswith("-") else "="
         raise CliError(f"{origin}{sep}{text!r} is not an http(s) URL (e.g. {DEFAULT_SERVER})", 2)
-    try:
-        parts = urllib.parse.urlsplit(url)
-        extra = parts.path.strip("/") or parts.query or parts.username is not None
-    except ValueError:  # what server_url let through and urlsplit refuses
-        extra = True
-    if extra:  # the server is served at its root, and asks for a token, not a password
-        sep = " " if origin.startswith("-") else "="
-        raise CliError(f"{origin}{sep}{text!r}: give the server's base URL ({DEFAULT_SERVER}), "
-                       "without a path or user:password", 2)
+    if names_more_than_a_server(url):
+        raise CliError(base_url_hint(origin, text), 2)
     return url
 
 
@@ -489,6 +484,9 @@ def cmd_open(args: argparse.Namespace) -> int:
         print(f"torchscope open: all {len(ids)} runs side by side: {url}", file=sys.stderr, flush=True)
     else:
         url = page_url(base + (str(imported[0]["url"]) if len(ids) == 1 else "/"), token)
+        if len(ids) > MAX_COMPARE:  # (QA 52a: their URLs and not a word why no Compare page)
+            print(f"torchscope open: {len(ids)} runs: Compare shows at most {MAX_COMPARE} side by side; tick the "
+                  f"ones to compare on the sessions page: {url}", file=sys.stderr, flush=True)
     if not args.no_browser:
         import webbrowser
 
@@ -679,7 +677,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         try:
             _check_file(name)
         except CliError as exc:
-            if len(names) == 1:
+            if len(names) == 1 and not args.json:  # (--json: said as JSON by run_files)
                 raise
             refused[name] = str(exc)
     overrides: dict[str, str] = {}

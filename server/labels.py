@@ -27,6 +27,8 @@ from torchscope.sessionfile import FrameInfo, encode_frame, may_hold_labels
 from .frames import BadFrames, file_frames
 
 MAX_TAG = 100  # characters, as a PATCH keeps them
+# what a blank name or tag may hold besides spaces (str.strip() keeps the zero-width ones)
+INVISIBLE = " \t\n\r\f\v\u00a0\u200b\u200c\u200d\u2060\ufeff"
 
 
 def labels_event(name: str, tags: list[str]) -> dict[str, Any]:
@@ -62,7 +64,8 @@ def of_event(ev: dict[str, Any]) -> tuple[str | None, list[str] | None] | None:
     name = labels.get("name")
     name = name.strip() if isinstance(name, str) and name.strip() else None
     tags = labels.get("tags")
-    tags = [t[:MAX_TAG] for t in tags if isinstance(t, str)] if isinstance(tags, list) else None
+    # (as a PATCH takes them: stripped; a blank one, which a PATCH refuses, left out)
+    tags = [t.strip()[:MAX_TAG] for t in tags if isinstance(t, str) and t.strip(INVISIBLE)] if isinstance(tags, list) else None
     return name, tags
 
 

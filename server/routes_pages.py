@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -68,8 +70,10 @@ def session_page(session_id: SessionId, request: Request, settings: SettingsDep)
 # letters a, b, c, ... (in letter order: today's ?a=&b= links keep their meaning, and a QA sweep
 # link ?a=&b=&c=&d=&e= shows all five, not A and B silently) and then by ?runs=<id>,<id>,...
 # (the compact form, for a sweep's list of ids and the sessions page's "Compare" button).
-# Each id is checked as a session page's is (an ill-formed one: 422, as before); past
-# MAX_COMPARE the rest are passed on as left out, and the page says which (never silently).
+# Each id is checked as a session page's is (an ill-formed one: 422, as before; a browser gets
+# a sentence, app.py); an id named twice is compared once (a run against itself, as A and B,
+# showed two identical lines), and the page says which were; past MAX_COMPARE the rest are passed
+# on as left out, with their names, and the page says which (never silently).
 # One absent or unknown is said on the page, not here.
 CompareId = Annotated[str | None, Query(pattern=SESSION_ID_PATTERN)]
 _SESSION_ID = re.compile(SESSION_ID_PATTERN)
@@ -89,10 +93,18 @@ def _compare_ids(request: Request, runs: str | None) -> list[str]:
 
 
 @router.get("/compare", response_class=HTMLResponse, include_in_schema=False)
-def compare_page(request: Request, settings: SettingsDep, a: CompareId = None, b: CompareId = None,
+def compare_page(request: Request, settings: SettingsDep, store: StoreDep, a: CompareId = None, b: CompareId = None,
                  runs: Annotated[str | None, Query(max_length=20_000)] = None,
                  rank: Annotated[int, Query(ge=0, le=65535)] = 0) -> Response:
-    ids = _compare_ids(request, runs)
+    named = _compare_ids(request, runs)
+    times = Counter(named)
+    ids = list(times)  # each run once, where it was first named
+    repeated = [i for i in ids if times[i] > 1]
+    left_out = ids[MAX_COMPARE:]
+    # the runs left out by their names (QA 52a: their ids alone, "3aeaa1ee6ec34ecd", said not which
+    # runs they were); an id no session has is null, and the page names it as given
+    names = store.names(left_out) if left_out else {}
     # (a and b are passed on as given: with fewer than two runs the page says which one is missing)
     return _render("compare.html", request, settings.token, a=a or "", b=b or "", rank=rank,
-                   runs=",".join(ids[:MAX_COMPARE]), left_out=",".join(ids[MAX_COMPARE:]), max_runs=MAX_COMPARE)
+                   runs=",".join(ids[:MAX_COMPARE]), left_out=",".join(left_out), max_runs=MAX_COMPARE,
+                   left_out_names=json.dumps([names.get(i) for i in left_out]), repeated=",".join(repeated))

@@ -68,7 +68,11 @@ async def patch_session(session_id: SessionId, patch: SessionPatch, store: Store
     name = None if patch.name is None else patch.name.strip()
     if name is not None and not name.strip(_INVISIBLE):  # a blank link on the sessions page (QA 48d, 48e)
         raise HTTPException(422, "name: a name needs a character that is not a space")
-    tags = None if patch.tags is None else [t[:100] for t in patch.tags]
+    # each tag as a name is taken: stripped, and a blank one refused (QA 52a: ["a", ""] stored an
+    # empty tag, while a blank name is refused)
+    tags = None if patch.tags is None else [t.strip()[:100] for t in patch.tags]
+    if tags is not None and not all(t.strip(_INVISIBLE) for t in tags):
+        raise HTTPException(422, "tags: a tag needs a character that is not a space")
     if tags is not None and not all(_unicode(t) for t in tags):  # a lone surrogate: JSON lets it through
         raise HTTPException(422, "tags: a tag holds text that is not valid Unicode")
     if not await asyncio.wrap_future(store.update(session_id, name, tags)):
@@ -76,7 +80,7 @@ async def patch_session(session_id: SessionId, patch: SessionPatch, store: Store
     return store.session(session_id)
 
 
-_INVISIBLE = " \t\n\r\f\v\u00a0\u200b\u200c\u200d\u2060\ufeff"  # (str.strip() keeps the zero-width ones)
+_INVISIBLE = labels.INVISIBLE  # (str.strip() keeps the zero-width ones)
 
 
 def _unicode(text: str) -> bool:

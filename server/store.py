@@ -551,6 +551,16 @@ class Store:
         out["rank_info"] = ranks
         return out
 
+    def names(self, session_ids: list[str]) -> dict[str, str]:
+        """The name of each of these sessions that is stored (its id where it has none), by id."""
+        out: dict[str, str] = {}
+        for i in range(0, len(session_ids), 500):
+            chunk = session_ids[i:i + 500]
+            rows = self._read().execute(f"SELECT id, name FROM sessions WHERE id IN ({','.join('?' * len(chunk))})",
+                                        chunk)
+            out.update((sid, name or sid) for sid, name in rows)
+        return out
+
     def exists(self, session_id: str) -> bool:
         return self._read().execute("SELECT 1 FROM sessions WHERE id=?", (session_id,)).fetchone() is not None
 

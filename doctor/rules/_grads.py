@@ -70,16 +70,20 @@ def applied_steps(run: Run) -> Iterator[tuple[int, dict[str, Any]]]:
     return ((step, ev) for step, ev in run.step_events() if not scaler_skipped(ev))
 
 
-def sparse_params(run: Run) -> set[int]:
-    """Indices of parameters whose gradients are sparse by design: those of an embedding, and
-    a pruned one (``torch.nn.utils.prune`` renames ``weight`` to ``weight_orig`` and multiplies
-    it by a mask: its gradient is zero wherever the mask is, 99% of it at 99% pruning); pruned
-    after ``watch()``, it keeps its name and the capture says so (``pruned`` events)."""
+def pruned_params(run: Run) -> set[int]:
+    """Indices of the parameters ``torch.nn.utils.prune`` masks: it renames ``weight`` to
+    ``weight_orig`` and multiplies it by a mask, so its gradient is zero wherever the mask is
+    (99% of it at 99% pruning); pruned after ``watch()``, it keeps its name and the capture
+    says so (``pruned`` events)."""
     pruned = {as_int(i, -1) for _, ev in run.step_events() for e in notes(ev, "pruned") for i in as_list(e.get("params"))}
-    return pruned | run.row_tables | {i for i in range(len(run.params))
-                                      if run.module_type(run.param_module(i)) in SPARSE_GRAD_TYPES
-                                      or run.param_name(i).endswith("_orig")}
+    return pruned | {i for i in range(len(run.params)) if run.param_name(i).endswith("_orig")}
 
+
+def sparse_params(run: Run) -> set[int]:
+    """Indices of parameters whose gradients are sparse by design: those of an embedding (only
+    looked-up rows get one), a table read by rows, and a pruned one (``pruned_params``)."""
+    return pruned_params(run) | run.row_tables | {i for i in range(len(run.params))
+                                                  if run.module_type(run.param_module(i)) in SPARSE_GRAD_TYPES}
 
 
 def numel(run: Run, index: int) -> int:

@@ -14,11 +14,11 @@ from typing import Any
 from torchscope.schema import Finding, FindingTarget
 
 from .. import graph as g
-from ..finding import describe_steps, make
+from ..finding import and_list, describe_steps, make
 from ..run import Run, as_dict, as_float, as_int, as_list, notes
 from ..settings import Settings
 from . import paths
-from ._grads import applied_steps, column, floats, sparse_params, value
+from ._grads import applied_steps, column, floats, pruned_params, sparse_params, value
 from .norms import diverged_steps
 
 FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large negative bias: try LeakyReLU/"
@@ -76,7 +76,12 @@ def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], di
     ``zero_grad(set_to_none=False)`` could have zeroed them (P5's case): the whole model."""
     dead: dict[int, list[int]] = {}
     whole: dict[int, list[int]] = {}
-    sparse = sparse_params(run)
+    # a pruned weight's gradient is zero where its mask is, by design -- but not everywhere: a
+    # mask that zeroes the whole weight (amount=1.0, or pruning repeated until nothing is left)
+    # leaves its layer's output its bias alone, and nothing before it learns (QA 52b: the
+    # biases before it read as cancelling out of the loss, "nothing to fix")
+    pruned = pruned_params(run)
+    sparse = sparse_params(run) - pruned
     # a parameter the step's backward never reached keeps whatever .grad it had -- zeros after
     # zero_grad(set_to_none=False): not dead, unused that step (the idle head of a multi-task
     # loop whose heads take turns; QA 36a: a "dead branch" on every step)
@@ -105,7 +110,8 @@ def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], di
               else None if n is None else 1.0 if n == 0.0 else 0.0 for i, n in enumerate(norms)]
         idle = unreached.get(step, set()) & alive | routed_away
         flagged = [i for i, frac in enumerate(zf) if frac is not None and frac >= settings.dead_zero_frac
-                   and i < len(norms) and norms[i] is not None and i not in sparse and i not in idle]
+                   and i < len(norms) and norms[i] is not None and i not in sparse and i not in idle
+                   and (i not in pruned or norms[i] == 0.0)]
         if not flagged:
             continue
         if len(flagged) < sum(1 for frac in zf if frac is not None) or any(norms[i] for i in flagged):
@@ -380,6 +386,66 @@ def _gate_note(run: Run, gate: tuple[str, str, float] | None) -> str:
             f"input, the output of {fed!r}{f' ({fed_kind})' if fed_kind else ''}, gets {none}{why}.")
 
 
+FIX_PRUNED = ("Check the prune mask: module.weight_mask.mean() is the share of the weight kept (0.0: none). "
+              "Prune a smaller amount (prune.l1_unstructured(module, 'weight', amount=0.5)), and mind that pruning a "
+              "module again prunes that share of what is left (amount=0.9 three times keeps 0.1%); "
+              "prune.remove(module, 'weight') makes the mask permanent.")
+
+
+def _masked(run: Run, dead: dict[int, list[int]], params: dict[int, list[int]], pruned: set[int],
+            gate: tuple[str, str, float] | None) -> tuple[list[int], list[int], bool]:
+    """(culprits, behind, sure) of the dead parameters ``torch.nn.utils.prune`` masks: a pruned
+    weight gets zeros where its mask is, by design, so one whose gradient is exact zeros
+    everywhere has a mask that zeroes the whole weight (``amount=1.0``; QA 52b: light and
+    default said only that the biases before it cancel out of the loss, "nothing to fix") or an
+    input of zeros.  The culprits: where the modules' output gradients tell, those of the layer
+    the gradient stops at (``sure``); else (light) those whose own layer's bias learns -- the
+    layer's output gets a gradient and its weight none -- sure when nothing else is dead (a dead
+    layer before it zeroes its input the same way).  ``behind``: the other pruned ones, dead
+    behind them.  No culprit: ``behind`` is [] and the pruned ones are left to the dead branch
+    found elsewhere (a dead ReLU before a pruned layer: QA 26), unless nothing else is dead."""
+    masked = sorted(i for i in params if i in pruned)
+    if not masked:
+        return [], [], False
+    if gate:
+        culprits = [i for i in masked if _layer_of(run.param_module(i)) == gate[0]]
+    else:
+        learns = {j for _, ev in _judged_steps(run) for j, n in enumerate(floats(ev, "norm")) if n and j not in dead}
+        culprits = [i for i in masked if any(j != i and _layer_of(run.param_module(j)) == _layer_of(run.param_module(i))
+                                             for j in learns)]
+    layers = {_layer_of(run.param_module(i)) for i in culprits}
+    sure = bool(gate) or all(_layer_of(run.param_module(i)) in layers for i in params)
+    return culprits, [i for i in masked if i not in culprits], sure
+
+
+HEDGE = " (or the layer's input is all zeros, from a dead layer before it)"
+
+
+def _masked_note(run: Run, culprits: list[int], behind: list[int], sure: bool) -> tuple[str, str]:
+    """The sentence and the fix of a dead branch with pruned weights in it (``_masked``)."""
+    if not culprits:
+        names = [run.param_name(i) for i in behind]
+        one = len(names) == 1
+        return (f" {and_list(names)} {'is' if one else 'are'} pruned (torch.nn.utils.prune) and {'its' if one else 'their'} "
+                "gradient is exact zeros everywhere, not only where the mask is: a prune mask zeroes the whole "
+                "weight (module.weight_mask.mean() is 0.0), or the layer's input is all zeros.",
+                FIX + " A pruned layer's mask can zero it all: check module.weight_mask.mean().")
+    layers = list(dict.fromkeys(_layer_of(run.param_module(i)) for i in culprits))
+    names = [run.param_name(i) for i in culprits]
+    one = len(culprits) == 1
+    note = (f" The prune mask of {and_list([repr(m) for m in layers])} zeroes the whole weight"
+            f"{'' if sure else HEDGE}: {and_list(names)} "
+            f"(pruned with torch.nn.utils.prune) {'gets' if one else 'get'} a gradient of exact zeros everywhere, not only "
+            f"where the mask is, so {'the layer passes' if len(layers) == 1 else 'each layer passes'} its bias alone, "
+            "whatever its input.")
+    if behind:
+        note += (f" {and_list([run.param_name(i) for i in behind])}, pruned too, {'is' if len(behind) == 1 else 'are'} "
+                 "dead behind it: no gradient goes back through a weight of zeros.")
+    fix = FIX_PRUNED if sure else (FIX_PRUNED + " If the mask keeps weights, find what zeroes the layer's input: "
+                                   + FIX[0].lower() + FIX[1:])
+    return note, fix
+
+
 FIX_WHOLE = ("Look at what the loss sees last: a round()/floor()/sign() of the prediction (its gradient is zero: "
              "compute the loss on the raw prediction and round only for reporting, or pass the gradient straight "
              "through with x + (x.round() - x).detach()); an output activation that cannot produce the targets (a "
@@ -490,9 +556,15 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         params = {i: s for i, s in params.items() if i not in tables}
     if not params and not acts:
         return found
-    names = [run.param_name(i) for i in sorted(params)]
     steps = sorted({s for v in [*params.values(), *acts.values()] for s in v})
     gate = _gate(run, settings, set(steps))
+    culprits, behind, sure = _masked(run, dead, params, pruned_params(run), gate)
+    if behind and not culprits and (acts or any(i not in behind for i in params)):
+        # a pruned layer behind a dead one (its input all zeros): told as before, by that one
+        params = {i: s for i, s in params.items() if i not in behind}
+        behind = []
+        steps = sorted({s for v in [*params.values(), *acts.values()] for s in v})
+    names = [run.param_name(i) for i in sorted(params)]
     # the module where the gradient stops first: the dashboard opens it
     modules = list(dict.fromkeys([*(gate[:1] if gate else ()), *sorted({run.param_module(i) for i in params} | set(acts))]))
     # the parameters themselves, not their modules: a layer after a dead one gets zero weight
@@ -511,6 +583,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     # died after a loss surge: the updates were too large, not the initialisation (QA 51b: the fix
     # line said "bad init ... try LeakyReLU" under a message saying to lower the learning rate)
     fix = FIX_SURGE if surge else FIX
+    if culprits or behind:
+        note, fix = _masked_note(run, culprits, behind, sure)
+        message += note
     cancelled = _cancelled(run, {run.param_module(i) for i in params}) if params else None
     if cancelled is not None:
         module, src = cancelled

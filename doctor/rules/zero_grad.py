@@ -116,6 +116,8 @@ def _wrong_model(run: Run, steps: list[int], src: str | None, message: str, feat
 
 def _missing(run: Run) -> list[Finding]:
     hits: dict[int, list[int]] = {}
+    piled: dict[int, int] = {}  # step -> backward passes of its closure summed into .grad
+    before = False  # a gradient non-zero before a step's first backward
     foreign = set(_foreign_steps(run))  # their gradients pile up for another reason (_foreign)
     for step, ev in run.step_events():
         if step in foreign:
@@ -125,7 +127,7 @@ def _missing(run: Run) -> list[Finding]:
             # gradients, and the step ended there (a DCGAN's generator loss backpropagated
             # through the critic's freed graph, before the loop's next zero_grad(): QA 37a)
             continue
-        if as_int(ev.get("micro_batches")) > 1 and as_int(ev.get("zero_grad")) > 0:
+        if as_int(ev.get("micro_batches")) > 1 and as_int(ev.get("zero_grad")) > 0 and not _closure_summed(ev):
             # stale gradients at the first backward (zero_grad counts 0 there), cleared before a
             # later one: the step used fresh ones (a GAN's discriminator gets the generator
             # loss's gradients, then zero_grad() and its own backward)
@@ -134,10 +136,22 @@ def _missing(run: Run) -> list[Finding]:
         # a parameter no optimizer holds keeps its gradient through optimizer.zero_grad(): that
         # is no missing zero_grad, it is never trained (_unheld)
         unheld = {as_int(i, -1) for i in as_list(grads.get("not_trained"))}
-        for i in as_list(grads.get("pre_nonzero")):
-            if as_int(i, -1) not in unheld:
-                hits.setdefault(as_int(i, -1), []).append(step)
+        stale = {as_int(i, -1) for i in as_list(grads.get("pre_nonzero"))}
+        before |= bool(stale - unheld - {-1})
+        if _closure_summed(ev) >= 2:
+            # a closure's passes summed into .grad: each pass after the first added onto the
+            # one before, from the first step on, when .grad was still empty before the step
+            # (QA 52b: "since step 1" of an LBFGS closure without zero_grad(), whose step 0
+            # summed 7 passes; pre_nonzero is read before the step's first pass only)
+            stale |= {i for i, v in enumerate(as_list(grads.get("norm"))) if v is not None}
+            piled[step] = _closure_summed(ev)
+        for i in sorted(stale - unheld):
+            hits.setdefault(i, []).append(step)
     hits.pop(-1, None)
+    if not before:
+        # a closure's passes piled up, .grad cleared before each step: zero_grad() is outside the
+        # closure, not missing (_closure_piled)
+        hits = {}
     steps = sorted({s for v in hits.values() for s in v})
     # The last step alone is a backward after the loop's last optimizer step, closed at the end --
     # unless the run died in that step: then it is the step that proved the gradients piled up
@@ -150,7 +164,11 @@ def _missing(run: Run) -> list[Finding]:
                f"zero_grad() is missing, so each step adds onto the old gradients of {len(names)} parameter(s).")
     first = next((ev for step, ev in run.step_events() if step == steps[0]), {})
     grads0 = as_dict(first.get("grads"))
-    stale = {as_int(i, -1) for i in as_list(grads0.get("pre_nonzero"))}
+    stale = {as_int(i, -1) for i in as_list(grads0.get("pre_nonzero"))} | (
+        {i for i, v in enumerate(as_list(grads0.get("norm"))) if v is not None} if steps[0] in piled else set())
+    if steps[0] in piled:
+        message += (f" Inside optimizer.step(closure) too: step {steps[0]} summed {piled[steps[0]]} backward passes of "
+                    "its closure into .grad.")
     # got a gradient at that step, and had none before its backward: cleared
     fresh = [i for i, v in enumerate(as_list(grads0.get("norm"))) if v is not None and i not in stale]
     if fresh and len(names) < trainable(run):
@@ -390,19 +408,27 @@ def _inside(run: Run) -> list[Finding]:
                  title="zero_grad() inside the accumulation loop")]
 
 
+def _closure_summed(ev: dict[str, Any]) -> int:
+    """How many backward passes of a closure optimizer.step() called several times (LBFGS) were
+    summed into .grad in this step; 0 where none piled up (a zero_grad() inside the closure
+    resets it between passes)."""
+    passes = max((as_int(e.get("passes")) for e in notes(ev, "closure")), default=0)
+    summed = as_int(ev.get("accumulated"))
+    # a closure that resets the gradients itself (zero_grad() inside it: a reset seen
+    # between its passes) sums only its own micro-batches (QA 37a: an error on a correct
+    # LBFGS closure accumulating 4 micro-batches, "16 passes piled up")
+    return summed if passes >= 2 and summed >= 2 and as_int(ev.get("zero_grad")) < 2 else 0
+
+
 def _closure_piled(run: Run) -> list[Finding]:
     """zero_grad() outside the closure of an optimizer that calls it several times per step
     (LBFGS): the gradients of its passes add up, and each line search reads their sum.  (One
     pass inside step() -- Lightning's last micro-batch of an accumulation -- is no such loop.)"""
     hits: list[tuple[int, int, int]] = []  # step, closure passes, passes summed into .grad
     for step, ev in run.step_events():
-        passes = max((as_int(e.get("passes")) for e in notes(ev, "closure")), default=0)
-        summed = as_int(ev.get("accumulated"))
-        # a closure that resets the gradients itself (zero_grad() inside it: a reset seen
-        # between its passes) sums only its own micro-batches (QA 37a: an error on a correct
-        # LBFGS closure accumulating 4 micro-batches, "16 passes piled up")
-        if passes >= 2 and summed >= 2 and as_int(ev.get("zero_grad")) < 2:
-            hits.append((step, passes, summed))
+        summed = _closure_summed(ev)
+        if summed:
+            hits.append((step, max(as_int(e.get("passes")) for e in notes(ev, "closure")), summed))
     if not hits:
         return []
     steps = [h[0] for h in hits]
