@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from torchscope.schema import Finding, FindingTarget
+
+if TYPE_CHECKING:
+    from .run import Run
 
 Severity = Literal["error", "warning", "info"]
 View = Literal["graph", "memory", "gradients"]
@@ -45,6 +48,25 @@ def describe_steps(steps: list[int], last_step: int) -> str:
     if contiguous:
         return f"steps {steps[0]}-{steps[-1]}"
     return f"on {len(steps)} steps ({list_steps(steps)})"
+
+
+def in_captured_graphs(run: Run, steps: list[int]) -> str:
+    """'captured graphs since step 3, every step' and the like: the steps a rule found something
+    in, told against the steps that have a graph.  Default mode captures every 50th step, and a
+    long full run's graphs are sampled as the doctor reads them (kept.py): a loss given
+    probabilities on every step from 5,500 of a 6,000-step full run read "on 15 steps (5500,
+    5550, ...)", as though the steps between were clean (QA 52a)."""
+    steps = sorted(set(steps))
+    sampled = "; the doctor read a sample of this long run's graphs, not every step's" if run.graphs_left_out else ""
+    plural = "s" if len(steps) > 1 else ""
+    have = sorted(run.graphs)
+    at = have.index(steps[0]) if steps and steps[0] in have else -1
+    if len(steps) < 2 or at < 0 or steps == list(range(steps[0], steps[-1] + 1)) \
+            or have[at:at + len(steps)] != steps:
+        return f"captured graph{plural} {describe_steps(steps, run.last_step)}{sampled}"
+    # every captured graph of a stretch: the steps between had none to tell
+    span = f"since step {steps[0]}" if steps[-1] == have[-1] else f"from step {steps[0]} to {steps[-1]}"
+    return f"every captured graph {span}, {len(steps)} graphs: {list_steps(steps)}{sampled}"
 
 
 def list_steps(steps: list[int]) -> str:

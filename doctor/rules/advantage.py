@@ -26,7 +26,7 @@ from typing import Any
 
 from torchscope.schema import Finding
 
-from ..finding import describe_steps, make
+from ..finding import in_captured_graphs, make
 from ..graph import made_by, op_inputs, ops, producers, target_of_op
 from ..run import Run, as_dict, as_int, as_list, notes
 from ..settings import Settings
@@ -270,8 +270,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             message = (f"The policy loss{at} multiplies the taken actions' log-probabilities by an advantage that still "
                        f"requires grad (the value from {named} not detached), but the critic has an optimizer of its "
                        "own whose zero_grad() clears what the policy loss sends it before its backward: nothing of it "
-                       f"reaches the critic's update (captured graph{'s' if len(steps) > 1 else ''} "
-                       f"{describe_steps(steps, run.last_step)}). The backward still computes it, and a loop reordered "
+                       f"reaches the critic's update ({in_captured_graphs(run, steps)}). The backward still computes it, and a loop reordered "
                        "later would apply it.")
             findings.append(make("P18", "info", message, FIX, steps, rank=run.rank,
                                  targets=[target_of_op(first, run.rank, mul), target_of_op(first, run.rank, head)],
@@ -280,8 +279,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
         message = (f"The policy loss{at} multiplies the taken actions' log-probabilities by an advantage that still "
                    f"requires grad: (returns - value) with the value from {named} not detached, so the policy "
                    "loss trains the critic too -- its gradient there is log π(a|s), pushing the value up whatever "
-                   f"the returns are (captured graph{'s' if len(steps) > 1 else ''} "
-                   f"{describe_steps(steps, run.last_step)}).")
+                   f"the returns are ({in_captured_graphs(run, steps)}).")
         findings.append(make("P18", "warning", message, FIX, steps, rank=run.rank,
                              targets=[target_of_op(first, run.rank, mul), target_of_op(first, run.rank, head)],
                              modules=[module] if module else [], src=src or None))
@@ -296,8 +294,7 @@ def _td_finding(run: Run, src: str, steps: list[int], loss: dict[str, Any], head
     message = (f"The loss{at} regresses Q(s, a) onto a target, reward + gamma * max Q(s', .) from {named}, that still "
                "requires grad: computed with the network itself and neither under torch.no_grad() nor detached, so "
                "each update also pulls the next state's value toward this one's -- Q-learning treats the target as a "
-               f"constant, and learning this way is slower and less stable (captured graph{'s' if len(steps) > 1 else ''} "
-               f"{describe_steps(steps, run.last_step)}).")
+               f"constant, and learning this way is slower and less stable ({in_captured_graphs(run, steps)}).")
     return make("P18", "warning", message, TD_FIX, steps, rank=run.rank,
                 targets=[target_of_op(first, run.rank, loss), target_of_op(first, run.rank, head)],
                 modules=[module] if module else [], src=src or None, title="TD target not detached")

@@ -18,7 +18,7 @@ from typing import Any
 
 from torchscope.schema import Finding
 
-from ..finding import describe_steps, make
+from ..finding import in_captured_graphs, make
 from ..graph import ops, producers, target_of_op
 from ..run import Run, as_float, as_int, as_list
 from ..settings import Settings
@@ -155,7 +155,7 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             why = ("it applies log_softmax itself, so the scores are squashed twice: the loss stalls well above "
                    "zero and the gradient reaching the model shrinks")
         message = (f"{loss} was given probabilities: its input is the {kind} output{where}{at}, not the logits; "
-                   f"{why} (captured graph{'s' if len(steps) > 1 else ''} {describe_steps(steps, run.last_step)}).")
+                   f"{why} ({in_captured_graphs(run, steps)}).")
         findings.append(make("P16", "warning", message, FIX[kind], steps, rank=run.rank,
                              targets=[target_of_op(first, run.rank, norm_op), target_of_op(first, run.rank, loss_op)],
                              modules=[str(m) for m in mods],
