@@ -6,6 +6,7 @@ from the step's forwards."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ from .. import graph as g
 from ..finding import describe_steps, make
 from ..run import Run, as_dict, as_int, as_list, capture_hint, errors, grad_off
 from ..settings import Settings
+from ..source import script_lines
 from .paths import _COPIES_FIX, _CUT_FIX, P9_FIX, _forward_ops, _tensor_facts, copied_params
 
 NO_GRAD_FN = "does not require grad and does not have a grad_fn"
@@ -113,6 +115,72 @@ def _mode_of(x: dict[str, Any]) -> str:
     return "torch.inference_mode()" if x.get("inference_mode") is True else "torch.no_grad()"
 
 
+# A call of torch.utils.checkpoint (or checkpoint_sequential) that does not pass use_reentrant=False,
+# and what a grad-mode-off block in the user's code is written with
+_CHECKPOINT_CALL = re.compile(r"\bcheckpoint(?:_sequential)?\s*\(")
+_NOT_REENTRANT = re.compile(r"use_reentrant\s*=\s*False")
+_GRAD_OFF_CODE = re.compile(r"\b(?:no_grad|inference_mode|set_grad_enabled)\b")
+
+
+def _line_no(src: str) -> int:
+    base, _, line = src.rpartition(":")
+    return int(line) if base and line.isdigit() else -1
+
+
+def _reentrant_checkpoint(run: Run, fwd: list[dict[str, Any]], op: dict[str, Any], carrying: set[int],
+                          tensors: dict[int, dict[str, Any]]) -> str | None:
+    """The line of the reentrant ``torch.utils.checkpoint`` call that ran ``op`` with grad mode
+    off inside a forward that had it on, or None (a no_grad block, or nothing tells).  Both leave
+    the same ops: grad mode off for a stretch of the forward, parameters read inside it.  They
+    differ in the user's code around the stretch -- the lines of the forward from the last op
+    before it to the first after it (its caller's: the checkpoint call, a ``with
+    torch.no_grad():``), read back from the script -- and in what enters it: reentrant
+    checkpointing builds a graph whenever an input requires grad (QA 52b: LoRA's adapters
+    inside checkpointed blocks fed by a frozen embedding, no ``enable_input_require_grads()``),
+    so an activation carrying a gradient into the stretch rules it out."""
+    micro = op.get("micro")
+    ops = [o for o in fwd if o.get("micro") == micro]
+    i = next((k for k, o in enumerate(ops) if o is op), -1)
+    if i < 0:
+        return None
+    lo = i
+    while lo > 0 and grad_off(ops[lo - 1]):
+        lo -= 1
+    hi = i
+    while hi + 1 < len(ops) and grad_off(ops[hi + 1]):
+        hi += 1
+    inside = {as_int(t, -1) for o in ops[lo:hi + 1] for t in as_list(o.get("outputs"))}
+    entering = {as_int(t, -1) for o in ops[lo:hi + 1] for t in as_list(o.get("inputs"))} - inside
+    if any(t in carrying and "param" not in tensors.get(t, {}) for t in entering):
+        return None  # an activation that carries a gradient enters it: a reentrant checkpoint would have built a graph
+    before = ops[lo - 1] if lo > 0 else None
+    after = ops[hi + 1] if hi + 1 < len(ops) else None
+    src = str((before or {}).get("src", "") or (after or {}).get("src", ""))
+    found = script_lines(run, src) if src else None
+    if found is None:
+        return None
+    base, lines = found
+    first = _line_no(str((before or {}).get("src", "")))
+    last = _line_no(str((after or {}).get("src", "")))
+    if str((after or {}).get("src", "")).rpartition(":")[0] != base:
+        last = -1
+    if first < 0:  # the stretch opens the forward: the lines up to the first op after it
+        first = max(1, last - 10)
+    if last < first:
+        last = first + 10
+    calls, off = [], False
+    for n in range(first, min(last, len(lines)) + 1):
+        text = lines[n - 1].split("#", 1)[0]
+        off = off or bool(_GRAD_OFF_CODE.search(text))
+        if _CHECKPOINT_CALL.search(text) and not _NOT_REENTRANT.search(text):
+            calls.append(n)
+    ran = {_line_no(str(o.get("src", ""))) for o in ops[lo:hi + 1] if str(o.get("src", "")).rpartition(":")[0] == base}
+    called = [n for n in calls if n in ran]  # the stretch's ops were run from the checkpoint line itself
+    if called:
+        return f"{base}:{called[0]}"
+    return f"{base}:{calls[0]}" if calls and not off else None  # (both written there: which ran is not told)
+
+
 def _graph_cause(run: Run, gstep: int, graph: dict[str, Any],
                  forwards: list[dict[str, Any]]) -> tuple[_Cause | None, list[dict[str, Any]]]:
     """The cut between what carries a gradient and the loss of a failing step's captured graph:
@@ -158,6 +226,9 @@ def _graph_cause(run: Run, gstep: int, graph: dict[str, Any],
         f = forwards[micro] if 0 <= micro < len(forwards) else {}
         if grad_off(f) and f.get("src"):  # the model's forward itself ran with grad mode off
             return _Cause("P1", _off_kind(f), str(f["src"]), mode=_mode_of(f), op=op, gstep=gstep), []
+        call = None if op.get("inference_mode") is True else _reentrant_checkpoint(run, fwd, op, carrying, tensors)
+        if call is not None:  # checkpointed layers inside the forward, given no input that requires grad
+            return _Cause("P1", "checkpoint_segment", call, g.op_label(op, run), op=op, gstep=gstep), []
         return _Cause("P1", "no_grad", src, g.op_label(op, run), _mode_of(op), op=op, gstep=gstep), []
     if "non_differentiable" in g.flags(op):
         return _Cause("P9", "non_differentiable", src, g.op_label(op, run), op=op, gstep=gstep), []
@@ -209,6 +280,10 @@ _FORWARD_FIX = ("Run the training forward outside the torch.no_grad() (or torch.
                 "mixup batch, targets, an evaluation).")
 _CHECKPOINT_FIX = ("Pass use_reentrant=False to torch.utils.checkpoint (the form PyTorch recommends, which records "
                    "the graph whatever its inputs), or hand the checkpointed call an input that requires grad.")
+_SEGMENT_FIX = ("Pass use_reentrant=False to torch.utils.checkpoint (the form PyTorch recommends, which records the "
+                "graph whatever its inputs), or make the checkpointed call's input require grad: with a frozen "
+                "embedding, a forward hook on it that calls output.requires_grad_(True) (transformers: "
+                "model.enable_input_require_grads() before training with gradient checkpointing).")
 _NO_GRAD_OPS_FIX = ("Compute the loss with grad enabled: move it out of the torch.no_grad() (or "
                     "torch.inference_mode()) block.")
 _AFTER_FIX = ("Find the cut between the model's output and the loss: remove a .detach()/.data there (use .detach() "
@@ -216,9 +291,12 @@ _AFTER_FIX = ("Find the cut between the model's output and the loss: remove a .d
               "compute it outside torch.no_grad(), and replace a non-differentiable op (a hard decision, a "
               "comparison, an integer cast) with a differentiable surrogate such as probabilities.")
 _UNKNOWN_FIX = (f"{_CUT_FIX} A non-differentiable op on the loss's path (a hard decision, a comparison, an integer "
-                "cast) wants a differentiable surrogate such as probabilities.")
+                "cast) wants a differentiable surrogate such as probabilities. Under torch.utils.checkpoint(..., "
+                "use_reentrant=True) the checkpointed call needs an input that requires grad: pass use_reentrant=False "
+                "(transformers: model.enable_input_require_grads()).")
 _GENERIC = ("it was computed from tensors cut from the graph -- a .detach(), .data, an .item()/.numpy() round trip, a "
-            "forward under torch.no_grad(), or a non-differentiable op")
+            "forward under torch.no_grad(), layers run inside torch.utils.checkpoint(use_reentrant=True) given no "
+            "input that requires grad (a frozen embedding feeding checkpointed blocks), or a non-differentiable op")
 
 
 def _cause_text(c: _Cause, when: str, p9_fix: str, hint: str) -> tuple[str, str]:
@@ -239,6 +317,12 @@ def _cause_text(c: _Cause, when: str, p9_fix: str, hint: str) -> tuple[str, str]
         return (f"{_HEAD}: the forward at {c.src} ran inside torch.utils.checkpoint with use_reentrant=True, which runs "
                 "it under no_grad and gives its output a graph only when one of its tensor inputs requires grad -- none "
                 f"did, {_NOTHING} ({when}).", _CHECKPOINT_FIX)
+    if c.kind == "checkpoint_segment":
+        return (f"{_HEAD}: it was computed by ops run inside the torch.utils.checkpoint call at {c.src} ({c.label}): "
+                "with use_reentrant=True it runs the checkpointed function under no_grad and gives its output a "
+                "graph only when one of its tensor inputs requires grad -- none did (a frozen embedding feeding the "
+                "checkpointed layers, as in LoRA fine-tuning with gradient checkpointing), so the parameters inside "
+                f"it got no path to the loss and backward() had nothing to differentiate ({when}).", _SEGMENT_FIX)
     if c.kind == "no_grad":
         return (f"{_HEAD}: it was computed by ops run under {c.mode} at {c.src} ({c.label}), which record no graph, "
                 f"{_NOTHING} ({when}).", _NO_GRAD_OPS_FIX)
