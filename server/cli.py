@@ -467,7 +467,8 @@ def cmd_open(args: argparse.Namespace) -> int:
             print(f"torchscope open: note: {path}'s run is still writing it: imported as it is now; open it again "
                   "for the rest (without --no-follow, open follows it to its end)", file=sys.stderr, flush=True)
         if already:  # as the sessions page says it
-            print(f"torchscope open: {path} is already on this server (the same run): nothing new imported",
+            given = "; its name and tags from the file were given to it" if res.get("labeled") else ""
+            print(f"torchscope open: {path} is already on this server (the same run): nothing new imported{given}",
                   file=sys.stderr, flush=True)
         print(page_url(base + res["url"], token), flush=True)
         imported.append({**res, "writer": writer})

@@ -27,6 +27,8 @@ from torchscope.sessionfile import FrameInfo, encode_frame, may_hold_labels
 from .frames import BadFrames, file_frames
 
 MAX_TAG = 100  # characters, as a PATCH keeps them
+MAX_NAME = 200  # characters of a name (a PATCH refuses more; an import keeps the first)
+MAX_TAGS = 50  # tags of a session (likewise)
 # what a blank name or tag may hold besides spaces (str.strip() keeps the zero-width ones)
 INVISIBLE = " \t\n\r\f\v\u00a0\u200b\u200c\u200d\u2060\ufeff"
 
@@ -62,10 +64,12 @@ def of_event(ev: dict[str, Any]) -> tuple[str | None, list[str] | None] | None:
     if not isinstance(labels, dict):
         return None
     name = labels.get("name")
-    name = name.strip() if isinstance(name, str) and name.strip() else None
+    name = name.strip()[:MAX_NAME] if isinstance(name, str) and name.strip() else None
     tags = labels.get("tags")
-    # (as a PATCH takes them: stripped; a blank one, which a PATCH refuses, left out)
-    tags = [t.strip()[:MAX_TAG] for t in tags if isinstance(t, str) and t.strip(INVISIBLE)] if isinstance(tags, list) else None
+    # (as a PATCH takes them: stripped; a blank one, which a PATCH refuses, left out; past a
+    # PATCH's limits, cut to them -- QA 52c: a 100,000-character name and 5,000 tags were stored)
+    tags = ([t.strip()[:MAX_TAG] for t in tags if isinstance(t, str) and t.strip(INVISIBLE)][:MAX_TAGS]
+            if isinstance(tags, list) else None)
     return name, tags
 
 

@@ -12,6 +12,8 @@ from pydantic import BaseModel, Field
 
 from torchscope.schema import SessionStatus as Status
 
+from .labels import MAX_NAME, MAX_TAGS
+
 
 class Health(BaseModel):
     ok: bool
@@ -58,9 +60,9 @@ class SessionDetail(SessionSummary):
 
 class SessionPatch(BaseModel):
     model_config = {"extra": "forbid"}
-    name: str | None = Field(None, min_length=1, max_length=200)
+    name: str | None = Field(None, min_length=1, max_length=MAX_NAME)
     # strings; any JSON is taken here so that the route refuses the rest in one line
-    tags: list[Any] | None = Field(None, max_length=50, description="strings (at most 100 characters kept)")
+    tags: list[Any] | None = Field(None, max_length=MAX_TAGS, description="strings (at most 100 characters kept)")
 
 
 class GraphIndexEntry(BaseModel):
@@ -83,6 +85,9 @@ class ImportResult(BaseModel):
     # its run is still writing it, on the server's host: the run reads "running" while it is
     # imported again (what `torchscope open` does until the run ends)
     writing: bool = False
+    # the file carried a name or tags given on another server (a download: labels.py), given to
+    # the session here -- said by `open` when nothing else of the file was new
+    labeled: bool = False
 
 
 class Deleted(BaseModel):

@@ -136,4 +136,4 @@ async def import_session_file(request: Request, store: StoreDep, hub: HubDep, se
         request.app.state.schedule_diagnostics(done.session_id, done.rank)
     return ImportResult(id=done.session_id, url=f"/sessions/{done.session_id}", frames=done.next_seq,
                         new_frames=done.next_seq - done.before, rank=done.rank, note=done.note,
-                        writing=done.writing)
+                        writing=done.writing, labeled=done.labeled)

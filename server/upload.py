@@ -246,6 +246,7 @@ class Imported:
     next_seq: int
     note: str | None = None  # what of the file was dropped (``Readable.note``): a torn tail, damage
     writing: bool = False  # its run is still writing it, on this host (``session.writer_alive``)
+    labeled: bool = False  # the file's name and tags (a download's labels) were given to the session
     # what the browsers are told once it is stored: the last session/graph/step/end message
     messages: list[dict[str, Any]] = field(default_factory=list)
 
@@ -369,6 +370,7 @@ def _label(store: Store, imported: Imported, given: tuple[str | None, list[str] 
     if given is None or given == (None, None):
         return
     store.update(imported.session_id, *given).result()
+    imported.labeled = True
     if not any(m.get("kind") == "session" for m in imported.messages):
         imported.messages.append({"session": imported.session_id, "rank": imported.rank, "kind": "session"})
 

@@ -24,7 +24,7 @@ from server_helpers import run_frames, write_file
 from test_server_cli import _bare_env, cli, one_line_error
 
 import torchscope
-from torchscope.sessionfile import iter_events
+from torchscope.sessionfile import index, iter_events
 
 
 def _serve(data: Path, port: int) -> subprocess.CompletedProcess[str]:
@@ -165,3 +165,26 @@ def test_watch_says_when_the_server_it_started_exits(tmp_path: Path) -> None:
             f"(status 2; `torchscope serve --port {port}` says why); training continues") in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
     assert "status:          finished" in cli("info", str(tmp_path / "w.tscope")).stdout
+
+
+def test_a_files_labels_are_taken_as_a_patch_takes_them(tmp_path: Path) -> None:
+    """A labels frame past a PATCH's limits (QA 52c: a 100,000-character name and 5,000 tags were
+    stored) is cut to them; `open` of a file already there that changed only its name and tags
+    said "nothing new imported" and no more."""
+    from torchscope.server import labels
+
+    original = write_file(tmp_path / "run.tscope", run_frames("qa52-limits", steps=4))
+    seq = len(index(original)[1])  # numbered on from the file's frames, as a download's
+    big = tmp_path / "big.tscope"
+    big.write_bytes(original.read_bytes() + labels.labels_frame(seq, "N" * 100_000, [f"t{i}" for i in range(60)]))
+    with ServerProc(tmp_path / "data") as srv:
+        got = _upload(srv, "run.tscope", original.read_bytes())
+        assert got["new_frames"] == got["frames"]
+        res = cli("open", str(big), "--server", srv.url, "--no-browser")
+        assert res.returncode == 0, res.stderr
+        assert ("is already on this server (the same run): nothing new imported; its name and tags from the file "
+                "were given to it") in res.stderr, res.stderr
+        s = srv.get("/api/sessions/qa52-limits")
+        assert s["name"] == "N" * 200 and s["tags"] == [f"t{i}" for i in range(50)], (len(s["name"]), len(s["tags"]))  # type: ignore[index]
+        res = cli("open", str(original), "--server", srv.url, "--no-browser")
+        assert res.stderr.strip().endswith("nothing new imported"), res.stderr
