@@ -2407,7 +2407,7 @@ class Watch:
         with the gradient statistics, no sync of its own) so the doctor and the gradients view
         see the norm the loss made, not the one clipping left (P3 on a run that clips)."""
         loc = self._our_clip(frame)
-        if loc is None or not self._clip_after_backward():
+        if loc is None or not self._clip_after_backward(total):
             return
         self._set_clip(total, float(loc.get("max_norm", math.nan)), float(loc.get("norm_type", 2.0)))
 
@@ -2436,17 +2436,24 @@ class Watch:
             return None  # another model's clipping (a GAN's other network)
         return loc
 
-    def _clip_after_backward(self) -> bool:
+    def _clip_after_backward(self, total: torch.Tensor | None = None) -> bool:
         """Whether a clipping of the watched gradients follows a backward of its step.  One
         before the step's first backward (or after its optimizer.step(), the next step's state)
         clips gradients no optimizer.step() of this step reads -- last step's, or zeros -- and
         leaves this step's unclipped: noted once with its line, and its norm (0 after a
-        zero_grad(set_to_none=False)) is not the step's (it read as P3's "vanished", QA 37a)."""
+        zero_grad(set_to_none=False)) is not the step's (it read as P3's "vanished", QA 37a).
+        Noted ``after_step`` when it came before any forward of the step, on gradients of a
+        non-zero norm (``total``): the last step's, after its optimizer.step() -- a clip in a
+        helper defined above the loop, or on step()'s line, read as "before backward()" (QA 52c;
+        one read of the norm, only in such a loop)."""
         s = self._s
         if s.micro > 0:
             return True
         if not any(e.get("what") == "clip_before_backward" for e in s.events):
-            s.events.append({"what": "clip_before_backward", "src": user_src()})
+            note: dict[str, Any] = {"what": "clip_before_backward", "src": user_src()}
+            if total is not None and not s.forwards and self._step > 0 and float(total.detach()) != 0.0:
+                note["after_step"] = True
+            s.events.append(note)
         return False
 
     def _on_clip_with_norm(self, frame: Any) -> None:
@@ -2466,7 +2473,7 @@ class Watch:
         ours = {id(p.grad) for r in self._params if (p := r()) is not None and p.grad is not None}
         if not any(id(g) in ours for g in grads):
             return  # another model's clipping (a GAN's other network)
-        if not self._clip_after_backward():
+        if not self._clip_after_backward(total):
             return
         f, norm_type = frame.f_back, 2.0  # the norm's type is the caller's (accelerate's norm_type)
         for _ in range(3):

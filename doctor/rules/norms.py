@@ -523,7 +523,10 @@ def _clipped_before_backward(run: Run) -> list[Finding]:
         early = notes(ev, "clip_before_backward")
         if early and as_int(ev.get("micro_batches")) > 0 and "clip" not in as_dict(ev.get("grads")):
             src = str(as_dict(early[0]).get("src") or "")
-            hits.append((step, src, _clip_after_step(ev, src)))
+            # the capture saw it come after the last step's update (before any forward, on its
+            # gradients: ``after_step``, QA 52c), or the lines say so
+            after_step = as_dict(early[0]).get("after_step") is True
+            hits.append((step, src, _clip_after_step(ev, src) or (str(ev.get("step_src") or "?") if after_step else None)))
     if not hits:
         return []
     seen_at = [s for s, _, _ in hits]
@@ -538,7 +541,8 @@ def _clipped_before_backward(run: Run) -> list[Finding]:
     seen = (f"seen {describe_steps(steps, run.last_step)}; the capture looks there on some steps only, and a loop "
             "does it on every step" if partial else describe_steps(steps, run.last_step))
     if after:
-        message = (f"clip_grad_norm_(){where} ran after optimizer.step() (at {after}), on gradients the update had "
+        step_at = f" (at {after})" if after != "?" else ""
+        message = (f"clip_grad_norm_(){where} ran after optimizer.step(){step_at}, on gradients the update had "
                    f"already applied ({seen}): it changed nothing the model learned, so optimizer.step() applied "
                    "each step's gradients unclipped.")
         title = "Gradients clipped after optimizer.step()"

@@ -42,6 +42,10 @@ class Seq(nn.Module):
         return self.head(y[:, -1]), h
 
 
+def clip(model) -> None:
+    nn.utils.clip_grad_norm_(model.parameters(), 0.01)  # CLIP HELPER
+
+
 def mlp() -> None:
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -60,9 +64,14 @@ def mlp() -> None:
                 loss.backward()  # BACKWARD
                 if variant == "history":
                     history.append(loss)  # KEEPS LOSSES
-                opt.step()
+                if variant == "clip_oneline":
+                    opt.step(); nn.utils.clip_grad_norm_(model.parameters(), 0.01)  # CLIP ONE LINE
+                else:
+                    opt.step()
                 if variant == "clip_after":
                     nn.utils.clip_grad_norm_(model.parameters(), 0.01)  # CLIP AFTER STEP
+                if variant == "clip_helper":
+                    clip(model)
             if variant == "val":
                 model.eval()
                 val_loss = 0.0
@@ -184,6 +193,20 @@ def test_a_clip_after_step_is_said_after_step(tmp_path: Path, mode: str) -> None
     assert p3["fix"].startswith("Clip between backward() and step()"), p3["fix"]
     # the clip after step N's update is seen at step N+1's boundary: told as step N's
     assert p3["steps"][0] == 0, p3["steps"]
+
+
+@pytest.mark.parametrize("mode", ["light", "default", "full"])
+@pytest.mark.parametrize(("variant", "marker"), [("clip_helper", "CLIP HELPER"), ("clip_oneline", "CLIP ONE LINE")])
+def test_a_clip_after_step_elsewhere_is_said_after_step(tmp_path: Path, mode: str, variant: str, marker: str) -> None:
+    """The clip in a helper defined above the loop, or on ``optimizer.step()``'s own line: the
+    lines' order cannot tell, and it read "clipped before backward()" (QA 52c).  The capture
+    says it came before any forward of the step, on the last step's (non-zero) gradients."""
+    _, found = _findings(tmp_path, variant, mode)
+    (p3,) = [f for f in found if f["code"] == "P3"]
+    assert p3["title"] == "Gradients clipped after optimizer.step()", p3
+    assert p3["src"] == _line(marker)
+    assert f"clip_grad_norm_() at {_line(marker)} ran after optimizer.step()" in p3["message"], p3["message"]
+    assert p3["fix"].startswith("Clip between backward() and step()"), p3["fix"]
 
 
 @pytest.mark.parametrize("mode", ["default", "full"])
