@@ -55,17 +55,23 @@ def _lines(path: str, mtime: float) -> tuple[str, ...]:
         return ()
 
 
+def src_line(src: object) -> tuple[str, int] | None:
+    """``(basename, line)`` of a recorded ``basename:line``; None for anything else."""
+    base, _, line = str(src or "").rpartition(":")
+    return (base, int(line)) if base and line.isdigit() else None
+
+
 def script_lines(run: Run, src: str) -> tuple[str, list[str]] | None:
     """(the file's basename, its lines) for a recorded ``basename:line`` in the run's script."""
-    base, _, line = src.rpartition(":")
-    path = _script(run, base) if line.isdigit() else None
-    if path is None:
+    at = src_line(src)
+    path = _script(run, at[0]) if at is not None else None
+    if at is None or path is None:
         return None
     try:
         lines = _lines(path, os.stat(path).st_mtime)
     except OSError:
         return None
-    return (base, list(lines)) if lines else None
+    return (at[0], list(lines)) if lines else None
 
 
 def line_text(run: Run, src: str) -> str | None:

@@ -16,7 +16,7 @@ from .. import graph as g
 from ..finding import describe_steps, make
 from ..run import Run, as_dict, as_int, as_list, capture_hint, errors, grad_off
 from ..settings import Settings
-from ..source import script_lines
+from ..source import script_lines, src_line
 from .paths import _COPIES_FIX, _CUT_FIX, P9_FIX, _forward_ops, _tensor_facts, copied_params
 
 NO_GRAD_FN = "does not require grad and does not have a grad_fn"
@@ -123,8 +123,8 @@ _GRAD_OFF_CODE = re.compile(r"\b(?:no_grad|inference_mode|set_grad_enabled)\b")
 
 
 def _line_no(src: str) -> int:
-    base, _, line = src.rpartition(":")
-    return int(line) if base and line.isdigit() else -1
+    at = src_line(src)
+    return at[1] if at is not None else -1
 
 
 def _reentrant_checkpoint(run: Run, fwd: list[dict[str, Any]], op: dict[str, Any], carrying: set[int],

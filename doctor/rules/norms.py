@@ -16,6 +16,7 @@ from torchscope.schema import Finding, FindingTarget
 from ..finding import Severity, describe_steps, make
 from ..run import Run, as_dict, as_float, as_int, as_list, notes
 from ..settings import Settings
+from ..source import src_line
 from ._grads import (
     applied_steps,
     clipped_from,
@@ -494,18 +495,13 @@ FIX_CLIP_LATE = ("Clip between backward() and step(), not after the update: loss
                  "then clears.")
 
 
-def _line_of(src: object) -> tuple[str, int] | None:
-    base, _, line = str(src or "").rpartition(":")
-    return (base, int(line)) if base and line.isdigit() else None
-
-
 def _clip_after_step(ev: dict[str, Any], clip_src: str) -> str | None:
     """``optimizer.step()``'s line when the loop's lines read backward, then step, then the clip,
     in one file (``loss.backward()`` at 13, ``opt.step()`` at 14, ``clip_grad_norm_`` at 15): the
     clip that came where no backward of its step had ran after the update, not before the
     backward; None when the lines do not say so (another order, another file)."""
-    clip, step = _line_of(clip_src), _line_of(ev.get("step_src"))
-    backs = [b for b in (_line_of(x) for x in as_list(ev.get("backward_src"))) if b is not None]
+    clip, step = src_line(clip_src), src_line(ev.get("step_src"))
+    backs = [b for b in (src_line(x) for x in as_list(ev.get("backward_src"))) if b is not None]
     if clip is None or step is None or not backs or any(b[0] != clip[0] for b in backs) or step[0] != clip[0]:
         return None
     return str(ev.get("step_src")) if max(b[1] for b in backs) < step[1] < clip[1] else None
