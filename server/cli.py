@@ -27,7 +27,11 @@ if TYPE_CHECKING:
 
     from .live import LiveHub
 
-DESCRIPTION = "torchscope: see your PyTorch training live — graph, gradients and memory of every step."
+DESCRIPTION = ("torchscope: see your PyTorch training live — graph, gradients and memory of every step. "
+               # (a newcomer's first question: where do the runs these commands take come from)
+               "Add torchscope.watch(model, optimizer) to your training script: it shows each step on the "
+               "dashboard server (started if none runs) and records the run to ./torchscope-runs/*.tscope, "
+               "a session file these commands open, summarize and diagnose.")
 EPILOG = """examples:
   torchscope serve                 dashboard at http://127.0.0.1:6150
   torchscope open run.tscope       import a session file and open it in the browser
@@ -47,10 +51,29 @@ class CliError(Exception):
         self.code = code
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """A command's description wrapped to the terminal, as argparse wraps the options' help (raw,
+    each was one line of hundreds of characters, cut mid-word by the terminal); a text of several
+    lines -- the examples, laid out by hand -- kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return super()._fill_text(text, width, indent)
+        return argparse.HelpFormatter._fill_text(self, text, width, indent)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # one line, not a usage dump: "torchscope serve: invalid port 'abc' ... (see --help)"
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _host(text: str) -> str:
+    # "" bound every interface and printed the URL http://:6150/ (QA 53)
+    if not text.strip():
+        raise argparse.ArgumentTypeError("give an address: 127.0.0.1 (this machine only), 0.0.0.0 (every "
+                                         "network interface) or one of this machine's addresses")
+    return text.strip()
 
 
 def _port(text: str) -> int:
@@ -63,10 +86,11 @@ def _port(text: str) -> int:
     return port
 
 
-_SERVER_ENV = ("server: --server URL, else $TORCHSCOPE_SERVER, else http://127.0.0.1:6150 (--port N: "
+_SERVER_ENV = ("Which server: --server URL, else $TORCHSCOPE_SERVER, else http://127.0.0.1:6150 (--port N: "
                "http://127.0.0.1:N); a server on this machine's 127.0.0.1/localhost is started in the background "
                "when none answers (its URL, pid and how to stop it are printed). $TORCHSCOPE_TOKEN: the token of a "
                "server that needs one, as for watch().")
+_STARTED_DATA = "data directory of the server started when none answers (default $TORCHSCOPE_DATA or ~/.torchscope)"
 _EXAMPLES = {
     "serve": """examples:
   torchscope serve                            dashboard at http://127.0.0.1:6150
@@ -100,25 +124,28 @@ _EXAMPLES = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "torchscope") -> argparse.ArgumentParser:
+    """``prog``: how the usage, the help and argparse's errors name the command (``python -m
+    torchscope`` where capture/__main__.py runs it)."""
     from .config import DEFAULT_HOST, DEFAULT_PORT, MAX_COMPARE, version
 
-    p = _Parser(prog="torchscope", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog=prog, description=DESCRIPTION, epilog=EPILOG, formatter_class=_Formatter)
     p.add_argument("--version", action="version", version=f"torchscope {version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=description, epilog=_EXAMPLES[name],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=_Formatter)
 
     s = command("serve", "run the dashboard server", (
-        "Run the dashboard server. It stores sessions in SQLite under --data and binds to "
-        "127.0.0.1 unless --host says otherwise; bound to any other address it requires a token: "
-        "$TORCHSCOPE_TOKEN or --token (which other users see in `ps`), else one generated on "
+        "Run the dashboard server. It stores sessions in SQLite in the data directory DIR (--data) and "
+        "binds to 127.0.0.1 unless --host says otherwise; bound to an address other machines can reach "
+        "(any but 127.0.0.1, ::1, localhost) it requires a token: $TORCHSCOPE_TOKEN or --token (which other users see in `ps`), else one generated on "
         "its first start, kept in DIR/token (readable by you only) for the next starts on DIR, and "
         "printed in the URL. It creates DIR readable by you only."))
-    s.add_argument("--host", default=DEFAULT_HOST, help="address to bind (default %(default)s)")
+    s.add_argument("--host", type=_host, default=DEFAULT_HOST, help=(
+        "address to bind (default %(default)s: this machine only; 0.0.0.0: every network interface, a token "
+        "then required)"))
     s.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port (default %(default)s)")
     s.add_argument("--data", metavar="DIR", help="data directory (default $TORCHSCOPE_DATA or ~/.torchscope)")
     s.add_argument("--token", help="require this token for ingest and viewing (default $TORCHSCOPE_TOKEN)")
@@ -134,10 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
         "writing is followed: imported again as it grows, until the run ends (Ctrl-C stops following). "
         + _SERVER_ENV))
     o.add_argument("file", nargs="+", help="a .tscope session file (several: each imported; 2 to "
-                   f"{MAX_COMPARE} runs open side by side on the Compare page, more on the sessions page; one "
-                   "that cannot be is said and the others imported, exit 2)")
+                   f"{MAX_COMPARE} runs open side by side on the Compare page, more on the sessions page; "
+                   "a file that cannot be imported is named with the reason and the others are imported, "
+                   "exit status 2)")
     _server_options(o, DEFAULT_PORT)
-    o.add_argument("--data", metavar="DIR", help="data directory of a server started here")
+    o.add_argument("--data", metavar="DIR", help=_STARTED_DATA)
     o.add_argument("--no-browser", action="store_true", help="print the URL only")
     o.add_argument("--no-follow", action="store_true",
                    help="import a file its run is still writing as it is now, and return")
@@ -147,22 +175,23 @@ def build_parser() -> argparse.ArgumentParser:
         "also recorded to ./torchscope-runs/ (a .tscope file `torchscope open` reopens). " + _SERVER_ENV))
     _server_options(d, DEFAULT_PORT)
     d.add_argument("--steps", type=int, default=200, help="training steps (default %(default)s)")
-    d.add_argument("--data", metavar="DIR", help="data directory of a server started here")
+    d.add_argument("--data", metavar="DIR", help=_STARTED_DATA)
     d.add_argument("--no-browser", action="store_true", help="print the URL only")
 
-    i = command("info", "summarize session files", (
+    i = command("info", "summarize session files (no server needed)", (
         "Print what a .tscope session file holds: its model, steps, captured graphs, ranks and how "
         "the run ended, without starting a server; one summary per file. A file cut short, or damaged "
         "part way, is summarized up to there, and a note says what was dropped."))
     i.add_argument("file", nargs="+", help="a .tscope session file (several: one summary each)")
 
-    dr = command("doctor", "diagnose session files (pitfalls P1-P18)", (
-        "List the pitfalls found in a session file, each with its steps, a one-line explanation "
-        "and a fix; several files: each one's under a line naming it (--json: a list of "
+    dr = command("doctor", "find common training bugs in session files (pitfalls P1-P18)", (
+        "List the pitfalls found in a session file (P1-P18: a gradient that never reaches a layer, "
+        "a missing zero_grad(), NaN/Inf, exploding gradients, eval() forgotten, ...), each with its "
+        "steps, a one-line explanation and a fix; several files: each one's under a line naming it (--json: a list of "
         "{\"file\", \"findings\"}). Exit status: 0 no error-level finding (warnings and notes exit 0), "
         "1 an error-level finding, 2 an unreadable file (of several: any) or a bad option."))
     dr.add_argument("file", nargs="+", help="a .tscope session file (several: each diagnosed)")
-    dr.add_argument("--json", action="store_true", help="findings as JSON")
+    dr.add_argument("--json", action="store_true", help="print the findings as JSON")
     dr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help=f"override a doctor threshold (repeatable); keys: {_doctor_keys()}")
     return p
@@ -705,8 +734,8 @@ def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> arg
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, prog: str = "torchscope") -> int:
+    parser = build_parser(prog)
     args, extra = parser.parse_known_args(argv)
     if extra:
         # said by the command's own parser ("torchscope doctor: unrecognized arguments: b.tscope

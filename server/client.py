@@ -129,6 +129,9 @@ def ensure_server(
     log_dir = Path(data).expanduser() if data else Path(os.environ.get("TORCHSCOPE_DATA", "~/.torchscope")).expanduser()
     if (other := _serving(log_dir, base)) is not None:  # one server per data directory: that one
         return other, None
+    if log_dir.exists() and not log_dir.is_dir():  # as `serve` says it (it read "cannot write the server's log")
+        raise ClientError(f"the data directory {log_dir} is a file, not a directory: give --data a directory "
+                          "(created if missing)", 2)
     try:
         make_data_dir(log_dir)  # (the server's own data directory: owner only, as `serve` makes it)
         log = os.fdopen(os.open(log_dir / "server.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")

@@ -13,8 +13,10 @@ The import does not store such trailing frames (they are the server's, not the r
 store's frames stay the run's own, so a file downloaded twice -- or downloaded, imported
 elsewhere, renamed and downloaded again -- ends with exactly one labels frame, never a stack of
 contradicting names, and two downloads of one run imported one after the other are the same
-run (their frames match), the last one's labels winning.  A download without a rename or tags
-is the stored file as before, byte for byte.
+run (their frames match), the last one's labels winning.  A download of a session never given
+a name or tags is the stored file as before, byte for byte; once given some (a PATCH, a file's
+labels: ``sessions.labeled``), every download says them, the recorded ones too after a rename
+back -- else importing it where an earlier download went would leave that one's name.
 """
 
 from __future__ import annotations
@@ -47,12 +49,14 @@ def labels_frame(seq: int, name: str, tags: list[str]) -> bytes:
 
 
 def to_append(summary: dict[str, Any]) -> tuple[str, list[str]] | None:
-    """The name and tags a download of this session (``Store.session``) must carry: None when it
-    has neither a name other than the recorded one nor tags (the file says as much)."""
+    """The name and tags a download of this session (``Store.session``) must carry: None when
+    none was ever given to it (the recorded file says them).  One renamed back to its recorded
+    name, its tags taken off, still carries them: a copy imported from an earlier download took
+    that download's name, and importing this one must take it back (QA 53)."""
     meta = summary.get("meta") or {}
     recorded = meta.get("name") if isinstance(meta.get("name"), str) else None
     name, tags = str(summary.get("name") or ""), [str(t) for t in summary.get("tags") or []]
-    if name == (recorded or summary.get("id")) and not tags:
+    if name == (recorded or summary.get("id")) and not tags and not summary.get("labeled"):
         return None
     return name, tags
 

@@ -3,7 +3,9 @@ connection and is fed by a queue (as Datasette's database.py does), so writes ne
 and batches of ingest commit together; readers use their own connection per thread.
 
 Tables
-- ``sessions``: one row per session id (name, tags, model, times; rank 0's session event).
+- ``sessions``: one row per session id (name, tags, model, times; rank 0's session event);
+  ``labeled`` 1 once a name or tags were given to it (a PATCH, a downloaded file's labels): its
+  downloads carry them from then on, renamed back to the recorded ones too (server/labels.py).
 - ``ranks``: per (session, rank): next expected frame seq, last contact, end status.
 - ``frames``: raw frames exactly as received, keyed (session, rank, seq): export is the file.
 - ``steps``: derived, one row per StepEvent with the scalar columns of
@@ -59,7 +61,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     started_at REAL,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
-    meta TEXT
+    meta TEXT,
+    labeled INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS ranks (
     session_id TEXT NOT NULL,
@@ -477,6 +480,8 @@ class Store:
                 c.execute("UPDATE sessions SET name=? WHERE id=?", (name, session_id))
             if tags is not None:
                 c.execute("UPDATE sessions SET tags=? WHERE id=?", (_dumps(tags), session_id))
+            if name is not None or tags is not None:  # given (a PATCH, a file's labels): its downloads say them
+                c.execute("UPDATE sessions SET labeled=1 WHERE id=?", (session_id,))
             return True
 
         return self.write(fn)
@@ -541,13 +546,14 @@ class Store:
                       (SELECT COALESCE(SUM(errors), 0) FROM diagnostics d WHERE d.session_id = s.id),
                       (SELECT COALESCE(SUM(warnings), 0) FROM diagnostics d WHERE d.session_id = s.id),
                       EXISTS (SELECT 1 FROM diagnostics d WHERE d.session_id = s.id),
-                      json_extract(s.meta, '$.mode'), s.meta
+                      json_extract(s.meta, '$.mode'), s.meta, s.labeled
                FROM sessions s WHERE s.id=?""", (session_id,)).fetchone()
         if row is None:
             raise NotFound(f"no session {session_id!r}")
         ranks = self._all_ranks(session_id).get(session_id, [])
         out = _session_row(row[:12], ranks)
         out["meta"] = json.loads(row[12]) if row[12] else None
+        out["labeled"] = bool(row[13])  # a name or tags were ever given to it (labels.to_append)
         out["rank_info"] = ranks
         return out
 
@@ -976,6 +982,13 @@ def _add_missing_columns(c: sqlite3.Connection) -> None:
         # here from the events of the steps stored before
         c.execute("ALTER TABLE steps ADD COLUMN lr TEXT")
         c.execute("UPDATE steps SET lr=json_extract(event, '$.lr') WHERE instr(event, '\"lr\"')")
+    if "labeled" not in {row[1] for row in c.execute("PRAGMA table_info(sessions)")}:
+        # a store from before: its sessions whose name or tags are not the recorded ones (as
+        # labels.to_append compared them); one renamed back before cannot be told, and downloads
+        # as recorded, as it did
+        c.execute("ALTER TABLE sessions ADD COLUMN labeled INTEGER NOT NULL DEFAULT 0")
+        c.execute("UPDATE sessions SET labeled=1 WHERE tags != '[]' OR COALESCE(name, id) != COALESCE(CASE WHEN "
+                  "json_type(meta, '$.name') = 'text' THEN NULLIF(json_extract(meta, '$.name'), '') END, id)")
     if "mem_chunks" not in {row[1] for row in c.execute("PRAGMA table_info(ranks)")}:
         # 0: ranks stored before memory_chunks existed have none; /memory builds them by SQL
         c.execute("ALTER TABLE ranks ADD COLUMN mem_chunks INTEGER NOT NULL DEFAULT 0")
