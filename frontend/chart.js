@@ -4,7 +4,7 @@
 // when values lie far outside the bulk of the data (its 1st to 99th percentile), the axis
 // fits the rest and those points are drawn at the plot's edge as ▲ / ▼ (a per-chart
 // "ignore outliers" checkbox gives the whole range back).
-import { h, clear, fmtNum, fmtBytes, fmtUs, decadeFormat } from "./dom.js";
+import { h, clear, fmtNum, fmtBytes, fmtUs, decadeFormat, columnFormat } from "./dom.js";
 import { SERIES, legendItem } from "./colors.js";
 import { THEME_EVENT } from "./theme.js";
 
@@ -59,6 +59,10 @@ export class LineChart {
     return this.draw();
   }
 
+  // How a value is written in the read-out and the description: the chart's own format (bytes,
+  // durations) or one notation for all its values.
+  valueFmt() { return this.opts.fmt || this.columnFmt || fmtNum; }
+
   setTitle(text) { this.title.textContent = text; this.describe(); }
 
   // The canvas's text for assistive technology: each line's range (of its finite values), its
@@ -68,7 +72,8 @@ export class LineChart {
     const x = this.x || [];
     const lines = (this.series || []).filter((s) => !s.dash).slice(0, 8).map((s) => this.describeLine(s, x));
     const more = (this.series || []).length > 8 ? `. And ${this.series.length - 8} more lines` : "";
-    const span = x.length ? `${x.length.toLocaleString("en-US")} points, ${this.opts.xLabel || "step"} ${x[0]} to ${x[x.length - 1]}` : "no data yet";
+    const end = this.opts.xRange?.[1], past = x.length && end > x[x.length - 1] ? ` (of ${this.opts.xLabel || "step"}s ${Math.min(x[0], this.opts.xRange[0])} to ${end})` : "";
+    const span = x.length ? `${x.length.toLocaleString("en-US")} points, ${this.opts.xLabel || "step"} ${x[0]} to ${x[x.length - 1]}${past}` : "no data yet";
     // (the sentence on arrow keys stays last: the browser tests read the label's end)
     const enter = this.opts.onClick ? "Enter marks the step of the point read, as a click does. " : "";
     this.canvas.setAttribute("aria-label", `${this.title.textContent || "chart"}: ${span}${lines.length ? ". " + lines.join(". ") : ""}${more}. ` +
@@ -79,7 +84,7 @@ export class LineChart {
   // first at step 100".  The last value's step is said where it is not the chart's last one or
   // not finite (a line that ends early, or in NaN).
   describeLine(s, x) {
-    const fmt = this.opts.fmt || fmtNum, xl = this.opts.xLabel || "step";
+    const fmt = this.valueFmt(), xl = this.opts.xLabel || "step";
     let lo = Infinity, hi = -Infinity, last = -1, bad = 0, firstBad = -1;
     s.y.forEach((v, i) => {
       if (nonFinite(v)) { bad++; if (firstBad < 0) firstBad = i; last = i; } else if (typeof v === "number") {
@@ -90,7 +95,8 @@ export class LineChart {
     });
     if (last < 0) return `${s.name}: no value`;
     const lv = s.y[last], lastBad = nonFinite(lv);
-    const lastText = `last ${lastBad ? String(Number(lv)) : fmt(lv)}${lastBad || last !== x.length - 1 ? ` (${xl} ${x[last]})` : ""}`;
+    const early = last !== x.length - 1 || this.opts.xRange?.[1] > x[last];
+    const lastText = `last ${lastBad ? String(Number(lv)) : fmt(lv)}${lastBad || early ? ` (${xl} ${x[last]})` : ""}`;
     const range = lo <= hi ? `from ${fmt(lo)} to ${fmt(hi)}` : "no finite value";
     const nan = bad ? `; NaN/Inf at ${bad.toLocaleString("en-US")} ${xl}${bad === 1 ? "" : "s"}, first at ${xl} ${x[firstBad]}` : "";
     return `${s.name}: ${range}, ${lastText}${nan}`;
@@ -118,6 +124,9 @@ export class LineChart {
   setData(x, series, markers = []) {
     this.x = x; this.series = series.filter((s) => s.y && s.y.some((v) => v !== null && v !== undefined));
     this.markers = markers;
+    // one notation for the chart's values, read point after point (QA 53c: a warm-up's lr read
+    // "6.00e-4" at step 0 and "0.001200" at step 1, fmtNum choosing per value)
+    this.columnFmt = columnFormat(this.series.flatMap((s) => s.y));
     this.version++;
     if (this.keyIndex !== undefined && this.keyIndex >= x.length) this.keyIndex = undefined;
     clear(this.legend);
@@ -153,7 +162,9 @@ export class LineChart {
     const L = 64, R = 10, T = 8, B = 22;
     const pw = W - L - R, ph = H - T - B;
     const n = this.x.length;
-    const xmin = this.x[0], xmax = this.x[n - 1] === xmin ? xmin + 1 : this.x[n - 1];
+    // (opts.xRange: the run's steps, wider than the points of a statistic read on some steps)
+    const [r0, r1] = this.opts.xRange || [this.x[0], this.x[n - 1]];
+    const xmin = Math.min(this.x[0], r0), xend = Math.max(this.x[n - 1], r1), xmax = xend === xmin ? xmin + 1 : xend;
     // opts.log: a log10 axis (gradient norms span decades; a spike of 1e6 flattens the rest on
     // a linear one); zero and negative values are gaps there, as non-finite ones are anywhere
     const log = !!this.opts.log, stacked = !!this.opts.stacked && !log;
@@ -376,7 +387,7 @@ export class LineChart {
 
   // The read-out of point i beside pixel column px: the pointer's tooltip, the keyboard's too.
   showTip(i, px) {
-    const fmt = this.opts.fmt || fmtNum;
+    const fmt = this.valueFmt();
     // (stacked: the bands holding bytes there, top first as drawn, then their sum; a list of
     // "0 B" rows covered the chart, QA 41a)
     const rows = this.opts.stacked ? [...this.series].reverse().filter((s) => s.y[i]) : this.series;

@@ -494,7 +494,7 @@ export class GradientsView {
 
   // The chosen parameters' lines of the chosen statistic.  One read on some steps only is drawn
   // through the steps that read it (the others left out, not gaps: a line every 10th step, not
-  // dots), the run's first and last steps kept as the x range (the NaN/Inf ticks fall in it).
+  // dots), the run's first and last steps the x range (the NaN/Inf ticks fall in it).
   drawLines() {
     const { g } = this;
     if (!g) return;
@@ -502,7 +502,10 @@ export class GradientsView {
     const chosen = [...this.pick.selectedOptions].map((o) => +o.value);
     const col = g[key] || [];
     const read = (s) => { const row = col[s]; return !!row && row.some((v) => v !== null && v !== undefined); };
-    const at = st.every ? g.steps.map((_, s) => s) : g.steps.map((_, s) => s).filter((s, k, all) => read(s) || k === 0 || k === all.length - 1);
+    // (the steps that read it, the x axis still the run's: QA 53c, a point at the last step
+    // read "–" for every line and was counted as a point)
+    const at = st.every ? g.steps.map((_, s) => s) : g.steps.map((_, s) => s).filter(read);
+    this.lines.opts.xRange = st.every || !g.steps.length ? null : [g.steps[0], g.steps[g.steps.length - 1]];
     const series = chosen.map((p) => ({ name: g.params[p], y: at.map((s) => (col[s] || [])[p] ?? null) }));
     this.lines.opts.log = !!st.log || (key === "norm" && spansDecades(series));
     this.lines.opts.empty = !g.params.length ? NO_PARAMS : st.every ? null

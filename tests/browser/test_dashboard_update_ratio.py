@@ -102,9 +102,14 @@ def test_the_chart_draws_the_recorded_update_ratio_through_the_steps_that_read_i
     g = page.evaluate(VIEW)
     lines = g["lines"]
     read = read_steps(grads)
-    # x: the steps that read the ratio, and the run's ends (so the x range is the run's)
-    kept = sorted({*read, 0, STEPS - 1})
-    assert lines["x"] == [grads["steps"][s] for s in kept]
+    # x: the steps that read the ratio (QA 53c: the run's last step was a point too, "–" for
+    # every line), the x axis still the run's steps
+    kept = read
+    assert lines["x"] == [grads["steps"][s] for s in kept] and STEPS - 1 not in kept
+    geom = page.evaluate("(() => { const g = window.__torchscope.app.views.gradients.obj.lines.geom; return [g.xmin, g.xmax]; })()")
+    assert geom == [grads["steps"][0], grads["steps"][STEPS - 1]]
+    label = page.locator("[data-testid=param-lines] canvas").first.get_attribute("aria-label") or ""
+    assert f"{len(read)} points, step 0 to {grads['steps'][read[-1]]} (of steps 0 to {STEPS - 1})" in label, label
     assert [s["name"] for s in lines["series"]] == grads["params"]
     for p, series in enumerate(lines["series"]):
         want = [grads["update_ratio"][s][p] if grads["update_ratio"][s] is not None else None for s in kept]
@@ -155,6 +160,20 @@ def test_the_chart_draws_the_recorded_update_ratio_through_the_steps_that_read_i
         p = grads["params"].index(series["name"])
         want = [grads["weight_norm"][s][p] if grads["weight_norm"][s] is not None else None for s in kept]
         assert series["y"] == pytest.approx(want, rel=1e-12)
+
+
+def test_a_chart_writes_its_values_in_one_notation(page: Any, srv: ServerProc, runs: dict[str, dict[str, Any]]) -> None:
+    """QA 53c: a value was written by its own size, so one chart read "6.00e-4" at one point and
+    "0.001200" at the next; the two param groups' lrs here (1e-5 and 1e-2) read "1.00e-5" beside
+    "0.01000".  A chart's read-out and its description now write every value alike."""
+    gradients_view(page, srv, runs["default"]["sid"])
+    tip = page.locator("[data-testid=lr] .chart-tip")
+    page.locator("[data-testid=lr] canvas").focus()
+    page.keyboard.press("Home")
+    tip.wait_for(state="visible")
+    assert tip.inner_text().split("\n") == ["step 0", "param group 0: 1.000e-5", "param group 1: 1.000e-2"]
+    label = page.locator("[data-testid=lr] canvas").get_attribute("aria-label") or ""
+    assert "param group 0: from 1.000e-5 to 1.000e-5" in label and "param group 1: from 1.000e-2 to 1.000e-2" in label, label
 
 
 def test_the_heat_map_shows_update_over_weight_per_module(page: Any, srv: ServerProc,
@@ -234,7 +253,7 @@ def test_a_light_run_says_it_has_no_update_statistics(page: Any, srv: ServerProc
     page.select_option("[data-testid=param-stat]", "max_abs")
     page.wait_for_function(f"{VIEW}.stat === 'max_abs'")
     lines = page.evaluate(VIEW)["lines"]
-    assert lines["x"] == [0, 10, 20, 30, STEPS - 1] and lines["title"].startswith("max |grad| per step")
+    assert lines["x"] == [0, 10, 20, 30] and lines["title"].startswith("max |grad| per step")
     page.locator("[data-testid=param-stat]").scroll_into_view_if_needed()
     shot(page, "update-ratio-light")
 
