@@ -42,7 +42,7 @@ from torch.nn.utils import prune
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import _compile, _cuda, _native, _sigterm, _warnings
+from . import _compile, _cuda, _native, _sigterm, _source, _warnings
 from ._autograd import AutogradWalk, BackwardTimer, NonFiniteOrigin
 from ._console import say
 from ._evalprobe import EvalDropoutProbe
@@ -966,7 +966,9 @@ class Watch:
     ``cuda_history``: on CUDA, also keep the allocator's history (up to this many entries),
     labelled by step and module, written next to the session file at the end in PyTorch's own
     snapshot schema (JSON, and its memory viewer as HTML).  ``max_ops``: the most ops a
-    captured step's graph records (the rest are counted as ``shed_ops``).  See ``docs/capture.md``.
+    captured step's graph records (the rest are counted as ``shed_ops``).  ``save_code``: record the
+    text of the run's script in the file, for the doctor on any host (``$TORCHSCOPE_SAVE_CODE=0``
+    also turns it off).  See ``docs/capture.md``.
     """
 
     _n_active: ClassVar[int] = 0  # watches running in this process (see _reuse_walk)
@@ -986,6 +988,7 @@ class Watch:
         token: str | None = None,
         cuda_history: int | None = None,
         max_ops: int = _MAX_OPS,
+        save_code: bool = True,
     ) -> None:
         if not isinstance(model, nn.Module):
             # (QA 52a: watch(optimizer) raised AttributeError: 'SGD' object has no attribute 'named_parameters')
@@ -1029,6 +1032,9 @@ class Watch:
         _native.get(build=mode == "full")
         self.sample_every = sample_every
         self.max_ops = max_ops
+        # the run's script, recorded in the file by the writer thread after the session event
+        # (_source; unless save_code=False or TORCHSCOPE_SAVE_CODE=0): None where there is none
+        self._code = _source.main_script() if _source.wanted(save_code) else None
         self.name = name or _default_name(model)
         self._rank: RankInfo = rank_info()
         self.session_id = session_id(self.name, self._rank)
@@ -1189,6 +1195,7 @@ class Watch:
             return
         if not self._session_pending:
             self._transport.emit(self._session_event(model, optimizer))
+            self._record_code()
         self._handles: list[Any] = []
         self._handles += assignment_hooks(self._module_ids, self._dead)
         scripted = isinstance(model, torch.jit.ScriptModule)
@@ -1645,6 +1652,13 @@ class Watch:
         self._set_param_ptrs(set(storages(p for _, p in model.named_parameters())), model)
         opt = self._optimizer() if self._optimizer is not None else None
         self._transport.emit(self._session_event(model, opt))
+        self._record_code()
+
+    def _record_code(self) -> None:
+        """After the session event: the writer thread records the script's text (``_source``)."""
+        if self._code is not None:
+            self._transport.record_source(self._code)
+            self._code = None
 
     def _session_event(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         owner = {}
@@ -1704,6 +1718,7 @@ class Watch:
                 "mode": self.mode,
                 "max_ops": self.max_ops,
                 "grad_stats_every": GRAD_STATS_EVERY,
+                "save_code": self._code is not None,  # the script's text follows (LogEvent.source)
             },
         }
         if optimizer is not None:

@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 13)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off; 1.9: NodeRecord.attrs, OpRecord.freed; 1.10: ForwardInfo.input_grad; 1.11: ForwardInfo.checkpoint, LogEvent.ops_cut; 1.12: NodeRecord.checkpointed, EndEvent.late_backward, ForwardInfo.bn_recalibration, StepEvent.before_forward_us and .optimizer_us; 1.13: LogEvent.labels
+SCHEMA_VERSION: tuple[int, int] = (1, 14)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off; 1.9: NodeRecord.attrs, OpRecord.freed; 1.10: ForwardInfo.input_grad; 1.11: ForwardInfo.checkpoint, LogEvent.ops_cut; 1.12: NodeRecord.checkpointed, EndEvent.late_backward, ForwardInfo.bn_recalibration, StepEvent.before_forward_us and .optimizer_us; 1.13: LogEvent.labels; 1.14: LogEvent.source
 # how a LogEvent of level "error" begins when a part of the capture turned itself off after an
 # internal error (what follows: the part, the step, the error; since 1.8 also its capture_off
 # field): the doctor and `torchscope info` tell the session is incomplete by it (capture_off()),
@@ -408,6 +408,15 @@ class LogEvent(TypedDict, total=False):
     ops_cut: int
     # never written by the capture: a server's download appends it as the file's last record
     labels: RunLabels  # the name and tags a user gave the run on a torchscope server (1.13); a file's last wins
+    # (in a frame of its own, right after the session event's: no step, so step(n) never decodes it)
+    source: ScriptSource  # the text of the run's script (its `__main__` file), recorded once by watch() unless `save_code=False` or `TORCHSCOPE_SAVE_CODE=0`: the doctor reads the lines the capture cannot see from it, on any host (1.14)
+
+
+class ScriptSource(TypedDict, total=False):
+    path: str  # the script's absolute path where it ran (session.script's file, or the -m module's)
+    sha256: str  # hex digest of its bytes
+    bytes: int  # its size (at most 2 MiB: a bigger one is not recorded)
+    text: str  # its text, decoded as Python reads it (undecodable bytes as U+FFFD)
 
 
 class RunLabels(TypedDict, total=False):
@@ -434,6 +443,15 @@ def capture_off(ev: dict[str, object]) -> tuple[str, str] | None:
         return None
     return (msg[len(CAPTURE_OFF):].split(" ", 1)[0],
             msg.split("internal error: ", 1)[-1].split("; your training", 1)[0])
+
+
+def script_source(ev: dict[str, object]) -> ScriptSource | None:
+    """The ``source`` of a log event that records the run's script (its ``path`` and ``text``
+    strings at least), None for any other event."""
+    src = ev.get("source") if ev.get("kind") == "log" else None
+    if isinstance(src, dict) and isinstance(src.get("path"), str) and isinstance(src.get("text"), str):
+        return src  # type: ignore[return-value]
+    return None
 
 
 # How a run ended: "interrupted" is the user's Ctrl-C (KeyboardInterrupt) or a SIGTERM during training.

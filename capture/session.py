@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import series
-from .schema import END_STATUSES
+from .schema import END_STATUSES, script_source
 from .sessionfile import (
     FLAG_GRAPH,
     FLAG_SERIES,
@@ -34,7 +34,7 @@ from .sessionfile import (
 from .validate import RecordError, validate_event
 
 if TYPE_CHECKING:
-    from .schema import Finding, GraphEvent, SessionEvent, StepEvent
+    from .schema import Finding, GraphEvent, ScriptSource, SessionEvent, StepEvent
 
 
 class Session:
@@ -141,6 +141,21 @@ class Session:
         records = self._plain_records([last])
         labels = records[0].get("labels") if records and records[0]["kind"] == "log" else None
         return labels if isinstance(labels, dict) else {}
+
+    @property
+    def source(self) -> ScriptSource | None:
+        """The run's script as ``watch()`` recorded it (``schema.ScriptSource``: ``path``,
+        ``sha256``, ``bytes``, ``text``), None when the file holds none (``save_code=False``,
+        ``python -c``, a notebook, a file before format 1.14).  Read from the frames without a
+        step only (the writer gives it a frame of its own after the session event's)."""
+        for f in self._frames:
+            if not _plain(f) or f.step_lo != NO_STEP:
+                continue
+            for ev in self._plain_records([f]):
+                src = script_source(ev)
+                if src is not None:
+                    return src
+        return None
 
     @property
     def rank(self) -> int:

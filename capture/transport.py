@@ -40,6 +40,7 @@ from collections import deque
 from typing import Any
 
 from ._console import say
+from ._source import source_event
 from .sessionfile import RawJSON, SessionFileWriter, dumps_event
 
 # What a server that refuses the token is told as, here and by the `torchscope` CLI
@@ -73,6 +74,8 @@ _FINAL_SEND_S = 3.0  # how long close() may spend sending the tail to the server
 _BOOTING_WAIT_S = 10.0  # how long close() waits for a server this run started that has not answered yet
 _AUTOSTART_GRACE_S = 30.0  # how long a server started by this run may take to answer before we warn
 _NET_ERRORS = (OSError, ValueError, TypeError, http.client.HTTPException)
+# the queue's marker where the writer records the run's script (record_source): no event kind
+_SOURCE_MARK = "\x00source"
 
 
 def server_url(text: str) -> str | None:
@@ -312,6 +315,12 @@ class Transport:
         if wake:
             self._wake.set()
 
+    def record_source(self, path: str) -> None:
+        """Queue the recording of the run's script at ``path`` (``_source``): read and written by
+        the thread, in a frame of its own, where it meets this marker -- after the session event
+        emitted before it.  O(1), as ``emit``."""
+        self.emit({"kind": _SOURCE_MARK, "path": path})
+
     def flush(self, timeout: float = 5.0) -> bool:
         """Ask the thread to write now; wait until everything emitted so far is in the file.
         Returns False if that did not happen within ``timeout``."""
@@ -411,7 +420,14 @@ class Transport:
         batch: list[dict[str, Any]] = []
         while self._queue:
             ev = self._queue.popleft()
-            if ev.get("kind") != "graph":
+            kind = ev.get("kind")
+            if kind == _SOURCE_MARK:
+                if batch:  # the session event goes first, in its frame
+                    self._append(batch)
+                    batch = []
+                self._append_source(str(ev.get("path")))
+                continue
+            if kind != "graph":
                 batch.append(ev)
                 continue
             # graph events get frames of their own so readers can seek to them by step
@@ -428,6 +444,19 @@ class Transport:
         if batch:
             self._append(batch)
         self._write_series(final)
+
+    def _append_source(self, path: str) -> None:
+        """The script's text in a frame of its own (so ``step(n)`` never decodes it, and a reader
+        finds it among the frames without a step); a script that cannot be read is left out,
+        unsaid: it is a convenience for the doctor, never a reason to disturb the run."""
+        try:
+            ev = source_event(path)
+        except Exception:  # (source_event catches OSError; anything else stays here too)
+            ev = None
+        if ev is None:
+            self._written += 1  # the marker, as flush() counts it
+            return
+        self._append([ev])
 
     def _write_series(self, final: bool) -> None:
         """The whole-run series of the steps written so far (frames that spare readers the step

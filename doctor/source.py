@@ -2,12 +2,19 @@
 
 Some of what a finding should point at is no torch call, so the capture never records its
 line: ``history.append(loss)`` keeps a loss, ``val_loss += criterion(out, y)`` names the
-running sum that keeps an evaluation's graph.  The session header names the script
-(``session.script``, an absolute path) and every recorded line is ``basename:line``; when that
-script is still where it ran, unchanged since the run began, its text answers "which line
-appends to ``history``".  Anything else -- the file gone or edited since, a line in another
-module, a server reading a colleague's upload -- gives None, and the finding says what it knows
-without that line.
+running sum that keeps an evaluation's graph.  Every recorded line is ``basename:line``, and the
+script's text answers "which line appends to ``history``":
+
+- the text the capture recorded in the session file (``LogEvent.source``, format 1.14: the
+  ``__main__`` file, read as the run began), when its file's basename is the line's -- on any
+  host, whatever became of the script since (a colleague's ``torchscope doctor`` of a mailed
+  file, a server's import);
+- else the script the session header names (``session.script``, an absolute path), when it is
+  still where it ran, on this host, unchanged since the run began (a file written with
+  ``save_code=False``, or before 1.14).
+
+Anything else -- no text recorded and the file gone or edited since, a line in another module --
+gives None, and the finding says what it knows without that line.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import os
 import re
 import socket
 from functools import lru_cache
+
+from torchscope.schema import script_source
 
 from .run import Run, as_float
 
@@ -46,13 +55,35 @@ def _script(run: Run, basename: str) -> str | None:
     return path
 
 
+def _split(text: str) -> tuple[str, ...]:
+    """Lines as Python numbers them: at \\n, \\r\\n and \\r only (``str.splitlines`` also breaks
+    at a form feed or U+2028, which would shift every later line)."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return tuple(lines[:-1] if lines and not lines[-1] else lines)
+
+
 @lru_cache(maxsize=16)
 def _lines(path: str, mtime: float) -> tuple[str, ...]:
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return tuple(f.read(_MAX_BYTES).splitlines())
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            return _split(f.read(_MAX_BYTES))
     except OSError:
         return ()
+
+
+@lru_cache(maxsize=16)
+def _text_lines(text: str) -> tuple[str, ...]:
+    return _split(text)
+
+
+def _recorded(run: Run, basename: str) -> tuple[str, ...] | None:
+    """The lines of the script's text recorded in the session (``LogEvent.source``) when its
+    file is ``basename``; None when the session holds no such text."""
+    for ev in run.logs:
+        src = script_source(ev)
+        if src is not None:
+            return _text_lines(src["text"]) if os.path.basename(src["path"]) == basename else None
+    return None
 
 
 def src_line(src: object) -> tuple[str, int] | None:
@@ -64,8 +95,13 @@ def src_line(src: object) -> tuple[str, int] | None:
 def script_lines(run: Run, src: str) -> tuple[str, list[str]] | None:
     """(the file's basename, its lines) for a recorded ``basename:line`` in the run's script."""
     at = src_line(src)
-    path = _script(run, at[0]) if at is not None else None
-    if at is None or path is None:
+    if at is None:
+        return None
+    recorded = _recorded(run, at[0])
+    if recorded is not None:
+        return (at[0], list(recorded)) if recorded else None
+    path = _script(run, at[0])
+    if path is None:
         return None
     try:
         lines = _lines(path, os.stat(path).st_mtime)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchscope.schema import capture_off
+from torchscope.schema import ScriptSource, capture_off, script_source
 from torchscope.session import writer_alive
 from torchscope.sessionfile import (
     FLAG_GRAPH,
@@ -131,6 +131,15 @@ def _cut(session: dict[str, Any], cut: dict[str, Any]) -> str:
             "as does every step that ran more")
 
 
+def _source(source: ScriptSource | None) -> str:
+    """The script recorded in the file (``LogEvent.source``, 1.14), for the doctor's source lines
+    on any host: its name and size."""
+    if source is None:
+        return "not recorded (the doctor reads the script where the run was, if it is unchanged)"
+    size = source.get("bytes")
+    return f"{os.path.basename(source['path'])} ({_size(size if type(size) is int else len(source['text'].encode()))} recorded)"
+
+
 def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
     """The summary of a session file (``found``: its ``salvage``, when the caller has it)."""
     found = found or salvage(path)
@@ -143,6 +152,7 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
     cut: dict[str, Any] | None = None  # the warning that a step's graph was cut at max_ops
     turned_off: list[str] = []  # parts of the capture that turned themselves off: when, and why
     given: tuple[str | None, list[str] | None] | None = None
+    source: ScriptSource | None = None
     for ev in _events(path, found.frames):
         kind = ev.get("kind")
         if kind == "session" and not session:
@@ -162,6 +172,8 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
             graphs += 1
         elif kind == "end":
             end = ev
+        elif kind == "log" and (src := script_source(ev)) is not None and source is None:
+            source = src  # the run's script recorded (1.14): the doctor reads its lines on any host
         elif kind == "log" and (got := of_labels(ev)) is not None:
             given = got  # a download's name and tags (server/labels.py): the file's last win
         elif kind == "log" and isinstance(ev.get("ops_cut"), int) and cut is None:
@@ -193,6 +205,8 @@ def summarize(path: Path, found: Readable | None = None) -> dict[str, Any]:
         "graphs captured": _graphs(graphs, session, cut, end),
         "size": _size(os.path.getsize(path)),
         "duration": _duration(begin, stop),
+        # the run's script (a line, never its text: `torchscope.load(path).source["text"]` holds it)
+        "source": _source(source),
     }
     if turned_off:
         # the session holds less than the run did: said beside its numbers (a "0 steps, finished"
