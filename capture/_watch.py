@@ -4245,6 +4245,7 @@ class Watch:
         n, m = len(self._params), len(of)
         ratio: list[float | None] = [None] * n
         weight: list[float | None] = [None] * n
+        moved: list[float | None] = [None] * n
         none = set(stats["none"])  # sampled, but the step made no gradient for it: not updated
         for k, i in enumerate(of):
             if i < n and i not in none:
@@ -4252,7 +4253,11 @@ class Watch:
                 # (a parameter that was all zeros, a bias initialised so: no ratio)
                 ratio[i] = change / size if size > 0 and math.isfinite(change / size) else None
                 weight[i] = read[2 * m + k]
-        stats["update_ratio"], stats["weight_norm"] = ratio, weight
+                p = self._params[i]()
+                if p is not None:  # the sample's change as the whole parameter's (exact up to UPDATE_SAMPLE elements)
+                    numel = p.numel() * (2 if p.is_complex() else 1)
+                    moved[i] = change * math.sqrt(numel / max(1, _strided(numel)[1]))
+        stats["update_ratio"], stats["weight_norm"], stats["update_norm"] = ratio, weight, moved
 
     def _finish_deferred(self) -> None:
         if self._deferred is not None:

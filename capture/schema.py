@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 
 # Major changes break readers (they refuse a newer major with a clear message); minor
 # changes only add optional fields.
-SCHEMA_VERSION: tuple[int, int] = (1, 14)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off; 1.9: NodeRecord.attrs, OpRecord.freed; 1.10: ForwardInfo.input_grad; 1.11: ForwardInfo.checkpoint, LogEvent.ops_cut; 1.12: NodeRecord.checkpointed, EndEvent.late_backward, ForwardInfo.bn_recalibration, StepEvent.before_forward_us and .optimizer_us; 1.13: LogEvent.labels; 1.14: LogEvent.source
+SCHEMA_VERSION: tuple[int, int] = (1, 15)  # 1.2: StepEvent.accumulated; 1.3: GradStats.not_trained; 1.4: NodeRecord.made_nonfinite, GradStats.clip, ForwardInfo.loss; 1.5: NodeRecord.unregistered; 1.6: MemoryStats.kept, GraphsKept.of "state" and .held_at, StepEvent.hooks_shared and .hooks_src; 1.7: StepEvent.activations, GradStats.update_ratio and .weight_norm; 1.8: ModuleInfo.extra_repr and .requires_grad_attr, StepEvent.autocast_dtype, LogEvent.metrics and .capture_off; 1.9: NodeRecord.attrs, OpRecord.freed; 1.10: ForwardInfo.input_grad; 1.11: ForwardInfo.checkpoint, LogEvent.ops_cut; 1.12: NodeRecord.checkpointed, EndEvent.late_backward, ForwardInfo.bn_recalibration, StepEvent.before_forward_us and .optimizer_us; 1.13: LogEvent.labels; 1.14: LogEvent.source; 1.15: GradStats.update_norm
 # how a LogEvent of level "error" begins when a part of the capture turned itself off after an
 # internal error (what follows: the part, the step, the error; since 1.8 also its capture_off
 # field): the doctor and `torchscope info` tell the session is incomplete by it (capture_off()),
@@ -121,6 +121,10 @@ class GradStats(TypedDict, total=False):
     # the parameter's L2 norm after the step
     update_ratio: list[float | None]
     weight_norm: list[float | None]
+    # ‖Δw‖, the L2 norm of what the step changed (1.15): the sample's, as the whole parameter's
+    # -- a module's ratio is sqrt(Σ‖Δw‖² / Σ‖w before‖²), a parameter zero before (a bias) has
+    # no ratio of its own yet moved the module
+    update_norm: list[float | None]
 
 
 class MemoryStats(TypedDict, total=False):

@@ -32,7 +32,7 @@ _DEVICE_KEYS = ("allocated", "reserved")
 _MEMORY_COLUMNS = (*_MEMORY_KEYS, *_DEVICE_KEYS)
 _GRAD_LISTS = ("norm", "max_abs", "nan", "inf", "zero_frac")
 # what the optimizer's step did to each parameter (1.7): on some steps only, None on the others
-_UPDATE_LISTS = ("update_ratio", "weight_norm")
+_UPDATE_LISTS = ("update_ratio", "weight_norm", "update_norm")
 _SUMMARY_KEYS = (
     "step",
     "rank",
@@ -332,7 +332,7 @@ def grad_series(steps: Sequence[Mapping[str, Any]], params: Sequence[Mapping[str
     ``params``), ``none`` (indices whose ``.grad`` was None), ``not_trained`` (those of them no
     optimizer trains, or every ``backward(inputs=...)`` left out), ``clip`` (``GradStats.clip``
     or None), ``total_norm`` (of the statistics: after clipping where the loop clips) and
-    ``update_ratio``, ``weight_norm`` (what the optimizer's step did: a list aligned with
+    ``update_ratio``, ``weight_norm``, ``update_norm`` (what the optimizer's step did: a list aligned with
     ``params`` on the steps that read it, None on the others).
     """
     return grads_from_columns(columns(steps, "grads"), params)

@@ -278,9 +278,8 @@ export class GradientsView {
 
   // The heat map's cells: per module and step, the gradient norm (the root of the sum of its
   // parameters' squared norms), or the update-to-weight ratio of what optimizer.step() did to
-  // the module, sqrt(Σ‖Δw‖² / Σ‖w‖²) over its parameters with a ratio, ‖Δw‖ taken as ratio ×
-  // ‖w‖ and ‖w‖ (before the step) as weight_norm (after it: within the ratio of it); a step
-  // that did not read the ratio is "not read", apart from a module with no gradient.
+  // the module, sqrt(Σ‖Δw‖² / Σ‖w‖²) over its parameters, ‖w‖ before the step (moved()); a
+  // step that did not read the ratio is "not read", apart from a module with no gradient.
   // The heat map's text for a screen reader (it is a picture): its size, the three modules with
   // the largest values at the last step, and the modules never drawn or with a NaN or Inf.
   describeHeat(val, has, bad, S, M, ratio) {
@@ -307,19 +306,19 @@ export class GradientsView {
     const { g } = this;
     const S = g.steps.length, M = this.modules.length, ratio = this.heatStat === "update_ratio";
     const val = new Float64Array(S * M), bad = new Uint8Array(S * M), has = new Uint8Array(S * M), unread = new Uint8Array(S * M);
-    const den = ratio ? new Float64Array(S * M) : null;
+    const den = ratio ? new Float64Array(S * M) : null, fromZero = new Uint8Array(S * M);
     for (let s = 0; s < S; s++) {
       const row = g.norm[s] || [];
       for (let p = 0; p < row.length; p++) {
         if (!Number.isFinite(row[p] ?? 0) || (g.nan?.[s]?.[p] || 0) > 0 || (g.inf?.[s]?.[p] || 0) > 0) bad[s * M + this.paramModule[p]] = 1;
       }
       if (ratio) {
-        const r = g.update_ratio?.[s], w = g.weight_norm?.[s];
+        const r = g.update_ratio?.[s], w = g.weight_norm?.[s], u = g.update_norm?.[s];
         if (!r) { unread.fill(1, s * M, (s + 1) * M); continue; }
         for (let p = 0; p < r.length; p++) {
-          const i = s * M + this.paramModule[p], v = r[p], wn = w?.[p];
-          if (typeof v !== "number" || typeof wn !== "number" || !Number.isFinite(v) || !Number.isFinite(wn) || wn <= 0) continue;
-          val[i] += v * v * wn * wn; den[i] += wn * wn; has[i] = 1;
+          const i = s * M + this.paramModule[p], [du, before] = moved(r[p], w?.[p], u?.[p]);
+          if (du === null) continue;
+          val[i] += du * du; den[i] += before * before; has[i] = 1;
         }
       } else {
         for (let p = 0; p < row.length; p++) {
@@ -330,6 +329,8 @@ export class GradientsView {
         }
       }
     }
+    // (a module whose weights were all zero before the step, a LoRA B matrix: no ratio)
+    for (let i = 0; i < S * M; i++) if (has[i] && ratio && !(den[i] > 0)) { has[i] = 0; fromZero[i] = 1; }
     for (let i = 0; i < S * M; i++) if (has[i]) val[i] = Math.sqrt(ratio ? val[i] / den[i] : val[i]);
     const vals = [];
     for (let i = 0; i < S * M; i++) if (has[i] && !bad[i]) vals.push(val[i]);
@@ -371,7 +372,7 @@ export class GradientsView {
     const axisEvery = Math.min(Math.ceil(S / 10), Math.ceil(60 / cellW));
     for (let s = 0; s < S; s += axisEvery) ctx.fillText(String(g.steps[s]), L + s * cellW, H - 6);
     this.heatGeom = { L, cellW, cellH, S, M, axisEvery };
-    this.cells = { val, bad, has, unread, ratio };
+    this.cells = { val, bad, has, unread, ratio, fromZero };
     const at = this.focus !== undefined ? g.steps.indexOf(this.focus) : -1;
     if (at >= 0) { // the step a finding (or the URL) asked for: its column outlined
       ctx.strokeStyle = css.getPropertyValue("--text").trim(); ctx.lineWidth = 2;
@@ -400,7 +401,7 @@ export class GradientsView {
     }
     if (scale.positive) this.heatInfo.append(...rampLegend("update ÷ weight", scale.lo, scale.hi, fmtShort), " · ");
     this.heatInfo.append(
-      "a module's: sqrt(Σ‖Δw‖² / Σ‖w‖²) over its parameters, the RMS of their ratios weighted by their norms (‖Δw‖ = ratio × ‖w‖, ‖w‖ taken after the step) · ",
+      "a module's: sqrt(Σ‖Δw‖² / Σ‖w‖²) over its parameters, ‖w‖ before the step (a bias that was zero moves the module, adds no weight) · ",
       `${RATIO_AID} · `,
       h("span", { class: "swatch", style: `background:${ZERO}` }), " = exactly zero (the step did not move it) · ",
       `dark red "!" = NaN/Inf gradient · grey = no gradient (no ratio) · `,
@@ -484,9 +485,10 @@ export class GradientsView {
 
   // What a cell holds, in the read-out under the heat map (the pointer's and the keyboard's).
   cellText([s, m]) {
-    const i = s * this.modules.length + m, { val, bad, has, unread, ratio } = this.cells;
+    const i = s * this.modules.length + m, { val, bad, has, unread, ratio, fromZero } = this.cells;
     const v = val[i];
-    const what = bad[i] ? "NaN/Inf" : unread[i] ? "not read that step" : !has[i] ? (ratio ? "none (no gradient)" : "no gradient")
+    const what = bad[i] ? "NaN/Inf" : unread[i] ? "not read that step" : fromZero[i] ? "none (its weights were all zero before the step)"
+      : !has[i] ? (ratio ? "none (no gradient)" : "no gradient")
       : v === 0 ? "exactly zero" : fmtNum(v);
     return `${moduleTyped(this.modules[m], this.app.moduleType?.get(this.modules[m]))} · step ${this.g.steps[s]} · ` +
       `${ratio ? "update ÷ weight" : "‖grad‖"} ${what} — click (or Enter) to ${this.noGraphs() ? "mark its step" : "open its graph"}`;
@@ -626,6 +628,20 @@ export class GradientsView {
       lr: { x: this.lr.x || [], series: (this.lr.series || []).map((s) => ({ name: s.name, y: s.y })), log: !!this.lr.opts.log,
         title: this.lr.title.textContent } };
   }
+}
+
+// What optimizer.step() did to one parameter, from its recorded ratio (‖Δw‖ / ‖w‖ before),
+// ‖w‖ after and ‖Δw‖ (format 1.15): [‖Δw‖, ‖w‖ before], or [null] when the step did not read
+// it.  QA 53c: ‖Δw‖ was taken as ratio × ‖w‖ after the step -- a bias growing fast weighed
+// wrong -- and a parameter zero before (every norm layer's bias at step 0) has no ratio and was
+// left out, though it moved by its whole ‖w‖ after.  A file from before 1.15 has no ‖Δw‖: the
+// ratio times ‖w‖ after, as then, a parameter without a ratio moved from zero.
+function moved(r, wn, u) {
+  const num = (x) => typeof x === "number" && Number.isFinite(x);
+  if (!num(wn)) return [null];
+  if (num(u)) return [u, num(r) && r > 0 ? u / r : u === 0 ? wn : 0];
+  if (num(r)) return wn > 0 ? [r * wn, wn] : [null];
+  return r === null ? [wn, 0] : [null];
 }
 
 // The heat map's cells for the tests: per module, per step, a number, "NaN/Inf", "not read"

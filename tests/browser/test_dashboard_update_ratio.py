@@ -19,6 +19,7 @@ the others') recorded to files and imported, against ``torchscope.load(path).gra
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,8 +53,9 @@ def runs(srv: ServerProc, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     got: dict[str, dict[str, Any]] = {}
     for mode in ("default", "light"):
         path = out / f"{mode}.tscope"
-        sid = recorded(srv, path, TRAIN, "--mode", mode, "--steps", str(STEPS), "--name", f"ratio-{mode}")
-        got[mode] = {"sid": sid, "grads": torchscope.load(str(path)).grads()}
+        truth = out / f"{mode}.truth.json"
+        sid = recorded(srv, path, TRAIN, "--mode", mode, "--steps", str(STEPS), "--name", f"ratio-{mode}", "--truth", str(truth))
+        got[mode] = {"sid": sid, "grads": torchscope.load(str(path)).grads(), "truth": json.loads(truth.read_text())}
     # the runs are what these tests need: the default run read the ratios on a few steps, the light one on none
     ratio = got["default"]["grads"]["update_ratio"]
     assert 3 <= sum(r is not None for r in ratio) < STEPS
@@ -77,15 +79,12 @@ def read_steps(grads: dict[str, Any]) -> list[int]:
     return [s for s, r in enumerate(grads["update_ratio"]) if r is not None]
 
 
-def module_ratio(grads: dict[str, Any], s: int, module: str) -> float:
-    """sqrt(Σ‖Δw‖² / Σ‖w‖²) over the module's parameters at step index ``s``, ‖Δw‖ = ratio × ‖w‖."""
-    num = den = 0.0
-    for p, owner in enumerate(grads["modules"]):
-        r, w = grads["update_ratio"][s][p], grads["weight_norm"][s][p]
-        if owner == module and r is not None and w is not None:
-            num += (r * w) ** 2
-            den += w * w
-    return math.sqrt(num / den)
+def module_ratio(run: dict[str, Any], s: int, module: str) -> float:
+    """sqrt(Σ‖Δw‖² / Σ‖w‖²) over the module's parameters at step index ``s``, ‖w‖ before the
+    step, as plain PyTorch computed them in the training script (its ``--truth``)."""
+    truth = run["truth"][s]
+    of = [p for p, owner in enumerate(run["grads"]["modules"]) if owner == module]
+    return math.sqrt(sum(truth["update"][p] ** 2 for p in of) / sum(truth["before"][p] ** 2 for p in of))
 
 
 def test_the_chart_draws_the_recorded_update_ratio_through_the_steps_that_read_it(
@@ -116,15 +115,18 @@ def test_the_chart_draws_the_recorded_update_ratio_through_the_steps_that_read_i
         assert series["y"] == pytest.approx(want, rel=1e-12), series["name"]
         # consecutive read steps are adjacent points: one line through them, no gap between
         ys = [series["y"][kept.index(s)] for s in read]
-        assert all(v is not None and v > 0 for v in ys)
+        # (but "4.bias", zero before step 0: no ratio there)
+        assert read[0] == 0 and (ys[0] is None) == (series["name"] == "4.bias"), (series["name"], ys[0])
+        assert all(v is not None and v > 0 for v in ys[1:])
     assert lines["log"] is True and lines["axis"]["log"] is True
     fast = [p for p, m in enumerate(grads["modules"]) if m == FAST]
-    slow = [p for p in range(len(grads["params"])) if p not in fast]
+    # (not "4.bias": grown from zero by 1e-5 a step, its ratio stays large)
+    slow = [p for p in range(len(grads["params"])) if p not in fast and grads["params"][p] != "4.bias"]
     for s in read:
         row = grads["update_ratio"][s]
         assert min(row[p] for p in fast) >= 100 * max(row[p] for p in slow), (s, row)
     # the axis holds every value, the slow layers' 1e-4 and the fast one's 1e-1 alike
-    values = [grads["update_ratio"][s][p] for s in read for p in range(len(grads["params"]))]
+    values = [v for s in read for v in grads["update_ratio"][s] if v is not None]
     assert 10 ** lines["axis"]["lo"] <= min(values) and max(values) <= 10 ** lines["axis"]["hi"]
     title = lines["title"]
     assert title.startswith("update ÷ weight per step") and "optimizer.step()" in title and "log scale" in title
@@ -194,9 +196,13 @@ def test_the_heat_map_shows_update_over_weight_per_module(page: Any, srv: Server
             if s not in read:
                 assert v == "not read", (module, s, v)
             else:
-                assert v == pytest.approx(module_ratio(grads, s, module), rel=1e-9), (module, s)
+                assert v == pytest.approx(module_ratio(run, s, module), rel=1e-5), (module, s)
     for s in read:
         assert cells[FAST][s] >= 100 * max(cells["0"][s], cells["4"][s]), s
+        # the file's ‖Δw‖ (1.15) is plain PyTorch's; "4.bias" was zero before step 0: no ratio, yet it moved
+        assert grads["update_norm"][s] == pytest.approx(run["truth"][s]["update"], rel=1e-5), s
+    bias = grads["params"].index("4.bias")
+    assert grads["update_ratio"][0][bias] is None and run["truth"][0]["update"][bias] > 0
     legend = g["legend"]
     assert "update ÷ weight" in legend and "sqrt(Σ‖Δw‖² / Σ‖w‖²)" in legend
     assert "not read that step" in legend and "grey = no gradient" in legend
