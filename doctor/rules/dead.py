@@ -19,6 +19,7 @@ from ..run import Run, as_dict, as_float, as_int, as_list, notes
 from ..settings import Settings
 from . import paths
 from ._grads import applied_steps, column, floats, pruned_params, sparse_params, value
+from .nonfinite import loss_nonfinite
 from .norms import diverged_steps
 
 FIX = ("Find what zeroes the branch: ReLUs that never fire (bad init or a large negative bias: try LeakyReLU/"
@@ -65,9 +66,22 @@ def _within(module: str, dead: set[str]) -> bool:
 
 
 def _judged_steps(run: Run) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The steps whose zero gradients can tell a dead branch: not skipped by the GradScaler, not diverged."""
+    """The steps whose zero gradients can tell a dead branch: not skipped by the GradScaler, not
+    diverged, and finite -- a step whose loss or some gradient is NaN/Inf (P4's) zeroes
+    gradients of its own: a ReLU's gradient at an input of -inf, a BatchNorm whose variance
+    overflowed to inf (its output its bias alone, whatever its input).  A run fed inputs of
+    ~1e20, NaN from its first step, read as a dead branch beside its P4 error (QA 53)."""
     diverged = set(diverged_steps(run))
-    return ((step, ev) for step, ev in applied_steps(run) if step not in diverged)
+    return ((step, ev) for step, ev in applied_steps(run) if step not in diverged and _finite(ev))
+
+
+def _finite(ev: dict[str, Any]) -> bool:
+    """Whether the step's losses and recorded gradients were all finite."""
+    if loss_nonfinite(ev):
+        return False
+    if any(as_int(v) for name in ("nan", "inf") for v in column(ev, name)):
+        return False
+    return all(n is None or math.isfinite(n) for n in floats(ev, "norm"))
 
 
 def _dead_params(run: Run, settings: Settings) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
@@ -418,31 +432,64 @@ def _masked(run: Run, dead: dict[int, list[int]], params: dict[int, list[int]], 
     return culprits, [i for i in masked if i not in culprits], sure
 
 
-HEDGE = " (or the layer's input is all zeros, from a dead layer before it)"
+def _mask_buffer(run: Run, index: int) -> str:
+    """The buffer that holds a pruned parameter's mask: ``torch.nn.utils.prune`` keeps the
+    parameter as ``<name>_orig`` and the mask as ``<name>_mask`` on the same module
+    (``2.weight_orig``: ``2.weight_mask``); pruned after ``watch()``, the parameter keeps its name."""
+    name = run.param_name(index)
+    return f"{name.removesuffix('_orig')}_mask"
 
 
-def _masked_note(run: Run, culprits: list[int], behind: list[int], sure: bool) -> tuple[str, str]:
-    """The sentence and the fix of a dead branch with pruned weights in it (``_masked``)."""
+def _masked_note(run: Run, culprits: list[int], behind: list[int], sure: bool, others: list[int]) -> tuple[str, str]:
+    """The sentence and the fix of a dead branch with pruned weights in it (``_masked``);
+    ``others``: the dead parameters of no culprit's layer."""
     if not culprits:
         names = [run.param_name(i) for i in behind]
+        masks = [_mask_buffer(run, i) for i in behind]
         one = len(names) == 1
+        checks = " and ".join(f"{m}.mean()" for m in masks[:3])
         return (f" {and_list(names)} {'is' if one else 'are'} pruned (torch.nn.utils.prune) and {'its' if one else 'their'} "
                 "gradient is exact zeros everywhere, not only where the mask is: a prune mask zeroes the whole "
-                "weight (module.weight_mask.mean() is 0.0), or the layer's input is all zeros.",
-                FIX + " A pruned layer's mask can zero it all: check module.weight_mask.mean().")
+                f"weight ({checks} {'is' if one else 'are'} 0.0 then), or the layer's input is all zeros.",
+                FIX + f" A pruned layer's mask can zero it all: check {checks}.")
     layers = list(dict.fromkeys(_layer_of(run.param_module(i)) for i in culprits))
     names = [run.param_name(i) for i in culprits]
+    masks = [_mask_buffer(run, i) for i in culprits]
     one = len(culprits) == 1
-    note = (f" The prune mask of {and_list([repr(m) for m in layers])} zeroes the whole weight"
-            f"{'' if sure else HEDGE}: {and_list(names)} "
-            f"(pruned with torch.nn.utils.prune) {'gets' if one else 'get'} a gradient of exact zeros everywhere, not only "
-            f"where the mask is, so {'the layer passes' if len(layers) == 1 else 'each layer passes'} its bias alone, "
-            "whatever its input.")
+    each = "the layer passes" if len(layers) == 1 else "each layer passes"
+    checks = " and ".join(f"{m}.mean()" for m in masks[:3])
+    shown = and_list([repr(m) for m in layers])
+    if sure:
+        note = (f" The prune mask of {shown} zeroes the whole weight: {and_list(names)} "
+                f"(pruned with torch.nn.utils.prune) {'gets' if one else 'get'} a gradient of exact zeros everywhere, not "
+                f"only where the mask is, so {each} its bias alone, whatever its input ({and_list(masks)}, the mask, "
+                f"{'is' if one else 'are'} all zeros).")
+    else:
+        # light mode records no module outputs: a mask of zeros and an input of zeros (a dead
+        # layer before it) leave the same gradients, so both are told (QA 53)
+        before = [run.param_name(i) for i in others if i not in behind]
+        dead_before = (f"{and_list(before[:3])}{' ...' if len(before) > 3 else ''} "
+                       f"{'gets' if len(before) == 1 else 'get'} no gradient either") if before else ""
+        learns = "its layer's bias learns" if one else "their layers' biases learn"
+        light = run.session.get("mode") == "light"
+        unseen = ("This run records no module outputs (mode='light')" if light else
+                  "No captured step of this run shows the module outputs where it is dead")
+        record = ", or record with mode='default'" if light else ""
+        note = (f" The prune mask of {shown} zeroes the whole weight ({and_list(masks)} all zeros), or the mask keeps "
+                "weights and the layer's input is all zeros, from a dead layer before it"
+                f"{f' ({dead_before})' if dead_before else ''}: {and_list(names)} (pruned with torch.nn.utils.prune) "
+                f"{'gets' if one else 'get'} a gradient of exact zeros everywhere, not only where the mask is, while "
+                f"{learns}, and both leave these gradients. {unseen} to tell which: {checks} says (0.0: the mask, "
+                f"and {each} its bias alone, whatever its input){record}.")
     if behind:
-        note += (f" {and_list([run.param_name(i) for i in behind])}, pruned too, {'is' if len(behind) == 1 else 'are'} "
-                 "dead behind it: no gradient goes back through a weight of zeros.")
-    fix = FIX_PRUNED if sure else (FIX_PRUNED + " If the mask keeps weights, find what zeroes the layer's input: "
-                                   + FIX[0].lower() + FIX[1:])
+        note += (f" {'' if sure else 'If it is the mask, '}{and_list([run.param_name(i) for i in behind])}, pruned too, "
+                 f"{'is' if len(behind) == 1 else 'are'} dead behind it: no gradient goes back through a weight of zeros.")
+    kept = FIX_PRUNED[FIX_PRUNED.index("Prune a smaller"):]
+    leaves = sorted({m.rpartition(".")[2] for m in masks})
+    mask = f"{' / '.join(f'module.{leaf}.mean()' for leaf in leaves)} of {shown} ({and_list(masks)})"
+    fix = (f"Check the prune mask: {mask} is the share of the weight kept (0.0: none). {kept}" if sure else
+           f"Check the prune mask: {mask}, 0.0 means the mask zeroes the whole weight -- p{kept[1:]} Otherwise the "
+           f"mask keeps weights and the layer's input is dead: {FIX[0].lower()}{FIX[1:]}")
     return note, fix
 
 
@@ -584,7 +631,9 @@ def check(run: Run, settings: Settings) -> list[Finding]:
     # line said "bad init ... try LeakyReLU" under a message saying to lower the learning rate)
     fix = FIX_SURGE if surge else FIX
     if culprits or behind:
-        note, fix = _masked_note(run, culprits, behind, sure)
+        layers = {_layer_of(run.param_module(i)) for i in culprits}
+        others = [i for i in sorted(params) if _layer_of(run.param_module(i)) not in layers]
+        note, fix = _masked_note(run, culprits, behind, sure, others)
         message += note
     cancelled = _cancelled(run, {run.param_module(i) for i in params}) if params else None
     if cancelled is not None:

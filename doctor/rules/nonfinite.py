@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from torchscope.schema import UNINITIALISED_OPS, Finding, FindingTarget
 
 from .. import graph as g
 from ..finding import describe_steps, make
-from ..run import Run, as_dict, as_float, as_int, as_list
+from ..run import Run, as_dict, as_float, as_int, as_list, notes
 from ..settings import Settings
+from ..source import script_lines
 from ._grads import column, scaler_skipped
 from .norms import FIX_DIVERGING, loss_blowup
 
@@ -37,11 +39,63 @@ FIX_OVERFLOW = ("The values grew past what float32 holds (3.4e38) before that op
                 "nonlinearity='relu', LayerNorm, a smaller initialisation), and if they grew over training, lower the "
                 "learning rate or clip the gradients (clip_grad_norm_). A NaN check finds nothing before that op: "
                 "print the size of the batch and of each module's output (x.abs().max()) to see where they grow.")
+FIX_OVERFLOW_INPUT = ("The values grew past what float32 holds (3.4e38) from a batch that was huge before the model "
+                      "saw it: scale the inputs, not the model -- normalise them ((x - mean) / std with the training "
+                      "set's statistics, images / 255) in the dataset or "
+                      "data loader, and look for what made them that large (a unit mix-up, a column never "
+                      "normalised, a multiplication meant for something else): print x.abs().max() of a batch.")
+FIX_OVERFLOW_TARGET = ("Check the targets (y.abs().max(), torch.isfinite(y).all()) and scale them as the outputs "
+                       "are: normalise y ((y - mean) / std) for the loss and un-scale the predictions for reporting, "
+                       "or use a loss that grows slower on large errors (F.smooth_l1_loss / F.huber_loss).")
 FIX_BACKWARD = ("A gradient formula met a zero its forward handled: sqrt or a norm of exactly zero (add an eps "
                 "inside: (x + 1e-12).sqrt()), log or a division in a torch.where branch that is masked out (its "
                 "gradient is still 0 * inf = NaN: make the input safe before the op, torch.where(mask, x, 1.0).log()), "
                 "pow with an exponent below 1 at zero. torch.autograd.set_detect_anomaly(True) around that step's "
                 "backward names the first node that returned NaN, with its forward's stack.")
+
+
+FIX_NAN_TO_NUM = ("torch.nan_to_num hides a NaN, it does not remove its cause: find the batches whose loss is "
+                  "NaN/Inf before it (torch.isfinite(loss), torch.isfinite(x).all() on the batch) and fix their data "
+                  "or the op that overflows; to skip such a batch, say so -- if not torch.isfinite(loss): continue -- "
+                  "rather than training on zeros (a zeroed gradient still moves momentum and Adam) and logging NaN.")
+
+# (a backward that makes NaN of its own -- sqrt at 0 -- in a script that also calls nan_to_num)
+_BACKWARD_AFTER = " If the value before nan_to_num was finite, the backward made the NaN: " + FIX_BACKWARD[0].lower() + FIX_BACKWARD[1:]
+_NAN_TO_NUM = re.compile(r"\bnan_to_num_?\s*\(")
+
+
+def nan_to_num_src(run: Run, grads: bool = False) -> str | None:
+    """``file:line`` where the script calls ``torch.nan_to_num`` (or ``nan_to_num_``): an op of a
+    captured graph, else a line of the recorded script that calls it -- ``grads``: preferably one
+    that assigns the gradients (the capture's ``grads_assigned`` line, else a line naming
+    ``grad``), else preferably one that does not; None when neither shows one.  A NaN it replaces
+    reads as a finite loss, or as gradients of exact zeros beside a NaN loss (QA 53: "a mean over
+    no elements (0/0)")."""
+    if not grads:
+        for _, graph in run.all_graphs():
+            for op in g.ops(graph):
+                if str(op.get("name", "")).startswith("aten::nan_to_num") and op.get("src"):
+                    return str(op["src"])
+    seen: set[str] = set()
+    found: list[tuple[str, str]] = []  # (file:line, the line)
+    assigned: set[str] = set()
+    for _, ev in run.step_events():
+        assigned.update(str(e.get("src")) for e in notes(ev, "grads_assigned") if e.get("src"))
+        srcs = [*(as_dict(f).get("src") for f in as_list(ev.get("forwards"))), *as_list(ev.get("backward_src")),
+                ev.get("step_src"), *(e.get("src") for e in notes(ev, "grads_assigned"))]
+        for src in srcs:
+            base = str(src or "").rpartition(":")[0]
+            if not base or base in seen:
+                continue
+            seen.add(base)
+            lines = script_lines(run, str(src))
+            if lines is not None:
+                found += [(f"{lines[0]}:{n}", code) for n, line in enumerate(lines[1], 1)
+                          if _NAN_TO_NUM.search(code := line.split("#", 1)[0])]
+    if not found:
+        return None
+    ranked = sorted(found, key=lambda f: (f[0] not in assigned, "grad" not in f[1]) if grads else ("grad" in f[1],))
+    return ranked[0][0]
 
 
 def loss_nonfinite(ev: dict[str, Any]) -> bool:
@@ -390,6 +444,11 @@ def check(run: Run, settings: Settings) -> list[Finding]:
                        f"and NaN/Inf went out at step {op_step}, the first step checked node by node after step "
                        f"{steps[0]} went non-finite ({when}).")
         fix = FIX_BACKWARD
+        if _backward_made(ev0) and (hidden := nan_to_num_src(run)) is not None:
+            message += (f" But the script calls torch.nan_to_num ({hidden}): a NaN of the forward it replaced "
+                        "still comes back as NaN through the ops that made it (their saved values are NaN: "
+                        "0 * NaN), so that node may only pass on the forward's NaN.")
+            fix = FIX_NAN_TO_NUM + _BACKWARD_AFTER
     elif first_op and data and op_step == steps[0]:
         # the batch was NaN before the forward (a normalisation by a zero std in the loop, QA
         # 51b): the first recorded op that read it is no producer
@@ -409,13 +468,16 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             fix = FIX_DIVERGING
         elif op_step == steps[0] and (overflow := _overflowed(run, op_step, first_op)) is not None:
             # (QA 51b: an RNN's activations grown to 1e19 squared into Inf by the loss read "log/sqrt/div")
-            said, huge = overflow
+            said, huge, before_model = overflow
             message += f" {said}"
-            fix = FIX_OVERFLOW
+            fix = {"input": FIX_OVERFLOW_INPUT, "target": FIX_OVERFLOW_TARGET}.get(before_model, FIX_OVERFLOW)
             upstream = huge[:1]
     elif names:
         message = f"NaN/Inf in the gradients of {', '.join(names[:3])}{' ...' if len(names) > 3 else ''} ({when})."
-        if _backward_made(ev0):
+        if _backward_made(ev0) and (hidden := nan_to_num_src(run)) is not None:
+            message += " " + _hidden_by_nan_to_num(ev0, hidden)
+            fix = FIX_NAN_TO_NUM + _BACKWARD_AFTER
+        elif _backward_made(ev0):
             message += " " + _made_in_backward(ev0)
             fix = FIX_BACKWARD
         elif loss_nonfinite(ev0):
@@ -441,11 +503,25 @@ def check(run: Run, settings: Settings) -> list[Finding]:
             fix = FIX_DATA
         else:
             message += _origin_unknown(full)
+    elif _isolated(run, steps) and _empty_means(run, steps) and (hidden := nan_to_num_src(run, grads=True) or batch):
+        # the loop replaced the NaN gradients with zeros (p.grad = torch.nan_to_num(p.grad)): not
+        # an empty mean, which has no NaN batch and no nan_to_num (QA 53: "0/0" of a NaN sample)
+        where = f"torch.nan_to_num at {hidden}" if hidden and hidden != batch else None
+        message = (f"The loss is NaN/Inf {when} while every gradient is exactly zero"
+                   + (f": the script replaces NaN with zeros ({where}), so those steps' NaN gradients reached "
+                      "optimizer.step() as zeros and the model stayed finite" if where else
+                      ": NaN gradients were replaced with zeros before optimizer.step(), and the model stayed finite")
+                   + ", but the loss you log, and any running average of it, is NaN. The NaN came from those batches' "
+                   + (f"forward: {batch}" if data else
+                      "forward -- a NaN/Inf in their data, or an op that overflows on their values."))
+        fix, empty = FIX_DATA if data and not where else FIX_NAN_TO_NUM, True
     elif _isolated(run, steps) and _empty_means(run, steps):
         message = (f"The loss is NaN with every gradient exactly zero {when}: a mean over no elements (0/0) -- a "
                    "batch whose targets are all ignore_index for cross_entropy / nll_loss (padding only, every "
                    "label masked), or loss[mask].mean() with an empty mask. Its backward sent zeros, so the model "
-                   "stayed finite, but the loss you log, and any running average of it, is NaN.")
+                   "stayed finite, but the loss you log, and any running average of it, is NaN. (Or the loop "
+                   "replaced NaN gradients with zeros, as torch.nan_to_num(p.grad) does: then the NaN came from "
+                   "those batches' forward.)")
         fix, empty = FIX_EMPTY, True
     elif _isolated(run, steps):
         message = (f"The loss is NaN/Inf {when}, each time followed by finite steps: the model stayed finite, so "
@@ -493,31 +569,103 @@ _OVERFLOWS = frozenset(f"aten::{n}{inplace}" for inplace in ("", "_") for n in (
     "addmm", "mm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "einsum", "convolution", "_convolution",
     "conv1d", "conv2d", "conv3d", "add", "mul", "addcmul", "sum",
 ))  # fmt: skip
+# losses that make Inf of finite inputs only by overflowing (a squared error past 1.8e19): not a
+# log of 0 (cross_entropy, nll_loss, a hand-written log), a division,
+# a mean over nothing (0/0); nor pow, whose exponent (** 0.5 of a negative) is not recorded
+_LOSS_OVERFLOWS = frozenset(f"aten::{n}" for n in ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "sub",
+                                                    "square"))
 
 
-def _overflowed(run: Run, step: int, op: dict[str, Any]) -> tuple[str, list[str]] | None:
-    """(a sentence, the modules in forward order whose outputs were finite but huge) when the op
-    that first made NaN/Inf at ``step`` could only have overflowed: the loss (an op outside the
-    model) over module outputs the capture recorded as finite and past ``HUGE_ACTIVATION``, or a
-    product/sum (``_OVERFLOWS``) inside the model."""
+def _overflowed(run: Run, step: int, op: dict[str, Any]) -> tuple[str, list[str], str] | None:
+    """(a sentence, the modules in forward order whose outputs were finite but huge, what was
+    huge before the model: "input" the batch, "target" the loss's other input, "" not known) when the op that first made NaN/Inf at ``step`` could only have
+    overflowed: the loss (an op outside the model) over module outputs the capture recorded as
+    finite and past ``HUGE_ACTIVATION``, or a product/sum (``_OVERFLOWS``) inside the model."""
     ev = next((ev for s, ev in run.step_events() if s == step), {})
     huge: list[tuple[str, float]] = []
+    first = ""  # the first module to put out a value: the one that reads the batch
     for a in as_list(ev.get("activations")):
-        if not isinstance(a, dict) or not a.get("module") or as_int(a.get("nan")) or as_int(a.get("inf")):
+        if not isinstance(a, dict) or not a.get("module"):
+            continue
+        first = first or str(a["module"])
+        if as_int(a.get("nan")) or as_int(a.get("inf")):
             continue
         top = max((abs(v) for v in (as_float(a.get("min")), as_float(a.get("max"))) if v is not None), default=0.0)
         if math.isfinite(top) and top >= HUGE_ACTIVATION:
             huge.append((str(a["module"]), top))
     names = [m for m, _ in huge]
+    out = next((a for a in as_list(ev.get("activations")) if isinstance(a, dict) and a.get("module") == ""), None)
+    top_out = max((abs(v) for v in (as_float(out.get(k)) for k in ("min", "max")) if v is not None), default=None) \
+        if out is not None and not as_int(out.get("nan")) and not as_int(out.get("inf")) else None
+    if ("outside_model" in g.flags(op) and str(op.get("name", "")) in _OVERFLOWS | _LOSS_OVERFLOWS
+            and top_out is not None and math.isfinite(top_out) and top_out < HUGE_ACTIVATION):
+        # the model's own output was small: the loss overflowed on its other input, the target
+        # (QA 53: a regression target of ~1e20 read as "blew up upstream, from '0' on")
+        return (f"The model's output was finite and not large (up to {top_out:.3g} at step {step}), so the loss "
+                "overflowed float32 (largest 3.4e38) on another of its inputs: the target (or whatever else it "
+                "reads beside the model's output) held values too large.", [], "target")
+    # huge from the first module on: the batch the model was fed, or that module's own weights
+    # (QA 53: x * 1e30 fed to the model read "blew up upstream, from '0' on", a fix for the model)
+    entry = _huge_input(run, ev, first) if huge and names[0] == first else None
     if "outside_model" in g.flags(op) and huge:
         shown = ", ".join(f"{m!r}{f' ({k})' if (k := run.module_type(m)) else ''} up to {top:.3g}" for m, top in huge[:3])
-        return (f"Its inputs were finite but huge -- the outputs of {shown} at step {step} -- and the loss overflowed "
-                f"float32 (largest 3.4e38) on them: the values blew up upstream, from {names[0]!r} on, not in the "
-                "loss.", names)
+        said = (f"Its inputs were finite but huge -- the outputs of {shown} at step {step} -- and the loss overflowed "
+                "float32 (largest 3.4e38) on them")
+        if entry is not None:
+            return f"{said}. {entry[0]}", names, "input" if entry[1] else ""
+        return f"{said}: the values blew up upstream, from {names[0]!r} on, not in the loss.", names, ""
     if str(op.get("name", "")) in _OVERFLOWS and op.get("module"):
-        return (f"{str(op.get('name'))} makes Inf of finite inputs only by overflowing: the values reaching it "
-                "were too large.", [])
+        said = (f"{str(op.get('name'))} makes Inf of finite inputs only by overflowing: the values reaching it "
+                "were too large.")
+        if entry is not None:
+            return f"{said} {entry[0]}", names, "input" if entry[1] else ""
+        return said, [], ""
     return None
+
+
+INPUT_HUGE = 1e10  # a first layer's weight gradient this many times its bias's: the batch's values are that large
+INPUT_NORMAL = 1e3  # ... at most this many times: the batch's values are of ordinary size
+
+
+def _huge_input(run: Run, ev: dict[str, Any], module: str) -> tuple[str, bool] | None:
+    """(a sentence, whether the batch itself was huge) when ``module``, the first module of the
+    forward, already put out huge values: the batch the model was fed was huge, or the module's
+    weights were.  The capture does not record the batch's size, but an affine layer's weight
+    gradient is its bias gradient times its input (``G.T @ x`` against ``G.T @ 1``): a ratio past
+    ``INPUT_HUGE`` (or an Inf weight gradient beside a finite bias gradient) says the input was
+    that large.  None when the module is not the first one."""
+    if not module:
+        return None
+    kind = run.module_type(module)
+    at = f"{module!r}{f' ({kind})' if kind else ''}"
+    grads = {run.param_name(i).rpartition(".")[2]: i for i in range(len(run.params)) if run.param_module(i) == module}
+    norms = column(ev, "norm")
+    # the weight that reads the module's input, and its bias: a Linear's or conv's; an RNN's first
+    # layer's input-to-hidden pair; MultiheadAttention's input projection
+    leaf = next((k for k in ("weight", "weight_ih_l0", "in_proj_weight") if k in grads and k.replace("weight", "bias") in grads),
+                None)
+    w = as_float(norms[grads[leaf]]) if leaf and grads[leaf] < len(norms) else None
+    bias = grads[leaf.replace("weight", "bias")] if leaf else -1
+    b = as_float(norms[bias]) if 0 <= bias < len(norms) else None
+    if w is not None and b is not None and b > 0 and math.isfinite(b) and (not math.isfinite(w) or w >= INPUT_HUGE * b):
+        # (a weight gradient gone NaN/Inf beside a finite bias gradient: its products with the
+        # input overflowed -- the input is checked finite before this: ``_bad_batch``)
+        wname, bname = run.param_name(grads[str(leaf)]), run.param_name(bias)
+        size = (f"overflowed to NaN/Inf while that of {bname} was finite ({b:.2g})" if not math.isfinite(w)
+                else f"is {w / b:.2g} times that of {bname}")
+        return (f"They were huge from the model's input on: {at}, the first module, already put out huge values, "
+                f"and the gradient of {wname} {size} -- a layer's weight gradient is its bias gradient times its "
+                "input -- so the batch fed to the model already held huge values: they came in with the data, "
+                "not from the model.", True)
+    if w is not None and b is not None and b > 0 and math.isfinite(b) and math.isfinite(w) and w <= INPUT_NORMAL * b:
+        return (f"The values blew up upstream, from {module!r} on, the first module: the gradient of "
+                f"{run.param_name(grads[str(leaf)])} is only {w / b:.2g} times that of {run.param_name(bias)} -- a "
+                "layer's weight gradient is its bias gradient times its input -- "
+                f"so the batch it read was of ordinary size, and {at}'s own weights made the values huge (their "
+                "initialisation, or what changed them).", False)
+    return (f"They were huge from the model's input on: {at}, the first module, already put out huge values, so "
+            "the batch fed to the model was already huge (its size is not recorded: check x.abs().max()), or "
+            f"{at}'s own weights were.", False)
 
 
 def _failed_step_finding(run: Run) -> list[Finding]:
@@ -621,6 +769,17 @@ def _backward_made(ev: dict[str, Any]) -> bool:
     """A step whose losses were all recorded finite and whose gradients were not: its backward
     made the NaN/Inf."""
     return bool(as_list(ev.get("losses"))) and _backward_losses_finite(ev) and bool(_bad_params(ev))
+
+
+def _hidden_by_nan_to_num(ev: dict[str, Any], src: str) -> str:
+    """Why a step whose recorded loss was finite and whose gradients were not need not have made
+    the NaN in its backward: torch.nan_to_num (at ``src``) turned a NaN loss or output finite."""
+    loss = as_float(as_list(ev.get("losses"))[-1]) or 0.0  # _backward_made: the losses are recorded, finite
+    return (f"Step {as_int(ev.get('step'), 0)}'s loss was recorded finite ({loss:.4g}), but the script calls "
+            f"torch.nan_to_num ({src}), which makes a NaN finite (0 by default): the forward can have made the NaN "
+            "and nan_to_num hidden it from the loss -- its backward sends a zero where the value was NaN, and the "
+            "ops before it turn that zero back into NaN (0 * NaN) -- so the backward need not be the cause. "
+            "Check the step's batch (torch.isfinite(x).all()) and the value before nan_to_num.")
 
 
 def _made_in_backward(ev: dict[str, Any]) -> str:
