@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -87,7 +89,34 @@ class _Seen:
 def _print_json(value: Any) -> None:
     # NaN/Infinity (a diverging run's losses) as strings, as the server's API writes them:
     # strict JSON parsers (jq, JSON.parse) refuse the bare literals
-    print(pydantic_core.to_json(value, indent=2, inf_nan_mode="strings").decode())
+    try:
+        text = pydantic_core.to_json(value, indent=2, inf_nan_mode="strings")
+    except pydantic_core.PydanticSerializationError:
+        # a file name that is not UTF-8 (Python holds each such byte as a surrogate escape) is
+        # no JSON text: written escaped, "bad\\udcff.tscope", as the lines on stderr name it
+        # (QA 53b: a traceback and exit 1, which CI reads as an error-level finding)
+        text = pydantic_core.to_json(_escaped(value), indent=2, inf_nan_mode="strings")
+    print(text.decode())
+
+
+def _escaped(value: Any) -> Any:
+    """``value`` with every string's surrogates written as ``\\udcff``: valid Unicode."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, Mapping):
+        return {_escaped(k): _escaped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_escaped(v) for v in value]
+    return value
+
+
+def _escaping_stdout() -> None:
+    """A name that is not UTF-8 printed where stdout refuses it (a UTF-8 locale's stdout is
+    strict): escaped, as stderr writes it -- not a UnicodeEncodeError mid-output (QA 53b).  As
+    ``torchscope.server.cli.escaping_stdout`` (``torchscope doctor``) does."""
+    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
+        with contextlib.suppress(ValueError, OSError):
+            sys.stdout.reconfigure(errors="backslashreplace")
 
 
 def _settings(overrides: Mapping[str, str] | None) -> Settings | None:
@@ -235,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print findings as JSON")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a threshold")
     args = parser.parse_args(argv)
+    _escaping_stdout()
     overrides: dict[str, str] = {}
     for item in args.set:
         key, sep, value = item.partition("=")

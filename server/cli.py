@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import io
 import os
 import socket
 import subprocess
@@ -226,6 +227,9 @@ def _bind(host: str, port: int) -> socket.socket:
         if exc.errno == errno.EADDRINUSE:
             raise CliError(f"port {port} is in use; choose another with --port", 2) from None
         raise CliError(f"cannot bind {host}:{port} ({exc.strerror})", 2) from None
+    except (TypeError, UnicodeError):  # "encoding of hostname failed": a byte that is not UTF-8 (QA 53b)
+        sock.close()
+        raise CliError(f"cannot bind {host!r}:{port} (not a host name or address)", 2) from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
@@ -603,10 +607,13 @@ def _storing_progress(base: str, token: str | None, path: Path) -> Iterator[None
     if not (sys.stderr.isatty() and path.stat().st_size > 1024 * 1024):
         yield
         return
+    from .client import form_name
     from .upload import safe_name
 
     stop = threading.Event()
-    poller = threading.Thread(target=_poll_import, args=(base, token, safe_name(path.name), stop), daemon=True)
+    # the name the server gives the upload (the one `upload` sends, made safe)
+    poller = threading.Thread(target=_poll_import, args=(base, token, safe_name(form_name(path.name)), stop),
+                              daemon=True)
     poller.start()
     try:
         yield
@@ -734,7 +741,19 @@ def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> arg
     return parser
 
 
+def escaping_stdout() -> None:
+    """A file name that is not UTF-8 (a Latin-1 name from an old disk: Python holds each such
+    byte as a surrogate escape) printed where stdout refuses it -- a UTF-8 locale's stdout is
+    strict -- raised UnicodeEncodeError mid-output (QA 53b: `info a.tscope b<0xff>.tscope`, the
+    doctor's ``==> FILE <==``): written escaped instead (``\\udcff``), as stderr writes it.  (A
+    C, POSIX or C.UTF-8 locale's stdout writes the name's own bytes: left so.)"""
+    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
+        with contextlib.suppress(ValueError, OSError):
+            sys.stdout.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "torchscope") -> int:
+    escaping_stdout()
     parser = build_parser(prog)
     args, extra = parser.parse_known_args(argv)
     if extra:

@@ -207,11 +207,21 @@ def _progress(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
+def form_name(name: str) -> str:
+    """A file name as a multipart ``filename="..."`` carries it: UTF-8 text, its quote and line
+    breaks percent-encoded as browsers send them.  A name that is not UTF-8 (a Latin-1 name from
+    an old disk: Python holds each such byte as a surrogate escape, ``\\udcff``) has ``?`` for
+    those (QA 53b: a UnicodeEncodeError traceback); the server reduces every name to
+    ``upload.safe_name``'s characters anyway."""
+    text = name.encode("utf-8", "replace").decode("utf-8")
+    return text.replace('"', "%22").replace("\r", "%0D").replace("\n", "%0A")
+
+
 def upload(base: str, path: Path, token: str | None = None, quiet: bool = False) -> dict[str, Any]:
     """POST the file to /api/sessions/import as multipart; a progress bar for big files (not
     ``quiet``).  The bytes it has now: a file its run still writes grows as it is read."""
     boundary = uuid.uuid4().hex
-    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{path.name}\"\r\n"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{form_name(path.name)}\"\r\n"
             "Content-Type: application/octet-stream\r\n\r\n").encode()
     tail = f"\r\n--{boundary}--\r\n".encode()
     size = path.stat().st_size

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from .deps import HubDep, Rank, SessionId, SettingsDep, StoreDep
-from .frames import BadFrames, split_frames
+from .frames import BadFrames, Frame, split_frames
 from .live import ingest_messages
 from .models import ImportResult, NextSeq
 from .store import RunConflict, SessionDeleted, Store
@@ -71,6 +71,7 @@ async def ingest(session_id: SessionId, rank: Rank, request: Request, store: Sto
         frames = await run_in_threadpool(split_frames, body)
     except BadFrames as exc:
         raise HTTPException(400, str(exc)) from None
+    _check_identity(session_id, frames)
     try:
         res = await asyncio.wrap_future(store.ingest(session_id, rank, frames))
     except RunConflict as exc:
@@ -88,6 +89,17 @@ async def ingest(session_id: SessionId, rank: Rank, request: Request, store: Sto
         # sessions list showed "none so far" for a NaN run until it ended (QA 51c)
         request.app.state.diagnose_live(session_id, rank, res.nonfinite)
     return JSONResponse({"next_seq": res.next_seq}, status_code=409 if res.gap else 200)
+
+
+def _check_identity(session_id: str, frames: list[Frame]) -> None:
+    """A 400 for a session event that names another session than the URL: stored under the
+    URL's id, its export said the other one, and imported again it landed there (QA 53b).  The
+    capture sends each run's frames under its session event's own id."""
+    for n, f in enumerate(frames):
+        for ev in f.events:
+            if ev.get("kind") == "session" and "session_id" in ev and ev["session_id"] != session_id:
+                raise HTTPException(400, f"frame {n}: its session event is of session {ev['session_id']!r}, "
+                                         f"not {session_id!r} (the URL's)")
 
 
 @router.get("/ingest/imports", response_description="per import in progress: name (the uploaded file's), "

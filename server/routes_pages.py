@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from .config import MAX_COMPARE, TOKEN_COOKIE, version
-from .deps import SESSION_ID_PATTERN, HubDep, SessionId, SettingsDep, StoreDep
+from .deps import DOTS_ALONE, SESSION_ID_PATTERN, HubDep, SessionId, SettingsDep, StoreDep, valid_session_id
 from .models import Health
 from .store import WRITER_DEAD
 
@@ -76,7 +75,6 @@ def session_page(session_id: SessionId, request: Request, settings: SettingsDep)
 # on as left out, with their names, and the page says which (never silently).
 # One absent or unknown is said on the page, not here.
 CompareId = Annotated[str | None, Query(pattern=SESSION_ID_PATTERN)]
-_SESSION_ID = re.compile(SESSION_ID_PATTERN)
 
 
 def _compare_ids(request: Request, runs: str | None) -> list[str]:
@@ -86,7 +84,8 @@ def _compare_ids(request: Request, runs: str | None) -> list[str]:
     named = [(k, q[k]) for k in sorted(q) if len(k) == 1 and "a" <= k <= "z"]
     named += [("runs", x.strip()) for x in (runs or "").split(",") if x.strip()]
     bad = [{"type": "string_pattern_mismatch", "loc": ("query", k), "input": v,
-            "msg": f"String should match pattern '{SESSION_ID_PATTERN}'"} for k, v in named if not _SESSION_ID.match(v)]
+            "msg": DOTS_ALONE if v and not v.strip(".") else f"String should match pattern '{SESSION_ID_PATTERN}'"}
+           for k, v in named if not valid_session_id(v)]
     if bad:
         raise RequestValidationError(bad)
     return [v for _, v in named if v]

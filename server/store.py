@@ -31,6 +31,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import queue
 import sqlite3
 import threading
@@ -389,7 +390,9 @@ class Store:
                       attach: Path | None) -> list[tuple[Future[Any], Any, BaseException | None]]:
         if attach is None:
             return self._run_batch(conn, batch)
-        conn.execute("ATTACH DATABASE ? AS staged", (str(attach),))
+        # its name as bytes: SQL text is UTF-8, and a data directory's path need not be (QA 53b:
+        # every import into --data /srv/d<0xff> failed, UnicodeEncodeError, 500)
+        conn.execute("ATTACH DATABASE ? AS staged", (os.fsencode(attach),))
         try:
             return self._run_batch(conn, batch)
         finally:

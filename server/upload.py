@@ -35,7 +35,7 @@ from torchscope.session import writer_alive
 from torchscope.sessionfile import FRAME_HEADER_SIZE, FrameInfo, series_part
 
 from . import labels
-from .deps import SESSION_ID_PATTERN
+from .deps import valid_session_id
 from .fileinfo import wrapped
 from .frames import BadFrames, Frame, file_frames, file_index
 from .live import ingest_messages
@@ -259,7 +259,7 @@ def _identity(frames: list[Frame]) -> tuple[str, int]:
         for ev in f.events:
             if ev.get("kind") == "session":  # validated: a str id and an int rank, when present
                 sid, rank = ev.get("session_id"), ev.get("rank", 0)
-                if isinstance(sid, str) and re.match(SESSION_ID_PATTERN, sid) and 0 <= rank <= 65535:
+                if valid_session_id(sid) and 0 <= rank <= 65535:
                     return sid, rank
                 return fallback, 0
     return fallback, 0
