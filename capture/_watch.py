@@ -1281,7 +1281,13 @@ class Watch:
         self._orphans: list[weakref.ref[torch.Tensor]] = []
         # other optimizers stepping watched parameters beside the watched one (a backbone's SGD
         # beside the head's Adam) -> the step they last stepped at: theirs are trained too
-        self._all_opts: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # every optimizer seen stepping
+        # every tensor an optimizer stepped since watch(), by id (weakly): kept after that optimizer
+        # is collected -- a train() whose optimizers are locals, its watch closed (and the last
+        # step's outside parameters asked, _owned_elsewhere) after they are gone (QA 53a)
+        self._stepped: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._stepped_live = 0  # len(_stepped) after its last pruning of dead tensors
+        # each optimizer seen stepping -> its group sizes when its tensors were noted (_note_stepped)
+        self._stepped_keys: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, ...]] = weakref.WeakKeyDictionary()
         self._told_foreign = False  # an optimizer of none of the model's parameters was said (foreign_step)
         # (id of the optimizer, the recorder) whose step() paused the op recorder (_pause_for_step)
         self._paused_for: tuple[int, Any] | None = None
@@ -3372,7 +3378,7 @@ class Watch:
         finally:
             # a Ctrl-C at the exit of a no_grad block of ours left grad mode off, and step()'s own
             # _use_grad would restore that (QA 48e: 4 of ~8,300 interrupts, full mode)
-            torch._C._set_grad_enabled(grad)
+            _restore_grad_mode(grad)
 
     def _opt_seen(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Any optimizer's step() is about to run: the watched one's begins the step's end; another's
@@ -3384,7 +3390,7 @@ class Watch:
                 self._s.stats = self._safe("grads", self._grad_stats, self._s, [r() for r in self._params])
             return
         watched = self._optimizer() if self._optimizer is not None else None
-        self._all_opts.add(optimizer)
+        self._note_stepped(optimizer)
         if (
             optimizer is not watched
             and _in_a_backward()
@@ -3440,6 +3446,22 @@ class Watch:
             if not any(e.get("what") == "other_step" and e.get("micro") == s.micro for e in s.events):
                 s.events.append({"what": "other_step", "micro": s.micro, "optimizer": type(optimizer).__name__})
 
+    def _note_stepped(self, optimizer: torch.optim.Optimizer) -> None:
+        """Remember the tensors ``optimizer`` steps (_owned_elsewhere): read again only when it is
+        new or its groups changed (add_param_group) -- per step one lookup and the group sizes."""
+        groups = [g for g in getattr(optimizer, "param_groups", None) or () if isinstance(g, dict)]
+        key = tuple(len(g.get("params", ())) for g in groups)
+        if self._stepped_keys.get(optimizer) == key:
+            return
+        self._stepped_keys[optimizer] = key
+        if len(self._stepped) > 2 * self._stepped_live + 1024:  # optimizers (and models) made anew: the dead go
+            self._stepped = {i: r for i, r in self._stepped.items() if r() is not None}
+            self._stepped_live = len(self._stepped)
+        for g in groups:
+            for p in g.get("params", ()):
+                if isinstance(p, torch.Tensor):
+                    self._stepped[id(p)] = weakref.ref(p)
+
     def _any_opt_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._paused_for is not None and self._paused_for[0] == id(optimizer):
             self._paused_for[1].paused = False
@@ -3452,7 +3474,7 @@ class Watch:
             except Exception as exc:  # noqa: BLE001 - as in _any_opt_pre
                 self._turn_off("step", self._step, exc)
             finally:
-                torch._C._set_grad_enabled(grad)
+                _restore_grad_mode(grad)
 
     def _forward_recording(self) -> Any:
         """The op recorder while it records the watched step's forward (not paused), else None."""
@@ -4009,7 +4031,7 @@ class Watch:
             fresh.t0 = time.perf_counter()
             # a Ctrl-C at the exit of a block of ours left its guards on -- and a torch.no_grad()
             # of ours, stopped at its __exit__ (a Python call), grad mode off for the user's loop
-            torch._C._set_grad_enabled(grad)
+            _restore_grad_mode(grad)
             _native.settle()
             if self._gc_paused:
                 self._resume_gc()
@@ -4186,7 +4208,10 @@ class Watch:
         trained, not unregistered: its mark goes; so
         does one sharing its storage with the model's or those parameters (FSDP's FlatParameter,
         whose views the model's parameters are)."""
-        held = [p for o in list(self._all_opts) for g in o.param_groups for p in g["params"]]
+        # an optimizer seen stepping them, alive or not: one collected before this was asked (a
+        # train() returning its models, its optimizers locals, the watch closed after) stepped
+        # them all the same -- the live ones alone read a GAN's other model as untrained (QA 53a)
+        held = [p for r in list(self._stepped.values()) if (p := r()) is not None]
         ids = {id(p) for p in held}
         shared = {ptr for p in (*held, *(r() for r in self._params)) if p is not None
                   for ptr, _ in storage_parts(p)}
@@ -4692,6 +4717,16 @@ class Watch:
         self._nest_check = usable
         held = [*roots.values(), *(v for step, v in outputs.items() if step not in roots)]
         return sum(n for n, _ in held), sum(b for _, b in held), kept
+
+
+def _restore_grad_mode(grad: bool) -> None:
+    """Grad mode as it was before a hook of ours ran (a Ctrl-C stopping a no_grad block of ours
+    at its exit leaves it off).  Set only where it changed, and out of the loop's function modes'
+    sight either way: ``torch._C._set_grad_enabled`` is a torch function, and a mode of the user's
+    counted two calls of ours a step (QA 53a)."""
+    if torch.is_grad_enabled() is not grad:
+        with torch._C.DisableTorchFunction():
+            torch._C._set_grad_enabled(grad)
 
 
 _compiling = torch.compiler.is_compiling

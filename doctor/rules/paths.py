@@ -28,6 +28,11 @@ _DISCRETE_FIX = ("A discrete choice (argmax, one_hot, round, a comparison) has n
                  "and train what comes before it, pass the gradient straight through: hard = F.one_hot(y.argmax(-1), K)"
                  ".float(); z = hard - y.detach() + y (or F.gumbel_softmax(logits, tau, hard=True)); for a rounding "
                  "quantiser, x + (x.round() - x).detach(). Or train on the soft values (a softmax) instead.")
+_SAMPLE_FIX = ("Draw it with dist.rsample() (the reparameterized sample: mu + sigma * eps, eps ~ N(0, 1), "
+               "differentiable in mu and sigma) instead of dist.sample(), which runs under torch.no_grad(); written "
+               "by hand, z = mu + std * torch.randn_like(std) outside no_grad. A discrete distribution (Categorical, "
+               "Bernoulli) has no rsample(): train through log_prob(sample) times a reward (REINFORCE) or a relaxed "
+               "sample (RelaxedOneHotCategorical, F.gumbel_softmax).")
 _NO_GRAD_FIX = ("Run these layers with grad enabled: remove the torch.no_grad() around them; under "
                 "torch.utils.checkpoint(..., use_reentrant=True) an input of the checkpointed function must require "
                 "grad -- pass use_reentrant=False (transformers: model.enable_input_require_grads()). If they are "
@@ -97,6 +102,11 @@ def break_op(graph: dict[str, Any], param: str) -> tuple[dict[str, Any], bool]:
     flow = g.downstream(fwd, graded or readers)
     # the function mode's marker of the user's call (it follows the detach it made) first
     cut = [op for op in flow if _is_cut(op, detach=False)] or [op for op in flow if _is_cut(op)]
+    if cut:
+        # a check read back to Python (torch.distributions' argument validation, ``mu == mu``
+        # and ``scale > 0`` through _is_all_true and .item(); a metric under no_grad) cuts
+        # nothing on the way to the loss (QA 53a: Normal(...).sample() named aten::eq)
+        cut = _off_the_loss_path(graph, fwd, cut) or cut
     if cut and cut[0].get("grad_mode") is False and _cut_later(graph, fwd, cut[0]):
         # An autograd.Function runs its forward with grad mode off -- a custom one, or the
         # BackwardHookFunction a full backward hook (Opacus, captum) wraps a module's output in --
@@ -112,7 +122,63 @@ def break_op(graph: dict[str, Any], param: str) -> tuple[dict[str, Any], bool]:
         coefficient = _coefficients(graph, fwd)
         cut = [op for op in cut if as_int(op.get("id"), -1) not in coefficient] or cut
     # With no flagged op, the path ends where the dataflow stops: point at its last op.
+    if cut and cut[0].get("grad_mode") is False:
+        # a no_grad block that draws a sample (torch.distributions' .sample() runs under
+        # no_grad): the draw is the cut, not the block's first op (an expand of its arguments)
+        return _drawn_in(fwd, cut[0]) or cut[0], True
     return (cut[0] if cut else flow[-1]), True
+
+
+# a random draw: torch.distributions' .sample() makes one under no_grad (Normal, LogNormal: normal;
+# Gamma, Beta, Dirichlet: _standard_gamma, _sample_dirichlet; Categorical: multinomial ...)
+_DRAWS = frozenset(f"aten::{n}" for n in (
+    "normal", "bernoulli", "multinomial", "poisson", "binomial", "_standard_gamma", "_sample_dirichlet",
+    "exponential", "uniform", "geometric", "cauchy", "log_normal", "random", "randint_like", "randn_like",
+    "rand_like"))
+# ops that take a value back to Python (``.item()``, ``if t:``)
+_READ_BACK = frozenset({"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero"})
+
+
+def _drawn_in(fwd: list[dict[str, Any]], op: dict[str, Any]) -> dict[str, Any] | None:
+    """The first random draw of the no_grad ops on ``op``'s line run with it (the stretch of
+    grad-mode-off ops around it), or None."""
+    at = next((i for i, o in enumerate(fwd) if o is op), -1)
+    if at < 0:
+        return None
+
+    def inside(o: dict[str, Any]) -> bool:
+        return o.get("grad_mode") is False and o.get("src") == op.get("src")
+
+    lo = at
+    while lo > 0 and inside(fwd[lo - 1]):
+        lo -= 1
+    hi = at
+    while hi + 1 < len(fwd) and inside(fwd[hi + 1]):
+        hi += 1
+    return next((o for o in fwd[lo:hi + 1] if str(o.get("name", "")).rstrip("_") in _DRAWS), None)
+
+
+def _off_the_loss_path(graph: dict[str, Any], fwd: list[dict[str, Any]], cut: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``cut`` less the ops whose results only go back to Python (every op they feed, and on,
+    ends in a read-back: ``.item()``, ``bool(t)``) and never reach the loss: a check, not the
+    path.  A cut the user wrote (``.detach()``, ``.item()`` on the path) stays.  One pass over
+    the ops, last to first (they are in execution order)."""
+    loss = as_int(g.loss_op(graph).get("id"), -1)
+    if loss < 0:
+        return cut
+    readers = g.consumers(fwd)
+    read_back: dict[int, bool] = {}
+    for op in reversed(fwd):
+        oid = as_int(op.get("id"), -1)
+        if oid == loss:
+            read_back[oid] = False
+        elif op.get("name") in _READ_BACK:
+            read_back[oid] = True
+        else:
+            users = [as_int(r.get("id"), -1) for t in as_list(op.get("outputs")) for r in readers.get(as_int(t, -1), [])
+                     if as_int(r.get("id"), -1) > oid]
+            read_back[oid] = bool(users) and all(read_back.get(u, False) for u in users)
+    return [op for op in cut if g.flags(op) & _USER_CUTS or not read_back.get(as_int(op.get("id"), -1), False)]
 
 
 def _coefficients(graph: dict[str, Any], fwd: list[dict[str, Any]]) -> set[int]:
@@ -664,6 +730,11 @@ def _cut_text(run: Run, key: tuple[str, int, bool, bool], names: list[str], step
         # apart: QA 36a's reentrant checkpoint read as a no_grad block the user never wrote)
         why = ("it ran under torch.no_grad(), or in torch.utils.checkpoint(use_reentrant=True) with no input that "
                "requires grad" if op.get("grad_mode") is False else "gradient cannot flow through it")
+        if op.get("grad_mode") is False and str(op.get("name", "")).rstrip("_") in _DRAWS:
+            # a sample drawn under no_grad: torch.distributions' .sample() (QA 53a)
+            why = ("a random sample drawn under torch.no_grad() -- as a torch.distributions .sample() draws it -- "
+                   "carries no gradient back to the distribution's parameters")
+            fix = _SAMPLE_FIX
         if op.get("grad_mode") is not False and _stops_gradient(op):
             # a discrete choice (Gumbel's one_hot(argmax) without its straight-through trick, a
             # rounding quantiser): the fix is an estimator, not a call left out (QA 46a)

@@ -53,7 +53,7 @@ def main() -> None:
         before = [p.detach().double().clone() for p in model.parameters()]
         opt.step()
         with torch.no_grad():
-            truth.append({"update": [(p.double() - b).norm().item() for p, b in zip(model.parameters(), before)],
+            truth.append({"update": [(p.double() - b).norm().item() for p, b in zip(model.parameters(), before, strict=True)],
                           "before": [b.norm().item() for b in before]})
     w.close()
     if args.truth:
