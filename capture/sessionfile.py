@@ -37,8 +37,10 @@ import contextlib
 import errno
 import json
 import os
+import re
 import stat
 import struct
+import time
 import zlib
 from array import array
 from collections.abc import Iterable, Iterator
@@ -168,9 +170,60 @@ def dumps_event(e: dict[str, Any]) -> str:
     return text
 
 
-def encode_frame(seq: int, events: list[dict[str, Any]], level: int = 1) -> bytes:
-    """One frame: header + zlib(JSON lines).  Used by the file writer and the wire alike."""
-    body = "\n".join(dumps_event(e) for e in events).encode()
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def unicode_text(text: str) -> str:
+    """``text`` without lone surrogates, which no UTF-8 file, database or reader takes: Python
+    hands a byte that is not UTF-8 in ``sys.argv``, a path or an environment variable over as
+    ``\\udcXX`` (surrogateescape), written here as the four characters ``\\xXX`` -- the byte
+    stays readable and recoverable, as Python's ``backslashreplace`` shows it; any other lone
+    surrogate becomes U+FFFD.  (A pair of surrogates is the one character it stands for.)"""
+    if not _SURROGATE.search(text):
+        return text
+    text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")  # pairs joined
+    return _SURROGATE.sub(
+        lambda m: f"\\x{ord(m[0]) - 0xDC00:02x}" if 0xDC80 <= ord(m[0]) <= 0xDCFF else "\ufffd", text)
+
+
+def _unicode_values(value: Any) -> Any:
+    if isinstance(value, str):
+        return unicode_text(value)
+    if isinstance(value, dict):
+        return {unicode_text(k) if isinstance(k, str) else k: _unicode_values(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unicode_values(v) for v in value]
+    return value
+
+
+def _unicode_line(line: str) -> str:
+    """One event's JSON ``line`` with its lone surrogates (escaped by ``json.dumps``, or raw in
+    a ``RawJSON`` text) made valid Unicode (``unicode_text``): a frame's text is always UTF-8
+    every reader takes (QA 53b: a non-UTF-8 byte in ``sys.argv`` made the session event, and
+    so the whole file, unreadable, and the server refused the run)."""
+    try:
+        ev = json.loads(line)
+        json.dumps(ev, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(_unicode_values(ev), separators=(",", ":"), allow_nan=True)
+    return line
+
+
+def _suspect(text: str) -> bool:
+    """Whether ``text`` (JSON) may hold a lone surrogate: an escaped one, or any non-ASCII
+    character (``isascii`` is O(1): the common all-ASCII frame costs one substring search)."""
+    return "\\ud" in text or "\\uD" in text or not text.isascii()
+
+
+def encode_frame(seq: int, events: list[dict[str, Any]], level: int = 1, *, valid_text: bool = True) -> bytes:
+    """One frame: header + zlib(JSON lines).  Used by the file writer and the wire alike.  Its
+    text is valid UTF-8 whatever the events hold (``unicode_text``); ``valid_text=False`` only
+    for tests that make the hostile frames a reader must refuse."""
+    lines = [dumps_event(e) for e in events]
+    text = "\n".join(lines)
+    if valid_text and _suspect(text):
+        text = "\n".join(_unicode_line(line) if _suspect(line) else line for line in lines)
+    body = text.encode()
     payload = zlib.compress(body, level)
     lo, hi = _step_range(events)
     flags = _flags(events)
@@ -353,7 +406,8 @@ def _create(path: str) -> BinaryIO:
     target = os.path.realpath(path)  # write through a symlink, as open() does
     renamed = not os.path.exists(target) or os.path.isfile(target)
     tmp = f"{target}.{os.getpid()}.new" if renamed else target
-    f = open(tmp, "wb")  # noqa: SIM115 - lives as long as the writer
+    # (readable too: a file deleted during the run is copied from it, SessionFileWriter.check)
+    f = open(tmp, "w+b" if renamed else "wb")  # noqa: SIM115 - lives as long as the writer
     try:
         f.write(file_header())
         f.flush()
@@ -369,15 +423,26 @@ def _create(path: str) -> BinaryIO:
 
 
 class SessionFileWriter:
-    """Append-only writer.  Owned by the capture's background thread; never the training thread."""
+    """Append-only writer.  Owned by the capture's background thread; never the training thread.
+
+    A frame goes to the disk whole or not at all: it is written at the writer's own offset
+    (``os.pwrite``, no buffer in between), and a write that fails -- a full disk -- is cut off
+    again, so the file always ends at a frame boundary.  The frame is then *held*, with its seq:
+    ``append`` raises the ``OSError`` having taken the events, ``write_held`` retries the same
+    bytes, and nothing else is written before it is.  A frame takes its seq when it is on the
+    disk (``seq`` counts those), so a retry never repeats one.  (Through a buffered file, a
+    failed frame stayed in the buffer, reached the disk with the next write, and was followed
+    by a second frame of its seq: every reader stopped there, QA 53b.)"""
 
     RECENT_FRAMES = 4096  # offsets kept for the latest 4096-8191 frames (resent after a blip)
     MARK_EVERY = 1024
+    KEEP_BYTES = 4 << 20  # the first frames kept in memory to write the file again (``check``)
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._f: BinaryIO = _create(self.path)
+        self._regular = stat.S_ISREG(os.fstat(self._f.fileno()).st_mode)
         self.seq = 0  # frames written so far
         # Where each frame lies, for resending (``spans``) -- kept small however long the run:
         # the offsets of the latest frames, and of every MARK_EVERY-th frame since the start;
@@ -389,34 +454,74 @@ class SessionFileWriter:
         self._end = HEADER_SIZE  # offset just past the last frame
         # per series part: the rows of the step events appended since that part's last series frame
         self._unseries = {part: _SeriesRows(part) for part in series.PARTS}
+        self.held: bytes | None = None  # the frame (numbered seq) the disk refused, written first
+        # the frames without a step (the session event's, the script's), by seq, while they are
+        # few: a file cut short by another program is written again with them (``check``)
+        self._kept: dict[int, bytes] = {}
+        self._kept_bytes = 0
+        self._unchecked = False  # a file that could not be written again: not looked at again
 
     def append(self, events: list[dict[str, Any]]) -> FrameInfo:
+        """Write ``events`` as the next frame.  ``OSError``: the disk refused it, and the frame is
+        held to be written by ``write_held`` (the events are taken either way) -- or an earlier
+        held frame still cannot be written, and these events are not taken (a caller that calls
+        ``write_held`` first never sees that)."""
+        if self.held is not None:
+            self.write_held()
         frame = encode_frame(self.seq, events)
-        offset = self._f.tell()
-        info = parse_frame_header(frame, offset)  # before writing: never put a bad frame on disk
+        info = parse_frame_header(frame, self._end)  # before writing: never put a bad frame on disk
+        steps = [e for e in events if e.get("kind") == "step"] if not info.flags & (FLAG_GRAPH | FLAG_SERIES) else []
+        if steps:
+            for pending in self._unseries.values():  # (a held frame is the next on the disk)
+                pending.add(steps)
+        if (info.seq == 0 or not info.flags and info.step_lo == NO_STEP) and self._kept_bytes < self.KEEP_BYTES:
+            # (the first frame may hold step 0 too: kept without it, as no series frame covers it then)
+            kept = encode_frame(info.seq, [e for e in events if e.get("kind") != "step"]) if steps else frame
+            self._kept[info.seq] = kept
+            self._kept_bytes += len(kept)
+        self.held = frame
+        self.write_held()
+        return info
+
+    def write_held(self) -> bool:
+        """Write the frame the disk refused before, if any; ``OSError`` when it still cannot.
+        Returns whether there was one."""
+        frame = self.held
+        if frame is None:
+            return False
+        offset = self._end
         try:
-            self._f.write(frame)
-            # flush to the OS so a SIGKILL of this process loses nothing already appended
-            self._f.flush()
+            self._write_at(frame, offset)
         except OSError:
-            # a full disk: cut the partial frame off so the file stays a clean frame chain
-            # (later frames after a half frame would read as corruption)
-            self._f.seek(offset)
-            self._f.truncate(offset)
+            # cut the partial frame off again, so the file stays a clean frame chain (later frames
+            # after a half frame would read as corruption); a retry writes over it anyway
+            if self._regular:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._f.fileno(), offset)
             raise
+        self.held = None
+        self._placed(offset)
+        self._end = offset + len(frame)
+        self.seq += 1
+        return True
+
+    def _write_at(self, data: bytes, offset: int) -> None:
+        fd = self._f.fileno()
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, offset) if self._regular else os.write(fd, view)
+            if n <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view, offset = view[n:], offset + n
+
+    def _placed(self, offset: int) -> None:
+        """Note where frame ``seq`` lies."""
         if self.seq % self.MARK_EVERY == 0:
             self._marks.append(offset)
         self._recent.append(offset)
         if len(self._recent) >= 2 * self.RECENT_FRAMES:
             del self._recent[: self.RECENT_FRAMES]
             self._recent_base += self.RECENT_FRAMES
-        self._end = offset + len(frame)
-        self.seq += 1
-        if not info.flags & (FLAG_GRAPH | FLAG_SERIES) and info.step_lo != NO_STEP:
-            steps = [e for e in events if e.get("kind") == "step"]
-            for pending in self._unseries.values():
-                pending.add(steps)
-        return info
 
     @property
     def series_pending(self) -> int:
@@ -425,13 +530,107 @@ class SessionFileWriter:
 
     def append_series(self) -> None:
         """Write the series frames of the step events appended since the last ones: one frame
-        per part of ``series.PARTS``, in that order.  A part whose frame fails to write (a full disk) keeps its
-        steps for the next call, so a series frame always covers exactly the step frames
-        between it and the previous series frame of its part."""
+        per part of ``series.PARTS``, in that order.  A frame the disk refuses is held (``append``),
+        and the parts after it wait for the next call, so a series frame always covers exactly
+        the step frames between it and the previous series frame of its part."""
+        self.write_held()  # (raises before any part's rows are taken)
         for part, pending in self._unseries.items():
             if pending.n:
-                self.append([pending.record()])
                 self._unseries[part] = _SeriesRows(part)
+                self.append([pending.record()])
+
+    # ------------------------------------------------------------------ the file under us
+    def check(self) -> str | None:
+        """Whether another program deleted or truncated the file during the run; if so, write it
+        again and return one line saying what happened (None: nothing did).  One ``fstat`` and a
+        read of the 16-byte header.
+
+        Deleted (no name left): the whole run so far is still in the open file, and is copied to
+        a new file at its path (beside it, when another file took the path).  Truncated (shorter
+        than what was written): what was cut is gone; the file is written again from its
+        header, with the frames kept in memory (the session event's, the script's), an empty
+        frame for each frame lost (their seqs stay the run's, as the server has them), and a
+        ``log`` warning saying so -- the run from there on stays readable."""
+        if not self._regular or self._f.closed or self._unchecked:
+            return None
+        st = os.fstat(self._f.fileno())
+        if st.st_nlink == 0:
+            return self._recreate()
+        # shorter than written, or cut and then written past by this writer (zeros where the
+        # header was: `: > file` between two checks)
+        if st.st_size < self._end or os.pread(self._f.fileno(), HEADER_SIZE, 0) != file_header():
+            return self._rewrite(st.st_size)
+        return None
+
+    def _recreate(self) -> str:
+        old = self._f
+        target = self.path
+        for n in range(1, 100):
+            stem = self.path[: -len(".tscope")] if self.path.endswith(".tscope") else self.path
+            target = self.path if n == 1 else f"{stem}-{n}.tscope"
+            if not os.path.lexists(target):
+                break
+        tmp = f"{target}.{os.getpid()}.new"
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)  # (`rm -r` of its folder)
+            with open(tmp, "wb") as new:
+                pos = 0
+                while pos < self._end:
+                    chunk = os.pread(old.fileno(), min(1 << 20, self._end - pos), pos)
+                    if not chunk:
+                        break
+                    new.write(chunk)
+                    pos += len(chunk)
+            os.link(tmp, target)  # never over a file that took the name meanwhile
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            self._unchecked = True
+            return (f"torchscope: {self.path} was deleted during the run, and cannot be written again "
+                    f"({exc.strerror or exc}): this run's recording is lost when it ends")
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        self._f = open(target, "r+b")  # noqa: SIM115 - lives as long as the writer
+        old.close()
+        was, self.path = self.path, target
+        where = "at its path" if target == was else f"at {target} (another file took its name)"
+        return (f"torchscope: {was} was deleted during the run; written again {where} with the whole run "
+                "so far, and recording continues there")
+
+    def _rewrite(self, size: int) -> str:
+        lost = [k for k in range(self.seq) if k not in self._kept]
+        fd = self._f.fileno()
+        offsets: list[int] = []
+        to = f", to {size:,} bytes" if size < self._end else ""  # (else: cut, then written past by this writer)
+        note = encode_frame(lost[0], [{
+            "kind": "log", "t": time.time(), "level": "warning",
+            "message": (f"torchscope: this file was cut short during the run (by another program{to}); its frames {lost[0]}-{lost[-1]} were lost and are empty here: the run reads "
+                        "on from the frame after them"),
+        }]) if lost else b""
+        parts = [file_header()]
+        pos = HEADER_SIZE
+        for k in range(self.seq):
+            frame = self._kept.get(k) or (note if k == lost[0] else encode_frame(k, []))
+            offsets.append(pos)
+            parts.append(frame)
+            pos += len(frame)
+        data = b"".join(parts)
+        try:
+            self._write_at(data, 0)
+            os.ftruncate(fd, len(data))
+        except OSError as exc:
+            self._unchecked = True
+            return (f"torchscope: {self.path} was cut short during the run (by another program), and cannot "
+                    f"be written again ({exc.strerror or exc}): it is unreadable")
+        self._end = len(data)
+        self._marks = array("q", offsets[:: self.MARK_EVERY])
+        self._recent_base = max(0, self.seq - self.RECENT_FRAMES)
+        self._recent = array("q", offsets[self._recent_base :])
+        # the step frames the series frames would cover are gone: the next ones start afresh
+        self._unseries = {part: _SeriesRows(part) for part in series.PARTS}
+        return (f"torchscope: {self.path} was cut short during the run (by another program); written again "
+                f"from its header: the {len(lost):,} frames cut off are lost (said in the file), "
+                "recording continues")
 
     def spans(self, start: int) -> Iterator[tuple[int, int]]:
         """(file offset, bytes) of each frame written, from seq ``start`` on: the latest from
@@ -463,10 +662,14 @@ class SessionFileWriter:
     def close(self, fsync: bool = True) -> None:
         if self._f.closed:
             return
-        self._f.flush()
-        if fsync:
-            os.fsync(self._f.fileno())
-        self._f.close()
+        try:
+            if self._regular and os.fstat(self._f.fileno()).st_size > self._end:
+                os.ftruncate(self._f.fileno(), self._end)  # a frame cut off that could not be cut then
+            self._f.flush()
+            if fsync:
+                os.fsync(self._f.fileno())
+        finally:
+            self._f.close()
 
 
 def index(path: str | os.PathLike[str]) -> tuple[tuple[int, int], list[FrameInfo]]:

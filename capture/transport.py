@@ -41,7 +41,7 @@ from typing import Any
 
 from ._console import say
 from ._source import source_event
-from .sessionfile import RawJSON, SessionFileWriter, dumps_event
+from .sessionfile import RawJSON, SessionFileWriter, dumps_event, parse_frame_header
 
 # What a server that refuses the token is told as, here and by the `torchscope` CLI
 NEEDS_TOKEN = "needs its token: set TORCHSCOPE_TOKEN to the one in the URL it printed"
@@ -144,6 +144,10 @@ def started_line(url: str, pid: int) -> str:
 # close() waits for the disk while it takes events, and gives up after it has taken none for
 # this long (an NFS server that stopped answering): the process must be able to exit
 _STALL_S = 30.0
+# A disk that refuses a write (full) holds the run's events in memory until it takes them again,
+# at most this many (the oldest beyond are dropped, counted, and said in the file and on stderr)
+_MAX_HELD_EVENTS = 20_000
+_CHECK_FILE_S = 0.2  # how often the writer looks whether another program deleted or truncated the file
 
 class ServerRefused(ValueError):
     """The server answered, with an error status (401: no or a wrong token).  ``deleted``: a
@@ -265,6 +269,10 @@ class Transport:
         self._backoff = 0.5
         self._last_contact = time.monotonic()
         self._series_since = time.monotonic()  # when the oldest step not in a series frame was written
+        self._checked_file = time.monotonic()
+        self._refused_since: float | None = None  # when the disk began refusing writes (None: it takes them)
+        self._lost_events = 0  # events dropped while it refused them (beyond _MAX_HELD_EVENTS)
+        self._lost_steps: list[int] = []  # the first and last step among them
         self._autostarted = False
         self._autostarted_at: float | None = None
         self._autostarted_proc: subprocess.Popen[bytes] | None = None
@@ -329,7 +337,7 @@ class Transport:
         target = self._emitted
         deadline = time.monotonic() + timeout
         self._wake.set()
-        while self._written < target:
+        while self._written < target or self.writer.held is not None:  # (held: the disk refused it)
             if time.monotonic() > deadline or not self._thread.is_alive():
                 return False
             time.sleep(0.005)
@@ -395,6 +403,11 @@ class Transport:
             stopping = self._stop.is_set()
             try:
                 self._write_pending(final=stopping)
+                while stopping and self.writer.held is not None and time.monotonic() < self._close_deadline - 1.0:
+                    time.sleep(0.25)  # the disk refuses the end of the run: a moment for it to take it
+                    self._write_pending(final=True)
+                if stopping and self.writer.held is not None:
+                    self._untold_loss()
             except Exception as exc:  # a full disk must not kill the thread: keep sending
                 self._warn_once("write", f"torchscope: cannot write {self.path} ({exc}); recording incomplete")
             if stopping:
@@ -417,6 +430,80 @@ class Transport:
             self._wake.clear()
 
     def _write_pending(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if final or now - self._checked_file >= _CHECK_FILE_S:
+            self._checked_file = now
+            self._check_file()
+        try:
+            if self.writer.held is not None:
+                self.writer.write_held()  # the frame the disk refused last time, with its seq
+                self._disk_back()
+            self._write_queue(final)
+        except OSError as exc:
+            # the disk refused a frame (full): the writer holds it, the queue keeps the rest,
+            # and both are written once the disk takes writes again
+            self._disk_refused(exc)
+
+    def _check_file(self) -> None:
+        """Another program deleted or truncated the file during the run: the writer writes it
+        again (``SessionFileWriter.check``), and that is said, once each time."""
+        try:
+            line = self.writer.check()
+        except OSError:
+            return
+        if line:
+            self.path = self.writer.path
+            say(line)
+            log.warning(line)
+
+    def _disk_refused(self, exc: OSError) -> None:
+        if self._refused_since is None:
+            self._refused_since = time.monotonic()
+        self._warn_once("write", f"torchscope: cannot write {self.path} ({exc.strerror or exc}); training continues, "
+                                 "this run's events wait in memory until the disk takes them")
+        # bounded: beyond _MAX_HELD_EVENTS the oldest are dropped (counted, and said once written again)
+        while len(self._queue) > _MAX_HELD_EVENTS:
+            ev = self._queue.popleft()
+            self._written += 1
+            self._lost_events += 1
+            if ev.get("kind") == "graph":
+                with self._lock:
+                    self._pending_graphs -= 1
+                    self._pending_ops -= _n_ops(ev)
+            step = ev.get("step")
+            if ev.get("kind") == "step" and isinstance(step, int):
+                self._lost_steps = [self._lost_steps[0] if self._lost_steps else step, step]
+
+    def _disk_back(self) -> None:
+        """The disk took the held frame: said, with what could not be held (also in the file)."""
+        since, self._refused_since = self._refused_since, None
+        if since is None:
+            return
+        self._warned.discard("write")  # a later refusal is said again
+        lost = ""
+        if self._lost_events:
+            steps = self._lost_steps
+            which = f" (steps {steps[0]}-{steps[1]})" if steps else ""
+            lost = f"{self._lost_events:,} events{which} could not wait in memory and are lost"
+            self._lost_events, self._lost_steps = 0, []
+            self._append([{"kind": "log", "t": time.time(), "level": "warning",
+                           "message": f"torchscope: the disk refused writes for {time.monotonic() - since:.1f} s: {lost}"}])
+        say(f"torchscope: {self.path}: the disk takes writes again after {time.monotonic() - since:.1f} s; recording "
+            f"resumes, {lost + ' (said in the file)' if lost else 'nothing lost'}")
+
+    def _untold_loss(self) -> None:
+        """The run ended while the disk refused its last frames: the file ends at the last frame
+        it took, as a killed run's does; said in one line."""
+        held = self.writer.held
+        if held is None:
+            return
+        info = parse_frame_header(held)
+        missing = info.n_events + len(self._queue) + self._lost_events
+        step = f" (from step {info.step_lo} on)" if info.step_lo >= 0 else ""
+        say(f"torchscope: the disk refused the end of this run: {self.path} lacks its last {missing:,} events{step}, "
+            "and reads as a run that ended unexpectedly there")
+
+    def _write_queue(self, final: bool) -> None:
         batch: list[dict[str, Any]] = []
         while self._queue:
             ev = self._queue.popleft()
@@ -628,7 +715,8 @@ class Transport:
         if self._foreign:  # no torchscope server can start on that port while the program holds it
             what = f"{where} is another program, not a torchscope server"
             fix = f"torchscope open {self.path} --port N, with a free port N, starts one there and shows the whole run"
-        say(f"torchscope: {what}; the file is complete: {fix}")
+        held = "the file is complete" if self.writer.held is None else "the file holds what the disk took"
+        say(f"torchscope: {what}; {held}: {fix}")
 
     def _next_seq(self, have: int) -> int:
         seq = int(self._request("/next").get("next_seq", 0))
@@ -645,7 +733,7 @@ class Transport:
     def _chunk(self, start: int) -> bytes:
         out: list[bytes] = []
         size = 0
-        with open(self.path, "rb") as f:
+        with open(self.writer.path, "rb") as f:
             for offset, n in self.writer.spans(start):
                 if out and size + n > _MAX_POST_BYTES:
                     break

@@ -142,7 +142,7 @@ def test_health_reports_a_writer_that_stopped_and_writes_fail_at_once(tmp_path: 
 def test_lone_surrogate_escape_is_refused_with_one_line_everywhere(tmp_path: Path) -> None:
     bad_session = {**session_event("surr"), "name": "\ud800x"}
     path = tmp_path / "surrogate.tscope"
-    path.write_bytes(file_header() + encode_frame(0, [bad_session]))  # json.dumps escapes it: "\ud800x"
+    path.write_bytes(file_header() + encode_frame(0, [bad_session], valid_text=False))  # json.dumps escapes it: "\ud800x"
     # the shared reader refuses it with its one-line error
     with pytest.raises(SessionFileError, match="not valid Unicode"):
         list(iter_events(path))
@@ -159,12 +159,12 @@ def test_lone_surrogate_escape_is_refused_with_one_line_everywhere(tmp_path: Pat
     with ServerProc(tmp_path / "data") as srv:
         status, body = request(srv.url + "/api/sessions/import", "POST", *_multipart(path))
         assert status == 400 and "frame holds text that is not valid Unicode" in one_line(body["detail"]), body
-        status, body = request(srv.url + "/api/ingest/surr/0", "POST", encode_frame(0, [bad_session]))
+        status, body = request(srv.url + "/api/ingest/surr/0", "POST", encode_frame(0, [bad_session], valid_text=False))
         assert status == 400 and "frame holds text that is not valid Unicode" in one_line(body["detail"]), body
         good = encode_frame(0, [session_event("live")])
         assert request(srv.url + "/api/ingest/live/0", "POST", good)[0] == 200
         step = {**step_event(0), "note": "\udfff"}
-        status, body = request(srv.url + "/api/ingest/live/0", "POST", encode_frame(1, [step]))
+        status, body = request(srv.url + "/api/ingest/live/0", "POST", encode_frame(1, [step], valid_text=False))
         assert status == 400 and "not valid Unicode" in body["detail"], body
         status, body = request(srv.url + "/api/ingest/emoji/0", "POST",
                                encode_frame(0, [{**session_event("emoji"), "name": "\ud83d\ude00"}]))
