@@ -39,6 +39,17 @@ def record(script: Path, out: Path, *extra: str) -> list[dict[str, Any]]:
     return list(iter_events(out))
 
 
+def script_findings(tmp_path: Path, script_text: str, variant: str, mode: str,
+                    env: dict[str, str] | None = None) -> tuple[Path, list[dict[str, Any]]]:
+    """A test's training script (``script_text``, run as ``train.py VARIANT MODE RECORD`` in
+    ``tmp_path``) recorded and diagnosed: its path and the findings."""
+    script = tmp_path / "train.py"
+    script.write_text(script_text)
+    out = tmp_path / f"{variant}_{mode}.tscope"
+    run_script(script, variant, mode, str(out), env=env, timeout=240, cwd=tmp_path)
+    return script, [dict(f) for f in diagnose(iter_events(out))]
+
+
 def diagnose_all(jobs: list[tuple[str, Path, tuple[str, ...]]], tmp: Path,
                  workers: int | None = None) -> dict[str, list[dict[str, Any]] | BaseException]:
     """name -> findings (or the exception that running the script raised)."""

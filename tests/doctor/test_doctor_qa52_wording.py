@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_script
+from doctor_runs import script_findings
 
 from torchscope.doctor import diagnose
 from torchscope.sessionfile import iter_events
@@ -121,11 +121,7 @@ DISK_ONLY = {"TORCHSCOPE_SAVE_CODE": "0"}
 
 def _findings(tmp_path: Path, variant: str, mode: str,
               env: dict[str, str] | None = None) -> tuple[Path, list[dict[str, Any]]]:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    record = tmp_path / f"{variant}_{mode}.tscope"
-    run_script(script, variant, mode, str(record), env=env, timeout=240, cwd=tmp_path)
-    return script, [dict(f) for f in diagnose(iter_events(record))]
+    return script_findings(tmp_path, SCRIPT, variant, mode, env)
 
 
 def _edited(script: Path, tmp_path: Path, variant: str, mode: str) -> list[dict[str, Any]]:

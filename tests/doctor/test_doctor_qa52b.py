@@ -14,11 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_script
+from doctor_runs import script_findings
 
-from torchscope.doctor import diagnose
 from torchscope.doctor.cli import run_files
-from torchscope.sessionfile import iter_events
 
 SCRIPT = '''
 import sys
@@ -106,11 +104,7 @@ def lbfgs() -> None:
 
 
 def _findings(tmp_path: Path, variant: str, mode: str) -> list[dict[str, Any]]:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    record = tmp_path / f"{variant}_{mode}.tscope"
-    run_script(script, variant, mode, str(record), timeout=240, cwd=tmp_path)
-    return [dict(f) for f in diagnose(iter_events(record))]
+    return script_findings(tmp_path, SCRIPT, variant, mode)[1]
 
 
 @pytest.mark.parametrize("mode", ["light", "default"])

@@ -10,10 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_script
-
-from torchscope.doctor import diagnose
-from torchscope.sessionfile import iter_events
+from doctor_runs import script_findings
 
 SCRIPT = '''
 import sys
@@ -104,11 +101,7 @@ else:
 
 
 def _findings(tmp_path: Path, variant: str, mode: str) -> list[dict[str, Any]]:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    record = tmp_path / f"{variant}_{mode}.tscope"
-    run_script(script, variant, mode, str(record), timeout=240, cwd=tmp_path)
-    return [dict(f) for f in diagnose(iter_events(record))]
+    return script_findings(tmp_path, SCRIPT, variant, mode)[1]
 
 
 def _line(text: str) -> int:
