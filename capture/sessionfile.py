@@ -460,6 +460,8 @@ class SessionFileWriter:
         self._kept: dict[int, bytes] = {}
         self._kept_bytes = 0
         self._unchecked = False  # a file that could not be written again: not looked at again
+        self._rewrite_waits = False  # a rewrite the full disk refused (said once, retried at each check)
+        self._read_fd: int | None = None  # kept by close() for reading frames back (reading, release)
 
     def append(self, events: list[dict[str, Any]]) -> FrameInfo:
         """Write ``events`` as the next frame.  ``OSError``: the disk refused it, and the frame is
@@ -597,7 +599,7 @@ class SessionFileWriter:
         return (f"torchscope: {was} was deleted during the run; written again {where} with the whole run "
                 "so far, and recording continues there")
 
-    def _rewrite(self, size: int) -> str:
+    def _rewrite(self, size: int) -> str | None:
         lost = [k for k in range(self.seq) if k not in self._kept]
         fd = self._f.fileno()
         offsets: list[int] = []
@@ -619,9 +621,16 @@ class SessionFileWriter:
             self._write_at(data, 0)
             os.ftruncate(fd, len(data))
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                # a full disk: tried again at the next check (QA 53d: never retried, the file
+                # stayed unreadable after the disk had room), said once
+                said, self._rewrite_waits = self._rewrite_waits, True
+                return None if said else (f"torchscope: {self.path} was cut short during the run (by another program), "
+                                          "and the disk has no room to write it again yet: retried as it frees")
             self._unchecked = True
             return (f"torchscope: {self.path} was cut short during the run (by another program), and cannot "
                     f"be written again ({exc.strerror or exc}): it is unreadable")
+        self._rewrite_waits = False
         self._end = len(data)
         self._marks = array("q", offsets[:: self.MARK_EVERY])
         self._recent_base = max(0, self.seq - self.RECENT_FRAMES)
@@ -632,6 +641,24 @@ class SessionFileWriter:
                 f"from its header: the {len(lost):,} frames cut off are lost (said in the file), "
                 "recording continues")
 
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[BinaryIO]:
+        """The file as this writer wrote it, to read frames back (the server's stream): through
+        a duplicate of the writer's own descriptor, so a file moved (``mv``) or deleted during
+        the run is still this run's -- opened by its name, the stream found nothing there and
+        the run said its server was "not reachable (FileNotFoundError)" (QA 53d).  Only a file
+        that is no regular one (opened write-only) is opened by its name."""
+        f: BinaryIO | None = None
+        if self._regular:
+            with contextlib.suppress(OSError, ValueError):  # (reads by seek: the writer's pwrite takes no offset of it)
+                fd = self._read_fd if self._f.closed else self._f.fileno()
+                if fd is not None:
+                    f = os.fdopen(os.dup(fd), "rb")
+        if f is None:
+            f = open(self.path, "rb")  # noqa: SIM115 - closed below
+        with f:
+            yield f
+
     def spans(self, start: int) -> Iterator[tuple[int, int]]:
         """(file offset, bytes) of each frame written, from seq ``start`` on: the latest from
         memory, older ones from their headers in the file (a server that lost its data asks
@@ -640,7 +667,7 @@ class SessionFileWriter:
             return
         base = self._recent_base
         if start < base:  # older than the offsets in memory: their headers, from the file
-            with open(self.path, "rb") as f:
+            with self.reading() as f:
                 offset = self._marks[start // self.MARK_EVERY]
                 for _ in range(start % self.MARK_EVERY):
                     offset = self._after(f, offset)
@@ -669,7 +696,19 @@ class SessionFileWriter:
             if fsync:
                 os.fsync(self._f.fileno())
         finally:
+            if self._regular and self._read_fd is None:
+                # (the stream's last frames are read back after the file is closed: through a
+                # descriptor of its own, the file moved or deleted meanwhile too; release())
+                with contextlib.suppress(OSError, ValueError):
+                    self._read_fd = os.dup(self._f.fileno())
             self._f.close()
+
+    def release(self) -> None:
+        """Close the descriptor ``close`` kept for reading frames back (the transport's last send)."""
+        fd, self._read_fd = self._read_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def index(path: str | os.PathLike[str]) -> tuple[tuple[int, int], list[FrameInfo]]:

@@ -425,6 +425,7 @@ class Transport:
                     self._await_booting_server()
                 if sending and not self.deleted and self.sent_seq < self.writer.seq:
                     self._untold_end()
+                self.writer.release()
                 return
             self._wake.wait(self.flush_interval)
             self._wake.clear()
@@ -733,7 +734,7 @@ class Transport:
     def _chunk(self, start: int) -> bytes:
         out: list[bytes] = []
         size = 0
-        with open(self.writer.path, "rb") as f:
+        with self.writer.reading() as f:
             for offset, n in self.writer.spans(start):
                 if out and size + n > _MAX_POST_BYTES:
                     break

@@ -66,12 +66,14 @@ class _Seen:
         self.session: dict[str, Any] | None = None
         self.end: dict[str, Any] = {}
         self.last_step = -1
+        self.held = 0  # the steps the file holds (QA 53d: a file whose frames were lost said last_step + 1, `info` fewer)
         self.partial: set[Any] = set()
 
     def tap(self, events: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         for ev in events:
             kind = ev.get("kind")
             if kind == "step" and isinstance(ev.get("step"), int):
+                self.held += ev["step"] > self.last_step  # (a step's events are in order; a repeat is the same step)
                 self.last_step = max(self.last_step, ev["step"])
                 if self.tell and ev["step"] % 5000 == 4999:
                     _status(f"read {ev['step'] + 1:,} steps")
@@ -195,7 +197,7 @@ def _run(path: str, settings: Settings, as_json: bool, listed: list[dict[str, An
         # the events stream through the doctor, never all held: a long full run's graphs are
         # sampled as they come (doctor/kept.py; QA 51a: 6.9 GB for 30,000 MLP steps held whole)
         findings = diagnose(seen.tap(iter_events(path, found.frames)), settings)
-        end, session, last_step = seen.end, seen.session, seen.last_step
+        end, session, last_step, held = seen.end, seen.session, seen.last_step, seen.held
         # a run still training (this machine's process that wrote the file is alive): its
         # file has no end yet, and maybe half a frame, and nothing is lost
         writing = not end and isinstance(session, dict) and writer_alive(session)
@@ -216,21 +218,21 @@ def _run(path: str, settings: Settings, as_json: bool, listed: list[dict[str, An
         print(f"{path}: no step recorded, nothing to diagnose (the run ended before its first optimizer step, or "
               "no step of its loop ended where torchscope could see it).")
     elif not findings:
-        print(f"{path}: no problems found ({last_step + 1:,} steps).")
+        print(f"{path}: no problems found ({_count(held, 'step')}).")
     else:
         errors = sum(1 for f in findings if f.get("severity") == "error")
-        print(f"{path}: {_count(len(findings), 'finding')}, {_count(errors, 'error')}, {_count(last_step + 1, 'step')}\n")
+        print(f"{path}: {_count(len(findings), 'finding')}, {_count(errors, 'error')}, {_count(held, 'step')}\n")
         print("\n\n".join(format_finding(f, last_step) for f in findings))
     # on stderr: --json's output stays the findings alone
     if writing and not found.damage:
         print(f"torchscope doctor: note: {path} is still being written (its run is going on); the findings cover "
-              f"the {_count(last_step + 1, 'step')} it holds so far.", file=sys.stderr)
+              f"the {_count(held, 'step')} it holds so far.", file=sys.stderr)
     elif left_out:
-        print(f"torchscope doctor: note: {left_out}; the findings cover the {_count(last_step + 1, 'step')} it "
+        print(f"torchscope doctor: note: {left_out}; the findings cover the {_count(held, 'step')} it "
               "holds.", file=sys.stderr)
     elif not ended:
         print(f"torchscope doctor: note: {path} is incomplete (it has no end event: the run was killed); the "
-              f"findings cover the {_count(last_step + 1, 'step')} it holds.", file=sys.stderr)
+              f"findings cover the {_count(held, 'step')} it holds.", file=sys.stderr)
     if isinstance(session, dict) and session.get("mode") == "light" and not as_json:
         # light's "no problems found" is not the other modes' (QA 46a: a P8, a P16 and a P18 run
         # read clean): say what it could not look at
@@ -241,7 +243,7 @@ def _run(path: str, settings: Settings, as_json: bool, listed: list[dict[str, An
               "mode='default' records the first step's graph and one in every few.", file=sys.stderr)
     if end.get("status") == "error" and end.get("message"):
         # a crash no rule explains is still the first thing to look at
-        print(f"torchscope doctor: note: the run stopped with an error after {_count(last_step + 1, 'step')}: "
+        print(f"torchscope doctor: note: the run stopped with an error after {_count(held, 'step')}: "
               f"{str(end['message'])[:300]}", file=sys.stderr)
     partial = sorted(seen.partial)
     if partial:

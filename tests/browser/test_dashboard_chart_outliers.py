@@ -35,6 +35,13 @@ STEPS, SPIKE = 160, 80
 CHART = "window.__torchscope.app.views.gradients.obj"
 
 
+def js_exp(x: float) -> str:
+    """``x.toExponential(3)`` as the page writes it ("8.057e-3", "5.653e+27"): a chart whose
+    values leave 1e-3..1e4 writes every one so (dom.js columnFormat)."""
+    mantissa, exp = f"{x:.3e}".split("e")
+    return f"{mantissa}e{exp[0]}{int(exp[1:])}"
+
+
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     with ServerProc(tmp_path_factory.mktemp("outlier-server")) as s:
@@ -151,8 +158,9 @@ def test_the_loss_axis_fits_the_run_not_its_one_spike(page: Any, srv: ServerProc
     tri = pixels(page, "loss", px - 1, px + 2, top + 3, top + 5)
     assert any(bluish(p) for row in tri for p in row), tri
     # the tooltip gives its true value (and that it is off the scale); a plateau step's is plain
-    assert tooltip(page, "loss", c, SPIKE) == f"step {SPIKE}\nloss: {losses[SPIKE]:.2e} (off scale ▲)"
-    assert tooltip(page, "loss", c, SPIKE + 10) == f"step {SPIKE + 10}\nloss: {losses[SPIKE + 10]:#.4g}"
+    # (one notation for the chart's values, the spike's: 4 significant digits with an exponent)
+    assert tooltip(page, "loss", c, SPIKE) == f"step {SPIKE}\nloss: {js_exp(losses[SPIKE])} (off scale ▲)"
+    assert tooltip(page, "loss", c, SPIKE + 10) == f"step {SPIKE + 10}\nloss: {js_exp(losses[SPIKE + 10])}"
     shot(page, "chart-outliers-loss")
 
 
@@ -389,7 +397,7 @@ def test_a_chart_reads_to_a_screen_reader_and_walks_with_the_keyboard(page: Any,
     assert spike_step == SPIKE + 1
     step, top = read("ArrowLeft")
     assert step == SPIKE and top.endswith(" (off scale ▲)")
-    assert f"loss: from {min(losses):#.4g} to {top.removesuffix(' (off scale ▲)')}, last {last}." in label, label
+    assert f"loss: from {js_exp(min(losses))} to {top.removesuffix(' (off scale ▲)')}, last {last}." in label, label
     page.keyboard.press("Enter")
     page.wait_for_function(f"window.__torchscope.state().gradients.focus === {SPIKE}")
     canvas.blur()

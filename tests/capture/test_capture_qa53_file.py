@@ -294,3 +294,76 @@ def test_a_file_truncated_during_the_run_is_written_again_from_its_header(
     assert events[-1]["kind"] == "end"
     assert f"torchscope: {path} was cut short during the run (by another program); written again" in err, err
     assert _series_steps(path) == steps  # the series frames cover exactly the step frames there are
+
+
+def test_a_rewrite_the_full_disk_refuses_is_tried_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """QA 53d: a file cut short while the disk was full was never written again once it had
+    room: it stayed "not a torchscope session file" though the run said nothing was lost."""
+    path = tmp_path / "run.tscope"
+    w = SessionFileWriter(path)
+    w.append([{"kind": "session", "session_id": "s", "rank": 0}])
+    for i in range(5):
+        w.append([_step(i)])
+    with open(path, "wb"):  # `: > file`
+        pass
+    real = SessionFileWriter._write_at
+
+    def full(self: SessionFileWriter, data: bytes, offset: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(SessionFileWriter, "_write_at", full)
+    said = w.check()
+    assert said is not None and "no room to write it again yet" in said, said
+    assert w.check() is None  # said once, tried again
+    monkeypatch.setattr(SessionFileWriter, "_write_at", real)
+    said = w.check()
+    assert said is not None and "written again from its header" in said, said
+    w.append([_step(5)])
+    w.close()
+    events = _events(path)
+    assert events[0]["kind"] == "session" and [e["step"] for e in events if e["kind"] == "step"] == [5]
+
+
+def test_a_file_moved_during_the_run_is_still_streamed_to_the_server(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """QA 53d: the stream to the server read the frames back by the file's name; after a `mv`
+    nothing was there, and the run said the (running) server was "not reachable
+    (FileNotFoundError)", which then stayed at the steps before the move."""
+    srv = ServerProc(tmp_path / "data").start()
+    try:
+        path, moved = tmp_path / "run.tscope", tmp_path / "elsewhere.tscope"
+        tr = Transport(str(path), "qa53mv", server=srv.url, flush_interval=0.02)
+        tr.emit({"kind": "session", "session_id": "qa53mv", "name": "qa53mv", "rank": 0, "world_size": 1})
+        _run_until(tr, 0, 20)
+        _wait(lambda: tr.sent_seq == tr.writer.seq)
+        os.rename(path, moved)
+        _run_until(tr, 20, 200)
+        tr.close({"kind": "end", "status": "finished", "steps": 200}, timeout=15.0)
+        err = capfd.readouterr().err
+        assert "not reachable" not in err, err
+        assert _steps(moved) == list(range(200))
+        session = http_json(f"{srv.url}/api/sessions/qa53mv")
+        assert isinstance(session, dict) and session["steps"] == 200 and session["status"] == "finished", session
+    finally:
+        srv.stop()
+
+
+def test_doctor_and_info_count_the_steps_a_file_holds(tmp_path: Path) -> None:
+    """QA 53d: of a file whose early frames were lost (cut short, written again), `doctor` said
+    its last step + 1 (15), `info` the steps it holds (5)."""
+    path = tmp_path / "run.tscope"
+    w = SessionFileWriter(path)
+    w.append([{"kind": "session", "session_id": "s", "rank": 0, "world_size": 1, "name": "s", "params": []}])
+    for i in range(10):
+        w.append([{"kind": "step", "step": i, "loss": 1.0}])
+    with open(path, "wb"):
+        pass
+    assert "written again" in (w.check() or "")
+    for i in range(10, 15):
+        w.append([{"kind": "step", "step": i, "loss": 1.0}])
+    w.append([{"kind": "end", "status": "finished", "steps": 15}])
+    w.close()
+    doctor = subprocess.run([sys.executable, "-m", "torchscope", "doctor", str(path)], capture_output=True, text=True, timeout=120)
+    info = subprocess.run([sys.executable, "-m", "torchscope", "info", str(path)], capture_output=True, text=True, timeout=120)
+    assert "(5 steps)" in doctor.stdout or ", 5 steps" in doctor.stdout, doctor.stdout + doctor.stderr
+    assert any(line.split()[:2] == ["steps:", "5"] for line in info.stdout.splitlines()), info.stdout
