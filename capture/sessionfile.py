@@ -422,6 +422,22 @@ def _create(path: str) -> BinaryIO:
     return f
 
 
+class _PositionalReader:
+    """``seek`` and ``read`` of a descriptor by ``os.pread``: its own position, none shared."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.pos = fd, 0
+
+    def seek(self, pos: int) -> int:
+        self.pos = pos
+        return pos
+
+    def read(self, n: int) -> bytes:
+        data = os.pread(self.fd, n, self.pos)
+        self.pos += len(data)
+        return data
+
+
 class SessionFileWriter:
     """Append-only writer.  Owned by the capture's background thread; never the training thread.
 
@@ -642,22 +658,27 @@ class SessionFileWriter:
                 "recording continues")
 
     @contextlib.contextmanager
-    def reading(self) -> Iterator[BinaryIO]:
+    def reading(self) -> Iterator[_PositionalReader | BinaryIO]:
         """The file as this writer wrote it, to read frames back (the server's stream): through
         a duplicate of the writer's own descriptor, so a file moved (``mv``) or deleted during
         the run is still this run's -- opened by its name, the stream found nothing there and
-        the run said its server was "not reachable (FileNotFoundError)" (QA 53d).  Only a file
-        that is no regular one (opened write-only) is opened by its name."""
-        f: BinaryIO | None = None
+        the run said its server was "not reachable (FileNotFoundError)" (QA 53d).  Read with
+        ``os.pread`` (a duplicate shares its file offset with every other one: two buffered
+        readers of it read each other's positions).  Only a file that is no regular one
+        (opened write-only) is opened by its name."""
+        fd: int | None = None
         if self._regular:
-            with contextlib.suppress(OSError, ValueError):  # (reads by seek: the writer's pwrite takes no offset of it)
-                fd = self._read_fd if self._f.closed else self._f.fileno()
-                if fd is not None:
-                    f = os.fdopen(os.dup(fd), "rb")
-        if f is None:
-            f = open(self.path, "rb")  # noqa: SIM115 - closed below
-        with f:
-            yield f
+            with contextlib.suppress(OSError, ValueError):
+                own = self._read_fd if self._f.closed else self._f.fileno()
+                fd = os.dup(own) if own is not None else None
+        if fd is None:
+            with open(self.path, "rb") as f:
+                yield f
+            return
+        try:
+            yield _PositionalReader(fd)
+        finally:
+            os.close(fd)
 
     def spans(self, start: int) -> Iterator[tuple[int, int]]:
         """(file offset, bytes) of each frame written, from seq ``start`` on: the latest from
@@ -681,7 +702,7 @@ class SessionFileWriter:
             yield recent[k - base], nxt - recent[k - base]
 
     @staticmethod
-    def _after(f: BinaryIO, offset: int) -> int:
+    def _after(f: _PositionalReader | BinaryIO, offset: int) -> int:
         """The offset of the frame after the one at ``offset`` (its header says its length)."""
         f.seek(offset)
         return offset + FRAME_HEADER_SIZE + parse_frame_header(f.read(FRAME_HEADER_SIZE), offset).length
