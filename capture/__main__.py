@@ -1,18 +1,17 @@
 """``python -m torchscope ...``: the ``torchscope`` command, for an environment whose scripts
 folder is not on PATH (a venv not activated, ``pip install --user``, a notebook's ``!python -m``).
 
-The one file of ``capture/`` that imports the server side (docs/architecture.md: ``capture/``
-never imports ``server/``): ``import torchscope`` never imports it -- only ``python -m
-torchscope`` runs it, as the CLI's entry point, the same as the ``torchscope`` console script
-(pyproject.toml's ``[project.scripts]``).  The training process that watches never loads it.
+``capture/`` never imports ``server/`` (docs/architecture.md), this file included: it replaces
+this process with ``python -m torchscope.server.cli`` -- the same CLI the ``torchscope`` console
+script runs (pyproject.toml's ``[project.scripts]``), its exit status this command's -- naming
+itself ``python -m torchscope`` in its usage and errors (``TORCHSCOPE_PROG``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
-from torchscope.server.cli import main
-
 if __name__ == "__main__":
-    # (argparse would name it "__main__.py" in its usage and errors)
-    sys.exit(main(prog="python -m torchscope"))
+    env = {**os.environ, "TORCHSCOPE_PROG": "python -m torchscope"}
+    os.execve(sys.executable, [sys.executable, "-m", "torchscope.server.cli", *sys.argv[1:]], env)

@@ -187,7 +187,7 @@ def build_parser(prog: str = "torchscope") -> argparse.ArgumentParser:
 
     dr = command("doctor", "find common training bugs in session files (pitfalls P1-P18)", (
         "List the pitfalls found in a session file (P1-P18: a gradient that never reaches a layer, "
-        "a missing zero_grad(), NaN/Inf, exploding gradients, eval() forgotten, ...), each with its "
+        "a missing zero_grad(), NaN/Inf, exploding gradients, evaluation left in train mode, ...), each with its "
         "steps, a one-line explanation and a fix; several files: each one's under a line naming it (--json: a list of "
         "{\"file\", \"findings\"}). Exit status: 0 no error-level finding (warnings and notes exit 0), "
         "1 an error-level finding, 2 an unreadable file (of several: any) or a bad option."))
@@ -776,4 +776,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "torchscope") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # (run by capture/__main__.py for `python -m torchscope`, which names itself so; popped: the
+    # servers and scripts this command starts are not that command)
+    sys.exit(main(prog=os.environ.pop("TORCHSCOPE_PROG", "torchscope")))

@@ -72,7 +72,8 @@ def test_python_m_torchscope_exits_as_the_command_does(tmp_path: Path) -> None:
 
 
 def test_import_torchscope_does_not_run_or_import_the_cli() -> None:
-    """capture/__main__.py is the one capture file that imports the server side: only `-m` runs it."""
+    """capture/__main__.py imports no server module (it hands `-m torchscope` to a process running
+    torchscope.server.cli), and only `-m` runs it."""
     code = ("import sys, torchscope; bad = [m for m in sys.modules if m.startswith(('torchscope.server', "
             "'torchscope.__main__'))]; assert not bad, bad")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
